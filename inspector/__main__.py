@@ -1,0 +1,5 @@
+"""`python -m inspector` runs the CLI."""
+
+from inspector.cli import entry
+
+entry()

@@ -1,0 +1,653 @@
+"""Memory and disk budget of this machine, and cheap RSS measurement.
+
+Before converting a checkpoint we must know how much memory a *new* process may really use: the OS-wide
+``MemAvailable`` is not enough on clusters and in containers, where a cgroup or a Slurm allocation is
+usually the binding limit.  This module finds every such limit, picks the tightest one, and provides the
+RSS probes (one-shot and sampled) that the benchmark and the live meters use to check predictions.
+
+It only depends on the standard library and psutil so that the core never pulls in a UI toolkit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+import psutil
+
+try:  # pragma: no cover - resource is missing only on Windows
+    import resource
+except ImportError:  # pragma: no cover
+    resource = None  # type: ignore[assignment]
+
+__all__ = [
+    "LimitSource",
+    "MemoryBudget",
+    "MemoryLimit",
+    "MemorySampler",
+    "current_rss",
+    "detect_memory_limits",
+    "format_bytes",
+    "free_disk_bytes",
+    "parse_size",
+    "peak_rss",
+    "process_tree_rss",
+]
+
+LimitSource = Literal[
+    "os-available", "cgroup-v2", "cgroup-v1", "rlimit-as", "slurm-mem-per-node", "slurm-mem-per-cpu"
+]
+
+# cgroup v1 reports "no limit" as LONG_MAX rounded down to a page (9223372036854771712); anything this big
+# can never be a real limit.
+_V1_UNLIMITED = 2**60
+
+# On a tie the more specific source wins: it explains better *why* memory is short.
+_TIE_ORDER: dict[str, int] = {
+    "cgroup-v2": 0,
+    "cgroup-v1": 1,
+    "slurm-mem-per-node": 2,
+    "slurm-mem-per-cpu": 3,
+    "os-available": 4,
+}
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """One memory ceiling; ``bytes`` is the headroom a new process gets under it, not the raw limit."""
+
+    bytes: int
+    source: LimitSource
+    detail: str
+    limit: int | None = None  # the configured ceiling (MemTotal for the OS), when known
+    in_use: int | None = None  # what is already charged against it, when known
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Every limit found plus the tightest one, which is what the preflight must respect."""
+
+    limits: tuple[MemoryLimit, ...]
+    effective: MemoryLimit
+    # RLIMIT_AS caps *virtual* size, so it is compared against predicted VSZ, never against RSS headroom.
+    address_space_limit: int | None = None
+    total_ram: int | None = None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# small file helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _read_text(path: Path) -> str | None:
+    """Read a small pseudo-file; any OS error means 'not available here'."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _read_stat_value(path: Path, key: str) -> int | None:
+    """Value of ``key`` in a flat 'key value' file such as memory.stat."""
+    text = _read_text(path)
+    if text is None:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key:
+            try:
+                return int(parts[1])
+            except ValueError:
+                return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# OS
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _read_meminfo(proc_root: str) -> tuple[int, int, str]:
+    """(available, total, origin) from /proc/meminfo; psutil only if the file can't be used."""
+    text = _read_text(Path(proc_root) / "meminfo")
+    values: dict[str, int] = {}
+    if text is not None:
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            fields = rest.split()
+            if not fields:
+                continue
+            try:
+                number = int(fields[0])
+            except ValueError:
+                continue
+            unit = fields[1].lower() if len(fields) > 1 else ""
+            values[key.strip()] = number * 1024 if unit == "kb" else number
+    if "MemAvailable" in values and "MemTotal" in values:
+        return values["MemAvailable"], values["MemTotal"], f"{proc_root}/meminfo"
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total), "psutil.virtual_memory()"
+
+
+def _os_limit(proc_root: str) -> MemoryLimit:
+    available, total, origin = _read_meminfo(proc_root)
+    detail = f"MemAvailable = {format_bytes(available)} of MemTotal {format_bytes(total)} ({origin})"
+    return MemoryLimit(available, "os-available", detail, limit=total, in_use=max(0, total - available))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# cgroups
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _self_cgroup_paths(proc_root: str) -> tuple[str | None, str | None]:
+    """(v2 path, v1 memory-controller path) of this process, from /proc/self/cgroup."""
+    text = _read_text(Path(proc_root) / "self" / "cgroup")
+    if text is None:
+        return None, None
+    v2: str | None = None
+    v1: str | None = None
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier_id, controllers, path = parts
+        path = path.removesuffix(" (deleted)")
+        if hier_id == "0" and controllers == "":
+            v2 = path
+        elif "memory" in controllers.split(","):
+            v1 = path
+    return v2, v1
+
+
+def _levels(root: Path, cgroup_path: str) -> list[Path]:
+    """Directories from this cgroup up to the hierarchy root, leaf first.
+
+    Levels that don't exist are kept and simply yield no files: inside a container the path from
+    /proc/self/cgroup is often not visible because the container's own cgroup is mounted as the root, and
+    the walk then ends at that root, which is the right place to look.
+    """
+    rel = os.path.normpath("/" + cgroup_path.strip()).lstrip("/")  # normpath drops any ".."
+    leaf = root / rel if rel and rel != "." else root
+    levels = [leaf]
+    current = leaf
+    while current != root and current.parent != current:
+        current = current.parent
+        levels.append(current)
+    return levels
+
+
+def _cgroup_headroom(limit: int, charged: int | None, cache: int | None) -> tuple[int, int | None, str]:
+    """Headroom under one cgroup level, not counting reclaimable inactive page cache as used.
+
+    The kernel charges page cache to the cgroup; after reading a big checkpoint ``current`` sits near the
+    limit even though that cache is dropped on demand, so counting it would predict false OOMs.
+    """
+    if charged is None:
+        return limit, None, "usage unknown"
+    working = max(0, charged - (cache or 0))
+    usage = f"{format_bytes(working)} in use"
+    if cache:
+        usage += f" ({format_bytes(charged)} charged incl. {format_bytes(cache)} reclaimable inactive cache)"
+    return max(0, limit - working), working, usage
+
+
+def _cgroup_v2_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
+    root = Path(sys_root)
+    # Hybrid hosts mount the v2 hierarchy at <sys_root>/unified next to the v1 controllers.
+    if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
+        root = root / "unified"
+    best: MemoryLimit | None = None
+    for level in _levels(root, cgroup_path):
+        raw = _read_text(level / "memory.max")
+        if raw is None or raw.strip() == "max":
+            continue
+        try:
+            limit = int(raw.strip())
+        except ValueError:
+            continue
+        charged = _read_int(level / "memory.current")
+        cache = _read_stat_value(level / "memory.stat", "inactive_file")
+        headroom, working, usage = _cgroup_headroom(limit, charged, cache)
+        detail = f"cgroup v2 memory.max = {format_bytes(limit)} at {level}, {usage}"
+        if best is None or headroom < best.bytes:
+            best = MemoryLimit(headroom, "cgroup-v2", detail, limit=limit, in_use=working)
+    return best
+
+
+def _cgroup_v1_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
+    root = Path(sys_root) / "memory"
+    if not root.is_dir():
+        return None
+    best: MemoryLimit | None = None
+    # Hierarchical accounting makes ancestors' limits apply too, so walk up like v2.
+    for level in _levels(root, cgroup_path):
+        limit = _read_int(level / "memory.limit_in_bytes")
+        if limit is None or limit <= 0 or limit >= _V1_UNLIMITED:
+            continue
+        charged = _read_int(level / "memory.usage_in_bytes")
+        cache = _read_stat_value(level / "memory.stat", "total_inactive_file")
+        if cache is None:
+            cache = _read_stat_value(level / "memory.stat", "inactive_file")
+        headroom, working, usage = _cgroup_headroom(limit, charged, cache)
+        detail = f"cgroup v1 memory.limit_in_bytes = {format_bytes(limit)} at {level}, {usage}"
+        if best is None or headroom < best.bytes:
+            best = MemoryLimit(headroom, "cgroup-v1", detail, limit=limit, in_use=working)
+    return best
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Slurm
+# --------------------------------------------------------------------------------------------------------------
+
+_SLURM_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
+_SLURM_UNITS = {"": 2**20, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _parse_slurm_mem(text: str) -> int | None:
+    """Slurm memory values are MiB unless suffixed (K/M/G/T, binary as Slurm uses them)."""
+    match = _SLURM_MEM_RE.match(text)
+    if not match:
+        return None
+    return int(Decimal(match.group(1)) * _SLURM_UNITS[match.group(2).upper()])
+
+
+def _slurm_cpus(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    for name in ("SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_CPUS_PER_NODE"):
+        value = environ.get(name)
+        if not value:
+            continue
+        match = re.match(r"\s*(\d+)", value)  # "4(x2)" -> 4
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1)), f"{name}={value}"
+    return None
+
+
+def _slurm_limits(environ: Mapping[str, str]) -> list[MemoryLimit]:
+    if not environ.get("SLURM_JOB_ID"):
+        return []
+    caveat = "job's current usage unknown, full value taken as headroom"
+    found: list[MemoryLimit] = []
+    per_node = environ.get("SLURM_MEM_PER_NODE")
+    if per_node:
+        value = _parse_slurm_mem(per_node)
+        if value:  # 0 means "all memory of the node": no extra limit
+            detail = (
+                f"SLURM_MEM_PER_NODE={per_node} -> {format_bytes(value)} for the job on this node ({caveat})"
+            )
+            found.append(MemoryLimit(value, "slurm-mem-per-node", detail, limit=value))
+    per_cpu = environ.get("SLURM_MEM_PER_CPU")
+    if per_cpu:
+        value = _parse_slurm_mem(per_cpu)
+        if value:
+            cpus = _slurm_cpus(environ)
+            count, origin = cpus if cpus else (1, "CPU count unknown, assuming 1")
+            total = value * count
+            detail = (
+                f"SLURM_MEM_PER_CPU={per_cpu} x {count} CPUs ({origin}) -> {format_bytes(total)} "
+                f"for the job on this node ({caveat})"
+            )
+            found.append(MemoryLimit(total, "slurm-mem-per-cpu", detail, limit=total))
+    return found
+
+
+# --------------------------------------------------------------------------------------------------------------
+# RLIMIT_AS
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _rlimit_as(rlimit_as: int | None) -> tuple[int | None, str]:
+    """Soft RLIMIT_AS (what a child inherits) or None when unlimited."""
+    if rlimit_as is not None:
+        soft, origin = rlimit_as, "given"
+    elif resource is None:  # pragma: no cover - Windows
+        return None, ""
+    else:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        origin = "soft limit" if hard == soft else f"soft limit, hard = {_fmt_rlim(hard)}"
+    infinity = resource.RLIM_INFINITY if resource is not None else -1
+    if soft == infinity or soft < 0:
+        return None, origin
+    return soft, origin
+
+
+def _fmt_rlim(value: int) -> str:
+    infinity = resource.RLIM_INFINITY if resource is not None else -1
+    return "unlimited" if value == infinity or value < 0 else format_bytes(value)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# public: detection
+# --------------------------------------------------------------------------------------------------------------
+
+
+def detect_memory_limits(
+    *,
+    proc_root: str = "/proc",
+    sys_root: str = "/sys/fs/cgroup",
+    environ: Mapping[str, str] | None = None,
+    rlimit_as: int | None = None,
+) -> MemoryBudget:
+    """Find every memory ceiling that applies to a new process started from here.
+
+    The roots and the environment are parameters so tests can point at fake trees.  ``rlimit_as`` overrides
+    ``getrlimit(RLIMIT_AS)``; pass ``resource.RLIM_INFINITY`` for "unlimited".
+    """
+    env = os.environ if environ is None else environ
+    os_limit = _os_limit(proc_root)
+    limits: list[MemoryLimit] = [os_limit]
+
+    v2_path, v1_path = _self_cgroup_paths(proc_root)
+    if v2_path is not None:
+        v2 = _cgroup_v2_limit(sys_root, v2_path)
+        if v2 is not None:
+            limits.append(v2)
+    if v1_path is not None:
+        v1 = _cgroup_v1_limit(sys_root, v1_path)
+        if v1 is not None:
+            limits.append(v1)
+    limits.extend(_slurm_limits(env))
+
+    address_space, origin = _rlimit_as(rlimit_as)
+    if address_space is not None:
+        detail = (
+            f"RLIMIT_AS = {format_bytes(address_space)} ({origin}); caps VIRTUAL size, which for a torch "
+            "process is far above RSS, so it is checked against predicted virtual size, not RSS headroom"
+        )
+        limits.append(MemoryLimit(address_space, "rlimit-as", detail, limit=address_space))
+
+    candidates = [lim for lim in limits if lim.source != "rlimit-as"]
+    effective = min(candidates, key=lambda lim: (lim.bytes, _TIE_ORDER.get(lim.source, 99)))
+    return MemoryBudget(
+        limits=tuple(limits),
+        effective=effective,
+        address_space_limit=address_space,
+        total_ram=os_limit.limit,
+    )
+
+
+def free_disk_bytes(path: str | os.PathLike[str]) -> int:
+    """Free space (for unprivileged users) where ``path`` will be created.
+
+    The output folder usually does not exist yet, so the nearest existing ancestor decides the filesystem.
+    """
+    current = Path(os.path.abspath(os.fspath(path)))
+    while not current.exists() and current.parent != current:
+        current = current.parent
+    return shutil.disk_usage(current).free  # f_bavail * f_frsize
+
+
+# --------------------------------------------------------------------------------------------------------------
+# RSS
+# --------------------------------------------------------------------------------------------------------------
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+
+def _rss_of(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.memory_info().rss)
+    except _GONE:
+        return None
+
+
+def process_tree_rss(pid: int | None = None) -> int:
+    """RSS of a process plus all its descendants; 0 if the process itself is gone.
+
+    Workers (e.g. a spawned converter) count against the same budget, so the tree is what matters.
+    """
+    try:
+        root = psutil.Process(os.getpid() if pid is None else pid)
+        children = root.children(recursive=True)
+    except _GONE:
+        return 0
+    total = _rss_of(root)
+    if total is None:
+        return 0
+    for child in children:
+        total += _rss_of(child) or 0
+    return total
+
+
+def current_rss() -> int:
+    """RSS of this process only."""
+    return int(psutil.Process().memory_info().rss)
+
+
+def peak_rss() -> int:
+    """Peak RSS of this process only (children are not included), from getrusage.
+
+    ru_maxrss is KiB on Linux and bytes on macOS.
+    """
+    if resource is None:  # pragma: no cover - Windows
+        return int(getattr(psutil.Process().memory_info(), "peak_wset", current_rss()))
+    maxrss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
+
+
+class MemorySampler:
+    """Samples the RSS of a process tree in a daemon thread, keeping ``peak`` and ``last``.
+
+    Finding descendants scans every process on the machine, so the child list is only refreshed every
+    ``refresh_children`` seconds; each tick just reads statm of the known processes (~20 us each).
+    """
+
+    def __init__(
+        self,
+        pid: int | None = None,
+        interval: float = 0.05,
+        *,
+        include_children: bool = True,
+        refresh_children: float = 0.5,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be positive, got {interval}")
+        self.pid: int = os.getpid() if pid is None else pid
+        self.interval = interval
+        self.include_children = include_children
+        self.refresh_children = refresh_children
+        self.baseline: int = 0
+        self.peak: int = 0
+        self.last: int = 0
+        self.samples: int = 0
+        self.finished: bool = False  # the sampled process has exited
+        self._root: psutil.Process | None = None
+        self._children: list[psutil.Process] = []
+        self._children_at: float = float("-inf")  # monotonic time of the last child scan
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- sampling --------------------------------------------------------------------------------------------
+
+    def _tree_rss(self) -> int | None:
+        if self._root is None:
+            try:
+                self._root = psutil.Process(self.pid)
+            except _GONE:
+                return None
+        root_rss = _rss_of(self._root)
+        if root_rss is None:
+            return None
+        if not self.include_children:
+            return root_rss
+        now = time.monotonic()
+        if now - self._children_at >= self.refresh_children:
+            try:
+                self._children = self._root.children(recursive=True)
+            except _GONE:
+                return None
+            self._children_at = now
+        total = root_rss
+        alive: list[psutil.Process] = []
+        for child in self._children:
+            rss = _rss_of(child)
+            if rss is not None:
+                total += rss
+                alive.append(child)
+        self._children = alive
+        return total
+
+    def sample(self) -> int:
+        """Take one sample now and return it (also used by start/stop so short runs are never missed)."""
+        with self._lock:
+            rss = self._tree_rss()
+            if rss is None:
+                self.finished = True
+                self.last = 0
+                return 0
+            if self.samples == 0:
+                self.baseline = rss
+            self.samples += 1
+            self.last = rss
+            self.peak = max(self.peak, rss)
+            return rss
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+            if self.finished:
+                return
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> Self:
+        """Begin sampling in the background; the first sample is taken synchronously."""
+        if self._thread is not None:
+            raise RuntimeError("MemorySampler can only be started once")
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name=f"memory-sampler-{self.pid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop sampling, take a final sample, and return the peak."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self.finished:
+            self.sample()
+        return self.peak
+
+    @property
+    def peak_delta(self) -> int:
+        """Growth of the peak over the first sample: what the sampled work itself added."""
+        return max(0, self.peak - self.baseline)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sizes
+# --------------------------------------------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_SIZE_HELP = (
+    "expected a number with an optional unit: '5GB' (5*10**9, as Hugging Face), '5GiB' or '5G' (5*2**30), "
+    "'500MB', '1.5T', or a plain byte count"
+)
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a human size the way Hugging Face's convert_file_size_to_int does, plus bare K/M/G/T/P.
+
+    KB/MB/GB/TB/PB are decimal and KiB/MiB/GiB/TiB/PiB binary (case-insensitive), as in HF; bare K/M/G/T/P
+    are binary.  Like HF, a lowercase final ``b`` on a decimal unit ("5Gb") means bits and is divided by 8.
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise TypeError(f"size must be a str or int, got {type(text).__name__}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"invalid size {text!r}: must not be negative")
+        return text
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"invalid size {text!r}: {_SIZE_HELP}")
+    number_text, unit = match.groups()
+    try:
+        number = Decimal(number_text)
+    except InvalidOperation as err:  # pragma: no cover - the regex only lets decimals through
+        raise ValueError(f"invalid size {text!r}: {_SIZE_HELP}") from err
+    upper = unit.upper()
+    bits = False
+    if upper in ("", "B"):
+        if unit == "b":
+            raise ValueError(f"invalid size {text!r}: a bare 'b' would mean bits; write 'B' for bytes")
+        multiplier = 1
+        if number != number.to_integral_value():
+            raise ValueError(f"invalid size {text!r}: a byte count must be a whole number")
+    elif len(upper) == 1 and upper in _BINARY:
+        multiplier = _BINARY[upper]
+    elif len(upper) == 3 and upper.endswith("IB") and upper[0] in _BINARY:
+        multiplier = _BINARY[upper[0]]
+    elif len(upper) == 2 and upper.endswith("B") and upper[0] in _DECIMAL:
+        multiplier = _DECIMAL[upper[0]]
+        bits = unit.endswith("b")
+    else:
+        raise ValueError(f"invalid size {text!r}: unknown unit {unit!r}; {_SIZE_HELP}")
+    value = int(number * multiplier)
+    return value // 8 if bits else value
+
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def format_bytes(n: float) -> str:
+    """Binary-unit size with one decimal ("1.5 GiB"); plain bytes below 1 KiB."""
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    if value < 1024:
+        return f"{sign}{int(value)} B"
+    for unit in _UNITS:
+        value /= 1024
+        if value < 1023.95 or unit == _UNITS[-1]:
+            return f"{sign}{value:.1f} {unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _main() -> None:  # pragma: no cover - manual check: python -m inspector.memory
+    budget = detect_memory_limits()
+    for lim in budget.limits:
+        print(f"{lim.source:20} {format_bytes(lim.bytes):>12}  {lim.detail}")
+    print(f"effective: {budget.effective.source} {format_bytes(budget.effective.bytes)}")
+    print(f"address space limit: {budget.address_space_limit}")
+    print(f"free disk at cwd: {format_bytes(free_disk_bytes('.'))}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main()

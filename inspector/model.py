@@ -1,0 +1,193 @@
+"""The immutable picture of a scanned checkpoint: where every byte of every output tensor lives.
+
+Scanning builds these from metadata alone; planning and execution only read them. Nothing here imports
+torch, so the model is cheap to build, pickle and hand to a UI thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+from inspector.torchzip import FLOATING, itemsize
+
+
+class Kind(str, Enum):
+    """What a tensor is in the model: optimizer-owned, frozen, a buffer, or a tied alias of another."""
+
+    TRAINABLE = "trainable"
+    FROZEN = "frozen"
+    BUFFER = "buffer"
+    TIED = "tied"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A contiguous run of elements in one file. A tensor is the concatenation of its segments."""
+
+    file: str
+    offset: int
+    numel: int
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor of the consolidated state dict, as zero_to_fp32 would return it (plus what it drops)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: Kind
+    segments: tuple[Segment, ...]
+    alias_of: str | None = None
+    group: int | None = None
+    moments: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype)
+
+    @property
+    def is_floating(self) -> bool:
+        return self.dtype in FLOATING
+
+    @property
+    def module(self) -> str:
+        """The submodule path (`layers.0.attn` for `layers.0.attn.q.weight`)."""
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Something a user should know about the checkpoint: what, which file, and what to do."""
+
+    severity: Severity
+    code: str
+    message: str
+    file: str | None = None
+    hint: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "severity": str(self.severity),
+            "code": self.code,
+            "message": self.message,
+            "file": self.file,
+            "hint": self.hint,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    path: str
+    role: str  # "model" | "optim"
+    size: int
+    dp_rank: int | None
+    mp_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A parameter group (stage 1/2) or sub-group (stage 3) and how it is partitioned."""
+
+    index: int
+    param_count: int
+    numel: int
+    padded_numel: int
+    partition_numel: int
+    hyperparams: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RankGroup:
+    """One rank's share of one group: elements it stores, how many are padding."""
+
+    group: int
+    partition_numel: int
+    stored_numel: int
+    padding: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankInfo:
+    rank: int
+    optim_file: str | None
+    model_file: str | None
+    optim_bytes: int
+    model_bytes: int
+    groups: tuple[RankGroup, ...]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A scanned checkpoint tag. `tensors` covers every tensor of the fp32 reconstruction, aliases included."""
+
+    root: str
+    tag: str
+    tags: tuple[str, ...]
+    tag_dir: str
+    layout: str  # "deepspeed" | "hf-trainer" | "lightning" | "tag-dir"
+    stage: int
+    world_size: int
+    optimizer: str
+    compute_dtype: str
+    master_dtype: str
+    deepspeed_version: str | None
+    global_steps: int | None
+    global_samples: int | None
+    optimizer_step: int | None
+    loss_scale: float | None
+    dynamic_loss_scale: bool | None
+    files: tuple[FileInfo, ...]
+    ranks: tuple[RankInfo, ...]
+    groups: tuple[GroupInfo, ...]
+    tensors: tuple[TensorInfo, ...]
+    findings: tuple[Finding, ...]
+    ds_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    other_runs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
+
+    def tensor(self, name: str) -> TensorInfo:
+        return self._by_name[name]  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity is Severity.ERROR)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def count(self, kind: Kind) -> tuple[int, int]:
+        """(tensors, elements) of one kind."""
+        ts = [t for t in self.tensors if t.kind is kind]
+        return len(ts), sum(t.numel for t in ts)

@@ -1,0 +1,249 @@
+"""Write `torch.save`-compatible zip archives whose storages are streamed, never held in memory.
+
+Used by the demo checkpoint writer: the object tree is pickled (protocol 2, like torch) with storages as
+persistent ids, then each storage record is produced chunk by chunk. DeepSpeed's classes are emitted as
+plain GLOBAL references, so deepspeed need not be installed to write a checkpoint it can read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from inspector.reader import TORCH_DTYPES, byte_view
+
+ALIGN = 64
+_STORAGE_TYPES = {
+    "float32": "FloatStorage",
+    "float16": "HalfStorage",
+    "bfloat16": "BFloat16Storage",
+    "int64": "LongStorage",
+    "float64": "DoubleStorage",
+    "int32": "IntStorage",
+    "uint8": "ByteStorage",
+    "bool": "BoolStorage",
+}
+
+Producer = Callable[[int, int], torch.Tensor]
+"""Return elements [start, start+count) of a storage as a tensor of its dtype."""
+
+
+@dataclass(eq=False)
+class Storage:
+    """A storage to be streamed: dtype, element count, and a producer of its values."""
+
+    dtype: str
+    numel: int
+    produce: Producer | None = None
+    key: str | None = field(default=None, init=False)
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A view onto a Storage, pickled exactly as torch pickles a tensor (`_rebuild_tensor_v2`)."""
+
+    storage: Storage
+    shape: tuple[int, ...]
+    offset: int = 0
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+
+@dataclass(frozen=True, eq=False)
+class Global:
+    """A reference to `module.name`, written as a GLOBAL opcode without importing it."""
+
+    module: str
+    name: str
+
+
+@dataclass(eq=False)
+class Reduce:
+    """`func(*args)` at load time (REDUCE)."""
+
+    func: Global
+    args: tuple[Any, ...]
+
+
+@dataclass(eq=False)
+class Obj:
+    """An instance built with NEWOBJ and BUILD(state), as dataclasses and plain classes pickle."""
+
+    cls: Global
+    state: dict[str, Any]
+
+
+def size(shape: tuple[int, ...]) -> Reduce:
+    return Reduce(Global("torch", "Size"), (tuple(shape),))
+
+
+class _Pickler(pickle._Pickler):  # type: ignore[name-defined, misc]
+    """The pure-Python pickler, so we can emit GLOBALs for classes that are not importable here."""
+
+    dispatch = pickle._Pickler.dispatch.copy()  # type: ignore[attr-defined]
+
+    def __init__(self, fh: io.BytesIO) -> None:
+        super().__init__(fh, protocol=2)
+        self.storages: list[Storage] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, Storage):
+            if obj.key is None:
+                obj.key = str(len(self.storages))
+                self.storages.append(obj)
+            return ("storage", Global("torch", _STORAGE_TYPES[obj.dtype]), obj.key, "cpu", obj.numel)
+        return None
+
+    def save_marker_global(self, obj: Global) -> None:
+        self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
+        self.memoize(obj)
+
+    def save_marker_reduce(self, obj: Reduce) -> None:
+        self.save(obj.func)
+        self.save(obj.args)
+        self.write(pickle.REDUCE)
+        self.memoize(obj)
+
+    def save_marker_obj(self, obj: Obj) -> None:
+        self.save(obj.cls)
+        self.save(())
+        self.write(pickle.NEWOBJ)
+        self.memoize(obj)
+        self.save(obj.state)
+        self.write(pickle.BUILD)
+
+    def save_marker_tensor(self, obj: Tensor) -> None:
+        hooks = Reduce(Global("collections", "OrderedDict"), ())
+        self.save_marker_reduce(
+            Reduce(
+                Global("torch._utils", "_rebuild_tensor_v2"),
+                (obj.storage, obj.offset, size(obj.shape), obj.stride, False, hooks),
+            )
+        )
+
+    def save_ordered_dict(self, obj: OrderedDict[Any, Any]) -> None:
+        self.save(Global("collections", "OrderedDict"))
+        self.save(())
+        self.write(pickle.REDUCE)
+        self.memoize(obj)
+        self._batch_setitems(iter(obj.items()))
+
+    dispatch[Global] = save_marker_global
+    dispatch[Reduce] = save_marker_reduce
+    dispatch[Obj] = save_marker_obj
+    dispatch[Tensor] = save_marker_tensor
+    dispatch[OrderedDict] = save_ordered_dict
+
+
+class _ZipOut:
+    """A stored zip written the way torch writes it: 64-byte aligned data, zip64 directory."""
+
+    def __init__(self, fh: io.BufferedWriter) -> None:
+        self.fh = fh
+        self.central: list[bytes] = []
+
+    def entry(self, name: str, chunks: Iterator[bytes | memoryview]) -> None:
+        offset = self.fh.tell()
+        raw = name.encode()
+        pad = (-(offset + 30 + len(raw) + 4)) % ALIGN
+        extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+        self.fh.write(
+            struct.pack("<4s5H3L2H", b"PK\x03\x04", 45, 0x0808, 0, 0, 0x21, 0, 0, 0, len(raw), len(extra))
+            + raw
+            + extra
+        )
+        crc = 0
+        n = 0
+        for chunk in chunks:
+            crc = zlib.crc32(chunk, crc)
+            n += len(chunk)
+            self.fh.write(chunk)
+        self.fh.write(struct.pack("<4sLQQ", b"PK\x07\x08", crc, n, n))
+        z64 = struct.pack("<HHQQQ", 1, 24, n, n, offset)
+        self.central.append(
+            struct.pack(
+                "<4s6H3L5HLL",
+                b"PK\x01\x02",
+                45,
+                45,
+                0x0808,
+                0,
+                0,
+                0x21,
+                crc,
+                0xFFFFFFFF,
+                0xFFFFFFFF,
+                len(raw),
+                len(z64),
+                0,
+                0,
+                0,
+                0,
+                0xFFFFFFFF,
+            )
+            + raw
+            + z64
+        )
+
+    def finish(self) -> None:
+        cd_off = self.fh.tell()
+        for rec in self.central:
+            self.fh.write(rec)
+        cd_size = self.fh.tell() - cd_off
+        eocd64 = self.fh.tell()
+        count = len(self.central)
+        self.fh.write(
+            struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, cd_size, cd_off)
+        )
+        self.fh.write(struct.pack("<4sLQL", b"PK\x06\x07", 0, eocd64, 1))
+        self.fh.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+
+
+def _storage_chunks(st: Storage, chunk_elems: int) -> Iterator[memoryview]:
+    for start in range(0, st.numel, chunk_elems):
+        count = min(chunk_elems, st.numel - start)
+        if st.produce is None:
+            t = torch.zeros(count, dtype=TORCH_DTYPES[st.dtype])
+        else:
+            t = st.produce(start, count).to(TORCH_DTYPES[st.dtype]).contiguous()
+            assert t.numel() == count, (t.numel(), count)
+        yield byte_view(t)
+
+
+def save(obj: Any, path: str | os.PathLike[str], chunk_elems: int = 1 << 22) -> int:
+    """Write `obj` like `torch.save(obj, path)`, streaming storages; returns bytes written."""
+    path = os.fspath(path)
+    archive = os.path.splitext(os.path.basename(path))[0]
+    buf = io.BytesIO()
+    pickler = _Pickler(buf)
+    pickler.dump(obj)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        z = _ZipOut(fh)
+        z.entry(f"{archive}/data.pkl", iter([buf.getvalue()]))
+        z.entry(f"{archive}/.format_version", iter([b"1"]))
+        z.entry(f"{archive}/.storage_alignment", iter([b"64"]))
+        z.entry(f"{archive}/byteorder", iter([b"little"]))
+        for st in pickler.storages:
+            z.entry(f"{archive}/data/{st.key}", _storage_chunks(st, chunk_elems))
+        z.entry(f"{archive}/version", iter([b"3\n"]))
+        z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
+        z.finish()
+        written = fh.tell()
+    os.replace(tmp, path)
+    return written

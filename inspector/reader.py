@@ -1,0 +1,158 @@
+"""Positioned reads of exactly the bytes a tensor needs, into caller-owned buffers.
+
+Files are opened O_RDONLY and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
+into our address space (RSS stays honest), and several threads can share one descriptor.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+from inspector.errors import CorruptFileError
+from inspector.model import Checkpoint, Segment
+from inspector.torchzip import TensorRef, itemsize
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "uint64": torch.uint64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+
+
+class FilePool:
+    """Read-only descriptors shared by reader threads (pread needs no seek, so no locking per read)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(path)
+                if fd is None:
+                    try:
+                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    except OSError as exc:
+                        raise CorruptFileError(
+                            f"{path}: cannot open for reading ({exc.strerror}).",
+                            hint="Check that the file exists and is readable.",
+                        ) from None
+                    self._fds[path] = fd
+        return fd
+
+    def read_into(self, path: str, offset: int, view: memoryview) -> None:
+        """Fill `view` from `path` at `offset`, or raise a clear error if the file is shorter."""
+        fd = self.fd(path)
+        done = 0
+        total = len(view)
+        while done < total:
+            try:
+                n = os.preadv(fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise CorruptFileError(
+                    f"{path}: read failed at byte {offset + done} ({exc.strerror}).",
+                    hint="The disk or file system reported an error.",
+                ) from None
+            if n == 0:
+                raise CorruptFileError(
+                    f"{path}: the file ends before byte {offset + total}; it is truncated.",
+                    hint="Copy the checkpoint again from its source.",
+                )
+            done += n
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __enter__(self) -> FilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable memoryview over a contiguous tensor's bytes (works for bf16, which numpy lacks)."""
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[list[Segment]]:
+    """Cut a tensor's segments into pieces of at most `chunk_elems` elements, in order."""
+    batch: list[Segment] = []
+    room = chunk_elems
+    for seg in segments:
+        off, left = seg.offset, seg.numel
+        size = itemsize(seg.dtype)
+        while left:
+            take = min(left, room)
+            batch.append(Segment(seg.file, off, take, seg.dtype))
+            off += take * size
+            left -= take
+            room -= take
+            if room == 0:
+                yield batch
+                batch, room = [], chunk_elems
+    if batch:
+        yield batch
+
+
+def read_segments_into(pool: FilePool, segments: Iterable[Segment], out: torch.Tensor) -> int:
+    """Read segments back to back into the flat tensor `out`; returns elements read."""
+    view = byte_view(out)
+    pos = 0
+    for seg in segments:
+        n = seg.nbytes
+        pool.read_into(seg.file, seg.offset, view[pos : pos + n])
+        pos += n
+    return pos // out.element_size() if out.element_size() else 0
+
+
+def read_segments(pool: FilePool, segments: Sequence[Segment], dtype: str) -> torch.Tensor:
+    out = torch.empty(sum(s.numel for s in segments), dtype=TORCH_DTYPES[dtype])
+    read_segments_into(pool, segments, out)
+    return out
+
+
+def read_tensor(
+    ckpt: Checkpoint, name: str, state: str = "fp32", pool: FilePool | None = None
+) -> torch.Tensor:
+    """A whole tensor in its source dtype (fp32 master for trainable params). For tests and small tensors."""
+    info = ckpt.tensor(name)
+    segments = info.segments if state == "fp32" else dict(info.moments)[state]
+    dtype = segments[0].dtype if segments else info.dtype
+    own = pool is None
+    pool = pool or FilePool()
+    try:
+        return read_segments(pool, segments, dtype).view(info.shape)
+    finally:
+        if own:
+            pool.close()
+
+
+def read_ref(ref: TensorRef) -> torch.Tensor:
+    """Materialise a small TensorRef (step counters, buffers) honouring its strides."""
+    segs = [Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs()]
+    with FilePool() as pool:
+        return read_segments(pool, segs, ref.dtype).view(ref.shape)

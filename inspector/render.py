@@ -1,0 +1,140 @@
+"""Rich renderings of a scanned checkpoint for the terminal (CLI only; the core never imports rich)."""
+
+from __future__ import annotations
+
+import os
+
+import humanize
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from inspector.model import Checkpoint, Finding, Kind, Severity
+from inspector.summary import module_rows
+
+_SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+_KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
+
+
+def size(n: int) -> str:
+    return humanize.naturalsize(n, binary=True)
+
+
+def count(n: int) -> str:
+    return humanize.intword(n) if n >= 1_000_000 else humanize.intcomma(n)
+
+
+def summary(ckpt: Checkpoint) -> Panel:
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    tags = ", ".join(ckpt.tags[-6:]) + (f" (+{len(ckpt.tags) - 6} older)" if len(ckpt.tags) > 6 else "")
+    t.add_row("Checkpoint", f"{ckpt.root}  [dim]({ckpt.layout})[/]")
+    t.add_row("Tag", f"[bold]{ckpt.tag}[/]  [dim]tags: {tags}[/]")
+    t.add_row(
+        "ZeRO",
+        f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · "
+        f"{ckpt.optimizer}",
+    )
+    t.add_row("Dtypes", f"compute {ckpt.compute_dtype} · master {ckpt.master_dtype}")
+    steps = []
+    if ckpt.global_steps is not None:
+        steps.append(f"global step {ckpt.global_steps}")
+    if ckpt.optimizer_step is not None:
+        steps.append(f"optimizer step {ckpt.optimizer_step}")
+    if ckpt.global_samples is not None:
+        steps.append(f"{count(ckpt.global_samples)} samples")
+    t.add_row("Training", " · ".join(steps) or "-")
+    if ckpt.loss_scale is not None:
+        t.add_row("Loss scale", f"{ckpt.loss_scale:g}" + (" (dynamic)" if ckpt.dynamic_loss_scale else ""))
+    t.add_row("DeepSpeed", ckpt.deepspeed_version or "unknown")
+    t.add_row("Files", f"{len(ckpt.files)} files, {size(ckpt.total_bytes)}")
+    kinds = Table.grid(padding=(0, 2))
+    for _ in range(4):
+        kinds.add_column(justify="right")
+    kinds.add_row("[dim]kind[/]", "[dim]tensors[/]", "[dim]parameters[/]", "[dim]source bytes[/]")
+    for kind in Kind:
+        n, numel = ckpt.count(kind)
+        if n:
+            nbytes = sum(x.nbytes for x in ckpt.tensors if x.kind is kind)
+            kinds.add_row(Text(str(kind), style=_KIND_STYLE[kind]), str(n), count(numel), size(nbytes))
+    t.add_row("Contents", kinds)
+    return Panel(t, title="zero-inspector scan", title_align="left", border_style="blue")
+
+
+def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
+    t = Table(title="Ranks", title_justify="left", show_edge=False)
+    t.add_column("rank", justify="right")
+    t.add_column("files")
+    t.add_column("size", justify="right")
+    for g in ckpt.groups:
+        t.add_column(f"group {g.index}\nstored / padding", justify="right")
+    ranks = ckpt.ranks
+    shown = ranks if len(ranks) <= limit else ranks[: limit - 2] + ranks[-2:]
+    for i, r in enumerate(shown):
+        if len(ranks) > limit and i == limit - 2:
+            t.add_row("…", f"[dim]{len(ranks) - limit} more ranks[/]", "", *["" for _ in ckpt.groups])
+        files = ", ".join(os.path.basename(p) for p in (r.optim_file, r.model_file) if p)
+        cells = [f"{count(g.stored_numel)} / {g.padding}" for g in r.groups]
+        t.add_row(str(r.rank), files, size(r.optim_bytes + r.model_bytes), *cells)
+    return t
+
+
+def modules_table(ckpt: Checkpoint) -> Table:
+    t = Table(title="Tensors by module", title_justify="left", show_edge=False)
+    t.add_column("module")
+    t.add_column("tensors", justify="right")
+    t.add_column("parameters", justify="right")
+    t.add_column("kinds")
+    t.add_column("dtype")
+    for row in module_rows(ckpt.tensors):
+        kinds = " ".join(
+            f"[{_KIND_STYLE[Kind(k)]}]{k}[/]" + (f"×{n}" if n > 1 else "") for k, n in row.kinds.items()
+        )
+        t.add_row(row.module, str(row.tensors), count(row.numel), kinds, ", ".join(sorted(row.dtypes)))
+    return t
+
+
+def tensors_table(ckpt: Checkpoint) -> Table:
+    t = Table(title="Tensors", title_justify="left", show_edge=False)
+    for col in ("name", "shape", "dtype", "kind", "size"):
+        t.add_column(col, justify="right" if col == "size" else "left")
+    for x in ckpt.tensors:
+        kind = Text(str(x.kind), style=_KIND_STYLE[x.kind])
+        if x.alias_of:
+            kind.append(f" → {x.alias_of}", style="dim")
+        t.add_row(x.name, "×".join(map(str, x.shape)) or "scalar", x.dtype, kind, size(x.nbytes))
+    return t
+
+
+def findings(items: tuple[Finding, ...]) -> RenderableType:
+    if not items:
+        return Text("No problems found.", style="green")
+    rows = []
+    for f in items:
+        line = Text()
+        line.append(f"{f.severity.value.upper():8}", style=_SEVERITY_STYLE[f.severity])
+        line.append(f.message)
+        if f.file:
+            line.append(f"\n        {f.file}", style="dim")
+        if f.hint:
+            line.append(f"\n        → {f.hint}", style="italic")
+        rows.append(line)
+    return Group(*rows)
+
+
+def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) -> None:
+    console.print(summary(ckpt))
+    console.print(ranks_table(ckpt))
+    console.print()
+    console.print(tensors_table(ckpt) if all_tensors else modules_table(ckpt))
+    console.print()
+    console.print(
+        Panel(
+            findings(ckpt.findings),
+            title="Findings",
+            title_align="left",
+            border_style="red" if ckpt.errors else "green",
+        )
+    )

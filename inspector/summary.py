@@ -1,0 +1,124 @@
+"""Plain-data views of a Checkpoint for JSON output and for any front end (CLI, TUI)."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from inspector.model import Checkpoint, Kind, TensorInfo
+
+_INDEX = re.compile(r"\.\d+(?=\.|$)")
+
+
+def module_key(name: str) -> str:
+    """`model.layers.12.mlp.up_proj.weight` -> `model.layers.*.mlp` (repeated blocks collapse)."""
+    return _INDEX.sub(".*", name.rpartition(".")[0]) or "(root)"
+
+
+@dataclass
+class ModuleRow:
+    module: str
+    tensors: int = 0
+    numel: int = 0
+    nbytes: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    dtypes: set[str] = field(default_factory=set)
+
+
+def module_rows(tensors: tuple[TensorInfo, ...]) -> list[ModuleRow]:
+    rows: OrderedDict[str, ModuleRow] = OrderedDict()
+    for t in tensors:
+        row = rows.setdefault(module_key(t.name), ModuleRow(module_key(t.name)))
+        row.tensors += 1
+        row.numel += t.numel
+        row.nbytes += t.nbytes
+        row.kinds[str(t.kind)] = row.kinds.get(str(t.kind), 0) + 1
+        row.dtypes.add(t.dtype)
+    return list(rows.values())
+
+
+def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
+    """The `scan --json` object: stable keys, plain types."""
+    kinds = {}
+    for kind in Kind:
+        n, numel = ckpt.count(kind)
+        kinds[str(kind)] = {
+            "tensors": n,
+            "numel": numel,
+            "bytes": sum(t.nbytes for t in ckpt.tensors if t.kind is kind),
+        }
+    return {
+        "root": ckpt.root,
+        "tag": ckpt.tag,
+        "tags": list(ckpt.tags),
+        "layout": ckpt.layout,
+        "stage": ckpt.stage,
+        "world_size": ckpt.world_size,
+        "optimizer": ckpt.optimizer,
+        "compute_dtype": ckpt.compute_dtype,
+        "master_dtype": ckpt.master_dtype,
+        "deepspeed_version": ckpt.deepspeed_version,
+        "global_steps": ckpt.global_steps,
+        "global_samples": ckpt.global_samples,
+        "optimizer_step": ckpt.optimizer_step,
+        "loss_scale": ckpt.loss_scale,
+        "dynamic_loss_scale": ckpt.dynamic_loss_scale,
+        "total_file_bytes": ckpt.total_bytes,
+        "kinds": kinds,
+        "groups": [
+            {
+                "index": g.index,
+                "params": g.param_count,
+                "numel": g.numel,
+                "padded_numel": g.padded_numel,
+                "partition_numel": g.partition_numel,
+                "hyperparams": _plain(g.hyperparams),
+            }
+            for g in ckpt.groups
+        ],
+        "ranks": [
+            {
+                "rank": r.rank,
+                "optim_file": r.optim_file,
+                "model_file": r.model_file,
+                "bytes": r.optim_bytes + r.model_bytes,
+                "groups": [
+                    {
+                        "group": g.group,
+                        "partition_numel": g.partition_numel,
+                        "stored_numel": g.stored_numel,
+                        "padding": g.padding,
+                    }
+                    for g in r.groups
+                ],
+            }
+            for r in ckpt.ranks
+        ],
+        "tensors": [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "dtype": t.dtype,
+                "kind": str(t.kind),
+                "numel": t.numel,
+                "bytes": t.nbytes,
+                **({"alias_of": t.alias_of} if t.alias_of else {}),
+                **({"group": t.group} if t.group is not None else {}),
+            }
+            for t in ckpt.tensors
+        ],
+        "findings": [f.as_dict() for f in ckpt.findings],
+        "other_runs": list(ckpt.other_runs),
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return repr(value)
