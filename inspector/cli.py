@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from inspector.errors import InspectorError
 
@@ -113,12 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_demo)
 
-    for register in _EXTRA_COMMANDS:
-        register(sub, _add_common)
+    from inspector import cli_convert
+
+    cli_convert.register(sub, _add_common)
     return parser
-
-
-_EXTRA_COMMANDS: list[Callable[..., None]] = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,324 @@
+"""Turn a scanned checkpoint and the user's choices into a frozen ConversionPlan: pure, no I/O.
+
+The plan fixes every output byte before anything is written: which tensors, their output names and
+dtypes, which shard each goes to, its byte offset there, every safetensors header, and the buffers the
+executor will allocate. Tests check plans without touching disk; `stream.execute` carries one out;
+`preflight` predicts from one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+from inspector.errors import DamagedCheckpointError, InspectorError
+from inspector.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.torchzip import FLOATING, itemsize
+
+DTYPE_ALIASES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+}
+SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "complex64": "C64",
+}
+CHUNK_ELEMS = 1 << 22  # 4 Mi elements: 16 MiB of fp32 per buffer; large enough that syscalls are noise
+PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+META_KEY = "zero_inspector"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What the user chose. Globs match source names; renames apply after prefix stripping."""
+
+    dtype: str = "auto"  # auto = the checkpoint's compute dtype
+    shard_size: int = 5_000_000_000
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    strip_prefix: tuple[str, ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()
+    keep_fp32: tuple[str, ...] = ()
+    exclude_frozen: bool = False
+    exclude_buffers: bool = False
+    dedupe_tied: bool = False
+    chunk_elems: int = CHUNK_ELEMS
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One output tensor: where it comes from, what it becomes, where its bytes go."""
+
+    name: str
+    source: str
+    kind: Kind
+    shape: tuple[int, ...]
+    src_dtype: str
+    out_dtype: str
+    segments: tuple[Segment, ...]
+    offset: int  # within the shard's data section
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return self.nbytes // itemsize(self.out_dtype)
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    filename: str
+    tensors: tuple[PlannedTensor, ...]
+    header: bytes  # 8-byte length + JSON, padded; data starts right after
+    data_bytes: int
+
+    @property
+    def file_bytes(self) -> int:
+        return len(self.header) + self.data_bytes
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(s.nbytes for t in self.tensors for s in t.segments)
+
+    def chunk_elems(self, limit: int) -> int:
+        """Elements per buffer: the chunk size, or less when no tensor here is that big."""
+        return max(1, min(limit, max((t.numel for t in self.tensors), default=1)))
+
+    def buffer_bytes(self, limit: int) -> int:
+        """Pool sizes `stream` allocates for this shard: source buffers, plus output buffers if casting."""
+        n = self.chunk_elems(limit)
+        src = max((itemsize(t.src_dtype) for t in self.tensors), default=4)
+        casts = [itemsize(t.out_dtype) for t in self.tensors if t.out_dtype != t.src_dtype]
+        return PIPELINE_DEPTH * n * (src + max(casts, default=0))
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    """Everything `execute` will do, decided up front."""
+
+    source: str
+    tag: str
+    stage: int
+    world_size: int
+    options: ConvertOptions
+    shards: tuple[PlannedShard, ...]
+    index: bytes | None  # model.safetensors.index.json content, or None for a single file
+    aliases: dict[str, str] = field(default_factory=dict)  # deduped tied names -> stored owner
+    fingerprint: str = ""
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(s.file_bytes for s in self.shards) + (len(self.index) if self.index else 0)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(s.data_bytes for s in self.shards)
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(s.read_bytes for s in self.shards)
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(s.tensors) for s in self.shards)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of chunk buffers the executor allocates at most (source + output buffers in flight)."""
+        return max((s.buffer_bytes(self.options.chunk_elems) for s in self.shards), default=0)
+
+    @property
+    def filenames(self) -> list[str]:
+        return [s.filename for s in self.shards] + ([INDEX_NAME] if self.index else [])
+
+
+def resolve_dtype(name: str, ckpt: Checkpoint) -> str:
+    if name == "auto":
+        return ckpt.compute_dtype if ckpt.compute_dtype in ("bfloat16", "float16") else "float32"
+    try:
+        return DTYPE_ALIASES[name.lower()]
+    except KeyError:
+        raise InspectorError(
+            f"Unknown output dtype {name!r}.", hint="Use fp32, bf16, fp16 or auto.", title="Invalid option"
+        ) from None
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    """A glob (`*.norm.*`) or a module prefix (`model.layers.0` selects the whole submodule)."""
+    return any(
+        fnmatch.fnmatchcase(name, p) or name == p or name.startswith(p.rstrip(".") + ".") for p in patterns
+    )
+
+
+def rename(name: str, opts: ConvertOptions) -> str:
+    for prefix in opts.strip_prefix:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    for pattern, repl in opts.renames:
+        try:
+            name = re.sub(pattern, repl, name)
+        except re.error as exc:
+            raise InspectorError(
+                f"Bad --rename pattern {pattern!r}: {exc}.", title="Invalid option"
+            ) from None
+    return name
+
+
+def select(ckpt: Checkpoint, opts: ConvertOptions) -> list[TensorInfo]:
+    """Tensors to write, in checkpoint order. Aliases of unselected owners still count (they hold data)."""
+    out = []
+    for t in ckpt.tensors:
+        if opts.include and not _matches(t.name, opts.include):
+            continue
+        if opts.exclude and _matches(t.name, opts.exclude):
+            continue
+        if opts.exclude_frozen and t.kind is Kind.FROZEN:
+            continue
+        if opts.exclude_buffers and t.kind is Kind.BUFFER:
+            continue
+        out.append(t)
+    return out
+
+
+def _header(tensors: list[PlannedTensor], metadata: dict[str, str]) -> bytes:
+    body: dict[str, object] = {"__metadata__": metadata}
+    for t in tensors:
+        body[t.name] = {
+            "dtype": SAFETENSORS_DTYPES[t.out_dtype],
+            "shape": list(t.shape),
+            "data_offsets": [t.offset, t.offset + t.nbytes],
+        }
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # safetensors pads the header so data starts 8-byte aligned
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def _fingerprint(ckpt: Checkpoint, opts: ConvertOptions) -> str:
+    """Identifies source + options, so a resumed run only reuses shards of the same job."""
+    h = hashlib.sha256()
+    h.update(f"{ckpt.tag_dir}|{ckpt.tag}|{opts!r}".encode())
+    for f in ckpt.files:
+        h.update(f"{f.path}|{f.size}".encode())
+    return h.hexdigest()[:16]
+
+
+def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = False) -> ConversionPlan:
+    """Decide every output byte. Raises InspectorError for choices that cannot work."""
+    if ckpt.errors and not allow_damaged:
+        raise DamagedCheckpointError(
+            f"The checkpoint has {len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message}",
+            hint="Run `zero-inspector scan` to see them all. Converting a damaged checkpoint would write "
+            "wrong weights.",
+        )
+    if opts.shard_size <= 0:
+        raise InspectorError("--shard-size must be positive.", title="Invalid option")
+    out_dtype = resolve_dtype(opts.dtype, ckpt)
+    chosen = select(ckpt, opts)
+    if not chosen:
+        raise InspectorError(
+            "No tensors match the selection.",
+            hint="Check --include/--exclude against the names `zero-inspector scan --tensors` lists.",
+            title="Empty selection",
+        )
+    chosen_names = {t.name for t in chosen}
+    aliases: dict[str, str] = {}
+    planned: list[tuple[TensorInfo, str, str]] = []
+    seen: dict[str, str] = {}
+    for t in chosen:
+        name = rename(t.name, opts)
+        if not name:
+            raise InspectorError(f"Renaming {t.name!r} leaves an empty name.", title="Invalid option")
+        if name in seen:
+            raise InspectorError(
+                f"Two tensors would both be written as {name!r}: {seen[name]} and {t.name}.",
+                hint="Adjust --strip-prefix/--rename so output names stay unique.",
+                title="Name collision",
+            )
+        seen[name] = t.name
+        if opts.dedupe_tied and t.kind is Kind.TIED and t.alias_of in chosen_names:
+            aliases[name] = rename(t.alias_of, opts)
+            continue
+        if t.is_floating:
+            dtype = "float32" if _matches(t.name, opts.keep_fp32) else out_dtype
+        else:
+            dtype = t.dtype
+        planned.append((t, name, dtype))
+    shards_tensors: list[list[tuple[TensorInfo, str, str]]] = [[]]
+    size = 0
+    for item in planned:
+        nbytes = item[0].numel * itemsize(item[2])
+        if shards_tensors[-1] and size + nbytes > opts.shard_size:
+            shards_tensors.append([])
+            size = 0
+        shards_tensors[-1].append(item)
+        size += nbytes
+    fingerprint = _fingerprint(ckpt, opts)
+    meta = {
+        "format": "pt",
+        META_KEY: json.dumps(
+            {
+                "source_tag": ckpt.tag,
+                "stage": ckpt.stage,
+                "world_size": ckpt.world_size,
+                "job": fingerprint,
+                "renamed": {n: t.name for t, n, _ in planned if n != t.name},
+                "filtered": len(chosen) != len(ckpt.tensors),
+                **({"aliases": aliases} if aliases else {}),
+            },
+            separators=(",", ":"),
+        ),
+    }
+    n = len(shards_tensors)
+    shards = []
+    weight_map: dict[str, str] = {}
+    for i, group in enumerate(shards_tensors):
+        filename = SINGLE_NAME if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        tensors, off = [], 0
+        for t, name, dtype in group:
+            nbytes = t.numel * itemsize(dtype)
+            tensors.append(
+                PlannedTensor(name, t.name, t.kind, t.shape, t.dtype, dtype, t.segments, off, nbytes)
+            )
+            off += nbytes
+            weight_map[name] = filename
+        shards.append(PlannedShard(filename, tuple(tensors), _header(tensors, meta), off))
+    index = None
+    if n > 1:
+        index = (
+            json.dumps(
+                {"metadata": {"total_size": sum(s.data_bytes for s in shards)}, "weight_map": weight_map},
+                indent=2,
+            )
+            + "\n"
+        ).encode()
+    return ConversionPlan(
+        ckpt.root, ckpt.tag, ckpt.stage, ckpt.world_size, opts, tuple(shards), index, aliases, fingerprint
+    )
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOATING

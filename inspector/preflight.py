@@ -1,0 +1,223 @@
+"""Predict a conversion's peak RSS, disk and time from the plan alone, and hold them against real limits.
+
+Our converter's memory is flat by construction: this process as it is now (interpreter, torch, the scanned
+metadata) plus the executor's fixed chunk buffers and a small allowance for threads and the allocator. For
+DeepSpeed's zero_to_fp32 / zero_to_torch the model follows its code: optimizer files are torch.load'ed with
+mmap (fp32 partition pages become resident as they are read); stage 1/2 then torch.cat's each group
+("memory usage doubles here"); each output shard is materialised in the output dtype before it is saved.
+Constants marked "calibrated" come from `tox -e bench` on the reference machine (see README).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.memory import MemoryBudget, detect_memory_limits, format_bytes, free_disk_bytes
+from inspector.model import Kind
+from inspector.plan import ConversionPlan
+
+# calibrated: allowance on top of the chunk buffers for the reader/writer threads, queues and allocator slack
+RUNTIME_OVERHEAD = 48 * 1024 * 1024
+# calibrated: RSS of a Python process that has imported torch and deepspeed and parsed a checkpoint list
+DEEPSPEED_BASE_RSS = 520 * 1024 * 1024
+# calibrated: sustained conversion throughput (output bytes/s) when sources are in the page cache, and
+# the rate at which source bytes come off a cold disk; the estimate uses the slower path
+CONVERT_BYTES_PER_S = 600 * 1024 * 1024
+READ_BYTES_PER_S = 1000 * 1024 * 1024
+# keep this much headroom below a limit before calling it a fit (other processes, page cache pressure)
+SAFETY_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Predictions, limits and the verdict for one planned conversion."""
+
+    predicted_peak_rss: int
+    predicted_vms: int
+    output_bytes: int
+    read_bytes: int
+    estimated_seconds: float
+    deepspeed_peak_rss: int
+    budget: MemoryBudget
+    free_disk: int
+    out_dir: str
+    fits_memory: bool
+    fits_disk: bool
+    fits_address_space: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_memory and self.fits_disk and self.fits_address_space
+
+    @property
+    def memory_margin(self) -> int:
+        return self.budget.effective.bytes - self.predicted_peak_rss
+
+    @property
+    def disk_margin(self) -> int:
+        return self.free_disk - self.output_bytes
+
+    @property
+    def problem(self) -> str:
+        parts = []
+        if not self.fits_memory:
+            parts.append(
+                f"it needs about {format_bytes(self.predicted_peak_rss)} of RAM but only "
+                f"{format_bytes(self.budget.effective.bytes)} is available ({self.budget.effective.detail})"
+            )
+        if not self.fits_address_space:
+            parts.append(
+                f"RLIMIT_AS ({format_bytes(self.budget.address_space_limit or 0)}) is below the "
+                f"{format_bytes(self.predicted_vms)} of address space torch needs"
+            )
+        if not self.fits_disk:
+            parts.append(
+                f"the output needs {format_bytes(self.output_bytes)} but {self.out_dir} has "
+                f"{format_bytes(self.free_disk)} free"
+            )
+        return "The conversion would not fit: " + "; ".join(parts) + "." if parts else ""
+
+    @property
+    def advice(self) -> str:
+        tips = []
+        if not self.fits_disk:
+            tips.append("free disk space or choose an output folder on another disk")
+        if not self.fits_memory:
+            tips.append(
+                "stop other processes or raise the memory limit; our peak does not depend on model or "
+                "shard size, so a smaller --shard-size will not help here"
+            )
+        if not self.fits_address_space:
+            tips.append("raise `ulimit -v`")
+        tips.append("--force starts anyway")
+        return "; ".join(tips).capitalize() + "."
+
+
+def _process_memory() -> tuple[int, int]:
+    import psutil
+
+    info = psutil.Process().memory_info()
+    return int(info.rss), int(info.vms)
+
+
+def predict_deepspeed_peak(
+    plan: ConversionPlan, trainable_numel: int, other_bytes: int, largest_param: int, master_itemsize: int = 4
+) -> int:
+    """Peak RSS of zero_to_fp32/zero_to_torch for the same job (see module docstring for the model)."""
+    mmap_pages = master_itemsize * trainable_numel
+    out_itemsize = max((int(t.nbytes // max(t.numel, 1)) for s in plan.shards for t in s.tensors), default=4)
+    out_total = plan.tensor_bytes
+    shard = min(plan.options.shard_size, out_total)
+    if plan.stage == 3:
+        # lazily gathered: each shard's tensors are materialised (fp32 gather, then the cast)
+        working = shard + (master_itemsize * largest_param if out_itemsize != master_itemsize else 0)
+        return DEEPSPEED_BASE_RSS + mmap_pages + working + other_bytes
+    merged = master_itemsize * trainable_numel  # torch.cat of every group's partitions
+    working = shard if out_itemsize != master_itemsize else 0
+    return DEEPSPEED_BASE_RSS + mmap_pages + merged + working + other_bytes
+
+
+def assess(
+    plan: ConversionPlan,
+    out_dir: str,
+    ckpt_tensors: Any = None,
+    budget: MemoryBudget | None = None,
+    free_disk: int | None = None,
+) -> Assessment:
+    """Predict and compare. Call after the scan and plan exist (their memory is part of the baseline)."""
+    import inspector.stream  # noqa: F401  (torch is part of the converter's baseline; count it)
+
+    rss, vms = _process_memory()
+    peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD
+    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + 3 * 8 * 1024 * 1024  # thread stacks
+    budget = budget or detect_memory_limits()
+    free = free_disk if free_disk is not None else free_disk_bytes(out_dir)
+    tensors = [t for s in plan.shards for t in s.tensors]
+    trainable = sum(t.numel for t in tensors if t.kind is not Kind.BUFFER and t.src_dtype == "float32")
+    other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t.src_dtype != "float32")
+    largest = max((t.numel for t in tensors), default=0)
+    ds_peak = predict_deepspeed_peak(plan, trainable, other, largest)
+    seconds = max(plan.output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S)
+    headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
+    return Assessment(
+        predicted_peak_rss=peak,
+        predicted_vms=vms_peak,
+        output_bytes=plan.output_bytes,
+        read_bytes=plan.read_bytes,
+        estimated_seconds=seconds,
+        deepspeed_peak_rss=ds_peak,
+        budget=budget,
+        free_disk=free,
+        out_dir=out_dir,
+        fits_memory=peak <= headroom,
+        fits_disk=plan.output_bytes <= free,
+        fits_address_space=budget.address_space_limit is None or vms_peak <= budget.address_space_limit,
+    )
+
+
+def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
+    return {
+        "fits": a.fits,
+        "fits_memory": a.fits_memory,
+        "fits_disk": a.fits_disk,
+        "fits_address_space": a.fits_address_space,
+        "predicted_peak_rss_bytes": a.predicted_peak_rss,
+        "output_bytes": a.output_bytes,
+        "read_bytes": a.read_bytes,
+        "estimated_seconds": round(a.estimated_seconds, 2),
+        "available_memory_bytes": a.budget.effective.bytes,
+        "memory_limit_source": a.budget.effective.source,
+        "memory_limit_detail": a.budget.effective.detail,
+        "memory_margin_bytes": a.memory_margin,
+        "address_space_limit_bytes": a.budget.address_space_limit,
+        "limits": [
+            {"source": lim.source, "bytes": lim.bytes, "detail": lim.detail} for lim in a.budget.limits
+        ],
+        "free_disk_bytes": a.free_disk,
+        "disk_margin_bytes": a.disk_margin,
+        "out_dir": a.out_dir,
+        "deepspeed_zero_to_fp32_peak_rss_bytes": a.deepspeed_peak_rss,
+        "shards": len(plan.shards),
+        "tensors": plan.tensor_count,
+        "problem": a.problem,
+    }
+
+
+def print_assessment(console: Any, a: Assessment, plan: ConversionPlan) -> None:
+    """Rich rendering (imported lazily by the CLI; the core never imports rich at module level)."""
+    from rich.panel import Panel
+    from rich.table import Table
+
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_column()
+    mem_style = "green" if a.fits_memory else "bold red"
+    disk_style = "green" if a.fits_disk else "bold red"
+    t.add_row(
+        "Peak RAM (zero-inspector)",
+        f"[{mem_style}]{format_bytes(a.predicted_peak_rss)}[/]",
+        f"of {format_bytes(a.budget.effective.bytes)} available · {a.budget.effective.source}",
+    )
+    t.add_row(
+        "Peak RAM (zero_to_fp32)",
+        format_bytes(a.deepspeed_peak_rss),
+        "predicted for DeepSpeed's own tool, same job",
+    )
+    t.add_row(
+        "Output",
+        f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
+        f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}",
+    )
+    t.add_row("Reads", format_bytes(a.read_bytes), "from the checkpoint")
+    t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
+    t.add_row("Memory limit", "", a.budget.effective.detail)
+    verdict = (
+        f"[green]Fits[/]: {format_bytes(a.memory_margin)} of RAM and {format_bytes(a.disk_margin)} of "
+        "disk to spare."
+        if a.fits
+        else f"[bold red]Does not fit.[/] {a.problem}\n→ {a.advice}"
+    )
+    console.print(Panel(t, title="Preflight", title_align="left", border_style="green" if a.fits else "red"))
+    console.print(verdict)

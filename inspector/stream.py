@@ -1,0 +1,427 @@
+"""Execute a ConversionPlan: stream every tensor into place, chunk by chunk, with flat memory.
+
+Three stages overlap on two cores: a reader thread fills source buffers with positioned reads, the calling
+thread converts dtypes with torch (same rounding as DeepSpeed's `.to(dtype)`), a writer thread `pwrite`s the
+result at its planned offset. Buffers come from fixed pools, so peak memory is PIPELINE_DEPTH chunks per
+stage whatever the model, shard or tensor size. Shards are written as `*.partial` and renamed only when all
+are complete; the index comes last. `run()` yields progress events at most ~4 times a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from inspector.errors import CancelledError, InspectorError, OutputError
+from inspector.plan import INDEX_NAME, PIPELINE_DEPTH, SINGLE_NAME, ConversionPlan, PlannedTensor
+from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks
+from inspector.torchzip import itemsize
+
+PARTIAL = ".partial"
+JOURNAL = ".zero-inspector-journal.json"
+_EVENT_INTERVAL = 0.25
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot for meters: bytes written of the total, the current tensor and shard, throughput."""
+
+    bytes_done: int
+    bytes_total: int
+    tensor: str
+    shard: str
+    shard_index: int
+    shards: int
+    elapsed: float
+    skipped_bytes: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return self.bytes_done / self.bytes_total if self.bytes_total else 1.0
+
+    @property
+    def throughput(self) -> float:
+        """Bytes per second actually converted in this run (resumed shards excluded)."""
+        done = self.bytes_done - self.skipped_bytes
+        return done / self.elapsed if self.elapsed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a finished run did."""
+
+    out_dir: str
+    files: tuple[tuple[str, int], ...]
+    tensors: int
+    bytes_written: int
+    seconds: float
+    resumed_shards: int = 0
+    removed_stale: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class _Chunk:
+    shard: int
+    tensor: PlannedTensor
+    file_offset: int  # absolute offset in the shard file
+    numel: int
+    src: torch.Tensor | None = None  # uint8 buffer holding source bytes
+    out: torch.Tensor | None = None
+    last: bool = False
+
+
+_OUR_NAMES = (SINGLE_NAME, INDEX_NAME)
+
+
+def _ours(name: str) -> bool:
+    """Files a previous run of this tool may have left: shards, index, partials, journal."""
+    base = name[: -len(PARTIAL)] if name.endswith(PARTIAL) else name
+    return (
+        base in _OUR_NAMES
+        or name == JOURNAL
+        or (base.startswith("model-") and base.endswith(".safetensors") and "-of-" in base)
+    )
+
+
+def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[str]:
+    """Check the output folder; returns stale files of ours to remove once the new output is in place."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise OutputError(f"{out_dir} exists and is not a folder.", hint="Choose another output path.")
+    real_out = os.path.realpath(out_dir)
+    for f in plan.shards[0].tensors[:1]:
+        if f.segments and os.path.dirname(os.path.realpath(f.segments[0].file)) == real_out:
+            raise OutputError(
+                "The output folder is the checkpoint's tag folder.",
+                hint="Write the conversion to a separate folder.",
+            )
+    os.makedirs(out_dir, exist_ok=True)
+    if not os.access(out_dir, os.W_OK):
+        raise OutputError(f"{out_dir} is not writable.", hint="Choose a folder you can write to.")
+    existing = sorted(os.listdir(out_dir))
+    foreign = [n for n in existing if not _ours(n)]
+    finals = [n for n in existing if _ours(n) and not n.endswith(PARTIAL) and n != JOURNAL]
+    resumable = _journal(out_dir).get("job") == plan.fingerprint
+    if (foreign or finals) and not overwrite and not (resumable and not finals):
+        shown = ", ".join((foreign + finals)[:5]) + (" …" if len(foreign + finals) > 5 else "")
+        raise OutputError(
+            f"{out_dir} is not empty ({shown}).",
+            hint="Choose an empty folder, or pass --overwrite to replace model*.safetensors and "
+            "the index there (other files are left alone).",
+            title="Output folder not empty",
+        )
+    planned = set(plan.filenames)
+    return [n for n in finals if n not in planned]
+
+
+def _journal(out_dir: str) -> dict[str, object]:
+    try:
+        with open(os.path.join(out_dir, JOURNAL)) as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_journal(out_dir: str, plan: ConversionPlan, done: list[str]) -> None:
+    tmp = os.path.join(out_dir, JOURNAL + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump({"job": plan.fingerprint, "complete": done}, fh)
+    os.replace(tmp, os.path.join(out_dir, JOURNAL))
+
+
+def _disk_error(exc: OSError, out_dir: str, need: int) -> InspectorError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = shutil.disk_usage(out_dir).free
+        return OutputError(
+            f"Disk full while writing to {out_dir}: the output needs {need:,} bytes, {free:,} are free.",
+            hint="Free disk space or choose another output folder; partial files were removed.",
+            title="Disk full",
+        )
+    return OutputError(
+        f"Writing to {out_dir} failed: {exc.strerror}.",
+        hint="Check the output folder; partial files were removed.",
+    )
+
+
+def run(
+    plan: ConversionPlan, out_dir: str, *, cancel: threading.Event | None = None, overwrite: bool = False
+) -> Iterator[Progress | Report]:
+    """Carry out `plan` into `out_dir`, yielding Progress events (<= 4/s) and finally a Report.
+
+    On any error, cancel or interrupt, the partial files are removed before the exception propagates.
+    After a hard kill, rerunning the same job reuses the shards the journal lists as complete.
+    """
+    cancel = cancel or threading.Event()
+    out_dir = os.path.abspath(out_dir)
+    stale = prepare_output(plan, out_dir, overwrite)
+    journal = _journal(out_dir)
+    listed = journal.get("complete") if journal.get("job") == plan.fingerprint else None
+    done_before = set(listed) if isinstance(listed, list) else set()
+    for name in os.listdir(out_dir):  # partials of other jobs, or of shards we must redo
+        if name.endswith(PARTIAL) and name[: -len(PARTIAL)] not in done_before:
+            os.unlink(os.path.join(out_dir, name))
+    partial = [os.path.join(out_dir, s.filename + PARTIAL) for s in plan.shards]
+    reuse = [
+        s.filename in done_before and _valid_partial(p, s.header, s.file_bytes)
+        for s, p in zip(plan.shards, partial, strict=True)
+    ]
+    total = sum(s.file_bytes for s in plan.shards)
+    skipped = sum(s.file_bytes for s, r in zip(plan.shards, reuse, strict=True) if r)
+    completed = [s.filename for s, r in zip(plan.shards, reuse, strict=True) if r]
+    start = time.monotonic()
+    ok = False
+    try:
+        _write_journal(out_dir, plan, completed)
+        done = skipped
+        last = 0.0
+        for i, shard in enumerate(plan.shards):
+            if reuse[i]:
+                continue
+            for nbytes, tensor in _write_shard(plan, i, partial[i], cancel, out_dir):
+                done += nbytes
+                now = time.monotonic()
+                if now - last >= _EVENT_INTERVAL:
+                    last = now
+                    yield Progress(
+                        done, total, tensor, shard.filename, i, len(plan.shards), now - start, skipped
+                    )
+            completed.append(shard.filename)
+            _write_journal(out_dir, plan, completed)
+        if cancel.is_set():
+            raise CancelledError("Conversion cancelled; partial files were removed.")
+        for shard, p in zip(plan.shards, partial, strict=True):
+            os.replace(p, os.path.join(out_dir, shard.filename))
+        if plan.index is not None:
+            tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
+            with open(tmp, "wb") as fh:
+                fh.write(plan.index)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(out_dir, name))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(out_dir, JOURNAL))
+        _fsync_dir(out_dir)
+        ok = True
+        files = tuple((f, os.path.getsize(os.path.join(out_dir, f))) for f in plan.filenames)
+        elapsed = time.monotonic() - start
+        yield Progress(
+            total,
+            total,
+            "",
+            plan.shards[-1].filename,
+            len(plan.shards) - 1,
+            len(plan.shards),
+            elapsed,
+            skipped,
+        )
+        yield Report(
+            out_dir, files, plan.tensor_count, sum(s for _, s in files), elapsed, sum(reuse), tuple(stale)
+        )
+    finally:
+        if not ok:
+            for p in partial:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+            for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(out_dir, name))
+
+
+def execute(
+    plan: ConversionPlan, out_dir: str, *, cancel: threading.Event | None = None, overwrite: bool = False
+) -> Report:
+    """Run to completion without progress events (scripts, tests)."""
+    report = None
+    for ev in run(plan, out_dir, cancel=cancel, overwrite=overwrite):
+        if isinstance(ev, Report):
+            report = ev
+    assert report is not None
+    return report
+
+
+def _get(q: queue.Queue[_Chunk | None], stop: threading.Event) -> _Chunk | None:
+    while True:
+        try:
+            return q.get(timeout=0.1)
+        except queue.Empty:
+            if stop.is_set():
+                return None
+
+
+def _put(q: queue.Queue[_Chunk | None], item: _Chunk | None, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _take(pool: queue.Queue[torch.Tensor], stop: threading.Event) -> torch.Tensor | None:
+    while not stop.is_set():
+        try:
+            return pool.get(timeout=0.1)
+        except queue.Empty:
+            continue
+    return None
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+def _write_shard(
+    plan: ConversionPlan, index: int, path: str, cancel: threading.Event, out_dir: str
+) -> Iterator[tuple[int, str]]:
+    """Write one shard: header, then every tensor through read -> convert -> write. Yields (bytes, tensor)."""
+    shard = plan.shards[index]
+    chunk = shard.chunk_elems(plan.options.chunk_elems)
+    src_size = max((itemsize(t.src_dtype) for t in shard.tensors), default=4)
+    out_size = max((itemsize(t.out_dtype) for t in shard.tensors if t.out_dtype != t.src_dtype), default=0)
+    src_pool: queue.Queue[torch.Tensor] = queue.Queue()
+    out_pool: queue.Queue[torch.Tensor] = queue.Queue()
+    for _ in range(PIPELINE_DEPTH):  # the whole memory budget of a shard, allocated once
+        src_pool.put(torch.empty(chunk * src_size, dtype=torch.uint8))
+        if out_size:
+            out_pool.put(torch.empty(chunk * out_size, dtype=torch.uint8))
+    read_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
+    write_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    written = [0]
+    lock = threading.Lock()
+    base = len(shard.header)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    pool = FilePool()
+
+    def reader() -> None:
+        try:
+            for t in shard.tensors:
+                pos = base + t.offset
+                osz = itemsize(t.out_dtype)
+                for segs in iter_chunks(t.segments, chunk):
+                    buf = _take(src_pool, stop)
+                    if buf is None or cancel.is_set():
+                        return
+                    n = sum(s.numel for s in segs)
+                    view = byte_view(buf)
+                    at = 0
+                    for s in segs:
+                        pool.read_into(s.file, s.offset, view[at : at + s.nbytes])
+                        at += s.nbytes
+                    if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
+                        return
+                    pos += n * osz
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+        finally:
+            _put(read_q, None, stop)
+
+    def writer() -> None:
+        try:
+            while (c := _get(write_q, stop)) is not None:
+                assert c.out is not None
+                nbytes = c.numel * itemsize(c.tensor.out_dtype)
+                _pwrite_all(fd, byte_view(c.out)[:nbytes], c.file_offset)
+                (src_pool if c.out is c.src else out_pool).put(c.out)
+                with lock:
+                    written[0] += nbytes
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    threads = [
+        threading.Thread(target=reader, name="zi-reader", daemon=True),
+        threading.Thread(target=writer, name="zi-writer", daemon=True),
+    ]
+    try:
+        try:
+            os.posix_fallocate(fd, 0, shard.file_bytes)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.ftruncate(fd, shard.file_bytes)  # file system without fallocate
+        _pwrite_all(fd, memoryview(shard.header), 0)
+        for th in threads:
+            th.start()
+        reported = 0
+        current = ""
+        while (c := _get(read_q, stop)) is not None:
+            if cancel.is_set():
+                stop.set()
+                break
+            t = c.tensor
+            assert c.src is not None
+            src = c.src[: c.numel * itemsize(t.src_dtype)].view(TORCH_DTYPES[t.src_dtype])
+            if t.src_dtype == t.out_dtype:
+                c.out = c.src
+            else:
+                out = _take(out_pool, stop)
+                if out is None:
+                    break
+                out[: c.numel * itemsize(t.out_dtype)].view(TORCH_DTYPES[t.out_dtype]).copy_(src)
+                c.out = out
+                src_pool.put(c.src)
+            if not _put(write_q, c, stop):
+                break
+            current = t.name
+            with lock:
+                delta, reported = written[0] - reported, written[0]
+            if delta:
+                yield delta, current
+        _put(write_q, None, stop)
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+        if cancel.is_set():
+            raise CancelledError("Conversion cancelled; partial files were removed.")
+        os.fsync(fd)
+        yield written[0] - reported, current
+    except OSError as exc:
+        raise _disk_error(exc, out_dir, shard.file_bytes) from None
+    finally:
+        stop.set()
+        for th in threads:
+            if th.is_alive():
+                th.join()
+        os.close(fd)
+        pool.close()
+
+
+def _valid_partial(path: str, header: bytes, size: int) -> bool:
+    """A completed partial from an interrupted run of the same job: right size and identical header."""
+    try:
+        if os.path.getsize(path) != size:
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(len(header)) == header
+    except OSError:
+        return False
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
