@@ -69,7 +69,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         from inspector.demo import architecture
 
-        n = sum(p.numel for p in architecture(spec)[0] if p.kind != "buffer")
+        params, tied = architecture(spec)
+        n = sum(p.numel for p in params if p.kind != "buffer" and p.name not in tied)
         console = _console()
         with console.status(
             f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} ranks, {spec.dtype})…"

@@ -136,7 +136,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         f"[bold]{out_dir}[/]: {plan.tensor_count} tensors, {len(plan.shards)} file(s), "
         f"{_size(plan.output_bytes)}"
     )
-    report = _drive(console, run(plan, out_dir, overwrite=args.overwrite), plan.output_bytes)
+    report = _drive(
+        console, run(plan, out_dir, overwrite=args.overwrite, fsync=args.fsync), plan.output_bytes
+    )
     assert isinstance(report, Report)
     _print_report(console, report, plan)
     return 0

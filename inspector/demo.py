@@ -24,7 +24,6 @@ import torch
 from inspector import ptwriter as pw
 
 DS_VERSION = "0.19.8"
-_M32 = 0xFFFFFFFF
 _HALF = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -97,13 +96,22 @@ def architecture(spec: DemoSpec) -> tuple[list[Param], dict[str, str]]:
 # --- values --------------------------------------------------------------------------------------------------
 
 
-def _hash01(idx: torch.Tensor, seed: int) -> torch.Tensor:
-    """Uniform [0, 1) from element index and seed (a 32-bit integer hash; offset-addressable)."""
-    x = ((idx & _M32) * 0x45D9F3B + seed) & _M32
-    x = x ^ (x >> 16)
-    x = (x * 0x45D9F3B) & _M32
-    x = x ^ (x >> 16)
-    return x.to(torch.float64) / 4294967296.0
+_BLOCK = 1 << 16
+
+
+def _uniform(seed: int, start: int, count: int) -> torch.Tensor:
+    """Uniform [0, 1) float32 for elements [start, start+count) of a stream: blocks of 64 Ki elements are
+    seeded by (seed, block), so any slice can be produced without generating what comes before it."""
+    if count <= 0:
+        return torch.empty(0)
+    k0, k1 = start // _BLOCK, (start + count - 1) // _BLOCK
+    g = torch.Generator()
+    out = torch.empty((k1 - k0 + 1) * _BLOCK)
+    for i, k in enumerate(range(k0, k1 + 1)):
+        g.manual_seed(seed * 1_000_003 + k)
+        torch.rand(_BLOCK, generator=g, out=out[i * _BLOCK : (i + 1) * _BLOCK])
+    off = start - k0 * _BLOCK
+    return out[off : off + count]
 
 
 def _seed(name: str) -> int:
@@ -112,10 +120,10 @@ def _seed(name: str) -> int:
 
 def master_values(name: str, start: int, count: int) -> torch.Tensor:
     """fp32 master weights of elements [start, start+count) of a parameter, flattened."""
-    u = _hash01(torch.arange(start, start + count, dtype=torch.int64), _seed(name))
+    u = _uniform(_seed(name), start, count)
     if name.endswith("norm.weight"):
-        return (1.0 + (u - 0.5) * 0.1).to(torch.float32)
-    return ((u - 0.5) * 0.08).to(torch.float32)
+        return u.sub_(0.5).mul_(0.1).add_(1.0)
+    return u.sub_(0.5).mul_(0.08)
 
 
 def state_values(name: str, start: int, count: int, state: str, half: str) -> torch.Tensor:

@@ -154,12 +154,19 @@ def _disk_error(exc: OSError, out_dir: str, need: int) -> InspectorError:
 
 
 def run(
-    plan: ConversionPlan, out_dir: str, *, cancel: threading.Event | None = None, overwrite: bool = False
+    plan: ConversionPlan,
+    out_dir: str,
+    *,
+    cancel: threading.Event | None = None,
+    overwrite: bool = False,
+    fsync: bool = False,
 ) -> Iterator[Progress | Report]:
     """Carry out `plan` into `out_dir`, yielding Progress events (<= 4/s) and finally a Report.
 
     On any error, cancel or interrupt, the partial files are removed before the exception propagates.
-    After a hard kill, rerunning the same job reuses the shards the journal lists as complete.
+    After a hard kill, rerunning the same job reuses the shards the journal lists as complete. Renames
+    make a killed process safe; `fsync` also makes the output survive a power cut, at the cost of waiting
+    for the disk.
     """
     cancel = cancel or threading.Event()
     out_dir = os.path.abspath(out_dir)
@@ -187,7 +194,7 @@ def run(
         for i, shard in enumerate(plan.shards):
             if reuse[i]:
                 continue
-            for nbytes, tensor in _write_shard(plan, i, partial[i], cancel, out_dir):
+            for nbytes, tensor in _write_shard(plan, i, partial[i], cancel, out_dir, fsync):
                 done += nbytes
                 now = time.monotonic()
                 if now - last >= _EVENT_INTERVAL:
@@ -206,14 +213,16 @@ def run(
             with open(tmp, "wb") as fh:
                 fh.write(plan.index)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if fsync:
+                    os.fsync(fh.fileno())
             os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
         for name in stale:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(out_dir, name))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(out_dir, JOURNAL))
-        _fsync_dir(out_dir)
+        if fsync:
+            _fsync_dir(out_dir)
         ok = True
         files = tuple((f, os.path.getsize(os.path.join(out_dir, f))) for f in plan.filenames)
         elapsed = time.monotonic() - start
@@ -241,11 +250,16 @@ def run(
 
 
 def execute(
-    plan: ConversionPlan, out_dir: str, *, cancel: threading.Event | None = None, overwrite: bool = False
+    plan: ConversionPlan,
+    out_dir: str,
+    *,
+    cancel: threading.Event | None = None,
+    overwrite: bool = False,
+    fsync: bool = False,
 ) -> Report:
     """Run to completion without progress events (scripts, tests)."""
     report = None
-    for ev in run(plan, out_dir, cancel=cancel, overwrite=overwrite):
+    for ev in run(plan, out_dir, cancel=cancel, overwrite=overwrite, fsync=fsync):
         if isinstance(ev, Report):
             report = ev
     assert report is not None
@@ -288,7 +302,7 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def _write_shard(
-    plan: ConversionPlan, index: int, path: str, cancel: threading.Event, out_dir: str
+    plan: ConversionPlan, index: int, path: str, cancel: threading.Event, out_dir: str, fsync: bool
 ) -> Iterator[tuple[int, str]]:
     """Write one shard: header, then every tensor through read -> convert -> write. Yields (bytes, tensor)."""
     shard = plan.shards[index]
@@ -394,7 +408,8 @@ def _write_shard(
             raise errors[0]
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
         yield written[0] - reported, current
     except OSError as exc:
         raise _disk_error(exc, out_dir, shard.file_bytes) from None

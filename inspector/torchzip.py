@@ -11,6 +11,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import pickletools
+import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -371,7 +373,7 @@ class Record:
         if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
             state = {**(state[0] or {}), **(state[1] or {})}
         if isinstance(state, dict):
-            self.__dict__.update(state)
+            self.__dict__.update(_safe_attrs(type(self), state))
         else:
             self.__dict__["_state"] = state
 
@@ -383,12 +385,49 @@ class Record:
         return f"{self._qualname}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
 
 
+def _safe_attrs(cls: type, state: dict[Any, Any]) -> dict[str, Any]:
+    """Instance attributes a pickle may set: never ones that would shadow a method (`get`, `__setstate__`).
+
+    Otherwise a crafted BUILD could make `scaler.get(...)` or a later BUILD call whatever the pickle chose.
+    """
+    return {
+        k: v
+        for k, v in state.items()
+        if isinstance(k, str) and not k.startswith("__") and not hasattr(cls, k)
+    }
+
+
+class _OrderedDict(OrderedDict):  # type: ignore[type-arg]
+    """`collections.OrderedDict` for the unpickler. state_dict()s carry a `_metadata` attribute, set by BUILD;
+    keep such attributes but never let them shadow dict methods (`get`, `items`, ...)."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if isinstance(state, dict):
+            self.__dict__.update(_safe_attrs(type(self), state))
+
+
+_OrderedDict.__name__ = _OrderedDict.__qualname__ = "OrderedDict"  # reprs read like the real thing
+
+
+def _bytearray(source: Any = b"", *args: Any) -> bytearray:
+    """`bytearray` from pickled bytes only: `bytearray(10**12)` would allocate on the pickle's say-so."""
+    if isinstance(source, int):
+        raise pickle.UnpicklingError("bytearray(<int>) in a pickle")
+    return bytearray(source, *args)
+
+
 def _record_class(module: str, name: str) -> type[Record]:
     return type(name, (Record,), {"_qualname": f"{module}.{name}", "__module__": "inspector.torchzip"})
 
 
 class ZeroStage(int):
     """`ZeroStageEnum` read back as an int (0=disabled, 1=optimizer_states, 2=gradients, 3=weights)."""
+
+    __slots__ = ()  # no instance __dict__ for a pickle's BUILD to fill
 
     def __repr__(self) -> str:
         return f"ZeroStage({int(self)})"
@@ -475,6 +514,8 @@ _INERT_DICTS = {
     ("pytorch_lightning.utilities.parsing", "AttributeDict"),
     ("lightning.fabric.utilities.data", "AttributeDict"),
 }
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
+_PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
 _RECORD_CLASSES: dict[tuple[str, str], type[Record]] = {k: _record_class(*k) for k in _INERT_RECORDS}
 
 
@@ -487,10 +528,17 @@ class SafeUnpickler(pickle.Unpickler):
         self._storages: dict[str, StorageRef] = {}
 
     def find_class(self, module: str, name: str) -> Any:
+        if module in _PY2_MODULES:  # protocol-2 pickles spell `builtins` as `__builtin__` (set, bytearray)
+            module = _PY2_MODULES[module]
         stand_in = self._stand_in(module, name)
         if stand_in is None:
+            shown = f"{module}.{name}"
+            if not _PLAIN_NAME.fullmatch(
+                shown
+            ):  # a crafted name must not smuggle terminal escapes into output
+                shown = ascii(shown)
             raise UnsafePickleError(
-                f"{self.archive.path}: the pickle asks for `{module}.{name}`, which is not on the allowlist "
+                f"{self.archive.path}: the pickle asks for `{shown}`, which is not on the allowlist "
                 "of classes a DeepSpeed checkpoint uses. Nothing was executed.",
                 hint="If you wrote this file yourself and trust it, load it with torch.load; otherwise "
                 "treat it as hostile. Please report the name if it comes from a genuine DeepSpeed run.",
@@ -500,17 +548,19 @@ class SafeUnpickler(pickle.Unpickler):
     def _stand_in(self, module: str, name: str) -> Any:
         key = (module, name)
         if key == ("collections", "OrderedDict"):
-            return OrderedDict
+            return _OrderedDict
         if module == "builtins" and name in ("set", "frozenset", "complex", "slice", "bytearray"):
             return {
                 "set": set,
                 "frozenset": frozenset,
                 "complex": complex,
                 "slice": slice,
-                "bytearray": bytearray,
+                "bytearray": _bytearray,
             }[name]
         if key == ("_codecs", "encode"):
             return _safe_encode
+        if key == ("torch.storage", "UntypedStorage"):  # _rebuild_tensor_v3 (uint16, float8, ...)
+            return _Token("uint8")
         if module == "torch._utils":
             return {
                 "_rebuild_tensor_v2": self._rebuild_tensor_v2,
@@ -535,7 +585,7 @@ class SafeUnpickler(pickle.Unpickler):
         if key == ("torch.nn.parameter", "Parameter"):
             return _Token("torch.nn.Parameter")
         if key == ("deepspeed.runtime.zero.config", "ZeroStageEnum"):
-            return ZeroStage
+            return _zero_stage  # a function, not the class: BUILD on a class would patch it process-wide
         if key in _RECORD_CLASSES:
             return _RECORD_CLASSES[key]
         if key in _INERT_DICTS:
@@ -617,12 +667,25 @@ def _rebuild_from_type_v2(func: Callable[..., Any], new_type: Any, args: tuple[A
     return obj
 
 
+def _zero_stage(value: Any) -> ZeroStage:
+    return ZeroStage(value)
+
+
 def _device(*args: Any) -> str:
     return ":".join(str(a) for a in args)
 
 
 def _path(*parts: Any) -> str:
     return os.path.join(*(str(p) for p in parts)) if parts else ""
+
+
+def _check_memo(data: bytes) -> None:
+    """Refuse memo indices no pickler would write. The C unpickler sizes its memo table by the largest index
+    (`LONG_BINPUT 0x40000000` makes it allocate and zero 16 GiB), so a few bytes could exhaust memory."""
+    limit = len(data)
+    for op, arg, _pos in pickletools.genops(data):
+        if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and int(arg) > limit:
+            raise pickle.UnpicklingError(f"memo index {arg} in a {limit}-byte pickle")
 
 
 def load(path: str | os.PathLike[str]) -> tuple[Any, TorchZip]:
@@ -636,8 +699,10 @@ def load(path: str | os.PathLike[str]) -> tuple[Any, TorchZip]:
             raise UnsupportedCheckpointError(f"{archive.path}: big-endian checkpoints are not supported.")
         data = archive.read_entry(f"{archive.prefix}data.pkl")
         try:
+            _check_memo(data)
             tree = SafeUnpickler(data, archive).load()
         except (
+            MemoryError,
             pickle.UnpicklingError,
             EOFError,
             ValueError,
