@@ -283,6 +283,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace model*.safetensors and the index in OUT")
     p.add_argument(
+        "--fsync",
+        action="store_true",
+        help="flush every file to disk before renaming it (survives a power cut; slower). A killed run "
+        "never leaves complete-looking files either way",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="start even if preflight says it will not fit, or the checkpoint has error findings",
