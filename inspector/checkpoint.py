@@ -6,13 +6,20 @@ Follows FORMAT.md §3: stage 1/2 flat groups partitioned by rank (rebuilt from `
 
 from __future__ import annotations
 
+import math
 import os
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.errors import (
+    CorruptFileError,
+    InspectorError,
+    NotACheckpointError,
+    UnsupportedCheckpointError,
+)
 from inspector.locate import (
     EXPERT_RE,
     EXPP_RE,
@@ -128,17 +135,47 @@ def _dtype_of(tensors: Mapping[str, Any]) -> str | None:
     return None
 
 
+_SCALAR_FORMATS = {
+    "float32": "<f",
+    "float64": "<d",
+    "float16": "<e",
+    "int64": "<q",
+    "int32": "<i",
+    "int16": "<h",
+    "int8": "<b",
+    "uint8": "<B",
+}
+
+
 def _item(value: Any) -> int | None:
-    """A step counter: int, float or a 0-d TensorRef (read its few bytes)."""
+    """A step counter: int, float or a 0-d TensorRef (read its few bytes with pread; no torch import)."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int | float):
-        return int(value)
     if isinstance(value, TensorRef) and value.numel == 1:
-        from inspector.reader import read_ref
-
-        return int(read_ref(value).item())
+        value = _read_scalar(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
     return None
+
+
+def _read_scalar(ref: TensorRef) -> float | int | None:
+    fmt = "<f" if ref.dtype == "bfloat16" else _SCALAR_FORMATS.get(ref.dtype)
+    if fmt is None:
+        return None
+    ((offset, _count),) = ref.runs()
+    fd = os.open(ref.path, os.O_RDONLY)
+    try:
+        raw = os.pread(fd, ref.itemsize, offset)
+    finally:
+        os.close(fd)
+    if len(raw) != ref.itemsize:
+        raise CorruptFileError(
+            f"{ref.path}: the file ends inside a tensor at byte {offset}; it is truncated."
+        )
+    value: float | int = struct.unpack(fmt, b"\0\0" + raw if ref.dtype == "bfloat16" else raw)[0]
+    return value
 
 
 def scan(path: str, tag: str | None = None) -> Checkpoint:

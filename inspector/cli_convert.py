@@ -161,7 +161,7 @@ def _drive(console: Any, events: Any, total: int) -> Any:
                 return ev
             if isinstance(ev, Progress) and time.monotonic() - last >= _LOG_INTERVAL:
                 last = time.monotonic()
-                print(_progress_line(ev, _memory_line()), flush=True)
+                console.print(_progress_line(ev, _memory_line()), soft_wrap=True)
         return None
     from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
     from rich.progress import Progress as Bar
@@ -179,6 +179,7 @@ def _drive(console: Any, events: Any, total: int) -> Any:
         task = bar.add_task("converting", total=total, mem="")
         for ev in events:
             if isinstance(ev, Report):
+                bar.refresh()
                 return ev
             if isinstance(ev, Progress):
                 bar.update(
