@@ -39,7 +39,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
         print(json.dumps(checkpoint_json(ckpt), indent=1))
     else:
-        from inspector.render import print_scan
+        from inspector.cli_render import print_scan
 
         print_scan(_console(), ckpt, all_tensors=args.tensors)
     return EXIT_FINDINGS if ckpt.errors else EXIT_OK

@@ -114,8 +114,9 @@ def _memory_line() -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.checkpoint import scan
     from inspector.cli import _console
+    from inspector.cli_render import print_assessment
     from inspector.plan import build_plan
-    from inspector.preflight import assess, print_assessment
+    from inspector.preflight import assess
     from inspector.stream import Report, prepare_output, run
 
     console = _console()
@@ -264,8 +265,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.checkpoint import scan
     from inspector.cli import EXIT_DOES_NOT_FIT, _console
+    from inspector.cli_render import print_assessment
     from inspector.plan import build_plan
-    from inspector.preflight import assess, assessment_json, print_assessment
+    from inspector.preflight import assess, assessment_json
 
     ckpt = scan(args.path, args.tag)
     plan = build_plan(ckpt, _opts(args), allow_damaged=True)

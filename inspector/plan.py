@@ -246,6 +246,7 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         )
     chosen_names = {t.name for t in chosen}
     aliases: dict[str, str] = {}
+    alias_sources: dict[str, str] = {}  # deduped alias output name -> its source name
     planned: list[tuple[TensorInfo, str, str]] = []
     seen: dict[str, str] = {}
     for t in chosen:
@@ -261,6 +262,7 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         seen[name] = t.name
         if opts.dedupe_tied and t.kind is Kind.TIED and t.alias_of in chosen_names:
             aliases[name] = rename(t.alias_of, opts)
+            alias_sources[name] = t.name
             continue
         if t.is_floating:
             dtype = "float32" if _matches(t.name, opts.keep_fp32) else out_dtype
@@ -285,7 +287,10 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
                 "stage": ckpt.stage,
                 "world_size": ckpt.world_size,
                 "job": fingerprint,
-                "renamed": {n: t.name for t, n, _ in planned if n != t.name},
+                "renamed": {
+                    **{n: t.name for t, n, _ in planned if n != t.name},
+                    **{a: src for a, src in alias_sources.items() if a != src},  # verify maps them back
+                },
                 "filtered": len(chosen) != len(ckpt.tensors),
                 **({"aliases": aliases} if aliases else {}),
             },

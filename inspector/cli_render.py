@@ -10,7 +10,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from inspector.memory import format_bytes
 from inspector.model import Checkpoint, Finding, Kind, Severity
+from inspector.plan import ConversionPlan
+from inspector.preflight import Assessment
 from inspector.summary import module_rows
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -138,3 +141,39 @@ def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) ->
             border_style="red" if ckpt.errors else "green",
         )
     )
+
+
+def print_assessment(console: Console, a: Assessment, plan: ConversionPlan) -> None:
+    """The preflight verdict and figures."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_column()
+    mem_style = "green" if a.fits_memory else "bold red"
+    disk_style = "green" if a.fits_disk else "bold red"
+    t.add_row(
+        "Peak RAM (zero-inspector)",
+        f"[{mem_style}]{format_bytes(a.predicted_peak_rss)}[/]",
+        f"of {format_bytes(a.budget.effective.bytes)} available · {a.budget.effective.source}",
+    )
+    t.add_row(
+        "Peak RAM (zero_to_fp32)",
+        format_bytes(a.deepspeed_peak_rss),
+        "predicted for DeepSpeed's own tool, same job",
+    )
+    t.add_row(
+        "Output",
+        f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
+        f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}",
+    )
+    t.add_row("Reads", format_bytes(a.read_bytes), "from the checkpoint")
+    t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
+    t.add_row("Memory limit", "", a.budget.effective.detail)
+    verdict = (
+        f"[green]Fits[/]: {format_bytes(a.memory_margin)} of RAM and {format_bytes(a.disk_margin)} of "
+        "disk to spare."
+        if a.fits
+        else f"[bold red]Does not fit.[/] {a.problem}\n→ {a.advice}"
+    )
+    console.print(Panel(t, title="Preflight", title_align="left", border_style="green" if a.fits else "red"))
+    console.print(verdict)
