@@ -455,7 +455,8 @@ class _Scanner:
         version: Any,
     ) -> Checkpoint:
         f = self.files
-        ds_config = model.get("ds_config") if isinstance(model.get("ds_config"), dict) else {}
+        raw_config = model.get("ds_config")
+        ds_config: dict[str, Any] = raw_config if isinstance(raw_config, dict) else {}
         zstage = (osd0 or {}).get("zero_stage")
         cfg_stage = (
             (ds_config.get("zero_optimization") or {}).get("stage")

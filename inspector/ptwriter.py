@@ -1,3 +1,5 @@
+# mypy: disable-error-code="attr-defined,assignment"
+# (typeshed does not describe the pure-Python pickle._Pickler we extend)
 """Write `torch.save`-compatible zip archives whose storages are streamed, never held in memory.
 
 Used by the demo checkpoint writer: the object tree is pickled (protocol 2, like torch) with storages as

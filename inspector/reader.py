@@ -95,7 +95,7 @@ class FilePool:
 
 def byte_view(t: torch.Tensor) -> memoryview:
     """A writable memoryview over a contiguous tensor's bytes (works for bf16, which numpy lacks)."""
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[list[Segment]]:

@@ -106,7 +106,7 @@ def stage12_layout(
     counts = osd0.get("partition_count")
     groups = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
-    fp32_lists = [osd.get("single_partition_of_fp32_groups") for osd in osds]
+    fp32_lists: list[Any] = [osd.get("single_partition_of_fp32_groups") for osd in osds]
     for r, lst in enumerate(fp32_lists):
         if not isinstance(lst, list) or len(lst) != len(param_shapes):
             raise CorruptFileError(
@@ -209,7 +209,7 @@ def stage3_layout(
                 "Rank files are missing or come from another run.",
             )
         )
-    flats = [osd.get("fp32_flat_groups") for osd in osds]
+    flats: list[Any] = [osd.get("fp32_flat_groups") for osd in osds]
     for r, lst in enumerate(flats):
         if not isinstance(lst, list) or len(lst) != len(param_shapes):
             raise CorruptFileError(
