@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_error(exc)
         return exc.exit_code
     except KeyboardInterrupt:
-        _console(stderr=True).print("[yellow]Interrupted.[/]")
+        _console(stderr=True).print("[yellow]Interrupted; partial output (if any) was removed.[/]")
         return EXIT_CANCELLED
     except BrokenPipeError:
         return EXIT_OK

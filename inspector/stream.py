@@ -239,6 +239,8 @@ def run(
         yield Report(
             out_dir, files, plan.tensor_count, sum(s for _, s in files), elapsed, sum(reuse), tuple(stale)
         )
+    except OSError as exc:  # journal, rename or index write: a clear message, not a traceback
+        raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         if not ok:
             for p in partial:
