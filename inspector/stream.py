@@ -414,7 +414,7 @@ def _write_shard(
             os.fsync(fd)
         yield written[0] - reported, current
     except OSError as exc:
-        raise _disk_error(exc, out_dir, shard.file_bytes) from None
+        raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         stop.set()
         for th in threads:

@@ -103,6 +103,7 @@ def run_verify(
     with FilePool() as pool:
         for fname, header, base in headers:
             path = os.path.join(out_dir, fname)
+            size = os.path.getsize(path)
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
@@ -123,6 +124,9 @@ def run_verify(
                     or (end - begin) != src.numel * itemsize(out_dtype)
                 ):
                     res.mismatched.append(f"{name} (shape/dtype)")
+                    continue
+                if base + end > size:  # a cut-off output file is a verify failure, not a damaged checkpoint
+                    res.mismatched.append(f"{name} ({fname} is truncated)")
                     continue
                 if not _same(pool, src.segments, src.dtype, path, base + begin, out_dtype, chunk_elems):
                     res.mismatched.append(name)
