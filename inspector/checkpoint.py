@@ -300,7 +300,7 @@ class _Scanner:
 
         def sig(tree: Any) -> tuple[Any, ...]:
             osd = tree.get("optimizer_state_dict", {}) if isinstance(tree, dict) else {}
-            return (tree.get("ds_version"), repr(tree.get("ds_config")), repr(_group_steps(osd)))
+            return (tree.get("ds_version"), _digest(tree.get("ds_config")), _digest(_group_steps(osd)))
 
         sigs = {r: sig(t) for r, t in optims.items() if t is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -314,7 +314,7 @@ class _Scanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.get("ds_version"), repr(model.get("ds_config")))
+        model_sig = (model.get("ds_version"), _digest(model.get("ds_config")))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
@@ -325,7 +325,7 @@ class _Scanner:
                 "Restore the tag folder from one save; do not merge folders.",
             )
         steps = {r: m.get("global_steps") for r, m in models.items() if isinstance(m, dict)}
-        shapes = {r: repr(m.get("param_shapes")) for r, m in models.items() if isinstance(m, dict)}
+        shapes = {r: _digest(m.get("param_shapes")) for r, m in models.items() if isinstance(m, dict)}
         if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
             self.add(
                 Severity.ERROR,
@@ -485,13 +485,11 @@ class _Scanner:
         scaler = (osd0 or {}).get("loss_scaler")
         files = []
         for r, p in sorted(f.optim.items()):
-            files.append(FileInfo(p, "optim", os.path.getsize(p), r, 0))
+            files.append(FileInfo.stat(p, "optim", r))
         if stage3:
-            files += [
-                FileInfo(p, "model", os.path.getsize(p), r, 0) for r, p in sorted(f.zero3_model.items())
-            ]
+            files += [FileInfo.stat(p, "model", r) for r, p in sorted(f.zero3_model.items())]
         elif f.model:
-            files.append(FileInfo(f.model, "model", os.path.getsize(f.model), None, 0))
+            files.append(FileInfo.stat(f.model, "model", None))
         ranks = []
         for r in range(ws):
             op = f.optim.get(r)
@@ -538,6 +536,49 @@ class _Scanner:
             ds_config=MappingProxyType(dict(ds_config)),
             other_runs=self.loc.other_runs,
         )
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _digest(value: Any, max_nodes: int = 100_000, max_depth: int = 64) -> str:
+    """A comparable text form of metadata (config, steps, shapes), like repr() but bounded: a crafted pickle
+    can nest 100k levels deep (repr -> RecursionError) or share sub-trees so repr's output is exponential."""
+    out: list[str] = []
+    budget = [max_nodes]
+
+    def walk(v: Any, depth: int) -> None:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > max_depth:
+            raise _TooBig
+        if isinstance(v, dict):
+            out.append("{")
+            for k, x in v.items():
+                walk(k, depth + 1)
+                out.append(":")
+                walk(x, depth + 1)
+                out.append(",")
+            out.append("}")
+        elif isinstance(v, list | tuple | set | frozenset):
+            out.append(type(v).__name__ + "(")
+            for x in v:
+                walk(x, depth + 1)
+                out.append(",")
+            out.append(")")
+        elif v is None or isinstance(v, str | bytes | int | float | complex):
+            out.append(repr(v))
+        elif isinstance(v, TensorRef):
+            out.append(f"tensor({v.dtype},{v.shape})")
+        else:
+            out.append(type(v).__qualname__)
+            walk(getattr(v, "__dict__", {}), depth + 1)
+
+    try:
+        walk(value, 0)
+    except _TooBig:
+        return f"<too large or deep to compare: {type(value).__name__}>"
+    return "".join(out)
 
 
 def _base_state(osd: dict[str, Any]) -> Any:

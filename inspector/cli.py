@@ -24,10 +24,12 @@ def _console(stderr: bool = False):  # type: ignore[no-untyped-def]
 
 
 def _print_error(exc: InspectorError) -> None:
+    from rich.markup import escape  # messages hold paths and names: never let them be read as markup
+
     err = _console(stderr=True)
-    err.print(f"[bold red]{exc.title}:[/] {exc.message}", soft_wrap=True)
+    err.print(f"[bold red]{escape(exc.title)}:[/] {escape(exc.message)}", soft_wrap=True)
     if exc.hint:
-        err.print(f"[italic]→ {exc.hint}[/]", soft_wrap=True)
+        err.print(f"[italic]→ {escape(exc.hint)}[/]", soft_wrap=True)
 
 
 def cmd_scan(args: argparse.Namespace) -> int:

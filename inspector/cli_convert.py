@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rich.markup import escape
+
 from inspector.errors import InspectorError
 
 _LOG_INTERVAL = 5.0
@@ -133,8 +135,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
         console.print("[yellow]--force given: starting anyway.[/]")
     console.print(
-        f"Converting [bold]{ckpt.root}[/] ({ckpt.tag}, ZeRO-{ckpt.stage}, {ckpt.world_size} ranks) → "
-        f"[bold]{out_dir}[/]: {plan.tensor_count} tensors, {len(plan.shards)} file(s), "
+        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} ranks) → "
+        f"[bold]{escape(out_dir)}[/]: {plan.tensor_count} tensors, {len(plan.shards)} file(s), "
         f"{_size(plan.output_bytes)}"
     )
     report = _drive(
@@ -214,10 +216,12 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
     )
     if plan.aliases:
         console.print(
-            f"Tied weights stored once: {', '.join(f'{a} → {o}' for a, o in plan.aliases.items())}."
+            escape(f"Tied weights stored once: {', '.join(f'{a} → {o}' for a, o in plan.aliases.items())}.")
         )
     if report.removed_stale:
-        console.print(f"Removed stale files from an earlier conversion: {', '.join(report.removed_stale)}.")
+        console.print(
+            escape(f"Removed stale files from an earlier conversion: {', '.join(report.removed_stale)}.")
+        )
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -240,7 +244,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     assert result is not None
     secs = time.monotonic() - start
     for note in result.notes:
-        console.print(f"[dim]{note}[/]")
+        console.print(f"[dim]{escape(note)}[/]")
     for label, names in (
         ("Mismatched", result.mismatched),
         ("Unexpected (not in the checkpoint)", result.unexpected),
@@ -249,7 +253,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if names:
             console.print(
                 f"[bold red]{label}[/] ({len(names)}): "
-                + ", ".join(names[:20])
+                + escape(", ".join(names[:20]))
                 + (" …" if len(names) > 20 else "")
             )
     if result.ok:

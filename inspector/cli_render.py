@@ -6,6 +6,7 @@ import os
 
 import humanize
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -33,8 +34,8 @@ def summary(ckpt: Checkpoint) -> Panel:
     t.add_column(style="bold")
     t.add_column()
     tags = ", ".join(ckpt.tags[-6:]) + (f" (+{len(ckpt.tags) - 6} older)" if len(ckpt.tags) > 6 else "")
-    t.add_row("Checkpoint", f"{ckpt.root}  [dim]({ckpt.layout})[/]")
-    t.add_row("Tag", f"[bold]{ckpt.tag}[/]  [dim]tags: {tags}[/]")
+    t.add_row("Checkpoint", f"{escape(ckpt.root)}  [dim]({ckpt.layout})[/]")
+    t.add_row("Tag", f"[bold]{escape(ckpt.tag)}[/]  [dim]tags: {escape(tags)}[/]")
     t.add_row(
         "ZeRO",
         f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · "
@@ -80,7 +81,7 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
             t.add_row("…", f"[dim]{len(ranks) - limit} more ranks[/]", "", *["" for _ in ckpt.groups])
         files = ", ".join(os.path.basename(p) for p in (r.optim_file, r.model_file) if p)
         cells = [f"{count(g.stored_numel)} / {g.padding}" for g in r.groups]
-        t.add_row(str(r.rank), files, size(r.optim_bytes + r.model_bytes), *cells)
+        t.add_row(str(r.rank), escape(files), size(r.optim_bytes + r.model_bytes), *cells)
     return t
 
 
@@ -95,7 +96,9 @@ def modules_table(ckpt: Checkpoint) -> Table:
         kinds = " ".join(
             f"[{_KIND_STYLE[Kind(k)]}]{k}[/]" + (f"×{n}" if n > 1 else "") for k, n in row.kinds.items()
         )
-        t.add_row(row.module, str(row.tensors), count(row.numel), kinds, ", ".join(sorted(row.dtypes)))
+        t.add_row(
+            escape(row.module), str(row.tensors), count(row.numel), kinds, ", ".join(sorted(row.dtypes))
+        )
     return t
 
 
@@ -107,7 +110,7 @@ def tensors_table(ckpt: Checkpoint) -> Table:
         kind = Text(str(x.kind), style=_KIND_STYLE[x.kind])
         if x.alias_of:
             kind.append(f" → {x.alias_of}", style="dim")
-        t.add_row(x.name, "×".join(map(str, x.shape)) or "scalar", x.dtype, kind, size(x.nbytes))
+        t.add_row(Text(x.name), "×".join(map(str, x.shape)) or "scalar", x.dtype, kind, size(x.nbytes))
     return t
 
 
@@ -173,7 +176,7 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan) -> N
         f"[green]Fits[/]: {format_bytes(a.memory_margin)} of RAM and {format_bytes(a.disk_margin)} of "
         "disk to spare."
         if a.fits
-        else f"[bold red]Does not fit.[/] {a.problem}\n→ {a.advice}"
+        else f"[bold red]Does not fit.[/] {escape(a.problem)}\n→ {escape(a.advice)}"
     )
     console.print(Panel(t, title="Preflight", title_align="left", border_style="green" if a.fits else "red"))
     console.print(verdict)

@@ -96,11 +96,11 @@ def architecture(spec: DemoSpec) -> tuple[list[Param], dict[str, str]]:
 # --- values --------------------------------------------------------------------------------------------------
 
 
-_BLOCK = 1 << 16
+_BLOCK = 1 << 12
 
 
 def _uniform(seed: int, start: int, count: int) -> torch.Tensor:
-    """Uniform [0, 1) float32 for elements [start, start+count) of a stream: blocks of 64 Ki elements are
+    """Uniform [0, 1) float32 for elements [start, start+count) of a stream: blocks of 4 Ki elements are
     seeded by (seed, block), so any slice can be produced without generating what comes before it."""
     if count <= 0:
         return torch.empty(0)

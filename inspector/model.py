@@ -6,6 +6,7 @@ torch, so the model is cheap to build, pickle and hand to a UI thread.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -111,6 +112,12 @@ class FileInfo:
     size: int
     dp_rank: int | None
     mp_rank: int
+    mtime_ns: int = 0  # with size, identifies this save of the file (a resumed conversion checks both)
+
+    @classmethod
+    def stat(cls, path: str, role: str, dp_rank: int | None, mp_rank: int = 0) -> FileInfo:
+        st = os.stat(path)
+        return cls(path, role, st.st_size, dp_rank, mp_rank, st.st_mtime_ns)
 
 
 @dataclass(frozen=True, slots=True)

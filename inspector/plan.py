@@ -103,16 +103,27 @@ class PlannedShard:
     def read_bytes(self) -> int:
         return sum(s.nbytes for t in self.tensors for s in t.segments)
 
-    def chunk_elems(self, limit: int) -> int:
-        """Elements per buffer: the chunk size, or less when no tensor here is that big."""
-        return max(1, min(limit, max((t.numel for t in self.tensors), default=1)))
+    def buffer_size(self, limit: int) -> int:
+        """Bytes of one source buffer: `limit` fp32 elements, or less when every tensor here is smaller.
+
+        Sized in bytes, not elements, so one int64 scalar does not double the pool."""
+        need = max(
+            (t.numel * max(itemsize(t.src_dtype), itemsize(t.out_dtype)) for t in self.tensors), default=16
+        )
+        return max(16, min(limit * 4, need))
+
+    def chunk_elems(self, tensor: PlannedTensor, limit: int) -> int:
+        """Elements of `tensor` per chunk, so that both its source and its output slice fit a buffer."""
+        return max(1, self.buffer_size(limit) // max(itemsize(tensor.src_dtype), itemsize(tensor.out_dtype)))
+
+    def out_buffer_size(self, limit: int) -> int:
+        """Bytes of one output buffer (0 when nothing here changes dtype: bytes go straight to disk)."""
+        casts = [t for t in self.tensors if t.out_dtype != t.src_dtype]
+        return max((self.chunk_elems(t, limit) * itemsize(t.out_dtype) for t in casts), default=0)
 
     def buffer_bytes(self, limit: int) -> int:
-        """Pool sizes `stream` allocates for this shard: source buffers, plus output buffers if casting."""
-        n = self.chunk_elems(limit)
-        src = max((itemsize(t.src_dtype) for t in self.tensors), default=4)
-        casts = [itemsize(t.out_dtype) for t in self.tensors if t.out_dtype != t.src_dtype]
-        return PIPELINE_DEPTH * n * (src + max(casts, default=0))
+        """Everything the executor's pools hold for this shard."""
+        return PIPELINE_DEPTH * (self.buffer_size(limit) + self.out_buffer_size(limit))
 
 
 @dataclass(frozen=True)
@@ -222,7 +233,7 @@ def _fingerprint(ckpt: Checkpoint, opts: ConvertOptions) -> str:
     h = hashlib.sha256()
     h.update(f"{ckpt.tag_dir}|{ckpt.tag}|{opts!r}".encode())
     for f in ckpt.files:
-        h.update(f"{f.path}|{f.size}".encode())
+        h.update(f"{f.path}|{f.size}|{f.mtime_ns}".encode())
     return h.hexdigest()[:16]
 
 

@@ -104,14 +104,18 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[
                 "The output folder is the checkpoint's tag folder.",
                 hint="Write the conversion to a separate folder.",
             )
-    os.makedirs(out_dir, exist_ok=True)
-    if not os.access(out_dir, os.W_OK):
-        raise OutputError(f"{out_dir} is not writable.", hint="Choose a folder you can write to.")
-    existing = sorted(os.listdir(out_dir))
+    probe = out_dir
+    while not os.path.exists(probe):  # created only when the run starts, so a refusal leaves nothing
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK):
+        raise OutputError(f"{probe} is not writable.", hint="Choose a folder you can write to.")
+    existing = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
     foreign = [n for n in existing if not _ours(n)]
     finals = [n for n in existing if _ours(n) and not n.endswith(PARTIAL) and n != JOURNAL]
-    resumable = _journal(out_dir).get("job") == plan.fingerprint
-    if (foreign or finals) and not overwrite and not (resumable and not finals):
+    planned = set(plan.filenames)
+    # a run of this very job killed while renaming its finished shards may have left some in place
+    resumable = _journal(out_dir).get("job") == plan.fingerprint and set(finals) <= planned
+    if (foreign or finals) and not overwrite and not (resumable and not foreign):
         shown = ", ".join((foreign + finals)[:5]) + (" …" if len(foreign + finals) > 5 else "")
         raise OutputError(
             f"{out_dir} is not empty ({shown}).",
@@ -119,7 +123,6 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[
             "the index there (other files are left alone).",
             title="Output folder not empty",
         )
-    planned = set(plan.filenames)
     return [n for n in finals if n not in planned]
 
 
@@ -171,6 +174,7 @@ def run(
     cancel = cancel or threading.Event()
     out_dir = os.path.abspath(out_dir)
     stale = prepare_output(plan, out_dir, overwrite)
+    os.makedirs(out_dir, exist_ok=True)
     journal = _journal(out_dir)
     listed = journal.get("complete") if journal.get("job") == plan.fingerprint else None
     done_before = set(listed) if isinstance(listed, list) else set()
@@ -308,15 +312,14 @@ def _write_shard(
 ) -> Iterator[tuple[int, str]]:
     """Write one shard: header, then every tensor through read -> convert -> write. Yields (bytes, tensor)."""
     shard = plan.shards[index]
-    chunk = shard.chunk_elems(plan.options.chunk_elems)
-    src_size = max((itemsize(t.src_dtype) for t in shard.tensors), default=4)
-    out_size = max((itemsize(t.out_dtype) for t in shard.tensors if t.out_dtype != t.src_dtype), default=0)
+    limit = plan.options.chunk_elems
+    src_bytes, out_bytes = shard.buffer_size(limit), shard.out_buffer_size(limit)
     src_pool: queue.Queue[torch.Tensor] = queue.Queue()
     out_pool: queue.Queue[torch.Tensor] = queue.Queue()
     for _ in range(PIPELINE_DEPTH):  # the whole memory budget of a shard, allocated once
-        src_pool.put(torch.empty(chunk * src_size, dtype=torch.uint8))
-        if out_size:
-            out_pool.put(torch.empty(chunk * out_size, dtype=torch.uint8))
+        src_pool.put(torch.empty(src_bytes, dtype=torch.uint8))
+        if out_bytes:
+            out_pool.put(torch.empty(out_bytes, dtype=torch.uint8))
     read_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
     write_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
     stop = threading.Event()
@@ -332,7 +335,7 @@ def _write_shard(
             for t in shard.tensors:
                 pos = base + t.offset
                 osz = itemsize(t.out_dtype)
-                for segs in iter_chunks(t.segments, chunk):
+                for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
                     buf = _take(src_pool, stop)
                     if buf is None or cancel.is_set():
                         return

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -402,10 +404,11 @@ def test_buffers_are_capped_by_the_largest_tensor(ckpt: Checkpoint) -> None:
     """Chunk buffers never exceed what the biggest tensor needs, nor the chunk size."""
     big = build_plan(ckpt, ConvertOptions())
     largest = max(t.numel for t in stored(big))
-    # bf16 out from fp32 sources: 3 chunks x (4 source + 2 output) bytes per element
-    assert big.buffer_bytes == 3 * largest * (8 + 2)  # the int64 buffer makes source buffers 8 bytes wide
+    # bf16 out from fp32 sources: 3 chunks x (4 source + 2 output) bytes per element; buffers are sized
+    # in bytes, so the int64 scalar buffer does not widen them
+    assert big.buffer_bytes == 3 * largest * (4 + 2)
     small = build_plan(ckpt, ConvertOptions(chunk_elems=1000))
-    assert small.buffer_bytes == 3 * 1000 * (8 + 2)
+    assert small.buffer_bytes == 3 * 1000 * (4 + 2)
 
 
 def test_fingerprint_identifies_the_job(ckpt: Checkpoint) -> None:
@@ -449,3 +452,13 @@ def test_plan_invariants_hold_for_any_shard_size_and_subset(
     assert names(plan) == want
     assert plan.aliases == ({ALIAS: OWNER} if deduped else {})
     check_invariants(plan, ckpt)
+
+
+def test_fingerprint_changes_when_the_checkpoint_is_saved_again(tmp_path: Path, demo: DemoCache) -> None:
+    """Same tag, same sizes, new bytes: a resumed conversion must not reuse shards of the old save."""
+    root = demo.copy(DemoSpec(stage=2, params=50_000), tmp_path / "ck")
+    before = build_plan(scan(str(root)), ConvertOptions()).fingerprint
+    victim = next((root / "global_step3").glob("*optim_states.pt"))
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert build_plan(scan(str(root)), ConvertOptions()).fingerprint != before

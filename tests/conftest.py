@@ -1,0 +1,113 @@
+"""Shared fixtures: demo checkpoints written once per session (cached by spec) and a CLI runner.
+
+Nothing here imports deepspeed: the unit suite must pass in a venv without it. `_no_deepspeed_import`
+fails the session if any test (or the inspector code it drives) pulls deepspeed into this process.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from inspector.demo import DemoSpec, write_demo
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLI_TIMEOUT = 120
+
+
+class CliResult(NamedTuple):
+    """What one `python -m inspector ...` run produced; unpacks as (rc, stdout, stderr)."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together, for "the message is somewhere" checks."""
+        return self.stdout + "\n" + self.stderr
+
+
+def _address_space_limit(nbytes: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+    return limit
+
+
+def run_cli(
+    *args: str | os.PathLike[str], timeout: float = CLI_TIMEOUT, memory_limit: int | None = None
+) -> CliResult:
+    """Run the CLI in a fresh interpreter; wide, colourless output so messages are not wrapped.
+
+    `memory_limit` caps the child's address space (bytes), so a memory bomb fails fast instead of swapping.
+    """
+    env = dict(os.environ)
+    env.update({"COLUMNS": "400", "LINES": "200", "NO_COLOR": "1", "TERM": "dumb", "PYTHONUTF8": "1"})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "inspector", *(os.fspath(a) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO_ROOT,
+        check=False,
+        preexec_fn=_address_space_limit(memory_limit) if memory_limit else None,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def cli() -> Callable[..., CliResult]:
+    """`cli("scan", path, "--json")` -> CliResult(rc, stdout, stderr)."""
+    return run_cli
+
+
+class DemoCache:
+    """Writes each distinct DemoSpec once per session (per xdist worker) and hands out its root."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self._factory = factory
+        self._roots: dict[DemoSpec, Path] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, spec: DemoSpec) -> Path:
+        """The root folder (holding `latest`) of a demo checkpoint for `spec`. Treat it as read-only."""
+        with self._lock:
+            root = self._roots.get(spec)
+            if root is None:
+                root = self._factory.mktemp(f"demo-s{spec.stage}-ws{spec.world_size}-{spec.dtype}")
+                write_demo(str(root), spec)
+                self._roots[spec] = root
+            return root
+
+    def copy(self, spec: DemoSpec, dest: Path) -> Path:
+        """A private, writable copy of the demo for `spec` at `dest` (for tests that damage files)."""
+        shutil.copytree(self(spec), dest, symlinks=True)
+        return dest
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoCache:
+    """`demo(DemoSpec(...))` -> cached root; `demo.copy(spec, tmp_path / "x")` -> writable copy."""
+    return DemoCache(tmp_path_factory)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_deepspeed_import() -> Iterator[None]:
+    """The unit suite runs without deepspeed; importing it anywhere in-process is a bug."""
+    already = "deepspeed" in sys.modules
+    yield
+    if not already:
+        leaked = sorted(m for m in sys.modules if m == "deepspeed" or m.startswith("deepspeed."))
+        assert not leaked, f"deepspeed was imported during the unit tests: {leaked[:5]}"
