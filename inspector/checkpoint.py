@@ -482,6 +482,14 @@ class _Scanner:
             else _dtype_of({n: v for n, v in module.items() if n not in (model.get("buffer_names") or [])})
             or "float32"
         )
+        buffers = set(model.get("buffer_names") or [])
+        # the 16-bit weights DeepSpeed keeps beside the fp32 masters: whole flat groups for stage 1/2,
+        # empty placeholders for stage 3; counted per storage, since tied names and views share one
+        copy = {
+            v.storage.key: v.storage.nbytes
+            for n, v in module.items()
+            if n not in buffers and isinstance(v, TensorRef)
+        }
         scaler = (osd0 or {}).get("loss_scaler")
         files = []
         for r, p in sorted(f.optim.items()):
@@ -515,6 +523,7 @@ class _Scanner:
             world_size=ws,
             optimizer=optimizer,
             compute_dtype=compute,
+            module_copy_bytes=sum(copy.values()),
             master_dtype=layout.master_dtype if layout else "float32",
             deepspeed_version=version if isinstance(version, str) else None,
             global_steps=model.get("global_steps") if isinstance(model.get("global_steps"), int) else None,

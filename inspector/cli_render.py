@@ -42,6 +42,12 @@ def summary(ckpt: Checkpoint) -> Panel:
         f"{ckpt.optimizer}",
     )
     t.add_row("Dtypes", f"compute {ckpt.compute_dtype} · master {ckpt.master_dtype}")
+    t.add_row(
+        "Module copy",
+        f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters"
+        if ckpt.module_copy_bytes
+        else "none (stage 3 saves placeholders; the masters are the only full copy)",
+    )
     steps = []
     if ckpt.global_steps is not None:
         steps.append(f"global step {ckpt.global_steps}")

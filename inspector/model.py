@@ -6,6 +6,7 @@ torch, so the model is cheap to build, pickle and hand to a UI thread.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -66,10 +67,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -179,6 +177,7 @@ class Checkpoint:
     findings: tuple[Finding, ...]
     ds_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     other_runs: tuple[str, ...] = ()
+    module_copy_bytes: int = 0  # the 16-bit `module` weights in the model-states file (0 under stage 3)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})

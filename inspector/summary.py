@@ -66,6 +66,7 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
         "loss_scale": ckpt.loss_scale,
         "dynamic_loss_scale": ckpt.dynamic_loss_scale,
         "total_file_bytes": ckpt.total_bytes,
+        "module_copy_bytes": ckpt.module_copy_bytes,
         "kinds": kinds,
         "groups": [
             {

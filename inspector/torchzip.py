@@ -9,6 +9,7 @@ DeepSpeed's classes into inert records. A global that is not on the allowlist is
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import re
@@ -290,10 +291,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:

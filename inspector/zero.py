@@ -8,6 +8,7 @@ concatenates its slices per sub-group. Pure arithmetic on metadata; the results 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,10 +32,20 @@ class Layout:
 
 
 def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+    return math.prod(int(d) for d in shape)
+
+
+def _per_rank(osds: Sequence[Mapping[str, Any]], key: str, groups: int, paths: Sequence[str]) -> list[Any]:
+    """Each rank's per-group list under `key`, checked to have one entry per group of param_shapes."""
+    lists = [osd.get(key) for osd in osds]
+    for r, lst in enumerate(lists):
+        if not isinstance(lst, list) or len(lst) != groups:
+            raise CorruptFileError(
+                f"{paths[r]}: {key} has {len(lst) if isinstance(lst, list) else 'no'} groups, param_shapes has "
+                f"{groups}.",
+                hint="Model and optimizer files come from different runs, or the file is damaged.",
+            )
+    return lists
 
 
 def _ceil(a: int, b: int) -> int:
@@ -106,14 +117,7 @@ def stage12_layout(
     counts = osd0.get("partition_count")
     groups = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
-    fp32_lists: list[Any] = [osd.get("single_partition_of_fp32_groups") for osd in osds]
-    for r, lst in enumerate(fp32_lists):
-        if not isinstance(lst, list) or len(lst) != len(param_shapes):
-            raise CorruptFileError(
-                f"{paths[r]}: single_partition_of_fp32_groups has "
-                f"{len(lst) if isinstance(lst, list) else 'no'} groups, param_shapes has {len(param_shapes)}.",
-                hint="Model and optimizer files come from different runs, or the file is damaged.",
-            )
+    fp32_lists = _per_rank(osds, "single_partition_of_fp32_groups", len(param_shapes), paths)
     for g, shapes in enumerate(param_shapes):
         names = list(shapes)
         numels = [_numel(s) for s in shapes.values()]
@@ -209,14 +213,7 @@ def stage3_layout(
                 "Rank files are missing or come from another run.",
             )
         )
-    flats: list[Any] = [osd.get("fp32_flat_groups") for osd in osds]
-    for r, lst in enumerate(flats):
-        if not isinstance(lst, list) or len(lst) != len(param_shapes):
-            raise CorruptFileError(
-                f"{paths[r]}: fp32_flat_groups has {len(lst) if isinstance(lst, list) else 'no'} sub-groups, "
-                f"param_shapes has {len(param_shapes)}.",
-                hint="Model and optimizer files come from different runs, or the file is damaged.",
-            )
+    flats = _per_rank(osds, "fp32_flat_groups", len(param_shapes), paths)
     groups = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
     for g, shapes in enumerate(param_shapes):

@@ -336,3 +336,16 @@ def test_scan_rich_cli(demo: DemoCache, cli: Callable[..., CliResult]) -> None:
     assert "model.layers.1.mlp.up_proj.weight" in res.stdout and "lm_head.weight" in res.stdout
     res = cli("scan", root, "--tag", "global_step3", "--json")
     assert res.rc == 0 and json.loads(res.stdout)["tag"] == "global_step3"
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_module_copy_is_the_16bit_weights(demo: DemoCache, stage: int) -> None:
+    """Stage 1/2 keep every trainable group as one padded 16-bit flat buffer plus the frozen params;
+    stage 3 keeps only empty placeholders."""
+    ckpt = scan(str(demo(DemoSpec(stage=stage, world_size=3, dtype="fp16", params=60_000))))
+    if stage == 3:
+        assert ckpt.module_copy_bytes == 0
+        return
+    flat = sum(g.padded_numel for g in ckpt.groups) * 2
+    frozen = sum(t.nbytes for t in ckpt.tensors if t.kind is Kind.FROZEN)
+    assert ckpt.module_copy_bytes == flat + frozen
