@@ -2,9 +2,8 @@
 
 Our converter's memory is flat by construction: this process as it is now (interpreter, torch, the scanned
 metadata) plus the executor's fixed chunk buffers and a small allowance for threads and the allocator. For
-DeepSpeed's zero_to_fp32 / zero_to_torch the model follows its code: optimizer files are torch.load'ed with
-mmap (fp32 partition pages become resident as they are read); stage 1/2 then torch.cat's each group
-("memory usage doubles here"); each output shard is materialised in the output dtype before it is saved.
+DeepSpeed's zero_to_fp32 / zero_to_torch the model follows its code (see predict_deepspeed_peak); its 16-bit
+module copy is loaded and dropped before the optimizer files, so it does not add to the peak.
 Constants marked "calibrated" come from `tox -e bench` on the reference machine (see README).
 """
 
@@ -20,11 +19,12 @@ from inspector.plan import ConversionPlan
 # calibrated: allowance on top of the chunk buffers for the reader/writer threads, queues and allocator slack
 RUNTIME_OVERHEAD = 48 * 1024 * 1024
 # calibrated: RSS of a Python process that has imported torch and deepspeed and parsed a checkpoint list
-DEEPSPEED_BASE_RSS = 520 * 1024 * 1024
-# calibrated: sustained conversion throughput (output bytes/s) when sources are in the page cache, and
-# the rate at which source bytes come off a cold disk; the estimate uses the slower path
-CONVERT_BYTES_PER_S = 600 * 1024 * 1024
-READ_BYTES_PER_S = 1000 * 1024 * 1024
+DEEPSPEED_BASE_RSS = 250 * 1024 * 1024
+# calibrated: interpreter start + torch import + scan, then output written / source read per second
+# (the estimate uses the slower of the two; both overlap in the executor)
+STARTUP_SECONDS = 3.0
+CONVERT_BYTES_PER_S = 350 * 1024 * 1024
+READ_BYTES_PER_S = 700 * 1024 * 1024
 # keep this much headroom below a limit before calling it a fit (other processes, page cache pressure)
 SAFETY_FRACTION = 0.05
 
@@ -102,26 +102,26 @@ def _process_memory() -> tuple[int, int]:
 
 
 def predict_deepspeed_peak(
-    plan: ConversionPlan, trainable_numel: int, other_bytes: int, largest_param: int, master_itemsize: int = 4
+    plan: ConversionPlan, trainable_numel: int, other_bytes: int, master_itemsize: int = 4
 ) -> int:
-    """Peak RSS of zero_to_fp32/zero_to_torch for the same job (see module docstring for the model)."""
+    """Peak RSS of zero_to_fp32/zero_to_torch for the same job.
+
+    Every optimizer file is torch.load'ed with mmap and the fp32 partitions are read, so their pages become
+    resident (4 B/param). Stage 1/2 then torch.cat each group (another 4 B/param: "memory usage doubles
+    here"). Stage 3 gathers lazily, so instead one output shard is materialised at a time. Fitted on
+    `tox -e bench` (0.5B and 1B params): stage 2 measured 4243 / 8439 MiB, this gives 4250 / 8446 MiB.
+    """
     mmap_pages = master_itemsize * trainable_numel
-    out_itemsize = max((int(t.nbytes // max(t.numel, 1)) for s in plan.shards for t in s.tensors), default=4)
-    out_total = plan.tensor_bytes
-    shard = min(plan.options.shard_size, out_total)
     if plan.stage == 3:
-        # lazily gathered: each shard's tensors are materialised (fp32 gather, then the cast)
-        working = shard + (master_itemsize * largest_param if out_itemsize != master_itemsize else 0)
-        return DEEPSPEED_BASE_RSS + mmap_pages + working + other_bytes
-    merged = master_itemsize * trainable_numel  # torch.cat of every group's partitions
-    working = shard if out_itemsize != master_itemsize else 0
-    return DEEPSPEED_BASE_RSS + mmap_pages + merged + working + other_bytes
+        shard = min(plan.options.shard_size, plan.tensor_bytes)
+        return DEEPSPEED_BASE_RSS + mmap_pages + shard + other_bytes
+    merged = master_itemsize * trainable_numel
+    return DEEPSPEED_BASE_RSS + mmap_pages + merged + other_bytes
 
 
 def assess(
     plan: ConversionPlan,
     out_dir: str,
-    ckpt_tensors: Any = None,
     budget: MemoryBudget | None = None,
     free_disk: int | None = None,
 ) -> Assessment:
@@ -136,9 +136,10 @@ def assess(
     tensors = [t for s in plan.shards for t in s.tensors]
     trainable = sum(t.numel for t in tensors if t.kind is not Kind.BUFFER and t.src_dtype == "float32")
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t.src_dtype != "float32")
-    largest = max((t.numel for t in tensors), default=0)
-    ds_peak = predict_deepspeed_peak(plan, trainable, other, largest)
-    seconds = max(plan.output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S)
+    ds_peak = predict_deepspeed_peak(plan, trainable, other)
+    seconds = STARTUP_SECONDS + max(
+        plan.output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S
+    )
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     return Assessment(
         predicted_peak_rss=peak,
