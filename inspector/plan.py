@@ -158,8 +158,19 @@ class ConversionPlan:
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of chunk buffers the executor allocates at most (source + output buffers in flight)."""
-        return max((s.buffer_bytes(self.options.chunk_elems) for s in self.shards), default=0)
+        """Bytes of chunk buffers the executor allocates, once per run (source + output buffers in flight)."""
+        src, out = self.pool_sizes
+        return PIPELINE_DEPTH * (src + out)
+
+    @property
+    def pool_sizes(self) -> tuple[int, int]:
+        """(source, output) buffer sizes that fit every shard; allocated once so memory does not creep with
+        the shard count (re-allocating 16 MiB blocks per shard raises glibc's mmap threshold)."""
+        limit = self.options.chunk_elems
+        return (
+            max((s.buffer_size(limit) for s in self.shards), default=16),
+            max((s.out_buffer_size(limit) for s in self.shards), default=0),
+        )
 
     @property
     def filenames(self) -> list[str]:

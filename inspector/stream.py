@@ -81,6 +81,7 @@ class _Chunk:
 
 
 _OUR_NAMES = (SINGLE_NAME, INDEX_NAME)
+_PoolPair = tuple["queue.Queue[torch.Tensor]", "queue.Queue[torch.Tensor]"]
 
 
 def _ours(name: str) -> bool:
@@ -195,10 +196,11 @@ def run(
         _write_journal(out_dir, plan, completed)
         done = skipped
         last = 0.0
+        pools = _pools(plan)
         for i, shard in enumerate(plan.shards):
             if reuse[i]:
                 continue
-            for nbytes, tensor in _write_shard(plan, i, partial[i], cancel, out_dir, fsync):
+            for nbytes, tensor in _write_shard(plan, i, partial[i], cancel, out_dir, fsync, pools):
                 done += nbytes
                 now = time.monotonic()
                 if now - last >= _EVENT_INTERVAL:
@@ -307,19 +309,31 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
+def _pools(plan: ConversionPlan) -> _PoolPair:
+    """The run's whole memory budget: PIPELINE_DEPTH source and output buffers, allocated once."""
+    src_bytes, out_bytes = plan.pool_sizes
+    src_pool: queue.Queue[torch.Tensor] = queue.Queue()
+    out_pool: queue.Queue[torch.Tensor] = queue.Queue()
+    for _ in range(PIPELINE_DEPTH):
+        src_pool.put(torch.empty(src_bytes, dtype=torch.uint8))
+        if out_bytes:
+            out_pool.put(torch.empty(out_bytes, dtype=torch.uint8))
+    return src_pool, out_pool
+
+
 def _write_shard(
-    plan: ConversionPlan, index: int, path: str, cancel: threading.Event, out_dir: str, fsync: bool
+    plan: ConversionPlan,
+    index: int,
+    path: str,
+    cancel: threading.Event,
+    out_dir: str,
+    fsync: bool,
+    pools: _PoolPair,
 ) -> Iterator[tuple[int, str]]:
     """Write one shard: header, then every tensor through read -> convert -> write. Yields (bytes, tensor)."""
     shard = plan.shards[index]
     limit = plan.options.chunk_elems
-    src_bytes, out_bytes = shard.buffer_size(limit), shard.out_buffer_size(limit)
-    src_pool: queue.Queue[torch.Tensor] = queue.Queue()
-    out_pool: queue.Queue[torch.Tensor] = queue.Queue()
-    for _ in range(PIPELINE_DEPTH):  # the whole memory budget of a shard, allocated once
-        src_pool.put(torch.empty(src_bytes, dtype=torch.uint8))
-        if out_bytes:
-            out_pool.put(torch.empty(out_bytes, dtype=torch.uint8))
+    src_pool, out_pool = pools
     read_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
     write_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
     stop = threading.Event()
