@@ -192,6 +192,7 @@ def run(
     completed = [s.filename for s, r in zip(plan.shards, reuse, strict=True) if r]
     start = time.monotonic()
     ok = False
+    renamed: list[str] = []  # finals this run put in place; removed again if a later step fails
     try:
         _write_journal(out_dir, plan, completed)
         done = skipped
@@ -214,6 +215,7 @@ def run(
             raise CancelledError("Conversion cancelled; partial files were removed.")
         for shard, p in zip(plan.shards, partial, strict=True):
             os.replace(p, os.path.join(out_dir, shard.filename))
+            renamed.append(os.path.join(out_dir, shard.filename))
         if plan.index is not None:
             tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
             with open(tmp, "wb") as fh:
@@ -249,7 +251,7 @@ def run(
         raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         if not ok:
-            for p in partial:
+            for p in partial + renamed:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
             for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):

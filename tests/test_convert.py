@@ -594,3 +594,25 @@ def test_cli_convert_refuses_busy_folder(
     assert "not empty" in res.output and "--overwrite" in res.output
     assert "Traceback" not in res.output
     assert os.listdir(out) == ["keep.txt"]
+
+
+def test_failure_after_renames_leaves_no_shards_without_index(
+    tmp_path: Path, demo: DemoCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If writing the index fails once shards were renamed into place, those shards go too: a sharded
+    output without its index would look loadable to a glob and is not."""
+    ckpt = scan(str(demo(DemoSpec(stage=2, params=60_000))))
+    plan = build_plan(ckpt, ConvertOptions(shard_size=50_000))
+    assert plan.index is not None
+    real_replace = os.replace
+
+    def failing_replace(src: str, dst: str) -> None:
+        if dst.endswith(INDEX_NAME):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match="Disk full"):
+        execute(plan, str(out))
+    assert sorted(os.listdir(out)) == []
