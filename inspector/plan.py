@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.model import Checkpoint, Kind, Segment, TensorInfo
-from inspector.torchzip import FLOATING, itemsize
+from inspector.torchzip import itemsize
 
 DTYPE_ALIASES = {
     "fp32": "float32",
@@ -345,7 +345,3 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
     return ConversionPlan(
         ckpt.root, ckpt.tag, ckpt.stage, ckpt.world_size, opts, tuple(shards), index, aliases, fingerprint
     )
-
-
-def is_float(dtype: str) -> bool:
-    return dtype in FLOATING

@@ -24,7 +24,7 @@ import torch
 
 from inspector.errors import CancelledError, InspectorError, OutputError
 from inspector.plan import INDEX_NAME, PIPELINE_DEPTH, SINGLE_NAME, ConversionPlan, PlannedTensor
-from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks
+from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments_into
 from inspector.torchzip import itemsize
 
 PARTIAL = ".partial"
@@ -356,11 +356,7 @@ def _write_shard(
                     if buf is None or cancel.is_set():
                         return
                     n = sum(s.numel for s in segs)
-                    view = byte_view(buf)
-                    at = 0
-                    for s in segs:
-                        pool.read_into(s.file, s.offset, view[at : at + s.nbytes])
-                        at += s.nbytes
+                    read_segments_into(pool, segs, buf)
                     if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
                         return
                     pos += n * osz

@@ -18,7 +18,7 @@ import torch
 from inspector.errors import InspectorError
 from inspector.model import Checkpoint
 from inspector.plan import INDEX_NAME, META_KEY, SAFETENSORS_DTYPES, SINGLE_NAME
-from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks
+from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments
 from inspector.torchzip import itemsize
 
 _FROM_ST = {v: k for k, v in SAFETENSORS_DTYPES.items()}
@@ -151,13 +151,8 @@ def _same(
 ) -> bool:
     osz = itemsize(out_dtype)
     for segs in iter_chunks(segments, chunk_elems):
-        n = sum(s.numel for s in segs)
-        src = torch.empty(n, dtype=TORCH_DTYPES[src_dtype])
-        view = byte_view(src)
-        at = 0
-        for s in segs:
-            pool.read_into(s.file, s.offset, view[at : at + s.nbytes])
-            at += s.nbytes
+        src = read_segments(pool, segs, src_dtype)
+        n = src.numel()
         expect = src.to(TORCH_DTYPES[out_dtype]) if src_dtype != out_dtype else src
         got = torch.empty(n * osz, dtype=torch.uint8)
         pool.read_into(path, offset, byte_view(got))
