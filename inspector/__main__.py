@@ -1,5 +1,5 @@
 """`python -m inspector` runs the CLI."""
 
-from inspector.cli import entry
+from inspector.cli.main import entry
 
 entry()

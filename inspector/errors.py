@@ -5,12 +5,16 @@ The CLI prints these without a traceback and exits non-zero; anything else is ou
 
 from __future__ import annotations
 
+# Exit codes, the one definition (README lists them): 0 ok; 1 damaged checkpoint or failed verification;
+# 2 bad input or usage; 3 preflight says the job does not fit; 130 interrupted.
+EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_CANCELLED = 0, 1, 2, 3, 130
+
 
 class InspectorError(Exception):
     """A problem the user can act on. `title` is a short headline, `hint` says what to do next."""
 
     title = "Error"
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
     def __init__(self, message: str, *, hint: str = "", title: str | None = None) -> None:
         super().__init__(message)
@@ -63,11 +67,11 @@ class DoesNotFitError(InspectorError):
     """Preflight says the job cannot fit the machine's memory or disk."""
 
     title = "Conversion would not fit"
-    exit_code = 3
+    exit_code = EXIT_DOES_NOT_FIT
 
 
 class CancelledError(InspectorError):
     """The user cancelled a running job; partial output was removed."""
 
     title = "Cancelled"
-    exit_code = 130
+    exit_code = EXIT_CANCELLED

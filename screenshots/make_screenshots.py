@@ -20,7 +20,7 @@ def _record(name: str, argv: list[str], width: int = 110, live: bool = True) -> 
     """Run a CLI command with a recording console and save what it printed as SVG.
 
     `live=False` records the plain progress lines CI logs get (a live bar's frames do not export)."""
-    import inspector.cli as cli
+    import inspector.cli.main as cli
 
     console = Console(record=True, width=width, force_terminal=live, color_system="truecolor", highlight=False)
     original = cli._console

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import pytest
 
-from inspector.demo import DemoSpec, write_demo
+from inspector.demo.writer import DemoSpec, write_demo
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLI_TIMEOUT = 120

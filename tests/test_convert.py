@@ -25,15 +25,15 @@ import pytest
 import safetensors.torch
 import torch
 
-import inspector.stream as stream
-from inspector.checkpoint import scan
-from inspector.demo import DemoSpec, expected
+import inspector.convert.engine as stream
+from inspector.convert.engine import JOURNAL, PARTIAL, Progress, Report, execute, run
+from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, ConvertOptions, build_plan
+from inspector.convert.reader import TORCH_DTYPES, FilePool
+from inspector.convert.verify import VerifyResult, run_verify
+from inspector.demo.writer import DemoSpec, expected
 from inspector.errors import CancelledError, CorruptFileError, OutputError
-from inspector.model import Checkpoint
-from inspector.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, ConvertOptions, build_plan
-from inspector.reader import TORCH_DTYPES, FilePool
-from inspector.stream import JOURNAL, PARTIAL, Progress, Report, execute, run
-from inspector.verify import VerifyResult, run_verify
+from inspector.scan.model import Checkpoint
+from inspector.scan.scanner import scan
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache
@@ -474,13 +474,13 @@ def test_progress_events(bf16_ckpt: Checkpoint, tmp_path: Path, monkeypatch: pyt
 
 JOB_SCRIPT = """
 import os, sys, time
-from inspector.checkpoint import scan
-from inspector.plan import ConvertOptions, build_plan
-from inspector.stream import Progress, run
+from inspector.scan.scanner import scan
+from inspector.convert.plan import ConvertOptions, build_plan
+from inspector.convert.engine import Progress, run
 
 delay = float(os.environ.get("ZI_TEST_READ_DELAY", "0"))
 if delay:  # the first run is slowed down so the kill surely lands mid-run
-    from inspector.reader import FilePool
+    from inspector.convert.reader import FilePool
     real = FilePool.read_into
     def slow(self, *a):
         time.sleep(delay)

@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from inspector.checkpoint import scan
-from inspector.demo import DemoSpec
+from inspector.demo.writer import DemoSpec
 from inspector.errors import CorruptFileError, UnsafePickleError
-from inspector.torchzip import TorchZip, ZeroStage, load_tree
+from inspector.format.records import ZeroStage
+from inspector.format.torchzip import load_tree
+from inspector.format.zipreader import TorchZip
+from inspector.scan.scanner import scan
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache
@@ -426,8 +428,8 @@ def test_loss_scaler_shadowing_get_does_not_crash_scan(
     tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A loss scaler pickled with a `get` attribute (BUILD state) must not hijack scaler.get() in scan."""
-    from inspector import demo as demo_mod
-    from inspector import ptwriter as pw
+    from inspector.demo import writer as demo_mod
+    from inspector.format import ptwriter as pw
 
     original = demo_mod._loss_scaler
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-CORE = ["inspector.checkpoint", "inspector.plan", "inspector.stream", "inspector.verify", "inspector.preflight",
-        "inspector.demo", "inspector.memory", "inspector.summary"]
+CORE = ["inspector.scan.scanner", "inspector.convert.plan", "inspector.convert.engine", "inspector.convert.verify", "inspector.convert.preflight",
+        "inspector.demo.writer", "inspector.system.limits", "inspector.system.rss", "inspector.system.units", "inspector.scan.summary"]
 
 
 def _modules_after_import(mod: str) -> set[str]:
@@ -17,12 +17,12 @@ def _modules_after_import(mod: str) -> set[str]:
 
 def test_core_imports_no_ui() -> None:
     loaded = _modules_after_import(", ".join(CORE))
-    assert "inspector.stream" in loaded  # the probe really imported the core
+    assert "inspector.convert.engine" in loaded  # the probe really imported the core
     assert not {"textual", "rich"} & loaded, f"the core pulls in {sorted({'textual', 'rich'} & loaded)}"
 
 
 def test_scanning_needs_neither_torch_nor_deepspeed() -> None:
     """scan stays fast (torch costs ~2 s to import) and works where deepspeed is not installed."""
-    loaded = _modules_after_import("inspector.checkpoint")
+    loaded = _modules_after_import("inspector.scan.scanner")
     assert "torch" not in loaded
     assert "deepspeed" not in loaded

@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from inspector.errors import CorruptFileError
-from inspector.model import Segment, Severity
-from inspector.torchzip import StorageRef, TensorRef, itemsize
-from inspector.zero import split_flat, stage3_layout, stage12_layout
+from inspector.format.dtypes import itemsize
+from inspector.format.torchzip import StorageRef, TensorRef
+from inspector.scan.layout import split_flat, stage3_layout, stage12_layout
+from inspector.scan.model import Segment, Severity
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PAD, TAIL = -1, -2

@@ -1,4 +1,4 @@
-"""Tests for inspector.memory: limit detection on fake /proc and cgroup trees, sizes, RSS probes."""
+"""Tests for inspector.system: limit detection on fake /proc and cgroup trees, sizes, RSS probes."""
 
 from __future__ import annotations
 
@@ -12,18 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from inspector.memory import (
-    MemoryBudget,
-    MemoryLimit,
-    MemorySampler,
-    current_rss,
-    detect_memory_limits,
-    format_bytes,
-    free_disk_bytes,
-    parse_size,
-    peak_rss,
-    process_tree_rss,
-)
+from inspector.system.limits import MemoryBudget, MemoryLimit, detect_memory_limits, free_disk_bytes
+from inspector.system.rss import MemorySampler, current_rss, peak_rss, process_tree_rss
+from inspector.system.units import format_bytes, parse_size
 
 GiB = 2**30
 MiB = 2**20

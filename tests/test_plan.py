@@ -19,11 +19,7 @@ import safetensors.torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inspector.checkpoint import scan
-from inspector.demo import DemoSpec
-from inspector.errors import InspectorError
-from inspector.model import Checkpoint, Kind
-from inspector.plan import (
+from inspector.convert.plan import (
     INDEX_NAME,
     META_KEY,
     SAFETENSORS_DTYPES,
@@ -33,7 +29,11 @@ from inspector.plan import (
     PlannedTensor,
     build_plan,
 )
-from inspector.torchzip import itemsize
+from inspector.demo.writer import DemoSpec
+from inspector.errors import InspectorError
+from inspector.format.dtypes import itemsize
+from inspector.scan.model import Checkpoint, Kind
+from inspector.scan.scanner import scan
 
 if TYPE_CHECKING:
     from conftest import DemoCache

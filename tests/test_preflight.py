@@ -2,7 +2,7 @@
 
 Process memory is pinned (`_process_memory` patched) where a test compares predictions, so the numbers
 depend only on the plan. The CLI is driven into "does not fit" with a Slurm allocation of 1 MiB, which
-`inspector.memory` reads from the environment like a real job's.
+`inspector.system` reads from the environment like a real job's.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-import inspector.preflight as preflight
-from inspector.checkpoint import scan
-from inspector.demo import DemoSpec
-from inspector.memory import MemoryBudget, MemoryLimit
-from inspector.model import Checkpoint
-from inspector.plan import CHUNK_ELEMS, INDEX_NAME, ConversionPlan, ConvertOptions, build_plan
-from inspector.preflight import SAFETY_FRACTION, Assessment, assess, assessment_json
-from inspector.stream import execute
+import inspector.convert.preflight as preflight
+from inspector.convert.engine import execute
+from inspector.convert.plan import CHUNK_ELEMS, INDEX_NAME, ConversionPlan, ConvertOptions, build_plan
+from inspector.convert.preflight import SAFETY_FRACTION, Assessment, assess, assessment_json
+from inspector.demo.writer import DemoSpec
+from inspector.scan.model import Checkpoint
+from inspector.scan.scanner import scan
+from inspector.system.limits import MemoryBudget, MemoryLimit
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache
@@ -133,7 +133,7 @@ def test_everything_short_lists_every_problem(small_plan: ConversionPlan, tmp_pa
 
 def test_real_process_memory_is_the_baseline(small_plan: ConversionPlan, tmp_path: Path) -> None:
     """Unpinned, the prediction starts from this process's real RSS."""
-    from inspector.memory import current_rss
+    from inspector.system.rss import current_rss
 
     a = roomy(small_plan, tmp_path)
     assert a.predicted_peak_rss >= current_rss() // 2 + small_plan.buffer_bytes

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from inspector.checkpoint import scan
-from inspector.demo import DemoSpec, architecture, expected, state_values, write_demo
-from inspector.model import Checkpoint, Kind, Severity
-from inspector.reader import FilePool, read_tensor
+from inspector.convert.reader import FilePool, read_tensor
+from inspector.demo.writer import DemoSpec, architecture, expected, state_values, write_demo
+from inspector.scan.model import Checkpoint, Kind, Severity
+from inspector.scan.scanner import scan
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache

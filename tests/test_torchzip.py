@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-from inspector import ptwriter as pw
+from inspector.convert.reader import read_ref
 from inspector.errors import CorruptFileError, InspectorError
-from inspector.reader import read_ref
-from inspector.torchzip import Record, TensorRef, TorchZip, ZeroStage, load, load_tree
+from inspector.format import ptwriter as pw
+from inspector.format.records import Record, ZeroStage
+from inspector.format.torchzip import TensorRef, load, load_tree
+from inspector.format.zipreader import TorchZip
 
 # --- helpers --------------------------------------------------------------------------------------------------
 
@@ -34,7 +36,7 @@ def torch_bytes(t: torch.Tensor) -> bytes:
 
 
 def ref_bytes(ref: TensorRef) -> bytes:
-    """The bytes a TensorRef names, read independently of inspector.reader with os.pread."""
+    """The bytes a TensorRef names, read independently of inspector.convert.reader with os.pread."""
     fd = os.open(ref.path, os.O_RDONLY)
     try:
         out = []
@@ -69,7 +71,7 @@ def save(tmp_path: Path, obj: Any, name: str = "obj.pt", **kwargs: Any) -> Path:
 
 
 def materialise(tree: Any) -> Any:
-    """Replace TensorRefs by tensors (via inspector.reader) so trees compare with torch.load's."""
+    """Replace TensorRefs by tensors (via inspector.convert.reader) so trees compare with torch.load's."""
     if isinstance(tree, TensorRef):
         return read_ref(tree)
     if isinstance(tree, OrderedDict):

@@ -52,7 +52,8 @@ REPO = HERE.parent
 if importlib.util.find_spec("inspector") is None:  # running from a checkout without an install
     sys.path.insert(0, str(REPO))
 
-from inspector.memory import MemorySampler, format_bytes, parse_size  # noqa: E402
+from inspector.system.rss import MemorySampler  # noqa: E402
+from inspector.system.units import format_bytes, parse_size  # noqa: E402
 
 MiB = 1024 * 1024
 BUFFER_BYTES = 16 * MiB
@@ -95,8 +96,8 @@ def _drop_caches() -> None:
 
 def floor_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Read exactly the plan's source ranges and write exactly its output layout, timing each part."""
-    from inspector.checkpoint import scan
-    from inspector.plan import INDEX_NAME, ConvertOptions, build_plan
+    from inspector.convert.plan import INDEX_NAME, ConvertOptions, build_plan
+    from inspector.scan.scanner import scan
 
     t0 = time.perf_counter()
     plan = build_plan(scan(spec["root"]), ConvertOptions(dtype=spec["dtype"], shard_size=spec["shard_size"]))
@@ -1041,7 +1042,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     try:
         convert_help = _probe(
-            sys.executable, env, "from inspector.cli import main; main(['convert', '--help'])"
+            sys.executable, env, "from inspector.cli.main import main; main(['convert', '--help'])"
         )
         fsync_flag = "--fsync" in convert_help.stdout
         deepspeed = False

@@ -461,9 +461,9 @@ def require_module(module: str) -> None:
 @pytest.fixture(scope="session")
 def inspector_api() -> Any:
     """`(scan, read_tensor)` from the package under test; skips while those modules are not written."""
-    require_module("inspector.checkpoint")
-    require_module("inspector.reader")
-    from inspector.checkpoint import scan  # imported late: collection must not need it
-    from inspector.reader import read_tensor
+    require_module("inspector.scan.scanner")
+    require_module("inspector.convert.reader")
+    from inspector.convert.reader import read_tensor
+    from inspector.scan.scanner import scan  # imported late: collection must not need it
 
     return scan, read_tensor

@@ -189,8 +189,8 @@ _NO_DEEPSPEED = textwrap.dedent("""
 
     sys.meta_path.insert(0, Block())
     import torch
-    from inspector.checkpoint import scan
-    from inspector.reader import read_tensor
+    from inspector.scan.scanner import scan
+    from inspector.convert.reader import read_tensor
 
     ckpt = scan(sys.argv[1])
     out = {}

@@ -11,11 +11,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from inspector.memory import format_bytes
-from inspector.model import Checkpoint, Finding, Kind, Severity
-from inspector.plan import ConversionPlan
-from inspector.preflight import Assessment
-from inspector.summary import module_rows
+from inspector.convert.plan import ConversionPlan
+from inspector.convert.preflight import Assessment
+from inspector.scan.model import Checkpoint, Finding, Kind, Severity
+from inspector.scan.summary import module_rows
+from inspector.system.units import format_bytes
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}

@@ -14,7 +14,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from inspector.torchzip import FLOATING, itemsize
+from inspector.format.dtypes import FLOATING, itemsize
 
 
 class Kind(str, Enum):

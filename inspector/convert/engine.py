@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, SINGLE_NAME, ConversionPlan, PlannedTensor
+from inspector.convert.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments_into
 from inspector.errors import CancelledError, InspectorError, OutputError
-from inspector.plan import INDEX_NAME, PIPELINE_DEPTH, SINGLE_NAME, ConversionPlan, PlannedTensor
-from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments_into
-from inspector.torchzip import itemsize
+from inspector.format.dtypes import itemsize
 
 PARTIAL = ".partial"
 JOURNAL = ".zero-inspector-journal.json"

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from inspector.errors import NotACheckpointError, UnsupportedCheckpointError
-from inspector.model import Finding, Severity
+from inspector.scan.model import Finding, Severity
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")

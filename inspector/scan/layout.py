@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError
-from inspector.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
-from inspector.torchzip import TensorRef
+from inspector.format.torchzip import TensorRef
+from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

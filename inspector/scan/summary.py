@@ -7,7 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from inspector.model import Checkpoint, Kind, TensorInfo
+from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 

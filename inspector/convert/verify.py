@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from inspector.convert.plan import INDEX_NAME, META_KEY, SAFETENSORS_DTYPES, SINGLE_NAME
+from inspector.convert.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments
 from inspector.errors import InspectorError
-from inspector.model import Checkpoint
-from inspector.plan import INDEX_NAME, META_KEY, SAFETENSORS_DTYPES, SINGLE_NAME
-from inspector.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments
-from inspector.torchzip import itemsize
+from inspector.format.dtypes import itemsize
+from inspector.scan.model import Checkpoint
 
 _FROM_ST = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 

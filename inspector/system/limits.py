@@ -2,8 +2,8 @@
 
 Before converting a checkpoint we must know how much memory a *new* process may really use: the OS-wide
 ``MemAvailable`` is not enough on clusters and in containers, where a cgroup or a Slurm allocation is
-usually the binding limit.  This module finds every such limit, picks the tightest one, and provides the
-RSS probes (one-shot and sampled) that the benchmark and the live meters use to check predictions.
+usually the binding limit.  This module finds every such limit, picks the tightest one, (RSS probes live in
+`rss`.)
 
 It only depends on the standard library and psutil so that the core never pulls in a UI toolkit.
 """
@@ -13,36 +13,23 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
-from types import TracebackType
-from typing import Literal, Self
+from typing import Literal
 
 import psutil
+
+from inspector.system.units import format_bytes
 
 try:  # pragma: no cover - resource is missing only on Windows
     import resource
 except ImportError:  # pragma: no cover
     resource = None  # type: ignore[assignment]
 
-__all__ = [
-    "LimitSource",
-    "MemoryBudget",
-    "MemoryLimit",
-    "MemorySampler",
-    "current_rss",
-    "detect_memory_limits",
-    "format_bytes",
-    "free_disk_bytes",
-    "parse_size",
-    "peak_rss",
-    "process_tree_rss",
-]
+
+__all__ = ["LimitSource", "MemoryBudget", "MemoryLimit", "detect_memory_limits", "free_disk_bytes"]
 
 LimitSource = Literal[
     "os-available", "cgroup-v2", "cgroup-v1", "rlimit-as", "slurm-mem-per-node", "slurm-mem-per-cpu"
@@ -397,250 +384,9 @@ def free_disk_bytes(path: str | os.PathLike[str]) -> int:
     return shutil.disk_usage(current).free  # f_bavail * f_frsize
 
 
-# --------------------------------------------------------------------------------------------------------------
-# RSS
-# --------------------------------------------------------------------------------------------------------------
-
-_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
-
-
-def _rss_of(proc: psutil.Process) -> int | None:
-    try:
-        return int(proc.memory_info().rss)
-    except _GONE:
-        return None
-
-
-def process_tree_rss(pid: int | None = None) -> int:
-    """RSS of a process plus all its descendants; 0 if the process itself is gone.
-
-    Workers (e.g. a spawned converter) count against the same budget, so the tree is what matters.
-    """
-    try:
-        root = psutil.Process(os.getpid() if pid is None else pid)
-        children = root.children(recursive=True)
-    except _GONE:
-        return 0
-    total = _rss_of(root)
-    if total is None:
-        return 0
-    for child in children:
-        total += _rss_of(child) or 0
-    return total
-
-
-def current_rss() -> int:
-    """RSS of this process only."""
-    return int(psutil.Process().memory_info().rss)
-
-
-def peak_rss() -> int:
-    """Peak RSS of this process only (children are not included), from getrusage.
-
-    ru_maxrss is KiB on Linux and bytes on macOS.
-    """
-    if resource is None:  # pragma: no cover - Windows
-        return int(getattr(psutil.Process().memory_info(), "peak_wset", current_rss()))
-    maxrss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return maxrss if sys.platform == "darwin" else maxrss * 1024
-
-
-class MemorySampler:
-    """Samples the RSS of a process tree in a daemon thread, keeping ``peak`` and ``last``.
-
-    Finding descendants scans every process on the machine, so the child list is only refreshed every
-    ``refresh_children`` seconds; each tick just reads statm of the known processes (~20 us each).
-    """
-
-    def __init__(
-        self,
-        pid: int | None = None,
-        interval: float = 0.05,
-        *,
-        include_children: bool = True,
-        refresh_children: float = 0.5,
-    ) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be positive, got {interval}")
-        self.pid: int = os.getpid() if pid is None else pid
-        self.interval = interval
-        self.include_children = include_children
-        self.refresh_children = refresh_children
-        self.baseline: int = 0
-        self.peak: int = 0
-        self.last: int = 0
-        self.samples: int = 0
-        self.finished: bool = False  # the sampled process has exited
-        self._root: psutil.Process | None = None
-        self._children: list[psutil.Process] = []
-        self._children_at: float = float("-inf")  # monotonic time of the last child scan
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    # -- sampling --------------------------------------------------------------------------------------------
-
-    def _tree_rss(self) -> int | None:
-        if self._root is None:
-            try:
-                self._root = psutil.Process(self.pid)
-            except _GONE:
-                return None
-        root_rss = _rss_of(self._root)
-        if root_rss is None:
-            return None
-        if not self.include_children:
-            return root_rss
-        now = time.monotonic()
-        if now - self._children_at >= self.refresh_children:
-            try:
-                self._children = self._root.children(recursive=True)
-            except _GONE:
-                return None
-            self._children_at = now
-        total = root_rss
-        alive: list[psutil.Process] = []
-        for child in self._children:
-            rss = _rss_of(child)
-            if rss is not None:
-                total += rss
-                alive.append(child)
-        self._children = alive
-        return total
-
-    def sample(self) -> int:
-        """Take one sample now and return it (also used by start/stop so short runs are never missed)."""
-        with self._lock:
-            rss = self._tree_rss()
-            if rss is None:
-                self.finished = True
-                self.last = 0
-                return 0
-            if self.samples == 0:
-                self.baseline = rss
-            self.samples += 1
-            self.last = rss
-            self.peak = max(self.peak, rss)
-            return rss
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-            if self.finished:
-                return
-
-    # -- lifecycle -------------------------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> Self:
-        """Begin sampling in the background; the first sample is taken synchronously."""
-        if self._thread is not None:
-            raise RuntimeError("MemorySampler can only be started once")
-        self.sample()
-        self._thread = threading.Thread(target=self._run, name=f"memory-sampler-{self.pid}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> int:
-        """Stop sampling, take a final sample, and return the peak."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if not self.finished:
-            self.sample()
-        return self.peak
-
-    @property
-    def peak_delta(self) -> int:
-        """Growth of the peak over the first sample: what the sampled work itself added."""
-        return max(0, self.peak - self.baseline)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# sizes
-# --------------------------------------------------------------------------------------------------------------
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
-_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
-_SIZE_HELP = (
-    "expected a number with an optional unit: '5GB' (5*10**9, as Hugging Face), '5GiB' or '5G' (5*2**30), "
-    "'500MB', '1.5T', or a plain byte count"
-)
-
-
-def parse_size(text: str | int) -> int:
-    """Parse a human size the way Hugging Face's convert_file_size_to_int does, plus bare K/M/G/T/P.
-
-    KB/MB/GB/TB/PB are decimal and KiB/MiB/GiB/TiB/PiB binary (case-insensitive), as in HF; bare K/M/G/T/P
-    are binary.  Like HF, a lowercase final ``b`` on a decimal unit ("5Gb") means bits and is divided by 8.
-    """
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise TypeError(f"size must be a str or int, got {type(text).__name__}")
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"invalid size {text!r}: must not be negative")
-        return text
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise ValueError(f"invalid size {text!r}: {_SIZE_HELP}")
-    number_text, unit = match.groups()
-    try:
-        number = Decimal(number_text)
-    except InvalidOperation as err:  # pragma: no cover - the regex only lets decimals through
-        raise ValueError(f"invalid size {text!r}: {_SIZE_HELP}") from err
-    upper = unit.upper()
-    bits = False
-    if upper in ("", "B"):
-        if unit == "b":
-            raise ValueError(f"invalid size {text!r}: a bare 'b' would mean bits; write 'B' for bytes")
-        multiplier = 1
-        if number != number.to_integral_value():
-            raise ValueError(f"invalid size {text!r}: a byte count must be a whole number")
-    elif len(upper) == 1 and upper in _BINARY:
-        multiplier = _BINARY[upper]
-    elif len(upper) == 3 and upper.endswith("IB") and upper[0] in _BINARY:
-        multiplier = _BINARY[upper[0]]
-    elif len(upper) == 2 and upper.endswith("B") and upper[0] in _DECIMAL:
-        multiplier = _DECIMAL[upper[0]]
-        bits = unit.endswith("b")
-    else:
-        raise ValueError(f"invalid size {text!r}: unknown unit {unit!r}; {_SIZE_HELP}")
-    value = int(number * multiplier)
-    return value // 8 if bits else value
-
-
-_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
-
-
-def format_bytes(n: float) -> str:
-    """Binary-unit size with one decimal ("1.5 GiB"); plain bytes below 1 KiB."""
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    if value < 1024:
-        return f"{sign}{int(value)} B"
-    for unit in _UNITS:
-        value /= 1024
-        if value < 1023.95 or unit == _UNITS[-1]:
-            return f"{sign}{value:.1f} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _main() -> None:  # pragma: no cover - manual check: python -m inspector.memory
+def _main() -> None:
+    from inspector.system.units import format_bytes
+  # pragma: no cover - manual check: python -m inspector.system.limits
     budget = detect_memory_limits()
     for lim in budget.limits:
         print(f"{lim.source:20} {format_bytes(lim.bytes):>12}  {lim.detail}")
@@ -651,3 +397,4 @@ def _main() -> None:  # pragma: no cover - manual check: python -m inspector.mem
 
 if __name__ == "__main__":  # pragma: no cover
     _main()
+

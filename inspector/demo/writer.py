@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from inspector import ptwriter as pw
+from inspector.format import ptwriter as pw
 
 DS_VERSION = "0.19.8"
 _HALF = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

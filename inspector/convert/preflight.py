@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.memory import MemoryBudget, detect_memory_limits, format_bytes, free_disk_bytes
-from inspector.model import Kind
-from inspector.plan import ConversionPlan
+from inspector.convert.plan import ConversionPlan
+from inspector.scan.model import Kind
+from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes
+from inspector.system.units import format_bytes
 
 # calibrated: allowance on top of the chunk buffers for the reader/writer threads, queues and allocator slack
 RUNTIME_OVERHEAD = 48 * 1024 * 1024
@@ -126,7 +127,7 @@ def assess(
     free_disk: int | None = None,
 ) -> Assessment:
     """Predict and compare. Call after the scan and plan exist (their memory is part of the baseline)."""
-    import inspector.stream  # noqa: F401  (torch is part of the converter's baseline; count it)
+    import inspector.convert.engine  # noqa: F401  (torch is part of the converter's baseline; count it)
 
     rss, vms = _process_memory()
     peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 
 from inspector.errors import DamagedCheckpointError, InspectorError
-from inspector.model import Checkpoint, Kind, Segment, TensorInfo
-from inspector.torchzip import itemsize
+from inspector.format.dtypes import itemsize
+from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 
 DTYPE_ALIASES = {
     "fp32": "float32",

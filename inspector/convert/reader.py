@@ -13,8 +13,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from inspector.errors import CorruptFileError
-from inspector.model import Checkpoint, Segment
-from inspector.torchzip import TensorRef, itemsize
+from inspector.format.dtypes import itemsize
+from inspector.format.torchzip import TensorRef
+from inspector.scan.model import Checkpoint, Segment
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,

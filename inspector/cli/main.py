@@ -12,44 +12,29 @@ import os
 import sys
 from collections.abc import Sequence
 
-from inspector.errors import InspectorError
-
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_CANCELLED = 0, 1, 2, 3, 130
-
-
-def _console(stderr: bool = False):  # type: ignore[no-untyped-def]
-    from rich.console import Console  # rich costs ~30 ms; only the commands that print need it
-
-    return Console(stderr=stderr, highlight=False)
-
-
-def _print_error(exc: InspectorError) -> None:
-    from rich.markup import escape  # messages hold paths and names: never let them be read as markup
-
-    err = _console(stderr=True)
-    err.print(f"[bold red]{escape(exc.title)}:[/] {escape(exc.message)}", soft_wrap=True)
-    if exc.hint:
-        err.print(f"[italic]→ {escape(exc.hint)}[/]", soft_wrap=True)
+from inspector.cli.console import console as _console
+from inspector.cli.console import print_error as _print_error
+from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from inspector.checkpoint import scan
+    from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
     if args.json:
-        from inspector.summary import checkpoint_json
+        from inspector.scan.summary import checkpoint_json
 
         print(json.dumps(checkpoint_json(ckpt), indent=1))
     else:
-        from inspector.cli_render import print_scan
+        from inspector.cli.render import print_scan
 
         print_scan(_console(), ckpt, all_tensors=args.tensors)
-    return EXIT_FINDINGS if ckpt.errors else EXIT_OK
+    return EXIT_DAMAGED if ckpt.errors else EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from inspector.demo import DemoSpec, write_demo
-    from inspector.memory import parse_size
+    from inspector.demo.writer import DemoSpec, write_demo
+    from inspector.system.units import parse_size
 
     out = os.path.abspath(args.dir)
     if os.path.exists(out) and os.listdir(out) and not args.overwrite:
@@ -69,7 +54,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         sub_group_size=args.sub_group_size,
     )
     try:
-        from inspector.demo import architecture
+        from inspector.demo.writer import architecture
 
         params, tied = architecture(spec)
         n = sum(p.numel for p in params if p.kind != "buffer" and p.name not in tied)
@@ -116,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_demo)
 
-    from inspector import cli_convert
+    from inspector.cli import convert as cli_convert
 
     cli_convert.register(sub, _add_common)
     return parser

@@ -20,7 +20,9 @@ from inspector.errors import (
     NotACheckpointError,
     UnsupportedCheckpointError,
 )
-from inspector.locate import (
+from inspector.format.torchzip import TensorRef, load_tree
+from inspector.scan.layout import Layout, stage3_layout, stage12_layout
+from inspector.scan.locate import (
     EXPERT_RE,
     EXPP_RE,
     LAYER_RE,
@@ -30,7 +32,7 @@ from inspector.locate import (
     Location,
     locate,
 )
-from inspector.model import (
+from inspector.scan.model import (
     Checkpoint,
     FileInfo,
     Finding,
@@ -41,8 +43,6 @@ from inspector.model import (
     Severity,
     TensorInfo,
 )
-from inspector.torchzip import TensorRef, load_tree
-from inspector.zero import Layout, stage3_layout, stage12_layout
 
 
 @dataclass

@@ -21,8 +21,8 @@ _LOG_INTERVAL = 5.0
 
 
 def _opts(args: argparse.Namespace) -> Any:
-    from inspector.memory import parse_size
-    from inspector.plan import ConvertOptions
+    from inspector.convert.plan import ConvertOptions
+    from inspector.system.units import parse_size
 
     try:
         shard = parse_size(args.shard_size)
@@ -93,7 +93,7 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
 
 
 def _progress_line(ev: Any, mem: str) -> str:
-    from inspector.memory import format_bytes
+    from inspector.system.units import format_bytes
 
     eta = (ev.bytes_total - ev.bytes_done) / ev.throughput if ev.throughput > 0 else 0.0
     return (
@@ -105,7 +105,8 @@ def _progress_line(ev: Any, mem: str) -> str:
 def _memory_line() -> str:
     import psutil
 
-    from inspector.memory import current_rss, format_bytes, peak_rss
+    from inspector.system.rss import current_rss, peak_rss
+    from inspector.system.units import format_bytes
 
     return (
         f"RSS {format_bytes(current_rss())} (peak {format_bytes(peak_rss())}), "
@@ -114,12 +115,12 @@ def _memory_line() -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from inspector.checkpoint import scan
-    from inspector.cli import _console
-    from inspector.cli_render import print_assessment
-    from inspector.plan import build_plan
-    from inspector.preflight import assess
-    from inspector.stream import Report, prepare_output, run
+    from inspector.cli.console import console as _console
+    from inspector.cli.render import print_assessment
+    from inspector.convert.engine import Report, prepare_output, run
+    from inspector.convert.plan import build_plan
+    from inspector.convert.preflight import assess
+    from inspector.scan.scanner import scan
 
     console = _console()
     ckpt = scan(args.path, args.tag)
@@ -148,14 +149,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _size(n: int) -> str:
-    from inspector.memory import format_bytes
+    from inspector.system.units import format_bytes
 
     return format_bytes(n)
 
 
 def _drive(console: Any, events: Any, total: int) -> Any:
     """Consume run() events with a live bar (terminal) or periodic log lines (CI)."""
-    from inspector.stream import Progress, Report
+    from inspector.convert.engine import Progress, Report
 
     if not console.is_terminal:
         last = 0.0
@@ -198,7 +199,7 @@ def _drive(console: Any, events: Any, total: int) -> Any:
 def _print_report(console: Any, report: Any, plan: Any) -> None:
     from rich.table import Table
 
-    from inspector.memory import peak_rss
+    from inspector.system.rss import peak_rss
 
     t = Table(title="Written", title_justify="left", show_edge=False)
     t.add_column("file")
@@ -225,9 +226,9 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from inspector.checkpoint import scan
-    from inspector.cli import _console
-    from inspector.verify import VerifyResult, run_verify
+    from inspector.cli.console import console as _console
+    from inspector.convert.verify import VerifyResult, run_verify
+    from inspector.scan.scanner import scan
 
     console = _console()
     ckpt = scan(args.path, args.tag)
@@ -267,11 +268,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from inspector.checkpoint import scan
-    from inspector.cli import EXIT_DOES_NOT_FIT, _console
-    from inspector.cli_render import print_assessment
-    from inspector.plan import build_plan
-    from inspector.preflight import assess, assessment_json
+    from inspector.cli.console import console as _console
+    from inspector.cli.render import print_assessment
+    from inspector.convert.plan import build_plan
+    from inspector.convert.preflight import assess, assessment_json
+    from inspector.errors import EXIT_DOES_NOT_FIT
+    from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
     plan = build_plan(ckpt, _opts(args), allow_damaged=True)

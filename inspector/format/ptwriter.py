@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from inspector.reader import TORCH_DTYPES, byte_view
+from inspector.convert.reader import TORCH_DTYPES, byte_view
 
 ALIGN = 64
 _STORAGE_TYPES = {

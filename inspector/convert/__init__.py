@@ -1,0 +1,1 @@
+"""Convert: plan as data, positioned reads, the streaming engine, verify, preflight."""

@@ -1,0 +1,1 @@
+"""A realistic demo checkpoint in DeepSpeed's exact on-disk layout."""

@@ -1,0 +1,1 @@
+"""Scan: locate a checkpoint, the ZeRO layout arithmetic, the Checkpoint model, the scanner, summaries."""

@@ -1,0 +1,1 @@
+"""The machine: memory limits (cgroup, Slurm, rlimit), RSS sampling, units."""
