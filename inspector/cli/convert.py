@@ -276,13 +276,39 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
-    plan = build_plan(ckpt, _opts(args), allow_damaged=True)
+    if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
+        _refuse_damaged(ckpt, args.json)
+    plan = build_plan(ckpt, _opts(args))
     verdict = assess(plan, os.path.abspath(args.out or os.getcwd()))
     if args.json:
         print(json.dumps(assessment_json(verdict, plan), indent=1))
     else:
         print_assessment(_console(), verdict, plan)
     return 0 if verdict.fits else EXIT_DOES_NOT_FIT
+
+
+def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
+    """Show the error findings as `scan` does (stdout), then refuse with exit 1."""
+    from inspector.errors import DamagedCheckpointError
+
+    errors = ckpt.errors
+    if as_json:
+        print(
+            json.dumps({"fits": False, "damaged": True, "findings": [f.as_dict() for f in errors]}, indent=1)
+        )
+    else:
+        from rich.panel import Panel
+
+        from inspector.cli.console import console as _console
+        from inspector.cli.render import findings
+
+        _console().print(
+            Panel(findings(tuple(errors)), title="Findings", title_align="left", border_style="red")
+        )
+    raise DamagedCheckpointError(
+        f"The checkpoint has {len(errors)} error finding(s); no prediction is made for a damaged checkpoint.",
+        hint="Run `zero-inspector scan` for details; converting it would write wrong weights.",
+    )
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:

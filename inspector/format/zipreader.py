@@ -128,7 +128,22 @@ class TorchZip:
                 )
             entries[name] = ZipEntry(name, hoff, usize, method)
             p += 46 + nlen + xlen + clen
+        self._bounds = self._entry_bounds(entries, cd_off)
         return entries
+
+    def _entry_bounds(self, entries: dict[str, ZipEntry], cd_off: int) -> dict[str, int]:
+        """Where each entry must end: the next entry's local header (or the central directory).
+
+        `torch.save` writes members one after another, so two records sharing bytes, or a record running
+        into the directory, can only come from a damaged or crafted file: such a file is refused."""
+        order = sorted(entries.values(), key=lambda e: e.header_offset)
+        bounds: dict[str, int] = {}
+        for e, nxt in zip(order, [*order[1:], None], strict=True):
+            end = nxt.header_offset if nxt is not None else cd_off
+            if e.header_offset + 30 + len(e.name.encode()) + e.size > end:
+                raise self._truncated(f"record {e.name} overlaps the next member of the archive")
+            bounds[e.name] = end
+        return bounds
 
     def _find_prefix(self) -> str:
         for name in self.entries:
@@ -148,6 +163,8 @@ class TorchZip:
             off = e.header_offset + 30 + nlen + xlen
             if off + e.size > self.file_size:
                 raise self._truncated(f"record {name} ends at byte {off + e.size}")
+            if off + e.size > self._bounds[name]:
+                raise self._truncated(f"record {name} overlaps the next member of the archive")
             self._data_offsets[name] = off
         return off
 

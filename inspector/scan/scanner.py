@@ -430,7 +430,7 @@ class _Scanner:
         for r in range(ws):
             frag = ((models.get(r) or {}).get("frozen_param_fragments") or {}).get(name)
             take = max(0, min(part, numel - r * part))
-            if not isinstance(frag, TensorRef) or frag.numel < take:
+            if not isinstance(frag, TensorRef) or frag.numel < take or not frag.is_contiguous():
                 self.add(
                     Severity.ERROR,
                     "missing-frozen",
