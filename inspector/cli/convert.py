@@ -108,8 +108,9 @@ def _memory_line() -> str:
     from inspector.system.rss import current_rss, peak_rss
     from inspector.system.units import format_bytes
 
+    now = current_rss()
     return (
-        f"RSS {format_bytes(current_rss())} (peak {format_bytes(peak_rss())}), "
+        f"RSS {format_bytes(now)} (peak {format_bytes(max(now, peak_rss()))}), "
         f"available {format_bytes(psutil.virtual_memory().available)}"
     )
 
@@ -129,7 +130,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     prepare_output(plan, out_dir, args.overwrite)  # refuse a busy folder before predicting or printing
     verdict = assess(plan, out_dir)
     if not verdict.fits:
-        print_assessment(console, verdict, plan)
+        print_assessment(console, verdict, plan, verdict=args.force)  # the figures; the error says why
         if not args.force:
             from inspector.errors import DoesNotFitError
 

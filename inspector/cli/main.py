@@ -12,8 +12,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from inspector import __version__
 from inspector.cli.console import console as _console
 from inspector.cli.console import print_error as _print_error
+from inspector.cli.console import stdout_closed
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError
 
 
@@ -21,15 +23,19 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
-    if args.json:
-        from inspector.scan.summary import checkpoint_json
+    rc = EXIT_DAMAGED if ckpt.errors else EXIT_OK
+    try:
+        if args.json:
+            from inspector.scan.summary import checkpoint_json
 
-        print(json.dumps(checkpoint_json(ckpt), indent=1))
-    else:
-        from inspector.cli.render import print_scan
+            print(json.dumps(checkpoint_json(ckpt), indent=1), flush=True)
+        else:
+            from inspector.cli.render import print_scan
 
-        print_scan(_console(), ckpt, all_tensors=args.tensors)
-    return EXIT_DAMAGED if ckpt.errors else EXIT_OK
+            print_scan(_console(), ckpt, all_tensors=args.tensors)
+    except BrokenPipeError:  # the reader stopped early (`| head`): the verdict is still the checkpoint's
+        stdout_closed()
+    return rc
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -80,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect DeepSpeed ZeRO checkpoints and convert them to safetensors with flat memory. "
         "No deepspeed needed; no pickled code is ever run.",
     )
+    parser.add_argument("--version", action="version", version=f"zero-inspector {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("scan", help="show what a checkpoint holds and check it for damage")
@@ -121,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _console(stderr=True).print("[yellow]Interrupted; partial output (if any) was removed.[/]")
         return EXIT_CANCELLED
-    except BrokenPipeError:
+    except BrokenPipeError:  # stdout closed by its reader while a command printed: not a failure
+        stdout_closed()
         return EXIT_OK
 
 
