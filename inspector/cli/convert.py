@@ -118,7 +118,8 @@ def _memory_line() -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
-    from inspector.convert.engine import Report, prepare_output, run
+    from inspector.convert.engine import Report, run
+    from inspector.convert.output import prepare_output
     from inspector.convert.plan import build_plan
     from inspector.convert.preflight import assess
     from inspector.scan.scanner import scan

@@ -20,12 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inspector.convert.output import JOURNAL, PARTIAL, prepare_output
+from inspector.convert.output import JOURNAL, PARTIAL, OutputFolder
 from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.output import fsync_dir as _fsync_dir
-from inspector.convert.output import read_journal as _journal
-from inspector.convert.output import valid_partial as _valid_partial
-from inspector.convert.output import write_journal as _write_journal
 from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, ConversionPlan, PlannedTensor
 from inspector.convert.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
@@ -102,27 +99,15 @@ def run(
     """
     cancel = cancel or threading.Event()
     out_dir = os.path.abspath(out_dir)
-    stale = prepare_output(plan, out_dir, overwrite)
-    os.makedirs(out_dir, exist_ok=True)
-    journal = _journal(out_dir)
-    listed = journal.get("complete") if journal.get("job") == plan.fingerprint else None
-    done_before = set(listed) if isinstance(listed, list) else set()
-    for name in os.listdir(out_dir):  # partials of other jobs, or of shards we must redo
-        if name.endswith(PARTIAL) and name[: -len(PARTIAL)] not in done_before:
-            os.unlink(os.path.join(out_dir, name))
-    partial = [os.path.join(out_dir, s.filename + PARTIAL) for s in plan.shards]
-    reuse = [
-        s.filename in done_before and _valid_partial(p, s.header, s.file_bytes)
-        for s, p in zip(plan.shards, partial, strict=True)
-    ]
+    folder = OutputFolder(plan, out_dir, overwrite)  # created, locked, other jobs' partials removed
+    stale, partial, reuse = folder.stale, folder.partials, folder.reuse
     total = sum(s.file_bytes for s in plan.shards)
     skipped = sum(s.file_bytes for s, r in zip(plan.shards, reuse, strict=True) if r)
-    completed = [s.filename for s, r in zip(plan.shards, reuse, strict=True) if r]
     start = time.monotonic()
     ok = False
     renamed: list[str] = []  # finals this run put in place; removed again if a later step fails
     try:
-        _write_journal(out_dir, plan, completed)
+        folder.record()
         done = skipped
         last = 0.0
         pools = _pools(plan)
@@ -137,8 +122,7 @@ def run(
                     yield Progress(
                         done, total, tensor, shard.filename, i, len(plan.shards), now - start, skipped
                     )
-            completed.append(shard.filename)
-            _write_journal(out_dir, plan, completed)
+            folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
         for shard, p in zip(plan.shards, partial, strict=True):
@@ -185,6 +169,7 @@ def run(
             for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(out_dir, name))
+        folder.release(ok)
 
 
 def execute(
