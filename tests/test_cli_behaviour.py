@@ -71,3 +71,64 @@ def test_damaged_is_exit_1_for_every_command(
     res = cli("convert", root, out)
     assert res.stderr.count("Damaged checkpoint") == 1 and "Damaged checkpoint" not in res.stdout
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--params", "abc"), "--params 'abc'"),
+        (("--params", "-5"), "--params '-5'"),
+        (("--params", "0"), "--params must be between 1"),
+        (("--world-size", "0"), "--world-size must be between 1 and 1024; got 0"),
+        (("--world-size", "-2"), "--world-size must be between 1 and 1024; got -2"),
+        (("--sub-group-size", "0"), "--sub-group-size must be positive"),
+        (("--bf16-optimizer", "--stage", "2"), "--bf16-optimizer exists only for --stage 1"),
+    ],
+)
+def test_demo_validates_its_arguments(
+    tmp_path: Path, cli: Callable[..., CliResult], args: tuple[str, ...], needle: str
+) -> None:
+    """Bad demo options: exit 2, one clear message, no traceback, nothing created (issue 7.7)."""
+    out = tmp_path / "demo"
+    res = cli("demo", out, *args)
+    assert res.rc == 2, res.output
+    assert "Traceback" not in res.output and "Invalid demo options" in res.stderr
+    assert needle in res.stderr, res.stderr
+    assert not out.exists()
+
+
+def test_demo_checks_free_disk_first(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    import shutil
+
+    if shutil.disk_usage(tmp_path).free > 1_000_000_000_000:
+        pytest.skip("this disk could hold a 90G-parameter demo")
+    out = tmp_path / "demo"
+    res = cli("demo", out, "--params", "90G")
+    assert res.rc == 2 and "Disk full" in res.stderr and "free" in res.stderr, res.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError(28, "No space left on device")])
+def test_demo_cleans_up_on_any_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    """Interrupted (Ctrl-C, SIGTERM) or failing half-way: the files it wrote are removed, a folder it
+    found is kept."""
+    import inspector.demo.writer as writer
+    from inspector.cli.main import main
+
+    real = writer.write_demo
+
+    def half(out_dir: str, spec: DemoSpec, progress: Callable[[str], None] | None = None) -> str:
+        real(out_dir, spec)
+        raise exc
+
+    monkeypatch.setattr(writer, "write_demo", half)
+    new = tmp_path / "new" / "demo"
+    assert main(["demo", str(new), "--params", "20000"]) in (2, 130)
+    assert not new.exists()
+    found = tmp_path / "found"
+    found.mkdir()
+    (found / "keep.txt").write_text("x")
+    assert main(["demo", str(found), "--params", "20000", "--overwrite"]) in (2, 130)
+    assert os.listdir(found) == ["keep.txt"]
