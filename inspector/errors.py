@@ -37,12 +37,14 @@ class UnsafePickleError(InspectorError):
     """A pickle asked for a global that is not on the allowlist; nothing was executed."""
 
     title = "Refused to load an unsafe pickle"
+    exit_code = EXIT_DAMAGED
 
 
 class CorruptFileError(InspectorError):
     """A file is truncated, not a torch zip archive, or internally inconsistent."""
 
     title = "Damaged checkpoint file"
+    exit_code = EXIT_DAMAGED
 
 
 class UnsupportedCheckpointError(InspectorError):
@@ -55,6 +57,7 @@ class DamagedCheckpointError(InspectorError):
     """The checkpoint has error findings (missing ranks, mixed runs, ...), so it cannot be converted."""
 
     title = "Damaged checkpoint"
+    exit_code = EXIT_DAMAGED
 
 
 class OutputError(InspectorError):

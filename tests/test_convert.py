@@ -25,8 +25,9 @@ import pytest
 import safetensors.torch
 import torch
 
-import inspector.convert.engine as stream
+import inspector.convert.output as output
 from inspector.convert.engine import JOURNAL, PARTIAL, Progress, Report, execute, run
+from inspector.convert.output import LOCK
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, ConvertOptions, build_plan
 from inspector.convert.reader import TORCH_DTYPES, FilePool
 from inspector.convert.verify import VerifyResult, run_verify
@@ -317,7 +318,7 @@ def test_cancel_from_progress_loop(bf16_ckpt: Checkpoint, tmp_path: Path) -> Non
             seen += 1
             cancel.set()
     assert seen == 1
-    assert os.listdir(out) == []
+    assert not out.exists(), os.listdir(out)  # the run created it, so it removes it
 
 
 def test_read_error_mid_run_cleans_up(
@@ -341,7 +342,7 @@ def test_read_error_mid_run_cleans_up(
     with pytest.raises(CorruptFileError, match="simulated"):
         execute(small_plan(bf16_ckpt, shard_size=20_000), str(out))
     assert any(n.endswith(PARTIAL) for n in at_failure) and JOURNAL in at_failure, at_failure
-    assert os.listdir(out) == []
+    assert not out.exists(), os.listdir(out)  # the run created it, so it removes it
 
 
 def test_read_error_after_a_completed_shard(
@@ -367,7 +368,7 @@ def test_read_error_after_a_completed_shard(
         execute(small_plan(bf16_ckpt, shard_size=20_000), str(out))
     assert at_failure["done"], "no shard finished before the failure"
     assert f"{at_failure['done'][0]}{PARTIAL}" in at_failure["files"]
-    assert os.listdir(out) == []
+    assert not out.exists(), os.listdir(out)  # the run created it, so it removes it
 
 
 def _enospc(*_a: object, **_k: object) -> None:
@@ -384,7 +385,7 @@ def test_disk_full(
     if where == "posix_fallocate":
         monkeypatch.setattr(os, "posix_fallocate", _enospc)
     elif where == "journal":
-        monkeypatch.setattr(stream, "_write_journal", _enospc)
+        monkeypatch.setattr(output, "write_journal", _enospc)
     else:
         real = os.pwrite
         calls = [0]
@@ -402,7 +403,7 @@ def test_disk_full(
     assert exc.value.title == "Disk full"
     assert "Disk full" in exc.value.message and f"needs {plan.output_bytes:,} bytes" in exc.value.message
     assert "Free disk space" in exc.value.hint
-    assert os.listdir(out) == []
+    assert not out.exists(), os.listdir(out)  # the run created it, so it removes it
 
 
 def test_source_truncated_after_scan(demo: DemoCache, tmp_path: Path) -> None:
@@ -416,7 +417,7 @@ def test_source_truncated_after_scan(demo: DemoCache, tmp_path: Path) -> None:
     with pytest.raises(CorruptFileError) as exc:
         execute(small_plan(ckpt), str(out))
     assert os.path.basename(optim[0]) in exc.value.message or "truncated" in exc.value.message
-    assert os.listdir(out) == []
+    assert not out.exists(), os.listdir(out)  # the run created it, so it removes it
 
 
 def test_cli_convert_of_truncated_checkpoint(
@@ -541,7 +542,7 @@ def test_sigkill_then_rerun_resumes(demo: DemoCache, tmp_path: Path, kill_when: 
     assert proc.returncode == -signal.SIGKILL
     left = os.listdir(out)
     assert not [n for n in left if FINAL.match(n)], left
-    assert all(n.endswith(PARTIAL) or n.startswith(JOURNAL) for n in left), left
+    assert all(n.endswith(PARTIAL) or n.startswith(JOURNAL) or n == LOCK for n in left), left  # flock died
     journal = json.loads((out / JOURNAL).read_text())
     if kill_when == "after-a-shard":
         assert journal["complete"], "a shard was finished before the kill"
@@ -559,7 +560,7 @@ def test_sigkill_then_rerun_resumes(demo: DemoCache, tmp_path: Path, kill_when: 
     ckpt = scan(str(root))
     result = verify(ckpt, out)
     assert result.ok, result
-    assert not [n for n in os.listdir(out) if n.endswith(PARTIAL) or n.startswith(JOURNAL)]
+    assert not [n for n in os.listdir(out) if n.endswith(PARTIAL) or n.startswith(JOURNAL) or n == LOCK]
 
 
 # --- CLI ------------------------------------------------------------------------------------------------------
@@ -615,4 +616,4 @@ def test_failure_after_renames_leaves_no_shards_without_index(
     out = tmp_path / "out"
     with pytest.raises(OutputError, match="Disk full"):
         execute(plan, str(out))
-    assert sorted(os.listdir(out)) == []
+    assert not out.exists(), os.listdir(out)  # the run created it, so it removes it

@@ -327,13 +327,13 @@ def test_reader_refuses_payload(tmp_path: Path, case: tuple[str, str, int]) -> N
 def test_scan_refuses_payload(
     tmp_path: Path, cli: Callable[..., CliResult], case: tuple[str, str, int]
 ) -> None:
-    """`scan` on a checkpoint whose model file is hostile: exit 2, file and global named, no traceback."""
+    """`scan` on a checkpoint whose model file is hostile: exit 1 (damaged), file and global named, no traceback."""
     marker = tmp_path / "PWNED"
     pkl, refused = build_hostile(case, marker)
     root = hostile_checkpoint(tmp_path / "ckpt", pkl)
     args = ("--json",) if case[1] == "STACK_GLOBAL" else ()
     res = cli("scan", root, *args)
-    assert_clean_failure(res, MODEL, refused, "Refused to load an unsafe pickle", rc=2)
+    assert_clean_failure(res, MODEL, refused, "Refused to load an unsafe pickle", rc=1)
     assert not marker.exists()
 
 
@@ -454,7 +454,7 @@ def test_memo_bomb_is_refused(tmp_path: Path, cli: Callable[..., CliResult]) -> 
         load_tree(path)
     root = hostile_checkpoint(tmp_path / "ckpt", pkl)
     res = cli("scan", root, memory_limit=1536 * 2**20)
-    assert_clean_failure(res, MODEL, "cannot be read", rc=2)
+    assert_clean_failure(res, MODEL, "cannot be read", rc=1)
 
 
 def test_bytearray_bomb_is_refused(tmp_path: Path) -> None:
@@ -473,7 +473,7 @@ def test_refused_name_with_escape_sequences_is_shown_inert(
     pkl = dumps({"x": R(G("os\x1b]0;owned\x07", "system"), ("true",))}, 4)
     root = hostile_checkpoint(tmp_path / "ckpt", pkl)
     res = cli("scan", root)
-    assert_clean_failure(res, MODEL, "os\\x1b", rc=2)
+    assert_clean_failure(res, MODEL, "os\\x1b", rc=1)
     assert "\x1b" not in res.output
 
 
@@ -521,14 +521,14 @@ def cut_points(path: Path) -> dict[str, int]:
 def test_truncated_model_file(
     tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], where: str
 ) -> None:
-    """A cut-off model-states file: exit 2, 'truncated', the file named."""
+    """A cut-off model-states file: exit 1 (damaged), 'truncated', the file named."""
     root = demo.copy(SPEC, tmp_path / "ckpt")
     path = root / TAG / MODEL
     cut = cut_points(path)[where]
     os.truncate(path, cut)
     with pytest.raises(CorruptFileError, match="truncated"):
         load_tree(path)
-    assert_clean_failure(cli("scan", root), MODEL, "truncated", rc=2)
+    assert_clean_failure(cli("scan", root), MODEL, "truncated", rc=1)
 
 
 @pytest.mark.parametrize("where", ["in-data.pkl", "in-record", "in-central-directory"])
@@ -559,18 +559,19 @@ def test_damaged_record_inside_intact_archive(tmp_path: Path, demo: DemoCache) -
 
 
 @pytest.mark.parametrize(
-    ("kind", "needle"),
+    ("kind", "needle", "rc"),
     [
-        ("empty", "empty"),
-        ("random", "not a torch.save archive"),
-        ("legacy", "legacy"),
-        ("not-a-dict", "not a DeepSpeed model-states file"),
+        ("empty", "empty", 1),
+        ("random", "not a torch.save archive", 1),
+        ("legacy", "legacy", 2),
+        ("not-a-dict", "not a DeepSpeed model-states file", 2),
     ],
 )
 def test_bad_model_file(
-    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], kind: str, needle: str
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], kind: str, needle: str, rc: int
 ) -> None:
-    """Empty, random, legacy (non-zip) or wrong-content model file: exit 2 with a clear message."""
+    """Empty or random model file: damaged, exit 1. Legacy (non-zip) format or wrong content: not something
+    we read, exit 2. A clear message either way."""
     root = demo.copy(SPEC, tmp_path / "ckpt")
     path = root / TAG / MODEL
     if kind == "empty":
@@ -582,17 +583,17 @@ def test_bad_model_file(
         assert path.read_bytes()[:1] == b"\x80"
     else:
         torch.save([1, 2, 3], path)
-    assert_clean_failure(cli("scan", root), MODEL, needle, rc=2)
+    assert_clean_failure(cli("scan", root), MODEL, needle, rc=rc)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of permissions")
 def test_unreadable_model_file(tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]) -> None:
-    """A model file without read permission: "permission denied", exit 2."""
+    """A model file without read permission: "permission denied", exit 1."""
     root = demo.copy(SPEC, tmp_path / "ckpt")
     path = root / TAG / MODEL
     path.chmod(0)
     try:
-        assert_clean_failure(cli("scan", root), MODEL, "permission denied", rc=2)
+        assert_clean_failure(cli("scan", root), MODEL, "permission denied", rc=1)
     finally:
         path.chmod(0o644)
 

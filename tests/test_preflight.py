@@ -247,6 +247,8 @@ def test_cli_convert_refuses_unless_forced(
     res = cli("convert", demo(SMALL), out)
     assert res.rc == 3, res.output
     assert "would not fit" in res.output and "SLURM_MEM_PER_NODE" in res.output and "--force" in res.output
+    assert res.output.lower().count("would not fit") == 1
+    assert "not fit" not in res.stdout  # one message per error, on stderr
     assert "Traceback" not in res.output
     assert not out.exists() or os.listdir(out) == []
 

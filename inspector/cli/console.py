@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from typing import Any
 
 from inspector.errors import InspectorError
 
 
 def console(stderr: bool = False) -> Any:
-    """A rich Console; rich costs ~30 ms to import, so only the commands that print pay for it."""
+    """A rich Console; rich costs ~30 ms to import, so only the commands that print pay for it.
+
+    Paths are shown literally: no emoji codes (`:x:` stays `:x:`), no highlighting. A reader that closes the
+    pipe (`scan X | head -1`) is not an error: the rest of the output is dropped, the exit code stays the
+    command's own."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, emoji=False)
+    c = Console(stderr=stderr, highlight=False, emoji=False)
+    c.on_broken_pipe = _on_broken_pipe  # type: ignore[method-assign]  # per instance, not process-wide
+    return c
+
+
+def _on_broken_pipe() -> None:
+    """Rich's default exits 1 (our "damaged"); drop further output and let the command finish instead."""
+    stdout_closed()
+    raise BrokenPipeError
+
+
+def stdout_closed() -> None:
+    """Point stdout at /dev/null so later writes (and the interpreter's final flush) do not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def print_error(exc: InspectorError) -> None:

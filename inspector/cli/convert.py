@@ -108,8 +108,9 @@ def _memory_line() -> str:
     from inspector.system.rss import current_rss, peak_rss
     from inspector.system.units import format_bytes
 
+    now = current_rss()
     return (
-        f"RSS {format_bytes(current_rss())} (peak {format_bytes(peak_rss())}), "
+        f"RSS {format_bytes(now)} (peak {format_bytes(max(now, peak_rss()))}), "
         f"available {format_bytes(psutil.virtual_memory().available)}"
     )
 
@@ -117,7 +118,8 @@ def _memory_line() -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
-    from inspector.convert.engine import Report, prepare_output, run
+    from inspector.convert.engine import Report, run
+    from inspector.convert.output import prepare_output
     from inspector.convert.plan import build_plan
     from inspector.convert.preflight import assess
     from inspector.scan.scanner import scan
@@ -129,7 +131,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     prepare_output(plan, out_dir, args.overwrite)  # refuse a busy folder before predicting or printing
     verdict = assess(plan, out_dir)
     if not verdict.fits:
-        print_assessment(console, verdict, plan)
+        print_assessment(console, verdict, plan, verdict=args.force)  # the figures; the error says why
         if not args.force:
             from inspector.errors import DoesNotFitError
 
@@ -276,13 +278,39 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
-    plan = build_plan(ckpt, _opts(args), allow_damaged=True)
+    if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
+        _refuse_damaged(ckpt, args.json)
+    plan = build_plan(ckpt, _opts(args))
     verdict = assess(plan, os.path.abspath(args.out or os.getcwd()))
     if args.json:
         print(json.dumps(assessment_json(verdict, plan), indent=1))
     else:
         print_assessment(_console(), verdict, plan)
     return 0 if verdict.fits else EXIT_DOES_NOT_FIT
+
+
+def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
+    """Show the error findings as `scan` does (stdout), then refuse with exit 1."""
+    from inspector.errors import DamagedCheckpointError
+
+    errors = ckpt.errors
+    if as_json:
+        print(
+            json.dumps({"fits": False, "damaged": True, "findings": [f.as_dict() for f in errors]}, indent=1)
+        )
+    else:
+        from rich.panel import Panel
+
+        from inspector.cli.console import console as _console
+        from inspector.cli.render import findings
+
+        _console().print(
+            Panel(findings(tuple(errors)), title="Findings", title_align="left", border_style="red")
+        )
+    raise DamagedCheckpointError(
+        f"The checkpoint has {len(errors)} error finding(s); no prediction is made for a damaged checkpoint.",
+        hint="Run `zero-inspector scan` for details; converting it would write wrong weights.",
+    )
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:

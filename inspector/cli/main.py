@@ -7,13 +7,22 @@ Exit codes: 0 ok; 1 the checkpoint or output has errors (findings, verify mismat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any
 
+from rich.markup import escape
+
+from inspector import __version__
 from inspector.cli.console import console as _console
 from inspector.cli.console import print_error as _print_error
+from inspector.cli.console import stdout_closed
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError
 
 
@@ -21,52 +30,125 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
-    if args.json:
-        from inspector.scan.summary import checkpoint_json
+    rc = EXIT_DAMAGED if ckpt.errors else EXIT_OK
+    try:
+        if args.json:
+            from inspector.scan.summary import checkpoint_json
 
-        print(json.dumps(checkpoint_json(ckpt), indent=1))
-    else:
-        from inspector.cli.render import print_scan
+            print(json.dumps(checkpoint_json(ckpt), indent=1), flush=True)
+        else:
+            from inspector.cli.render import print_scan
 
-        print_scan(_console(), ckpt, all_tensors=args.tensors)
-    return EXIT_DAMAGED if ckpt.errors else EXIT_OK
+            print_scan(_console(), ckpt, all_tensors=args.tensors)
+    except BrokenPipeError:  # the reader stopped early (`| head`): the verdict is still the checkpoint's
+        stdout_closed()
+    return rc
+
+
+_DEMO_MAX_RANKS = 1024
+_DEMO_MAX_PARAMS = 100_000_000_000
+
+
+def _demo_spec(args: argparse.Namespace) -> Any:
+    """The demo's options, checked: a clear message instead of a traceback or a checkpoint scan rejects."""
+    from inspector.demo.writer import DemoSpec
+    from inspector.system.units import parse_size
+
+    def bad(message: str) -> InspectorError:
+        return InspectorError(message, title="Invalid demo options")
+
+    try:
+        params = parse_size(args.params)
+    except (ValueError, TypeError) as exc:
+        raise bad(f"--params {args.params!r}: {exc}. Use a count such as 2M, 500M or 1.5G.") from None
+    if not 1 <= params <= _DEMO_MAX_PARAMS:
+        raise bad(f"--params must be between 1 and {_DEMO_MAX_PARAMS:,}; got {params:,}.")
+    if not 1 <= args.world_size <= _DEMO_MAX_RANKS:
+        raise bad(f"--world-size must be between 1 and {_DEMO_MAX_RANKS}; got {args.world_size}.")
+    if args.sub_group_size < 1:
+        raise bad(f"--sub-group-size must be positive; got {args.sub_group_size}.")
+    if args.bf16_optimizer and (args.stage != 1 or args.dtype != "bf16"):
+        raise bad("--bf16-optimizer exists only for --stage 1 with --dtype bf16.")
+    return DemoSpec(
+        stage=args.stage,
+        world_size=args.world_size,
+        dtype=args.dtype,
+        params=params,
+        frozen=not args.no_frozen,
+        tied=not args.no_tied,
+        bf16_optimizer=args.bf16_optimizer,
+        sub_group_size=args.sub_group_size,
+    )
+
+
+def _demo_bytes(numel: int, spec: Any) -> int:
+    """What the demo will write, at most: fp32 master and two Adam moments per parameter (12 B), the 16-bit
+    module copy (stage 1/2), ZeRO padding and archive overhead per rank file."""
+    per_param = 12 + (2 if spec.stage != 3 else 0) + (2 if spec.dtype != "fp32" else 4)
+    return numel * per_param + spec.world_size * 2 * 1024 * 1024 + 16 * 1024 * 1024
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from inspector.demo.writer import DemoSpec, write_demo
-    from inspector.system.units import parse_size
+    from inspector.demo.writer import architecture, write_demo
+    from inspector.system.units import format_bytes
 
     out = os.path.abspath(args.dir)
+    spec = _demo_spec(args)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise InspectorError(f"{out} exists and is not a folder.", title="Invalid demo options")
     if os.path.exists(out) and os.listdir(out) and not args.overwrite:
         raise InspectorError(
             f"{out} is not empty.",
             hint="Choose a new folder, or pass --overwrite.",
             title="Output folder not empty",
         )
-    spec = DemoSpec(
-        stage=args.stage,
-        world_size=args.world_size,
-        dtype=args.dtype,
-        params=parse_size(args.params),
-        frozen=not args.no_frozen,
-        tied=not args.no_tied,
-        bf16_optimizer=args.bf16_optimizer,
-        sub_group_size=args.sub_group_size,
-    )
+    params, tied = architecture(spec)
+    n = sum(p.numel for p in params if p.kind != "buffer" and p.name not in tied)
+    need = _demo_bytes(n, spec)
+    probe = out
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise InspectorError(
+            f"The demo needs about {format_bytes(need)} but {probe} has {format_bytes(free)} free.",
+            hint="Choose a smaller --params or a folder on another disk.",
+            title="Disk full",
+        )
+    tag = spec.tag or f"global_step{spec.steps}"
+    ours = [p for p in (out, os.path.join(out, tag), *(os.path.join(out, f) for f in _DEMO_FILES))]
+    fresh = [p for p in ours if not os.path.lexists(p)]  # removed again if the demo does not complete
+    done = False
     try:
-        from inspector.demo.writer import architecture
-
-        params, tied = architecture(spec)
-        n = sum(p.numel for p in params if p.kind != "buffer" and p.name not in tied)
         console = _console()
         with console.status(
             f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} ranks, {spec.dtype})…"
         ) as status:
-            tag_dir = write_demo(out, spec, progress=lambda f: status.update(f"Writing {f}…"))
+            tag_dir = write_demo(out, spec, progress=lambda f: status.update(f"Writing {escape(f)}…"))
+        done = True
     except ValueError as exc:
         raise InspectorError(str(exc), title="Invalid demo options") from None
-    console.print(f"Wrote [bold]{tag_dir}[/] ({n:,} parameters). Try: [bold]zero-inspector scan {out}[/]")
+    except OSError as exc:
+        raise InspectorError(
+            f"Writing the demo to {out} failed: {exc.strerror or exc}.",
+            hint="Check the folder and free disk space; the partial demo was removed.",
+            title="Cannot write output",
+        ) from None
+    finally:
+        if not done:
+            for path in reversed(fresh):  # files first, then the tag folder, then the root
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+    console.print(
+        f"Wrote [bold]{escape(tag_dir)}[/] ({n:,} parameters). Try: [bold]zero-inspector scan {escape(out)}[/]"
+    )
     return EXIT_OK
+
+
+_DEMO_FILES = ("latest", "demo_spec.json")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -80,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect DeepSpeed ZeRO checkpoints and convert them to safetensors with flat memory. "
         "No deepspeed needed; no pickled code is ever run.",
     )
+    parser.add_argument("--version", action="version", version=f"zero-inspector {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("scan", help="show what a checkpoint holds and check it for damage")
@@ -107,7 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (schedulers, `timeout`) cleans up exactly like Ctrl-C
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -121,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _console(stderr=True).print("[yellow]Interrupted; partial output (if any) was removed.[/]")
         return EXIT_CANCELLED
-    except BrokenPipeError:
+    except BrokenPipeError:  # stdout closed by its reader while a command printed: not a failure
+        stdout_closed()
         return EXIT_OK
 
 

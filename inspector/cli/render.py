@@ -152,8 +152,8 @@ def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) ->
     )
 
 
-def print_assessment(console: Console, a: Assessment, plan: ConversionPlan) -> None:
-    """The preflight verdict and figures."""
+def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verdict: bool = True) -> None:
+    """The preflight figures, and the verdict unless the caller reports it as an error instead."""
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column(justify="right")
@@ -178,11 +178,12 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan) -> N
     t.add_row("Reads", format_bytes(a.read_bytes), "from the checkpoint")
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
     t.add_row("Memory limit", "", a.budget.effective.detail)
-    verdict = (
+    line = (
         f"[green]Fits[/]: {format_bytes(a.memory_margin)} of RAM and {format_bytes(a.disk_margin)} of "
         "disk to spare."
         if a.fits
-        else f"[bold red]Does not fit.[/] {escape(a.problem)}\n→ {escape(a.advice)}"
+        else f"[bold red]Does not fit:[/] {escape(a.problem)}\n→ {escape(a.advice)}"
     )
     console.print(Panel(t, title="Preflight", title_align="left", border_style="green" if a.fits else "red"))
-    console.print(verdict)
+    if verdict:
+        console.print(line)

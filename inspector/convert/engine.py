@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -22,13 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, SINGLE_NAME, ConversionPlan, PlannedTensor
+from inspector.convert.output import JOURNAL, PARTIAL, OutputFolder
+from inspector.convert.output import disk_error as _disk_error
+from inspector.convert.output import fsync_dir as _fsync_dir
+from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, ConversionPlan, PlannedTensor
 from inspector.convert.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments_into
-from inspector.errors import CancelledError, InspectorError, OutputError
+from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
 
-PARTIAL = ".partial"
-JOURNAL = ".zero-inspector-journal.json"
 _EVENT_INTERVAL = 0.25
 
 
@@ -80,81 +79,7 @@ class _Chunk:
     last: bool = False
 
 
-_OUR_NAMES = (SINGLE_NAME, INDEX_NAME)
 _PoolPair = tuple["queue.Queue[torch.Tensor]", "queue.Queue[torch.Tensor]"]
-
-
-def _ours(name: str) -> bool:
-    """Files a previous run of this tool may have left: shards, index, partials, journal."""
-    base = name[: -len(PARTIAL)] if name.endswith(PARTIAL) else name
-    return (
-        base in _OUR_NAMES
-        or name == JOURNAL
-        or (base.startswith("model-") and base.endswith(".safetensors") and "-of-" in base)
-    )
-
-
-def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[str]:
-    """Check the output folder; returns stale files of ours to remove once the new output is in place."""
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise OutputError(f"{out_dir} exists and is not a folder.", hint="Choose another output path.")
-    real_out = os.path.realpath(out_dir)
-    for f in plan.shards[0].tensors[:1]:
-        if f.segments and os.path.dirname(os.path.realpath(f.segments[0].file)) == real_out:
-            raise OutputError(
-                "The output folder is the checkpoint's tag folder.",
-                hint="Write the conversion to a separate folder.",
-            )
-    probe = out_dir
-    while not os.path.exists(probe):  # created only when the run starts, so a refusal leaves nothing
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK):
-        raise OutputError(f"{probe} is not writable.", hint="Choose a folder you can write to.")
-    existing = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
-    foreign = [n for n in existing if not _ours(n)]
-    finals = [n for n in existing if _ours(n) and not n.endswith(PARTIAL) and n != JOURNAL]
-    planned = set(plan.filenames)
-    # a run of this very job killed while renaming its finished shards may have left some in place
-    resumable = _journal(out_dir).get("job") == plan.fingerprint and set(finals) <= planned
-    if (foreign or finals) and not overwrite and not (resumable and not foreign):
-        shown = ", ".join((foreign + finals)[:5]) + (" …" if len(foreign + finals) > 5 else "")
-        raise OutputError(
-            f"{out_dir} is not empty ({shown}).",
-            hint="Choose an empty folder, or pass --overwrite to replace model*.safetensors and "
-            "the index there (other files are left alone).",
-            title="Output folder not empty",
-        )
-    return [n for n in finals if n not in planned]
-
-
-def _journal(out_dir: str) -> dict[str, object]:
-    try:
-        with open(os.path.join(out_dir, JOURNAL)) as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_journal(out_dir: str, plan: ConversionPlan, done: list[str]) -> None:
-    tmp = os.path.join(out_dir, JOURNAL + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump({"job": plan.fingerprint, "complete": done}, fh)
-    os.replace(tmp, os.path.join(out_dir, JOURNAL))
-
-
-def _disk_error(exc: OSError, out_dir: str, need: int) -> InspectorError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = shutil.disk_usage(out_dir).free
-        return OutputError(
-            f"Disk full while writing to {out_dir}: the output needs {need:,} bytes, {free:,} are free.",
-            hint="Free disk space or choose another output folder; partial files were removed.",
-            title="Disk full",
-        )
-    return OutputError(
-        f"Writing to {out_dir} failed: {exc.strerror}.",
-        hint="Check the output folder; partial files were removed.",
-    )
 
 
 def run(
@@ -174,27 +99,15 @@ def run(
     """
     cancel = cancel or threading.Event()
     out_dir = os.path.abspath(out_dir)
-    stale = prepare_output(plan, out_dir, overwrite)
-    os.makedirs(out_dir, exist_ok=True)
-    journal = _journal(out_dir)
-    listed = journal.get("complete") if journal.get("job") == plan.fingerprint else None
-    done_before = set(listed) if isinstance(listed, list) else set()
-    for name in os.listdir(out_dir):  # partials of other jobs, or of shards we must redo
-        if name.endswith(PARTIAL) and name[: -len(PARTIAL)] not in done_before:
-            os.unlink(os.path.join(out_dir, name))
-    partial = [os.path.join(out_dir, s.filename + PARTIAL) for s in plan.shards]
-    reuse = [
-        s.filename in done_before and _valid_partial(p, s.header, s.file_bytes)
-        for s, p in zip(plan.shards, partial, strict=True)
-    ]
+    folder = OutputFolder(plan, out_dir, overwrite)  # created, locked, other jobs' partials removed
+    stale, partial, reuse = folder.stale, folder.partials, folder.reuse
     total = sum(s.file_bytes for s in plan.shards)
     skipped = sum(s.file_bytes for s, r in zip(plan.shards, reuse, strict=True) if r)
-    completed = [s.filename for s, r in zip(plan.shards, reuse, strict=True) if r]
     start = time.monotonic()
     ok = False
     renamed: list[str] = []  # finals this run put in place; removed again if a later step fails
     try:
-        _write_journal(out_dir, plan, completed)
+        folder.record()
         done = skipped
         last = 0.0
         pools = _pools(plan)
@@ -209,8 +122,7 @@ def run(
                     yield Progress(
                         done, total, tensor, shard.filename, i, len(plan.shards), now - start, skipped
                     )
-            completed.append(shard.filename)
-            _write_journal(out_dir, plan, completed)
+            folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
         for shard, p in zip(plan.shards, partial, strict=True):
@@ -257,6 +169,7 @@ def run(
             for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(out_dir, name))
+        folder.release(ok)
 
 
 def execute(
@@ -437,23 +350,3 @@ def _write_shard(
                 th.join()
         os.close(fd)
         pool.close()
-
-
-def _valid_partial(path: str, header: bytes, size: int) -> bool:
-    """A completed partial from an interrupted run of the same job: right size and identical header."""
-    try:
-        if os.path.getsize(path) != size:
-            return False
-        with open(path, "rb") as fh:
-            return fh.read(len(header)) == header
-    except OSError:
-        return False
-
-
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -77,7 +77,8 @@ class Assessment:
                 f"the output needs {format_bytes(self.output_bytes)} but {self.out_dir} has "
                 f"{format_bytes(self.free_disk)} free"
             )
-        return "The conversion would not fit: " + "; ".join(parts) + "." if parts else ""
+        text = "; ".join(parts)
+        return f"{text[0].upper()}{text[1:]}." if parts else ""
 
     @property
     def advice(self) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
-from inspector.format.dtypes import _STORAGE_DTYPES, itemsize
+from inspector.format.dtypes import _STORAGE_DTYPES, ITEMSIZE, itemsize
 from inspector.format.records import (
     InertDict,
     Record,
@@ -118,6 +118,46 @@ class TensorRef:
                 k -= 1
             if k < 0:
                 return
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _dims(v: Any) -> tuple[int, ...] | None:
+    """A shape or stride as a tuple of ints, or None if a pickle put anything else there."""
+    if not isinstance(v, tuple | list) or len(v) > 64 or not all(_is_int(d) for d in v):
+        return None
+    return tuple(int(d) for d in v)
+
+
+def view_problem(ref: TensorRef) -> str:
+    """Why `ref` is not a view a real `torch.save` could have written, or "" if it is one.
+
+    The one check every reader relies on (scan, plan, convert, verify, statistics): a view starts at a
+    non-negative element offset, has non-negative sizes and strides, one stride per dimension, and every
+    element it touches lies inside its storage; the storage lies inside its zip record (checked when the
+    storage is loaded) and the record inside the file, clear of every other record (zipreader).
+    """
+    if ref.storage_offset < 0:
+        return f"negative storage offset {ref.storage_offset}"
+    if len(ref.shape) != len(ref.stride):
+        return f"{len(ref.shape)} sizes but {len(ref.stride)} strides"
+    if any(d < 0 for d in ref.shape):
+        return f"negative size in shape {ref.shape}"
+    if any(s < 0 for s in ref.stride):
+        return f"negative stride in {ref.stride}"
+    if ref.dtype not in ITEMSIZE:
+        return f"unknown dtype {ref.dtype!r}"
+    size = ITEMSIZE[ref.dtype]
+    if ref.numel == 0:
+        return "" if ref.storage_offset * size <= ref.storage.nbytes else "offset past the end of its storage"
+    if ref.extent_bytes() > ref.storage.nbytes:
+        return (
+            f"it reaches byte {ref.extent_bytes()} of a {ref.storage.nbytes}-byte storage "
+            f"(offset {ref.storage_offset}, shape {ref.shape}, strides {ref.stride})"
+        )
+    return ""
 
 
 _TORCH_DTYPES = {
@@ -264,6 +304,8 @@ class SafeUnpickler(pickle.Unpickler):
         ):
             raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
         _, dtype_tok, key, _location, numel = pid
+        if not _is_int(numel) or numel < 0 or dtype_tok.name not in ITEMSIZE:
+            raise pickle.UnpicklingError(f"bad storage size or dtype in persistent id {key!r}")
         key = str(key)
         ref = self._storages.get(key)
         if ref is None:
@@ -274,18 +316,27 @@ class SafeUnpickler(pickle.Unpickler):
                     f"{self.archive.path}: storage {key} should hold {need} bytes but the record has {size}.",
                     hint="The file is damaged; copy it again from the source.",
                 )
-            ref = StorageRef(self.archive.path, key, dtype_tok.name, offset, size)
+            ref = StorageRef(self.archive.path, key, dtype_tok.name, offset, need)
             self._storages[key] = ref
         return ref
 
-    def _tensor(self, storage: StorageRef, offset: int, size: Any, stride: Any, dtype: str) -> TensorRef:
-        ref = TensorRef(storage, int(offset), _size(size), _size(stride), dtype)
-        if ref.extent_bytes() > storage.nbytes:
-            raise CorruptFileError(
-                f"{self.archive.path}: a tensor view reaches past the end of storage {storage.key}.",
-                hint="The file is damaged; copy it again from the source.",
-            )
+    def _tensor(self, storage: StorageRef, offset: Any, size: Any, stride: Any, dtype: str) -> TensorRef:
+        if not isinstance(storage, StorageRef):
+            raise pickle.UnpicklingError("a tensor rebuilt from something that is not a storage")
+        shape, strides = _dims(size), _dims(stride)
+        if not _is_int(offset) or shape is None or strides is None:
+            raise self._bad_view(storage, "its offset, shape or strides are not whole numbers")
+        ref = TensorRef(storage, int(offset), shape, strides, dtype)
+        problem = view_problem(ref)
+        if problem:
+            raise self._bad_view(storage, problem)
         return ref
+
+    def _bad_view(self, storage: StorageRef, problem: str) -> CorruptFileError:
+        return CorruptFileError(
+            f"{self.archive.path}: a tensor view of storage {storage.key} is invalid: {problem}.",
+            hint="The file is damaged or crafted; copy it again from the source.",
+        )
 
     def _rebuild_tensor_v2(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -13,6 +14,74 @@ _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
 _CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def os_error(path: str, exc: OSError) -> CorruptFileError:
+    """Any OS error on a source file, as a finding-ready error that names the file."""
+    if isinstance(exc, FileNotFoundError):
+        return CorruptFileError(f"{path}: file not found.", title="Missing file")
+    if isinstance(exc, PermissionError):
+        return CorruptFileError(
+            f"{path}: permission denied.",
+            hint="Check the file's permissions; we only need read access.",
+            title="Unreadable file",
+        )
+    return CorruptFileError(
+        f"{path}: cannot be read ({exc.strerror or exc}).",
+        hint="The disk or file system reported an error; check the file.",
+        title="Unreadable file",
+    )
+
+
+def open_regular(path: str) -> int:
+    """Open a source file read-only, refusing anything but a regular file.
+
+    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer (it has no effect on
+    reads of regular files); the type is checked on the open descriptor, so a swap after a check cannot
+    slip a FIFO or a device in.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    if not stat.S_ISREG(mode):  # checked before opening too: opening a socket fails, a device may act
+        raise _not_regular(path, mode)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise os_error(path, exc) from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode)
+    return fd
+
+
+def _not_regular(path: str, mode: int) -> CorruptFileError:
+    return CorruptFileError(
+        f"{path}: is {file_kind(mode)}, not a regular file; it was not read.",
+        hint="Replace it with the real checkpoint file.",
+        title="Not a file",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,19 +99,13 @@ class TorchZip:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        try:
-            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise CorruptFileError(f"{self.path}: file not found.", title="Missing file") from None
-        except PermissionError:
-            raise CorruptFileError(
-                f"{self.path}: permission denied.",
-                hint="Check the file's permissions; we only need read access.",
-                title="Unreadable file",
-            ) from None
+        self.fd = open_regular(self.path)
         try:
             self.file_size = os.fstat(self.fd).st_size
             self.entries = self._read_directory()
+        except OSError as exc:
+            os.close(self.fd)
+            raise os_error(self.path, exc) from None
         except BaseException:
             os.close(self.fd)
             raise
@@ -61,7 +124,10 @@ class TorchZip:
         self.close()
 
     def pread(self, n: int, offset: int) -> bytes:
-        data = os.pread(self.fd, n, offset)
+        try:
+            data = os.pread(self.fd, n, offset)
+        except OSError as exc:
+            raise os_error(self.path, exc) from None
         if len(data) != n:
             raise self._truncated(f"wanted {n} bytes at offset {offset}")
         return data
@@ -128,7 +194,22 @@ class TorchZip:
                 )
             entries[name] = ZipEntry(name, hoff, usize, method)
             p += 46 + nlen + xlen + clen
+        self._bounds = self._entry_bounds(entries, cd_off)
         return entries
+
+    def _entry_bounds(self, entries: dict[str, ZipEntry], cd_off: int) -> dict[str, int]:
+        """Where each entry must end: the next entry's local header (or the central directory).
+
+        `torch.save` writes members one after another, so two records sharing bytes, or a record running
+        into the directory, can only come from a damaged or crafted file: such a file is refused."""
+        order = sorted(entries.values(), key=lambda e: e.header_offset)
+        bounds: dict[str, int] = {}
+        for e, nxt in zip(order, [*order[1:], None], strict=True):
+            end = nxt.header_offset if nxt is not None else cd_off
+            if e.header_offset + 30 + len(e.name.encode()) + e.size > end:
+                raise self._truncated(f"record {e.name} overlaps the next member of the archive")
+            bounds[e.name] = end
+        return bounds
 
     def _find_prefix(self) -> str:
         for name in self.entries:
@@ -148,6 +229,8 @@ class TorchZip:
             off = e.header_offset + 30 + nlen + xlen
             if off + e.size > self.file_size:
                 raise self._truncated(f"record {name} ends at byte {off + e.size}")
+            if off + e.size > self._bounds[name]:
+                raise self._truncated(f"record {name} overlaps the next member of the archive")
             self._data_offsets[name] = off
         return off
 

@@ -58,6 +58,11 @@ def _ref(value: Any, what: str, path: str) -> TensorRef:
             f"{path}: {what} is missing or not a tensor.",
             hint="The optimizer file is damaged or from an unsupported DeepSpeed version.",
         )
+    if not value.is_contiguous():  # flat buffers are sliced by byte offset below, so they must be dense
+        raise CorruptFileError(
+            f"{path}: {what} is not a dense tensor (shape {value.shape}, strides {value.stride}).",
+            hint="DeepSpeed saves flat partitions as dense 1-D tensors; the file is damaged or crafted.",
+        )
     return value
 
 
@@ -89,7 +94,7 @@ def _group_moments(osd: Mapping[str, Any], g: int, stage3: bool) -> dict[str, Te
     st = state.get(key)
     if not isinstance(st, dict):
         return None
-    out = {m: st[m] for m in MOMENTS if isinstance(st.get(m), TensorRef)}
+    out = {m: st[m] for m in MOMENTS if isinstance(st.get(m), TensorRef) and st[m].is_contiguous()}
     return out if len(out) == len(MOMENTS) else None
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
-from inspector.errors import NotACheckpointError, UnsupportedCheckpointError
+from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.format.zipreader import open_regular, os_error
 from inspector.scan.model import Finding, Severity
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
@@ -60,13 +62,62 @@ class Location:
         return os.path.join(self.root, self.tag)
 
 
+# A tag DeepSpeed or a user would write (global_step100, step-5_final, v1.2). Anything else in `latest` is
+# never shown: the file may be a link to /etc/passwd or /proc/self/environ.
+SANE_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+@=,-]{0,127}")
+_LATEST_MAX = 4096
+
+
+def shown_tag(tag: str) -> str:
+    """A tag as it may appear in a message: itself if it is a sane name, else its escaped form."""
+    return tag if SANE_TAG.fullmatch(tag) else ascii(tag)
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether `path`, all links resolved, lies inside `root` (all links resolved)."""
+    real_root = os.path.realpath(root)
+    return os.path.realpath(path).startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _unsafe_latest(path: str, why: str) -> NotACheckpointError:
+    return NotACheckpointError(
+        f"{path} {why}; it was not followed and its contents are not shown.",
+        hint="`latest` must be a small text file inside the checkpoint naming a tag folder such as "
+        "global_step100. Fix it, or pass --tag.",
+        title="Unsafe tag",
+    )
+
+
 def _read_latest(root: str) -> str | None:
+    """The tag named by `root/latest`, read only if it is a small regular file inside the root."""
     path = os.path.join(root, "latest")
-    if not os.path.isfile(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
         return None
-    with open(path, "rb") as fh:
-        raw = fh.read(4096)
-    return raw.decode("utf-8", "replace").strip()
+    if stat.S_ISDIR(st.st_mode):
+        return None  # a folder called `latest` is just a folder
+    if not inside(path, root):
+        raise _unsafe_latest(path, "is a link to a file outside the checkpoint")
+    try:
+        fd = open_regular(path)
+    except InspectorError:
+        raise _unsafe_latest(path, "is not a regular file") from None
+    try:
+        raw = os.pread(fd, _LATEST_MAX + 1, 0)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    finally:
+        os.close(fd)
+    if len(raw) > _LATEST_MAX:
+        raise _unsafe_latest(path, "is too large to hold a tag name")
+    try:
+        tag = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise _unsafe_latest(path, "is not text") from None
+    if not SANE_TAG.fullmatch(tag):
+        raise _unsafe_latest(path, "does not hold a plain tag name")
+    return tag
 
 
 def _check_tag_name(root: str, tag: str, source: str) -> None:
@@ -77,7 +128,7 @@ def _check_tag_name(root: str, tag: str, source: str) -> None:
         bad = os.path.dirname(real_tag) != real_root
     if bad:
         raise NotACheckpointError(
-            f"{source} names the tag {tag!r}, which is not a folder directly inside {root}.",
+            f"{source} names the tag {shown_tag(tag)}, which is not a folder directly inside {root}.",
             hint="A tag must be a plain folder name such as global_step100. Refusing to follow paths out of "
             "the checkpoint; fix the file or pass --tag.",
             title="Unsafe tag",
@@ -103,7 +154,7 @@ def locate(path: str, tag: str | None = None) -> Location:
         root, this = os.path.split(path.rstrip(os.sep))
         if tag is not None and tag != this:
             raise NotACheckpointError(
-                f"{path} is itself the tag folder {this!r}; --tag {tag} does not apply.",
+                f"{path} is itself the tag folder {shown_tag(this)}; --tag {shown_tag(tag)} does not apply.",
                 hint=f"Pass the parent folder {root} to choose another tag.",
             )
         tags = list_tags(root) or [this]
@@ -144,7 +195,7 @@ def locate(path: str, tag: str | None = None) -> Location:
             _check_tag_name(path, latest, f"{os.path.join(path, 'latest')}")
             if not os.path.isdir(os.path.join(path, latest)):
                 raise NotACheckpointError(
-                    f"`latest` in {path} names the tag {latest!r}, but there is no such folder.",
+                    f"`latest` in {path} names the tag {latest}, but there is no such folder.",
                     hint=("Available tags: " + ", ".join(tags) + ". Pass one with --tag.")
                     if tags
                     else "The checkpoint seems incomplete: no tag folder holds rank files.",
@@ -171,7 +222,7 @@ def locate(path: str, tag: str | None = None) -> Location:
         _check_tag_name(path, tag, "--tag")
         if not os.path.isdir(os.path.join(path, tag)):
             raise NotACheckpointError(
-                f"There is no tag {tag!r} in {path}.",
+                f"There is no tag {shown_tag(tag)} in {path}.",
                 hint=("Available tags: " + ", ".join(tags)) if tags else "",
             )
     if not is_tag_dir(os.path.join(path, tag)):

@@ -114,7 +114,10 @@ class FileInfo:
 
     @classmethod
     def stat(cls, path: str, role: str, dp_rank: int | None, mp_rank: int = 0) -> FileInfo:
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except OSError:  # dangling link or vanished file: reported by the scan as unreadable
+            return cls(path, role, 0, dp_rank, mp_rank, 0)
         return cls(path, role, st.st_size, dp_rank, mp_rank, st.st_mtime_ns)
 
 

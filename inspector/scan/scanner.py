@@ -21,6 +21,7 @@ from inspector.errors import (
     UnsupportedCheckpointError,
 )
 from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.zipreader import open_regular, os_error
 from inspector.scan.layout import Layout, stage3_layout, stage12_layout
 from inspector.scan.locate import (
     EXPERT_RE,
@@ -30,6 +31,7 @@ from inspector.scan.locate import (
     OPTIM_RE,
     ZERO3_MODEL_RE,
     Location,
+    inside,
     locate,
 )
 from inspector.scan.model import (
@@ -120,9 +122,20 @@ def _missing_ranks(found: dict[int, str], expected: int, what: str, tag_dir: str
     return out
 
 
-def _load(path: str, findings: list[Finding]) -> Any:
+def _load_checked(path: str, root: str) -> Any:
+    """Unpickle a rank file that lies inside the checkpoint (a link out of it is never followed)."""
+    if not inside(path, root):
+        raise CorruptFileError(
+            f"{path} is a link to a file outside the checkpoint; it was not read.",
+            hint="Copy the real file into the tag folder.",
+            title="Unsafe link",
+        )
+    return load_tree(path)
+
+
+def _load(path: str, root: str, findings: list[Finding]) -> Any:
     try:
-        return load_tree(path)
+        return _load_checked(path, root)
     except InspectorError as exc:
         findings.append(Finding(Severity.ERROR, "unreadable", exc.message, path, exc.hint))
         return None
@@ -165,9 +178,11 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
     if fmt is None:
         return None
     ((offset, _count),) = ref.runs()
-    fd = os.open(ref.path, os.O_RDONLY)
+    fd = open_regular(ref.path)
     try:
         raw = os.pread(fd, ref.itemsize, offset)
+    except OSError as exc:
+        raise os_error(ref.path, exc) from None
     finally:
         os.close(fd)
     if len(raw) != ref.itemsize:
@@ -217,7 +232,7 @@ class _Scanner:
                 hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
                 "file already holds the full weights.",
             )
-        model = load_tree(model_path)  # the rank-0 model states are essential: errors propagate
+        model = _load_checked(model_path, self.loc.root)  # essential: errors propagate
         if not isinstance(model, dict) or "module" not in model:
             raise NotACheckpointError(f"{model_path} is not a DeepSpeed model-states file (no 'module' key).")
         if model.get("module") is None:
@@ -232,10 +247,12 @@ class _Scanner:
         self.findings += _missing_ranks(f.optim, ws, "optimizer", tag_dir)
         if stage3:
             self.findings += _missing_ranks(f.zero3_model, ws, "model-states", tag_dir)
-        optims = {r: _load(p, self.findings) for r, p in sorted(f.optim.items())}
+        optims = {r: _load(p, self.loc.root, self.findings) for r, p in sorted(f.optim.items())}
         models = {0: model}
         if stage3:
-            models.update({r: _load(p, self.findings) for r, p in sorted(f.zero3_model.items()) if r != 0})
+            models.update(
+                {r: _load(p, self.loc.root, self.findings) for r, p in sorted(f.zero3_model.items()) if r != 0}
+            )
         osd0 = self._optimizer_state(optims)
         layout: Layout | None = None
         version = model.get("ds_version")
@@ -430,7 +447,7 @@ class _Scanner:
         for r in range(ws):
             frag = ((models.get(r) or {}).get("frozen_param_fragments") or {}).get(name)
             take = max(0, min(part, numel - r * part))
-            if not isinstance(frag, TensorRef) or frag.numel < take:
+            if not isinstance(frag, TensorRef) or frag.numel < take or not frag.is_contiguous():
                 self.add(
                     Severity.ERROR,
                     "missing-frozen",
@@ -507,8 +524,8 @@ class _Scanner:
                     r,
                     op,
                     mp,
-                    os.path.getsize(op) if op else 0,
-                    os.path.getsize(mp) if mp else 0,
+                    _file_size(op),
+                    _file_size(mp),
                     layout.rank_groups[r] if layout and r < len(layout.rank_groups) else (),
                 )
             )
@@ -545,6 +562,13 @@ class _Scanner:
             ds_config=MappingProxyType(dict(ds_config)),
             other_runs=self.loc.other_runs,
         )
+
+
+def _file_size(path: str | None) -> int:
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0
 
 
 class _TooBig(Exception):

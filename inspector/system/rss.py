@@ -54,14 +54,16 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    """Peak RSS of this process only (children are not included), from getrusage.
+    """Peak RSS of this process only (children are not included), from getrusage; never below the current
+    RSS (the kernel updates its high-water mark lazily, so a fresh reading can exceed it).
 
     ru_maxrss is KiB on Linux and bytes on macOS.
     """
+    now = current_rss()
     if resource is None:  # pragma: no cover - Windows
-        return int(getattr(psutil.Process().memory_info(), "peak_wset", current_rss()))
+        return max(now, int(getattr(psutil.Process().memory_info(), "peak_wset", now)))
     maxrss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return maxrss if sys.platform == "darwin" else maxrss * 1024
+    return max(now, maxrss if sys.platform == "darwin" else maxrss * 1024)
 
 
 class MemorySampler:

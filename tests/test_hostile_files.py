@@ -1,0 +1,170 @@
+"""Hostile file system objects: `latest` and rank files that are links out of the checkpoint, FIFOs, folders
+and sockets; paths that look like markup or emoji codes. Each must end in a clear message naming the file,
+the documented exit code, no traceback, no hang and nothing of a foreign file's contents printed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from inspector.demo.writer import DemoSpec
+from inspector.errors import CorruptFileError
+from inspector.format.zipreader import TorchZip
+
+if TYPE_CHECKING:
+    from conftest import CliResult, DemoCache
+
+SPEC = DemoSpec(stage=2, world_size=3, dtype="bf16", params=50_000)
+TAG = "global_step3"
+MODEL = "mp_rank_00_model_states.pt"
+OPTIM1 = "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+SECRET = "root:x:0:0:SECRET_TOKEN=hunter2"
+HANG_LIMIT = 60  # a FIFO used to block forever; any run that returns at all is fine
+
+
+def clean(res: CliResult, rc: int, *needles: str) -> None:
+    assert "Traceback" not in res.output, res.output
+    assert res.rc == rc, res.output
+    for n in needles:
+        assert n in res.output, f"{n!r} not in:\n{res.output}"
+    assert "SECRET_TOKEN" not in res.output and "hunter2" not in res.output
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "elsewhere" / "passwd"
+    path.parent.mkdir()
+    path.write_text(SECRET + "\n")
+    return path
+
+
+@pytest.mark.parametrize("how", ["symlink-out", "hardlink-text", "garbage", "binary", "huge"])
+def test_latest_contents_are_never_echoed(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], secret: Path, how: str
+) -> None:
+    """`latest` linking outside the root, or holding anything but a plain tag name: refused, exit 2, and
+    not a byte of it printed (issue 7.2: it printed the first 4 KB of /etc/passwd or /proc/self/environ)."""
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    latest = root / "latest"
+    latest.unlink()
+    if how == "symlink-out":
+        latest.symlink_to(secret)
+        needle = "outside the checkpoint"
+    elif how == "hardlink-text":
+        latest.write_text(SECRET)  # inside the root, but not a tag name
+        needle = "does not hold a plain tag name"
+    elif how == "garbage":
+        latest.write_text("../../etc/SECRET_TOKEN=hunter2")
+        needle = "does not hold a plain tag name"
+    elif how == "binary":
+        latest.write_bytes(b"\xff\xfe" + SECRET.encode())
+        needle = "is not text"
+    else:
+        latest.write_text(TAG + " " * 5000 + SECRET)
+        needle = "too large"
+    for command in ("scan", "preflight"):
+        clean(cli(command, root), 2, "Unsafe tag", needle, str(latest))
+
+
+def test_latest_symlink_inside_the_root_is_followed(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]
+) -> None:
+    """A link that stays inside the checkpoint is fine."""
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    (root / "latest").rename(root / "latest.real")
+    (root / "latest").symlink_to("latest.real")
+    clean(cli("scan", root), 0, TAG)
+
+
+def make_odd(path: Path, kind: str, tmp_path: Path) -> Iterator[None]:
+    """Replace `path` by a FIFO, a folder, a socket or a link out of the checkpoint."""
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        short = Path("/tmp") / f"zi-{os.getpid()}-{id(path)}.sock"  # AF_UNIX paths are limited to ~100 bytes
+        sock.bind(str(short))
+        os.rename(short, path)
+        yield
+        sock.close()
+        return
+    elif kind == "link-out":
+        outside = tmp_path / "outside.pt"
+        outside.write_bytes(b"not read")
+        path.symlink_to(outside)
+    yield
+
+
+ODD = {
+    "fifo": "a FIFO",
+    "directory": "is a folder, not a regular file",
+    "socket": "a socket",
+    "link-out": "outside the checkpoint",
+}
+
+
+@pytest.mark.parametrize("kind", list(ODD))
+def test_odd_rank_file_is_a_finding(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], kind: str
+) -> None:
+    """A rank file that is not a regular file inside the checkpoint: an error finding naming it, exit 1 for
+    scan, convert and preflight, no hang, nothing written (issue 7.3)."""
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    path = root / TAG / OPTIM1
+    odd = make_odd(path, kind, tmp_path)
+    next(odd)
+    try:
+        out = tmp_path / "out"
+        res = cli("scan", root, timeout=HANG_LIMIT)
+        clean(res, 1, str(path), ODD[kind])
+        clean(cli("convert", root, out, timeout=HANG_LIMIT), 1, "error finding")
+        assert not out.exists()
+        clean(cli("preflight", root, timeout=HANG_LIMIT), 1, str(path), ODD[kind])
+    finally:
+        next(odd, None)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link-out"])
+def test_odd_model_file_is_refused(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], kind: str
+) -> None:
+    """The rank-0 model file (read first, essential): refused with its name, exit 1, no hang."""
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    path = root / TAG / MODEL
+    odd = make_odd(path, kind, tmp_path)
+    next(odd)
+    clean(cli("scan", root, timeout=HANG_LIMIT), 1, str(path), ODD[kind])
+
+
+def test_reader_refuses_fifo_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "x.pt"
+    os.mkfifo(fifo)
+    with pytest.raises(CorruptFileError, match="a FIFO"):
+        TorchZip(fifo)
+
+
+@pytest.mark.parametrize("name", ["ckpt:smile::x:", "ckpt[bold]x[/bold]", "ckpt:thumbs_up:[/]"])
+def test_paths_are_printed_literally(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], name: str
+) -> None:
+    """Emoji codes and markup in paths come out as typed, in tables, findings and errors alike."""
+    root = demo.copy(SPEC, tmp_path / name)
+    (root / TAG / OPTIM1).unlink()  # a finding that names a path
+    res = cli("scan", root)
+    clean(res, 1, str(root), str(root / TAG))
+    assert not any(ch in res.output for ch in "😄❌👍")
+    out = tmp_path / (name + "-out")
+    res = cli("convert", root, out)
+    clean(res, 1, "error finding")
+    res = cli("scan", tmp_path / (name + "-missing"))
+    clean(res, 2, str(tmp_path / (name + "-missing")))
+    assert not any(ch in res.output for ch in "😄❌👍")
