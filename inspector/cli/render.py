@@ -175,7 +175,12 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan) -> N
         f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
         f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}",
     )
-    t.add_row("Reads", format_bytes(a.read_bytes), "from the checkpoint")
+    by = plan.read_bytes_by_source
+    other = "module" if plan.options.source == "masters" else "masters"
+    note = f"from the {plan.options.source}"
+    if by.get(other, a.read_bytes) != a.read_bytes:
+        note += f" · --source {other} would read {format_bytes(by[other])}"
+    t.add_row("Reads", format_bytes(a.read_bytes), note)
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
     t.add_row("Memory limit", "", a.budget.effective.detail)
     verdict = (

@@ -115,6 +115,7 @@ class ConversionPlan:
     index: bytes | None  # model.safetensors.index.json content, or None for a single file
     aliases: dict[str, str] = field(default_factory=dict)  # deduped tied names -> stored owner
     fingerprint: str = ""
+    read_bytes_by_source: dict[str, int] = field(default_factory=dict)  # what each --source would read
 
     @property
     def output_bytes(self) -> int:
@@ -311,6 +312,10 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
             separators=(",", ":"),
         ),
     }
+    by_source = {
+        src: sum(seg.nbytes for t, _, dtype in planned for seg in source_segments(t, dtype, src))
+        for src in SOURCES
+    }
     n = len(shards_tensors)
     shards = []
     weight_map: dict[str, str] = {}
@@ -335,5 +340,14 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
             + "\n"
         ).encode()
     return ConversionPlan(
-        ckpt.root, ckpt.tag, ckpt.stage, ckpt.world_size, opts, tuple(shards), index, aliases, fingerprint
+        ckpt.root,
+        ckpt.tag,
+        ckpt.stage,
+        ckpt.world_size,
+        opts,
+        tuple(shards),
+        index,
+        aliases,
+        fingerprint,
+        by_source,
     )

@@ -189,6 +189,8 @@ def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
         "predicted_peak_rss_bytes": a.predicted_peak_rss,
         "output_bytes": a.output_bytes,
         "read_bytes": a.read_bytes,
+        "source": plan.options.source,
+        "read_bytes_by_source": dict(plan.read_bytes_by_source),
         "estimated_seconds": round(a.estimated_seconds, 2),
         "available_memory_bytes": a.budget.effective.bytes,
         "memory_limit_source": a.budget.effective.source,

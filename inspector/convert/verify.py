@@ -92,7 +92,7 @@ def output_files(out_dir: str) -> list[str]:
 
 def _unreadable_sources(ckpt: Checkpoint) -> list[str]:
     """Source files the scan could not read: verify names them instead of calling tensors unexpected."""
-    return [f"{f.file}: {f.message}" if f.file else f.message for f in ckpt.errors]
+    return [f"{f.file}: {f.message}" if f.file and f.file not in f.message else f.message for f in ckpt.errors]
 
 
 def run_verify(
