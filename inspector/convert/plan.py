@@ -20,7 +20,8 @@ from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 
 DTYPE_ALIASES = OUTPUT_ALIASES
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
-CHUNK_ELEMS = 1 << 22  # 4 Mi elements: 16 MiB of fp32 per buffer; large enough that syscalls are noise
+CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,
+# small enough that the whole pool (3 source + 3 output buffers, 36 MiB) keeps the process under 128 MiB
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
