@@ -248,9 +248,16 @@ def expected_bytes(src: np.ndarray[Any, Any], src_dtype: str, out_dtype: str) ->
 def bf16_bits(u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """fp32 bit patterns → bf16 by round to nearest even on the integers; NaN → 0xFFFF (torch on x86)."""
     u = u.astype(np.uint32, copy=False)
-    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    r[(u & 0x7FFFFFFF) > 0x7F800000] = 0xFFFF
-    return r
+    r = u >> 16
+    r &= 1
+    r += np.uint32(0x7FFF)
+    r += u  # no wrap-around: only NaN patterns come near 2**32, and they are replaced below
+    r >>= 16
+    out = r.astype(np.uint16)
+    nan = np.isnan(u.view(np.float32))
+    if nan.any():
+        out[nan] = 0xFFFF
+    return out
 
 
 def fp16_bits(u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

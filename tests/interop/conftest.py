@@ -109,8 +109,8 @@ CONFIGS: dict[str, Config] = {
         Config("s3_sub_group", 3, sub_group_size=300),
         # for the module-copy proof (issue 9): fp16 runs whose first steps overflow and are skipped, and
         # gradient accumulation, with frozen and tied params
-        Config("s2_fp16_overflow", 2, "fp16", frozen=True, tied=True, scale_power=24, steps=8),
-        Config("s1_fp16_overflow_accum", 1, "fp16", frozen=True, tied=True, scale_power=20, steps=6, grad_accum=3),
+        Config("s2_fp16_overflow", 2, "fp16", frozen=True, tied=True, scale_power=18, steps=8),
+        Config("s1_fp16_overflow_accum", 1, "fp16", frozen=True, tied=True, scale_power=18, steps=8, grad_accum=2),
         Config("s2_bf16_accum", 2, frozen=True, tied=True, groups=2, grad_accum=4),
     ]
 }
@@ -478,6 +478,15 @@ def inspector_api() -> Any:
     require_module("inspector.scan.scanner")
     require_module("inspector.convert.reader")
     from inspector.convert.reader import read_tensor
+    from inspector.format.dtypes import torch_dtype
     from inspector.scan.scanner import scan  # imported late: collection must not need it
 
-    return scan, read_tensor
+    def read_tensor_torch(*args: Any, **kwargs: Any) -> torch.Tensor:
+        """inspector's reader returns numpy (no torch on its path); the tests compare torch tensors."""
+        a = read_tensor(*args, **kwargs)
+        if a.size == 0:
+            return torch.empty(a.shape, dtype=torch_dtype(str(a.dtype)))
+        raw = torch.from_numpy(a.reshape(-1).view("uint8").copy())
+        return raw.view(torch_dtype(str(a.dtype))).reshape(a.shape)
+
+    return scan, read_tensor_torch
