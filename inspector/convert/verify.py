@@ -118,7 +118,6 @@ def run_verify(
     source = against or meta.get("source", "masters")
     if source not in ("masters", "module"):
         raise InspectorError(f"Unknown verify source {source!r}.", hint="Use masters or module.")
-    res.unreadable += _unreadable_sources(ckpt)
     total = sum(
         int(v["data_offsets"][1]) - int(v["data_offsets"][0])
         for _, h, _ in headers
@@ -141,8 +140,7 @@ def run_verify(
                 try:
                     src = ckpt.tensor(src_name)
                 except KeyError:
-                    if not res.unreadable:  # else: it sits in a file the scan could not read
-                        res.unexpected.append(name)
+                    res.unexpected.append(name)
                     continue
                 out_dtype = FROM_SAFETENSORS.get(info["dtype"], "")
                 begin, end = (int(x) for x in info["data_offsets"])
@@ -172,6 +170,10 @@ def run_verify(
         seen.add(renamed.get(alias, alias))
         if owner not in {n for _, h, _ in headers for n in h}:
             res.missing.append(f"{owner} (owner of deduplicated alias {alias})")
+    if res.unexpected and ckpt.errors:  # not unexpected: they live in files the scan could not read
+        res.notes.append(f"{len(res.unexpected)} output tensors could not be found in the damaged checkpoint.")
+        res.unreadable += _unreadable_sources(ckpt)
+        res.unexpected = []
     absent = [t.name for t in ckpt.tensors if t.name not in seen]
     if absent and meta.get("filtered"):
         res.notes.append(f"{len(absent)} checkpoint tensors were left out by the conversion's selection.")
