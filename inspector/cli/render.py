@@ -14,7 +14,7 @@ from rich.text import Text
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.scan.summary import module_rows
+from inspector.scan.summary import module_rows, read_bytes_by_source
 from inspector.system.units import format_bytes
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -42,9 +42,14 @@ def summary(ckpt: Checkpoint) -> Panel:
         f"{ckpt.optimizer}",
     )
     t.add_row("Dtypes", f"compute {ckpt.compute_dtype} · master {ckpt.master_dtype}")
+    by = read_bytes_by_source(ckpt)
     t.add_row(
         "Module copy",
-        f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters"
+        f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters; a "
+        f"{ckpt.compute_dtype} conversion reads {size(by['masters'])} from the masters, "
+        f"{size(by['module'])} with --source module"
+        if ckpt.module_copy_bytes and by["module"] < by["masters"]
+        else f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters"
         if ckpt.module_copy_bytes
         else "none (stage 3 saves placeholders; the masters are the only full copy)",
     )
