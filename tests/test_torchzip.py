@@ -149,13 +149,12 @@ LEGACY_DTYPES = [
     torch.complex64,
     torch.complex128,
 ]
-# dtypes without a legacy storage class: torch pickles them with _rebuild_tensor_v3 + UntypedStorage
+# dtypes without a legacy storage class: torch pickles them with _rebuild_tensor_v3 + UntypedStorage;
+# looked up through the shared table so an older torch (uint16/32/64 arrived in 2.3) skips what it lacks
 V3_DTYPES = [
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
+    d
+    for d in map(torch_dtype, ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"))
+    if d is not None
 ]
 
 
