@@ -1,12 +1,42 @@
-"""The core must not import the UI stack: scanning and converting work in scripts, tests and workers."""
+"""Import boundaries, checked in a fresh interpreter: what each layer may load.
+
+The core must not import the UI stack (scanning and converting work in scripts, tests and workers), and
+nothing a user runs to scan, plan, preflight, convert or verify may import torch: it costs seconds and
+hundreds of MiB (more than our whole 128 MiB budget on a CUDA build), and it is an optional extra.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-CORE = ["inspector.scan.scanner", "inspector.convert.plan", "inspector.convert.engine", "inspector.convert.verify", "inspector.convert.preflight",
-        "inspector.demo.writer", "inspector.system.limits", "inspector.system.rss", "inspector.system.units", "inspector.scan.summary"]
+import pytest
+
+CORE = [
+    "inspector.scan.scanner",
+    "inspector.convert.plan",
+    "inspector.convert.engine",
+    "inspector.convert.verify",
+    "inspector.convert.preflight",
+    "inspector.demo.writer",
+    "inspector.system.limits",
+    "inspector.system.rss",
+    "inspector.system.units",
+    "inspector.scan.summary",
+]
+TORCH_FREE = [
+    "inspector.scan.scanner",
+    "inspector.scan.summary",
+    "inspector.convert.plan",
+    "inspector.convert.preflight",
+    "inspector.convert.engine",
+    "inspector.convert.verify",
+    "inspector.convert.cast",
+    "inspector.format.ptwriter",
+    "inspector.demo.writer",
+    "inspector.cli.main",
+    "inspector.cli.convert",
+]
 
 
 def _modules_after_import(mod: str) -> set[str]:
@@ -22,7 +52,41 @@ def test_core_imports_no_ui() -> None:
 
 
 def test_scanning_needs_neither_torch_nor_deepspeed() -> None:
-    """scan stays fast (torch costs ~2 s to import) and works where deepspeed is not installed."""
+    """scan stays fast and works where deepspeed is not installed."""
     loaded = _modules_after_import("inspector.scan.scanner")
     assert "torch" not in loaded
     assert "deepspeed" not in loaded
+
+
+@pytest.mark.parametrize("mod", TORCH_FREE)
+def test_no_torch_on_the_user_path(mod: str) -> None:
+    loaded = _modules_after_import(mod)
+    assert mod in loaded
+    assert "torch" not in loaded, f"{mod} imports torch"
+    assert "deepspeed" not in loaded
+
+
+def test_commands_run_without_torch(tmp_path: object) -> None:
+    """demo, scan, preflight, convert and verify end to end in a process where `import torch` fails."""
+    import pathlib
+
+    root = pathlib.Path(str(tmp_path))
+    code = f"""
+import sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, _NoTorch())
+from inspector.cli.main import main
+ck, out = {str(root / "ck")!r}, {str(root / "out")!r}
+for argv in (["demo", ck, "--params", "200K"], ["scan", ck], ["preflight", ck, "--out", out],
+             ["convert", ck, out], ["verify", ck, out], ["convert", ck, out + "2", "--dtype", "fp16"],
+             ["verify", ck, out + "2"]):
+    rc = main(argv)
+    assert rc == 0, (argv, rc)
+print("ok", "torch" in sys.modules)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-2:] == ["ok", "False"], res.stdout

@@ -57,7 +57,8 @@ def slow_cli(
     """The CLI with slowed, announced reads; while `gate` exists it holds still after its third read."""
     script = tmp_path / "slow_cli.py"
     script.write_text(SLOW_CLI)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), COLUMNS="200", NO_COLOR="1", TERM="dumb")
+    # the buffered path, so every read passes the hook (fp32 -> fp32 would otherwise be a kernel copy)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), COLUMNS="200", NO_COLOR="1", TERM="dumb", ZI_NO_COPY_FILE_RANGE="1")
     if gate is not None:
         env["ZI_GATE"] = str(gate)
     return subprocess.Popen(

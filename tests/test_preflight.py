@@ -1,6 +1,6 @@
 """`preflight.assess` against fake limits, its predictions against real runs, and the CLI's exit code 3.
 
-Process memory is pinned (`_process_memory` patched) where a test compares predictions, so the numbers
+The converter baseline is pinned (`converter_baseline` patched) where a test compares predictions, so the numbers
 depend only on the plan. The CLI is driven into "does not fit" with a Slurm allocation of 1 MiB, which
 `inspector.system` reads from the environment like a real job's.
 """
@@ -52,8 +52,8 @@ def budget(nbytes: int, address_space: int | None = None) -> MemoryBudget:
 
 @pytest.fixture
 def pinned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make 'this process' a constant 300 MiB RSS / 3 GiB VMS."""
-    monkeypatch.setattr(preflight, "_process_memory", lambda: (RSS, VMS))
+    """Make the converter's baseline a constant 300 MiB RSS / 3 GiB VMS."""
+    monkeypatch.setattr(preflight, "converter_baseline", lambda plan: (RSS, VMS))
 
 
 @pytest.fixture(scope="module")
@@ -131,15 +131,16 @@ def test_everything_short_lists_every_problem(small_plan: ConversionPlan, tmp_pa
         assert words in a.advice.lower()
 
 
-def test_real_process_memory_is_the_baseline(small_plan: ConversionPlan, tmp_path: Path) -> None:
-    """Unpinned, the prediction starts from this process's real RSS."""
-    from inspector.system.rss import current_rss
-
-    a = roomy(small_plan, tmp_path)
-    assert a.predicted_peak_rss >= current_rss() // 2 + small_plan.buffer_bytes
-    assert (
-        a.predicted_peak_rss < current_rss() + small_plan.buffer_bytes + preflight.RUNTIME_OVERHEAD + 64 * MiB
-    )
+def test_prediction_is_for_the_converter_process_not_this_one(small_plan: ConversionPlan, tmp_path: Path) -> None:
+    """The TUI (textual loaded) and the CLI must get the same answer: this process's own memory is no input."""
+    before = roomy(small_plan, tmp_path).predicted_peak_rss
+    ballast = bytearray(200 * MiB)  # this process grows by 200 MiB ...
+    ballast[:: 4096] = b"x" * len(ballast[:: 4096])
+    assert roomy(small_plan, tmp_path).predicted_peak_rss == before  # ... the converter would not
+    del ballast
+    base, _ = preflight.converter_baseline(small_plan)
+    assert before == base + small_plan.buffer_bytes + preflight.RUNTIME_OVERHEAD
+    assert preflight.CONVERTER_BASE_RSS <= base < preflight.CONVERTER_BASE_RSS + 4 * MiB
 
 
 # --- predictions ----------------------------------------------------------------------------------------------

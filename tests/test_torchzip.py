@@ -16,12 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from inspector.convert.reader import read_ref
+from inspector.convert.reader import read_ref as read_ref_np
 from inspector.errors import CorruptFileError, InspectorError
 from inspector.format import ptwriter as pw
+from inspector.format.dtypes import numpy_dtype, torch_dtype
 from inspector.format.records import Record, ZeroStage
 from inspector.format.torchzip import TensorRef, load, load_tree
 from inspector.format.zipreader import TorchZip
@@ -33,6 +35,15 @@ def torch_bytes(t: torch.Tensor) -> bytes:
     """The tensor's elements in row-major order as raw little-endian bytes (any dtype, any view)."""
     flat = t.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def read_ref(ref: TensorRef) -> torch.Tensor:
+    """inspector's reader (numpy) as a torch tensor of the same dtype, bits and shape."""
+    a = read_ref_np(ref)
+    if a.size == 0:
+        return torch.empty(a.shape, dtype=torch_dtype(ref.dtype))
+    raw = torch.from_numpy(np.ascontiguousarray(a).reshape(-1).view(np.uint8).copy())
+    return raw.view(torch_dtype(ref.dtype)).reshape(a.shape)
 
 
 def ref_bytes(ref: TensorRef) -> bytes:
@@ -138,13 +149,12 @@ LEGACY_DTYPES = [
     torch.complex64,
     torch.complex128,
 ]
-# dtypes without a legacy storage class: torch pickles them with _rebuild_tensor_v3 + UntypedStorage
+# dtypes without a legacy storage class: torch pickles them with _rebuild_tensor_v3 + UntypedStorage;
+# looked up through the shared table so an older torch (uint16/32/64 arrived in 2.3) skips what it lacks
 V3_DTYPES = [
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
+    d
+    for d in map(torch_dtype, ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"))
+    if d is not None
 ]
 
 
@@ -415,8 +425,10 @@ def test_zip64_offsets_with_partial_extra(tmp_path: Path) -> None:
 # --- ptwriter round trip ----------------------------------------------------------------------------------------
 
 
-def _producer(values: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
-    flat = values.reshape(-1)
+def _producer(values: torch.Tensor) -> Callable[[int, int], np.ndarray[Any, Any]]:
+    """ptwriter takes numpy: hand it torch's bytes viewed as the matching numpy dtype."""
+    raw = values.contiguous().reshape(-1).view(torch.uint8).numpy()
+    flat = raw.view(numpy_dtype(dtype_name(values.dtype)))
     return lambda s, c: flat[s : s + c]
 
 
@@ -436,7 +448,7 @@ def test_ptwriter_round_trip_with_torch_load(tmp_path: Path, chunk_elems: int) -
         [("a.weight", pw.Tensor(shared, (3, 4), 0)), ("b.weight", pw.Tensor(shared, (5, 7), 13))]
     )
     tree["zeros"] = pw.Tensor(pw.Storage("float32", 6), (2, 3))
-    tree["scalar"] = pw.Tensor(pw.Storage("float32", 1, lambda s, c: torch.full((c,), 2.5)), ())
+    tree["scalar"] = pw.Tensor(pw.Storage("float32", 1, lambda s, c: np.full(c, 2.5, np.float32)), ())
     path = tmp_path / "ours.pt"
     pw.save(tree, path, chunk_elems=chunk_elems)
 

@@ -14,7 +14,7 @@ from rich.text import Text
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.scan.summary import module_rows
+from inspector.scan.summary import module_rows, read_bytes_by_source
 from inspector.system.units import format_bytes
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -42,9 +42,14 @@ def summary(ckpt: Checkpoint) -> Panel:
         f"{ckpt.optimizer}",
     )
     t.add_row("Dtypes", f"compute {ckpt.compute_dtype} · master {ckpt.master_dtype}")
+    by = read_bytes_by_source(ckpt)
     t.add_row(
         "Module copy",
-        f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters"
+        f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters; a "
+        f"{ckpt.compute_dtype} conversion reads {size(by['masters'])} from the masters, "
+        f"{size(by['module'])} with --source module"
+        if ckpt.module_copy_bytes and by["module"] < by["masters"]
+        else f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters"
         if ckpt.module_copy_bytes
         else "none (stage 3 saves placeholders; the masters are the only full copy)",
     )
@@ -175,7 +180,12 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verd
         f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
         f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}",
     )
-    t.add_row("Reads", format_bytes(a.read_bytes), "from the checkpoint")
+    by = plan.read_bytes_by_source
+    other = "module" if plan.options.source == "masters" else "masters"
+    note = f"from the {plan.options.source}"
+    if by.get(other, a.read_bytes) != a.read_bytes:
+        note += f" · --source {other} would read {format_bytes(by[other])}"
+    t.add_row("Reads", format_bytes(a.read_bytes), note)
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
     t.add_row("Memory limit", "", a.budget.effective.detail)
     line = (

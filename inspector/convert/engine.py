@@ -1,10 +1,13 @@
 """Execute a ConversionPlan: stream every tensor into place, chunk by chunk, with flat memory.
 
-Three stages overlap on two cores: a reader thread fills source buffers with positioned reads, the calling
-thread converts dtypes with torch (same rounding as DeepSpeed's `.to(dtype)`), a writer thread `pwrite`s the
-result at its planned offset. Buffers come from fixed pools, so peak memory is PIPELINE_DEPTH chunks per
-stage whatever the model, shard or tensor size. Shards are written as `*.partial` and renamed only when all
-are complete; the index comes last. `run()` yields progress events at most ~4 times a second.
+Three stages overlap: a reader thread fills source buffers with positioned reads, the calling thread casts
+dtypes with numpy + ml_dtypes (bit-identical to torch's `.to(dtype)`, split over cores; see cast.py), a writer
+thread `pwrite`s the result at its planned offset. Tensors that need no cast never enter Python buffers:
+the reader copies them file to file in the kernel (`os.copy_file_range`, falling back to the buffers where
+the file systems refuse). Buffers come from fixed pools, so peak memory is PIPELINE_DEPTH chunks per stage
+whatever the model, shard or tensor size. torch is not imported: it would cost seconds and ~300-600 MiB.
+Shards are written as `*.partial` and renamed only when all are complete; the index comes last. `run()`
+yields progress events at most ~4 times a second.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
+from inspector.convert.cast import cast_into, typed
 from inspector.convert.output import JOURNAL, PARTIAL, OutputFolder
 from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.output import fsync_dir as _fsync_dir
 from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, ConversionPlan, PlannedTensor
-from inspector.convert.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments_into
+from inspector.convert.reader import FilePool, buffer, byte_view, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
+from inspector.scan.model import Segment
 
 _EVENT_INTERVAL = 0.25
 
@@ -74,12 +79,12 @@ class _Chunk:
     tensor: PlannedTensor
     file_offset: int  # absolute offset in the shard file
     numel: int
-    src: torch.Tensor | None = None  # uint8 buffer holding source bytes
-    out: torch.Tensor | None = None
-    last: bool = False
+    src: np.ndarray | None = None  # uint8 buffer holding source bytes
+    out: np.ndarray | None = None
+    copied: bool = False  # already copied file to file by the reader; only to be counted
 
 
-_PoolPair = tuple["queue.Queue[torch.Tensor]", "queue.Queue[torch.Tensor]"]
+_PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]
 
 
 def run(
@@ -208,7 +213,7 @@ def _put(q: queue.Queue[_Chunk | None], item: _Chunk | None, stop: threading.Eve
     return False
 
 
-def _take(pool: queue.Queue[torch.Tensor], stop: threading.Event) -> torch.Tensor | None:
+def _take(pool: queue.Queue[np.ndarray], stop: threading.Event) -> np.ndarray | None:
     while not stop.is_set():
         try:
             return pool.get(timeout=0.1)
@@ -227,13 +232,40 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 def _pools(plan: ConversionPlan) -> _PoolPair:
     """The run's whole memory budget: PIPELINE_DEPTH source and output buffers, allocated once."""
     src_bytes, out_bytes = plan.pool_sizes
-    src_pool: queue.Queue[torch.Tensor] = queue.Queue()
-    out_pool: queue.Queue[torch.Tensor] = queue.Queue()
+    src_pool: queue.Queue[np.ndarray] = queue.Queue()
+    out_pool: queue.Queue[np.ndarray] = queue.Queue()
     for _ in range(PIPELINE_DEPTH):
-        src_pool.put(torch.empty(src_bytes, dtype=torch.uint8))
+        src_pool.put(buffer(src_bytes))
         if out_bytes:
-            out_pool.put(torch.empty(out_bytes, dtype=torch.uint8))
+            out_pool.put(buffer(out_bytes))
     return src_pool, out_pool
+
+
+class _KernelCopy:
+    """Copies byte ranges file to file with `os.copy_file_range`; off for the run once the kernel or the
+    file systems refuse (EXDEV across file systems on Linux >= 5.19, ENOSYS, EOPNOTSUPP, EINVAL)."""
+
+    def __init__(self) -> None:
+        self.enabled = hasattr(os, "copy_file_range") and os.environ.get("ZI_NO_COPY_FILE_RANGE") != "1"
+
+    def copy(self, src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int) -> bool:
+        """True when all `n` bytes were copied; False (nothing to undo) when the caller must copy them."""
+        if not self.enabled:
+            return False
+        done = 0
+        while done < n:
+            try:
+                k = os.copy_file_range(src_fd, dst_fd, n - done, src_off + done, dst_off + done)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+                    raise
+                self.enabled = False
+                return False
+            if k == 0:  # source shorter than planned: let the buffered path name the truncated file
+                self.enabled = False
+                return False
+            done += k
+        return True
 
 
 def _write_shard(
@@ -258,6 +290,15 @@ def _write_shard(
     base = len(shard.header)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     pool = FilePool()
+    kernel = _KernelCopy()
+
+    def _kernel_copy(segs: list[Segment], pos: int) -> bool:
+        """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
+        for seg in segs:
+            if not kernel.copy(pool.fd(seg.file), seg.offset, fd, pos, seg.nbytes):
+                return False
+            pos += seg.nbytes
+        return True
 
     def reader() -> None:
         try:
@@ -265,10 +306,17 @@ def _write_shard(
                 pos = base + t.offset
                 osz = itemsize(t.out_dtype)
                 for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
+                    if cancel.is_set() or stop.is_set():
+                        return
+                    n = sum(s.numel for s in segs)
+                    if t.src_dtype == t.out_dtype and _kernel_copy(segs, pos):
+                        if not _put(read_q, _Chunk(index, t, pos, n, copied=True), stop):
+                            return
+                        pos += n * osz
+                        continue
                     buf = _take(src_pool, stop)
                     if buf is None or cancel.is_set():
                         return
-                    n = sum(s.numel for s in segs)
                     read_segments_into(pool, segs, buf)
                     if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
                         return
@@ -282,10 +330,11 @@ def _write_shard(
     def writer() -> None:
         try:
             while (c := _get(write_q, stop)) is not None:
-                assert c.out is not None
                 nbytes = c.numel * itemsize(c.tensor.out_dtype)
-                _pwrite_all(fd, byte_view(c.out)[:nbytes], c.file_offset)
-                (src_pool if c.out is c.src else out_pool).put(c.out)
+                if not c.copied:
+                    assert c.out is not None
+                    _pwrite_all(fd, byte_view(c.out)[:nbytes], c.file_offset)
+                    (src_pool if c.out is c.src else out_pool).put(c.out)
                 with lock:
                     written[0] += nbytes
         except BaseException as exc:
@@ -313,15 +362,16 @@ def _write_shard(
                 stop.set()
                 break
             t = c.tensor
-            assert c.src is not None
-            src = c.src[: c.numel * itemsize(t.src_dtype)].view(TORCH_DTYPES[t.src_dtype])
-            if t.src_dtype == t.out_dtype:
+            if c.copied:
+                pass
+            elif t.src_dtype == t.out_dtype:
                 c.out = c.src
             else:
+                assert c.src is not None
                 out = _take(out_pool, stop)
                 if out is None:
                     break
-                out[: c.numel * itemsize(t.out_dtype)].view(TORCH_DTYPES[t.out_dtype]).copy_(src)
+                cast_into(typed(c.src, t.src_dtype, c.numel), typed(out, t.out_dtype, c.numel))
                 c.out = out
                 src_pool.put(c.src)
             if not _put(write_q, c, stop):

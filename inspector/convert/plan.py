@@ -15,37 +15,13 @@ import re
 from dataclasses import dataclass, field
 
 from inspector.errors import DamagedCheckpointError, InspectorError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import OUTPUT_ALIASES, SAFETENSORS_CODES, itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 
-DTYPE_ALIASES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "half": "float16",
-}
-SAFETENSORS_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "complex64": "C64",
-}
-CHUNK_ELEMS = 1 << 22  # 4 Mi elements: 16 MiB of fp32 per buffer; large enough that syscalls are noise
+DTYPE_ALIASES = OUTPUT_ALIASES
+SAFETENSORS_DTYPES = SAFETENSORS_CODES
+CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,
+# small enough that the whole pool (3 source + 3 output buffers, 36 MiB) keeps the process under 128 MiB
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -67,6 +43,7 @@ class ConvertOptions:
     exclude_buffers: bool = False
     dedupe_tied: bool = False
     chunk_elems: int = CHUNK_ELEMS
+    source: str = "masters"  # "masters" (fp32) or "module" (the 16-bit module copy, where it fits)
 
 
 @dataclass(frozen=True)
@@ -139,6 +116,7 @@ class ConversionPlan:
     index: bytes | None  # model.safetensors.index.json content, or None for a single file
     aliases: dict[str, str] = field(default_factory=dict)  # deduped tied names -> stored owner
     fingerprint: str = ""
+    read_bytes_by_source: dict[str, int] = field(default_factory=dict)  # what each --source would read
 
     @property
     def output_bytes(self) -> int:
@@ -239,6 +217,17 @@ def _header(tensors: list[PlannedTensor], metadata: dict[str, str]) -> bytes:
     return len(raw).to_bytes(8, "little") + raw
 
 
+SOURCES = ("masters", "module")
+
+
+def source_segments(t: TensorInfo, out_dtype: str, source: str) -> tuple[Segment, ...]:
+    """Where `t`'s output bytes come from. `module` takes the 16-bit module copy (2 bytes/param to read,
+    no cast) when the output is in its dtype; anything else, and every tensor without one, reads `segments`."""
+    if source == "module" and t.module_copy and t.module_copy[0].dtype == out_dtype:
+        return t.module_copy
+    return t.segments
+
+
 def _fingerprint(ckpt: Checkpoint, opts: ConvertOptions) -> str:
     """Identifies source + options, so a resumed run only reuses shards of the same job."""
     h = hashlib.sha256()
@@ -259,6 +248,10 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
     if opts.shard_size <= 0:
         raise InspectorError("--shard-size must be positive.", title="Invalid option")
     out_dtype = resolve_dtype(opts.dtype, ckpt)
+    if opts.source not in SOURCES:
+        raise InspectorError(
+            f"Unknown source {opts.source!r}.", hint="Use masters or module.", title="Invalid option"
+        )
     chosen = select(ckpt, opts)
     if not chosen:
         raise InspectorError(
@@ -314,10 +307,15 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
                     **{a: src for a, src in alias_sources.items() if a != src},  # verify maps them back
                 },
                 "filtered": len(chosen) != len(ckpt.tensors),
+                "source": opts.source,
                 **({"aliases": aliases} if aliases else {}),
             },
             separators=(",", ":"),
         ),
+    }
+    by_source = {
+        src: sum(seg.nbytes for t, _, dtype in planned for seg in source_segments(t, dtype, src))
+        for src in SOURCES
     }
     n = len(shards_tensors)
     shards = []
@@ -327,9 +325,9 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         tensors, off = [], 0
         for t, name, dtype in group:
             nbytes = t.numel * itemsize(dtype)
-            tensors.append(
-                PlannedTensor(name, t.name, t.kind, t.shape, t.dtype, dtype, t.segments, off, nbytes)
-            )
+            segs = source_segments(t, dtype, opts.source)
+            src_dtype = segs[0].dtype if segs else t.dtype
+            tensors.append(PlannedTensor(name, t.name, t.kind, t.shape, src_dtype, dtype, segs, off, nbytes))
             off += nbytes
             weight_map[name] = filename
         shards.append(PlannedShard(filename, tuple(tensors), _header(tensors, meta), off))
@@ -343,5 +341,14 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
             + "\n"
         ).encode()
     return ConversionPlan(
-        ckpt.root, ckpt.tag, ckpt.stage, ckpt.world_size, opts, tuple(shards), index, aliases, fingerprint
+        ckpt.root,
+        ckpt.tag,
+        ckpt.stage,
+        ckpt.world_size,
+        opts,
+        tuple(shards),
+        index,
+        aliases,
+        fingerprint,
+        by_source,
     )

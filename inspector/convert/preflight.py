@@ -1,7 +1,10 @@
 """Predict a conversion's peak RSS, disk and time from the plan alone, and hold them against real limits.
 
-Our converter's memory is flat by construction: this process as it is now (interpreter, torch, the scanned
-metadata) plus the executor's fixed chunk buffers and a small allowance for threads and the allocator. For
+Our converter's memory is flat by construction. The prediction is for the converter process, a fresh
+`zero-inspector convert` (interpreter, numpy, ml_dtypes, the CLI, no torch), not for the process asking:
+its base, plus the scanned metadata (which grows with tensors, segments and files), plus the executor's
+fixed chunk buffers and an allowance for threads, casts and the allocator. So the CLI, the TUI (which has
+textual loaded) and a script all get the same answer for the same plan. For
 DeepSpeed's zero_to_fp32 / zero_to_torch the model follows its code (see predict_deepspeed_peak); its 16-bit
 module copy is loaded and dropped before the optimizer files, so it does not add to the peak.
 Constants marked "calibrated" come from `tox -e bench` on the reference machine (see README).
@@ -17,13 +20,23 @@ from inspector.scan.model import Kind
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes
 from inspector.system.units import format_bytes
 
-# calibrated: allowance on top of the chunk buffers for the reader/writer threads, queues and allocator slack
-RUNTIME_OVERHEAD = 48 * 1024 * 1024
+# calibrated: peak RSS of a fresh `zero-inspector convert` process before its buffers (interpreter, numpy,
+# ml_dtypes, psutil, rich, our modules), and its address space (numpy's and glibc's reservations)
+CONVERTER_BASE_RSS = 40 * 1024 * 1024
+CONVERTER_BASE_VMS = 480 * 1024 * 1024
+# calibrated: scanned metadata kept while converting, per segment / tensor / checkpoint file
+METADATA_PER_SEGMENT = 300
+METADATA_PER_TENSOR = 2048
+METADATA_PER_FILE = 16 * 1024
+# calibrated: allowance on top of the chunk buffers for the reader/writer/cast threads, their temporaries
+# (an `isnan` mask per cast piece), queues and allocator slack
+RUNTIME_OVERHEAD = 16 * 1024 * 1024
+THREAD_STACK = 8 * 1024 * 1024
 # calibrated: RSS of a Python process that has imported torch and deepspeed and parsed a checkpoint list
 DEEPSPEED_BASE_RSS = 250 * 1024 * 1024
-# calibrated: interpreter start + torch import + scan, then output written / source read per second
+# calibrated: interpreter start + imports + scan, then output written / source read per second
 # (the estimate uses the slower of the two; both overlap in the executor)
-STARTUP_SECONDS = 3.0
+STARTUP_SECONDS = 0.6
 CONVERT_BYTES_PER_S = 350 * 1024 * 1024
 READ_BYTES_PER_S = 700 * 1024 * 1024
 # keep this much headroom below a limit before calling it a fit (other processes, page cache pressure)
@@ -70,7 +83,7 @@ class Assessment:
         if not self.fits_address_space:
             parts.append(
                 f"RLIMIT_AS ({format_bytes(self.budget.address_space_limit or 0)}) is below the "
-                f"{format_bytes(self.predicted_vms)} of address space torch needs"
+                f"{format_bytes(self.predicted_vms)} of address space the converter needs"
             )
         if not self.fits_disk:
             parts.append(
@@ -96,11 +109,17 @@ class Assessment:
         return "; ".join(tips).capitalize() + "."
 
 
-def _process_memory() -> tuple[int, int]:
-    import psutil
-
-    info = psutil.Process().memory_info()
-    return int(info.rss), int(info.vms)
+def converter_baseline(plan: ConversionPlan) -> tuple[int, int]:
+    """(RSS, VMS) of a fresh converter process once it has scanned and planned, before its buffers."""
+    segments = sum(len(t.segments) for s in plan.shards for t in s.tensors)
+    files = len({seg.file for s in plan.shards for t in s.tensors for seg in t.segments})
+    meta = (
+        METADATA_PER_SEGMENT * segments
+        + METADATA_PER_TENSOR * plan.tensor_count
+        + METADATA_PER_FILE * files
+        + sum(len(s.header) for s in plan.shards)
+    )
+    return CONVERTER_BASE_RSS + meta, CONVERTER_BASE_VMS + meta
 
 
 def predict_deepspeed_peak(
@@ -127,17 +146,20 @@ def assess(
     budget: MemoryBudget | None = None,
     free_disk: int | None = None,
 ) -> Assessment:
-    """Predict and compare. Call after the scan and plan exist (their memory is part of the baseline)."""
-    import inspector.convert.engine  # noqa: F401  (torch is part of the converter's baseline; count it)
+    """Predict the converter process's needs and compare them with this machine's limits."""
+    from inspector.convert.cast import cast_threads
 
-    rss, vms = _process_memory()
+    rss, vms = converter_baseline(plan)
     peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD
-    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + 3 * 8 * 1024 * 1024  # thread stacks
+    threads = 2 + cast_threads()  # reader, writer, cast pool
+    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + threads * THREAD_STACK
     budget = budget or detect_memory_limits()
     free = free_disk if free_disk is not None else free_disk_bytes(out_dir)
     tensors = [t for s in plan.shards for t in s.tensors]
-    trainable = sum(t.numel for t in tensors if t.kind is not Kind.BUFFER and t.src_dtype == "float32")
-    other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t.src_dtype != "float32")
+    # DeepSpeed always reads the fp32 masters of trainable params, whichever source we read
+    masters = [t for t in tensors if t.kind in (Kind.TRAINABLE, Kind.TIED) or t.src_dtype == "float32"]
+    trainable = sum(t.numel for t in masters if t.kind is not Kind.BUFFER)
+    other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t not in masters)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
     seconds = STARTUP_SECONDS + max(
         plan.output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S
@@ -168,6 +190,8 @@ def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
         "predicted_peak_rss_bytes": a.predicted_peak_rss,
         "output_bytes": a.output_bytes,
         "read_bytes": a.read_bytes,
+        "source": plan.options.source,
+        "read_bytes_by_source": dict(plan.read_bytes_by_source),
         "estimated_seconds": round(a.estimated_seconds, 2),
         "available_memory_bytes": a.budget.effective.bytes,
         "memory_limit_source": a.budget.effective.source,

@@ -9,33 +9,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-import torch
+import numpy as np
 
 from inspector.errors import CorruptFileError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "complex64": torch.complex64,
-    "complex128": torch.complex128,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-    "uint16": torch.uint16,
-    "uint32": torch.uint32,
-    "uint64": torch.uint64,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
 
 
 class FilePool:
@@ -94,9 +75,14 @@ class FilePool:
         self.close()
 
 
-def byte_view(t: torch.Tensor) -> memoryview:
-    """A writable memoryview over a contiguous tensor's bytes (works for bf16, which numpy lacks)."""
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+def byte_view(a: np.ndarray[Any, Any]) -> memoryview:
+    """A writable byte memoryview over a contiguous array (bf16 and fp8 arrays included)."""
+    return a.reshape(-1).view(np.uint8).data
+
+
+def buffer(nbytes: int) -> np.ndarray[Any, Any]:
+    """A raw byte buffer for the pools (numpy, not bytearray: typed views of it need no copy)."""
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[list[Segment]]:
@@ -119,26 +105,26 @@ def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[list[
         yield batch
 
 
-def read_segments_into(pool: FilePool, segments: Iterable[Segment], out: torch.Tensor) -> int:
-    """Read segments back to back into the flat tensor `out`; returns elements read."""
+def read_segments_into(pool: FilePool, segments: Iterable[Segment], out: np.ndarray[Any, Any]) -> int:
+    """Read segments back to back into the flat array `out`; returns bytes read."""
     view = byte_view(out)
     pos = 0
     for seg in segments:
         n = seg.nbytes
         pool.read_into(seg.file, seg.offset, view[pos : pos + n])
         pos += n
-    return pos // out.element_size() if out.element_size() else 0
+    return pos
 
 
-def read_segments(pool: FilePool, segments: Sequence[Segment], dtype: str) -> torch.Tensor:
-    out = torch.empty(sum(s.numel for s in segments), dtype=TORCH_DTYPES[dtype])
+def read_segments(pool: FilePool, segments: Sequence[Segment], dtype: str) -> np.ndarray[Any, Any]:
+    out = np.empty(sum(s.numel for s in segments), dtype=numpy_dtype(dtype))
     read_segments_into(pool, segments, out)
     return out
 
 
 def read_tensor(
     ckpt: Checkpoint, name: str, state: str = "fp32", pool: FilePool | None = None
-) -> torch.Tensor:
+) -> np.ndarray[Any, Any]:
     """A whole tensor in its source dtype (fp32 master for trainable params). For tests and small tensors."""
     info = ckpt.tensor(name)
     segments = info.segments if state == "fp32" else dict(info.moments)[state]
@@ -146,14 +132,14 @@ def read_tensor(
     own = pool is None
     pool = pool or FilePool()
     try:
-        return read_segments(pool, segments, dtype).view(info.shape)
+        return read_segments(pool, segments, dtype).reshape(info.shape)
     finally:
         if own:
             pool.close()
 
 
-def read_ref(ref: TensorRef) -> torch.Tensor:
+def read_ref(ref: TensorRef) -> np.ndarray[Any, Any]:
     """Materialise a small TensorRef (step counters, buffers) honouring its strides."""
     segs = [Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs()]
     with FilePool() as pool:
-        return read_segments(pool, segs, ref.dtype).view(ref.shape)
+        return read_segments(pool, segs, ref.dtype).reshape(ref.shape)

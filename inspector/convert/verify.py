@@ -1,7 +1,17 @@
 """Check converted safetensors against the checkpoint, byte for byte, streaming (flat memory again).
 
-Each output tensor's source is re-read, converted exactly as `convert` does, and compared with the bytes in
-the output file. Names come from the header metadata `convert` writes (renames, deduped aliases).
+verify is meant to catch the converter's mistakes, so it shares as little with it as it can:
+- the output is read through verify's own header parse and plain positioned reads of the output files, not
+  through the plan (which fixed the header, the offsets and the shards the converter wrote);
+- the expected bytes are rebuilt from the scanned Checkpoint's segments with verify's own walk (no chunking
+  or buffer pools of the converter), and the two hot casts (fp32 → bf16, fp32 → fp16) are computed with
+  integer arithmetic written here, not with numpy/ml_dtypes as the converter casts (tests/test_cast.py
+  holds both against torch); the rarer casts (fp16 ↔ bf16, 16-bit → fp32) use the converter's cast.py;
+- `against="module"` / `"masters"` checks the output against the other source than the one it was converted
+  from: the 16-bit module copy and the fp32 masters are different bytes in different files.
+What it does share, and why: the scan (where each tensor's bytes live). That arithmetic is proven separately
+against DeepSpeed's own zero_to_fp32 by the interop suite and by the layout property tests; verify's job is
+what the converter did with it (selection, names, offsets, casts, writes).
 """
 
 from __future__ import annotations
@@ -9,19 +19,18 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
-from inspector.convert.plan import INDEX_NAME, META_KEY, SAFETENSORS_DTYPES, SINGLE_NAME
-from inspector.convert.reader import TORCH_DTYPES, FilePool, byte_view, iter_chunks, read_segments
-from inspector.errors import InspectorError
-from inspector.format.dtypes import itemsize
-from inspector.scan.model import Checkpoint
-
-_FROM_ST = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+from inspector.convert.cast import cast_into
+from inspector.convert.plan import INDEX_NAME, META_KEY, SINGLE_NAME, source_segments
+from inspector.convert.reader import FilePool
+from inspector.errors import CancelledError, CorruptFileError, InspectorError
+from inspector.format.dtypes import FROM_SAFETENSORS, itemsize, numpy_dtype
+from inspector.scan.model import Checkpoint, Segment
 
 
 @dataclass
@@ -31,11 +40,12 @@ class VerifyResult:
     mismatched: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # source files that could not be read, and why
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.mismatched or self.unexpected or self.missing)
+        return not (self.mismatched or self.unexpected or self.missing or self.unreadable)
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ def read_header(path: str) -> tuple[dict[str, Any], int]:
             if n > 100_000_000:
                 raise ValueError(f"header length {n} is implausible")
             header = json.loads(fh.read(n))
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
     except (OSError, ValueError) as exc:
         raise InspectorError(
             f"{path} is not a readable safetensors file ({exc}).", title="Bad output file"
@@ -78,9 +90,20 @@ def output_files(out_dir: str) -> list[str]:
     )
 
 
+def _unreadable_sources(ckpt: Checkpoint) -> list[str]:
+    """Source files the scan could not read: verify names them instead of calling tensors unexpected."""
+    return [f"{f.file}: {f.message}" if f.file and f.file not in f.message else f.message for f in ckpt.errors]
+
+
 def run_verify(
-    ckpt: Checkpoint, out_dir: str, cancel: threading.Event | None = None, chunk_elems: int = 1 << 22
+    ckpt: Checkpoint,
+    out_dir: str,
+    cancel: threading.Event | None = None,
+    chunk_elems: int = 1 << 20,  # 4 MiB of fp32: the integer casts' temporaries stay small
+    against: str | None = None,
 ) -> Iterator[VerifyProgress | VerifyResult]:
+    """Yield progress, then one VerifyResult. `against`: "masters" or "module" (default: the source the
+    output records it was converted from). Cancelling raises CancelledError, as the converter does."""
     res = VerifyResult()
     files = output_files(out_dir)
     headers = [(f, *read_header(os.path.join(out_dir, f))) for f in files]
@@ -92,6 +115,9 @@ def run_verify(
             break
     renamed: dict[str, str] = meta.get("renamed", {})
     aliases: dict[str, str] = meta.get("aliases", {})
+    source = against or meta.get("source", "masters")
+    if source not in ("masters", "module"):
+        raise InspectorError(f"Unknown verify source {source!r}.", hint="Use masters or module.")
     total = sum(
         int(v["data_offsets"][1]) - int(v["data_offsets"][0])
         for _, h, _ in headers
@@ -108,7 +134,7 @@ def run_verify(
                 if name == "__metadata__":
                     continue
                 if cancel is not None and cancel.is_set():
-                    return
+                    raise CancelledError("Verification cancelled.")
                 src_name = renamed.get(name, name)
                 seen.add(src_name)
                 try:
@@ -116,11 +142,11 @@ def run_verify(
                 except KeyError:
                     res.unexpected.append(name)
                     continue
-                out_dtype = _FROM_ST.get(info["dtype"], "")
+                out_dtype = FROM_SAFETENSORS.get(info["dtype"], "")
                 begin, end = (int(x) for x in info["data_offsets"])
                 if (
                     tuple(info["shape"]) != src.shape
-                    or out_dtype not in TORCH_DTYPES
+                    or not out_dtype
                     or (end - begin) != src.numel * itemsize(out_dtype)
                 ):
                     res.mismatched.append(f"{name} (shape/dtype)")
@@ -128,7 +154,13 @@ def run_verify(
                 if base + end > size:  # a cut-off output file is a verify failure, not a damaged checkpoint
                     res.mismatched.append(f"{name} ({fname} is truncated)")
                     continue
-                if not _same(pool, src.segments, src.dtype, path, base + begin, out_dtype, chunk_elems):
+                segments = source_segments(src, out_dtype, source)
+                try:
+                    same = _same(pool, segments, path, base + begin, out_dtype, chunk_elems, cancel)
+                except CorruptFileError as exc:
+                    res.unreadable.append(exc.message)
+                    continue
+                if not same:
                     res.mismatched.append(name)
                 res.checked += 1
                 res.bytes_checked += end - begin
@@ -138,25 +170,119 @@ def run_verify(
         seen.add(renamed.get(alias, alias))
         if owner not in {n for _, h, _ in headers for n in h}:
             res.missing.append(f"{owner} (owner of deduplicated alias {alias})")
+    if res.unexpected and ckpt.errors:  # not unexpected: they live in files the scan could not read
+        res.notes.append(f"{len(res.unexpected)} output tensors could not be found in the damaged checkpoint.")
+        res.unreadable += _unreadable_sources(ckpt)
+        res.unexpected = []
     absent = [t.name for t in ckpt.tensors if t.name not in seen]
     if absent and meta.get("filtered"):
         res.notes.append(f"{len(absent)} checkpoint tensors were left out by the conversion's selection.")
     elif absent:
         res.missing += absent
+    if source != meta.get("source", "masters"):
+        res.notes.append(
+            f"Checked against the {source} (converted from the {meta.get('source', 'masters')})."
+        )
     yield res
 
 
+def _pieces(segments: Sequence[Segment], limit: int) -> Iterator[list[Segment]]:
+    """verify's own walk over the source: runs of at most `limit` elements (not the converter's chunks)."""
+    out: list[Segment] = []
+    room = limit
+    for seg in segments:
+        size = itemsize(seg.dtype)
+        start = 0
+        while start < seg.numel:
+            n = min(room, seg.numel - start)
+            out.append(Segment(seg.file, seg.offset + start * size, n, seg.dtype))
+            start += n
+            room -= n
+            if not room:
+                yield out
+                out, room = [], limit
+    if out:
+        yield out
+
+
 def _same(
-    pool: FilePool, segments: Any, src_dtype: str, path: str, offset: int, out_dtype: str, chunk_elems: int
+    pool: FilePool,
+    segments: Sequence[Segment],
+    path: str,
+    offset: int,
+    out_dtype: str,
+    limit: int,
+    cancel: threading.Event | None,
 ) -> bool:
     osz = itemsize(out_dtype)
-    for segs in iter_chunks(segments, chunk_elems):
-        src = read_segments(pool, segs, src_dtype)
-        n = src.numel()
-        expect = src.to(TORCH_DTYPES[out_dtype]) if src_dtype != out_dtype else src
-        got = torch.empty(n * osz, dtype=torch.uint8)
-        pool.read_into(path, offset, byte_view(got))
-        if not torch.equal(got, expect.view(torch.uint8)):
+    for piece in _pieces(segments, limit):
+        if cancel is not None and cancel.is_set():
+            raise CancelledError("Verification cancelled.")
+        src_dtype = piece[0].dtype
+        n = sum(s.numel for s in piece)
+        src = np.empty(n, numpy_dtype(src_dtype))
+        raw = src.view(np.uint8).data
+        pos = 0
+        for seg in piece:
+            pool.read_into(seg.file, seg.offset, raw[pos : pos + seg.nbytes])
+            pos += seg.nbytes
+        got = np.empty(n * osz, np.uint8)
+        pool.read_into(path, offset, got.data)
+        if not np.array_equal(got, expected_bytes(src, src_dtype, out_dtype)):
             return False
         offset += n * osz
     return True
+
+
+def expected_bytes(src: np.ndarray[Any, Any], src_dtype: str, out_dtype: str) -> np.ndarray[Any, Any]:
+    """The output bytes for `src`: integer arithmetic for fp32 → bf16/fp16, cast.py for the rest."""
+    if src_dtype == out_dtype:
+        return src.view(np.uint8)
+    if src_dtype == "float32" and out_dtype == "bfloat16":
+        return bf16_bits(src.view(np.uint32)).view(np.uint8)
+    if src_dtype == "float32" and out_dtype == "float16":
+        return fp16_bits(src.view(np.uint32)).view(np.uint8)
+    out = np.empty(src.shape[0], numpy_dtype(out_dtype))
+    cast_into(src, out, threads=1)
+    return out.view(np.uint8)
+
+
+def bf16_bits(u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """fp32 bit patterns → bf16 by round to nearest even on the integers; NaN → 0xFFFF (torch on x86)."""
+    u = u.astype(np.uint32, copy=False)
+    r = u >> 16
+    r &= 1
+    r += np.uint32(0x7FFF)
+    r += u  # no wrap-around: only NaN patterns come near 2**32, and they are replaced below
+    r >>= 16
+    out = r.astype(np.uint16)
+    nan = np.isnan(u.view(np.float32))
+    if nan.any():
+        out[nan] = 0xFFFF
+    return out
+
+
+def fp16_bits(u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """fp32 bit patterns → fp16, round to nearest even, on the integers (IEEE 754 binary16)."""
+    u = u.astype(np.uint32, copy=False)
+    sign = ((u >> 16) & 0x8000).astype(np.uint32)
+    a = u & np.uint32(0x7FFFFFFF)
+    out = np.zeros(u.shape[0], np.uint32)
+    # normal results: rebias the exponent (127 -> 15) and round away the low 13 mantissa bits
+    normal = (a >= 0x38800000) & (a < 0x477FF000)
+    an = a[normal]
+    out[normal] = (an - np.uint32(0x38000000) + np.uint32(0x0FFF) + ((an >> 13) & 1)) >> 13
+    # subnormal results: the value in units of 2^-24, rounded to nearest even
+    sub = (a < 0x38800000) & (a >= 0x33000000)
+    asub = a[sub]
+    mant = (asub & 0x7FFFFF) | 0x800000
+    shift = (np.uint32(126) - (asub >> 23)).astype(np.uint32)  # 14..24 over this range
+    q = mant >> shift
+    rem = mant & ((np.uint32(1) << shift) - 1)
+    half = np.uint32(1) << (shift - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).astype(np.uint32)
+    out[sub] = q
+    out[(a >= 0x477FF000) & (a <= 0x7F800000)] = 0x7C00  # overflow and Inf
+    nan = a > 0x7F800000
+    out[nan] = 0x7E00 | ((a[nan] >> 13) & 0x3FF)  # quiet, top payload bits kept (F16C, as torch on x86)
+    return (out | sign).astype(np.uint16)

@@ -1,196 +1,39 @@
 """Write a realistic DeepSpeed ZeRO checkpoint in the exact on-disk layout, at any size, in flat memory.
 
-A small LLaMA-shaped model (tied embeddings, a frozen position table, fp32 and int64 buffers, a decay and a
-no-decay param group, odd sizes that need padding) is laid out as DeepSpeed 0.19.8 would save it after a few
-steps: model states, per-rank optimizer files with fp32 masters and Adam moments, 16-bit module copies.
-Values come from a counter-based hash, so any slice can be produced on demand and `expected()` can say what
-any tensor holds; storages are streamed, so a 1B-parameter demo needs no more RAM than a 1M one.
+The model and config (spec.py) are laid out as DeepSpeed 0.19.8 would save them after a few steps: model
+states, per-rank optimizer files with fp32 masters and Adam moments, 16-bit module copies. Values come
+from values.py, any slice on demand; storages are streamed by format/ptwriter, so a 1B-parameter demo needs
+no more RAM than a 1M one. Neither torch nor deepspeed is needed.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
-import math
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import torch
+import numpy as np
 
+from inspector.demo.spec import DS_VERSION, HALF, DemoSpec, Param, architecture, ds_config
+from inspector.demo.values import Array, FlatGroup, buffer_values, expected, master_values, state_values
 from inspector.format import ptwriter as pw
 
-DS_VERSION = "0.19.8"
-_HALF = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+__all__ = [
+    "DemoSpec",
+    "Param",
+    "architecture",
+    "buffer_values",
+    "ds_config",
+    "expected",
+    "master_values",
+    "state_values",
+    "write_demo",
+]
 
 
-@dataclass(frozen=True)
-class DemoSpec:
-    """What to write. `params` is a target; the real count is within a few percent."""
-
-    stage: int = 2
-    world_size: int = 2
-    dtype: str = "bf16"
-    params: int = 2_000_000
-    frozen: bool = True
-    tied: bool = True
-    bf16_optimizer: bool = False
-    sub_group_size: int = 1_000_000_000
-    steps: int = 3
-    tag: str | None = None
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    shape: tuple[int, ...]
-    kind: str  # "trainable" | "frozen" | "buffer"
-    dtype: str = "float32"  # buffers only
-    decay: bool = True
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-def architecture(spec: DemoSpec) -> tuple[list[Param], dict[str, str]]:
-    """Module-order parameters and buffers, and the tied aliases {alias: owner}."""
-    n = spec.params
-    layers = 2 if n < 2_000_000 else 4 if n < 100_000_000 else 8 if n < 2_000_000_000 else 16
-    vocab = min(50_257, 1_001 + (n // 20_000) * 2)
-    max_pos = 129 if spec.frozen else 0
-    # 4h^2 (attention) + 3*h*ffn (mlp, ffn ~ 8h/3) per layer, plus embeddings
-    a, b = 12.0 * layers, float(vocab + max_pos)
-    hidden = max(8, int((-b + math.sqrt(b * b + 4 * a * n)) / (2 * a)))
-    hidden += 1 - hidden % 2  # odd, so flat groups need padding
-    ffn = hidden * 8 // 3 + 1
-    ps = [Param("model.embed_tokens.weight", (vocab, hidden), "trainable")]
-    if spec.frozen:
-        ps.append(Param("model.embed_positions.weight", (max_pos, hidden), "frozen"))
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        ps += [Param(p + f"self_attn.{x}_proj.weight", (hidden, hidden), "trainable") for x in "qkvo"]
-        ps.append(Param(p + "self_attn.o_proj.bias", (hidden,), "trainable", decay=False))
-        ps += [
-            Param(p + "mlp.gate_proj.weight", (ffn, hidden), "trainable"),
-            Param(p + "mlp.up_proj.weight", (ffn, hidden), "trainable"),
-            Param(p + "mlp.down_proj.weight", (hidden, ffn), "trainable"),
-            Param(p + "input_layernorm.weight", (hidden,), "trainable", decay=False),
-            Param(p + "post_attention_layernorm.weight", (hidden,), "trainable", decay=False),
-        ]
-    ps += [
-        Param("model.norm.weight", (hidden,), "trainable", decay=False),
-        Param("model.rotary_emb.inv_freq", (max(1, hidden // 16),), "buffer", "float32"),
-        Param("model.tokens_seen", (), "buffer", "int64"),
-    ]
-    tied: dict[str, str] = {}
-    if spec.tied:
-        ps.append(Param("lm_head.weight", (vocab, hidden), "trainable"))
-        tied["lm_head.weight"] = "model.embed_tokens.weight"
-    return ps, tied
-
-
-# --- values --------------------------------------------------------------------------------------------------
-
-
-_BLOCK = 1 << 12
-
-
-def _uniform(seed: int, start: int, count: int) -> torch.Tensor:
-    """Uniform [0, 1) float32 for elements [start, start+count) of a stream: blocks of 4 Ki elements are
-    seeded by (seed, block), so any slice can be produced without generating what comes before it."""
-    if count <= 0:
-        return torch.empty(0)
-    k0, k1 = start // _BLOCK, (start + count - 1) // _BLOCK
-    g = torch.Generator()
-    out = torch.empty((k1 - k0 + 1) * _BLOCK)
-    for i, k in enumerate(range(k0, k1 + 1)):
-        g.manual_seed(seed * 1_000_003 + k)
-        torch.rand(_BLOCK, generator=g, out=out[i * _BLOCK : (i + 1) * _BLOCK])
-    off = start - k0 * _BLOCK
-    return out[off : off + count]
-
-
-def _seed(name: str) -> int:
-    return zlib.crc32(name.encode()) & 0x7FFFFFFF
-
-
-def master_values(name: str, start: int, count: int) -> torch.Tensor:
-    """fp32 master weights of elements [start, start+count) of a parameter, flattened."""
-    u = _uniform(_seed(name), start, count)
-    if name.endswith("norm.weight"):
-        return u.sub_(0.5).mul_(0.1).add_(1.0)
-    return u.sub_(0.5).mul_(0.08)
-
-
-def state_values(name: str, start: int, count: int, state: str, half: str) -> torch.Tensor:
-    """The value of a state ("master", "exp_avg", "exp_avg_sq", "half", "frozen") for a slice."""
-    m = master_values(name, start, count)
-    if state == "master":
-        return m
-    if state == "exp_avg":
-        return m * 0.1
-    if state == "exp_avg_sq":
-        return m * m * 0.01
-    return m.to(getattr(torch, half))  # "half" / "frozen": the 16-bit copy
-
-
-def buffer_values(p: Param) -> torch.Tensor:
-    if p.dtype == "int64":
-        return torch.full(p.shape, 12_345, dtype=torch.int64)
-    n = p.numel
-    return (
-        (1.0 / (10_000 ** (torch.arange(n, dtype=torch.float64) / max(n, 1)))).to(torch.float32).view(p.shape)
-    )
-
-
-def expected(spec: DemoSpec, name: str) -> torch.Tensor:
-    """What `get_fp32_state_dict_from_zero_checkpoint` should return for `name` (frozen stay 16-bit)."""
-    params, tied = architecture(spec)
-    name = tied.get(name, name)
-    p = next(q for q in params if q.name == name)
-    if p.kind == "buffer":
-        return buffer_values(p)
-    if p.kind == "frozen":
-        return state_values(name, 0, p.numel, "frozen", _HALF[spec.dtype]).view(p.shape)
-    return master_values(name, 0, p.numel).view(p.shape)
-
-
-# --- flat buffers ---------------------------------------------------------------------------------------------
-
-
-class FlatGroup:
-    """Producer of any slice of a group's flat buffer (params back to back, zeros in padding)."""
-
-    def __init__(self, entries: list[tuple[str, int, int, int]], state: str, half: str) -> None:
-        # entries: (name, flat offset, param start element, count) sorted by flat offset
-        self.entries = entries
-        self.starts = [e[1] for e in entries]
-        self.state = state
-        self.half = half
-
-    def __call__(self, start: int, count: int) -> torch.Tensor:
-        dtype = getattr(torch, self.half) if self.state in ("half", "frozen") else torch.float32
-        out = torch.zeros(count, dtype=dtype)
-        i = max(0, bisect.bisect_right(self.starts, start) - 1)
-        end = start + count
-        while i < len(self.entries):
-            name, foff, pstart, n = self.entries[i]
-            if foff >= end:
-                break
-            lo, hi = max(start, foff), min(end, foff + n)
-            if lo < hi:
-                out[lo - start : hi - start] = state_values(
-                    name, pstart + lo - foff, hi - lo, self.state, self.half
-                )
-            i += 1
-        return out
-
-
-def _shifted(prod: Callable[[int, int], torch.Tensor], base: int) -> Callable[[int, int], torch.Tensor]:
+def _shifted(prod: Callable[[int, int], Array], base: int) -> Callable[[int, int], Array]:
     return lambda s, c: prod(base + s, c)
 
 
@@ -235,27 +78,9 @@ def _loss_scaler(spec: DemoSpec) -> pw.Obj:
     )
 
 
-def ds_config(spec: DemoSpec) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": 4,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "Adam", "params": {"lr": 0.0001, "torch_adam": True}},
-        "zero_optimization": {"stage": spec.stage},
-    }
-    if spec.stage == 3 and spec.sub_group_size != 1_000_000_000:
-        cfg["zero_optimization"]["sub_group_size"] = spec.sub_group_size
-    if spec.dtype == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif spec.dtype == "fp16":
-        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
-    if spec.bf16_optimizer:
-        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-    return cfg
-
-
 def _step(spec: DemoSpec) -> pw.Tensor:
     value = float(spec.steps)
-    return pw.Tensor(pw.Storage("float32", 1, lambda s, c: torch.full((c,), value)), ())
+    return pw.Tensor(pw.Storage("float32", 1, lambda s, c: np.full(c, value, np.float32)), ())
 
 
 def write_demo(out_dir: str, spec: DemoSpec, progress: Callable[[str], None] | None = None) -> str:
@@ -295,7 +120,7 @@ class _Writer:
         self.tied = tied
         self.groups = groups
         self.ws = spec.world_size
-        self.half = _HALF[spec.dtype]
+        self.half = HALF[spec.dtype]
         self.prefix = "bf16_" if spec.dtype == "bf16" else ""
 
     def _module_states(

@@ -2,7 +2,7 @@
 # (typeshed does not describe the pure-Python pickle._Pickler we extend)
 """Write `torch.save`-compatible zip archives whose storages are streamed, never held in memory.
 
-Used by the demo checkpoint writer: the object tree is pickled (protocol 2, like torch) with storages as
+Used by the demo checkpoint writer, with numpy only (no torch): the object tree is pickled (protocol 2, like torch) with storages as
 persistent ids, then each storage record is produced chunk by chunk. DeepSpeed's classes are emitted as
 plain GLOBAL references, so deepspeed need not be installed to write a checkpoint it can read.
 """
@@ -19,24 +19,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
-from inspector.convert.reader import TORCH_DTYPES, byte_view
+from inspector.format.dtypes import STORAGE_CLASSES, numpy_dtype
 
 ALIGN = 64
-_STORAGE_TYPES = {
-    "float32": "FloatStorage",
-    "float16": "HalfStorage",
-    "bfloat16": "BFloat16Storage",
-    "int64": "LongStorage",
-    "float64": "DoubleStorage",
-    "int32": "IntStorage",
-    "uint8": "ByteStorage",
-    "bool": "BoolStorage",
-}
 
-Producer = Callable[[int, int], torch.Tensor]
-"""Return elements [start, start+count) of a storage as a tensor of its dtype."""
+Producer = Callable[[int, int], "np.ndarray[Any, Any]"]
+"""Return elements [start, start+count) of a storage as a numpy array (cast to the storage's dtype if not
+already in it: values are rounded by numpy, which matches torch for every non-NaN value)."""
 
 
 @dataclass(eq=False)
@@ -108,7 +99,7 @@ class _Pickler(pickle._Pickler):  # type: ignore[name-defined, misc]
             if obj.key is None:
                 obj.key = str(len(self.storages))
                 self.storages.append(obj)
-            return ("storage", Global("torch", _STORAGE_TYPES[obj.dtype]), obj.key, "cpu", obj.numel)
+            return ("storage", Global("torch", STORAGE_CLASSES[obj.dtype]), obj.key, "cpu", obj.numel)
         return None
 
     def save_marker_global(self, obj: Global) -> None:
@@ -217,14 +208,15 @@ class _ZipOut:
 
 
 def _storage_chunks(st: Storage, chunk_elems: int) -> Iterator[memoryview]:
+    dtype = numpy_dtype(st.dtype)
     for start in range(0, st.numel, chunk_elems):
         count = min(chunk_elems, st.numel - start)
         if st.produce is None:
-            t = torch.zeros(count, dtype=TORCH_DTYPES[st.dtype])
+            a = np.zeros(count, dtype=dtype)
         else:
-            t = st.produce(start, count).to(TORCH_DTYPES[st.dtype]).contiguous()
-            assert t.numel() == count, (t.numel(), count)
-        yield byte_view(t)
+            a = np.ascontiguousarray(np.asarray(st.produce(start, count)).reshape(-1).astype(dtype, copy=False))
+            assert a.shape[0] == count, (a.shape, count)
+        yield a.view(np.uint8).data
 
 
 def save(obj: Any, path: str | os.PathLike[str], chunk_elems: int = 1 << 22) -> int:

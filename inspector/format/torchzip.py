@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
-from inspector.format.dtypes import _STORAGE_DTYPES, ITEMSIZE, itemsize
+from inspector.format.dtypes import ITEMSIZE, STORAGE_DTYPES, TORCH_ALIASES, TORCH_NAMES, itemsize
 from inspector.format.records import (
     InertDict,
     Record,
@@ -160,42 +160,6 @@ def view_problem(ref: TensorRef) -> str:
     return ""
 
 
-_TORCH_DTYPES = {
-    "float32",
-    "float",
-    "float64",
-    "double",
-    "float16",
-    "half",
-    "bfloat16",
-    "int64",
-    "long",
-    "int32",
-    "int",
-    "int16",
-    "short",
-    "int8",
-    "uint8",
-    "bool",
-    "complex64",
-    "complex128",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float8_e5m2fnuz",
-}
-_DTYPE_ALIASES = {
-    "float": "float32",
-    "double": "float64",
-    "half": "float16",
-    "long": "int64",
-    "int": "int32",
-    "short": "int16",
-}
-
 _INERT_RECORDS = {
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
     ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
@@ -269,10 +233,10 @@ class SafeUnpickler(pickle.Unpickler):
         if key == ("torch._tensor", "_rebuild_from_type_v2"):
             return _rebuild_from_type_v2
         if module == "torch":
-            if name in _STORAGE_DTYPES:
-                return _Token(_STORAGE_DTYPES[name])
-            if name in _TORCH_DTYPES:
-                return _Token(_DTYPE_ALIASES.get(name, name))
+            if name in STORAGE_DTYPES:
+                return _Token(STORAGE_DTYPES[name])
+            if name in TORCH_NAMES:
+                return _Token(TORCH_ALIASES.get(name, name))
             if name == "Size":
                 return _size
             if name == "device":

@@ -64,6 +64,8 @@ class TensorInfo:
     alias_of: str | None = None
     group: int | None = None
     moments: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
+    # stage 1/2 trainable params: the 16-bit copy in the model-states file (`module`), in the compute dtype
+    module_copy: tuple[Segment, ...] = ()
 
     @property
     def numel(self) -> int:

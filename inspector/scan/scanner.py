@@ -10,7 +10,7 @@ import math
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -20,6 +20,7 @@ from inspector.errors import (
     NotACheckpointError,
     UnsupportedCheckpointError,
 )
+from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.format.zipreader import open_regular, os_error
 from inspector.scan.layout import Layout, stage3_layout, stage12_layout
@@ -148,18 +149,6 @@ def _dtype_of(tensors: Mapping[str, Any]) -> str | None:
     return None
 
 
-_SCALAR_FORMATS = {
-    "float32": "<f",
-    "float64": "<d",
-    "float16": "<e",
-    "int64": "<q",
-    "int32": "<i",
-    "int16": "<h",
-    "int8": "<b",
-    "uint8": "<B",
-}
-
-
 def _item(value: Any) -> int | None:
     """A step counter: int, float or a 0-d TensorRef (read its few bytes with pread; no torch import)."""
     if isinstance(value, bool) or value is None:
@@ -174,7 +163,7 @@ def _item(value: Any) -> int | None:
 
 
 def _read_scalar(ref: TensorRef) -> float | int | None:
-    fmt = "<f" if ref.dtype == "bfloat16" else _SCALAR_FORMATS.get(ref.dtype)
+    fmt = "<f" if ref.dtype == "bfloat16" else STRUCT_FORMATS.get(ref.dtype)
     if fmt is None:
         return None
     ((offset, _count),) = ref.runs()
@@ -191,6 +180,14 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
         )
     value: float | int = struct.unpack(fmt, b"\0\0" + raw if ref.dtype == "bfloat16" else raw)[0]
     return value
+
+
+def _with_module_copy(t: TensorInfo, ref: Any) -> TensorInfo:
+    """Attach the 16-bit module copy of a trainable param (stage 1/2; stage 3 keeps empty placeholders)."""
+    if not isinstance(ref, TensorRef) or ref.numel != t.numel or ref.numel == 0:
+        return t
+    segs = tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
+    return replace(t, module_copy=segs)
 
 
 def scan(path: str, tag: str | None = None) -> Checkpoint:
@@ -365,7 +362,7 @@ class _Scanner:
         order = list(module) + [n for n in trainable if n not in module]
         for name in order:
             if name in trainable:
-                out[name] = trainable[name]
+                out[name] = _with_module_copy(trainable[name], module.get(name))
             elif name in buffer_names:
                 out[name] = self._plain(name, module[name], Kind.BUFFER)
             elif name in shared:
@@ -404,6 +401,7 @@ class _Scanner:
                 alias_of=owner,
                 group=src.group,
                 moments=src.moments,
+                module_copy=src.module_copy,
             )
         pos = {n: i for i, n in enumerate(order)}
         return sorted(out.values(), key=lambda t: pos.get(t.name, len(pos)))

@@ -17,6 +17,16 @@ def module_key(name: str) -> str:
     return _INDEX.sub(".*", name.rpartition(".")[0]) or "(root)"
 
 
+def read_bytes_by_source(ckpt: Checkpoint) -> dict[str, int]:
+    """Bytes a full conversion to the compute dtype reads from the checkpoint: from the fp32 masters, or with
+    `--source module` (the 16-bit module copy of stage-1/2 trainable params, where there is one)."""
+    masters = sum(seg.nbytes for t in ckpt.tensors for seg in t.segments)
+    module = sum(
+        sum(seg.nbytes for seg in (t.module_copy if t.module_copy else t.segments)) for t in ckpt.tensors
+    )
+    return {"masters": masters, "module": module}
+
+
 @dataclass
 class ModuleRow:
     module: str
@@ -67,6 +77,7 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
         "dynamic_loss_scale": ckpt.dynamic_loss_scale,
         "total_file_bytes": ckpt.total_bytes,
         "module_copy_bytes": ckpt.module_copy_bytes,
+        "read_bytes_by_source": read_bytes_by_source(ckpt),
         "kinds": kinds,
         "groups": [
             {

@@ -55,6 +55,9 @@ class Config:
     round_robin: bool = False
     param_alignment: bool = False
     sub_group_size: int = 0
+    grad_accum: int = 1
+    scale_power: int = 0  # fp16 initial_scale_power; high values make the first steps overflow (skipped)
+    steps: int = 0
 
     def train_args(self) -> list[str]:
         args = ["--stage", str(self.stage), "--dtype", self.dtype, "--groups", str(self.groups)]
@@ -68,6 +71,12 @@ class Config:
         args += [f for f, on in flags.items() if on]
         if self.sub_group_size:
             args += ["--sub-group-size", str(self.sub_group_size)]
+        if self.grad_accum != 1:
+            args += ["--grad-accum", str(self.grad_accum)]
+        if self.scale_power:
+            args += ["--scale-power", str(self.scale_power)]
+        if self.steps:
+            args += ["--steps", str(self.steps)]
         return args
 
     @property
@@ -98,6 +107,11 @@ CONFIGS: dict[str, Config] = {
         Config("s2_round_robin", 2, round_robin=True),
         Config("s2_align_round_robin", 2, param_alignment=True, round_robin=True),
         Config("s3_sub_group", 3, sub_group_size=300),
+        # for the module-copy proof (issue 9): fp16 runs whose first steps overflow and are skipped, and
+        # gradient accumulation, with frozen and tied params
+        Config("s2_fp16_overflow", 2, "fp16", frozen=True, tied=True, scale_power=18, steps=8),
+        Config("s1_fp16_overflow_accum", 1, "fp16", frozen=True, tied=True, scale_power=18, steps=8, grad_accum=2),
+        Config("s2_bf16_accum", 2, frozen=True, tied=True, groups=2, grad_accum=4),
     ]
 }
 
@@ -464,6 +478,15 @@ def inspector_api() -> Any:
     require_module("inspector.scan.scanner")
     require_module("inspector.convert.reader")
     from inspector.convert.reader import read_tensor
+    from inspector.format.dtypes import torch_dtype
     from inspector.scan.scanner import scan  # imported late: collection must not need it
 
-    return scan, read_tensor
+    def read_tensor_torch(*args: Any, **kwargs: Any) -> torch.Tensor:
+        """inspector's reader returns numpy (no torch on its path); the tests compare torch tensors."""
+        a = read_tensor(*args, **kwargs)
+        if a.size == 0:
+            return torch.empty(a.shape, dtype=torch_dtype(str(a.dtype)))
+        raw = torch.from_numpy(a.reshape(-1).view("uint8").copy())
+        return raw.view(torch_dtype(str(a.dtype))).reshape(a.shape)
+
+    return scan, read_tensor_torch

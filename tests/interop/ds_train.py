@@ -60,6 +60,10 @@ def main() -> None:
     ap.add_argument("--param-alignment", action="store_true")
     ap.add_argument("--sub-group-size", type=int, default=0)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--grad-accum", type=int, default=1, help="gradient_accumulation_steps")
+    ap.add_argument(
+        "--scale-power", type=int, default=8, help="fp16 initial_scale_power (high: early steps overflow)"
+    )
     ap.add_argument("--tag", default=None)
     args = ap.parse_args()
 
@@ -88,7 +92,7 @@ def main() -> None:
         zero["sub_group_size"] = args.sub_group_size
     config: dict = {
         "train_micro_batch_size_per_gpu": 4,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": args.grad_accum,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
         "zero_optimization": zero,
         "steps_per_print": 10_000,
@@ -96,13 +100,15 @@ def main() -> None:
     if args.dtype == "bf16":
         config["bf16"] = {"enabled": True}
     elif args.dtype == "fp16":
-        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
+        config["fp16"] = {"enabled": True, "initial_scale_power": args.scale_power}
+        if args.scale_power != 8:  # overflow runs: recover quickly so later steps really update
+            config["fp16"]["loss_scale_window"] = 2
     if args.bf16_optimizer:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
 
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     g = torch.Generator().manual_seed(int(os.environ.get("RANK", "0")))
-    for _ in range(args.steps):
+    for _ in range(args.steps * args.grad_accum):  # engine.step() only steps at accumulation boundaries
         x = torch.randint(0, 37, (4, 5), generator=g)
         out = engine(x)
         loss = out.float().pow(2).mean()

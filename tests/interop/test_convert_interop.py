@@ -158,6 +158,45 @@ def _check_convert(config: str, dtype: str, convert: Callable, reference: Callab
         assert same_bits(out.tensors[alias], out.tensors[owner])
 
 
+MODULE_SOURCE_CONFIGS = (
+    "s1_bf16",
+    "s2_bf16",
+    "s1_fp16",
+    "s2_fp16",
+    "s1_bf16_ws3",
+    "s2_bf16_ws3",
+    "bf16_optimizer",
+    "s2_round_robin",
+    "s2_align_round_robin",
+    "s2_fp16_overflow",
+    "s1_fp16_overflow_accum",
+    "s2_bf16_accum",
+)
+
+
+@pytest.mark.configs(*MODULE_SOURCE_CONFIGS)
+def test_module_source_equals_masters(
+    config: str, convert: Callable, reference: Callable, ds_checkpoint: Callable, inspector_cli: Callable
+) -> None:
+    """`--source module` (the 16-bit module copy, half the bytes, no cast) gives DeepSpeed's tensors bit for
+    bit in the training dtype, and `verify` passes it against either source."""
+    ref = reference(config)
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[ref.compute_dtype]
+    outdir = convert(config, dtype, "--source", "module")
+    out = load_output(outdir)
+    assert set(out.tensors) == set(ref.tensors)
+    for name, got in out.tensors.items():
+        assert same_bits(got, expected(ref, name, DTYPES[dtype])), f"{name} ({ref.kinds[name]}) differs"
+    root = str(ds_checkpoint(config).root)
+    for against in ("module", "masters"):
+        proc = inspector_cli("verify", root, str(outdir), "--against", against)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    pre = inspector_cli("preflight", root, "--dtype", dtype, "--json")
+    assert pre.returncode == 0, pre.stderr
+    by = json.loads(pre.stdout)["read_bytes_by_source"]
+    assert by["module"] < by["masters"]
+
+
 @pytest.mark.configs("s2_bf16", "s3_bf16_ws3", "bf16_optimizer")
 def test_sharded_index(config: str, convert: Callable, reference: Callable) -> None:
     """A small --shard-size gives numbered shards plus an index HF loaders accept, with the same tensors."""

@@ -183,23 +183,25 @@ _NO_DEEPSPEED = textwrap.dedent("""
 
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "deepspeed":
+            if name.split(".")[0] in ("deepspeed", "torch"):
                 raise ImportError(f"interop test blocks {name}")
             return None
 
     sys.meta_path.insert(0, Block())
-    import torch
+    import numpy as np
     from inspector.scan.scanner import scan
     from inspector.convert.reader import read_tensor
+    from inspector.format.dtypes import FLOATING
 
     ckpt = scan(sys.argv[1])
     out = {}
     for info in ckpt.tensors:
         t = read_tensor(ckpt, info.name)
-        wide = t.double() if t.is_floating_point() else t
-        out[info.name] = [str(t.dtype), list(t.shape),
-                          hashlib.sha256(wide.contiguous().reshape(-1).numpy().tobytes()).hexdigest()]
-    assert not [m for m in sys.modules if m.split(".")[0] == "deepspeed"]
+        name = str(t.dtype)
+        wide = t.astype(np.float64) if name in FLOATING else t
+        out[info.name] = [f"torch.{name}", list(t.shape),
+                          hashlib.sha256(np.ascontiguousarray(wide).reshape(-1).tobytes()).hexdigest()]
+    assert not [m for m in sys.modules if m.split(".")[0] in ("deepspeed", "torch")]
     print(json.dumps(out))
 """)
 
@@ -215,7 +217,7 @@ def _digest(t: torch.Tensor) -> str:
 def test_works_without_deepspeed(
     config: str, ds_checkpoint: Callable, reference: Callable, inspector_api: Any
 ) -> None:
-    """Scan and read in a process where `import deepspeed` fails: the reader must not need it."""
+    """Scan and read in a process where `import deepspeed` and `import torch` fail: the reader needs neither."""
     ref = reference(config)
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
