@@ -1,8 +1,8 @@
 """Train a tiny Llama-style causal LM a few steps under Hugging Face Trainer with DeepSpeed on the CPU.
 
 Run under torchrun (gloo, DS_ACCELERATOR=cpu). Writes OUT/run (Trainer's output_dir, with checkpoint-N/
-inside), OUT/base (the untrained model saved with save_pretrained: the base a LoRA run names) and, for
---lora, OUT/adapter-trained (PEFT's own save_pretrained of the trained adapter, fp32, from rank 0).
+inside), OUT/base (the untrained model saved with save_pretrained: the base a LoRA run names) and
+OUT/tokenizer (a WordLevel tokenizer trained here: nothing is downloaded).
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 hf_train.py OUT --stage 3
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 hf_train.py OUT --stage 2 --lora
 """
@@ -108,7 +108,7 @@ def main() -> None:
             task_type="CAUSAL_LM",
             init_lora_weights=True,
         )
-        model.config.name_or_path = base_dir
+        model.name_or_path = os.path.abspath(base_dir)  # what PEFT records as base_model_name_or_path
         model = get_peft_model(model, lcfg)
     from transformers import AutoTokenizer
 
@@ -120,10 +120,6 @@ def main() -> None:
         rows.append({"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)})
     trainer = Trainer(model=model, args=targs, train_dataset=rows, processing_class=tok)
     trainer.train()
-    if args.lora and rank == 0:
-        # PEFT's own save of the trained adapter; under ZeRO-2 every rank holds the full bf16 module,
-        # so rebuild fp32 values from the engine's masters instead (see test): here just the layout.
-        trainer.model.save_pretrained(os.path.join(args.out, "adapter-trained"))
 
 
 if __name__ == "__main__":

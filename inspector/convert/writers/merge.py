@@ -163,6 +163,11 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
+def _bytes(a: np.ndarray) -> memoryview:
+    """Raw bytes of an array (bf16 / fp8 have no buffer-protocol format, so go through uint8)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+
+
 def _blocks(
     pool: FilePool, t: PlannedTensor, merge: Merge | None, limit: int
 ) -> Iterator[bytes | memoryview]:
@@ -170,8 +175,7 @@ def _blocks(
     if merge is None:
         for segs in iter_chunks(t.segments, limit):
             src = _read(pool, segs, t.src_dtype)
-            out = src if t.src_dtype == t.out_dtype else src.astype(NP_DTYPES[t.out_dtype])
-            yield out.data.cast("B")
+            yield _bytes(src if t.src_dtype == t.out_dtype else src.astype(NP_DTYPES[t.out_dtype]))
         return
     a, b = _as_f32(pool, merge.a), _as_f32(pool, merge.b)
     cols = t.shape[1]
@@ -184,7 +188,7 @@ def _blocks(
         delta = (a[:, row:end].T @ b.T) if merge.transposed else (b[row:end] @ a)
         out = w + delta * scale
         row = end
-        yield np.ascontiguousarray(out.astype(NP_DTYPES[t.out_dtype])).data.cast("B")
+        yield _bytes(out.astype(NP_DTYPES[t.out_dtype]))
 
 
 def run_merged(
