@@ -277,3 +277,41 @@ def test_merge_refusals_are_clear(demo: Any, tmp_path: Path) -> None:
     plain = scan(str(demo(SPEC)))
     with pytest.raises(Exception, match="no LoRA parameters"):
         plan_export(plain, ConvertOptions(), adapter=True)
+
+
+def test_scan_json_describes_the_adapter(demo: Any, tmp_path: Path) -> None:
+    from inspector.scan.summary import adapter_json, checkpoint_json
+
+    ckpt = _lora_checkpoint(demo, tmp_path, use_rslora=True)
+    info = adapter_json(ckpt)
+    assert info is not None
+    assert info["layers"] == 2 and info["r"] == 2 and info["lora_alpha"] == 4 and info["use_rslora"] is True
+    assert info["base_model_name_or_path"] == str(tmp_path / "base") and info["merge_problems"] == []
+    assert checkpoint_json(scan(str(demo(SPEC))))["adapter"] is None
+
+
+def test_merged_output_shards_with_an_index(demo: Any, tmp_path: Path) -> None:
+    ckpt = _lora_checkpoint(demo, tmp_path)
+    xp = plan_export(ckpt, ConvertOptions(dtype="fp32", shard_size=300), merge=True)
+    _write(xp, tmp_path / "out")
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files == sorted(p.name for p in (tmp_path / "out").glob("model-*.safetensors"))
+    got: dict[str, np.ndarray] = {}
+    for f in files:
+        got |= load_file(tmp_path / "out" / f)
+    want = _expected(ckpt, 2.0, 2.0)
+    assert set(got) == set(want) == set(index["weight_map"])
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-6, err_msg=k)
+    assert not list((tmp_path / "out").glob("*.partial"))
+
+
+def test_adapter_with_trained_biases_keeps_peft_names(demo: Any, tmp_path: Path) -> None:
+    ckpt = _lora_checkpoint(demo, tmp_path, bias="lora_only")
+    bias = replace(ckpt.tensor(f"{P}model.norm.weight"), name=f"{Q}.base_layer.bias", kind=Kind.TRAINABLE)
+    ckpt = replace(ckpt, tensors=(*ckpt.tensors, bias))
+    a = detect_adapter(ckpt)
+    assert a is not None and f"{Q}.base_layer.bias" in a.tensors
+    xp = plan_export(ckpt, ConvertOptions(), adapter=True)
+    assert f"{Q}.base_layer.bias" in {t.name for t in xp.plan.shards[0].tensors}

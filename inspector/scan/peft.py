@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
-from inspector.scan.model import Checkpoint, TensorInfo
+from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
@@ -170,9 +170,9 @@ def detect_adapter(ckpt: Checkpoint) -> Adapter | None:
             parts.setdefault((m.group("module"), m.group("adapter")), {})[
                 m.group("part") + ("." + m.group("suffix") if m.group("suffix") else "")
             ] = t
-    found = read_adapter_config(ckpt.root)
     if not parts:
         return None
+    found = read_adapter_config(ckpt.root)
     names = sorted({a for _, a in parts})
     name = "default" if "default" in names else names[0]
     config, config_path = found if found else ({}, None)
@@ -205,14 +205,17 @@ def detect_adapter(ckpt: Checkpoint) -> Adapter | None:
         if bias is not None:
             problems.append("lora_bias (a bias on lora_B) is not supported when merging")
         layers.append(LoraLayer(module, a.name, b.name, r, scale, emb, fan, bias.name if bias else None))
-    saved = [
-        t.name
-        for t in ckpt.tensors
-        if (_LORA_RE.match(t.name) and _LORA_RE.match(t.name).group("adapter") == name)  # type: ignore[union-attr]
-        or ((m := _SAVE_RE.match(t.name)) and m.group("adapter") == name)
-        or (config.get("bias", "none") != "none" and t.name.endswith(".bias") and t.kind.value == "trainable")
-    ]
+    saved = [t.name for t in ckpt.tensors if _in_adapter(t, name, config.get("bias", "none"))]
     return Adapter(name, tuple(layers), tuple(saved), config, config_path, tuple(dict.fromkeys(problems)))
+
+
+def _in_adapter(t: TensorInfo, adapter: str, bias: str) -> bool:
+    """Whether PEFT's adapter_model.safetensors holds this tensor: LoRA weights, modules_to_save copies, and
+    trained biases when `bias` is "all" / "lora_only"."""
+    m = _LORA_RE.match(t.name) or _SAVE_RE.match(t.name)
+    if m:
+        return m.group("adapter") == adapter
+    return bias != "none" and t.name.endswith(".bias") and t.kind is Kind.TRAINABLE
 
 
 def require_mergeable(adapter: Adapter) -> None:
