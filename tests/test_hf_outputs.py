@@ -315,3 +315,12 @@ def test_adapter_with_trained_biases_keeps_peft_names(demo: Any, tmp_path: Path)
     assert a is not None and f"{Q}.base_layer.bias" in a.tensors
     xp = plan_export(ckpt, ConvertOptions(), adapter=True)
     assert f"{Q}.base_layer.bias" in {t.name for t in xp.plan.shards[0].tensors}
+
+
+def test_adapter_and_base_scanning_import_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, inspector.scan.peft, inspector.scan.basemodel, inspector.scan.summary; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

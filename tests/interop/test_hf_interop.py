@@ -179,6 +179,12 @@ def test_lora_adapter_export_loads_in_peft(
 
     work = hf_run(run)
     ckpt = next((work / "run").glob("checkpoint-*"))
+    scanned = inspector_cli("scan", str(work / "run"), "--json")
+    adapter = json.loads(scanned.stdout)["adapter"]
+    assert adapter["layers"] == 6 and adapter["r"] == 4 and adapter["lora_alpha"] == 8
+    assert adapter["use_rslora"] is (run == "rslora") and adapter["base_model_name_or_path"] == str(
+        work / "base"
+    )
     out = tmp_path / "adapter"
     _convert(inspector_cli, str(work / "run"), str(out), "--adapter")
     assert (out / "adapter_config.json").read_bytes() == (ckpt / "adapter_config.json").read_bytes()
