@@ -23,6 +23,7 @@ import torch
 pytestmark = pytest.mark.interop
 HERE = Path(__file__).resolve().parent
 RUNS = {
+    "lora_zero3": ["--stage", "3", "--lora"],
     "full": ["--stage", "3"],
     "lora": ["--stage", "2", "--lora"],
     "rslora": ["--stage", "2", "--lora", "--rslora"],
@@ -167,7 +168,7 @@ def _trained_adapter(work: Path) -> dict[str, torch.Tensor]:
     return {peft_key(k, "default"): v for k, v in _reference(work).items() if ".lora_" in k}
 
 
-@pytest.mark.parametrize("run", ["lora", "rslora"])
+@pytest.mark.parametrize("run", ["lora", "rslora", "lora_zero3"])
 def test_lora_adapter_export_loads_in_peft(
     run: str, hf_run: Callable[[str], Path], inspector_cli: Any, tmp_path: Path
 ) -> None:
@@ -205,7 +206,7 @@ def test_lora_adapter_export_loads_in_peft(
         assert torch.equal(loaded[k], v), k
 
 
-@pytest.mark.parametrize("run", ["lora", "rslora"])
+@pytest.mark.parametrize("run", ["lora", "rslora", "lora_zero3"])
 def test_lora_merge_equals_peft_merge_and_unload(
     run: str, hf_run: Callable[[str], Path], inspector_cli: Any, tmp_path: Path
 ) -> None:
