@@ -324,3 +324,20 @@ def test_adapter_and_base_scanning_import_no_torch() -> None:
     code = "import sys, inspector.scan.peft, inspector.scan.basemodel, inspector.scan.summary; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_cli_refusals_and_verify_of_a_merge(demo: Any, tmp_path: Path, cli: Any) -> None:
+    from inspector.convert.writers.merge import is_merged_output
+
+    root = demo(SPEC)
+    rc, _, stderr = cli("convert", root, tmp_path / "a", "--adapter")
+    assert rc == 2 and "no LoRA parameters" in stderr
+    rc, _, stderr = cli("convert", root, tmp_path / "b", "--base", str(tmp_path))
+    assert rc == 2 and "--base is only used with --merge-adapter" in stderr
+    ckpt = _lora_checkpoint(demo, tmp_path)
+    _write(plan_export(ckpt, ConvertOptions(), merge=True), tmp_path / "merged")
+    assert is_merged_output(str(tmp_path / "merged"))
+    rc, _, stderr = cli("verify", root, tmp_path / "merged")
+    assert rc == 2 and "--merge-adapter" in stderr
+    rc, _, stderr = cli("convert", root, tmp_path / "plain")
+    assert rc == 0 and not is_merged_output(str(tmp_path / "plain"))

@@ -268,9 +268,17 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.convert.verify import VerifyResult, run_verify
+    from inspector.convert.writers.merge import is_merged_output
     from inspector.scan.scanner import scan
 
     console = _console()
+    if is_merged_output(os.path.abspath(args.out)):
+        raise InspectorError(
+            f"{args.out} was written by --merge-adapter: its weights are base + LoRA delta, not the checkpoint's "
+            "tensors, so there is nothing to compare byte for byte.",
+            hint="Verify an --adapter or plain conversion instead; the merge itself is tested against PEFT.",
+            title="Cannot verify a merged model",
+        )
     ckpt = scan(args.path, args.tag)
     result = None
     start = time.monotonic()

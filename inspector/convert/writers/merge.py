@@ -11,6 +11,7 @@ write. Memory stays a few row blocks whatever the model. No torch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -21,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from inspector.convert.engine import Progress, Report, prepare_output
-from inspector.convert.plan import ConversionPlan, ConvertOptions, PlannedTensor, build_plan
+from inspector.convert.plan import META_KEY, ConversionPlan, ConvertOptions, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError, InspectorError, OutputError
 from inspector.format.dtypes import itemsize
@@ -47,6 +48,7 @@ NP_DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
 }
 _EVENT_INTERVAL = 0.25
+MERGED_KEY = "merged_adapter"
 PARTIAL = ".partial"
 
 
@@ -122,6 +124,7 @@ def build_merged_plan(
         merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
     synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
     plan = build_plan(synthetic, replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False))
+    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header)) for s in plan.shards))
     kept = {t.name for s in plan.shards for t in s.tensors}
     merges = {n: m for n, m in merges.items() if n in kept}
     for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
@@ -129,6 +132,28 @@ def build_merged_plan(
             raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
     notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
     return MergedPlan(plan, merges, folder, tuple(notes))
+
+
+def _mark_merged(header: bytes) -> bytes:
+    """Record in the header metadata that the values are merged (so `verify` can say why it cannot compare)."""
+    body = json.loads(header[8:])
+    meta = json.loads(body["__metadata__"][META_KEY])
+    body["__metadata__"][META_KEY] = json.dumps({**meta, MERGED_KEY: True}, separators=(",", ":"))
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def is_merged_output(out_dir: str) -> bool:
+    """Whether `out_dir` holds a --merge-adapter output (its values are not the checkpoint's, by design)."""
+    from inspector.convert.verify import output_files, read_header
+
+    try:
+        header, _ = read_header(os.path.join(out_dir, output_files(out_dir)[0]))
+        raw = (header.get("__metadata__") or {}).get(META_KEY)
+        return bool(raw and json.loads(raw).get(MERGED_KEY))
+    except (InspectorError, ValueError, AttributeError):
+        return False
 
 
 def _scales(adapter: Adapter) -> str:
