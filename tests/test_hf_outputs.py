@@ -341,3 +341,26 @@ def test_cli_refusals_and_verify_of_a_merge(demo: Any, tmp_path: Path, cli: Any)
     assert rc == 2 and "--merge-adapter" in stderr
     rc, _, stderr = cli("convert", root, tmp_path / "plain")
     assert rc == 0 and not is_merged_output(str(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        f"{Q}.lora_A.default.weight",
+        f"{Q}.lora_B.default.bias",
+        f"{E}.lora_embedding_B.default",
+        f"{H}.modules_to_save.default.weight",
+        f"{Q}.lora_magnitude_vector.default.weight",
+        f"{Q}.base_layer.bias",
+        f"{P}model.default.lora_A.default.weight",  # a module named like the adapter keeps its name
+    ],
+)
+def test_adapter_renames_agree_with_peft_key(name: str) -> None:
+    import re
+
+    from inspector.convert.export import _PEFT_RENAMES
+
+    out = name
+    for pattern, repl in _PEFT_RENAMES:
+        out = re.sub(pattern.replace("{name}", "default"), repl, out)
+    assert out == peft_key(name, "default")

@@ -35,6 +35,7 @@ _PEFT_RENAMES = (
     (r"\.(lora_A|lora_B)\.{name}\.(weight|bias)$", r".\1.\2"),
     (r"\.(lora_embedding_A|lora_embedding_B)\.{name}$", r".\1"),
     (r"\.modules_to_save\.{name}\.", "."),
+    (r"\.lora_magnitude_vector\.{name}\.weight$", ".lora_magnitude_vector"),  # DoRA keeps its old key
 )
 
 
