@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 
@@ -120,6 +121,16 @@ def main() -> None:
         rows.append({"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)})
     trainer = Trainer(model=model, args=targs, train_dataset=rows, processing_class=tok)
     trainer.train()
+    # gloo's threads sometimes abort the interpreter's teardown ("terminate called without an active
+    # exception") after everything is saved; leave through a clean barrier and skip that teardown
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
