@@ -129,8 +129,9 @@ def _lora_checkpoint(demo: Any, tmp_path: Path, *, with_base: bool = True, **con
         f"{E}.lora_embedding_B.default": rng.standard_normal((6, 2)).astype(f32),
         f"{H}.modules_to_save.default.weight": rng.standard_normal((10, 6)).astype(f32),
     }
+    fan = bool(config.get("fan_in_fan_out"))
     frozen = {
-        f"{Q}.base_layer.weight": rng.standard_normal((8, 6)).astype(f32),
+        f"{Q}.base_layer.weight": rng.standard_normal((6, 8) if fan else (8, 6)).astype(f32),
         f"{E}.base_layer.weight": rng.standard_normal((10, 6)).astype(f32),
         f"{H}.original_module.weight": rng.standard_normal((10, 6)).astype(f32),
         f"{P}model.norm.weight": rng.standard_normal(6).astype(f32),
@@ -168,11 +169,12 @@ def _lora_checkpoint(demo: Any, tmp_path: Path, *, with_base: bool = True, **con
     return replace(ckpt, root=str(root), tensors=tuple(tensors), findings=())
 
 
-def _expected(ckpt: Checkpoint, q_scale: float, e_scale: float) -> dict[str, np.ndarray]:
+def _expected(ckpt: Checkpoint, q_scale: float, e_scale: float, fan: bool = False) -> dict[str, np.ndarray]:
     t = {**load_file(Path(ckpt.root) / "trained.safetensors"), **_base_arrays(ckpt)}
+    q_delta = t[f"{Q}.lora_B.default.weight"] @ t[f"{Q}.lora_A.default.weight"]
     return {
         "model.layers.0.self_attn.q_proj.weight": t[f"{Q}.base_layer.weight"]
-        + (t[f"{Q}.lora_B.default.weight"] @ t[f"{Q}.lora_A.default.weight"]) * np.float32(q_scale),
+        + (q_delta.T if fan else q_delta) * np.float32(q_scale),
         "model.embed_tokens.weight": t[f"{E}.base_layer.weight"]
         + (t[f"{E}.lora_embedding_B.default"] @ t[f"{E}.lora_embedding_A.default"]).T * np.float32(e_scale),
         "lm_head.weight": t[f"{H}.modules_to_save.default.weight"],
@@ -231,6 +233,7 @@ def test_adapter_detected_with_peft_key_names(demo: Any, tmp_path: Path) -> None
         ({}, 2.0, 2.0),
         ({"use_rslora": True}, 4 / math.sqrt(2), 4 / math.sqrt(2)),
         ({"alpha_pattern": {"q_proj": 16}}, 8.0, 2.0),
+        ({"fan_in_fan_out": True}, 2.0, 2.0),  # Conv1D (GPT-2) weights are stored (in, out)
     ],
 )
 @pytest.mark.parametrize("chunk", [1 << 22, 7])  # whole tensors, and row blocks of one row
@@ -242,7 +245,7 @@ def test_merge_matches_numpy(
     assert xp.kind is OutputKind.MERGED and xp.merged is not None and xp.merged.base_folder is None
     _write(xp, tmp_path / "out")
     got = load_file(tmp_path / "out" / "model.safetensors")
-    want = _expected(ckpt, q_scale, e_scale)
+    want = _expected(ckpt, q_scale, e_scale, fan=bool(config.get("fan_in_fan_out")))
     assert set(got) == set(want)
     for k, v in want.items():
         np.testing.assert_allclose(got[k], v, rtol=1e-6, atol=1e-6, err_msg=k)

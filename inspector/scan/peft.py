@@ -56,8 +56,8 @@ class LoraLayer:
 
     @property
     def transposed(self) -> bool:
-        """Whether the delta is (B @ A)^T: embeddings and fan_in_fan_out (Conv1D) layers."""
-        return self.embedding != self.fan_in_fan_out
+        """Whether the delta is (B @ A)^T: embeddings (always, in PEFT) and fan_in_fan_out (Conv1D) layers."""
+        return self.embedding or self.fan_in_fan_out
 
 
 @dataclass(frozen=True)
