@@ -367,3 +367,12 @@ def test_adapter_renames_agree_with_peft_key(name: str) -> None:
     for pattern, repl in _PEFT_RENAMES:
         out = re.sub(pattern.replace("{name}", "default"), repl, out)
     assert out == peft_key(name, "default")
+
+
+def test_a_broken_adapter_config_does_not_break_scan(demo: Any, tmp_path: Path) -> None:
+    from inspector.scan.summary import adapter_json
+
+    ckpt = _lora_checkpoint(demo, tmp_path)
+    (Path(ckpt.root) / "adapter_config.json").write_text("{not json")
+    info = adapter_json(ckpt)
+    assert info is not None and "not readable JSON" in info["error"]

@@ -71,7 +71,9 @@ def summary(ckpt: Checkpoint) -> Panel:
             kinds.add_row(Text(str(kind), style=_KIND_STYLE[kind]), str(n), count(numel), size(nbytes))
     t.add_row("Contents", kinds)
     adapter = adapter_json(ckpt)
-    if adapter:
+    if adapter and "error" in adapter:
+        t.add_row("LoRA adapter", f"[yellow]{escape(adapter['error'])}[/]")
+    elif adapter:
         t.add_row(
             "LoRA adapter",
             f"{adapter['layers']} layers ({escape(', '.join(adapter['target_modules']))}) · r {adapter['r']} · "

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.scan.peft import detect_adapter
 
@@ -118,8 +119,11 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def adapter_json(ckpt: Checkpoint) -> dict[str, Any] | None:
-    """The LoRA adapter in the checkpoint (PEFT), or None."""
-    a = detect_adapter(ckpt)
+    """The LoRA adapter in the checkpoint (PEFT), or None; a broken adapter_config.json is reported, not raised."""
+    try:
+        a = detect_adapter(ckpt)
+    except InspectorError as exc:
+        return {"error": exc.message}
     if a is None:
         return None
     return {
