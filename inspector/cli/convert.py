@@ -99,6 +99,41 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
         "module copy in the model-states file (stage 1/2, output in the training dtype: half the bytes to "
         "read, no cast; equal to the cast masters in every DeepSpeed run the interop suite trains)",
     )
+    hf = p.add_argument_group("Hugging Face outputs")
+    hf.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="write only the safetensors files, not the config and tokenizer files of a Trainer checkpoint",
+    )
+    hf.add_argument(
+        "--adapter",
+        action="store_true",
+        help="write the LoRA adapter in PEFT's layout (adapter_model.safetensors + adapter_config.json)",
+    )
+    hf.add_argument(
+        "--merge-adapter",
+        action="store_true",
+        help="write a plain model folder with the LoRA adapter merged into the base weights",
+    )
+    hf.add_argument(
+        "--base",
+        metavar="DIR",
+        help="base model folder for --merge-adapter (default: base_model_name_or_path in adapter_config.json)",
+    )
+
+
+def _export_plan(ckpt: Any, args: argparse.Namespace, allow_damaged: bool) -> Any:
+    from inspector.convert.export import plan_export
+
+    return plan_export(
+        ckpt,
+        _opts(args),
+        weights_only=args.weights_only,
+        adapter=args.adapter,
+        merge=args.merge_adapter,
+        base=args.base,
+        allow_damaged=allow_damaged,
+    )
 
 
 def _progress_line(ev: Any, mem: str) -> str:
@@ -127,18 +162,21 @@ def _memory_line() -> str:
 def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
-    from inspector.convert.engine import Report, run
+    from inspector.convert.engine import Report
+    from inspector.convert.export import run_export
     from inspector.convert.output import prepare_output
-    from inspector.convert.plan import build_plan
     from inspector.convert.preflight import assess
     from inspector.scan.scanner import scan
 
     console = _console()
     ckpt = scan(args.path, args.tag)
-    plan = build_plan(ckpt, _opts(args), allow_damaged=args.force)
+    xp = _export_plan(ckpt, args, allow_damaged=args.force)
+    plan = xp.plan
     out_dir = os.path.abspath(args.out)
     prepare_output(plan, out_dir, args.overwrite)  # refuse a busy folder before predicting or printing
-    verdict = assess(plan, out_dir)
+    verdict = assess(
+        plan, out_dir, extra_output_bytes=xp.output_bytes - plan.output_bytes, extra_memory=xp.extra_memory
+    )
     if not verdict.fits:
         print_assessment(console, verdict, plan, verdict=args.force)  # the figures; the error says why
         if not args.force:
@@ -148,11 +186,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
         console.print("[yellow]--force given: starting anyway.[/]")
     console.print(
         f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} ranks) → "
-        f"[bold]{escape(out_dir)}[/]: {plan.tensor_count} tensors, {len(plan.shards)} file(s), "
-        f"{_size(plan.output_bytes)}"
+        f"[bold]{escape(out_dir)}[/] ({xp.kind}): {plan.tensor_count} tensors, "
+        f"{len(xp.filenames)} file(s), {_size(xp.output_bytes)}"
     )
+    for note in xp.notes:
+        console.print(f"[dim]{escape(note)}[/]")
     report = _drive(
-        console, run(plan, out_dir, overwrite=args.overwrite, fsync=args.fsync), plan.output_bytes
+        console, run_export(xp, out_dir, overwrite=args.overwrite, fsync=args.fsync), plan.output_bytes
     )
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
         raise RuntimeError("the conversion ended without a report")
@@ -240,9 +280,17 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.convert.verify import VerifyResult, run_verify
+    from inspector.convert.writers.merge import is_merged_output
     from inspector.scan.scanner import scan
 
     console = _console()
+    if is_merged_output(os.path.abspath(args.out)):
+        raise InspectorError(
+            f"{args.out} was written by --merge-adapter: its weights are base + LoRA delta, not the checkpoint's "
+            "tensors, so there is nothing to compare byte for byte.",
+            hint="Verify an --adapter or plain conversion instead; the merge itself is tested against PEFT.",
+            title="Cannot verify a merged model",
+        )
     ckpt = scan(args.path, args.tag)
     result = None
     start = time.monotonic()
@@ -284,7 +332,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
-    from inspector.convert.plan import build_plan
     from inspector.convert.preflight import assess, assessment_json
     from inspector.errors import EXIT_DOES_NOT_FIT
     from inspector.scan.scanner import scan
@@ -292,10 +339,16 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     ckpt = scan(args.path, args.tag)
     if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
         _refuse_damaged(ckpt, args.json)
-    plan = build_plan(ckpt, _opts(args))
-    verdict = assess(plan, os.path.abspath(args.out or os.getcwd()))
+    xp = _export_plan(ckpt, args, allow_damaged=True)
+    plan = xp.plan
+    verdict = assess(
+        plan,
+        os.path.abspath(args.out or os.getcwd()),
+        extra_output_bytes=xp.output_bytes - plan.output_bytes,
+        extra_memory=xp.extra_memory,
+    )
     if args.json:
-        print(json.dumps(assessment_json(verdict, plan), indent=1))
+        print(json.dumps({**assessment_json(verdict, plan), "output_kind": str(xp.kind), "files": xp.filenames}, indent=1))
     else:
         print_assessment(_console(), verdict, plan)
     return 0 if verdict.fits else EXIT_DOES_NOT_FIT

@@ -14,7 +14,7 @@ from rich.text import Text
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.scan.summary import module_rows, read_bytes_by_source
+from inspector.scan.summary import adapter_json, module_rows, read_bytes_by_source
 from inspector.system.units import format_bytes
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -75,6 +75,19 @@ def summary(ckpt: Checkpoint) -> Panel:
             nbytes = sum(x.nbytes for x in ckpt.tensors if x.kind is kind)
             kinds.add_row(Text(str(kind), style=_KIND_STYLE[kind]), str(n), count(numel), size(nbytes))
     t.add_row("Contents", kinds)
+    adapter = adapter_json(ckpt)
+    if adapter and "error" in adapter:
+        t.add_row("LoRA adapter", f"[yellow]{escape(adapter['error'])}[/]")
+    elif adapter:
+        t.add_row(
+            "LoRA adapter",
+            f"{adapter['layers']} layers ({escape(', '.join(adapter['target_modules']))}) · r {adapter['r']} · "
+            f"alpha {adapter['lora_alpha']}{' · rsLoRA' if adapter['use_rslora'] else ''} · "
+            f"{count(adapter['numel'])} params · base {escape(str(adapter['base_model_name_or_path']))}\n"
+            f"[dim]convert --adapter (PEFT layout) or --merge-adapter"
+            + (f"; merge refused: {escape('; '.join(adapter['merge_problems']))}" if adapter["merge_problems"] else "")
+            + "[/]",
+        )
     return Panel(t, title="zero-inspector scan", title_align="left", border_style="blue")
 
 

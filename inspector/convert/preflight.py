@@ -145,14 +145,21 @@ def assess(
     out_dir: str,
     budget: MemoryBudget | None = None,
     free_disk: int | None = None,
+    *,
+    extra_output_bytes: int = 0,
+    extra_memory: int = 0,
 ) -> Assessment:
-    """Predict the converter process's needs and compare them with this machine's limits."""
+    """Predict the converter process's needs and compare them with this machine's limits.
+
+    `extra_output_bytes` / `extra_memory`: files written beside the shards (config, tokenizer) and working
+    memory beyond the chunk buffers (a LoRA merge's fp32 blocks), from `export.ExportPlan`."""
     from inspector.convert.cast import cast_threads
 
     rss, vms = converter_baseline(plan)
-    peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD
+    peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory
     threads = 2 + cast_threads()  # reader, writer, cast pool
-    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + threads * THREAD_STACK
+    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + threads * THREAD_STACK
+    output_bytes = plan.output_bytes + extra_output_bytes
     budget = budget or detect_memory_limits()
     free = free_disk if free_disk is not None else free_disk_bytes(out_dir)
     tensors = [t for s in plan.shards for t in s.tensors]
@@ -162,13 +169,13 @@ def assess(
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t not in masters)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
     seconds = STARTUP_SECONDS + max(
-        plan.output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S
+        output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S
     )
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     return Assessment(
         predicted_peak_rss=peak,
         predicted_vms=vms_peak,
-        output_bytes=plan.output_bytes,
+        output_bytes=output_bytes,
         read_bytes=plan.read_bytes,
         estimated_seconds=seconds,
         deepspeed_peak_rss=ds_peak,
@@ -176,7 +183,7 @@ def assess(
         free_disk=free,
         out_dir=out_dir,
         fits_memory=peak <= headroom,
-        fits_disk=plan.output_bytes <= free,
+        fits_disk=output_bytes <= free,
         fits_address_space=budget.address_space_limit is None or vms_peak <= budget.address_space_limit,
     )
 

@@ -7,7 +7,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
+from inspector.scan.peft import detect_adapter
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 
@@ -123,6 +125,30 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
         ],
         "findings": [f.as_dict() for f in ckpt.findings],
         "other_runs": list(ckpt.other_runs),
+        "adapter": adapter_json(ckpt),
+    }
+
+
+def adapter_json(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """The LoRA adapter in the checkpoint (PEFT), or None; a broken adapter_config.json is reported, not raised."""
+    try:
+        a = detect_adapter(ckpt)
+    except InspectorError as exc:
+        return {"error": exc.message}
+    if a is None:
+        return None
+    return {
+        "name": a.name,
+        "layers": len(a.layers),
+        "tensors": len(a.tensors),
+        "numel": a.numel(ckpt),
+        "r": a.r,
+        "lora_alpha": a.alpha,
+        "use_rslora": a.rslora,
+        "target_modules": a.target_modules,
+        "base_model_name_or_path": a.base_model,
+        "config": a.config_path,
+        "merge_problems": list(a.problems),
     }
 
 

@@ -1,0 +1,135 @@
+"""What turns safetensors shards into a folder `from_pretrained` loads: the files beside them, and the names.
+
+Trainer writes `config.json`, `generation_config.json` and the tokenizer files into each `checkpoint-N/` next
+to the DeepSpeed files (and Trainer-private state: optimizer, scheduler, rng states, `training_args.bin`).
+These are copied byte for byte; the private files never are. The one edit: when `config.json` states a dtype
+(`dtype` in transformers 5, `torch_dtype` before) that is not the dtype written, the copy states the truth.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from dataclasses import dataclass, replace
+
+from inspector.convert.plan import ConvertOptions
+from inspector.scan.model import Checkpoint, Kind
+
+CONFIG = "config.json"
+# what from_pretrained / AutoTokenizer / AutoProcessor read; transformers 5 writes the chat template apart
+MODEL_FILES = ("config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+)
+REMOTE_CODE = ("configuration_*.py", "modeling_*.py", "tokenization_*.py", "processing_*.py")
+# names torch.compile / DDP / Lightning put in front of every parameter name
+WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
+
+
+@dataclass(frozen=True)
+class SideFile:
+    """A file written beside the weights: copied from `source`, or `content` we wrote (an edited config)."""
+
+    name: str
+    source: str | None
+    content: bytes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        if self.content is not None:
+            return len(self.content)
+        return os.path.getsize(self.source) if self.source else 0
+
+
+def _listed(folder: str, patterns: tuple[str, ...]) -> list[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [
+        n
+        for n in names
+        if any(fnmatch.fnmatchcase(n, p) for p in patterns) and os.path.isfile(os.path.join(folder, n))
+    ]
+
+
+def find_side_files(folders: list[str], *, model: bool = True) -> list[SideFile]:
+    """Config and tokenizer files from the first folder that has each (the checkpoint first, then a base)."""
+    patterns = TOKENIZER_FILES + ((*MODEL_FILES, *REMOTE_CODE) if model else ())
+    chosen: dict[str, SideFile] = {}
+    for folder in folders:
+        for name in _listed(folder, patterns):
+            chosen.setdefault(name, SideFile(name, os.path.join(folder, name)))
+    return list(chosen.values())
+
+
+def has_model_config(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, CONFIG))
+
+
+def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFile], str | None]:
+    """If config.json states another dtype than the one written, an edited copy that states the truth."""
+    out = []
+    note = None
+    for f in side:
+        if f.name != CONFIG or f.source is None:
+            out.append(f)
+            continue
+        try:
+            with open(f.source, encoding="utf-8") as fh:
+                cfg = json.load(fh)
+        except (OSError, ValueError):
+            out.append(f)  # copied as is; from_pretrained will say what is wrong with it
+            continue
+        keys = [k for k in ("dtype", "torch_dtype") if isinstance(cfg, dict) and k in cfg]
+        stated = {cfg[k] for k in keys}
+        if not keys or stated == {out_dtype}:
+            out.append(f)
+            continue
+        for k in keys:
+            cfg[k] = out_dtype
+        note = (
+            f"config.json says {' / '.join(sorted(map(str, stated)))} but the weights are written as {out_dtype}; "
+            f"the copy says {out_dtype}."
+        )
+        content = (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()  # as transformers writes it
+        out.append(SideFile(f.name, f.source, content))
+    return out, note
+
+
+def model_folder_options(ckpt: Checkpoint, opts: ConvertOptions) -> tuple[ConvertOptions, list[str]]:
+    """Options that make names match the model class: wrapper prefixes stripped, tied aliases dropped.
+
+    transformers' save_pretrained stores a tied weight once under its source name (`model.embed_tokens.weight`,
+    not `lm_head.weight`) and re-ties on load; a DeepSpeed checkpoint marks the second name as the alias."""
+    notes = []
+    strip = list(opts.strip_prefix)
+    names = [t.name for t in ckpt.tensors]
+    for prefix in WRAPPER_PREFIXES:
+        if names and all(n.startswith(prefix) for n in names) and prefix not in strip:
+            strip.append(prefix)
+            notes.append(f"Wrapper prefix {prefix!r} removed from every name.")
+    tied = tuple(t.name for t in ckpt.tensors if t.kind is Kind.TIED and t.alias_of)
+    if tied and not opts.dedupe_tied:
+        notes.append(
+            "Tied weights stored once, as transformers saves them: "
+            + ", ".join(f"{t.name} → {t.alias_of}" for t in ckpt.tensors if t.name in tied)
+            + "."
+        )
+    exclude = opts.exclude + tuple(t for t in tied if t not in opts.exclude)
+    return replace(opts, strip_prefix=tuple(strip), exclude=exclude), notes

@@ -1,0 +1,295 @@
+"""`--merge-adapter`: a plain model folder with every LoRA delta folded in, W + scale·B·A, streamed.
+
+The plan is an ordinary ConversionPlan over a synthetic tensor list: the base weights (from the checkpoint when
+it holds them, else from the base model's safetensors), overlaid by what training changed (modules_to_save,
+trained biases), under the plain model's names. Execution streams each tensor in row blocks of at most
+`chunk_elems` elements: positioned reads, numpy fp32 arithmetic for the adapted layers (A and B, r by n, are
+small and read once per layer), a cast (ml_dtypes for bf16, round to nearest even like torch), a positioned
+write. Memory stays a few row blocks whatever the model. No torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import ml_dtypes
+import numpy as np
+
+from inspector.convert.engine import Progress, Report
+from inspector.convert.output import prepare_output
+from inspector.convert.plan import META_KEY, ConversionPlan, ConvertOptions, PlannedTensor, build_plan
+from inspector.convert.reader import FilePool, iter_chunks
+from inspector.errors import CancelledError, InspectorError, OutputError
+from inspector.format.dtypes import itemsize
+from inspector.scan.basemodel import BaseModel, BaseModelError, read_base_model, resolve_base
+from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
+
+NP_DTYPES: dict[str, np.dtype] = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+    "int16": np.dtype(np.int16),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
+}
+_EVENT_INTERVAL = 0.25
+MERGED_KEY = "merged_adapter"
+PARTIAL = ".partial"
+
+
+@dataclass(frozen=True)
+class Merge:
+    """How one output weight is changed: W + scale · (B @ A), transposed for embeddings / fan_in_fan_out."""
+
+    a: TensorInfo
+    b: TensorInfo
+    scale: float
+    transposed: bool
+
+
+@dataclass(frozen=True)
+class MergedPlan:
+    plan: ConversionPlan
+    merges: dict[str, Merge]
+    base_folder: str | None
+    notes: tuple[str, ...]
+
+    @property
+    def work_bytes(self) -> int:
+        """Memory beyond the plan's chunk buffers: the largest A and B in fp32, and fp32 row blocks."""
+        ab = max((4 * (m.a.numel + m.b.numel) for m in self.merges.values()), default=0)
+        return ab + 3 * 4 * self.plan.options.chunk_elems
+
+
+def build_merged_plan(
+    ckpt: Checkpoint, opts: ConvertOptions, adapter: Adapter, base: str | None = None
+) -> MergedPlan:
+    """Plan the merged model. `base` (a folder) overrides adapter_config's base_model_name_or_path."""
+    require_mergeable(adapter)
+    lora = {t.name for t in ckpt.tensors if is_lora(t.name)}
+    names = {t.name for t in ckpt.tensors}
+    needs_base = base is not None or any(
+        f"{ly.module}.base_layer.weight" not in names for ly in adapter.layers
+    )
+    entries: dict[str, TensorInfo] = {}
+    notes: list[str] = []
+    folder = None
+    if needs_base:
+        folder = resolve_base(base, adapter.base_model, adapter.config_path)
+        model: BaseModel = read_base_model(folder)
+        entries = {t.name: t for t in model.tensors}
+        notes.append(f"Base weights from {folder} ({len(model.tensors)} tensors).")
+    for t in ckpt.tensors:
+        if t.name in lora or ".original_module." in t.name or (t.kind is Kind.TIED and t.alias_of):
+            continue
+        name = plain_name(t.name)
+        if name in entries and entries[name].shape != t.shape:
+            raise BaseModelError(
+                f"{name} is {list(t.shape)} in the checkpoint but {list(entries[name].shape)} in {folder}.",
+                hint="The base model is not the one this adapter was trained on; pass the right one with --base.",
+            )
+        entries[name] = replace(t, name=name, kind=Kind.FROZEN if t.kind is Kind.TRAINABLE else t.kind)
+    merges: dict[str, Merge] = {}
+    for ly in adapter.layers:
+        w = entries.get(ly.base_weight)
+        if w is None:
+            raise BaseModelError(
+                f"The adapted weight {ly.base_weight} is in neither the checkpoint nor the base model"
+                + (f" at {folder}." if folder else "."),
+                hint="Pass the base model this adapter was trained on with --base DIR.",
+            )
+        a, b = ckpt.tensor(ly.a), ckpt.tensor(ly.b)
+        delta = (b.shape[0], a.shape[1])
+        if len(w.shape) != 2 or (delta[::-1] if ly.transposed else delta) != w.shape:
+            raise InspectorError(
+                f"LoRA layer {ly.module}: B·A is {list(delta)} but the weight is {list(w.shape)}.",
+                hint="Only Linear and Embedding LoRA layers can be merged.",
+                title="Adapter problem",
+            )
+        merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
+    synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
+    plan = build_plan(synthetic, replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False))
+    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header)) for s in plan.shards))
+    kept = {t.name for s in plan.shards for t in s.tensors}
+    merges = {n: m for n, m in merges.items() if n in kept}
+    for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
+        if pt.out_dtype not in NP_DTYPES or pt.src_dtype not in NP_DTYPES:
+            raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
+    notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
+    return MergedPlan(plan, merges, folder, tuple(notes))
+
+
+def _mark_merged(header: bytes) -> bytes:
+    """Record in the header metadata that the values are merged (so `verify` can say why it cannot compare)."""
+    body = json.loads(header[8:])
+    meta = json.loads(body["__metadata__"][META_KEY])
+    body["__metadata__"][META_KEY] = json.dumps({**meta, MERGED_KEY: True}, separators=(",", ":"))
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def is_merged_output(out_dir: str) -> bool:
+    """Whether `out_dir` holds a --merge-adapter output (its values are not the checkpoint's, by design)."""
+    from inspector.convert.verify import output_files, read_header
+
+    try:
+        header, _ = read_header(os.path.join(out_dir, output_files(out_dir)[0]))
+        raw = (header.get("__metadata__") or {}).get(META_KEY)
+        return bool(raw and json.loads(raw).get(MERGED_KEY))
+    except (InspectorError, ValueError, AttributeError):
+        return False
+
+
+def _scales(adapter: Adapter) -> str:
+    values = sorted({round(ly.scale, 6) for ly in adapter.layers})
+    how = "alpha/sqrt(r), rsLoRA" if adapter.rslora else "alpha/r"
+    return ", ".join(f"{v:g}" for v in values[:4]) + f"; {how}"
+
+
+def _read(pool: FilePool, segments: Sequence[Segment], dtype: str) -> np.ndarray:
+    n = sum(s.numel for s in segments)
+    buf = np.empty(n * itemsize(dtype), dtype=np.uint8)
+    view = buf.data
+    pos = 0
+    for s in segments:
+        pool.read_into(s.file, s.offset, view[pos : pos + s.nbytes])
+        pos += s.nbytes
+    return buf.view(NP_DTYPES[dtype])
+
+
+def _as_f32(pool: FilePool, t: TensorInfo) -> np.ndarray:
+    return (
+        _read(pool, t.segments, t.segments[0].dtype if t.segments else t.dtype)
+        .astype(np.float32)
+        .reshape(t.shape)
+    )
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    """Raw bytes of an array (bf16 / fp8 have no buffer-protocol format, so go through uint8)."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+
+
+def _blocks(
+    pool: FilePool, t: PlannedTensor, merge: Merge | None, limit: int
+) -> Iterator[bytes | memoryview]:
+    """The output bytes of one tensor, block by block (whole rows for merged weights)."""
+    if merge is None:
+        for segs in iter_chunks(t.segments, limit):
+            src = _read(pool, segs, t.src_dtype)
+            yield _bytes(src if t.src_dtype == t.out_dtype else src.astype(NP_DTYPES[t.out_dtype]))
+        return
+    a, b = _as_f32(pool, merge.a), _as_f32(pool, merge.b)
+    cols = t.shape[1]
+    rows = max(1, limit // max(cols, 1))
+    scale = np.float32(merge.scale)
+    row = 0
+    for segs in iter_chunks(t.segments, rows * cols):
+        w = _read(pool, segs, t.src_dtype).astype(np.float32).reshape(-1, cols)
+        end = row + w.shape[0]
+        delta = (a[:, row:end].T @ b.T) if merge.transposed else (b[row:end] @ a)
+        out = w + delta * scale
+        row = end
+        yield _bytes(out.astype(NP_DTYPES[t.out_dtype]))
+
+
+def run_merged(
+    mp: MergedPlan,
+    out_dir: str,
+    *,
+    cancel: threading.Event | None = None,
+    overwrite: bool = False,
+    fsync: bool = False,
+) -> Iterator[Progress | Report]:
+    """Write the merged model's shards (as *.partial, renamed when all are complete) and the index."""
+    plan = mp.plan
+    cancel = cancel or threading.Event()
+    out_dir = os.path.abspath(out_dir)
+    stale = prepare_output(plan, out_dir, overwrite)
+    os.makedirs(out_dir, exist_ok=True)
+    total = plan.output_bytes
+    files = [(s.filename, os.path.join(out_dir, s.filename + PARTIAL)) for s in plan.shards]
+    if plan.index is not None:
+        files.append(
+            ("model.safetensors.index.json", os.path.join(out_dir, "model.safetensors.index.json" + PARTIAL))
+        )
+    start = last = time.monotonic()
+    done = 0
+    ok = False
+    pool = FilePool()
+    try:
+        for i, shard in enumerate(plan.shards):
+            fd = os.open(files[i][1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _pwrite_all(fd, memoryview(shard.header), 0)
+                done += len(shard.header)
+                for t in shard.tensors:
+                    pos = len(shard.header) + t.offset
+                    for block in _blocks(pool, t, mp.merges.get(t.name), plan.options.chunk_elems):
+                        if cancel.is_set():
+                            raise CancelledError("Conversion cancelled; partial files were removed.")
+                        _pwrite_all(fd, memoryview(block), pos)
+                        pos += len(block)
+                        done += len(block)
+                        if (now := time.monotonic()) - last >= _EVENT_INTERVAL:
+                            last = now
+                            yield Progress(
+                                done, total, t.name, shard.filename, i, len(plan.shards), now - start
+                            )
+                    if pos != len(shard.header) + t.offset + t.nbytes:
+                        raise InspectorError(
+                            f"Internal error: {t.name} wrote {pos} bytes, planned otherwise."
+                        )
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        if plan.index is not None:
+            with open(files[-1][1], "wb") as fh:
+                fh.write(plan.index)
+        for name, path in files:
+            os.replace(path, os.path.join(out_dir, name))
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(out_dir, name))
+        ok = True
+    except OSError as exc:
+        raise OutputError(
+            f"Writing to {out_dir} failed: {exc.strerror}.", hint="Partial files were removed."
+        ) from None
+    finally:
+        pool.close()
+        if not ok:
+            for _, path in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+    elapsed = time.monotonic() - start
+    written = tuple((name, os.path.getsize(os.path.join(out_dir, name))) for name, _ in files)
+    yield Progress(
+        total, total, "", plan.shards[-1].filename, len(plan.shards) - 1, len(plan.shards), elapsed
+    )
+    yield Report(out_dir, written, plan.tensor_count, sum(s for _, s in written), elapsed, 0, tuple(stale))
