@@ -354,8 +354,8 @@ def test_sigkill_mid_convert_leaves_no_finished_files(
 ) -> None:
     """A killed convert must not leave anything an HF loader would take for a finished output.
 
-    The kill comes ~1 s after the first output file appears, not 1 s after start: importing torch alone
-    takes ~3 s on the 2-core test box, so a fixed 1 s would kill the process before it wrote anything.
+    The kill comes 0.1 s after the first output file appears, not at a fixed time after start: start-up
+    varies with the machine, and the torch-free converter writes the whole demo in about a second.
     """
     out = tmp_path / "out"
     cmd = [
@@ -379,7 +379,7 @@ def test_sigkill_mid_convert_leaves_no_finished_files(
             ):
                 time.sleep(0.02)
             at_start = sorted(os.listdir(out)) if out.exists() else []
-            time.sleep(1.0)
+            time.sleep(0.1)
             still_running = proc.poll() is None
             at_kill = sorted(os.listdir(out)) if out.exists() else []
             if still_running:
@@ -388,7 +388,7 @@ def test_sigkill_mid_convert_leaves_no_finished_files(
             proc.wait(timeout=60)
     log_tail = (tmp_path / "convert.log").read_text(errors="replace")[-2000:]
     assert at_start, f"convert wrote nothing (exit {proc.returncode}):\n{log_tail}"
-    assert still_running, f"convert finished within 1 s of writing ({at_kill}); the demo needs to be bigger"
+    assert still_running, f"convert finished within 0.1 s of writing ({at_kill}); the demo needs to be bigger"
     left = sorted(os.listdir(out)) if out.exists() else []
     assert not [f for f in left if FINISHED_RE.match(f)], f"finished-looking files after SIGKILL: {left}"
 
