@@ -11,6 +11,7 @@ from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
+from inspector.format.zipreader import os_error
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, inside
 from inspector.scan.model import Finding, Severity
 
@@ -27,7 +28,10 @@ class RankFiles:
 
 def classify(tag_dir: str) -> RankFiles:
     """Sort a tag folder's files by role and DP rank; reject layouts we do not read yet."""
-    names = sorted(os.listdir(tag_dir))
+    try:
+        names = sorted(os.listdir(tag_dir))
+    except OSError as exc:
+        raise os_error(tag_dir, exc) from None
     files = RankFiles()
     mp_ranks: set[int] = set()
     layers = [n for n in names if LAYER_RE.match(n)]

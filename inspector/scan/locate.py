@@ -160,11 +160,14 @@ def locate(path: str, tag: str | None = None) -> Location:
         tags = list_tags(root) or [this]
         return Location(root, this, tuple(tags), "tag-dir")
 
-    runs = sorted(
-        (e.name for e in os.scandir(path) if e.is_dir() and HF_CHECKPOINT_RE.match(e.name)),
-        key=_step_key,
-        reverse=True,
-    )
+    try:
+        runs = sorted(
+            (e.name for e in os.scandir(path) if e.is_dir() and HF_CHECKPOINT_RE.match(e.name)),
+            key=_step_key,
+            reverse=True,
+        )
+    except OSError as exc:
+        raise os_error(path, exc) from None
     if runs and not os.path.isfile(os.path.join(path, "latest")) and not list_tags(path):
         ds_runs = [
             r
