@@ -191,3 +191,13 @@ def test_names_from_the_pickle_reach_the_terminal_inert(
         assert "\x1b" not in res.output and "\x07" not in res.output
         assert "\\x1b" in res.output and "❌" not in res.output
     assert "[bold]x" in cli("scan", root, "--tensors").stdout
+
+
+def test_unsafe_latest_does_not_block_an_explicit_tag(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], secret: Path
+) -> None:
+    """The refusal's hint says "or pass --tag": with --tag, `latest` is not read at all."""
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    (root / "latest").unlink()
+    (root / "latest").symlink_to(secret)
+    clean(cli("scan", root, "--tag", TAG), 0, TAG)
