@@ -168,3 +168,36 @@ def test_paths_are_printed_literally(
     res = cli("scan", tmp_path / (name + "-missing"))
     clean(res, 2, str(tmp_path / (name + "-missing")))
     assert not any(ch in res.output for ch in "😄❌👍")
+
+
+def test_names_from_the_pickle_reach_the_terminal_inert(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]
+) -> None:
+    """A tensor name and a DeepSpeed version with terminal escapes and Rich markup (a crafted but otherwise
+    valid checkpoint): printed as text, the escape shown as `\\x1b`, never sent raw."""
+    import torch
+
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    path = root / TAG / MODEL
+    sd = torch.load(path, weights_only=True)
+    evil = "model.[bold]x\x1b]0;owned\x07:x:"
+    sd["module"][evil] = sd["module"].pop("model.tokens_seen")
+    sd["buffer_names"] = [evil if n == "model.tokens_seen" else n for n in sd["buffer_names"]]
+    sd["ds_version"] = "[red]0.19\x1b[2J"
+    torch.save(sd, path)
+    for args in ((), ("--tensors",)):
+        res = cli("scan", root, *args)
+        assert "Traceback" not in res.output, res.output
+        assert "\x1b" not in res.output and "\x07" not in res.output
+        assert "\\x1b" in res.output and "❌" not in res.output
+    assert "[bold]x" in cli("scan", root, "--tensors").stdout
+
+
+def test_unsafe_latest_does_not_block_an_explicit_tag(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], secret: Path
+) -> None:
+    """The refusal's hint says "or pass --tag": with --tag, `latest` is not read at all."""
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    (root / "latest").unlink()
+    (root / "latest").symlink_to(secret)
+    clean(cli("scan", root, "--tag", TAG), 0, TAG)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -364,3 +364,25 @@ def test_stage3_partition_count_mismatch_is_an_error_finding() -> None:
         osd["partition_count"] = 4
     lay = stage3_layout(param_shapes, osds, ["a.pt", "b.pt"])
     assert [(f.severity, f.code) for f in lay.findings] == [(Severity.ERROR, "partition-count")]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_strided_flat_partition_is_refused(stage: int) -> None:
+    """Flat partitions are sliced by byte offset, so a strided view (valid for torch, never written by
+    DeepSpeed) would be read as the wrong elements: refused instead."""
+    from inspector.errors import CorruptFileError
+
+    if stage == 2:
+        _, shapes, osds, _ = build_stage12([Group12([6, 4], [0, 0])], 2, False, True)
+        key = "single_partition_of_fp32_groups"
+    else:
+        ws = 2
+        files = Files()
+        shapes = [OrderedDict(a=(6,), b=(4,))]
+        osds = [{"fp32_flat_groups": [files.ref(f"r{r}", np.arange(5), 0)]} for r in range(ws)]
+        key = "fp32_flat_groups"
+    ref = osds[1][key][0]
+    osds[1][key][0] = replace(ref, shape=(ref.shape[0] // 2,), stride=(2,))
+    build = stage12_layout if stage == 2 else stage3_layout
+    with pytest.raises(CorruptFileError, match="not a dense tensor"):
+        build(shapes, osds, ["r0.pt", "r1.pt"])

@@ -53,6 +53,8 @@ def ref(offset: int, shape: tuple[int, ...], stride: tuple[int, ...], storage_by
         (ref(3, (2,), (-1,)), "negative stride"),
         (ref(9, (4, 2), (1, 4)), "reaches byte 68"),  # transposed, one element too far
         (ref(17, (0,), (1,)), "offset past the end"),
+        (ref(0, (2**62, 2**62), (0, 0)), "does not fit in 64 bits"),  # a broadcast of 2**124 elements
+        (ref(2**64, (0,), (1,)), "does not fit in 64 bits"),
     ],
 )
 def test_view_problem_names_the_fault(view: TensorRef, needle: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from typing import Any
 
@@ -37,11 +38,25 @@ def stdout_closed() -> None:
     os.close(devnull)
 
 
-def print_error(exc: InspectorError) -> None:
-    """Print one user error: title and message, then what to do. Paths are escaped, never read as markup."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Control characters (ESC, BEL, ...) shown as `\\x1b` instead of reaching the terminal."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def literal(text: str) -> str:
+    """Text from a checkpoint (names, paths, versions) for a markup string: printable, and with Rich markup
+    escaped so `[bold]` stays text."""
     from rich.markup import escape
 
+    return escape(printable(text))
+
+
+def print_error(exc: InspectorError) -> None:
+    """Print one user error: title and message, then what to do. Paths are escaped, never read as markup."""
     err = console(stderr=True)
-    err.print(f"[bold red]{escape(exc.title)}:[/] {escape(exc.message)}", soft_wrap=True)
+    err.print(f"[bold red]{literal(exc.title)}:[/] {literal(exc.message)}", soft_wrap=True)
     if exc.hint:
-        err.print(f"[italic]→ {escape(exc.hint)}[/]", soft_wrap=True)
+        err.print(f"[italic]→ {literal(exc.hint)}[/]", soft_wrap=True)

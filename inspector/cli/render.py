@@ -6,11 +6,12 @@ import os
 
 import humanize
 from rich.console import Console, Group, RenderableType
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from inspector.cli.console import literal as escape
+from inspector.cli.console import printable
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
@@ -63,7 +64,7 @@ def summary(ckpt: Checkpoint) -> Panel:
     t.add_row("Training", " · ".join(steps) or "-")
     if ckpt.loss_scale is not None:
         t.add_row("Loss scale", f"{ckpt.loss_scale:g}" + (" (dynamic)" if ckpt.dynamic_loss_scale else ""))
-    t.add_row("DeepSpeed", ckpt.deepspeed_version or "unknown")
+    t.add_row("DeepSpeed", escape(ckpt.deepspeed_version or "unknown"))
     t.add_row("Files", f"{len(ckpt.files)} files, {size(ckpt.total_bytes)}")
     kinds = Table.grid(padding=(0, 2))
     for _ in range(4):
@@ -133,8 +134,9 @@ def tensors_table(ckpt: Checkpoint) -> Table:
     for x in ckpt.tensors:
         kind = Text(str(x.kind), style=_KIND_STYLE[x.kind])
         if x.alias_of:
-            kind.append(f" → {x.alias_of}", style="dim")
-        t.add_row(Text(x.name), "×".join(map(str, x.shape)) or "scalar", x.dtype, kind, size(x.nbytes))
+            kind.append(f" → {printable(x.alias_of)}", style="dim")
+        name = Text(printable(x.name))
+        t.add_row(name, "×".join(map(str, x.shape)) or "scalar", x.dtype, kind, size(x.nbytes))
     return t
 
 
@@ -145,11 +147,11 @@ def findings(items: tuple[Finding, ...]) -> RenderableType:
     for f in items:
         line = Text()
         line.append(f"{f.severity.value.upper():8}", style=_SEVERITY_STYLE[f.severity])
-        line.append(f.message)
+        line.append(printable(f.message))
         if f.file:
-            line.append(f"\n        {f.file}", style="dim")
+            line.append(f"\n        {printable(f.file)}", style="dim")
         if f.hint:
-            line.append(f"\n        → {f.hint}", style="italic")
+            line.append(f"\n        → {printable(f.hint)}", style="italic")
         rows.append(line)
     return Group(*rows)
 
@@ -181,7 +183,7 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verd
     t.add_row(
         "Peak RAM (zero-inspector)",
         f"[{mem_style}]{format_bytes(a.predicted_peak_rss)}[/]",
-        f"of {format_bytes(a.budget.effective.bytes)} available · {a.budget.effective.source}",
+        escape(f"of {format_bytes(a.budget.effective.bytes)} available · {a.budget.effective.source}"),
     )
     t.add_row(
         "Peak RAM (zero_to_fp32)",
@@ -191,7 +193,7 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verd
     t.add_row(
         "Output",
         f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
-        f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}",
+        escape(f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}"),
     )
     by = plan.read_bytes_by_source
     other = "module" if plan.options.source == "masters" else "masters"
@@ -200,7 +202,7 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verd
         note += f" · --source {other} would read {format_bytes(by[other])}"
     t.add_row("Reads", format_bytes(a.read_bytes), note)
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
-    t.add_row("Memory limit", "", a.budget.effective.detail)
+    t.add_row("Memory limit", "", escape(a.budget.effective.detail))
     line = (
         f"[green]Fits[/]: {format_bytes(a.memory_margin)} of RAM and {format_bytes(a.disk_margin)} of "
         "disk to spare."

@@ -264,7 +264,13 @@ class OutputFolder:
         write_journal(self.out_dir, self.plan, self.completed, self.sums)
 
     def finished(self, index: int) -> None:
-        """Shard `index` is completely written: checksum it (one re-read, from the page cache) and journal it."""
+        """Shard `index` is completely written: checksum it (one re-read, from the page cache) and journal it.
+
+        The last shard is not: the renames follow at once and the journal goes with them, so only a kill in
+        that instant could want it, and then rewriting it is right. A one-shard output (anything up to
+        --shard-size, 5 GB by default) so pays nothing for resumability."""
+        if len(self.completed) + 1 == len(self.plan.shards):
+            return
         name = self.plan.shards[index].filename
         self.sums[name] = file_crc32(self.partials[index])
         self.completed.append(name)

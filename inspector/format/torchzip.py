@@ -131,6 +131,9 @@ def _dims(v: Any) -> tuple[int, ...] | None:
     return tuple(int(d) for d in v)
 
 
+_INT64_LIMIT = 2**63  # torch keeps sizes, strides and offsets as int64; a pickle may say anything
+
+
 def view_problem(ref: TensorRef) -> str:
     """Why `ref` is not a view a real `torch.save` could have written, or "" if it is one.
 
@@ -141,6 +144,8 @@ def view_problem(ref: TensorRef) -> str:
     """
     if ref.storage_offset < 0:
         return f"negative storage offset {ref.storage_offset}"
+    if max((ref.storage_offset, *ref.shape, *ref.stride, ref.numel)) >= _INT64_LIMIT:
+        return "a size, stride or offset does not fit in 64 bits"
     if len(ref.shape) != len(ref.stride):
         return f"{len(ref.shape)} sizes but {len(ref.stride)} strides"
     if any(d < 0 for d in ref.shape):

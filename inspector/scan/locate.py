@@ -138,6 +138,34 @@ def _check_tag_name(root: str, tag: str, source: str) -> None:
 def locate(path: str, tag: str | None = None) -> Location:
     """Resolve a user path (and optional tag) to one tag folder, listing the alternatives."""
     path = os.path.abspath(os.path.expanduser(path))
+    _check_folder(path)
+    if is_tag_dir(path) and not os.path.isfile(os.path.join(path, "latest")):
+        root, this = os.path.split(path.rstrip(os.sep))
+        if tag is not None and tag != this:
+            raise NotACheckpointError(
+                f"{path} is itself the tag folder {shown_tag(this)}; --tag {shown_tag(tag)} does not apply.",
+                hint=f"Pass the parent folder {root} to choose another tag.",
+            )
+        tags = list_tags(root) or [this]
+        return Location(root, this, tuple(tags), "tag-dir")
+    trainer = _trainer_run(path, tag)
+    if trainer is not None:
+        return trainer
+    tags = list_tags(path)
+    tag, findings = _choose_tag(path, tag, tags)
+    if not is_tag_dir(os.path.join(path, tag)):
+        raise NotACheckpointError(
+            f"The tag folder {os.path.join(path, tag)} holds no DeepSpeed rank files.",
+            hint="The checkpoint was probably not saved completely.",
+        )
+    if tag not in tags:
+        tags.append(tag)
+    layout = "lightning" if path.rstrip(os.sep).endswith(".ckpt") else "deepspeed"
+    return Location(path, tag, tuple(tags), layout, tuple(findings))
+
+
+def _check_folder(path: str) -> None:
+    """An existing folder that is not a universal checkpoint."""
     if not os.path.exists(path):
         raise NotACheckpointError(f"{path} does not exist.", hint="Check the path.")
     if not os.path.isdir(path):
@@ -150,87 +178,71 @@ def locate(path: str, tag: str | None = None) -> Location:
             hint="Reading universal checkpoints is not supported yet; point at the ZeRO checkpoint it came from.",
         )
 
-    if is_tag_dir(path) and not os.path.isfile(os.path.join(path, "latest")):
-        root, this = os.path.split(path.rstrip(os.sep))
-        if tag is not None and tag != this:
-            raise NotACheckpointError(
-                f"{path} is itself the tag folder {shown_tag(this)}; --tag {shown_tag(tag)} does not apply.",
-                hint=f"Pass the parent folder {root} to choose another tag.",
-            )
-        tags = list_tags(root) or [this]
-        return Location(root, this, tuple(tags), "tag-dir")
 
-    runs = sorted(
-        (e.name for e in os.scandir(path) if e.is_dir() and HF_CHECKPOINT_RE.match(e.name)),
-        key=_step_key,
-        reverse=True,
-    )
-    if runs and not os.path.isfile(os.path.join(path, "latest")) and not list_tags(path):
-        ds_runs = [
-            r
-            for r in runs
-            if os.path.isfile(os.path.join(path, r, "latest")) or list_tags(os.path.join(path, r))
-        ]
-        if not ds_runs:
-            raise NotACheckpointError(
-                f"{path} holds Trainer checkpoints ({', '.join(runs[:5])}) but none has DeepSpeed ZeRO files.",
-                hint="They were probably saved without DeepSpeed; their weights are already plain files.",
-            )
-        chosen = ds_runs[0]
-        loc = locate(os.path.join(path, chosen), tag)
-        note = Finding(
-            Severity.INFO,
-            "hf-run",
-            f"Hugging Face Trainer run with {len(ds_runs)} DeepSpeed checkpoint(s); using the newest, "
-            f"{chosen}.",
-            hint="Point at another checkpoint-N folder to use it instead.",
+def _trainer_run(path: str, tag: str | None) -> Location | None:
+    """A Hugging Face Trainer output folder: its newest checkpoint-N with DeepSpeed files (None if not one)."""
+    try:
+        runs = sorted(
+            (e.name for e in os.scandir(path) if e.is_dir() and HF_CHECKPOINT_RE.match(e.name)),
+            key=_step_key,
+            reverse=True,
         )
-        return Location(loc.root, loc.tag, loc.tags, "hf-trainer", (*loc.findings, note), tuple(ds_runs))
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    if not runs or os.path.isfile(os.path.join(path, "latest")) or list_tags(path):
+        return None
+    ds_runs = [
+        r for r in runs if os.path.isfile(os.path.join(path, r, "latest")) or list_tags(os.path.join(path, r))
+    ]
+    if not ds_runs:
+        raise NotACheckpointError(
+            f"{path} holds Trainer checkpoints ({', '.join(runs[:5])}) but none has DeepSpeed ZeRO files.",
+            hint="They were probably saved without DeepSpeed; their weights are already plain files.",
+        )
+    chosen = ds_runs[0]
+    loc = locate(os.path.join(path, chosen), tag)
+    note = Finding(
+        Severity.INFO,
+        "hf-run",
+        f"Hugging Face Trainer run with {len(ds_runs)} DeepSpeed checkpoint(s); using the newest, {chosen}.",
+        hint="Point at another checkpoint-N folder to use it instead.",
+    )
+    return Location(loc.root, loc.tag, loc.tags, "hf-trainer", (*loc.findings, note), tuple(ds_runs))
 
-    tags = list_tags(path)
-    latest = _read_latest(path)
-    findings: list[Finding] = []
-    if tag is None:
-        if latest is not None:
-            _check_tag_name(path, latest, f"{os.path.join(path, 'latest')}")
-            if not os.path.isdir(os.path.join(path, latest)):
-                raise NotACheckpointError(
-                    f"`latest` in {path} names the tag {latest}, but there is no such folder.",
-                    hint=("Available tags: " + ", ".join(tags) + ". Pass one with --tag.")
-                    if tags
-                    else "The checkpoint seems incomplete: no tag folder holds rank files.",
-                )
-            tag = latest
-        elif tags:
-            tag = tags[-1]
-            findings.append(
-                Finding(
-                    Severity.WARNING,
-                    "no-latest",
-                    f"No `latest` file in {path}; using the newest tag, {tag}.",
-                    hint="Pass --tag to choose another.",
-                )
-            )
-        else:
-            raise NotACheckpointError(
-                f"{path} holds no DeepSpeed checkpoint: no `latest` file and no folder with "
-                "*_model_states.pt / *_optim_states.pt files.",
-                hint="Point at the folder passed to engine.save_checkpoint(), a global_step* folder inside it, "
-                "or a Trainer output folder with checkpoint-N folders.",
-            )
-    else:
+
+def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[Finding]]:
+    """The tag to read under a root: --tag, else the one `latest` names, else the newest (with a warning)."""
+    if tag is not None:
         _check_tag_name(path, tag, "--tag")
         if not os.path.isdir(os.path.join(path, tag)):
             raise NotACheckpointError(
                 f"There is no tag {shown_tag(tag)} in {path}.",
                 hint=("Available tags: " + ", ".join(tags)) if tags else "",
             )
-    if not is_tag_dir(os.path.join(path, tag)):
-        raise NotACheckpointError(
-            f"The tag folder {os.path.join(path, tag)} holds no DeepSpeed rank files.",
-            hint="The checkpoint was probably not saved completely.",
+        return tag, []
+    latest = _read_latest(path)
+    if latest is not None:
+        _check_tag_name(path, latest, f"{os.path.join(path, 'latest')}")
+        if not os.path.isdir(os.path.join(path, latest)):
+            raise NotACheckpointError(
+                f"`latest` in {path} names the tag {latest}, but there is no such folder.",
+                hint=("Available tags: " + ", ".join(tags) + ". Pass one with --tag.")
+                if tags
+                else "The checkpoint seems incomplete: no tag folder holds rank files.",
+            )
+        return latest, []
+    if tags:
+        newest = tags[-1]
+        note = Finding(
+            Severity.WARNING,
+            "no-latest",
+            f"No `latest` file in {path}; using the newest tag, {newest}.",
+            hint="Pass --tag to choose another.",
         )
-    if tag not in tags:
-        tags.append(tag)
-    layout = "lightning" if path.rstrip(os.sep).endswith(".ckpt") else "deepspeed"
-    return Location(path, tag, tuple(tags), layout, tuple(findings))
+        return newest, [note]
+    raise NotACheckpointError(
+        f"{path} holds no DeepSpeed checkpoint: no `latest` file and no folder with "
+        "*_model_states.pt / *_optim_states.pt files.",
+        hint="Point at the folder passed to engine.save_checkpoint(), a global_step* folder inside it, "
+        "or a Trainer output folder with checkpoint-N folders.",
+    )

@@ -1,0 +1,140 @@
+"""Which tensors a checkpoint holds and where their bytes are: trainable (from the layout), frozen, buffers
+and tied aliases, in the module's order. Pure bookkeeping on the loaded trees; problems become findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from inspector.errors import NotACheckpointError
+from inspector.format.torchzip import TensorRef
+from inspector.scan.files import RankFiles
+from inspector.scan.layout import Layout
+from inspector.scan.model import Kind, Segment, Severity, TensorInfo
+
+
+class TensorCollector:
+    """Builds the tensor list; `add` records a finding (severity, code, message, file)."""
+
+    def __init__(self, files: RankFiles, add: Callable[..., None]) -> None:
+        self.files = files
+        self.add = add
+
+    def collect(
+        self, model: dict[str, Any], models: dict[int, Any], layout: Layout | None, ws: int, stage3: bool
+    ) -> list[TensorInfo]:
+        module: Mapping[str, Any] = model.get("module") or {}
+        buffer_names = list(model.get("buffer_names") or [])
+        shared: Mapping[str, str] = model.get("shared_params") or {}
+        frozen_shapes: Mapping[str, Any] | None = model.get("frozen_param_shapes")
+        trainable = layout.params if layout else {}
+        owned = {n for group in (model.get("param_shapes") or []) for n in group}
+        out: dict[str, TensorInfo] = {}
+        order = list(module) + [n for n in trainable if n not in module]
+        for name in order:
+            if name in trainable:
+                out[name] = _with_module_copy(trainable[name], module.get(name))
+            elif name in buffer_names:
+                out[name] = self._plain(name, module[name], Kind.BUFFER)
+            elif name in shared:
+                continue  # aliases below, once owners are known
+            elif name in owned:
+                continue  # a trainable parameter we could not rebuild (reported already)
+            else:
+                t = self._frozen(name, module.get(name), models, frozen_shapes, ws, stage3)
+                if t is not None:
+                    out[name] = t
+        for name in buffer_names:
+            if name not in module:
+                self.add(
+                    Severity.WARNING,
+                    "missing-buffer",
+                    f"Buffer {name} is listed in buffer_names but not saved in the module state.",
+                    None,
+                )
+        for alias, owner in shared.items():
+            src = out.get(owner)
+            if src is None:
+                if layout is not None:
+                    self.add(
+                        Severity.WARNING,
+                        "dangling-alias",
+                        f"Tied parameter {alias} points to {owner}, "
+                        "which is not in the checkpoint; left out.",
+                    )
+                continue
+            out[alias] = TensorInfo(
+                alias,
+                src.shape,
+                src.dtype,
+                Kind.TIED,
+                src.segments,
+                alias_of=owner,
+                group=src.group,
+                moments=src.moments,
+                module_copy=src.module_copy,
+            )
+        pos = {n: i for i, n in enumerate(order)}
+        return sorted(out.values(), key=lambda t: pos.get(t.name, len(pos)))
+
+    def _plain(self, name: str, ref: Any, kind: Kind) -> TensorInfo:
+        if not isinstance(ref, TensorRef):
+            raise NotACheckpointError(f"module[{name!r}] is not a tensor.")
+        segs = tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
+        return TensorInfo(name, ref.shape, ref.dtype, kind, segs)
+
+    def _frozen(
+        self,
+        name: str,
+        ref: Any,
+        models: dict[int, Any],
+        frozen_shapes: Mapping[str, Any] | None,
+        ws: int,
+        stage3: bool,
+    ) -> TensorInfo | None:
+        """Frozen params: full 16-bit tensor (stage 1 `module`, stage 2 fragments) or per-rank slices (stage 3)."""
+        shape = (
+            tuple(frozen_shapes[name])
+            if frozen_shapes and name in frozen_shapes
+            else (ref.shape if isinstance(ref, TensorRef) else None)
+        )
+        if shape is None:
+            return None
+        numel = 1
+        for d in shape:
+            numel *= d
+        if not stage3:
+            frag = (models[0].get("frozen_param_fragments") or {}).get(name, ref)
+            if not isinstance(frag, TensorRef) or frag.numel != numel:
+                self.add(Severity.ERROR, "missing-frozen", f"Frozen parameter {name} has no saved data.")
+                return None
+            t = self._plain(name, frag, Kind.FROZEN)
+            return TensorInfo(name, shape, t.dtype, Kind.FROZEN, t.segments)
+        part = -(-numel // ws) if ws else 0
+        segs: list[Segment] = []
+        dtype = ref.dtype if isinstance(ref, TensorRef) else "bfloat16"
+        for r in range(ws):
+            frag = ((models.get(r) or {}).get("frozen_param_fragments") or {}).get(name)
+            take = max(0, min(part, numel - r * part))
+            if not isinstance(frag, TensorRef) or frag.numel < take or not frag.is_contiguous():
+                self.add(
+                    Severity.ERROR,
+                    "missing-frozen",
+                    f"Rank {r} lacks its slice of frozen parameter {name}.",
+                    self.files.zero3_model.get(r),
+                )
+                return None
+            dtype = frag.dtype
+            if take:
+                segs.append(Segment(frag.path, frag.offset, take, frag.dtype))
+        return TensorInfo(name, shape, dtype, Kind.FROZEN, tuple(segs))
+
+
+def _with_module_copy(t: TensorInfo, ref: Any) -> TensorInfo:
+    """Attach the 16-bit module copy of a trainable param (stage 1/2; stage 3 keeps empty placeholders)."""
+    if not isinstance(ref, TensorRef) or ref.numel != t.numel or ref.numel == 0:
+        return t
+    segs = tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
+    return replace(t, module_copy=segs)
