@@ -115,6 +115,10 @@ def _memory_line() -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if getattr(args, "format", "safetensors") == "universal":
+        from inspector.cli.universal import convert_universal
+
+        return convert_universal(args)
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
     from inspector.convert.engine import Report, prepare_output, run
@@ -289,6 +293,13 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("convert", help="stream a checkpoint into safetensors shards with flat memory")
     add_common(p)
     p.add_argument("out", help="output folder (must be empty, or pass --overwrite)")
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "universal"),
+        default="safetensors",
+        help="universal: a DeepSpeed universal checkpoint in OUT/<tag>_uni plus OUT/latest_universal "
+        "(resume on any world size with load_universal; OUT may be the checkpoint root)",
+    )
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace model*.safetensors and the index in OUT")
     p.add_argument(

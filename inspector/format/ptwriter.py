@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from inspector.convert.reader import TORCH_DTYPES, byte_view
+from inspector.format.dtypes import itemsize as t_itemsize
 
 ALIGN = 64
 _STORAGE_TYPES = {
@@ -35,8 +36,9 @@ _STORAGE_TYPES = {
     "bool": "BoolStorage",
 }
 
-Producer = Callable[[int, int], torch.Tensor]
-"""Return elements [start, start+count) of a storage as a tensor of its dtype."""
+Producer = Callable[[int, int], Any]
+"""Return elements [start, start+count) of a storage: a tensor of its dtype, or (torch-free callers) any
+bytes-like object holding exactly those elements' bytes, written as they are."""
 
 
 @dataclass(eq=False)
@@ -222,7 +224,13 @@ def _storage_chunks(st: Storage, chunk_elems: int) -> Iterator[memoryview]:
         if st.produce is None:
             t = torch.zeros(count, dtype=TORCH_DTYPES[st.dtype])
         else:
-            t = st.produce(start, count).to(TORCH_DTYPES[st.dtype]).contiguous()
+            out = st.produce(start, count)
+            if not isinstance(out, torch.Tensor):  # raw bytes (bytes, memoryview, numpy array)
+                view = memoryview(out).cast("B")
+                assert len(view) == count * t_itemsize(st.dtype), (len(view), count)
+                yield view
+                continue
+            t = out.to(TORCH_DTYPES[st.dtype]).contiguous()
             assert t.numel() == count, (t.numel(), count)
         yield byte_view(t)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ class Tiny(nn.Module):
         return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--stage", type=int, default=2)
@@ -61,8 +62,11 @@ def main() -> None:
     ap.add_argument("--sub-group-size", type=int, default=0)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--tag", default=None)
-    args = ap.parse_args()
+    return ap
 
+
+def build(args: argparse.Namespace, load_universal: bool = False) -> Any:
+    """The engine for these options (the same model, groups and config every time)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -99,16 +103,82 @@ def main() -> None:
         config["fp16"] = {"enabled": True, "initial_scale_power": 8}
     if args.bf16_optimizer:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
 
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
-    g = torch.Generator().manual_seed(int(os.environ.get("RANK", "0")))
-    for _ in range(args.steps):
+    return engine
+
+
+def train(engine: Any, steps: int, seed: int) -> float:
+    g = torch.Generator().manual_seed(seed)
+    loss = torch.zeros(())
+    for _ in range(steps):
         x = torch.randint(0, 37, (4, 5), generator=g)
         out = engine(x)
         loss = out.float().pow(2).mean()
         engine.backward(loss)
         engine.step()
+    return float(loss)
+
+
+def _full_moment(engine: Any, p: Any, key: str) -> torch.Tensor:
+    """Stage 1/2 moment of one parameter, straight from the flat optimizer state. Right after training,
+    `safe_get_full_optimizer_state` fails on a rank whose trimmed fp32 partition is shorter than its moments
+    (DeepSpeed links moment fragments only where the shapes agree), so gather them the way it would."""
+    import deepspeed.comm as dist
+
+    buf = torch.zeros(p.numel(), dtype=torch.float32)
+    m = p._hp_mapping
+    if m is not None:
+        flat = engine.optimizer.optimizer.param_groups[m.param_group_index]["params"][0]
+        state = engine.optimizer.optimizer.state[flat][key]
+        hp, lp = m.hp_fragment_address, m.lp_fragment_address
+        buf.narrow(0, lp.start, lp.numel).copy_(state.narrow(0, hp.start, hp.numel))
+    dist.all_reduce(buf, group=p._dp_group)
+    return buf.reshape_as(p)
+
+
+def live_state(engine: Any, accessor: bool = True) -> dict[str, Any]:
+    """What the engine holds now, through DeepSpeed's own accessors (collectives: every rank calls)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    out: dict[str, Any] = {}
+    for name, p in engine.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        out[f"{name}/fp32"] = safe_get_full_fp32_param(p).detach().clone()
+        for key in ("exp_avg", "exp_avg_sq"):
+            if accessor or hasattr(p, "ds_id"):
+                out[f"{name}/{key}"] = safe_get_full_optimizer_state(p, key).detach().clone()
+            else:
+                out[f"{name}/{key}"] = _full_moment(engine, p, key)
+    opt = engine.optimizer.optimizer
+    steps = [float(s["step"]) for s in opt.state.values() if isinstance(s, dict) and "step" in s]
+    out["steps"] = torch.tensor(sorted(set(steps)), dtype=torch.float64)
+    out["global_steps"] = torch.tensor(engine.global_steps)
+    return out
+
+
+def main() -> None:
+    args = parser().parse_args()
+    engine = build(args)
+    train(engine, args.steps, int(os.environ.get("RANK", "0")))
     engine.save_checkpoint(args.out, tag=args.tag)
+    live = live_state(
+        engine, accessor=False
+    )  # the truth a universal checkpoint must carry (round robin: not ds_to_universal's)
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(live, os.path.join(os.path.dirname(os.path.abspath(args.out)), "live.pt"))
+    leave()
+
+
+def leave() -> None:
+    """Exit together: a rank that leaves while gloo still talks aborts ("terminate called ...")."""
+    import deepspeed.comm as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""`convert --format universal`: write a DeepSpeed universal checkpoint with a live byte count."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+from rich.markup import escape
+
+from inspector.errors import DamagedCheckpointError
+
+
+def convert_universal(args: argparse.Namespace) -> int:
+    from inspector.cli.console import console as _console
+    from inspector.convert.writers.universal import plan_universal, prepare, write_universal
+    from inspector.scan.scanner import scan
+    from inspector.system.rss import peak_rss
+    from inspector.system.units import format_bytes
+
+    console = _console()
+    ckpt = scan(args.path, args.tag)
+    if ckpt.errors and not args.force:
+        raise DamagedCheckpointError(
+            f"{ckpt.tag_dir} has {len(ckpt.errors)} error finding(s); see `zero-inspector scan`.",
+            hint="A universal checkpoint from a damaged source would resume wrong.",
+        )
+    plan = plan_universal(ckpt, os.path.abspath(args.out))
+    prepare(plan, args.overwrite)  # refuse an existing output before doing any work
+    total = plan.total_bytes
+    console.print(
+        f"Writing universal checkpoint [bold]{escape(plan.out_dir)}[/] from {escape(ckpt.tag_dir)} "
+        f"(ZeRO-{ckpt.stage}, {ckpt.world_size} ranks): {len(plan.files)} tensor files, {format_bytes(total)}"
+    )
+    done = [0]
+    lock = threading.Lock()
+
+    def progress(n: int) -> None:
+        with lock:
+            done[0] += n
+
+    start = time.monotonic()
+    result: list[object] = []
+    error: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(write_universal(plan, overwrite=args.overwrite, progress=progress))
+        except BaseException as exc:
+            error.append(exc)
+
+    t = threading.Thread(target=work, name="zi-universal", daemon=True)
+    with console.status("Writing…") as status:
+        t.start()
+        while t.is_alive():
+            t.join(0.25)
+            status.update(f"Writing… {format_bytes(done[0])} / {format_bytes(total)}")
+    if error:
+        raise error[0]
+    secs = time.monotonic() - start
+    report = result[0]
+    reused = getattr(report, "reused", 0)
+    console.print(
+        f"[green]Done[/] in {secs:.1f} s: {escape(plan.out_dir)} and {escape(os.path.join(plan.out_root, 'latest_universal'))}"
+        f", {format_bytes(done[0])} written, peak RSS {format_bytes(peak_rss())}"
+        + (f", {reused} file(s) reused from an interrupted run" if reused else "")
+        + '.\nResume with DeepSpeed: "checkpoint": {"load_universal": true} and '
+        f"engine.load_checkpoint({escape(plan.out_root)!r})."
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Output writers other than the safetensors engine (universal checkpoints)."""
