@@ -122,3 +122,70 @@ def test_cli_writes_into_the_checkpoint_root_and_scan_still_reads_the_zero_one(
     assert rc == 0, err
     rc, out, err = cli("convert", root, root, "--format", "universal")
     assert rc == 2 and "--overwrite" in out + err
+
+
+@pytest.mark.parametrize("name", ["s2", "s3"])
+def test_scan_reads_a_universal_checkpoint_back(demo: Any, tmp_path: Path, name: str) -> None:
+    ckpt = scan(str(demo(SPECS[name])))
+    write_universal(plan_universal(ckpt, str(tmp_path)))
+    uni = scan(str(tmp_path))  # via latest_universal
+    assert uni.layout == "universal" and not uni.errors
+    assert uni.optimizer_step == ckpt.optimizer_step and uni.global_steps == ckpt.global_steps
+    assert {t.name: t.kind for t in uni.tensors} == {t.name: t.kind for t in ckpt.tensors}
+    for t in ckpt.tensors:
+        got = read_tensor(uni, t.name)
+        assert torch.equal(got, read_tensor(ckpt, t.name).to(got.dtype)), t.name
+        if t.kind is Kind.TRAINABLE:
+            for m in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(read_tensor(uni, t.name, m), read_tensor(ckpt, t.name, m))
+
+
+def test_universal_converts_to_safetensors_and_verifies(demo: Any, tmp_path: Path, cli: Any) -> None:
+    root = demo(SPECS["s3"])
+    rc, _, err = cli("convert", root, tmp_path / "u", "--format", "universal")
+    assert rc == 0, err
+    rc, out, err = cli("verify", root, tmp_path / "u")
+    assert rc == 0 and "OK" in out, out + err
+    rc, _, err = cli("convert", tmp_path / "u", tmp_path / "st", "--dtype", "fp32")
+    assert rc == 0, err
+    rc, out, err = cli("verify", tmp_path / "u", tmp_path / "st")
+    assert rc == 0, out + err
+    from safetensors.torch import load_file
+
+    ckpt = scan(str(root))
+    st = load_file(tmp_path / "st" / "model.safetensors")
+    for t in ckpt.tensors:
+        assert torch.equal(st[t.name], read_tensor(ckpt, t.name).float()), t.name
+
+
+def test_verify_finds_a_changed_moment(demo: Any, tmp_path: Path, cli: Any) -> None:
+    root = demo(SPECS["s2"])
+    rc, _, err = cli("convert", root, tmp_path, "--format", "universal")
+    assert rc == 0, err
+    ckpt = scan(str(root))
+    name = next(t.name for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
+    uni = scan(str(tmp_path))
+    seg = dict(uni.tensor(name).moments)["exp_avg_sq"][0]
+    with open(seg.file, "r+b") as fh:
+        fh.seek(seg.offset)
+        b = fh.read(1)
+        fh.seek(seg.offset)
+        fh.write(bytes([b[0] ^ 1]))
+    rc, out, err = cli("verify", root, tmp_path)
+    assert rc == 1 and f"{name}/exp_avg_sq" in out, out + err
+
+
+def test_planning_and_reading_universal_need_no_torch_or_ui() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, inspector.convert.writers.universal, inspector.convert.writers.universal_verify, "
+        "inspector.scan.universal; print(' '.join(sys.modules))"
+    )
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    assert not {"torch", "deepspeed", "rich", "textual"} & loaded

@@ -230,6 +230,12 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from inspector.scan.universal import find_universal
+
+    if (uni := find_universal(args.out)) is not None:
+        from inspector.cli.universal import verify_universal_cli
+
+        return verify_universal_cli(args, uni)
     from inspector.cli.console import console as _console
     from inspector.convert.verify import VerifyResult, run_verify
     from inspector.scan.scanner import scan

@@ -69,3 +69,43 @@ def convert_universal(args: argparse.Namespace) -> int:
         f"engine.load_checkpoint({escape(plan.out_root)!r})."
     )
     return 0
+
+
+def verify_universal_cli(args: argparse.Namespace, folder: str) -> int:
+    from inspector.cli.console import console as _console
+    from inspector.convert.writers.universal_verify import UniversalVerifyResult, verify_universal
+    from inspector.scan.scanner import scan
+    from inspector.scan.universal import scan_universal
+    from inspector.system.units import format_bytes
+
+    console = _console()
+    src = scan(args.path, args.tag)
+    uni = scan_universal(folder)
+    result = None
+    start = time.monotonic()
+    with console.status("Verifying…") as status:
+        last = 0.0
+        for ev in verify_universal(src, uni):
+            if isinstance(ev, UniversalVerifyResult):
+                result = ev
+            elif time.monotonic() - last > 0.25:
+                last = time.monotonic()
+                status.update(f"Verifying {ev.tensor} ({ev.bytes_done * 100 // max(ev.bytes_total, 1)}%)…")
+    assert result is not None
+    for label, names in (
+        ("Mismatched", result.mismatched),
+        ("Unexpected (not in the checkpoint)", result.unexpected),
+        ("Missing from the output", result.missing),
+    ):
+        if names:
+            more = " …" if len(names) > 20 else ""
+            console.print(f"[bold red]{label}[/] ({len(names)}): " + escape(", ".join(names[:20])) + more)
+    if result.ok:
+        console.print(
+            f"[green]OK[/]: universal checkpoint {escape(folder)}: {result.checked} tensors "
+            f"(fp32 masters, exp_avg, exp_avg_sq, frozen), {format_bytes(result.bytes_checked)}, the step and "
+            f"the model-states copies identical to the checkpoint ({time.monotonic() - start:.1f} s)."
+        )
+        return 0
+    console.print("[bold red]Verification failed.[/]")
+    return 1

@@ -525,3 +525,9 @@ def universal_resume(_factory: _Factory) -> Callable[[str, str, int], dict[str, 
 def live_state(_factory: _Factory) -> Callable[[str], dict[str, Any]]:
     """Factory: config -> the training engine's fp32 masters, moments and steps at save time."""
     return _factory.live
+
+
+@pytest.fixture(scope="session")
+def universal_root(_factory: _Factory) -> Callable[[str, str], Path]:
+    """Factory: (config, "ours" | "theirs") -> a root holding latest_universal and its folder."""
+    return _factory.universal

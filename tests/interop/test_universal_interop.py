@@ -74,3 +74,24 @@ def test_round_robin_resumes_the_live_state(
     a, b = _tensors(ours), _tensors(theirs)
     wrong = [k for k in a if not torch.equal(a[k], b[k])]
     assert wrong, "ds_to_universal was expected to be wrong here; if DeepSpeed fixed it, drop this check"
+
+
+@pytest.mark.configs("s1_bf16", "s3_bf16", "bf16_optimizer", "s2_round_robin")
+def test_scan_and_verify_read_deepspeeds_universal_output(
+    config: str,
+    universal_root: Callable[[str, str], Any],
+    ds_checkpoint: Callable[[str], Any],
+    inspector_cli: Callable[..., Any],
+) -> None:
+    """DeepSpeed's own output (bare stage-3 tensors, fp32 buffers and aliases) reads back; verify passes
+    it where it is right and names the tensors it got wrong under round robin."""
+    root = ds_checkpoint(config).root
+    for which in ("ours", "theirs"):
+        uni = universal_root(config, which)
+        proc = inspector_cli("scan", str(uni), "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        proc = inspector_cli("verify", str(root), str(uni))
+        wrong = which == "theirs" and "round_robin" in config
+        assert proc.returncode == (1 if wrong else 0), proc.stdout + proc.stderr
+        if wrong:
+            assert "Mismatched" in proc.stdout
