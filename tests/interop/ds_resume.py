@@ -21,6 +21,11 @@ def main() -> None:
     ap = parser()
     ap.add_argument("result")
     args = ap.parse_args()
+    if args.round_robin and not args.param_alignment:
+        # DeepSpeed 0.19.8 maps fragments in the original order while a round-robin buffer without
+        # alignment padding is reordered (FORMAT.md §3.2): its loader would misplace any correct
+        # checkpoint. Round robin only changes gradient partitioning, so resume without it.
+        args.round_robin = False
     engine = build(args, load_universal=True)
     path, _ = engine.load_checkpoint(args.out)
     if path is None:

@@ -122,37 +122,49 @@ def train(engine: Any, steps: int, seed: int) -> float:
     return float(loss)
 
 
-def _full_moment(engine: Any, p: Any, key: str) -> torch.Tensor:
-    """Stage 1/2 moment of one parameter, straight from the flat optimizer state. Right after training,
-    `safe_get_full_optimizer_state` fails on a rank whose trimmed fp32 partition is shorter than its moments
-    (DeepSpeed links moment fragments only where the shapes agree), so gather them the way it would."""
+def _flat_truth(engine: Any) -> dict[str, Any]:
+    """Stage 1/2 masters and moments cut from the gathered flat groups in the engine's *real* buffer order
+    (`round_robin_bit16_groups` at `round_robin_bit16_offsets`). DeepSpeed's accessors use `_hp_mapping`,
+    which 0.19.8 builds in the original order when round robin has no alignment padding (FORMAT.md §3.2),
+    and `safe_get_full_optimizer_state` fails right after training on a rank whose fp32 partition is
+    trimmed; the flat groups themselves are the truth."""
     import deepspeed.comm as dist
 
-    buf = torch.zeros(p.numel(), dtype=torch.float32)
-    m = p._hp_mapping
-    if m is not None:
-        flat = engine.optimizer.optimizer.param_groups[m.param_group_index]["params"][0]
-        state = engine.optimizer.optimizer.state[flat][key]
-        hp, lp = m.hp_fragment_address, m.lp_fragment_address
-        buf.narrow(0, lp.start, lp.numel).copy_(state.narrow(0, hp.start, hp.numel))
-    dist.all_reduce(buf, group=p._dp_group)
-    return buf.reshape_as(p)
+    zopt = engine.optimizer
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    out: dict[str, Any] = {}
+    for i, params in enumerate(zopt.round_robin_bit16_groups):
+        group = zopt.real_dp_process_group[i]
+        ws = dist.get_world_size(group=group)
+        part = zopt.bit16_groups_flat[i].numel() // ws
+        hp = zopt.single_partition_of_fp32_groups[i]
+        state = zopt.optimizer.state[zopt.optimizer.param_groups[i]["params"][0]]
+        for key, local in (("fp32", hp), ("exp_avg", state["exp_avg"]), ("exp_avg_sq", state["exp_avg_sq"])):
+            padded = torch.zeros(part, dtype=torch.float32)
+            padded[: local.numel()] = local.detach().float().flatten()
+            pieces = [torch.zeros_like(padded) for _ in range(ws)]
+            dist.all_gather(pieces, padded, group=group)
+            flat = torch.cat(pieces)
+            for p, off in zip(params, zopt.round_robin_bit16_offsets[i], strict=True):
+                out[f"{names[id(p)]}/{key}"] = flat[off : off + p.numel()].clone().view(p.shape)
+    return out
 
 
 def live_state(engine: Any, accessor: bool = True) -> dict[str, Any]:
-    """What the engine holds now, through DeepSpeed's own accessors (collectives: every rank calls)."""
+    """What the engine holds now: DeepSpeed's own accessors, or (accessor=False, stage 1/2 ZeRO optimizer)
+    the flat groups in their real order. Collectives: every rank calls."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     out: dict[str, Any] = {}
-    for name, p in engine.module.named_parameters():
-        if not p.requires_grad:
-            continue
-        out[f"{name}/fp32"] = safe_get_full_fp32_param(p).detach().clone()
-        for key in ("exp_avg", "exp_avg_sq"):
-            if accessor or hasattr(p, "ds_id"):
+    if not accessor and hasattr(engine.optimizer, "round_robin_bit16_offsets"):
+        out.update(_flat_truth(engine))
+    else:
+        for name, p in engine.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            out[f"{name}/fp32"] = safe_get_full_fp32_param(p).detach().clone()
+            for key in ("exp_avg", "exp_avg_sq"):
                 out[f"{name}/{key}"] = safe_get_full_optimizer_state(p, key).detach().clone()
-            else:
-                out[f"{name}/{key}"] = _full_moment(engine, p, key)
     opt = engine.optimizer.optimizer
     steps = [float(s["step"]) for s in opt.state.values() if isinstance(s, dict) and "step" in s]
     out["steps"] = torch.tensor(sorted(set(steps)), dtype=torch.float64)

@@ -66,14 +66,19 @@ def test_three_ranks_to_two(config: str, universal_resume: Resume) -> None:
 def test_round_robin_resumes_the_live_state(
     config: str, universal_resume: Resume, live_state: Callable[[str], dict[str, Any]]
 ) -> None:
-    """ds_to_universal cuts round-robin buffers with param_slice_mappings and gets them wrong (FORMAT.md
-    §3.2); ours is rebuilt from param_shapes and must resume exactly what the engine held."""
+    """Ours is rebuilt from param_shapes and must resume exactly what the engine held (its flat groups in
+    their real order). Without alignment padding DeepSpeed 0.19.8 maps round-robin fragments in the wrong
+    order (FORMAT.md §3.2), so ds_to_universal writes wrong tensors, and ds_resume.py resumes that case
+    with round robin off (DeepSpeed's loader shares the bug); with alignment padding both are right."""
     ours = universal_resume(config, "ours", 3)
     _assert_same(ours, live_state(config), "the training engine at save time")
     theirs = universal_resume(config, "theirs", 3)
     a, b = _tensors(ours), _tensors(theirs)
     wrong = [k for k in a if not torch.equal(a[k], b[k])]
-    assert wrong, "ds_to_universal was expected to be wrong here; if DeepSpeed fixed it, drop this check"
+    if config == "s2_round_robin":
+        assert wrong, "ds_to_universal was expected to be wrong here; if DeepSpeed fixed it, drop this check"
+    else:
+        assert not wrong
 
 
 @pytest.mark.configs("s1_bf16", "s3_bf16", "bf16_optimizer", "s2_round_robin")
