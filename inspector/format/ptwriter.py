@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from inspector.convert.reader import TORCH_DTYPES, byte_view
@@ -225,8 +226,8 @@ def _storage_chunks(st: Storage, chunk_elems: int) -> Iterator[memoryview]:
             t = torch.zeros(count, dtype=TORCH_DTYPES[st.dtype])
         else:
             out = st.produce(start, count)
-            if not isinstance(out, torch.Tensor):  # raw bytes (bytes, memoryview, numpy array)
-                view = memoryview(out).cast("B")
+            if not isinstance(out, torch.Tensor):  # a numpy array of the storage's dtype (torch-free callers)
+                view = np.ascontiguousarray(out).view(np.uint8).data
                 assert len(view) == count * t_itemsize(st.dtype), (len(view), count)
                 yield view
                 continue

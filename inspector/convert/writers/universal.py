@@ -363,7 +363,7 @@ def to_pickle(obj: Any, pw: Any) -> Any:
     tensors stream their bytes from the source file, DeepSpeed records become NEWOBJ+BUILD again."""
     if isinstance(obj, TensorRef):
         runs = list(obj.runs())
-        storage = pw.Storage(obj.dtype, obj.numel, _ref_producer(obj.path, runs, obj.itemsize))
+        storage = pw.Storage(obj.dtype, obj.numel, _ref_producer(obj.path, runs, obj.dtype))
         return pw.Tensor(storage, obj.shape)
     if isinstance(obj, ZeroStage):
         return pw.Reduce(pw.Global("deepspeed.runtime.zero.config", "ZeroStageEnum"), (int(obj),))
@@ -384,10 +384,26 @@ def to_pickle(obj: Any, pw: Any) -> Any:
     return obj
 
 
-def _ref_producer(path: str, runs: list[tuple[int, int]], size: int) -> Callable[[int, int], bytes]:
-    """Small tensors (steps, scalars): read the element range from its runs with pread."""
+_NUMPY = {
+    "float32": np.float32,
+    "float64": np.float64,
+    "float16": np.float16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
 
-    def produce(start: int, count: int) -> bytes:
+
+def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callable[[int, int], Any]:
+    """Small tensors (steps, scalars): the element range read from its runs with pread, as numpy."""
+    if dtype not in _NUMPY:
+        raise UnsupportedCheckpointError(f"{path}: a {dtype} tensor in the optimizer state is not supported.")
+    size = itemsize(dtype)
+
+    def produce(start: int, count: int) -> Any:
         out = bytearray()
         pos = 0
         fd = os.open(path, os.O_RDONLY)
@@ -399,7 +415,7 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], size: int) -> Callable
                 pos += n
         finally:
             os.close(fd)
-        return bytes(out)
+        return np.frombuffer(bytes(out), dtype=_NUMPY[dtype])
 
     return produce
 
