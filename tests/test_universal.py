@@ -201,3 +201,18 @@ def test_planning_and_reading_universal_need_no_torch_or_ui() -> None:
         ).stdout.split()
     )
     assert not {"torch", "deepspeed", "rich", "textual"} & loaded
+
+
+def test_preflight_predicts_the_exact_output_size(demo: Any, tmp_path: Path, cli: Any) -> None:
+    import json
+
+    root = demo(SPECS["s3"])
+    rc, out, err = cli("preflight", root, "--format", "universal", "--out", tmp_path, "--json")
+    assert rc == 0, err
+    est = json.loads(out)
+    assert est["format"] == "universal" and est["fits"]
+    assert est["deepspeed_ds_to_universal_peak_disk_bytes"] > est["output_bytes"]
+    rc, _, err = cli("convert", root, tmp_path, "--format", "universal")
+    assert rc == 0, err
+    written = sum(p.stat().st_size for p in (tmp_path / "global_step3_uni").rglob("*") if p.is_file())
+    assert abs(written - est["output_bytes"]) <= 0.01 * written  # small files' overhead is estimated

@@ -278,6 +278,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    if getattr(args, "format", "safetensors") == "universal":
+        from inspector.cli.universal import preflight_universal_cli
+
+        return preflight_universal_cli(args)
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
     from inspector.convert.plan import build_plan
@@ -329,6 +333,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
     p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
+    p.add_argument("--format", choices=("safetensors", "universal"), default="safetensors")
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

@@ -109,3 +109,33 @@ def verify_universal_cli(args: argparse.Namespace, folder: str) -> int:
         return 0
     console.print("[bold red]Verification failed.[/]")
     return 1
+
+
+def preflight_universal_cli(args: argparse.Namespace) -> int:
+    import json
+
+    from inspector.cli.console import console as _console
+    from inspector.convert.writers.universal import plan_universal
+    from inspector.convert.writers.universal_preflight import estimate_universal
+    from inspector.errors import EXIT_DOES_NOT_FIT
+    from inspector.scan.scanner import scan
+    from inspector.system.units import format_bytes as fb
+
+    ckpt = scan(args.path, args.tag)
+    plan = plan_universal(ckpt, os.path.abspath(args.out or os.getcwd()))
+    rank0 = ckpt.ranks[0].optim_bytes if ckpt.stage == 3 and ckpt.ranks else 0
+    est = estimate_universal(plan, stage3_rank0_optim=rank0)
+    if args.json:
+        print(json.dumps(est.as_dict(), indent=1))
+    else:
+        verdict = "[green]fits[/]" if est.fits else "[bold red]does not fit[/]"
+        _console().print(
+            f"Universal checkpoint {escape(plan.out_dir)}: {verdict}\n"
+            f"  peak RSS   {fb(est.predicted_peak_rss)} of {fb(est.available_memory)} available "
+            f"({escape(est.memory_source)})\n"
+            f"  disk       {fb(est.output_bytes)} of {fb(est.free_disk)} free "
+            f"(DeepSpeed's ds_to_universal peaks near {fb(est.deepspeed_peak_disk)})\n"
+            f"  reads      {fb(est.read_bytes)}\n"
+            f"  time       about {est.estimated_seconds:.0f} s"
+        )
+    return 0 if est.fits else EXIT_DOES_NOT_FIT
