@@ -43,19 +43,25 @@ def convert_universal(args: argparse.Namespace) -> int:
     start = time.monotonic()
     result: list[object] = []
     error: list[BaseException] = []
+    cancel = threading.Event()
 
     def work() -> None:
         try:
-            result.append(write_universal(plan, overwrite=args.overwrite, progress=progress))
+            result.append(write_universal(plan, overwrite=args.overwrite, cancel=cancel, progress=progress))
         except BaseException as exc:
             error.append(exc)
 
     t = threading.Thread(target=work, name="zi-universal", daemon=True)
     with console.status("Writing…") as status:
         t.start()
-        while t.is_alive():
-            t.join(0.25)
-            status.update(f"Writing… {format_bytes(done[0])} / {format_bytes(total)}")
+        try:
+            while t.is_alive():
+                t.join(0.25)
+                status.update(f"Writing… {format_bytes(done[0])} / {format_bytes(total)}")
+        except KeyboardInterrupt:
+            cancel.set()  # finished files stay in <tag>_uni.partial/; the same command resumes
+            t.join()
+            raise
     if error:
         raise error[0]
     secs = time.monotonic() - start

@@ -179,7 +179,7 @@ def write_universal(
     plan: UniversalPlan,
     *,
     overwrite: bool = False,
-    workers: int = 2,
+    workers: int | None = None,
     cancel: threading.Event | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> UniversalReport:
@@ -208,7 +208,10 @@ def write_universal(
 
         with FilePool() as pool:
             _write_small(plan, staging, pw)
-            with ThreadPoolExecutor(max(1, workers), thread_name_prefix="zi-uni") as ex:
+            n = workers or min(
+                8, os.cpu_count() or 2
+            )  # files are independent; pread/crc32/write drop the GIL
+            with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
                 futures = [ex.submit(_write_tensor, pw, pool, f, staging, cancel, report) for f in todo]
                 try:
                     for fut in futures:

@@ -57,6 +57,7 @@ def estimate_universal(
     out = plan.total_bytes
     read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
     read += sum(os.path.getsize(src) for src, _ in plan.copies)
+    workers = workers or min(8, os.cpu_count() or 2)  # as write_universal
     widened = any(f.source_dtype != "float32" for f in plan.files)  # 16-bit sources need a second buffer
     peak = current_rss() + workers * (CHUNK_BYTES + (CHUNK_BYTES // 2 if widened else 0)) + RUNTIME_OVERHEAD
     budget = detect_memory_limits()
