@@ -127,12 +127,17 @@ def test_refuses_existing_output_and_resumes_a_killed_run(demo: Any, tmp_path: P
 def test_cli_writes_into_the_checkpoint_root_and_scan_still_reads_the_zero_one(
     demo: Any, tmp_path: Path, cli: Any
 ) -> None:
+    import json
+
     root = demo.copy(SPECS["s1"], tmp_path / "ckpt")
     rc, out, err = cli("convert", root, root, "--format", "universal")
     assert rc == 0, err
     assert (root / "latest_universal").is_file() and (root / "latest").is_file()
     rc, out, err = cli("scan", root, "--json")
     assert rc == 0, err
+    assert json.loads(out)["tag"] == "global_step3"  # the ZeRO checkpoint, not the universal one
+    rc, out, err = cli("verify", root, root)  # OUT is where latest_universal was written
+    assert rc == 0 and "universal" in out, out + err
     rc, out, err = cli("convert", root, root, "--format", "universal")
     assert rc == 2 and "--overwrite" in out + err
 

@@ -232,7 +232,7 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from inspector.scan.universal import find_universal
 
-    if (uni := find_universal(args.out)) is not None:
+    if (uni := find_universal(args.out, prefer=True)) is not None:
         from inspector.cli.universal import verify_universal_cli
 
         return verify_universal_cli(args, uni)

@@ -23,8 +23,9 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
 
 
-def find_universal(path: str, tag: str | None = None) -> str | None:
-    """The universal folder `path` means, or None when it is not one (a ZeRO root with `latest` wins)."""
+def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> str | None:
+    """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
+    `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there)."""
     path = os.path.abspath(os.path.expanduser(path))
     if tag is not None:
         cand = os.path.join(path, tag)
@@ -32,7 +33,7 @@ def find_universal(path: str, tag: str | None = None) -> str | None:
     if os.path.isdir(os.path.join(path, "zero")):
         return path
     latest = os.path.join(path, "latest_universal")
-    if os.path.isfile(latest) and not os.path.isfile(os.path.join(path, "latest")):
+    if os.path.isfile(latest) and (prefer or not os.path.isfile(os.path.join(path, "latest"))):
         with open(latest, "rb") as fh:
             name = fh.read(4096).decode("utf-8", "replace").strip()
         cand = os.path.join(path, name)

@@ -208,9 +208,8 @@ def write_universal(
 
         with FilePool() as pool:
             _write_small(plan, staging, pw)
-            n = workers or min(
-                8, os.cpu_count() or 2
-            )  # files are independent; pread/crc32/write drop the GIL
+            # files are independent; pread, crc32 and write release the GIL
+            n = workers or min(8, os.cpu_count() or 2)
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
                 futures = [ex.submit(_write_tensor, pw, pool, f, staging, cancel, report) for f in todo]
                 try:
