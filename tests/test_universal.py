@@ -221,3 +221,17 @@ def test_preflight_predicts_the_exact_output_size(demo: Any, tmp_path: Path, cli
     assert rc == 0, err
     written = sum(p.stat().st_size for p in (tmp_path / "global_step3_uni").rglob("*") if p.is_file())
     assert abs(written - est["output_bytes"]) <= 0.01 * written  # small files' overhead is estimated
+
+
+def test_a_hostile_pickle_in_a_universal_folder_is_refused_not_run(demo: Any, tmp_path: Path) -> None:
+    from inspector.format import ptwriter as pw
+
+    ckpt = scan(str(demo(SPECS["s2"])))
+    write_universal(plan_universal(ckpt, str(tmp_path)))
+    name = next(t.name for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
+    marker = tmp_path / "pwned"
+    evil = pw.Reduce(pw.Global("os", "system"), (f"touch {marker}",))
+    pw.save({"param": evil, "cat_dim": 0}, tmp_path / f"{ckpt.tag}_uni" / "zero" / name / "exp_avg.pt")
+    uni = scan(str(tmp_path))
+    assert any(f.code == "unreadable" and "os.system" in f.message for f in uni.errors)
+    assert not marker.exists()
