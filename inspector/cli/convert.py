@@ -160,6 +160,10 @@ def _memory_line() -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if getattr(args, "format", "safetensors") == "universal":
+        from inspector.cli.universal import convert_universal
+
+        return convert_universal(args)
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
     from inspector.convert.engine import Report
@@ -278,6 +282,12 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from inspector.scan.universal import find_universal
+
+    if (uni := find_universal(args.out, prefer=True)) is not None:
+        from inspector.cli.universal import verify_universal_cli
+
+        return verify_universal_cli(args, uni)
     from inspector.cli.console import console as _console
     from inspector.convert.verify import VerifyResult, run_verify
     from inspector.convert.writers.merge import is_merged_output
@@ -330,6 +340,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    if getattr(args, "format", "safetensors") == "universal":
+        from inspector.cli.universal import preflight_universal_cli
+
+        return preflight_universal_cli(args)
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
     from inspector.convert.preflight import assess, assessment_json
@@ -382,6 +396,13 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("convert", help="stream a checkpoint into safetensors shards with flat memory")
     add_common(p)
     p.add_argument("out", help="output folder (must be empty, or pass --overwrite)")
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "universal"),
+        default="safetensors",
+        help="universal: a DeepSpeed universal checkpoint in OUT/<tag>_uni plus OUT/latest_universal "
+        "(resume on any world size with load_universal; OUT may be the checkpoint root)",
+    )
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace model*.safetensors and the index in OUT")
     p.add_argument(
@@ -412,6 +433,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
     p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
+    p.add_argument("--format", choices=("safetensors", "universal"), default="safetensors")
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

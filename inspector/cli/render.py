@@ -158,7 +158,8 @@ def findings(items: tuple[Finding, ...]) -> RenderableType:
 
 def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) -> None:
     console.print(summary(ckpt))
-    console.print(ranks_table(ckpt))
+    if ckpt.ranks:  # a universal checkpoint has no rank files
+        console.print(ranks_table(ckpt))
     console.print()
     console.print(tensors_table(ckpt) if all_tensors else modules_table(ckpt))
     console.print()

@@ -172,7 +172,10 @@ def _check_folder(path: str) -> None:
         parent = os.path.dirname(path)
         hint = f"Pass the folder instead: {parent}" if is_tag_dir(parent) else "Pass a checkpoint folder."
         raise NotACheckpointError(f"{path} is a file, not a checkpoint folder.", hint=hint)
-    if os.path.isfile(os.path.join(path, "latest_universal")) or os.path.isdir(os.path.join(path, "zero")):
+    has_latest = os.path.isfile(os.path.join(path, "latest"))  # beside latest_universal: the ZeRO one is read
+    if (os.path.isfile(os.path.join(path, "latest_universal")) and not has_latest) or os.path.isdir(
+        os.path.join(path, "zero")
+    ):
         raise UnsupportedCheckpointError(
             f"{path} is a DeepSpeed universal checkpoint.",
             hint="Reading universal checkpoints is not supported yet; point at the ZeRO checkpoint it came from.",

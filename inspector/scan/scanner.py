@@ -21,7 +21,11 @@ from inspector.scan.tensors import TensorCollector
 
 
 def scan(path: str, tag: str | None = None) -> Checkpoint:
-    """Scan `path` (root, tag folder, Trainer run or Lightning .ckpt) into a `Checkpoint`."""
+    """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`."""
+    from inspector.scan.universal import find_universal, scan_universal
+
+    if (uni := find_universal(path, tag)) is not None:
+        return scan_universal(uni)
     loc = locate(path, tag)
     files = classify(loc.tag_dir)
     return _Scanner(loc, files).build()

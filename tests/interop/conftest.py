@@ -254,6 +254,7 @@ class _Factory:
         versions = "|".join(importlib.metadata.version(p) for p in ("deepspeed", "torch"))
         self.train_key = _sha((HERE / "ds_train.py").read_bytes(), versions)
         self.ref_key = _sha((HERE / "ds_reference.py").read_bytes(), versions)
+        self.resume_key = _sha((HERE / "ds_resume.py").read_bytes(), versions)
 
     def checkpoint(self, name: str) -> Built:
         if name in self.failed:
@@ -370,6 +371,51 @@ class _Factory:
                 (out / ".done").write_text("")
                 _BUILD_LOG.append(("zero_to_torch", name, time.monotonic() - t0))
         return out
+
+    def universal(self, name: str, which: str) -> Path:
+        """A root holding `latest_universal`: ours (`convert --format universal`) or DeepSpeed's
+        (`ds_to_universal --inject_missing_state`), converted from checkpoint `name`."""
+        built = self.checkpoint(name)
+        out = built.workdir / f"universal-{which}"
+        with _heavy_lock(self.cache):
+            if not (out / ".done").exists():
+                shutil.rmtree(out, ignore_errors=True)
+                tag = (built.root / "latest").read_text().strip()
+                t0 = time.monotonic()
+                if which == "ours":
+                    cmd = [sys.executable, "-m", "inspector", "convert", str(built.root), str(out)]
+                    cmd += ["--format", "universal"]
+                else:
+                    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder"]
+                    cmd += [str(built.root / tag), "--output_folder", str(out / f"{tag}_uni")]
+                    cmd += ["--inject_missing_state"]
+                    out.mkdir(parents=True)
+                _run_logged(cmd, built.workdir / f"universal-{which}.log", f"universal ({which}) of {name}")
+                (out / ".done").write_text("")
+                _BUILD_LOG.append((f"uni-{which}", name, time.monotonic() - t0))
+        return out
+
+    def resume(self, name: str, which: str, world_size: int) -> dict[str, Any]:
+        """What real DeepSpeed holds after `load_checkpoint` with `load_universal` on `world_size` ranks
+        (ds_resume.py), plus the loss of one more training step."""
+        built = self.checkpoint(name)
+        root = self.universal(name, which)
+        out = built.workdir / f"resume-{which}-ws{world_size}-{self.resume_key}.pt"
+        with _heavy_lock(self.cache):
+            if not out.exists():
+                t0 = time.monotonic()
+                cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", str(world_size)]
+                cmd += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port())]
+                cmd += [str(HERE / "ds_resume.py"), str(root), *built.config.train_args(), str(out)]
+                log = built.workdir / f"resume-{which}-ws{world_size}.log"
+                _run_logged(cmd, log, f"resume of {name} from {which} on {world_size} ranks")
+                _BUILD_LOG.append((f"resume-{which}", f"{name} ws{world_size}", time.monotonic() - t0))
+        return dict(torch.load(out, map_location="cpu", weights_only=True))
+
+    def live(self, name: str) -> dict[str, Any]:
+        """The training engine's own state right after save_checkpoint (ds_train.py writes it)."""
+        path = self.checkpoint(name).workdir / "live.pt"
+        return dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
 @pytest.fixture(scope="session")
@@ -490,3 +536,21 @@ def inspector_api() -> Any:
         return raw.view(torch_dtype(str(a.dtype))).reshape(a.shape)
 
     return scan, read_tensor_torch
+
+
+@pytest.fixture(scope="session")
+def universal_resume(_factory: _Factory) -> Callable[[str, str, int], dict[str, Any]]:
+    """Factory: (config, "ours" | "theirs", world size) -> DeepSpeed's state after a universal resume."""
+    return _factory.resume
+
+
+@pytest.fixture(scope="session")
+def live_state(_factory: _Factory) -> Callable[[str], dict[str, Any]]:
+    """Factory: config -> the training engine's fp32 masters, moments and steps at save time."""
+    return _factory.live
+
+
+@pytest.fixture(scope="session")
+def universal_root(_factory: _Factory) -> Callable[[str, str], Path]:
+    """Factory: (config, "ours" | "theirs") -> a root holding latest_universal and its folder."""
+    return _factory.universal

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ class Tiny(nn.Module):
         return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--stage", type=int, default=2)
@@ -65,8 +66,11 @@ def main() -> None:
         "--scale-power", type=int, default=8, help="fp16 initial_scale_power (high: early steps overflow)"
     )
     ap.add_argument("--tag", default=None)
-    args = ap.parse_args()
+    return ap
 
+
+def build(args: argparse.Namespace, load_universal: bool = False) -> Any:
+    """The engine for these options (the same model, groups and config every time)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -105,16 +109,94 @@ def main() -> None:
             config["fp16"]["loss_scale_window"] = 2
     if args.bf16_optimizer:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
 
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
-    g = torch.Generator().manual_seed(int(os.environ.get("RANK", "0")))
-    for _ in range(args.steps * args.grad_accum):  # engine.step() only steps at accumulation boundaries
+    return engine
+
+
+def train(engine: Any, steps: int, seed: int) -> float:
+    g = torch.Generator().manual_seed(seed)
+    loss = torch.zeros(())
+    for _ in range(steps):
         x = torch.randint(0, 37, (4, 5), generator=g)
         out = engine(x)
         loss = out.float().pow(2).mean()
         engine.backward(loss)
         engine.step()
+    return float(loss)
+
+
+def _flat_truth(engine: Any) -> dict[str, Any]:
+    """Stage 1/2 masters and moments cut from the gathered flat groups in the engine's *real* buffer order
+    (`round_robin_bit16_groups` at `round_robin_bit16_offsets`). DeepSpeed's accessors use `_hp_mapping`,
+    which 0.19.8 builds in the original order when round robin has no alignment padding (FORMAT.md §3.2),
+    and `safe_get_full_optimizer_state` fails right after training on a rank whose fp32 partition is
+    trimmed; the flat groups themselves are the truth."""
+    import deepspeed.comm as dist
+
+    zopt = engine.optimizer
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    out: dict[str, Any] = {}
+    for i, params in enumerate(zopt.round_robin_bit16_groups):
+        group = zopt.real_dp_process_group[i]
+        ws = dist.get_world_size(group=group)
+        part = zopt.bit16_groups_flat[i].numel() // ws
+        hp = zopt.single_partition_of_fp32_groups[i]
+        state = zopt.optimizer.state[zopt.optimizer.param_groups[i]["params"][0]]
+        for key, local in (("fp32", hp), ("exp_avg", state["exp_avg"]), ("exp_avg_sq", state["exp_avg_sq"])):
+            padded = torch.zeros(part, dtype=torch.float32)
+            padded[: local.numel()] = local.detach().float().flatten()
+            pieces = [torch.zeros_like(padded) for _ in range(ws)]
+            dist.all_gather(pieces, padded, group=group)
+            flat = torch.cat(pieces)
+            for p, off in zip(params, zopt.round_robin_bit16_offsets[i], strict=True):
+                out[f"{names[id(p)]}/{key}"] = flat[off : off + p.numel()].clone().view(p.shape)
+    return out
+
+
+def live_state(engine: Any, accessor: bool = True) -> dict[str, Any]:
+    """What the engine holds now: DeepSpeed's own accessors, or (accessor=False, stage 1/2 ZeRO optimizer)
+    the flat groups in their real order. Collectives: every rank calls."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    out: dict[str, Any] = {}
+    if not accessor and hasattr(engine.optimizer, "round_robin_bit16_offsets"):
+        out.update(_flat_truth(engine))
+    else:
+        for name, p in engine.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            out[f"{name}/fp32"] = safe_get_full_fp32_param(p).detach().clone()
+            for key in ("exp_avg", "exp_avg_sq"):
+                out[f"{name}/{key}"] = safe_get_full_optimizer_state(p, key).detach().clone()
+    opt = engine.optimizer.optimizer
+    steps = [float(s["step"]) for s in opt.state.values() if isinstance(s, dict) and "step" in s]
+    out["steps"] = torch.tensor(sorted(set(steps)), dtype=torch.float64)
+    out["global_steps"] = torch.tensor(engine.global_steps)
+    return out
+
+
+def main() -> None:
+    args = parser().parse_args()
+    engine = build(args)
+    train(engine, args.steps * args.grad_accum, int(os.environ.get("RANK", "0")))  # engine.step() only steps at accumulation boundaries
     engine.save_checkpoint(args.out, tag=args.tag)
+    live = live_state(
+        engine, accessor=False
+    )  # the truth a universal checkpoint must carry (round robin: not ds_to_universal's)
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(live, os.path.join(os.path.dirname(os.path.abspath(args.out)), "live.pt"))
+    leave()
+
+
+def leave() -> None:
+    """Exit together: a rank that leaves while gloo still talks aborts ("terminate called ...")."""
+    import deepspeed.comm as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""Predict a universal conversion from its plan: our peak RSS, disk and time, and DeepSpeed's disk for the
+same job (`ds_to_universal` keeps a temporary fragment per parameter, rank and state until it merges, and
+its stage-3 `optimizer_state.pt` carries rank 0's whole flat optimizer state)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.convert.writers.universal import CHUNK_BYTES, UniversalPlan
+from inspector.system.limits import detect_memory_limits, free_disk_bytes
+
+# calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second, and the
+# allowance for threads, the pickler and allocator slack on top of the per-worker chunk buffers
+UNI_BYTES_PER_S = 200 * 1024 * 1024
+RUNTIME_OVERHEAD = 24 * 1024 * 1024
+STARTUP_SECONDS = 1.5
+
+
+@dataclass(frozen=True)
+class UniversalEstimate:
+    predicted_peak_rss: int
+    output_bytes: int
+    read_bytes: int
+    estimated_seconds: float
+    free_disk: int
+    available_memory: int
+    memory_source: str
+    deepspeed_peak_disk: int  # ds_to_universal: output plus its temporary fragments at their peak
+
+    @property
+    def fits(self) -> bool:
+        return self.predicted_peak_rss <= self.available_memory and self.output_bytes <= self.free_disk
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": "universal",
+            "fits": self.fits,
+            "predicted_peak_rss_bytes": self.predicted_peak_rss,
+            "output_bytes": self.output_bytes,
+            "read_bytes": self.read_bytes,
+            "estimated_seconds": round(self.estimated_seconds, 2),
+            "free_disk_bytes": self.free_disk,
+            "available_memory_bytes": self.available_memory,
+            "memory_limit_source": self.memory_source,
+            "deepspeed_ds_to_universal_peak_disk_bytes": self.deepspeed_peak_disk,
+        }
+
+
+def estimate_universal(
+    plan: UniversalPlan, workers: int = 2, stage3_rank0_optim: int = 0
+) -> UniversalEstimate:
+    """`stage3_rank0_optim`: bytes of rank 0's flat optimizer state, which DeepSpeed copies (stage 3)."""
+    from inspector.system.rss import current_rss
+
+    out = plan.total_bytes
+    read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
+    read += sum(os.path.getsize(src) for src, _ in plan.copies)
+    workers = workers or min(8, os.cpu_count() or 2)  # as write_universal
+    widened = any(f.source_dtype != "float32" for f in plan.files)  # 16-bit sources need a second buffer
+    peak = current_rss() + workers * (CHUNK_BYTES + (CHUNK_BYTES // 2 if widened else 0)) + RUNTIME_OVERHEAD
+    budget = detect_memory_limits()
+    ds_disk = 2 * plan.tensor_bytes + stage3_rank0_optim + (out - plan.tensor_bytes)
+    return UniversalEstimate(
+        predicted_peak_rss=peak,
+        output_bytes=out,
+        read_bytes=read,
+        estimated_seconds=STARTUP_SECONDS + out / UNI_BYTES_PER_S,
+        free_disk=free_disk_bytes(plan.out_root),
+        available_memory=budget.effective.bytes,
+        memory_source=budget.effective.source,
+        deepspeed_peak_disk=ds_disk,
+    )

@@ -1,0 +1,126 @@
+"""The small files of a universal checkpoint: `zero/optimizer_state.pt` and the stage-1/2 `step.pt` files,
+rebuilt from rank 0's optimizer state as our restricted unpickler read it (tensors stream from the source
+file; DeepSpeed's records pickle as the classes they stand for, so DeepSpeed's loader gets its own objects).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
+from inspector.format.dtypes import itemsize
+from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
+from inspector.format.torchzip import TensorRef, load_tree
+
+if TYPE_CHECKING:
+    from inspector.convert.writers.universal import UniversalPlan
+
+# what the stage-1/2 optimizer_state.pt leaves out (ds_to_universal does the same): sharded state
+_SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
+
+
+def write_small(plan: UniversalPlan, staging: str, pw: Any) -> None:
+    """`zero/optimizer_state.pt` and the stage-1/2 `step.pt` files, from rank 0's optimizer state."""
+    tree = load_tree(plan.optim_file)
+    osd = tree.get("optimizer_state_dict") if isinstance(tree, dict) else None
+    if not isinstance(osd, dict):
+        raise DamagedCheckpointError(f"{plan.optim_file} has no optimizer_state_dict.")
+    if plan.stage >= 3:
+        inner = dict(osd.get("optimizer_state_dict") or {})
+        state = inner.get("state") or {}
+        # the step per sub-group; the flat moments are per parameter in zero/ (DeepSpeed copies them here
+        # whole, which is most of its extra output)
+        inner["state"] = {
+            k: {"step": v["step"]} for k, v in state.items() if isinstance(v, dict) and "step" in v
+        }
+        out = {k: v for k, v in osd.items() if k not in ("optimizer_state_dict", "fp32_flat_groups")}
+        out["optimizer_state_dict"] = inner
+        out["param_groups"] = inner.get("param_groups", [])
+    else:
+        base = osd.get("base_optimizer_state") or {}
+        out = {k: v for k, v in osd.items() if k not in _SHARDED}
+        out["param_groups"] = base.get("param_groups", [])
+    path = os.path.join(staging, "zero", "optimizer_state.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.exists(path):
+        pw.save(to_pickle(out, pw), path)
+    if plan.step_params:
+        base = osd.get("base_optimizer_state") or {}
+        groups = base.get("param_groups") or []
+        state = base.get("state") or {}
+        for name, g in plan.step_params:
+            key = groups[g]["params"][0] if g < len(groups) and groups[g].get("params") else g
+            step = (state.get(key) or {}).get("step")
+            if step is None:
+                continue
+            p = os.path.join(staging, "zero", name, "step.pt")
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            if not os.path.exists(p):
+                pw.save(to_pickle(step, pw), p)
+
+
+def to_pickle(obj: Any, pw: Any) -> Any:
+    """Turn a tree read by our restricted unpickler back into ptwriter objects that pickle as the original:
+    tensors stream their bytes from the source file, DeepSpeed records become NEWOBJ+BUILD again."""
+    if isinstance(obj, TensorRef):
+        runs = list(obj.runs())
+        storage = pw.Storage(obj.dtype, obj.numel, _ref_producer(obj.path, runs, obj.dtype))
+        return pw.Tensor(storage, obj.shape)
+    if isinstance(obj, ZeroStage):
+        return pw.Reduce(pw.Global("deepspeed.runtime.zero.config", "ZeroStageEnum"), (int(obj),))
+    if isinstance(obj, _Token):
+        return pw.Global("torch", obj.name)
+    if isinstance(obj, Record):
+        module, _, name = obj._qualname.rpartition(".")
+        state = {k: to_pickle(v, pw) for k, v in obj.__dict__.items() if not k.startswith("_")}
+        return pw.Obj(pw.Global(module, name), state)
+    if isinstance(obj, _OrderedDict | OrderedDict):
+        return OrderedDict((to_pickle(k, pw), to_pickle(v, pw)) for k, v in obj.items())
+    if isinstance(obj, InertDict | dict):
+        return {to_pickle(k, pw): to_pickle(v, pw) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_pickle(v, pw) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_pickle(v, pw) for v in obj)
+    return obj
+
+
+_NUMPY = {
+    "float32": np.float32,
+    "float64": np.float64,
+    "float16": np.float16,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int16": np.int16,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
+
+
+def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callable[[int, int], Any]:
+    """Small tensors (steps, scalars): the element range read from its runs with pread, as numpy."""
+    if dtype not in _NUMPY:
+        raise UnsupportedCheckpointError(f"{path}: a {dtype} tensor in the optimizer state is not supported.")
+    size = itemsize(dtype)
+
+    def produce(start: int, count: int) -> Any:
+        out = bytearray()
+        pos = 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for off, n in runs:
+                lo, hi = max(start, pos), min(start + count, pos + n)
+                if lo < hi:
+                    out += os.pread(fd, (hi - lo) * size, off + (lo - pos) * size)
+                pos += n
+        finally:
+            os.close(fd)
+        return np.frombuffer(bytes(out), dtype=_NUMPY[dtype])
+
+    return produce

@@ -1,0 +1,139 @@
+"""Check a universal checkpoint against the ZeRO checkpoint it came from: every fp32 master, both Adam
+moments, frozen parameters, the optimizer step and the model-states copies, streamed in fixed chunks.
+
+Works on ours and on DeepSpeed's `ds_to_universal` output (which is how its round-robin bug shows up).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inspector.format.dtypes import itemsize
+from inspector.scan.model import Checkpoint, Kind, Segment
+
+if TYPE_CHECKING:
+    from inspector.convert.reader import FilePool
+
+CHUNK_ELEMS = 1 << 20
+
+
+@dataclass
+class UniversalVerifyResult:
+    checked: int = 0
+    bytes_checked: int = 0
+    mismatched: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatched or self.unexpected or self.missing)
+
+
+@dataclass(frozen=True)
+class UniversalVerifyProgress:
+    bytes_done: int
+    bytes_total: int
+    tensor: str
+
+
+def verify_universal(
+    src: Checkpoint, uni: Checkpoint
+) -> Iterator[UniversalVerifyProgress | UniversalVerifyResult]:
+    """Yield progress, then the result. `uni` is `scan_universal` of the output folder."""
+    res = UniversalVerifyResult()
+    jobs: list[tuple[str, tuple[Segment, ...], tuple[Segment, ...]]] = []
+    have = {t.name: t for t in uni.tensors}
+    for t in src.tensors:
+        if t.kind not in (Kind.TRAINABLE, Kind.FROZEN):
+            continue
+        u = have.get(t.name)
+        if u is None or u.kind is Kind.TIED:
+            if t.kind is Kind.TRAINABLE:
+                res.missing.append(t.name)
+            continue
+        if u.shape != t.shape:
+            res.mismatched.append(f"{t.name} (shape {u.shape} != {t.shape})")
+            continue
+        jobs.append((f"{t.name}/fp32", t.segments, u.segments))
+        if t.kind is Kind.TRAINABLE:
+            got = dict(u.moments)
+            for m, segs in t.moments:
+                if m in got:
+                    jobs.append((f"{t.name}/{m}", segs, got[m]))
+                else:
+                    res.missing.append(f"{t.name}/{m}")
+    src_names = {t.name for t in src.tensors if t.kind in (Kind.TRAINABLE, Kind.FROZEN)}
+    res.unexpected += [u.name for u in uni.tensors if u.kind is Kind.TRAINABLE and u.name not in src_names]
+    if src.optimizer_step != uni.optimizer_step:
+        res.mismatched.append(f"optimizer step ({uni.optimizer_step} != {src.optimizer_step})")
+    total = sum(sum(s.numel for s in a) * 4 for _, a, _ in jobs)
+    from inspector.convert.reader import FilePool
+
+    done = 0
+    with FilePool() as pool:
+        for label, a, b in jobs:
+            same = True
+            for x, y in zip(_chunks(pool, a), _chunks(pool, b), strict=True):
+                same = same and np.array_equal(x.view(np.uint32), y.view(np.uint32))
+                done += x.nbytes
+            yield UniversalVerifyProgress(done, total, label)
+            res.checked += 1
+            res.bytes_checked += sum(s.numel for s in a) * 4
+            if not same:
+                res.mismatched.append(label)
+    for f in src.files:
+        if f.role == "model":
+            copy = os.path.join(uni.tag_dir, os.path.basename(f.path))
+            if not os.path.isfile(copy):
+                res.missing.append(os.path.basename(f.path))
+            elif not _same_file(f.path, copy):
+                res.mismatched.append(os.path.basename(f.path))
+    yield res
+
+
+def _chunks(pool: FilePool, segs: tuple[Segment, ...]) -> Iterator[np.ndarray]:
+    """The tensor as fp32 arrays of at most CHUNK_ELEMS elements (16-bit sources widened exactly)."""
+    total = sum(s.numel for s in segs)
+    pos = 0
+    it = iter(segs)
+    seg, used = next(it, None), 0
+    while pos < total:
+        n = min(CHUNK_ELEMS, total - pos)
+        out = np.empty(n, dtype=np.float32)
+        filled = 0
+        while filled < n and seg is not None:
+            size = itemsize(seg.dtype)
+            take = min(n - filled, seg.numel - used)
+            raw = np.empty(take * size, dtype=np.uint8)
+            pool.read_into(seg.file, seg.offset + used * size, raw.data)
+            if seg.dtype == "bfloat16":
+                out[filled : filled + take] = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            elif seg.dtype == "float16":
+                out[filled : filled + take] = raw.view(np.float16)
+            else:
+                out[filled : filled + take] = raw.view(np.float32)
+            filled += take
+            used += take
+            if used == seg.numel:
+                seg, used = next(it, None), 0
+        pos += n
+        yield out
+
+
+def _same_file(a: str, b: str, chunk: int = 8 << 20) -> bool:
+    if os.path.getsize(a) != os.path.getsize(b):
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(chunk), fb.read(chunk)
+            if x != y:
+                return False
+            if not x:
+                return True

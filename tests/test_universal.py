@@ -1,0 +1,237 @@
+"""Universal checkpoint writer on demo checkpoints: files, contents, atomic/resumable output, refusal."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from inspector.convert.reader import read_ref, read_tensor
+from inspector.convert.writers.universal import (
+    PARTIAL,
+    iter_rel_paths,
+    plan_universal,
+    write_universal,
+)
+from inspector.demo.writer import DemoSpec
+from inspector.errors import OutputError
+from inspector.format.records import ZeroStage
+from inspector.format.torchzip import load_tree
+from inspector.scan.model import Kind
+from inspector.scan.scanner import scan
+
+SPECS = {
+    "s1": DemoSpec(stage=1, params=200_000),
+    "s2": DemoSpec(stage=2, world_size=3, params=200_000),
+    "s3": DemoSpec(stage=3, world_size=3, params=200_000, sub_group_size=20_000),
+    "bf16opt": DemoSpec(stage=1, params=200_000, bf16_optimizer=True),
+    "fp16": DemoSpec(stage=2, dtype="fp16", params=200_000),
+}
+
+
+def _f32(x: Any) -> np.ndarray:
+    """fp32 numpy from read_tensor's result, whether it returns torch tensors or numpy arrays."""
+    if isinstance(x, torch.Tensor):
+        return x.float().numpy()
+    return np.asarray(x).astype(np.float32)
+
+
+def _same(a: Any, b: Any) -> bool:
+    x, y = _f32(a), _f32(b)
+    return x.shape == y.shape and np.array_equal(x.view(np.uint32), y.view(np.uint32))
+
+
+def _param(path: Path) -> torch.Tensor:
+    d = torch.load(path, map_location="cpu", weights_only=True)
+    assert set(d) == {"param", "cat_dim"} and d["cat_dim"] == 0
+    return d["param"]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_state_is_the_rebuilt_tensor(demo: Any, tmp_path: Path, name: str) -> None:
+    ckpt = scan(str(demo(SPECS[name])))
+    plan = plan_universal(ckpt, str(tmp_path))
+    report = write_universal(plan)
+    out = Path(plan.out_dir)
+    assert (tmp_path / "latest_universal").read_text() == f"{ckpt.tag}_uni"
+    assert not os.path.exists(plan.out_dir + PARTIAL)
+    written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert written == set(iter_rel_paths(plan))
+    assert report.files == len(plan.files)
+    for t in ckpt.tensors:
+        folder = out / "zero" / t.name
+        if t.kind is Kind.TRAINABLE:
+            for state in ("fp32", "exp_avg", "exp_avg_sq"):
+                got = _param(folder / f"{state}.pt")
+                assert got.dtype == torch.float32 and tuple(got.shape) == t.shape
+                assert _same(got, read_tensor(ckpt, t.name, state)), (t.name, state)
+            assert (folder / "step.pt").exists() == (ckpt.stage < 3)
+        elif t.kind is Kind.FROZEN:
+            assert _same(_param(folder / "fp32.pt"), read_tensor(ckpt, t.name))
+        else:
+            assert not folder.exists()  # buffers and tied aliases live in the model-states copies
+    for f in ckpt.files:
+        if f.role == "model":
+            assert (out / os.path.basename(f.path)).read_bytes() == Path(f.path).read_bytes()
+
+
+@pytest.mark.parametrize("name", ["s2", "s3", "bf16opt"])
+def test_optimizer_state_keeps_what_load_universal_reads(demo: Any, tmp_path: Path, name: str) -> None:
+    ckpt = scan(str(demo(SPECS[name])))
+    plan = plan_universal(ckpt, str(tmp_path))
+    write_universal(plan)
+    sd = load_tree(os.path.join(plan.out_dir, "zero", "optimizer_state.pt"))
+    assert sd["param_groups"] and "lr" in sd["param_groups"][0]
+    if ckpt.stage == 3:
+        inner = sd["optimizer_state_dict"]
+        assert "fp32_flat_groups" not in sd
+        assert all(set(s) == {"step"} for s in inner["state"].values())  # moments are per parameter
+        assert int(read_ref(inner["state"][0]["step"])) == ckpt.optimizer_step
+        assert isinstance(sd["zero_stage"], ZeroStage)
+    else:
+        for key in ("base_optimizer_state", "single_partition_of_fp32_groups", "param_slice_mappings"):
+            assert key not in sd
+        if name != "bf16opt":
+            assert sd["clip_grad"] is not None and sd["loss_scaler"].get("cur_scale") is not None
+        step = load_tree(os.path.join(plan.out_dir, "zero", ckpt.tensors[0].name, "step.pt"))
+        assert int(read_ref(step)) == ckpt.optimizer_step
+
+
+def test_refuses_existing_output_and_resumes_a_killed_run(demo: Any, tmp_path: Path) -> None:
+    ckpt = scan(str(demo(SPECS["s2"])))
+    plan = plan_universal(ckpt, str(tmp_path))
+    write_universal(plan)
+    with pytest.raises(OutputError):
+        write_universal(plan)
+    (tmp_path / "latest_universal").write_text("something_else")
+    os.rename(plan.out_dir, str(tmp_path / "elsewhere"))
+    with pytest.raises(OutputError):  # a different latest_universal is not replaced silently
+        write_universal(plan)
+    os.rename(str(tmp_path / "elsewhere"), plan.out_dir + PARTIAL)  # as a killed run would leave it
+    os.remove(os.path.join(plan.out_dir + PARTIAL, plan.files[0].rel))
+    stamp = os.path.join(plan.out_dir + PARTIAL, ".zero_inspector_source.json")
+    with open(stamp, "w") as fh:  # the staging folder of this very job
+        import json
+
+        json.dump([list(s) for s in plan.source], fh)
+    report = write_universal(plan, overwrite=True)
+    assert report.reused == len(plan.files) - 1
+    assert (tmp_path / "latest_universal").read_text() == plan.folder
+    assert _same(_param(Path(plan.out_dir) / plan.files[0].rel), read_tensor(ckpt, plan.files[0].name))
+
+
+def test_cli_writes_into_the_checkpoint_root_and_scan_still_reads_the_zero_one(
+    demo: Any, tmp_path: Path, cli: Any
+) -> None:
+    import json
+
+    root = demo.copy(SPECS["s1"], tmp_path / "ckpt")
+    rc, out, err = cli("convert", root, root, "--format", "universal")
+    assert rc == 0, err
+    assert (root / "latest_universal").is_file() and (root / "latest").is_file()
+    rc, out, err = cli("scan", root, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["tag"] == "global_step3"  # the ZeRO checkpoint, not the universal one
+    rc, out, err = cli("verify", root, root)  # OUT is where latest_universal was written
+    assert rc == 0 and "universal" in out, out + err
+    rc, out, err = cli("convert", root, root, "--format", "universal")
+    assert rc == 2 and "--overwrite" in out + err
+
+
+@pytest.mark.parametrize("name", ["s2", "s3"])
+def test_scan_reads_a_universal_checkpoint_back(demo: Any, tmp_path: Path, name: str) -> None:
+    ckpt = scan(str(demo(SPECS[name])))
+    write_universal(plan_universal(ckpt, str(tmp_path)))
+    uni = scan(str(tmp_path))  # via latest_universal
+    assert uni.layout == "universal" and not uni.errors
+    assert uni.optimizer_step == ckpt.optimizer_step and uni.global_steps == ckpt.global_steps
+    assert {t.name: t.kind for t in uni.tensors} == {t.name: t.kind for t in ckpt.tensors}
+    for t in ckpt.tensors:
+        assert _same(read_tensor(uni, t.name), read_tensor(ckpt, t.name)), t.name
+        if t.kind is Kind.TRAINABLE:
+            for m in ("exp_avg", "exp_avg_sq"):
+                assert _same(read_tensor(uni, t.name, m), read_tensor(ckpt, t.name, m))
+
+
+def test_universal_converts_to_safetensors_and_verifies(demo: Any, tmp_path: Path, cli: Any) -> None:
+    root = demo(SPECS["s3"])
+    rc, _, err = cli("convert", root, tmp_path / "u", "--format", "universal")
+    assert rc == 0, err
+    rc, out, err = cli("verify", root, tmp_path / "u")
+    assert rc == 0 and "OK" in out, out + err
+    rc, _, err = cli("convert", tmp_path / "u", tmp_path / "st", "--dtype", "fp32")
+    assert rc == 0, err
+    rc, out, err = cli("verify", tmp_path / "u", tmp_path / "st")
+    assert rc == 0, out + err
+    from safetensors.torch import load_file
+
+    ckpt = scan(str(root))
+    st = load_file(tmp_path / "st" / "model.safetensors")
+    for t in ckpt.tensors:
+        assert _same(st[t.name], read_tensor(ckpt, t.name)), t.name
+
+
+def test_verify_finds_a_changed_moment(demo: Any, tmp_path: Path, cli: Any) -> None:
+    root = demo(SPECS["s2"])
+    rc, _, err = cli("convert", root, tmp_path, "--format", "universal")
+    assert rc == 0, err
+    ckpt = scan(str(root))
+    name = next(t.name for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
+    uni = scan(str(tmp_path))
+    seg = dict(uni.tensor(name).moments)["exp_avg_sq"][0]
+    with open(seg.file, "r+b") as fh:
+        fh.seek(seg.offset)
+        b = fh.read(1)
+        fh.seek(seg.offset)
+        fh.write(bytes([b[0] ^ 1]))
+    rc, out, err = cli("verify", root, tmp_path)
+    assert rc == 1 and f"{name}/exp_avg_sq" in out, out + err
+
+
+def test_planning_and_reading_universal_need_no_torch_or_ui() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, inspector.convert.writers.universal, inspector.convert.writers.universal_verify, "
+        "inspector.scan.universal; print(' '.join(sys.modules))"
+    )
+    loaded = set(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    assert not {"torch", "deepspeed", "rich", "textual"} & loaded
+
+
+def test_preflight_predicts_the_exact_output_size(demo: Any, tmp_path: Path, cli: Any) -> None:
+    import json
+
+    root = demo(SPECS["s3"])
+    rc, out, err = cli("preflight", root, "--format", "universal", "--out", tmp_path, "--json")
+    assert rc == 0, err
+    est = json.loads(out)
+    assert est["format"] == "universal" and est["fits"]
+    assert est["deepspeed_ds_to_universal_peak_disk_bytes"] > est["output_bytes"]
+    rc, _, err = cli("convert", root, tmp_path, "--format", "universal")
+    assert rc == 0, err
+    written = sum(p.stat().st_size for p in (tmp_path / "global_step3_uni").rglob("*") if p.is_file())
+    assert abs(written - est["output_bytes"]) <= 0.01 * written  # small files' overhead is estimated
+
+
+def test_a_hostile_pickle_in_a_universal_folder_is_refused_not_run(demo: Any, tmp_path: Path) -> None:
+    from inspector.format import ptwriter as pw
+
+    ckpt = scan(str(demo(SPECS["s2"])))
+    write_universal(plan_universal(ckpt, str(tmp_path)))
+    name = next(t.name for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
+    marker = tmp_path / "pwned"
+    evil = pw.Reduce(pw.Global("os", "system"), (f"touch {marker}",))
+    pw.save({"param": evil, "cat_dim": 0}, tmp_path / f"{ckpt.tag}_uni" / "zero" / name / "exp_avg.pt")
+    uni = scan(str(tmp_path))
+    assert any(f.code == "unreadable" and "os.system" in f.message for f in uni.errors)
+    assert not marker.exists()
