@@ -249,3 +249,39 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
         hint="Point at the folder passed to engine.save_checkpoint(), a global_step* folder inside it, "
         "or a Trainer output folder with checkpoint-N folders.",
     )
+
+
+def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
+    """Checkpoint roots in a folder that holds several (an RLHF run's `_actor/` and `_critic/`, a Trainer
+    run's `checkpoint-N/` folders), in natural order; `(path,)` when `path` is one checkpoint by itself and
+    `()` when nothing below it looks like a checkpoint. Pure path logic, additive to `locate`."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        return ()
+    if os.path.isfile(os.path.join(path, "latest")) or is_tag_dir(path) or list_tags(path):
+        return (path,)
+    found: list[str] = []
+
+    def walk(folder: str, depth: int) -> None:
+        try:
+            subdirs = sorted((e.name for e in os.scandir(folder) if e.is_dir()), key=_natural_key)
+        except OSError:
+            return
+        for name in subdirs:
+            sub = os.path.join(folder, name)
+            if (
+                os.path.isfile(os.path.join(sub, "latest"))
+                or list_tags(sub)
+                or (HF_CHECKPOINT_RE.match(name) and is_tag_dir(sub))
+            ):
+                found.append(sub)
+            elif depth > 1 and not is_tag_dir(sub):
+                walk(sub, depth - 1)
+
+    walk(path, max_depth)
+    return tuple(found)
+
+
+def _natural_key(name: str) -> list[tuple[int, int | str]]:
+    """`layers.2` before `layers.10`: digit runs compare as numbers."""
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p]

@@ -1,0 +1,313 @@
+"""The app and its one factory, `make_app`, used by the CLI, the tests and the screenshot script.
+
+The app owns what is shared between screens (the roots, the scanned checkpoint, the selection, the export
+options) and the scan worker; screens and widgets show it. Nothing here imports torch: scanning is
+metadata only, and the conversion runs in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from inspector.convert.plan import ConvertOptions, resolve_dtype
+from inspector.errors import InspectorError
+from inspector.scan.locate import discover_roots, locate
+from inspector.scan.model import Checkpoint
+from inspector.tui.messages import DemoWritten, Located, Scanned, ScanFailed
+from inspector.tui.session import ExportSettings, preset_selection, selection_options
+
+DEMO_PARAMS = "30M"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the command line asked for: where to look and how to preset the selection and the export."""
+
+    path: str | None = None
+    tag: str | None = None
+    options: ConvertOptions | None = None  # convert's flags; include/exclude preset the selection
+    out_dir: str | None = None
+    overwrite: bool = False
+    demo: bool = False
+    demo_params: str = DEMO_PARAMS
+
+
+class InspectorApp(App[int]):
+    """zero-inspector's terminal UI."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "zero-inspector"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("q", "quit_app", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("e", "export", "Export"),
+        Binding("c", "convert", "Convert"),
+        Binding("left_square_bracket", "tag(-1)", "Prev tag", show=False, key_display="["),
+        Binding("right_square_bracket", "tag(1)", "Next tag", show=False, key_display="]"),
+        Binding("r", "roots", "Roots", show=False),
+    ]
+
+    def __init__(self, launch: LaunchOptions, *, live_meters: bool = True) -> None:
+        super().__init__()
+        self.launch = launch
+        self.live_meters = live_meters  # tests and screenshots freeze meters and clocks
+        self.roots: tuple[str, ...] = ()
+        self.root: str | None = None
+        self.latest_tag: str | None = None
+        self.ckpt: Checkpoint | None = None
+        self.selected: set[str] = set()
+        self.base_options = launch.options or ConvertOptions()
+        self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
+        self.converting = False
+        self._temp_dir: str | None = None
+        self._preset_applied = False
+        self.scan_seconds: float | None = None
+        self.started = time.monotonic()
+
+    # --- screens ------------------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen[None]:
+        from inspector.tui.screens.main import MainScreen
+
+        return MainScreen()
+
+    @property
+    def main(self):  # type: ignore[no-untyped-def]
+        from inspector.tui.screens.main import MainScreen
+
+        screen = self.screen_stack[0]
+        assert isinstance(screen, MainScreen)
+        return screen
+
+    def on_mount(self) -> None:
+        self.theme = "textual-dark"
+        if self.launch.demo:
+            self.write_demo()
+        elif self.launch.path:
+            self.open_path(self.launch.path, self.launch.tag)
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < 100, "narrow")
+
+    # --- opening and scanning -----------------------------------------------------------------------------
+
+    def open_path(self, path: str, tag: str | None = None) -> None:
+        roots = discover_roots(path)
+        self.roots = roots if len(roots) > 1 else (os.path.abspath(path),)
+        runs = [os.path.basename(r) for r in self.roots]
+        chosen = self.roots[-1] if len(roots) > 1 and all(n.startswith("checkpoint-") for n in runs) else (
+            self.roots[0])
+        self.scan(chosen, tag)
+
+    def scan(self, root: str, tag: str | None = None) -> None:
+        """Scan `root` (at `tag`, or its latest) in a worker; a newer request cancels an older one."""
+        self.root = root
+        if tag is None:
+            self.latest_tag = None
+        self.main.scanning(root, tag)
+        self._scan_worker(root, tag)
+
+    @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
+    def _scan_worker(self, root: str, tag: str | None) -> None:
+        from inspector.scan.scanner import scan
+
+        start = time.monotonic()
+        try:
+            self.post_message(Located(locate(root, tag)))
+            ckpt = scan(root, tag)
+        except InspectorError as exc:
+            self.post_message(ScanFailed(exc))
+            return
+        except OSError as exc:
+            self.post_message(ScanFailed(InspectorError(str(exc), title="Cannot read the checkpoint")))
+            return
+        self.post_message(Scanned(ckpt, time.monotonic() - start))
+
+    def on_located(self, msg: Located) -> None:
+        if self.latest_tag is None:
+            self.latest_tag = msg.location.tag
+        self.main.located(msg.location, self.latest_tag)
+
+    def on_scanned(self, msg: Scanned) -> None:
+        self.ckpt = msg.checkpoint
+        self.scan_seconds = msg.seconds
+        names = {t.name for t in msg.checkpoint.tensors}
+        if not self._preset_applied:
+            self._preset_applied = True
+            try:
+                self.selected = preset_selection(msg.checkpoint, self.base_options)
+            except InspectorError as exc:
+                self.error(exc)
+                self.selected = names
+        else:  # another tag or root: keep the choice where the names still exist
+            kept = self.selected & names
+            self.selected = kept if kept else names
+        if not self.export.out_dir:
+            self.export = replace(self.export, out_dir=ExportSettings.default_out(self.ckpt.root, self.ckpt.tag))
+        self.main.scanned(msg.checkpoint, msg.seconds)
+        if msg.checkpoint.errors:
+            self.notify(f"{len(msg.checkpoint.errors)} problem(s) found: see Findings on the overview.",
+                        title="Damaged checkpoint", severity="error", timeout=8)
+
+    def on_scan_failed(self, msg: ScanFailed) -> None:
+        self.main.failed(msg.error)
+        self.error(msg.error)
+
+    def error(self, exc: InspectorError) -> None:
+        from inspector.tui.screens.dialogs import MessageDialog
+
+        self.push_screen(MessageDialog(exc.title, exc.message, exc.hint))
+
+    # --- demo ---------------------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="demo")
+    def write_demo(self) -> None:
+        """Write a demo checkpoint in a child (the writer needs torch; the UI process stays without it)."""
+        self._temp_dir = tempfile.mkdtemp(prefix="zero-inspector-demo-")
+        path = os.path.join(self._temp_dir, "demo-checkpoint")
+        self.call_from_thread(self.main.status, f"Writing a {self.launch.demo_params}-parameter demo "
+                                                "checkpoint (ZeRO-2, 2 ranks, bf16)…")
+        from inspector.tui.child import REPO_ROOT
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+        proc = subprocess.run([sys.executable, "-m", "inspector", "demo", path, "--params", self.launch.demo_params],
+                              capture_output=True, text=True, env=env, check=False)
+        if proc.returncode:
+            self.post_message(ScanFailed(InspectorError(proc.stderr.strip()[-500:] or "the demo writer failed",
+                                                        title="Cannot write the demo")))
+            return
+        self.post_message(DemoWritten(path))
+
+    def on_demo_written(self, msg: DemoWritten) -> None:
+        self.open_path(msg.path)
+
+    def cleanup(self) -> None:
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+
+    # --- selection and options ----------------------------------------------------------------------------
+
+    def set_selection(self, names: Iterable[str]) -> None:
+        self.selected = set(names)
+
+    def convert_options(self) -> ConvertOptions:
+        """The selection as convert's include/exclude, plus the export options."""
+        assert self.ckpt is not None
+        return selection_options(self.ckpt, self.selected, self.base_options)
+
+    def out_dtype(self) -> str:
+        if self.ckpt is None:
+            return "float32"
+        try:
+            return resolve_dtype(self.base_options.dtype, self.ckpt)
+        except InspectorError:
+            return self.ckpt.compute_dtype
+
+    # --- actions ------------------------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        from inspector.tui.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_quit_app(self) -> None:
+        if not self.converting:
+            self.exit(0)
+            return
+        from inspector.tui.screens.dialogs import ConfirmDialog
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.stop_children()
+                self.exit(0)
+
+        self.push_screen(ConfirmDialog("Quit?", "A conversion is running. Quitting cancels it and removes its "
+                                       "partial output.", yes="Quit"), answer)
+
+    def stop_children(self) -> None:
+        from inspector.tui.screens.convert import ConvertScreen
+
+        for screen in self.screen_stack:
+            if isinstance(screen, ConvertScreen):
+                screen.stop_child()
+
+    def _need_checkpoint(self) -> bool:
+        if self.ckpt is None:
+            self.notify("Wait for the scan to finish (or open a checkpoint).", title="No checkpoint yet",
+                        severity="warning")
+            return False
+        return True
+
+    def action_export(self) -> None:
+        from inspector.tui.screens.export import ExportScreen
+
+        if self._need_checkpoint() and not isinstance(self.screen, ExportScreen):
+            self.push_screen(ExportScreen())
+
+    def action_convert(self) -> None:
+        from inspector.tui.screens.convert import start_conversion
+
+        if self._need_checkpoint() and not self.converting:
+            start_conversion(self)
+
+    def action_tag(self, step: int) -> None:
+        if self.ckpt is None or self.root is None:
+            return
+        tags = list(self.ckpt.tags)
+        i = tags.index(self.ckpt.tag) if self.ckpt.tag in tags else 0
+        j = min(max(i + step, 0), len(tags) - 1)
+        if j != i:
+            self.scan(self.root, tags[j])
+
+    def action_roots(self) -> None:
+        self.main.focus_roots()
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Export options", "Output folder, dtype, shard size, renames; live preflight",
+                            self.action_export)
+        yield SystemCommand("Convert", "Convert the selection to safetensors in a child process",
+                            self.action_convert)
+        yield SystemCommand("Overview", "Summary, ranks, tags and findings", lambda: self.main.show_tab("overview"))
+        yield SystemCommand("Tensors", "Module tree, selection and tensor detail",
+                            lambda: self.main.show_tab("tensors"))
+        yield SystemCommand("Statistics of the focused tensor", "min, max, mean, std, NaN/Inf, histogram",
+                            lambda: self.main.tensors_pane.action_stats())
+        yield SystemCommand("Select all tensors", "Export everything", lambda: self.main.select("all"))
+        yield SystemCommand("Select no tensors", "Start an empty selection", lambda: self.main.select("none"))
+        yield SystemCommand("Next tag", "Open the next (newer) tag", lambda: self.action_tag(1))
+        yield SystemCommand("Previous tag", "Open the previous (older) tag", lambda: self.action_tag(-1))
+        yield SystemCommand("Keys", "Every key of the app", self.action_help)
+
+
+def make_app(launch: LaunchOptions | None = None, *, live_meters: bool = True, **kwargs: object) -> InspectorApp:
+    """The one way to build the app: `make_app(LaunchOptions(path=...))` or `make_app(path=..., tag=...)`."""
+    if launch is None:
+        launch = LaunchOptions(**kwargs)  # type: ignore[arg-type]
+    return InspectorApp(launch, live_meters=live_meters)
+
+
+def run_app(launch: LaunchOptions) -> int:
+    """The CLI's launch hook: run the app in this terminal; returns the exit code."""
+    app = make_app(launch)
+    try:
+        result = app.run()
+    finally:
+        app.stop_children()
+        app.cleanup()
+    return int(result or 0)

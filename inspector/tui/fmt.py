@@ -1,0 +1,52 @@
+"""Small text helpers shared by the widgets (sizes, counts, shapes, bars)."""
+
+from __future__ import annotations
+
+from inspector.scan.model import Kind
+from inspector.system.memory import format_bytes
+
+KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+def size(n: float) -> str:
+    return format_bytes(n)
+
+
+def count(n: int) -> str:
+    """1234 -> 1,234; 12_345_678 -> 12.3M; 1.2e9 -> 1.20B."""
+    if n >= 1_000_000_000:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n:,}"
+
+
+def shape(dims: tuple[int, ...]) -> str:
+    return "×".join(map(str, dims)) if dims else "scalar"
+
+
+def dtype(name: str) -> str:
+    return SHORT_DTYPE.get(name, name)
+
+
+def bar(fraction: float, width: int) -> str:
+    """A block bar with eighth-cell resolution."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    out = "█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")
+    return out.ljust(width)
+
+
+def duration(seconds: float) -> str:
+    if seconds != seconds or seconds < 0:  # NaN
+        return "–"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    m, s = divmod(seconds, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"

@@ -1,0 +1,70 @@
+"""Messages posted by worker threads and the conversion child; the UI updates only in their handlers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+from inspector.errors import InspectorError
+from inspector.scan.locate import Location
+from inspector.scan.model import Checkpoint
+
+
+@dataclass
+class Located(Message):
+    """The tag is known (locate is fast); the scan of its files follows."""
+
+    location: Location
+
+
+@dataclass
+class Scanned(Message):
+    checkpoint: Checkpoint
+    seconds: float
+
+
+@dataclass
+class ScanFailed(Message):
+    error: InspectorError
+
+
+@dataclass
+class DemoWritten(Message):
+    path: str
+
+
+@dataclass
+class ChildEvent(Message):
+    """One JSON-lines event from a `convert`/`verify` child (progress, start, report, error)."""
+
+    job: str  # "convert" | "verify"
+    event: dict[str, Any]
+
+    def can_replace(self, message: Message) -> bool:
+        """A burst of progress lines collapses into the newest."""
+        return (
+            isinstance(message, ChildEvent)
+            and message.job == self.job
+            and message.event.get("event") == "progress"
+            and self.event.get("event") == "progress"
+        )
+
+
+@dataclass
+class ChildExited(Message):
+    job: str
+    returncode: int
+    stderr: str
+
+
+@dataclass
+class MemorySample(Message):
+    """The child's RSS and the machine's available memory, sampled off the UI thread."""
+
+    rss: int
+    available: int
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, MemorySample)

@@ -1,0 +1,1 @@
+"""Screens and panes: overview, tensors, export options, convert, help, dialogs."""

@@ -1,0 +1,359 @@
+"""Convert (`c`): preflight, then `python -m inspector convert ... --progress json` in a child process.
+
+Progress, per-shard progress, current tensor, throughput and ETA come from the child's JSON lines; the
+memory meter samples the child's RSS. `escape` cancels (SIGINT: the converter removes its partial output);
+a failed or killed child is explained, with what it left on disk. At the end `v` verifies in another child.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, ProgressBar, Static
+
+from inspector.convert.plan import ConversionPlan, ConvertOptions
+from inspector.convert.preflight import Assessment
+from inspector.errors import InspectorError
+from inspector.tui.child import Child, signal_name
+from inspector.tui.fmt import duration, size
+from inspector.tui.messages import ChildEvent, ChildExited
+from inspector.tui.screens.dialogs import ConfirmDialog
+from inspector.tui.widgets.meter import MemoryMeter
+
+PARTIAL = ".partial"
+JOURNAL = ".zero-inspector-journal.json"
+
+
+def convert_args(root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool) -> list[str]:
+    """The `convert` command line for these options (the child re-plans exactly what we predicted)."""
+    args = ["convert", root, out_dir, "--tag", tag, "--dtype", o.dtype, "--shard-size", str(o.shard_size)]
+    for flag, values in (("--include", o.include), ("--exclude", o.exclude), ("--strip-prefix", o.strip_prefix),
+                         ("--keep-fp32", o.keep_fp32)):
+        for v in values:
+            args += [f"{flag}={v}"]
+    for pat, repl in o.renames:
+        args += [f"--rename={pat}={repl}"]
+    for flag, on_ in (("--exclude-frozen", o.exclude_frozen), ("--exclude-buffers", o.exclude_buffers),
+                      ("--dedupe-tied", o.dedupe_tied), ("--overwrite", overwrite), ("--force", force)):
+        if on_:
+            args.append(flag)
+    return [*args, "--progress", "json"]
+
+
+def left_on_disk(out_dir: str) -> str:
+    """What a failed or killed run left behind, and whether a rerun can reuse it."""
+    try:
+        names = sorted(os.listdir(out_dir))
+    except OSError:
+        return "Nothing was written (the output folder does not exist)."
+    if not names:
+        return f"{out_dir} is empty: nothing is left behind."
+    partial = [n for n in names if n.endswith(PARTIAL)]
+    parts = [f"{out_dir} holds {len(names)} file(s)"]
+    if partial:
+        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in partial)
+        parts.append(f"{len(partial)} unfinished *.partial file(s), {size(total)}")
+    if JOURNAL in names:
+        parts.append("a journal: converting again with the same options reuses the finished shards")
+    return "; ".join(parts) + "."
+
+
+@dataclass
+class Preflighted(Message):
+    plan: ConversionPlan | None
+    assessment: Assessment | None
+    error: InspectorError | None = None
+
+
+def start_conversion(app: Any) -> None:
+    """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
+    if not app.selected:
+        app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
+        return
+    if app.ckpt.errors:
+        def answer(yes: bool | None) -> None:
+            if yes:
+                app.push_screen(ConvertScreen(force=True))
+
+        app.push_screen(ConfirmDialog(
+            "Convert a damaged checkpoint?",
+            f"The scan found {len(app.ckpt.errors)} error(s), e.g. {app.ckpt.errors[0].message}\n"
+            "Converting it would likely write wrong weights.", yes="Convert anyway"), answer)
+        return
+    app.push_screen(ConvertScreen())
+
+
+class ConvertScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel / back"),
+        Binding("v", "verify", "Verify"),
+        Binding("b", "back", "Back"),
+    ]
+
+    def __init__(self, *, force: bool = False, autostart: bool = True) -> None:
+        super().__init__()
+        self.force = force
+        self.autostart = autostart
+        self.child: Child | None = None
+        self.job = "convert"
+        self.phase = "preflight"  # preflight | running | cancelling | done | failed | cancelled | verified
+        self.plan: ConversionPlan | None = None
+        self.assessment: Assessment | None = None
+        self.out_dir = ""
+        self.report: dict[str, Any] | None = None
+        self.error_event: dict[str, Any] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical(id="convert-body"):
+            yield Static("", id="convert-title")
+            yield Static("Overall", classes="section")
+            yield ProgressBar(show_eta=False, id="overall")
+            yield Static("", id="overall-text")
+            yield Static("", id="shard-label")
+            yield ProgressBar(show_eta=False, id="shard")
+            yield Static("", id="tensor-text")
+            yield Static("Memory of the converter process", classes="section")
+            yield MemoryMeter(id="meter")
+            yield Static("", id="result")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        app = self.app
+        self.sub_title = "Convert"
+        self.out_dir = app.export.out_dir  # type: ignore[attr-defined]
+        app.converting = True  # type: ignore[attr-defined]
+        self.query_one("#convert-title", Static).update(Text("Checking that it fits…", style="italic"))
+        if self.autostart:
+            self._preflight(app.convert_options(), self.out_dir)  # type: ignore[attr-defined]
+        if app.live_meters:  # type: ignore[attr-defined]
+            self.set_interval(0.25, self._sample)
+
+    def on_unmount(self) -> None:
+        self.stop_child()
+        self.app.converting = False  # type: ignore[attr-defined]
+
+    # --- preflight, then start ----------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
+    def _preflight(self, opts: ConvertOptions, out_dir: str) -> None:
+        from inspector.tui.screens.export import run_preflight
+
+        try:
+            plan, a = run_preflight(self.app, opts, out_dir)
+        except InspectorError as exc:
+            self.post_message(Preflighted(None, None, exc))
+            return
+        self.post_message(Preflighted(plan, a))
+
+    @on(Preflighted)
+    def _preflighted(self, msg: Preflighted) -> None:
+        if msg.error is not None or msg.plan is None or msg.assessment is None:
+            self._fail(msg.error.title if msg.error else "Cannot plan",
+                       msg.error.message if msg.error else "", msg.error.hint if msg.error else "")
+            return
+        self.plan, self.assessment = msg.plan, msg.assessment
+        self.query_one(MemoryMeter).predicted = msg.assessment.predicted_peak_rss
+        if msg.assessment.fits or self.force:
+            self.start()
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.force = True
+                self.start()
+            else:
+                self.phase = "cancelled"
+                self.app.converting = False  # type: ignore[attr-defined]
+                self.app.pop_screen()
+
+        self.app.push_screen(ConfirmDialog("It will not fit", f"{msg.assessment.problem}\n→ {msg.assessment.advice}",
+                                           yes="Start anyway", no="Back"), answer)
+
+    def start(self) -> None:
+        app = self.app
+        ckpt, plan = app.ckpt, self.plan  # type: ignore[attr-defined]
+        assert ckpt is not None and plan is not None
+        self.phase = "running"
+        self.job = "convert"
+        self.query_one("#convert-title", Static).update(Text.assemble(
+            ("Converting ", "bold"), f"{ckpt.root} @ {ckpt.tag} → ", (self.out_dir, "bold"),
+            f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
+            + (" · forced" if self.force else "")))
+        self.query_one("#overall", ProgressBar).update(total=plan.output_bytes, progress=0)
+        args = convert_args(ckpt.root, ckpt.tag, self.out_dir, plan.options,
+                            overwrite=app.export.overwrite, force=self.force)  # type: ignore[attr-defined]
+        self._spawn(args)
+
+    def _spawn(self, args: list[str]) -> None:
+        job = self.job
+        self.child = Child(args, lambda ev: self.post_message(ChildEvent(job, ev)),
+                           lambda rc, err: self.post_message(ChildExited(job, rc, err)))
+        try:
+            self.child.start()
+        except OSError as exc:
+            self._fail("Cannot start the converter", str(exc))
+
+    # --- meters -------------------------------------------------------------------------------------------
+
+    def _sample(self) -> None:
+        if self.child is not None and self.child.running:
+            self.query_one(MemoryMeter).add_sample(self.child.rss(), psutil.virtual_memory().available)
+
+    # --- events from the child ----------------------------------------------------------------------------
+
+    @on(ChildEvent)
+    def _child_event(self, msg: ChildEvent) -> None:
+        ev = msg.event
+        kind = ev.get("event")
+        if kind == "progress":
+            self.show_progress(ev)
+        elif kind in ("report", "verified"):
+            self.report = ev
+        elif kind == "error":
+            self.error_event = ev
+
+    def show_progress(self, ev: dict[str, Any]) -> None:
+        done, total = int(ev.get("bytes_done", 0)), int(ev.get("bytes_total", 0)) or 1
+        rate = float(ev.get("throughput", 0.0))
+        eta = (total - done) / rate if rate > 0 else float("nan")
+        with self.app.batch_update():
+            self.query_one("#overall", ProgressBar).update(total=total, progress=done)
+            verb = "verified" if self.job == "verify" else "written"
+            self.query_one("#overall-text", Static).update(
+                f"{size(done)} of {size(total)} {verb} · {size(rate)}/s · ETA {duration(eta)} · "
+                f"elapsed {duration(float(ev.get('elapsed', 0.0)))}")
+            if "shard" in ev and self.job == "convert":
+                self.query_one("#shard-label", Static).update(
+                    f"Shard {int(ev.get('shard_index', 0)) + 1} of {ev.get('shards', 1)}: {ev['shard']}")
+                self.query_one("#shard", ProgressBar).update(total=max(int(ev.get("shard_total", 1)), 1),
+                                                            progress=int(ev.get("shard_done", 0)))
+            self.query_one("#tensor-text", Static).update(Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–"))
+
+    @on(ChildExited)
+    def _child_exited(self, msg: ChildExited) -> None:
+        meter = self.query_one(MemoryMeter)
+        peak = int((self.report or {}).get("peak_rss", 0)) or (self.child.peak_rss if self.child else 0)
+        meter.peak = max(meter.peak, peak)
+        if msg.job == "verify":
+            self._verify_done(msg)
+            return
+        self.app.converting = False  # type: ignore[attr-defined]
+        if msg.returncode == 0 and self.report is not None:
+            self.phase = "done"
+            r = self.report
+            files = r.get("files", [])
+            self.query_one("#result", Static).update(Text.assemble(
+                ("✔ Done", "bold green"),
+                f" in {float(r.get('seconds', 0)):.1f} s: {r.get('tensors')} tensors, {size(int(r.get('bytes_written', 0)))}"
+                f" in {len(files)} file(s) at {size(float(r.get('bytes_written', 0)) / max(float(r.get('seconds', 1)), 1e-9))}/s;"
+                f" peak RSS {size(peak)}" + (f" (predicted {size(meter.predicted)})" if meter.predicted else "") + ".",
+                "\n", ("\n".join(f"  {name}  {size(int(n))}" for name, n in files[:8]), "dim"),
+                ("\n  …" if len(files) > 8 else ""),
+                ("\nv verifies every byte against the checkpoint · b goes back", "bold")))
+            self.notify("Conversion finished.", title="Done")
+            return
+        sig = signal_name(msg.returncode)
+        if msg.returncode == 130 or self.phase == "cancelling":
+            self.phase = "cancelled"
+            self._show_failure("Cancelled", "The conversion was cancelled; the converter removed its partial "
+                               "output.", left_on_disk(self.out_dir), error=False)
+            return
+        self.phase = "failed"
+        if sig:
+            why = {"SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory "
+                   "ran out", "SIGTERM": "terminated (SIGTERM)", "SIGSEGV": "crashed (SIGSEGV)"}.get(sig, f"stopped by {sig}")
+            self._show_failure("The converter was killed", f"The conversion process was {why}. It had no chance "
+                               f"to clean up. Peak RSS seen: {size(peak)}.", left_on_disk(self.out_dir))
+            return
+        ev = self.error_event or {}
+        title = str(ev.get("title") or "The conversion failed")
+        message = str(ev.get("message") or msg.stderr.strip()[-800:] or f"exit code {msg.returncode}")
+        self._show_failure(title, message, " ".join(x for x in (str(ev.get("hint") or ""),
+                                                              left_on_disk(self.out_dir)) if x))
+
+    def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
+        self.query_one("#result", Static).update(Text.assemble(
+            ("✖ " if error else "■ ", "bold red" if error else "bold yellow"), (title, "bold"), f"\n{message}",
+            (f"\n→ {hint}", "italic"), ("\nb goes back; c on the main screen tries again.", "dim")))
+        self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8)
+
+    def _fail(self, title: str, message: str, hint: str = "") -> None:
+        self.phase = "failed"
+        self.app.converting = False  # type: ignore[attr-defined]
+        self._show_failure(title, message, hint)
+
+    # --- verify -------------------------------------------------------------------------------------------
+
+    def action_verify(self) -> None:
+        if self.phase != "done":
+            self.notify("Verify runs once the conversion has finished.", severity="warning")
+            return
+        app = self.app
+        self.phase = "verifying"
+        self.job = "verify"
+        self.report = None
+        self.query_one("#overall", ProgressBar).update(total=None, progress=0)
+        self.query_one("#overall-text", Static).update("Verifying: re-reading every source slice…")
+        self._spawn(["verify", app.ckpt.root, self.out_dir, "--tag", app.ckpt.tag,  # type: ignore[attr-defined]
+                     "--progress", "json"])
+
+    def _verify_done(self, msg: ChildExited) -> None:
+        r = self.report or {}
+        if msg.returncode == 0 and r.get("ok"):
+            self.phase = "verified"
+            self.query_one("#overall-text", Static).update(Text.assemble(
+                ("✔ Verified: ", "bold green"), f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
+                f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s)."))
+            self.notify("Every output byte matches the checkpoint.", title="Verified")
+            return
+        self.phase = "done"
+        bad = [f"{k}: {', '.join(r.get(k, [])[:5])}" for k in ("mismatched", "missing", "unexpected") if r.get(k)]
+        ev = self.error_event or {}
+        self._show_failure("Verification failed", "; ".join(bad) or str(ev.get("message") or msg.stderr[-500:]), "")
+
+    # --- cancel and leave ---------------------------------------------------------------------------------
+
+    def action_cancel(self) -> None:
+        if self.child is None or not self.child.running:
+            self.action_back()
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes and self.child is not None and self.child.running:
+                self.phase = "cancelling"
+                self.query_one("#overall-text", Static).update("Cancelling: the converter removes its partial files…")
+                self.child.interrupt()
+                self.set_timer(10, self._escalate)
+
+        self.app.push_screen(ConfirmDialog("Cancel the conversion?", "The partial output will be removed.",
+                                           yes="Cancel it", no="Keep going"), answer)
+
+    def _escalate(self) -> None:
+        if self.child is not None and self.child.running:
+            self.child.terminate()
+
+    def action_back(self) -> None:
+        if self.child is not None and self.child.running:
+            self.notify("Still running: escape cancels it first.", severity="warning")
+            return
+        self.app.pop_screen()
+
+    def stop_child(self) -> None:
+        if self.child is not None and self.child.running:
+            self.child.interrupt()
+            try:
+                assert self.child.proc is not None
+                self.child.proc.wait(10)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                self.child.kill()

@@ -1,0 +1,64 @@
+"""Modal dialogs: yes/no confirmation and an error message with what, why and what to do."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class ConfirmDialog(ModalScreen[bool]):
+    """A question; `y`/enter answers yes, `n`/escape no."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+
+    def __init__(self, title: str, question: str, yes: str = "Yes", no: str = "No") -> None:
+        super().__init__(classes="dialog")
+        self.title_text, self.question, self.yes, self.no = title, question, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog-box"):
+            yield Static(self.title_text, id="dialog-title")
+            yield Static(self.question, id="dialog-body", markup=False)
+            with Horizontal(id="dialog-buttons"):
+                yield Button(f"{self.yes} (y)", id="yes", variant="warning")
+                yield Button(f"{self.no} (n)", id="no", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)
+
+
+class MessageDialog(ModalScreen[None]):
+    """What went wrong, why, and what to do; any of enter/escape closes it."""
+
+    BINDINGS = [Binding("escape,enter,q", "close", "Close")]
+
+    def __init__(self, title: str, message: str, hint: str = "", error: bool = True) -> None:
+        super().__init__(classes="dialog" + (" -error" if error else ""))
+        self.title_text, self.message, self.hint = title, message, hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog-box"):
+            yield Static(self.title_text, id="dialog-title", markup=False)
+            yield Static(self.message, id="dialog-body", markup=False)
+            if self.hint:
+                yield Static(f"→ {self.hint}", id="dialog-hint", markup=False)
+            with Horizontal(id="dialog-buttons"):
+                yield Button("OK", id="ok", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#ok", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,222 @@
+"""Export options (`e`): output folder, format, dtype, shard size, renames, tied/frozen choices, validated as
+you type, with a preflight panel that follows every change."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
+
+from inspector.convert.plan import DTYPE_ALIASES, ConversionPlan, ConvertOptions
+from inspector.convert.preflight import Assessment
+from inspector.errors import InspectorError
+from inspector.system.memory import parse_size
+from inspector.tui.widgets.preflight import PreflightPanel
+
+DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
+FORMATS = [("safetensors (HF shards + index)", "safetensors")]
+
+
+def human_size(n: int) -> str:
+    for unit, mult in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("GiB", 2**30), ("MiB", 2**20)):
+        if n % mult == 0 and n >= mult:
+            return f"{n // mult}{unit}"
+    return str(n)
+
+
+def split_list(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.replace(";", ",").split(",") if p.strip())
+
+
+def parse_renames(text: str) -> tuple[tuple[str, str], ...]:
+    """`a=b; c=d` -> ((a, b), (c, d)); a part without `=` is an error."""
+    out = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        if "=" not in part:
+            raise ValueError(f"rename {part!r} needs the form REGEX=REPLACEMENT")
+        pat, _, repl = part.partition("=")
+        import re
+
+        try:
+            re.compile(pat)
+        except re.error as exc:
+            raise ValueError(f"bad rename regex {pat!r}: {exc}") from None
+        out.append((pat, repl))
+    return tuple(out)
+
+
+@dataclass
+class PreflightDone(Message):
+    generation: int
+    plan: ConversionPlan | None
+    assessment: Assessment | None
+    error: str = ""
+
+
+def run_preflight(app: object, opts: ConvertOptions, out_dir: str) -> tuple[ConversionPlan, Assessment]:
+    """Plan and assess (a worker calls this: the first assess imports the converter)."""
+    from inspector.convert.plan import build_plan
+    from inspector.convert.preflight import assess
+
+    plan = build_plan(app.ckpt, opts, allow_damaged=True)  # type: ignore[attr-defined]
+    return plan, assess(plan, out_dir)
+
+
+class ExportScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("c", "convert", "Convert"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generation = 0
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        o: ConvertOptions = app.base_options  # type: ignore[attr-defined]
+        ex = app.export  # type: ignore[attr-defined]
+        yield Header()
+        with Horizontal(id="export-body"):
+            with VerticalScroll(id="export-form"):
+                yield Label("Output folder")
+                yield Input(ex.out_dir, id="out")
+                yield Label("Format")
+                yield Select(FORMATS, value="safetensors", allow_blank=False, id="format")
+                yield Label("Output dtype (floating tensors; integer buffers keep theirs)")
+                yield Select(DTYPES, value=o.dtype if o.dtype in dict((v, v) for _, v in DTYPES) else "auto",
+                             allow_blank=False, id="dtype")
+                yield Label("Shard size (5GB = 5·10⁹ bytes as HF, 2GiB, 500MB)")
+                yield Input(human_size(o.shard_size), id="shard")
+                yield Label("Strip name prefix (comma separated: module., _forward_module.)")
+                yield Input(", ".join(o.strip_prefix), id="strip")
+                yield Label("Renames (REGEX=REPLACEMENT; separated by ;)")
+                yield Input("; ".join(f"{p}={r}" for p, r in o.renames), id="renames")
+                yield Label("Keep in fp32 (globs, comma separated: *norm*)")
+                yield Input(", ".join(o.keep_fp32), id="keep")
+                for sid, label, value in (
+                    ("frozen", "leave out frozen parameters", o.exclude_frozen),
+                    ("buffers", "leave out buffers", o.exclude_buffers),
+                    ("dedupe", "store tied weights once (alias in metadata)", o.dedupe_tied),
+                    ("overwrite", "replace an earlier conversion in the folder", ex.overwrite),
+                ):
+                    with Horizontal(classes="switch-row"):
+                        yield Switch(value, id=sid)
+                        yield Label(label)
+                yield Static("", id="form-errors")
+            with Vertical(id="export-side"):
+                yield Static("Preflight", classes="section")
+                yield PreflightPanel(id="preflight")
+                yield Static("", id="selection-summary")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "Export options"
+        self.query_one("#out", Input).focus()
+        self._changed()
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    @on(Switch.Changed)
+    def _on_change(self) -> None:
+        self._changed()
+
+    def read_form(self) -> tuple[ConvertOptions, str, bool, list[str]]:
+        """The options as typed, the output folder, overwrite, and every problem found."""
+        app = self.app
+        errors: list[str] = []
+        base: ConvertOptions = app.base_options  # type: ignore[attr-defined]
+        val = {w.id: w.value for w in self.query(Input)}
+        dtype = self.query_one("#dtype", Select).value
+        try:
+            shard = parse_size(str(val["shard"]).strip())
+            if shard <= 0:
+                raise ValueError("the shard size must be positive")
+        except ValueError as exc:
+            errors.append(f"Shard size: {exc}")
+            shard = base.shard_size
+        try:
+            renames = parse_renames(str(val["renames"]))
+        except ValueError as exc:
+            errors.append(f"Renames: {exc}")
+            renames = base.renames
+        out = os.path.abspath(os.path.expanduser(str(val["out"]).strip())) if str(val["out"]).strip() else ""
+        if not out:
+            errors.append("Output folder: required")
+        elif os.path.exists(out) and not os.path.isdir(out):
+            errors.append(f"Output folder: {out} is a file")
+        overwrite = self.query_one("#overwrite", Switch).value
+        if out and os.path.isdir(out) and os.listdir(out) and not overwrite:
+            errors.append(f"Output folder: {out} is not empty (switch on overwrite to replace an earlier conversion)")
+        opts = replace(
+            base,
+            dtype=str(dtype) if str(dtype) in DTYPE_ALIASES or dtype == "auto" else "auto",
+            shard_size=shard,
+            strip_prefix=split_list(str(val["strip"])),
+            renames=renames,
+            keep_fp32=split_list(str(val["keep"])),
+            exclude_frozen=self.query_one("#frozen", Switch).value,
+            exclude_buffers=self.query_one("#buffers", Switch).value,
+            dedupe_tied=self.query_one("#dedupe", Switch).value,
+        )
+        return opts, out, overwrite, errors
+
+    def _changed(self) -> None:
+        opts, out, overwrite, errors = self.read_form()
+        app = self.app
+        box = self.query_one("#form-errors", Static)
+        box.update("\n".join(f"[red]✖[/] {e}" for e in errors) if errors else "[green]✔ options valid[/]")
+        app.base_options = opts  # type: ignore[attr-defined]
+        app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite)  # type: ignore[attr-defined]
+        self.app.main.tensors_pane.refresh_options()  # type: ignore[attr-defined]
+        self.generation += 1
+        if not app.selected:  # type: ignore[attr-defined]
+            self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
+            return
+        self.query_one(PreflightPanel).pending()
+        self.set_timer(0.2, lambda g=self.generation: self._maybe_preflight(g))
+
+    def _maybe_preflight(self, generation: int) -> None:
+        if generation == self.generation:
+            app = self.app
+            self._preflight(generation, app.convert_options(), app.export.out_dir)  # type: ignore[attr-defined]
+
+    @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
+    def _preflight(self, generation: int, opts: ConvertOptions, out_dir: str) -> None:
+        try:
+            plan, a = run_preflight(self.app, opts, out_dir)
+        except InspectorError as exc:
+            self.post_message(PreflightDone(generation, None, None, f"{exc.title}: {exc.message}"))
+            return
+        self.post_message(PreflightDone(generation, plan, a))
+
+    @on(PreflightDone)
+    def _preflight_done(self, msg: PreflightDone) -> None:
+        if msg.generation != self.generation:
+            return
+        panel = self.query_one(PreflightPanel)
+        if msg.plan is None or msg.assessment is None:
+            panel.error(msg.error)
+            return
+        panel.show(msg.assessment, msg.plan)
+        opts = msg.plan.options
+        flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
+        self.query_one("#selection-summary", Static).update(
+            f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.shards)} file(s)"
+            + (f"\n= {' '.join(flags)[:200]}" if flags else " (everything)") + "[/]")
+
+    def action_convert(self) -> None:
+        _, _, _, errors = self.read_form()
+        if errors:
+            self.notify(errors[0], title="Fix the options first", severity="error")
+            return
+        self.app.action_convert()  # type: ignore[attr-defined]

@@ -1,0 +1,106 @@
+"""The main screen: which checkpoint (roots, tags), then the Overview and Tensors tabs."""
+
+from __future__ import annotations
+
+import os
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Select, Static, TabbedContent, TabPane
+
+from inspector.errors import InspectorError
+from inspector.scan.locate import Location
+from inspector.scan.model import Checkpoint
+from inspector.tui.screens.overview import OverviewPane
+from inspector.tui.screens.tensors import TensorsPane
+
+
+class MainScreen(Screen[None]):
+    BINDINGS = [
+        Binding("o", "tab('overview')", "Overview"),
+        Binding("t", "tab('tensors')", "Tensors"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="source-bar"):
+            yield Select[str]([], id="roots", prompt="root", allow_blank=True, classes="-hidden")
+            yield Select[str]([], id="tags", prompt="tag", allow_blank=True)
+            yield Static("", id="status")
+        with TabbedContent(initial="overview", id="tabs"):
+            with TabPane("Overview", id="overview"):
+                yield OverviewPane()
+            with TabPane("Tensors", id="tensors"):
+                yield TensorsPane()
+        yield Footer()
+
+    @property
+    def tensors_pane(self) -> TensorsPane:
+        return self.query_one(TensorsPane)
+
+    def action_tab(self, tab: str) -> None:
+        self.show_tab(tab)
+
+    def show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        if tab == "tensors":
+            self.tensors_pane.focus_tree()
+
+    def select(self, how: str) -> None:
+        tree = self.tensors_pane.tree
+        tree.action_select_all() if how == "all" else tree.action_select_none()
+
+    def status(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    def focus_roots(self) -> None:
+        roots = self.query_one("#roots", Select)
+        if roots.has_class("-hidden"):
+            self.notify("This path holds a single checkpoint.", timeout=3)
+        else:
+            roots.focus()
+            roots.expanded = True
+
+    # --- driven by the app --------------------------------------------------------------------------------
+
+    def scanning(self, root: str, tag: str | None) -> None:
+        self.sub_title = root
+        self.status(f"[italic]scanning {os.path.basename(root)}{' @ ' + tag if tag else ''}…[/]")
+        roots = self.query_one("#roots", Select)
+        many = len(self.app.roots) > 1  # type: ignore[attr-defined]
+        roots.set_class(not many, "-hidden")
+        if many:
+            with self.prevent(Select.Changed):
+                base = os.path.commonpath(self.app.roots)  # type: ignore[attr-defined]
+                roots.set_options([(os.path.relpath(r, base), r) for r in self.app.roots])  # type: ignore[attr-defined]
+                roots.value = root
+
+    def located(self, loc: Location, latest: str | None) -> None:
+        tags = self.query_one("#tags", Select)
+        with self.prevent(Select.Changed):
+            tags.set_options([(f"{t} ★ latest" if t == latest else t, t) for t in reversed(loc.tags)])
+            tags.value = loc.tag
+        self.status(f"[bold]{loc.tag}[/] · [italic]reading rank files…[/]")
+
+    def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
+        self.sub_title = f"{ckpt.root} @ {ckpt.tag}"
+        bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
+        self.status(f"[bold]{ckpt.tag}[/] · ZeRO-{ckpt.stage} · {ckpt.world_size} ranks · "
+                    f"{len(ckpt.tensors)} tensors · scanned in {seconds:.2f} s{bad}")
+        self.query_one(OverviewPane).show(ckpt, self.app.latest_tag)  # type: ignore[attr-defined]
+        self.tensors_pane.show(ckpt)
+
+    def failed(self, exc: InspectorError) -> None:
+        self.status(f"[bold red]{exc.title}[/]: {exc.message}")
+        self.query_one(OverviewPane).failed(exc)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        app = self.app
+        if event.value is Select.BLANK or not isinstance(event.value, str):
+            return
+        if event.select.id == "tags" and app.ckpt is not None and event.value != app.ckpt.tag:  # type: ignore[attr-defined]
+            app.scan(app.root, event.value)  # type: ignore[attr-defined]
+        elif event.select.id == "roots" and event.value != app.root:  # type: ignore[attr-defined]
+            app.scan(event.value, None)  # type: ignore[attr-defined]

@@ -1,0 +1,56 @@
+"""Overview tab: findings first when something is wrong, the summary card, the ranks view and the tags."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from inspector.errors import InspectorError
+from inspector.scan.model import Checkpoint
+from inspector.tui.widgets.ranks import RanksView
+from inspector.tui.widgets.summary import FindingsView, SummaryCard
+
+
+class OverviewPane(VerticalScroll):
+    def compose(self) -> ComposeResult:
+        yield Static("", id="banner", classes="-hidden")
+        yield Static("Checkpoint", classes="section")
+        yield SummaryCard("[italic]Scanning…[/]")
+        yield Static("Findings", classes="section")
+        yield FindingsView("")
+        yield Static("Ranks", classes="section")
+        yield RanksView("")
+        yield Static("Tags", classes="section")
+        yield Static("", id="tag-list")
+
+    def show(self, ckpt: Checkpoint, latest: str | None) -> None:
+        banner = self.query_one("#banner", Static)
+        if ckpt.errors:
+            banner.update(Text.assemble(
+                ("✖ This checkpoint is damaged: ", "bold"),
+                f"{len(ckpt.errors)} error(s). Converting it would write wrong weights; see Findings below.",
+            ))
+        banner.set_class(not ckpt.errors, "-hidden")
+        self.query_one(SummaryCard).show(ckpt)
+        self.query_one(FindingsView).show(ckpt)
+        self.query_one(RanksView).show(ckpt)
+        tags = Text()
+        for t in reversed(ckpt.tags):
+            tags.append("▶ " if t == ckpt.tag else "  ", style="bold")
+            tags.append(t, style="bold" if t == ckpt.tag else "")
+            if t == latest:
+                tags.append("  ★ latest", style="yellow")
+            tags.append("\n")
+        tags.append("[ and ] switch tags; the scan runs in the background.", style="dim")
+        if ckpt.other_runs:
+            tags.append(f"\nOther Trainer checkpoints here: {', '.join(ckpt.other_runs)}", style="dim")
+        self.query_one("#tag-list", Static).update(tags)
+
+    def failed(self, exc: InspectorError) -> None:
+        banner = self.query_one("#banner", Static)
+        banner.update(Text.assemble((f"✖ {exc.title}: ", "bold"), exc.message,
+                                    f"\n→ {exc.hint}" if exc.hint else ""))
+        banner.remove_class("-hidden")
+        self.query_one(SummaryCard).update("")

@@ -1,0 +1,272 @@
+"""Tensors tab: the module tree with selection and filter, the detail panel, statistics on demand."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Input, Static, Tree
+
+from inspector.convert.stats import Difference, StatsProgress, TensorStats
+from inspector.errors import CancelledError, InspectorError
+from inspector.scan.model import Checkpoint, TensorInfo
+from inspector.tui.fmt import count, size
+from inspector.tui.session import ModuleNode, name_filter
+from inspector.tui.widgets.module_tree import ModuleTree
+from inspector.tui.widgets.tensor_detail import TensorDetail, difference_line, stats_renderable
+
+
+@dataclass
+class StatsUpdate(Message):
+    """From the statistics worker: progress, a result, or an error, for one tensor."""
+
+    name: str
+    progress: StatsProgress | None = None
+    what: str = ""
+    result: RenderableType | None = None
+    done: bool = False
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, StatsUpdate) and message.progress is not None and self.progress is not None
+
+
+class TensorsPane(Horizontal):
+    BINDINGS = [
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("s", "stats", "Stats"),
+        Binding("escape", "escape", "Clear", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ckpt: Checkpoint | None = None
+        self._cancel = threading.Event()
+        self._stats_for: str | None = None
+        self._results: list[RenderableType] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="tree-column"):
+            yield Input(placeholder="filter: glob *.q_proj.*, regex ^model\\.layers\\.1, or text", id="filter",
+                        classes="-hidden")
+            yield ModuleTree(id="module-tree")
+            yield Static("", id="selection-line")
+        with VerticalScroll(id="detail-column"):
+            yield TensorDetail(id="detail")
+
+    @property
+    def tree(self) -> ModuleTree:
+        return self.query_one(ModuleTree)
+
+    @property
+    def detail(self) -> TensorDetail:
+        return self.query_one(TensorDetail)
+
+    def focus_tree(self) -> None:
+        self.tree.focus()
+
+    def show(self, ckpt: Checkpoint) -> None:
+        self.cancel_stats()
+        self.ckpt = ckpt
+        self.tree.load(ckpt, self.app.selected, self.app.out_dtype())  # type: ignore[attr-defined]
+        self._update_selection_line()
+        first = next(iter(ckpt.tensors), None)
+        self.detail.show(ckpt, first, self.app.out_dtype())  # type: ignore[attr-defined]
+
+    def refresh_options(self) -> None:
+        """Export options changed (dtype): subtotals and the detail's output dtype follow."""
+        if self.ckpt is None:
+            return
+        self.tree.out_dtype = self.app.out_dtype()  # type: ignore[attr-defined]
+        self.tree.refresh_labels()
+        self.detail.out_dtype = self.tree.out_dtype
+        self.detail.redraw()
+        self._update_selection_line()
+
+    # --- selection ----------------------------------------------------------------------------------------
+
+    @on(ModuleTree.SelectionChanged)
+    def _selection(self, event: ModuleTree.SelectionChanged) -> None:
+        self.app.set_selection(event.selected)  # type: ignore[attr-defined]
+        self._update_selection_line()
+
+    def _update_selection_line(self) -> None:
+        ckpt = self.ckpt
+        if ckpt is None:
+            return
+        chosen = [t for t in ckpt.tensors if t.name in self.app.selected]  # type: ignore[attr-defined]
+        out = sum(self.tree.out_bytes(t) for t in chosen)
+        params = sum(t.numel for t in chosen if t.alias_of is None)
+        line = Text.assemble((f"{len(chosen)}", "bold"), f" of {len(ckpt.tensors)} tensors · {count(params)} params · ",
+                             (size(out), "bold"), " out")
+        if chosen:
+            opts = self.app.convert_options()  # type: ignore[attr-defined]
+            flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
+            if flags:
+                shown = " ".join(flags)
+                line.append(f"\n= {shown if len(shown) < 160 else shown[:157] + '…'}", style="dim")
+        else:
+            line.append("  (nothing selected: space, a)", style="yellow")
+        self.query_one("#selection-line", Static).update(line)
+
+    # --- focus and detail ---------------------------------------------------------------------------------
+
+    @on(Tree.NodeHighlighted)
+    def _highlighted(self, event: Tree.NodeHighlighted[Any]) -> None:
+        data = event.node.data
+        if self.ckpt is None:
+            return
+        if isinstance(data, TensorInfo):
+            if data.name != self._stats_for:
+                self.cancel_stats()
+            self.detail.show(self.ckpt, data, self.app.out_dtype())  # type: ignore[attr-defined]
+            if data.name == self._stats_for and self._results:
+                self.detail.set_extra(self._results)
+        elif isinstance(data, ModuleNode):
+            ts = list(data.walk_tensors())
+            chosen = sum(1 for t in ts if t.name in self.app.selected)  # type: ignore[attr-defined]
+            kinds: dict[str, int] = {}
+            for t in ts:
+                kinds[str(t.kind)] = kinds.get(str(t.kind), 0) + 1
+            self.detail.show_module(data.path or "(root)", [
+                f"{len(ts)} tensors · {count(data.numel)} parameters · {size(sum(self.tree.out_bytes(t) for t in ts))} out",
+                "kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.items()),
+                f"selected: {chosen} of {len(ts)}",
+                "space selects the whole submodule; enter folds it.",
+            ])
+
+    # --- filter -------------------------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.remove_class("-hidden")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        try:
+            pattern = name_filter(event.value)
+        except re.error as exc:
+            event.input.set_class(True, "-invalid")
+            self.query_one("#selection-line", Static).update(Text(f"bad regex: {exc}", style="red"))
+            return
+        event.input.set_class(False, "-invalid")
+        self.tree.set_filter(pattern)
+        self._update_selection_line()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self, event: Input.Submitted) -> None:
+        if not event.value:
+            event.input.add_class("-hidden")
+        self.tree.focus()
+
+    def action_escape(self) -> None:
+        if self._stats_for is not None and not self._cancel.is_set():
+            self.cancel_stats()
+            self.detail.set_extra([Text("statistics cancelled", style="yellow")])
+            return
+        box = self.query_one("#filter", Input)
+        if box.value or not box.has_class("-hidden"):
+            box.value = ""
+            box.add_class("-hidden")
+            self.tree.set_filter(None)
+            self.tree.focus()
+
+    # --- statistics ---------------------------------------------------------------------------------------
+
+    def cancel_stats(self) -> None:
+        self._cancel.set()
+        self._stats_for = None
+        self._results = []
+
+    def action_stats(self) -> None:
+        t = self.detail.tensor
+        if self.ckpt is None or t is None:
+            self.notify("Move to a tensor first.", severity="warning")
+            return
+        if not t.segments:
+            self.notify(f"{t.name} has no data of its own (tied or empty).", severity="warning")
+            return
+        self.cancel_stats()
+        self._cancel = threading.Event()
+        self._stats_for = t.name
+        self._results = []
+        self._stats_worker(self.ckpt, t, self._cancel)
+
+    @work(thread=True, exclusive=True, group="stats", exit_on_error=False, description="statistics")
+    def _stats_worker(self, ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event) -> None:
+        from inspector.convert.reader import FilePool
+        from inspector.convert.stats import difference, module_copy_segments, tensor_stats
+
+        post = self.post_message
+        try:
+            with FilePool() as pool:
+                for ev in tensor_stats(t.segments, pool, cancel):
+                    if isinstance(ev, TensorStats):
+                        post(StatsUpdate(t.name, result=stats_renderable(ev)))
+                    else:
+                        post(StatsUpdate(t.name, progress=ev, what="reading values"))
+                copy = module_copy_segments(ckpt, t)
+                if copy:
+                    for d in difference(t.segments, copy, pool, cancel):
+                        if isinstance(d, Difference):
+                            post(StatsUpdate(t.name, result=difference_line(
+                                f"{copy[0].dtype} module copy vs master", d)))
+                        else:
+                            post(StatsUpdate(t.name, progress=d, what="comparing with the module copy"))
+                other = self._other_tag(ckpt)
+                if other is not None:
+                    self._compare_tag(ckpt, t, other, pool, cancel)
+        except CancelledError:
+            return
+        except (InspectorError, ValueError, OSError) as exc:
+            post(StatsUpdate(t.name, result=Text(f"Cannot read it: {exc}", style="red")))
+        post(StatsUpdate(t.name, done=True))
+
+    @staticmethod
+    def _other_tag(ckpt: Checkpoint) -> str | None:
+        tags = list(ckpt.tags)
+        if len(tags) < 2 or ckpt.tag not in tags:
+            return None
+        i = tags.index(ckpt.tag)
+        return tags[i - 1] if i > 0 else tags[i + 1]
+
+    def _compare_tag(self, ckpt: Checkpoint, t: TensorInfo, other: str, pool: Any, cancel: threading.Event) -> None:
+        from inspector.convert.stats import difference
+        from inspector.scan.scanner import scan
+
+        try:
+            theirs = scan(ckpt.root, other).tensor(t.name)
+        except (InspectorError, KeyError):
+            self.post_message(StatsUpdate(t.name, result=Text(f"{other}: no such tensor to compare", style="dim")))
+            return
+        if theirs.numel != t.numel:
+            self.post_message(StatsUpdate(t.name, result=Text(f"{other}: shape differs", style="yellow")))
+            return
+        for d in difference(theirs.segments, t.segments, pool, cancel):
+            if isinstance(d, Difference):
+                self.post_message(StatsUpdate(t.name, result=difference_line(f"change since {other}", d)))
+            else:
+                self.post_message(StatsUpdate(t.name, progress=d, what=f"comparing with {other}"))
+
+    @on(StatsUpdate)
+    def _stats_update(self, msg: StatsUpdate) -> None:
+        if msg.name != self._stats_for or self.detail.tensor is None or self.detail.tensor.name != msg.name:
+            return
+        if msg.result is not None:
+            self._results.append(msg.result)
+            self.detail.set_extra(list(self._results))
+        elif msg.progress is not None:
+            self.detail.set_extra([*self._results, Text(f"{msg.what}… {msg.progress.fraction:.0%} (escape cancels)",
+                                                        style="italic")])
+        elif msg.done:
+            self.detail.set_extra(list(self._results))
+            self._cancel.set()  # finished: escape goes back to clearing the filter

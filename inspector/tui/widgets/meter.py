@@ -1,0 +1,96 @@
+"""Live memory meter: the child's RSS now and at peak, a history sparkline, available memory and the
+predicted peak as a reference mark on the bar."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Sparkline, Static
+
+from inspector.tui.fmt import size
+
+HISTORY = 120
+
+
+def meter_bar(rss: int, peak: int, predicted: int, width: int) -> Text:
+    """`████▌····│·····` : RSS filled, peak as ▏, predicted peak as │, scaled to fit all three."""
+    scale = max(predicted * 1.25, peak * 1.05, rss * 1.05, 1)
+    cells = ["·"] * width
+    fill = int(rss / scale * width)
+    for i in range(min(fill, width)):
+        cells[i] = "█"
+    text = Text()
+    mark_pred = min(width - 1, int(predicted / scale * width)) if predicted else -1
+    mark_peak = min(width - 1, int(peak / scale * width)) if peak else -1
+    for i, c in enumerate(cells):
+        if i == mark_pred:
+            text.append("│", style="bold yellow")
+        elif i == mark_peak and c != "█":
+            text.append("▏", style="bold magenta")
+        else:
+            over = predicted and i >= mark_pred
+            text.append(c, style=("red" if over else "green") if c == "█" else "dim")
+    return text
+
+
+class MemoryMeter(Widget):
+    """Feed with `add_sample(rss, available)`; `predicted` is the preflight's reference."""
+
+    DEFAULT_CSS = """
+    MemoryMeter { height: auto; }
+    MemoryMeter Sparkline { height: 2; margin: 0 0; }
+    """
+
+    rss: reactive[int] = reactive(0, layout=False)
+    """Resident memory of the child now (bytes)."""
+    peak: reactive[int] = reactive(0)
+    """Highest RSS seen (or reported by the child at its end)."""
+    available: reactive[int] = reactive(0)
+    """Memory the machine (or its tightest limit) has available now."""
+    predicted: reactive[int] = reactive(0)
+    """Preflight's predicted peak: the reference mark."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.history: deque[float] = deque(maxlen=HISTORY)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="meter-text")
+        yield Sparkline([], id="meter-spark")
+
+    def on_mount(self) -> None:
+        self._draw()
+
+    def add_sample(self, rss: int, available: int) -> None:
+        with self.app.batch_update():
+            self.history.append(rss / 2**20)
+            self.rss = rss
+            self.peak = max(self.peak, rss)
+            self.available = available
+            self.query_one(Sparkline).data = list(self.history)
+
+    def watch_rss(self) -> None:
+        self._draw()
+
+    def watch_peak(self) -> None:
+        self._draw()
+
+    def watch_predicted(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.is_mounted:
+            return
+        width = max(10, self.size.width - 2) if self.size.width else 40
+        head = Text.assemble(
+            ("RSS ", "bold"), (size(self.rss), "bold green"),
+            ("  peak ", "bold"), (size(self.peak), "bold magenta"),
+            ("  predicted ", "bold"), (size(self.predicted) if self.predicted else "–", "bold yellow"),
+            ("  available ", "bold"), size(self.available) if self.available else "–",
+        )
+        self.query_one("#meter-text", Static).update(Text("\n").join([head, meter_bar(self.rss, self.peak,
+                                                                                   self.predicted, width)]))

@@ -1,0 +1,186 @@
+"""The module hierarchy as a tree with subtotals, selection marks and a filter.
+
+`space` toggles a tensor or a whole submodule, `a`/`n`/`i` select all/none/invert (of what the filter
+shows); the selection is posted as `SelectionChanged` and becomes convert's include/exclude.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from inspector.format.torchzip import itemsize
+from inspector.scan.model import Checkpoint, Kind, TensorInfo
+from inspector.tui.fmt import KIND_STYLE, count, dtype, shape, size
+from inspector.tui.session import ModuleNode, build_tree, rank_of_file
+
+Data = ModuleNode | TensorInfo
+ON, OFF, SOME = "■", "□", "◪"
+
+
+def ranks_label(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "r0-2,5"."""
+    if not ranks:
+        return ""
+    out, start, prev = [], ranks[0], ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "r" + ",".join(out)
+
+
+class ModuleTree(Tree[Data]):
+    """Natural-order module tree; each row shows its selection mark and subtotals."""
+
+    BINDINGS = [
+        Binding("space", "toggle_select", "Select", tooltip="toggle the tensor or submodule"),
+        Binding("a", "select_all", "All"),
+        Binding("n", "select_none", "None"),
+        Binding("i", "invert", "Invert"),
+    ]
+
+    @dataclass
+    class SelectionChanged(Message):
+        selected: frozenset[str]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("model", id=id)
+        self.ckpt: Checkpoint | None = None
+        self.selected: set[str] = set()
+        self.pattern: re.Pattern[str] | None = None
+        self.out_dtype = "float32"
+        self._ranks: dict[str, list[int]] = {}
+        self.show_root = False
+        self.guide_depth = 2
+
+    # --- building -------------------------------------------------------------------------------------------
+
+    def load(self, ckpt: Checkpoint, selected: set[str], out_dtype: str) -> None:
+        self.ckpt, self.selected, self.out_dtype = ckpt, set(selected), out_dtype
+        owner = rank_of_file(ckpt)
+        self._ranks = {}
+        for t in ckpt.tensors:
+            rs = {owner.get(s.file, "") for s in t.segments}
+            self._ranks[t.name] = sorted(int(r[5:]) for r in rs if r.startswith("rank "))
+        self.rebuild()
+
+    def visible(self) -> list[TensorInfo]:
+        if self.ckpt is None:
+            return []
+        p = self.pattern
+        return [t for t in self.ckpt.tensors if p is None or p.search(t.name)]
+
+    def rebuild(self) -> None:
+        self.clear()
+        tree = build_tree(self.visible())
+        self.root.data = tree
+        expand_all = self.pattern is not None
+        self._add(self.root, tree, expand_all, depth=0)
+        self.root.expand()
+        self.refresh_labels()
+
+    def _add(self, parent: TreeNode[Data], node: ModuleNode, expand_all: bool, depth: int) -> None:
+        for child in node.children.values():
+            # a chain of single children (model → layers) opens by itself: nobody wants to click twice
+            auto = expand_all or len(node.children) == 1 or depth == 0
+            sub = parent.add("", data=child, expand=auto)
+            self._add(sub, child, expand_all, depth + 1)
+        for t in node.tensors:
+            parent.add_leaf("", data=t)
+
+    # --- labels ---------------------------------------------------------------------------------------------
+
+    def out_bytes(self, t: TensorInfo) -> int:
+        if t.kind is Kind.TIED:
+            return 0
+        return t.numel * itemsize(self.out_dtype) if t.is_floating else t.nbytes
+
+    def refresh_labels(self) -> None:
+        def walk(node: TreeNode[Data]) -> None:
+            if node is not self.root:
+                node.set_label(self._label(node.data))
+            for child in node.children:
+                walk(child)
+
+        walk(self.root)
+
+    def _mark(self, names: list[str]) -> tuple[str, str]:
+        chosen = sum(1 for n in names if n in self.selected)
+        if chosen == len(names) and names:
+            return ON, "bold green"
+        return (SOME, "yellow") if chosen else (OFF, "dim")
+
+    def _label(self, data: Data | None) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if isinstance(data, ModuleNode):
+            ts = list(data.walk_tensors())
+            mark, style = self._mark([t.name for t in ts])
+            text.append(f"{mark} ", style=style)
+            text.append(data.name, style="bold")
+            text.append(f"  {len(ts)} tensors · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
+                        style="dim")
+        elif isinstance(data, TensorInfo):
+            mark, style = self._mark([data.name])
+            text.append(f"{mark} ", style=style)
+            text.append(data.name.rpartition(".")[2])
+            text.append(f"  {shape(data.shape)} {dtype(data.dtype)} ", style="dim")
+            text.append(str(data.kind), style=KIND_STYLE[data.kind])
+            if data.alias_of:
+                text.append(f" → {data.alias_of}", style="dim")
+            text.append(f" {ranks_label(self._ranks.get(data.name, []))}", style="dim")
+        return text
+
+    # --- selection ------------------------------------------------------------------------------------------
+
+    def _names_under(self, node: TreeNode[Data] | None) -> list[str]:
+        data = node.data if node else None
+        if isinstance(data, ModuleNode):
+            return data.names
+        if isinstance(data, TensorInfo):
+            return [data.name]
+        return []
+
+    def _changed(self) -> None:
+        self.refresh_labels()
+        self.post_message(self.SelectionChanged(frozenset(self.selected)))
+
+    def set_selection(self, names: set[str]) -> None:
+        self.selected = set(names)
+        self._changed()
+
+    def action_toggle_select(self) -> None:
+        names = self._names_under(self.cursor_node)
+        if not names:
+            return
+        if all(n in self.selected for n in names):
+            self.selected.difference_update(names)
+        else:
+            self.selected.update(names)
+        self._changed()
+
+    def action_select_all(self) -> None:
+        self.selected.update(t.name for t in self.visible())
+        self._changed()
+
+    def action_select_none(self) -> None:
+        self.selected.difference_update(t.name for t in self.visible())
+        self._changed()
+
+    def action_invert(self) -> None:
+        for t in self.visible():
+            self.selected.symmetric_difference_update({t.name})
+        self._changed()
+
+    def set_filter(self, pattern: re.Pattern[str] | None) -> None:
+        self.pattern = pattern
+        self.rebuild()

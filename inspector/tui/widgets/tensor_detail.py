@@ -1,0 +1,148 @@
+"""Detail of the focused tensor: where its bytes live, and its statistics once computed (`s`)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from inspector.convert.stats import Difference, StatsProgress, TensorStats
+from inspector.scan.model import Checkpoint, Kind, TensorInfo
+from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, size
+from inspector.tui.session import rank_of_file
+
+SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def _num(x: float) -> str:
+    if math.isnan(x):
+        return "–"
+    return f"{x:.4g}" if x == 0 or 1e-4 <= abs(x) < 1e5 else f"{x:.3e}"
+
+
+def histogram_line(hist: tuple[int, ...]) -> str:
+    top = max(hist, default=0) or 1
+    return "".join(SPARK[min(8, math.ceil(8 * h / top))] if h else " " for h in hist)
+
+
+def where_table(ckpt: Checkpoint, t: TensorInfo, limit: int = 8) -> Table:
+    owner = rank_of_file(ckpt)
+    tab = Table(box=None, padding=(0, 1), header_style="dim")
+    tab.add_column("holder")
+    tab.add_column("file", overflow="ellipsis", no_wrap=True, max_width=34)
+    tab.add_column("offset", justify="right")
+    tab.add_column("elements", justify="right")
+    tab.add_column("bytes", justify="right")
+    segs = t.segments
+    for s in segs[:limit]:
+        tab.add_row(owner.get(s.file, "?"), os.path.basename(s.file), f"{s.offset:,}", f"{s.numel:,}", size(s.nbytes))
+    if len(segs) > limit:
+        rest = segs[limit:]
+        tab.add_row("…", f"{len(rest)} more pieces", "", f"{sum(s.numel for s in rest):,}",
+                    size(sum(s.nbytes for s in rest)))
+    return tab
+
+
+def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
+    if t.kind is not Kind.TRAINABLE:
+        return "Not partitioned: saved whole in the model-states file." if t.kind is not Kind.TIED else ""
+    if ckpt.stage == 3:
+        per = math.ceil(t.numel / max(ckpt.world_size, 1))
+        pad = per * ckpt.world_size - t.numel
+        return f"Partitioned {ckpt.world_size} ways, {count(per)} per rank; {pad} padding element(s) on the last rank."
+    g = next((g for g in ckpt.groups if g.index == t.group), None)
+    if g is None:
+        return ""
+    return (f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); "
+            f"the group has {g.padded_numel - g.numel} padding element(s) at its end.")
+
+
+def stats_renderable(st: TensorStats) -> RenderableType:
+    t = Table.grid(padding=(0, 2))
+    for _ in range(4):
+        t.add_column()
+    t.add_row("min", _num(st.minimum), "max", _num(st.maximum))
+    t.add_row("mean", _num(st.mean), "std", _num(st.std))
+    t.add_row("abs max", _num(st.absmax), "zeros", f"{st.zeros:,} ({st.zeros / max(st.numel, 1):.1%})")
+    nan = Text(f"{st.nans:,}", style="bold red" if st.nans else "")
+    inf = Text(f"{st.infs:,}", style="bold red" if st.infs else "")
+    t.add_row("NaN", nan, "Inf", inf)
+    hist = Text(histogram_line(st.histogram), style="cyan")
+    return Group(t, Text.assemble(("histogram ", "dim"), (_num(st.minimum), "dim"), " ", hist, " ",
+                                  (_num(st.maximum), "dim")),
+                 Text(f"read {count(st.numel)} values in {st.seconds:.2f} s", style="dim"))
+
+
+def difference_line(label: str, d: Difference) -> Text:
+    style = "green" if d.differing == 0 else ("yellow" if d.relative_l2 < 0.05 else "bold yellow")
+    if d.differing == 0:
+        return Text.assemble((f"{label}: ", "bold"), ("identical", style))
+    return Text.assemble(
+        (f"{label}: ", "bold"),
+        (f"max |Δ| {_num(d.max_abs)}", style),
+        f" · mean |Δ| {_num(d.mean_abs)} · ‖Δ‖/‖x‖ {d.relative_l2:.2%} · {d.differing:,} of {d.numel:,} differ",
+    )
+
+
+class TensorDetail(Static):
+    """The focused tensor (or submodule summary) and, on demand, its statistics."""
+
+    DEFAULT_CSS = "TensorDetail { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("Move to a tensor to see where its bytes live.", id=id)
+        self.ckpt: Checkpoint | None = None
+        self.tensor: TensorInfo | None = None
+        self.out_dtype = "float32"
+        self.extra: list[RenderableType] = []
+
+    def show(self, ckpt: Checkpoint, tensor: TensorInfo | None, out_dtype: str) -> None:
+        if tensor is not self.tensor:
+            self.extra = []
+        self.ckpt, self.tensor, self.out_dtype = ckpt, tensor, out_dtype
+        self.redraw()
+
+    def show_module(self, title: str, lines: list[str]) -> None:
+        self.tensor = None
+        self.extra = []
+        self.update(Group(Text(title, style="bold"), *(Text(x) for x in lines)))
+
+    def set_extra(self, items: list[RenderableType]) -> None:
+        self.extra = items
+        self.redraw()
+
+    def progress(self, what: str, p: StatsProgress) -> None:
+        self.set_extra([Text.assemble((f"{what}… ", "italic"), (bar(p.fraction, 20), "cyan"),
+                                      f" {p.fraction:.0%}  (escape cancels)")])
+
+    def redraw(self) -> None:
+        ckpt, t = self.ckpt, self.tensor
+        if ckpt is None or t is None:
+            return
+        head = Text(t.name, style="bold")
+        out = dtype(self.out_dtype if t.is_floating else t.dtype)
+        line = Text.assemble(
+            f"{shape(t.shape)} · {count(t.numel)} params · ",
+            (str(t.kind), KIND_STYLE[t.kind]),
+            f" · source {dtype(t.segments[0].dtype if t.segments else t.dtype)} → out {out}",
+            f" · group {t.group}" if t.group is not None else "",
+        )
+        parts: list[RenderableType] = [head, line]
+        if t.alias_of:
+            parts.append(Text(f"Tied: the same storage as {t.alias_of}; written under both names unless "
+                              "deduplicated.", style="yellow"))
+        if t.segments:
+            parts += [Text("Where the bytes live", style="bold underline"), where_table(ckpt, t)]
+        note = padding_note(ckpt, t)
+        if note:
+            parts.append(Text(note, style="dim"))
+        if t.moments:
+            parts.append(Text("Optimizer state beside it: " + ", ".join(m for m, _ in t.moments)
+                              + " (same layout, not exported)", style="dim"))
+        parts.append(Text("Statistics", style="bold underline"))
+        parts += self.extra or [Text("press s to read this tensor's values and compute them", style="dim")]
+        self.update(Group(*parts))
