@@ -164,6 +164,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from inspector.cli.universal import convert_universal
 
         return convert_universal(args)
+    if args.progress == "json":  # for a front end running us as a child (the TUI)
+        from inspector.cli.progress import convert_json
+
+        return convert_json(args, lambda ckpt: _export_plan(ckpt, args, allow_damaged=args.force))
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
     from inspector.convert.engine import Report
@@ -293,6 +297,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from inspector.convert.writers.merge import is_merged_output
     from inspector.scan.scanner import scan
 
+    if args.progress == "json":
+        from inspector.cli.progress import verify_json
+
+        return verify_json(args)
     console = _console()
     if is_merged_output(os.path.abspath(args.out)):
         raise InspectorError(
@@ -392,6 +400,15 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
     )
 
 
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        choices=("auto", "json"),
+        default="auto",
+        help="json: JSON lines on stdout (start, progress, report/verified, error) for a front end",
+    )
+
+
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("convert", help="stream a checkpoint into safetensors shards with flat memory")
     add_common(p)
@@ -416,6 +433,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         action="store_true",
         help="start even if preflight says it will not fit, or the checkpoint has error findings",
     )
+    _add_progress(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("verify", help="check converted safetensors byte for byte against the checkpoint")
@@ -428,6 +446,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         help="check against the fp32 masters or the 16-bit module copy (default: the source the output "
         "was converted from; the other one makes an independent check)",
     )
+    _add_progress(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")

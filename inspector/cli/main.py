@@ -151,6 +151,50 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _DEMO_FILES = ("latest", "demo_spec.json")
 
 
+def cmd_open(args: argparse.Namespace) -> int:
+    """Open the terminal UI on PATH (or on a fresh demo checkpoint), presetting selection and export."""
+    from inspector.cli.convert import _opts
+
+    if not args.path and not args.demo:
+        raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
+    options = _opts(args)
+    from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
+
+    return run_app(
+        LaunchOptions(
+            path=args.path,
+            tag=args.tag,
+            options=options,
+            out_dir=os.path.abspath(args.out) if args.out else None,
+            overwrite=args.overwrite,
+            demo=args.demo,
+        )
+    )
+
+
+def _add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from inspector.cli.convert import add_convert_options
+
+    p = sub.add_parser("open", help="explore a checkpoint in the terminal UI (the default for a PATH)")
+    p.add_argument("path", nargs="?", help="checkpoint, Trainer run, or a folder holding several checkpoints")
+    p.add_argument("--tag", help="tag to open (default: the one named in `latest`)")
+    p.add_argument("--demo", action="store_true", help="write a demo checkpoint to a temporary folder and open it")
+    p.add_argument("--out", help="preset the export's output folder")
+    p.add_argument("--overwrite", action="store_true", help="preset: replace an earlier conversion in --out")
+    add_convert_options(p)
+    p.set_defaults(func=cmd_open)
+
+
+COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "open")
+
+
+def _route(argv: list[str]) -> list[str]:
+    """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`."""
+    if argv and argv[0] not in COMMANDS and (not argv[0].startswith("-") or "--demo" in argv):
+        return ["open", *argv]
+    return argv
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="checkpoint root (with `latest`), tag folder, Trainer run or Lightning .ckpt")
     p.add_argument("--tag", help="tag to read (default: the one named in `latest`)")
@@ -160,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zero-inspector",
         description="Inspect DeepSpeed ZeRO checkpoints and convert them to safetensors with flat memory. "
-        "No deepspeed needed; no pickled code is ever run.",
+        "No deepspeed needed; no pickled code is ever run. `zero-inspector PATH` opens the terminal UI; "
+        "`zero-inspector --demo` opens it on a demo checkpoint.",
     )
     parser.add_argument("--version", action="version", version=f"zero-inspector {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -187,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     from inspector.cli import convert as cli_convert
 
     cli_convert.register(sub, _add_common)
+    _add_open(sub)
     return parser
 
 
@@ -198,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_route(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

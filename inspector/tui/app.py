@@ -53,6 +53,7 @@ class InspectorApp(App[int]):
     BINDINGS = [
         Binding("q", "quit_app", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("f1", "help", "Help", show=False),
         Binding("e", "export", "Export"),
         Binding("c", "convert", "Convert"),
         Binding("left_square_bracket", "tag(-1)", "Prev tag", show=False, key_display="["),
@@ -92,8 +93,8 @@ class InspectorApp(App[int]):
         assert isinstance(screen, MainScreen)
         return screen
 
-    def on_mount(self) -> None:
-        self.theme = "textual-dark"
+    def begin(self) -> None:
+        """Called by the main screen once it is mounted: open what the command line named."""
         if self.launch.demo:
             self.write_demo()
         elif self.launch.path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inspector.scan.model import Kind
-from inspector.system.memory import format_bytes
+from inspector.system.units import format_bytes
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}

@@ -312,6 +312,8 @@ class ConvertScreen(Screen[None]):
         r = self.report or {}
         if msg.returncode == 0 and r.get("ok"):
             self.phase = "verified"
+            bar = self.query_one("#overall", ProgressBar)
+            bar.update(total=bar.total or 1, progress=bar.total or 1)
             self.query_one("#overall-text", Static).update(Text.assemble(
                 ("✔ Verified: ", "bold green"), f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
                 f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s)."))

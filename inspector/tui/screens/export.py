@@ -9,15 +9,15 @@ from dataclasses import dataclass, replace
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
+from textual.widgets import Footer, Header, Input, Label, Select, Static, Checkbox
 
 from inspector.convert.plan import DTYPE_ALIASES, ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.system.memory import parse_size
+from inspector.system.units import parse_size
 from inspector.tui.widgets.preflight import PreflightPanel
 
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
@@ -75,6 +75,7 @@ class ExportScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("c", "convert", "Convert"),
+        Binding("ctrl+s", "convert", "Convert", show=False),
     ]
 
     def __init__(self) -> None:
@@ -88,30 +89,32 @@ class ExportScreen(Screen[None]):
         yield Header()
         with Horizontal(id="export-body"):
             with VerticalScroll(id="export-form"):
-                yield Label("Output folder")
-                yield Input(ex.out_dir, id="out")
-                yield Label("Format")
-                yield Select(FORMATS, value="safetensors", allow_blank=False, id="format")
-                yield Label("Output dtype (floating tensors; integer buffers keep theirs)")
-                yield Select(DTYPES, value=o.dtype if o.dtype in dict((v, v) for _, v in DTYPES) else "auto",
-                             allow_blank=False, id="dtype")
-                yield Label("Shard size (5GB = 5·10⁹ bytes as HF, 2GiB, 500MB)")
-                yield Input(human_size(o.shard_size), id="shard")
-                yield Label("Strip name prefix (comma separated: module., _forward_module.)")
-                yield Input(", ".join(o.strip_prefix), id="strip")
-                yield Label("Renames (REGEX=REPLACEMENT; separated by ;)")
-                yield Input("; ".join(f"{p}={r}" for p, r in o.renames), id="renames")
-                yield Label("Keep in fp32 (globs, comma separated: *norm*)")
-                yield Input(", ".join(o.keep_fp32), id="keep")
-                for sid, label, value in (
-                    ("frozen", "leave out frozen parameters", o.exclude_frozen),
-                    ("buffers", "leave out buffers", o.exclude_buffers),
-                    ("dedupe", "store tied weights once (alias in metadata)", o.dedupe_tied),
-                    ("overwrite", "replace an earlier conversion in the folder", ex.overwrite),
-                ):
-                    with Horizontal(classes="switch-row"):
-                        yield Switch(value, id=sid)
-                        yield Label(label)
+                with Grid(id="form-grid"):
+                    yield Label("Output folder")
+                    yield Input(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
+                    yield Label("Format")
+                    yield Select(FORMATS, value="safetensors", allow_blank=False, id="format", compact=True)
+                    yield Label("Dtype")
+                    yield Select(DTYPES, value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
+                                 allow_blank=False, id="dtype", compact=True)
+                    yield Label("Shard size")
+                    yield Input(human_size(o.shard_size), id="shard", compact=True,
+                                placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB")
+                    yield Label("Strip prefix")
+                    yield Input(", ".join(o.strip_prefix), id="strip", compact=True,
+                                placeholder="module., _forward_module.")
+                    yield Label("Renames")
+                    yield Input("; ".join(f"{p}={r}" for p, r in o.renames), id="renames", compact=True,
+                                placeholder=r"REGEX=REPL; ... e.g. ^model\\.=")
+                    yield Label("Keep fp32")
+                    yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
+                    for sid, label, value in (
+                        ("frozen", "leave out frozen parameters", o.exclude_frozen),
+                        ("buffers", "leave out buffers", o.exclude_buffers),
+                        ("dedupe", "store tied weights once (alias recorded in the header)", o.dedupe_tied),
+                        ("overwrite", "replace an earlier conversion in the output folder", ex.overwrite),
+                    ):
+                        yield Checkbox(label, value, id=sid, compact=True, classes="wide")
                 yield Static("", id="form-errors")
             with Vertical(id="export-side"):
                 yield Static("Preflight", classes="section")
@@ -126,7 +129,7 @@ class ExportScreen(Screen[None]):
 
     @on(Input.Changed)
     @on(Select.Changed)
-    @on(Switch.Changed)
+    @on(Checkbox.Changed)
     def _on_change(self) -> None:
         self._changed()
 
@@ -154,7 +157,7 @@ class ExportScreen(Screen[None]):
             errors.append("Output folder: required")
         elif os.path.exists(out) and not os.path.isdir(out):
             errors.append(f"Output folder: {out} is a file")
-        overwrite = self.query_one("#overwrite", Switch).value
+        overwrite = self.query_one("#overwrite", Checkbox).value
         if out and os.path.isdir(out) and os.listdir(out) and not overwrite:
             errors.append(f"Output folder: {out} is not empty (switch on overwrite to replace an earlier conversion)")
         opts = replace(
@@ -164,9 +167,9 @@ class ExportScreen(Screen[None]):
             strip_prefix=split_list(str(val["strip"])),
             renames=renames,
             keep_fp32=split_list(str(val["keep"])),
-            exclude_frozen=self.query_one("#frozen", Switch).value,
-            exclude_buffers=self.query_one("#buffers", Switch).value,
-            dedupe_tied=self.query_one("#dedupe", Switch).value,
+            exclude_frozen=self.query_one("#frozen", Checkbox).value,
+            exclude_buffers=self.query_one("#buffers", Checkbox).value,
+            dedupe_tied=self.query_one("#dedupe", Checkbox).value,
         )
         return opts, out, overwrite, errors
 

@@ -26,8 +26,8 @@ class MainScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="source-bar"):
-            yield Select[str]([], id="roots", prompt="root", allow_blank=True, classes="-hidden")
-            yield Select[str]([], id="tags", prompt="tag", allow_blank=True)
+            yield Select[str]([], id="roots", prompt="root", allow_blank=True, classes="-hidden", compact=True)
+            yield Select[str]([], id="tags", prompt="tag", allow_blank=True, compact=True)
             yield Static("", id="status")
         with TabbedContent(initial="overview", id="tabs"):
             with TabPane("Overview", id="overview"):
@@ -35,6 +35,9 @@ class MainScreen(Screen[None]):
             with TabPane("Tensors", id="tensors"):
                 yield TensorsPane()
         yield Footer()
+
+    def on_mount(self) -> None:
+        self.app.begin()  # type: ignore[attr-defined]
 
     @property
     def tensors_pane(self) -> TensorsPane:

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from inspector.format.torchzip import itemsize
+from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.tui.fmt import KIND_STYLE, count, dtype, shape, size
 from inspector.tui.session import ModuleNode, build_tree, rank_of_file

@@ -25,13 +25,13 @@ def _shown(ckpt: Checkpoint) -> list[int]:
 
 
 def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
-    t = Table(box=None, padding=(0, 1), header_style="dim", expand=False)
-    t.add_column("rank", justify="right")
-    t.add_column("size", justify="right")
-    t.add_column("share", no_wrap=True)
+    t = Table(box=None, padding=(0, 1), header_style="dim", expand=True)
+    t.add_column("rank", justify="right", no_wrap=True, min_width=4)
+    t.add_column("size", justify="right", no_wrap=True, min_width=10)
+    t.add_column("share", no_wrap=True, min_width=bar_width)
     for g in ckpt.groups:
-        t.add_column(f"g{g.index} numel / pad", justify="right")
-    t.add_column("files", overflow="ellipsis", no_wrap=True)
+        t.add_column(f"g{g.index} stored/pad", justify="right", no_wrap=True, min_width=14)
+    t.add_column("files", overflow="ellipsis", no_wrap=True, ratio=1)
     biggest = max((r.optim_bytes + r.model_bytes for r in ckpt.ranks), default=1) or 1
     prev = -1
     for i in _shown(ckpt):
@@ -44,7 +44,7 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
         stored = sum(g.stored_numel for g in r.groups) or 1
         share = Text(bar(total / biggest, bar_width), style="green" if r.optim_file else "red")
         if pad:
-            share.append(f" {pad / stored:.1%} pad", style="yellow")
+            share.append(f" {pad} pad", style="yellow")
         files = ", ".join(os.path.basename(p) for p in (r.optim_file, r.model_file) if p) or "MISSING"
         cells = [
             Text(f"{count(g.stored_numel)} / {g.padding}", style="yellow" if g.padding else "")

@@ -89,6 +89,9 @@ class SummaryCard(Static):
     DEFAULT_CSS = "SummaryCard { height: auto; }"
 
     def show(self, ckpt: Checkpoint) -> None:
+        if self.app.size.width < 100:  # narrow: one column
+            self.update(Group(summary_table(ckpt), Text(""), contents_table(ckpt)))
+            return
         grid = Table.grid(padding=(0, 3))
         grid.add_column()
         grid.add_column()
