@@ -155,10 +155,10 @@ class TensorsPane(Horizontal):
         try:
             pattern = name_filter(event.value)
         except re.error as exc:
-            event.input.set_class(True, "-invalid")
+            event.input.set_class(True, "-bad-pattern")
             self.query_one("#selection-line", Static).update(Text(f"bad regex: {exc}", style="red"))
             return
-        event.input.set_class(False, "-invalid")
+        event.input.set_class(False, "-bad-pattern")
         self.tree.set_filter(pattern)
         self._update_selection_line()
 

@@ -1,0 +1,240 @@
+"""Pilot tests of every screen and flow on demo checkpoints (real child processes for convert/verify)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input, Select
+
+from inspector.convert.plan import ConvertOptions
+from inspector.demo.writer import DemoSpec
+from inspector.tui.app import make_app
+from inspector.tui.screens.convert import ConvertScreen
+from inspector.tui.screens.dialogs import ConfirmDialog, MessageDialog
+from inspector.tui.screens.export import ExportScreen
+from inspector.tui.screens.help import HelpScreen
+from tests.tui.conftest import plain, scanned, wait_for
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_open_shows_overview_and_latest_tag(two_tag_demo: Path) -> None:
+    app = make_app(path=str(two_tag_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        assert app.ckpt is not None and app.ckpt.tag == "global_step5"
+        tags = app.main.query_one("#tags", Select)
+        assert tags.value == "global_step5"
+        await pilot.press("left_square_bracket")  # previous tag, scanned in the worker
+        await wait_for(pilot, lambda: app.ckpt is not None and app.ckpt.tag == "global_step3", "tag switch")
+        assert "★ latest" in plain(app.main.query_one("#tag-list"))
+
+
+async def test_select_submodule_options_convert_verify(small_demo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t", "n")  # tensors tab, select none
+        assert app.selected == set()
+        tree = app.main.tensors_pane.tree
+        await _focus(pilot, tree, lambda d: getattr(d, "path", "") == "model.layers.1")
+        await pilot.press("space")
+        assert app.selected and all(n.startswith("model.layers.1.") for n in app.selected)
+        assert app.convert_options().include == ("model.layers.1",)
+        await pilot.press("e")
+        assert isinstance(app.screen, ExportScreen)
+        app.screen.query_one("#dtype", Select).value = "fp32"
+        await pilot.pause()
+        await wait_for(pilot, lambda: "Fits" in plain(app.screen.query_one("#preflight")), "preflight")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "done",
+                       "conversion")
+        assert sorted(os.listdir(out)) == ["model.safetensors"]
+        await pilot.press("v")
+        await wait_for(pilot, lambda: app.screen.phase in ("verified", "done") and app.screen.child is not None
+                       and not app.screen.child.running and app.screen.job == "verify", "verify")
+        await wait_for(pilot, lambda: app.screen.phase == "verified", "verified")
+        await pilot.press("b")
+        assert not isinstance(app.screen, ConvertScreen)
+
+
+def _walk(node):  # type: ignore[no-untyped-def]
+    yield node
+    for c in node.children:
+        yield from _walk(c)
+
+
+async def _focus(pilot, tree, predicate) -> None:  # type: ignore[no-untyped-def]
+    """Unfold down to the first node whose data matches and put the cursor on it."""
+    node = next(n for n in _walk(tree.root) if predicate(n.data))
+    parent = node.parent
+    while parent is not None:
+        parent.expand()
+        parent = parent.parent
+    await pilot.pause()
+    tree.move_cursor(node)
+    await pilot.pause()
+
+
+async def _start_and_stop_at_first_progress(pilot, app, out: Path) -> ConvertScreen:  # type: ignore[no-untyped-def]
+    """Start a many-shard conversion and freeze the child (SIGSTOP) at its first progress event."""
+    await pilot.press("c")
+    await wait_for(pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child")
+    screen: ConvertScreen = app.screen
+
+    stopped = {}
+    original = screen.show_progress
+
+    def freeze(ev):  # type: ignore[no-untyped-def]
+        if not stopped and screen.child is not None and screen.child.pid:
+            os.kill(screen.child.pid, signal.SIGSTOP)
+            stopped["at"] = ev
+        original(ev)
+
+    screen.show_progress = freeze  # type: ignore[method-assign]
+    await wait_for(pilot, lambda: bool(stopped), "first progress event")
+    assert any(n.endswith(".partial") for n in os.listdir(out))
+    return screen
+
+
+async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = ConvertOptions(shard_size=200_000, dtype="fp32")
+    app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        screen = await _start_and_stop_at_first_progress(pilot, app, out)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")  # SIGINT is queued while the child is stopped
+        await pilot.pause()
+        os.kill(screen.child.pid, signal.SIGCONT)  # type: ignore[union-attr, arg-type]
+        await wait_for(pilot, lambda: screen.phase == "cancelled", "cancel")
+        assert [n for n in os.listdir(out) if n.endswith(".partial")] == []
+        assert "Cancelled" in plain(screen.query_one("#result"))
+        assert not app.converting
+
+
+async def test_child_killed_with_sigkill_is_explained(small_demo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = ConvertOptions(shard_size=200_000)
+    app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        screen = await _start_and_stop_at_first_progress(pilot, app, out)
+        os.kill(screen.child.pid, signal.SIGKILL)  # type: ignore[union-attr, arg-type]
+        await wait_for(pilot, lambda: screen.phase == "failed", "the failure report")
+        result = plain(screen.query_one("#result"))
+        assert "SIGKILL" in result and "OOM killer" in result
+        assert ".partial" in result and "reuses the finished shards" in result
+        await pilot.press("b")  # the UI stays usable
+        assert not isinstance(app.screen, ConvertScreen)
+        await pilot.press("o")
+
+
+async def test_damaged_checkpoint(demo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = demo.copy(DemoSpec(params=1_000_000, world_size=2), tmp_path / "damaged")
+    rank1 = next((root / "global_step3").glob("*zero_pp_rank_1_*optim_states.pt"))
+    with open(rank1, "r+b") as fh:
+        fh.truncate(os.path.getsize(rank1) // 2)
+    app = make_app(path=str(root), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        banner = app.main.query_one("#banner")
+        assert "-hidden" not in banner.classes
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmDialog)  # converting a damaged checkpoint asks first
+        await pilot.press("n")
+        assert not isinstance(app.screen, ConvertScreen)
+
+
+async def test_not_a_checkpoint_is_a_dialog(tmp_path: Path) -> None:
+    app = make_app(path=str(tmp_path), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+        await pilot.press("escape")
+        assert "-hidden" not in app.main.query_one("#banner").classes
+
+
+async def test_folder_with_two_roots(small_demo: Path, two_tag_demo: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(small_demo, run / "_actor")
+    os.symlink(two_tag_demo, run / "_critic")
+    app = make_app(path=str(run), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        roots = app.main.query_one("#roots", Select)
+        assert "-hidden" not in roots.classes
+        assert app.root == str(run / "_actor")
+        roots.value = str(run / "_critic")
+        await wait_for(pilot, lambda: app.ckpt is not None and app.ckpt.root == str(run / "_critic"), "switch")
+        assert app.ckpt.tag == "global_step5"
+
+
+async def test_filter_and_selection_keys(small_demo: Path) -> None:
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        everything = {t.name for t in app.ckpt.tensors}
+        assert app.selected == everything
+        await pilot.press("t", "slash", *"q_proj", "enter")
+        tree = app.main.tensors_pane.tree
+        shown = {t.name for t in tree.visible()}
+        assert shown and all("q_proj" in n for n in shown)
+        await pilot.press("n")
+        assert app.selected == everything - shown
+        await pilot.press("i")
+        assert app.selected == everything
+        await pilot.press("escape")  # clears the filter
+        assert len(tree.visible()) == len(everything)
+        await pilot.press("slash", *"(bad", "enter")
+        assert app.main.query_one("#filter", Input).has_class("-bad-pattern")
+
+
+async def test_statistics_on_demand(small_demo: Path) -> None:
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        pane = app.main.tensors_pane
+        big = max(app.ckpt.tensors, key=lambda t: t.numel)
+        await _focus(pilot, pane.tree, lambda d: getattr(d, "name", None) == big.name)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: pane._cancel.is_set() and bool(pane._results), "statistics")
+        text = plain(pane.detail)
+        assert "abs max" in text and "histogram" in text and "module copy vs master" in text
+
+
+async def test_preset_options_and_help_and_quit(small_demo: Path) -> None:
+    opts = ConvertOptions(include=("model.layers.0",), dtype="fp32")
+    app = make_app(path=str(small_demo), options=opts, live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        assert app.selected and all(n.startswith("model.layers.0.") for n in app.selected)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.press("e")
+        shard = app.screen.query_one("#shard", Input)
+        shard.value = "lots"
+        await pilot.pause()
+        assert "Shard size" in plain(app.screen.query_one("#form-errors"))
+        await pilot.press("escape", "q")
+    assert app.return_code == 0
+
+
+async def test_quit_asks_while_converting(small_demo: Path, tmp_path: Path) -> None:
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "o"), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        app.converting = True
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("n")
+        app.converting = False

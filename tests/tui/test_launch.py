@@ -1,0 +1,75 @@
+"""Launching: the CLI routes PATH/--demo to the app, `--progress json` speaks JSON lines, no torch at start."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from inspector.cli.main import _route, build_parser
+from inspector.tui.app import make_app
+
+
+def test_path_and_demo_route_to_open() -> None:
+    assert _route(["ckpt/"]) == ["open", "ckpt/"]
+    assert _route(["--demo"]) == ["open", "--demo"]
+    assert _route(["--demo", "--dtype", "bf16"]) == ["open", "--demo", "--dtype", "bf16"]
+    assert _route(["scan", "ckpt/"]) == ["scan", "ckpt/"]
+    assert _route(["--help"]) == ["--help"]
+    args = build_parser().parse_args(_route(["ckpt/", "--include", "model.layers.1", "--dtype", "bf16", "--out", "o"]))
+    assert args.command == "open" and args.include == ["model.layers.1"] and args.dtype == "bf16"
+
+
+def test_open_without_path_is_a_usage_error(cli) -> None:  # type: ignore[no-untyped-def]
+    r = cli("open")
+    assert r.rc == 2 and "Nothing to open" in r.stderr
+
+
+def test_convert_progress_json(cli, small_demo: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r = cli("convert", small_demo, tmp_path / "out", "--shard-size", "1MB", "--progress", "json")
+    assert r.rc == 0, r.output
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "report" and "progress" in kinds
+    last = [e for e in events if e["event"] == "progress"][-1]
+    assert last["bytes_done"] == last["bytes_total"] and last["shard_done"] == last["shard_total"]
+    assert events[-1]["files"] and events[-1]["peak_rss"] > 0
+    v = cli("verify", small_demo, tmp_path / "out", "--progress", "json")
+    assert v.rc == 0 and json.loads(v.stdout.splitlines()[-1])["ok"] is True
+
+
+def test_convert_progress_json_error_line(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r = cli("convert", tmp_path, tmp_path / "out", "--progress", "json")
+    error = json.loads(r.stdout.splitlines()[-1])
+    assert error["event"] == "error" and error["exit_code"] == r.rc != 0 and error["title"]
+
+
+def test_no_torch_at_startup(small_demo: Path) -> None:
+    """The app is built and a scan runs without importing torch (a subprocess starts clean)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, asyncio\n"
+        "from inspector.tui.app import make_app\n"
+        f"app = make_app(path={str(small_demo)!r}, live_meters=False)\n"
+        "async def main():\n"
+        "    async with app.run_test() as pilot:\n"
+        "        while app.ckpt is None: await pilot.pause(0.05)\n"
+        "asyncio.run(main())\n"
+        "print('torch' in sys.modules, app.ckpt is not None)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                         timeout=120).stdout
+    assert out.split()[-2:] == ["False", "True"]
+
+
+def test_cleanup_removes_demo_folder(tmp_path: Path) -> None:
+    app = make_app(demo=True)
+    app._temp_dir = str(tmp_path / "demo")
+    os.makedirs(app._temp_dir)
+    app.cleanup()
+    assert not os.path.exists(tmp_path / "demo")
+    shutil.rmtree(tmp_path, ignore_errors=True)
