@@ -90,7 +90,7 @@ def _chunks(
             raise CancelledError("Statistics cancelled.")
         dtype = numpy_dtype(batch[0].dtype)
         raw = np.empty(sum(s.nbytes for s in batch), dtype=np.uint8)
-        view = memoryview(raw)
+        view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
         pos = 0
         for seg in batch:
             pool.read_into(seg.file, seg.offset, view[pos : pos + seg.nbytes])
@@ -175,7 +175,9 @@ def difference(
     differing = 0
     max_abs = sum_abs = sq_diff = sq_a = 0.0
     done, last = 0, 0.0
-    for xa, xb in zip(_chunks(a, chunk_elems, cancel, pool), _chunks(b, chunk_elems, cancel, pool), strict=True):
+    for xa, xb in zip(
+        _chunks(a, chunk_elems, cancel, pool), _chunks(b, chunk_elems, cancel, pool), strict=True
+    ):
         d = np.abs(xa - xb)
         d = np.where(np.isnan(d), np.inf, d)  # a NaN on one side only is a difference
         both_nan = np.isnan(xa) & np.isnan(xb)
@@ -213,7 +215,7 @@ def module_copy_segments(ckpt: Checkpoint, tensor: TensorInfo) -> tuple[Segment,
         return None
     tree = load_tree(model_file)
     module = tree.get("module") if hasattr(tree, "get") else None
-    if not hasattr(module, "get"):
+    if module is None or not hasattr(module, "get"):
         return None
     ref = module.get(tensor.name)
     if not isinstance(ref, TensorRef) or ref.numel != tensor.numel or ref.numel == 0:

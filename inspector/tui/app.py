@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from textual import work
@@ -21,11 +21,12 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from inspector.convert.plan import ConvertOptions, resolve_dtype
+from inspector.convert.plan import ConversionPlan, ConvertOptions, resolve_dtype
+from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
-from inspector.tui.messages import DemoWritten, Located, Scanned, ScanFailed
+from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
 from inspector.tui.session import ExportSettings, preset_selection, selection_options
 
 DEMO_PARAMS = "30M"
@@ -76,6 +77,8 @@ class InspectorApp(App[int]):
         self._temp_dir: str | None = None
         self._preset_applied = False
         self.scan_seconds: float | None = None
+        # tests and the screenshot script replace the machine's figures (RSS, free disk) with fixed ones
+        self.frozen_assess: Callable[[ConversionPlan, str], Assessment] | None = None
         self.started = time.monotonic()
 
     # --- screens ------------------------------------------------------------------------------------------
@@ -109,8 +112,11 @@ class InspectorApp(App[int]):
         roots = discover_roots(path)
         self.roots = roots if len(roots) > 1 else (os.path.abspath(path),)
         runs = [os.path.basename(r) for r in self.roots]
-        chosen = self.roots[-1] if len(roots) > 1 and all(n.startswith("checkpoint-") for n in runs) else (
-            self.roots[0])
+        chosen = (
+            self.roots[-1]
+            if len(roots) > 1 and all(n.startswith("checkpoint-") for n in runs)
+            else (self.roots[0])
+        )
         self.scan(chosen, tag)
 
     def scan(self, root: str, tag: str | None = None) -> None:
@@ -157,11 +163,17 @@ class InspectorApp(App[int]):
             kept = self.selected & names
             self.selected = kept if kept else names
         if not self.export.out_dir:
-            self.export = replace(self.export, out_dir=ExportSettings.default_out(self.ckpt.root, self.ckpt.tag))
+            self.export = replace(
+                self.export, out_dir=ExportSettings.default_out(self.ckpt.root, self.ckpt.tag)
+            )
         self.main.scanned(msg.checkpoint, msg.seconds)
         if msg.checkpoint.errors:
-            self.notify(f"{len(msg.checkpoint.errors)} problem(s) found: see Findings on the overview.",
-                        title="Damaged checkpoint", severity="error", timeout=8)
+            self.notify(
+                f"{len(msg.checkpoint.errors)} problem(s) found: see Findings on the overview.",
+                title="Damaged checkpoint",
+                severity="error",
+                timeout=8,
+            )
 
     def on_scan_failed(self, msg: ScanFailed) -> None:
         self.main.failed(msg.error)
@@ -179,16 +191,30 @@ class InspectorApp(App[int]):
         """Write a demo checkpoint in a child (the writer needs torch; the UI process stays without it)."""
         self._temp_dir = tempfile.mkdtemp(prefix="zero-inspector-demo-")
         path = os.path.join(self._temp_dir, "demo-checkpoint")
-        self.call_from_thread(self.main.status, f"Writing a {self.launch.demo_params}-parameter demo "
-                                                "checkpoint (ZeRO-2, 2 ranks, bf16)…")
+        self.call_from_thread(
+            self.main.status,
+            f"Writing a {self.launch.demo_params}-parameter demo checkpoint (ZeRO-2, 2 ranks, bf16)…",
+        )
         from inspector.tui.child import REPO_ROOT
 
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
-        proc = subprocess.run([sys.executable, "-m", "inspector", "demo", path, "--params", self.launch.demo_params],
-                              capture_output=True, text=True, env=env, check=False)
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "inspector", "demo", path, "--params", self.launch.demo_params],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         if proc.returncode:
-            self.post_message(ScanFailed(InspectorError(proc.stderr.strip()[-500:] or "the demo writer failed",
-                                                        title="Cannot write the demo")))
+            self.post_message(
+                ScanFailed(
+                    InspectorError(
+                        proc.stderr.strip()[-500:] or "the demo writer failed", title="Cannot write the demo"
+                    )
+                )
+            )
             return
         self.post_message(DemoWritten(path))
 
@@ -237,8 +263,14 @@ class InspectorApp(App[int]):
                 self.stop_children()
                 self.exit(0)
 
-        self.push_screen(ConfirmDialog("Quit?", "A conversion is running. Quitting cancels it and removes its "
-                                       "partial output.", yes="Quit"), answer)
+        self.push_screen(
+            ConfirmDialog(
+                "Quit?",
+                "A conversion is running. Quitting cancels it and removes its partial output.",
+                yes="Quit",
+            ),
+            answer,
+        )
 
     def stop_children(self) -> None:
         from inspector.tui.screens.convert import ConvertScreen
@@ -249,8 +281,11 @@ class InspectorApp(App[int]):
 
     def _need_checkpoint(self) -> bool:
         if self.ckpt is None:
-            self.notify("Wait for the scan to finish (or open a checkpoint).", title="No checkpoint yet",
-                        severity="warning")
+            self.notify(
+                "Wait for the scan to finish (or open a checkpoint).",
+                title="No checkpoint yet",
+                severity="warning",
+            )
             return False
         return True
 
@@ -280,15 +315,23 @@ class InspectorApp(App[int]):
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Export options", "Output folder, dtype, shard size, renames; live preflight",
-                            self.action_export)
-        yield SystemCommand("Convert", "Convert the selection to safetensors in a child process",
-                            self.action_convert)
-        yield SystemCommand("Overview", "Summary, ranks, tags and findings", lambda: self.main.show_tab("overview"))
-        yield SystemCommand("Tensors", "Module tree, selection and tensor detail",
-                            lambda: self.main.show_tab("tensors"))
-        yield SystemCommand("Statistics of the focused tensor", "min, max, mean, std, NaN/Inf, histogram",
-                            lambda: self.main.tensors_pane.action_stats())
+        yield SystemCommand(
+            "Export options", "Output folder, dtype, shard size, renames; live preflight", self.action_export
+        )
+        yield SystemCommand(
+            "Convert", "Convert the selection to safetensors in a child process", self.action_convert
+        )
+        yield SystemCommand(
+            "Overview", "Summary, ranks, tags and findings", lambda: self.main.show_tab("overview")
+        )
+        yield SystemCommand(
+            "Tensors", "Module tree, selection and tensor detail", lambda: self.main.show_tab("tensors")
+        )
+        yield SystemCommand(
+            "Statistics of the focused tensor",
+            "min, max, mean, std, NaN/Inf, histogram",
+            lambda: self.main.tensors_pane.action_stats(),
+        )
         yield SystemCommand("Select all tensors", "Export everything", lambda: self.main.select("all"))
         yield SystemCommand("Select no tensors", "Start an empty selection", lambda: self.main.select("none"))
         yield SystemCommand("Next tag", "Open the next (newer) tag", lambda: self.action_tag(1))
@@ -296,7 +339,9 @@ class InspectorApp(App[int]):
         yield SystemCommand("Keys", "Every key of the app", self.action_help)
 
 
-def make_app(launch: LaunchOptions | None = None, *, live_meters: bool = True, **kwargs: object) -> InspectorApp:
+def make_app(
+    launch: LaunchOptions | None = None, *, live_meters: bool = True, **kwargs: object
+) -> InspectorApp:
     """The one way to build the app: `make_app(LaunchOptions(path=...))` or `make_app(path=..., tag=...)`."""
     if launch is None:
         launch = LaunchOptions(**kwargs)  # type: ignore[arg-type]

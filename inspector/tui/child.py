@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+CHILD_NICENESS = 10
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -68,6 +69,8 @@ class Child:
         )
         with contextlib.suppress(psutil.Error):
             self._ps = psutil.Process(self.proc.pid)
+            # the UI is interactive and the converter is batch work: on a busy machine, keys win
+            self._ps.nice(CHILD_NICENESS)
         threading.Thread(target=self._read_stderr, daemon=True, name="child-stderr").start()
         threading.Thread(target=self._read_stdout, daemon=True, name="child-stdout").start()
 

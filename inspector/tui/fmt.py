@@ -42,7 +42,7 @@ def bar(fraction: float, width: int) -> str:
 def duration(seconds: float) -> str:
     if seconds != seconds or seconds < 0:  # NaN
         return "–"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     m, s = divmod(seconds, 60)

@@ -100,8 +100,10 @@ def selection_options(ckpt: Checkpoint, selected: set[str], base: ConvertOptions
     tree = build_tree(ckpt.tensors)
     include = _cover(tree, selected)
     exclude = _cover(tree, set(every) - selected)
-    opts = replace(plain, include=tuple(include)) if len(include) <= len(exclude) else replace(
-        plain, exclude=tuple(exclude)
+    opts = (
+        replace(plain, include=tuple(include))
+        if len(include) <= len(exclude)
+        else replace(plain, exclude=tuple(exclude))
     )
     if {t.name for t in select(ckpt, opts)} != selected:  # a prefix that also matches a sibling: be exact
         opts = replace(plain, include=tuple(sorted(selected, key=every.index)))

@@ -61,8 +61,11 @@ async def wait_for(pilot: Pilot[object], predicate: Callable[[], bool], what: st
 
 async def scanned(pilot: Pilot[object]) -> None:
     app = pilot.app
-    await wait_for(pilot, lambda: app.ckpt is not None or "-hidden" not in app.main.query_one("#banner").classes,
-                   "the scan")
+    await wait_for(
+        pilot,
+        lambda: app.ckpt is not None or "-hidden" not in app.main.query_one("#banner").classes,
+        "the scan",
+    )
     await pilot.pause()
 
 

@@ -40,7 +40,7 @@ async def test_select_submodule_options_convert_verify(small_demo: Path, tmp_pat
         await scanned(pilot)
         await pilot.press("t", "n")  # tensors tab, select none
         assert app.selected == set()
-        tree = app.main.tensors_pane.tree
+        tree = app.main.tensors_pane.module_tree
         await _focus(pilot, tree, lambda d: getattr(d, "path", "") == "model.layers.1")
         await pilot.press("space")
         assert app.selected and all(n.startswith("model.layers.1.") for n in app.selected)
@@ -51,12 +51,21 @@ async def test_select_submodule_options_convert_verify(small_demo: Path, tmp_pat
         await pilot.pause()
         await wait_for(pilot, lambda: "Fits" in plain(app.screen.query_one("#preflight")), "preflight")
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "done",
-                       "conversion")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "done", "conversion"
+        )
         assert sorted(os.listdir(out)) == ["model.safetensors"]
         await pilot.press("v")
-        await wait_for(pilot, lambda: app.screen.phase in ("verified", "done") and app.screen.child is not None
-                       and not app.screen.child.running and app.screen.job == "verify", "verify")
+        await wait_for(
+            pilot,
+            lambda: (
+                app.screen.phase in ("verified", "done")
+                and app.screen.child is not None
+                and not app.screen.child.running
+                and app.screen.job == "verify"
+            ),
+            "verify",
+        )
         await wait_for(pilot, lambda: app.screen.phase == "verified", "verified")
         await pilot.press("b")
         assert not isinstance(app.screen, ConvertScreen)
@@ -83,7 +92,9 @@ async def _focus(pilot, tree, predicate) -> None:  # type: ignore[no-untyped-def
 async def _start_and_stop_at_first_progress(pilot, app, out: Path) -> ConvertScreen:  # type: ignore[no-untyped-def]
     """Start a many-shard conversion and freeze the child (SIGSTOP) at its first progress event."""
     await pilot.press("c")
-    await wait_for(pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child")
+    await wait_for(
+        pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child"
+    )
     screen: ConvertScreen = app.screen
 
     stopped = {}
@@ -173,7 +184,9 @@ async def test_folder_with_two_roots(small_demo: Path, two_tag_demo: Path, tmp_p
         assert "-hidden" not in roots.classes
         assert app.root == str(run / "_actor")
         roots.value = str(run / "_critic")
-        await wait_for(pilot, lambda: app.ckpt is not None and app.ckpt.root == str(run / "_critic"), "switch")
+        await wait_for(
+            pilot, lambda: app.ckpt is not None and app.ckpt.root == str(run / "_critic"), "switch"
+        )
         assert app.ckpt.tag == "global_step5"
 
 
@@ -184,15 +197,15 @@ async def test_filter_and_selection_keys(small_demo: Path) -> None:
         everything = {t.name for t in app.ckpt.tensors}
         assert app.selected == everything
         await pilot.press("t", "slash", *"q_proj", "enter")
-        tree = app.main.tensors_pane.tree
-        shown = {t.name for t in tree.visible()}
+        tree = app.main.tensors_pane.module_tree
+        shown = {t.name for t in tree.shown_tensors()}
         assert shown and all("q_proj" in n for n in shown)
         await pilot.press("n")
         assert app.selected == everything - shown
         await pilot.press("i")
         assert app.selected == everything
         await pilot.press("escape")  # clears the filter
-        assert len(tree.visible()) == len(everything)
+        assert len(tree.shown_tensors()) == len(everything)
         await pilot.press("slash", *"(bad", "enter")
         assert app.main.query_one("#filter", Input).has_class("-bad-pattern")
 
@@ -204,7 +217,7 @@ async def test_statistics_on_demand(small_demo: Path) -> None:
         await pilot.press("t")
         pane = app.main.tensors_pane
         big = max(app.ckpt.tensors, key=lambda t: t.numel)
-        await _focus(pilot, pane.tree, lambda d: getattr(d, "name", None) == big.name)
+        await _focus(pilot, pane.module_tree, lambda d: getattr(d, "name", None) == big.name)
         await pilot.press("s")
         await wait_for(pilot, lambda: pane._cancel.is_set() and bool(pane._results), "statistics")
         text = plain(pane.detail)

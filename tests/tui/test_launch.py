@@ -17,7 +17,9 @@ def test_path_and_demo_route_to_open() -> None:
     assert _route(["--demo", "--dtype", "bf16"]) == ["open", "--demo", "--dtype", "bf16"]
     assert _route(["scan", "ckpt/"]) == ["scan", "ckpt/"]
     assert _route(["--help"]) == ["--help"]
-    args = build_parser().parse_args(_route(["ckpt/", "--include", "model.layers.1", "--dtype", "bf16", "--out", "o"]))
+    args = build_parser().parse_args(
+        _route(["ckpt/", "--include", "model.layers.1", "--dtype", "bf16", "--out", "o"])
+    )
     assert args.command == "open" and args.include == ["model.layers.1"] and args.dtype == "bf16"
 
 
@@ -61,8 +63,9 @@ def test_no_torch_at_startup(small_demo: Path) -> None:
         "print('torch' in sys.modules, app.ckpt is not None)\n"
     )
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
-                         timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, timeout=120
+    ).stdout
     assert out.split()[-2:] == ["False", "True"]
 
 

@@ -22,7 +22,7 @@ def test_tree_is_in_natural_order_with_subtotals(small_demo: Path) -> None:
     keys = list(layers.children)
     assert keys == sorted(keys, key=int)  # 0, 1, 2, ... never 0, 1, 10, 2
     first = tree.children["model"]
-    assert list(first.children)[0] == "embed_tokens"  # model order, not alphabetical
+    assert next(iter(first.children)) == "embed_tokens"  # model order, not alphabetical
     assert tree.count() == len(ckpt.tensors)
     assert layers.numel == sum(t.numel for t in ckpt.tensors if t.name.startswith("model.layers."))
 

@@ -25,7 +25,10 @@ def _file(tmp_path: Path, values: np.ndarray, name: str = "t.bin") -> list[Segme
     half = values.size // 2
     dtype = "bfloat16" if values.dtype == ml_dtypes.bfloat16 else str(values.dtype)
     item = values.dtype.itemsize
-    return [Segment(str(path), 16, half, dtype), Segment(str(path), 16 + half * item, values.size - half, dtype)]
+    return [
+        Segment(str(path), 16, half, dtype),
+        Segment(str(path), 16 + half * item, values.size - half, dtype),
+    ]
 
 
 def _last(events):  # type: ignore[no-untyped-def]

@@ -34,17 +34,28 @@ PARTIAL = ".partial"
 JOURNAL = ".zero-inspector-journal.json"
 
 
-def convert_args(root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool) -> list[str]:
+def convert_args(
+    root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool
+) -> list[str]:
     """The `convert` command line for these options (the child re-plans exactly what we predicted)."""
     args = ["convert", root, out_dir, "--tag", tag, "--dtype", o.dtype, "--shard-size", str(o.shard_size)]
-    for flag, values in (("--include", o.include), ("--exclude", o.exclude), ("--strip-prefix", o.strip_prefix),
-                         ("--keep-fp32", o.keep_fp32)):
+    for flag, values in (
+        ("--include", o.include),
+        ("--exclude", o.exclude),
+        ("--strip-prefix", o.strip_prefix),
+        ("--keep-fp32", o.keep_fp32),
+    ):
         for v in values:
             args += [f"{flag}={v}"]
     for pat, repl in o.renames:
         args += [f"--rename={pat}={repl}"]
-    for flag, on_ in (("--exclude-frozen", o.exclude_frozen), ("--exclude-buffers", o.exclude_buffers),
-                      ("--dedupe-tied", o.dedupe_tied), ("--overwrite", overwrite), ("--force", force)):
+    for flag, on_ in (
+        ("--exclude-frozen", o.exclude_frozen),
+        ("--exclude-buffers", o.exclude_buffers),
+        ("--dedupe-tied", o.dedupe_tied),
+        ("--overwrite", overwrite),
+        ("--force", force),
+    ):
         if on_:
             args.append(flag)
     return [*args, "--progress", "json"]
@@ -81,14 +92,20 @@ def start_conversion(app: Any) -> None:
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
         return
     if app.ckpt.errors:
+
         def answer(yes: bool | None) -> None:
             if yes:
                 app.push_screen(ConvertScreen(force=True))
 
-        app.push_screen(ConfirmDialog(
-            "Convert a damaged checkpoint?",
-            f"The scan found {len(app.ckpt.errors)} error(s), e.g. {app.ckpt.errors[0].message}\n"
-            "Converting it would likely write wrong weights.", yes="Convert anyway"), answer)
+        app.push_screen(
+            ConfirmDialog(
+                "Convert a damaged checkpoint?",
+                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {app.ckpt.errors[0].message}\n"
+                "Converting it would likely write wrong weights.",
+                yes="Convert anyway",
+            ),
+            answer,
+        )
         return
     app.push_screen(ConvertScreen())
 
@@ -159,8 +176,11 @@ class ConvertScreen(Screen[None]):
     @on(Preflighted)
     def _preflighted(self, msg: Preflighted) -> None:
         if msg.error is not None or msg.plan is None or msg.assessment is None:
-            self._fail(msg.error.title if msg.error else "Cannot plan",
-                       msg.error.message if msg.error else "", msg.error.hint if msg.error else "")
+            self._fail(
+                msg.error.title if msg.error else "Cannot plan",
+                msg.error.message if msg.error else "",
+                msg.error.hint if msg.error else "",
+            )
             return
         self.plan, self.assessment = msg.plan, msg.assessment
         self.query_one(MemoryMeter).predicted = msg.assessment.predicted_peak_rss
@@ -177,28 +197,54 @@ class ConvertScreen(Screen[None]):
                 self.app.converting = False  # type: ignore[attr-defined]
                 self.app.pop_screen()
 
-        self.app.push_screen(ConfirmDialog("It will not fit", f"{msg.assessment.problem}\n→ {msg.assessment.advice}",
-                                           yes="Start anyway", no="Back"), answer)
+        self.app.push_screen(
+            ConfirmDialog(
+                "It will not fit",
+                f"{msg.assessment.problem}\n→ {msg.assessment.advice}",
+                yes="Start anyway",
+                no="Back",
+            ),
+            answer,
+        )
 
-    def start(self) -> None:
-        app = self.app
-        ckpt, plan = app.ckpt, self.plan  # type: ignore[attr-defined]
-        assert ckpt is not None and plan is not None
+    def show_started(self, plan: ConversionPlan, predicted_peak: int) -> None:
+        """The title, totals and reference line of a conversion that has started."""
+        ckpt = self.app.ckpt  # type: ignore[attr-defined]
+        self.plan = plan
         self.phase = "running"
         self.job = "convert"
-        self.query_one("#convert-title", Static).update(Text.assemble(
-            ("Converting ", "bold"), f"{ckpt.root} @ {ckpt.tag} → ", (self.out_dir, "bold"),
-            f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
-            + (" · forced" if self.force else "")))
+        self.query_one(MemoryMeter).predicted = predicted_peak
+        self.query_one("#convert-title", Static).update(
+            Text.assemble(
+                ("Converting ", "bold"),
+                f"{ckpt.root} @ {ckpt.tag} → ",
+                (self.out_dir, "bold"),
+                f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
+                + (" · forced" if self.force else ""),
+            )
+        )
         self.query_one("#overall", ProgressBar).update(total=plan.output_bytes, progress=0)
-        args = convert_args(ckpt.root, ckpt.tag, self.out_dir, plan.options,
-                            overwrite=app.export.overwrite, force=self.force)  # type: ignore[attr-defined]
+
+    def start(self) -> None:
+        app: Any = self.app
+        ckpt, plan = app.ckpt, self.plan  # type: ignore[attr-defined]
+        assert ckpt is not None and plan is not None and self.assessment is not None
+        self.show_started(plan, self.assessment.predicted_peak_rss)
+        args = convert_args(
+            ckpt.root, ckpt.tag, self.out_dir, plan.options, overwrite=app.export.overwrite, force=self.force
+        )  # type: ignore[attr-defined]
         self._spawn(args)
 
     def _spawn(self, args: list[str]) -> None:
         job = self.job
-        self.child = Child(args, lambda ev: self.post_message(ChildEvent(job, ev)),
-                           lambda rc, err: self.post_message(ChildExited(job, rc, err)))
+
+        def on_event(ev: dict[str, Any]) -> None:
+            self.post_message(ChildEvent(job, ev))
+
+        def on_exit(rc: int, err: str) -> None:
+            self.post_message(ChildExited(job, rc, err))
+
+        self.child = Child(args, on_event, on_exit)
         try:
             self.child.start()
         except OSError as exc:
@@ -232,13 +278,18 @@ class ConvertScreen(Screen[None]):
             verb = "verified" if self.job == "verify" else "written"
             self.query_one("#overall-text", Static).update(
                 f"{size(done)} of {size(total)} {verb} · {size(rate)}/s · ETA {duration(eta)} · "
-                f"elapsed {duration(float(ev.get('elapsed', 0.0)))}")
+                f"elapsed {duration(float(ev.get('elapsed', 0.0)))}"
+            )
             if "shard" in ev and self.job == "convert":
                 self.query_one("#shard-label", Static).update(
-                    f"Shard {int(ev.get('shard_index', 0)) + 1} of {ev.get('shards', 1)}: {ev['shard']}")
-                self.query_one("#shard", ProgressBar).update(total=max(int(ev.get("shard_total", 1)), 1),
-                                                            progress=int(ev.get("shard_done", 0)))
-            self.query_one("#tensor-text", Static).update(Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–"))
+                    f"Shard {int(ev.get('shard_index', 0)) + 1} of {ev.get('shards', 1)}: {ev['shard']}"
+                )
+                self.query_one("#shard", ProgressBar).update(
+                    total=max(int(ev.get("shard_total", 1)), 1), progress=int(ev.get("shard_done", 0))
+                )
+            self.query_one("#tensor-text", Static).update(
+                Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–")
+            )
 
     @on(ChildExited)
     def _child_exited(self, msg: ChildExited) -> None:
@@ -253,39 +304,64 @@ class ConvertScreen(Screen[None]):
             self.phase = "done"
             r = self.report
             files = r.get("files", [])
-            self.query_one("#result", Static).update(Text.assemble(
-                ("✔ Done", "bold green"),
-                f" in {float(r.get('seconds', 0)):.1f} s: {r.get('tensors')} tensors, {size(int(r.get('bytes_written', 0)))}"
-                f" in {len(files)} file(s) at {size(float(r.get('bytes_written', 0)) / max(float(r.get('seconds', 1)), 1e-9))}/s;"
-                f" peak RSS {size(peak)}" + (f" (predicted {size(meter.predicted)})" if meter.predicted else "") + ".",
-                "\n", ("\n".join(f"  {name}  {size(int(n))}" for name, n in files[:8]), "dim"),
-                ("\n  …" if len(files) > 8 else ""),
-                ("\nv verifies every byte against the checkpoint · b goes back", "bold")))
+            self.query_one("#result", Static).update(
+                Text.assemble(
+                    ("✔ Done", "bold green"),
+                    f" in {float(r.get('seconds', 0)):.1f} s: {r.get('tensors')} tensors, {size(int(r.get('bytes_written', 0)))}"
+                    f" in {len(files)} file(s) at {size(float(r.get('bytes_written', 0)) / max(float(r.get('seconds', 1)), 1e-9))}/s;"
+                    f" peak RSS {size(peak)}"
+                    + (f" (predicted {size(meter.predicted)})" if meter.predicted else "")
+                    + ".",
+                    "\n",
+                    ("\n".join(f"  {name}  {size(int(n))}" for name, n in files[:8]), "dim"),
+                    ("\n  …" if len(files) > 8 else ""),
+                    ("\nv verifies every byte against the checkpoint · b goes back", "bold"),
+                )
+            )
             self.notify("Conversion finished.", title="Done")
             return
         sig = signal_name(msg.returncode)
         if msg.returncode == 130 or self.phase == "cancelling":
             self.phase = "cancelled"
-            self._show_failure("Cancelled", "The conversion was cancelled; the converter removed its partial "
-                               "output.", left_on_disk(self.out_dir), error=False)
+            self._show_failure(
+                "Cancelled",
+                "The conversion was cancelled; the converter removed its partial output.",
+                left_on_disk(self.out_dir),
+                error=False,
+            )
             return
         self.phase = "failed"
         if sig:
-            why = {"SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory "
-                   "ran out", "SIGTERM": "terminated (SIGTERM)", "SIGSEGV": "crashed (SIGSEGV)"}.get(sig, f"stopped by {sig}")
-            self._show_failure("The converter was killed", f"The conversion process was {why}. It had no chance "
-                               f"to clean up. Peak RSS seen: {size(peak)}.", left_on_disk(self.out_dir))
+            why = {
+                "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory "
+                "ran out",
+                "SIGTERM": "terminated (SIGTERM)",
+                "SIGSEGV": "crashed (SIGSEGV)",
+            }.get(sig, f"stopped by {sig}")
+            self._show_failure(
+                "The converter was killed",
+                f"The conversion process was {why}. It had no chance "
+                f"to clean up. Peak RSS seen: {size(peak)}.",
+                left_on_disk(self.out_dir),
+            )
             return
         ev = self.error_event or {}
         title = str(ev.get("title") or "The conversion failed")
         message = str(ev.get("message") or msg.stderr.strip()[-800:] or f"exit code {msg.returncode}")
-        self._show_failure(title, message, " ".join(x for x in (str(ev.get("hint") or ""),
-                                                              left_on_disk(self.out_dir)) if x))
+        self._show_failure(
+            title, message, " ".join(x for x in (str(ev.get("hint") or ""), left_on_disk(self.out_dir)) if x)
+        )
 
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
-        self.query_one("#result", Static).update(Text.assemble(
-            ("✖ " if error else "■ ", "bold red" if error else "bold yellow"), (title, "bold"), f"\n{message}",
-            (f"\n→ {hint}", "italic"), ("\nb goes back; c on the main screen tries again.", "dim")))
+        self.query_one("#result", Static).update(
+            Text.assemble(
+                ("✖ " if error else "■ ", "bold red" if error else "bold yellow"),
+                (title, "bold"),
+                f"\n{message}",
+                (f"\n→ {hint}", "italic"),
+                ("\nb goes back; c on the main screen tries again.", "dim"),
+            )
+        )
         self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8)
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
@@ -299,14 +375,23 @@ class ConvertScreen(Screen[None]):
         if self.phase != "done":
             self.notify("Verify runs once the conversion has finished.", severity="warning")
             return
-        app = self.app
+        app: Any = self.app
         self.phase = "verifying"
         self.job = "verify"
         self.report = None
         self.query_one("#overall", ProgressBar).update(total=None, progress=0)
         self.query_one("#overall-text", Static).update("Verifying: re-reading every source slice…")
-        self._spawn(["verify", app.ckpt.root, self.out_dir, "--tag", app.ckpt.tag,  # type: ignore[attr-defined]
-                     "--progress", "json"])
+        self._spawn(
+            [
+                "verify",
+                app.ckpt.root,
+                self.out_dir,
+                "--tag",
+                app.ckpt.tag,  # type: ignore[attr-defined]
+                "--progress",
+                "json",
+            ]
+        )
 
     def _verify_done(self, msg: ChildExited) -> None:
         r = self.report or {}
@@ -314,15 +399,23 @@ class ConvertScreen(Screen[None]):
             self.phase = "verified"
             bar = self.query_one("#overall", ProgressBar)
             bar.update(total=bar.total or 1, progress=bar.total or 1)
-            self.query_one("#overall-text", Static).update(Text.assemble(
-                ("✔ Verified: ", "bold green"), f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
-                f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s)."))
+            self.query_one("#overall-text", Static).update(
+                Text.assemble(
+                    ("✔ Verified: ", "bold green"),
+                    f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
+                    f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s).",
+                )
+            )
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
         self.phase = "done"
-        bad = [f"{k}: {', '.join(r.get(k, [])[:5])}" for k in ("mismatched", "missing", "unexpected") if r.get(k)]
+        bad = [
+            f"{k}: {', '.join(r.get(k, [])[:5])}" for k in ("mismatched", "missing", "unexpected") if r.get(k)
+        ]
         ev = self.error_event or {}
-        self._show_failure("Verification failed", "; ".join(bad) or str(ev.get("message") or msg.stderr[-500:]), "")
+        self._show_failure(
+            "Verification failed", "; ".join(bad) or str(ev.get("message") or msg.stderr[-500:]), ""
+        )
 
     # --- cancel and leave ---------------------------------------------------------------------------------
 
@@ -334,12 +427,21 @@ class ConvertScreen(Screen[None]):
         def answer(yes: bool | None) -> None:
             if yes and self.child is not None and self.child.running:
                 self.phase = "cancelling"
-                self.query_one("#overall-text", Static).update("Cancelling: the converter removes its partial files…")
+                self.query_one("#overall-text", Static).update(
+                    "Cancelling: the converter removes its partial files…"
+                )
                 self.child.interrupt()
                 self.set_timer(10, self._escalate)
 
-        self.app.push_screen(ConfirmDialog("Cancel the conversion?", "The partial output will be removed.",
-                                           yes="Cancel it", no="Keep going"), answer)
+        self.app.push_screen(
+            ConfirmDialog(
+                "Cancel the conversion?",
+                "The partial output will be removed.",
+                yes="Cancel it",
+                no="Keep going",
+            ),
+            answer,
+        )
 
     def _escalate(self) -> None:
         if self.child is not None and self.child.running:
@@ -357,5 +459,5 @@ class ConvertScreen(Screen[None]):
             try:
                 assert self.child.proc is not None
                 self.child.proc.wait(10)
-            except Exception:  # noqa: BLE001 - best effort on the way out
+            except Exception:
                 self.child.kill()

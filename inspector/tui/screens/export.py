@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Label, Select, Static, Checkbox
+from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Static
 
 from inspector.convert.plan import DTYPE_ALIASES, ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
@@ -68,7 +68,8 @@ def run_preflight(app: object, opts: ConvertOptions, out_dir: str) -> tuple[Conv
     from inspector.convert.preflight import assess
 
     plan = build_plan(app.ckpt, opts, allow_damaged=True)  # type: ignore[attr-defined]
-    return plan, assess(plan, out_dir)
+    frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
+    return plan, (frozen(plan, out_dir) if frozen else assess(plan, out_dir))
 
 
 class ExportScreen(Screen[None]):
@@ -95,17 +96,34 @@ class ExportScreen(Screen[None]):
                     yield Label("Format")
                     yield Select(FORMATS, value="safetensors", allow_blank=False, id="format", compact=True)
                     yield Label("Dtype")
-                    yield Select(DTYPES, value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
-                                 allow_blank=False, id="dtype", compact=True)
+                    yield Select(
+                        DTYPES,
+                        value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
+                        allow_blank=False,
+                        id="dtype",
+                        compact=True,
+                    )
                     yield Label("Shard size")
-                    yield Input(human_size(o.shard_size), id="shard", compact=True,
-                                placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB")
+                    yield Input(
+                        human_size(o.shard_size),
+                        id="shard",
+                        compact=True,
+                        placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB",
+                    )
                     yield Label("Strip prefix")
-                    yield Input(", ".join(o.strip_prefix), id="strip", compact=True,
-                                placeholder="module., _forward_module.")
+                    yield Input(
+                        ", ".join(o.strip_prefix),
+                        id="strip",
+                        compact=True,
+                        placeholder="module., _forward_module.",
+                    )
                     yield Label("Renames")
-                    yield Input("; ".join(f"{p}={r}" for p, r in o.renames), id="renames", compact=True,
-                                placeholder=r"REGEX=REPL; ... e.g. ^model\\.=")
+                    yield Input(
+                        "; ".join(f"{p}={r}" for p, r in o.renames),
+                        id="renames",
+                        compact=True,
+                        placeholder=r"REGEX=REPL; ... e.g. ^model\\.=",
+                    )
                     yield Label("Keep fp32")
                     yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
                     for sid, label, value in (
@@ -159,7 +177,9 @@ class ExportScreen(Screen[None]):
             errors.append(f"Output folder: {out} is a file")
         overwrite = self.query_one("#overwrite", Checkbox).value
         if out and os.path.isdir(out) and os.listdir(out) and not overwrite:
-            errors.append(f"Output folder: {out} is not empty (switch on overwrite to replace an earlier conversion)")
+            errors.append(
+                f"Output folder: {out} is not empty (switch on overwrite to replace an earlier conversion)"
+            )
         opts = replace(
             base,
             dtype=str(dtype) if str(dtype) in DTYPE_ALIASES or dtype == "auto" else "auto",
@@ -215,7 +235,9 @@ class ExportScreen(Screen[None]):
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(
             f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.shards)} file(s)"
-            + (f"\n= {' '.join(flags)[:200]}" if flags else " (everything)") + "[/]")
+            + (f"\n= {' '.join(flags)[:200]}" if flags else " (everything)")
+            + "[/]"
+        )
 
     def action_convert(self) -> None:
         _, _, _, errors = self.read_form()

@@ -10,35 +10,47 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("Everywhere", [
-        ("?", "this help"),
-        ("ctrl+p", "command palette: every action, themes"),
-        ("q", "quit (asks while a conversion runs)"),
-        ("o / t", "overview / tensors tab"),
-        ("[ / ]", "previous / next tag (newest marked ★)"),
-        ("r", "choose among several checkpoint roots"),
-        ("e", "export options (output, dtype, shards, renames) with live preflight"),
-        ("c", "convert the selection (asks first if preflight says it won't fit)"),
-    ]),
-    ("Tensors", [
-        ("↑ ↓ ← →", "move; ← → fold and unfold submodules"),
-        ("enter", "fold / unfold a submodule"),
-        ("space", "select or deselect a tensor or a whole submodule"),
-        ("a / n / i", "select all / none / invert (of what the filter shows)"),
-        ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1\\d\\.) or text"),
-        ("escape", "clear the filter, or cancel statistics"),
-        ("s", "statistics of the focused tensor (min, max, mean, std, NaN, histogram, diffs)"),
-    ]),
-    ("Export options", [
-        ("tab / shift+tab", "next / previous field"),
-        ("c", "convert with these options"),
-        ("escape", "back"),
-    ]),
-    ("Convert", [
-        ("escape", "cancel (after confirmation; partial output is removed)"),
-        ("v", "verify the output byte for byte (when finished)"),
-        ("b", "back to the checkpoint (when finished)"),
-    ]),
+    (
+        "Everywhere",
+        [
+            ("?", "this help"),
+            ("ctrl+p", "command palette: every action, themes"),
+            ("q", "quit (asks while a conversion runs)"),
+            ("o / t", "overview / tensors tab"),
+            ("[ / ]", "previous / next tag (newest marked ★)"),
+            ("r", "choose among several checkpoint roots"),
+            ("e", "export options (output, dtype, shards, renames) with live preflight"),
+            ("c", "convert the selection (asks first if preflight says it won't fit)"),
+        ],
+    ),
+    (
+        "Tensors",
+        [
+            ("↑ ↓ ← →", "move; ← → fold and unfold submodules"),
+            ("enter", "fold / unfold a submodule"),
+            ("space", "select or deselect a tensor or a whole submodule"),
+            ("a / n / i", "select all / none / invert (of what the filter shows)"),
+            ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1\\d\\.) or text"),
+            ("escape", "clear the filter, or cancel statistics"),
+            ("s", "statistics of the focused tensor (min, max, mean, std, NaN, histogram, diffs)"),
+        ],
+    ),
+    (
+        "Export options",
+        [
+            ("tab / shift+tab", "next / previous field"),
+            ("c", "convert with these options"),
+            ("escape", "back"),
+        ],
+    ),
+    (
+        "Convert",
+        [
+            ("escape", "cancel (after confirmation; partial output is removed)"),
+            ("v", "verify the output byte for byte (when finished)"),
+            ("b", "back to the checkpoint (when finished)"),
+        ],
+    ),
 ]
 
 

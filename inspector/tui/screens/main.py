@@ -26,7 +26,9 @@ class MainScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="source-bar"):
-            yield Select[str]([], id="roots", prompt="root", allow_blank=True, classes="-hidden", compact=True)
+            yield Select[str](
+                [], id="roots", prompt="root", allow_blank=True, classes="-hidden", compact=True
+            )
             yield Select[str]([], id="tags", prompt="tag", allow_blank=True, compact=True)
             yield Static("", id="status")
         with TabbedContent(initial="overview", id="tabs"):
@@ -52,7 +54,7 @@ class MainScreen(Screen[None]):
             self.tensors_pane.focus_tree()
 
     def select(self, how: str) -> None:
-        tree = self.tensors_pane.tree
+        tree = self.tensors_pane.module_tree
         tree.action_select_all() if how == "all" else tree.action_select_none()
 
     def status(self, text: str) -> None:
@@ -85,13 +87,13 @@ class MainScreen(Screen[None]):
         with self.prevent(Select.Changed):
             tags.set_options([(f"{t} ★ latest" if t == latest else t, t) for t in reversed(loc.tags)])
             tags.value = loc.tag
-        self.status(f"[bold]{loc.tag}[/] · [italic]reading rank files…[/]")
+        self.status("[italic]reading rank files…[/]")
 
     def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
         self.sub_title = f"{ckpt.root} @ {ckpt.tag}"
         bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
-        self.status(f"[bold]{ckpt.tag}[/] · ZeRO-{ckpt.stage} · {ckpt.world_size} ranks · "
-                    f"{len(ckpt.tensors)} tensors · scanned in {seconds:.2f} s{bad}")
+        took = f" · {seconds:.2f} s" if self.app.live_meters else ""  # type: ignore[attr-defined]
+        self.status(f"ZeRO-{ckpt.stage} · {ckpt.world_size} ranks · {len(ckpt.tensors)} tensors{bad}{took}")
         self.query_one(OverviewPane).show(ckpt, self.app.latest_tag)  # type: ignore[attr-defined]
         self.tensors_pane.show(ckpt)
 

@@ -28,10 +28,12 @@ class OverviewPane(VerticalScroll):
     def show(self, ckpt: Checkpoint, latest: str | None) -> None:
         banner = self.query_one("#banner", Static)
         if ckpt.errors:
-            banner.update(Text.assemble(
-                ("✖ This checkpoint is damaged: ", "bold"),
-                f"{len(ckpt.errors)} error(s). Converting it would write wrong weights; see Findings below.",
-            ))
+            banner.update(
+                Text.assemble(
+                    ("✖ This checkpoint is damaged: ", "bold"),
+                    f"{len(ckpt.errors)} error(s). Converting it would write wrong weights; see Findings below.",
+                )
+            )
         banner.set_class(not ckpt.errors, "-hidden")
         self.query_one(SummaryCard).show(ckpt)
         self.query_one(FindingsView).show(ckpt)
@@ -50,7 +52,8 @@ class OverviewPane(VerticalScroll):
 
     def failed(self, exc: InspectorError) -> None:
         banner = self.query_one("#banner", Static)
-        banner.update(Text.assemble((f"✖ {exc.title}: ", "bold"), exc.message,
-                                    f"\n→ {exc.hint}" if exc.hint else ""))
+        banner.update(
+            Text.assemble((f"✖ {exc.title}: ", "bold"), exc.message, f"\n→ {exc.hint}" if exc.hint else "")
+        )
         banner.remove_class("-hidden")
         self.query_one(SummaryCard).update("")

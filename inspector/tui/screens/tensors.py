@@ -55,15 +55,18 @@ class TensorsPane(Horizontal):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="tree-column"):
-            yield Input(placeholder="filter: glob *.q_proj.*, regex ^model\\.layers\\.1, or text", id="filter",
-                        classes="-hidden")
+            yield Input(
+                placeholder="filter: glob *.q_proj.*, regex ^model\\.layers\\.1, or text",
+                id="filter",
+                classes="-hidden",
+            )
             yield ModuleTree(id="module-tree")
             yield Static("", id="selection-line")
         with VerticalScroll(id="detail-column"):
             yield TensorDetail(id="detail")
 
     @property
-    def tree(self) -> ModuleTree:
+    def module_tree(self) -> ModuleTree:
         return self.query_one(ModuleTree)
 
     @property
@@ -71,12 +74,12 @@ class TensorsPane(Horizontal):
         return self.query_one(TensorDetail)
 
     def focus_tree(self) -> None:
-        self.tree.focus()
+        self.module_tree.focus()
 
     def show(self, ckpt: Checkpoint) -> None:
         self.cancel_stats()
         self.ckpt = ckpt
-        self.tree.load(ckpt, self.app.selected, self.app.out_dtype())  # type: ignore[attr-defined]
+        self.module_tree.load(ckpt, self.app.selected, self.app.out_dtype())  # type: ignore[attr-defined]
         self._update_selection_line()
         first = next(iter(ckpt.tensors), None)
         self.detail.show(ckpt, first, self.app.out_dtype())  # type: ignore[attr-defined]
@@ -85,9 +88,9 @@ class TensorsPane(Horizontal):
         """Export options changed (dtype): subtotals and the detail's output dtype follow."""
         if self.ckpt is None:
             return
-        self.tree.out_dtype = self.app.out_dtype()  # type: ignore[attr-defined]
-        self.tree.refresh_labels()
-        self.detail.out_dtype = self.tree.out_dtype
+        self.module_tree.out_dtype = self.app.out_dtype()  # type: ignore[attr-defined]
+        self.module_tree.refresh_labels()
+        self.detail.out_dtype = self.module_tree.out_dtype
         self.detail.redraw()
         self._update_selection_line()
 
@@ -103,10 +106,14 @@ class TensorsPane(Horizontal):
         if ckpt is None:
             return
         chosen = [t for t in ckpt.tensors if t.name in self.app.selected]  # type: ignore[attr-defined]
-        out = sum(self.tree.out_bytes(t) for t in chosen)
+        out = sum(self.module_tree.out_bytes(t) for t in chosen)
         params = sum(t.numel for t in chosen if t.alias_of is None)
-        line = Text.assemble((f"{len(chosen)}", "bold"), f" of {len(ckpt.tensors)} tensors · {count(params)} params · ",
-                             (size(out), "bold"), " out")
+        line = Text.assemble(
+            (f"{len(chosen)}", "bold"),
+            f" of {len(ckpt.tensors)} tensors · {count(params)} params · ",
+            (size(out), "bold"),
+            " out",
+        )
         if chosen:
             opts = self.app.convert_options()  # type: ignore[attr-defined]
             flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
@@ -132,16 +139,20 @@ class TensorsPane(Horizontal):
                 self.detail.set_extra(self._results)
         elif isinstance(data, ModuleNode):
             ts = list(data.walk_tensors())
-            chosen = sum(1 for t in ts if t.name in self.app.selected)  # type: ignore[attr-defined]
+            selected: set[str] = self.app.selected  # type: ignore[attr-defined]
+            chosen = sum(1 for t in ts if t.name in selected)
             kinds: dict[str, int] = {}
             for t in ts:
                 kinds[str(t.kind)] = kinds.get(str(t.kind), 0) + 1
-            self.detail.show_module(data.path or "(root)", [
-                f"{len(ts)} tensors · {count(data.numel)} parameters · {size(sum(self.tree.out_bytes(t) for t in ts))} out",
-                "kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.items()),
-                f"selected: {chosen} of {len(ts)}",
-                "space selects the whole submodule; enter folds it.",
-            ])
+            self.detail.show_module(
+                data.path or "(root)",
+                [
+                    f"{len(ts)} tensors · {count(data.numel)} parameters · {size(sum(self.module_tree.out_bytes(t) for t in ts))} out",
+                    "kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.items()),
+                    f"selected: {chosen} of {len(ts)}",
+                    "space selects the whole submodule; enter folds it.",
+                ],
+            )
 
     # --- filter -------------------------------------------------------------------------------------------
 
@@ -159,14 +170,14 @@ class TensorsPane(Horizontal):
             self.query_one("#selection-line", Static).update(Text(f"bad regex: {exc}", style="red"))
             return
         event.input.set_class(False, "-bad-pattern")
-        self.tree.set_filter(pattern)
+        self.module_tree.set_filter(pattern)
         self._update_selection_line()
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
         if not event.value:
             event.input.add_class("-hidden")
-        self.tree.focus()
+        self.module_tree.focus()
 
     def action_escape(self) -> None:
         if self._stats_for is not None and not self._cancel.is_set():
@@ -177,8 +188,8 @@ class TensorsPane(Horizontal):
         if box.value or not box.has_class("-hidden"):
             box.value = ""
             box.add_class("-hidden")
-            self.tree.set_filter(None)
-            self.tree.focus()
+            self.module_tree.set_filter(None)
+            self.module_tree.focus()
 
     # --- statistics ---------------------------------------------------------------------------------------
 
@@ -218,8 +229,12 @@ class TensorsPane(Horizontal):
                 if copy:
                     for d in difference(t.segments, copy, pool, cancel):
                         if isinstance(d, Difference):
-                            post(StatsUpdate(t.name, result=difference_line(
-                                f"{copy[0].dtype} module copy vs master", d)))
+                            post(
+                                StatsUpdate(
+                                    t.name,
+                                    result=difference_line(f"{copy[0].dtype} module copy vs master", d),
+                                )
+                            )
                         else:
                             post(StatsUpdate(t.name, progress=d, what="comparing with the module copy"))
                 other = self._other_tag(ckpt)
@@ -239,14 +254,18 @@ class TensorsPane(Horizontal):
         i = tags.index(ckpt.tag)
         return tags[i - 1] if i > 0 else tags[i + 1]
 
-    def _compare_tag(self, ckpt: Checkpoint, t: TensorInfo, other: str, pool: Any, cancel: threading.Event) -> None:
+    def _compare_tag(
+        self, ckpt: Checkpoint, t: TensorInfo, other: str, pool: Any, cancel: threading.Event
+    ) -> None:
         from inspector.convert.stats import difference
         from inspector.scan.scanner import scan
 
         try:
             theirs = scan(ckpt.root, other).tensor(t.name)
         except (InspectorError, KeyError):
-            self.post_message(StatsUpdate(t.name, result=Text(f"{other}: no such tensor to compare", style="dim")))
+            self.post_message(
+                StatsUpdate(t.name, result=Text(f"{other}: no such tensor to compare", style="dim"))
+            )
             return
         if theirs.numel != t.numel:
             self.post_message(StatsUpdate(t.name, result=Text(f"{other}: shape differs", style="yellow")))
@@ -265,8 +284,12 @@ class TensorsPane(Horizontal):
             self._results.append(msg.result)
             self.detail.set_extra(list(self._results))
         elif msg.progress is not None:
-            self.detail.set_extra([*self._results, Text(f"{msg.what}… {msg.progress.fraction:.0%} (escape cancels)",
-                                                        style="italic")])
+            self.detail.set_extra(
+                [
+                    *self._results,
+                    Text(f"{msg.what}… {msg.progress.fraction:.0%} (escape cancels)", style="italic"),
+                ]
+            )
         elif msg.done:
             self.detail.set_extra(list(self._results))
             self._cancel.set()  # finished: escape goes back to clearing the filter

@@ -87,10 +87,15 @@ class MemoryMeter(Widget):
             return
         width = max(10, self.size.width - 2) if self.size.width else 40
         head = Text.assemble(
-            ("RSS ", "bold"), (size(self.rss), "bold green"),
-            ("  peak ", "bold"), (size(self.peak), "bold magenta"),
-            ("  predicted ", "bold"), (size(self.predicted) if self.predicted else "–", "bold yellow"),
-            ("  available ", "bold"), size(self.available) if self.available else "–",
+            ("RSS ", "bold"),
+            (size(self.rss), "bold green"),
+            ("  peak ", "bold"),
+            (size(self.peak), "bold magenta"),
+            ("  predicted ", "bold"),
+            (size(self.predicted) if self.predicted else "–", "bold yellow"),
+            ("  available ", "bold"),
+            size(self.available) if self.available else "–",
         )
-        self.query_one("#meter-text", Static).update(Text("\n").join([head, meter_bar(self.rss, self.peak,
-                                                                                   self.predicted, width)]))
+        self.query_one("#meter-text", Static).update(
+            Text("\n").join([head, meter_bar(self.rss, self.peak, self.predicted, width)])
+        )

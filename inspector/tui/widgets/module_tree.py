@@ -74,7 +74,7 @@ class ModuleTree(Tree[Data]):
             self._ranks[t.name] = sorted(int(r[5:]) for r in rs if r.startswith("rank "))
         self.rebuild()
 
-    def visible(self) -> list[TensorInfo]:
+    def shown_tensors(self) -> list[TensorInfo]:
         if self.ckpt is None:
             return []
         p = self.pattern
@@ -82,7 +82,7 @@ class ModuleTree(Tree[Data]):
 
     def rebuild(self) -> None:
         self.clear()
-        tree = build_tree(self.visible())
+        tree = build_tree(self.shown_tensors())
         self.root.data = tree
         expand_all = self.pattern is not None
         self._add(self.root, tree, expand_all, depth=0)
@@ -127,8 +127,10 @@ class ModuleTree(Tree[Data]):
             mark, style = self._mark([t.name for t in ts])
             text.append(f"{mark} ", style=style)
             text.append(data.name, style="bold")
-            text.append(f"  {len(ts)} tensors · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
-                        style="dim")
+            text.append(
+                f"  {len(ts)} tensors · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
+                style="dim",
+            )
         elif isinstance(data, TensorInfo):
             mark, style = self._mark([data.name])
             text.append(f"{mark} ", style=style)
@@ -169,15 +171,15 @@ class ModuleTree(Tree[Data]):
         self._changed()
 
     def action_select_all(self) -> None:
-        self.selected.update(t.name for t in self.visible())
+        self.selected.update(t.name for t in self.shown_tensors())
         self._changed()
 
     def action_select_none(self) -> None:
-        self.selected.difference_update(t.name for t in self.visible())
+        self.selected.difference_update(t.name for t in self.shown_tensors())
         self._changed()
 
     def action_invert(self) -> None:
-        for t in self.visible():
+        for t in self.shown_tensors():
             self.selected.symmetric_difference_update({t.name})
         self._changed()
 

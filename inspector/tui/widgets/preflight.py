@@ -32,24 +32,32 @@ class PreflightPanel(Static):
     def show(self, a: Assessment, plan: ConversionPlan) -> None:
         self.assessment = a
         self.set_class(not a.fits, "-bad")
-        t = Table.grid(padding=(0, 2))
+        t = Table.grid(padding=(0, 1))
         t.add_column(style="bold", no_wrap=True)
-        t.add_column(justify="right", no_wrap=True)
         t.add_column()
         mem = "green" if a.fits_memory else "bold red"
         disk = "green" if a.fits_disk else "bold red"
         eff = a.budget.effective
-        t.add_row("Peak RAM", Text(size(a.predicted_peak_rss), style=mem),
-                  f"of {size(eff.bytes)} available ({eff.source})")
-        t.add_row("zero_to_fp32", size(a.deepspeed_peak_rss), "DeepSpeed's own tool, same job")
-        t.add_row("Output", Text(size(a.output_bytes), style=disk),
-                  f"{len(plan.shards)} file(s), {plan.tensor_count} tensors; {size(a.free_disk)} free")
-        t.add_row("Reads", size(a.read_bytes), "from the checkpoint")
-        t.add_row("Time", f"~{duration(a.estimated_seconds)}", "estimate")
-        t.add_row("Limit", "", Text(eff.detail, style="dim"))
+
+        def row(label: str, value: str, style: str, detail: str) -> None:
+            t.add_row(label, Text.assemble((value, style), "  ", (detail, "dim")))
+
+        row("Peak RAM", size(a.predicted_peak_rss), mem, f"of {size(eff.bytes)} available ({eff.source})")
+        row("zero_to_fp32", size(a.deepspeed_peak_rss), "", "DeepSpeed's own tool, same job")
+        row(
+            "Output",
+            size(a.output_bytes),
+            disk,
+            f"{len(plan.shards)} file(s), {plan.tensor_count} tensors; {size(a.free_disk)} free",
+        )
+        row("Reads", size(a.read_bytes), "", "from the checkpoint")
+        row("Time", f"~{duration(a.estimated_seconds)}", "", "estimate")
+        row("Limit", "", "", eff.detail)
         if a.fits:
-            verdict = Text.assemble(("✔ Fits", "bold green"),
-                                    f": {size(a.memory_margin)} of RAM and {size(a.disk_margin)} of disk to spare.")
+            verdict = Text.assemble(
+                ("✔ Fits", "bold green"),
+                f": {size(a.memory_margin)} of RAM and {size(a.disk_margin)} of disk to spare.",
+            )
         else:
             verdict = Text.assemble(("✖ Does not fit. ", "bold red"), a.problem, "\n→ ", (a.advice, "italic"))
         self.update(Group(t, verdict))

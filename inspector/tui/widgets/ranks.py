@@ -41,7 +41,7 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
         prev = i
         total = r.optim_bytes + r.model_bytes
         pad = sum(g.padding for g in r.groups)
-        stored = sum(g.stored_numel for g in r.groups) or 1
+        sum(g.stored_numel for g in r.groups) or 1
         share = Text(bar(total / biggest, bar_width), style="green" if r.optim_file else "red")
         if pad:
             share.append(f" {pad} pad", style="yellow")
@@ -50,8 +50,10 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
             Text(f"{count(g.stored_numel)} / {g.padding}", style="yellow" if g.padding else "")
             for g in r.groups
         ]
-        cells += [""] * (len(ckpt.groups) - len(cells))
-        t.add_row(str(r.rank), size(total), share, *cells, Text(files, style="dim" if r.optim_file else "red"))
+        cells += [Text("")] * (len(ckpt.groups) - len(cells))
+        t.add_row(
+            str(r.rank), size(total), share, *cells, Text(files, style="dim" if r.optim_file else "red")
+        )
     return t
 
 

@@ -10,16 +10,22 @@ from textual.widgets import Static
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.tui.fmt import KIND_STYLE, count, dtype, size
 
-_SEVERITY = {Severity.ERROR: ("✖ ERROR", "bold red"), Severity.WARNING: ("▲ WARN", "yellow"),
-             Severity.INFO: ("● INFO", "cyan")}
+_SEVERITY = {
+    Severity.ERROR: ("✖ ERROR", "bold red"),
+    Severity.WARNING: ("▲ WARN", "yellow"),
+    Severity.INFO: ("● INFO", "cyan"),
+}
 
 
 def summary_table(ckpt: Checkpoint) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
-    t.add_row("ZeRO", f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · "
-              f"{ckpt.optimizer}")
+    t.add_row(
+        "ZeRO",
+        f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · "
+        f"{ckpt.optimizer}",
+    )
     t.add_row("Dtypes", f"compute {dtype(ckpt.compute_dtype)} · master {dtype(ckpt.master_dtype)}")
     steps = []
     if ckpt.global_steps is not None:
@@ -48,18 +54,29 @@ def contents_table(ckpt: Checkpoint) -> Table:
         if n:
             nbytes = sum(sum(s.nbytes for s in x.segments) for x in ckpt.tensors if x.kind is kind)
             label = {Kind.TRAINABLE: "fp32 masters" if ckpt.master_dtype == "float32" else "masters"}.get(
-                kind, str(kind))
-            t.add_row(Text(label, style=KIND_STYLE[kind]), str(n), count(numel),
-                      size(nbytes) if kind is not Kind.TIED else "(alias)")
+                kind, str(kind)
+            )
+            t.add_row(
+                Text(label, style=KIND_STYLE[kind]),
+                str(n),
+                count(numel),
+                size(nbytes) if kind is not Kind.TIED else "(alias)",
+            )
     moments: dict[str, int] = {}
     for x in ckpt.tensors:
+        if x.kind is Kind.TIED:  # an alias shares its owner's optimizer state
+            continue
         for state, segs in x.moments:
             moments[state] = moments.get(state, 0) + sum(s.nbytes for s in segs)
     for state, nbytes in moments.items():
         t.add_row(Text(f"Adam {state}", style="blue"), "", "", size(nbytes))
     if ckpt.module_copy_bytes:
-        t.add_row(Text(f"{dtype(ckpt.compute_dtype)} module copy", style="dim"), "", "",
-                  size(ckpt.module_copy_bytes))
+        t.add_row(
+            Text(f"{dtype(ckpt.compute_dtype)} module copy", style="dim"),
+            "",
+            "",
+            size(ckpt.module_copy_bytes),
+        )
     pad = sum(g.padding for r in ckpt.ranks for g in r.groups)
     if pad:
         t.add_row(Text("padding", style="dim"), "", count(pad), "")
@@ -68,7 +85,9 @@ def contents_table(ckpt: Checkpoint) -> Table:
 
 def findings_renderable(items: tuple[Finding, ...]) -> RenderableType:
     if not items:
-        return Text("✔ No problems found: every rank file is present, complete and from one run.", style="green")
+        return Text(
+            "✔ No problems found: every rank file is present, complete and from one run.", style="green"
+        )
     lines = []
     for f in sorted(items, key=lambda f: list(Severity).index(f.severity)):
         label, style = _SEVERITY[f.severity]

@@ -29,22 +29,29 @@ def histogram_line(hist: tuple[int, ...]) -> str:
     return "".join(SPARK[min(8, math.ceil(8 * h / top))] if h else " " for h in hist)
 
 
-def where_table(ckpt: Checkpoint, t: TensorInfo, limit: int = 8) -> Table:
+def where_lines(ckpt: Checkpoint, t: TensorInfo, limit: int = 8) -> list[Text]:
+    """One line per piece: who holds it, which file, at which byte offset, how many elements."""
     owner = rank_of_file(ckpt)
-    tab = Table(box=None, padding=(0, 1), header_style="dim")
-    tab.add_column("holder")
-    tab.add_column("file", overflow="ellipsis", no_wrap=True, max_width=34)
-    tab.add_column("offset", justify="right")
-    tab.add_column("elements", justify="right")
-    tab.add_column("bytes", justify="right")
-    segs = t.segments
-    for s in segs[:limit]:
-        tab.add_row(owner.get(s.file, "?"), os.path.basename(s.file), f"{s.offset:,}", f"{s.numel:,}", size(s.nbytes))
-    if len(segs) > limit:
-        rest = segs[limit:]
-        tab.add_row("…", f"{len(rest)} more pieces", "", f"{sum(s.numel for s in rest):,}",
-                    size(sum(s.nbytes for s in rest)))
-    return tab
+    lines = []
+    for s in t.segments[:limit]:
+        lines.append(
+            Text.assemble(
+                (f"{owner.get(s.file, '?'):>12} ", "bold"),
+                (os.path.basename(s.file), "cyan"),
+                f" @ byte {s.offset:,}",
+                (f"  {count(s.numel)} elements, {size(s.nbytes)}", "dim"),
+            )
+        )
+    rest = t.segments[limit:]
+    if rest:
+        lines.append(
+            Text(
+                f"{'…':>12} {len(rest)} more pieces: {count(sum(s.numel for s in rest))} elements, "
+                f"{size(sum(s.nbytes for s in rest))}",
+                style="dim",
+            )
+        )
+    return lines
 
 
 def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
@@ -57,8 +64,10 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     g = next((g for g in ckpt.groups if g.index == t.group), None)
     if g is None:
         return ""
-    return (f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); "
-            f"the group has {g.padded_numel - g.numel} padding element(s) at its end.")
+    return (
+        f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); "
+        f"the group has {g.padded_numel - g.numel} padding element(s) at its end."
+    )
 
 
 def stats_renderable(st: TensorStats) -> RenderableType:
@@ -72,9 +81,13 @@ def stats_renderable(st: TensorStats) -> RenderableType:
     inf = Text(f"{st.infs:,}", style="bold red" if st.infs else "")
     t.add_row("NaN", nan, "Inf", inf)
     hist = Text(histogram_line(st.histogram), style="cyan")
-    return Group(t, Text.assemble(("histogram ", "dim"), (_num(st.minimum), "dim"), " ", hist, " ",
-                                  (_num(st.maximum), "dim")),
-                 Text(f"read {count(st.numel)} values in {st.seconds:.2f} s", style="dim"))
+    return Group(
+        t,
+        Text.assemble(
+            ("histogram ", "dim"), (_num(st.minimum), "dim"), " ", hist, " ", (_num(st.maximum), "dim")
+        ),
+        Text(f"read {count(st.numel)} values in {st.seconds:.2f} s", style="dim"),
+    )
 
 
 def difference_line(label: str, d: Difference) -> Text:
@@ -116,8 +129,15 @@ class TensorDetail(Static):
         self.redraw()
 
     def progress(self, what: str, p: StatsProgress) -> None:
-        self.set_extra([Text.assemble((f"{what}… ", "italic"), (bar(p.fraction, 20), "cyan"),
-                                      f" {p.fraction:.0%}  (escape cancels)")])
+        self.set_extra(
+            [
+                Text.assemble(
+                    (f"{what}… ", "italic"),
+                    (bar(p.fraction, 20), "cyan"),
+                    f" {p.fraction:.0%}  (escape cancels)",
+                )
+            ]
+        )
 
     def redraw(self) -> None:
         ckpt, t = self.ckpt, self.tensor
@@ -133,16 +153,26 @@ class TensorDetail(Static):
         )
         parts: list[RenderableType] = [head, line]
         if t.alias_of:
-            parts.append(Text(f"Tied: the same storage as {t.alias_of}; written under both names unless "
-                              "deduplicated.", style="yellow"))
+            parts.append(
+                Text(
+                    f"Tied: the same storage as {t.alias_of}; written under both names unless deduplicated.",
+                    style="yellow",
+                )
+            )
         if t.segments:
-            parts += [Text("Where the bytes live", style="bold underline"), where_table(ckpt, t)]
+            parts += [Text("Where the bytes live", style="bold underline"), *where_lines(ckpt, t)]
         note = padding_note(ckpt, t)
         if note:
             parts.append(Text(note, style="dim"))
         if t.moments:
-            parts.append(Text("Optimizer state beside it: " + ", ".join(m for m, _ in t.moments)
-                              + " (same layout, not exported)", style="dim"))
+            parts.append(
+                Text(
+                    "Optimizer state beside it: "
+                    + ", ".join(m for m, _ in t.moments)
+                    + " (same layout, not exported)",
+                    style="dim",
+                )
+            )
         parts.append(Text("Statistics", style="bold underline"))
         parts += self.extra or [Text("press s to read this tensor's values and compute them", style="dim")]
         self.update(Group(*parts))

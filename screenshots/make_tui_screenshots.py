@@ -1,0 +1,112 @@
+"""Regenerate the README screenshots of the terminal UI: the app driven headless on a demo checkpoint.
+
+    python screenshots/make_tui_screenshots.py
+
+Uses the app factory the CLI uses; the machine's figures (free memory and disk, the converter's RSS) are
+replaced by fixed ones so the pictures do not change from run to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from inspector.convert.plan import ConvertOptions, build_plan  # noqa: E402
+from inspector.demo.writer import DemoSpec, write_demo  # noqa: E402
+from inspector.tui.app import make_app  # noqa: E402
+from inspector.tui.frozen import fake_progress, frozen_assess  # noqa: E402
+from inspector.tui.messages import ChildEvent  # noqa: E402
+from inspector.tui.screens.convert import ConvertScreen  # noqa: E402
+
+
+async def _until(pilot, predicate) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(1200):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise RuntimeError("the app did not get there")
+
+
+def _walk(node):  # type: ignore[no-untyped-def]
+    yield node
+    for child in node.children:
+        yield from _walk(child)
+
+
+async def shoot(root: str, out: str) -> None:
+    def new_app(**kw):  # type: ignore[no-untyped-def]
+        app = make_app(path=root, out_dir=out, live_meters=False, **kw)
+        app.frozen_assess = frozen_assess()
+        return app
+
+    def save(app, name: str) -> None:  # type: ignore[no-untyped-def]
+        app.save_screenshot(
+            os.path.join(HERE, f"{name}.svg"),
+        )
+        print("wrote", os.path.join(HERE, f"{name}.svg"))
+
+    for size, suffix in (((120, 36), ""), ((80, 24), "-80x24")):
+        app = new_app()
+        async with app.run_test(size=size) as pilot:
+            await _until(pilot, lambda a=app: a.ckpt is not None)
+            await pilot.pause()
+            save(app, f"tui-overview{suffix}")
+
+    app = new_app(options=ConvertOptions(include=("model.layers.0", "model.layers.1"), dtype="bf16"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _until(pilot, lambda: app.ckpt is not None)
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        node = next(
+            n for n in _walk(tree.root) if getattr(n.data, "name", "") == "model.layers.1.mlp.up_proj.weight"
+        )
+        parent = node.parent
+        while parent is not None:
+            parent.expand()
+            parent = parent.parent
+        await pilot.pause()
+        tree.move_cursor(node)
+        await pilot.pause()
+        await pilot.press("s")
+        pane = app.main.tensors_pane
+        await _until(pilot, lambda: pane._cancel.is_set() and bool(pane._results))
+        await pilot.pause()
+        save(app, "tui-tensors")
+        await pilot.press("e")
+        await _until(pilot, lambda: app.screen.query_one("#preflight").assessment is not None)
+        await pilot.pause()
+        save(app, "tui-export")
+
+    app = new_app(options=ConvertOptions(shard_size=20_000_000, dtype="bf16"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _until(pilot, lambda: app.ckpt is not None)
+        screen = ConvertScreen(autostart=False)
+        await app.push_screen(screen)
+        plan = build_plan(app.ckpt, app.convert_options())
+        screen.show_started(plan, frozen_assess()(plan, out).predicted_peak_rss)
+        for i, mib in enumerate([150, 210, 260, 281, 290, 300, 305, 309, 306, 303, 307, 305, 304, 306] * 4):
+            screen.query_one("#meter").add_sample(mib * 2**20, 21 * 2**30 - i * 2**20)
+        for ev in fake_progress(plan, 0.57, seconds=1.9):
+            screen.post_message(ChildEvent("convert", ev))
+        await pilot.pause()
+        save(app, "tui-convert")
+        await pilot.press("question_mark")
+        await pilot.pause()
+        save(app, "tui-help")
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(tmp, "demo-checkpoint")
+        write_demo(root, DemoSpec(stage=2, world_size=4, params=20_000_000))
+        asyncio.run(shoot(root, os.path.join(tmp, "out")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Snapshot tests (pytest-textual-snapshot): fixed size, fixed path, frozen preflight figures and meters.
+
+`pytest tests/tui --snapshot-update` rewrites them after an intended change; look at the report first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from inspector.convert.plan import ConvertOptions
+from inspector.tui.app import InspectorApp, make_app
+from inspector.tui.frozen import fake_progress, frozen_assess
+from inspector.tui.messages import ChildEvent
+from inspector.tui.screens.convert import ConvertScreen
+from tests.tui.conftest import wait_for
+
+OUT = "/tmp/zero-inspector-snapshot-out"
+
+
+def _app(root: Path, **kw: object) -> InspectorApp:
+    app = make_app(path=str(root), out_dir=OUT, live_meters=False, **kw)
+    app.frozen_assess = frozen_assess()
+    return app
+
+
+async def _scanned(pilot: Pilot[object]) -> None:
+    await wait_for(pilot, lambda: pilot.app.ckpt is not None, "the scan")  # type: ignore[attr-defined]
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_overview(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=_scanned)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_tensors(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("t", "down", "down", "right", "down", "down", "down", "space", "down")
+
+    assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_export(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("e")
+        await wait_for(
+            pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight"
+        )
+        await pilot.pause()
+
+    app = _app(snapshot_demo, options=ConvertOptions(include=("model.layers.0",), dtype="bf16"))
+    assert snap_compare(app, terminal_size=size, run_before=run)
+
+
+def test_export_does_not_fit(snap_compare, snapshot_demo: Path) -> None:  # type: ignore[no-untyped-def]
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("e")
+        await wait_for(
+            pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight"
+        )
+        await pilot.pause()
+
+    app = _app(snapshot_demo)
+    app.frozen_assess = frozen_assess(available=200 * 2**20, free_disk=10 * 2**20)
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_convert_in_progress(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    """The convert screen fed a fixed event stream and fixed meter samples (no child runs)."""
+
+    async def run(pilot: Pilot[object]) -> None:
+        from inspector.convert.plan import build_plan
+
+        app = pilot.app
+        await _scanned(pilot)
+        screen = ConvertScreen(autostart=False)
+        await app.push_screen(screen)  # type: ignore[attr-defined]
+        plan = build_plan(app.ckpt, ConvertOptions(shard_size=2_000_000))  # type: ignore[attr-defined]
+        a = frozen_assess()(plan, OUT)
+        screen.show_started(plan, a.predicted_peak_rss)
+        for i, mib in enumerate([120, 180, 240, 260, 262, 300, 310, 305, 298, 301, 303, 302]):
+            screen.query_one("#meter").add_sample(mib * 2**20, 20 * 2**30 - i * 2**20)
+        for ev in fake_progress(plan, 0.6):
+            screen.post_message(ChildEvent("convert", ev))
+        await pilot.pause()
+
+    assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
+
+
+def test_help(snap_compare, snapshot_demo: Path) -> None:  # type: ignore[no-untyped-def]
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("question_mark")
+
+    assert snap_compare(_app(snapshot_demo), terminal_size=(100, 36), run_before=run)
