@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, ProgressBar, Static
+from textual.widgets import Header, ProgressBar, Static
 
 from inspector.convert.plan import ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
@@ -28,6 +28,7 @@ from inspector.tui.child import Child, signal_name
 from inspector.tui.fmt import duration, size
 from inspector.tui.messages import ChildEvent, ChildExited
 from inspector.tui.screens.dialogs import ConfirmDialog
+from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
 
 PARTIAL = ".partial"
@@ -143,7 +144,7 @@ class ConvertScreen(Screen[None]):
             yield Static("Memory of the converter process", classes="section")
             yield MemoryMeter(id="meter")
             yield Static("", id="result")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         app = self.app

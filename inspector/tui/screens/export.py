@@ -12,12 +12,13 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Checkbox, Footer, Header, Input, Label, Select, Static
+from textual.widgets import Checkbox, Header, Input, Label, Select, Static
 
 from inspector.convert.plan import DTYPE_ALIASES, ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
+from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
 
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
@@ -138,7 +139,7 @@ class ExportScreen(Screen[None]):
                 yield Static("Preflight", classes="section")
                 yield PreflightPanel(id="preflight")
                 yield Static("", id="selection-summary")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.sub_title = "Export options"

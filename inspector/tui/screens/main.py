@@ -8,19 +8,20 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Select, Static, TabbedContent, TabPane
+from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
+from inspector.tui.widgets.keybar import KeyBar
 
 
 class MainScreen(Screen[None]):
     BINDINGS = [
-        Binding("o", "tab('overview')", "Overview"),
-        Binding("t", "tab('tensors')", "Tensors"),
+        Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
+        Binding("t", "tab('tensors')", "Tensors", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -36,7 +37,7 @@ class MainScreen(Screen[None]):
                 yield OverviewPane()
             with TabPane("Tensors", id="tensors"):
                 yield TensorsPane()
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.app.begin()  # type: ignore[attr-defined]

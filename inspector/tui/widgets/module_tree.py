@@ -45,8 +45,8 @@ class ModuleTree(Tree[Data]):
     BINDINGS = [
         Binding("space", "toggle_select", "Select", tooltip="toggle the tensor or submodule"),
         Binding("a", "select_all", "All"),
-        Binding("n", "select_none", "None"),
-        Binding("i", "invert", "Invert"),
+        Binding("n", "select_none", "None", show=False),  # `?` lists them; the footer stays light
+        Binding("i", "invert", "Invert", show=False),
     ]
 
     @dataclass

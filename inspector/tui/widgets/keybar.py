@@ -1,0 +1,61 @@
+"""A one-line key bar: the screen's active bindings as text, clickable, redrawn in one render.
+
+Textual's Footer rebuilds a widget per key whenever focus moves (about half of a tab switch's CPU time on a
+busy 2-core machine); this draws the same hints as one Text, so keys stay quick while a conversion runs.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import events
+from textual.screen import Screen
+from textual.widgets import Static
+
+
+class KeyBar(Static):
+    DEFAULT_CSS = """
+    KeyBar {
+        dock: bottom;
+        height: 1;
+        background: $footer-background;
+        color: $footer-foreground;
+    }
+    """
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self._spans: list[tuple[int, int, str]] = []
+
+    def on_mount(self) -> None:
+        self.screen.bindings_updated_signal.subscribe(self, self._changed)
+        self.call_after_refresh(self._redraw)
+
+    def on_unmount(self) -> None:
+        self.screen.bindings_updated_signal.unsubscribe(self)
+
+    def _changed(self, screen: Screen[object]) -> None:
+        self._redraw()
+
+    def _redraw(self) -> None:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        self._spans = []
+        seen: set[str] = set()
+        for _node, binding, enabled, _tooltip in self.screen.active_bindings.values():
+            if not binding.show or binding.action in seen:
+                continue
+            seen.add(binding.action)
+            start = text.cell_len
+            text.append(
+                f" {self.app.get_key_display(binding)} ", style="bold reverse" if enabled else "dim reverse"
+            )
+            text.append(f" {binding.description} ", style="" if enabled else "dim")
+            self._spans.append((start, text.cell_len, binding.key))
+        text.append("  ^p palette", style="dim")
+        self._spans.append((text.cell_len - 10, text.cell_len, "ctrl+p"))
+        self.update(text)
+
+    async def on_click(self, event: events.Click) -> None:
+        for start, end, key in self._spans:
+            if start <= event.x < end:
+                await self.app.simulate_key(key.split(",")[0])
+                return
