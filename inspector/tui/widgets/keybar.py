@@ -54,8 +54,8 @@ class KeyBar(Static):
         self._spans.append((text.cell_len - 10, text.cell_len, "ctrl+p"))
         self.update(text)
 
-    async def on_click(self, event: events.Click) -> None:
+    def on_click(self, event: events.Click) -> None:
         for start, end, key in self._spans:
             if start <= event.x < end:
-                await self.app.simulate_key(key.split(",")[0])
+                self.app.simulate_key(key.split(",")[0])
                 return

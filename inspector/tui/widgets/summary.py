@@ -107,8 +107,20 @@ class SummaryCard(Static):
 
     DEFAULT_CSS = "SummaryCard { height: auto; }"
 
+    _ckpt: Checkpoint | None = None
+
     def show(self, ckpt: Checkpoint) -> None:
-        if self.app.size.width < 100:  # narrow: one column
+        self._ckpt = ckpt
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()  # one column below 100 cells, two above: decided by the size we really have
+
+    def _draw(self) -> None:
+        ckpt = self._ckpt
+        if ckpt is None:
+            return
+        if self.app.size.width < 100:
             self.update(Group(summary_table(ckpt), Text(""), contents_table(ckpt)))
             return
         grid = Table.grid(padding=(0, 3))
