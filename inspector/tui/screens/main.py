@@ -19,6 +19,7 @@ from inspector.tui.widgets.keybar import KeyBar
 
 
 class MainScreen(Screen[None]):
+    AUTO_FOCUS = None  # focus is given once the checkpoint is shown (deterministic for snapshots)
     BINDINGS = [
         Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
         Binding("t", "tab('tensors')", "Tensors", show=False),
@@ -97,6 +98,11 @@ class MainScreen(Screen[None]):
         self.status(f"ZeRO-{ckpt.stage} · {ckpt.world_size} ranks · {len(ckpt.tensors)} tensors{bad}{took}")
         self.query_one(OverviewPane).show(ckpt, self.app.latest_tag)  # type: ignore[attr-defined]
         self.tensors_pane.show(ckpt)
+        if self.focused is None:
+            if self.query_one(TabbedContent).active == "tensors":
+                self.tensors_pane.focus_tree()
+            else:
+                self.query_one(OverviewPane).focus()
 
     def failed(self, exc: InspectorError) -> None:
         self.status(f"[bold red]{exc.title}[/]: {exc.message}")
