@@ -251,3 +251,36 @@ async def test_quit_asks_while_converting(small_demo: Path, tmp_path: Path) -> N
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("n")
         app.converting = False
+
+
+async def test_command_palette_runs_app_actions(small_demo: Path) -> None:
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Export options")
+        await wait_for(pilot, lambda: _palette_has(app, "Export options"), "the palette's match")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ExportScreen), "the export screen")
+
+
+def _palette_has(app, text: str) -> bool:  # type: ignore[no-untyped-def]
+    from textual.command import CommandList
+
+    lists = app.screen.query(CommandList)
+    return bool(lists) and lists.first().option_count > 0
+
+
+async def test_convert_asks_when_it_will_not_fit(small_demo: Path, tmp_path: Path) -> None:
+    from inspector.tui.frozen import frozen_assess
+
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "o"), live_meters=False)
+    app.frozen_assess = frozen_assess(available=100 * 2**20)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the does-not-fit question")
+        assert "It will not fit" in app.screen.title_text
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConvertScreen | ConfirmDialog), "back")
+        assert not app.converting and not (tmp_path / "o").exists()
