@@ -20,6 +20,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.worker import Worker, WorkerState
 
 from inspector.convert.plan import ConversionPlan, ConvertOptions, resolve_dtype
 from inspector.convert.preflight import Assessment
@@ -178,6 +179,21 @@ class InspectorApp(App[int]):
     def on_scan_failed(self, msg: ScanFailed) -> None:
         self.main.failed(msg.error)
         self.error(msg.error)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A worker that died of an unexpected error (our bug) becomes a dialog, not a silent stall."""
+        if event.state is WorkerState.ERROR and event.worker.error is not None:
+            err = event.worker.error
+            exc = (
+                err
+                if isinstance(err, InspectorError)
+                else InspectorError(
+                    f"{type(err).__name__}: {err}",
+                    hint="This is a bug in zero-inspector; please report it with the checkpoint's `scan --json`.",
+                    title=f"Unexpected error in {event.worker.description or 'a background task'}",
+                )
+            )
+            self.error(exc)
 
     def error(self, exc: InspectorError) -> None:
         from inspector.tui.screens.dialogs import MessageDialog

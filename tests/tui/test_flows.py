@@ -284,3 +284,16 @@ async def test_convert_asks_when_it_will_not_fit(small_demo: Path, tmp_path: Pat
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConvertScreen | ConfirmDialog), "back")
         assert not app.converting and not (tmp_path / "o").exists()
+
+
+async def test_unexpected_worker_error_is_a_dialog(small_demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspector.scan.scanner
+
+    def boom(*a: object, **k: object) -> None:
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(inspector.scan.scanner, "scan", boom)
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+        assert "simulated bug" in app.screen.message

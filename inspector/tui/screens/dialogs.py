@@ -13,6 +13,7 @@ class ConfirmDialog(ModalScreen[bool]):
     """A question; `y`/enter answers yes, `n`/escape no."""
 
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    AUTO_FOCUS = "#no"
 
     def __init__(self, title: str, question: str, yes: str = "Yes", no: str = "No") -> None:
         super().__init__(classes="dialog")
@@ -26,9 +27,6 @@ class ConfirmDialog(ModalScreen[bool]):
                 yield Button(f"{self.yes} (y)", id="yes", variant="warning")
                 yield Button(f"{self.no} (n)", id="no", variant="primary")
 
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
-
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
 
@@ -40,6 +38,7 @@ class MessageDialog(ModalScreen[None]):
     """What went wrong, why, and what to do; any of enter/escape closes it."""
 
     BINDINGS = [Binding("escape,enter,q", "close", "Close")]
+    AUTO_FOCUS = "#ok"
 
     def __init__(self, title: str, message: str, hint: str = "", error: bool = True) -> None:
         super().__init__(classes="dialog" + (" -error" if error else ""))
@@ -53,9 +52,6 @@ class MessageDialog(ModalScreen[None]):
                 yield Static(f"→ {self.hint}", id="dialog-hint", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("OK", id="ok", variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one("#ok", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)
