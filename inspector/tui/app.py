@@ -67,6 +67,8 @@ class InspectorApp(App[int]):
         super().__init__()
         self.launch = launch
         self.live_meters = live_meters  # tests and screenshots freeze meters and clocks
+        if not live_meters:
+            self.animation_level = "none"  # no tab-underline or scroll animations mid-frame in snapshots
         self.roots: tuple[str, ...] = ()
         self.root: str | None = None
         self.latest_tag: str | None = None

@@ -98,7 +98,13 @@ def test_convert_in_progress(snap_compare, snapshot_demo: Path, size: tuple[int,
 
 def test_help(snap_compare, snapshot_demo: Path) -> None:  # type: ignore[no-untyped-def]
     async def run(pilot: Pilot[object]) -> None:
+        from inspector.tui.screens.help import HelpScreen
+
         await _scanned(pilot)
         await pilot.press("question_mark")
+        await wait_for(
+            pilot, lambda: isinstance(pilot.app.screen, HelpScreen) and pilot.app.screen.is_mounted, "help"
+        )
+        await pilot.pause()
 
     assert snap_compare(_app(snapshot_demo), terminal_size=(100, 36), run_before=run)

@@ -21,6 +21,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
+from inspector.convert.output import JOURNAL, LOCK, PARTIAL
 from inspector.convert.plan import ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
@@ -30,9 +31,6 @@ from inspector.tui.messages import ChildEvent, ChildExited
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
-
-PARTIAL = ".partial"
-JOURNAL = ".zero-inspector-journal.json"
 
 
 def convert_args(
@@ -65,7 +63,7 @@ def convert_args(
 def left_on_disk(out_dir: str) -> str:
     """What a failed or killed run left behind, and whether a rerun can reuse it."""
     try:
-        names = sorted(os.listdir(out_dir))
+        names = sorted(n for n in os.listdir(out_dir) if n != LOCK)  # the lock is released with the process
     except OSError:
         return "Nothing was written (the output folder does not exist)."
     if not names:
