@@ -77,7 +77,7 @@ class ExportScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("c", "convert", "Convert"),
-        Binding("ctrl+s", "convert", "Convert", show=False),
+        Binding("ctrl+s", "convert", "Convert", key_display="^s"),  # shown while typing in a field
     ]
 
     def __init__(self) -> None:

@@ -39,7 +39,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         "Export options",
         [
             ("tab / shift+tab", "next / previous field"),
-            ("c", "convert with these options"),
+            ("c / ctrl+s", "convert with these options (ctrl+s also while typing in a field)"),
             ("escape", "back"),
         ],
     ),

@@ -60,4 +60,4 @@ class PreflightPanel(Static):
             )
         else:
             verdict = Text.assemble(("✖ Does not fit. ", "bold red"), a.problem, "\n→ ", (a.advice, "italic"))
-        self.update(Group(t, verdict))
+        self.update(Group(verdict, t))  # the verdict first: it stays in view on a short terminal
