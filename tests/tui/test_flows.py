@@ -297,3 +297,28 @@ async def test_unexpected_worker_error_is_a_dialog(small_demo: Path, monkeypatch
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
         assert "simulated bug" in app.screen.message
+
+
+async def test_statistics_compare_with_the_previous_tag(two_tag_demo: Path) -> None:
+    app = make_app(path=str(two_tag_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        pane = app.main.tensors_pane
+        big = max(app.ckpt.tensors, key=lambda t: t.numel)
+        await _focus(pilot, pane.module_tree, lambda d: getattr(d, "name", None) == big.name)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: pane._cancel.is_set() and len(pane._results) >= 3, "statistics and diffs")
+        assert "change since global_step3" in plain(pane.detail)
+
+
+async def test_key_bar_takes_clicks(small_demo: Path) -> None:
+    from inspector.tui.widgets.keybar import KeyBar
+
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        bar = app.main.query_one(KeyBar)
+        start, _end, _key = next(span for span in bar._spans if span[2] == "question_mark")
+        await pilot.click(KeyBar, offset=(start + 1, 0))
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help from a click")
