@@ -76,3 +76,26 @@ def test_cleanup_removes_demo_folder(tmp_path: Path) -> None:
     app.cleanup()
     assert not os.path.exists(tmp_path / "demo")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_child_command_line_round_trips_the_options() -> None:
+    """The child re-plans exactly what the UI predicted: convert_args -> CLI parser -> the same options."""
+    from inspector.cli.convert import _opts
+    from inspector.convert.plan import ConvertOptions
+    from inspector.tui.jobs import convert_args
+
+    o = ConvertOptions(
+        dtype="bf16",
+        shard_size=123_456_789,
+        include=("model.layers.1", "-odd*"),
+        exclude=("*.bias",),
+        strip_prefix=("module.",),
+        renames=((r"^model\.", "m."), ("a=b", "c")),
+        keep_fp32=("*norm*",),
+        exclude_frozen=True,
+        dedupe_tied=True,
+    )
+    argv = convert_args("/ckpt", "global_step3", "/out", o, overwrite=True, force=False)
+    args = build_parser().parse_args(argv)
+    assert args.progress == "json" and args.overwrite and not args.force and args.tag == "global_step3"
+    assert _opts(args) == o

@@ -7,7 +7,6 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,61 +20,16 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
-from inspector.convert.output import JOURNAL, LOCK, PARTIAL
 from inspector.convert.plan import ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child, signal_name
 from inspector.tui.fmt import duration, size
+from inspector.tui.jobs import convert_args, killed_by, left_on_disk
 from inspector.tui.messages import ChildEvent, ChildExited
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
-
-
-def convert_args(
-    root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool
-) -> list[str]:
-    """The `convert` command line for these options (the child re-plans exactly what we predicted)."""
-    args = ["convert", root, out_dir, "--tag", tag, "--dtype", o.dtype, "--shard-size", str(o.shard_size)]
-    for flag, values in (
-        ("--include", o.include),
-        ("--exclude", o.exclude),
-        ("--strip-prefix", o.strip_prefix),
-        ("--keep-fp32", o.keep_fp32),
-    ):
-        for v in values:
-            args += [f"{flag}={v}"]
-    for pat, repl in o.renames:
-        args += [f"--rename={pat}={repl}"]
-    for flag, on_ in (
-        ("--exclude-frozen", o.exclude_frozen),
-        ("--exclude-buffers", o.exclude_buffers),
-        ("--dedupe-tied", o.dedupe_tied),
-        ("--overwrite", overwrite),
-        ("--force", force),
-    ):
-        if on_:
-            args.append(flag)
-    return [*args, "--progress", "json"]
-
-
-def left_on_disk(out_dir: str) -> str:
-    """What a failed or killed run left behind, and whether a rerun can reuse it."""
-    try:
-        names = sorted(n for n in os.listdir(out_dir) if n != LOCK)  # the lock is released with the process
-    except OSError:
-        return "Nothing was written (the output folder does not exist)."
-    if not names:
-        return f"{out_dir} is empty: nothing is left behind."
-    partial = [n for n in names if n.endswith(PARTIAL)]
-    parts = [f"{out_dir} holds {len(names)} file(s)"]
-    if partial:
-        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in partial)
-        parts.append(f"{len(partial)} unfinished *.partial file(s), {size(total)}")
-    if JOURNAL in names:
-        parts.append("a journal: converting again with the same options reuses the finished shards")
-    return "; ".join(parts) + "."
 
 
 @dataclass
@@ -331,12 +285,7 @@ class ConvertScreen(Screen[None]):
             return
         self.phase = "failed"
         if sig:
-            why = {
-                "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory "
-                "ran out",
-                "SIGTERM": "terminated (SIGTERM)",
-                "SIGSEGV": "crashed (SIGSEGV)",
-            }.get(sig, f"stopped by {sig}")
+            why = killed_by(sig)
             self._show_failure(
                 "The converter was killed",
                 f"The conversion process was {why}. It had no chance "
