@@ -90,7 +90,7 @@ def test_child_command_line_round_trips_the_options() -> None:
         include=("model.layers.1", "-odd*"),
         exclude=("*.bias",),
         strip_prefix=("module.",),
-        renames=((r"^model\.", "m."), ("a=b", "c")),
+        renames=((r"^model\.", "m."), ("x", "y=z")),  # REGEX=REPL splits at the first "="
         keep_fp32=("*norm*",),
         exclude_frozen=True,
         dedupe_tied=True,
