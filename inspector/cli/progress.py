@@ -123,7 +123,7 @@ def verify_json(args: argparse.Namespace) -> int:
 
         ckpt = scan(args.path, args.tag)
         start = last = time.monotonic()
-        for ev in run_verify(ckpt, os.path.abspath(args.out)):
+        for ev in run_verify(ckpt, os.path.abspath(args.out), against=args.against):
             now = time.monotonic()
             if isinstance(ev, VerifyResult):
                 emit(
