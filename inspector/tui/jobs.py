@@ -20,7 +20,7 @@ def killed_by(signal_name: str) -> str:
 
 
 def convert_args(
-    root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool
+    root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool, kind: str = ""
 ) -> list[str]:
     """The `convert` command line for these options (the child re-plans exactly what we predicted)."""
     args = ["convert", root, out_dir, "--tag", tag, "--dtype", o.dtype, "--shard-size", str(o.shard_size)]
@@ -43,6 +43,9 @@ def convert_args(
     ):
         if on_:
             args.append(flag)
+    args += {"weights": ["--weights-only"], "adapter": ["--adapter"], "merged": ["--merge-adapter"]}.get(
+        kind, []
+    )
     return [*args, "--progress", "json"]
 
 

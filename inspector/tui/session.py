@@ -133,7 +133,7 @@ class ExportSettings:
     """The export form's values as typed (validated on the screen, turned into ConvertOptions by it)."""
 
     out_dir: str = ""
-    format: str = "safetensors"
+    format: str = ""  # an OutputKind value ("weights", "model", "adapter", "merged"); "" = the default
     overwrite: bool = False
 
     @staticmethod

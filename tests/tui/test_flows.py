@@ -308,7 +308,9 @@ async def test_statistics_compare_with_the_previous_tag(two_tag_demo: Path) -> N
         big = max(app.ckpt.tensors, key=lambda t: t.numel)
         await _focus(pilot, pane.module_tree, lambda d: getattr(d, "name", None) == big.name)
         await pilot.press("s")
-        await wait_for(pilot, lambda: pane._cancel.is_set() and len(pane._results) >= 3, "statistics and diffs")
+        await wait_for(
+            pilot, lambda: pane._cancel.is_set() and len(pane._results) >= 3, "statistics and diffs"
+        )
         assert "change since global_step3" in plain(pane.detail)
 
 

@@ -99,3 +99,18 @@ def test_child_command_line_round_trips_the_options() -> None:
     args = build_parser().parse_args(argv)
     assert args.progress == "json" and args.overwrite and not args.force and args.tag == "global_step3"
     assert _opts(args) == o
+
+
+def test_child_command_line_carries_the_output_kind() -> None:
+    from inspector.convert.plan import ConvertOptions
+    from inspector.tui.jobs import convert_args
+
+    for kind, flag in (("weights", "weights_only"), ("adapter", "adapter"), ("merged", "merge_adapter")):
+        args = build_parser().parse_args(
+            convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False, kind=kind)
+        )
+        assert getattr(args, flag) is True
+    plain = build_parser().parse_args(
+        convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False)
+    )
+    assert not plain.weights_only and not plain.adapter and not plain.merge_adapter

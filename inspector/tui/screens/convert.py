@@ -184,8 +184,14 @@ class ConvertScreen(Screen[None]):
         assert ckpt is not None and plan is not None and self.assessment is not None
         self.show_started(plan, self.assessment.predicted_peak_rss)
         args = convert_args(
-            ckpt.root, ckpt.tag, self.out_dir, plan.options, overwrite=app.export.overwrite, force=self.force
-        )  # type: ignore[attr-defined]
+            ckpt.root,
+            ckpt.tag,
+            self.out_dir,
+            app.convert_options(),  # the user's options: the child plans the output kind from them again
+            overwrite=app.export.overwrite,
+            force=self.force,
+            kind=app.export.format,
+        )
         self._spawn(args)
 
     def _spawn(self, args: list[str]) -> None:

@@ -22,7 +22,18 @@ from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
 
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
-FORMATS = [("safetensors (HF shards + index)", "safetensors")]
+
+
+def format_options(ckpt: object) -> tuple[list[tuple[str, str]], str, list[str]]:
+    """The output kinds this checkpoint allows (core `output_kinds`), the default, and why others are not."""
+    from inspector.convert.export import output_kinds
+
+    kinds = output_kinds(ckpt)  # type: ignore[arg-type]
+    options = [(k.label, str(k.kind)) for k in kinds if k.available]
+    # only the model folder is worth a note: adapter kinds are noise on a checkpoint without LoRA
+    missing = [f"HF model folder: {k.reason}" for k in kinds if not k.available and str(k.kind) == "model"]
+    default = "model" if any(v == "model" for _, v in options) else "weights"
+    return options, default, missing
 
 
 def human_size(n: int) -> str:
@@ -64,13 +75,25 @@ class PreflightDone(Message):
 
 
 def run_preflight(app: object, opts: ConvertOptions, out_dir: str) -> tuple[ConversionPlan, Assessment]:
-    """Plan and assess (a worker calls this: the first assess imports the converter)."""
-    from inspector.convert.plan import build_plan
+    """Plan the chosen output kind and assess it (in a worker)."""
+    from inspector.convert.export import plan_export
     from inspector.convert.preflight import assess
 
-    plan = build_plan(app.ckpt, opts, allow_damaged=True)  # type: ignore[attr-defined]
+    kind = app.export.format  # type: ignore[attr-defined]
+    xp = plan_export(
+        app.ckpt,  # type: ignore[attr-defined]
+        opts,
+        weights_only=kind == "weights",
+        adapter=kind == "adapter",
+        merge=kind == "merged",
+        allow_damaged=True,
+    )
+    plan = xp.plan
     frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
-    return plan, (frozen(plan, out_dir) if frozen else assess(plan, out_dir))
+    if frozen:
+        return plan, frozen(plan, out_dir)
+    extra = xp.output_bytes - plan.output_bytes
+    return plan, assess(plan, out_dir, extra_output_bytes=extra, extra_memory=xp.extra_memory)
 
 
 class ExportScreen(Screen[None]):
@@ -95,7 +118,12 @@ class ExportScreen(Screen[None]):
                     yield Label("Output folder")
                     yield Input(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
                     yield Label("Format")
-                    yield Select(FORMATS, value="safetensors", allow_blank=False, id="format", compact=True)
+                    formats, default, missing = format_options(app.ckpt)  # type: ignore[attr-defined]
+                    chosen = ex.format if ex.format in {v for _, v in formats} else default
+                    yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
+                    if missing:
+                        yield Static("")
+                        yield Static("; ".join(missing), classes="dim-note", markup=False)
                     yield Label("Dtype")
                     yield Select(
                         DTYPES,
@@ -200,7 +228,8 @@ class ExportScreen(Screen[None]):
         box = self.query_one("#form-errors", Static)
         box.update("\n".join(f"[red]✖[/] {e}" for e in errors) if errors else "[green]✔ options valid[/]")
         app.base_options = opts  # type: ignore[attr-defined]
-        app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite)  # type: ignore[attr-defined]
+        fmt = str(self.query_one("#format", Select).value)
+        app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)  # type: ignore[attr-defined]
         self.app.main.tensors_pane.refresh_options()  # type: ignore[attr-defined]
         self.generation += 1
         if not app.selected:  # type: ignore[attr-defined]
