@@ -267,8 +267,11 @@ class InspectorApp(App[int]):
     def action_help(self) -> None:
         from inspector.tui.screens.help import HelpScreen
 
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+        if isinstance(self.screen, HelpScreen):
+            return
+        if not self.is_screen_installed("help"):
+            self.install_screen(HelpScreen(), "help")  # composed once: later `?` only shows it again
+        self.push_screen("help")
 
     def action_quit_app(self) -> None:
         if not self.converting:
