@@ -28,7 +28,10 @@ def _app(root: Path, **kw: object) -> InspectorApp:
 
 async def _scanned(pilot: Pilot[object]) -> None:
     await wait_for(pilot, lambda: pilot.app.ckpt is not None, "the scan")  # type: ignore[attr-defined]
+    await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()  # a busy machine can leave the last refresh for the next frame
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
