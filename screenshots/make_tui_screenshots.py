@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 
@@ -101,10 +102,14 @@ async def shoot(root: str, out: str) -> None:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
+    tmp = os.path.join(tempfile.gettempdir(), "zero-inspector-screenshots")  # a fixed path: the header shows it
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
         root = os.path.join(tmp, "demo-checkpoint")
         write_demo(root, DemoSpec(stage=2, world_size=4, params=20_000_000))
         asyncio.run(shoot(root, os.path.join(tmp, "out")))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
