@@ -224,7 +224,7 @@ def _write_locked(
         with FilePool() as pool:
             write_small(plan, staging, pw)
             # files are independent; pread, crc32 and write release the GIL
-            n = workers or min(8, os.cpu_count() or 2)
+            n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
                 futures = [ex.submit(_write_tensor, pw, pool, f, staging, cancel, report) for f in todo]
                 try:
@@ -255,6 +255,11 @@ def _write_locked(
         fh.write(plan.folder)
     os.replace(tmp, os.path.join(plan.out_root, LATEST))
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
+
+
+def default_workers() -> int:
+    """Files written at once (each by one thread, with its own chunk buffers)."""
+    return min(8, os.cpu_count() or 2)
 
 
 def _open_staging(plan: UniversalPlan, staging: str) -> None:
