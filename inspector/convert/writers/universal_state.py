@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
 from inspector.format.torchzip import TensorRef, load_tree
 
@@ -90,22 +90,9 @@ def to_pickle(obj: Any, pw: Any) -> Any:
     return obj
 
 
-_NUMPY = {
-    "float32": np.float32,
-    "float64": np.float64,
-    "float16": np.float16,
-    "int64": np.int64,
-    "int32": np.int32,
-    "int16": np.int16,
-    "int8": np.int8,
-    "uint8": np.uint8,
-    "bool": np.bool_,
-}
-
-
 def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callable[[int, int], Any]:
     """Small tensors (steps, scalars): the element range read from its runs with pread, as numpy."""
-    if dtype not in _NUMPY:
+    if dtype not in DTYPES:
         raise UnsupportedCheckpointError(f"{path}: a {dtype} tensor in the optimizer state is not supported.")
     size = itemsize(dtype)
 
@@ -121,6 +108,6 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callabl
                 pos += n
         finally:
             os.close(fd)
-        return np.frombuffer(bytes(out), dtype=_NUMPY[dtype])
+        return np.frombuffer(bytes(out), dtype=numpy_dtype(dtype))
 
     return produce
