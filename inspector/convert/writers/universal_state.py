@@ -16,6 +16,7 @@ from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
 from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.zipreader import open_regular
 
 if TYPE_CHECKING:
     from inspector.convert.writers.universal import UniversalPlan
@@ -99,7 +100,7 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callabl
     def produce(start: int, count: int) -> Any:
         out = bytearray()
         pos = 0
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)  # as scan opens it: never a FIFO swapped in since
         try:
             for off, n in runs:
                 lo, hi = max(start, pos), min(start + count, pos + n)
