@@ -5,6 +5,7 @@ the documented exit code, no traceback, no hang and nothing of a foreign file's 
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -256,5 +257,5 @@ def test_universal_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, 
         plan = plan_universal(scan(str(root)), str(tmp_path / victim / "out"))
         fifo = root / TAG / victim
         _swap_for_fifo(fifo)
-        err = _no_hang(lambda plan=plan: write_universal(plan), fifo)  # type: ignore[misc]
+        err = _no_hang(functools.partial(write_universal, plan), fifo)
         assert isinstance(err, CorruptFileError) and str(fifo) in str(err) and "a FIFO" in str(err), err
