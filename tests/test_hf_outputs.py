@@ -376,3 +376,28 @@ def test_a_broken_adapter_config_does_not_break_scan(demo: Any, tmp_path: Path) 
     (Path(ckpt.root) / "adapter_config.json").write_text("{not json")
     info = adapter_json(ckpt)
     assert info is not None and "not readable JSON" in info["error"]
+
+
+def test_verify_checks_an_adapter_folder_byte_for_byte(demo: Any, tmp_path: Path) -> None:
+    """verify reads --adapter output (adapter_model.safetensors, PEFT names) through the names the export
+    recorded: every adapter tensor compared, the base weights not called missing, a flipped byte caught."""
+    from inspector.convert.verify import VerifyResult, run_verify
+
+    ckpt = _lora_checkpoint(demo, tmp_path)
+    out = tmp_path / "adapter"
+    _write(plan_export(ckpt, ConvertOptions(), adapter=True), out)
+
+    def verify() -> VerifyResult:
+        *_, res = run_verify(ckpt, str(out))
+        assert isinstance(res, VerifyResult)
+        return res
+
+    res = verify()
+    assert res.ok and res.checked == 5 and not res.missing and not res.unexpected, res
+    path = out / ADAPTER_FILE
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # the last byte of the last tensor's data
+    path.write_bytes(bytes(data))
+    res = verify()
+    assert not res.ok and len(res.mismatched) == 1 and not res.missing and not res.unexpected, res
+    assert res.mismatched[0] in set(load_file(path))  # named as PEFT names it

@@ -5,6 +5,7 @@ the documented exit code, no traceback, no hang and nothing of a foreign file's 
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -201,3 +202,60 @@ def test_unsafe_latest_does_not_block_an_explicit_tag(
     (root / "latest").unlink()
     (root / "latest").symlink_to(secret)
     clean(cli("scan", root, "--tag", TAG), 0, TAG)
+
+
+def _swap_for_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _no_hang(work: Callable[[], object], fifo: Path) -> BaseException | None:
+    """Run `work` in a thread; if it blocks on the FIFO, open the FIFO's write end to free it, then fail."""
+    import threading
+
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:
+            caught.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(HANG_LIMIT)
+    if t.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # a reader is waiting, so this opens: it lets go
+        os.close(fd)
+        t.join(HANG_LIMIT)
+        pytest.fail(f"the converter blocked opening the FIFO {fifo}")
+    return caught[0] if caught else None
+
+
+def test_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, demo: DemoCache) -> None:
+    """A rank file replaced by a FIFO between scan and convert: refused with its name, never a hang."""
+    from inspector.convert.engine import execute
+    from inspector.convert.plan import ConvertOptions, build_plan
+    from inspector.scan.scanner import scan
+
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    plan = build_plan(scan(str(root)), ConvertOptions(dtype="fp32"))
+    fifo = root / TAG / OPTIM1
+    _swap_for_fifo(fifo)
+    err = _no_hang(lambda: execute(plan, str(tmp_path / "out")), fifo)
+    assert isinstance(err, CorruptFileError) and str(fifo) in str(err) and "a FIFO" in str(err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_universal_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, demo: DemoCache) -> None:
+    """The universal writer reads rank 0's optimizer state and every rank's partitions the same way."""
+    from inspector.convert.writers.universal import plan_universal, write_universal
+    from inspector.scan.scanner import scan
+
+    for victim in ("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", OPTIM1):
+        root = demo.copy(SPEC, tmp_path / victim / "ckpt")
+        plan = plan_universal(scan(str(root)), str(tmp_path / victim / "out"))
+        fifo = root / TAG / victim
+        _swap_for_fifo(fifo)
+        err = _no_hang(functools.partial(write_universal, plan), fifo)
+        assert isinstance(err, CorruptFileError) and str(fifo) in str(err) and "a FIFO" in str(err), err

@@ -90,3 +90,26 @@ print("ok", "torch" in sys.modules)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["ok", "False"], res.stdout
+
+
+def test_one_dtype_table() -> None:
+    """format/dtypes.py is the one dtype table (names, sizes, safetensors codes, numpy/ml_dtypes types);
+    a private copy elsewhere (merge.py's NP_DTYPES, basemodel's safetensors codes, the universal writer's
+    numpy map) drifts from it. A dict entry keyed by or naming a dtype, or an ml_dtypes type, is one."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "inspector"
+    names = "bfloat16|float16|float32|float64|int64|int8|uint8|bool|F32|F16|BF16|I64|U8"
+    key = rf'(?:^\s*|[{{,]\s*)["\'](?:{names})["\']\s*:'  # "float32": ... as a dict entry
+    value = rf':\s*(?:np\.(?:float|u?int|bool)\w*|["\'](?:{names})["\'])\s*[,}}]'  # ...: np.float32, / ...: "bfloat16",
+    entry = re.compile(f"{key}|{value}")
+    ml = re.compile(r"ml_dtypes\.(?:bfloat16|float8)")
+    found = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for p in sorted(root.rglob("*.py"))
+        if p.name != "dtypes.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if entry.search(line) or ml.search(line)
+    ]
+    assert not found, "private dtype tables; derive them from inspector/format/dtypes.py:\n" + "\n".join(found)

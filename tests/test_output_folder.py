@@ -34,14 +34,17 @@ SHARD = "200000"
 
 # A CLI run whose reads are slowed and announced, so the test can act while it is surely mid-run.
 SLOW_CLI = """
-import os, sys, time
+import os, sys, threading, time
 from inspector.convert.reader import FilePool
 from inspector.cli.main import main
 real = FilePool.read_into
 calls = [0]
+said = threading.Lock()  # the universal writer reads from several threads: one whole line per read
 def slow(self, *a):
-    calls[0] += 1
-    print(f"read {calls[0]}", file=sys.stderr, flush=True)
+    with said:
+        calls[0] += 1
+        sys.stderr.write(f"read {calls[0]}\\n")
+        sys.stderr.flush()
     time.sleep(0.02)
     while calls[0] >= 3 and os.path.exists(os.environ.get("ZI_GATE", "/nonexistent")):
         time.sleep(0.01)  # held mid-run until the test opens the gate
@@ -236,3 +239,99 @@ def test_intact_finished_shards_are_reused(tmp_path: Path, demo: DemoCache) -> N
     report = execute(plan, str(out))
     assert report.resumed_shards == len(journal["complete"]) >= 1  # type: ignore[arg-type]
     verify_ok(root, out)
+
+
+# ------------------------------------------------------------------- universal checkpoints share the lock
+
+
+def _tree(path: Path) -> list[tuple[str, int]]:
+    return sorted(
+        (os.path.relpath(os.path.join(d, n), path), os.path.getsize(os.path.join(d, n)))
+        for d, _, names in os.walk(path)
+        for n in names
+    )
+
+
+def _universal_args(root: Path, out: Path) -> tuple[str, ...]:
+    return ("convert", str(root), str(out), "--format", "universal")
+
+
+def test_second_universal_convert_into_a_busy_folder_is_refused(tmp_path: Path, demo: DemoCache) -> None:
+    """Two `--format universal` runs into one OUT: the second is refused with the safetensors path's message
+    and leaves the first's staging folder alone; the first completes and verifies."""
+    root = demo(SPEC)
+    out = tmp_path / "out"
+    gate = tmp_path / "gate"
+    gate.touch()
+    first = slow_cli(tmp_path, *_universal_args(root, out), gate=gate)
+    try:
+        wait_for_reads(first, 3)
+        assert (out / LOCK).exists()
+        before = _tree(out)
+        second = subprocess.run(
+            [sys.executable, "-m", "inspector", *_universal_args(root, out)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), COLUMNS="300"),
+            cwd=REPO_ROOT,
+            timeout=120,
+            check=False,
+        )
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "Output folder in use" in second.stderr and f"process {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert _tree(out) == before  # the first run is held still: nothing changed, nothing removed
+        gate.unlink()
+        _, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert LOCK not in os.listdir(out)
+    from inspector.cli.main import main
+
+    assert main(["verify", str(root), str(out)]) == 0
+
+
+def test_universal_lock_is_exclusive_in_process(tmp_path: Path, demo: DemoCache) -> None:
+    """write_universal takes the same lock as the safetensors path (the TUI runs both in threads)."""
+    from inspector.convert.output import FolderLock
+    from inspector.convert.writers.universal import plan_universal, write_universal
+
+    plan = plan_universal(scan(str(demo(SPEC))), str(tmp_path / "out"))
+    held = FolderLock(str(tmp_path / "out"))
+    try:
+        with pytest.raises(OutputError, match="Another conversion"):
+            write_universal(plan)
+        assert os.listdir(tmp_path / "out") == [LOCK]
+    finally:
+        held.release(ok=False)
+    assert not (tmp_path / "out").exists()
+    write_universal(plan)
+    assert LOCK not in os.listdir(tmp_path / "out")
+
+
+def test_sigterm_stops_a_universal_convert_like_ctrl_c(tmp_path: Path, demo: DemoCache) -> None:
+    """SIGTERM mid-run: exit 130 with a message, no traceback, the lock and half-written files gone; the
+    same command then resumes from the finished files and the output verifies."""
+    root = demo(SPEC)
+    out = tmp_path / "out"
+    proc = slow_cli(tmp_path, *_universal_args(root, out))
+    try:
+        wait_for_reads(proc, 5)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stdout + stderr
+    assert "Interrupted" in stdout + stderr and "resume" in stdout + stderr
+    assert "Traceback" not in stderr
+    names = [n for n, _ in _tree(out)]
+    assert LOCK not in names and not [n for n in names if n.endswith(".tmp")], names
+    from inspector.cli.main import main
+
+    assert main(list(_universal_args(root, out))) == 0
+    assert main(["verify", str(root), str(out)]) == 0

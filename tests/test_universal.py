@@ -235,3 +235,36 @@ def test_a_hostile_pickle_in_a_universal_folder_is_refused_not_run(demo: Any, tm
     uni = scan(str(tmp_path))
     assert any(f.code == "unreadable" and "os.system" in f.message for f in uni.errors)
     assert not marker.exists()
+
+
+def test_preflight_predicts_a_fresh_converter_not_this_process(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The universal estimate follows preflight.converter_base (the same model as the safetensors path),
+    so a process that already holds a lot (the TUI) gets the CLI's answer."""
+    from inspector.convert import preflight
+    from inspector.convert.writers import universal_preflight as up
+    from inspector.system import rss
+
+    plan = plan_universal(scan(str(demo(SPECS["s3"]))), str(tmp_path))
+    before = up.estimate_universal(plan, workers=2).predicted_peak_rss
+    monkeypatch.setattr(rss, "current_rss", lambda: 50 * 2**30)  # as if this process held 50 GiB
+    assert up.estimate_universal(plan, workers=2).predicted_peak_rss == before
+    base, _ = preflight.converter_base(
+        sum(len(f.segments) for f in plan.files), len({f.name for f in plan.files}), len(plan.source)
+    )
+    assert before == base + up.buffer_bytes(plan, 2) + preflight.RUNTIME_OVERHEAD
+
+
+def test_preflight_counts_only_the_buffers_the_writer_touches(demo: Any, tmp_path: Path) -> None:
+    """Buffers are np.empty and live for one file: small files make only their own size resident, and only
+    `workers` files are in flight (the estimate used to charge every worker a full chunk)."""
+    from inspector.convert.writers.universal import CHUNK_BYTES
+    from inspector.convert.writers.universal_preflight import buffer_bytes
+
+    plan = plan_universal(scan(str(demo(SPECS["fp16"]))), str(tmp_path))  # files well under one chunk
+    largest = sorted((min(f.nbytes, CHUNK_BYTES) for f in plan.files), reverse=True)
+    assert largest[0] < CHUNK_BYTES
+    widen = any(f.source_dtype != "float32" for f in plan.files)
+    assert buffer_bytes(plan, 2) <= (largest[0] + largest[1]) * (5 if widen else 2) // 2
+    assert buffer_bytes(plan, 1) < buffer_bytes(plan, 2) <= buffer_bytes(plan, 8)

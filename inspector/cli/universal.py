@@ -9,7 +9,7 @@ import time
 
 from rich.markup import escape
 
-from inspector.errors import DamagedCheckpointError
+from inspector.errors import CancelledError, DamagedCheckpointError
 
 
 def convert_universal(args: argparse.Namespace) -> int:
@@ -45,23 +45,31 @@ def convert_universal(args: argparse.Namespace) -> int:
     error: list[BaseException] = []
     cancel = threading.Event()
 
+    finished = threading.Event()
+
     def work() -> None:
         try:
             result.append(write_universal(plan, overwrite=args.overwrite, cancel=cancel, progress=progress))
         except BaseException as exc:
             error.append(exc)
+        finally:
+            finished.set()
 
     t = threading.Thread(target=work, name="zi-universal", daemon=True)
     with console.status("Writing…") as status:
         t.start()
         try:
-            while t.is_alive():
-                t.join(0.25)
+            # an Event, not t.join(timeout): a join interrupted by a signal may later return while the
+            # thread still runs (so the lock and the staging folder were left behind on SIGTERM)
+            while not finished.wait(0.25):
                 status.update(f"Writing… {format_bytes(done[0])} / {format_bytes(total)}")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
             cancel.set()  # finished files stay in <tag>_uni.partial/; the same command resumes
-            t.join()
-            raise
+            finished.wait()  # the writer removes its half-written files and releases OUT's lock
+            raise CancelledError(
+                f"Interrupted; the files finished so far are kept in {plan.out_dir}.partial.",
+                hint="Rerun the same command to resume.",
+            ) from None
     if error:
         raise error[0]
     secs = time.monotonic() - start

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from inspector.convert.engine import Progress, Report, run
-from inspector.convert.plan import ConversionPlan, ConvertOptions, build_plan, resolve_dtype
+from inspector.convert.plan import ADAPTER_FILE, ConversionPlan, ConvertOptions, build_plan, resolve_dtype
 from inspector.convert.writers.hf_folder import (
     SideFile,
     config_dtype_fix,
@@ -30,7 +30,6 @@ from inspector.errors import InspectorError, OutputError
 from inspector.scan.model import Checkpoint
 from inspector.scan.peft import ADAPTER_CONFIG, Adapter, AdapterError, detect_adapter
 
-ADAPTER_FILE = "adapter_model.safetensors"
 _PEFT_RENAMES = (
     (r"\.(lora_A|lora_B)\.{name}\.(weight|bias)$", r".\1.\2"),
     (r"\.(lora_embedding_A|lora_embedding_B)\.{name}$", r".\1"),

@@ -202,16 +202,13 @@ def _lock(out_dir: str) -> int:
     raise OutputError(f"Could not lock {path}: it keeps changing.", title="Output folder in use")
 
 
-class OutputFolder:
-    """One run's claim on its output folder: created if needed, locked for the whole run, cleared of other
-    jobs' partial files, and its finished shards from an interrupted run of the same job checked (size,
-    header, CRC-32) before they are reused. `release` gives it all back; after a failure it also removes the
-    folders this run created if nothing else is in them."""
+class FolderLock:
+    """One run's claim on an output folder: created if needed and locked (`_lock`) for the whole run.
+    `release` unlocks; after a failure it also removes the folders this run created if nothing is in them.
+    Every writer (safetensors shards, universal checkpoints) takes its output folder through this."""
 
-    def __init__(self, plan: ConversionPlan, out_dir: str, overwrite: bool) -> None:
-        self.plan = plan
+    def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
-        self.stale = prepare_output(plan, out_dir, overwrite)
         self.created = _missing_dirs(out_dir)
         try:
             os.makedirs(out_dir, exist_ok=True)
@@ -223,6 +220,33 @@ class OutputFolder:
         except BaseException:
             self.created = []  # the folder may hold another run's files now; never remove it
             raise
+
+    def release(self, ok: bool) -> None:
+        """Unlock; after a failure also remove the folders this run created, if they are empty."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.out_dir, LOCK))
+            os.close(self._fd)
+            self._fd = -1
+        if not ok:
+            for path in self.created:  # deepest first; stops at the first that is not empty
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    break
+        self.created = []
+
+
+class OutputFolder(FolderLock):
+    """One run's claim on its safetensors output folder: created if needed, locked for the whole run, cleared
+    of other jobs' partial files, and its finished shards from an interrupted run of the same job checked
+    (size, header, CRC-32) before they are reused. `release` gives it all back; after a failure it also
+    removes the folders this run created if nothing else is in them."""
+
+    def __init__(self, plan: ConversionPlan, out_dir: str, overwrite: bool) -> None:
+        self.plan = plan
+        self.stale = prepare_output(plan, out_dir, overwrite)
+        super().__init__(out_dir)
         try:
             self.stale = prepare_output(plan, out_dir, overwrite)  # again, now that no one else writes
             self.partials = [os.path.join(out_dir, s.filename + PARTIAL) for s in plan.shards]
@@ -275,18 +299,3 @@ class OutputFolder:
         self.sums[name] = file_crc32(self.partials[index])
         self.completed.append(name)
         self.record()
-
-    def release(self, ok: bool) -> None:
-        """Unlock; after a failure also remove the folders this run created, if they are empty."""
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.out_dir, LOCK))
-            os.close(self._fd)
-            self._fd = -1
-        if not ok:
-            for path in self.created:  # deepest first; stops at the first that is not empty
-                try:
-                    os.rmdir(path)
-                except OSError:
-                    break
-        self.created = []

@@ -25,6 +25,7 @@ CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough t
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"  # --adapter: PEFT's file name
 META_KEY = "zero_inspector"
 
 

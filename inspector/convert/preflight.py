@@ -109,17 +109,19 @@ class Assessment:
         return "; ".join(tips).capitalize() + "."
 
 
+def converter_base(segments: int, tensors: int, files: int, extra: int = 0) -> tuple[int, int]:
+    """(RSS, VMS) of a fresh converter process that has scanned `files` checkpoint files into `tensors`
+    tensors of `segments` segments and planned (`extra`: planned bytes it keeps, e.g. shard headers), before
+    its buffers. Every writer's prediction starts here (safetensors, universal)."""
+    meta = METADATA_PER_SEGMENT * segments + METADATA_PER_TENSOR * tensors + METADATA_PER_FILE * files + extra
+    return CONVERTER_BASE_RSS + meta, CONVERTER_BASE_VMS + meta
+
+
 def converter_baseline(plan: ConversionPlan) -> tuple[int, int]:
     """(RSS, VMS) of a fresh converter process once it has scanned and planned, before its buffers."""
     segments = sum(len(t.segments) for s in plan.shards for t in s.tensors)
     files = len({seg.file for s in plan.shards for t in s.tensors for seg in t.segments})
-    meta = (
-        METADATA_PER_SEGMENT * segments
-        + METADATA_PER_TENSOR * plan.tensor_count
-        + METADATA_PER_FILE * files
-        + sum(len(s.header) for s in plan.shards)
-    )
-    return CONVERTER_BASE_RSS + meta, CONVERTER_BASE_VMS + meta
+    return converter_base(segments, plan.tensor_count, files, sum(len(s.header) for s in plan.shards))
 
 
 def predict_deepspeed_peak(

@@ -1,6 +1,6 @@
 """Positioned reads of exactly the bytes a tensor needs, into caller-owned buffers.
 
-Files are opened O_RDONLY and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
+Files are opened O_RDONLY (regular files only, `zipreader.open_regular`) and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
 into our address space (RSS stays honest), and several threads can share one descriptor.
 """
 
@@ -16,6 +16,7 @@ import numpy as np
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
+from inspector.format.zipreader import open_regular
 from inspector.scan.model import Checkpoint, Segment
 
 
@@ -32,13 +33,9 @@ class FilePool:
             with self._lock:
                 fd = self._fds.get(path)
                 if fd is None:
-                    try:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    except OSError as exc:
-                        raise CorruptFileError(
-                            f"{path}: cannot open for reading ({exc.strerror}).",
-                            hint="Check that the file exists and is readable.",
-                        ) from None
+                    # as scan opens it: a regular file or a clear refusal, never a hang on a FIFO that
+                    # was swapped in after the scan
+                    fd = open_regular(path)
                     self._fds[path] = fd
         return fd
 

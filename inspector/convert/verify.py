@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.cast import cast_into
-from inspector.convert.plan import INDEX_NAME, META_KEY, SINGLE_NAME, source_segments
+from inspector.convert.plan import ADAPTER_FILE, INDEX_NAME, META_KEY, SINGLE_NAME, source_segments
 from inspector.convert.reader import FilePool
 from inspector.errors import CancelledError, CorruptFileError, InspectorError
 from inspector.format.dtypes import FROM_SAFETENSORS, itemsize, numpy_dtype
@@ -83,11 +83,22 @@ def output_files(out_dir: str) -> list[str]:
         return sorted(set(weight_map.values()))
     if os.path.isfile(os.path.join(out_dir, SINGLE_NAME)):
         return [SINGLE_NAME]
+    if os.path.isfile(os.path.join(out_dir, ADAPTER_FILE)):  # --adapter: one file, PEFT's tensor names
+        return [ADAPTER_FILE]
     raise InspectorError(
-        f"{out_dir} holds no {SINGLE_NAME} or {INDEX_NAME}.",
+        f"{out_dir} holds no {SINGLE_NAME}, {INDEX_NAME} or {ADAPTER_FILE}.",
         hint="Point verify at the folder `convert` wrote.",
         title="Nothing to verify",
     )
+
+
+def _adapter_absent(ckpt: Checkpoint, absent: list[str]) -> list[str]:
+    """Of the checkpoint tensors not in an --adapter output, those the adapter should have held."""
+    from inspector.scan.peft import detect_adapter
+
+    adapter = detect_adapter(ckpt)
+    wanted = set(adapter.tensors) if adapter is not None else set()
+    return [n for n in absent if n in wanted]
 
 
 def _unreadable_sources(ckpt: Checkpoint) -> list[str]:
@@ -175,6 +186,9 @@ def run_verify(
         res.unreadable += _unreadable_sources(ckpt)
         res.unexpected = []
     absent = [t.name for t in ckpt.tensors if t.name not in seen]
+    if files == [ADAPTER_FILE]:  # the export plan keeps only the adapter's tensors (and records no filter)
+        absent = _adapter_absent(ckpt, absent)
+        res.notes.append("Checked the PEFT adapter's tensors (the checkpoint's other tensors are not in it).")
     if absent and meta.get("filtered"):
         res.notes.append(f"{len(absent)} checkpoint tensors were left out by the conversion's selection.")
     elif absent:

@@ -10,8 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from inspector.format.dtypes import OUTPUT_ALIASES
+
 DS_VERSION = "0.19.8"
-HALF = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+HALF = {k: OUTPUT_ALIASES[k] for k in ("bf16", "fp16", "fp32")}  # the demo's --dtype words
 
 
 @dataclass(frozen=True)

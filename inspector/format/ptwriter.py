@@ -9,6 +9,7 @@ plain GLOBAL references, so deepspeed need not be installed to write a checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -227,17 +228,22 @@ def save(obj: Any, path: str | os.PathLike[str], chunk_elems: int = 1 << 22) -> 
     pickler = _Pickler(buf)
     pickler.dump(obj)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        z = _ZipOut(fh)
-        z.entry(f"{archive}/data.pkl", iter([buf.getvalue()]))
-        z.entry(f"{archive}/.format_version", iter([b"1"]))
-        z.entry(f"{archive}/.storage_alignment", iter([b"64"]))
-        z.entry(f"{archive}/byteorder", iter([b"little"]))
-        for st in pickler.storages:
-            z.entry(f"{archive}/data/{st.key}", _storage_chunks(st, chunk_elems))
-        z.entry(f"{archive}/version", iter([b"3\n"]))
-        z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
-        z.finish()
-        written = fh.tell()
+    try:
+        with open(tmp, "wb") as fh:
+            z = _ZipOut(fh)
+            z.entry(f"{archive}/data.pkl", iter([buf.getvalue()]))
+            z.entry(f"{archive}/.format_version", iter([b"1"]))
+            z.entry(f"{archive}/.storage_alignment", iter([b"64"]))
+            z.entry(f"{archive}/byteorder", iter([b"little"]))
+            for st in pickler.storages:
+                z.entry(f"{archive}/data/{st.key}", _storage_chunks(st, chunk_elems))
+            z.entry(f"{archive}/version", iter([b"3\n"]))
+            z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
+            z.finish()
+            written = fh.tell()
+    except BaseException:  # cancelled or failed: no half-written file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     os.replace(tmp, path)
     return written

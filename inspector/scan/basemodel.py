@@ -13,26 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import FROM_SAFETENSORS, itemsize
 from inspector.scan.model import Kind, Segment, TensorInfo
 
-ST_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-    "U16": "uint16",
-    "U32": "uint32",
-    "U64": "uint64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-}
 _MAX_HEADER = 100_000_000
 
 
@@ -74,7 +57,7 @@ def read_safetensors(path: str) -> list[TensorInfo]:
         if name == "__metadata__":
             continue
         try:
-            dtype = ST_DTYPES[entry["dtype"]]
+            dtype = FROM_SAFETENSORS[entry["dtype"]]
             shape = tuple(int(d) for d in entry["shape"])
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):

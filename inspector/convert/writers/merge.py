@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-import ml_dtypes
 import numpy as np
 
 from inspector.convert.engine import Progress, Report
@@ -26,28 +25,11 @@ from inspector.convert.output import prepare_output
 from inspector.convert.plan import META_KEY, ConversionPlan, ConvertOptions, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError, InspectorError, OutputError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.scan.basemodel import BaseModel, BaseModelError, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
 
-NP_DTYPES: dict[str, np.dtype] = {
-    "float64": np.dtype(np.float64),
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-    "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32),
-    "int16": np.dtype(np.int16),
-    "int8": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32),
-    "uint64": np.dtype(np.uint64),
-    "bool": np.dtype(np.bool_),
-}
 _EVENT_INTERVAL = 0.25
 MERGED_KEY = "merged_adapter"
 PARTIAL = ".partial"
@@ -129,7 +111,7 @@ def build_merged_plan(
     kept = {t.name for s in plan.shards for t in s.tensors}
     merges = {n: m for n, m in merges.items() if n in kept}
     for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
-        if pt.out_dtype not in NP_DTYPES or pt.src_dtype not in NP_DTYPES:
+        if pt.out_dtype not in DTYPES or pt.src_dtype not in DTYPES:
             raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
     notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
     return MergedPlan(plan, merges, folder, tuple(notes))
@@ -171,7 +153,7 @@ def _read(pool: FilePool, segments: Sequence[Segment], dtype: str) -> np.ndarray
     for s in segments:
         pool.read_into(s.file, s.offset, view[pos : pos + s.nbytes])
         pos += s.nbytes
-    return buf.view(NP_DTYPES[dtype])
+    return buf.view(numpy_dtype(dtype))
 
 
 def _as_f32(pool: FilePool, t: TensorInfo) -> np.ndarray:
@@ -201,7 +183,7 @@ def _blocks(
     if merge is None:
         for segs in iter_chunks(t.segments, limit):
             src = _read(pool, segs, t.src_dtype)
-            yield _bytes(src if t.src_dtype == t.out_dtype else src.astype(NP_DTYPES[t.out_dtype]))
+            yield _bytes(src if t.src_dtype == t.out_dtype else src.astype(numpy_dtype(t.out_dtype)))
         return
     a, b = _as_f32(pool, merge.a), _as_f32(pool, merge.b)
     cols = t.shape[1]
@@ -214,7 +196,7 @@ def _blocks(
         delta = (a[:, row:end].T @ b.T) if merge.transposed else (b[row:end] @ a)
         out = w + delta * scale
         row = end
-        yield _bytes(out.astype(NP_DTYPES[t.out_dtype]))
+        yield _bytes(out.astype(numpy_dtype(t.out_dtype)))
 
 
 def run_merged(

@@ -7,7 +7,8 @@ model-states files, and `OUT/latest_universal` naming the folder. Every paramete
 `param_shapes` (so round-robin and aligned layouts come out right, unlike `ds_to_universal`) and streamed
 chunk by chunk from the rank files into its `.pt` file: no temporary per-rank fragments, flat memory.
 
-Output is atomic and resumable: files go to `OUT/<tag>_uni.partial/`, each written whole or not at all;
+Output is atomic and resumable: OUT is locked for the run (`output.FolderLock`, as for safetensors), files
+go to `OUT/<tag>_uni.partial/`, each written whole or not at all;
 a rerun of the same job keeps the finished ones; the folder is renamed when complete, `latest_universal`
 last. No torch here: `.pt` files come from `format.ptwriter`, fed with raw bytes.
 """
@@ -179,10 +180,28 @@ def write_universal(
     progress: Callable[[int], None] | None = None,
 ) -> UniversalReport:
     """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written."""
+    from inspector.convert.output import FolderLock
     from inspector.format import ptwriter as pw  # the torch-zip writer (lazily: plan/preflight stay light)
 
     prepare(plan, overwrite)
-    os.makedirs(plan.out_root, exist_ok=True)
+    claim = FolderLock(plan.out_root)  # created and locked: a second run into OUT is refused, not mixed in
+    ok = False
+    try:
+        prepare(plan, overwrite)  # again, now that no one else writes here
+        report = _write_locked(plan, pw, workers, cancel, progress)
+        ok = True
+        return report
+    finally:
+        claim.release(ok)
+
+
+def _write_locked(
+    plan: UniversalPlan,
+    pw: Any,
+    workers: int | None,
+    cancel: threading.Event | None,
+    progress: Callable[[int], None] | None,
+) -> UniversalReport:
     staging = plan.out_dir + PARTIAL
     _open_staging(plan, staging)
     cancel = cancel or threading.Event()
@@ -205,7 +224,7 @@ def write_universal(
         with FilePool() as pool:
             write_small(plan, staging, pw)
             # files are independent; pread, crc32 and write release the GIL
-            n = workers or min(8, os.cpu_count() or 2)
+            n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
                 futures = [ex.submit(_write_tensor, pw, pool, f, staging, cancel, report) for f in todo]
                 try:
@@ -236,6 +255,11 @@ def write_universal(
         fh.write(plan.folder)
     os.replace(tmp, os.path.join(plan.out_root, LATEST))
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
+
+
+def default_workers() -> int:
+    """Files written at once (each by one thread, with its own chunk buffers)."""
+    return min(8, os.cpu_count() or 2)
 
 
 def _open_staging(plan: UniversalPlan, staging: str) -> None:

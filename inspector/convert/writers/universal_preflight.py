@@ -8,13 +8,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.writers.universal import CHUNK_BYTES, UniversalPlan
+from inspector.convert.preflight import RUNTIME_OVERHEAD, converter_base
+from inspector.convert.writers.universal import CHUNK_BYTES, UniFile, UniversalPlan, default_workers
 from inspector.system.limits import detect_memory_limits, free_disk_bytes
 
-# calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second, and the
-# allowance for threads, the pickler and allocator slack on top of the per-worker chunk buffers
+# calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second
 UNI_BYTES_PER_S = 200 * 1024 * 1024
-RUNTIME_OVERHEAD = 24 * 1024 * 1024
 STARTUP_SECONDS = 1.5
 
 
@@ -49,17 +48,22 @@ class UniversalEstimate:
 
 
 def estimate_universal(
-    plan: UniversalPlan, workers: int = 2, stage3_rank0_optim: int = 0
+    plan: UniversalPlan, workers: int | None = None, stage3_rank0_optim: int = 0
 ) -> UniversalEstimate:
-    """`stage3_rank0_optim`: bytes of rank 0's flat optimizer state, which DeepSpeed copies (stage 3)."""
-    from inspector.system.rss import current_rss
+    """`stage3_rank0_optim`: bytes of rank 0's flat optimizer state, which DeepSpeed copies (stage 3).
 
+    Memory is predicted for a fresh converter process, as `preflight.assess` does for safetensors (so the
+    CLI and the TUI get the same answer): its calibrated base and scanned metadata, the chunk buffers of the
+    files in flight, and the same runtime allowance."""
     out = plan.total_bytes
     read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
     read += sum(os.path.getsize(src) for src, _ in plan.copies)
-    workers = workers or min(8, os.cpu_count() or 2)  # as write_universal
-    widened = any(f.source_dtype != "float32" for f in plan.files)  # 16-bit sources need a second buffer
-    peak = current_rss() + workers * (CHUNK_BYTES + (CHUNK_BYTES // 2 if widened else 0)) + RUNTIME_OVERHEAD
+    base, _ = converter_base(
+        segments=sum(len(f.segments) for f in plan.files),
+        tensors=len({f.name for f in plan.files}),
+        files=len(plan.source),
+    )
+    peak = base + buffer_bytes(plan, workers or default_workers()) + RUNTIME_OVERHEAD
     budget = detect_memory_limits()
     ds_disk = 2 * plan.tensor_bytes + stage3_rank0_optim + (out - plan.tensor_bytes)
     return UniversalEstimate(
@@ -72,3 +76,20 @@ def estimate_universal(
         memory_source=budget.effective.source,
         deepspeed_peak_disk=ds_disk,
     )
+
+
+def buffer_bytes(plan: UniversalPlan, workers: int) -> int:
+    """Resident chunk buffers at their peak: each worker streams one file at a time, and its buffers live
+    only as long as that file, so at most the `workers` largest per-file needs are resident together."""
+    needs = sorted((_file_buffers(f) for f in plan.files), reverse=True)
+    return sum(needs[:workers])
+
+
+def _file_buffers(f: UniFile) -> int:
+    """What `universal._producer` touches for `f`: an fp32 chunk buffer and, for a 16-bit source, a uint16
+    staging buffer plus `_widen`'s uint32 temporary. They are `np.empty`, so a file smaller than a chunk
+    makes only its own size resident, not CHUNK_BYTES."""
+    n = min(f.nbytes, CHUNK_BYTES)  # fp32 bytes of the largest chunk
+    if f.source_dtype != "float32":
+        n += n // 2 + n
+    return n

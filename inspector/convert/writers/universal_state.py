@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
 from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.zipreader import open_regular
 
 if TYPE_CHECKING:
     from inspector.convert.writers.universal import UniversalPlan
@@ -90,29 +91,16 @@ def to_pickle(obj: Any, pw: Any) -> Any:
     return obj
 
 
-_NUMPY = {
-    "float32": np.float32,
-    "float64": np.float64,
-    "float16": np.float16,
-    "int64": np.int64,
-    "int32": np.int32,
-    "int16": np.int16,
-    "int8": np.int8,
-    "uint8": np.uint8,
-    "bool": np.bool_,
-}
-
-
 def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callable[[int, int], Any]:
     """Small tensors (steps, scalars): the element range read from its runs with pread, as numpy."""
-    if dtype not in _NUMPY:
+    if dtype not in DTYPES:
         raise UnsupportedCheckpointError(f"{path}: a {dtype} tensor in the optimizer state is not supported.")
     size = itemsize(dtype)
 
     def produce(start: int, count: int) -> Any:
         out = bytearray()
         pos = 0
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)  # as scan opens it: never a FIFO swapped in since
         try:
             for off, n in runs:
                 lo, hi = max(start, pos), min(start + count, pos + n)
@@ -121,6 +109,6 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callabl
                 pos += n
         finally:
             os.close(fd)
-        return np.frombuffer(bytes(out), dtype=_NUMPY[dtype])
+        return np.frombuffer(bytes(out), dtype=numpy_dtype(dtype))
 
     return produce
