@@ -84,6 +84,8 @@ OUTPUT_ALIASES = {
     "float16": "float16",
     "half": "float16",
 }
+# how people write dtypes in a column: fp32, bf16, fp16, fp64 (other names as they are)
+SHORT_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
 def itemsize(dtype: str) -> int:

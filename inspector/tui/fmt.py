@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Kind
 from inspector.system.units import format_bytes
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
-SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 
 def size(n: float) -> str:
@@ -27,7 +27,7 @@ def shape(dims: tuple[int, ...]) -> str:
 
 
 def dtype(name: str) -> str:
-    return SHORT_DTYPE.get(name, name)
+    return SHORT_NAMES.get(name, name)
 
 
 def bar(fraction: float, width: int) -> str:
