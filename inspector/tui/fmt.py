@@ -22,6 +22,11 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def plural(n: int, word: str) -> str:
+    """1 tensor, 2 tensors."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def shape(dims: tuple[int, ...]) -> str:
     return "×".join(map(str, dims)) if dims else "scalar"
 

@@ -324,3 +324,18 @@ async def test_key_bar_takes_clicks(small_demo: Path) -> None:
         start, _end, _key = next(span for span in bar._spans if span[2] == "question_mark")
         await pilot.click(KeyBar, offset=(start + 1, 0))
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help from a click")
+
+
+async def test_module_detail_follows_its_selection(small_demo: Path) -> None:
+    """The focused submodule's "selected: k of n" changes with space, not only when the cursor moves."""
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t", "n")
+        pane = app.main.tensors_pane
+        await _focus(pilot, pane.module_tree, lambda d: getattr(d, "path", "") == "model.layers.1")
+        n = sum(1 for t in app.ckpt.tensors if t.name.startswith("model.layers.1."))  # type: ignore[union-attr]
+        assert f"selected: 0 of {n}" in plain(pane.detail)
+        await pilot.press("space")
+        await pilot.pause()
+        assert f"selected: {n} of {n}" in plain(pane.detail)

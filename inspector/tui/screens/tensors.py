@@ -19,7 +19,7 @@ from textual.widgets import Input, Static, Tree
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.errors import CancelledError, InspectorError
 from inspector.scan.model import Checkpoint, TensorInfo
-from inspector.tui.fmt import count, size
+from inspector.tui.fmt import count, plural, size
 from inspector.tui.session import ModuleNode, name_filter
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail, difference_line, stats_renderable
@@ -79,6 +79,7 @@ class TensorsPane(Horizontal):
     def show(self, ckpt: Checkpoint) -> None:
         self.cancel_stats()
         self.ckpt = ckpt
+        self.module_tree.dedupe_tied = self.app.base_options.dedupe_tied  # type: ignore[attr-defined]
         self.module_tree.load(ckpt, self.app.selected, self.app.out_dtype())  # type: ignore[attr-defined]
         self._update_selection_line()
         first = next(iter(ckpt.tensors), None)
@@ -89,6 +90,7 @@ class TensorsPane(Horizontal):
         if self.ckpt is None:
             return
         self.module_tree.out_dtype = self.app.out_dtype()  # type: ignore[attr-defined]
+        self.module_tree.dedupe_tied = self.app.base_options.dedupe_tied  # type: ignore[attr-defined]
         self.module_tree.refresh_labels()
         self.detail.out_dtype = self.module_tree.out_dtype
         self.detail.redraw()
@@ -100,6 +102,9 @@ class TensorsPane(Horizontal):
     def _selection(self, event: ModuleTree.SelectionChanged) -> None:
         self.app.set_selection(event.selected)  # type: ignore[attr-defined]
         self._update_selection_line()
+        node = self.module_tree.cursor_node
+        if node is not None and isinstance(node.data, ModuleNode):  # "selected: k of n" follows the toggle
+            self._show_module(node.data)
 
     def _update_selection_line(self) -> None:
         ckpt = self.ckpt
@@ -138,21 +143,25 @@ class TensorsPane(Horizontal):
             if data.name == self._stats_for and self._results:
                 self.detail.set_extra(self._results)
         elif isinstance(data, ModuleNode):
-            ts = list(data.walk_tensors())
-            selected: set[str] = self.app.selected  # type: ignore[attr-defined]
-            chosen = sum(1 for t in ts if t.name in selected)
-            kinds: dict[str, int] = {}
-            for t in ts:
-                kinds[str(t.kind)] = kinds.get(str(t.kind), 0) + 1
-            self.detail.show_module(
-                data.path or "(root)",
-                [
-                    f"{len(ts)} tensors · {count(data.numel)} parameters · {size(sum(self.module_tree.out_bytes(t) for t in ts))} out",
-                    "kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.items()),
-                    f"selected: {chosen} of {len(ts)}",
-                    "space selects the whole submodule; enter folds it.",
-                ],
-            )
+            self._show_module(data)
+
+    def _show_module(self, data: ModuleNode) -> None:
+        ts = list(data.walk_tensors())
+        selected: set[str] = self.app.selected  # type: ignore[attr-defined]
+        chosen = sum(1 for t in ts if t.name in selected)
+        kinds: dict[str, int] = {}
+        for t in ts:
+            kinds[str(t.kind)] = kinds.get(str(t.kind), 0) + 1
+        self.detail.show_module(
+            data.path or "(root)",
+            [
+                f"{plural(len(ts), 'tensor')} · {count(data.numel)} parameters · "
+                f"{size(sum(self.module_tree.out_bytes(t) for t in ts))} out",
+                "kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.items()),
+                f"selected: {chosen} of {len(ts)}",
+                "space selects the whole submodule; enter folds it.",
+            ],
+        )
 
     # --- filter -------------------------------------------------------------------------------------------
 

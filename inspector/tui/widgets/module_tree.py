@@ -17,7 +17,7 @@ from textual.widgets.tree import TreeNode
 
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.tui.fmt import KIND_STYLE, count, dtype, shape, size
+from inspector.tui.fmt import KIND_STYLE, count, dtype, plural, shape, size
 from inspector.tui.session import ModuleNode, build_tree, rank_of_file
 
 Data = ModuleNode | TensorInfo
@@ -59,6 +59,7 @@ class ModuleTree(Tree[Data]):
         self.selected: set[str] = set()
         self.pattern: re.Pattern[str] | None = None
         self.out_dtype = "float32"
+        self.dedupe_tied = False  # convert writes a tied alias under its own name too unless --dedupe-tied
         self._ranks: dict[str, list[int]] = {}
         self.show_root = False
         self.guide_depth = 2
@@ -101,7 +102,7 @@ class ModuleTree(Tree[Data]):
     # --- labels ---------------------------------------------------------------------------------------------
 
     def out_bytes(self, t: TensorInfo) -> int:
-        if t.kind is Kind.TIED:
+        if t.kind is Kind.TIED and self.dedupe_tied:
             return 0
         return t.numel * itemsize(self.out_dtype) if t.is_floating else t.nbytes
 
@@ -128,7 +129,7 @@ class ModuleTree(Tree[Data]):
             text.append(f"{mark} ", style=style)
             text.append(data.name, style="bold")
             text.append(
-                f"  {len(ts)} tensors · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
+                f"  {plural(len(ts), 'tensor')} · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
                 style="dim",
             )
         elif isinstance(data, TensorInfo):
