@@ -32,6 +32,20 @@ async def _scanned(pilot: Pilot[object]) -> None:
     await pilot.pause()
     await pilot.wait_for_scheduled_animations()
     await pilot.pause()  # a busy machine can leave the last refresh for the next frame
+    await _settled(pilot)
+
+
+async def _settled(pilot: Pilot[object]) -> None:
+    """Wait until two renders 50 ms apart agree: a late resize or auto-height update on a loaded machine
+    otherwise lands after the snapshot is taken (seen as a section shifted by a row or two)."""
+    last = None
+    for _ in range(40):
+        await pilot.pause(0.05)
+        shot = pilot.app.export_screenshot()
+        if shot == last:
+            return
+        last = shot
+    raise AssertionError("the screen did not settle within 2 s")
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
@@ -44,6 +58,7 @@ def test_tensors(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> No
     async def run(pilot: Pilot[object]) -> None:
         await _scanned(pilot)
         await pilot.press("t", "down", "down", "right", "down", "down", "down", "space", "down")
+        await _settled(pilot)
 
     assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
 
@@ -56,7 +71,7 @@ def test_export(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> Non
         await wait_for(
             pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight"
         )
-        await pilot.pause()
+        await _settled(pilot)
 
     app = _app(snapshot_demo, options=ConvertOptions(include=("model.layers.0",), dtype="bf16"))
     assert snap_compare(app, terminal_size=size, run_before=run)
@@ -69,7 +84,7 @@ def test_export_does_not_fit(snap_compare, snapshot_demo: Path) -> None:  # type
         await wait_for(
             pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight"
         )
-        await pilot.pause()
+        await _settled(pilot)
 
     app = _app(snapshot_demo)
     app.frozen_assess = frozen_assess(available=200 * 2**20, free_disk=10 * 2**20)
@@ -94,7 +109,7 @@ def test_convert_in_progress(snap_compare, snapshot_demo: Path, size: tuple[int,
             screen.query_one("#meter").add_sample(mib * 2**20, 20 * 2**30 - i * 2**20)
         for ev in fake_progress(plan, 0.6):
             screen.post_message(ChildEvent("convert", ev))
-        await pilot.pause()
+        await _settled(pilot)
 
     assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
 
@@ -108,6 +123,6 @@ def test_help(snap_compare, snapshot_demo: Path) -> None:  # type: ignore[no-unt
         await wait_for(
             pilot, lambda: isinstance(pilot.app.screen, HelpScreen) and pilot.app.screen.is_mounted, "help"
         )
-        await pilot.pause()
+        await _settled(pilot)
 
     assert snap_compare(_app(snapshot_demo), terminal_size=(100, 36), run_before=run)

@@ -49,6 +49,10 @@ class OverviewPane(VerticalScroll):
         if ckpt.other_runs:
             tags.append(f"\nOther Trainer checkpoints here: {', '.join(ckpt.other_runs)}", style="dim")
         self.query_one("#tag-list", Static).update(tags)
+        # Several auto-height widgets change at once; on a loaded machine one of their layout refreshes can
+        # be taken before its content, leaving a table a row or two short until the next resize. One more
+        # layout pass after this refresh settles them.
+        self.call_after_refresh(self.refresh, layout=True)
 
     def failed(self, exc: InspectorError) -> None:
         banner = self.query_one("#banner", Static)
