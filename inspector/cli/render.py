@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import humanize
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -16,18 +15,14 @@ from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.scan.summary import adapter_json, module_rows, read_bytes_by_source
-from inspector.system.units import format_bytes
+from inspector.system.units import format_bytes, format_count
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
 
-def size(n: int) -> str:
-    return humanize.naturalsize(n, binary=True)
-
-
-def count(n: int) -> str:
-    return humanize.intword(n) if n >= 1_000_000 else humanize.intcomma(n)
+size = format_bytes  # one formatter for sizes and one for counts, shared with the TUI
+count = format_count
 
 
 def summary(ckpt: Checkpoint) -> Panel:

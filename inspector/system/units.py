@@ -79,3 +79,12 @@ def format_bytes(n: float) -> str:
         if value < 1023.95 or unit == _UNITS[-1]:
             return f"{sign}{value:.1f} {unit}"
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def format_count(n: int) -> str:
+    """Counts for people: 1,234 below a million, then 12.3M and 1.20B (what the CLI and the TUI both show)."""
+    if n >= 1_000_000_000:
+        return f"{n / 1e9:.2f}B"
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n:,}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Kind
-from inspector.system.units import format_bytes
+from inspector.system.units import format_bytes, format_count
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
@@ -13,13 +13,7 @@ def size(n: float) -> str:
     return format_bytes(n)
 
 
-def count(n: int) -> str:
-    """1234 -> 1,234; 12_345_678 -> 12.3M; 1.2e9 -> 1.20B."""
-    if n >= 1_000_000_000:
-        return f"{n / 1e9:.2f}B"
-    if n >= 1_000_000:
-        return f"{n / 1e6:.1f}M"
-    return f"{n:,}"
+count = format_count  # 1,234 · 12.3M · 1.20B, as the CLI shows them
 
 
 def plural(n: int, word: str) -> str:
