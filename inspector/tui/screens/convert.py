@@ -28,20 +28,21 @@ from inspector.tui.fmt import duration, size
 from inspector.tui.jobs import convert_args, killed_by, left_on_disk
 from inspector.tui.messages import ChildEvent, ChildExited
 from inspector.tui.screens.dialogs import ConfirmDialog
+from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
 
 
 @dataclass
 class Preflighted(Message):
-    plan: ConversionPlan | None
-    assessment: Assessment | None
+    plan: ConversionPlan | UniversalPlanView | None
+    assessment: Assessment | UniversalAssessment | None
     error: InspectorError | None = None
 
 
 def start_conversion(app: Any) -> None:
     """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
-    if not app.selected:
+    if not app.selected and app.export.format != UNIVERSAL:  # universal writes the whole checkpoint
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
         return
     if app.ckpt.errors:
@@ -77,8 +78,8 @@ class ConvertScreen(Screen[None]):
         self.child: Child | None = None
         self.job = "convert"
         self.phase = "preflight"  # preflight | running | cancelling | done | failed | cancelled | verified
-        self.plan: ConversionPlan | None = None
-        self.assessment: Assessment | None = None
+        self.plan: ConversionPlan | UniversalPlanView | None = None
+        self.assessment: Assessment | UniversalAssessment | None = None
         self.out_dir = ""
         self.report: dict[str, Any] | None = None
         self.error_event: dict[str, Any] | None = None
@@ -160,7 +161,7 @@ class ConvertScreen(Screen[None]):
             answer,
         )
 
-    def show_started(self, plan: ConversionPlan, predicted_peak: int) -> None:
+    def show_started(self, plan: ConversionPlan | UniversalPlanView, predicted_peak: int) -> None:
         """The title, totals and reference line of a conversion that has started."""
         ckpt = self.app.ckpt  # type: ignore[attr-defined]
         self.plan = plan
@@ -171,7 +172,7 @@ class ConvertScreen(Screen[None]):
             Text.assemble(
                 ("Converting ", "bold"),
                 f"{ckpt.root} @ {ckpt.tag} → ",
-                (self.out_dir, "bold"),
+                (plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir, "bold"),
                 f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
