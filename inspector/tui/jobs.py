@@ -55,6 +55,13 @@ def convert_args(
     return [*args, "--progress", "json"]
 
 
+def _tree_size(path: str) -> int:
+    """A file's size, or the bytes of every file under a folder (the universal writer's `.partial/`)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
 def left_on_disk(out_dir: str) -> str:
     """What a failed or killed run left behind, and whether a rerun can reuse it."""
     try:
@@ -66,7 +73,7 @@ def left_on_disk(out_dir: str) -> str:
     partial = [n for n in names if n.endswith(PARTIAL)]
     parts = [f"{out_dir} holds {len(names)} file(s)"]
     if partial:
-        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in partial)
+        total = sum(_tree_size(os.path.join(out_dir, n)) for n in partial)
         parts.append(f"{len(partial)} unfinished *.partial file(s), {size(total)}")
     if JOURNAL in names:
         parts.append("a journal: converting again with the same options reuses the finished shards")
@@ -110,11 +117,25 @@ def verified_text(r: dict[str, Any]) -> Text:
 
 
 def explain_exit(
-    returncode: int, cancelled: bool, error_event: dict[str, Any], stderr: str, peak: int, out_dir: str
+    returncode: int,
+    cancelled: bool,
+    error_event: dict[str, Any],
+    stderr: str,
+    peak: int,
+    out_dir: str,
+    *,
+    resumable: bool = False,
 ) -> tuple[str, str, str]:
-    """Title, message and hint for a conversion child that did not finish."""
+    """Title, message and hint for a conversion child that did not finish. `resumable`: the universal
+    writer, which keeps its finished files in `<tag>_uni.partial/` so the same conversion resumes."""
     from inspector.tui.child import signal_name
 
+    if cancelled and resumable:
+        return (
+            "Cancelled",
+            "The conversion was cancelled; the files finished so far are kept in the *.partial folder.",
+            f"{left_on_disk(out_dir)} Converting again with the same output folder resumes.",
+        )
     if cancelled:
         return (
             "Cancelled",

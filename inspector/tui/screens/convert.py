@@ -259,7 +259,13 @@ class ConvertScreen(Screen[None]):
         cancelled = msg.returncode == 130 or self.phase == "cancelling"
         self.phase = "cancelled" if cancelled else "failed"
         title, message, hint = explain_exit(
-            msg.returncode, cancelled, self.error_event or {}, msg.stderr, peak, self.out_dir
+            msg.returncode,
+            cancelled,
+            self.error_event or {},
+            msg.stderr,
+            peak,
+            self.out_dir,
+            resumable=isinstance(self.plan, UniversalPlanView),
         )
         self._show_failure(title, message, hint, error=not cancelled)
 
