@@ -268,3 +268,36 @@ def test_preflight_counts_only_the_buffers_the_writer_touches(demo: Any, tmp_pat
     widen = any(f.source_dtype != "float32" for f in plan.files)
     assert buffer_bytes(plan, 2) <= (largest[0] + largest[1]) * (5 if widen else 2) // 2
     assert buffer_bytes(plan, 1) < buffer_bytes(plan, 2) <= buffer_bytes(plan, 8)
+
+
+def test_output_kinds_offers_universal_where_the_optimizer_state_allows(demo: Any, tmp_path: Path) -> None:
+    """`output_kinds` is the one list the CLI and the TUI share: universal is on it, with a reason when not."""
+    from inspector.convert.export import OutputKind, output_kinds
+
+    ckpt = scan(str(demo(SPECS["s2"])))
+    uni = {c.kind: c for c in output_kinds(ckpt)}[OutputKind.UNIVERSAL]
+    assert uni.available and uni.reason == "" and uni.flag == "--format universal"
+    plan = plan_universal(ckpt, str(tmp_path))
+    write_universal(plan)
+    back = {c.kind: c for c in output_kinds(scan(plan.out_dir))}[OutputKind.UNIVERSAL]
+    assert not back.available and "optimizer files" in back.reason  # a universal checkpoint read back
+
+
+def test_progress_json_streams_universal_convert_and_verify(demo: Any, tmp_path: Path, cli: Any) -> None:
+    """`convert --format universal --progress json` and `verify --progress json` speak the TUI's JSON lines."""
+    import json
+
+    root = demo(SPECS["s3"])
+    rc, stdout, stderr = cli("convert", root, tmp_path, "--format", "universal", "--progress", "json")
+    assert rc == 0, stdout + stderr
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert events[0]["event"] == "start" and events[0]["kind"] == "universal"
+    report = events[-1]
+    assert report["event"] == "report" and report["out_dir"] == str(tmp_path / "global_step3_uni")
+    assert report["bytes_written"] > 0 and report["tensors"] == events[0]["tensors"]
+    rc, stdout, stderr = cli("verify", root, tmp_path, "--progress", "json")
+    assert rc == 0, stdout + stderr
+    verified = json.loads(stdout.splitlines()[-1])
+    assert verified["event"] == "verified" and verified["ok"] and verified["checked"] == report["tensors"]
+    rc, stdout, _ = cli("convert", root, tmp_path, "--format", "universal", "--progress", "json")
+    assert rc != 0 and json.loads(stdout.splitlines()[-1])["event"] == "error"  # refuses to overwrite

@@ -161,6 +161,10 @@ def _memory_line() -> str:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     if getattr(args, "format", "safetensors") == "universal":
+        if args.progress == "json":
+            from inspector.cli.progress import convert_universal_json
+
+            return convert_universal_json(args)
         from inspector.cli.universal import convert_universal
 
         return convert_universal(args)
@@ -289,6 +293,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from inspector.scan.universal import find_universal
 
     if (uni := find_universal(args.out, prefer=True)) is not None:
+        if args.progress == "json":
+            from inspector.cli.progress import verify_universal_json
+
+            return verify_universal_json(args, uni)
         from inspector.cli.universal import verify_universal_cli
 
         return verify_universal_cli(args, uni)

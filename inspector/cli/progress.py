@@ -152,3 +152,140 @@ def verify_json(args: argparse.Namespace) -> int:
         return 1
 
     return _guard(body)
+
+
+def convert_universal_json(args: argparse.Namespace) -> int:
+    """`convert --format universal --progress json`: the writer's byte count as `progress` events."""
+
+    def body() -> int:
+        import threading
+
+        from inspector.convert.writers.universal import plan_universal, prepare, write_universal
+        from inspector.convert.writers.universal_preflight import estimate_universal
+        from inspector.errors import DamagedCheckpointError, DoesNotFitError
+        from inspector.scan.scanner import scan
+        from inspector.system.rss import peak_rss
+
+        ckpt = scan(args.path, args.tag)
+        if ckpt.errors and not args.force:
+            raise DamagedCheckpointError(
+                f"{ckpt.tag_dir} has {len(ckpt.errors)} error finding(s); see `zero-inspector scan`.",
+                hint="A universal checkpoint from a damaged source would resume wrong.",
+            )
+        plan = plan_universal(ckpt, os.path.abspath(args.out))
+        prepare(plan, args.overwrite)
+        rank0 = ckpt.ranks[0].optim_bytes if ckpt.stage == 3 and ckpt.ranks else 0
+        est = estimate_universal(plan, stage3_rank0_optim=rank0)
+        if not est.fits and not args.force:
+            raise DoesNotFitError(
+                "The universal checkpoint does not fit in memory or on disk.",
+                hint="See `zero-inspector preflight --format universal`; --force starts it anyway.",
+            )
+        total = plan.total_bytes
+        emit(
+            "start",
+            out_dir=plan.out_dir,
+            kind="universal",
+            tensors=len(plan.files),
+            output_bytes=total,
+            shards=[],
+            predicted_peak_rss=est.predicted_peak_rss,
+        )
+        done = [0]
+        lock = threading.Lock()
+
+        def progress(n: int) -> None:
+            with lock:
+                done[0] += n
+
+        result: list[Any] = []
+        error: list[BaseException] = []
+        cancel = threading.Event()
+        finished = threading.Event()
+
+        def work() -> None:
+            try:
+                result.append(
+                    write_universal(plan, overwrite=args.overwrite, cancel=cancel, progress=progress)
+                )
+            except BaseException as exc:
+                error.append(exc)
+            finally:
+                finished.set()
+
+        start = time.monotonic()
+        threading.Thread(target=work, name="zi-universal", daemon=True).start()
+        try:
+            while not finished.wait(0.25):
+                elapsed = time.monotonic() - start
+                emit(
+                    "progress",
+                    bytes_done=done[0],
+                    bytes_total=total,
+                    tensor="",
+                    elapsed=round(elapsed, 3),
+                    throughput=round(done[0] / elapsed, 1) if elapsed else 0.0,
+                )
+        except KeyboardInterrupt:  # SIGINT / SIGTERM: finished files stay in <tag>_uni.partial/ for a rerun
+            cancel.set()
+            finished.wait()
+            raise
+        if error:
+            raise error[0]
+        report = result[0]
+        emit(
+            "report",
+            out_dir=plan.out_dir,
+            files=[[plan.folder, report.bytes_written]],
+            tensors=report.files,
+            bytes_written=report.bytes_written,
+            seconds=round(time.monotonic() - start, 3),
+            resumed_shards=report.reused,
+            removed_stale=[],
+            peak_rss=peak_rss(),
+        )
+        return 0
+
+    return _guard(body)
+
+
+def verify_universal_json(args: argparse.Namespace, folder: str) -> int:
+    """`verify OUT --progress json` where OUT holds a universal checkpoint."""
+
+    def body() -> int:
+        from inspector.convert.writers.universal_verify import UniversalVerifyResult, verify_universal
+        from inspector.scan.scanner import scan
+        from inspector.scan.universal import scan_universal
+
+        src = scan(args.path, args.tag)
+        uni = scan_universal(folder)
+        start = last = time.monotonic()
+        for ev in verify_universal(src, uni):
+            now = time.monotonic()
+            if isinstance(ev, UniversalVerifyResult):
+                emit(
+                    "verified",
+                    ok=ev.ok,
+                    checked=ev.checked,
+                    bytes_checked=ev.bytes_checked,
+                    mismatched=ev.mismatched,
+                    missing=ev.missing,
+                    unexpected=ev.unexpected,
+                    notes=ev.notes,
+                    seconds=round(now - start, 3),
+                )
+                return 0 if ev.ok else 1
+            if now - last >= 0.25:
+                last = now
+                elapsed = now - start
+                emit(
+                    "progress",
+                    bytes_done=ev.bytes_done,
+                    bytes_total=ev.bytes_total,
+                    tensor=ev.tensor,
+                    elapsed=round(elapsed, 3),
+                    throughput=round(ev.bytes_done / elapsed, 1) if elapsed else 0.0,
+                )
+        return 1
+
+    return _guard(body)

@@ -27,7 +27,7 @@ from inspector.convert.writers.hf_folder import (
 )
 from inspector.convert.writers.merge import MergedPlan, build_merged_plan, run_merged
 from inspector.errors import InspectorError, OutputError
-from inspector.scan.model import Checkpoint
+from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.peft import ADAPTER_CONFIG, Adapter, AdapterError, detect_adapter
 
 _PEFT_RENAMES = (
@@ -43,6 +43,7 @@ class OutputKind(str, Enum):
     MODEL = "model"  # + config, generation config, tokenizer: a folder from_pretrained loads
     ADAPTER = "adapter"  # PEFT's adapter_model.safetensors + adapter_config.json
     MERGED = "merged"  # LoRA folded into the base weights: a plain model folder
+    UNIVERSAL = "universal"  # a DeepSpeed universal checkpoint (`convert --format universal`)
 
     def __str__(self) -> str:
         return self.value
@@ -80,7 +81,7 @@ def output_kinds(ckpt: Checkpoint) -> list[OutputChoice]:
                 OutputKind.MERGED, "model with the LoRA adapter merged", False, reason, "--merge-adapter"
             ),
         ]
-        return out
+        return [*out, _universal_choice(ckpt)]
     no_cfg = "" if adapter.config_path else f"no {ADAPTER_CONFIG} beside the checkpoint"
     out.append(OutputChoice(OutputKind.ADAPTER, "PEFT LoRA adapter", not no_cfg, no_cfg, "--adapter"))
     problems = "; ".join(adapter.problems)
@@ -89,7 +90,28 @@ def output_kinds(ckpt: Checkpoint) -> list[OutputChoice]:
             OutputKind.MERGED, "model with the LoRA adapter merged", not problems, problems, "--merge-adapter"
         )
     )
-    return out
+    return [*out, _universal_choice(ckpt)]
+
+
+ADAM = {"exp_avg", "exp_avg_sq"}
+
+
+def _universal_choice(ckpt: Checkpoint) -> OutputChoice:
+    """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter."""
+    reason = ""
+    if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
+        reason = "no ZeRO optimizer files (already universal, or weights only)"
+    elif ckpt.errors:
+        reason = "the checkpoint has error findings"
+    elif any(t.kind is Kind.TRAINABLE and {m for m, _ in t.moments} != ADAM for t in ckpt.tensors):
+        reason = "not an Adam-family optimizer (no exp_avg / exp_avg_sq)"
+    return OutputChoice(
+        OutputKind.UNIVERSAL,
+        "DeepSpeed universal checkpoint (resume on any world size)",
+        not reason,
+        reason,
+        "--format universal",
+    )
 
 
 @dataclass(frozen=True)

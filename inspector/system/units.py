@@ -69,7 +69,7 @@ _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def format_bytes(n: float) -> str:
-    """The one size formatter (humanize's naturalsize says 'Bytes' and drops the decimal). Binary-unit size with one decimal ("1.5 GiB"); plain bytes below 1 KiB."""
+    """The one size formatter (humanize, once a dependency, printed "Bytes" and dropped the decimal): binary units, one decimal ("1.5 GiB"); plain bytes below 1 KiB."""
     sign = "-" if n < 0 else ""
     value = float(abs(n))
     if value < 1024:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -213,26 +211,11 @@ class InspectorApp(App[int]):
             self.main.status,
             f"Writing a {self.launch.demo_params}-parameter demo checkpoint (ZeRO-2, 2 ranks, bf16)…",
         )
-        from inspector.tui.child import REPO_ROOT
+        from inspector.tui.commands import write_demo_checkpoint
 
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-        )
-        proc = subprocess.run(
-            [sys.executable, "-m", "inspector", "demo", path, "--params", self.launch.demo_params],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        if proc.returncode:
-            self.post_message(
-                ScanFailed(
-                    InspectorError(
-                        proc.stderr.strip()[-500:] or "the demo writer failed", title="Cannot write the demo"
-                    )
-                )
-            )
+        problem = write_demo_checkpoint(path, self.launch.demo_params)
+        if problem:
+            self.post_message(ScanFailed(InspectorError(problem, title="Cannot write the demo")))
             return
         self.post_message(DemoWritten(path))
 
@@ -335,29 +318,10 @@ class InspectorApp(App[int]):
         self.main.focus_roots()
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        from inspector.tui.commands import app_commands
+
         yield from super().get_system_commands(screen)
-        yield SystemCommand(
-            "Export options", "Output folder, dtype, shard size, renames; live preflight", self.action_export
-        )
-        yield SystemCommand(
-            "Convert", "Convert the selection to safetensors in a child process", self.action_convert
-        )
-        yield SystemCommand(
-            "Overview", "Summary, ranks, tags and findings", lambda: self.main.show_tab("overview")
-        )
-        yield SystemCommand(
-            "Tensors", "Module tree, selection and tensor detail", lambda: self.main.show_tab("tensors")
-        )
-        yield SystemCommand(
-            "Statistics of the focused tensor",
-            "min, max, mean, std, NaN/Inf, histogram",
-            lambda: self.main.tensors_pane.action_stats(),
-        )
-        yield SystemCommand("Select all tensors", "Export everything", lambda: self.main.select("all"))
-        yield SystemCommand("Select no tensors", "Start an empty selection", lambda: self.main.select("none"))
-        yield SystemCommand("Next tag", "Open the next (newer) tag", lambda: self.action_tag(1))
-        yield SystemCommand("Previous tag", "Open the previous (older) tag", lambda: self.action_tag(-1))
-        yield SystemCommand("Keys", "Every key of the app", self.action_help)
+        yield from app_commands(self)
 
 
 def make_app(

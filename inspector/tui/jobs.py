@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from typing import Any
+
+from rich.text import Text
 
 from inspector.convert.output import JOURNAL, LOCK, PARTIAL
 from inspector.convert.plan import ConvertOptions
@@ -23,6 +26,9 @@ def convert_args(
     root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool, kind: str = ""
 ) -> list[str]:
     """The `convert` command line for these options (the child re-plans exactly what we predicted)."""
+    if kind == "universal":  # the whole checkpoint: selection, dtype, shards and renames do not apply
+        flags = [f for f, on_ in (("--overwrite", overwrite), ("--force", force)) if on_]
+        return ["convert", root, out_dir, "--tag", tag, "--format", "universal", *flags, "--progress", "json"]
     args = ["convert", root, out_dir, "--tag", tag, "--dtype", o.dtype, "--shard-size", str(o.shard_size)]
     for flag, values in (
         ("--include", o.include),
@@ -49,6 +55,13 @@ def convert_args(
     return [*args, "--progress", "json"]
 
 
+def _tree_size(path: str) -> int:
+    """A file's size, or the bytes of every file under a folder (the universal writer's `.partial/`)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
 def left_on_disk(out_dir: str) -> str:
     """What a failed or killed run left behind, and whether a rerun can reuse it."""
     try:
@@ -60,8 +73,84 @@ def left_on_disk(out_dir: str) -> str:
     partial = [n for n in names if n.endswith(PARTIAL)]
     parts = [f"{out_dir} holds {len(names)} file(s)"]
     if partial:
-        total = sum(os.path.getsize(os.path.join(out_dir, n)) for n in partial)
+        total = sum(_tree_size(os.path.join(out_dir, n)) for n in partial)
         parts.append(f"{len(partial)} unfinished *.partial file(s), {size(total)}")
     if JOURNAL in names:
         parts.append("a journal: converting again with the same options reuses the finished shards")
     return "; ".join(parts) + "."
+
+
+def done_text(r: dict[str, Any], peak: int, predicted: int) -> Text:
+    """The result line of a finished conversion, from the child's `report` event."""
+    files = r.get("files", [])
+    secs = float(r.get("seconds", 0))
+    written = int(r.get("bytes_written", 0))
+    return Text.assemble(
+        ("✔ Done", "bold green"),
+        f" in {secs:.1f} s: {r.get('tensors')} tensors, {size(written)}"
+        f" in {len(files)} file(s) at {size(written / max(float(r.get('seconds', 1)), 1e-9))}/s;"
+        f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
+        "\n",
+        ("\n".join(f"  {name}  {size(int(n))}" for name, n in files[:8]), "dim"),
+        ("\n  …" if len(files) > 8 else ""),
+        ("\nv verifies every byte against the checkpoint · b goes back", "bold"),
+    )
+
+
+def failure_text(title: str, message: str, hint: str, *, error: bool = True) -> Text:
+    return Text.assemble(
+        ("✖ " if error else "■ ", "bold red" if error else "bold yellow"),
+        (title, "bold"),
+        f"\n{message}",
+        (f"\n→ {hint}", "italic"),
+        ("\nb goes back; c on the main screen tries again.", "dim"),
+    )
+
+
+def verified_text(r: dict[str, Any]) -> Text:
+    """The line of a verification that passed, from the child's `verified` event."""
+    return Text.assemble(
+        ("✔ Verified: ", "bold green"),
+        f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
+        f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s).",
+    )
+
+
+def explain_exit(
+    returncode: int,
+    cancelled: bool,
+    error_event: dict[str, Any],
+    stderr: str,
+    peak: int,
+    out_dir: str,
+    *,
+    resumable: bool = False,
+) -> tuple[str, str, str]:
+    """Title, message and hint for a conversion child that did not finish. `resumable`: the universal
+    writer, which keeps its finished files in `<tag>_uni.partial/` so the same conversion resumes."""
+    from inspector.tui.child import signal_name
+
+    if cancelled and resumable:
+        return (
+            "Cancelled",
+            "The conversion was cancelled; the files finished so far are kept in the *.partial folder.",
+            f"{left_on_disk(out_dir)} Converting again with the same output folder resumes.",
+        )
+    if cancelled:
+        return (
+            "Cancelled",
+            "The conversion was cancelled; the converter removed its partial output.",
+            left_on_disk(out_dir),
+        )
+    sig = signal_name(returncode)
+    if sig:
+        return (
+            "The converter was killed",
+            f"The conversion process was {killed_by(sig)}. It had no chance "
+            f"to clean up. Peak RSS seen: {size(peak)}.",
+            left_on_disk(out_dir),
+        )
+    ev = error_event
+    title = str(ev.get("title") or "The conversion failed")
+    message = str(ev.get("message") or stderr.strip()[-800:] or f"exit code {returncode}")
+    return title, message, " ".join(x for x in (str(ev.get("hint") or ""), left_on_disk(out_dir)) if x)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
+
+if TYPE_CHECKING:
+    from inspector.convert.plan import ConversionPlan
+    from inspector.convert.preflight import Assessment
+    from inspector.tui.universal import UniversalAssessment, UniversalPlanView
 
 
 @dataclass
@@ -68,3 +73,12 @@ class MemorySample(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, MemorySample)
+
+
+@dataclass
+class Preflighted(Message):
+    """The convert screen's preflight worker finished (a plan and its assessment, or the error)."""
+
+    plan: ConversionPlan | UniversalPlanView | None
+    assessment: Assessment | UniversalAssessment | None
+    error: InspectorError | None = None

@@ -7,8 +7,11 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from inspector.cli.main import _route, build_parser
 from inspector.tui.app import make_app
+from tests.tui.conftest import wait_for
 
 
 def test_path_and_demo_route_to_open() -> None:
@@ -114,3 +117,18 @@ def test_child_command_line_carries_the_output_kind() -> None:
         convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False)
     )
     assert not plain.weights_only and not plain.adapter and not plain.merge_adapter
+
+
+@pytest.mark.asyncio
+async def test_demo_is_written_in_a_child_and_opened() -> None:
+    """`--demo`: the writer runs in a child (tui/commands.write_demo_checkpoint); the app opens the result."""
+
+    app = make_app(demo=True, demo_params="200K", live_meters=False)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.ckpt is not None, "the demo")
+            assert app.ckpt is not None and app.ckpt.root.startswith(str(app._temp_dir))
+    finally:
+        temp = app._temp_dir
+        app.cleanup()
+        assert temp and not os.path.exists(temp)

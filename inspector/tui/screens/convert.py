@@ -7,7 +7,6 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -16,32 +15,25 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
 from inspector.convert.plan import ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.tui.child import Child, signal_name
+from inspector.tui.child import Child
 from inspector.tui.fmt import duration, size
-from inspector.tui.jobs import convert_args, killed_by, left_on_disk
-from inspector.tui.messages import ChildEvent, ChildExited
+from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
+from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
+from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
 
 
-@dataclass
-class Preflighted(Message):
-    plan: ConversionPlan | None
-    assessment: Assessment | None
-    error: InspectorError | None = None
-
-
 def start_conversion(app: Any) -> None:
     """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
-    if not app.selected:
+    if not app.selected and app.export.format != UNIVERSAL:  # universal writes the whole checkpoint
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
         return
     if app.ckpt.errors:
@@ -77,8 +69,8 @@ class ConvertScreen(Screen[None]):
         self.child: Child | None = None
         self.job = "convert"
         self.phase = "preflight"  # preflight | running | cancelling | done | failed | cancelled | verified
-        self.plan: ConversionPlan | None = None
-        self.assessment: Assessment | None = None
+        self.plan: ConversionPlan | UniversalPlanView | None = None
+        self.assessment: Assessment | UniversalAssessment | None = None
         self.out_dir = ""
         self.report: dict[str, Any] | None = None
         self.error_event: dict[str, Any] | None = None
@@ -160,7 +152,7 @@ class ConvertScreen(Screen[None]):
             answer,
         )
 
-    def show_started(self, plan: ConversionPlan, predicted_peak: int) -> None:
+    def show_started(self, plan: ConversionPlan | UniversalPlanView, predicted_peak: int) -> None:
         """The title, totals and reference line of a conversion that has started."""
         ckpt = self.app.ckpt  # type: ignore[attr-defined]
         self.plan = plan
@@ -171,7 +163,7 @@ class ConvertScreen(Screen[None]):
             Text.assemble(
                 ("Converting ", "bold"),
                 f"{ckpt.root} @ {ckpt.tag} → ",
-                (self.out_dir, "bold"),
+                (plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir, "bold"),
                 f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
@@ -261,61 +253,24 @@ class ConvertScreen(Screen[None]):
         self.app.converting = False  # type: ignore[attr-defined]
         if msg.returncode == 0 and self.report is not None:
             self.phase = "done"
-            r = self.report
-            files = r.get("files", [])
-            self.query_one("#result", Static).update(
-                Text.assemble(
-                    ("✔ Done", "bold green"),
-                    f" in {float(r.get('seconds', 0)):.1f} s: {r.get('tensors')} tensors, {size(int(r.get('bytes_written', 0)))}"
-                    f" in {len(files)} file(s) at {size(float(r.get('bytes_written', 0)) / max(float(r.get('seconds', 1)), 1e-9))}/s;"
-                    f" peak RSS {size(peak)}"
-                    + (f" (predicted {size(meter.predicted)})" if meter.predicted else "")
-                    + ".",
-                    "\n",
-                    ("\n".join(f"  {name}  {size(int(n))}" for name, n in files[:8]), "dim"),
-                    ("\n  …" if len(files) > 8 else ""),
-                    ("\nv verifies every byte against the checkpoint · b goes back", "bold"),
-                )
-            )
+            self.query_one("#result", Static).update(done_text(self.report, peak, meter.predicted))
             self.notify("Conversion finished.", title="Done")
             return
-        sig = signal_name(msg.returncode)
-        if msg.returncode == 130 or self.phase == "cancelling":
-            self.phase = "cancelled"
-            self._show_failure(
-                "Cancelled",
-                "The conversion was cancelled; the converter removed its partial output.",
-                left_on_disk(self.out_dir),
-                error=False,
-            )
-            return
-        self.phase = "failed"
-        if sig:
-            why = killed_by(sig)
-            self._show_failure(
-                "The converter was killed",
-                f"The conversion process was {why}. It had no chance "
-                f"to clean up. Peak RSS seen: {size(peak)}.",
-                left_on_disk(self.out_dir),
-            )
-            return
-        ev = self.error_event or {}
-        title = str(ev.get("title") or "The conversion failed")
-        message = str(ev.get("message") or msg.stderr.strip()[-800:] or f"exit code {msg.returncode}")
-        self._show_failure(
-            title, message, " ".join(x for x in (str(ev.get("hint") or ""), left_on_disk(self.out_dir)) if x)
+        cancelled = msg.returncode == 130 or self.phase == "cancelling"
+        self.phase = "cancelled" if cancelled else "failed"
+        title, message, hint = explain_exit(
+            msg.returncode,
+            cancelled,
+            self.error_event or {},
+            msg.stderr,
+            peak,
+            self.out_dir,
+            resumable=isinstance(self.plan, UniversalPlanView),
         )
+        self._show_failure(title, message, hint, error=not cancelled)
 
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
-        self.query_one("#result", Static).update(
-            Text.assemble(
-                ("✖ " if error else "■ ", "bold red" if error else "bold yellow"),
-                (title, "bold"),
-                f"\n{message}",
-                (f"\n→ {hint}", "italic"),
-                ("\nb goes back; c on the main screen tries again.", "dim"),
-            )
-        )
+        self.query_one("#result", Static).update(failure_text(title, message, hint, error=error))
         self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8)
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
@@ -353,13 +308,7 @@ class ConvertScreen(Screen[None]):
             self.phase = "verified"
             bar = self.query_one("#overall", ProgressBar)
             bar.update(total=bar.total or 1, progress=bar.total or 1)
-            self.query_one("#overall-text", Static).update(
-                Text.assemble(
-                    ("✔ Verified: ", "bold green"),
-                    f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
-                    f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s).",
-                )
-            )
+            self.query_one("#overall-text", Static).update(verified_text(r))
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
         self.phase = "done"

@@ -18,9 +18,12 @@ from inspector.convert.plan import DTYPE_ALIASES, ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
+from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView, universal_preflight
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
 
+AnyPlan = ConversionPlan | UniversalPlanView
+AnyAssessment = Assessment | UniversalAssessment
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
 
 
@@ -31,7 +34,8 @@ def format_options(ckpt: object) -> tuple[list[tuple[str, str]], str, list[str]]
     kinds = output_kinds(ckpt)  # type: ignore[arg-type]
     options = [(k.label, str(k.kind)) for k in kinds if k.available]
     # only the model folder is worth a note: adapter kinds are noise on a checkpoint without LoRA
-    missing = [f"HF model folder: {k.reason}" for k in kinds if not k.available and str(k.kind) == "model"]
+    noted = {"model": "HF model folder", "universal": "Universal"}
+    missing = [f"{noted[str(k.kind)]}: {k.reason}" for k in kinds if not k.available and str(k.kind) in noted]
     default = "model" if any(v == "model" for _, v in options) else "weights"
     return options, default, missing
 
@@ -69,17 +73,19 @@ def parse_renames(text: str) -> tuple[tuple[str, str], ...]:
 @dataclass
 class PreflightDone(Message):
     generation: int
-    plan: ConversionPlan | None
-    assessment: Assessment | None
+    plan: AnyPlan | None
+    assessment: AnyAssessment | None
     error: str = ""
 
 
-def run_preflight(app: object, opts: ConvertOptions, out_dir: str) -> tuple[ConversionPlan, Assessment]:
+def run_preflight(app: object, opts: ConvertOptions, out_dir: str) -> tuple[AnyPlan, AnyAssessment]:
     """Plan the chosen output kind and assess it (in a worker)."""
     from inspector.convert.export import plan_export
     from inspector.convert.preflight import assess
 
     kind = app.export.format  # type: ignore[attr-defined]
+    if kind == UNIVERSAL:
+        return universal_preflight(app.ckpt, opts, out_dir)  # type: ignore[attr-defined]
     xp = plan_export(
         app.ckpt,  # type: ignore[attr-defined]
         opts,
@@ -205,7 +211,11 @@ class ExportScreen(Screen[None]):
         elif os.path.exists(out) and not os.path.isdir(out):
             errors.append(f"Output folder: {out} is a file")
         overwrite = self.query_one("#overwrite", Checkbox).value
-        if out and os.path.isdir(out) and os.listdir(out) and not overwrite:
+        if str(self.query_one("#format", Select).value) == UNIVERSAL:  # OUT/<tag>_uni; OUT may be the root
+            uni = os.path.join(out, f"{app.ckpt.tag}_uni") if out else ""  # type: ignore[attr-defined]
+            if uni and os.path.exists(uni) and not overwrite:
+                errors.append(f"Output folder: {uni} exists (switch on overwrite to replace it)")
+        elif out and os.path.isdir(out) and os.listdir(out) and not overwrite:
             errors.append(
                 f"Output folder: {out} is not empty (switch on overwrite to replace an earlier conversion)"
             )
@@ -232,7 +242,7 @@ class ExportScreen(Screen[None]):
         app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)  # type: ignore[attr-defined]
         self.app.main.tensors_pane.refresh_options()  # type: ignore[attr-defined]
         self.generation += 1
-        if not app.selected:  # type: ignore[attr-defined]
+        if not app.selected and fmt != UNIVERSAL:  # type: ignore[attr-defined]
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
             return
         self.query_one(PreflightPanel).pending()
@@ -261,6 +271,13 @@ class ExportScreen(Screen[None]):
             panel.error(msg.error)
             return
         panel.show(msg.assessment, msg.plan)
+        if isinstance(msg.plan, UniversalPlanView):
+            self.query_one("#selection-summary", Static).update(
+                "[dim]Universal: the whole checkpoint (fp32 masters, both Adam moments, the step) for any "
+                "world size; the selection, dtype, shards and renames do not apply. Resume with "
+                '"checkpoint": {"load_universal": true}.[/]'
+            )
+            return
         opts = msg.plan.options
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(

@@ -28,7 +28,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         [
             ("↑ ↓ ← →", "move; ← → fold and unfold submodules"),
             ("enter", "fold / unfold a submodule"),
-            ("space", "select or deselect a tensor or a whole submodule"),
+            ("space", "select or deselect a tensor or a whole submodule (or click its □ mark)"),
             ("a / n / i", "select all / none / invert (of what the filter shows)"),
             ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1\\d\\.) or text"),
             ("escape", "clear the filter, or cancel statistics"),

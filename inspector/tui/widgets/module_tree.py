@@ -1,6 +1,6 @@
 """The module hierarchy as a tree with subtotals, selection marks and a filter.
 
-`space` toggles a tensor or a whole submodule, `a`/`n`/`i` select all/none/invert (of what the filter
+`space` (or a click on a row's mark) toggles a tensor or a whole submodule, `a`/`n`/`i` select all/none/invert (of what the filter
 shows); the selection is posted as `SelectionChanged` and becomes convert's include/exclude.
 """
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import Tree
@@ -22,6 +24,7 @@ from inspector.tui.session import ModuleNode, build_tree, rank_of_file
 
 Data = ModuleNode | TensorInfo
 ON, OFF, SOME = "■", "□", "◪"
+MARK_META = Style.from_meta({"select_mark": True})  # a click on a row's mark toggles its selection
 
 
 def ranks_label(ranks: list[int]) -> str:
@@ -121,12 +124,17 @@ class ModuleTree(Tree[Data]):
             return ON, "bold green"
         return (SOME, "yellow") if chosen else (OFF, "dim")
 
+    @staticmethod
+    def _append_mark(text: Text, mark: str, style: str) -> None:
+        text.append(mark, style=Style.parse(style) + MARK_META)
+        text.append(" ")
+
     def _label(self, data: Data | None) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         if isinstance(data, ModuleNode):
             ts = list(data.walk_tensors())
             mark, style = self._mark([t.name for t in ts])
-            text.append(f"{mark} ", style=style)
+            self._append_mark(text, mark, style)
             text.append(data.name, style="bold")
             text.append(
                 f"  {plural(len(ts), 'tensor')} · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
@@ -134,7 +142,7 @@ class ModuleTree(Tree[Data]):
             )
         elif isinstance(data, TensorInfo):
             mark, style = self._mark([data.name])
-            text.append(f"{mark} ", style=style)
+            self._append_mark(text, mark, style)
             text.append(data.name.rpartition(".")[2])
             text.append(f"  {shape(data.shape)} {dtype(data.dtype)} ", style="dim")
             text.append(str(data.kind), style=KIND_STYLE[data.kind])
@@ -160,6 +168,15 @@ class ModuleTree(Tree[Data]):
     def set_selection(self, names: set[str]) -> None:
         self.selected = set(names)
         self._changed()
+
+    async def _on_click(self, event: events.Click) -> None:
+        """A click on the mark (■ □ ◪) toggles that row's selection; elsewhere the Tree's own click."""
+        meta = event.style.meta
+        if meta.get("select_mark") and "line" in meta:
+            event.prevent_default()  # not also the Tree's select/expand of the row
+            event.stop()
+            self.cursor_line = meta["line"]
+            self.action_toggle_select()
 
     def action_toggle_select(self) -> None:
         names = self._names_under(self.cursor_node)

@@ -10,6 +10,7 @@ from textual.widgets import Static
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.tui.fmt import duration, size
+from inspector.tui.universal import UniversalAssessment, UniversalPlanView
 
 
 class PreflightPanel(Static):
@@ -29,7 +30,11 @@ class PreflightPanel(Static):
         self.set_class(True, "-bad")
         self.update(Text(message, style="bold red"))
 
-    def show(self, a: Assessment, plan: ConversionPlan) -> None:
+    def show(self, a: Assessment | UniversalAssessment, plan: ConversionPlan | UniversalPlanView) -> None:
+        if isinstance(a, UniversalAssessment) or isinstance(plan, UniversalPlanView):
+            assert isinstance(a, UniversalAssessment) and isinstance(plan, UniversalPlanView)
+            self.show_universal(a, plan)
+            return
         self.assessment = a
         self.set_class(not a.fits, "-bad")
         t = Table.grid(padding=(0, 1))
@@ -61,3 +66,41 @@ class PreflightPanel(Static):
         else:
             verdict = Text.assemble(("✖ Does not fit. ", "bold red"), a.problem, "\n→ ", (a.advice, "italic"))
         self.update(Group(verdict, t))  # the verdict first: it stays in view on a short terminal
+
+    def show_universal(self, a: UniversalAssessment, plan: UniversalPlanView) -> None:
+        """`preflight --format universal`'s numbers: peak RAM, output against free disk, reads, time."""
+        self.assessment = None
+        e = a.est
+        self.set_class(not a.fits, "-bad")
+        t = Table.grid(padding=(0, 1))
+        t.add_column(style="bold", no_wrap=True)
+        t.add_column()
+
+        def row(label: str, value: str, style: str, detail: str) -> None:
+            t.add_row(label, Text.assemble((value, style), "  ", (detail, "dim")))
+
+        row(
+            "Peak RAM",
+            size(e.predicted_peak_rss),
+            "green" if a.fits_memory else "bold red",
+            f"of {size(e.available_memory)} available ({e.memory_source})",
+        )
+        row(
+            "Output",
+            size(e.output_bytes),
+            "green" if a.fits_disk else "bold red",
+            f"{len(plan.shards)} file(s), {plan.tensor_count} parameters; {size(e.free_disk)} free",
+        )
+        row("ds_to_univ.", size(e.deepspeed_peak_disk), "", "DeepSpeed's tool peaks near this on disk")
+        row("Reads", size(e.read_bytes), "", "from the checkpoint")
+        row("Time", f"~{duration(e.estimated_seconds)}", "", "estimate")
+        row("Writes", "", "", plan.out_dir)
+        if a.fits:
+            verdict = Text.assemble(
+                ("✔ Fits", "bold green"),
+                f": {size(e.available_memory - e.predicted_peak_rss)} of RAM and "
+                f"{size(e.free_disk - e.output_bytes)} of disk to spare.",
+            )
+        else:
+            verdict = Text.assemble(("✖ Does not fit. ", "bold red"), a.problem, "\n→ ", (a.advice, "italic"))
+        self.update(Group(verdict, t))
