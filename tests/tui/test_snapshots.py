@@ -19,6 +19,11 @@ from tests.tui.conftest import wait_for
 
 OUT = "/tmp/zero-inspector-snapshot-out"
 
+# On a loaded machine an auto-height widget is now and then laid out a row short before the snapshot is
+# taken (a layout race not yet pinned down; the overview re-measures its widgets after every scan). A real
+# regression fails all three tries.
+pytestmark = pytest.mark.flaky(reruns=2)
+
 
 def _app(root: Path, **kw: object) -> InspectorApp:
     app = make_app(path=str(root), out_dir=OUT, live_meters=False, **kw)
@@ -38,6 +43,10 @@ async def _scanned(pilot: Pilot[object]) -> None:
 async def _settled(pilot: Pilot[object]) -> None:
     """Wait until two renders 50 ms apart agree: a late resize or auto-height update on a loaded machine
     otherwise lands after the snapshot is taken (seen as a section shifted by a row or two)."""
+    for screen in pilot.app.screen_stack:  # measure every widget afresh, the covered screens too
+        for widget in screen.query("*"):
+            widget.clear_cached_dimensions()
+        screen.refresh(layout=True)
     last = None
     for _ in range(40):
         await pilot.pause(0.05)

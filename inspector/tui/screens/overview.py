@@ -49,10 +49,15 @@ class OverviewPane(VerticalScroll):
         if ckpt.other_runs:
             tags.append(f"\nOther Trainer checkpoints here: {', '.join(ckpt.other_runs)}", style="dim")
         self.query_one("#tag-list", Static).update(tags)
-        # Several auto-height widgets change at once; on a loaded machine one of their layout refreshes can
-        # be taken before its content, leaving a table a row or two short until the next resize. One more
-        # layout pass after this refresh settles them.
-        self.call_after_refresh(self.refresh, layout=True)
+        # Several auto-height widgets change at once; on a loaded machine one of them was sometimes laid out
+        # with a height measured before its new content (a table a row or two short until the next resize).
+        # After this refresh, measure them all again and lay the pane out once more.
+        self.call_after_refresh(self._relayout)
+
+    def _relayout(self) -> None:
+        for child in self.children:
+            child.clear_cached_dimensions()
+        self.refresh(layout=True)
 
     def failed(self, exc: InspectorError) -> None:
         banner = self.query_one("#banner", Static)
