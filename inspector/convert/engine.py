@@ -130,24 +130,7 @@ def run(
             folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
-        for shard, p in zip(plan.shards, partial, strict=True):
-            os.replace(p, os.path.join(out_dir, shard.filename))
-            renamed.append(os.path.join(out_dir, shard.filename))
-        if plan.index is not None:
-            tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
-            with open(tmp, "wb") as fh:
-                fh.write(plan.index)
-                fh.flush()
-                if fsync:
-                    os.fsync(fh.fileno())
-            os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
-        for name in stale:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(out_dir, name))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out_dir, JOURNAL))
-        if fsync:
-            _fsync_dir(out_dir)
+        _publish(plan, out_dir, partial, renamed, stale, fsync)
         ok = True
         files = tuple((f, os.path.getsize(os.path.join(out_dir, f))) for f in plan.filenames)
         elapsed = time.monotonic() - start
@@ -168,13 +151,43 @@ def run(
         raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         if not ok:
-            for p in partial + renamed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-            for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(out_dir, name))
+            _discard(out_dir, partial + renamed)
         folder.release(ok)
+
+
+def _publish(
+    plan: ConversionPlan, out_dir: str, partial: list[str], renamed: list[str], stale: list[str], fsync: bool
+) -> None:
+    """Rename the finished shards into place (appending each to `renamed`), write the index, remove stale
+    outputs and the journal."""
+    for shard, p in zip(plan.shards, partial, strict=True):
+        os.replace(p, os.path.join(out_dir, shard.filename))
+        renamed.append(os.path.join(out_dir, shard.filename))
+    if plan.index is not None:
+        tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
+        with open(tmp, "wb") as fh:
+            fh.write(plan.index)
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(out_dir, name))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(out_dir, JOURNAL))
+    if fsync:
+        _fsync_dir(out_dir)
+
+
+def _discard(out_dir: str, paths: list[str]) -> None:
+    """After a failed run: remove its partial and renamed files, the journal and the partial index."""
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+    for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(out_dir, name))
 
 
 def execute(
