@@ -153,7 +153,7 @@ _DEMO_FILES = ("latest", "demo_spec.json")
 
 def cmd_open(args: argparse.Namespace) -> int:
     """Open the terminal UI on PATH (or on a fresh demo checkpoint), presetting selection and export."""
-    from inspector.cli.convert import _opts
+    from inspector.cli.options import options_from_args as _opts
 
     if not args.path and not args.demo:
         raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
@@ -173,12 +173,14 @@ def cmd_open(args: argparse.Namespace) -> int:
 
 
 def _add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from inspector.cli.convert import add_convert_options
+    from inspector.cli.options import add_convert_options
 
     p = sub.add_parser("open", help="explore a checkpoint in the terminal UI (the default for a PATH)")
     p.add_argument("path", nargs="?", help="checkpoint, Trainer run, or a folder holding several checkpoints")
     p.add_argument("--tag", help="tag to open (default: the one named in `latest`)")
-    p.add_argument("--demo", action="store_true", help="write a demo checkpoint to a temporary folder and open it")
+    p.add_argument(
+        "--demo", action="store_true", help="write a demo checkpoint to a temporary folder and open it"
+    )
     p.add_argument("--out", help="preset the export's output folder")
     p.add_argument("--overwrite", action="store_true", help="preset: replace an earlier conversion in --out")
     add_convert_options(p)

@@ -27,7 +27,7 @@ from inspector.convert.cast import cast_into, typed
 from inspector.convert.output import JOURNAL, PARTIAL, OutputFolder
 from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.output import fsync_dir as _fsync_dir
-from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, ConversionPlan, PlannedTensor
+from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, byte_view, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
@@ -130,24 +130,7 @@ def run(
             folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
-        for shard, p in zip(plan.shards, partial, strict=True):
-            os.replace(p, os.path.join(out_dir, shard.filename))
-            renamed.append(os.path.join(out_dir, shard.filename))
-        if plan.index is not None:
-            tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
-            with open(tmp, "wb") as fh:
-                fh.write(plan.index)
-                fh.flush()
-                if fsync:
-                    os.fsync(fh.fileno())
-            os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
-        for name in stale:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(out_dir, name))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out_dir, JOURNAL))
-        if fsync:
-            _fsync_dir(out_dir)
+        _publish(plan, out_dir, partial, renamed, stale, fsync)
         ok = True
         files = tuple((f, os.path.getsize(os.path.join(out_dir, f))) for f in plan.filenames)
         elapsed = time.monotonic() - start
@@ -168,13 +151,43 @@ def run(
         raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         if not ok:
-            for p in partial + renamed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(p)
-            for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(out_dir, name))
+            _discard(out_dir, partial + renamed)
         folder.release(ok)
+
+
+def _publish(
+    plan: ConversionPlan, out_dir: str, partial: list[str], renamed: list[str], stale: list[str], fsync: bool
+) -> None:
+    """Rename the finished shards into place (appending each to `renamed`), write the index, remove stale
+    outputs and the journal."""
+    for shard, p in zip(plan.shards, partial, strict=True):
+        os.replace(p, os.path.join(out_dir, shard.filename))
+        renamed.append(os.path.join(out_dir, shard.filename))
+    if plan.index is not None:
+        tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
+        with open(tmp, "wb") as fh:
+            fh.write(plan.index)
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
+    for name in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(out_dir, name))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(out_dir, JOURNAL))
+    if fsync:
+        _fsync_dir(out_dir)
+
+
+def _discard(out_dir: str, paths: list[str]) -> None:
+    """After a failed run: remove its partial and renamed files, the journal and the partial index."""
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+    for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(out_dir, name))
 
 
 def execute(
@@ -268,6 +281,109 @@ class _KernelCopy:
         return True
 
 
+def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: list[Segment], pos: int) -> bool:
+    """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
+    for seg in segs:
+        if not kernel.copy(pool.fd(seg.file), seg.offset, fd, pos, seg.nbytes):
+            return False
+        pos += seg.nbytes
+    return True
+
+
+@dataclass
+class _ShardIO:
+    """What the reader, converter and writer of one shard share."""
+
+    index: int
+    shard: PlannedShard
+    fd: int
+    cancel: threading.Event
+    src_pool: queue.Queue[np.ndarray]
+    out_pool: queue.Queue[np.ndarray]
+    read_q: queue.Queue[_Chunk | None] = field(default_factory=lambda: queue.Queue(maxsize=PIPELINE_DEPTH))
+    write_q: queue.Queue[_Chunk | None] = field(default_factory=lambda: queue.Queue(maxsize=PIPELINE_DEPTH))
+    stop: threading.Event = field(default_factory=threading.Event)
+    errors: list[BaseException] = field(default_factory=list)
+    written: list[int] = field(default_factory=lambda: [0])
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> None:
+    """Reader thread: queue each chunk's source bytes (or a kernel-copied marker) in file order."""
+    shard, index, stop, read_q, cancel = io.shard, io.index, io.stop, io.read_q, io.cancel
+    base = len(shard.header)
+    try:
+        for t in shard.tensors:
+            pos = base + t.offset
+            osz = itemsize(t.out_dtype)
+            for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
+                if cancel.is_set() or stop.is_set():
+                    return
+                n = sum(s.numel for s in segs)
+                if t.src_dtype == t.out_dtype and _kernel_copy(kernel, pool, io.fd, segs, pos):
+                    if not _put(read_q, _Chunk(index, t, pos, n, copied=True), stop):
+                        return
+                    pos += n * osz
+                    continue
+                buf = _take(io.src_pool, stop)
+                if buf is None or cancel.is_set():
+                    return
+                read_segments_into(pool, segs, buf)
+                if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
+                    return
+                pos += n * osz
+    except BaseException as exc:
+        io.errors.append(exc)
+        stop.set()
+    finally:
+        _put(read_q, None, stop)
+
+
+def _writer(io: _ShardIO) -> None:
+    """Writer thread: write each converted chunk at its offset and return its buffer to its pool."""
+    try:
+        while (c := _get(io.write_q, io.stop)) is not None:
+            nbytes = c.numel * itemsize(c.tensor.out_dtype)
+            if not c.copied:
+                assert c.out is not None
+                _pwrite_all(io.fd, byte_view(c.out)[:nbytes], c.file_offset)
+                (io.src_pool if c.out is c.src else io.out_pool).put(c.out)
+            with io.lock:
+                io.written[0] += nbytes
+    except BaseException as exc:
+        io.errors.append(exc)
+        io.stop.set()
+
+
+def _allocate(fd: int, shard: PlannedShard) -> None:
+    """Reserve the shard's whole size and write its header."""
+    try:
+        os.posix_fallocate(fd, 0, shard.file_bytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        os.ftruncate(fd, shard.file_bytes)  # file system without fallocate
+    _pwrite_all(fd, memoryview(shard.header), 0)
+
+
+def _convert(io: _ShardIO, c: _Chunk) -> bool:
+    """Give `c` its output buffer (casting if needed); False when stopped while waiting for a buffer."""
+    t = c.tensor
+    if c.copied:
+        pass
+    elif t.src_dtype == t.out_dtype:
+        c.out = c.src
+    else:
+        assert c.src is not None
+        out = _take(io.out_pool, io.stop)
+        if out is None:
+            return False
+        cast_into(typed(c.src, t.src_dtype, c.numel), typed(out, t.out_dtype, c.numel))
+        c.out = out
+        io.src_pool.put(c.src)
+    return True
+
+
 def _write_shard(
     plan: ConversionPlan,
     index: int,
@@ -281,107 +397,35 @@ def _write_shard(
     shard = plan.shards[index]
     limit = plan.options.chunk_elems
     src_pool, out_pool = pools
-    read_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
-    write_q: queue.Queue[_Chunk | None] = queue.Queue(maxsize=PIPELINE_DEPTH)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    written = [0]
-    lock = threading.Lock()
-    base = len(shard.header)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+    io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool)
+    stop, errors, written, lock = io.stop, io.errors, io.written, io.lock
     pool = FilePool()
     kernel = _KernelCopy()
-
-    def _kernel_copy(segs: list[Segment], pos: int) -> bool:
-        """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
-        for seg in segs:
-            if not kernel.copy(pool.fd(seg.file), seg.offset, fd, pos, seg.nbytes):
-                return False
-            pos += seg.nbytes
-        return True
-
-    def reader() -> None:
-        try:
-            for t in shard.tensors:
-                pos = base + t.offset
-                osz = itemsize(t.out_dtype)
-                for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
-                    if cancel.is_set() or stop.is_set():
-                        return
-                    n = sum(s.numel for s in segs)
-                    if t.src_dtype == t.out_dtype and _kernel_copy(segs, pos):
-                        if not _put(read_q, _Chunk(index, t, pos, n, copied=True), stop):
-                            return
-                        pos += n * osz
-                        continue
-                    buf = _take(src_pool, stop)
-                    if buf is None or cancel.is_set():
-                        return
-                    read_segments_into(pool, segs, buf)
-                    if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
-                        return
-                    pos += n * osz
-        except BaseException as exc:
-            errors.append(exc)
-            stop.set()
-        finally:
-            _put(read_q, None, stop)
-
-    def writer() -> None:
-        try:
-            while (c := _get(write_q, stop)) is not None:
-                nbytes = c.numel * itemsize(c.tensor.out_dtype)
-                if not c.copied:
-                    assert c.out is not None
-                    _pwrite_all(fd, byte_view(c.out)[:nbytes], c.file_offset)
-                    (src_pool if c.out is c.src else out_pool).put(c.out)
-                with lock:
-                    written[0] += nbytes
-        except BaseException as exc:
-            errors.append(exc)
-            stop.set()
-
     threads = [
-        threading.Thread(target=reader, name="zi-reader", daemon=True),
-        threading.Thread(target=writer, name="zi-writer", daemon=True),
+        threading.Thread(target=_reader, args=(io, limit, pool, kernel), name="zi-reader", daemon=True),
+        threading.Thread(target=_writer, args=(io,), name="zi-writer", daemon=True),
     ]
     try:
-        try:
-            os.posix_fallocate(fd, 0, shard.file_bytes)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            os.ftruncate(fd, shard.file_bytes)  # file system without fallocate
-        _pwrite_all(fd, memoryview(shard.header), 0)
+        _allocate(fd, shard)
         for th in threads:
             th.start()
         reported = 0
         current = ""
-        while (c := _get(read_q, stop)) is not None:
+        while (c := _get(io.read_q, stop)) is not None:
             if cancel.is_set():
                 stop.set()
                 break
-            t = c.tensor
-            if c.copied:
-                pass
-            elif t.src_dtype == t.out_dtype:
-                c.out = c.src
-            else:
-                assert c.src is not None
-                out = _take(out_pool, stop)
-                if out is None:
-                    break
-                cast_into(typed(c.src, t.src_dtype, c.numel), typed(out, t.out_dtype, c.numel))
-                c.out = out
-                src_pool.put(c.src)
-            if not _put(write_q, c, stop):
+            if not _convert(io, c):
                 break
-            current = t.name
+            if not _put(io.write_q, c, stop):
+                break
+            current = c.tensor.name
             with lock:
                 delta, reported = written[0] - reported, written[0]
             if delta:
                 yield delta, current
-        _put(write_q, None, stop)
+        _put(io.write_q, None, stop)
         for th in threads:
             th.join()
         if errors:

@@ -238,8 +238,13 @@ def _fingerprint(ckpt: Checkpoint, opts: ConvertOptions) -> str:
     return h.hexdigest()[:16]
 
 
-def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = False) -> ConversionPlan:
-    """Decide every output byte. Raises InspectorError for choices that cannot work."""
+_Planned = tuple[TensorInfo, str, str]  # (source tensor, output name, output dtype)
+
+
+def _check_inputs(
+    ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool
+) -> tuple[str, list[TensorInfo]]:
+    """Reject choices that cannot work; return the output dtype and the selected tensors."""
     if ckpt.errors and not allow_damaged:
         raise DamagedCheckpointError(
             f"The checkpoint has {len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message}",
@@ -260,10 +265,18 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
             hint="Check --include/--exclude against the names `zero-inspector scan --tensors` lists.",
             title="Empty selection",
         )
+    return out_dtype, chosen
+
+
+def _name_tensors(
+    chosen: list[TensorInfo], opts: ConvertOptions, out_dtype: str
+) -> tuple[list[_Planned], dict[str, str], dict[str, str]]:
+    """Output name and dtype of each chosen tensor; deduped tied aliases go to `aliases` (output name ->
+    the name it aliases) and `alias_sources` (output name -> its source name) instead."""
     chosen_names = {t.name for t in chosen}
     aliases: dict[str, str] = {}
     alias_sources: dict[str, str] = {}  # deduped alias output name -> its source name
-    planned: list[tuple[TensorInfo, str, str]] = []
+    planned: list[_Planned] = []
     seen: dict[str, str] = {}
     for t in chosen:
         name = rename(t.name, opts)
@@ -285,17 +298,34 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         else:
             dtype = t.dtype
         planned.append((t, name, dtype))
-    shards_tensors: list[list[tuple[TensorInfo, str, str]]] = [[]]
+    return planned, aliases, alias_sources
+
+
+def _group_shards(planned: list[_Planned], shard_size: int) -> list[list[_Planned]]:
+    """Fill shards in order, starting a new one when the next tensor would pass `shard_size`."""
+    shards_tensors: list[list[_Planned]] = [[]]
     size = 0
     for item in planned:
         nbytes = item[0].numel * itemsize(item[2])
-        if shards_tensors[-1] and size + nbytes > opts.shard_size:
+        if shards_tensors[-1] and size + nbytes > shard_size:
             shards_tensors.append([])
             size = 0
         shards_tensors[-1].append(item)
         size += nbytes
-    fingerprint = _fingerprint(ckpt, opts)
-    meta = {
+    return shards_tensors
+
+
+def _metadata(
+    ckpt: Checkpoint,
+    opts: ConvertOptions,
+    fingerprint: str,
+    planned: list[_Planned],
+    chosen: list[TensorInfo],
+    aliases: dict[str, str],
+    alias_sources: dict[str, str],
+) -> dict[str, str]:
+    """The `__metadata__` every shard header carries."""
+    return {
         "format": "pt",
         META_KEY: json.dumps(
             {
@@ -314,10 +344,12 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
             separators=(",", ":"),
         ),
     }
-    by_source = {
-        src: sum(seg.nbytes for t, _, dtype in planned for seg in source_segments(t, dtype, src))
-        for src in SOURCES
-    }
+
+
+def _lay_out_shards(
+    shards_tensors: list[list[_Planned]], meta: dict[str, str], source: str
+) -> tuple[list[PlannedShard], dict[str, str]]:
+    """Name each shard, place its tensors and build its header; also the weight map (name -> file)."""
     n = len(shards_tensors)
     shards = []
     weight_map: dict[str, str] = {}
@@ -326,14 +358,29 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         tensors, off = [], 0
         for t, name, dtype in group:
             nbytes = t.numel * itemsize(dtype)
-            segs = source_segments(t, dtype, opts.source)
+            segs = source_segments(t, dtype, source)
             src_dtype = segs[0].dtype if segs else t.dtype
             tensors.append(PlannedTensor(name, t.name, t.kind, t.shape, src_dtype, dtype, segs, off, nbytes))
             off += nbytes
             weight_map[name] = filename
         shards.append(PlannedShard(filename, tuple(tensors), _header(tensors, meta), off))
+    return shards, weight_map
+
+
+def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = False) -> ConversionPlan:
+    """Decide every output byte. Raises InspectorError for choices that cannot work."""
+    out_dtype, chosen = _check_inputs(ckpt, opts, allow_damaged)
+    planned, aliases, alias_sources = _name_tensors(chosen, opts, out_dtype)
+    shards_tensors = _group_shards(planned, opts.shard_size)
+    fingerprint = _fingerprint(ckpt, opts)
+    meta = _metadata(ckpt, opts, fingerprint, planned, chosen, aliases, alias_sources)
+    by_source = {
+        src: sum(seg.nbytes for t, _, dtype in planned for seg in source_segments(t, dtype, src))
+        for src in SOURCES
+    }
+    shards, weight_map = _lay_out_shards(shards_tensors, meta, opts.source)
     index = None
-    if n > 1:
+    if len(shards_tensors) > 1:
         index = (
             json.dumps(
                 {"metadata": {"total_size": sum(s.data_bytes for s in shards)}, "weight_map": weight_map},

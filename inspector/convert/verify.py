@@ -103,7 +103,9 @@ def _adapter_absent(ckpt: Checkpoint, absent: list[str]) -> list[str]:
 
 def _unreadable_sources(ckpt: Checkpoint) -> list[str]:
     """Source files the scan could not read: verify names them instead of calling tensors unexpected."""
-    return [f"{f.file}: {f.message}" if f.file and f.file not in f.message else f.message for f in ckpt.errors]
+    return [
+        f"{f.file}: {f.message}" if f.file and f.file not in f.message else f.message for f in ckpt.errors
+    ]
 
 
 def run_verify(
@@ -118,12 +120,7 @@ def run_verify(
     res = VerifyResult()
     files = output_files(out_dir)
     headers = [(f, *read_header(os.path.join(out_dir, f))) for f in files]
-    meta: dict[str, Any] = {}
-    for _, h, _ in headers:
-        raw = (h.get("__metadata__") or {}).get(META_KEY)
-        if raw:
-            meta = json.loads(raw)
-            break
+    meta = _output_meta(headers)
     renamed: dict[str, str] = meta.get("renamed", {})
     aliases: dict[str, str] = meta.get("aliases", {})
     source = against or meta.get("source", "masters")
@@ -148,41 +145,102 @@ def run_verify(
                     raise CancelledError("Verification cancelled.")
                 src_name = renamed.get(name, name)
                 seen.add(src_name)
-                try:
-                    src = ckpt.tensor(src_name)
-                except KeyError:
-                    res.unexpected.append(name)
+                nbytes = _check_tensor(
+                    res,
+                    pool,
+                    ckpt,
+                    src_name,
+                    name,
+                    info,
+                    fname,
+                    path,
+                    size,
+                    base,
+                    source,
+                    chunk_elems,
+                    cancel,
+                )
+                if nbytes is None:
                     continue
-                out_dtype = FROM_SAFETENSORS.get(info["dtype"], "")
-                begin, end = (int(x) for x in info["data_offsets"])
-                if (
-                    tuple(info["shape"]) != src.shape
-                    or not out_dtype
-                    or (end - begin) != src.numel * itemsize(out_dtype)
-                ):
-                    res.mismatched.append(f"{name} (shape/dtype)")
-                    continue
-                if base + end > size:  # a cut-off output file is a verify failure, not a damaged checkpoint
-                    res.mismatched.append(f"{name} ({fname} is truncated)")
-                    continue
-                segments = source_segments(src, out_dtype, source)
-                try:
-                    same = _same(pool, segments, path, base + begin, out_dtype, chunk_elems, cancel)
-                except CorruptFileError as exc:
-                    res.unreadable.append(exc.message)
-                    continue
-                if not same:
-                    res.mismatched.append(name)
-                res.checked += 1
-                res.bytes_checked += end - begin
-                done += end - begin
+                done += nbytes
                 yield VerifyProgress(done, total, name)
+    _finish(res, ckpt, files, headers, meta, source, renamed, aliases, seen)
+    yield res
+
+
+def _output_meta(headers: list[tuple[str, dict[str, Any], int]]) -> dict[str, Any]:
+    """The converter's metadata from the first output header that records it ({} if none does)."""
+    for _, h, _ in headers:
+        raw = (h.get("__metadata__") or {}).get(META_KEY)
+        if raw:
+            meta: dict[str, Any] = json.loads(raw)
+            return meta
+    return {}
+
+
+def _check_tensor(
+    res: VerifyResult,
+    pool: FilePool,
+    ckpt: Checkpoint,
+    src_name: str,
+    name: str,
+    info: dict[str, Any],
+    fname: str,
+    path: str,
+    size: int,
+    base: int,
+    source: str,
+    chunk_elems: int,
+    cancel: threading.Event | None,
+) -> int | None:
+    """Compare one output tensor with its source, recording the outcome in `res`. Returns the bytes
+    checked, or None when it could not be compared (unexpected, wrong shape, truncated, unreadable)."""
+    try:
+        src = ckpt.tensor(src_name)
+    except KeyError:
+        res.unexpected.append(name)
+        return None
+    out_dtype = FROM_SAFETENSORS.get(info["dtype"], "")
+    begin, end = (int(x) for x in info["data_offsets"])
+    if tuple(info["shape"]) != src.shape or not out_dtype or (end - begin) != src.numel * itemsize(out_dtype):
+        res.mismatched.append(f"{name} (shape/dtype)")
+        return None
+    if base + end > size:  # a cut-off output file is a verify failure, not a damaged checkpoint
+        res.mismatched.append(f"{name} ({fname} is truncated)")
+        return None
+    segments = source_segments(src, out_dtype, source)
+    try:
+        same = _same(pool, segments, path, base + begin, out_dtype, chunk_elems, cancel)
+    except CorruptFileError as exc:
+        res.unreadable.append(exc.message)
+        return None
+    if not same:
+        res.mismatched.append(name)
+    res.checked += 1
+    res.bytes_checked += end - begin
+    return end - begin
+
+
+def _finish(
+    res: VerifyResult,
+    ckpt: Checkpoint,
+    files: list[str],
+    headers: list[tuple[str, dict[str, Any], int]],
+    meta: dict[str, Any],
+    source: str,
+    renamed: dict[str, str],
+    aliases: dict[str, str],
+    seen: set[str],
+) -> None:
+    """After every tensor: deduplicated aliases, source tensors absent from the output, and notes."""
     for alias, owner in aliases.items():
         seen.add(renamed.get(alias, alias))
         if owner not in {n for _, h, _ in headers for n in h}:
             res.missing.append(f"{owner} (owner of deduplicated alias {alias})")
     if res.unexpected and ckpt.errors:  # not unexpected: they live in files the scan could not read
-        res.notes.append(f"{len(res.unexpected)} output tensors could not be found in the damaged checkpoint.")
+        res.notes.append(
+            f"{len(res.unexpected)} output tensors could not be found in the damaged checkpoint."
+        )
         res.unreadable += _unreadable_sources(ckpt)
         res.unexpected = []
     absent = [t.name for t in ckpt.tensors if t.name not in seen]
@@ -197,7 +255,6 @@ def run_verify(
         res.notes.append(
             f"Checked against the {source} (converted from the {meta.get('source', 'masters')})."
         )
-    yield res
 
 
 def _pieces(segments: Sequence[Segment], limit: int) -> Iterator[list[Segment]]:

@@ -101,30 +101,78 @@ def scan_universal(folder: str) -> Checkpoint:
         except InspectorError as exc:
             findings.append(Finding(Severity.ERROR, "unreadable", exc.message, pdir, exc.hint))
             continue
-        if fp32 is None:
-            findings.append(Finding(Severity.ERROR, "no-fp32", f"{name} has no readable fp32.pt.", pdir))
-            continue
-        files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in sorted(os.listdir(pdir))]
-        shape = shapes.get(name) or (tuple(frozen_shapes[name]) if name in frozen_shapes else fp32.shape)
-        if math.prod(shape) != fp32.numel:
-            findings.append(
-                Finding(Severity.ERROR, "shape", f"{name}: {fp32.numel} elements, expected {shape}.", pdir)
+        info = _param_tensor(name, pdir, fp32, moments, shapes, frozen_shapes, files, findings)
+        if info is not None:
+            tensors[name] = info
+    _add_module_tensors(tensors, zero, shapes, buffers, module, shared, findings)
+    missing_frozen = [n for n in frozen_shapes if n not in tensors]
+    if missing_frozen:
+        findings.append(
+            Finding(
+                Severity.WARNING,
+                "frozen-missing",
+                f"{len(missing_frozen)} frozen parameter(s) have no data in this universal checkpoint "
+                f"({', '.join(missing_frozen[:3])}); DeepSpeed's stage-3 conversion does not write them.",
+                folder,
             )
-            continue
-        trainable = name in shapes
-        got = {m: r for m, r in moments.items() if r is not None and r.numel == fp32.numel}
-        if trainable and len(got) != len(MOMENTS):
-            findings.append(
-                Finding(Severity.WARNING, "no-moments", f"{name} has no complete Adam moments.", pdir)
-            )
-        tensors[name] = TensorInfo(
-            name,
-            shape,
-            fp32.dtype,
-            Kind.TRAINABLE if trainable else Kind.FROZEN,
-            _segments(fp32),
-            moments=tuple((m, _segments(r)) for m, r in got.items()),
         )
+    order = {n: i for i, n in enumerate([*module, *shapes])}
+    ordered = sorted(tensors.values(), key=lambda t: (order.get(t.name, len(order)), t.name))
+    osd = _optimizer_state(zero, files, findings)
+    if step is None and isinstance(osd, dict):
+        state = (osd.get("optimizer_state_dict") or {}).get("state") or {}
+        first = next(iter(state.values()), None) if isinstance(state, dict) else None
+        step = _int(first.get("step")) if isinstance(first, dict) else None
+    return _checkpoint(folder, model, osd, ordered, files, findings, step)
+
+
+def _param_tensor(
+    name: str,
+    pdir: str,
+    fp32: TensorRef | None,
+    moments: dict[str, TensorRef | None],
+    shapes: dict[str, tuple[int, ...]],
+    frozen_shapes: Mapping[str, Any],
+    files: list[FileInfo],
+    findings: list[Finding],
+) -> TensorInfo | None:
+    """One zero/<name>/ folder as a tensor (its files appended to `files`); None, with a finding, when unusable."""
+    if fp32 is None:
+        findings.append(Finding(Severity.ERROR, "no-fp32", f"{name} has no readable fp32.pt.", pdir))
+        return None
+    files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in sorted(os.listdir(pdir))]
+    shape = shapes.get(name) or (tuple(frozen_shapes[name]) if name in frozen_shapes else fp32.shape)
+    if math.prod(shape) != fp32.numel:
+        findings.append(
+            Finding(Severity.ERROR, "shape", f"{name}: {fp32.numel} elements, expected {shape}.", pdir)
+        )
+        return None
+    trainable = name in shapes
+    got = {m: r for m, r in moments.items() if r is not None and r.numel == fp32.numel}
+    if trainable and len(got) != len(MOMENTS):
+        findings.append(
+            Finding(Severity.WARNING, "no-moments", f"{name} has no complete Adam moments.", pdir)
+        )
+    return TensorInfo(
+        name,
+        shape,
+        fp32.dtype,
+        Kind.TRAINABLE if trainable else Kind.FROZEN,
+        _segments(fp32),
+        moments=tuple((m, _segments(r)) for m, r in got.items()),
+    )
+
+
+def _add_module_tensors(
+    tensors: dict[str, TensorInfo],
+    zero: str,
+    shapes: dict[str, tuple[int, ...]],
+    buffers: list[str],
+    module: Mapping[str, Any],
+    shared: Mapping[str, str],
+    findings: list[Finding],
+) -> None:
+    """Flag trainable parameters without a folder; add buffers, module-only frozen parameters and aliases."""
     for name in shapes:
         if name not in tensors:
             findings.append(
@@ -145,19 +193,10 @@ def scan_universal(folder: str) -> Checkpoint:
             tensors[alias] = TensorInfo(
                 alias, src.shape, src.dtype, Kind.TIED, src.segments, alias_of=owner, moments=src.moments
             )
-    missing_frozen = [n for n in frozen_shapes if n not in tensors]
-    if missing_frozen:
-        findings.append(
-            Finding(
-                Severity.WARNING,
-                "frozen-missing",
-                f"{len(missing_frozen)} frozen parameter(s) have no data in this universal checkpoint "
-                f"({', '.join(missing_frozen[:3])}); DeepSpeed's stage-3 conversion does not write them.",
-                folder,
-            )
-        )
-    order = {n: i for i, n in enumerate([*module, *shapes])}
-    ordered = sorted(tensors.values(), key=lambda t: (order.get(t.name, len(order)), t.name))
+
+
+def _optimizer_state(zero: str, files: list[FileInfo], findings: list[Finding]) -> Any:
+    """zero/optimizer_state.pt as a tree ({} with a finding when missing)."""
     opt_path = os.path.join(zero, "optimizer_state.pt")
     osd: Any = load_tree(opt_path) if os.path.isfile(opt_path) else {}
     if os.path.isfile(opt_path):
@@ -166,11 +205,7 @@ def scan_universal(folder: str) -> Checkpoint:
         findings.append(
             Finding(Severity.ERROR, "no-optimizer-state", "zero/optimizer_state.pt is missing.", zero)
         )
-    if step is None and isinstance(osd, dict):
-        state = (osd.get("optimizer_state_dict") or {}).get("state") or {}
-        first = next(iter(state.values()), None) if isinstance(state, dict) else None
-        step = _int(first.get("step")) if isinstance(first, dict) else None
-    return _checkpoint(folder, model, osd, ordered, files, findings, step)
+    return osd
 
 
 def _has(pdir: str, state: str) -> bool:
