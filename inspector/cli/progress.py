@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from inspector.errors import InspectorError
@@ -122,34 +122,9 @@ def verify_json(args: argparse.Namespace) -> int:
         from inspector.scan.scanner import scan
 
         ckpt = scan(args.path, args.tag)
-        start = last = time.monotonic()
-        for ev in run_verify(ckpt, os.path.abspath(args.out), against=args.against):
-            now = time.monotonic()
-            if isinstance(ev, VerifyResult):
-                emit(
-                    "verified",
-                    ok=ev.ok,
-                    checked=ev.checked,
-                    bytes_checked=ev.bytes_checked,
-                    mismatched=ev.mismatched,
-                    missing=ev.missing,
-                    unexpected=ev.unexpected,
-                    notes=ev.notes,
-                    seconds=round(now - start, 3),
-                )
-                return 0 if ev.ok else 1
-            if now - last >= 0.25:
-                last = now
-                elapsed = now - start
-                emit(
-                    "progress",
-                    bytes_done=ev.bytes_done,
-                    bytes_total=ev.bytes_total,
-                    tensor=ev.tensor,
-                    elapsed=round(elapsed, 3),
-                    throughput=round(ev.bytes_done / elapsed, 1) if elapsed else 0.0,
-                )
-        return 1
+        return _stream_verify(
+            run_verify(ckpt, os.path.abspath(args.out), against=args.against), VerifyResult
+        )
 
     return _guard(body)
 
@@ -259,33 +234,38 @@ def verify_universal_json(args: argparse.Namespace, folder: str) -> int:
 
         src = scan(args.path, args.tag)
         uni = scan_universal(folder)
-        start = last = time.monotonic()
-        for ev in verify_universal(src, uni):
-            now = time.monotonic()
-            if isinstance(ev, UniversalVerifyResult):
-                emit(
-                    "verified",
-                    ok=ev.ok,
-                    checked=ev.checked,
-                    bytes_checked=ev.bytes_checked,
-                    mismatched=ev.mismatched,
-                    missing=ev.missing,
-                    unexpected=ev.unexpected,
-                    notes=ev.notes,
-                    seconds=round(now - start, 3),
-                )
-                return 0 if ev.ok else 1
-            if now - last >= 0.25:
-                last = now
-                elapsed = now - start
-                emit(
-                    "progress",
-                    bytes_done=ev.bytes_done,
-                    bytes_total=ev.bytes_total,
-                    tensor=ev.tensor,
-                    elapsed=round(elapsed, 3),
-                    throughput=round(ev.bytes_done / elapsed, 1) if elapsed else 0.0,
-                )
-        return 1
+        return _stream_verify(verify_universal(src, uni), UniversalVerifyResult)
 
     return _guard(body)
+
+
+def _stream_verify(events: Iterable[Any], result_type: type[Any]) -> int:
+    """A verify run's events as JSON lines: `progress` at most every 0.25 s, then `verified`; the exit code."""
+    start = last = time.monotonic()
+    for ev in events:
+        now = time.monotonic()
+        if isinstance(ev, result_type):
+            emit(
+                "verified",
+                ok=ev.ok,
+                checked=ev.checked,
+                bytes_checked=ev.bytes_checked,
+                mismatched=ev.mismatched,
+                missing=ev.missing,
+                unexpected=ev.unexpected,
+                notes=ev.notes,
+                seconds=round(now - start, 3),
+            )
+            return 0 if ev.ok else 1
+        if now - last >= 0.25:
+            last = now
+            elapsed = now - start
+            emit(
+                "progress",
+                bytes_done=ev.bytes_done,
+                bytes_total=ev.bytes_total,
+                tensor=ev.tensor,
+                elapsed=round(elapsed, 3),
+                throughput=round(ev.bytes_done / elapsed, 1) if elapsed else 0.0,
+            )
+    return 1
