@@ -112,6 +112,9 @@ async def _start_and_stop_at_first_progress(pilot, app, out: Path) -> ConvertScr
     return screen
 
 
+# The child can outrun the UI's first progress event on a busy machine (it converts this demo in well under a
+# second), leaving nothing mid-way to cancel or kill; a real regression fails all three tries.
+@pytest.mark.flaky(reruns=2)
 async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     opts = ConvertOptions(shard_size=200_000, dtype="fp32")
@@ -130,6 +133,9 @@ async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: 
         assert not app.converting
 
 
+# The child can outrun the UI's first progress event on a busy machine (it converts this demo in well under a
+# second), leaving nothing mid-way to cancel or kill; a real regression fails all three tries.
+@pytest.mark.flaky(reruns=2)
 async def test_child_killed_with_sigkill_is_explained(small_demo: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     opts = ConvertOptions(shard_size=200_000)
