@@ -135,20 +135,13 @@ def convert_universal_json(args: argparse.Namespace) -> int:
     def body() -> int:
         import threading
 
-        from inspector.convert.writers.universal import plan_universal, prepare, write_universal
+        from inspector.cli.universal import checked_plan
+        from inspector.convert.writers.universal import write_universal
         from inspector.convert.writers.universal_preflight import estimate_universal
-        from inspector.errors import DamagedCheckpointError, DoesNotFitError
-        from inspector.scan.scanner import scan
+        from inspector.errors import DoesNotFitError
         from inspector.system.rss import peak_rss
 
-        ckpt = scan(args.path, args.tag)
-        if ckpt.errors and not args.force:
-            raise DamagedCheckpointError(
-                f"{ckpt.tag_dir} has {len(ckpt.errors)} error finding(s); see `zero-inspector scan`.",
-                hint="A universal checkpoint from a damaged source would resume wrong.",
-            )
-        plan = plan_universal(ckpt, os.path.abspath(args.out))
-        prepare(plan, args.overwrite)
+        ckpt, plan = checked_plan(args)
         rank0 = ckpt.ranks[0].optim_bytes if ckpt.stage == 3 and ckpt.ranks else 0
         est = estimate_universal(plan, stage3_rank0_optim=rank0)
         if not est.fits and not args.force:

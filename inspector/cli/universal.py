@@ -6,6 +6,7 @@ import argparse
 import os
 import threading
 import time
+from typing import Any
 
 from rich.markup import escape
 
@@ -14,20 +15,12 @@ from inspector.errors import CancelledError, DamagedCheckpointError
 
 def convert_universal(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
-    from inspector.convert.writers.universal import plan_universal, prepare, write_universal
-    from inspector.scan.scanner import scan
+    from inspector.convert.writers.universal import write_universal
     from inspector.system.rss import peak_rss
     from inspector.system.units import format_bytes
 
     console = _console()
-    ckpt = scan(args.path, args.tag)
-    if ckpt.errors and not args.force:
-        raise DamagedCheckpointError(
-            f"{ckpt.tag_dir} has {len(ckpt.errors)} error finding(s); see `zero-inspector scan`.",
-            hint="A universal checkpoint from a damaged source would resume wrong.",
-        )
-    plan = plan_universal(ckpt, os.path.abspath(args.out))
-    prepare(plan, args.overwrite)  # refuse an existing output before doing any work
+    ckpt, plan = checked_plan(args)
     total = plan.total_bytes
     console.print(
         f"Writing universal checkpoint [bold]{escape(plan.out_dir)}[/] from {escape(ckpt.tag_dir)} "
@@ -153,3 +146,20 @@ def preflight_universal_cli(args: argparse.Namespace) -> int:
             f"  time       about {est.estimated_seconds:.0f} s"
         )
     return 0 if est.fits else EXIT_DOES_NOT_FIT
+
+
+def checked_plan(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Scan, refuse a damaged source (unless --force), plan, and refuse an existing output before any work;
+    shared by the rich and the JSON-lines faces of `convert --format universal`."""
+    from inspector.convert.writers.universal import plan_universal, prepare
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(args.path, args.tag)
+    if ckpt.errors and not args.force:
+        raise DamagedCheckpointError(
+            f"{ckpt.tag_dir} has {len(ckpt.errors)} error finding(s); see `zero-inspector scan`.",
+            hint="A universal checkpoint from a damaged source would resume wrong.",
+        )
+    plan = plan_universal(ckpt, os.path.abspath(args.out))
+    prepare(plan, args.overwrite)
+    return ckpt, plan
