@@ -14,7 +14,7 @@ import pytest
 
 from inspector.system.limits import MemoryBudget, MemoryLimit, detect_memory_limits, free_disk_bytes
 from inspector.system.rss import MemorySampler, current_rss, peak_rss, process_tree_rss
-from inspector.system.units import format_bytes, parse_size
+from inspector.system.units import format_bytes, parse_count, parse_size
 
 GiB = 2**30
 MiB = 2**20
@@ -601,3 +601,18 @@ def test_sampler_rejects_bad_interval_and_double_start() -> None:
             s.start()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("7B", 7 * 10**9), ("1.5b", 1_500_000_000), ("500M", 500_000_000), ("1G", 10**9), ("200K", 200_000),
+     ("12345", 12345), ("0.5T", 5 * 10**11)],
+)
+def test_parse_count_is_decimal_with_b_for_billion(text: str, expected: int) -> None:
+    assert parse_count(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "1.5", "1MB", "1GiB", "-3M", "x", "1.0000000001K"])
+def test_parse_count_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid count"):
+        parse_count(text)

@@ -52,15 +52,15 @@ _DEMO_MAX_PARAMS = 100_000_000_000
 def _demo_spec(args: argparse.Namespace) -> Any:
     """The demo's options, checked: a clear message instead of a traceback or a checkpoint scan rejects."""
     from inspector.demo.writer import DemoSpec
-    from inspector.system.units import parse_size
+    from inspector.system.units import parse_count
 
     def bad(message: str) -> InspectorError:
         return InspectorError(message, title="Invalid demo options")
 
     try:
-        params = parse_size(args.params)
+        params = parse_count(args.params)
     except (ValueError, TypeError) as exc:
-        raise bad(f"--params {args.params!r}: {exc}. Use a count such as 2M, 500M or 1.5G.") from None
+        raise bad(f"--params {args.params!r}: {exc}. Use a count such as 2M, 500M or 1.5B.") from None
     if not 1 <= params <= _DEMO_MAX_PARAMS:
         raise bad(f"--params must be between 1 and {_DEMO_MAX_PARAMS:,}; got {params:,}.")
     if not 1 <= args.world_size <= _DEMO_MAX_RANKS:
@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
-    p.add_argument("--params", default="2M", help="approximate parameter count, e.g. 2M, 500M, 1.5G")
+    p.add_argument("--params", default="2M", help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)")
     p.add_argument("--sub-group-size", type=int, default=1_000_000_000, help="stage 3 sub-group size")
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
     p.add_argument("--no-frozen", action="store_true")

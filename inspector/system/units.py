@@ -81,6 +81,23 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+_COUNT = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_count(text: str) -> int:
+    """Parse a parameter count the way model cards write it: '500M', '1.5B', '7B' (decimal; G = B).
+
+    Not `parse_size`: there '1B' is one byte and '2M' is 2 MiB, so a '7B' demo would have had 7 parameters.
+    """
+    match = _SIZE_RE.match(text)
+    if not match or match.group(2).upper() not in _COUNT:
+        raise ValueError(f"invalid count {text!r}: expected a number with an optional K, M, B (or G) or T")
+    value = Decimal(match.group(1)) * _COUNT[match.group(2).upper()]
+    if value != value.to_integral_value():
+        raise ValueError(f"invalid count {text!r}: not a whole number")
+    return int(value)
+
+
 def format_count(n: int) -> str:
     """Counts for people: 1,234 below a million, then 12.3M and 1.20B (what the CLI and the TUI both show)."""
     if n >= 1_000_000_000:
