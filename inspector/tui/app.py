@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.driver import Driver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -316,6 +317,11 @@ class InspectorApp(App[int]):
 
     def action_roots(self) -> None:
         self.main.focus_roots()
+
+    def get_driver_class(self) -> type[Driver]:
+        from inspector.tui.driver import driver_class
+
+        return driver_class() or super().get_driver_class()
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         from inspector.tui.commands import app_commands

@@ -1,0 +1,94 @@
+"""The app in a real pseudo-terminal, through the driver it uses for people (not the headless test driver)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from inspector.tui.child import REPO_ROOT
+from inspector.tui.driver import IDLE_WAKE, _wake_in
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX pseudo-terminals")
+
+
+class Terminal:
+    """A child process on a pty of a given size; collects what it draws."""
+
+    def __init__(self, args: list[str], cols: int = 100, rows: int = 30) -> None:
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color", PYTHONPATH=REPO_ROOT)
+        env.pop("ESCDELAY", None)
+        env.pop("TEXTUAL_DRIVER", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inspector", *args],
+            stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+        )
+        os.close(slave)
+        self.master = master
+        self.output = bytearray()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.output += data
+
+    def wait_for(self, needle: bytes, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while needle not in self.output:
+            if time.monotonic() > end or self.proc.poll() is not None:
+                raise AssertionError(f"{needle!r} never drawn; got {bytes(self.output[-2000:])!r}")
+            time.sleep(0.05)
+
+    def send(self, data: bytes, settle: float = 0.8) -> None:
+        os.write(self.master, data)
+        time.sleep(settle)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.master)
+
+
+def test_escape_goes_back_and_q_quits_in_a_real_terminal(small_demo: Path) -> None:
+    """`e` opens the export options (focus in a text field), a lone ESC goes back, `q` then quits: had ESC
+    not arrived as `escape`, the `q` would be typed into the field and the app would still be running."""
+    term = Terminal([str(small_demo)])
+    try:
+        term.wait_for(b"global_step")
+        term.send(b"e")
+        term.wait_for(b"Output folder")
+        term.send(b"\x1b")
+        term.send(b"q", settle=0)
+        assert term.proc.wait(timeout=20) == 0, bytes(term.output[-2000:])
+        assert b"Traceback" not in term.output
+    finally:
+        term.close()
+
+
+def test_the_input_loop_wakes_when_the_escape_wait_ends() -> None:
+    class Parser:
+        _timeout_time: float | None = None
+
+    p = Parser()
+    assert _wake_in(p, now=5.0) == IDLE_WAKE  # nothing pending: Textual's own 100 ms
+    p._timeout_time = 5.03
+    assert _wake_in(p, now=5.0) == pytest.approx(0.03)
+    assert _wake_in(p, now=6.0) == 0.0  # overdue: do not block at all
+    assert _wake_in(object(), now=5.0) == IDLE_WAKE  # a Textual without the attribute: stock behaviour
