@@ -205,7 +205,7 @@ class InspectorApp(App[int]):
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="demo")
     def write_demo(self) -> None:
-        """Write a demo checkpoint in a child (the writer needs torch; the UI process stays without it)."""
+        """Write a demo checkpoint in a child process: hundreds of MB of numpy work would stall the UI."""
         self._temp_dir = tempfile.mkdtemp(prefix="zero-inspector-demo-")
         path = os.path.join(self._temp_dir, "demo-checkpoint")
         self.call_from_thread(

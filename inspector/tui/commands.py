@@ -38,7 +38,7 @@ def app_commands(app: Any) -> Iterator[SystemCommand]:
 
 
 def write_demo_checkpoint(path: str, params: str) -> str:
-    """Write a demo checkpoint in a child (the writer needs torch; the UI process stays without it).
+    """Write a demo checkpoint in a child process: hundreds of MB of numpy work would stall the UI.
 
     Returns "" on success, else what went wrong."""
     from inspector.tui.child import REPO_ROOT

@@ -16,19 +16,20 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import Header, ProgressBar, Static
+from textual.widgets import Header, Static
 
 from inspector.convert.plan import ConversionPlan, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child
-from inspector.tui.fmt import duration, size
+from inspector.tui.fmt import size
 from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
+from inspector.tui.widgets.progress import ConvertProgress
 
 
 def start_conversion(app: Any) -> None:
@@ -79,12 +80,7 @@ class ConvertScreen(Screen[None]):
         yield Header()
         with Vertical(id="convert-body"):
             yield Static("", id="convert-title")
-            yield Static("Overall", classes="section")
-            yield ProgressBar(show_eta=False, id="overall")
-            yield Static("", id="overall-text")
-            yield Static("", id="shard-label")
-            yield ProgressBar(show_eta=False, id="shard")
-            yield Static("", id="tensor-text")
+            yield ConvertProgress()
             yield Static("Memory of the converter process", classes="section")
             yield MemoryMeter(id="meter")
             yield Static("", id="result")
@@ -168,7 +164,7 @@ class ConvertScreen(Screen[None]):
                 + (" · forced" if self.force else ""),
             )
         )
-        self.query_one("#overall", ProgressBar).update(total=plan.output_bytes, progress=0)
+        self.query_one(ConvertProgress).start(plan.output_bytes)
 
     def start(self) -> None:
         app: Any = self.app
@@ -221,26 +217,7 @@ class ConvertScreen(Screen[None]):
             self.error_event = ev
 
     def show_progress(self, ev: dict[str, Any]) -> None:
-        done, total = int(ev.get("bytes_done", 0)), int(ev.get("bytes_total", 0)) or 1
-        rate = float(ev.get("throughput", 0.0))
-        eta = (total - done) / rate if rate > 0 else float("nan")
-        with self.app.batch_update():
-            self.query_one("#overall", ProgressBar).update(total=total, progress=done)
-            verb = "verified" if self.job == "verify" else "written"
-            self.query_one("#overall-text", Static).update(
-                f"{size(done)} of {size(total)} {verb} · {size(rate)}/s · ETA {duration(eta)} · "
-                f"elapsed {duration(float(ev.get('elapsed', 0.0)))}"
-            )
-            if "shard" in ev and self.job == "convert":
-                self.query_one("#shard-label", Static).update(
-                    f"Shard {int(ev.get('shard_index', 0)) + 1} of {ev.get('shards', 1)}: {ev['shard']}"
-                )
-                self.query_one("#shard", ProgressBar).update(
-                    total=max(int(ev.get("shard_total", 1)), 1), progress=int(ev.get("shard_done", 0))
-                )
-            self.query_one("#tensor-text", Static).update(
-                Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–")
-            )
+        self.query_one(ConvertProgress).show(ev, verifying=self.job == "verify")
 
     @on(ChildExited)
     def _child_exited(self, msg: ChildExited) -> None:
@@ -288,8 +265,9 @@ class ConvertScreen(Screen[None]):
         self.phase = "verifying"
         self.job = "verify"
         self.report = None
-        self.query_one("#overall", ProgressBar).update(total=None, progress=0)
-        self.query_one("#overall-text", Static).update("Verifying: re-reading every source slice…")
+        progress = self.query_one(ConvertProgress)
+        progress.start(None)
+        progress.say("Verifying: re-reading every source slice…")
         self._spawn(
             [
                 "verify",
@@ -306,9 +284,9 @@ class ConvertScreen(Screen[None]):
         r = self.report or {}
         if msg.returncode == 0 and r.get("ok"):
             self.phase = "verified"
-            bar = self.query_one("#overall", ProgressBar)
-            bar.update(total=bar.total or 1, progress=bar.total or 1)
-            self.query_one("#overall-text", Static).update(verified_text(r))
+            progress = self.query_one(ConvertProgress)
+            progress.complete()
+            progress.say(verified_text(r))
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
         self.phase = "done"
@@ -330,9 +308,7 @@ class ConvertScreen(Screen[None]):
         def answer(yes: bool | None) -> None:
             if yes and self.child is not None and self.child.running:
                 self.phase = "cancelling"
-                self.query_one("#overall-text", Static).update(
-                    "Cancelling: the converter removes its partial files…"
-                )
+                self.query_one(ConvertProgress).say("Cancelling: the converter removes its partial files…")
                 self.child.interrupt()
                 self.set_timer(10, self._escalate)
 
