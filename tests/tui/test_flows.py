@@ -345,3 +345,23 @@ async def test_module_detail_follows_its_selection(small_demo: Path) -> None:
         await pilot.press("space")
         await pilot.pause()
         assert f"selected: {n} of {n}" in plain(pane.detail)
+
+
+async def test_arrow_keys_fold_and_unfold_submodules(small_demo: Path) -> None:
+    """→ opens a folded submodule, then steps into it; ← folds it, then steps out to the parent."""
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        await _focus(pilot, tree, lambda d: getattr(d, "path", "") == "model.layers")
+        node = tree.cursor_node
+        assert node is not None and not node.is_expanded
+        await pilot.press("right")
+        assert node.is_expanded and tree.cursor_node is node
+        await pilot.press("right")
+        assert tree.cursor_node is node.children[0]
+        await pilot.press("left")  # a folded child: step out to its parent
+        assert tree.cursor_node is node
+        await pilot.press("left")
+        assert not node.is_expanded and tree.cursor_node is node

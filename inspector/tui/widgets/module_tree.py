@@ -50,6 +50,8 @@ class ModuleTree(Tree[Data]):
         Binding("a", "select_all", "All"),
         Binding("n", "select_none", "None", show=False),  # `?` lists them; the footer stays light
         Binding("i", "invert", "Invert", show=False),
+        Binding("right", "unfold", "Unfold", show=False),
+        Binding("left", "fold", "Fold", show=False),
     ]
 
     @dataclass
@@ -187,6 +189,26 @@ class ModuleTree(Tree[Data]):
         else:
             self.selected.update(names)
         self._changed()
+
+    def action_unfold(self) -> None:
+        """→: open a folded submodule, else step to its first child (as file managers do)."""
+        node = self.cursor_node
+        if node is None or not node.allow_expand:
+            return
+        if not node.is_expanded:
+            node.expand()
+        elif node.children:
+            self.move_cursor(node.children[0])
+
+    def action_fold(self) -> None:
+        """←: fold an open submodule, else step to the parent."""
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.allow_expand and node.is_expanded:
+            node.collapse()
+        elif node.parent is not None and node.parent is not self.root:
+            self.move_cursor(node.parent)
 
     def action_select_all(self) -> None:
         self.selected.update(t.name for t in self.shown_tensors())
