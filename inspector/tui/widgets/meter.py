@@ -1,5 +1,9 @@
 """Live memory meter: the child's RSS now and at peak, a history sparkline, available memory and the
-predicted peak as a reference mark on the bar."""
+predicted peak as a reference mark on the bar.
+
+The sparkline shares the bar's scale (zero to a little above the predicted peak). Textual's Sparkline scales
+from the smallest to the largest sample, so a converter holding flat at 40 MiB drew a full-height wall, the
+same picture as one about to run out of memory."""
 
 from __future__ import annotations
 
@@ -9,16 +13,39 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from inspector.tui.fmt import size
 
-HISTORY = 120
+HISTORY = 240
+EIGHTHS = " ▁▂▃▄▅▆▇█"
+SPARK_ROWS = 2
+
+
+def _scale(rss: int, peak: int, predicted: int) -> float:
+    """The meter's full width: room above the predicted peak, and above anything actually seen."""
+    return max(predicted * 1.25, peak * 1.05, rss * 1.05, 1)
+
+
+def sparkline(history: list[int], scale: float, predicted: int, width: int, rows: int = SPARK_ROWS) -> Text:
+    """The last `width` RSS samples as `rows` lines of block characters, zero at the bottom, on `scale`;
+    a column above the predicted peak is red."""
+    samples = history[-width:]
+    samples = [0] * (width - len(samples)) + samples  # newest at the right, as the history grows
+    levels = [min(rows * 8, round(v / scale * rows * 8)) for v in samples]
+    lines = []
+    for row in range(rows - 1, -1, -1):  # top row first
+        line = Text()
+        for v, lv in zip(samples, levels, strict=True):
+            cell = EIGHTHS[max(0, min(8, lv - row * 8))]
+            line.append(cell, style="red" if predicted and v > predicted else "green")
+        lines.append(line)
+    return Text("\n").join(lines)
 
 
 def meter_bar(rss: int, peak: int, predicted: int, width: int) -> Text:
     """`████▌····│·····` : RSS filled, peak as ▏, predicted peak as │, scaled to fit all three."""
-    scale = max(predicted * 1.25, peak * 1.05, rss * 1.05, 1)
+    scale = _scale(rss, peak, predicted)
     cells = ["·"] * width
     fill = int(rss / scale * width)
     for i in range(min(fill, width)):
@@ -42,7 +69,7 @@ class MemoryMeter(Widget):
 
     DEFAULT_CSS = """
     MemoryMeter { height: auto; }
-    MemoryMeter Sparkline { height: 2; margin: 0 0; }
+    MemoryMeter #meter-spark { height: 2; }  /* SPARK_ROWS */
     """
 
     rss: reactive[int] = reactive(0, layout=False)
@@ -56,22 +83,21 @@ class MemoryMeter(Widget):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.history: deque[float] = deque(maxlen=HISTORY)
+        self.history: deque[int] = deque(maxlen=HISTORY)
 
     def compose(self) -> ComposeResult:
         yield Static(id="meter-text")
-        yield Sparkline([], id="meter-spark")
+        yield Static(id="meter-spark")
 
     def on_mount(self) -> None:
         self._draw()
 
     def add_sample(self, rss: int, available: int) -> None:
-        with self.app.batch_update():
-            self.history.append(rss / 2**20)
-            self.rss = rss
-            self.peak = max(self.peak, rss)
-            self.available = available
-            self.query_one(Sparkline).data = list(self.history)
+        self.history.append(rss)
+        self.set_reactive(MemoryMeter.rss, rss)  # one redraw per sample, not one per changed figure
+        self.set_reactive(MemoryMeter.peak, max(self.peak, rss))
+        self.set_reactive(MemoryMeter.available, available)
+        self._draw()
 
     def watch_rss(self) -> None:
         self._draw()
@@ -98,4 +124,8 @@ class MemoryMeter(Widget):
         )
         self.query_one("#meter-text", Static).update(
             Text("\n").join([head, meter_bar(self.rss, self.peak, self.predicted, width)])
+        )
+        scale = _scale(self.rss, self.peak, self.predicted)
+        self.query_one("#meter-spark", Static).update(
+            sparkline(list(self.history), scale, self.predicted, width), layout=False
         )
