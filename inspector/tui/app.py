@@ -107,6 +107,7 @@ class InspectorApp(App[int]):
 
     def on_resize(self) -> None:
         self.set_class(self.size.width < 100, "narrow")
+        self.set_class(self.size.height < 32, "short")
 
     # --- opening and scanning -----------------------------------------------------------------------------
 

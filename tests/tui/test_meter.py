@@ -1,8 +1,9 @@
-"""The memory meter's drawings: one scale for the bar and the sparkline, zero at the bottom."""
+"""The convert screen's drawings: the memory meter (one zero-based scale for bar and sparkline), the file list."""
 
 from __future__ import annotations
 
 from inspector.tui.widgets.meter import meter_bar, sparkline
+from inspector.tui.widgets.progress import shard_rows
 
 MiB = 2**20
 
@@ -28,3 +29,21 @@ def test_bar_marks_peak_and_prediction_on_the_same_scale() -> None:
     assert bar.index("│") == 20  # 100 of 125 MiB
     assert bar.index("▏") == 16  # 80 of 125
     assert bar.count("█") == 10  # 50 of 125
+
+
+def test_output_files_list_marks_written_current_and_to_come() -> None:
+    files = [(f"model-{i:05d}-of-00003.safetensors", 2 * MiB) for i in range(1, 4)]
+    lines = shard_rows(files, current=1, fraction=0.42).plain.splitlines()
+    assert [ln.split()[0] for ln in lines] == ["✔", "▶", "·"]
+    assert lines[1].endswith("42%")
+
+
+def test_many_output_files_keep_the_current_one_in_view() -> None:
+    files = [(f"model-{i:05d}-of-00030.safetensors", MiB) for i in range(1, 31)]
+    lines = shard_rows(files, current=20, fraction=0.5, rows=8).plain.splitlines()
+    assert len(lines) == 8
+    assert lines[0] == "  ✔ 18 earlier file(s) written"
+    assert any("▶ model-00021-of-00030" in ln for ln in lines)
+    assert lines[-1] == "  · 6 more file(s) to come"
+    last = shard_rows(files, current=30, fraction=1.0, rows=8).plain.splitlines()  # all written
+    assert len(last) <= 8 and "to come" not in last[-1] and "model-00030-of-00030" in last[-1]

@@ -164,7 +164,8 @@ class ConvertScreen(Screen[None]):
                 + (" · forced" if self.force else ""),
             )
         )
-        self.query_one(ConvertProgress).start(plan.output_bytes)
+        files = [] if isinstance(plan, UniversalPlanView) else [(s.filename, s.file_bytes) for s in plan.shards]
+        self.query_one(ConvertProgress).start(plan.output_bytes, files)
 
     def start(self) -> None:
         app: Any = self.app
@@ -230,7 +231,10 @@ class ConvertScreen(Screen[None]):
         self.app.converting = False  # type: ignore[attr-defined]
         if msg.returncode == 0 and self.report is not None:
             self.phase = "done"
-            self.query_one("#result", Static).update(done_text(self.report, peak, meter.predicted))
+            self.query_one(ConvertProgress).written()
+            result = self.query_one("#result", Static)
+            result.update(done_text(self.report, peak, meter.predicted))
+            self.call_after_refresh(result.scroll_visible, animate=False)
             self.notify("Conversion finished.", title="Done")
             return
         cancelled = msg.returncode == 130 or self.phase == "cancelling"
@@ -247,7 +251,9 @@ class ConvertScreen(Screen[None]):
         self._show_failure(title, message, hint, error=not cancelled)
 
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
-        self.query_one("#result", Static).update(failure_text(title, message, hint, error=error))
+        result = self.query_one("#result", Static)
+        result.update(failure_text(title, message, hint, error=error))
+        self.call_after_refresh(result.scroll_visible, animate=False)
         self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8)
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:

@@ -15,6 +15,32 @@ from textual.widgets import ProgressBar, Static
 
 from inspector.tui.fmt import duration, size
 
+SHARD_ROWS = 8
+
+
+def shard_rows(files: list[tuple[str, int]], current: int, fraction: float, rows: int = SHARD_ROWS) -> Text:
+    """The output files as lines: written ✔, being written ▶ with its percent, to come ·. More files than
+    `rows`: a window that keeps the one being written in view, with counts for what is above and below."""
+    n = len(files)
+    start = 0 if n <= rows else min(max(current - 2, 0), n - rows + 2)
+    end = n if n <= rows else min(n, start + rows - 2)
+    lines = []
+    if start:
+        lines.append(Text(f"  ✔ {start} earlier file(s) written", style="green"))
+    for i in range(start, end):
+        name, nbytes = files[i]
+        if i < current:
+            mark, style, note = "✔", "green", ""
+        elif i == current:
+            mark, style, note = "▶", "bold", f"  {fraction:.0%}"
+        else:
+            mark, style, note = "·", "dim", ""
+        name_style = "" if i == current else style
+        lines.append(Text.assemble((f"  {mark} ", style), (name, name_style), f"  {size(nbytes)}", (note, "bold")))
+    if end < n:
+        lines.append(Text(f"  · {n - end} more file(s) to come", style="dim"))
+    return Text("\n").join(lines)
+
 
 class ConvertProgress(Vertical):
     DEFAULT_CSS = """
@@ -22,6 +48,7 @@ class ConvertProgress(Vertical):
     ConvertProgress ProgressBar { width: 100%; }
     ConvertProgress ProgressBar Bar { width: 1fr; }
     ConvertProgress #shard-label, ConvertProgress #tensor-text { height: 1; }
+    ConvertProgress #files { height: auto; }
     ConvertProgress #tensor-text { color: $text-muted; }
     """
 
@@ -32,10 +59,31 @@ class ConvertProgress(Vertical):
         yield Static("", id="shard-label")
         yield ProgressBar(show_eta=False, id="shard")
         yield Static("", id="tensor-text")
+        yield Static("Output files", classes="section -hidden", id="files-title")
+        yield Static("", id="files", classes="-hidden")
 
-    def start(self, total: int | None) -> None:
-        """A new run: `total` bytes (None: unknown until the first event)."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[tuple[str, int]] = []
+        self._shown = (-1, -1)  # (file, percent) last drawn: the list is redrawn only when that changes
+
+    def start(self, total: int | None, files: list[tuple[str, int]] | None = None) -> None:
+        """A new run: `total` bytes (None: unknown until the first event); `files` (name, bytes) are listed
+        when there are several (a 70B model's thirty shards), each marked as it is written."""
         self.query_one("#overall", ProgressBar).update(total=total, progress=0)
+        self.files = list(files or [])
+        self._shown = (-1, -1)
+        many = len(self.files) > 1
+        self.query_one("#files-title").set_class(not many, "-hidden")
+        self.query_one("#files", Static).set_class(not many, "-hidden")
+        if many:
+            self._draw_files(0, 0.0)
+
+    def _draw_files(self, current: int, fraction: float) -> None:
+        key = (current, int(fraction * 100))
+        if key != self._shown:
+            self._shown = key
+            self.query_one("#files", Static).update(shard_rows(self.files, current, fraction))
 
     def say(self, line: str | Text) -> None:
         """Replace the overall line (starting, cancelling, verified)."""
@@ -44,6 +92,11 @@ class ConvertProgress(Vertical):
     def complete(self) -> None:
         bar = self.query_one("#overall", ProgressBar)
         bar.update(total=bar.total or 1, progress=bar.total or 1)
+
+    def written(self) -> None:
+        """The conversion finished: every listed file is written."""
+        if len(self.files) > 1:
+            self._draw_files(len(self.files), 1.0)
 
     def show(self, ev: dict[str, Any], *, verifying: bool) -> None:
         """One `progress` event: bytes done of total, throughput, ETA; the shard and tensor in hand."""
@@ -61,9 +114,11 @@ class ConvertProgress(Vertical):
                     f"Shard {int(ev.get('shard_index', 0)) + 1} of {ev.get('shards', 1)}: {ev['shard']}",
                     layout=False,
                 )
-                self.query_one("#shard", ProgressBar).update(
-                    total=max(int(ev.get("shard_total", 1)), 1), progress=int(ev.get("shard_done", 0))
-                )
+                shard_total = max(int(ev.get("shard_total", 1)), 1)
+                shard_done = int(ev.get("shard_done", 0))
+                self.query_one("#shard", ProgressBar).update(total=shard_total, progress=shard_done)
+                if len(self.files) > 1:
+                    self._draw_files(int(ev.get("shard_index", 0)), shard_done / shard_total)
             self.query_one("#tensor-text", Static).update(
                 Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–"), layout=False
             )
