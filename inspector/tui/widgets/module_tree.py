@@ -138,8 +138,11 @@ class ModuleTree(Tree[Data]):
             mark, style = self._mark([t.name for t in ts])
             self._append_mark(text, mark, style)
             text.append(data.name, style="bold")
+            # parameters are counted once: a submodule holding only tied aliases (lm_head) says so, not "0"
+            only_tied = ts and not data.numel and all(t.kind is Kind.TIED for t in ts)
+            params = "tied" if only_tied else count(data.numel)
             text.append(
-                f"  {plural(len(ts), 'tensor')} · {count(data.numel)} · {size(sum(self.out_bytes(t) for t in ts))}",
+                f"  {plural(len(ts), 'tensor')} · {params} · {size(sum(self.out_bytes(t) for t in ts))}",
                 style="dim",
             )
         elif isinstance(data, TensorInfo):
