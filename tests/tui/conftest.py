@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -98,7 +98,7 @@ class Gate:
 
 
 @pytest.fixture
-def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     """Child processes of this test run GATED_CHILD instead of `-m inspector` (same arguments, same code);
     the gate starts closed. Test-only: the production Child is unchanged."""
     from inspector.tui.child import Child
@@ -117,7 +117,8 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
         self.args = [sys.executable, str(script), *self.args[3:]]
 
     monkeypatch.setattr(Child, "__init__", gated_init)
-    return g
+    yield g
+    g.open()  # a test that failed while a child was held does not leave it waiting
 
 
 async def wait_for(pilot: Pilot[object], predicate: Callable[[], bool], what: str = "condition") -> None:
