@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,35 @@ from inspector.demo.writer import DemoSpec, write_demo
 
 SMALL = DemoSpec(params=2_000_000)
 HANG_GUARD = 60.0  # seconds; only stops a hung test
+
+# `python -m inspector`, held mid-run: while the gate file exists, every checkpoint read after the second
+# waits (announcing itself by touching `<gate>.held`), so a test can cancel or kill a conversion that is
+# surely unfinished. SIGINT still raises KeyboardInterrupt as usual; it also lets the held reads go, so the
+# converter's own clean-up (which joins its reader threads) runs exactly as it would without the gate.
+GATED_CHILD = """
+import os, signal, sys, threading, time
+from inspector.convert.reader import FilePool
+gate = os.environ["ZI_GATE"]
+real = FilePool.read_into
+reads = [0]
+count = threading.Lock()
+interrupted = threading.Event()
+def held(self, *a):
+    with count:
+        reads[0] += 1
+        n = reads[0]
+    while n >= 3 and os.path.exists(gate) and not interrupted.is_set():
+        open(gate + ".held", "a").close()
+        time.sleep(0.01)
+    return real(self, *a)
+def on_sigint(signum, frame):
+    interrupted.set()
+    signal.default_int_handler(signum, frame)
+FilePool.read_into = held
+signal.signal(signal.SIGINT, on_sigint)
+from inspector.cli.main import entry
+entry()
+"""
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +77,48 @@ def snapshot_demo() -> Path:
         except OSError:  # another xdist worker won the race
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+class Gate:
+    """Holds every conversion child the TUI starts mid-run while `path` exists (see GATED_CHILD)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.held = Path(str(path) + ".held")
+        path.touch()
+
+    async def wait_held(self, pilot: Pilot[object]) -> None:
+        """Until a child is held at the gate: it has started reading and cannot finish."""
+        await wait_for(pilot, self.held.exists, "the child held at the gate")
+
+    def open(self) -> None:
+        """Let held and later children run to the end."""
+        self.path.unlink(missing_ok=True)
+        self.held.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """Child processes of this test run GATED_CHILD instead of `-m inspector` (same arguments, same code);
+    the gate starts closed. Test-only: the production Child is unchanged."""
+    from inspector.tui.child import Child
+
+    script = tmp_path / "gated_child.py"
+    script.write_text(GATED_CHILD)
+    g = Gate(tmp_path / "gate")
+    monkeypatch.setenv("ZI_GATE", str(g.path))
+    # the buffered path, so every read passes the gate (fp32 -> fp32 would otherwise be a kernel copy)
+    monkeypatch.setenv("ZI_NO_COPY_FILE_RANGE", "1")
+    real_init = Child.__init__
+
+    def gated_init(self: Child, args, on_event, on_exit) -> None:  # type: ignore[no-untyped-def]
+        real_init(self, args, on_event, on_exit)
+        assert self.args[1:3] == ["-m", "inspector"], self.args
+        self.args = [sys.executable, str(script), *self.args[3:]]
+
+    monkeypatch.setattr(Child, "__init__", gated_init)
+    yield g
+    g.open()  # a test that failed while a child was held does not leave it waiting
 
 
 async def wait_for(pilot: Pilot[object], predicate: Callable[[], bool], what: str = "condition") -> None:

@@ -16,7 +16,7 @@ from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog, MessageDialog
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.screens.help import HelpScreen
-from tests.tui.conftest import plain, scanned, wait_for
+from tests.tui.conftest import Gate, plain, scanned, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -89,60 +89,44 @@ async def _focus(pilot, tree, predicate) -> None:  # type: ignore[no-untyped-def
     await pilot.pause()
 
 
-async def _start_and_stop_at_first_progress(pilot, app, out: Path) -> ConvertScreen:  # type: ignore[no-untyped-def]
-    """Start a many-shard conversion and freeze the child (SIGSTOP) at its first progress event."""
+async def _start_held(pilot, app, gate: Gate, out: Path) -> ConvertScreen:  # type: ignore[no-untyped-def]
+    """Start a many-shard conversion and wait until its child is held mid-run at the gate."""
     await pilot.press("c")
     await wait_for(
         pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child"
     )
     screen: ConvertScreen = app.screen
-
-    stopped = {}
-    original = screen.show_progress
-
-    def freeze(ev):  # type: ignore[no-untyped-def]
-        if not stopped and screen.child is not None and screen.child.pid:
-            os.kill(screen.child.pid, signal.SIGSTOP)
-            stopped["at"] = ev
-        original(ev)
-
-    screen.show_progress = freeze  # type: ignore[method-assign]
-    await wait_for(pilot, lambda: bool(stopped), "first progress event")
+    await gate.wait_held(pilot)
+    assert screen.phase == "running" and screen.child is not None and screen.child.running
     assert any(n.endswith(".partial") for n in os.listdir(out))
     return screen
 
 
-# The child can outrun the UI's first progress event on a busy machine (it converts this demo in well under a
-# second), leaving nothing mid-way to cancel or kill; a real regression fails all three tries.
-@pytest.mark.flaky(reruns=2)
-async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: Path) -> None:
+async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: Path, gate: Gate) -> None:
     out = tmp_path / "out"
     opts = ConvertOptions(shard_size=200_000, dtype="fp32")
     app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
-        screen = await _start_and_stop_at_first_progress(pilot, app, out)
+        screen = await _start_held(pilot, app, gate, out)
         await pilot.press("escape")
         assert isinstance(app.screen, ConfirmDialog)
-        await pilot.press("y")  # SIGINT is queued while the child is stopped
-        await pilot.pause()
-        os.kill(screen.child.pid, signal.SIGCONT)  # type: ignore[union-attr, arg-type]
+        await pilot.press("y")  # SIGINT: the held reads go, the converter cleans up and exits 130
         await wait_for(pilot, lambda: screen.phase == "cancelled", "cancel")
+        assert screen.child is not None and screen.child.proc is not None
+        assert screen.child.proc.returncode == 130
         assert not out.exists() or [n for n in os.listdir(out) if n.endswith(".partial")] == []
         assert "Cancelled" in plain(screen.query_one("#result"))
         assert not app.converting
 
 
-# The child can outrun the UI's first progress event on a busy machine (it converts this demo in well under a
-# second), leaving nothing mid-way to cancel or kill; a real regression fails all three tries.
-@pytest.mark.flaky(reruns=2)
-async def test_child_killed_with_sigkill_is_explained(small_demo: Path, tmp_path: Path) -> None:
+async def test_child_killed_with_sigkill_is_explained(small_demo: Path, tmp_path: Path, gate: Gate) -> None:
     out = tmp_path / "out"
     opts = ConvertOptions(shard_size=200_000)
     app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
-        screen = await _start_and_stop_at_first_progress(pilot, app, out)
+        screen = await _start_held(pilot, app, gate, out)
         os.kill(screen.child.pid, signal.SIGKILL)  # type: ignore[union-attr, arg-type]
         await wait_for(pilot, lambda: screen.phase == "failed", "the failure report")
         result = plain(screen.query_one("#result"))

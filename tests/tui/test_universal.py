@@ -14,9 +14,10 @@ from inspector.tui.app import make_app
 from inspector.tui.fmt import size
 from inspector.tui.jobs import convert_args
 from inspector.tui.screens.convert import ConvertScreen
+from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.widgets.preflight import PreflightPanel
-from tests.tui.conftest import plain, scanned, wait_for
+from tests.tui.conftest import Gate, plain, scanned, wait_for
 
 
 @pytest.mark.asyncio
@@ -83,3 +84,68 @@ def test_a_cancelled_universal_conversion_says_it_resumes(tmp_path: Path) -> Non
     assert "1 unfinished *.partial file(s), 2.9 KiB" in hint and "resumes" in hint
     _, message, _ = explain_exit(130, True, {}, "", 0, str(tmp_path))
     assert "removed its partial output" in message  # safetensors: as before
+
+
+@pytest.mark.asyncio
+async def test_cancelled_universal_conversion_resumes_from_the_ui(
+    small_demo: Path, tmp_path: Path, gate: Gate
+) -> None:
+    """Cancel a universal conversion held mid-run: the UI says the finished files are kept and converting
+    again resumes; `c` again finishes it, reusing those files, and the output verifies."""
+    out = tmp_path / "out"
+    uni, staging = out / "global_step3_uni", out / "global_step3_uni.partial"
+    app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        app.screen.query_one("#format", Select).value = "universal"
+        await pilot.pause()
+        await wait_for(
+            pilot, lambda: "ds_to_univ" in plain(app.screen.query_one(PreflightPanel)), "preflight"
+        )
+        await pilot.press("ctrl+s")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child"
+        )
+        screen: ConvertScreen = app.screen
+        await gate.wait_held(pilot)
+        assert screen.phase == "running" and screen.child is not None and screen.child.running
+        await pilot.press("escape")
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")  # SIGINT: the writer stops, keeping the files it finished
+        await wait_for(pilot, lambda: screen.phase == "cancelled", "cancel")
+        assert screen.child.proc is not None and screen.child.proc.returncode == 130
+        result = plain(screen.query_one("#result"))
+        assert "Cancelled" in result and "kept in the *.partial folder" in result
+        assert "1 unfinished *.partial file(s)" in result and "resumes" in result
+        assert not app.converting and not uni.exists() and staging.is_dir()
+        kept = {  # the finished files, by inode: a resume leaves them where they are
+            os.path.relpath(os.path.join(d, n), staging): os.stat(os.path.join(d, n)).st_ino
+            for d, _, names in os.walk(staging)
+            for n in names
+            if n.endswith(".pt")
+        }
+        assert kept, sorted(os.walk(staging))
+
+        gate.open()
+        await pilot.press("b")  # back to the export screen, and from there to the main screen
+        assert isinstance(app.screen, ExportScreen)
+        await pilot.press("escape")
+        assert app.screen is app.main
+        await pilot.press("c")  # the same conversion again ("c on the main screen tries again"): it resumes
+        await wait_for(
+            pilot,
+            lambda: (
+                isinstance(app.screen, ConvertScreen)
+                and app.screen is not screen
+                and app.screen.phase == "done"
+            ),
+            "the resumed conversion",
+        )
+        assert sorted(os.listdir(out)) == ["global_step3_uni", "latest_universal"]
+        assert (out / "latest_universal").read_text().strip() == "global_step3_uni"
+        for rel, ino in kept.items():
+            assert os.stat(uni / rel).st_ino == ino, rel
+        await pilot.press("v")
+        await wait_for(pilot, lambda: app.screen.phase == "verified", "verified")
+        assert "Verified" in plain(app.screen.query_one("#overall-text"))
