@@ -272,7 +272,8 @@ class InspectorApp(App[int]):
         self.push_screen(
             ConfirmDialog(
                 "Quit?",
-                "A conversion is running. Quitting cancels it and removes its partial output.",
+                "A conversion is running. Quitting cancels it: its partial output is removed (a universal "
+                "export keeps its finished files, and converting again resumes).",
                 yes="Quit",
             ),
             answer,

@@ -103,7 +103,7 @@ def failure_text(title: str, message: str, hint: str, *, error: bool = True) -> 
         (title, "bold"),
         f"\n{message}",
         (f"\n→ {hint}", "italic"),
-        ("\nb goes back; c on the main screen tries again.", "dim"),
+        ("\nb goes back; c there tries again.", "dim"),
     )
 
 

@@ -112,6 +112,7 @@ async def test_cancelled_universal_conversion_resumes_from_the_ui(
         assert screen.phase == "running" and screen.child is not None and screen.child.running
         await pilot.press("escape")
         assert isinstance(app.screen, ConfirmDialog)
+        assert "kept" in plain(app.screen.query_one("#dialog-body"))  # not "the partial output will be removed"
         await pilot.press("y")  # SIGINT: the writer stops, keeping the files it finished
         await wait_for(pilot, lambda: screen.phase == "cancelled", "cancel")
         assert screen.child.proc is not None and screen.child.proc.returncode == 130

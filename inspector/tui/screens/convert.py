@@ -314,14 +314,21 @@ class ConvertScreen(Screen[None]):
         def answer(yes: bool | None) -> None:
             if yes and self.child is not None and self.child.running:
                 self.phase = "cancelling"
-                self.query_one(ConvertProgress).say("Cancelling: the converter removes its partial files…")
+                self.query_one(ConvertProgress).say(
+                    "Cancelling: the converter keeps its finished files…"
+                    if resumable
+                    else "Cancelling: the converter removes its partial files…"
+                )
                 self.child.interrupt()
                 self.set_timer(10, self._escalate)
 
+        resumable = isinstance(self.plan, UniversalPlanView)
         self.app.push_screen(
             ConfirmDialog(
                 "Cancel the conversion?",
-                "The partial output will be removed.",
+                "The files finished so far are kept in the *.partial folder; converting again resumes."
+                if resumable
+                else "The partial output will be removed.",
                 yes="Cancel it",
                 no="Keep going",
             ),
