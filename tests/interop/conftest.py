@@ -554,3 +554,51 @@ def live_state(_factory: _Factory) -> Callable[[str], dict[str, Any]]:
 def universal_root(_factory: _Factory) -> Callable[[str, str], Path]:
     """Factory: (config, "ours" | "theirs") -> a root holding latest_universal and its folder."""
     return _factory.universal
+
+
+# Hugging Face Trainer runs (hf_train.py): shared by test_hf_interop.py and test_tui_interop.py
+RUNS = {
+    "lora_zero3": ["--stage", "3", "--lora"],
+    "full": ["--stage", "3"],
+    "lora": ["--stage", "2", "--lora"],
+    "rslora": ["--stage", "2", "--lora", "--rslora"],
+}
+
+
+def _need(module: str) -> Any:
+    return pytest.importorskip(module, reason=f"{module} is in the interop extra")
+
+
+@pytest.fixture(scope="session")
+def hf_run(interop_cache: Path) -> Callable[[str], Path]:
+    """Run name -> work folder (run/checkpoint-N, base/, tokenizer/, reference.pt), trained once and cached."""
+    _need("transformers")
+    _need("peft")
+    versions = "|".join(importlib.metadata.version(p) for p in ("deepspeed", "torch", "transformers", "peft"))
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name in built:
+            return built[name]
+        args = RUNS[name]
+        work = interop_cache / f"hf-{name}-{_sha((HERE / 'hf_train.py').read_bytes(), versions, *args)}"
+        with _heavy_lock(interop_cache):
+            if not (work / "build.json").exists():
+                shutil.rmtree(work, ignore_errors=True)
+                work.mkdir(parents=True)
+                torchrun = Path(sys.executable).with_name("torchrun")
+                cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+                cmd += ["--master_port", str(_free_port()), str(HERE / "hf_train.py"), str(work), *args]
+                t0 = time.monotonic()
+                _run_logged(cmd, work / "build.log", f"Trainer run {name}")
+                ckpt = next((work / "run").glob("checkpoint-*"))
+                _run_logged(
+                    [sys.executable, str(HERE / "ds_reference.py"), str(ckpt), str(work / "reference.pt")],
+                    work / "reference.log",
+                    f"DeepSpeed reference for Trainer run {name}",
+                )
+                (work / "build.json").write_text(json.dumps({"seconds": time.monotonic() - t0}))
+        built[name] = work
+        return work
+
+    return build

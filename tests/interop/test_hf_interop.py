@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,62 +20,6 @@ import torch
 
 pytestmark = pytest.mark.interop
 HERE = Path(__file__).resolve().parent
-RUNS = {
-    "lora_zero3": ["--stage", "3", "--lora"],
-    "full": ["--stage", "3"],
-    "lora": ["--stage", "2", "--lora"],
-    "rslora": ["--stage", "2", "--lora", "--rslora"],
-}
-
-
-def _need(module: str) -> Any:
-    return pytest.importorskip(module, reason=f"{module} is in the interop extra")
-
-
-@pytest.fixture(scope="session")
-def hf_run(_factory: Any, interop_cache: Path) -> Callable[[str], Path]:
-    """Run name -> work folder (run/checkpoint-N, base/, tokenizer/, reference.pt), trained once and cached."""
-    _need("transformers")
-    _need("peft")
-    import importlib.metadata
-
-    helpers = sys.modules[type(_factory).__module__]  # the interop conftest: lock, logged runs, hashing
-    versions = "|".join(importlib.metadata.version(p) for p in ("deepspeed", "torch", "transformers", "peft"))
-    built: dict[str, Path] = {}
-
-    def build(name: str) -> Path:
-        if name in built:
-            return built[name]
-        args = RUNS[name]
-        work = (
-            interop_cache / f"hf-{name}-{helpers._sha((HERE / 'hf_train.py').read_bytes(), versions, *args)}"
-        )
-        with helpers._heavy_lock(interop_cache):
-            if not (work / "build.json").exists():
-                shutil.rmtree(work, ignore_errors=True)
-                work.mkdir(parents=True)
-                torchrun = Path(sys.executable).with_name("torchrun")
-                cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-                cmd += [
-                    "--master_port",
-                    str(helpers._free_port()),
-                    str(HERE / "hf_train.py"),
-                    str(work),
-                    *args,
-                ]
-                t0 = time.monotonic()
-                helpers._run_logged(cmd, work / "build.log", f"Trainer run {name}")
-                ckpt = next((work / "run").glob("checkpoint-*"))
-                helpers._run_logged(
-                    [sys.executable, str(HERE / "ds_reference.py"), str(ckpt), str(work / "reference.pt")],
-                    work / "reference.log",
-                    f"DeepSpeed reference for Trainer run {name}",
-                )
-                (work / "build.json").write_text(json.dumps({"seconds": time.monotonic() - t0}))
-        built[name] = work
-        return work
-
-    return build
 
 
 def _reference(work: Path) -> dict[str, torch.Tensor]:
