@@ -33,12 +33,6 @@ async def _until(pilot, predicate) -> None:  # type: ignore[no-untyped-def]
     raise RuntimeError("the app did not get there")
 
 
-def _walk(node):  # type: ignore[no-untyped-def]
-    yield node
-    for child in node.children:
-        yield from _walk(child)
-
-
 async def shoot(root: str, out: str) -> None:
     def new_app(**kw):  # type: ignore[no-untyped-def]
         app = make_app(path=root, out_dir=out, live_meters=False, **kw)
@@ -62,16 +56,8 @@ async def shoot(root: str, out: str) -> None:
     async with app.run_test(size=(120, 36)) as pilot:
         await _until(pilot, lambda: app.ckpt is not None)
         await pilot.press("t")
-        tree = app.main.tensors_pane.module_tree
-        node = next(
-            n for n in _walk(tree.root) if getattr(n.data, "name", "") == "model.layers.1.mlp.up_proj.weight"
-        )
-        parent = node.parent
-        while parent is not None:
-            parent.expand()
-            parent = parent.parent
+        app.main.tensors_pane.module_tree.reveal("model.layers.1.mlp.up_proj.weight")
         await pilot.pause()
-        tree.move_cursor(node)
         await pilot.pause()
         await pilot.press("s")
         pane = app.main.tensors_pane

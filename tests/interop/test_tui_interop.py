@@ -100,20 +100,8 @@ def test_open_select_convert_verify(
 async def _focus_tensor(pilot, app, name: str) -> None:  # type: ignore[no-untyped-def]
     """The Tensors tab, its tree unfolded down to tensor `name`, the cursor on it."""
     await pilot.press("t")
-    tree = app.main.tensors_pane.module_tree
-
-    def walk(node):  # type: ignore[no-untyped-def]
-        yield node
-        for child in node.children:
-            yield from walk(child)
-
-    node = next(n for n in walk(tree.root) if getattr(n.data, "name", None) == name)
-    parent = node.parent
-    while parent is not None:
-        parent.expand()
-        parent = parent.parent
+    assert app.main.tensors_pane.module_tree.reveal(name)
     await pilot.pause()
-    tree.move_cursor(node)
     await pilot.pause()
     assert app.main.tensors_pane.detail.tensor is not None
     assert app.main.tensors_pane.detail.tensor.name == name

@@ -41,7 +41,7 @@ async def test_select_submodule_options_convert_verify(small_demo: Path, tmp_pat
         await pilot.press("t", "n")  # tensors tab, select none
         assert app.selected == set()
         tree = app.main.tensors_pane.module_tree
-        await _focus(pilot, tree, lambda d: getattr(d, "path", "") == "model.layers.1")
+        await _focus(pilot, tree, "model.layers.1")
         await pilot.press("space")
         assert app.selected and all(n.startswith("model.layers.1.") for n in app.selected)
         assert app.convert_options().include == ("model.layers.1",)
@@ -71,22 +71,13 @@ async def test_select_submodule_options_convert_verify(small_demo: Path, tmp_pat
         assert not isinstance(app.screen, ConvertScreen)
 
 
-def _walk(node):  # type: ignore[no-untyped-def]
-    yield node
-    for c in node.children:
-        yield from _walk(c)
-
-
-async def _focus(pilot, tree, predicate) -> None:  # type: ignore[no-untyped-def]
-    """Unfold down to the first node whose data matches and put the cursor on it."""
-    node = next(n for n in _walk(tree.root) if predicate(n.data))
-    parent = node.parent
-    while parent is not None:
-        parent.expand()
-        parent = parent.parent
+async def _focus(pilot, tree, name: str) -> None:  # type: ignore[no-untyped-def]
+    """The cursor on the tensor or submodule `name`, its parents unfolded (the tree's own `reveal`)."""
+    assert tree.reveal(name)
     await pilot.pause()
-    tree.move_cursor(node)
     await pilot.pause()
+    data = tree.cursor_node.data if tree.cursor_node else None
+    assert getattr(data, "path", None) == name or getattr(data, "name", None) == name
 
 
 async def _start_held(pilot, app, gate: Gate, out: Path) -> ConvertScreen:  # type: ignore[no-untyped-def]
@@ -207,7 +198,7 @@ async def test_statistics_on_demand(small_demo: Path) -> None:
         await pilot.press("t")
         pane = app.main.tensors_pane
         big = max(app.ckpt.tensors, key=lambda t: t.numel)
-        await _focus(pilot, pane.module_tree, lambda d: getattr(d, "name", None) == big.name)
+        await _focus(pilot, pane.module_tree, big.name)
         await pilot.press("s")
         await wait_for(pilot, lambda: pane._cancel.is_set() and bool(pane._results), "statistics")
         text = plain(pane.detail)
@@ -296,7 +287,7 @@ async def test_statistics_compare_with_the_previous_tag(two_tag_demo: Path) -> N
         await pilot.press("t")
         pane = app.main.tensors_pane
         big = max(app.ckpt.tensors, key=lambda t: t.numel)
-        await _focus(pilot, pane.module_tree, lambda d: getattr(d, "name", None) == big.name)
+        await _focus(pilot, pane.module_tree, big.name)
         await pilot.press("s")
         await wait_for(
             pilot, lambda: pane._cancel.is_set() and len(pane._results) >= 3, "statistics and diffs"
@@ -323,7 +314,7 @@ async def test_module_detail_follows_its_selection(small_demo: Path) -> None:
         await scanned(pilot)
         await pilot.press("t", "n")
         pane = app.main.tensors_pane
-        await _focus(pilot, pane.module_tree, lambda d: getattr(d, "path", "") == "model.layers.1")
+        await _focus(pilot, pane.module_tree, "model.layers.1")
         n = sum(1 for t in app.ckpt.tensors if t.name.startswith("model.layers.1."))  # type: ignore[union-attr]
         assert f"selected: 0 of {n}" in plain(pane.detail)
         await pilot.press("space")
@@ -338,7 +329,7 @@ async def test_arrow_keys_fold_and_unfold_submodules(small_demo: Path) -> None:
         await scanned(pilot)
         await pilot.press("t")
         tree = app.main.tensors_pane.module_tree
-        await _focus(pilot, tree, lambda d: getattr(d, "path", "") == "model.layers")
+        await _focus(pilot, tree, "model.layers")
         node = tree.cursor_node
         assert node is not None and not node.is_expanded
         await pilot.press("right")

@@ -7,6 +7,7 @@ shows); the selection is posted as `SelectionChanged` and becomes convert's incl
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rich.style import Style
@@ -192,6 +193,27 @@ class ModuleTree(Tree[Data]):
         else:
             self.selected.update(names)
         self._changed()
+
+    def reveal(self, name: str) -> bool:
+        """Put the cursor on the tensor or submodule called `name` (dotted), unfolding what hides it."""
+
+        def walk(node: TreeNode[Data]) -> Iterator[TreeNode[Data]]:
+            yield node
+            for child in node.children:
+                yield from walk(child)
+
+        for node in walk(self.root):
+            data = node.data
+            if (isinstance(data, TensorInfo) and data.name == name) or (
+                isinstance(data, ModuleNode) and data.path == name
+            ):
+                parent = node.parent
+                while parent is not None:
+                    parent.expand()
+                    parent = parent.parent
+                self.call_after_refresh(self.move_cursor, node)  # the unfolded lines exist after a refresh
+                return True
+        return False
 
     def action_unfold(self) -> None:
         """→: open a folded submodule, else step to its first child (as file managers do)."""
