@@ -23,7 +23,7 @@ from inspector.convert.stats import Difference, TensorStats
 from inspector.tui.app import make_app
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.widgets.tensor_detail import _num
-from tests.tui.conftest import plain
+from tests.tui.conftest import choose_universal, plain
 
 pytestmark = pytest.mark.interop
 
@@ -206,10 +206,7 @@ def test_universal_export_equals_ds_to_universal(
     """Export options → format "universal" → convert (the child) → verify: every state file the UI wrote
     holds exactly the tensor DeepSpeed's `ds_to_universal --inject_missing_state` writes for it, and the
     folder is byte for byte what `convert --format universal` writes from the command line."""
-    from textual.widgets import Select
 
-    from inspector.tui.screens.export import ExportScreen
-    from inspector.tui.widgets.preflight import PreflightPanel
 
     built, ref = ds_checkpoint(config), reference(config)
     out = tmp_path / "out"
@@ -218,15 +215,7 @@ def test_universal_export_equals_ds_to_universal(
         app = make_app(path=str(built.root), out_dir=str(out), live_meters=False)
         async with app.run_test(size=(120, 36)) as pilot:
             await _until(pilot, lambda: app.ckpt is not None)
-            await pilot.press("e")
-            assert isinstance(app.screen, ExportScreen)
-            fmt = app.screen.query_one("#format", Select)
-            assert "universal" in {v for _, v in fmt._options}
-            fmt.value = "universal"
-            await pilot.pause()
-            panel = app.screen.query_one(PreflightPanel)
-            await _until(pilot, lambda: "ds_to_univ" in plain(panel))
-            assert "Fits" in plain(panel)
+            assert "Fits" in await choose_universal(pilot)
             await pilot.press("ctrl+s")
             await _convert(pilot, app)
             await _verify(pilot, app)

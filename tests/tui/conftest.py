@@ -12,9 +12,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from textual.pilot import Pilot
+
+if TYPE_CHECKING:
+    from inspector.tui.screens.convert import ConvertScreen
 
 from inspector.demo.writer import DemoSpec, write_demo
 
@@ -155,3 +159,38 @@ def plain(widget: object) -> str:
     console = Console(width=1000, file=io.StringIO(), record=True, color_system=None)
     console.print(content)
     return console.export_text()
+
+
+async def choose_universal(pilot: Pilot[object]) -> str:
+    """Open the export options, choose the universal format, wait for its preflight; returns the panel's text."""
+    from textual.widgets import Select
+
+    from inspector.tui.screens.export import ExportScreen
+    from inspector.tui.widgets.preflight import PreflightPanel
+
+    app = pilot.app
+    await pilot.press("e")
+    assert isinstance(app.screen, ExportScreen)
+    fmt = app.screen.query_one("#format", Select)
+    assert "universal" in {v for _, v in fmt._options}
+    fmt.value = "universal"
+    await pilot.pause()
+    panel = app.screen.query_one(PreflightPanel)
+    await wait_for(pilot, lambda: "ds_to_univ" in plain(panel), "the universal preflight")
+    return plain(panel)
+
+
+async def start_held(pilot: Pilot[object], gate: Gate, key: str = "c") -> ConvertScreen:
+    """Start the conversion (`key`) and wait until its child is held mid-run at the gate."""
+    from inspector.tui.screens.convert import ConvertScreen
+
+    app = pilot.app
+    await pilot.press(key)
+    await wait_for(
+        pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child"
+    )
+    screen = app.screen
+    assert isinstance(screen, ConvertScreen)
+    await gate.wait_held(pilot)
+    assert screen.phase == "running" and screen.child is not None and screen.child.running
+    return screen

@@ -16,7 +16,7 @@ from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog, MessageDialog
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.screens.help import HelpScreen
-from tests.tui.conftest import Gate, plain, scanned, wait_for
+from tests.tui.conftest import Gate, plain, scanned, start_held, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -80,26 +80,14 @@ async def _focus(pilot, tree, name: str) -> None:  # type: ignore[no-untyped-def
     assert getattr(data, "path", None) == name or getattr(data, "name", None) == name
 
 
-async def _start_held(pilot, app, gate: Gate, out: Path) -> ConvertScreen:  # type: ignore[no-untyped-def]
-    """Start a many-shard conversion and wait until its child is held mid-run at the gate."""
-    await pilot.press("c")
-    await wait_for(
-        pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child"
-    )
-    screen: ConvertScreen = app.screen
-    await gate.wait_held(pilot)
-    assert screen.phase == "running" and screen.child is not None and screen.child.running
-    assert any(n.endswith(".partial") for n in os.listdir(out))
-    return screen
-
-
 async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: Path, gate: Gate) -> None:
     out = tmp_path / "out"
     opts = ConvertOptions(shard_size=200_000, dtype="fp32")
     app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
-        screen = await _start_held(pilot, app, gate, out)
+        screen = await start_held(pilot, gate)
+        assert any(n.endswith(".partial") for n in os.listdir(out))
         await pilot.press("escape")
         assert isinstance(app.screen, ConfirmDialog)
         await pilot.press("y")  # SIGINT: the held reads go, the converter cleans up and exits 130
@@ -117,7 +105,8 @@ async def test_child_killed_with_sigkill_is_explained(small_demo: Path, tmp_path
     app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
-        screen = await _start_held(pilot, app, gate, out)
+        screen = await start_held(pilot, gate)
+        assert any(n.endswith(".partial") for n in os.listdir(out))
         os.kill(screen.child.pid, signal.SIGKILL)  # type: ignore[union-attr, arg-type]
         await wait_for(pilot, lambda: screen.phase == "failed", "the failure report")
         result = plain(screen.query_one("#result"))

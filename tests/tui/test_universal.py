@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from textual.widgets import Select
 
 from inspector.convert.writers.universal import plan_universal
 from inspector.convert.writers.universal_preflight import estimate_universal
@@ -16,8 +15,7 @@ from inspector.tui.jobs import convert_args
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.screens.export import ExportScreen
-from inspector.tui.widgets.preflight import PreflightPanel
-from tests.tui.conftest import Gate, plain, scanned, wait_for
+from tests.tui.conftest import Gate, choose_universal, plain, scanned, start_held, wait_for
 
 
 @pytest.mark.asyncio
@@ -26,15 +24,7 @@ async def test_export_universal_convert_and_verify(small_demo: Path, tmp_path: P
     app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
-        await pilot.press("e")
-        assert isinstance(app.screen, ExportScreen)
-        fmt = app.screen.query_one("#format", Select)
-        assert "universal" in {v for _, v in fmt._options}
-        fmt.value = "universal"
-        await pilot.pause()
-        panel = app.screen.query_one(PreflightPanel)
-        await wait_for(pilot, lambda: "ds_to_univ" in plain(panel), "the universal preflight")
-        text = plain(panel)
+        text = await choose_universal(pilot)
         assert "Fits" in text and str(out / "global_step3_uni") in text
         assert "Universal: the whole checkpoint" in plain(app.screen.query_one("#selection-summary"))
         # the same estimate `zero-inspector preflight --format universal` prints
@@ -97,19 +87,8 @@ async def test_cancelled_universal_conversion_resumes_from_the_ui(
     app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
-        await pilot.press("e")
-        app.screen.query_one("#format", Select).value = "universal"
-        await pilot.pause()
-        await wait_for(
-            pilot, lambda: "ds_to_univ" in plain(app.screen.query_one(PreflightPanel)), "preflight"
-        )
-        await pilot.press("ctrl+s")
-        await wait_for(
-            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.child is not None, "child"
-        )
-        screen: ConvertScreen = app.screen
-        await gate.wait_held(pilot)
-        assert screen.phase == "running" and screen.child is not None and screen.child.running
+        await choose_universal(pilot)
+        screen = await start_held(pilot, gate, key="ctrl+s")
         await pilot.press("escape")
         assert isinstance(app.screen, ConfirmDialog)
         assert "kept" in plain(app.screen.query_one("#dialog-body"))  # not "the partial output will be removed"
