@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from inspector.convert.plan import ConvertOptions
 from inspector.tui.app import InspectorApp, make_app
@@ -19,10 +20,8 @@ from tests.tui.conftest import wait_for
 
 OUT = "/tmp/zero-inspector-snapshot-out"
 
-# On a loaded machine an auto-height widget is now and then laid out a row short before the snapshot is
-# taken (a layout race not yet pinned down; the overview re-measures its widgets after every scan). A real
-# regression fails all three tries.
-pytestmark = pytest.mark.flaky(reruns=2)
+# No reruns: the auto-height widgets that were now and then laid out a row or two short on a loaded machine
+# were a Textual box-model cache race (inspector/tui/widgets/auto_height.py, tests/tui/test_layout_race.py).
 
 
 def _app(root: Path, **kw: object) -> InspectorApp:
@@ -41,12 +40,12 @@ async def _scanned(pilot: Pilot[object]) -> None:
 
 
 async def _settled(pilot: Pilot[object]) -> None:
-    """Wait until two renders 50 ms apart agree: a late resize or auto-height update on a loaded machine
-    otherwise lands after the snapshot is taken (seen as a section shifted by a row or two)."""
-    for screen in pilot.app.screen_stack:  # measure every widget afresh, the covered screens too
-        for widget in screen.query("*"):
-            widget.clear_cached_dimensions()
-        screen.refresh(layout=True)
+    """Wait until two renders 50 ms apart agree: on a loaded machine the last refresh can land a frame or two
+    after the pilot's pause. Input cursors stop blinking first (shown steadily): a wait longer than the 0.5 s
+    blink would otherwise catch a focused field's cursor in either phase."""
+    for screen in pilot.app.screen_stack:
+        for field in screen.query(Input):
+            field.cursor_blink = False
     last = None
     for _ in range(40):
         await pilot.pause(0.05)

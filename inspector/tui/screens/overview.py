@@ -9,13 +9,14 @@ from textual.widgets import Static
 
 from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.ranks import RanksView
 from inspector.tui.widgets.summary import FindingsView, SummaryCard
 
 
 class OverviewPane(VerticalScroll):
     def compose(self) -> ComposeResult:
-        yield Static("", id="banner", classes="-hidden")
+        yield AutoHeightStatic("", id="banner", classes="-hidden")
         yield Static("Checkpoint", classes="section")
         yield SummaryCard("[italic]Scanning…[/]")
         yield Static("Findings", classes="section")
@@ -23,7 +24,7 @@ class OverviewPane(VerticalScroll):
         yield Static("Ranks", classes="section")
         yield RanksView("")
         yield Static("Tags", classes="section")
-        yield Static("", id="tag-list")
+        yield AutoHeightStatic("", id="tag-list")
 
     def show(self, ckpt: Checkpoint, latest: str | None) -> None:
         banner = self.query_one("#banner", Static)
@@ -49,15 +50,6 @@ class OverviewPane(VerticalScroll):
         if ckpt.other_runs:
             tags.append(f"\nOther Trainer checkpoints here: {', '.join(ckpt.other_runs)}", style="dim")
         self.query_one("#tag-list", Static).update(tags)
-        # Several auto-height widgets change at once; on a loaded machine one of them was sometimes laid out
-        # with a height measured before its new content (a table a row or two short until the next resize).
-        # After this refresh, measure them all again and lay the pane out once more.
-        self.call_after_refresh(self._relayout)
-
-    def _relayout(self) -> None:
-        for child in self.children:
-            child.clear_cached_dimensions()
-        self.refresh(layout=True)
 
     def failed(self, exc: InspectorError) -> None:
         banner = self.query_one("#banner", Static)

@@ -5,15 +5,15 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.tui.fmt import duration, size
 from inspector.tui.universal import UniversalAssessment, UniversalPlanView
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 
-class PreflightPanel(Static):
+class PreflightPanel(AutoHeightStatic):
     """Updated live from the export options; `-bad` class (red border) when the job does not fit."""
 
     DEFAULT_CSS = "PreflightPanel { height: auto; }"

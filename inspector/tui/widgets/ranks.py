@@ -6,10 +6,10 @@ import os
 
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from inspector.scan.model import Checkpoint
 from inspector.tui.fmt import bar, count, size
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 MAX_ROWS = 64  # beyond this, the first and last ranks and the outliers are shown
 
@@ -57,7 +57,7 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
     return t
 
 
-class RanksView(Static):
+class RanksView(AutoHeightStatic):
     """One row per rank (outliers kept when there are hundreds): where the bytes and the padding are."""
 
     DEFAULT_CSS = "RanksView { height: auto; }"

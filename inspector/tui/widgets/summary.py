@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.tui.fmt import KIND_STYLE, count, dtype, size
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 _SEVERITY = {
     Severity.ERROR: ("✖ ERROR", "bold red"),
@@ -102,7 +102,7 @@ def findings_renderable(items: tuple[Finding, ...]) -> RenderableType:
     return Group(*lines)
 
 
-class SummaryCard(Static):
+class SummaryCard(AutoHeightStatic):
     """Stage, ranks, dtypes, optimizer, version, steps, loss scale and contents by kind."""
 
     DEFAULT_CSS = "SummaryCard { height: auto; }"
@@ -130,7 +130,7 @@ class SummaryCard(Static):
         self.update(grid)
 
 
-class FindingsView(Static):
+class FindingsView(AutoHeightStatic):
     """Findings, errors first, each with what to do; red when anything is wrong."""
 
     DEFAULT_CSS = "FindingsView { height: auto; }"

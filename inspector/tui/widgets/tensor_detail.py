@@ -8,12 +8,12 @@ import os
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, size
 from inspector.tui.session import rank_of_file
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 SPARK = " ▁▂▃▄▅▆▇█"
 
@@ -101,7 +101,7 @@ def difference_line(label: str, d: Difference) -> Text:
     )
 
 
-class TensorDetail(Static):
+class TensorDetail(AutoHeightStatic):
     """The focused tensor (or submodule summary) and, on demand, its statistics."""
 
     DEFAULT_CSS = "TensorDetail { height: auto; }"
