@@ -27,6 +27,7 @@ from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_te
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
 from inspector.tui.widgets.progress import ConvertProgress
@@ -79,11 +80,11 @@ class ConvertScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with Vertical(id="convert-body"):
-            yield Static("", id="convert-title")
+            yield AutoHeightStatic("", id="convert-title")
             yield ConvertProgress()
             yield Static("Memory of the converter process", classes="section")
             yield MemoryMeter(id="meter")
-            yield Static("", id="result")
+            yield AutoHeightStatic("", id="result")
         yield KeyBar()
 
     def on_mount(self) -> None:

@@ -19,6 +19,7 @@ from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
 from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView, universal_preflight
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
 
@@ -168,11 +169,11 @@ class ExportScreen(Screen[None]):
                         ("overwrite", "replace an earlier conversion in the output folder", ex.overwrite),
                     ):
                         yield Checkbox(label, value, id=sid, compact=True, classes="wide")
-                yield Static("", id="form-errors")
+                yield AutoHeightStatic("", id="form-errors")
             with Vertical(id="export-side"):
                 yield Static("Preflight", classes="section")
                 yield PreflightPanel(id="preflight")
-                yield Static("", id="selection-summary")
+                yield AutoHeightStatic("", id="selection-summary")
         yield KeyBar()
 
     def on_mount(self) -> None:

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from inspector.tui.fmt import size
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 HISTORY = 240
 EIGHTHS = " ▁▂▃▄▅▆▇█"
@@ -86,7 +87,7 @@ class MemoryMeter(Widget):
         self.history: deque[int] = deque(maxlen=HISTORY)
 
     def compose(self) -> ComposeResult:
-        yield Static(id="meter-text")
+        yield AutoHeightStatic(id="meter-text")
         yield Static(id="meter-spark")
 
     def on_mount(self) -> None:

@@ -14,6 +14,7 @@ from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
 from inspector.tui.fmt import duration, size
+from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 SHARD_ROWS = 8
 
@@ -55,12 +56,12 @@ class ConvertProgress(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("Overall", classes="section")
         yield ProgressBar(show_eta=False, id="overall")
-        yield Static("", id="overall-text")
+        yield AutoHeightStatic("", id="overall-text")
         yield Static("", id="shard-label")
         yield ProgressBar(show_eta=False, id="shard")
         yield Static("", id="tensor-text")
         yield Static("Output files", classes="section -hidden", id="files-title")
-        yield Static("", id="files", classes="-hidden")
+        yield AutoHeightStatic("", id="files", classes="-hidden")
 
     def __init__(self) -> None:
         super().__init__()
