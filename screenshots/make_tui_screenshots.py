@@ -14,6 +14,8 @@ import shutil
 import sys
 import tempfile
 
+from textual.widgets import Input
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
@@ -40,6 +42,9 @@ async def shoot(root: str, out: str) -> None:
         return app
 
     def save(app, name: str) -> None:  # type: ignore[no-untyped-def]
+        for screen in app.screen_stack:  # a steady cursor, not whichever phase of its blink the shot catches
+            for field in screen.query(Input):
+                field.cursor_blink = False
         app.save_screenshot(
             os.path.join(HERE, f"{name}.svg"),
         )
