@@ -2,10 +2,12 @@
 
     python tests/benchmarks/tui_keys.py CHECKPOINT [--size 80x24 --size 160x48] [--rounds 20]
 
-Starts `zero-inspector CHECKPOINT --out TMP --dtype fp32` in a detached tmux session of that size, waits for
-the tag to show, then times `?` (open the help overlay: a full-screen redraw) and `escape` (close it):
-from `tmux send-keys` until `tmux capture-pane` shows the change, polled every millisecond. First idle, then
-after `c` while the child converts. The figure includes tmux's own round trip, as a person's terminal would.
+Starts `zero-inspector CHECKPOINT --out TMP --dtype fp32 --overwrite` in a detached tmux session of that
+size, waits for the tag to show, then times keys idle (a tab switch, the help overlay opened with `?` and
+closed with `escape`) and, after `c`, while the child converts (the help overlay, and `escape` opening the
+cancel dialog): from `tmux send-keys` until `tmux capture-pane` shows the change. Polled every 5 ms: each poll
+starts a tmux client (~2-3 ms of CPU), so polling every millisecond kept most of one core of a 2-core
+machine busy by itself. The figure includes tmux's own round trip, as a person's terminal would.
 A checkpoint of at least 1B parameters makes the conversion outlast the rounds:
 `zero-inspector demo /tmp/demo1b --params 1B`.
 """
@@ -35,7 +37,10 @@ def screen() -> str:
     return tmux("capture-pane", "-p", "-t", SESSION)
 
 
-def wait_for(pred: object, timeout: float, poll: float = 0.001) -> float:
+POLL = 0.005
+
+
+def wait_for(pred: object, timeout: float, poll: float = POLL) -> float:
     """Seconds until `pred(screen())` holds; raises after `timeout`."""
     t0 = time.perf_counter()
     while True:
