@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -14,7 +12,7 @@ from inspector.cli.console import printable
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.scan.summary import adapter_json, module_rows, read_bytes_by_source
+from inspector.scan.summary import adapter_json, kind_totals, module_rows, rank_row, summary_rows
 from inspector.system.units import format_bytes, format_count
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -29,47 +27,15 @@ def summary(ckpt: Checkpoint) -> Panel:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    tags = ", ".join(ckpt.tags[-6:]) + (f" (+{len(ckpt.tags) - 6} older)" if len(ckpt.tags) > 6 else "")
-    t.add_row("Checkpoint", f"{escape(ckpt.root)}  [dim]({ckpt.layout})[/]")
-    t.add_row("Tag", f"[bold]{escape(ckpt.tag)}[/]  [dim]tags: {escape(tags)}[/]")
-    t.add_row(
-        "ZeRO",
-        f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · "
-        f"{ckpt.optimizer}",
-    )
-    t.add_row("Dtypes", f"compute {ckpt.compute_dtype} · master {ckpt.master_dtype}")
-    by = read_bytes_by_source(ckpt)
-    t.add_row(
-        "Module copy",
-        f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters; a "
-        f"{ckpt.compute_dtype} conversion reads {size(by['masters'])} from the masters, "
-        f"{size(by['module'])} with --source module"
-        if ckpt.module_copy_bytes and by["module"] < by["masters"]
-        else f"{size(ckpt.module_copy_bytes)} of {ckpt.compute_dtype} weights beside the fp32 masters"
-        if ckpt.module_copy_bytes
-        else "none (stage 3 saves placeholders; the masters are the only full copy)",
-    )
-    steps = []
-    if ckpt.global_steps is not None:
-        steps.append(f"global step {ckpt.global_steps}")
-    if ckpt.optimizer_step is not None:
-        steps.append(f"optimizer step {ckpt.optimizer_step}")
-    if ckpt.global_samples is not None:
-        steps.append(f"{count(ckpt.global_samples)} samples")
-    t.add_row("Training", " · ".join(steps) or "-")
-    if ckpt.loss_scale is not None:
-        t.add_row("Loss scale", f"{ckpt.loss_scale:g}" + (" (dynamic)" if ckpt.dynamic_loss_scale else ""))
-    t.add_row("DeepSpeed", escape(ckpt.deepspeed_version or "unknown"))
-    t.add_row("Files", f"{len(ckpt.files)} files, {size(ckpt.total_bytes)}")
+    for row in summary_rows(ckpt):
+        value = f"[bold]{escape(row.value)}[/]" if row.key == "tag" else escape(row.value)
+        t.add_row(row.label, value + (f"  [dim]{escape(row.note)}[/]" if row.note else ""))
     kinds = Table.grid(padding=(0, 2))
     for _ in range(4):
         kinds.add_column(justify="right")
     kinds.add_row("[dim]kind[/]", "[dim]tensors[/]", "[dim]parameters[/]", "[dim]source bytes[/]")
-    for kind in Kind:
-        n, numel = ckpt.count(kind)
-        if n:
-            nbytes = sum(x.nbytes for x in ckpt.tensors if x.kind is kind)
-            kinds.add_row(Text(str(kind), style=_KIND_STYLE[kind]), str(n), count(numel), size(nbytes))
+    for k in kind_totals(ckpt):
+        kinds.add_row(Text(str(k.kind), style=_KIND_STYLE[k.kind]), str(k.tensors), count(k.numel), size(k.nbytes))
     t.add_row("Contents", kinds)
     adapter = adapter_json(ckpt)
     if adapter and "error" in adapter:
@@ -99,9 +65,8 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     for i, r in enumerate(shown):
         if len(ranks) > limit and i == limit - 2:
             t.add_row("…", f"[dim]{len(ranks) - limit} more ranks[/]", "", *["" for _ in ckpt.groups])
-        files = ", ".join(os.path.basename(p) for p in (r.optim_file, r.model_file) if p)
-        cells = [f"{count(g.stored_numel)} / {g.padding}" for g in r.groups]
-        t.add_row(str(r.rank), escape(files), size(r.optim_bytes + r.model_bytes), *cells)
+        row = rank_row(r)
+        t.add_row(str(row.rank), escape(", ".join(row.files)), size(row.nbytes), *row.group_cells)
     return t
 
 

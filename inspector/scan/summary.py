@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.scan.model import Checkpoint, Kind, TensorInfo
+from inspector.format.dtypes import SHORT_NAMES
+from inspector.scan.model import Checkpoint, Kind, RankInfo, TensorInfo
 from inspector.scan.peft import detect_adapter
+from inspector.system.units import format_bytes, format_count
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 
@@ -27,6 +30,162 @@ def read_bytes_by_source(ckpt: Checkpoint) -> dict[str, int]:
         sum(seg.nbytes for seg in (t.module_copy if t.module_copy else t.segments)) for t in ckpt.tensors
     )
     return {"masters": masters, "module": module}
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One line of the checkpoint summary: `key` names the row for the faces (to pick or style it), `label`
+    and `value` are what they show, `note` is secondary text a face may dim after the value."""
+
+    key: str
+    label: str
+    value: str
+    note: str = ""
+
+
+def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[SummaryRow]:
+    """What this checkpoint is, row by row: where and which tag, ZeRO stage/ranks/optimizer, dtypes, the 16-bit
+    module copy, training steps, loss scale (when saved), DeepSpeed version and files. `short_dtypes` writes
+    bf16/fp32 for bfloat16/float32 (the TUI's narrower columns)."""
+
+    def dt(name: str) -> str:
+        return SHORT_NAMES.get(name, name) if short_dtypes else name
+
+    tags = ", ".join(ckpt.tags[-6:]) + (f" (+{len(ckpt.tags) - 6} older)" if len(ckpt.tags) > 6 else "")
+    rows = [
+        SummaryRow("root", "Checkpoint", ckpt.root, f"({ckpt.layout})"),
+        SummaryRow("tag", "Tag", ckpt.tag, f"tags: {tags}"),
+        SummaryRow(
+            "zero",
+            "ZeRO",
+            f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · {ckpt.optimizer}",
+        ),
+        SummaryRow("dtypes", "Dtypes", f"compute {dt(ckpt.compute_dtype)} · master {dt(ckpt.master_dtype)}"),
+        SummaryRow("module_copy", "Module copy", _module_copy_text(ckpt, dt(ckpt.compute_dtype))),
+    ]
+    steps = []
+    if ckpt.global_steps is not None:
+        steps.append(f"global step {ckpt.global_steps}")
+    if ckpt.optimizer_step is not None:
+        steps.append(f"optimizer step {ckpt.optimizer_step}")
+    if ckpt.global_samples is not None:
+        steps.append(f"{format_count(ckpt.global_samples)} samples")
+    rows.append(SummaryRow("training", "Training", " · ".join(steps) or "–"))
+    if ckpt.loss_scale is not None:
+        dynamic = " (dynamic)" if ckpt.dynamic_loss_scale else ""
+        rows.append(SummaryRow("loss_scale", "Loss scale", f"{ckpt.loss_scale:g}{dynamic}"))
+    rows.append(SummaryRow("deepspeed", "DeepSpeed", ckpt.deepspeed_version or "unknown"))
+    rows.append(SummaryRow("files", "Files", f"{len(ckpt.files)} files · {format_bytes(ckpt.total_bytes)}"))
+    return rows
+
+
+def _module_copy_text(ckpt: Checkpoint, compute: str) -> str:
+    if not ckpt.module_copy_bytes:
+        return "none (stage 3 saves placeholders; the masters are the only full copy)"
+    text = f"{format_bytes(ckpt.module_copy_bytes)} of {compute} weights beside the fp32 masters"
+    by = read_bytes_by_source(ckpt)
+    if by["module"] < by["masters"]:
+        text += (
+            f"; a {compute} conversion reads {format_bytes(by['masters'])} from the masters, "
+            f"{format_bytes(by['module'])} with --source module"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class KindTotal:
+    """The tensors of one kind: how many, their elements, their bytes at their own dtype (`nbytes`, as in
+    `scan --json`) and the bytes of their segments in the files (`stored_bytes`). A tied alias's segments are
+    its owner's, so its bytes are not stored twice; the contents rows show none for it."""
+
+    kind: Kind
+    tensors: int
+    numel: int
+    nbytes: int
+    stored_bytes: int
+
+
+def kind_totals(ckpt: Checkpoint) -> list[KindTotal]:
+    """One KindTotal per kind present, in Kind order."""
+    out = []
+    for kind in Kind:
+        n, numel = ckpt.count(kind)
+        if n:
+            ts = [t for t in ckpt.tensors if t.kind is kind]
+            stored = sum(s.nbytes for t in ts for s in t.segments)
+            out.append(KindTotal(kind, n, numel, sum(t.nbytes for t in ts), stored))
+    return out
+
+
+@dataclass(frozen=True)
+class ContentsRow:
+    """A row of the contents table (what / tensors / params / bytes). `what` is the label; `key` is what the
+    row counts, for styling: a Kind's value ("trainable", "frozen", "buffer", "tied"), "moment",
+    "module_copy" or "padding". A figure is None where the row has none: the moments and the module copy
+    count bytes only, padding elements only, and a tied alias has no bytes of its own."""
+
+    key: str
+    what: str
+    tensors: int | None
+    numel: int | None
+    nbytes: int | None
+
+
+def contents_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[ContentsRow]:
+    """Where the checkpoint's bytes are: the fp32 masters and the other kinds (bytes as stored), each optimizer
+    moment (Adam exp_avg, exp_avg_sq), the 16-bit module copy and the partition padding (elements)."""
+    rows = []
+    for k in kind_totals(ckpt):
+        what = str(k.kind)
+        if k.kind is Kind.TRAINABLE:
+            what = "fp32 masters" if ckpt.master_dtype == "float32" else "masters"
+        nbytes = None if k.kind is Kind.TIED else k.stored_bytes
+        rows.append(ContentsRow(str(k.kind), what, k.tensors, k.numel, nbytes))
+    moments: dict[str, int] = {}
+    for x in ckpt.tensors:
+        if x.kind is Kind.TIED:  # an alias shares its owner's optimizer state
+            continue
+        for state, segs in x.moments:
+            moments[state] = moments.get(state, 0) + sum(s.nbytes for s in segs)
+    rows += [ContentsRow("moment", f"Adam {state}", None, None, nbytes) for state, nbytes in moments.items()]
+    if ckpt.module_copy_bytes:
+        compute = SHORT_NAMES.get(ckpt.compute_dtype, ckpt.compute_dtype) if short_dtypes else ckpt.compute_dtype
+        rows.append(ContentsRow("module_copy", f"{compute} module copy", None, None, ckpt.module_copy_bytes))
+    pad = sum(g.padding for r in ckpt.ranks for g in r.groups)
+    if pad:
+        rows.append(ContentsRow("padding", "padding", None, pad, None))
+    return rows
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank file set: its index, file names (basenames, optimizer file first), bytes, and per group the
+    stored elements and padding; `complete` is False when its optimizer-states file is missing."""
+
+    rank: int
+    files: tuple[str, ...]
+    nbytes: int
+    groups: tuple[tuple[int, int], ...]  # (stored_numel, padding) per group
+    complete: bool
+
+    @property
+    def padding(self) -> int:
+        return sum(pad for _, pad in self.groups)
+
+    @property
+    def group_cells(self) -> list[str]:
+        """`stored / padding` per group, as both faces show it (`991,004 / 1`)."""
+        return [f"{format_count(stored)} / {pad}" for stored, pad in self.groups]
+
+
+def rank_row(r: RankInfo) -> RankRow:
+    return RankRow(
+        rank=r.rank,
+        files=tuple(os.path.basename(p) for p in (r.optim_file, r.model_file) if p),
+        nbytes=r.optim_bytes + r.model_bytes,
+        groups=tuple((g.stored_numel, g.padding) for g in r.groups),
+        complete=bool(r.optim_file),
+    )
 
 
 @dataclass

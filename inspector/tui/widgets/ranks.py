@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import os
-
 from rich.table import Table
 from rich.text import Text
 
 from inspector.scan.model import Checkpoint
-from inspector.tui.fmt import bar, count, size
+from inspector.scan.summary import RankRow, rank_row
+from inspector.tui.fmt import bar, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 MAX_ROWS = 64  # beyond this, the first and last ranks and the outliers are shown
 
 
-def _shown(ckpt: Checkpoint) -> list[int]:
-    n = len(ckpt.ranks)
+def _shown(rows: list[RankRow]) -> list[int]:
+    n = len(rows)
     if n <= MAX_ROWS:
         return list(range(n))
-    sizes = [r.optim_bytes + r.model_bytes for r in ckpt.ranks]
-    pads = [sum(g.padding for g in r.groups) for r in ckpt.ranks]
-    odd = sorted(range(n), key=lambda i: (-pads[i], -abs(sizes[i] - sizes[0])))[:8]
+    odd = sorted(range(n), key=lambda i: (-rows[i].padding, -abs(rows[i].nbytes - rows[0].nbytes)))[:8]
     return sorted(set(range(4)) | set(range(n - 4, n)) | set(odd))
 
 
@@ -32,28 +29,23 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
     for g in ckpt.groups:
         t.add_column(f"g{g.index} stored/pad", justify="right", no_wrap=True, min_width=14)
     t.add_column("files", overflow="ellipsis", no_wrap=True, ratio=1)
-    biggest = max((r.optim_bytes + r.model_bytes for r in ckpt.ranks), default=1) or 1
+    rows = [rank_row(r) for r in ckpt.ranks]
+    biggest = max((row.nbytes for row in rows), default=1) or 1
     prev = -1
-    for i in _shown(ckpt):
-        r = ckpt.ranks[i]
+    for i in _shown(rows):
         if prev >= 0 and i != prev + 1:
             t.add_row("…", "", Text(f"{i - prev - 1} ranks like these", style="dim"))
         prev = i
-        total = r.optim_bytes + r.model_bytes
-        pad = sum(g.padding for g in r.groups)
-        sum(g.stored_numel for g in r.groups) or 1
-        share = Text(bar(total / biggest, bar_width), style="green" if r.optim_file else "red")
-        if pad:
-            share.append(f" {pad} pad", style="yellow")
-        files = ", ".join(os.path.basename(p) for p in (r.optim_file, r.model_file) if p) or "MISSING"
+        row = rows[i]
+        share = Text(bar(row.nbytes / biggest, bar_width), style="green" if row.complete else "red")
+        if row.padding:
+            share.append(f" {row.padding} pad", style="yellow")
         cells = [
-            Text(f"{count(g.stored_numel)} / {g.padding}", style="yellow" if g.padding else "")
-            for g in r.groups
+            Text(cell, style="yellow" if pad else "") for cell, (_, pad) in zip(row.group_cells, row.groups, strict=True)
         ]
         cells += [Text("")] * (len(ckpt.groups) - len(cells))
-        t.add_row(
-            str(r.rank), size(total), share, *cells, Text(files, style="dim" if r.optim_file else "red")
-        )
+        files = Text(", ".join(row.files) or "MISSING", style="dim" if row.complete else "red")
+        t.add_row(str(row.rank), size(row.nbytes), share, *cells, files)
     return t
 
 

@@ -7,7 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.tui.fmt import KIND_STYLE, count, dtype, size
+from inspector.scan.summary import contents_rows, summary_rows
+from inspector.tui.fmt import KIND_STYLE, count, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 _SEVERITY = {
@@ -17,28 +18,18 @@ _SEVERITY = {
 }
 
 
+# shown elsewhere on the overview: the path and tag in the header, the module copy in the contents table
+_NOT_IN_CARD = {"root", "tag", "module_copy"}
+_CONTENTS_STYLE = {**{str(k): style for k, style in KIND_STYLE.items()}, "moment": "blue"}
+
+
 def summary_table(ckpt: Checkpoint) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
-    t.add_row(
-        "ZeRO",
-        f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · "
-        f"{ckpt.optimizer}",
-    )
-    t.add_row("Dtypes", f"compute {dtype(ckpt.compute_dtype)} · master {dtype(ckpt.master_dtype)}")
-    steps = []
-    if ckpt.global_steps is not None:
-        steps.append(f"step {ckpt.global_steps}")
-    if ckpt.optimizer_step is not None:
-        steps.append(f"optimizer step {ckpt.optimizer_step}")
-    if ckpt.global_samples is not None:
-        steps.append(f"{count(ckpt.global_samples)} samples")
-    t.add_row("Training", " · ".join(steps) or "–")
-    if ckpt.loss_scale is not None:
-        t.add_row("Loss scale", f"{ckpt.loss_scale:g}" + (" (dynamic)" if ckpt.dynamic_loss_scale else ""))
-    t.add_row("DeepSpeed", ckpt.deepspeed_version or "unknown")
-    t.add_row("Files", f"{len(ckpt.files)} files · {size(ckpt.total_bytes)}")
+    for row in summary_rows(ckpt, short_dtypes=True):
+        if row.key not in _NOT_IN_CARD:
+            t.add_row(row.label, Text(row.value))
     return t
 
 
@@ -49,37 +40,14 @@ def contents_table(ckpt: Checkpoint) -> Table:
     t.add_column("tensors", justify="right")
     t.add_column("params", justify="right")
     t.add_column("bytes", justify="right")
-    for kind in Kind:
-        n, numel = ckpt.count(kind)
-        if n:
-            nbytes = sum(sum(s.nbytes for s in x.segments) for x in ckpt.tensors if x.kind is kind)
-            label = {Kind.TRAINABLE: "fp32 masters" if ckpt.master_dtype == "float32" else "masters"}.get(
-                kind, str(kind)
-            )
-            t.add_row(
-                Text(label, style=KIND_STYLE[kind]),
-                str(n),
-                count(numel),
-                size(nbytes) if kind is not Kind.TIED else "(alias)",
-            )
-    moments: dict[str, int] = {}
-    for x in ckpt.tensors:
-        if x.kind is Kind.TIED:  # an alias shares its owner's optimizer state
-            continue
-        for state, segs in x.moments:
-            moments[state] = moments.get(state, 0) + sum(s.nbytes for s in segs)
-    for state, nbytes in moments.items():
-        t.add_row(Text(f"Adam {state}", style="blue"), "", "", size(nbytes))
-    if ckpt.module_copy_bytes:
+    for row in contents_rows(ckpt, short_dtypes=True):
+        nbytes = "(alias)" if row.key == str(Kind.TIED) else ""
         t.add_row(
-            Text(f"{dtype(ckpt.compute_dtype)} module copy", style="dim"),
-            "",
-            "",
-            size(ckpt.module_copy_bytes),
+            Text(row.what, style=_CONTENTS_STYLE.get(row.key, "dim")),
+            "" if row.tensors is None else str(row.tensors),
+            "" if row.numel is None else count(row.numel),
+            nbytes if row.nbytes is None else size(row.nbytes),
         )
-    pad = sum(g.padding for r in ckpt.ranks for g in r.groups)
-    if pad:
-        t.add_row(Text("padding", style="dim"), "", count(pad), "")
     return t
 
 
