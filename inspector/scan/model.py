@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class Kind(str, Enum):
@@ -185,6 +189,7 @@ class Checkpoint:
     module_copy_bytes: int = 0  # the 16-bit `module` weights in the model-states file (0 under stage 3)
 
     def __post_init__(self) -> None:
+        _refuse_control_characters(self)
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
 
     def tensor(self, name: str) -> TensorInfo:
@@ -202,3 +207,21 @@ class Checkpoint:
         """(tensors, elements) of one kind."""
         ts = [t for t in self.tensors if t.kind is kind]
         return len(ts), sum(t.numel for t in ts)
+
+
+def _refuse_control_characters(ckpt: Checkpoint) -> None:
+    """Names and labels that came from the checkpoint's pickles or folder names are printed by both faces and
+    become safetensors keys. An ESC or BEL in one can only be crafted (PyTorch module and parameter names,
+    DeepSpeed versions and optimizer classes never hold one) and would reach the user's terminal as escape
+    codes: such a checkpoint is refused, as a pickle asking for an unknown class is."""
+    fields = [("tensor name", t.name) for t in ckpt.tensors]
+    fields += [("tag", t) for t in (ckpt.tag, *ckpt.tags)]
+    fields += [("DeepSpeed version", ckpt.deepspeed_version or ""), ("optimizer", ckpt.optimizer)]
+    for what, value in fields:
+        if _CONTROL.search(value):
+            raise UnsafePickleError(
+                f"{_CONTROL.sub(lambda m: ascii(m.group())[1:-1], ckpt.tag_dir)}: a {what}, {value!a}, holds "
+                "control characters (terminal escape codes). "
+                "No training run writes such a name. Nothing was executed or written.",
+                hint="Treat the checkpoint as crafted; copy it again from a source you trust.",
+            )

@@ -142,6 +142,23 @@ async def test_not_a_checkpoint_is_a_dialog(tmp_path: Path) -> None:
         assert "-hidden" not in app.main.query_one("#banner").classes
 
 
+async def test_terminal_escapes_in_a_tensor_name_are_a_dialog_not_output(demo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A crafted checkpoint whose tensor name holds ESC and BEL: refused with a dialog that shows them as
+    `\\x1b`; no raw escape ever reaches the screen."""
+    from tests.test_hostile_files import SPEC, _crafted_names
+
+    root = demo.copy(SPEC, tmp_path / "ckpt")
+    _crafted_names(root, "model.x\x1b]0;owned\x07:x:", "0.19.8")
+    app = make_app(path=str(root), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+        shown = plain(app.screen.query_one("#dialog-body"))
+        assert "control characters" in shown and "\\x1b" in shown
+        screen = app.export_screenshot()
+        assert "\x1b" not in screen and "\x07" not in screen
+        assert app.ckpt is None
+
+
 async def test_folder_with_two_roots(small_demo: Path, two_tag_demo: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
