@@ -16,7 +16,8 @@ import pytest
 
 import inspector.convert.pipeline as pipeline
 from inspector.convert.engine import execute
-from inspector.convert.plan import SINGLE_NAME, ConvertOptions, build_plan
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import SINGLE_NAME, build_plan
 from inspector.convert.verify import VerifyResult, read_header, run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import CancelledError
