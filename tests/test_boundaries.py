@@ -4,7 +4,7 @@ Every import statement of every module is read with `ast` (function-local import
 import is still a dependency), so a rule cannot pass just because an import happens to be deferred.
 
     cli/  tui/          faces: each sits on the core, never on the other
-    convert/            plan, reader, engine, writers, verify, preflight
+    convert/            options, plan, reader, pipeline, engine, writers, verify, preflight
     scan/               locate, layout, model, scanner
     format/  system/    on-disk formats; the machine (memory limits, RSS, units)
     errors              shared by all

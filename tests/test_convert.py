@@ -1,4 +1,4 @@
-"""`stream.execute` on demo checkpoints: exact bytes, verify, output-folder rules, failure and resume.
+"""`engine.execute` on demo checkpoints: exact bytes, verify, output-folder rules, failure and resume.
 
 Every converted tensor must equal, bit for bit, what DeepSpeed's reconstruction returns (`expected()`) cast
 to the output dtype. Failures of every kind (cancel, read error, disk full, SIGKILL) must leave no file that
@@ -28,8 +28,9 @@ import torch
 
 import inspector.convert.output as output
 from inspector.convert.engine import JOURNAL, PARTIAL, Progress, Report, execute, run
+from inspector.convert.options import ConvertOptions
 from inspector.convert.output import LOCK
-from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, ConvertOptions, build_plan
+from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, build_plan
 from inspector.convert.reader import FilePool
 from inspector.convert.verify import VerifyResult, run_verify
 from inspector.demo.writer import DemoSpec, expected
@@ -484,7 +485,8 @@ def test_progress_events(bf16_ckpt: Checkpoint, tmp_path: Path, monkeypatch: pyt
 JOB_SCRIPT = """
 import os, sys, time
 from inspector.scan.scanner import scan
-from inspector.convert.plan import ConvertOptions, build_plan
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import build_plan
 from inspector.convert.engine import Progress, run
 
 delay = float(os.environ.get("ZI_TEST_READ_DELAY", "0"))

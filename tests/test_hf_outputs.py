@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from inspector.convert.export import ADAPTER_FILE, OutputKind, output_kinds, plan_export, run_export
-from inspector.convert.plan import ConvertOptions
+from inspector.convert.options import ConvertOptions
 from inspector.demo.writer import DemoSpec
 from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.basemodel import BaseModelError, read_safetensors

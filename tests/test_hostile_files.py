@@ -253,7 +253,8 @@ def _no_hang(work: Callable[[], object], fifo: Path) -> BaseException | None:
 def test_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, demo: DemoCache) -> None:
     """A rank file replaced by a FIFO between scan and convert: refused with its name, never a hang."""
     from inspector.convert.engine import execute
-    from inspector.convert.plan import ConvertOptions, build_plan
+    from inspector.convert.options import ConvertOptions
+    from inspector.convert.plan import build_plan
     from inspector.scan.scanner import scan
 
     root = demo.copy(SPEC, tmp_path / "ckpt")

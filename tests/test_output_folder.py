@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from inspector.convert.engine import JOURNAL, PARTIAL, execute, run
+from inspector.convert.options import ConvertOptions
 from inspector.convert.output import LOCK, OutputFolder, file_crc32, valid_partial
-from inspector.convert.plan import ConvertOptions, build_plan
+from inspector.convert.plan import build_plan
 from inspector.convert.verify import run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError

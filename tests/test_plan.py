@@ -19,13 +19,13 @@ import safetensors.torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import (
     INDEX_NAME,
     META_KEY,
     SAFETENSORS_DTYPES,
     SINGLE_NAME,
     ConversionPlan,
-    ConvertOptions,
     PlannedTensor,
     build_plan,
 )

@@ -17,7 +17,8 @@ import pytest
 
 import inspector.convert.preflight as preflight
 from inspector.convert.engine import execute
-from inspector.convert.plan import CHUNK_ELEMS, INDEX_NAME, ConversionPlan, ConvertOptions, build_plan
+from inspector.convert.options import CHUNK_ELEMS, ConvertOptions
+from inspector.convert.plan import INDEX_NAME, ConversionPlan, build_plan
 from inspector.convert.preflight import SAFETY_FRACTION, Assessment, assess, assessment_json
 from inspector.demo.writer import DemoSpec
 from inspector.scan.model import Checkpoint

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-import inspector.convert.engine as engine
+import inspector.convert.pipeline as pipeline
 from inspector.convert.engine import execute
-from inspector.convert.plan import SINGLE_NAME, ConvertOptions, build_plan
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import SINGLE_NAME, build_plan
 from inspector.convert.verify import VerifyResult, read_header, run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import CancelledError
@@ -89,13 +90,13 @@ def test_kernel_copy_and_buffered_copy_agree(
 ) -> None:
     plan = build_plan(scan(str(demo(S2))), ConvertOptions(dtype="fp32", chunk_elems=1000))
     calls = []
-    real = engine._KernelCopy.copy
+    real = pipeline._KernelCopy.copy
 
-    def counting(self: engine._KernelCopy, *a: int) -> bool:
+    def counting(self: pipeline._KernelCopy, *a: int) -> bool:
         calls.append(a)
         return real(self, *a)
 
-    monkeypatch.setattr(engine._KernelCopy, "copy", counting)
+    monkeypatch.setattr(pipeline._KernelCopy, "copy", counting)
     execute(plan, str(tmp_path / "k"))
     assert calls, "fp32 -> fp32 did not use copy_file_range"
     monkeypatch.setenv("ZI_NO_COPY_FILE_RANGE", "1")

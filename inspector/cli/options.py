@@ -11,7 +11,7 @@ from inspector.errors import InspectorError
 
 def options_from_args(args: argparse.Namespace) -> Any:
     """ConvertOptions from the parsed `add_convert_options` arguments; InspectorError for bad values."""
-    from inspector.convert.plan import ConvertOptions
+    from inspector.convert.options import ConvertOptions
     from inspector.system.units import parse_size
 
     try:

@@ -1,37 +1,27 @@
-"""Execute a ConversionPlan: stream every tensor into place, chunk by chunk, with flat memory.
+"""Execute a ConversionPlan: the run around the shards, from the locked output folder to the final rename.
 
-Three stages overlap: a reader thread fills source buffers with positioned reads, the calling thread casts
-dtypes with numpy + ml_dtypes (bit-identical to torch's `.to(dtype)`, split over cores; see cast.py), a writer
-thread `pwrite`s the result at its planned offset. Tensors that need no cast never enter Python buffers:
-the reader copies them file to file in the kernel (`os.copy_file_range`, falling back to the buffers where
-the file systems refuse). Buffers come from fixed pools, so peak memory is PIPELINE_DEPTH chunks per stage
-whatever the model, shard or tensor size. torch is not imported: it would cost seconds and ~300-600 MiB.
-Shards are written as `*.partial` and renamed only when all are complete; the index comes last. `run()`
-yields progress events at most ~4 times a second.
+`pipeline` streams each shard's bytes (read, cast, write; flat memory); this module decides which shards
+still need writing (the journal lets a rerun reuse complete ones), turns their byte counts into Progress
+events at most ~4 times a second, honours cancel, and publishes the result: shards are written as
+`*.partial` and renamed only when all are complete, the index comes last, and a failed run removes what it
+wrote. torch is not imported: it would cost seconds and ~300-600 MiB.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from inspector.convert.cast import cast_into, typed
 from inspector.convert.output import JOURNAL, PARTIAL, OutputFolder
 from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.output import fsync_dir as _fsync_dir
-from inspector.convert.plan import INDEX_NAME, PIPELINE_DEPTH, ConversionPlan, PlannedShard, PlannedTensor
-from inspector.convert.reader import FilePool, buffer, byte_view, iter_chunks, read_segments_into
+from inspector.convert.pipeline import make_pools, write_shard
+from inspector.convert.plan import INDEX_NAME, ConversionPlan
 from inspector.errors import CancelledError
-from inspector.format.dtypes import itemsize
-from inspector.scan.model import Segment
 
 _EVENT_INTERVAL = 0.25
 
@@ -73,20 +63,6 @@ class Report:
     removed_stale: tuple[str, ...] = field(default=())
 
 
-@dataclass
-class _Chunk:
-    shard: int
-    tensor: PlannedTensor
-    file_offset: int  # absolute offset in the shard file
-    numel: int
-    src: np.ndarray | None = None  # uint8 buffer holding source bytes
-    out: np.ndarray | None = None
-    copied: bool = False  # already copied file to file by the reader; only to be counted
-
-
-_PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]
-
-
 def run(
     plan: ConversionPlan,
     out_dir: str,
@@ -115,11 +91,11 @@ def run(
         folder.record()
         done = skipped
         last = 0.0
-        pools = _pools(plan)
+        pools = make_pools(plan)
         for i, shard in enumerate(plan.shards):
             if reuse[i]:
                 continue
-            for nbytes, tensor in _write_shard(plan, i, partial[i], cancel, out_dir, fsync, pools):
+            for nbytes, tensor in write_shard(plan, i, partial[i], cancel, out_dir, fsync, pools):
                 done += nbytes
                 now = time.monotonic()
                 if now - last >= _EVENT_INTERVAL:
@@ -205,242 +181,3 @@ def execute(
             report = ev
     assert report is not None
     return report
-
-
-def _get(q: queue.Queue[_Chunk | None], stop: threading.Event) -> _Chunk | None:
-    while True:
-        try:
-            return q.get(timeout=0.1)
-        except queue.Empty:
-            if stop.is_set():
-                return None
-
-
-def _put(q: queue.Queue[_Chunk | None], item: _Chunk | None, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _take(pool: queue.Queue[np.ndarray], stop: threading.Event) -> np.ndarray | None:
-    while not stop.is_set():
-        try:
-            return pool.get(timeout=0.1)
-        except queue.Empty:
-            continue
-    return None
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data = data[n:]
-        offset += n
-
-
-def _pools(plan: ConversionPlan) -> _PoolPair:
-    """The run's whole memory budget: PIPELINE_DEPTH source and output buffers, allocated once."""
-    src_bytes, out_bytes = plan.pool_sizes
-    src_pool: queue.Queue[np.ndarray] = queue.Queue()
-    out_pool: queue.Queue[np.ndarray] = queue.Queue()
-    for _ in range(PIPELINE_DEPTH):
-        src_pool.put(buffer(src_bytes))
-        if out_bytes:
-            out_pool.put(buffer(out_bytes))
-    return src_pool, out_pool
-
-
-class _KernelCopy:
-    """Copies byte ranges file to file with `os.copy_file_range`; off for the run once the kernel or the
-    file systems refuse (EXDEV across file systems on Linux >= 5.19, ENOSYS, EOPNOTSUPP, EINVAL)."""
-
-    def __init__(self) -> None:
-        self.enabled = hasattr(os, "copy_file_range") and os.environ.get("ZI_NO_COPY_FILE_RANGE") != "1"
-
-    def copy(self, src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int) -> bool:
-        """True when all `n` bytes were copied; False (nothing to undo) when the caller must copy them."""
-        if not self.enabled:
-            return False
-        done = 0
-        while done < n:
-            try:
-                k = os.copy_file_range(src_fd, dst_fd, n - done, src_off + done, dst_off + done)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
-                    raise
-                self.enabled = False
-                return False
-            if k == 0:  # source shorter than planned: let the buffered path name the truncated file
-                self.enabled = False
-                return False
-            done += k
-        return True
-
-
-def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: list[Segment], pos: int) -> bool:
-    """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
-    for seg in segs:
-        if not kernel.copy(pool.fd(seg.file), seg.offset, fd, pos, seg.nbytes):
-            return False
-        pos += seg.nbytes
-    return True
-
-
-@dataclass
-class _ShardIO:
-    """What the reader, converter and writer of one shard share."""
-
-    index: int
-    shard: PlannedShard
-    fd: int
-    cancel: threading.Event
-    src_pool: queue.Queue[np.ndarray]
-    out_pool: queue.Queue[np.ndarray]
-    read_q: queue.Queue[_Chunk | None] = field(default_factory=lambda: queue.Queue(maxsize=PIPELINE_DEPTH))
-    write_q: queue.Queue[_Chunk | None] = field(default_factory=lambda: queue.Queue(maxsize=PIPELINE_DEPTH))
-    stop: threading.Event = field(default_factory=threading.Event)
-    errors: list[BaseException] = field(default_factory=list)
-    written: list[int] = field(default_factory=lambda: [0])
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> None:
-    """Reader thread: queue each chunk's source bytes (or a kernel-copied marker) in file order."""
-    shard, index, stop, read_q, cancel = io.shard, io.index, io.stop, io.read_q, io.cancel
-    base = len(shard.header)
-    try:
-        for t in shard.tensors:
-            pos = base + t.offset
-            osz = itemsize(t.out_dtype)
-            for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
-                if cancel.is_set() or stop.is_set():
-                    return
-                n = sum(s.numel for s in segs)
-                if t.src_dtype == t.out_dtype and _kernel_copy(kernel, pool, io.fd, segs, pos):
-                    if not _put(read_q, _Chunk(index, t, pos, n, copied=True), stop):
-                        return
-                    pos += n * osz
-                    continue
-                buf = _take(io.src_pool, stop)
-                if buf is None or cancel.is_set():
-                    return
-                read_segments_into(pool, segs, buf)
-                if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
-                    return
-                pos += n * osz
-    except BaseException as exc:
-        io.errors.append(exc)
-        stop.set()
-    finally:
-        _put(read_q, None, stop)
-
-
-def _writer(io: _ShardIO) -> None:
-    """Writer thread: write each converted chunk at its offset and return its buffer to its pool."""
-    try:
-        while (c := _get(io.write_q, io.stop)) is not None:
-            nbytes = c.numel * itemsize(c.tensor.out_dtype)
-            if not c.copied:
-                assert c.out is not None
-                _pwrite_all(io.fd, byte_view(c.out)[:nbytes], c.file_offset)
-                (io.src_pool if c.out is c.src else io.out_pool).put(c.out)
-            with io.lock:
-                io.written[0] += nbytes
-    except BaseException as exc:
-        io.errors.append(exc)
-        io.stop.set()
-
-
-def _allocate(fd: int, shard: PlannedShard) -> None:
-    """Reserve the shard's whole size and write its header."""
-    try:
-        os.posix_fallocate(fd, 0, shard.file_bytes)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        os.ftruncate(fd, shard.file_bytes)  # file system without fallocate
-    _pwrite_all(fd, memoryview(shard.header), 0)
-
-
-def _convert(io: _ShardIO, c: _Chunk) -> bool:
-    """Give `c` its output buffer (casting if needed); False when stopped while waiting for a buffer."""
-    t = c.tensor
-    if c.copied:
-        pass
-    elif t.src_dtype == t.out_dtype:
-        c.out = c.src
-    else:
-        assert c.src is not None
-        out = _take(io.out_pool, io.stop)
-        if out is None:
-            return False
-        cast_into(typed(c.src, t.src_dtype, c.numel), typed(out, t.out_dtype, c.numel))
-        c.out = out
-        io.src_pool.put(c.src)
-    return True
-
-
-def _write_shard(
-    plan: ConversionPlan,
-    index: int,
-    path: str,
-    cancel: threading.Event,
-    out_dir: str,
-    fsync: bool,
-    pools: _PoolPair,
-) -> Iterator[tuple[int, str]]:
-    """Write one shard: header, then every tensor through read -> convert -> write. Yields (bytes, tensor)."""
-    shard = plan.shards[index]
-    limit = plan.options.chunk_elems
-    src_pool, out_pool = pools
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-    io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool)
-    stop, errors, written, lock = io.stop, io.errors, io.written, io.lock
-    pool = FilePool()
-    kernel = _KernelCopy()
-    threads = [
-        threading.Thread(target=_reader, args=(io, limit, pool, kernel), name="zi-reader", daemon=True),
-        threading.Thread(target=_writer, args=(io,), name="zi-writer", daemon=True),
-    ]
-    try:
-        _allocate(fd, shard)
-        for th in threads:
-            th.start()
-        reported = 0
-        current = ""
-        while (c := _get(io.read_q, stop)) is not None:
-            if cancel.is_set():
-                stop.set()
-                break
-            if not _convert(io, c):
-                break
-            if not _put(io.write_q, c, stop):
-                break
-            current = c.tensor.name
-            with lock:
-                delta, reported = written[0] - reported, written[0]
-            if delta:
-                yield delta, current
-        _put(io.write_q, None, stop)
-        for th in threads:
-            th.join()
-        if errors:
-            raise errors[0]
-        if cancel.is_set():
-            raise CancelledError("Conversion cancelled; partial files were removed.")
-        if fsync:
-            os.fsync(fd)
-        yield written[0] - reported, current
-    except OSError as exc:
-        raise _disk_error(exc, out_dir, plan.output_bytes) from None
-    finally:
-        stop.set()
-        for th in threads:
-            if th.is_alive():
-                th.join()
-        os.close(fd)
-        pool.close()

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from inspector.convert.engine import Progress, Report, run
-from inspector.convert.plan import ADAPTER_FILE, ConversionPlan, ConvertOptions, build_plan, resolve_dtype
+from inspector.convert.options import ConvertOptions, resolve_dtype
+from inspector.convert.plan import ADAPTER_FILE, ConversionPlan, build_plan
 from inspector.convert.writers.hf_folder import (
     SideFile,
     config_dtype_fix,

@@ -1,50 +1,27 @@
 """Turn a scanned checkpoint and the user's choices into a frozen ConversionPlan: pure, no I/O.
 
-The plan fixes every output byte before anything is written: which tensors, their output names and
-dtypes, which shard each goes to, its byte offset there, every safetensors header, and the buffers the
-executor will allocate. Tests check plans without touching disk; `stream.execute` carries one out;
-`preflight` predicts from one.
+The plan fixes every output byte before anything is written: which shard each tensor goes to, its byte
+offset there, every safetensors header, the index, and the buffers the executor will allocate. Which
+tensors, under which names and dtypes, is decided first by `options`; this module only lays them out.
+Tests check plans without touching disk; `engine.execute` carries one out; `preflight` predicts from one.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 
-from inspector.errors import DamagedCheckpointError, InspectorError
-from inspector.format.dtypes import OUTPUT_ALIASES, SAFETENSORS_CODES, itemsize
+from inspector.convert.options import SOURCES, ConvertOptions, Named, check_inputs, name_tensors
+from inspector.format.dtypes import SAFETENSORS_CODES, itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 
-DTYPE_ALIASES = OUTPUT_ALIASES
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
-CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,
-# small enough that the whole pool (3 source + 3 output buffers, 36 MiB) keeps the process under 128 MiB
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"  # --adapter: PEFT's file name
 META_KEY = "zero_inspector"
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    """What the user chose. Globs match source names; renames apply after prefix stripping."""
-
-    dtype: str = "auto"  # auto = the checkpoint's compute dtype
-    shard_size: int = 5_000_000_000
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    strip_prefix: tuple[str, ...] = ()
-    renames: tuple[tuple[str, str], ...] = ()
-    keep_fp32: tuple[str, ...] = ()
-    exclude_frozen: bool = False
-    exclude_buffers: bool = False
-    dedupe_tied: bool = False
-    chunk_elems: int = CHUNK_ELEMS
-    source: str = "masters"  # "masters" (fp32) or "module" (the 16-bit module copy, where it fits)
 
 
 @dataclass(frozen=True)
@@ -156,55 +133,6 @@ class ConversionPlan:
         return [s.filename for s in self.shards] + ([INDEX_NAME] if self.index else [])
 
 
-def resolve_dtype(name: str, ckpt: Checkpoint) -> str:
-    if name == "auto":
-        return ckpt.compute_dtype if ckpt.compute_dtype in ("bfloat16", "float16") else "float32"
-    try:
-        return DTYPE_ALIASES[name.lower()]
-    except KeyError:
-        raise InspectorError(
-            f"Unknown output dtype {name!r}.", hint="Use fp32, bf16, fp16 or auto.", title="Invalid option"
-        ) from None
-
-
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    """A glob (`*.norm.*`) or a module prefix (`model.layers.0` selects the whole submodule)."""
-    return any(
-        fnmatch.fnmatchcase(name, p) or name == p or name.startswith(p.rstrip(".") + ".") for p in patterns
-    )
-
-
-def rename(name: str, opts: ConvertOptions) -> str:
-    for prefix in opts.strip_prefix:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    for pattern, repl in opts.renames:
-        try:
-            name = re.sub(pattern, repl, name)
-        except re.error as exc:
-            raise InspectorError(
-                f"Bad --rename pattern {pattern!r}: {exc}.", title="Invalid option"
-            ) from None
-    return name
-
-
-def select(ckpt: Checkpoint, opts: ConvertOptions) -> list[TensorInfo]:
-    """Tensors to write, in checkpoint order. Aliases of unselected owners still count (they hold data)."""
-    out = []
-    for t in ckpt.tensors:
-        if opts.include and not _matches(t.name, opts.include):
-            continue
-        if opts.exclude and _matches(t.name, opts.exclude):
-            continue
-        if opts.exclude_frozen and t.kind is Kind.FROZEN:
-            continue
-        if opts.exclude_buffers and t.kind is Kind.BUFFER:
-            continue
-        out.append(t)
-    return out
-
-
 def _header(tensors: list[PlannedTensor], metadata: dict[str, str]) -> bytes:
     body: dict[str, object] = {"__metadata__": metadata}
     for t in tensors:
@@ -216,9 +144,6 @@ def _header(tensors: list[PlannedTensor], metadata: dict[str, str]) -> bytes:
     raw = json.dumps(body, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header so data starts 8-byte aligned
     return len(raw).to_bytes(8, "little") + raw
-
-
-SOURCES = ("masters", "module")
 
 
 def source_segments(t: TensorInfo, out_dtype: str, source: str) -> tuple[Segment, ...]:
@@ -238,72 +163,9 @@ def _fingerprint(ckpt: Checkpoint, opts: ConvertOptions) -> str:
     return h.hexdigest()[:16]
 
 
-_Planned = tuple[TensorInfo, str, str]  # (source tensor, output name, output dtype)
-
-
-def _check_inputs(
-    ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool
-) -> tuple[str, list[TensorInfo]]:
-    """Reject choices that cannot work; return the output dtype and the selected tensors."""
-    if ckpt.errors and not allow_damaged:
-        raise DamagedCheckpointError(
-            f"The checkpoint has {len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message}",
-            hint="Run `zero-inspector scan` to see them all. Converting a damaged checkpoint would write "
-            "wrong weights.",
-        )
-    if opts.shard_size <= 0:
-        raise InspectorError("--shard-size must be positive.", title="Invalid option")
-    out_dtype = resolve_dtype(opts.dtype, ckpt)
-    if opts.source not in SOURCES:
-        raise InspectorError(
-            f"Unknown source {opts.source!r}.", hint="Use masters or module.", title="Invalid option"
-        )
-    chosen = select(ckpt, opts)
-    if not chosen:
-        raise InspectorError(
-            "No tensors match the selection.",
-            hint="Check --include/--exclude against the names `zero-inspector scan --tensors` lists.",
-            title="Empty selection",
-        )
-    return out_dtype, chosen
-
-
-def _name_tensors(
-    chosen: list[TensorInfo], opts: ConvertOptions, out_dtype: str
-) -> tuple[list[_Planned], dict[str, str], dict[str, str]]:
-    """Output name and dtype of each chosen tensor; deduped tied aliases go to `aliases` (output name ->
-    the name it aliases) and `alias_sources` (output name -> its source name) instead."""
-    chosen_names = {t.name for t in chosen}
-    aliases: dict[str, str] = {}
-    alias_sources: dict[str, str] = {}  # deduped alias output name -> its source name
-    planned: list[_Planned] = []
-    seen: dict[str, str] = {}
-    for t in chosen:
-        name = rename(t.name, opts)
-        if not name:
-            raise InspectorError(f"Renaming {t.name!r} leaves an empty name.", title="Invalid option")
-        if name in seen:
-            raise InspectorError(
-                f"Two tensors would both be written as {name!r}: {seen[name]} and {t.name}.",
-                hint="Adjust --strip-prefix/--rename so output names stay unique.",
-                title="Name collision",
-            )
-        seen[name] = t.name
-        if opts.dedupe_tied and t.kind is Kind.TIED and t.alias_of in chosen_names:
-            aliases[name] = rename(t.alias_of, opts)
-            alias_sources[name] = t.name
-            continue
-        if t.is_floating:
-            dtype = "float32" if _matches(t.name, opts.keep_fp32) else out_dtype
-        else:
-            dtype = t.dtype
-        planned.append((t, name, dtype))
-    return planned, aliases, alias_sources
-
-
-def _group_shards(planned: list[_Planned], shard_size: int) -> list[list[_Planned]]:
+def _group_shards(planned: list[Named], shard_size: int) -> list[list[Named]]:
     """Fill shards in order, starting a new one when the next tensor would pass `shard_size`."""
-    shards_tensors: list[list[_Planned]] = [[]]
+    shards_tensors: list[list[Named]] = [[]]
     size = 0
     for item in planned:
         nbytes = item[0].numel * itemsize(item[2])
@@ -319,7 +181,7 @@ def _metadata(
     ckpt: Checkpoint,
     opts: ConvertOptions,
     fingerprint: str,
-    planned: list[_Planned],
+    planned: list[Named],
     chosen: list[TensorInfo],
     aliases: dict[str, str],
     alias_sources: dict[str, str],
@@ -347,7 +209,7 @@ def _metadata(
 
 
 def _lay_out_shards(
-    shards_tensors: list[list[_Planned]], meta: dict[str, str], source: str
+    shards_tensors: list[list[Named]], meta: dict[str, str], source: str
 ) -> tuple[list[PlannedShard], dict[str, str]]:
     """Name each shard, place its tensors and build its header; also the weight map (name -> file)."""
     n = len(shards_tensors)
@@ -369,8 +231,8 @@ def _lay_out_shards(
 
 def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = False) -> ConversionPlan:
     """Decide every output byte. Raises InspectorError for choices that cannot work."""
-    out_dtype, chosen = _check_inputs(ckpt, opts, allow_damaged)
-    planned, aliases, alias_sources = _name_tensors(chosen, opts, out_dtype)
+    out_dtype, chosen = check_inputs(ckpt, opts, allow_damaged)
+    planned, aliases, alias_sources = name_tensors(chosen, opts, out_dtype)
     shards_tensors = _group_shards(planned, opts.shard_size)
     fingerprint = _fingerprint(ckpt, opts)
     meta = _metadata(ckpt, opts, fingerprint, planned, chosen, aliases, alias_sources)

@@ -21,7 +21,8 @@ from textual.driver import Driver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from inspector.convert.plan import ConversionPlan, ConvertOptions, resolve_dtype
+from inspector.convert.options import ConvertOptions, resolve_dtype
+from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate

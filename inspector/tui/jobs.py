@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.text import Text
 
+from inspector.convert.options import ConvertOptions
 from inspector.convert.output import JOURNAL, LOCK, PARTIAL
-from inspector.convert.plan import ConvertOptions
 from inspector.tui.fmt import size
 
 _KILLED_BY = {

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from inspector.convert.plan import ConvertOptions, select
+from inspector.convert.options import ConvertOptions, select
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 

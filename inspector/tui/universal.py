@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from inspector.convert.plan import ConvertOptions
+from inspector.convert.options import ConvertOptions
 from inspector.convert.writers.universal import UniFile, UniversalPlan
 from inspector.convert.writers.universal_preflight import UniversalEstimate
 from inspector.system.units import format_bytes

@@ -96,7 +96,8 @@ def _drop_caches() -> None:
 
 def floor_main(spec: dict[str, Any]) -> dict[str, Any]:
     """Read exactly the plan's source ranges and write exactly its output layout, timing each part."""
-    from inspector.convert.plan import INDEX_NAME, ConvertOptions, build_plan
+    from inspector.convert.options import ConvertOptions
+    from inspector.convert.plan import INDEX_NAME, build_plan
     from inspector.scan.scanner import scan
 
     t0 = time.perf_counter()

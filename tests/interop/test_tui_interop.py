@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 
 import inspector.tui.screens.tensors as tensors_screen
-from inspector.convert.plan import ConvertOptions
+from inspector.convert.options import ConvertOptions
 from inspector.convert.stats import Difference, TensorStats
 from inspector.tui.app import make_app
 from inspector.tui.screens.convert import ConvertScreen

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, Select
 
-from inspector.convert.plan import ConvertOptions
+from inspector.convert.options import ConvertOptions
 from inspector.demo.writer import DemoSpec
 from inspector.tui.app import make_app
 from inspector.tui.screens.convert import ConvertScreen

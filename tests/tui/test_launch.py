@@ -84,7 +84,7 @@ def test_cleanup_removes_demo_folder(tmp_path: Path) -> None:
 def test_child_command_line_round_trips_the_options() -> None:
     """The child re-plans exactly what the UI predicted: convert_args -> CLI parser -> the same options."""
     from inspector.cli.convert import _opts
-    from inspector.convert.plan import ConvertOptions
+    from inspector.convert.options import ConvertOptions
     from inspector.tui.jobs import convert_args
 
     o = ConvertOptions(
@@ -105,7 +105,7 @@ def test_child_command_line_round_trips_the_options() -> None:
 
 
 def test_child_command_line_carries_the_output_kind() -> None:
-    from inspector.convert.plan import ConvertOptions
+    from inspector.convert.options import ConvertOptions
     from inspector.tui.jobs import convert_args
 
     for kind, flag in (("weights", "weights_only"), ("adapter", "adapter"), ("merged", "merge_adapter")):

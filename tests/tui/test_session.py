@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inspector.convert.plan import ConvertOptions, select
+from inspector.convert.options import ConvertOptions, select
 from inspector.scan.locate import discover_roots
 from inspector.scan.scanner import scan
 from inspector.tui.session import build_tree, name_filter, preset_selection, selection_options

@@ -11,7 +11,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from inspector.convert.plan import ConvertOptions
+from inspector.convert.options import ConvertOptions
 from inspector.tui.app import InspectorApp, make_app
 from inspector.tui.frozen import fake_progress, frozen_assess
 from inspector.tui.messages import ChildEvent

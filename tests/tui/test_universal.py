@@ -44,7 +44,7 @@ async def test_export_universal_convert_and_verify(small_demo: Path, tmp_path: P
 
 
 def test_universal_command_line() -> None:
-    from inspector.convert.plan import ConvertOptions
+    from inspector.convert.options import ConvertOptions
 
     args = convert_args(
         "/ck", "t", "/out", ConvertOptions(include=("a",)), overwrite=True, force=False, kind="universal"

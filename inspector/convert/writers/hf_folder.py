@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 
-from inspector.convert.plan import ConvertOptions
+from inspector.convert.options import ConvertOptions
 from inspector.scan.model import Checkpoint, Kind
 
 CONFIG = "config.json"

@@ -21,8 +21,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from inspector.convert.engine import Progress, Report
+from inspector.convert.options import ConvertOptions
 from inspector.convert.output import prepare_output
-from inspector.convert.plan import META_KEY, ConversionPlan, ConvertOptions, PlannedTensor, build_plan
+from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError, InspectorError, OutputError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype

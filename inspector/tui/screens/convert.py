@@ -18,7 +18,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
-from inspector.convert.plan import ConversionPlan, ConvertOptions
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child

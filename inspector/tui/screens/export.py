@@ -14,7 +14,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Checkbox, Header, Input, Label, Select, Static
 
-from inspector.convert.plan import DTYPE_ALIASES, ConversionPlan, ConvertOptions
+from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
+from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
