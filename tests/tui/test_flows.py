@@ -71,6 +71,16 @@ async def test_select_submodule_options_convert_verify(small_demo: Path, tmp_pat
         assert not isinstance(app.screen, ConvertScreen)
 
 
+async def _stats_of_largest(pilot):  # type: ignore[no-untyped-def]
+    """The Tensors tab, the cursor on the largest tensor, `s` pressed; returns the tensors pane."""
+    app = pilot.app
+    await pilot.press("t")
+    pane = app.main.tensors_pane
+    await _focus(pilot, pane.module_tree, max(app.ckpt.tensors, key=lambda t: t.numel).name)
+    await pilot.press("s")
+    return pane
+
+
 async def _focus(pilot, tree, name: str) -> None:  # type: ignore[no-untyped-def]
     """The cursor on the tensor or submodule `name`, its parents unfolded (the tree's own `reveal`)."""
     assert tree.reveal(name)
@@ -201,11 +211,7 @@ async def test_statistics_on_demand(small_demo: Path) -> None:
     app = make_app(path=str(small_demo), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
-        await pilot.press("t")
-        pane = app.main.tensors_pane
-        big = max(app.ckpt.tensors, key=lambda t: t.numel)
-        await _focus(pilot, pane.module_tree, big.name)
-        await pilot.press("s")
+        pane = await _stats_of_largest(pilot)
         await wait_for(pilot, lambda: pane._cancel.is_set() and bool(pane._results), "statistics")
         text = plain(pane.detail)
         assert "abs max" in text and "histogram" in text and "module copy vs master" in text
@@ -290,11 +296,7 @@ async def test_statistics_compare_with_the_previous_tag(two_tag_demo: Path) -> N
     app = make_app(path=str(two_tag_demo), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
-        await pilot.press("t")
-        pane = app.main.tensors_pane
-        big = max(app.ckpt.tensors, key=lambda t: t.numel)
-        await _focus(pilot, pane.module_tree, big.name)
-        await pilot.press("s")
+        pane = await _stats_of_largest(pilot)
         await wait_for(
             pilot, lambda: pane._cancel.is_set() and len(pane._results) >= 3, "statistics and diffs"
         )
