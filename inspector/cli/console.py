@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from typing import Any
 
 from inspector.errors import InspectorError
+from inspector.system.units import printable
 
 
 def console(stderr: bool = False) -> Any:
@@ -36,14 +36,6 @@ def stdout_closed() -> None:
     with contextlib.suppress(OSError, ValueError):
         os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """Control characters (ESC, BEL, ...) shown as `\\x1b` instead of reaching the terminal."""
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 def literal(text: str) -> str:

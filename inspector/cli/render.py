@@ -8,12 +8,11 @@ from rich.table import Table
 from rich.text import Text
 
 from inspector.cli.console import literal as escape
-from inspector.cli.console import printable
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.scan.summary import adapter_json, kind_totals, module_rows, rank_row, summary_rows
-from inspector.system.units import format_bytes, format_count
+from inspector.system.units import format_bytes, format_count, printable
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}

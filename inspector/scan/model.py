@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -17,8 +16,7 @@ from typing import Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+from inspector.system.units import has_control, printable
 
 
 class Kind(str, Enum):
@@ -218,9 +216,9 @@ def _refuse_control_characters(ckpt: Checkpoint) -> None:
     fields += [("tag", t) for t in (ckpt.tag, *ckpt.tags)]
     fields += [("DeepSpeed version", ckpt.deepspeed_version or ""), ("optimizer", ckpt.optimizer)]
     for what, value in fields:
-        if _CONTROL.search(value):
+        if has_control(value):
             raise UnsafePickleError(
-                f"{_CONTROL.sub(lambda m: ascii(m.group())[1:-1], ckpt.tag_dir)}: a {what}, {value!a}, holds "
+                f"{printable(ckpt.tag_dir)}: a {what}, {value!a}, holds "
                 "control characters (terminal escape codes). "
                 "No training run writes such a name. Nothing was executed or written.",
                 hint="Treat the checkpoint as crafted; copy it again from a source you trust.",

@@ -98,6 +98,19 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a control character (ESC, BEL, ...) that a terminal would obey."""
+    return _CONTROL.search(text) is not None
+
+
+def printable(text: str) -> str:
+    """Control characters (ESC, BEL, ...) shown as `\\x1b` instead of reaching the terminal."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def format_count(n: int) -> str:
     """Counts for people: 1,234 below a million, then 12.3M and 1.20B (what the CLI and the TUI both show)."""
     if n >= 1_000_000_000:

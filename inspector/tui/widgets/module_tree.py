@@ -112,14 +112,15 @@ class ModuleTree(Tree[Data]):
             return 0
         return t.numel * itemsize(self.out_dtype) if t.is_floating else t.nbytes
 
-    def refresh_labels(self) -> None:
-        def walk(node: TreeNode[Data]) -> None:
-            if node is not self.root:
-                node.set_label(self._label(node.data))
-            for child in node.children:
-                walk(child)
+    def _walk_nodes(self, node: TreeNode[Data] | None = None) -> Iterator[TreeNode[Data]]:
+        """Every node below the root, depth first, folded ones included."""
+        for child in (node or self.root).children:
+            yield child
+            yield from self._walk_nodes(child)
 
-        walk(self.root)
+    def refresh_labels(self) -> None:
+        for node in self._walk_nodes():
+            node.set_label(self._label(node.data))
 
     def _mark(self, names: list[str]) -> tuple[str, str]:
         chosen = sum(1 for n in names if n in self.selected)
@@ -197,12 +198,7 @@ class ModuleTree(Tree[Data]):
     def reveal(self, name: str) -> bool:
         """Put the cursor on the tensor or submodule called `name` (dotted), unfolding what hides it."""
 
-        def walk(node: TreeNode[Data]) -> Iterator[TreeNode[Data]]:
-            yield node
-            for child in node.children:
-                yield from walk(child)
-
-        for node in walk(self.root):
+        for node in self._walk_nodes():
             data = node.data
             if (isinstance(data, TensorInfo) and data.name == name) or (
                 isinstance(data, ModuleNode) and data.path == name
