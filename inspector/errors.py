@@ -47,6 +47,31 @@ class CorruptFileError(InspectorError):
     exit_code = EXIT_DAMAGED
 
 
+class InputError(CorruptFileError):
+    """The one error of the input boundary: a value read from a file is not what the format allows.
+
+    Names the file and the field path (`optimizer_state_dict.param_groups[1].params`), says what is wrong in
+    words, and never echoes the file's content: a crafted value could be a secret read through a link or a
+    terminal escape."""
+
+    title = "Damaged or crafted checkpoint file"
+
+    def __init__(self, file: str, field: str, problem: str, *, hint: str = "") -> None:
+        self.file = file
+        self.field = field
+        self.problem = problem
+        where = f"{_escape(file)}: {_escape(field)}" if field else _escape(file)
+        super().__init__(
+            f"{where}: {problem}.",
+            hint=hint or "The file is damaged or was crafted; copy it again from a source you trust.",
+        )
+
+
+def _escape(text: str) -> str:
+    """Control characters as escapes, so a crafted file or field name cannot drive the terminal."""
+    return "".join(ascii(c)[1:-1] if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F else c for c in text)
+
+
 class UnsupportedCheckpointError(InspectorError):
     """A valid checkpoint of a kind we do not handle yet (pipeline, MoE, tensor parallel, ...)."""
 

@@ -6,7 +6,9 @@ import is still a dependency), so a rule cannot pass just because an import happ
     cli/  tui/          faces: each sits on the core, never on the other
     convert/            options, plan, reader, pipeline, engine, writers, verify, preflight
     scan/               locate, layout, model, scanner
-    format/  system/    on-disk formats; the machine (memory limits, RSS, units)
+    parse/              the input boundary's typed records and the one name rule
+    format/             on-disk formats (zip, pickle, safetensors bytes)
+    system/             the machine (memory limits, RSS, units) and the confined byte source
     errors              shared by all
 """
 
@@ -21,8 +23,9 @@ PKG = Path(__file__).resolve().parents[1] / "inspector"
 
 # layer -> inspector layers it must never import (the demo writer is a tool of its own on top of the core)
 FORBIDDEN: dict[str, set[str]] = {
-    "format": {"scan", "convert", "cli", "tui", "demo", "system"},
-    "system": {"format", "scan", "convert", "cli", "tui", "demo"},
+    "format": {"parse", "scan", "convert", "cli", "tui", "demo"},
+    "system": {"format", "parse", "scan", "convert", "cli", "tui", "demo"},
+    "parse": {"scan", "convert", "cli", "tui", "demo"},
     "scan": {"convert", "cli", "tui", "demo"},
     "convert": {"cli", "tui", "demo"},
     "demo": {"cli", "tui"},  # it casts with convert.cast, exactly as the converter does

@@ -8,43 +8,13 @@ import struct
 from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
+from inspector.system.source import not_regular, os_error
 
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
 _CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words."""
-    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
-
-
-def os_error(path: str, exc: OSError) -> CorruptFileError:
-    """Any OS error on a source file, as a finding-ready error that names the file."""
-    if isinstance(exc, FileNotFoundError):
-        return CorruptFileError(f"{path}: file not found.", title="Missing file")
-    if isinstance(exc, PermissionError):
-        return CorruptFileError(
-            f"{path}: permission denied.",
-            hint="Check the file's permissions; we only need read access.",
-            title="Unreadable file",
-        )
-    return CorruptFileError(
-        f"{path}: cannot be read ({exc.strerror or exc}).",
-        hint="The disk or file system reported an error; check the file.",
-        title="Unreadable file",
-    )
 
 
 def open_regular(path: str) -> int:
@@ -60,7 +30,7 @@ def open_regular(path: str) -> int:
     except OSError as exc:
         raise os_error(path, exc) from None
     if not stat.S_ISREG(mode):  # checked before opening too: opening a socket fails, a device may act
-        raise _not_regular(path, mode)
+        raise not_regular(path, mode)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -72,16 +42,8 @@ def open_regular(path: str) -> int:
         raise os_error(path, exc) from None
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise _not_regular(path, mode)
+        raise not_regular(path, mode)
     return fd
-
-
-def _not_regular(path: str, mode: int) -> CorruptFileError:
-    return CorruptFileError(
-        f"{path}: is {file_kind(mode)}, not a regular file; it was not read.",
-        hint="Replace it with the real checkpoint file.",
-        title="Not a file",
-    )
 
 
 @dataclass(frozen=True, slots=True)

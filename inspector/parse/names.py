@@ -1,0 +1,52 @@
+"""The one rule for names that come from a file: parameters, buffers, tied aliases, tags, `latest*`, folder
+names of a multi-root run. Such a name is printed by both faces, becomes a safetensors key and, for universal
+checkpoints, a folder under the output root, so it must be safe in all three places at once.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from inspector.errors import InputError
+
+MAX_NAME_BYTES = 255  # a path component's limit on every common file system (universal: zero/<name>/)
+RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
+# control (Cc), format (Cf: bidi overrides, zero-width), line/paragraph separators, lone surrogates
+_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def escaped(name: str) -> str:
+    """A name as a message may show it: printable characters kept, every other one as an escape."""
+    return "".join(
+        c if unicodedata.category(c) not in _BAD_CATEGORIES else ascii(c)[1:-1] for c in name
+    )
+
+
+def name_problem(name: object) -> str:
+    """Why `name` is not a safe name ("" when it is)."""
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not a string"
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return "is `.` or `..`"
+    if "/" in name or "\\" in name:
+        return "holds a path separator (`/` or `\\`)"
+    if any(unicodedata.category(c) in _BAD_CATEGORIES for c in name):
+        return "holds control or invisible formatting characters"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
+    if name in RESERVED:
+        return "is reserved (safetensors keeps its metadata under it)"
+    return ""
+
+
+def check_name(name: object, what: str, file: str, field: str) -> str:
+    """`name` itself if it is safe; otherwise the one input error, naming the file, the field and the name
+    (escaped, cut to 80 characters)."""
+    problem = name_problem(name)
+    if problem:
+        show = escaped(name)[:80] if isinstance(name, str) else type(name).__name__
+        raise InputError(file, field, f"the {what} {show!r} {problem}")
+    assert isinstance(name, str)
+    return name

@@ -1,0 +1,242 @@
+"""The one way the tool opens a file it reads: confined to a root folder, regular files only, content unshown.
+
+Everything the tool reads (rank files, `latest`, universal inputs, Trainer side files, a base model, the output
+`verify` checks) lives under some folder the user named. A `Source` is that folder. It refuses a path that
+leaves it (`..`, an absolute path elsewhere, or a link whose target lies outside), refuses anything that is not
+a regular file *before* opening it (a FIFO would block, a device could act), and opens the file by walking
+from the root one component at a time with `O_NOFOLLOW`, so a link swapped in after the check is refused too.
+Its messages name the path, escaped, and never the file's content or a link's target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.errors import CorruptFileError, InspectorError
+from inspector.system.units import printable as shown
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def os_error(path: str, exc: OSError) -> CorruptFileError:
+    """Any OS error on a source file, as a finding-ready error that names the file (never its content)."""
+    p = shown(path)
+    if isinstance(exc, FileNotFoundError):
+        return CorruptFileError(f"{p}: file not found.", title="Missing file")
+    if isinstance(exc, PermissionError):
+        return CorruptFileError(
+            f"{p}: permission denied.",
+            hint="Check the file's permissions; we only need read access.",
+            title="Unreadable file",
+        )
+    return CorruptFileError(
+        f"{p}: cannot be read ({exc.strerror or type(exc).__name__}).",
+        hint="The disk or file system reported an error; check the file.",
+        title="Unreadable file",
+    )
+
+
+def not_regular(path: str, mode: int) -> CorruptFileError:
+    return CorruptFileError(
+        f"{shown(path)}: is {file_kind(mode)}, not a regular file; it was not read.",
+        hint="Replace it with the real file.",
+        title="Not a file",
+    )
+
+
+def outside(path: str, root: str) -> CorruptFileError:
+    return CorruptFileError(
+        f"{shown(path)} leads outside {shown(root)} (a link or `..`); it was not read.",
+        hint="Copy the real file into the folder instead of linking to it.",
+        title="Unsafe link",
+    )
+
+
+@dataclass(frozen=True)
+class Source:
+    """A folder the tool reads from. Holds only its resolved path, so it pickles and crosses threads."""
+
+    root: str
+
+    @classmethod
+    def at(cls, folder: str | os.PathLike[str]) -> Source:
+        """The folder itself, links resolved once here: the user chose it, so where it points is trusted."""
+        real = os.path.realpath(os.path.expanduser(os.fspath(folder)))
+        return cls(real)
+
+    # -- paths --------------------------------------------------------------------------------------------
+
+    def resolve(self, path: str | os.PathLike[str]) -> str:
+        """`path` (absolute, or relative to the root) with every link resolved, if it stays inside the root;
+        otherwise a refusal that names the path and not where it leads."""
+        raw = os.fspath(path)
+        full = raw if os.path.isabs(raw) else os.path.join(self.root, raw)
+        real = os.path.realpath(full)
+        if not self.holds(real):
+            raise outside(full, self.root)
+        return real
+
+    def holds(self, real: str) -> bool:
+        """Whether an already-resolved path is the root or lies below it."""
+        return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def contains(self, path: str | os.PathLike[str]) -> bool:
+        """Whether `path`, links resolved, stays inside the root (no error)."""
+        try:
+            self.resolve(path)
+        except InspectorError:
+            return False
+        return True
+
+    def _parts(self, real: str) -> list[str]:
+        rel = os.path.relpath(real, self.root)
+        return [] if rel == "." else rel.split(os.sep)
+
+    @contextlib.contextmanager
+    def _dir_fd(self, parts: list[str], shown_path: str) -> Iterator[int]:
+        """A descriptor of the folder `parts` below the root, reached without following any link."""
+        fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+        try:
+            for part in parts:
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (40, 20):  # ELOOP / ENOTDIR: a link or a file where a folder was
+                        raise outside(shown_path, self.root) from None
+                    raise
+                os.close(fd)
+                fd = nxt
+            yield fd
+        finally:
+            os.close(fd)
+
+    # -- files ---------------------------------------------------------------------------------------------
+
+    def open(self, path: str | os.PathLike[str]) -> int:
+        """A read-only descriptor of a regular file inside the root; the caller closes it."""
+        full = os.fspath(path)
+        real = self.resolve(full)
+        parts = self._parts(real)
+        if not parts:
+            raise not_regular(full, stat.S_IFDIR)
+        try:
+            with self._dir_fd(parts[:-1], full) as dfd:
+                mode = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode
+                if stat.S_ISLNK(mode):  # resolved above, so a link here was swapped in since
+                    raise outside(full, self.root)
+                if not stat.S_ISREG(mode):  # before opening: a FIFO would block, a device may act
+                    raise not_regular(full, mode)
+                fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP from O_NOFOLLOW
+                raise outside(full, self.root) from None
+            raise os_error(full, exc) from None
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as exc:
+            os.close(fd)
+            raise os_error(full, exc) from None
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise not_regular(full, mode)
+        return fd
+
+    def read_bytes(self, path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
+        """A whole small file (a `latest`, a JSON config), refused if larger than `limit` bytes."""
+        full = os.fspath(path)
+        fd = self.open(full)
+        try:
+            data = os.pread(fd, limit + 1, 0)
+        except OSError as exc:
+            raise os_error(full, exc) from None
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            raise CorruptFileError(
+                f"{shown(full)}: too large for a {what} (over {limit:,} bytes); it was not read.",
+                hint="Replace it with the real file.",
+            )
+        return data
+
+    def read_json(self, path: str | os.PathLike[str], limit: int, what: str = "JSON file") -> Any:
+        """A small JSON document, parsed; a parse error names the file and the position, never the text."""
+        full = os.fspath(path)
+        raw = self.read_bytes(full, limit, what)
+        try:
+            return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise CorruptFileError(
+                f"{shown(full)}: not a valid {what}{where}.",
+                hint="Fix or replace the file.",
+            ) from None
+
+    # -- folders -------------------------------------------------------------------------------------------
+
+    def lstat(self, path: str | os.PathLike[str]) -> os.stat_result | None:
+        """The entry itself (a link is not followed), or None if it does not exist or leads outside."""
+        full = os.fspath(path)
+        full = full if os.path.isabs(full) else os.path.join(self.root, full)
+        try:
+            parent = self.resolve(os.path.dirname(full))
+            return os.stat(os.path.join(parent, os.path.basename(full)), follow_symlinks=False)
+        except (OSError, InspectorError):
+            return None
+
+    def kind(self, path: str | os.PathLike[str]) -> str:
+        """"file", "dir", "outside" (a link out of the root), "other" (FIFO, socket, device) or "missing"."""
+        full = os.fspath(path)
+        try:
+            real = self.resolve(full)
+        except InspectorError:
+            return "outside"
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            return "missing"
+        if stat.S_ISREG(mode):
+            return "file"
+        return "dir" if stat.S_ISDIR(mode) else "other"
+
+    def is_file(self, path: str | os.PathLike[str]) -> bool:
+        return self.kind(path) == "file"
+
+    def is_dir(self, path: str | os.PathLike[str]) -> bool:
+        return self.kind(path) == "dir"
+
+    def listdir(self, path: str | os.PathLike[str] = ".") -> list[str]:
+        """Names in a folder inside the root, sorted; the folder is reached without following links."""
+        full = os.fspath(path)
+        real = self.resolve(full)
+        try:
+            with self._dir_fd(self._parts(real), full) as dfd:
+                return sorted(os.listdir(dfd))
+        except OSError as exc:
+            raise os_error(full, exc) from None
+
+
+def _no_constant(name: str) -> Any:
+    """JSON's NaN / Infinity are not JSON: refuse them rather than let them reach arithmetic."""
+    raise ValueError(f"non-standard constant {name}")
