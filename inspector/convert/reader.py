@@ -1,6 +1,6 @@
 """Positioned reads of exactly the bytes a tensor needs, into caller-owned buffers.
 
-Files are opened O_RDONLY (regular files only, `zipreader.open_regular`) and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
+Files are opened O_RDONLY through the confined source (regular files inside the checkpoint only) and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
 into our address space (RSS stays honest), and several threads can share one descriptor.
 """
 
@@ -16,14 +16,18 @@ import numpy as np
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
-from inspector.format.zipreader import open_regular
 from inspector.scan.model import Checkpoint, Segment
+from inspector.system.source import Source, open_in
 
 
 class FilePool:
-    """Read-only descriptors shared by reader threads (pread needs no seek, so no locking per read)."""
+    """Read-only descriptors shared by reader threads (pread needs no seek, so no locking per read).
 
-    def __init__(self) -> None:
+    Every file is opened through one of `sources` (the checkpoint's folder, a base model's folder): a path
+    that leads out of them is refused, as scan refuses it."""
+
+    def __init__(self, *sources: Source) -> None:
+        self._sources = sources
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -35,7 +39,7 @@ class FilePool:
                 if fd is None:
                     # as scan opens it: a regular file or a clear refusal, never a hang on a FIFO that
                     # was swapped in after the scan
-                    fd = open_regular(path)
+                    fd = open_in(path, self._sources)
                     self._fds[path] = fd
         return fd
 

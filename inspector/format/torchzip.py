@@ -32,6 +32,7 @@ from inspector.format.records import (
     _Token,
 )
 from inspector.format.zipreader import TorchZip
+from inspector.system.source import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,12 +359,13 @@ def _path(*parts: Any) -> str:
     return os.path.join(*(str(p) for p in parts)) if parts else ""
 
 
-def load(path: str | os.PathLike[str]) -> tuple[Any, TorchZip]:
+def load(path: str | os.PathLike[str], source: Source | None = None) -> tuple[Any, TorchZip]:
     """Unpickle an archive's object tree with tensor references; returns (tree, archive).
 
-    The archive stays open so the caller can read bytes; close it when done.
+    The file is opened through `source` (the checkpoint's folder; by default the file's own folder). The
+    archive stays open so the caller can read bytes; close it when done.
     """
-    archive = TorchZip(path)
+    archive = TorchZip(path, source)
     try:
         if archive.byteorder() != "little":
             raise UnsupportedCheckpointError(f"{archive.path}: big-endian checkpoints are not supported.")
@@ -392,8 +394,8 @@ def load(path: str | os.PathLike[str]) -> tuple[Any, TorchZip]:
     return tree, archive
 
 
-def load_tree(path: str | os.PathLike[str]) -> Any:
+def load_tree(path: str | os.PathLike[str], source: Source | None = None) -> Any:
     """Just the object tree (tensor references keep their file path and offsets)."""
-    tree, archive = load(path)
+    tree, archive = load(path, source)
     archive.close()
     return tree

@@ -3,47 +3,17 @@
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.system.source import not_regular, os_error
+from inspector.system.source import Source, open_in, os_error
 
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
 _CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
-
-
-def open_regular(path: str) -> int:
-    """Open a source file read-only, refusing anything but a regular file.
-
-    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer (it has no effect on
-    reads of regular files); the type is checked on the open descriptor, so a swap after a check cannot
-    slip a FIFO or a device in.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise os_error(path, exc) from None
-    if not stat.S_ISREG(mode):  # checked before opening too: opening a socket fails, a device may act
-        raise not_regular(path, mode)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise os_error(path, exc) from None
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError as exc:
-        os.close(fd)
-        raise os_error(path, exc) from None
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise not_regular(path, mode)
-    return fd
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +27,11 @@ class ZipEntry:
 
 
 class TorchZip:
-    """A `torch.save` archive opened read-only; entries are located, never extracted."""
+    """A `torch.save` archive opened read-only through the confined source; entries are located, never extracted."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], source: Source | None = None) -> None:
         self.path = os.fspath(path)
-        self.fd = open_regular(self.path)
+        self.fd = open_in(self.path, (source,) if source else ())
         try:
             self.file_size = os.fstat(self.fd).st_size
             self.entries = self._read_directory()

@@ -11,8 +11,9 @@ import stat
 from dataclasses import dataclass, field
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.zipreader import open_regular, os_error
+from inspector.format.zipreader import os_error
 from inspector.scan.model import Finding, Severity
+from inspector.system.source import open_in
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -100,7 +101,7 @@ def _read_latest(root: str) -> str | None:
     if not inside(path, root):
         raise _unsafe_latest(path, "is a link to a file outside the checkpoint")
     try:
-        fd = open_regular(path)
+        fd = open_in(path)
     except InspectorError:
         raise _unsafe_latest(path, "is not a regular file") from None
     try:

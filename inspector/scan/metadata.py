@@ -13,7 +13,8 @@ from typing import Any
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef
-from inspector.format.zipreader import open_regular, os_error
+from inspector.format.zipreader import os_error
+from inspector.system.source import open_in
 
 
 def dtype_of(tensors: Mapping[str, Any]) -> str | None:
@@ -41,7 +42,7 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
     if fmt is None:
         return None
     ((offset, _count),) = ref.runs()
-    fd = open_regular(ref.path)
+    fd = open_in(ref.path)
     try:
         raw = os.pread(fd, ref.itemsize, offset)
     except OSError as exc:

@@ -237,6 +237,17 @@ class Source:
             raise os_error(full, exc) from None
 
 
+def open_in(path: str, sources: tuple[Source, ...] = ()) -> int:
+    """Open `path` through whichever of `sources` holds it. With none given, the file's own folder is the
+    root: right for a file the user named directly, and it still refuses the file being a link or a FIFO."""
+    if not sources:
+        return Source.at(os.path.dirname(os.path.abspath(path))).open(os.path.abspath(path))
+    for src in sources:
+        if src.contains(path):
+            return src.open(path)
+    raise outside(path, sources[0].root)
+
+
 def _no_constant(name: str) -> Any:
     """JSON's NaN / Infinity are not JSON: refuse them rather than let them reach arithmetic."""
     raise ValueError(f"non-standard constant {name}")

@@ -16,7 +16,7 @@ from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.format.zipreader import open_regular
+from inspector.system.source import open_in
 
 if TYPE_CHECKING:
     from inspector.convert.writers.universal import UniversalPlan
@@ -100,7 +100,7 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callabl
     def produce(start: int, count: int) -> Any:
         out = bytearray()
         pos = 0
-        fd = open_regular(path)  # as scan opens it: never a FIFO swapped in since
+        fd = open_in(path)  # as scan opens it: never a FIFO swapped in since
         try:
             for off, n in runs:
                 lo, hi = max(start, pos), min(start + count, pos + n)
