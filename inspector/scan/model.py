@@ -16,6 +16,7 @@ from typing import Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
+from inspector.system.source import Source
 from inspector.system.units import has_control, printable
 
 
@@ -189,6 +190,11 @@ class Checkpoint:
     def __post_init__(self) -> None:
         _refuse_control_characters(self)
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
+
+    @property
+    def source(self) -> Source:
+        """The folder every file of this checkpoint is read through (links and `..` out of it refused)."""
+        return Source.at(self.root)
 
     def tensor(self, name: str) -> TensorInfo:
         return self._by_name[name]  # type: ignore[attr-defined, no-any-return]
