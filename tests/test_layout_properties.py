@@ -22,11 +22,27 @@ from hypothesis import strategies as st
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize
 from inspector.format.torchzip import StorageRef, TensorRef
-from inspector.scan.layout import split_flat, stage3_layout, stage12_layout
+from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.layout import Layout, split_flat, stage3_layout, stage12_layout
 from inspector.scan.model import Segment, Severity
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PAD, TAIL = -1, -2
+
+
+def _records(param_shapes: Any, osds: Any, paths: Any, stage3: bool) -> tuple[Any, list[OptimStates]]:
+    """The raw trees a test built, through the input boundary's parser, as the scan sees them."""
+    shapes = ModelStates.parse({"module": {}, "param_shapes": param_shapes}, "model.pt").param_shapes
+    states = [OptimStates.parse({"optimizer_state_dict": o}, p, stage3) for o, p in zip(osds, paths, strict=True)]
+    return shapes, states
+
+
+def stage12(param_shapes: Any, osds: Any, paths: Any) -> Layout:
+    return stage12_layout(*_records(param_shapes, osds, paths, False))
+
+
+def stage3(param_shapes: Any, osds: Any, paths: Any) -> Layout:
+    return stage3_layout(*_records(param_shapes, osds, paths, True))
 
 
 @dataclass
@@ -200,7 +216,7 @@ def test_stage12_layout_matches_naive_buffer(case: tuple[list[Group12], int, boo
     """param_shapes walk with alignment paddings over DP-ordered partitions gives every parameter."""
     groups, ws, bf16_optimizer, with_pads_key = case
     files, param_shapes, osds, parts = build_stage12(groups, ws, bf16_optimizer, with_pads_key)
-    lay = stage12_layout(param_shapes, osds, [f"rank{r}.pt" for r in range(ws)])
+    lay = stage12(param_shapes, osds, [f"rank{r}.pt" for r in range(ws)])
     assert lay.findings == []
     assert lay.master_dtype == "float32"
     pid = 0
@@ -243,7 +259,7 @@ def test_stage12_rejects_wrong_partition_lengths(
         f"bad{r}", np.zeros(bad_len, np.int64), ref.storage.offset
     )
     with pytest.raises(CorruptFileError):
-        stage12_layout(param_shapes, osds, [f"rank{i}.pt" for i in range(ws)])
+        stage12(param_shapes, osds, [f"rank{i}.pt" for i in range(ws)])
 
 
 def test_stage12_partition_count_mismatch_is_an_error_finding() -> None:
@@ -251,7 +267,7 @@ def test_stage12_partition_count_mismatch_is_an_error_finding() -> None:
     _, param_shapes, osds, _ = build_stage12([Group12([10, 3], [0, 0])], 2, False, True)
     for osd in osds:
         osd["partition_count"] = [3]
-    lay = stage12_layout(param_shapes, osds, ["a.pt", "b.pt"])
+    lay = stage12(param_shapes, osds, ["a.pt", "b.pt"])
     assert [(f.severity, f.code) for f in lay.findings] == [(Severity.ERROR, "partition-count")]
 
 
@@ -260,7 +276,7 @@ def test_stage12_alignment_list_length_mismatch() -> None:
     _, param_shapes, osds, _ = build_stage12([Group12([10, 3, 4], [0, 0, 0])], 2, False, True)
     for osd in osds:
         osd["param_alignment_paddings"] = [[0, 0]]
-    lay = stage12_layout(param_shapes, osds, ["a.pt", "b.pt"])
+    lay = stage12(param_shapes, osds, ["a.pt", "b.pt"])
     assert "alignment" in [f.code for f in lay.findings]
 
 
@@ -323,7 +339,7 @@ def build_stage3(
 def test_stage3_layout_matches_naive_slices(subgroups: list[list[int]], ws: int) -> None:
     """Each parameter is ceil(numel/ws)-sliced across ranks; concatenating slices and trimming rebuilds it."""
     files, param_shapes, osds = build_stage3(subgroups, ws)
-    lay = stage3_layout(param_shapes, osds, [f"rank{r}.pt" for r in range(ws)])
+    lay = stage3(param_shapes, osds, [f"rank{r}.pt" for r in range(ws)])
     assert lay.findings == []
     pid = 0
     for g, numels in enumerate(subgroups):
@@ -354,7 +370,7 @@ def test_stage3_rejects_wrong_sub_group_length(numels: list[int], ws: int, data:
     bad = data.draw(st.sampled_from([good - 1, good + 1, good + ws]))
     osds[r]["fp32_flat_groups"][0] = files.ref("bad", np.zeros(max(bad, 0), np.int64), 0)
     with pytest.raises(CorruptFileError):
-        stage3_layout(param_shapes, osds, [f"rank{i}.pt" for i in range(ws)])
+        stage3(param_shapes, osds, [f"rank{i}.pt" for i in range(ws)])
 
 
 def test_stage3_partition_count_mismatch_is_an_error_finding() -> None:
@@ -362,7 +378,7 @@ def test_stage3_partition_count_mismatch_is_an_error_finding() -> None:
     _, param_shapes, osds = build_stage3([[10, 7]], 2)
     for osd in osds:
         osd["partition_count"] = 4
-    lay = stage3_layout(param_shapes, osds, ["a.pt", "b.pt"])
+    lay = stage3(param_shapes, osds, ["a.pt", "b.pt"])
     assert [(f.severity, f.code) for f in lay.findings] == [(Severity.ERROR, "partition-count")]
 
 
@@ -383,6 +399,6 @@ def test_strided_flat_partition_is_refused(stage: int) -> None:
         key = "fp32_flat_groups"
     ref = osds[1][key][0]
     osds[1][key][0] = replace(ref, shape=(ref.shape[0] // 2,), stride=(2,))
-    build = stage12_layout if stage == 2 else stage3_layout
+    build = stage12 if stage == 2 else stage3
     with pytest.raises(CorruptFileError, match="not a dense tensor"):
         build(shapes, osds, ["r0.pt", "r1.pt"])

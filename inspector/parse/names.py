@@ -33,7 +33,7 @@ def name_problem(name: object) -> str:
     if "/" in name or "\\" in name:
         return "holds a path separator (`/` or `\\`)"
     if any(unicodedata.category(c) in _BAD_CATEGORIES for c in name):
-        return "holds control or invisible formatting characters"
+        return "holds control characters (terminal escapes) or invisible formatting characters"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
     if name in RESERVED:

@@ -6,14 +6,17 @@ A file that cannot be read becomes an error finding naming it; only the rank-0 m
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from inspector.errors import CorruptFileError, InspectorError, UnsupportedCheckpointError
+from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
-from inspector.format.zipreader import os_error
-from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, inside
+from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
+from inspector.system.source import Source
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -24,15 +27,16 @@ class RankFiles:
     zero3_model: dict[int, str] = field(default_factory=dict)
     model: str | None = None
     findings: list[Finding] = field(default_factory=list)
+    present: int = 0  # files in the tag folder: rank numbers cannot exceed it
 
 
-def classify(tag_dir: str) -> RankFiles:
-    """Sort a tag folder's files by role and DP rank; reject layouts we do not read yet."""
-    try:
-        names = sorted(os.listdir(tag_dir))
-    except OSError as exc:
-        raise os_error(tag_dir, exc) from None
-    files = RankFiles()
+def classify(tag_dir: str, source: Source) -> RankFiles:
+    """Sort a tag folder's files by role and DP rank; reject layouts we do not read yet.
+
+    Rank numbers come from file names, so they are bounded by the files present: a stray
+    `..._rank_1000000000_...` must not make the scan expect (and report) a billion missing ranks."""
+    names = source.listdir(tag_dir)
+    files = RankFiles(present=len(names))
     mp_ranks: set[int] = set()
     layers = [n for n in names if LAYER_RE.match(n)]
     experts = [n for n in names if EXPERT_RE.match(n) or EXPP_RE.match(n)]
@@ -71,6 +75,7 @@ def classify(tag_dir: str) -> RankFiles:
             mp_ranks.add(int(m.group(1)))
             if int(m.group(1)) == 0:
                 files.model = path
+    _bound_ranks(tag_dir, files, len(names))
     if len(mp_ranks) > 1:
         raise UnsupportedCheckpointError(
             f"{tag_dir} has {len(mp_ranks)} model-parallel ranks (mp_rank_00..{max(mp_ranks):02d}).",
@@ -80,36 +85,44 @@ def classify(tag_dir: str) -> RankFiles:
     return files
 
 
-def missing_ranks(found: dict[int, str], expected: int, what: str, tag_dir: str) -> list[Finding]:
-    out = []
-    for r in range(expected):
-        if r not in found:
-            out.append(
-                Finding(
-                    Severity.ERROR,
-                    "missing-rank",
-                    f"The {what} file for DP rank {r} is missing.",
-                    tag_dir,
-                    "Copy the complete checkpoint folder; every rank writes its own file.",
-                )
+def _bound_ranks(tag_dir: str, files: RankFiles, present: int) -> None:
+    """A DP rank can be no larger than the number of files in the folder: rank r means r+1 rank files."""
+    for role in (files.optim, files.zero3_model):
+        high = [r for r in role if r >= present]
+        if high:
+            raise NotACheckpointError(
+                f"{tag_dir} holds a rank file numbered {max(high):,} but only {present} files in all: "
+                "a stray or crafted file, since every rank of a run writes its own file.",
+                hint="Remove the stray file (or restore the missing rank files) and try again.",
+                title="Impossible rank number",
             )
-    return out
 
 
-def load_checked(path: str, root: str) -> Any:
-    """Unpickle a rank file that lies inside the checkpoint (a link out of it is never followed)."""
-    if not inside(path, root):
-        raise CorruptFileError(
-            f"{path} is a link to a file outside the checkpoint; it was not read.",
-            hint="Copy the real file into the tag folder.",
-            title="Unsafe link",
-        )
-    return load_tree(path)
+def missing_ranks(found: dict[int, str], expected: int, what: str, tag_dir: str) -> list[Finding]:
+    """One finding per missing rank, or one for them all when many are missing (bounded output)."""
+    missing = [r for r in range(expected) if r not in found]
+    hint = "Copy the complete checkpoint folder; every rank writes its own file."
+    if len(missing) > 8:
+        return [
+            Finding(
+                Severity.ERROR,
+                "missing-rank",
+                f"{len(missing):,} {what} files are missing (DP ranks {missing[0]}..{missing[-1]}).",
+                tag_dir,
+                hint,
+            )
+        ]
+    return [
+        Finding(Severity.ERROR, "missing-rank", f"The {what} file for DP rank {r} is missing.", tag_dir, hint)
+        for r in missing
+    ]
 
 
-def load_or_finding(path: str, root: str, findings: list[Finding]) -> Any:
+def load_or_finding(path: str, source: Source, findings: list[Finding], parse: Callable[[Any, str], T]) -> T | None:
+    """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
+    parsed becomes an error finding naming it (only the rank-0 model states are essential)."""
     try:
-        return load_checked(path, root)
+        return parse(load_tree(path, source), path)
     except InspectorError as exc:
         findings.append(Finding(Severity.ERROR, "unreadable", exc.message, path, exc.hint))
         return None

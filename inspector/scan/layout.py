@@ -9,15 +9,15 @@ concatenates its slices per sub-group. Pure arithmetic on metadata; the results 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from inspector.errors import CorruptFileError
 from inspector.format.torchzip import TensorRef
+from inspector.parse.states import MOMENTS, OptimStates, Shape
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
 
-MOMENTS = ("exp_avg", "exp_avg_sq")
+ParamShapes = tuple[tuple[tuple[str, Shape], ...], ...]
 
 
 @dataclass
@@ -32,38 +32,30 @@ class Layout:
 
 
 def _numel(shape: Sequence[int]) -> int:
-    return math.prod(int(d) for d in shape)
-
-
-def _per_rank(osds: Sequence[Mapping[str, Any]], key: str, groups: int, paths: Sequence[str]) -> list[Any]:
-    """Each rank's per-group list under `key`, checked to have one entry per group of param_shapes."""
-    lists = [osd.get(key) for osd in osds]
-    for r, lst in enumerate(lists):
-        if not isinstance(lst, list) or len(lst) != groups:
-            raise CorruptFileError(
-                f"{paths[r]}: {key} has {len(lst) if isinstance(lst, list) else 'no'} groups, param_shapes has "
-                f"{groups}.",
-                hint="Model and optimizer files come from different runs, or the file is damaged.",
-            )
-    return lists
+    return math.prod(shape)
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _ref(value: Any, what: str, path: str) -> TensorRef:
-    if not isinstance(value, TensorRef):
-        raise CorruptFileError(
-            f"{path}: {what} is missing or not a tensor.",
-            hint="The optimizer file is damaged or from an unsupported DeepSpeed version.",
-        )
+def _ref(value: TensorRef, what: str, path: str) -> TensorRef:
     if not value.is_contiguous():  # flat buffers are sliced by byte offset below, so they must be dense
         raise CorruptFileError(
             f"{path}: {what} is not a dense tensor (shape {value.shape}, strides {value.stride}).",
             hint="DeepSpeed saves flat partitions as dense 1-D tensors; the file is damaged or crafted.",
         )
     return value
+
+
+def _groups_of(states: Sequence[OptimStates], n: int) -> None:
+    """Every rank file has one state per group of param_shapes."""
+    for st in states:
+        if len(st.groups) != n:
+            raise CorruptFileError(
+                f"{st.file}: {len(st.groups)} optimizer groups, param_shapes has {n}.",
+                hint="Model and optimizer files come from different runs, or the file is damaged.",
+            )
 
 
 def split_flat(off: int, numel: int, part: int, refs: Sequence[TensorRef]) -> tuple[Segment, ...]:
@@ -81,53 +73,21 @@ def split_flat(off: int, numel: int, part: int, refs: Sequence[TensorRef]) -> tu
     return tuple(segs)
 
 
-def _group_moments(osd: Mapping[str, Any], g: int, stage3: bool) -> dict[str, TensorRef] | None:
-    base = osd.get("optimizer_state_dict" if stage3 else "base_optimizer_state")
-    if not isinstance(base, dict):
-        return None  # elastic (list) layout of DeepSpeed <= 0.5.9: moments trimmed per group; not mapped
-    state = base.get("state") or {}
-    key: Any = g
-    if not stage3:
-        groups = base.get("param_groups") or []
-        if g < len(groups) and groups[g].get("params"):
-            key = groups[g]["params"][0]
-    st = state.get(key)
-    if not isinstance(st, dict):
-        return None
-    out = {m: st[m] for m in MOMENTS if isinstance(st.get(m), TensorRef) and st[m].is_contiguous()}
-    return out if len(out) == len(MOMENTS) else None
-
-
-def _hyperparams(osd: Mapping[str, Any], g: int, stage3: bool) -> dict[str, Any]:
-    base = osd.get("optimizer_state_dict" if stage3 else "base_optimizer_state")
-    groups = base.get("param_groups") if isinstance(base, dict) else None
-    if not groups:
-        return {}
-    if stage3:
-        group = next((pg for pg in groups if g in (pg.get("params") or [])), None)
-    else:
-        group = groups[g] if g < len(groups) else None
-    keep = ("lr", "weight_decay", "betas", "eps", "momentum", "name")
-    return {k: v for k, v in (group or {}).items() if k in keep}
-
-
-def stage12_layout(
-    param_shapes: Sequence[Mapping[str, Any]], osds: Sequence[Mapping[str, Any]], paths: Sequence[str]
-) -> Layout:
-    """Stage 1/2 and BF16_Optimizer: rebuild from `param_shapes`, never from `param_slice_mappings` (§3.2)."""
+def stage12_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> Layout:
+    """Stage 1/2 and BF16_Optimizer: rebuild from `param_shapes`, never from `param_slice_mappings` (§3.2);
+    the mappings only prove which rank wrote which file (`_check_slices`)."""
     lay = Layout()
-    ws = len(osds)
-    osd0 = osds[0]
-    trimmed = "zero_stage" in osd0  # BF16_Optimizer keeps full partitions
-    counts = osd0.get("partition_count")
+    ws = len(states)
+    paths = [st.file for st in states]
+    trimmed = states[0].zero_stage is not None  # BF16_Optimizer keeps full partitions
     groups = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
-    fp32_lists = _per_rank(osds, "single_partition_of_fp32_groups", len(param_shapes), paths)
+    _groups_of(states, len(param_shapes))
     for g, shapes in enumerate(param_shapes):
-        names = list(shapes)
-        numels = [_numel(s) for s in shapes.values()]
-        pads_all = osd0.get("param_alignment_paddings")
-        pads = list(pads_all[g]) if isinstance(pads_all, list) and g < len(pads_all) else [0] * len(names)
+        names = [n for n, _ in shapes]
+        numels = [_numel(s) for _, s in shapes]
+        g0 = states[0].groups[g]
+        pads = list(g0.alignment) if g0.alignment is not None else [0] * len(names)
         if len(pads) != len(names):
             lay.findings.append(
                 Finding(
@@ -139,8 +99,8 @@ def stage12_layout(
             )
             pads = [0] * len(names)
         raw = sum(numels) + sum(pads)
-        w = counts[g] if isinstance(counts, list) and g < len(counts) else counts
-        if isinstance(w, int) and w != ws:
+        w = g0.partition_count
+        if w is not None and w != ws:
             lay.findings.append(
                 Finding(
                     Severity.ERROR,
@@ -150,11 +110,12 @@ def stage12_layout(
                     "Rank files are missing or come from another run.",
                 )
             )
-        refs = [_ref(fp32_lists[r][g], f"fp32 partition of group {g}", paths[r]) for r in range(ws)]
-        moments = [_group_moments(osd, g, False) for osd in osds]
+        refs = [_ref(st.groups[g].master, f"fp32 partition of group {g}", st.file) for st in states]
+        moments = [st.groups[g].moments for st in states]
         align = 2 * ws
         formula = _ceil(raw, align) * align // ws
-        part = moments[0]["exp_avg"].numel if moments[0] else (refs[0].numel if not trimmed else formula)
+        m0 = moments[0]
+        part = m0["exp_avg"].numel if m0 else (refs[0].numel if not trimmed else formula)
         if part != formula:
             lay.findings.append(
                 Finding(
@@ -164,7 +125,7 @@ def stage12_layout(
                     paths[0],
                 )
             )
-        if part * ws < raw:
+        if part * ws < raw or part <= 0:
             raise CorruptFileError(
                 f"Group {g}: {ws} partitions of {part} elements cannot hold {raw} elements.",
                 hint="Rank files are missing or come from another run.",
@@ -176,9 +137,8 @@ def stage12_layout(
                     f"{paths[r]}: group {g} partition has {ref.numel} elements; expected {need}..{part}.",
                     hint="Files from different runs are mixed, or the file is damaged.",
                 )
-            paddings = osds[r].get("group_paddings")
-            pad = paddings[g] if isinstance(paddings, list) and g < len(paddings) else part - need
-            rank_groups[r].append(RankGroup(g, part, ref.numel, int(pad)))
+            pad = states[r].groups[g].padding
+            rank_groups[r].append(RankGroup(g, part, ref.numel, part - need if pad is None else pad))
         if refs[0].dtype != "float32":
             lay.master_dtype = refs[0].dtype
         have_moments = all(
@@ -186,29 +146,73 @@ def stage12_layout(
             for r, m in enumerate(moments)
         )
         off = 0
-        for name, shape, n, pad in zip(names, shapes.values(), numels, pads, strict=True):
+        for (name, shape), n, pad in zip(shapes, numels, pads, strict=True):
             segs = split_flat(off, n, part, refs)
             mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
             if have_moments:
                 mom = tuple((m, split_flat(off, n, part, [mm[m] for mm in moments if mm])) for m in MOMENTS)
-            lay.params[name] = TensorInfo(
-                name, tuple(int(d) for d in shape), refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom
-            )
+            lay.params[name] = TensorInfo(name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom)
             off += n + pad
-        groups.append(GroupInfo(g, len(names), sum(numels), part * ws, part, _hyperparams(osd0, g, False)))
+        lay.findings += _check_slices(g, dict(zip(names, numels, strict=True)), part, states)
+        groups.append(GroupInfo(g, len(names), sum(numels), part * ws, part, g0.hyperparams))
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     return lay
 
 
-def stage3_layout(
-    param_shapes: Sequence[Mapping[str, Any]], osds: Sequence[Mapping[str, Any]], paths: Sequence[str]
-) -> Layout:
+def _contiguous(frags: list[tuple[int, int, int]], numel: int, part: int) -> bool:
+    """Whether (rank, start, numel) fragments in rank order make up one whole parameter of `numel`."""
+    if not frags:
+        return numel == 0
+    ranks = [r for r, _, _ in frags]
+    if sum(k for _, _, k in frags) != numel or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+        return False
+    last = len(frags) - 1
+    return all(
+        start + k <= part and (i == 0 or start == 0) and (i == last or start + k == part)
+        for i, (_, start, k) in enumerate(frags)
+    )
+
+
+def _check_slices(g: int, numels: dict[str, int], part: int, states: Sequence[OptimStates]) -> list[Finding]:
+    """Prove which rank wrote which file from `param_slice_mappings` (stage 1/2, BF16_Optimizer).
+
+    Whatever order DeepSpeed listed them in (its round-robin bug included, §3.2), the fragments of one
+    parameter taken in rank order concatenate to the whole parameter: ranks consecutive, every fragment but
+    the first starting at its partition's start, every one but the last running to its partition's end. A
+    rank file copied or renamed into another rank's place breaks that, though shapes and sizes all agree."""
+    maps = [st.groups[g].slices for st in states]
+    if len(states) < 2 or any(m is None for m in maps):
+        return []
+    frags: dict[str, list[tuple[int, int, int]]] = {}
+    for r, m in enumerate(maps):
+        for name, start, numel in m or ():
+            if numel:
+                frags.setdefault(name, []).append((r, start, numel))
+    bad = [name for name, n in numels.items() if not _contiguous(frags.get(name, []), n, part)]
+    if not bad:
+        return []
+    return [
+        Finding(
+            Severity.ERROR,
+            "rank-mismatch",
+            f"Group {g}: the optimizer files' own fragment maps (param_slice_mappings) do not fit their rank "
+            f"positions for {len(bad)} parameter(s) (e.g. {bad[0]}): a rank file was copied or renamed into "
+            "another rank's place, so the rebuilt values would be wrong.",
+            states[0].file,
+            "Restore every *_optim_states.pt from the save that wrote it; rank files cannot stand in for "
+            "each other.",
+        )
+    ]
+
+
+def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> Layout:
     """Stage 3: rank r holds elements [r·p, (r+1)·p) of every parameter, p = ceil(numel/ws) (§3.4)."""
     lay = Layout()
-    ws = len(osds)
-    count = osds[0].get("partition_count")
-    if isinstance(count, int) and count != ws:
+    ws = len(states)
+    paths = [st.file for st in states]
+    count = states[0].partition_count
+    if count is not None and count != ws:
         lay.findings.append(
             Finding(
                 Severity.ERROR,
@@ -218,14 +222,14 @@ def stage3_layout(
                 "Rank files are missing or come from another run.",
             )
         )
-    flats = _per_rank(osds, "fp32_flat_groups", len(param_shapes), paths)
+    _groups_of(states, len(param_shapes))
     groups = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
     for g, shapes in enumerate(param_shapes):
-        numels = [_numel(s) for s in shapes.values()]
+        numels = [_numel(s) for _, s in shapes]
         parts = [_ceil(n, ws) for n in numels]
         total = sum(parts)
-        refs = [_ref(flats[r][g], f"fp32 flat group {g}", paths[r]) for r in range(ws)]
+        refs = [_ref(st.groups[g].master, f"fp32 flat group {g}", st.file) for st in states]
         for r, ref in enumerate(refs):
             if ref.numel != total:
                 raise CorruptFileError(
@@ -237,21 +241,17 @@ def stage3_layout(
             rank_groups[r].append(RankGroup(g, total, total, total - stored))
         if refs[0].dtype != "float32":
             lay.master_dtype = refs[0].dtype
-        moments = [_group_moments(osd, g, True) for osd in osds]
+        moments = [st.groups[g].moments for st in states]
         have_moments = all(m is not None and all(t.numel == total for t in m.values()) for m in moments)
         off = 0
-        for (name, shape), n, p in zip(shapes.items(), numels, parts, strict=True):
+        for (name, shape), n, p in zip(shapes, numels, parts, strict=True):
             segs = _rank_slices(refs, off, n, p)
             mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
             if have_moments:
                 mom = tuple((m, _rank_slices([mm[m] for mm in moments if mm], off, n, p)) for m in MOMENTS)
-            lay.params[name] = TensorInfo(
-                name, tuple(int(d) for d in shape), refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom
-            )
+            lay.params[name] = TensorInfo(name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom)
             off += p
-        groups.append(
-            GroupInfo(g, len(numels), sum(numels), total * ws, total, _hyperparams(osds[0], g, True))
-        )
+        groups.append(GroupInfo(g, len(numels), sum(numels), total * ws, total, states[0].groups[g].hyperparams))
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     return lay

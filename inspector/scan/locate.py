@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
 from inspector.format.zipreader import os_error
+from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
-from inspector.system.source import open_in
+from inspector.system.source import Source
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -44,7 +45,9 @@ def list_tags(root: str) -> list[str]:
         subdirs = [e.name for e in os.scandir(root) if e.is_dir()]
     except OSError:
         return []
-    return sorted((d for d in subdirs if is_tag_dir(os.path.join(root, d))), key=_step_key)
+    return sorted(
+        (d for d in subdirs if not name_problem(d) and is_tag_dir(os.path.join(root, d))), key=_step_key
+    )
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ class Location:
     @property
     def tag_dir(self) -> str:
         return os.path.join(self.root, self.tag)
+
+    @property
+    def source(self) -> Source:
+        """The folder every file of this checkpoint is read through."""
+        return Source.at(self.root, "checkpoint")
 
 
 # A tag DeepSpeed or a user would write (global_step100, step-5_final, v1.2). Anything else in `latest` is
@@ -89,40 +97,42 @@ def _unsafe_latest(path: str, why: str) -> NotACheckpointError:
     )
 
 
-def _read_latest(root: str) -> str | None:
-    """The tag named by `root/latest`, read only if it is a small regular file inside the root."""
-    path = os.path.join(root, "latest")
+def read_tag_file(root: str, name: str) -> str | None:
+    """The tag named by `root/<name>` (`latest`, `latest_universal`), read through the confined source only
+    if it is a small regular file inside the root; its content is never shown (it may be a link to
+    /proc/self/environ), only whether it is a plain tag name."""
+    path = os.path.join(root, name)
     try:
         st = os.lstat(path)
     except OSError:
         return None
     if stat.S_ISDIR(st.st_mode):
         return None  # a folder called `latest` is just a folder
-    if not inside(path, root):
+    source = Source.at(root, "checkpoint")
+    kind = source.kind(path)
+    if kind == "outside":
         raise _unsafe_latest(path, "is a link to a file outside the checkpoint")
+    if kind != "file":
+        raise _unsafe_latest(path, "is not a regular file")
     try:
-        fd = open_in(path)
+        raw = source.read_bytes(path, _LATEST_MAX, "tag name")
     except InspectorError:
-        raise _unsafe_latest(path, "is not a regular file") from None
-    try:
-        raw = os.pread(fd, _LATEST_MAX + 1, 0)
-    except OSError as exc:
-        raise os_error(path, exc) from None
-    finally:
-        os.close(fd)
-    if len(raw) > _LATEST_MAX:
-        raise _unsafe_latest(path, "is too large to hold a tag name")
+        raise _unsafe_latest(path, "is too large or unreadable") from None
     try:
         tag = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise _unsafe_latest(path, "is not text") from None
-    if not SANE_TAG.fullmatch(tag):
+    if not SANE_TAG.fullmatch(tag) or name_problem(tag):
         raise _unsafe_latest(path, "does not hold a plain tag name")
     return tag
 
 
+def _read_latest(root: str) -> str | None:
+    return read_tag_file(root, "latest")
+
+
 def _check_tag_name(root: str, tag: str, source: str) -> None:
-    bad = not tag or "/" in tag or "\\" in tag or tag in (".", "..") or "\x00" in tag
+    bad = bool(name_problem(tag))
     if not bad:
         real_root = os.path.realpath(root)
         real_tag = os.path.realpath(os.path.join(root, tag))

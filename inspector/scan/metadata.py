@@ -1,5 +1,5 @@
 """Small values read from checkpoint metadata: step counters (0-d tensors read with pread), bounded digests
-for comparing metadata across rank files, the optimizer's per-group steps.
+for comparing metadata across rank files, and the stage-3 proof of which rank wrote the last rank file.
 """
 
 from __future__ import annotations
@@ -7,14 +7,16 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef
 from inspector.format.zipreader import os_error
-from inspector.system.source import open_in
+from inspector.parse.states import OptimStates
+from inspector.scan.model import Finding, Severity
+from inspector.system.source import Source, open_in
 
 
 def dtype_of(tensors: Mapping[str, Any]) -> str | None:
@@ -107,22 +109,70 @@ def digest(value: Any, max_nodes: int = 100_000, max_depth: int = 64) -> str:
     return "".join(out)
 
 
-def _base_state(osd: dict[str, Any]) -> Any:
-    return osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))
+def step_value(step: int | float | TensorRef | None) -> int | float | None:
+    """A step as compared across rank files: 0-d tensors read (a few bytes), numbers as they are."""
+    return item(step) if isinstance(step, TensorRef) else step
 
 
-def group_steps(osd: dict[str, Any]) -> list[Any]:
-    base = _base_state(osd)
-    state = base.get("state") if isinstance(base, dict) else None
-    if not isinstance(state, dict):
+_PROOF_ELEMS = 4096  # padding elements read at most for the stage-3 rank proof: a few pages, bounded
+
+
+def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], states: Sequence[OptimStates], source: Source) -> list[Finding]:
+    """Which rank wrote the last stage-3 optimizer file, from the one thing that tells ranks apart.
+
+    Stage 3 pads each parameter's last slice out to ceil(numel/ws) elements, on the last rank only; the
+    padding gets zero gradients, so its Adam moments stay exactly 0 (the masters there are uninitialised,
+    §3.4). Another rank's file in the last rank's place holds real moments at those positions. Reads at most
+    a few KiB; nothing else in scan reads tensor data."""
+    ws = len(states)
+    last = states[-1]
+    if ws < 2 or any(g.moments is None for g in last.groups):
         return []
-    out = []
-    for s in state.values():
-        step = s.get("step") if isinstance(s, dict) else None
-        out.append(item(step) if isinstance(step, TensorRef) else step)
-    return out
-
-
-def first_step(osd: dict[str, Any] | None) -> Any:
-    steps = group_steps(osd) if osd else []
-    return steps[0] if steps else None
+    spots: list[tuple[TensorRef, int, int]] = []  # (exp_avg_sq of the group, first padding element, count)
+    budget = _PROOF_ELEMS
+    for g, shapes in enumerate(param_shapes):
+        if g >= len(last.groups):
+            return []
+        sq = (last.groups[g].moments or {})["exp_avg_sq"]
+        off = 0
+        for _, shape in shapes:
+            n = math.prod(shape)
+            p = -(-n // ws)
+            take = max(0, min(p, n - (ws - 1) * p))
+            if p > take and budget > 0:
+                k = min(p - take, budget)
+                spots.append((sq, off + take, k))
+                budget -= k
+            off += p
+    if not spots:
+        return []
+    nonzero = total = 0
+    fd = open_in(last.file, (source,))
+    try:
+        for ref, start, count in spots:
+            if start + count > ref.numel:
+                return []
+            raw = os.pread(fd, count * ref.itemsize, ref.offset + start * ref.itemsize)
+            fmt = STRUCT_FORMATS.get(ref.dtype)
+            if fmt is None or len(raw) != count * ref.itemsize:
+                return []
+            values = struct.unpack(f"<{count}{fmt[-1]}", raw)
+            total += count
+            nonzero += sum(1 for v in values if v != 0)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    if nonzero < total:
+        return []
+    return [
+        Finding(
+            Severity.ERROR,
+            "rank-mismatch",
+            f"The last rank's optimizer file holds Adam moments where DeepSpeed leaves zero padding "
+            f"({nonzero} of {total} padding elements non-zero): it was not written by rank {ws - 1} "
+            "(a rank file copied or renamed into its place), so the rebuilt values would be wrong.",
+            last.file,
+            "Restore every *_optim_states.pt from the save that wrote it; rank files cannot stand in for each other.",
+        )
+    ]

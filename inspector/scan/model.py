@@ -194,7 +194,7 @@ class Checkpoint:
     @property
     def source(self) -> Source:
         """The folder every file of this checkpoint is read through (links and `..` out of it refused)."""
-        return Source.at(self.root)
+        return Source.at(self.root, "checkpoint")
 
     def tensor(self, name: str) -> TensorInfo:
         return self._by_name[name]  # type: ignore[attr-defined, no-any-return]

@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.format.torchzip import load_tree
+from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
-from inspector.scan.files import RankFiles, classify, load_checked, load_or_finding, missing_ranks
-from inspector.scan.layout import Layout, stage3_layout, stage12_layout
+from inspector.scan.files import RankFiles, classify, load_or_finding, missing_ranks
+from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.locate import Location, locate
-from inspector.scan.metadata import digest, group_steps
+from inspector.scan.metadata import digest, stage3_rank_proof, step_value
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
 
@@ -27,7 +29,7 @@ def scan(path: str, tag: str | None = None) -> Checkpoint:
     if (uni := find_universal(path, tag)) is not None:
         return scan_universal(uni)
     loc = locate(path, tag)
-    files = classify(loc.tag_dir)
+    files = classify(loc.tag_dir, loc.source)
     return _Scanner(loc, files).build()
 
 
@@ -45,28 +47,49 @@ class _Scanner:
     def build(self) -> Checkpoint:
         f = self.files
         stage3 = bool(f.zero3_model)
-        model_path, model = self._model(stage3)
+        model = self._model(stage3)
         ws = max(f.optim) + 1
-        dp_ws = model.get("dp_world_size")
-        if isinstance(dp_ws, int) and dp_ws > ws:
-            ws = dp_ws
+        if model.dp_world_size is not None and model.dp_world_size > ws:
+            if model.dp_world_size > f.present:  # a world size the folder cannot hold: say so once
+                self.add(
+                    Severity.ERROR,
+                    "world-size",
+                    f"The model states say dp_world_size={model.dp_world_size:,}, but the tag folder holds "
+                    f"only {f.present} files.",
+                    model.file,
+                    "Rank files are missing, or the model-states file is damaged or crafted.",
+                )
+            else:
+                ws = model.dp_world_size
         self.findings += missing_ranks(f.optim, ws, "optimizer", self.loc.tag_dir)
         if stage3:
             self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
-        root = self.loc.root
-        optims = {r: load_or_finding(p, root, self.findings) for r, p in sorted(f.optim.items())}
-        models = {0: model}
+        source = self.loc.source
+        optims: dict[int, OptimStates | None] = {
+            r: load_or_finding(p, source, self.findings, lambda t, p: OptimStates.parse(t, p, stage3))
+            for r, p in sorted(f.optim.items())
+        }
+        models: dict[int, ModelStates | None] = {0: model}
         if stage3:
             rest = sorted(f.zero3_model.items())
-            models.update({r: load_or_finding(p, root, self.findings) for r, p in rest if r != 0})
-        osd0 = self._optimizer_state(optims)
-        self._check_consistency(model, models, optims, model.get("ds_version"))
-        layout = self._layout(model, model_path, models, optims, osd0, ws, stage3)
-        tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3)
+            models.update(
+                {r: load_or_finding(p, source, self.findings, ModelStates.parse) for r, p in rest if r != 0}
+            )
+        osd0 = next((o for o in optims.values() if o is not None), None)
+        self._check_consistency(model, models, optims)
+        param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
+        layout = self._layout(model, models, optims, osd0, ws, stage3, param_shapes)
+        if stage3 and layout is not None and param_shapes and not self.findings_have_errors():
+            states = [o for o in optims.values() if o is not None]
+            self.findings += stage3_rank_proof(param_shapes, states, self.loc.source)
+        tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)
 
-    def _model(self, stage3: bool) -> tuple[str, dict[str, Any]]:
+    def findings_have_errors(self) -> bool:
+        return any(x.severity is Severity.ERROR for x in self.findings)
+
+    def _model(self, stage3: bool) -> ModelStates:
         """The rank-0 model states: essential, so every problem with them is an error, not a finding."""
         f = self.files
         tag_dir = self.loc.tag_dir
@@ -87,39 +110,35 @@ class _Scanner:
                 hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
                 "file already holds the full weights.",
             )
-        model = load_checked(model_path, self.loc.root)
-        if not isinstance(model, dict) or "module" not in model:
-            raise NotACheckpointError(f"{model_path} is not a DeepSpeed model-states file (no 'module' key).")
-        if model.get("module") is None:
+        model = ModelStates.parse(load_tree(model_path, self.loc.source), model_path)
+        if not model.has_module:
             raise UnsupportedCheckpointError(
                 f"{model_path} has no module weights (pipeline-parallel run).",
                 hint="Pipeline-parallel checkpoints are not supported yet.",
             )
-        return model_path, model
+        return model
 
     def _layout(
         self,
-        model: dict[str, Any],
-        model_path: str,
-        models: dict[int, Any],
-        optims: dict[int, Any],
-        osd0: dict[str, Any] | None,
+        model: ModelStates,
+        models: dict[int, ModelStates | None],
+        optims: dict[int, OptimStates | None],
+        osd0: OptimStates | None,
         ws: int,
         stage3: bool,
+        param_shapes: ParamShapes | None,
     ) -> Layout | None:
         """Where every trainable parameter lives, if the rank files allow it; otherwise a finding says why."""
-        f = self.files
         tag_dir = self.loc.tag_dir
         complete = all(optims.get(r) is not None for r in range(ws)) and (
             not stage3 or all(models.get(r) is not None for r in range(ws))
         )
-        param_shapes = model.get("param_shapes") or (osd0 or {}).get("param_shapes")
         layout: Layout | None = None
         if osd0 is not None and complete and param_shapes:
-            osds = [optims[r]["optimizer_state_dict"] for r in range(ws)]
+            states = [o for r in range(ws) if (o := optims[r]) is not None]
             build = stage3_layout if stage3 else stage12_layout
             try:
-                layout = build(param_shapes, osds, [f.optim[r] for r in range(ws)])
+                layout = build(param_shapes, states)
             except InspectorError as exc:
                 self.add(Severity.ERROR, "layout", exc.message, tag_dir, exc.hint)
             if layout is not None:
@@ -130,7 +149,7 @@ class _Scanner:
                 "no-param-shapes",
                 "The model states hold no param_shapes, so the flat "
                 "optimizer partitions cannot be split into parameters.",
-                model_path,
+                model.file,
                 "This checkpoint predates DeepSpeed 0.3.14 or was not written by a ZeRO engine.",
             )
         elif not complete:
@@ -143,34 +162,15 @@ class _Scanner:
             )
         return layout
 
-    def _optimizer_state(self, optims: dict[int, Any]) -> dict[str, Any] | None:
-        for r, tree in optims.items():
-            if tree is None:
-                continue
-            osd = tree.get("optimizer_state_dict") if isinstance(tree, dict) else None
-            if not isinstance(osd, dict):
-                self.add(
-                    Severity.ERROR,
-                    "bad-optim",
-                    "This file has no optimizer_state_dict.",
-                    self.files.optim[r],
-                    "It is not a DeepSpeed ZeRO optimizer file.",
-                )
-                optims[r] = None
-                continue
-        first = next((t for t in optims.values() if t is not None), None)
-        return first["optimizer_state_dict"] if first else None
-
     def _check_consistency(
-        self, model: dict[str, Any], models: dict[int, Any], optims: dict[int, Any], version: Any
+        self, model: ModelStates, models: dict[int, ModelStates | None], optims: dict[int, OptimStates | None]
     ) -> None:
         """Files of one checkpoint agree on version, config and step; mixed runs do not."""
 
-        def sig(tree: Any) -> tuple[Any, ...]:
-            osd = tree.get("optimizer_state_dict", {}) if isinstance(tree, dict) else {}
-            return (tree.get("ds_version"), digest(tree.get("ds_config")), digest(group_steps(osd)))
+        def sig(o: OptimStates) -> tuple[Any, ...]:
+            return (o.ds_version, digest(dict(o.ds_config)), digest([step_value(s) for s in o.steps]))
 
-        sigs = {r: sig(t) for r, t in optims.items() if t is not None}
+        sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
             base = sigs[min(sigs)]
             odd = [r for r, s in sigs.items() if s != base]
@@ -182,7 +182,7 @@ class _Scanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.get("ds_version"), digest(model.get("ds_config")))
+        model_sig = (model.ds_version, digest(dict(model.ds_config)))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
@@ -192,14 +192,13 @@ class _Scanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        steps = {r: m.get("global_steps") for r, m in models.items() if isinstance(m, dict)}
-        shapes = {r: digest(m.get("param_shapes")) for r, m in models.items() if isinstance(m, dict)}
+        steps = {r: m.global_steps for r, m in models.items() if m is not None}
+        shapes = {r: digest(m.param_shapes) for r, m in models.items() if m is not None}
         if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
             self.add(
                 Severity.ERROR,
                 "mixed-runs",
-                "Stage-3 model files disagree on global_steps or parameter shapes "
-                f"({ {r: v if isinstance(v, int) else type(v).__name__ for r, v in steps.items()} }).",
+                f"Stage-3 model files disagree on global_steps or parameter shapes ({steps}).",
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )

@@ -1,17 +1,16 @@
 """Which tensors a checkpoint holds and where their bytes are: trainable (from the layout), frozen, buffers
-and tied aliases, in the module's order. Pure bookkeeping on the loaded trees; problems become findings.
+and tied aliases, in the module's order. Pure bookkeeping on the parsed records; problems become findings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
 
-from inspector.errors import NotACheckpointError
 from inspector.format.torchzip import TensorRef
+from inspector.parse.states import ModelStates
 from inspector.scan.files import RankFiles
-from inspector.scan.layout import Layout
+from inspector.scan.layout import Layout, ParamShapes
 from inspector.scan.model import Kind, Segment, Severity, TensorInfo
 
 
@@ -23,14 +22,20 @@ class TensorCollector:
         self.add = add
 
     def collect(
-        self, model: dict[str, Any], models: dict[int, Any], layout: Layout | None, ws: int, stage3: bool
+        self,
+        model: ModelStates,
+        models: Mapping[int, ModelStates | None],
+        layout: Layout | None,
+        ws: int,
+        stage3: bool,
+        param_shapes: ParamShapes | None,
     ) -> list[TensorInfo]:
-        module: Mapping[str, Any] = model.get("module") or {}
-        buffer_names = list(model.get("buffer_names") or [])
-        shared: Mapping[str, str] = model.get("shared_params") or {}
-        frozen_shapes: Mapping[str, Any] | None = model.get("frozen_param_shapes")
+        module = model.module
+        buffer_names = list(model.buffer_names)
+        shared = model.shared_params
+        frozen_shapes = model.frozen_param_shapes
         trainable = layout.params if layout else {}
-        owned = {n for group in (model.get("param_shapes") or []) for n in group}
+        owned = {n for group in (param_shapes or ()) for n, _ in group}
         out: dict[str, TensorInfo] = {}
         order = list(module) + [n for n in trainable if n not in module]
         for name in order:
@@ -79,18 +84,16 @@ class TensorCollector:
         pos = {n: i for i, n in enumerate(order)}
         return sorted(out.values(), key=lambda t: pos.get(t.name, len(pos)))
 
-    def _plain(self, name: str, ref: Any, kind: Kind) -> TensorInfo:
-        if not isinstance(ref, TensorRef):
-            raise NotACheckpointError(f"module[{name!r}] is not a tensor.")
+    def _plain(self, name: str, ref: TensorRef, kind: Kind) -> TensorInfo:
         segs = tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
         return TensorInfo(name, ref.shape, ref.dtype, kind, segs)
 
     def _frozen(
         self,
         name: str,
-        ref: Any,
-        models: dict[int, Any],
-        frozen_shapes: Mapping[str, Any] | None,
+        ref: TensorRef | None,
+        models: Mapping[int, ModelStates | None],
+        frozen_shapes: Mapping[str, tuple[int, ...]] | None,
         ws: int,
         stage3: bool,
     ) -> TensorInfo | None:
@@ -106,7 +109,7 @@ class TensorCollector:
         for d in shape:
             numel *= d
         if not stage3:
-            frag = (models[0].get("frozen_param_fragments") or {}).get(name, ref)
+            frag = (models[0].frozen_param_fragments or {}).get(name, ref) if models[0] else ref
             if not isinstance(frag, TensorRef) or frag.numel != numel:
                 self.add(Severity.ERROR, "missing-frozen", f"Frozen parameter {name} has no saved data.")
                 return None
@@ -116,7 +119,8 @@ class TensorCollector:
         segs: list[Segment] = []
         dtype = ref.dtype if isinstance(ref, TensorRef) else "bfloat16"
         for r in range(ws):
-            frag = ((models.get(r) or {}).get("frozen_param_fragments") or {}).get(name)
+            m = models.get(r)
+            frag = (m.frozen_param_fragments or {}).get(name) if m is not None else None
             take = max(0, min(part, numel - r * part))
             if not isinstance(frag, TensorRef) or frag.numel < take or not frag.is_contiguous():
                 self.add(
@@ -132,7 +136,7 @@ class TensorCollector:
         return TensorInfo(name, shape, dtype, Kind.FROZEN, tuple(segs))
 
 
-def _with_module_copy(t: TensorInfo, ref: Any) -> TensorInfo:
+def _with_module_copy(t: TensorInfo, ref: TensorRef | None) -> TensorInfo:
     """Attach the 16-bit module copy of a trainable param (stage 1/2; stage 3 keeps empty placeholders)."""
     if not isinstance(ref, TensorRef) or ref.numel != t.numel or ref.numel == 0:
         return t

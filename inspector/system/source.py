@@ -15,7 +15,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError
@@ -66,9 +66,9 @@ def not_regular(path: str, mode: int) -> CorruptFileError:
     )
 
 
-def outside(path: str, root: str) -> CorruptFileError:
+def outside(path: str, root: str, label: str = "folder") -> CorruptFileError:
     return CorruptFileError(
-        f"{shown(path)} leads outside {shown(root)} (a link or `..`); it was not read.",
+        f"{shown(path)} leads outside the {label} {shown(root)} (a link or `..`); it was not read.",
         hint="Copy the real file into the folder instead of linking to it.",
         title="Unsafe link",
     )
@@ -79,12 +79,13 @@ class Source:
     """A folder the tool reads from. Holds only its resolved path, so it pickles and crosses threads."""
 
     root: str
+    label: str = field(default="folder", compare=False)  # what the folder is, for messages: "checkpoint"
 
     @classmethod
-    def at(cls, folder: str | os.PathLike[str]) -> Source:
+    def at(cls, folder: str | os.PathLike[str], label: str = "folder") -> Source:
         """The folder itself, links resolved once here: the user chose it, so where it points is trusted."""
         real = os.path.realpath(os.path.expanduser(os.fspath(folder)))
-        return cls(real)
+        return cls(real, label)
 
     # -- paths --------------------------------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class Source:
         full = raw if os.path.isabs(raw) else os.path.join(self.root, raw)
         real = os.path.realpath(full)
         if not self.holds(real):
-            raise outside(full, self.root)
+            raise outside(full, self.root, self.label)
         return real
 
     def holds(self, real: str) -> bool:
@@ -124,7 +125,7 @@ class Source:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (40, 20):  # ELOOP / ENOTDIR: a link or a file where a folder was
-                        raise outside(shown_path, self.root) from None
+                        raise outside(shown_path, self.root, self.label) from None
                     raise
                 os.close(fd)
                 fd = nxt
@@ -145,13 +146,13 @@ class Source:
             with self._dir_fd(parts[:-1], full) as dfd:
                 mode = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode
                 if stat.S_ISLNK(mode):  # resolved above, so a link here was swapped in since
-                    raise outside(full, self.root)
+                    raise outside(full, self.root, self.label)
                 if not stat.S_ISREG(mode):  # before opening: a FIFO would block, a device may act
                     raise not_regular(full, mode)
                 fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == 40:  # ELOOP from O_NOFOLLOW
-                raise outside(full, self.root) from None
+                raise outside(full, self.root, self.label) from None
             raise os_error(full, exc) from None
         try:
             mode = os.fstat(fd).st_mode
@@ -245,7 +246,7 @@ def open_in(path: str, sources: tuple[Source, ...] = ()) -> int:
     for src in sources:
         if src.contains(path):
             return src.open(path)
-    raise outside(path, sources[0].root)
+    raise outside(path, sources[0].root, sources[0].label)
 
 
 def _no_constant(name: str) -> Any:
