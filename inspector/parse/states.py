@@ -182,13 +182,14 @@ class OptimStates:
             ds_config=_config(root.at("ds_config")),
             groups=groups,
             param_shapes=_param_shapes(osd.at("param_shapes")),
-            loss_scale=_finite(scale),
+            loss_scale=finite(scale),
             dynamic_loss_scale=dyn if isinstance(dyn, bool) else None,
             partition_count=count.integer(1, 1 << 24) if stage3 and not count.is_none() else None,
         )
 
 
-def _finite(v: Any) -> float | None:
+def finite(v: Any) -> float | None:
+    """A finite float, or None for anything else (absent, inf, NaN, a crafted object)."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     try:
@@ -234,7 +235,7 @@ def _moments(st: Node | None) -> tuple[Mapping[str, TensorRef] | None, Scalar]:
             got[m] = v
     step = st.at("step")
     sv = step.value
-    scalar: Scalar = sv if isinstance(sv, TensorRef) else (_finite(sv) if sv is not None else None)
+    scalar: Scalar = sv if isinstance(sv, TensorRef) else (finite(sv) if sv is not None else None)
     if isinstance(sv, int) and not isinstance(sv, bool):
         scalar = step.integer(0, 1 << 62)
     return (_frozen(got) if len(got) == len(MOMENTS) else None), scalar

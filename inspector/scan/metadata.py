@@ -117,6 +117,49 @@ def step_value(step: int | float | TensorRef | None) -> int | float | None:
 _PROOF_ELEMS = 4096  # padding elements read at most for the stage-3 rank proof: a few pages, bounded
 
 
+_COPY_PROBE = 4096  # bytes of each rank's first moment compared to catch one rank file copied over another
+
+
+def copied_ranks(states: Sequence[OptimStates], source: Source) -> list[Finding]:
+    """Two rank files holding the same bytes where every rank holds its own slice of the model: one was copied
+    over the other. Compares the first few KiB of each rank's `exp_avg_sq` (or masters) of group 0; all-zero
+    content (a save before the first step) proves nothing and is skipped."""
+    seen: dict[bytes, int] = {}
+    for r, st in enumerate(states):
+        if not st.groups:
+            return []
+        g0 = st.groups[0]
+        ref = (g0.moments or {}).get("exp_avg_sq") or g0.master
+        n = min(ref.nbytes, _COPY_PROBE)
+        if n == 0:
+            return []
+        try:
+            fd = open_in(st.file, (source,))
+            try:
+                raw = os.pread(fd, n, ref.offset)
+            finally:
+                os.close(fd)
+        except (OSError, CorruptFileError):
+            return []
+        if not raw.strip(b"\0"):
+            continue
+        if raw in seen:
+            return [
+                Finding(
+                    Severity.ERROR,
+                    "rank-mismatch",
+                    f"The optimizer files of DP ranks {seen[raw]} and {r} hold the same state, though every "
+                    "rank saves its own slice: one was copied over the other, so the rebuilt values would be "
+                    "wrong.",
+                    st.file,
+                    "Restore every *_optim_states.pt from the save that wrote it; rank files cannot stand in "
+                    "for each other.",
+                )
+            ]
+        seen[raw] = r
+    return []
+
+
 def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], states: Sequence[OptimStates], source: Source) -> list[Finding]:
     """Which rank wrote the last stage-3 optimizer file, from the one thing that tells ranks apart.
 

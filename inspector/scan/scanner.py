@@ -17,7 +17,7 @@ from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.files import RankFiles, classify, load_or_finding, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.locate import Location, locate
-from inspector.scan.metadata import digest, stage3_rank_proof, step_value
+from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
 
@@ -79,9 +79,11 @@ class _Scanner:
         self._check_consistency(model, models, optims)
         param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
         layout = self._layout(model, models, optims, osd0, ws, stage3, param_shapes)
-        if stage3 and layout is not None and param_shapes and not self.findings_have_errors():
+        if layout is not None and param_shapes and not self.findings_have_errors():
             states = [o for o in optims.values() if o is not None]
-            self.findings += stage3_rank_proof(param_shapes, states, self.loc.source)
+            self.findings += copied_ranks(states, self.loc.source)
+            if stage3 and not self.findings_have_errors():
+                self.findings += stage3_rank_proof(param_shapes, states, self.loc.source)
         tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)

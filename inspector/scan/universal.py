@@ -17,8 +17,13 @@ from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
+from inspector.parse.names import escaped, name_problem
+from inspector.parse.states import ModelStates
+from inspector.parse.universal import UniversalOptimizer, param_tensor, step_value
+from inspector.scan.locate import read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
+from inspector.system.source import Source
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
@@ -26,22 +31,28 @@ _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.p
 
 def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> str | None:
     """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
-    `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there)."""
+    `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there).
+    `latest_universal` is read like `latest`: through the confined source, its content never shown."""
     path = os.path.abspath(os.path.expanduser(path))
     if tag is not None:
+        if name_problem(tag):
+            return None
         cand = os.path.join(path, tag)
-        return cand if os.path.isdir(os.path.join(cand, "zero")) else None
+        return cand if Source.at(path).is_dir(os.path.join(cand, "zero")) else None
     if os.path.isdir(os.path.join(path, "zero")):
         return path
-    latest = os.path.join(path, "latest_universal")
-    if os.path.isfile(latest) and (prefer or not os.path.isfile(os.path.join(path, "latest"))):
-        with open(latest, "rb") as fh:
-            name = fh.read(4096).decode("utf-8", "replace").strip()
+    if os.path.lexists(os.path.join(path, "latest_universal")) and (
+        prefer or not os.path.lexists(os.path.join(path, "latest"))
+    ):
+        name = read_tag_file(path, "latest_universal")
+        if name is None:
+            return None
         cand = os.path.join(path, name)
-        if name and "/" not in name and name not in (".", "..") and os.path.isdir(os.path.join(cand, "zero")):
+        if Source.at(path).is_dir(os.path.join(cand, "zero")):
             return cand
         raise NotACheckpointError(
-            f"`latest_universal` in {path} names {name!r}, which is not a universal checkpoint folder.",
+            f"`latest_universal` in {path} names the tag {shown_tag(name)}, which is not a universal "
+            "checkpoint folder inside it.",
             hint="Point at the universal folder itself.",
         )
     return None
@@ -51,57 +62,49 @@ def _segments(ref: TensorRef) -> tuple[Segment, ...]:
     return tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
 
 
-def _param_ref(path: str) -> TensorRef | None:
-    tree = load_tree(path)
-    if isinstance(tree, Mapping):
-        tree = tree.get("param")
-    return tree if isinstance(tree, TensorRef) else None
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, TensorRef) and value.numel == 1:
-        return item(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _int(value: int | float | TensorRef | None) -> int | None:
+    return item(value) if value is not None else None
 
 
 def scan_universal(folder: str) -> Checkpoint:
     folder = os.path.abspath(folder)
+    source = Source.at(folder, "universal checkpoint")
     zero = os.path.join(folder, "zero")
     findings: list[Finding] = []
-    models = sorted(n for n in os.listdir(folder) if _MODEL_RE.match(n))
+    models = [n for n in source.listdir(folder) if _MODEL_RE.match(n)]
     if not models:
         raise NotACheckpointError(
             f"{folder} has a zero/ folder but no mp_rank_00 or zero_pp_rank_0 model-states file.",
             hint="Copy the complete universal checkpoint folder.",
         )
     model_path = os.path.join(folder, models[0])
-    model = load_tree(model_path)
-    if not isinstance(model, dict):
-        raise NotACheckpointError(f"{model_path} is not a DeepSpeed model-states file.")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for group in model.get("param_shapes") or []:
-        shapes.update({n: tuple(int(d) for d in s) for n, s in group.items()})
-    module: Mapping[str, Any] = model.get("module") or {}
-    buffers = list(model.get("buffer_names") or [])
-    shared: Mapping[str, str] = model.get("shared_params") or {}
-    frozen_shapes: Mapping[str, Any] = model.get("frozen_param_shapes") or {}
-    names = sorted(os.listdir(zero)) if os.path.isdir(zero) else []
+    model = ModelStates.parse(load_tree(model_path, source), model_path)
+    shapes: dict[str, tuple[int, ...]] = {n: s for group in (model.param_shapes or ()) for n, s in group}
+    module = model.module
+    buffers = list(model.buffer_names)
+    shared = model.shared_params
+    frozen_shapes: Mapping[str, tuple[int, ...]] = model.frozen_param_shapes or {}
+    names = source.listdir(zero) if source.is_dir(zero) else []
     files = [FileInfo.stat(os.path.join(folder, n), "model", None) for n in models]
     tensors: dict[str, TensorInfo] = {}
     step: int | None = None
     for name in names:
         pdir = os.path.join(zero, name)
-        if not os.path.isdir(pdir) or name in buffers or name in shared:
+        if name_problem(name):
+            findings.append(_unsafe_folder(name, zero))
+            continue
+        if not source.is_dir(pdir) or name in buffers or name in shared:
             continue  # DeepSpeed's stage-1/2 output also writes buffers and aliases, rounded to fp32
         try:
-            fp32 = _param_ref(os.path.join(pdir, "fp32.pt"))
-            moments = {m: _param_ref(os.path.join(pdir, f"{m}.pt")) for m in MOMENTS if _has(pdir, m)}
-            if _has(pdir, "step") and step is None:
-                step = _int(load_tree(os.path.join(pdir, "step.pt")))
+            fp32 = _param(source, pdir, "fp32")
+            moments = {m: _param(source, pdir, m) for m in MOMENTS if _has(source, pdir, m)}
+            if _has(source, pdir, "step") and step is None:
+                path = os.path.join(pdir, "step.pt")
+                step = _int(step_value(load_tree(path, source), path))
         except InspectorError as exc:
             findings.append(Finding(Severity.ERROR, "unreadable", exc.message, pdir, exc.hint))
             continue
-        info = _param_tensor(name, pdir, fp32, moments, shapes, frozen_shapes, files, findings)
+        info = _param_tensor(name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source)
         if info is not None:
             tensors[name] = info
     _add_module_tensors(tensors, zero, shapes, buffers, module, shared, findings)
@@ -118,30 +121,45 @@ def scan_universal(folder: str) -> Checkpoint:
         )
     order = {n: i for i, n in enumerate([*module, *shapes])}
     ordered = sorted(tensors.values(), key=lambda t: (order.get(t.name, len(order)), t.name))
-    osd = _optimizer_state(zero, files, findings)
-    if step is None and isinstance(osd, dict):
-        state = (osd.get("optimizer_state_dict") or {}).get("state") or {}
-        first = next(iter(state.values()), None) if isinstance(state, dict) else None
-        step = _int(first.get("step")) if isinstance(first, dict) else None
+    osd = _optimizer_state(source, zero, files, findings)
+    if step is None and osd is not None:
+        step = _int(osd.step)
     return _checkpoint(folder, model, osd, ordered, files, findings, step)
+
+
+def _unsafe_folder(name: str, zero: str) -> Finding:
+    return Finding(
+        Severity.ERROR,
+        "unsafe-name",
+        f"zero/ holds a folder named {escaped(name)[:80]!r}, which is not a parameter name "
+        f"({name_problem(name)}); it was not read.",
+        zero,
+        "Treat the checkpoint as crafted; copy it again from a source you trust.",
+    )
+
+
+def _param(source: Source, pdir: str, state: str) -> TensorRef:
+    path = os.path.join(pdir, f"{state}.pt")
+    return param_tensor(load_tree(path, source), path)
 
 
 def _param_tensor(
     name: str,
     pdir: str,
     fp32: TensorRef | None,
-    moments: dict[str, TensorRef | None],
+    moments: Mapping[str, TensorRef | None],
     shapes: dict[str, tuple[int, ...]],
     frozen_shapes: Mapping[str, Any],
     files: list[FileInfo],
     findings: list[Finding],
+    source: Source,
 ) -> TensorInfo | None:
     """One zero/<name>/ folder as a tensor (its files appended to `files`); None, with a finding, when unusable."""
     if fp32 is None:
         findings.append(Finding(Severity.ERROR, "no-fp32", f"{name} has no readable fp32.pt.", pdir))
         return None
-    files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in sorted(os.listdir(pdir))]
-    shape = shapes.get(name) or (tuple(frozen_shapes[name]) if name in frozen_shapes else fp32.shape)
+    files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in source.listdir(pdir)]
+    shape = shapes.get(name) or frozen_shapes.get(name) or fp32.shape
     if math.prod(shape) != fp32.numel:
         findings.append(
             Finding(Severity.ERROR, "shape", f"{name}: {fp32.numel} elements, expected {shape}.", pdir)
@@ -168,7 +186,7 @@ def _add_module_tensors(
     zero: str,
     shapes: dict[str, tuple[int, ...]],
     buffers: list[str],
-    module: Mapping[str, Any],
+    module: Mapping[str, TensorRef],
     shared: Mapping[str, str],
     findings: list[Finding],
 ) -> None:
@@ -195,46 +213,51 @@ def _add_module_tensors(
             )
 
 
-def _optimizer_state(zero: str, files: list[FileInfo], findings: list[Finding]) -> Any:
-    """zero/optimizer_state.pt as a tree ({} with a finding when missing)."""
+def _optimizer_state(
+    source: Source, zero: str, files: list[FileInfo], findings: list[Finding]
+) -> UniversalOptimizer | None:
+    """zero/optimizer_state.pt, parsed (None with a finding when missing)."""
     opt_path = os.path.join(zero, "optimizer_state.pt")
-    osd: Any = load_tree(opt_path) if os.path.isfile(opt_path) else {}
-    if os.path.isfile(opt_path):
-        files.append(FileInfo.stat(opt_path, "optim", None))
-    else:
+    if not source.is_file(opt_path):
         findings.append(
             Finding(Severity.ERROR, "no-optimizer-state", "zero/optimizer_state.pt is missing.", zero)
         )
-    return osd
+        return None
+    files.append(FileInfo.stat(opt_path, "optim", None))
+    return UniversalOptimizer.parse(load_tree(opt_path, source), opt_path)
 
 
-def _has(pdir: str, state: str) -> bool:
-    return os.path.isfile(os.path.join(pdir, f"{state}.pt"))
+def _has(source: Source, pdir: str, state: str) -> bool:
+    return source.is_file(os.path.join(pdir, f"{state}.pt"))
+
+
+def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = cfg.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _checkpoint(
     folder: str,
-    model: dict[str, Any],
-    osd: Any,
+    model: ModelStates,
+    osd: UniversalOptimizer | None,
     tensors: list[TensorInfo],
     files: list[FileInfo],
     findings: list[Finding],
     step: int | None,
 ) -> Checkpoint:
-    raw_cfg = model.get("ds_config")
-    cfg: dict[str, Any] = raw_cfg if isinstance(raw_cfg, dict) else {}
-    raw_z = cfg.get("zero_optimization")
-    zcfg: dict[str, Any] = raw_z if isinstance(raw_z, dict) else {}
-    raw_stage = zcfg.get("stage")
-    stage: int = raw_stage if isinstance(raw_stage, int) else (3 if "zero_pp_rank" in files[0].path else 2)
+    cfg = model.ds_config
+    raw_stage = _section(cfg, "zero_optimization").get("stage")
+    stage: int = (
+        raw_stage
+        if isinstance(raw_stage, int) and not isinstance(raw_stage, bool) and 0 <= raw_stage <= 3
+        else (3 if "zero_pp_rank" in files[0].path else 2)
+    )
     compute = next(
-        (v for k, v in (("bf16", "bfloat16"), ("fp16", "float16")) if (cfg.get(k) or {}).get("enabled")),
+        (v for k, v in (("bf16", "bfloat16"), ("fp16", "float16")) if _section(cfg, k).get("enabled") is True),
         "float32",
     )
-    scaler = osd.get("loss_scaler") if isinstance(osd, dict) else None
     root, tag = os.path.split(folder)
-    version = model.get("ds_version")
-    ws = model.get("dp_world_size")
+    ws = model.dp_world_size
     return Checkpoint(
         root=root,
         tag=tag,
@@ -242,20 +265,16 @@ def _checkpoint(
         tag_dir=folder,
         layout="universal",
         stage=stage,
-        world_size=ws if isinstance(ws, int) else 0,
+        world_size=ws or 0,
         optimizer="universal",
         compute_dtype=compute,
         master_dtype="float32",
-        deepspeed_version=version if isinstance(version, str) else None,
-        global_steps=_int(model.get("global_steps")),
-        global_samples=_int(model.get("global_samples")),
+        deepspeed_version=model.ds_version,
+        global_steps=model.global_steps,
+        global_samples=model.global_samples,
         optimizer_step=step,
-        loss_scale=float(scaler.get("cur_scale"))
-        if scaler is not None and hasattr(scaler, "get") and isinstance(scaler.get("cur_scale"), int | float)
-        else None,
-        dynamic_loss_scale=bool(osd.get("dynamic_loss_scale"))
-        if isinstance(osd, dict) and "dynamic_loss_scale" in osd
-        else None,
+        loss_scale=osd.loss_scale if osd else None,
+        dynamic_loss_scale=osd.dynamic_loss_scale if osd else None,
         files=tuple(files),
         ranks=(),
         groups=(),
