@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ import inspector.convert.pipeline as pipeline
 from inspector.convert.engine import execute
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import SINGLE_NAME, build_plan
-from inspector.convert.verify import VerifyResult, read_header, run_verify
+from inspector.convert.verify import VerifyResult, run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import CancelledError
 from inspector.scan.scanner import scan
@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 S2 = DemoSpec(stage=2, world_size=2, dtype="bf16", params=120_000)
 S1_FP16 = DemoSpec(stage=1, world_size=3, dtype="fp16", params=120_000)
 S3 = DemoSpec(stage=3, world_size=2, dtype="bf16", params=120_000)
+
+
+def read_header(path: str) -> tuple[dict[str, Any], int]:
+    """The raw JSON header and where data starts, read independently of the tool's own parser."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + n]), 8 + n
 
 
 def tensors(out: Path) -> dict[str, bytes]:

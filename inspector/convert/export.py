@@ -28,8 +28,10 @@ from inspector.convert.writers.hf_folder import (
 )
 from inspector.convert.writers.merge import MergedPlan, build_merged_plan, run_merged
 from inspector.errors import InspectorError, OutputError
+from inspector.scan.basemodel import base_source
 from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.peft import ADAPTER_CONFIG, Adapter, AdapterError, detect_adapter
+from inspector.system.source import Source
 
 _PEFT_RENAMES = (
     (r"\.(lora_A|lora_B)\.{name}\.(weight|bias)$", r".\1.\2"),
@@ -176,7 +178,7 @@ def plan_export(
         )
     hf_opts, more = model_folder_options(ckpt, opts)
     plan = build_plan(ckpt, hf_opts, allow_damaged=allow_damaged)
-    side, note = config_dtype_fix(find_side_files([ckpt.root]), resolve_dtype(opts.dtype, ckpt))
+    side, note = config_dtype_fix(find_side_files([ckpt.source]), resolve_dtype(opts.dtype, ckpt))
     return ExportPlan(OutputKind.MODEL, plan, tuple(side), tuple(notes + more + ([note] if note else [])))
 
 
@@ -196,9 +198,9 @@ def _adapter_plan(
     aopts = ConvertOptions(dtype=dtype, shard_size=1 << 62, renames=renames, chunk_elems=opts.chunk_elems)
     plan = build_plan(only, aopts, allow_damaged=allow_damaged)
     plan = replace(plan, shards=(replace(plan.shards[0], filename=ADAPTER_FILE),), index=None)
-    side = [SideFile(ADAPTER_CONFIG, adapter.config_path)]
+    side = [SideFile(ADAPTER_CONFIG, adapter.config_path, origin=ckpt.source)]
     if not weights_only:
-        side += [f for f in find_side_files([ckpt.root], model=False) if f.name != ADAPTER_CONFIG]
+        side += [f for f in find_side_files([ckpt.source], model=False) if f.name != ADAPTER_CONFIG]
     notes = (
         f"Adapter {adapter.name!r}: {len(adapter.layers)} LoRA layer(s), r={adapter.r}, "
         f"lora_alpha={adapter.alpha}{', rsLoRA' if adapter.rslora else ''}; values from the fp32 masters.",
@@ -213,7 +215,7 @@ def _merged_plan(
     side: list[SideFile] = []
     notes = list(mp.notes)
     if not weights_only:
-        folders = [ckpt.root] + ([mp.base_folder] if mp.base_folder else [])
+        folders = [ckpt.source] + ([base_source(mp.base_folder)] if mp.base_folder else [])
         found = [f for f in find_side_files(folders) if f.name != ADAPTER_CONFIG]
         if not any(f.name == "config.json" for f in found):
             notes.append(
@@ -246,13 +248,26 @@ def run_export(
             yield ev
 
 
+def _copy_regular(f: SideFile, dest: str) -> None:
+    """Byte for byte from a descriptor opened through the file's folder (a link out of it, or a FIFO, is
+    refused there), in the kernel where it can."""
+    assert f.source is not None
+    src = f.origin or Source.at(os.path.dirname(f.source))
+    fd = src.open(f.source)
+    try:
+        with os.fdopen(os.dup(fd), "rb") as fin, open(dest, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+    finally:
+        os.close(fd)
+
+
 def _write_side(f: SideFile, out_dir: str, fsync: bool) -> tuple[str, int]:
     dest = os.path.join(out_dir, f.name)
     tmp = dest + ".partial"
     try:
         if f.content is None:
             assert f.source is not None
-            shutil.copyfile(f.source, tmp)  # byte for byte, in the kernel where it can
+            _copy_regular(f, tmp)
         else:
             with open(tmp, "wb") as fh:
                 fh.write(f.content)

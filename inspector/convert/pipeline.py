@@ -240,7 +240,7 @@ def write_shard(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool)
     stop, errors, written, lock = io.stop, io.errors, io.written, io.lock
-    pool = FilePool()
+    pool = FilePool(*plan.sources)
     kernel = _KernelCopy()
     threads = [
         threading.Thread(target=_reader, args=(io, limit, pool, kernel), name="zi-reader", daemon=True),

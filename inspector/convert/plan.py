@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from inspector.convert.options import SOURCES, ConvertOptions, Named, check_inputs, name_tensors
 from inspector.format.dtypes import SAFETENSORS_CODES, itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.system.source import Source
 
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
@@ -95,6 +96,7 @@ class ConversionPlan:
     aliases: dict[str, str] = field(default_factory=dict)  # deduped tied names -> stored owner
     fingerprint: str = ""
     read_bytes_by_source: dict[str, int] = field(default_factory=dict)  # what each --source would read
+    sources: tuple[Source, ...] = ()  # the folders every segment is read through (checkpoint, base model)
 
     @property
     def output_bytes(self) -> int:
@@ -261,4 +263,5 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         aliases,
         fingerprint,
         by_source,
+        (ckpt.source,),
     )

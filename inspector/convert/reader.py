@@ -131,7 +131,7 @@ def read_tensor(
     segments = info.segments if state == "fp32" else dict(info.moments)[state]
     dtype = segments[0].dtype if segments else info.dtype
     own = pool is None
-    pool = pool or FilePool()
+    pool = pool or FilePool(ckpt.source)
     try:
         return read_segments(pool, segments, dtype).reshape(info.shape)
     finally:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +28,12 @@ import numpy as np
 from inspector.convert.cast import cast_into
 from inspector.convert.plan import ADAPTER_FILE, INDEX_NAME, META_KEY, SINGLE_NAME, source_segments
 from inspector.convert.reader import FilePool
-from inspector.errors import CancelledError, CorruptFileError, InspectorError
-from inspector.format.dtypes import FROM_SAFETENSORS, itemsize, numpy_dtype
+from inspector.errors import CancelledError, CorruptFileError, InputError, InspectorError
+from inspector.format.dtypes import itemsize, numpy_dtype
+from inspector.parse.safetensors import Entry, Header, read_header, read_index
+from inspector.parse.tree import Node
 from inspector.scan.model import Checkpoint, Segment
+from inspector.system.source import Source
 
 
 @dataclass
@@ -55,38 +58,15 @@ class VerifyProgress:
     tensor: str
 
 
-def read_header(path: str) -> tuple[dict[str, Any], int]:
-    """A safetensors header and the offset where its data starts."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise ValueError("file shorter than 8 bytes")
-            n = int.from_bytes(raw, "little")
-            if n > 100_000_000:
-                raise ValueError(f"header length {n} is implausible")
-            header = json.loads(fh.read(n))
-            if not isinstance(header, dict):
-                raise ValueError("the header is not a JSON object")
-    except (OSError, ValueError) as exc:
-        raise InspectorError(
-            f"{path} is not a readable safetensors file ({exc}).", title="Bad output file"
-        ) from None
-    return header, 8 + n
-
-
-def output_files(out_dir: str) -> list[str]:
-    index = os.path.join(out_dir, INDEX_NAME)
-    if os.path.isfile(index):
-        with open(index) as fh:
-            weight_map = json.load(fh).get("weight_map", {})
-        return sorted(set(weight_map.values()))
-    if os.path.isfile(os.path.join(out_dir, SINGLE_NAME)):
-        return [SINGLE_NAME]
-    if os.path.isfile(os.path.join(out_dir, ADAPTER_FILE)):  # --adapter: one file, PEFT's tensor names
-        return [ADAPTER_FILE]
+def output_files(out: Source) -> list[str]:
+    """The safetensors files of an output folder: the index's shards, or the single file."""
+    if out.is_file(INDEX_NAME):
+        return read_index(out, os.path.join(out.root, INDEX_NAME)).files
+    for name in (SINGLE_NAME, ADAPTER_FILE):  # --adapter: one file, PEFT's tensor names
+        if out.is_file(name):
+            return [name]
     raise InspectorError(
-        f"{out_dir} holds no {SINGLE_NAME}, {INDEX_NAME} or {ADAPTER_FILE}.",
+        f"{out.root} holds no {SINGLE_NAME}, {INDEX_NAME} or {ADAPTER_FILE}.",
         hint="Point verify at the folder `convert` wrote.",
         title="Nothing to verify",
     )
@@ -118,29 +98,22 @@ def run_verify(
     """Yield progress, then one VerifyResult. `against`: "masters" or "module" (default: the source the
     output records it was converted from). Cancelling raises CancelledError, as the converter does."""
     res = VerifyResult()
-    files = output_files(out_dir)
-    headers = [(f, *read_header(os.path.join(out_dir, f))) for f in files]
-    meta = _output_meta(headers)
-    renamed: dict[str, str] = meta.get("renamed", {})
-    aliases: dict[str, str] = meta.get("aliases", {})
-    source = against or meta.get("source", "masters")
+    out = Source.at(out_dir, "output folder")
+    files = output_files(out)
+    headers = [read_header(out, os.path.join(out.root, f), exact=False) for f in files]
+    meta = output_meta(headers)
+    renamed, aliases = meta.renamed, meta.aliases
+    source = against or meta.source
     if source not in ("masters", "module"):
         raise InspectorError(f"Unknown verify source {source!r}.", hint="Use masters or module.")
-    total = sum(
-        int(v["data_offsets"][1]) - int(v["data_offsets"][0])
-        for _, h, _ in headers
-        for k, v in h.items()
-        if k != "__metadata__"
-    )
+    total = sum(e.end - e.begin for h in headers for e in h.entries)
     seen: set[str] = set()
     done = 0
-    with FilePool() as pool:
-        for fname, header, base in headers:
-            path = os.path.join(out_dir, fname)
-            size = os.path.getsize(path)
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
+    with FilePool(ckpt.source, out) as pool:
+        for fname, header in zip(files, headers, strict=True):
+            path, size, base = header.file, header.file_size, header.data_start
+            for info in header.entries:
+                name = info.name
                 if cancel is not None and cancel.is_set():
                     raise CancelledError("Verification cancelled.")
                 src_name = renamed.get(name, name)
@@ -168,14 +141,46 @@ def run_verify(
     yield res
 
 
-def _output_meta(headers: list[tuple[str, dict[str, Any], int]]) -> dict[str, Any]:
-    """The converter's metadata from the first output header that records it ({} if none does)."""
-    for _, h, _ in headers:
-        raw = (h.get("__metadata__") or {}).get(META_KEY)
-        if raw:
-            meta: dict[str, Any] = json.loads(raw)
-            return meta
-    return {}
+@dataclass(frozen=True)
+class OutputMeta:
+    """What the converter recorded in an output's header metadata (defaults when nothing is recorded)."""
+
+    source: str = "masters"
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    filtered: bool = False
+    tag: str | None = None
+
+
+def output_meta(headers: Sequence[Header]) -> OutputMeta:
+    """The converter's metadata from the first output header that records it, typed like everything read."""
+    for h in headers:
+        raw = h.metadata.get(META_KEY)
+        if not raw:
+            continue
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise InputError(h.file, f"__metadata__.{META_KEY}", "is not valid JSON") from None
+        return _meta(Node(doc, h.file, f"__metadata__.{META_KEY}"))
+    return OutputMeta()
+
+
+def _pairs(node: Node) -> dict[str, str]:
+    return {} if node.is_none() else {k: v.name("tensor name") for k, v in node.entries("tensor name")}
+
+
+def _meta(node: Node) -> OutputMeta:
+    if not node.is_mapping():
+        raise node.fail("is not a JSON object")
+    src, tag, filtered = node.at("source"), node.at("source_tag"), node.at("filtered").value
+    return OutputMeta(
+        src.text(16) if not src.is_none() else "masters",
+        _pairs(node.at("renamed")),
+        _pairs(node.at("aliases")),
+        filtered is True,
+        tag.name("tag") if not tag.is_none() else None,
+    )
 
 
 def _check_tensor(
@@ -184,7 +189,7 @@ def _check_tensor(
     ckpt: Checkpoint,
     src_name: str,
     name: str,
-    info: dict[str, Any],
+    info: Entry,
     fname: str,
     path: str,
     size: int,
@@ -200,9 +205,8 @@ def _check_tensor(
     except KeyError:
         res.unexpected.append(name)
         return None
-    out_dtype = FROM_SAFETENSORS.get(info["dtype"], "")
-    begin, end = (int(x) for x in info["data_offsets"])
-    if tuple(info["shape"]) != src.shape or not out_dtype or (end - begin) != src.numel * itemsize(out_dtype):
+    out_dtype, begin, end = info.dtype, info.begin, info.end
+    if info.shape != src.shape or (end - begin) != src.numel * itemsize(out_dtype):
         res.mismatched.append(f"{name} (shape/dtype)")
         return None
     if base + end > size:  # a cut-off output file is a verify failure, not a damaged checkpoint
@@ -225,17 +229,17 @@ def _finish(
     res: VerifyResult,
     ckpt: Checkpoint,
     files: list[str],
-    headers: list[tuple[str, dict[str, Any], int]],
-    meta: dict[str, Any],
+    headers: list[Header],
+    meta: OutputMeta,
     source: str,
-    renamed: dict[str, str],
-    aliases: dict[str, str],
+    renamed: Mapping[str, str],
+    aliases: Mapping[str, str],
     seen: set[str],
 ) -> None:
     """After every tensor: deduplicated aliases, source tensors absent from the output, and notes."""
     for alias, owner in aliases.items():
         seen.add(renamed.get(alias, alias))
-        if owner not in {n for _, h, _ in headers for n in h}:
+        if owner not in {n for h in headers for n in h.names()}:
             res.missing.append(f"{owner} (owner of deduplicated alias {alias})")
     if res.unexpected and ckpt.errors:  # not unexpected: they live in files the scan could not read
         res.notes.append(
@@ -247,14 +251,12 @@ def _finish(
     if files == [ADAPTER_FILE]:  # the export plan keeps only the adapter's tensors (and records no filter)
         absent = _adapter_absent(ckpt, absent)
         res.notes.append("Checked the PEFT adapter's tensors (the checkpoint's other tensors are not in it).")
-    if absent and meta.get("filtered"):
+    if absent and meta.filtered:
         res.notes.append(f"{len(absent)} checkpoint tensors were left out by the conversion's selection.")
     elif absent:
         res.missing += absent
-    if source != meta.get("source", "masters"):
-        res.notes.append(
-            f"Checked against the {source} (converted from the {meta.get('source', 'masters')})."
-        )
+    if source != meta.source:
+        res.notes.append(f"Checked against the {source} (converted from the {meta.source}).")
 
 
 def _pieces(segments: Sequence[Segment], limit: int) -> Iterator[list[Segment]]:

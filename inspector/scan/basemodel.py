@@ -7,16 +7,13 @@ single Segment, and the same positioned reads that serve the DeepSpeed files ser
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.format.dtypes import FROM_SAFETENSORS, itemsize
+from inspector.parse.safetensors import read_header, read_index
 from inspector.scan.model import Kind, Segment, TensorInfo
-
-_MAX_HEADER = 100_000_000
+from inspector.system.source import Source
 
 
 class BaseModelError(InspectorError):
@@ -32,58 +29,45 @@ class BaseModel:
     files: tuple[str, ...]
 
 
-def _header(path: str) -> tuple[dict[str, Any], int, int]:
-    """(header, where data starts, file size)."""
+def base_source(folder: str) -> Source:
+    """The folder a base model is read through. In the Hugging Face hub cache a snapshot's files are links
+    into the repository's `blobs/` (`models--org--name/snapshots/<rev>/x -> ../../blobs/<sha>`): there the
+    repository folder is the root, so those links stay inside it and any other link out is still refused."""
+    real = os.path.realpath(folder)
+    snapshots = os.path.dirname(real)
+    repo = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith("models--"):
+        return Source.at(repo, "base model")
+    return Source.at(real, "base model")
+
+
+def read_safetensors(path: str, source: Source | None = None) -> list[TensorInfo]:
+    """Every tensor of one safetensors file, each as a single Segment (header checked, offsets in bounds)."""
+    src = source or Source.at(os.path.dirname(os.path.abspath(path)), "base model")
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
-            if not 0 < n <= _MAX_HEADER:
-                raise ValueError("bad header length")
-            header = json.loads(fh.read(n))
-        size = os.path.getsize(path)
-    except (OSError, ValueError) as exc:
-        raise BaseModelError(f"{path} is not a readable safetensors file ({exc}).") from None
-    if not isinstance(header, dict):
-        raise BaseModelError(f"{path} has a malformed safetensors header.")
-    return header, 8 + n, size
-
-
-def read_safetensors(path: str) -> list[TensorInfo]:
-    """Every tensor of one safetensors file, each as a single Segment (offsets checked against the size)."""
-    header, start, size = _header(path)
-    out = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = FROM_SAFETENSORS[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise BaseModelError(f"{path}: tensor {name!r} has an unsupported or malformed entry.") from None
-        numel = 1
-        for d in shape:
-            numel *= d
-        if end - begin != numel * itemsize(dtype) or start + end > size or begin < 0:
-            raise BaseModelError(f"{path}: tensor {name!r} lies outside the file or has the wrong size.")
-        out.append(TensorInfo(name, shape, dtype, Kind.FROZEN, (Segment(path, start + begin, numel, dtype),)))
-    return out
+        header = read_header(src, path)
+    except InspectorError as exc:
+        raise BaseModelError(exc.message, hint=exc.hint or "Use a complete copy of the base model.") from None
+    return [
+        TensorInfo(e.name, e.shape, e.dtype, Kind.FROZEN, (Segment(path, header.data_start + e.begin, e.numel, e.dtype),))
+        for e in header.entries
+    ]
 
 
 def read_base_model(folder: str) -> BaseModel:
-    """All tensors of `model.safetensors` or the shards its index names."""
+    """All tensors of `model.safetensors` or the shards its index names, read through the base's Source."""
+    src = base_source(folder)
     index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    if src.is_file(index):
         try:
-            with open(index, encoding="utf-8") as fh:
-                files = sorted(set(json.load(fh)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as exc:
-            raise BaseModelError(f"{index} is not a readable index ({exc}).") from None
-    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
+            files = read_index(src, index).files
+        except InspectorError as exc:
+            raise BaseModelError(exc.message, hint="Use a complete copy of the base model.") from None
+    elif src.is_file(os.path.join(folder, "model.safetensors")):
         files = ["model.safetensors"]
     else:
-        bins = [n for n in os.listdir(folder) if n.endswith(".bin") or n.endswith(".pt")]
+        names = src.listdir(folder) if src.is_dir(folder) else []
+        bins = [n for n in names if n.endswith(".bin") or n.endswith(".pt")]
         raise BaseModelError(
             f"{folder} holds no model.safetensors (or index).",
             hint=(
@@ -94,9 +78,7 @@ def read_base_model(folder: str) -> BaseModel:
         )
     tensors: list[TensorInfo] = []
     for f in files:
-        if os.path.basename(f) != f:
-            raise BaseModelError(f"{index} names {f!r}, which is not a file in {folder}.")
-        tensors += read_safetensors(os.path.join(folder, f))
+        tensors += read_safetensors(os.path.join(folder, f), src)
     return BaseModel(folder, tuple(tensors), tuple(files))
 
 

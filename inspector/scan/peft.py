@@ -10,7 +10,6 @@ with rsLoRA, honouring `rank_pattern` / `alpha_pattern` as PEFT does.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -19,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
+from inspector.parse.config import adapter_config
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
+from inspector.system.source import Source
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
@@ -131,17 +132,17 @@ def peft_key(name: str, adapter: str) -> str:
 
 
 def read_adapter_config(folder: str) -> tuple[dict[str, Any], str] | None:
-    path = os.path.join(folder, ADAPTER_CONFIG)
-    if not os.path.isfile(path):
+    """adapter_config.json beside the checkpoint, read through its Source and typed (the fields we use)."""
+    source = Source.at(folder, "checkpoint")
+    path = os.path.join(source.root, ADAPTER_CONFIG)
+    kind = source.kind(path)
+    if kind == "missing":
         return None
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise AdapterError(f"{path} is not readable JSON ({exc}).", hint="Fix or remove the file.") from None
-    if not isinstance(data, dict):
-        raise AdapterError(f"{path} does not hold a JSON object.", hint="Fix or remove the file.")
-    return data, path
+        data = source.read_json(path, 4 << 20, "adapter config")
+    except InspectorError as exc:
+        raise AdapterError(exc.message, hint="Fix or remove the file.") from None
+    return adapter_config(data, path), path
 
 
 def _pattern_value(patterns: Mapping[str, Any], key: str, default: Any) -> Any:

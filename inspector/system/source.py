@@ -190,7 +190,7 @@ class Source:
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
             raise CorruptFileError(
-                f"{shown(full)}: not a valid {what}{where}.",
+                f"{shown(full)}: not readable JSON{where}, so not a valid {what}.",
                 hint="Fix or replace the file.",
             ) from None
 

@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass, replace
 
 from inspector.convert.options import ConvertOptions
+from inspector.errors import CorruptFileError, InspectorError
 from inspector.scan.model import Checkpoint, Kind
+from inspector.system.source import Source
 
 CONFIG = "config.json"
 # what from_pretrained / AutoTokenizer / AutoProcessor read; transformers 5 writes the chat template apart
@@ -41,13 +43,18 @@ REMOTE_CODE = ("configuration_*.py", "modeling_*.py", "tokenization_*.py", "proc
 WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_forward_module.")
 
 
+_CONFIG_MAX = 16 << 20  # a config.json is kilobytes; a larger one is not parsed
+
+
 @dataclass(frozen=True)
 class SideFile:
-    """A file written beside the weights: copied from `source`, or `content` we wrote (an edited config)."""
+    """A file written beside the weights: copied from `source` (read through `origin`, the folder it was
+    found in, so a link out of it is never followed), or `content` we wrote (an edited config)."""
 
     name: str
     source: str | None
     content: bytes | None = None
+    origin: Source | None = None
 
     @property
     def nbytes(self) -> int:
@@ -56,30 +63,43 @@ class SideFile:
         return os.path.getsize(self.source) if self.source else 0
 
 
-def _listed(folder: str, patterns: tuple[str, ...]) -> list[str]:
+def _listed(src: Source, patterns: tuple[str, ...]) -> list[str]:
+    """Names in the folder that match; each must be a regular file inside it (an upload-ready folder must
+    never carry a key or /proc/self/environ that a link pointed at)."""
     try:
-        names = sorted(os.listdir(folder))
-    except OSError:
+        names = src.listdir(src.root)
+    except InspectorError:
         return []
-    return [
-        n
-        for n in names
-        if any(fnmatch.fnmatchcase(n, p) for p in patterns) and os.path.isfile(os.path.join(folder, n))
-    ]
+    out = []
+    for n in names:
+        if not any(fnmatch.fnmatchcase(n, p) for p in patterns):
+            continue
+        kind = src.kind(n)
+        if kind == "file":
+            out.append(n)
+        elif kind in ("outside", "other"):
+            why = "a link to a file outside it" if kind == "outside" else "not a regular file"
+            raise CorruptFileError(
+                f"{os.path.join(src.root, n)} is {why}; it would be copied into the output folder, so it was "
+                "not read.",
+                hint="Replace it with the real file, or write the weights alone with --format weights.",
+                title="Unsafe file beside the checkpoint",
+            )
+    return out
 
 
-def find_side_files(folders: list[str], *, model: bool = True) -> list[SideFile]:
+def find_side_files(folders: list[Source], *, model: bool = True) -> list[SideFile]:
     """Config and tokenizer files from the first folder that has each (the checkpoint first, then a base)."""
     patterns = TOKENIZER_FILES + ((*MODEL_FILES, *REMOTE_CODE) if model else ())
     chosen: dict[str, SideFile] = {}
-    for folder in folders:
-        for name in _listed(folder, patterns):
-            chosen.setdefault(name, SideFile(name, os.path.join(folder, name)))
+    for src in folders:
+        for name in _listed(src, patterns):
+            chosen.setdefault(name, SideFile(name, os.path.join(src.root, name), origin=src))
     return list(chosen.values())
 
 
 def has_model_config(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, CONFIG))
+    return Source.at(folder).is_file(CONFIG)
 
 
 def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFile], str | None]:
@@ -91,9 +111,8 @@ def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFil
             out.append(f)
             continue
         try:
-            with open(f.source, encoding="utf-8") as fh:
-                cfg = json.load(fh)
-        except (OSError, ValueError):
+            cfg = (f.origin or Source.at(os.path.dirname(f.source))).read_json(f.source, _CONFIG_MAX, "config")
+        except InspectorError:
             out.append(f)  # copied as is; from_pretrained will say what is wrong with it
             continue
         keys = [k for k in ("dtype", "torch_dtype") if isinstance(cfg, dict) and k in cfg]
@@ -108,7 +127,7 @@ def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFil
             f"the copy says {out_dtype}."
         )
         content = (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()  # as transformers writes it
-        out.append(SideFile(f.name, f.source, content))
+        out.append(SideFile(f.name, f.source, content, f.origin))
     return out, note
 
 

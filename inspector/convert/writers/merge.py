@@ -27,9 +27,10 @@ from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, buil
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError, InspectorError, OutputError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
-from inspector.scan.basemodel import BaseModel, BaseModelError, read_base_model, resolve_base
+from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
+from inspector.system.source import Source
 
 _EVENT_INTERVAL = 0.25
 MERGED_KEY = "merged_adapter"
@@ -109,6 +110,8 @@ def build_merged_plan(
     synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
     plan = build_plan(synthetic, replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False))
     plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header)) for s in plan.shards))
+    if folder is not None:
+        plan = replace(plan, sources=(*plan.sources, base_source(folder)))
     kept = {t.name for s in plan.shards for t in s.tensors}
     merges = {n: m for n, m in merges.items() if n in kept}
     for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
@@ -130,13 +133,16 @@ def _mark_merged(header: bytes) -> bytes:
 
 def is_merged_output(out_dir: str) -> bool:
     """Whether `out_dir` holds a --merge-adapter output (its values are not the checkpoint's, by design)."""
-    from inspector.convert.verify import output_files, read_header
+    from inspector.convert.verify import output_files
+    from inspector.parse.safetensors import read_header
 
     try:
-        header, _ = read_header(os.path.join(out_dir, output_files(out_dir)[0]))
-        raw = (header.get("__metadata__") or {}).get(META_KEY)
-        return bool(raw and json.loads(raw).get(MERGED_KEY))
-    except (InspectorError, ValueError, AttributeError):
+        out = Source.at(out_dir, "output folder")
+        header = read_header(out, os.path.join(out.root, output_files(out)[0]), exact=False)
+        raw = header.metadata.get(META_KEY)
+        doc = json.loads(raw) if raw else {}
+        return isinstance(doc, dict) and doc.get(MERGED_KEY) is True
+    except (InspectorError, ValueError, RecursionError):
         return False
 
 
@@ -223,7 +229,7 @@ def run_merged(
     start = last = time.monotonic()
     done = 0
     ok = False
-    pool = FilePool()
+    pool = FilePool(*mp.plan.sources)
     try:
         for i, shard in enumerate(plan.shards):
             fd = os.open(files[i][1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

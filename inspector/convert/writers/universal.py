@@ -30,6 +30,7 @@ import numpy as np
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
+from inspector.system.source import Source, open_in
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")
 CHUNK_BYTES = 16 << 20
@@ -74,6 +75,7 @@ class UniversalPlan:
     copies: tuple[tuple[str, str], ...]  # (source path, name in the folder): model-states files
     optim_file: str  # rank 0's optimizer file: global state, hyperparameters and steps
     source: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) of every source file
+    sources: tuple[Source, ...] = ()  # the folders the source files are read through
 
     @property
     def out_dir(self) -> str:
@@ -128,6 +130,7 @@ def plan_universal(ckpt: Checkpoint, out_root: str, folder: str | None = None) -
         copies=copies,
         optim_file=optim0,
         source=tuple((f.path, f.size, f.mtime_ns) for f in ckpt.files),
+        sources=(ckpt.source,),
     )
 
 
@@ -221,7 +224,7 @@ def _write_locked(
         from inspector.convert.reader import FilePool
         from inspector.convert.writers.universal_state import write_small
 
-        with FilePool() as pool:
+        with FilePool(*plan.sources) as pool:
             write_small(plan, staging, pw)
             # files are independent; pread, crc32 and write release the GIL
             n = workers or default_workers()
@@ -236,7 +239,7 @@ def _write_locked(
             for src, name in plan.copies:
                 dst = os.path.join(staging, name)
                 if not os.path.exists(dst):
-                    shutil.copyfile(src, dst + ".tmp")  # sendfile in the kernel: no user-space buffer
+                    _copy_through(plan, src, dst + ".tmp")
                     os.replace(dst + ".tmp", dst)
                 report(os.path.getsize(dst))
     except OSError as exc:
@@ -255,6 +258,16 @@ def _write_locked(
         fh.write(plan.folder)
     os.replace(tmp, os.path.join(plan.out_root, LATEST))
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
+
+
+def _copy_through(plan: UniversalPlan, src: str, dest: str) -> None:
+    """A model-states file, byte for byte, from a descriptor opened through the checkpoint's source."""
+    fd = open_in(src, plan.sources)
+    try:
+        with os.fdopen(os.dup(fd), "rb") as fin, open(dest, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+    finally:
+        os.close(fd)
 
 
 def default_workers() -> int:

@@ -27,7 +27,7 @@ _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of
 
 def write_small(plan: UniversalPlan, staging: str, pw: Any) -> None:
     """`zero/optimizer_state.pt` and the stage-1/2 `step.pt` files, from rank 0's optimizer state."""
-    tree = load_tree(plan.optim_file)
+    tree = load_tree(plan.optim_file, plan.sources[0] if plan.sources else None)
     osd = tree.get("optimizer_state_dict") if isinstance(tree, dict) else None
     if not isinstance(osd, dict):
         raise DamagedCheckpointError(f"{plan.optim_file} has no optimizer_state_dict.")

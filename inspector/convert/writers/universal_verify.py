@@ -77,7 +77,7 @@ def verify_universal(
     from inspector.convert.reader import FilePool
 
     done = 0
-    with FilePool() as pool:
+    with FilePool(src.source, uni.source) as pool:
         for label, a, b in jobs:
             same = True
             for x, y in zip(_chunks(pool, a), _chunks(pool, b), strict=True):

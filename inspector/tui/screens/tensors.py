@@ -228,7 +228,7 @@ class TensorsPane(Horizontal):
 
         post = self.post_message
         try:
-            with FilePool() as pool:
+            with FilePool(ckpt.source) as pool:
                 for ev in tensor_stats(t.segments, pool, cancel):
                     if isinstance(ev, TensorStats):
                         post(StatsUpdate(t.name, result=stats_renderable(ev)))
