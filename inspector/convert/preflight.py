@@ -17,7 +17,7 @@ from typing import Any
 
 from inspector.convert.plan import ConversionPlan
 from inspector.scan.model import Kind
-from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes
+from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 from inspector.system.units import format_bytes
 
 # calibrated: peak RSS of a fresh `zero-inspector convert` process before its buffers (interpreter, numpy,
@@ -59,6 +59,7 @@ class Assessment:
     fits_memory: bool
     fits_disk: bool
     fits_address_space: bool
+    unwritable: str = ""  # why the output cannot be created there ("" when it can)
 
     @property
     def fits(self) -> bool:
@@ -85,7 +86,9 @@ class Assessment:
                 f"RLIMIT_AS ({format_bytes(self.budget.address_space_limit or 0)}) is below the "
                 f"{format_bytes(self.predicted_vms)} of address space the converter needs"
             )
-        if not self.fits_disk:
+        if self.unwritable:
+            parts.append(f"the output cannot be written: {self.unwritable}")
+        elif not self.fits_disk:
             parts.append(
                 f"the output needs {format_bytes(self.output_bytes)} but {self.out_dir} has "
                 f"{format_bytes(self.free_disk)} free"
@@ -96,7 +99,9 @@ class Assessment:
     @property
     def advice(self) -> str:
         tips = []
-        if not self.fits_disk:
+        if self.unwritable:
+            tips.append("choose an output folder you can write to")
+        elif not self.fits_disk:
             tips.append("free disk space or choose an output folder on another disk")
         if not self.fits_memory:
             tips.append(
@@ -174,6 +179,7 @@ def assess(
         output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S
     )
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
+    blocked = unwritable(out_dir)
     return Assessment(
         predicted_peak_rss=peak,
         predicted_vms=vms_peak,
@@ -185,8 +191,9 @@ def assess(
         free_disk=free,
         out_dir=out_dir,
         fits_memory=peak <= headroom,
-        fits_disk=output_bytes <= free,
+        fits_disk=output_bytes <= free and not blocked,
         fits_address_space=budget.address_space_limit is None or vms_peak <= budget.address_space_limit,
+        unwritable=blocked,
     )
 
 
@@ -211,6 +218,7 @@ def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
             {"source": lim.source, "bytes": lim.bytes, "detail": lim.detail} for lim in a.budget.limits
         ],
         "free_disk_bytes": a.free_disk,
+        "output_writable": not a.unwritable,
         "disk_margin_bytes": a.disk_margin,
         "out_dir": a.out_dir,
         "deepspeed_zero_to_fp32_peak_rss_bytes": a.deepspeed_peak_rss,

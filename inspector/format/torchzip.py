@@ -33,6 +33,7 @@ from inspector.format.records import (
 )
 from inspector.format.zipreader import TorchZip
 from inspector.system.source import Source
+from inspector.system.units import printable
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,30 @@ def view_problem(ref: TensorRef) -> str:
             f"it reaches byte {ref.extent_bytes()} of a {ref.storage.nbytes}-byte storage "
             f"(offset {ref.storage_offset}, shape {ref.shape}, strides {ref.stride})"
         )
+    runs = run_count(ref)
+    if runs > MAX_RUNS or runs > max(1, ref.storage.nbytes // size):
+        return (
+            f"it is a strided or expanded view of {runs:,} separate pieces of a {ref.storage.nbytes:,}-byte "
+            "storage; reading it piece by piece would cost out of proportion to the file "
+            "(re-save it with .contiguous())"
+        )
     return ""
+
+
+MAX_RUNS = 1 << 20  # pieces one tensor view may have: each becomes a Segment (~100 bytes) in the scan
+
+
+def run_count(ref: TensorRef) -> int:
+    """How many contiguous runs `runs()` would yield, computed without yielding them."""
+    if ref.numel == 0:
+        return 0
+    inner, expected = 1, 1
+    dims = [(d, s) for d, s in zip(ref.shape, ref.stride, strict=True) if d != 1]
+    while dims and dims[-1][1] == expected:
+        inner *= dims[-1][0]
+        expected *= dims[-1][0]
+        dims.pop()
+    return ref.numel // inner
 
 
 _INERT_RECORDS = {
@@ -273,7 +297,7 @@ class SafeUnpickler(pickle.Unpickler):
         if not (
             isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _Token)
         ):
-            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+            raise pickle.UnpicklingError("a persistent id that is not a torch storage")
         _, dtype_tok, key, _location, numel = pid
         if not _is_int(numel) or numel < 0 or dtype_tok.name not in ITEMSIZE:
             raise pickle.UnpicklingError(f"bad storage size or dtype in persistent id {key!r}")
@@ -373,8 +397,11 @@ def load(path: str | os.PathLike[str], source: Source | None = None) -> tuple[An
         try:
             _check_memo(data)
             tree = SafeUnpickler(data, archive).load()
+            check_tree(tree, len(data))
         except (
             MemoryError,
+            RecursionError,
+            TreeError,
             pickle.UnpicklingError,
             EOFError,
             ValueError,
@@ -384,14 +411,52 @@ def load(path: str | os.PathLike[str], source: Source | None = None) -> tuple[An
             KeyError,
             UnicodeDecodeError,
         ) as exc:
+            why = str(exc) if isinstance(exc, TreeError | pickle.UnpicklingError) else type(exc).__name__
             raise CorruptFileError(
-                f"{archive.path}: the pickle in this file cannot be read ({exc}).",
+                f"{printable(archive.path)}: the pickle in this file cannot be read ({printable(why)[:200]}).",
                 hint="The file is damaged or not a DeepSpeed checkpoint.",
             ) from None
     except BaseException:
         archive.close()
         raise
     return tree, archive
+
+
+MAX_DEPTH = 100  # DeepSpeed's trees are under 10 deep; JSON configs a few more
+TREE_BASE = 200_000
+TREE_PER_BYTE = 4
+
+
+class TreeError(ValueError):
+    """The unpickled tree is deeper, or (through shared sub-trees) larger, than its bytes allow."""
+
+
+def check_tree(tree: Any, nbytes: int) -> None:
+    """Refuse a tree that later walkers could not afford. A pickle can share one sub-tree from many places
+    (memo references), so 100 KB can describe 2^40 paths; and it can nest thousands deep. Every walker after
+    this (digests, typed records, JSON) visits paths, so the paths are counted here, once, iteratively, and
+    refused past `TREE_BASE + TREE_PER_BYTE * nbytes` visits or `MAX_DEPTH` levels."""
+    budget = TREE_BASE + TREE_PER_BYTE * nbytes
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    visits = 0
+    while stack:
+        node, depth = stack.pop()
+        visits += 1
+        if visits > budget:
+            raise TreeError(f"its shared sub-trees expand past {budget:,} nodes")
+        if depth > MAX_DEPTH:
+            raise TreeError(f"it nests more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for kv in node.items() for v in kv)
+            attrs = getattr(node, "__dict__", None)
+            if attrs:
+                stack.extend((v, depth + 1) for v in attrs.values())
+        elif isinstance(node, list | tuple | set | frozenset):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, Record):
+            stack.extend((v, depth + 1) for v in node.__dict__.values())
+        elif isinstance(node, TensorRef) and node.attrs:
+            stack.extend((v, depth + 1) for v in node.attrs.values())
 
 
 def load_tree(path: str | os.PathLike[str], source: Source | None = None) -> Any:

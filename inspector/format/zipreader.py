@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.system.source import Source, open_in, os_error
+from inspector.system.units import printable
 
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
 _CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
+_MAX_DIRECTORY = 64 << 20  # a torch archive's directory is ~100 bytes per storage: 64 MiB is ~600k storages
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,8 @@ class TorchZip:
 
     def __init__(self, path: str | os.PathLike[str], source: Source | None = None) -> None:
         self.path = os.fspath(path)
-        self.fd = open_in(self.path, (source,) if source else ())
+        self.shown = printable(self.path)  # for messages: control characters escaped
+        self.fd = open_in(os.fspath(path), (source,) if source else ())
         try:
             self.file_size = os.fstat(self.fd).st_size
             self.entries = self._read_directory()
@@ -66,64 +69,63 @@ class TorchZip:
 
     def _truncated(self, why: str) -> CorruptFileError:
         return CorruptFileError(
-            f"{self.path}: the file is truncated or damaged ({why}; file size {self.file_size} bytes).",
+            f"{self.shown}: the file is truncated or damaged ({why}; file size {self.file_size} bytes).",
             hint="It was probably cut off while saving or copying; copy it again from the source.",
         )
 
     def _read_directory(self) -> dict[str, ZipEntry]:
         if self.file_size == 0:
             raise CorruptFileError(
-                f"{self.path}: the file is empty (0 bytes).",
+                f"{self.shown}: the file is empty (0 bytes).",
                 hint="It was probably cut off while saving or copying; copy it again.",
             )
         head = os.pread(self.fd, 4, 0)
         if head != _LOCAL:
             if head[:1] == b"\x80":
                 raise UnsupportedCheckpointError(
-                    f"{self.path}: legacy (non-zip) torch.save format.",
+                    f"{self.shown}: legacy (non-zip) torch.save format.",
                     hint="It was saved with checkpoint_serialization=false or torch<1.6; re-save it with "
                     "torch.save's default zip format, or load it with torch.load in a trusted environment.",
                 )
             raise CorruptFileError(
-                f"{self.path}: not a torch.save archive (starts with {head!r}).",
+                f"{self.shown}: not a torch.save archive (it does not start like a zip file).",
                 hint="Only DeepSpeed/torch .pt files can be read here.",
             )
-        tail_len = min(self.file_size, 65536 + 22)
-        tail = os.pread(self.fd, tail_len, self.file_size - tail_len)
-        pos = tail.rfind(_EOCD)
-        if pos < 0 or len(tail) - pos < 22:
-            raise self._truncated("no zip end-of-directory record")
-        eocd_off = self.file_size - tail_len + pos
-        (_, _, _, count, cd_size, cd_off, _) = struct.unpack("<4H2LH", tail[pos + 4 : pos + 22])
-        if eocd_off >= 20:
-            loc = os.pread(self.fd, 20, eocd_off - 20)
-            if loc[:4] == _EOCD64_LOC:
-                (eocd64_off,) = struct.unpack("<Q", loc[8:16])
-                rec = self.pread(56, eocd64_off)
-                if rec[:4] != _EOCD64:
-                    raise self._truncated("bad zip64 end-of-directory record")
-                count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
-        if cd_off + cd_size > self.file_size:
-            raise self._truncated("central directory past end of file")
+        count, cd_size, cd_off, eocd_off = self._end_record()
+        # a real directory entry is 46 bytes plus a name and extras; bound the read by what `count` entries
+        # can need and by the file, so a crafted size cannot make us read the whole rank file into memory
+        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF) or cd_size > _MAX_DIRECTORY:
+            raise self._truncated("the central directory's size and entry count disagree")
+        if cd_off + cd_size > eocd_off:
+            raise self._truncated("central directory past its end record")
         cd = self.pread(cd_size, cd_off)
         entries: dict[str, ZipEntry] = {}
         p = 0
         for _ in range(count):
-            if cd[p : p + 4] != _CDIR:
+            if cd[p : p + 4] != _CDIR or p + 46 > len(cd):
                 raise self._truncated("bad central directory entry")
             (method, csize, usize, nlen, xlen, clen, hoff) = struct.unpack(
                 "<H8xLLHHH8xL", cd[p + 10 : p + 46]
             )
-            name = cd[p + 46 : p + 46 + nlen].decode("utf-8", "replace")
+            if p + 46 + nlen + xlen + clen > len(cd):
+                raise self._truncated("a central directory entry runs past the directory")
+            try:
+                name = cd[p + 46 : p + 46 + nlen].decode("utf-8")
+            except UnicodeDecodeError:
+                raise self._truncated("an entry name is not UTF-8") from None
             extra = cd[p + 46 + nlen : p + 46 + nlen + xlen]
             if 0xFFFFFFFF in (csize, usize, hoff):
-                usize, csize, hoff = _zip64_extra(extra, usize, csize, hoff)
+                usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff)
             if method != 0 or csize != usize:
                 raise CorruptFileError(
-                    f"{self.path}: entry {name} is compressed (method {method}).",
+                    f"{self.shown}: entry {printable(name)} is compressed (method {method}).",
                     hint="torch.save never compresses; the file was re-zipped. "
                     "Re-save it with torch.save or re-zip with `zip -0`.",
                 )
+            if name in entries:
+                raise self._truncated("two entries have the same name")
+            if hoff + 30 > cd_off or usize > self.file_size:
+                raise self._truncated(f"entry {printable(name)} lies outside the file")
             entries[name] = ZipEntry(name, hoff, usize, method)
             p += 46 + nlen + xlen + clen
         self._bounds = self._entry_bounds(entries, cd_off)
@@ -143,11 +145,70 @@ class TorchZip:
             bounds[e.name] = end
         return bounds
 
+    def _end_record(self) -> tuple[int, int, int, int]:
+        """(entry count, directory size, directory offset, end-record offset) from the real end record: the
+        last `PK\\x05\\x06` whose comment length reaches exactly the end of the file (a comment can hold
+        the signature itself), then its zip64 record when the locator before it points at one."""
+        tail_len = min(self.file_size, 65536 + 22)
+        tail = self.pread(tail_len, self.file_size - tail_len)
+        pos = tail.rfind(_EOCD)
+        while pos >= 0:
+            if len(tail) - pos >= 22:
+                (clen,) = struct.unpack("<H", tail[pos + 20 : pos + 22])
+                if pos + 22 + clen == len(tail):
+                    break
+            pos = tail.rfind(_EOCD, 0, pos)
+        if pos < 0:
+            raise self._truncated("no zip end-of-directory record")
+        eocd_off = self.file_size - tail_len + pos
+        (_, _, _, count, cd_size, cd_off, _) = struct.unpack("<4H2LH", tail[pos + 4 : pos + 22])
+        if eocd_off >= 20:
+            loc = self.pread(20, eocd_off - 20)
+            if loc[:4] == _EOCD64_LOC:
+                (eocd64_off,) = struct.unpack("<Q", loc[8:16])
+                if eocd64_off + 56 > eocd_off - 20:
+                    raise self._truncated("the zip64 end record lies past its locator")
+                rec = self.pread(56, eocd64_off)
+                if rec[:4] != _EOCD64:
+                    raise self._truncated("bad zip64 end-of-directory record")
+                count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
+                eocd_off = eocd64_off
+        return count, cd_size, cd_off, eocd_off
+
+    def _zip64_extra(self, extra: bytes, usize: int, csize: int, hoff: int) -> tuple[int, int, int]:
+        """The zip64 extra field (id 1) holds, in order, each of usize, csize, offset that is 0xFFFFFFFF."""
+        need = [usize == 0xFFFFFFFF, csize == 0xFFFFFFFF, hoff == 0xFFFFFFFF]
+        p = 0
+        while p + 4 <= len(extra):
+            hid, hlen = struct.unpack("<HH", extra[p : p + 4])
+            if hid == 1:
+                body = extra[p + 4 : p + 4 + hlen]
+                if len(body) < 8 * sum(need):
+                    raise self._truncated("a zip64 extra field is cut short")
+                vals = list(struct.unpack(f"<{sum(need)}Q", body[: 8 * sum(need)]))
+                usize = vals.pop(0) if need[0] else usize
+                csize = vals.pop(0) if need[1] else csize
+                hoff = vals.pop(0) if need[2] else hoff
+                return usize, csize, hoff
+            p += 4 + hlen
+        raise self._truncated("an entry needs a zip64 extra field but has none")
+
     def _find_prefix(self) -> str:
-        for name in self.entries:
-            if name.endswith("data.pkl") and name.count("/") <= 1:
-                return name[: -len("data.pkl")]
-        raise CorruptFileError(f"{self.path}: no data.pkl in the archive; not a torch.save file.")
+        """The one top folder every entry lives under (torch refuses an archive that mixes two)."""
+        found = [n for n in self.entries if n.endswith("data.pkl") and n.count("/") <= 1]
+        if len(found) != 1:
+            raise CorruptFileError(
+                f"{self.shown}: {'no' if not found else 'more than one'} data.pkl in the archive; "
+                "not a torch.save file.",
+                hint="The file is damaged or was crafted; copy it again from the source.",
+            )
+        prefix = found[0][: -len("data.pkl")]
+        if any(not n.startswith(prefix) for n in self.entries):
+            raise CorruptFileError(
+                f"{self.shown}: the archive mixes entries of two folders (torch refuses such a file).",
+                hint="The file is damaged or was crafted; copy it again from the source.",
+            )
+        return prefix
 
     def data_offset(self, name: str) -> int:
         """Absolute file offset of an entry's bytes: local header + its own name/extra lengths."""
@@ -174,7 +235,7 @@ class TorchZip:
         name = f"{self.prefix}data/{key}"
         if name not in self.entries:
             raise CorruptFileError(
-                f"{self.path}: the pickle refers to storage {key!r}, which is not in the archive.",
+                f"{self.shown}: the pickle refers to storage {key!r}, which is not in the archive.",
                 hint="The file is damaged; copy it again from the source.",
             )
         return self.data_offset(name), self.entries[name].size
@@ -182,20 +243,3 @@ class TorchZip:
     def byteorder(self) -> str:
         name = f"{self.prefix}byteorder"
         return self.read_entry(name).decode().strip() if name in self.entries else "little"
-
-
-def _zip64_extra(extra: bytes, usize: int, csize: int, hoff: int) -> tuple[int, int, int]:
-    p = 0
-    while p + 4 <= len(extra):
-        hid, hlen = struct.unpack("<HH", extra[p : p + 4])
-        if hid == 1:
-            vals = list(struct.unpack(f"<{hlen // 8}Q", extra[p + 4 : p + 4 + (hlen // 8) * 8]))
-            if usize == 0xFFFFFFFF:
-                usize = vals.pop(0)
-            if csize == 0xFFFFFFFF:
-                csize = vals.pop(0)
-            if hoff == 0xFFFFFFFF:
-                hoff = vals.pop(0)
-            break
-        p += 4 + hlen
-    return usize, csize, hoff

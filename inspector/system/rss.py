@@ -53,13 +53,29 @@ def current_rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def peak_rss() -> int:
-    """Peak RSS of this process only (children are not included), from getrusage; never below the current
-    RSS (the kernel updates its high-water mark lazily, so a fresh reading can exceed it).
+def _vm_hwm() -> int | None:
+    """This process's own RSS high-water mark (Linux `VmHWM`), in bytes, or None where there is none.
 
-    ru_maxrss is KiB on Linux and bytes on macOS.
-    """
+    Not getrusage's ru_maxrss: that survives exec, so a converter started from a 1 GB parent (a shell
+    wrapper, a Python launcher) reported the parent's peak as its own (928 MiB for a real 41 MiB)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def peak_rss() -> int:
+    """Peak RSS of this process only (children are not included); never below the current RSS (the kernel
+    updates its high-water mark lazily, so a fresh reading can exceed it). Linux: VmHWM; elsewhere
+    getrusage's ru_maxrss (KiB on Linux, bytes on macOS)."""
     now = current_rss()
+    hwm = _vm_hwm()
+    if hwm is not None:
+        return max(now, hwm)
     if resource is None:  # pragma: no cover - Windows
         return max(now, int(getattr(psutil.Process().memory_info(), "peak_wset", now)))
     maxrss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
