@@ -91,13 +91,11 @@ class TorchZip:
                 f"{self.shown}: not a torch.save archive (it does not start like a zip file).",
                 hint="Only DeepSpeed/torch .pt files can be read here.",
             )
-        count, cd_size, cd_off, eocd_off = self._end_record()
+        count, cd_size, cd_off = self._end_record()
         # a real directory entry is 46 bytes plus a name and extras; bound the read by what `count` entries
         # can need and by the file, so a crafted size cannot make us read the whole rank file into memory
         if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF) or cd_size > _MAX_DIRECTORY:
             raise self._truncated("the central directory's size and entry count disagree")
-        if cd_off + cd_size > eocd_off:
-            raise self._truncated("central directory past its end record")
         cd = self.pread(cd_size, cd_off)
         entries: dict[str, ZipEntry] = {}
         p = 0
@@ -145,10 +143,11 @@ class TorchZip:
             bounds[e.name] = end
         return bounds
 
-    def _end_record(self) -> tuple[int, int, int, int]:
-        """(entry count, directory size, directory offset, end-record offset) from the real end record: the
-        last `PK\\x05\\x06` whose comment length reaches exactly the end of the file (a comment can hold
-        the signature itself), then its zip64 record when the locator before it points at one."""
+    def _end_record(self) -> tuple[int, int, int]:
+        """(entry count, directory size, directory offset) from the real end record: of
+        the `PK\\x05\\x06` signatures whose comment length reaches exactly the end of the file (a comment can
+        hold a whole fake record), the last that describes a non-empty directory before it; then its zip64
+        record when the locator before it points at one."""
         tail_len = min(self.file_size, 65536 + 22)
         tail = self.pread(tail_len, self.file_size - tail_len)
         pos = tail.rfind(_EOCD)
@@ -156,11 +155,13 @@ class TorchZip:
             if len(tail) - pos >= 22:
                 (clen,) = struct.unpack("<H", tail[pos + 20 : pos + 22])
                 if pos + 22 + clen == len(tail):
-                    break
+                    found = self._directory_at(tail, pos, self.file_size - tail_len + pos)
+                    if found is not None:
+                        return found[:3]
             pos = tail.rfind(_EOCD, 0, pos)
-        if pos < 0:
-            raise self._truncated("no zip end-of-directory record")
-        eocd_off = self.file_size - tail_len + pos
+        raise self._truncated("no usable zip end-of-directory record")
+
+    def _directory_at(self, tail: bytes, pos: int, eocd_off: int) -> tuple[int, int, int, int] | None:
         (_, _, _, count, cd_size, cd_off, _) = struct.unpack("<4H2LH", tail[pos + 4 : pos + 22])
         if eocd_off >= 20:
             loc = self.pread(20, eocd_off - 20)
@@ -173,6 +174,8 @@ class TorchZip:
                     raise self._truncated("bad zip64 end-of-directory record")
                 count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
                 eocd_off = eocd64_off
+        if count == 0 or cd_off + cd_size > eocd_off:
+            return None
         return count, cd_size, cd_off, eocd_off
 
     def _zip64_extra(self, extra: bytes, usize: int, csize: int, hoff: int) -> tuple[int, int, int]:
