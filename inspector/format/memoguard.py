@@ -83,6 +83,8 @@ def check_memo(data: bytes) -> None:
             pos += k
         elif kind == "len":
             size = int.from_bytes(data[pos : pos + k], "little")
+            if pos + k + size > n:  # the unpickler would allocate `size` before finding the bytes missing
+                raise pickle.UnpicklingError(f"an argument of {size:,} bytes runs past the end of the pickle")
             cost += size
             pos += k + size
         else:

@@ -245,4 +245,8 @@ class TorchZip:
 
     def byteorder(self) -> str:
         name = f"{self.prefix}byteorder"
-        return self.read_entry(name).decode().strip() if name in self.entries else "little"
+        if name not in self.entries:
+            return "little"
+        if self.entries[name].size > 16:
+            raise self._truncated("the byteorder record is not a byte order")
+        return self.read_entry(name).decode("ascii", "replace").strip()
