@@ -90,7 +90,7 @@ class Node:
         if isinstance(v, bool) or not isinstance(v, int):
             raise self.fail(f"is a {self._kind()}, not a whole number")
         if lo is not None and v < lo:
-            raise self.fail(f"is {v}, below {lo}")
+            raise self.fail(f"is {v if abs(v) < 1 << 63 else 'a huge negative number'}, below {lo}")
         if hi is not None and v > hi:
             raise self.fail(f"is larger than {hi:,}")
         return int(v)
@@ -168,7 +168,7 @@ def _json(v: Any, depth: int, budget: list[int], node: Node) -> Any:
     if v is None or isinstance(v, bool | str):
         return v if not isinstance(v, str) or len(v) <= MAX_TEXT else v[:MAX_TEXT]
     if isinstance(v, int):
-        return int(v) if abs(v) < 1 << 63 else str(v)[:40] + "…"
+        return int(v) if abs(v) < 1 << 63 else f"<a {v.bit_length()}-bit integer>"
     if isinstance(v, float):
         return v if math.isfinite(v) else str(v)
     if isinstance(v, Mapping):
