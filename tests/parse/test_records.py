@@ -141,7 +141,7 @@ def test_huge_hyperparameters_become_json_safe(trees: dict[int, tuple[Any, list[
     """`lr=10**5000` crashed `scan --json`; the record keeps metadata JSON-safe."""
     import json
 
-    model, optims, names = trees[2]
+    _model, optims, names = trees[2]
     path = ("optimizer_state_dict", "base_optimizer_state", "param_groups", 0, "lr")
     st_ = OptimStates.parse(replaced(optims[0], path, 10**5000), names[0], False)
     json.dumps(dict(st_.groups[0].hyperparams), allow_nan=False)
