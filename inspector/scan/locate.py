@@ -279,6 +279,8 @@ def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
         except OSError:
             return
         for name in subdirs:
+            if name_problem(name):  # a crafted folder name (terminal escapes) is not a checkpoint: not listed
+                continue
             sub = os.path.join(folder, name)
             if (
                 os.path.isfile(os.path.join(sub, "latest"))

@@ -161,7 +161,11 @@ async def test_terminal_escapes_in_a_tensor_name_are_a_dialog_not_output(demo, t
     _crafted_names(root, "model.x\x1b]0;owned\x07:x:", "0.19.8")
     app = make_app(path=str(root), live_meters=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, MessageDialog) and bool(app.screen.query("#dialog-body")),
+            "the error dialog",
+        )
         shown = plain(app.screen.query_one("#dialog-body"))
         assert "control characters" in shown and "\\x1b" in shown
         screen = app.export_screenshot()
@@ -185,6 +189,29 @@ async def test_folder_with_two_roots(small_demo: Path, two_tag_demo: Path, tmp_p
             pilot, lambda: app.ckpt is not None and app.ckpt.root == str(run / "_critic"), "switch"
         )
         assert app.ckpt.tag == "global_step5"
+
+
+async def test_crafted_folder_names_never_reach_the_terminal(
+    small_demo: Path, two_tag_demo: Path, tmp_path: Path
+) -> None:
+    """A folder named with OSC/CSI sequences (set the title, clear the screen) beside real roots: the root
+    chooser lists only real names, shown as text; no raw escape reaches the screen."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(small_demo, run / "_actor")
+    os.symlink(two_tag_demo, run / "[bold]critic")
+    os.symlink(two_tag_demo, run / "\x1b]2;pwned\x07\x1b[2J")
+    app = make_app(path=str(run), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        roots = app.main.query_one("#roots", Select)
+        assert app.roots == (str(run / "[bold]critic"), str(run / "_actor"))
+        await pilot.press("r")
+        await pilot.pause()
+        screen = app.export_screenshot()
+        assert "\x1b]2" not in screen and "\x07" not in screen
+        assert "[bold]critic" in screen  # markup in a folder name is text
+        assert roots.expanded
 
 
 async def test_filter_and_selection_keys(small_demo: Path) -> None:

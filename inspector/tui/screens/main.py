@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -13,6 +14,7 @@ from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
+from inspector.system.units import printable
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
 from inspector.tui.widgets.keybar import KeyBar
@@ -81,7 +83,9 @@ class MainScreen(Screen[None]):
         if many:
             with self.prevent(Select.Changed):
                 base = os.path.commonpath(self.app.roots)  # type: ignore[attr-defined]
-                roots.set_options([(os.path.relpath(r, base), r) for r in self.app.roots])  # type: ignore[attr-defined]
+                roots.set_options(
+                    [(Text(printable(os.path.relpath(r, base))), r) for r in self.app.roots]  # type: ignore[attr-defined]
+                )
                 roots.value = root
 
     def located(self, loc: Location, latest: str | None) -> None:
