@@ -270,9 +270,14 @@ def test_name_collision_is_an_error(ckpt: Checkpoint, opts: ConvertOptions) -> N
     assert exc.value.title == "Name collision"
 
 
-def test_rename_to_empty_is_an_error(ckpt: Checkpoint) -> None:
-    with pytest.raises(InspectorError, match="empty name"):
-        build_plan(ckpt, ConvertOptions(include=("model.norm.weight",), renames=((r".*", ""),)))
+@pytest.mark.parametrize(
+    ("repl", "why"), [("", "is empty"), ("__metadata__", "reserved"), ("a/../b", "path separator"), ("x\x1b[2J", "control")]
+)
+def test_rename_to_an_unsafe_name_is_an_error(ckpt: Checkpoint, repl: str, why: str) -> None:
+    """Output names pass the same rule as names read from a file (`__metadata__` made the file unloadable)."""
+    with pytest.raises(InspectorError, match=why) as err:
+        build_plan(ckpt, ConvertOptions(include=("model.norm.weight",), renames=((r"^.*$", repl),)))
+    assert "\x1b" not in str(err.value)
 
 
 @pytest.mark.parametrize("pattern", ["(", "[a-", "*x", r"(?P<a>x)(?P<a>y)"])

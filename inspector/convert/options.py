@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.format.dtypes import OUTPUT_ALIASES
+from inspector.parse.names import escaped, name_problem
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 DTYPE_ALIASES = OUTPUT_ALIASES
@@ -131,8 +132,13 @@ def name_tensors(
     seen: dict[str, str] = {}
     for t in chosen:
         name = rename(t.name, opts)
-        if not name:
-            raise InspectorError(f"Renaming {t.name!r} leaves an empty name.", title="Invalid option")
+        problem = name_problem(name)
+        if problem:  # the same rule names from a file pass: `__metadata__` would make the file unloadable
+            raise InspectorError(
+                f"Renaming {t.name} gives the output name {escaped(name)!r}, which {problem}.",
+                hint="Adjust --strip-prefix/--rename so every output name is a plain tensor name.",
+                title="Invalid option",
+            )
         if name in seen:
             raise InspectorError(
                 f"Two tensors would both be written as {name!r}: {seen[name]} and {t.name}.",
