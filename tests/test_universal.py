@@ -101,6 +101,22 @@ def test_optimizer_state_keeps_what_load_universal_reads(demo: Any, tmp_path: Pa
         assert int(read_ref(step)) == ckpt.optimizer_step
 
 
+def as_killed(plan: Any, staging: Path) -> None:
+    """What a run killed after finishing its files leaves in the staging folder: the source stamp and one
+    journal line (name, size, CRC-32) per finished file, as the writer appends them."""
+    import json
+
+    from inspector.convert.output import file_crc32
+    from inspector.convert.writers.universal import JOURNAL, SOURCE_STAMP
+
+    (staging / SOURCE_STAMP).write_text(json.dumps([list(s) for s in plan.source]))
+    with open(staging / JOURNAL, "w") as fh:
+        for rel in [*(f.rel for f in plan.files), *(n for _, n in plan.copies)]:
+            if (staging / rel).is_file():
+                size, crc = (staging / rel).stat().st_size, file_crc32(str(staging / rel))
+                fh.write(json.dumps({"file": rel, "size": size, "crc32": crc}) + "\n")
+
+
 def test_refuses_existing_output_and_resumes_a_killed_run(demo: Any, tmp_path: Path) -> None:
     ckpt = scan(str(demo(SPECS["s2"])))
     plan = plan_universal(ckpt, str(tmp_path))
@@ -113,11 +129,7 @@ def test_refuses_existing_output_and_resumes_a_killed_run(demo: Any, tmp_path: P
         write_universal(plan)
     os.rename(str(tmp_path / "elsewhere"), plan.out_dir + PARTIAL)  # as a killed run would leave it
     os.remove(os.path.join(plan.out_dir + PARTIAL, plan.files[0].rel))
-    stamp = os.path.join(plan.out_dir + PARTIAL, ".zero_inspector_source.json")
-    with open(stamp, "w") as fh:  # the staging folder of this very job
-        import json
-
-        json.dump([list(s) for s in plan.source], fh)
+    as_killed(plan, Path(plan.out_dir + PARTIAL))  # the staging folder of this very job, journal included
     report = write_universal(plan, overwrite=True)
     assert report.reused == len(plan.files) - 1
     assert (tmp_path / "latest_universal").read_text() == plan.folder
@@ -301,3 +313,34 @@ def test_progress_json_streams_universal_convert_and_verify(demo: Any, tmp_path:
     assert verified["event"] == "verified" and verified["ok"] and verified["checked"] == report["tensors"]
     rc, stdout, _ = cli("convert", root, tmp_path, "--format", "universal", "--progress", "json")
     assert rc != 0 and json.loads(stdout.splitlines()[-1])["event"] == "error"  # refuses to overwrite
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_resume_rewrites_a_finished_file_damaged_since(demo: Any, tmp_path: Path, damage: str) -> None:
+    """A killed run's finished files are kept only if they still have the size and CRC-32 the journal
+    recorded when they were finished: one truncated to 0 bytes or bit-flipped since is written again, and
+    the result equals an undisturbed export (the rerun used to keep the damage and exit 0)."""
+    import shutil as _shutil
+
+    ckpt = scan(str(demo(SPECS["s2"])))
+    clean = tmp_path / "clean"
+    write_universal(plan_universal(ckpt, str(clean)))
+    out = tmp_path / "out"
+    plan = plan_universal(ckpt, str(out))
+    write_universal(plan)
+    staging = Path(plan.out_dir + PARTIAL)  # rebuild the state a SIGKILL after the last file leaves
+    _shutil.move(plan.out_dir, staging)
+    (out / "latest_universal").unlink()
+    victim = staging / plan.files[0].rel
+    as_killed(plan, staging)
+    if damage == "truncate":
+        victim.write_bytes(b"")
+    else:
+        raw = bytearray(victim.read_bytes())
+        raw[-100] ^= 0x10
+        victim.write_bytes(bytes(raw))
+    report = write_universal(plan)
+    assert report.reused == len(plan.files) - 1
+    assert (Path(plan.out_dir) / plan.files[0].rel).read_bytes() == (
+        Path(clean) / f"{ckpt.tag}_uni" / plan.files[0].rel
+    ).read_bytes()

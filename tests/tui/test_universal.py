@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from inspector.convert.writers.universal import plan_universal
+from inspector.convert.writers.universal import JOURNAL, plan_universal
 from inspector.convert.writers.universal_preflight import estimate_universal
 from inspector.tui.app import make_app
 from inspector.tui.fmt import size
@@ -99,11 +100,9 @@ async def test_cancelled_universal_conversion_resumes_from_the_ui(
         assert "Cancelled" in result and "kept in the *.partial folder" in result
         assert "1 unfinished *.partial file(s)" in result and "resumes" in result
         assert not app.converting and not uni.exists() and staging.is_dir()
-        kept = {  # the finished files, by inode: a resume leaves them where they are
-            os.path.relpath(os.path.join(d, n), staging): os.stat(os.path.join(d, n)).st_ino
-            for d, _, names in os.walk(staging)
-            for n in names
-            if n.endswith(".pt")
+        journalled = [json.loads(x)["file"] for x in (staging / JOURNAL).read_text().splitlines() if x]
+        kept = {  # the files finished (journalled with their CRC-32), by inode: a resume leaves them in place
+            rel: os.stat(staging / rel).st_ino for rel in journalled
         }
         assert kept, sorted(os.walk(staging))
 
