@@ -628,3 +628,22 @@ def test_failure_after_renames_leaves_no_shards_without_index(
     with pytest.raises(OutputError, match="Disk full"):
         execute(plan, str(out))
     assert not out.exists(), os.listdir(out)  # the run created it, so it removes it
+
+
+def test_verify_defaults_to_the_tag_the_output_was_converted_from(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """An output converted from a non-latest tag verifies without --tag (it used to compare with `latest`
+    and report every tensor as mismatched); naming the other tag still compares with that one."""
+    from inspector.demo.writer import DemoSpec, write_demo
+
+    root = tmp_path / "run"
+    write_demo(str(root), DemoSpec(params=30_000, tag="global_step3"))
+    write_demo(str(root), DemoSpec(params=60_000, tag="global_step5"))  # `latest`; other shapes
+    out = tmp_path / "out"
+    assert cli("convert", root, out, "--tag", "global_step3").rc == 0
+    ok = cli("verify", root, out)
+    assert ok.rc == 0, ok.output
+    other = cli("verify", root, out, "--tag", "global_step5")
+    assert other.rc == 1 and "Mismatched" in other.output, other.output
+    assert (root / "latest").read_text() == "global_step5"

@@ -203,7 +203,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         return verify_universal_cli(args, uni)
     from inspector.cli.console import console as _console
-    from inspector.convert.verify import VerifyResult, run_verify
+    from inspector.convert.verify import VerifyResult, recorded_tag, run_verify
     from inspector.convert.writers.merge import is_merged_output
     from inspector.scan.scanner import scan
 
@@ -219,7 +219,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             hint="Verify an --adapter or plain conversion instead; the merge itself is tested against PEFT.",
             title="Cannot verify a merged model",
         )
-    ckpt = scan(args.path, args.tag)
+    ckpt = scan(args.path, args.tag or recorded_tag(os.path.abspath(args.out)))
     result = None
     start = time.monotonic()
     with console.status("Verifying…") as status:

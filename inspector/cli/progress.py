@@ -118,10 +118,10 @@ def verify_json(args: argparse.Namespace) -> int:
     """`verify ... --progress json`."""
 
     def body() -> int:
-        from inspector.convert.verify import VerifyResult, run_verify
+        from inspector.convert.verify import VerifyResult, recorded_tag, run_verify
         from inspector.scan.scanner import scan
 
-        ckpt = scan(args.path, args.tag)
+        ckpt = scan(args.path, args.tag or recorded_tag(os.path.abspath(args.out)))
         return _stream_verify(
             run_verify(ckpt, os.path.abspath(args.out), against=args.against), VerifyResult
         )

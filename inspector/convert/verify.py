@@ -72,6 +72,17 @@ def output_files(out: Source) -> list[str]:
     )
 
 
+def recorded_tag(out_dir: str) -> str | None:
+    """The checkpoint tag the output was converted from (its header's `source_tag`), so `verify` without
+    --tag compares with the tag that was converted, not with whatever `latest` names today."""
+    try:
+        out = Source.at(out_dir, "output folder")
+        files = output_files(out)
+        return output_meta([read_header(out, os.path.join(out.root, files[0]), exact=False)]).tag
+    except InspectorError:
+        return None  # verify itself reports what is wrong with the output
+
+
 def _adapter_absent(ckpt: Checkpoint, absent: list[str]) -> list[str]:
     """Of the checkpoint tensors not in an --adapter output, those the adapter should have held."""
     from inspector.scan.peft import detect_adapter
