@@ -401,3 +401,25 @@ def test_verify_checks_an_adapter_folder_byte_for_byte(demo: Any, tmp_path: Path
     res = verify()
     assert not res.ok and len(res.mismatched) == 1 and not res.missing and not res.unexpected, res
     assert res.mismatched[0] in set(load_file(path))  # named as PEFT names it
+
+
+def test_a_merge_takes_the_output_folder_like_every_writer(demo: Any, tmp_path: Path) -> None:
+    """The merged model used to write without the folder lock: a second conversion into the same folder
+    would have mixed its shards in. Now it is refused while another run holds the folder, and the folder is
+    free again (no lock file left) after the merge."""
+    from inspector.convert.output import LOCK, FolderLock
+    from inspector.errors import OutputError
+
+    ckpt = _lora_checkpoint(demo, tmp_path)
+    xp = plan_export(ckpt, ConvertOptions(), merge=True)
+    out = tmp_path / "merged"
+    other = FolderLock(str(out))
+    try:
+        with pytest.raises(OutputError, match="Another conversion"):
+            for _ in run_export(xp, str(out)):
+                pass
+    finally:
+        other.release(ok=True)
+    for _ in run_export(xp, str(out)):
+        pass
+    assert (out / "model.safetensors").is_file() and not (out / LOCK).exists()

@@ -22,7 +22,7 @@ import numpy as np
 
 from inspector.convert.engine import Progress, Report
 from inspector.convert.options import ConvertOptions
-from inspector.convert.output import prepare_output
+from inspector.convert.output import FolderLock, prepare_output
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError, InspectorError, OutputError
@@ -218,8 +218,13 @@ def run_merged(
     plan = mp.plan
     cancel = cancel or threading.Event()
     out_dir = os.path.abspath(out_dir)
-    stale = prepare_output(plan, out_dir, overwrite)
-    os.makedirs(out_dir, exist_ok=True)
+    prepare_output(plan, out_dir, overwrite)
+    claim = FolderLock(out_dir)  # created and locked, as every writer takes its folder: no second run mixes in
+    try:
+        stale = prepare_output(plan, out_dir, overwrite)  # again, now that no one else writes here
+    except BaseException:
+        claim.release(ok=False)
+        raise
     total = plan.output_bytes
     files = [(s.filename, os.path.join(out_dir, s.filename + PARTIAL)) for s in plan.shards]
     if plan.index is not None:
@@ -232,7 +237,7 @@ def run_merged(
     pool = FilePool(*mp.plan.sources)
     try:
         for i, shard in enumerate(plan.shards):
-            fd = os.open(files[i][1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(files[i][1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
                 _pwrite_all(fd, memoryview(shard.header), 0)
                 done += len(shard.header)
@@ -276,6 +281,7 @@ def run_merged(
             for _, path in files:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+        claim.release(ok)
     elapsed = time.monotonic() - start
     written = tuple((name, os.path.getsize(os.path.join(out_dir, name))) for name, _ in files)
     yield Progress(
