@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -258,3 +258,42 @@ def test_cli_convert_refuses_unless_forced(
     assert forced.rc == 0, forced.output
     assert "--force given" in forced.stdout and "Done" in forced.stdout
     assert os.listdir(out) == ["model.safetensors"]
+
+
+COMMON_KEYS = {
+    "output_kind", "fits", "fits_memory", "fits_disk", "fits_address_space", "output_writable",
+    "predicted_peak_rss_bytes", "output_bytes", "read_bytes", "estimated_seconds", "free_disk_bytes",
+    "available_memory_bytes", "memory_limit_source", "address_space_limit_bytes",
+}
+
+
+def test_preflight_json_has_one_shape_for_every_kind(demo: Any, tmp_path: Path, cli: Any) -> None:
+    """The universal verdict used to lack fits_memory/fits_disk/output_kind and skip the headroom and the
+    RLIMIT_AS check; both kinds now answer the same keys."""
+    from inspector.demo.writer import DemoSpec
+
+    root = demo(DemoSpec(params=30_000))
+    docs = {}
+    for fmt in ("safetensors", "universal"):
+        res = cli("preflight", root, "--out", tmp_path / fmt, "--format", fmt, "--json")
+        assert res.rc == 0, res.output
+        docs[fmt] = json.loads(res.stdout)
+        assert set(docs[fmt]) >= COMMON_KEYS, COMMON_KEYS - set(docs[fmt])
+    assert docs["universal"]["output_kind"] == "universal" and docs["safetensors"]["output_kind"] == "weights"
+
+
+def test_universal_verdict_keeps_the_same_headroom(demo: Any, tmp_path: Path) -> None:
+    """A peak within 5 % of the limit does not fit, for universal as for safetensors."""
+    from dataclasses import replace as _replace
+
+    from inspector.convert.preflight import SAFETY_FRACTION
+    from inspector.convert.writers.universal import plan_universal
+    from inspector.convert.writers.universal_preflight import estimate_universal
+    from inspector.demo.writer import DemoSpec
+    from inspector.scan.scanner import scan
+
+    est = estimate_universal(plan_universal(scan(str(demo(DemoSpec(params=30_000)))), str(tmp_path)))
+    tight = _replace(est, available_memory=int(est.predicted_peak_rss / (1 - SAFETY_FRACTION / 2)))
+    assert est.fits and not tight.fits_memory and not tight.fits
+    capped = _replace(est, address_space_limit=est.predicted_vms - 1)
+    assert not capped.fits_address_space and not capped.fits

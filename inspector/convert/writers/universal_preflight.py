@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.preflight import RUNTIME_OVERHEAD, converter_base
+from inspector.convert.preflight import RUNTIME_OVERHEAD, SAFETY_FRACTION, THREAD_STACK, converter_base
 from inspector.convert.writers.universal import CHUNK_BYTES, UniFile, UniversalPlan, default_workers
-from inspector.system.limits import detect_memory_limits, free_disk_bytes
+from inspector.system.limits import detect_memory_limits, free_disk_bytes, unwritable
 
 # calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second
 UNI_BYTES_PER_S = 200 * 1024 * 1024
@@ -27,15 +27,39 @@ class UniversalEstimate:
     available_memory: int
     memory_source: str
     deepspeed_peak_disk: int  # ds_to_universal: output plus its temporary fragments at their peak
+    predicted_vms: int = 0
+    address_space_limit: int | None = None
+    unwritable: str = ""  # why the output cannot be created there ("" when it can)
+
+    @property
+    def fits_memory(self) -> bool:
+        """With the same headroom below the limit as the safetensors verdict (preflight.SAFETY_FRACTION)."""
+        return self.predicted_peak_rss <= int(self.available_memory * (1 - SAFETY_FRACTION))
+
+    @property
+    def fits_disk(self) -> bool:
+        return self.output_bytes <= self.free_disk and not self.unwritable
+
+    @property
+    def fits_address_space(self) -> bool:
+        return self.address_space_limit is None or self.predicted_vms <= self.address_space_limit
 
     @property
     def fits(self) -> bool:
-        return self.predicted_peak_rss <= self.available_memory and self.output_bytes <= self.free_disk
+        return self.fits_memory and self.fits_disk and self.fits_address_space
 
     def as_dict(self) -> dict[str, Any]:
+        """The keys `preflight --json` gives for every output kind (preflight.assessment_json), plus
+        DeepSpeed's own peak disk for the same job."""
         return {
+            "output_kind": "universal",
             "format": "universal",
             "fits": self.fits,
+            "fits_memory": self.fits_memory,
+            "fits_disk": self.fits_disk,
+            "fits_address_space": self.fits_address_space,
+            "output_writable": not self.unwritable,
+            "address_space_limit_bytes": self.address_space_limit,
             "predicted_peak_rss_bytes": self.predicted_peak_rss,
             "output_bytes": self.output_bytes,
             "read_bytes": self.read_bytes,
@@ -58,12 +82,13 @@ def estimate_universal(
     out = plan.total_bytes
     read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
     read += sum(os.path.getsize(src) for src, _ in plan.copies)
-    base, _ = converter_base(
+    base, vms = converter_base(
         segments=sum(len(f.segments) for f in plan.files),
         tensors=len({f.name for f in plan.files}),
         files=len(plan.source),
     )
-    peak = base + buffer_bytes(plan, workers or default_workers()) + RUNTIME_OVERHEAD
+    n = workers or default_workers()
+    peak = base + buffer_bytes(plan, n) + RUNTIME_OVERHEAD
     budget = detect_memory_limits()
     ds_disk = 2 * plan.tensor_bytes + stage3_rank0_optim + (out - plan.tensor_bytes)
     return UniversalEstimate(
@@ -75,6 +100,9 @@ def estimate_universal(
         available_memory=budget.effective.bytes,
         memory_source=budget.effective.source,
         deepspeed_peak_disk=ds_disk,
+        predicted_vms=vms + buffer_bytes(plan, n) + RUNTIME_OVERHEAD + (n + 1) * THREAD_STACK,
+        address_space_limit=budget.address_space_limit,
+        unwritable=unwritable(plan.out_root),
     )
 
 
