@@ -6,6 +6,7 @@ would need far more memory than their bytes (a 9.6 MB pickle of EMPTY_SET opcode
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 # opcode -> how its argument is laid out: ("n", k) fixed k bytes; ("len", k) k-byte length then data;
 # ("line", m) m newline-terminated lines. Opcodes not listed take no argument.
@@ -97,3 +98,40 @@ def check_memo(data: bytes) -> None:
                 text = data[start : pos - 1]
                 if not text.isdigit() or int(text) > limit:
                     raise pickle.UnpicklingError(f"memo index out of range in a {limit}-byte pickle")
+
+
+MAX_DEPTH = 100  # DeepSpeed's trees are under 10 deep; JSON configs a few more
+TREE_BASE = 200_000
+TREE_PER_BYTE = 4
+
+
+class TreeError(ValueError):
+    """The unpickled tree is deeper, or (through shared sub-trees) larger, than its bytes allow."""
+
+
+def check_tree(tree: Any, nbytes: int) -> None:
+    """Refuse a tree that later walkers could not afford. A pickle can share one sub-tree from many places
+    (memo references), so 100 KB can describe 2^40 paths; and it can nest thousands deep. Every walker after
+    this (digests, typed records, JSON) visits paths, so the paths are counted here, once, iteratively, and
+    refused past `TREE_BASE + TREE_PER_BYTE * nbytes` visits or `MAX_DEPTH` levels."""
+    budget = TREE_BASE + TREE_PER_BYTE * nbytes
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    visits = 0
+    while stack:
+        node, depth = stack.pop()
+        visits += 1
+        if visits > budget:
+            raise TreeError(f"its shared sub-trees expand past {budget:,} nodes")
+        if depth > MAX_DEPTH:
+            raise TreeError(f"it nests more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for kv in node.items() for v in kv)
+            attrs = getattr(node, "__dict__", None)
+            if attrs:
+                stack.extend((v, depth + 1) for v in attrs.values())
+        elif isinstance(node, list | tuple | set | frozenset):
+            stack.extend((v, depth + 1) for v in node)
+        else:  # inert records, tensor references (their attrs), anything with instance state
+            attrs = getattr(node, "__dict__", None) or getattr(node, "attrs", None)
+            if isinstance(attrs, dict):
+                stack.extend((v, depth + 1) for v in attrs.values())

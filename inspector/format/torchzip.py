@@ -19,6 +19,7 @@ from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
 from inspector.format.dtypes import ITEMSIZE, STORAGE_DTYPES, TORCH_ALIASES, TORCH_NAMES, itemsize
+from inspector.format.memoguard import TreeError, check_tree
 from inspector.format.memoguard import check_memo as _check_memo
 from inspector.format.records import (
     InertDict,
@@ -420,43 +421,6 @@ def load(path: str | os.PathLike[str], source: Source | None = None) -> tuple[An
         archive.close()
         raise
     return tree, archive
-
-
-MAX_DEPTH = 100  # DeepSpeed's trees are under 10 deep; JSON configs a few more
-TREE_BASE = 200_000
-TREE_PER_BYTE = 4
-
-
-class TreeError(ValueError):
-    """The unpickled tree is deeper, or (through shared sub-trees) larger, than its bytes allow."""
-
-
-def check_tree(tree: Any, nbytes: int) -> None:
-    """Refuse a tree that later walkers could not afford. A pickle can share one sub-tree from many places
-    (memo references), so 100 KB can describe 2^40 paths; and it can nest thousands deep. Every walker after
-    this (digests, typed records, JSON) visits paths, so the paths are counted here, once, iteratively, and
-    refused past `TREE_BASE + TREE_PER_BYTE * nbytes` visits or `MAX_DEPTH` levels."""
-    budget = TREE_BASE + TREE_PER_BYTE * nbytes
-    stack: list[tuple[Any, int]] = [(tree, 0)]
-    visits = 0
-    while stack:
-        node, depth = stack.pop()
-        visits += 1
-        if visits > budget:
-            raise TreeError(f"its shared sub-trees expand past {budget:,} nodes")
-        if depth > MAX_DEPTH:
-            raise TreeError(f"it nests more than {MAX_DEPTH} levels deep")
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for kv in node.items() for v in kv)
-            attrs = getattr(node, "__dict__", None)
-            if attrs:
-                stack.extend((v, depth + 1) for v in attrs.values())
-        elif isinstance(node, list | tuple | set | frozenset):
-            stack.extend((v, depth + 1) for v in node)
-        elif isinstance(node, Record):
-            stack.extend((v, depth + 1) for v in node.__dict__.values())
-        elif isinstance(node, TensorRef) and node.attrs:
-            stack.extend((v, depth + 1) for v in node.attrs.values())
 
 
 def load_tree(path: str | os.PathLike[str], source: Source | None = None) -> Any:

@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from inspector.convert.output import file_crc32
+from inspector.convert.writers.universal_journal import JOURNAL, Journal, finished_files, inside, reusable
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
-from inspector.parse.names import escaped, name_problem
 from inspector.scan.model import Checkpoint, Kind, Segment
 from inspector.system.source import Source, open_in
 
@@ -43,7 +42,6 @@ SMALL_FILE = 1_760
 OPTIMIZER_STATE_ESTIMATE = 4_096
 PARTIAL = ".partial"
 SOURCE_STAMP = ".zero_inspector_source.json"
-JOURNAL = ".zero_inspector_journal.jsonl"  # one line per finished file: its name, size and CRC-32
 LATEST = "latest_universal"
 
 
@@ -220,11 +218,11 @@ def _write_locked(
         if progress is not None:
             progress(n)
 
-    finished = _finished(staging)
-    todo = [f for f in plan.files if not _reusable(staging, f.rel, finished)]
+    finished = finished_files(staging)
+    todo = [f for f in plan.files if not reusable(staging, f.rel, finished)]
     for f in plan.files:
-        os.makedirs(_inside(staging, os.path.dirname(f.rel)), exist_ok=True)
-    journal = _Journal(os.path.join(staging, JOURNAL))
+        os.makedirs(inside(staging, os.path.dirname(f.rel)), exist_ok=True)
+    journal = Journal(os.path.join(staging, JOURNAL))
     try:
         from inspector.convert.reader import FilePool
         from inspector.convert.writers.universal_state import write_small
@@ -244,8 +242,8 @@ def _write_locked(
                     cancel.set()
                     raise
             for src, name in plan.copies:
-                dst = _inside(staging, name)
-                if not _reusable(staging, name, finished):
+                dst = inside(staging, name)
+                if not reusable(staging, name, finished):
                     _copy_through(plan, src, dst + ".tmp")
                     os.replace(dst + ".tmp", dst)
                     journal.finished(name, dst)
@@ -312,85 +310,16 @@ def _write_tensor(
     staging: str,
     cancel: threading.Event,
     report: Callable[[int], None],
-    journal: _Journal,
+    journal: Journal,
 ) -> None:
     if cancel.is_set():
         return
     produce = _producer(pool, f, cancel, report)
     storage = pw.Storage("float32", _numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
-    path = _inside(staging, f.rel)
+    path = inside(staging, f.rel)
     pw.save(tree, path, chunk_elems=CHUNK_BYTES // 4)  # returns only once the file is complete and renamed
     journal.finished(f.rel, path)
-
-
-def _inside(staging: str, rel: str) -> str:
-    """`staging/rel`, refused unless every component is a plain name and nothing on the way is a link: a
-    file of the export can never land outside the output folder (names were checked at scan; this is the
-    writer's own check, so a future reader that forgets cannot open the hole again)."""
-    parts = [p for p in rel.split("/") if p]
-    for part in parts:
-        if name_problem(part):
-            raise OutputError(f"Refusing to write {escaped(rel)!r}: {escaped(part)!r} {name_problem(part)}.")
-    path = staging
-    for part in parts[:-1]:
-        path = os.path.join(path, part)
-        if os.path.islink(path):
-            raise OutputError(f"{path} is a link; refusing to write through it.")
-    path = os.path.join(staging, *parts)
-    if os.path.islink(path):
-        raise OutputError(f"{path} is a link; refusing to write through it.")
-    return path
-
-
-class _Journal:
-    """Appends one JSON line per finished file (name, size, CRC-32), so a rerun after a kill keeps a file only
-    if it still has the bytes it was finished with: a file truncated or changed since is written again."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.lock = threading.Lock()
-
-    def finished(self, rel: str, path: str) -> None:
-        line = json.dumps({"file": rel, "size": os.path.getsize(path), "crc32": file_crc32(path)}) + "\n"
-        with self.lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
-
-
-def _finished(staging: str) -> dict[str, tuple[int, int]]:
-    """What a previous run of this job journalled as finished: file -> (size, CRC-32); bounded and typed."""
-    path = os.path.join(staging, JOURNAL)
-    out: dict[str, tuple[int, int]] = {}
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(64 << 20)
-    except OSError:
-        return out
-    for line in raw.splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue  # a line cut by the kill
-        if isinstance(doc, dict):
-            f, size, crc = doc.get("file"), doc.get("size"), doc.get("crc32")
-            if isinstance(f, str) and isinstance(size, int) and isinstance(crc, int):
-                out[f] = (size, crc)
-    return out
-
-
-def _reusable(staging: str, rel: str, finished: dict[str, tuple[int, int]]) -> bool:
-    want = finished.get(rel)
-    path = os.path.join(staging, rel)
-    if want is None or os.path.islink(path) or not os.path.isfile(path):
-        return False
-    try:
-        return os.path.getsize(path) == want[0] and file_crc32(path) == want[1]
-    except OSError:
-        return False
 
 
 def _numel(shape: tuple[int, ...]) -> int:
