@@ -132,3 +132,18 @@ def test_demo_cleans_up_on_any_exit(
     (found / "keep.txt").write_text("x")
     assert main(["demo", str(found), "--params", "20000", "--overwrite"]) in (2, 130)
     assert os.listdir(found) == ["keep.txt"]
+
+
+def test_a_mistyped_command_is_answered_on_the_terminal(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    """`scna DIR` said "unrecognized arguments: DIR"; a missing PATH opened the full-screen app on a dialog."""
+    res = cli("scna", tmp_path)
+    assert res.rc == 2 and "Unknown command 'scna'" in res.output and "zero-inspector scan" in res.output
+    res = cli(tmp_path / "nope")
+    assert res.rc == 2 and "does not exist" in res.output and "Traceback" not in res.output
+
+
+def test_demo_help_documents_every_option(cli: Callable[..., CliResult]) -> None:
+    out = " ".join(cli("demo", "--help").stdout.split())
+    for words in ("folder to write", "ZeRO stage", "data-parallel ranks", "training dtype",
+                  "frozen parameters", "tied weight", "replace a demo"):
+        assert words in out, words

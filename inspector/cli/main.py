@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import os
 import shutil
@@ -23,7 +24,15 @@ from inspector import __version__
 from inspector.cli.console import console as _console
 from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import stdout_closed
-from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError
+from inspector.errors import (
+    EXIT_CANCELLED,
+    EXIT_DAMAGED,
+    EXIT_OK,
+    EXIT_USAGE,
+    InspectorError,
+    NotACheckpointError,
+)
+from inspector.system.units import plural, printable
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -122,7 +131,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         console = _console()
         with console.status(
-            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} ranks, {spec.dtype})…"
+            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({plural(spec.world_size, 'rank')}, {spec.dtype})…"
         ) as status:
             tag_dir = write_demo(out, spec, progress=lambda f: status.update(f"Writing {escape(f)}…"))
         done = True
@@ -191,8 +200,22 @@ COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "open")
 
 
 def _route(argv: list[str]) -> list[str]:
-    """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`."""
+    """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`. A first word that is neither a
+    command nor an existing path is answered on the terminal (a typo of a command, or a missing path), not by
+    opening the full-screen app on an error dialog."""
     if argv and argv[0] not in COMMANDS and (not argv[0].startswith("-") or "--demo" in argv):
+        if not argv[0].startswith("-") and not os.path.exists(argv[0]):
+            close = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.6)
+            if close:
+                raise InspectorError(
+                    f"Unknown command {printable(argv[0])!r}.",
+                    hint=f"Did you mean `zero-inspector {close[0]} ...`? Commands: {', '.join(COMMANDS)}.",
+                    title="Unknown command",
+                )
+            raise NotACheckpointError(
+                f"{printable(argv[0])} does not exist.",
+                hint=f"Check the path, or give a command: {', '.join(COMMANDS)}.",
+            )
         return ["open", *argv]
     return argv
 
@@ -219,16 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_scan)
 
     p = sub.add_parser("demo", help="write a realistic demo checkpoint (real DeepSpeed layout)")
-    p.add_argument("dir")
-    p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2)
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("dir", help="folder to write the checkpoint root into (created; must be empty)")
+    p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage (default 2)")
+    p.add_argument("--world-size", type=int, default=2, help="data-parallel ranks, one file each (default 2)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype")
     p.add_argument("--params", default="2M", help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)")
     p.add_argument("--sub-group-size", type=int, default=1_000_000_000, help="stage 3 sub-group size")
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
-    p.add_argument("--no-frozen", action="store_true")
-    p.add_argument("--no-tied", action="store_true")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--no-frozen", action="store_true", help="leave out the frozen parameters the demo has by default")
+    p.add_argument("--no-tied", action="store_true", help="leave out the tied weight the demo has by default")
+    p.add_argument("--overwrite", action="store_true", help="replace a demo already in DIR")
     p.set_defaults(func=cmd_demo)
 
     from inspector.cli import convert as cli_convert
@@ -246,7 +269,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
-    args = parser.parse_args(_route(list(sys.argv[1:] if argv is None else argv)))
+    try:
+        routed = _route(list(sys.argv[1:] if argv is None else argv))
+    except InspectorError as exc:
+        _print_error(exc)
+        return exc.exit_code
+    args = parser.parse_args(routed)
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

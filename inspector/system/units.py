@@ -111,6 +111,11 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
+def plural(n: int, word: str) -> str:
+    """`1 rank`, `2 ranks`: the count with its noun (English plural by `s`)."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def format_count(n: int) -> str:
     """Counts for people: 1,234 below a million, then 12.3M and 1.20B (what the CLI and the TUI both show)."""
     if n >= 1_000_000_000:

@@ -14,7 +14,7 @@ from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
-from inspector.system.units import printable
+from inspector.system.units import plural, printable
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
 from inspector.tui.widgets.keybar import KeyBar
@@ -99,7 +99,9 @@ class MainScreen(Screen[None]):
         self.sub_title = f"{ckpt.root} @ {ckpt.tag}"
         bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
         took = f" · {seconds:.2f} s" if self.app.live_meters else ""  # type: ignore[attr-defined]
-        self.status(f"ZeRO-{ckpt.stage} · {ckpt.world_size} ranks · {len(ckpt.tensors)} tensors{bad}{took}")
+        self.status(
+            f"ZeRO-{ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {plural(len(ckpt.tensors), 'tensor')}{bad}{took}"
+        )
         self.query_one(OverviewPane).show(ckpt, self.app.latest_tag)  # type: ignore[attr-defined]
         self.tensors_pane.show(ckpt)
         if self.focused is None:
