@@ -44,10 +44,9 @@ for ch, k in {
 for ch, m in {"c": 2, "i": 2, "I": 1, "L": 1, "S": 1, "V": 1, "F": 1, "p": 1, "g": 1, "P": 1}.items():
     _ARGS[ord(ch)] = ("line", m)
 _STOP = ord(".")
-# bytes an opcode can make the unpickler allocate, beyond its payload; sets and frozensets are the largest
-# empty containers CPython builds. Every other opcode is charged _DEFAULT_COST (an object or a slot).
-_COST = {ord("\x8f"): 216, ord("\x91"): 216, ord("}"): 64, ord("]"): 56, ord(")"): 40}
-_DEFAULT_COST = 64
+# bytes an opcode can make the unpickler allocate, beyond its payload
+_SET_COST = 216  # an empty set or frozenset, the largest empty container CPython builds
+_DEFAULT_COST = 64  # any other opcode: at most an object or a slot
 BUDGET_BASE = 256 << 20
 BUDGET_PER_BYTE = 32  # a real checkpoint's pickle allocates a few times its size; allow 32x
 
@@ -58,24 +57,20 @@ def check_memo(data: bytes) -> None:
     (`LONG_BINPUT 0x40000000` makes it allocate and zero 16 GiB), so a few bytes could exhaust memory.
     A lean walk that skips arguments by length: 2.4x faster than pickletools.genops on real checkpoints."""
     limit = len(data)
-    budget = BUDGET_BASE + BUDGET_PER_BYTE * limit
-    cost = 0
-    costs = _COST
+    ops = sets = payload = 0
     pos = 0
     n = len(data)
     args = _ARGS
     while pos < n:
         op = data[pos]
         pos += 1
-        cost += costs.get(op, _DEFAULT_COST)
+        ops += 1
         if op == _STOP:
-            return
+            break
         spec = args.get(op)
         if spec is None:
-            if cost > budget:
-                raise pickle.UnpicklingError(
-                    f"its objects would need over {budget >> 20:,} MiB for a {limit:,}-byte pickle"
-                )
+            if op == 0x8F or op == 0x91:  # EMPTY_SET, FROZENSET: the largest empty containers
+                sets += 1
             continue
         kind, k = spec
         if kind == "n":
@@ -86,18 +81,23 @@ def check_memo(data: bytes) -> None:
             size = int.from_bytes(data[pos : pos + k], "little")
             if pos + k + size > n:  # the unpickler would allocate `size` before finding the bytes missing
                 raise pickle.UnpicklingError(f"an argument of {size:,} bytes runs past the end of the pickle")
-            cost += size
+            payload += size
             pos += k + size
         else:
             start = pos
             for _ in range(k):
                 pos = data.find(b"\n", pos) + 1
                 if pos == 0:
-                    return
+                    break
+            if pos == 0:
+                break
             if op == 0x70:  # PUT
                 text = data[start : pos - 1]
                 if not text.isdigit() or int(text) > limit:
                     raise pickle.UnpicklingError(f"memo index out of range in a {limit}-byte pickle")
+    budget = BUDGET_BASE + BUDGET_PER_BYTE * limit
+    if ops * _DEFAULT_COST + sets * (_SET_COST - _DEFAULT_COST) + payload > budget:
+        raise pickle.UnpicklingError(f"its objects would need over {budget >> 20:,} MiB for a {limit:,}-byte pickle")
 
 
 MAX_DEPTH = 100  # DeepSpeed's trees are under 10 deep; JSON configs a few more

@@ -5,6 +5,7 @@ checkpoints, a folder under the output root, so it must be safe in all three pla
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 from inspector.errors import InputError
@@ -13,6 +14,7 @@ MAX_NAME_BYTES = 255  # a path component's limit on every common file system (un
 RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
 # control (Cc), format (Cf: bidi overrides, zero-width), line/paragraph separators, lone surrogates
 _BAD_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_ASCII_BAD = re.compile(r"[\x00-\x1f\x7f]")  # the same rule for ASCII names (nearly all), without a lookup per character
 
 
 def escaped(name: str) -> str:
@@ -32,7 +34,7 @@ def name_problem(name: object) -> str:
         return "is `.` or `..`"
     if "/" in name or "\\" in name:
         return "holds a path separator (`/` or `\\`)"
-    if any(unicodedata.category(c) in _BAD_CATEGORIES for c in name):
+    if _ASCII_BAD.search(name) if name.isascii() else any(unicodedata.category(c) in _BAD_CATEGORIES for c in name):
         return "holds control characters (terminal escapes) or invisible formatting characters"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
