@@ -72,19 +72,34 @@ def build_tree(tensors: Iterable[TensorInfo]) -> ModuleNode:
     return root
 
 
+_REGEX_ONLY = "^$+()|\\{}"  # syntax a glob never has: its presence makes the text a regex
+
+
+def filter_mode(pattern: str) -> str:
+    """How the `/` filter reads `pattern`: "regex" when it has syntax only a regex has (`^`, `\\.`, `(`,
+    `|`, ...; then `[13]` and `*` are regex too), else "glob" when it has `*`, `?` or `[`, else "text"."""
+    pattern = pattern.strip()
+    if any(c in pattern for c in _REGEX_ONLY):
+        return "regex"
+    if any(c in pattern for c in "*?["):
+        return "glob"
+    return "text"
+
+
 def name_filter(pattern: str) -> re.Pattern[str] | None:
-    """`/` filter: a glob when it has * ? [, a regex when it has other regex syntax, else a substring.
+    """The `/` filter as a pattern to `search` names with, read as `filter_mode` says.
 
     Raises re.error for a bad regex (the screen shows it)."""
     pattern = pattern.strip()
     if not pattern:
         return None
-    if any(c in pattern for c in "*?["):
+    mode = filter_mode(pattern)
+    if mode == "regex":
+        return re.compile(pattern)
+    if mode == "glob":
         glob = pattern if pattern.startswith("*") else f"*{pattern}"
         glob = glob if glob.endswith("*") else f"{glob}*"
         return re.compile(fnmatch.translate(glob))
-    if any(c in pattern for c in "^$+()|\\{}"):
-        return re.compile(pattern)
     return re.compile(re.escape(pattern))
 
 

@@ -12,7 +12,7 @@ import pytest
 from inspector.convert.options import ConvertOptions, select
 from inspector.scan.locate import discover_roots
 from inspector.scan.scanner import scan
-from inspector.tui.session import build_tree, name_filter, preset_selection, selection_options
+from inspector.tui.session import build_tree, filter_mode, name_filter, preset_selection, selection_options
 
 
 def test_tree_is_in_natural_order_with_subtotals(small_demo: Path) -> None:
@@ -67,11 +67,22 @@ def test_preset_from_command_line_options(small_demo: Path) -> None:
         ("q_proj", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"),
         ("*.layers.1.*", "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
         (r"^model\.layers\.1\d\.", "model.layers.12.mlp.weight", "model.layers.1.mlp.weight"),
+        # a character class inside a regex used to make the whole text a glob, matching nothing
+        (r"^model\.layers\.[13]\.mlp", "model.layers.3.mlp.up_proj.weight", "model.layers.2.mlp.up_proj.weight"),
+        ("layers.[13].mlp", "model.layers.1.mlp.up_proj.weight", "model.layers.2.mlp.up_proj.weight"),
     ],
 )
 def test_filter_glob_regex_text(pattern: str, hit: str, miss: str) -> None:
     p = name_filter(pattern)
     assert p is not None and p.search(hit) and not p.search(miss)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "mode"),
+    [("q_proj", "text"), ("*.q_proj.*", "glob"), ("layers.[13]", "glob"), (r"^model\.layers\.[13]", "regex")],
+)
+def test_the_filter_says_how_it_read_the_text(pattern: str, mode: str) -> None:
+    assert filter_mode(pattern) == mode
 
 
 def test_bad_regex_is_an_error_not_a_crash() -> None:

@@ -20,7 +20,7 @@ from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.errors import CancelledError, InspectorError
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.tui.fmt import count, plural, size
-from inspector.tui.session import ModuleNode, name_filter
+from inspector.tui.session import ModuleNode, filter_mode, name_filter
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail, difference_line, stats_renderable
 
@@ -48,6 +48,7 @@ class TensorsPane(Horizontal):
 
     def __init__(self) -> None:
         super().__init__()
+        self._filter_note: Text | None = None  # how the / filter was read and what it matches
         self.ckpt: Checkpoint | None = None
         self._cancel = threading.Event()
         self._stats_for: str | None = None
@@ -113,7 +114,9 @@ class TensorsPane(Horizontal):
         chosen = [t for t in ckpt.tensors if t.name in self.app.selected]  # type: ignore[attr-defined]
         out = sum(self.module_tree.out_bytes(t) for t in chosen)
         params = sum(t.numel for t in chosen if t.alias_of is None)
+        note = self._filter_note
         line = Text.assemble(
+            *((note, " · ") if note is not None else ()),
             (f"{len(chosen)}", "bold"),
             f" of {len(ckpt.tensors)} tensors · {count(params)} params · ",
             (size(out), "bold"),
@@ -180,7 +183,19 @@ class TensorsPane(Horizontal):
             return
         event.input.set_class(False, "-bad-pattern")
         self.module_tree.set_filter(pattern)
+        self._filter_note = self._filter_words(event.value, pattern)
         self._update_selection_line()
+
+    def _filter_words(self, text: str, pattern: re.Pattern[str] | None) -> Text | None:
+        """How the filter text was read and how many tensors it matches: a filter that matches nothing
+        says so instead of leaving an empty tree."""
+        if pattern is None:
+            return None
+        n = len(self.module_tree.shown_tensors())
+        mode = filter_mode(text)
+        if n == 0:
+            return Text(f"no tensor matches (read as {mode})", style="bold yellow")
+        return Text(f"{n} match{'es' if n != 1 else ''} (read as {mode})", style="dim")
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
@@ -198,6 +213,7 @@ class TensorsPane(Horizontal):
             box.value = ""
             box.add_class("-hidden")
             self.module_tree.set_filter(None)
+            self._filter_note = None
             self.module_tree.focus()
 
     # --- statistics ---------------------------------------------------------------------------------------
