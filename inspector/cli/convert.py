@@ -367,7 +367,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
     p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
-    p.add_argument("--format", choices=("safetensors", "universal"), default="safetensors")
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "universal"),
+        default="safetensors",
+        help="which output to predict: safetensors (weights or a model folder) or a DeepSpeed universal checkpoint",
+    )
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

@@ -317,6 +317,9 @@ class InspectorApp(App[int]):
         j = min(max(i + step, 0), len(tags) - 1)
         if j != i:
             self.scan(self.root, tags[j])
+        else:  # at either end the key would otherwise do nothing, silently
+            where = "newest" if step > 0 else "oldest"
+            self.notify(f"{tags[i]} is the {where} tag" + ("" if len(tags) > 1 else " (the only one)"), timeout=3)
 
     def action_roots(self) -> None:
         self.main.focus_roots()

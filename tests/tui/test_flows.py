@@ -391,3 +391,22 @@ async def test_the_filter_says_what_it_matched_and_how_it_read_the_text(small_de
         await pilot.press(*"zzz")
         await pilot.pause()
         assert "no tensor matches (read as regex)" in plain(app.main.query_one("#selection-line"))
+
+
+async def test_keys_scroll_the_overview_from_launch_and_never_reach_a_hidden_menu(small_demo: Path) -> None:
+    """`down` right after launch focused the tag dropdown (footer "Dismiss menu", keys trapped); at 80x24
+    PageDown did nothing until three tabs. The overview has the focus from the start and scrolls."""
+    from inspector.tui.screens.overview import OverviewPane
+
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("down")
+        assert isinstance(app.focused, OverviewPane)
+        await scanned(pilot)
+        pane = app.main.query_one(OverviewPane)
+        assert app.focused is pane and not any(s.expanded for s in app.main.query(Select))
+        await pilot.press("pagedown")
+        await pilot.pause()
+        assert pane.scroll_y > 0
+        await pilot.press("t")  # the app's keys still answer
+        assert app.main.query_one("#tabs").active == "tensors"

@@ -14,7 +14,9 @@ from inspector.tui.app import make_app
 from tests.tui.conftest import wait_for
 
 
-def test_path_and_demo_route_to_open() -> None:
+def test_path_and_demo_route_to_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)  # an existing PATH opens the app; a missing one is answered on the terminal
     assert _route(["ckpt/"]) == ["open", "ckpt/"]
     assert _route(["--demo"]) == ["open", "--demo"]
     assert _route(["--demo", "--dtype", "bf16"]) == ["open", "--demo", "--dtype", "bf16"]

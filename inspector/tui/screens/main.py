@@ -21,7 +21,7 @@ from inspector.tui.widgets.keybar import KeyBar
 
 
 class MainScreen(Screen[None]):
-    AUTO_FOCUS = None  # focus is given once the checkpoint is shown (deterministic for snapshots)
+    AUTO_FOCUS = None  # focus goes to the overview at mount: keys scroll it from the start, never a dropdown
     BINDINGS = [
         Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
         Binding("t", "tab('tensors')", "Tensors", show=False),
@@ -43,6 +43,8 @@ class MainScreen(Screen[None]):
         yield KeyBar()
 
     def on_mount(self) -> None:
+        # before the scan lands, `down` used to reach the tag dropdown (hidden menu, keys trapped until escape)
+        self.query_one(OverviewPane).focus()
         self.app.begin()  # type: ignore[attr-defined]
 
     @property
