@@ -225,6 +225,11 @@ def test_stage12_layout_matches_naive_buffer(case: tuple[list[Group12], int, boo
         part = parts[g]
         assert (info.numel, info.partition_numel, info.padded_numel) == (sum(grp.numels), part, part * ws)
         assert info.param_count == len(grp.numels)
+        assert info.alignment == sum(grp.pads)
+        # every padding element is counted once, on the rank that holds it: the tail and the alignment
+        # between parameters, so parameters + padding add up to each partition and to the whole group
+        assert sum(lay.rank_groups[r][g].param_numel for r in range(ws)) == sum(grp.numels)
+        assert sum(lay.rank_groups[r][g].alignment for r in range(ws)) == sum(grp.pads)
         for r in range(ws):
             rg = lay.rank_groups[r][g]
             tail = min(part, max(0, (r + 1) * part - grp.raw))

@@ -58,7 +58,7 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     t.add_column("files")
     t.add_column("size", justify="right")
     for g in ckpt.groups:
-        t.add_column(f"group {g.index}\nstored / padding", justify="right")
+        t.add_column(f"group {g.index}\nparams / padding", justify="right")
     ranks = ckpt.ranks
     shown = ranks if len(ranks) <= limit else ranks[: limit - 2] + ranks[-2:]
     for i, r in enumerate(shown):

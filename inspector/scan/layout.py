@@ -138,7 +138,8 @@ def stage12_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> 
                     hint="Files from different runs are mixed, or the file is damaged.",
                 )
             pad = states[r].groups[g].padding
-            rank_groups[r].append(RankGroup(g, part, ref.numel, part - need if pad is None else pad))
+            gaps = _overlap(alignment_spans(numels, pads), r * part, (r + 1) * part)
+            rank_groups[r].append(RankGroup(g, part, ref.numel, part - need if pad is None else pad, gaps))
         if refs[0].dtype != "float32":
             lay.master_dtype = refs[0].dtype
         have_moments = all(
@@ -151,13 +152,30 @@ def stage12_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> 
             mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
             if have_moments:
                 mom = tuple((m, split_flat(off, n, part, [mm[m] for mm in moments if mm])) for m in MOMENTS)
-            lay.params[name] = TensorInfo(name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom)
+            lay.params[name] = TensorInfo(
+                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom, pad_after=pad
+            )
             off += n + pad
         lay.findings += _check_slices(g, dict(zip(names, numels, strict=True)), part, states)
-        groups.append(GroupInfo(g, len(names), sum(numels), part * ws, part, g0.hyperparams))
+        groups.append(GroupInfo(g, len(names), sum(numels), part * ws, part, g0.hyperparams, sum(pads)))
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     return lay
+
+
+def alignment_spans(numels: Sequence[int], pads: Sequence[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of alignment padding in a flat group (after each parameter, §3.2)."""
+    spans, off = [], 0
+    for n, pad in zip(numels, pads, strict=True):
+        off += n
+        if pad:
+            spans.append((off, off + pad))
+        off += pad
+    return spans
+
+
+def _overlap(spans: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
+    return sum(max(0, min(e, hi) - max(s, lo)) for s, e in spans)
 
 
 def _contiguous(frags: list[tuple[int, int, int]], numel: int, part: int) -> bool:

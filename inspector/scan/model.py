@@ -69,6 +69,7 @@ class TensorInfo:
     moments: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
     # stage 1/2 trainable params: the 16-bit copy in the model-states file (`module`), in the compute dtype
     module_copy: tuple[Segment, ...] = ()
+    pad_after: int = 0  # stage 1/2: alignment padding elements right after it in the flat buffer
 
     @property
     def numel(self) -> int:
@@ -136,16 +137,29 @@ class GroupInfo:
     padded_numel: int
     partition_numel: int
     hyperparams: Mapping[str, Any] = field(default_factory=dict)
+    alignment: int = 0  # padding elements between parameters (param_alignment_paddings), of padded - numel
 
 
 @dataclass(frozen=True, slots=True)
 class RankGroup:
-    """One rank's share of one group: elements it stores, how many are padding."""
+    """One rank's share of one group: elements it stores, how many are padding: `padding` at the group's end
+    (`group_paddings`), `alignment` between parameters (`param_alignment_paddings`) inside this partition."""
 
     group: int
     partition_numel: int
     stored_numel: int
     padding: int
+    alignment: int = 0
+
+    @property
+    def pad_total(self) -> int:
+        """Every padding element in this rank's partition, wherever it sits."""
+        return self.padding + self.alignment
+
+    @property
+    def param_numel(self) -> int:
+        """Elements of this partition that belong to parameters."""
+        return self.partition_numel - self.pad_total
 
 
 @dataclass(frozen=True, slots=True)

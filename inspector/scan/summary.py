@@ -151,7 +151,7 @@ def contents_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Conte
     if ckpt.module_copy_bytes:
         compute = SHORT_NAMES.get(ckpt.compute_dtype, ckpt.compute_dtype) if short_dtypes else ckpt.compute_dtype
         rows.append(ContentsRow("module_copy", f"{compute} module copy", None, None, ckpt.module_copy_bytes))
-    pad = sum(g.padding for r in ckpt.ranks for g in r.groups)
+    pad = sum(g.pad_total for r in ckpt.ranks for g in r.groups)
     if pad:
         rows.append(ContentsRow("padding", "padding", None, pad, None))
     return rows
@@ -165,7 +165,7 @@ class RankRow:
     rank: int
     files: tuple[str, ...]
     nbytes: int
-    groups: tuple[tuple[int, int], ...]  # (stored_numel, padding) per group
+    groups: tuple[tuple[int, int], ...]  # (parameter elements, padding elements) per group
     complete: bool
 
     @property
@@ -174,8 +174,9 @@ class RankRow:
 
     @property
     def group_cells(self) -> list[str]:
-        """`stored / padding` per group, as both faces show it (`991,004 / 1`)."""
-        return [f"{format_count(stored)} / {pad}" for stored, pad in self.groups]
+        """`parameters / padding` per group, as both faces show it (`991,003 / 1`): the two add up to the
+        partition, padding counting the group's tail and the alignment between parameters alike."""
+        return [f"{format_count(params)} / {pad}" for params, pad in self.groups]
 
 
 def rank_row(r: RankInfo) -> RankRow:
@@ -183,7 +184,7 @@ def rank_row(r: RankInfo) -> RankRow:
         rank=r.rank,
         files=tuple(os.path.basename(p) for p in (r.optim_file, r.model_file) if p),
         nbytes=r.optim_bytes + r.model_bytes,
-        groups=tuple((g.stored_numel, g.padding) for g in r.groups),
+        groups=tuple((g.param_numel, g.pad_total) for g in r.groups),
         complete=bool(r.optim_file),
     )
 
@@ -262,7 +263,9 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
                         "group": g.group,
                         "partition_numel": g.partition_numel,
                         "stored_numel": g.stored_numel,
-                        "padding": g.padding,
+                        "padding": g.pad_total,
+                        "tail_padding": g.padding,
+                        "alignment_padding": g.alignment,
                     }
                     for g in r.groups
                 ],

@@ -27,7 +27,7 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
     t.add_column("size", justify="right", no_wrap=True, min_width=10)
     t.add_column("share", no_wrap=True, min_width=bar_width)
     for g in ckpt.groups:
-        t.add_column(f"g{g.index} stored/pad", justify="right", no_wrap=True, min_width=14)
+        t.add_column(f"g{g.index} params/pad", justify="right", no_wrap=True, min_width=14)
     t.add_column("files", overflow="ellipsis", no_wrap=True, ratio=1)
     rows = [rank_row(r) for r in ckpt.ranks]
     biggest = max((row.nbytes for row in rows), default=1) or 1

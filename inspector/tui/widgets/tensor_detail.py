@@ -64,9 +64,17 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     g = next((g for g in ckpt.groups if g.index == t.group), None)
     if g is None:
         return ""
+    pads = g.padded_numel - g.numel
+    tail = pads - g.alignment
+    where = (
+        f"{g.alignment} between parameters (parameter_alignment) and {tail} at its end"
+        if g.alignment
+        else "at its end"
+    )
+    after = f" It is followed by {t.pad_after} alignment padding element(s)." if t.pad_after else ""
     return (
         f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); "
-        f"the group has {g.padded_numel - g.numel} padding element(s) at its end."
+        f"the group has {pads} padding element(s): {where}.{after}"
     )
 
 
