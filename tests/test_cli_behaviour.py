@@ -147,3 +147,14 @@ def test_demo_help_documents_every_option(cli: Callable[..., CliResult]) -> None
     for words in ("folder to write", "ZeRO stage", "data-parallel ranks", "training dtype",
                   "frozen parameters", "tied weight", "replace a demo"):
         assert words in out, words
+
+
+def test_scan_of_a_run_folder_names_the_checkpoints_inside(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]
+) -> None:
+    """A Lightning run folder (`last.ckpt/` inside) said only "holds no DeepSpeed checkpoint"."""
+    run = tmp_path / "lightning_logs"
+    run.mkdir()
+    demo.copy(DemoSpec(params=20_000), run / "last.ckpt")
+    res = cli("scan", run)
+    assert res.rc == 2 and "last.ckpt/" in res.output and str(run / "last.ckpt") in res.output, res.output

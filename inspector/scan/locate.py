@@ -15,6 +15,7 @@ from inspector.format.zipreader import os_error
 from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
 from inspector.system.source import Source
+from inspector.system.units import printable
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -254,6 +255,14 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
             hint="Pass --tag to choose another.",
         )
         return newest, [note]
+    below = [os.path.relpath(r, path) for r in discover_roots(path) if r != path]
+    if below:  # a Lightning run folder (`last.ckpt/`), an RLHF run: name what is inside
+        shown = ", ".join(printable(b) + "/" for b in below[:5]) + (" …" if len(below) > 5 else "")
+        raise NotACheckpointError(
+            f"{path} is not itself a DeepSpeed checkpoint, but it holds {len(below)}: {shown}",
+            hint=f"Pass one of them, e.g. {os.path.join(path, below[0])}; `zero-inspector {path}` opens the "
+            "app with all of them to choose from.",
+        )
     raise NotACheckpointError(
         f"{path} holds no DeepSpeed checkpoint: no `latest` file and no folder with "
         "*_model_states.pt / *_optim_states.pt files.",
