@@ -99,7 +99,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
         console.print("[yellow]--force given: starting anyway.[/]")
     console.print(
-        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} ranks) → "
+        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''}) → "
         f"[bold]{escape(out_dir)}[/] ({xp.kind}): {plan.tensor_count} tensors, "
         f"{len(xp.filenames)} file(s), {_size(xp.output_bytes)}"
     )
@@ -367,7 +367,14 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
     p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
-    p.add_argument("--format", choices=("safetensors", "universal"), default="safetensors")
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "universal"),
+        default="safetensors",
+        help="the output to predict for: safetensors (default; --adapter, --base and --merge-adapter choose its "
+        "flavour) "
+        "or a DeepSpeed universal checkpoint",
+    )
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

@@ -23,7 +23,7 @@ from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child
-from inspector.tui.fmt import size
+from inspector.tui.fmt import shown, size
 from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
@@ -48,7 +48,7 @@ def start_conversion(app: Any) -> None:
         app.push_screen(
             ConfirmDialog(
                 "Convert a damaged checkpoint?",
-                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {app.ckpt.errors[0].message}\n"
+                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {shown(app.ckpt.errors[0].message)}\n"
                 "Converting it would likely write wrong weights.",
                 yes="Convert anyway",
             ),
@@ -160,8 +160,8 @@ class ConvertScreen(Screen[None]):
         self.query_one("#convert-title", Static).update(
             Text.assemble(
                 ("Converting ", "bold"),
-                f"{ckpt.root} @ {ckpt.tag} → ",
-                (plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir, "bold"),
+                shown(f"{ckpt.root} @ {ckpt.tag} → "),
+                (shown(plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir), "bold"),
                 f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
@@ -254,9 +254,10 @@ class ConvertScreen(Screen[None]):
 
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
         result = self.query_one("#result", Static)
+        title, message, hint = shown(title), shown(message), shown(hint)
         result.update(failure_text(title, message, hint, error=error))
         self.call_after_refresh(result.scroll_visible, animate=False)
-        self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8)
+        self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8, markup=False)
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
         self.phase = "failed"

@@ -19,7 +19,7 @@ from textual.widgets import Input, Static, Tree
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.errors import CancelledError, InspectorError
 from inspector.scan.model import Checkpoint, TensorInfo
-from inspector.tui.fmt import count, plural, size
+from inspector.tui.fmt import count, plural, shown, size
 from inspector.tui.session import ModuleNode, name_filter
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail, difference_line, stats_renderable
@@ -213,7 +213,7 @@ class TensorsPane(Horizontal):
             self.notify("Move to a tensor first.", severity="warning")
             return
         if not t.segments:
-            self.notify(f"{t.name} has no data of its own (tied or empty).", severity="warning")
+            self.notify(f"{shown(t.name)} has no data of its own (tied or empty).", severity="warning", markup=False)
             return
         self.cancel_stats()
         self._cancel = threading.Event()

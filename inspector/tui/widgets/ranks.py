@@ -7,7 +7,7 @@ from rich.text import Text
 
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import RankRow, rank_row
-from inspector.tui.fmt import bar, size
+from inspector.tui.fmt import bar, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 MAX_ROWS = 64  # beyond this, the first and last ranks and the outliers are shown
@@ -44,7 +44,7 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
             Text(cell, style="yellow" if pad else "") for cell, (_, pad) in zip(row.group_cells, row.groups, strict=True)
         ]
         cells += [Text("")] * (len(ckpt.groups) - len(cells))
-        files = Text(", ".join(row.files) or "MISSING", style="dim" if row.complete else "red")
+        files = Text(shown(", ".join(row.files)) or "MISSING", style="dim" if row.complete else "red")
         t.add_row(str(row.rank), size(row.nbytes), share, *cells, files)
     return t
 

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, size
+from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, shown, size
 from inspector.tui.session import rank_of_file
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
@@ -37,7 +37,7 @@ def where_lines(ckpt: Checkpoint, t: TensorInfo, limit: int = 8) -> list[Text]:
         lines.append(
             Text.assemble(
                 (f"{owner.get(s.file, '?'):>12} ", "bold"),
-                (os.path.basename(s.file), "cyan"),
+                (shown(os.path.basename(s.file)), "cyan"),
                 f" @ byte {s.offset:,}",
                 (f"  {count(s.numel)} elements, {size(s.nbytes)}", "dim"),
             )
@@ -122,7 +122,7 @@ class TensorDetail(AutoHeightStatic):
     def show_module(self, title: str, lines: list[str]) -> None:
         self.tensor = None
         self.extra = []
-        self.update(Group(Text(title, style="bold"), *(Text(x) for x in lines)))
+        self.update(Group(Text(shown(title), style="bold"), *(Text(x) for x in lines)))
 
     def set_extra(self, items: list[RenderableType]) -> None:
         self.extra = items
@@ -143,7 +143,7 @@ class TensorDetail(AutoHeightStatic):
         ckpt, t = self.ckpt, self.tensor
         if ckpt is None or t is None:
             return
-        head = Text(t.name, style="bold")
+        head = Text(shown(t.name), style="bold")
         out = dtype(self.out_dtype if t.is_floating else t.dtype)
         line = Text.assemble(
             f"{shape(t.shape)} · {count(t.numel)} params · ",
@@ -155,7 +155,7 @@ class TensorDetail(AutoHeightStatic):
         if t.alias_of:
             parts.append(
                 Text(
-                    f"Tied: the same storage as {t.alias_of}; written under both names unless deduplicated.",
+                    f"Tied: the same storage as {shown(t.alias_of)}; written under both names unless deduplicated.",
                     style="yellow",
                 )
             )
