@@ -72,19 +72,30 @@ def build_tree(tensors: Iterable[TensorInfo]) -> ModuleNode:
     return root
 
 
-def name_filter(pattern: str) -> re.Pattern[str] | None:
-    """`/` filter: a glob when it has * ? [, a regex when it has other regex syntax, else a substring.
+_REGEX_ONLY = "^$+()|\\{}"  # syntax a glob never has: `^model\.layers\.[13]` is a regex despite its [ ]
 
-    Raises re.error for a bad regex (the screen shows it)."""
+
+def filter_kind(pattern: str) -> str:
+    """How the `/` filter reads `pattern`: "regex" when it has regex-only syntax (anchors, escapes, groups),
+    else "glob" when it has * ? [, else "text" (a substring). The screen says which, with the match count."""
+    pattern = pattern.strip()
+    if any(c in pattern for c in _REGEX_ONLY):
+        return "regex"
+    return "glob" if any(c in pattern for c in "*?[") else "text"
+
+
+def name_filter(pattern: str) -> re.Pattern[str] | None:
+    """`/` filter, read as `filter_kind` says. Raises re.error for a bad regex (the screen shows it)."""
     pattern = pattern.strip()
     if not pattern:
         return None
-    if any(c in pattern for c in "*?["):
+    kind = filter_kind(pattern)
+    if kind == "regex":
+        return re.compile(pattern)
+    if kind == "glob":
         glob = pattern if pattern.startswith("*") else f"*{pattern}"
         glob = glob if glob.endswith("*") else f"{glob}*"
         return re.compile(fnmatch.translate(glob))
-    if any(c in pattern for c in "^$+()|\\{}"):
-        return re.compile(pattern)
     return re.compile(re.escape(pattern))
 
 

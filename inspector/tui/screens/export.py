@@ -160,7 +160,7 @@ class ExportScreen(Screen[None]):
                         "; ".join(f"{p}={r}" for p, r in o.renames),
                         id="renames",
                         compact=True,
-                        placeholder=r"REGEX=REPL; ... e.g. ^model\\.=",
+                        placeholder=r"REGEX=REPL; ... e.g. ^model\.=",
                     )
                     yield Label("Keep fp32")
                     yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")

@@ -21,7 +21,9 @@ from inspector.tui.widgets.keybar import KeyBar
 
 
 class MainScreen(Screen[None]):
-    AUTO_FOCUS = None  # focus is given once the checkpoint is shown (deterministic for snapshots)
+    # The overview has the keys from launch: arrows and PageDown/End scroll it (a hidden root chooser or the tag
+    # dropdown, Textual's first focusable widgets, would take `↓` into an invisible menu).
+    AUTO_FOCUS = "OverviewPane"
     BINDINGS = [
         Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
         Binding("t", "tab('tensors')", "Tensors", show=False),

@@ -1,0 +1,60 @@
+"""The app as people use it (issue: keyboard from launch, scrolling, filters that say what they did, cursor and
+detail in step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from inspector.tui.app import make_app
+from inspector.tui.screens.overview import OverviewPane
+from inspector.tui.widgets.module_tree import ModuleTree
+from inspector.tui.widgets.tensor_detail import TensorDetail
+from tests.tui.conftest import plain, scanned
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_keys_work_from_launch_and_the_overview_scrolls(small_demo: Path) -> None:
+    """`↓` right after launch scrolls the overview (not into the hidden tag dropdown); PageDown/End reach the
+    sections below the fold at 80x24; `t` then reaches the tree."""
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        pane = app.main.query_one(OverviewPane)
+        assert app.focused is pane
+        await pilot.press("down")
+        assert app.focused is pane and pane.scroll_y > 0
+        await pilot.press("end")
+        await pilot.pause()
+        assert pane.max_scroll_y > 0 and pane.scroll_y == pane.max_scroll_y
+        await pilot.press("t")
+        assert isinstance(app.focused, ModuleTree)
+
+
+async def test_filter_says_how_it_read_the_text_and_how_many_match(small_demo: Path) -> None:
+    """A regex with a character class is a regex (not a glob that matches nothing); no match is said in words;
+    the cursor and the detail follow the filtered tree."""
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        tree = app.main.query_one(ModuleTree)
+        detail = app.main.query_one(TensorDetail)
+        assert tree.cursor_line == 0 and tree.cursor_node is not None
+        assert plain(detail).startswith(tree.cursor_node.data.path)  # the row under the cursor, not another
+        await pilot.press("slash")
+        box = app.main.query_one("#filter", Input)
+        box.value = r"^model\.layers\.[13]\.mlp"
+        await pilot.pause()
+        line = plain(app.main.query_one("#selection-line"))
+        expected = [t for t in app.ckpt.tensors if t.name.startswith(("model.layers.1.mlp", "model.layers.3.mlp"))]  # type: ignore[union-attr]
+        assert expected and f"regex: {len(expected)} of" in line, line
+        assert tree.cursor_node is not None and tree.cursor_line == 0
+        assert f"{len(expected)} tensors" in plain(detail)  # the filtered subtree, not the unfiltered count
+        box.value = "no_such_thing"
+        await pilot.pause()
+        assert "no tensor matches this text" in plain(app.main.query_one("#selection-line"))
+        assert "No tensor matches" in plain(detail)
