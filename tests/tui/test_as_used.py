@@ -58,3 +58,43 @@ async def test_filter_says_how_it_read_the_text_and_how_many_match(small_demo: P
         await pilot.pause()
         assert "no tensor matches this text" in plain(app.main.query_one("#selection-line"))
         assert "No tensor matches" in plain(detail)
+
+
+async def test_resizing_restyles_the_tensors_tab(small_demo: Path) -> None:
+    """Started narrow then enlarged, the Tensors tab goes side by side; shrunk again, it stacks."""
+    from inspector.tui.screens.tensors import TensorsPane
+
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        pane = app.main.query_one(TensorsPane)
+        assert app.main.has_class("narrow") and pane.styles.layout.name == "vertical"
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause(0.2)
+        assert app.main.has_class("wide") and pane.styles.layout.name == "horizontal"
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.2)
+        assert app.main.has_class("narrow") and pane.styles.layout.name == "vertical"
+
+
+async def test_the_peak_shown_is_the_converters_own(small_demo: Path, tmp_path: Path) -> None:
+    """The converter child inherits getrusage's high-water mark from the app across fork and exec: the peak
+    shown must be the child's own (VmHWM), not the app's, however big the app has grown."""
+    from inspector.tui.screens.convert import ConvertScreen
+    from inspector.tui.widgets.meter import MemoryMeter
+    from tests.tui.conftest import wait_for
+
+    ballast = bytearray(300 * 2**20)
+    ballast[:: 4096] = b"\x01" * len(range(0, len(ballast), 4096))  # resident in this (the app's) process
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("c")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.report is not None, "conversion"
+        )
+        peak = int(app.screen.report["peak_rss"])  # type: ignore[union-attr, index]
+        assert 0 < peak < 200 * 2**20, peak
+        assert app.screen.query_one(MemoryMeter).peak < 200 * 2**20
+    del ballast
