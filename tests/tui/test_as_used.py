@@ -98,3 +98,23 @@ async def test_the_peak_shown_is_the_converters_own(small_demo: Path, tmp_path: 
         assert 0 < peak < 200 * 2**20, peak
         assert app.screen.query_one(MemoryMeter).peak < 200 * 2**20
     del ballast
+
+
+async def test_c_into_a_folder_that_is_not_empty_points_at_the_form(small_demo: Path, tmp_path: Path) -> None:
+    """`c` on the main screen with an output folder the form marks "not empty" does not start a conversion that
+    would fail with the CLI's words: it opens the form, whose checkbox is the answer."""
+    from inspector.tui.screens.convert import ConvertScreen
+    from inspector.tui.screens.export import ExportScreen
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"earlier")
+    app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, ExportScreen) and not app.converting
+        assert not any(isinstance(s, ConvertScreen) for s in app.screen_stack)
+        assert any("not empty" in str(n.message) and "replace an earlier" in str(n.message) for n in app._notifications)
+    assert (out / "model.safetensors").read_bytes() == b"earlier"

@@ -7,6 +7,7 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psutil
@@ -38,6 +39,23 @@ def start_conversion(app: Any) -> None:
     """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
     if not app.selected and app.export.format != UNIVERSAL:  # universal writes the whole checkpoint
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
+        return
+    out = app.export.out_dir
+    if app.export.format != UNIVERSAL and not app.export.overwrite and os.path.isdir(out) and os.listdir(out):
+        from inspector.tui.screens.export import (
+            ExportScreen,  # what the form already marks: said before starting
+        )
+
+        app.notify(
+            f"{shown(out)} is not empty: tick 'replace an earlier conversion' in the export form, or choose "
+            "another folder.",
+            title="Output folder not empty",
+            severity="warning",
+            timeout=8,
+            markup=False,
+        )
+        if not isinstance(app.screen, ExportScreen):
+            app.push_screen(ExportScreen())
         return
     if app.ckpt.errors:
 
@@ -346,7 +364,11 @@ class ConvertScreen(Screen[None]):
         if self.child is not None and self.child.running:
             self.notify("Still running: escape cancels it first.", severity="warning")
             return
+        from inspector.tui.screens.export import ExportScreen
+
         self.app.pop_screen()
+        if isinstance(self.app.screen_stack[-1], ExportScreen):  # back to the checkpoint, as help says, not the form
+            self.app.pop_screen()
 
     def stop_child(self) -> None:
         if self.child is not None and self.child.running:
