@@ -118,3 +118,16 @@ async def test_c_into_a_folder_that_is_not_empty_points_at_the_form(small_demo: 
         assert not any(isinstance(s, ConvertScreen) for s in app.screen_stack)
         assert any("not empty" in str(n.message) and "replace an earlier" in str(n.message) for n in app._notifications)
     assert (out / "model.safetensors").read_bytes() == b"earlier"
+
+
+async def test_a_folder_name_with_escapes_is_shown_escaped(small_demo: Path, tmp_path: Path) -> None:
+    """The header and status show a crafted folder name with its control characters escaped."""
+    import shutil
+
+    root = tmp_path / "ckpt\x1b]2;PWNED\x07"
+    shutil.copytree(small_demo, root)
+    app = make_app(path=str(root), live_meters=False)
+    async with app.run_test(size=(200, 36)) as pilot:
+        await scanned(pilot)
+        assert "\\x1b]2;PWNED\\x07" in app.main.sub_title and "\x1b" not in app.main.sub_title
+        assert "\x1b" not in app.screen.query_one("#status").render().plain  # type: ignore[attr-defined]
