@@ -72,7 +72,7 @@ def test_escape_goes_back_and_q_quits_in_a_real_terminal(small_demo: Path) -> No
     not arrived as `escape`, the `q` would be typed into the field and the app would still be running."""
     term = Terminal([str(small_demo)])
     try:
-        term.wait_for(b"global_step")
+        term.wait_for(b" tensors")  # the scan has finished (the tag alone is drawn before it): `e` opens the form
         term.send(b"e")
         term.wait_for(b"Output folder")
         term.send(b"\x1b")
