@@ -148,9 +148,8 @@ def test_rank_rows(demo: DemoCache, tmp_path: Path) -> None:
         assert row.rank == r.rank and row.complete
         assert row.files == tuple(os.path.basename(p) for p in (r.optim_file, r.model_file) if p)
         assert row.nbytes == sum(os.path.getsize(p) for p in (r.optim_file, r.model_file) if p)
-        assert row.groups == tuple((g.partition_numel - g.padding - g.alignment, g.padding + g.alignment) for g in r.groups)
-        assert all(p + pad == g.partition_numel for (p, pad), g in zip(row.groups, r.groups, strict=True))
-        assert row.padding == sum(g.padding + g.alignment for g in r.groups)
+        assert row.groups == tuple((g.stored_numel, g.padding) for g in r.groups)
+        assert row.padding == sum(g.padding for g in r.groups)
         assert row.group_cells == [f"{s:,} / {p}" for s, p in row.groups]
     assert sum(rank_row(r).padding for r in ckpt.ranks) > 0
     # a rank whose optimizer-states file is gone: listed, not complete, no file names of its own

@@ -99,7 +99,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
         console.print("[yellow]--force given: starting anyway.[/]")
     console.print(
-        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} ranks) → "
+        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''}) → "
         f"[bold]{escape(out_dir)}[/] ({xp.kind}): {plan.tensor_count} tensors, "
         f"{len(xp.filenames)} file(s), {_size(xp.output_bytes)}"
     )
@@ -371,7 +371,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         "--format",
         choices=("safetensors", "universal"),
         default="safetensors",
-        help="which output to predict: safetensors (weights or a model folder) or a DeepSpeed universal checkpoint",
+        help="the output to predict for: safetensors (default; --adapter, --base and --merge-adapter choose its "
+        "flavour) "
+        "or a DeepSpeed universal checkpoint",
     )
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import json
 import os
 import shutil
@@ -24,21 +23,32 @@ from inspector import __version__
 from inspector.cli.console import console as _console
 from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import stdout_closed
-from inspector.errors import (
-    EXIT_CANCELLED,
-    EXIT_DAMAGED,
-    EXIT_OK,
-    EXIT_USAGE,
-    InspectorError,
-    NotACheckpointError,
-)
-from inspector.system.units import plural, printable
+from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError
+
+
+def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
+    """A folder that is not a checkpoint but holds some (a Lightning run's `last.ckpt/`, a Trainer run's
+    `checkpoint-N/`): the refusal names them, as the app finds them, instead of only "no checkpoint"."""
+    from inspector.scan.locate import discover_roots
+
+    roots = [r for r in discover_roots(path) if os.path.abspath(r) != os.path.abspath(path)]
+    if not roots:
+        return exc
+    names = ", ".join(os.path.relpath(r, path) for r in roots[:5]) + (" …" if len(roots) > 5 else "")
+    exc.hint = (
+        f"It holds {len(roots)} checkpoint(s): {names}. Scan one of them, e.g. "
+        f"`zero-inspector scan {roots[-1]}`, or open the folder in the app to choose."
+    )
+    return exc
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
     from inspector.scan.scanner import scan
 
-    ckpt = scan(args.path, args.tag)
+    try:
+        ckpt = scan(args.path, args.tag)
+    except InspectorError as exc:
+        raise _with_roots_named(exc, args.path) from None
     rc = EXIT_DAMAGED if ckpt.errors else EXIT_OK
     try:
         if args.json:
@@ -131,7 +141,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         console = _console()
         with console.status(
-            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({plural(spec.world_size, 'rank')}, {spec.dtype})…"
+            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} rank{'s' if spec.world_size != 1 else ''}, {spec.dtype})…"
         ) as status:
             tag_dir = write_demo(out, spec, progress=lambda f: status.update(f"Writing {escape(f)}…"))
         done = True
@@ -166,6 +176,12 @@ def cmd_open(args: argparse.Namespace) -> int:
 
     if not args.path and not args.demo:
         raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
+    if args.path and not args.demo and not os.path.exists(args.path):  # said here, not in a full-screen dialog
+        raise InspectorError(
+            f"{args.path} does not exist.",
+            hint="Check the path; `zero-inspector --help` lists the commands.",
+            title="No such checkpoint",
+        )
     options = _opts(args)
     from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
 
@@ -200,22 +216,19 @@ COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "open")
 
 
 def _route(argv: list[str]) -> list[str]:
-    """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`. A first word that is neither a
-    command nor an existing path is answered on the terminal (a typo of a command, or a missing path), not by
-    opening the full-screen app on an error dialog."""
+    """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`. A first word that is no path but
+    looks like a command (`scna`) is refused as an unknown command, with the nearest one suggested."""
     if argv and argv[0] not in COMMANDS and (not argv[0].startswith("-") or "--demo" in argv):
         if not argv[0].startswith("-") and not os.path.exists(argv[0]):
-            close = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.6)
-            if close:
+            import difflib
+
+            near = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.6)
+            if near:
                 raise InspectorError(
-                    f"Unknown command {printable(argv[0])!r}.",
-                    hint=f"Did you mean `zero-inspector {close[0]} ...`? Commands: {', '.join(COMMANDS)}.",
+                    f"{argv[0]!r} is neither a command nor a path.",
+                    hint=f"Did you mean `zero-inspector {near[0]}`? `zero-inspector --help` lists the commands.",
                     title="Unknown command",
                 )
-            raise NotACheckpointError(
-                f"{printable(argv[0])} does not exist.",
-                hint=f"Check the path, or give a command: {', '.join(COMMANDS)}.",
-            )
         return ["open", *argv]
     return argv
 
@@ -243,15 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="write a realistic demo checkpoint (real DeepSpeed layout)")
     p.add_argument("dir", help="folder to write the checkpoint root into (created; must be empty)")
-    p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage (default 2)")
-    p.add_argument("--world-size", type=int, default=2, help="data-parallel ranks, one file each (default 2)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype")
+    p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage (default: 2)")
+    p.add_argument("--world-size", type=int, default=2, help="data-parallel ranks, one file each (default: 2)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default: bf16)")
     p.add_argument("--params", default="2M", help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)")
     p.add_argument("--sub-group-size", type=int, default=1_000_000_000, help="stage 3 sub-group size")
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
-    p.add_argument("--no-frozen", action="store_true", help="leave out the frozen parameters the demo has by default")
-    p.add_argument("--no-tied", action="store_true", help="leave out the tied weight the demo has by default")
-    p.add_argument("--overwrite", action="store_true", help="replace a demo already in DIR")
+    p.add_argument("--no-frozen", action="store_true", help="no frozen parameters (default: a frozen position table)")
+    p.add_argument("--no-tied", action="store_true", help="no tied output head (default: lm_head tied to the token embedding)")
+    p.add_argument("--overwrite", action="store_true", help="write into DIR even if it is not empty")
     p.set_defaults(func=cmd_demo)
 
     from inspector.cli import convert as cli_convert

@@ -11,7 +11,14 @@ from inspector.cli.console import literal as escape
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.scan.summary import adapter_json, kind_totals, module_rows, rank_row, summary_rows
+from inspector.scan.summary import (
+    adapter_json,
+    alignment_padding,
+    kind_totals,
+    module_rows,
+    rank_row,
+    summary_rows,
+)
 from inspector.system.units import format_bytes, format_count, printable
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -58,13 +65,17 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     t.add_column("files")
     t.add_column("size", justify="right")
     for g in ckpt.groups:
-        t.add_column(f"group {g.index}\nparams / padding", justify="right")
+        t.add_column(f"group {g.index}\nstored / padding", justify="right")
     ranks = ckpt.ranks
+    align = alignment_padding(ckpt)
+    if align:
+        t.caption = "padding: end of the group + alignment between parameters (param_alignment_paddings)"
+        t.caption_justify = "left"
     shown = ranks if len(ranks) <= limit else ranks[: limit - 2] + ranks[-2:]
     for i, r in enumerate(shown):
         if len(ranks) > limit and i == limit - 2:
             t.add_row("…", f"[dim]{len(ranks) - limit} more ranks[/]", "", *["" for _ in ckpt.groups])
-        row = rank_row(r)
+        row = rank_row(r, align)
         t.add_row(str(row.rank), escape(", ".join(row.files)), size(row.nbytes), *row.group_cells)
     return t
 

@@ -24,7 +24,7 @@ def convert_universal(args: argparse.Namespace) -> int:
     total = plan.total_bytes
     console.print(
         f"Writing universal checkpoint [bold]{escape(plan.out_dir)}[/] from {escape(ckpt.tag_dir)} "
-        f"(ZeRO-{ckpt.stage}, {ckpt.world_size} ranks): {len(plan.files)} tensor files, {format_bytes(total)}"
+        f"(ZeRO-{ckpt.stage}, {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''}): {len(plan.files)} tensor files, {format_bytes(total)}"
     )
     done = [0]
     lock = threading.Lock()

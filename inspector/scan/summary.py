@@ -151,10 +151,33 @@ def contents_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Conte
     if ckpt.module_copy_bytes:
         compute = SHORT_NAMES.get(ckpt.compute_dtype, ckpt.compute_dtype) if short_dtypes else ckpt.compute_dtype
         rows.append(ContentsRow("module_copy", f"{compute} module copy", None, None, ckpt.module_copy_bytes))
-    pad = sum(g.pad_total for r in ckpt.ranks for g in r.groups)
+    align = sum(alignment_padding(ckpt).values())
+    pad = sum(g.padding for r in ckpt.ranks for g in r.groups) + align
     if pad:
-        rows.append(ContentsRow("padding", "padding", None, pad, None))
+        what = f"padding ({align:,} align)" if align else "padding"
+        rows.append(ContentsRow("padding", what, None, pad, None))
     return rows
+
+
+def alignment_padding(ckpt: Checkpoint) -> dict[tuple[int, int], int]:
+    """{(rank, group): elements} of `param_alignment_paddings` in each rank's partition (stage 1/2): the
+    padding *between* parameters, which `group_paddings` (the end of the last partition) does not count.
+    What a partition holds up to its end padding, less the parameters' elements in it."""
+    if ckpt.stage == 3:
+        return {}
+    held: dict[tuple[str, int], int] = {}
+    for t in ckpt.tensors:
+        if t.kind is Kind.TRAINABLE and t.group is not None:
+            for s in t.segments:
+                held[(s.file, t.group)] = held.get((s.file, t.group), 0) + s.numel
+    out = {}
+    for r in ckpt.ranks:
+        for g in r.groups:
+            used = min(g.stored_numel, g.partition_numel - g.padding)
+            gap = used - held.get((r.optim_file or "", g.group), 0)
+            if gap > 0:
+                out[(r.rank, g.group)] = gap
+    return out
 
 
 @dataclass(frozen=True)
@@ -165,27 +188,34 @@ class RankRow:
     rank: int
     files: tuple[str, ...]
     nbytes: int
-    groups: tuple[tuple[int, int], ...]  # (parameter elements, padding elements) per group
+    groups: tuple[tuple[int, int], ...]  # (stored_numel, padding) per group
     complete: bool
+    alignment: tuple[int, ...] = ()  # per group: alignment padding between parameters in this partition
 
     @property
     def padding(self) -> int:
-        return sum(pad for _, pad in self.groups)
+        return sum(pad for _, pad in self.groups) + sum(self.alignment)
 
     @property
     def group_cells(self) -> list[str]:
-        """`parameters / padding` per group, as both faces show it (`991,003 / 1`): the two add up to the
-        partition, padding counting the group's tail and the alignment between parameters alike."""
-        return [f"{format_count(params)} / {pad}" for params, pad in self.groups]
+        """`stored / padding` per group, as both faces show it (`991,004 / 1`); with alignment padding between
+        parameters, `end+alignment` (`8,327 / 3+74`)."""
+        align = self.alignment or (0,) * len(self.groups)
+        return [
+            f"{format_count(stored)} / {pad}" + (f"+{a}" if a else "")
+            for (stored, pad), a in zip(self.groups, align, strict=True)
+        ]
 
 
-def rank_row(r: RankInfo) -> RankRow:
+def rank_row(r: RankInfo, alignment: dict[tuple[int, int], int] | None = None) -> RankRow:
+    """`alignment` is `alignment_padding(ckpt)`: without it the row counts only the end padding."""
     return RankRow(
         rank=r.rank,
         files=tuple(os.path.basename(p) for p in (r.optim_file, r.model_file) if p),
         nbytes=r.optim_bytes + r.model_bytes,
-        groups=tuple((g.param_numel, g.pad_total) for g in r.groups),
+        groups=tuple((g.stored_numel, g.padding) for g in r.groups),
         complete=bool(r.optim_file),
+        alignment=tuple((alignment or {}).get((r.rank, g.group), 0) for g in r.groups),
     )
 
 
@@ -263,9 +293,7 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
                         "group": g.group,
                         "partition_numel": g.partition_numel,
                         "stored_numel": g.stored_numel,
-                        "padding": g.pad_total,
-                        "tail_padding": g.padding,
-                        "alignment_padding": g.alignment,
+                        "padding": g.padding,
                     }
                     for g in r.groups
                 ],

@@ -52,6 +52,10 @@ class InspectorApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "zero-inspector"
     ENABLE_COMMAND_PALETTE = True
+    # Textual sets these classes on every screen at each resize (a class set once on the app at startup kept
+    # the first layout: stacked after enlarging, side by side with cut rows after shrinking)
+    HORIZONTAL_BREAKPOINTS = [(0, "narrow"), (100, "wide")]
+    VERTICAL_BREAKPOINTS = [(0, "short"), (32, "tall")]
     BINDINGS = [
         Binding("q", "quit_app", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
@@ -106,9 +110,6 @@ class InspectorApp(App[int]):
         elif self.launch.path:
             self.open_path(self.launch.path, self.launch.tag)
 
-    def on_resize(self) -> None:
-        self.set_class(self.size.width < 100, "narrow")
-        self.set_class(self.size.height < 32, "short")
 
     # --- opening and scanning -----------------------------------------------------------------------------
 
@@ -317,9 +318,9 @@ class InspectorApp(App[int]):
         j = min(max(i + step, 0), len(tags) - 1)
         if j != i:
             self.scan(self.root, tags[j])
-        else:  # at either end the key would otherwise do nothing, silently
-            where = "newest" if step > 0 else "oldest"
-            self.notify(f"{tags[i]} is the {where} tag" + ("" if len(tags) > 1 else " (the only one)"), timeout=3)
+        else:
+            which = "oldest" if step < 0 else "newest"
+            self.notify(f"This is the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
 
     def action_roots(self) -> None:
         self.main.focus_roots()

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Kind
-from inspector.system.units import format_bytes, format_count
+from inspector.system.units import format_bytes, format_count, printable
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
+
+
+def shown(text: object) -> str:
+    """The one way a string from a file or a folder name reaches the screen: Textual writes control characters
+    raw, so ESC, BEL and the C1 range are shown as `\\x1b` (a folder named `ESC ] 2 ; ... BEL` would otherwise
+    set the terminal's title). For Rich `Text`, Select options, titles and dialogs (no markup parsed there)."""
+    return printable(str(text))
+
+
+def shown_markup(text: object) -> str:
+    """`shown`, for a string that goes into Textual markup: `[` escaped too, so a name is never read as a style."""
+    return escape(shown(text))
 
 
 def size(n: float) -> str:

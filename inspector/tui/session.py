@@ -72,31 +72,27 @@ def build_tree(tensors: Iterable[TensorInfo]) -> ModuleNode:
     return root
 
 
-_REGEX_ONLY = "^$+()|\\{}"  # syntax a glob never has: its presence makes the text a regex
+_REGEX_ONLY = "^$+()|\\{}"  # syntax a glob never has: `^model\.layers\.[13]` is a regex despite its [ ]
 
 
-def filter_mode(pattern: str) -> str:
-    """How the `/` filter reads `pattern`: "regex" when it has syntax only a regex has (`^`, `\\.`, `(`,
-    `|`, ...; then `[13]` and `*` are regex too), else "glob" when it has `*`, `?` or `[`, else "text"."""
+def filter_kind(pattern: str) -> str:
+    """How the `/` filter reads `pattern`: "regex" when it has regex-only syntax (anchors, escapes, groups),
+    else "glob" when it has * ? [, else "text" (a substring). The screen says which, with the match count."""
     pattern = pattern.strip()
     if any(c in pattern for c in _REGEX_ONLY):
         return "regex"
-    if any(c in pattern for c in "*?["):
-        return "glob"
-    return "text"
+    return "glob" if any(c in pattern for c in "*?[") else "text"
 
 
 def name_filter(pattern: str) -> re.Pattern[str] | None:
-    """The `/` filter as a pattern to `search` names with, read as `filter_mode` says.
-
-    Raises re.error for a bad regex (the screen shows it)."""
+    """`/` filter, read as `filter_kind` says. Raises re.error for a bad regex (the screen shows it)."""
     pattern = pattern.strip()
     if not pattern:
         return None
-    mode = filter_mode(pattern)
-    if mode == "regex":
+    kind = filter_kind(pattern)
+    if kind == "regex":
         return re.compile(pattern)
-    if mode == "glob":
+    if kind == "glob":
         glob = pattern if pattern.startswith("*") else f"*{pattern}"
         glob = glob if glob.endswith("*") else f"{glob}*"
         return re.compile(fnmatch.translate(glob))

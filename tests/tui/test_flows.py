@@ -377,22 +377,6 @@ async def test_arrow_keys_fold_and_unfold_submodules(small_demo: Path) -> None:
         assert not node.is_expanded and tree.cursor_node is node
 
 
-async def test_the_filter_says_what_it_matched_and_how_it_read_the_text(small_demo: Path) -> None:
-    """A regex with a character class was read as a glob and matched nothing, silently."""
-    app = make_app(path=str(small_demo), live_meters=False)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await scanned(pilot)
-        await pilot.press("t", "slash", *r"^model\.layers\.[01]\.mlp")
-        await pilot.pause()
-        line = plain(app.main.query_one("#selection-line"))
-        shown = app.main.tensors_pane.module_tree.shown_tensors()
-        assert shown and all(".mlp." in t.name for t in shown)
-        assert f"{len(shown)} matches (read as regex)" in line
-        await pilot.press(*"zzz")
-        await pilot.pause()
-        assert "no tensor matches (read as regex)" in plain(app.main.query_one("#selection-line"))
-
-
 async def test_keys_scroll_the_overview_from_launch_and_never_reach_a_hidden_menu(small_demo: Path) -> None:
     """`down` right after launch focused the tag dropdown (footer "Dismiss menu", keys trapped); at 80x24
     PageDown did nothing until three tabs. The overview has the focus from the start and scrolls."""

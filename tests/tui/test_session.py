@@ -12,7 +12,7 @@ import pytest
 from inspector.convert.options import ConvertOptions, select
 from inspector.scan.locate import discover_roots
 from inspector.scan.scanner import scan
-from inspector.tui.session import build_tree, filter_mode, name_filter, preset_selection, selection_options
+from inspector.tui.session import build_tree, filter_kind, name_filter, preset_selection, selection_options
 
 
 def test_tree_is_in_natural_order_with_subtotals(small_demo: Path) -> None:
@@ -82,7 +82,7 @@ def test_filter_glob_regex_text(pattern: str, hit: str, miss: str) -> None:
     [("q_proj", "text"), ("*.q_proj.*", "glob"), ("layers.[13]", "glob"), (r"^model\.layers\.[13]", "regex")],
 )
 def test_the_filter_says_how_it_read_the_text(pattern: str, mode: str) -> None:
-    assert filter_mode(pattern) == mode
+    assert filter_kind(pattern) == mode
 
 
 def test_bad_regex_is_an_error_not_a_crash() -> None:

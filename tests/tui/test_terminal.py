@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def test_escape_goes_back_and_q_quits_in_a_real_terminal(small_demo: Path) -> No
     not arrived as `escape`, the `q` would be typed into the field and the app would still be running."""
     term = Terminal([str(small_demo)])
     try:
-        term.wait_for(b"global_step")
+        term.wait_for(b" tensors")  # the scan has finished (the tag alone is drawn before it): `e` opens the form
         term.send(b"e")
         term.wait_for(b"Output folder")
         term.send(b"\x1b")
@@ -92,3 +93,37 @@ def test_the_input_loop_wakes_when_the_escape_wait_ends() -> None:
     assert _wake_in(p, now=5.0) == pytest.approx(0.03)
     assert _wake_in(p, now=6.0) == 0.0  # overdue: do not block at all
     assert _wake_in(object(), now=5.0) == IDLE_WAKE  # a Textual without the attribute: stock behaviour
+
+
+EVIL = "\x1b]2;PWNED\x07\x1b[2J\x9b31m"  # set the title, clear the screen, a C1 CSI
+
+
+def test_folder_names_with_terminal_escapes_never_reach_the_terminal_raw(small_demo: Path, tmp_path: Path) -> None:
+    """A folder named with escape sequences (in the path opened, and beside the runs the chooser lists) is
+    shown escaped on every screen: header, status, chooser (`r`), error dialog; the raw bytes never arrive."""
+    parent = tmp_path / f"runs{EVIL}"
+    for run in ("run_a", "run_b", f"run{EVIL}"):
+        shutil.copytree(small_demo, parent / run)
+    term = Terminal([str(parent)], cols=200, rows=36)
+    try:
+        term.wait_for(b"global_step")
+        term.send(b"r")
+        term.send(b"\x1b")
+        term.send(b"q", settle=0)
+        assert term.proc.wait(timeout=20) == 0, bytes(term.output[-2000:])
+        assert b"run_b" in term.output  # the chooser was drawn (the escaped header: test_as_used)
+        assert b"PWNED\x07" not in term.output and b"\x1b]2;PWNED" not in term.output
+        assert EVIL.encode() not in term.output and "\x9b31m".encode() not in term.output
+    finally:
+        term.close()
+
+
+def test_a_missing_folder_with_escapes_is_refused_escaped(tmp_path: Path) -> None:
+    """The error for a path that does not exist names it escaped (on the terminal, before any screen)."""
+    term = Terminal([str(tmp_path / f"gone{EVIL}")])
+    try:
+        term.proc.wait(timeout=30)
+        assert b"PWNED\x07" not in term.output and b"\x1b]2;PWNED" not in term.output
+        assert b"does not exist" in term.output
+    finally:
+        term.close()

@@ -7,6 +7,7 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psutil
@@ -23,7 +24,7 @@ from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child
-from inspector.tui.fmt import size
+from inspector.tui.fmt import shown, size
 from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
@@ -39,6 +40,23 @@ def start_conversion(app: Any) -> None:
     if not app.selected and app.export.format != UNIVERSAL:  # universal writes the whole checkpoint
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
         return
+    out = app.export.out_dir
+    if app.export.format != UNIVERSAL and not app.export.overwrite and os.path.isdir(out) and os.listdir(out):
+        from inspector.tui.screens.export import (
+            ExportScreen,  # what the form already marks: said before starting
+        )
+
+        app.notify(
+            f"{shown(out)} is not empty: tick 'replace an earlier conversion' in the export form, or choose "
+            "another folder.",
+            title="Output folder not empty",
+            severity="warning",
+            timeout=8,
+            markup=False,
+        )
+        if not isinstance(app.screen, ExportScreen):
+            app.push_screen(ExportScreen())
+        return
     if app.ckpt.errors:
 
         def answer(yes: bool | None) -> None:
@@ -48,7 +66,7 @@ def start_conversion(app: Any) -> None:
         app.push_screen(
             ConfirmDialog(
                 "Convert a damaged checkpoint?",
-                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {app.ckpt.errors[0].message}\n"
+                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {shown(app.ckpt.errors[0].message)}\n"
                 "Converting it would likely write wrong weights.",
                 yes="Convert anyway",
             ),
@@ -160,8 +178,8 @@ class ConvertScreen(Screen[None]):
         self.query_one("#convert-title", Static).update(
             Text.assemble(
                 ("Converting ", "bold"),
-                f"{ckpt.root} @ {ckpt.tag} → ",
-                (plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir, "bold"),
+                shown(f"{ckpt.root} @ {ckpt.tag} → "),
+                (shown(plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir), "bold"),
                 f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
@@ -254,9 +272,10 @@ class ConvertScreen(Screen[None]):
 
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
         result = self.query_one("#result", Static)
+        title, message, hint = shown(title), shown(message), shown(hint)
         result.update(failure_text(title, message, hint, error=error))
         self.call_after_refresh(result.scroll_visible, animate=False)
-        self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8)
+        self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8, markup=False)
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
         self.phase = "failed"
@@ -345,7 +364,11 @@ class ConvertScreen(Screen[None]):
         if self.child is not None and self.child.running:
             self.notify("Still running: escape cancels it first.", severity="warning")
             return
+        from inspector.tui.screens.export import ExportScreen
+
         self.app.pop_screen()
+        if isinstance(self.app.screen_stack[-1], ExportScreen):  # back to the checkpoint, as help says, not the form
+            self.app.pop_screen()
 
     def stop_child(self) -> None:
         if self.child is not None and self.child.running:

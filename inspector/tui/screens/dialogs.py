@@ -8,6 +8,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from inspector.tui.fmt import shown
+
 
 class ConfirmDialog(ModalScreen[bool]):
     """A question; `y`/enter answers yes, `n`/escape no."""
@@ -21,8 +23,8 @@ class ConfirmDialog(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
-            yield Static(self.title_text, id="dialog-title")
-            yield Static(self.question, id="dialog-body", markup=False)
+            yield Static(shown(self.title_text), id="dialog-title", markup=False)
+            yield Static(shown(self.question), id="dialog-body", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button(f"{self.yes} (y)", id="yes", variant="warning")
                 yield Button(f"{self.no} (n)", id="no", variant="primary")
@@ -46,10 +48,10 @@ class MessageDialog(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
-            yield Static(self.title_text, id="dialog-title", markup=False)
-            yield Static(self.message, id="dialog-body", markup=False)
+            yield Static(shown(self.title_text), id="dialog-title", markup=False)
+            yield Static(shown(self.message), id="dialog-body", markup=False)
             if self.hint:
-                yield Static(f"→ {self.hint}", id="dialog-hint", markup=False)
+                yield Static(shown(f"→ {self.hint}"), id="dialog-hint", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("OK", id="ok", variant="primary")
 

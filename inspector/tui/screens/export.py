@@ -19,6 +19,7 @@ from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
+from inspector.tui.fmt import shown, shown_markup
 from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView, universal_preflight
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
@@ -238,7 +239,7 @@ class ExportScreen(Screen[None]):
         opts, out, overwrite, errors = self.read_form()
         app = self.app
         box = self.query_one("#form-errors", Static)
-        box.update("\n".join(f"[red]✖[/] {e}" for e in errors) if errors else "[green]✔ options valid[/]")
+        box.update("\n".join(f"[red]✖[/] {shown_markup(e)}" for e in errors) if errors else "[green]✔ options valid[/]")
         app.base_options = opts  # type: ignore[attr-defined]
         fmt = str(self.query_one("#format", Select).value)
         app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)  # type: ignore[attr-defined]
@@ -291,6 +292,6 @@ class ExportScreen(Screen[None]):
     def action_convert(self) -> None:
         _, _, _, errors = self.read_form()
         if errors:
-            self.notify(errors[0], title="Fix the options first", severity="error")
+            self.notify(shown(errors[0]), title="Fix the options first", severity="error", markup=False)
             return
         self.app.action_convert()  # type: ignore[attr-defined]

@@ -15,12 +15,18 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         [
             ("?", "this help"),
             ("ctrl+p", "command palette: every action, themes"),
-            ("q", "quit (asks while a conversion runs)"),
+            ("q", "quit (asks while a conversion runs); in a text field q is typed: escape first"),
             ("o / t", "overview / tensors tab"),
             ("[ / ]", "previous / next tag (newest marked ★)"),
             ("r", "choose among several checkpoint roots"),
             ("e", "export options (output, dtype, shards, renames) with live preflight"),
             ("c", "convert the selection (asks first if preflight says it won't fit)"),
+        ],
+    ),
+    (
+        "Overview",
+        [
+            ("↑ ↓ pgup pgdn home end", "scroll (the overview has the keys from launch)"),
         ],
     ),
     (
@@ -30,7 +36,8 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("enter", "fold / unfold a submodule"),
             ("space", "select or deselect a tensor or a whole submodule (or click its □ mark)"),
             ("a / n / i", "select all / none / invert (of what the filter shows)"),
-            ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1\\d\\.) or text"),
+            ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.[13]\\.: has ^ $ \\ ( ) | + { }) or "
+             "text; the line under the tree says which, and how many match"),
             ("escape", "clear the filter, or cancel statistics"),
             ("s", "statistics of the focused tensor (min, max, mean, std, NaN, histogram, diffs)"),
         ],
@@ -71,7 +78,7 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
-            yield Static("[bold]zero-inspector keys[/]  (escape closes)")
+            yield Static("[bold]zero-inspector keys[/]  (escape closes; ↑ ↓ pgdn scroll)")
             yield Static(keys_table())
 
     async def action_dismiss(self, result: object = None) -> None:

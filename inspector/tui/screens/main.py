@@ -14,14 +14,16 @@ from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
-from inspector.system.units import plural, printable
+from inspector.tui.fmt import plural, shown, shown_markup
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
 from inspector.tui.widgets.keybar import KeyBar
 
 
 class MainScreen(Screen[None]):
-    AUTO_FOCUS = None  # focus goes to the overview at mount: keys scroll it from the start, never a dropdown
+    # The overview has the keys from launch: arrows and PageDown/End scroll it (a hidden root chooser or the tag
+    # dropdown, Textual's first focusable widgets, would take `↓` into an invisible menu).
+    AUTO_FOCUS = "OverviewPane"
     BINDINGS = [
         Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
         Binding("t", "tab('tensors')", "Tensors", show=False),
@@ -43,8 +45,6 @@ class MainScreen(Screen[None]):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        # before the scan lands, `down` used to reach the tag dropdown (hidden menu, keys trapped until escape)
-        self.query_one(OverviewPane).focus()
         self.app.begin()  # type: ignore[attr-defined]
 
     @property
@@ -77,8 +77,8 @@ class MainScreen(Screen[None]):
     # --- driven by the app --------------------------------------------------------------------------------
 
     def scanning(self, root: str, tag: str | None) -> None:
-        self.sub_title = root
-        self.status(f"[italic]scanning {os.path.basename(root)}{' @ ' + tag if tag else ''}…[/]")
+        self.sub_title = shown(root)
+        self.status(f"[italic]scanning {shown_markup(os.path.basename(root))}{' @ ' + shown_markup(tag) if tag else ''}…[/]")
         roots = self.query_one("#roots", Select)
         many = len(self.app.roots) > 1  # type: ignore[attr-defined]
         roots.set_class(not many, "-hidden")
@@ -86,19 +86,19 @@ class MainScreen(Screen[None]):
             with self.prevent(Select.Changed):
                 base = os.path.commonpath(self.app.roots)  # type: ignore[attr-defined]
                 roots.set_options(
-                    [(Text(printable(os.path.relpath(r, base))), r) for r in self.app.roots]  # type: ignore[attr-defined]
+                    [(Text(shown(os.path.relpath(r, base))), r) for r in self.app.roots]  # type: ignore[attr-defined]
                 )
                 roots.value = root
 
     def located(self, loc: Location, latest: str | None) -> None:
         tags = self.query_one("#tags", Select)
         with self.prevent(Select.Changed):
-            tags.set_options([(f"{t} ★ latest" if t == latest else t, t) for t in reversed(loc.tags)])
+            tags.set_options([(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(loc.tags)])
             tags.value = loc.tag
         self.status("[italic]reading rank files…[/]")
 
     def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
-        self.sub_title = f"{ckpt.root} @ {ckpt.tag}"
+        self.sub_title = shown(f"{ckpt.root} @ {ckpt.tag}")
         bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
         took = f" · {seconds:.2f} s" if self.app.live_meters else ""  # type: ignore[attr-defined]
         self.status(
@@ -113,7 +113,7 @@ class MainScreen(Screen[None]):
                 self.query_one(OverviewPane).focus()
 
     def failed(self, exc: InspectorError) -> None:
-        self.status(f"[bold red]{exc.title}[/]: {exc.message}")
+        self.status(f"[bold red]{shown_markup(exc.title)}[/]: {shown_markup(exc.message)}")
         self.query_one(OverviewPane).failed(exc)
 
     def on_select_changed(self, event: Select.Changed) -> None:

@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
+from inspector.tui.fmt import plural, shown
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.ranks import RanksView
 from inspector.tui.widgets.summary import FindingsView, SummaryCard
@@ -32,7 +33,7 @@ class OverviewPane(VerticalScroll):
             banner.update(
                 Text.assemble(
                     ("✖ This checkpoint is damaged: ", "bold"),
-                    f"{len(ckpt.errors)} error(s). Converting it would write wrong weights; see Findings below.",
+                    f"{plural(len(ckpt.errors), 'error')}. Converting it would write wrong weights; see Findings below.",
                 )
             )
         banner.set_class(not ckpt.errors, "-hidden")
@@ -42,19 +43,19 @@ class OverviewPane(VerticalScroll):
         tags = Text()
         for t in reversed(ckpt.tags):
             tags.append("▶ " if t == ckpt.tag else "  ", style="bold")
-            tags.append(t, style="bold" if t == ckpt.tag else "")
+            tags.append(shown(t), style="bold" if t == ckpt.tag else "")
             if t == latest:
                 tags.append("  ★ latest", style="yellow")
             tags.append("\n")
         tags.append("[ and ] switch tags; the scan runs in the background.", style="dim")
         if ckpt.other_runs:
-            tags.append(f"\nOther Trainer checkpoints here: {', '.join(ckpt.other_runs)}", style="dim")
+            tags.append(f"\nOther Trainer checkpoints here: {shown(', '.join(ckpt.other_runs))}", style="dim")
         self.query_one("#tag-list", Static).update(tags)
 
     def failed(self, exc: InspectorError) -> None:
         banner = self.query_one("#banner", Static)
         banner.update(
-            Text.assemble((f"✖ {exc.title}: ", "bold"), exc.message, f"\n→ {exc.hint}" if exc.hint else "")
+            Text.assemble((f"✖ {shown(exc.title)}: ", "bold"), shown(exc.message), f"\n→ {shown(exc.hint)}" if exc.hint else "")
         )
         banner.remove_class("-hidden")
         self.query_one(SummaryCard).update("")

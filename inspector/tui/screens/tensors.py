@@ -19,8 +19,8 @@ from textual.widgets import Input, Static, Tree
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.errors import CancelledError, InspectorError
 from inspector.scan.model import Checkpoint, TensorInfo
-from inspector.tui.fmt import count, plural, size
-from inspector.tui.session import ModuleNode, filter_mode, name_filter
+from inspector.tui.fmt import count, plural, shown, size
+from inspector.tui.session import ModuleNode, filter_kind, name_filter
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail, difference_line, stats_renderable
 
@@ -48,7 +48,6 @@ class TensorsPane(Horizontal):
 
     def __init__(self) -> None:
         super().__init__()
-        self._filter_note: Text | None = None  # how the / filter was read and what it matches
         self.ckpt: Checkpoint | None = None
         self._cancel = threading.Event()
         self._stats_for: str | None = None
@@ -83,8 +82,7 @@ class TensorsPane(Horizontal):
         self.module_tree.dedupe_tied = self.app.base_options.dedupe_tied  # type: ignore[attr-defined]
         self.module_tree.load(ckpt, self.app.selected, self.app.out_dtype())  # type: ignore[attr-defined]
         self._update_selection_line()
-        first = next(iter(ckpt.tensors), None)
-        self.detail.show(ckpt, first, self.app.out_dtype())  # type: ignore[attr-defined]
+        self._follow_cursor()
 
     def refresh_options(self) -> None:
         """Export options changed (dtype): subtotals and the detail's output dtype follow."""
@@ -114,9 +112,7 @@ class TensorsPane(Horizontal):
         chosen = [t for t in ckpt.tensors if t.name in self.app.selected]  # type: ignore[attr-defined]
         out = sum(self.module_tree.out_bytes(t) for t in chosen)
         params = sum(t.numel for t in chosen if t.alias_of is None)
-        note = self._filter_note
         line = Text.assemble(
-            *((note, " · ") if note is not None else ()),
             (f"{len(chosen)}", "bold"),
             f" of {len(ckpt.tensors)} tensors · {count(params)} params · ",
             (size(out), "bold"),
@@ -126,17 +122,43 @@ class TensorsPane(Horizontal):
             opts = self.app.convert_options()  # type: ignore[attr-defined]
             flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
             if flags:
-                shown = " ".join(flags)
-                line.append(f"\n= {shown if len(shown) < 160 else shown[:157] + '…'}", style="dim")
+                said = " ".join(flags)
+                line.append(f"\n= {said if len(said) < 160 else said[:157] + '…'}", style="dim")
         else:
             line.append("  (nothing selected: space, a)", style="yellow")
-        self.query_one("#selection-line", Static).update(line)
+        self.query_one("#selection-line", Static).update(Text.assemble(self._filter_line(), line))
+
+    def _filter_line(self) -> Text:
+        """While a filter is on: how its text was read and how many tensors it matches (a word, never an
+        empty tree with no explanation)."""
+        box = self.query_one("#filter", Input)
+        if self.ckpt is None or self.module_tree.pattern is None or not box.value.strip():
+            return Text()
+        n = len(self.module_tree.shown_tensors())
+        how = filter_kind(box.value)
+        if n == 0:
+            return Text(f"no tensor matches this {how} (escape clears it)\n", style="bold yellow")
+        return Text(f"{how}: {n} of {len(self.ckpt.tensors)} tensors match\n", style="cyan")
 
     # --- focus and detail ---------------------------------------------------------------------------------
 
+    def _follow_cursor(self) -> None:
+        """The detail shows the row under the cursor, and there is always one (the first row after a load or a
+        filter), so the highlighted row and the detail never disagree."""
+        tree = self.module_tree
+        tree.cursor_line = -1  # the tree was rebuilt: its remembered cursor node is gone even if the line is not
+        tree.cursor_line = 0 if tree.last_line >= 0 else -1
+        node = tree.get_node_at_line(0)
+        if node is None:
+            self.detail.show_module("Nothing to show", ["No tensor matches the filter: escape clears it."])
+        else:
+            self._show_data(node.data)
+
     @on(Tree.NodeHighlighted)
     def _highlighted(self, event: Tree.NodeHighlighted[Any]) -> None:
-        data = event.node.data
+        self._show_data(event.node.data)
+
+    def _show_data(self, data: object) -> None:
         if self.ckpt is None:
             return
         if isinstance(data, TensorInfo):
@@ -183,19 +205,8 @@ class TensorsPane(Horizontal):
             return
         event.input.set_class(False, "-bad-pattern")
         self.module_tree.set_filter(pattern)
-        self._filter_note = self._filter_words(event.value, pattern)
         self._update_selection_line()
-
-    def _filter_words(self, text: str, pattern: re.Pattern[str] | None) -> Text | None:
-        """How the filter text was read and how many tensors it matches: a filter that matches nothing
-        says so instead of leaving an empty tree."""
-        if pattern is None:
-            return None
-        n = len(self.module_tree.shown_tensors())
-        mode = filter_mode(text)
-        if n == 0:
-            return Text(f"no tensor matches (read as {mode})", style="bold yellow")
-        return Text(f"{n} match{'es' if n != 1 else ''} (read as {mode})", style="dim")
+        self._follow_cursor()
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
@@ -213,7 +224,8 @@ class TensorsPane(Horizontal):
             box.value = ""
             box.add_class("-hidden")
             self.module_tree.set_filter(None)
-            self._filter_note = None
+            self._update_selection_line()
+            self._follow_cursor()
             self.module_tree.focus()
 
     # --- statistics ---------------------------------------------------------------------------------------
@@ -229,7 +241,7 @@ class TensorsPane(Horizontal):
             self.notify("Move to a tensor first.", severity="warning")
             return
         if not t.segments:
-            self.notify(f"{t.name} has no data of its own (tied or empty).", severity="warning")
+            self.notify(f"{shown(t.name)} has no data of its own (tied or empty).", severity="warning", markup=False)
             return
         self.cancel_stats()
         self._cancel = threading.Event()

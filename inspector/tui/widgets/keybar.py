@@ -36,23 +36,45 @@ class KeyBar(Static):
     def _changed(self, screen: Screen[object]) -> None:
         self._redraw()
 
+    def on_resize(self) -> None:
+        self._redraw()  # what fits changes with the width
+
     def _redraw(self) -> None:
-        text = Text(no_wrap=True, overflow="ellipsis")
-        self._spans = []
+        entries: list[tuple[str, str, bool, str]] = []  # (key shown, description, enabled, key)
         seen: set[str] = set()
         for _node, binding, enabled, _tooltip in self.screen.active_bindings.values():
             if not binding.show or binding.action in seen:
                 continue
             seen.add(binding.action)
-            start = text.cell_len
-            text.append(
-                f" {self.app.get_key_display(binding)} ", style="bold reverse" if enabled else "dim reverse"
-            )
-            text.append(f" {binding.description} ", style="" if enabled else "dim")
-            self._spans.append((start, text.cell_len, binding.key))
-        text.append("  ^p palette", style="dim")
-        self._spans.append((text.cell_len - 10, text.cell_len, "ctrl+p"))
+            entries.append((self.app.get_key_display(binding), binding.description, enabled, binding.key))
+        width = self.size.width or self.app.size.width
+        # Narrow: first the palette hint goes, then the words of keys everyone knows (q, ?), then the last keys
+        # (never `?`, which lists them all): no label is ever cut in the middle.
+        for palette, terse in ((True, False), (False, False), (False, True)):
+            text = self._draw(entries, palette, terse)
+            if text.cell_len <= width:
+                break
+        while text.cell_len > width and len(entries) > 1:
+            drop = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][3] != "question_mark"), None)
+            if drop is None:
+                break
+            del entries[drop]
+            text = self._draw(entries, False, True)
         self.update(text)
+
+    def _draw(self, entries: list[tuple[str, str, bool, str]], palette: bool, terse: bool) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        self._spans = []
+        for shown_key, description, enabled, key in entries:
+            start = text.cell_len
+            text.append(f" {shown_key} ", style="bold reverse" if enabled else "dim reverse")
+            if not (terse and key in ("q", "question_mark")):
+                text.append(f" {description} ", style="" if enabled else "dim")
+            self._spans.append((start, text.cell_len, key))
+        if palette:
+            text.append("  ^p palette", style="dim")
+            self._spans.append((text.cell_len - 10, text.cell_len, "ctrl+p"))
+        return text
 
     def on_click(self, event: events.Click) -> None:
         for start, end, key in self._spans:

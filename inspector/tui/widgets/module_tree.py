@@ -20,7 +20,7 @@ from textual.widgets.tree import TreeNode
 
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.tui.fmt import KIND_STYLE, count, dtype, plural, shape, size
+from inspector.tui.fmt import KIND_STYLE, count, dtype, plural, shape, shown, size
 from inspector.tui.session import ModuleNode, build_tree, rank_of_file
 
 Data = ModuleNode | TensorInfo
@@ -139,7 +139,7 @@ class ModuleTree(Tree[Data]):
             ts = list(data.walk_tensors())
             mark, style = self._mark([t.name for t in ts])
             self._append_mark(text, mark, style)
-            text.append(data.name, style="bold")
+            text.append(shown(data.name), style="bold")
             # parameters are counted once: a submodule holding only tied aliases (lm_head) says so, not "0"
             only_tied = ts and not data.numel and all(t.kind is Kind.TIED for t in ts)
             params = "tied" if only_tied else count(data.numel)
@@ -150,11 +150,11 @@ class ModuleTree(Tree[Data]):
         elif isinstance(data, TensorInfo):
             mark, style = self._mark([data.name])
             self._append_mark(text, mark, style)
-            text.append(data.name.rpartition(".")[2])
+            text.append(shown(data.name.rpartition(".")[2]))
             text.append(f"  {shape(data.shape)} {dtype(data.dtype)} ", style="dim")
             text.append(str(data.kind), style=KIND_STYLE[data.kind])
             if data.alias_of:
-                text.append(f" → {data.alias_of}", style="dim")
+                text.append(f" → {shown(data.alias_of)}", style="dim")
             text.append(f" {ranks_label(self._ranks.get(data.name, []))}", style="dim")
         return text
 

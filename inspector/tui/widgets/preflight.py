@@ -8,7 +8,7 @@ from rich.text import Text
 
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
-from inspector.tui.fmt import duration, size
+from inspector.tui.fmt import duration, shown, size
 from inspector.tui.universal import UniversalAssessment, UniversalPlanView
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
@@ -28,7 +28,7 @@ class PreflightPanel(AutoHeightStatic):
     def error(self, message: str) -> None:
         self.assessment = None
         self.set_class(True, "-bad")
-        self.update(Text(message, style="bold red"))
+        self.update(Text(shown(message), style="bold red"))
 
     def show(self, a: Assessment | UniversalAssessment, plan: ConversionPlan | UniversalPlanView) -> None:
         if isinstance(a, UniversalAssessment) or isinstance(plan, UniversalPlanView):

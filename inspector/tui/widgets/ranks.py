@@ -6,8 +6,8 @@ from rich.table import Table
 from rich.text import Text
 
 from inspector.scan.model import Checkpoint
-from inspector.scan.summary import RankRow, rank_row
-from inspector.tui.fmt import bar, size
+from inspector.scan.summary import RankRow, alignment_padding, rank_row
+from inspector.tui.fmt import bar, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 MAX_ROWS = 64  # beyond this, the first and last ranks and the outliers are shown
@@ -27,9 +27,14 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
     t.add_column("size", justify="right", no_wrap=True, min_width=10)
     t.add_column("share", no_wrap=True, min_width=bar_width)
     for g in ckpt.groups:
-        t.add_column(f"g{g.index} params/pad", justify="right", no_wrap=True, min_width=14)
+        t.add_column(f"g{g.index} stored/pad", justify="right", no_wrap=True, min_width=14)
     t.add_column("files", overflow="ellipsis", no_wrap=True, ratio=1)
-    rows = [rank_row(r) for r in ckpt.ranks]
+    align = alignment_padding(ckpt)
+    if align:
+        t.caption = "pad: end of the group + alignment between parameters (param_alignment_paddings)"
+        t.caption_justify = "left"
+        t.caption_style = "dim"
+    rows = [rank_row(r, align) for r in ckpt.ranks]
     biggest = max((row.nbytes for row in rows), default=1) or 1
     prev = -1
     for i in _shown(rows):
@@ -40,11 +45,9 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
         share = Text(bar(row.nbytes / biggest, bar_width), style="green" if row.complete else "red")
         if row.padding:
             share.append(f" {row.padding} pad", style="yellow")
-        cells = [
-            Text(cell, style="yellow" if pad else "") for cell, (_, pad) in zip(row.group_cells, row.groups, strict=True)
-        ]
+        cells = [Text(cell, style="" if cell.endswith("/ 0") else "yellow") for cell in row.group_cells]
         cells += [Text("")] * (len(ckpt.groups) - len(cells))
-        files = Text(", ".join(row.files) or "MISSING", style="dim" if row.complete else "red")
+        files = Text(shown(", ".join(row.files)) or "MISSING", style="dim" if row.complete else "red")
         t.add_row(str(row.rank), size(row.nbytes), share, *cells, files)
     return t
 

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.scan.summary import contents_rows, summary_rows
-from inspector.tui.fmt import KIND_STYLE, count, size
+from inspector.tui.fmt import KIND_STYLE, count, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 _SEVERITY = {
@@ -29,7 +29,7 @@ def summary_table(ckpt: Checkpoint) -> Table:
     t.add_column()
     for row in summary_rows(ckpt, short_dtypes=True):
         if row.key not in _NOT_IN_CARD:
-            t.add_row(row.label, Text(row.value))
+            t.add_row(row.label, Text(shown(row.value)))
     return t
 
 
@@ -61,11 +61,11 @@ def findings_renderable(items: tuple[Finding, ...]) -> RenderableType:
         label, style = _SEVERITY[f.severity]
         line = Text()
         line.append(f"{label:8} ", style=style)
-        line.append(f.message)
+        line.append(shown(f.message))
         if f.file:
-            line.append(f"\n         {f.file}", style="dim")
+            line.append(f"\n         {shown(f.file)}", style="dim")
         if f.hint:
-            line.append(f"\n         → {f.hint}", style="italic")
+            line.append(f"\n         → {shown(f.hint)}", style="italic")
         lines.append(line)
     return Group(*lines)
 

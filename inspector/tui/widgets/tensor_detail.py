@@ -11,7 +11,8 @@ from rich.text import Text
 
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, size
+from inspector.scan.summary import alignment_padding
+from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, shown, size
 from inspector.tui.session import rank_of_file
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
@@ -37,7 +38,7 @@ def where_lines(ckpt: Checkpoint, t: TensorInfo, limit: int = 8) -> list[Text]:
         lines.append(
             Text.assemble(
                 (f"{owner.get(s.file, '?'):>12} ", "bold"),
-                (os.path.basename(s.file), "cyan"),
+                (shown(os.path.basename(s.file)), "cyan"),
                 f" @ byte {s.offset:,}",
                 (f"  {count(s.numel)} elements, {size(s.nbytes)}", "dim"),
             )
@@ -64,18 +65,12 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     g = next((g for g in ckpt.groups if g.index == t.group), None)
     if g is None:
         return ""
-    pads = g.padded_numel - g.numel
-    tail = pads - g.alignment
-    where = (
-        f"{g.alignment} between parameters (parameter_alignment) and {tail} at its end"
-        if g.alignment
-        else "at its end"
+    align = sum(n for (_, grp), n in alignment_padding(ckpt).items() if grp == g.index)
+    end = g.padded_numel - g.numel - align
+    where = f"{end} padding element(s) at its end" + (
+        f" and {align} alignment padding element(s) between parameters (param_alignment_paddings)" if align else ""
     )
-    after = f" It is followed by {t.pad_after} alignment padding element(s)." if t.pad_after else ""
-    return (
-        f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); "
-        f"the group has {pads} padding element(s): {where}.{after}"
-    )
+    return f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); the group has {where}."
 
 
 def stats_renderable(st: TensorStats) -> RenderableType:
@@ -130,7 +125,7 @@ class TensorDetail(AutoHeightStatic):
     def show_module(self, title: str, lines: list[str]) -> None:
         self.tensor = None
         self.extra = []
-        self.update(Group(Text(title, style="bold"), *(Text(x) for x in lines)))
+        self.update(Group(Text(shown(title), style="bold"), *(Text(x) for x in lines)))
 
     def set_extra(self, items: list[RenderableType]) -> None:
         self.extra = items
@@ -151,7 +146,7 @@ class TensorDetail(AutoHeightStatic):
         ckpt, t = self.ckpt, self.tensor
         if ckpt is None or t is None:
             return
-        head = Text(t.name, style="bold")
+        head = Text(shown(t.name), style="bold")
         out = dtype(self.out_dtype if t.is_floating else t.dtype)
         line = Text.assemble(
             f"{shape(t.shape)} · {count(t.numel)} params · ",
@@ -163,7 +158,7 @@ class TensorDetail(AutoHeightStatic):
         if t.alias_of:
             parts.append(
                 Text(
-                    f"Tied: the same storage as {t.alias_of}; written under both names unless deduplicated.",
+                    f"Tied: the same storage as {shown(t.alias_of)}; written under both names unless deduplicated.",
                     style="yellow",
                 )
             )
