@@ -6,6 +6,7 @@ fails the session if any test (or the inspector code it drives) pulls deepspeed 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import shutil
@@ -37,6 +38,19 @@ class CliResult(NamedTuple):
         return self.stdout + "\n" + self.stderr
 
 
+# prctl(PR_CAPBSET_DROP, cap): CAP_DAC_OVERRIDE (1) and CAP_DAC_READ_SEARCH (2) let root ignore file modes
+_PR_CAPBSET_DROP, _DAC_CAPS = 24, (1, 2)
+
+
+def _without_root_file_access() -> None:
+    """In the child, before exec: drop the capabilities that let root read any file, so a file's mode binds
+    the child as it binds a user (the CLI itself then runs with no way to regain them)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in _DAC_CAPS:
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
 def _address_space_limit(nbytes: int) -> Callable[[], None]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
@@ -45,12 +59,20 @@ def _address_space_limit(nbytes: int) -> Callable[[], None]:
 
 
 def run_cli(
-    *args: str | os.PathLike[str], timeout: float = CLI_TIMEOUT, memory_limit: int | None = None
+    *args: str | os.PathLike[str],
+    timeout: float = CLI_TIMEOUT,
+    memory_limit: int | None = None,
+    file_modes_bind: bool = False,
 ) -> CliResult:
     """Run the CLI in a fresh interpreter; wide, colourless output so messages are not wrapped.
 
     `memory_limit` caps the child's address space (bytes), so a memory bomb fails fast instead of swapping.
+    `file_modes_bind`: when running as root (CI does), the child loses root's right to read any file, so a
+    permission test means there what it means for a user.
     """
+    preexec = _address_space_limit(memory_limit) if memory_limit else None
+    if file_modes_bind and os.geteuid() == 0:
+        preexec = _without_root_file_access if preexec is None else _both(preexec, _without_root_file_access)
     env = dict(os.environ)
     env.update({"COLUMNS": "400", "LINES": "200", "NO_COLOR": "1", "TERM": "dumb", "PYTHONUTF8": "1"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -62,9 +84,17 @@ def run_cli(
         env=env,
         cwd=REPO_ROOT,
         check=False,
-        preexec_fn=_address_space_limit(memory_limit) if memory_limit else None,
+        preexec_fn=preexec,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        first()
+        second()
+
+    return run
 
 
 @pytest.fixture(scope="session")
