@@ -36,6 +36,10 @@ class UniversalPlanView:
         return self.plan.files
 
     @property
+    def file_count(self) -> int:  # what the form shows: every file written, not only the tensor states
+        return self.plan.file_count
+
+    @property
     def output_bytes(self) -> int:
         return self.plan.total_bytes
 

@@ -87,6 +87,11 @@ class UniversalPlan:
         return sum(f.nbytes for f in self.files)
 
     @property
+    def file_count(self) -> int:
+        """Every file the export writes (tensor states, step counts, optimizer state, model-states copies)."""
+        return sum(1 for _ in iter_rel_paths(self))
+
+    @property
     def total_bytes(self) -> int:
         copies = sum(os.path.getsize(src) for src, _ in self.copies)
         overhead = sum(FILE_OVERHEAD + 7 * len(f.state) for f in self.files)

@@ -89,7 +89,7 @@ class PreflightPanel(AutoHeightStatic):
             "Output",
             size(e.output_bytes),
             "green" if a.fits_disk else "bold red",
-            f"{len(plan.shards)} file(s), {plan.tensor_count} parameters; {size(e.free_disk)} free",
+            f"{plan.file_count} file(s), {plan.tensor_count} parameters; {size(e.free_disk)} free",
         )
         row("ds_to_univ.", size(e.deepspeed_peak_disk), "", "DeepSpeed's tool peaks near this on disk")
         row("Reads", size(e.read_bytes), "", "from the checkpoint")
