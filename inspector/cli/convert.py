@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from inspector.cli.options import add_convert_options, options_from_args
+from inspector.cli.options import FORMAT_CHOICES, add_convert_options, apply_format, options_from_args
 from inspector.errors import InspectorError
 
 _LOG_INTERVAL = 5.0
@@ -62,6 +62,7 @@ def _memory_line() -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    apply_format(args)
     if getattr(args, "format", "safetensors") == "universal":
         if args.progress == "json":
             from inspector.cli.progress import convert_universal_json
@@ -258,6 +259,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    apply_format(args)
     if getattr(args, "format", "safetensors") == "universal":
         from inspector.cli.universal import preflight_universal_cli
 
@@ -330,10 +332,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("out", help="output folder (must be empty, or pass --overwrite)")
     p.add_argument(
         "--format",
-        choices=("safetensors", "universal"),
-        default="safetensors",
-        help="universal: a DeepSpeed universal checkpoint in OUT/<tag>_uni plus OUT/latest_universal "
-        "(resume on any world size with load_universal; OUT may be the checkpoint root)",
+        choices=FORMAT_CHOICES,
+        default="model",
+        help="the output kind: model (default: safetensors plus a Trainer checkpoint's config and tokenizer; "
+        "`safetensors` is the same), weights (safetensors only), adapter (PEFT LoRA adapter), merged (the "
+        "adapter merged into its base), universal (a DeepSpeed universal checkpoint in OUT/<tag>_uni plus "
+        "OUT/latest_universal: resume on any world size with load_universal; OUT may be the checkpoint root)",
     )
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace model*.safetensors and the index in OUT")
@@ -369,11 +373,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
     p.add_argument(
         "--format",
-        choices=("safetensors", "universal"),
-        default="safetensors",
-        help="the output to predict for: safetensors (default; --adapter, --base and --merge-adapter choose its "
-        "flavour) "
-        "or a DeepSpeed universal checkpoint",
+        choices=FORMAT_CHOICES,
+        default="model",
+        help="the output kind to predict for: model (default), weights, adapter, merged (--base names its "
+        "base) or universal, as for convert",
     )
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -110,3 +110,30 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="base model folder for --merge-adapter (default: base_model_name_or_path in adapter_config.json)",
     )
+
+
+# `--format KIND`: the five output kinds by name; `safetensors` (the old default) is `model`, and the older
+# flags --weights-only/--adapter/--merge-adapter stay as aliases of the kind they name
+KINDS = ("model", "weights", "adapter", "merged", "universal")
+FORMAT_CHOICES = (*KINDS, "safetensors")
+_KIND_FLAG = {"weights": "weights_only", "adapter": "adapter", "merged": "merge_adapter"}
+
+
+def apply_format(args: argparse.Namespace) -> None:
+    """Fold `--format KIND` and the alias flags into one choice (`args.format` is then `safetensors` or
+    `universal`, the flags set as the kind says); two different kinds asked at once are an error."""
+    chosen = {kind for kind, flag in _KIND_FLAG.items() if getattr(args, flag, False)}
+    fmt = getattr(args, "format", None) or "model"
+    kind = "model" if fmt == "safetensors" else fmt
+    if kind in _KIND_FLAG:
+        chosen.add(kind)
+    if len(chosen) > 1 or (kind == "universal" and chosen):
+        names = ", ".join(sorted(chosen | ({kind} - {"model"})))
+        raise InspectorError(
+            f"Asked for more than one output kind ({names}).",
+            hint="Pick one: --format " + "|".join(KINDS) + ".",
+            title="Invalid option",
+        )
+    for k, flag in _KIND_FLAG.items():
+        setattr(args, flag, k in chosen)
+    args.format = "universal" if kind == "universal" else "safetensors"
