@@ -1,0 +1,62 @@
+"""No write leaves OUT: links planted inside OUT under the names a conversion writes point outside, and the
+conversion (with and without --overwrite) must leave what they point to untouched."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from inspector.demo.writer import DemoSpec
+
+if TYPE_CHECKING:
+    from conftest import CliResult, DemoCache
+
+SPEC = DemoSpec(stage=2, world_size=2, dtype="bf16", params=50_000)
+TAG = "global_step3"
+
+# kind -> names a conversion into OUT writes (files and folders), each planted as a link to outside
+PLANTED = {
+    "weights": ("model.safetensors", "model.safetensors.partial", ".zero_inspector_journal.json"),
+    "model": ("model.safetensors", "config.json"),
+    "universal": ("latest_universal", f"{TAG}_uni", f".{TAG}_uni.partial"),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every path under `folder` with a digest of its bytes (links as their target)."""
+    out: dict[str, str] = {}
+    for p in sorted(folder.rglob("*")):
+        rel = str(p.relative_to(folder))
+        if p.is_symlink():
+            out[rel] = "-> " + str(p.readlink())
+        elif p.is_file():
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_links_planted_in_out_are_never_followed(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], kind: str, overwrite: bool
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "file").write_bytes(b"the user's own bytes\n")
+    (outside / "dir" / "keep").write_bytes(b"keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in PLANTED[kind]:
+        target = outside / "dir" if name.endswith(("_uni", ".partial")) else outside / "file"
+        (out / name).symlink_to(target)
+    before = _snapshot(outside)
+    res = cli("convert", demo(SPEC), out, "--format", kind, *(["--overwrite"] if overwrite else []))
+    assert "Traceback" not in res.stderr
+    assert _snapshot(outside) == before, res.stdout + res.stderr
+    if res.rc != 0:  # refused: said why, naming no content
+        assert res.rc in (1, 2) and res.stderr.strip()
