@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -141,3 +141,12 @@ def _no_deepspeed_import() -> Iterator[None]:
     if not already:
         leaked = sorted(m for m in sys.modules if m == "deepspeed" or m.startswith("deepspeed."))
         assert not leaked, f"deepspeed was imported during the unit tests: {leaked[:5]}"
+
+
+def pt_save(obj: Any, path: str | os.PathLike[str], chunk_elems: int = 1 << 22) -> None:
+    """Write `obj` as torch.save would, straight to `path` (tests build hostile files by hand; the tool itself
+    writes only through an OutputRoot)."""
+    from inspector.format import ptwriter as pw
+
+    with open(path, "wb") as fh:
+        pw.dump(obj, fh, os.path.splitext(os.path.basename(os.fspath(path)))[0], chunk_elems=chunk_elems)

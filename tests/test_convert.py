@@ -26,10 +26,9 @@ import pytest
 import safetensors.torch
 import torch
 
-import inspector.convert.output as output
-from inspector.convert.engine import JOURNAL, PARTIAL, Progress, Report, execute, run
+from inspector.convert.engine import JOURNAL, Progress, Report, execute, run
 from inspector.convert.options import ConvertOptions
-from inspector.convert.output import LOCK
+from inspector.convert.output import LOCK, PARTIAL, OutputFolder
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, build_plan
 from inspector.convert.reader import FilePool
 from inspector.convert.verify import VerifyResult, run_verify
@@ -394,7 +393,7 @@ def test_disk_full(
     if where == "posix_fallocate":
         monkeypatch.setattr(os, "posix_fallocate", _enospc)
     elif where == "journal":
-        monkeypatch.setattr(output, "write_journal", _enospc)
+        monkeypatch.setattr(OutputFolder, "record", lambda self: _enospc())
     else:
         real = os.pwrite
         calls = [0]
@@ -583,7 +582,7 @@ def test_cli_convert_non_tty(demo: DemoCache, tmp_path: Path, cli: Callable[...,
     res = cli("convert", demo(BF16), out, "--shard-size", "60KB", "--dtype", "fp32")
     assert res.rc == 0, res.output
     assert "Traceback" not in res.output
-    assert re.search(r"\[\s*\d+\.\d%\] .* / .*ETA .*shard \d+/\d+", res.stdout), res.stdout
+    assert re.search(r"\[\s*\d+\.\d%\] .* / .*ETA .*file \d+/\d+", res.stdout), res.stdout
     assert "Done" in res.stdout and "tensors" in res.stdout
     files = sorted(os.listdir(out))
     assert INDEX_NAME in files and len(files) > 2
@@ -618,10 +617,10 @@ def test_failure_after_renames_leaves_no_shards_without_index(
     assert plan.index is not None
     real_replace = os.replace
 
-    def failing_replace(src: str, dst: str) -> None:
+    def failing_replace(src: str, dst: str, **kw: Any) -> None:
         if dst.endswith(INDEX_NAME):
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_replace(src, dst)
+        real_replace(src, dst, **kw)
 
     monkeypatch.setattr(os, "replace", failing_replace)
     out = tmp_path / "out"

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from inspector.convert.engine import JOURNAL, PARTIAL, execute, run
+from inspector.convert.engine import JOURNAL, execute, run
 from inspector.convert.options import ConvertOptions
-from inspector.convert.output import LOCK, OutputFolder, file_crc32, valid_partial
+from inspector.convert.output import LOCK, PARTIAL, OutputFolder, file_crc32, valid_partial
 from inspector.convert.plan import build_plan
+from inspector.convert.root import OutputRoot
 from inspector.convert.verify import run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError
@@ -62,7 +63,14 @@ def slow_cli(
     script = tmp_path / "slow_cli.py"
     script.write_text(SLOW_CLI)
     # the buffered path, so every read passes the hook (fp32 -> fp32 would otherwise be a kernel copy)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), COLUMNS="200", NO_COLOR="1", TERM="dumb", ZI_NO_COPY_FILE_RANGE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO_ROOT),
+        COLUMNS="200",
+        NO_COLOR="1",
+        TERM="dumb",
+        ZI_NO_COPY_FILE_RANGE="1",
+    )
     if gate is not None:
         env["ZI_GATE"] = str(gate)
     return subprocess.Popen(
@@ -224,8 +232,9 @@ def test_damaged_finished_shard_is_rewritten_on_resume(tmp_path: Path, demo: Dem
     partial.write_bytes(bytes(data))
     plan = build_plan(scan(str(root)), ConvertOptions(dtype="fp32", shard_size=int(SHARD)))
     shard = next(s for s in plan.shards if s.filename == name)
-    assert valid_partial(str(partial), shard.header, shard.file_bytes)  # the old check would trust it
-    assert not valid_partial(str(partial), shard.header, shard.file_bytes, sums[name])
+    with OutputRoot(str(out), lock=False) as held:
+        assert valid_partial(held, partial.name, shard.header, shard.file_bytes)  # size and header: trusted
+        assert not valid_partial(held, partial.name, shard.header, shard.file_bytes, sums[name])
     report = execute(plan, str(out))
     assert report.resumed_shards == len(journal["complete"]) - 1  # type: ignore[arg-type]
     verify_ok(root, out)
@@ -297,11 +306,10 @@ def test_second_universal_convert_into_a_busy_folder_is_refused(tmp_path: Path, 
 
 def test_universal_lock_is_exclusive_in_process(tmp_path: Path, demo: DemoCache) -> None:
     """write_universal takes the same lock as the safetensors path (the TUI runs both in threads)."""
-    from inspector.convert.output import FolderLock
     from inspector.convert.writers.universal import plan_universal, write_universal
 
     plan = plan_universal(scan(str(demo(SPEC))), str(tmp_path / "out"))
-    held = FolderLock(str(tmp_path / "out"))
+    held = OutputRoot(str(tmp_path / "out"))
     try:
         with pytest.raises(OutputError, match="Another conversion"):
             write_universal(plan)

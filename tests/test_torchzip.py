@@ -27,6 +27,7 @@ from inspector.format.dtypes import numpy_dtype, torch_dtype
 from inspector.format.records import Record, ZeroStage
 from inspector.format.torchzip import TensorRef, load, load_tree
 from inspector.format.zipreader import TorchZip
+from tests.conftest import pt_save
 
 # --- helpers --------------------------------------------------------------------------------------------------
 
@@ -369,7 +370,7 @@ def test_zip64_extra_fields_are_honoured(tmp_path: Path) -> None:
         )
     }
     path = tmp_path / "z64.pt"
-    pw.save(obj, path)
+    pt_save(obj, path)
     entries = _central_directory(path)
     assert entries and all(e["csize"] == e["usize"] == e["hoff"] == 0xFFFFFFFF for e in entries)
     assert all(struct.unpack("<H", e["extra"][:2])[0] == 1 for e in entries)  # zip64 extra id
@@ -450,7 +451,7 @@ def test_ptwriter_round_trip_with_torch_load(tmp_path: Path, chunk_elems: int) -
     tree["zeros"] = pw.Tensor(pw.Storage("float32", 6), (2, 3))
     tree["scalar"] = pw.Tensor(pw.Storage("float32", 1, lambda s, c: np.full(c, 2.5, np.float32)), ())
     path = tmp_path / "ours.pt"
-    pw.save(tree, path, chunk_elems=chunk_elems)
+    pt_save(tree, path, chunk_elems=chunk_elems)
 
     for weights_only in (True, False):
         back = torch.load(path, weights_only=weights_only)
@@ -500,7 +501,7 @@ def test_ptwriter_deepspeed_globals_read_by_our_reader(tmp_path: Path) -> None:
         ),
     }
     path = tmp_path / "optim.pt"
-    pw.save(tree, path)
+    pt_save(tree, path)
     ours = load_tree(path)
     assert isinstance(ours["zero_stage"], int) and ours["zero_stage"] == 2
     assert isinstance(ours["zero_stage"], ZeroStage)

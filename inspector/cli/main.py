@@ -7,7 +7,6 @@ Exit codes: 0 ok; 1 the checkpoint or output has errors (findings, verify mismat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -108,7 +107,8 @@ def _demo_bytes(numel: int, spec: Any) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from inspector.demo.writer import architecture, write_demo
+    from inspector.convert.root import missing_dirs
+    from inspector.demo.writer import architecture, discard_demo, fresh_names, write_demo
     from inspector.system.units import format_bytes
 
     out = os.path.abspath(args.dir)
@@ -134,11 +134,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             hint="Choose a smaller --params or a folder on another disk.",
             title="Disk full",
         )
-    tag = spec.tag or f"global_step{spec.steps}"
-    ours = [p for p in (out, os.path.join(out, tag), *(os.path.join(out, f) for f in _DEMO_FILES))]
-    fresh = [p for p in ours if not os.path.lexists(p)]  # removed again if the demo does not complete
+    created, fresh = missing_dirs(os.path.abspath(out)), fresh_names(out, spec)
     done = False
-    try:
+    try:  # a demo that does not complete takes back what it wrote, through an output root
         console = _console()
         with console.status(
             f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} rank{'s' if spec.world_size != 1 else ''}, {spec.dtype})…"
@@ -155,19 +153,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ) from None
     finally:
         if not done:
-            for path in reversed(fresh):  # files first, then the tag folder, then the root
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
+            discard_demo(out, fresh, created)
     console.print(
         f"Wrote [bold]{escape(tag_dir)}[/] ({n:,} parameters). Try: [bold]zero-inspector scan {escape(out)}[/]"
     )
     return EXIT_OK
-
-
-_DEMO_FILES = ("latest", "demo_spec.json")
 
 
 def cmd_open(args: argparse.Namespace) -> int:
@@ -176,7 +166,9 @@ def cmd_open(args: argparse.Namespace) -> int:
 
     if not args.path and not args.demo:
         raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
-    if args.path and not args.demo and not os.path.exists(args.path):  # said here, not in a full-screen dialog
+    if (
+        args.path and not args.demo and not os.path.exists(args.path)
+    ):  # said here, not in a full-screen dialog
         raise InspectorError(
             f"{args.path} does not exist.",
             hint="Check the path; `zero-inspector --help` lists the commands.",
@@ -257,13 +249,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="write a realistic demo checkpoint (real DeepSpeed layout)")
     p.add_argument("dir", help="folder to write the checkpoint root into (created; must be empty)")
     p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage (default: 2)")
-    p.add_argument("--world-size", type=int, default=2, help="data-parallel ranks, one file each (default: 2)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default: bf16)")
-    p.add_argument("--params", default="2M", help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)")
+    p.add_argument(
+        "--world-size", type=int, default=2, help="data-parallel ranks, one file each (default: 2)"
+    )
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default: bf16)"
+    )
+    p.add_argument(
+        "--params",
+        default="2M",
+        help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)",
+    )
     p.add_argument("--sub-group-size", type=int, default=1_000_000_000, help="stage 3 sub-group size")
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
-    p.add_argument("--no-frozen", action="store_true", help="no frozen parameters (default: a frozen position table)")
-    p.add_argument("--no-tied", action="store_true", help="no tied output head (default: lm_head tied to the token embedding)")
+    p.add_argument(
+        "--no-frozen", action="store_true", help="no frozen parameters (default: a frozen position table)"
+    )
+    p.add_argument(
+        "--no-tied",
+        action="store_true",
+        help="no tied output head (default: lm_head tied to the token embedding)",
+    )
     p.add_argument("--overwrite", action="store_true", help="write into DIR even if it is not empty")
     p.set_defaults(func=cmd_demo)
 

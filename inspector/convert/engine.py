@@ -13,14 +13,14 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from inspector.convert.output import JOURNAL, PARTIAL, OutputFolder
+from inspector.convert.output import JOURNAL, OutputFolder
 from inspector.convert.output import disk_error as _disk_error
-from inspector.convert.output import fsync_dir as _fsync_dir
-from inspector.convert.pipeline import make_pools, write_shard
+from inspector.convert.pipeline import shard_streamer
 from inspector.convert.plan import INDEX_NAME, ConversionPlan
+from inspector.convert.root import OutputRoot
 from inspector.errors import CancelledError
 
 _EVENT_INTERVAL = 0.25
@@ -63,6 +63,9 @@ class Report:
     removed_stale: tuple[str, ...] = field(default=())
 
 
+ShardWriter = Callable[[int, int, threading.Event, bool], Iterator[tuple[int, str]]]
+
+
 def run(
     plan: ConversionPlan,
     out_dir: str,
@@ -70,19 +73,27 @@ def run(
     cancel: threading.Event | None = None,
     overwrite: bool = False,
     fsync: bool = False,
+    shard_writer: ShardWriter | None = None,
+    side_writer: Callable[[OutputRoot], tuple[tuple[str, int], ...]] | None = None,
 ) -> Iterator[Progress | Report]:
     """Carry out `plan` into `out_dir`, yielding Progress events (<= 4/s) and finally a Report.
 
-    On any error, cancel or interrupt, the partial files are removed before the exception propagates.
-    After a hard kill, rerunning the same job reuses the shards the journal lists as complete. Renames
-    make a killed process safe; `fsync` also makes the output survive a power cut, at the cost of waiting
-    for the disk.
+    `shard_writer(index, fd, cancel, fsync)` fills one shard's open file and yields (bytes, tensor) as
+    it goes; the default streams checkpoint bytes (`pipeline.write_shard`), a merged model computes them.
+    `side_writer(root)` writes the files beside the weights (config, tokenizer) once the weights are in
+    place, under the same lock, so a failed run never leaves a config that looks loadable.
+    Whatever writes the bytes, this owns the run around them: the locked OutputRoot, the journal, resume,
+    the renames and the cleanup. On any error, cancel or interrupt, the partial files are removed before the
+    exception propagates. After a hard kill, rerunning the same job reuses the shards the journal lists as
+    complete. Renames make a killed process safe; `fsync` also makes the output survive a power cut.
     """
     cancel = cancel or threading.Event()
-    out_dir = os.path.abspath(out_dir)
+    write = shard_writer or shard_streamer(plan)
     folder = OutputFolder(plan, out_dir, overwrite)  # created, locked, other jobs' partials removed
+    root = folder.root
+    out_dir = root.path
     stale, partial, reuse = folder.stale, folder.partials, folder.reuse
-    total = sum(s.file_bytes for s in plan.shards)
+    total = sum(s.file_bytes for s in plan.shards)  # the index is written at once, after them
     skipped = sum(s.file_bytes for s, r in zip(plan.shards, reuse, strict=True) if r)
     start = time.monotonic()
     ok = False
@@ -91,24 +102,28 @@ def run(
         folder.record()
         done = skipped
         last = 0.0
-        pools = make_pools(plan)
         for i, shard in enumerate(plan.shards):
             if reuse[i]:
                 continue
-            for nbytes, tensor in write_shard(plan, i, partial[i], cancel, out_dir, fsync, pools):
-                done += nbytes
-                now = time.monotonic()
-                if now - last >= _EVENT_INTERVAL:
-                    last = now
-                    yield Progress(
-                        done, total, tensor, shard.filename, i, len(plan.shards), now - start, skipped
-                    )
+            fd = root.create(partial[i])
+            try:
+                for nbytes, tensor in write(i, fd, cancel, fsync):
+                    done += nbytes
+                    now = time.monotonic()
+                    if now - last >= _EVENT_INTERVAL:
+                        last = now
+                        yield Progress(
+                            done, total, tensor, shard.filename, i, len(plan.shards), now - start, skipped
+                        )
+            finally:
+                os.close(fd)
             folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
-        _publish(plan, out_dir, partial, renamed, stale, fsync)
+        _publish(plan, root, partial, renamed, stale, fsync)
+        side = side_writer(root) if side_writer is not None else ()
         ok = True
-        files = tuple((f, os.path.getsize(os.path.join(out_dir, f))) for f in plan.filenames)
+        files = tuple((f, root.size(f)) for f in plan.filenames) + side
         elapsed = time.monotonic() - start
         yield Progress(
             total,
@@ -127,43 +142,37 @@ def run(
         raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         if not ok:
-            _discard(out_dir, partial + renamed)
+            _discard(root, partial + renamed)
         folder.release(ok)
 
 
 def _publish(
-    plan: ConversionPlan, out_dir: str, partial: list[str], renamed: list[str], stale: list[str], fsync: bool
+    plan: ConversionPlan,
+    root: OutputRoot,
+    partial: list[str],
+    renamed: list[str],
+    stale: list[str],
+    fsync: bool,
 ) -> None:
     """Rename the finished shards into place (appending each to `renamed`), write the index, remove stale
     outputs and the journal."""
     for shard, p in zip(plan.shards, partial, strict=True):
-        os.replace(p, os.path.join(out_dir, shard.filename))
-        renamed.append(os.path.join(out_dir, shard.filename))
+        root.replace(p, shard.filename)
+        renamed.append(shard.filename)
     if plan.index is not None:
-        tmp = os.path.join(out_dir, INDEX_NAME + PARTIAL)
-        with open(tmp, "wb") as fh:
-            fh.write(plan.index)
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(out_dir, INDEX_NAME))
+        root.write_atomic(INDEX_NAME, plan.index, fsync=fsync)
     for name in stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out_dir, name))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(out_dir, JOURNAL))
+        root.remove(name)
+    root.remove(JOURNAL)
     if fsync:
-        _fsync_dir(out_dir)
+        root.fsync_dir()
 
 
-def _discard(out_dir: str, paths: list[str]) -> None:
+def _discard(root: OutputRoot, names: list[str]) -> None:
     """After a failed run: remove its partial and renamed files, the journal and the partial index."""
-    for p in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
-    for name in (JOURNAL, JOURNAL + ".tmp", INDEX_NAME + PARTIAL):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out_dir, name))
+    for name in (*names, JOURNAL, JOURNAL + ".tmp", INDEX_NAME + ".tmp"):
+        with contextlib.suppress(OSError):
+            root.remove(name)
 
 
 def execute(

@@ -17,13 +17,12 @@ import errno
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from inspector.convert.cast import cast_into, typed
-from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.plan import PIPELINE_DEPTH, ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, byte_view, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
@@ -224,20 +223,34 @@ def _convert(io: _ShardIO, c: _Chunk) -> bool:
     return True
 
 
+def shard_streamer(
+    plan: ConversionPlan,
+) -> Callable[[int, int, threading.Event, bool], Iterator[tuple[int, str]]]:
+    """The engine's default shard writer for `plan`: checkpoint bytes, cast, written. The buffer pools are
+    made on the first shard (a run that reuses every shard allocates nothing) and kept for the rest."""
+    pools: list[PoolPair] = []
+
+    def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
+        if not pools:
+            pools.append(make_pools(plan))
+        return write_shard(plan, index, fd, cancel, fsync, pools[0])
+
+    return write
+
+
 def write_shard(
     plan: ConversionPlan,
     index: int,
-    path: str,
+    fd: int,
     cancel: threading.Event,
-    out_dir: str,
     fsync: bool,
     pools: PoolPair,
 ) -> Iterator[tuple[int, str]]:
-    """Write one shard: header, then every tensor through read -> convert -> write. Yields (bytes, tensor)."""
+    """Fill one shard's open file: header, then every tensor through read -> convert -> write. Yields
+    (bytes, tensor)."""
     shard = plan.shards[index]
     limit = plan.options.chunk_elems
     src_pool, out_pool = pools
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool)
     stop, errors, written, lock = io.stop, io.errors, io.written, io.lock
     pool = FilePool(*plan.sources)
@@ -275,12 +288,9 @@ def write_shard(
         if fsync:
             os.fsync(fd)
         yield written[0] - reported, current
-    except OSError as exc:
-        raise _disk_error(exc, out_dir, plan.output_bytes) from None
-    finally:
+    finally:  # an OSError goes up as it is: the engine names the folder and the free space
         stop.set()
         for th in threads:
             if th.is_alive():
                 th.join()
-        os.close(fd)
         pool.close()

@@ -8,6 +8,7 @@ no more RAM than a 1M one. Neither torch nor deepspeed is needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import OrderedDict
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from inspector.convert.root import OutputRoot, missing_dirs, remove_empty_dirs
 from inspector.demo.spec import DS_VERSION, HALF, DemoSpec, Param, architecture, ds_config
 from inspector.demo.values import Array, FlatGroup, buffer_values, expected, master_values, state_values
 from inspector.format import ptwriter as pw
@@ -83,6 +85,37 @@ def _step(spec: DemoSpec) -> pw.Tensor:
     return pw.Tensor(pw.Storage("float32", 1, lambda s, c: np.full(c, value, np.float32)), ())
 
 
+def fresh_names(out_dir: str, spec: DemoSpec) -> list[str]:
+    """The names a demo writes into `out_dir` that are not there yet (what a failed run must take back)."""
+    tag = spec.tag or f"global_step{spec.steps}"
+    return [n for n in (tag, "latest", "demo_spec.json") if not os.path.lexists(os.path.join(out_dir, n))]
+
+
+def discard_demo(out_dir: str, fresh: list[str], created: list[str]) -> None:
+    """Take back what an interrupted demo wrote: its fresh names (a folder with everything in it), then the
+    folders it created, if nothing else is in them."""
+    if os.path.isdir(out_dir):
+        root = OutputRoot(out_dir, lock=False)
+        try:
+            for name in fresh:
+                with contextlib.suppress(OSError):
+                    root.remove_tree(name)
+        finally:
+            root.release(ok=True)
+    remove_empty_dirs(created)
+
+
+class _Saver:
+    """Writes one `.pt` file of the tag folder through the output root."""
+
+    def __init__(self, root: OutputRoot, tag: str) -> None:
+        self.root, self.tag = root, tag
+
+    def __call__(self, obj: Any, name: str) -> None:
+        archive = os.path.splitext(name)[0]
+        self.root.write_with(f"{self.tag}/{name}", lambda fh: pw.dump(obj, fh, archive))
+
+
 def write_demo(out_dir: str, spec: DemoSpec, progress: Callable[[str], None] | None = None) -> str:
     """Write the checkpoint under `out_dir` (root with `latest`); returns the tag folder."""
     if spec.stage not in (1, 2, 3):
@@ -90,8 +123,10 @@ def write_demo(out_dir: str, spec: DemoSpec, progress: Callable[[str], None] | N
     if spec.bf16_optimizer and (spec.stage != 1 or spec.dtype != "bf16"):
         raise ValueError("BF16_Optimizer exists only for stage 1 with bf16")
     tag = spec.tag or f"global_step{spec.steps}"
-    tag_dir = os.path.join(out_dir, tag)
-    os.makedirs(tag_dir, exist_ok=True)
+    created = missing_dirs(os.path.abspath(out_dir))
+    fresh = fresh_names(out_dir, spec)
+    root = OutputRoot(out_dir, lock=False)  # written like every output: nothing below out_dir is followed
+    tag_dir = os.path.join(root.path, tag)
     params, tied = architecture(spec)
     groups = [
         [p for p in params if p.kind == "trainable" and p.name not in tied and p.decay],
@@ -103,11 +138,17 @@ def write_demo(out_dir: str, spec: DemoSpec, progress: Callable[[str], None] | N
         if spec.stage == 3
         else _Stage12Writer(spec, params, tied, groups)
     )
-    writer.write(tag_dir, common, progress or (lambda _m: None))
-    with open(os.path.join(out_dir, "latest"), "w") as fh:
-        fh.write(tag)
-    with open(os.path.join(out_dir, "demo_spec.json"), "w") as fh:
-        json.dump(spec.__dict__, fh, indent=1)
+    ok = False
+    try:
+        root.mkdirs(tag)
+        writer.write(_Saver(root, tag), common, progress or (lambda _m: None))
+        root.write_atomic("latest", tag.encode())
+        root.write_atomic("demo_spec.json", json.dumps(spec.__dict__, indent=1).encode())
+        ok = True
+    finally:
+        root.release(ok=True)
+        if not ok:
+            discard_demo(out_dir, fresh, created)
     return tag_dir
 
 
@@ -161,12 +202,12 @@ class _Writer:
     def _param_shapes(self, groups: list[list[Param]]) -> list[OrderedDict[str, Any]]:
         return [OrderedDict((p.name, pw.size(p.shape)) for p in g) for g in groups]
 
-    def write(self, tag_dir: str, common: dict[str, Any], progress: Callable[[str], None]) -> None:
+    def write(self, save: _Saver, common: dict[str, Any], progress: Callable[[str], None]) -> None:
         raise NotImplementedError
 
 
 class _Stage12Writer(_Writer):
-    def write(self, tag_dir: str, common: dict[str, Any], progress: Callable[[str], None]) -> None:
+    def write(self, save: _Saver, common: dict[str, Any], progress: Callable[[str], None]) -> None:
         s, ws = self.spec, self.ws
         layouts = []
         for g in self.groups:
@@ -202,7 +243,7 @@ class _Stage12Writer(_Writer):
         stage2 = s.stage == 2
         frozen_shapes = OrderedDict((n, pw.size(t.shape)) for n, t in frozen.items()) if stage2 else None
         progress("mp_rank_00_model_states.pt")
-        pw.save(
+        save(
             self._module_states(
                 module,
                 self._param_shapes(self.groups),
@@ -211,12 +252,12 @@ class _Stage12Writer(_Writer):
                 dict(self.tied),
                 common,
             ),
-            os.path.join(tag_dir, "mp_rank_00_model_states.pt"),
+            "mp_rank_00_model_states.pt",
         )
         for r in range(ws):
             name = f"{self.prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
             progress(name)
-            pw.save({"optimizer_state_dict": self._optim(r, layouts), **common}, os.path.join(tag_dir, name))
+            save({"optimizer_state_dict": self._optim(r, layouts), **common}, name)
 
     def _optim(
         self, r: int, layouts: list[tuple[list[tuple[str, int, int, int]], int, int]]
@@ -297,7 +338,7 @@ class _Stage3Writer(_Writer):
                     cur, acc = [], 0
         return out
 
-    def write(self, tag_dir: str, common: dict[str, Any], progress: Callable[[str], None]) -> None:
+    def write(self, save: _Saver, common: dict[str, Any], progress: Callable[[str], None]) -> None:
         _s, ws = self.spec, self.ws
         subs = self._sub_groups()
         param_shapes = self._param_shapes([g for _, g in subs])
@@ -318,15 +359,15 @@ class _Stage3Writer(_Writer):
             shapes = OrderedDict((p.name, pw.size(p.shape)) for p in frozen)
             name = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"
             progress(name)
-            pw.save(
+            save(
                 self._module_states(
                     module, param_shapes, shapes, frags, dict(self.tied) if r == 0 else {}, common
                 ),
-                os.path.join(tag_dir, name),
+                name,
             )
             name = f"{self.prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
             progress(name)
-            pw.save({"optimizer_state_dict": self._optim(r, subs), **common}, os.path.join(tag_dir, name))
+            save({"optimizer_state_dict": self._optim(r, subs), **common}, name)
 
     def _optim(self, r: int, subs: list[tuple[int, list[Param]]]) -> dict[str, Any]:
         s, ws = self.spec, self.ws

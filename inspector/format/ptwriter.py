@@ -9,16 +9,14 @@ plain GLOBAL references, so deepspeed need not be installed to write a checkpoin
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import pickle
 import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -147,7 +145,7 @@ class _Pickler(pickle._Pickler):  # type: ignore[name-defined, misc]
 class _ZipOut:
     """A stored zip written the way torch writes it: 64-byte aligned data, zip64 directory."""
 
-    def __init__(self, fh: io.BufferedWriter) -> None:
+    def __init__(self, fh: BinaryIO) -> None:
         self.fh = fh
         self.central: list[bytes] = []
 
@@ -215,35 +213,28 @@ def _storage_chunks(st: Storage, chunk_elems: int) -> Iterator[memoryview]:
         if st.produce is None:
             a = np.zeros(count, dtype=dtype)
         else:
-            a = np.ascontiguousarray(np.asarray(st.produce(start, count)).reshape(-1).astype(dtype, copy=False))
+            a = np.ascontiguousarray(
+                np.asarray(st.produce(start, count)).reshape(-1).astype(dtype, copy=False)
+            )
             assert a.shape[0] == count, (a.shape, count)
         yield a.view(np.uint8).data
 
 
-def save(obj: Any, path: str | os.PathLike[str], chunk_elems: int = 1 << 22) -> int:
-    """Write `obj` like `torch.save(obj, path)`, streaming storages; returns bytes written."""
-    path = os.fspath(path)
-    archive = os.path.splitext(os.path.basename(path))[0]
+def dump(obj: Any, fh: BinaryIO, archive: str, chunk_elems: int = 1 << 22) -> int:
+    """Write `obj` to the open file `fh` as `torch.save` would (the archive folder named `archive`, as torch
+    names it after the file), streaming storages; returns bytes written. Creating, naming and renaming the file
+    is the caller's (through its OutputRoot)."""
     buf = io.BytesIO()
     pickler = _Pickler(buf)
     pickler.dump(obj)
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            z = _ZipOut(fh)
-            z.entry(f"{archive}/data.pkl", iter([buf.getvalue()]))
-            z.entry(f"{archive}/.format_version", iter([b"1"]))
-            z.entry(f"{archive}/.storage_alignment", iter([b"64"]))
-            z.entry(f"{archive}/byteorder", iter([b"little"]))
-            for st in pickler.storages:
-                z.entry(f"{archive}/data/{st.key}", _storage_chunks(st, chunk_elems))
-            z.entry(f"{archive}/version", iter([b"3\n"]))
-            z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
-            z.finish()
-            written = fh.tell()
-    except BaseException:  # cancelled or failed: no half-written file left behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
-    return written
+    z = _ZipOut(fh)
+    z.entry(f"{archive}/data.pkl", iter([buf.getvalue()]))
+    z.entry(f"{archive}/.format_version", iter([b"1"]))
+    z.entry(f"{archive}/.storage_alignment", iter([b"64"]))
+    z.entry(f"{archive}/byteorder", iter([b"little"]))
+    for st in pickler.storages:
+        z.entry(f"{archive}/data/{st.key}", _storage_chunks(st, chunk_elems))
+    z.entry(f"{archive}/version", iter([b"3\n"]))
+    z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
+    z.finish()
+    return fh.tell()

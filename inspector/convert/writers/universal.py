@@ -7,7 +7,7 @@ model-states files, and `OUT/latest_universal` naming the folder. Every paramete
 `param_shapes` (so round-robin and aligned layouts come out right, unlike `ds_to_universal`) and streamed
 chunk by chunk from the rank files into its `.pt` file: no temporary per-rank fragments, flat memory.
 
-Output is atomic and resumable: OUT is locked for the run (`output.FolderLock`, as for safetensors), files
+Output is atomic and resumable: OUT is an OutputRoot, locked for the run as for safetensors, and files
 go to `OUT/<tag>_uni.partial/`, each written whole or not at all;
 a rerun of the same job keeps the finished ones; the folder is renamed when complete, `latest_universal`
 last. No torch here: `.pt` files come from `format.ptwriter`, fed with raw bytes.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from inspector.convert.writers.universal_journal import JOURNAL, Journal, finished_files, inside, reusable
+from inspector.convert.root import OutputRoot
+from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
@@ -162,22 +162,35 @@ def prepare(plan: UniversalPlan, overwrite: bool) -> None:
     """Refuse to replace an existing universal folder or a different `latest_universal` without --overwrite."""
     latest = os.path.join(plan.out_root, LATEST)
     clash = []
-    if os.path.exists(plan.out_dir):
+    if os.path.lexists(plan.out_dir):
         clash.append(plan.out_dir)
-    if os.path.isfile(latest):
-        with open(latest) as fh:
-            if fh.read().strip() != plan.folder:
-                clash.append(latest)
+    if os.path.lexists(latest):
+        try:
+            same = os.path.isfile(latest) and _read_latest(latest) == plan.folder
+        except OSError:
+            same = False
+        if not same:
+            clash.append(latest)
     if clash and not overwrite:
         raise OutputError(
             f"{' and '.join(clash)} already exist{'s' if len(clash) == 1 else ''}.",
             hint="Pass --overwrite to replace them, or choose another output folder.",
         )
-    if os.path.exists(plan.out_dir) and not os.path.isdir(os.path.join(plan.out_dir, "zero")):
+    if os.path.lexists(plan.out_dir) and (
+        os.path.islink(plan.out_dir) or not os.path.isdir(os.path.join(plan.out_dir, "zero"))
+    ):
         raise OutputError(
             f"{plan.out_dir} exists and is not a universal checkpoint; not replacing it.",
             hint="Move it away or choose another output folder.",
         )
+
+
+def _read_latest(path: str) -> str:
+    fd = open_in(path)
+    try:
+        return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 def write_universal(
@@ -189,30 +202,27 @@ def write_universal(
     progress: Callable[[int], None] | None = None,
 ) -> UniversalReport:
     """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written."""
-    from inspector.convert.output import FolderLock
-    from inspector.format import ptwriter as pw  # the torch-zip writer (lazily: plan/preflight stay light)
-
     prepare(plan, overwrite)
-    claim = FolderLock(plan.out_root)  # created and locked: a second run into OUT is refused, not mixed in
+    root = OutputRoot(plan.out_root)  # created and locked: a second run into OUT is refused, not mixed in
     ok = False
     try:
         prepare(plan, overwrite)  # again, now that no one else writes here
-        report = _write_locked(plan, pw, workers, cancel, progress)
+        report = _write_locked(plan, root, workers, cancel, progress)
         ok = True
         return report
     finally:
-        claim.release(ok)
+        root.release(ok)
 
 
 def _write_locked(
     plan: UniversalPlan,
-    pw: Any,
+    root: OutputRoot,
     workers: int | None,
     cancel: threading.Event | None,
     progress: Callable[[int], None] | None,
 ) -> UniversalReport:
-    staging = plan.out_dir + PARTIAL
-    _open_staging(plan, staging)
+    staging = plan.folder + PARTIAL
+    _open_staging(plan, root, staging)
     cancel = cancel or threading.Event()
     lock = threading.Lock()
     written = [0]
@@ -223,22 +233,20 @@ def _write_locked(
         if progress is not None:
             progress(n)
 
-    finished = finished_files(staging)
-    todo = [f for f in plan.files if not reusable(staging, f.rel, finished)]
-    for f in plan.files:
-        os.makedirs(inside(staging, os.path.dirname(f.rel)), exist_ok=True)
-    journal = Journal(os.path.join(staging, JOURNAL))
+    journal = Journal(root, staging)
+    finished = journal.previous()
+    todo = [f for f in plan.files if not journal.reusable(f.rel, finished)]
     try:
         from inspector.convert.reader import FilePool
         from inspector.convert.writers.universal_state import write_small
 
         with FilePool(*plan.sources) as pool:
-            write_small(plan, staging, pw)
+            write_small(plan, root, staging)
             # files are independent; pread, crc32 and write release the GIL
             n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
                 futures = [
-                    ex.submit(_write_tensor, pw, pool, f, staging, cancel, report, journal) for f in todo
+                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal) for f in todo
                 ]
                 try:
                     for fut in futures:
@@ -247,39 +255,33 @@ def _write_locked(
                     cancel.set()
                     raise
             for src, name in plan.copies:
-                dst = inside(staging, name)
-                if not reusable(staging, name, finished):
-                    _copy_through(plan, src, dst + ".tmp")
-                    os.replace(dst + ".tmp", dst)
-                    journal.finished(name, dst)
-                report(os.path.getsize(dst))
+                rel = f"{staging}/{name}"
+                if not journal.reusable(name, finished):
+                    root.copy_in(_source_of(plan, src), src, rel)
+                    journal.finished(name)
+                report(root.size(rel))
     except OSError as exc:
         raise OutputError(
-            f"Writing {staging} failed: {exc.strerror or exc}.",
+            f"Writing {root.show(staging)} failed: {exc.strerror or exc}.",
             hint="Check free disk space; rerun the same command to resume.",
         ) from None
     if cancel.is_set():
         raise CancelledError("Conversion cancelled; rerun the same command to resume.")
-    if os.path.exists(plan.out_dir):  # only reached with --overwrite (prepare checked)
-        shutil.rmtree(plan.out_dir)
-    os.remove(os.path.join(staging, SOURCE_STAMP))
-    os.remove(os.path.join(staging, JOURNAL))
-    os.replace(staging, plan.out_dir)
-    tmp = os.path.join(plan.out_root, LATEST + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(plan.folder)
-    os.replace(tmp, os.path.join(plan.out_root, LATEST))
+    if root.lstat(plan.folder) is not None:  # only reached with --overwrite (prepare checked)
+        root.remove_tree(plan.folder)
+    root.remove(f"{staging}/{SOURCE_STAMP}")
+    root.remove(f"{staging}/{JOURNAL}")
+    root.replace(staging, plan.folder)
+    root.write_atomic(LATEST, plan.folder.encode())
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
 
 
-def _copy_through(plan: UniversalPlan, src: str, dest: str) -> None:
-    """A model-states file, byte for byte, from a descriptor opened through the checkpoint's source."""
-    fd = open_in(src, plan.sources)
-    try:
-        with os.fdopen(os.dup(fd), "rb") as fin, open(dest, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
-    finally:
-        os.close(fd)
+def _source_of(plan: UniversalPlan, path: str) -> Source:
+    """The checkpoint folder a model-states file is read through (the input boundary opens it)."""
+    for src in plan.sources:
+        if src.contains(path):
+            return src
+    return Source.at(os.path.dirname(os.path.abspath(path)))
 
 
 def default_workers() -> int:
@@ -287,31 +289,23 @@ def default_workers() -> int:
     return min(8, os.cpu_count() or 2)
 
 
-def _open_staging(plan: UniversalPlan, staging: str) -> None:
+def _open_staging(plan: UniversalPlan, root: OutputRoot, staging: str) -> None:
     """Keep a staging folder left by the same job (same source files); otherwise start it afresh."""
-    stamp = os.path.join(staging, SOURCE_STAMP)
-    want = json.dumps([list(s) for s in plan.source])
-    if os.path.isdir(staging):
-        try:
-            with open(stamp) as fh:
-                same = fh.read() == want
-        except OSError:
-            same = False
-        if not same:
-            shutil.rmtree(staging)
-    os.makedirs(staging, exist_ok=True)
-    with open(stamp, "w") as fh:
-        fh.write(want)
-    for dirpath, _, names in os.walk(staging):  # a killed run leaves half-written *.tmp files
-        for n in names:
-            if n.endswith(".tmp"):
-                os.remove(os.path.join(dirpath, n))
+    stamp = f"{staging}/{SOURCE_STAMP}"
+    want = json.dumps([list(s) for s in plan.source]).encode()
+    if root.lstat(staging) is not None and root.read_small(stamp) != want:
+        root.remove_tree(staging)
+    root.mkdirs(staging)
+    root.write_atomic(stamp, want)
+    for rel in list(root.walk_files(staging)):  # a killed run leaves half-written *.tmp files
+        if rel.endswith(".tmp"):
+            root.remove(rel)
 
 
 def _write_tensor(
-    pw: Any,
     pool: Any,
     f: UniFile,
+    root: OutputRoot,
     staging: str,
     cancel: threading.Event,
     report: Callable[[int], None],
@@ -319,12 +313,14 @@ def _write_tensor(
 ) -> None:
     if cancel.is_set():
         return
+    from inspector.format import ptwriter as pw  # the torch-zip writer (lazily: plan/preflight stay light)
+
     produce = _producer(pool, f, cancel, report)
     storage = pw.Storage("float32", _numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
-    path = inside(staging, f.rel)
-    pw.save(tree, path, chunk_elems=CHUNK_BYTES // 4)  # returns only once the file is complete and renamed
-    journal.finished(f.rel, path)
+    archive = f.state  # torch names the archive folder after the file
+    root.write_with(f"{staging}/{f.rel}", lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4))
+    journal.finished(f.rel)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

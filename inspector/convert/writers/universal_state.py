@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,14 +20,17 @@ from inspector.format.torchzip import TensorRef, load_tree
 from inspector.system.source import open_in
 
 if TYPE_CHECKING:
+    from inspector.convert.root import OutputRoot
     from inspector.convert.writers.universal import UniversalPlan
 
 # what the stage-1/2 optimizer_state.pt leaves out (ds_to_universal does the same): sharded state
 _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
 
 
-def write_small(plan: UniversalPlan, staging: str, pw: Any) -> None:
+def write_small(plan: UniversalPlan, root: OutputRoot, staging: str) -> None:
     """`zero/optimizer_state.pt` and the stage-1/2 `step.pt` files, from rank 0's optimizer state."""
+    from inspector.format import ptwriter as pw
+
     tree = load_tree(plan.optim_file, plan.sources[0] if plan.sources else None)
     osd = tree.get("optimizer_state_dict") if isinstance(tree, dict) else None
     if not isinstance(osd, dict):
@@ -46,10 +50,9 @@ def write_small(plan: UniversalPlan, staging: str, pw: Any) -> None:
         base = osd.get("base_optimizer_state") or {}
         out = {k: v for k, v in osd.items() if k not in _SHARDED}
         out["param_groups"] = base.get("param_groups", [])
-    path = os.path.join(staging, "zero", "optimizer_state.pt")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if not os.path.exists(path):
-        pw.save(to_pickle(out, pw), path)
+    # small: written again on every run, so a resumed export never trusts one a kill may have damaged
+    obj = to_pickle(out, pw)
+    root.write_with(f"{staging}/zero/optimizer_state.pt", lambda fh: pw.dump(obj, fh, "optimizer_state"))
     if plan.step_params:
         base = osd.get("base_optimizer_state") or {}
         groups = base.get("param_groups") or []
@@ -59,10 +62,9 @@ def write_small(plan: UniversalPlan, staging: str, pw: Any) -> None:
             step = (state.get(key) or {}).get("step")
             if step is None:
                 continue
-            p = os.path.join(staging, "zero", name, "step.pt")
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            if not os.path.exists(p):
-                pw.save(to_pickle(step, pw), p)
+            root.write_with(
+                f"{staging}/zero/{name}/step.pt", partial(pw.dump, to_pickle(step, pw), archive="step")
+            )
 
 
 def to_pickle(obj: Any, pw: Any) -> Any:

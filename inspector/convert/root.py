@@ -1,0 +1,418 @@
+"""The one output boundary: every file the tool creates, renames, copies or removes goes through an OutputRoot.
+
+An OutputRoot is the output folder the user named, created if needed, locked for the run (`flock`, dropped by
+the kernel if the process dies) and held open as a descriptor. Every path below it is given as a relative path
+of plain name components (the input boundary's name rule: no `..`, no separators, no control characters) and is
+reached from that descriptor one component at a time with `O_NOFOLLOW`, so a link planted inside OUT, or
+swapped in during the run, is refused rather than followed: no write can leave OUT. Writers get the root, never
+a path string; they know names inside it only. The folder the user typed may itself be reached through links
+(their choice); nothing below it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import zlib
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+from inspector.errors import OutputError
+from inspector.parse.names import escaped, name_problem
+from inspector.system.source import Source
+
+LOCK = ".zero-inspector.lock"
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+_BLOCK = 8 << 20
+
+
+def _parts(rel: str) -> list[str]:
+    """`rel` as name components, each checked by the one name rule (refused, never repaired)."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts:
+        raise OutputError("Internal error: an empty output path.")
+    for p in parts:
+        if problem := name_problem(p):
+            raise OutputError(
+                f"Refusing to write {escaped(rel)!r}: the name {escaped(p)[:80]!r} {problem}.",
+                hint="A name from the checkpoint or from --rename cannot become a path outside the output "
+                "folder; rename it with --rename.",
+                title="Unsafe output name",
+            )
+    return parts
+
+
+def missing_dirs(path: str) -> list[str]:
+    """The folders `os.makedirs(path)` would create, deepest first."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def remove_empty_dirs(paths: list[str]) -> None:
+    """Remove folders a failed run created (`missing_dirs`, deepest first), stopping at the first that is not
+    empty: what someone else put there is never removed."""
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except OSError:
+            break
+
+
+class OutputRoot:
+    """One run's output folder: created, locked, held open; the only code that changes files in it."""
+
+    def __init__(self, path: str, *, lock: bool = True) -> None:
+        self.path = os.path.abspath(path)
+        self.created = missing_dirs(self.path)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+        except OSError as exc:
+            raise OutputError(
+                f"Cannot create the output folder {self.path}: {exc.strerror}.",
+                hint="Choose a folder you can write to.",
+            ) from None
+        self._lock = -1
+        if lock:
+            try:
+                self._lock = self._take_lock()
+            except BaseException:
+                os.close(self.fd)
+                self.created = []  # the folder may hold another run's files now; never remove it
+                raise
+
+    # -- the lock ---------------------------------------------------------------------------------------
+
+    def _take_lock(self) -> int:
+        """An exclusive `flock` on OUT/.zero-inspector.lock; a second run into OUT is refused at once. The file
+        is unlinked on release, so after locking we check the name still leads to the inode we hold."""
+        import fcntl
+
+        for _ in range(5):
+            try:
+                fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=self.fd)
+            except OSError as exc:
+                raise OutputError(f"Cannot create the lock file in {self.path}: {exc.strerror}.") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                os.close(fd)
+                who = f" (process {holder})" if holder.isdigit() else ""
+                raise OutputError(
+                    f"Another conversion{who} is writing to {self.path}.",
+                    hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
+                    "would overwrite each other's files.",
+                    title="Output folder in use",
+                ) from None
+            except OSError as exc:
+                os.close(fd)
+                raise OutputError(
+                    f"Cannot lock {self.path}: {exc.strerror}.",
+                    hint="The file system does not support locks; choose an output folder on a local disk.",
+                ) from None
+            try:
+                st = os.stat(LOCK, dir_fd=self.fd, follow_symlinks=False)
+                mine = os.fstat(fd)
+                same = (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+            except FileNotFoundError:
+                same = False
+            if same:
+                with contextlib.suppress(OSError):  # who holds it, for the refusal message; best effort
+                    os.ftruncate(fd, 0)
+                    os.write(fd, f"{os.getpid()}\n".encode())
+                return fd
+            os.close(fd)
+        raise OutputError(
+            f"Could not lock {self.path}: the lock file keeps changing.", title="Output folder in use"
+        )
+
+    def release(self, ok: bool) -> None:
+        """Unlock and close; after a failure also remove the folders this run created, if they are empty."""
+        if self._lock >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(LOCK, dir_fd=self.fd)
+            os.close(self._lock)
+            self._lock = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if not ok:
+            remove_empty_dirs(self.created)
+        self.created = []
+
+    def __enter__(self) -> OutputRoot:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.release(ok=exc_type is None)
+
+    # -- walking ----------------------------------------------------------------------------------------
+
+    def show(self, rel: str = "") -> str:
+        """The path of `rel` for a message (escaped)."""
+        return escaped(os.path.join(self.path, rel) if rel else self.path)
+
+    def _parent(self, rel: str, create: bool) -> tuple[int, str]:
+        """A descriptor of `rel`'s folder (the caller closes it) and its last name; folders on the way are
+        opened with O_NOFOLLOW (a link is refused) and, with `create`, made when missing."""
+        parts = _parts(rel)
+        fd = os.dup(self.fd)
+        try:
+            for p in parts[:-1]:
+                try:
+                    nxt = os.open(p, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(p, 0o755, dir_fd=fd)
+                    nxt = os.open(p, _DIR, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise self._link(rel, p) from None
+                    raise
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def _link(self, rel: str, part: str) -> OutputError:
+        return OutputError(
+            f"Refusing to write {self.show(rel)}: {escaped(part)!r} inside the output folder is a link or not "
+            "a folder.",
+            hint="Something other than this tool put it there; remove it or choose another output folder.",
+            title="Unsafe output folder",
+        )
+
+    # -- reading what is there --------------------------------------------------------------------------
+
+    def lstat(self, rel: str) -> os.stat_result | None:
+        """The entry itself (a link is reported as a link), or None when it is missing."""
+        try:
+            fd, name = self._parent(rel, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(fd)
+
+    def is_file(self, rel: str) -> bool:
+        st = self.lstat(rel)
+        return st is not None and stat.S_ISREG(st.st_mode)
+
+    def is_dir(self, rel: str) -> bool:
+        st = self.lstat(rel)
+        return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def size(self, rel: str) -> int:
+        st = self.lstat(rel)
+        return st.st_size if st is not None else 0
+
+    def listdir(self, rel: str = "") -> list[str]:
+        if not rel:
+            return sorted(os.listdir(self.fd))
+        fd, name = self._parent(rel, create=False)
+        try:
+            sub = os.open(name, _DIR, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            return sorted(os.listdir(sub))
+        finally:
+            os.close(sub)
+
+    def open_read(self, rel: str) -> int:
+        """A regular file below OUT for reading (our own journal, a finished file to checksum)."""
+        fd, name = self._parent(rel, create=False)
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(os.fstat(f).st_mode):
+            os.close(f)
+            raise OutputError(f"{self.show(rel)} is not a regular file.", title="Unsafe output folder")
+        return f
+
+    def read_small(self, rel: str, limit: int = 64 << 20) -> bytes | None:
+        """A bookkeeping file's bytes (at most `limit`), or None when it is missing or not a regular file."""
+        try:
+            fd = self.open_read(rel)
+        except (OSError, OutputError):
+            return None
+        try:
+            return os.pread(fd, limit, 0)
+        finally:
+            os.close(fd)
+
+    def crc32(self, rel: str) -> int:
+        """CRC-32 of a whole file, read in fixed 8 MiB blocks (flat memory; zlib releases the GIL)."""
+        fd = self.open_read(rel)
+        try:
+            return fd_crc32(fd)
+        finally:
+            os.close(fd)
+
+    # -- changing it ------------------------------------------------------------------------------------
+
+    def mkdirs(self, rel: str) -> None:
+        fd, _ = self._parent(rel + "/x", create=True)  # every component of rel, made when missing
+        os.close(fd)
+
+    def create(self, rel: str) -> int:
+        """A new, empty regular file at `rel` (truncating one there; never following a link), open for
+        writing; folders on the way are made."""
+        fd, name = self._parent(rel, create=True)
+        try:
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._link(rel, name) from None
+            raise
+        finally:
+            os.close(fd)
+
+    def open_write(self, rel: str) -> BinaryIO:
+        """`create` as a buffered binary file object."""
+        return os.fdopen(self.create(rel), "wb")
+
+    def append(self, rel: str, data: bytes) -> None:
+        """Append to a bookkeeping file (a journal line), creating it."""
+        fd, name = self._parent(rel, create=True)
+        try:
+            f = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            os.write(f, data)
+        finally:
+            os.close(f)
+
+    def write_with(self, rel: str, fill: Callable[[BinaryIO], object], *, fsync: bool = False) -> int:
+        """`rel` as `fill(file)` writes it, in place all at once: written beside it as `rel.tmp`, renamed when
+        complete, removed if `fill` fails or is cancelled. Returns the file's size."""
+        tmp = rel + ".tmp"
+        try:
+            with self.open_write(tmp) as fh:
+                fill(fh)
+                fh.flush()
+                if fsync:
+                    os.fsync(fh.fileno())
+                size = fh.tell()
+        except BaseException:
+            self.remove(tmp)
+            raise
+        self.replace(tmp, rel)
+        return size
+
+    def write_atomic(self, rel: str, data: bytes, *, fsync: bool = False) -> int:
+        """`rel` holding exactly `data`, in place all at once."""
+        return self.write_with(rel, lambda fh: fh.write(data), fsync=fsync)
+
+    def copy_in(self, source: Source, path: str, rel: str, *, fsync: bool = False) -> int:
+        """A regular file from inside `source` (the input boundary refuses a link out of it, a FIFO, a device),
+        byte for byte, to `rel`, in place all at once; returns its size."""
+        src = source.open(path)
+        try:
+            with os.fdopen(os.dup(src), "rb") as fin:
+                return self.write_with(rel, lambda fout: shutil.copyfileobj(fin, fout, 1 << 20), fsync=fsync)
+        finally:
+            os.close(src)
+
+    def replace(self, src: str, dst: str) -> None:
+        """Rename `src` to `dst` inside OUT (atomic; replaces a file at `dst`, never follows a link there)."""
+        sfd, sname = self._parent(src, create=False)
+        try:
+            dfd, dname = self._parent(dst, create=True)
+            try:
+                os.replace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+
+    def remove(self, rel: str) -> bool:
+        """Remove a file (or a link: the link, never its target); False when it was not there."""
+        try:
+            fd, name = self._parent(rel, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            os.unlink(name, dir_fd=fd)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(fd)
+
+    def remove_tree(self, rel: str) -> None:
+        """Remove a folder below OUT and everything in it, following no link (a link is removed as a link)."""
+        try:
+            fd, name = self._parent(rel, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            _rmtree_at(fd, name)
+        finally:
+            os.close(fd)
+
+    def walk_files(self, rel: str) -> Iterator[str]:
+        """Every regular file below the folder `rel`, as paths relative to OUT (links are not entered)."""
+        for name in self.listdir(rel):
+            sub = f"{rel}/{name}"
+            st = self.lstat(sub)
+            if st is None:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                yield from self.walk_files(sub)
+            elif stat.S_ISREG(st.st_mode):
+                yield sub
+
+    def fsync_dir(self) -> None:
+        with contextlib.suppress(OSError):
+            os.fsync(self.fd)
+
+    def free_bytes(self) -> int:
+        return os.statvfs(self.fd).f_bavail * os.statvfs(self.fd).f_frsize
+
+
+def _rmtree_at(parent: int, name: str) -> None:
+    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent)
+        return
+    fd = os.open(name, _DIR, dir_fd=parent)
+    try:
+        for child in os.listdir(fd):
+            _rmtree_at(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
+
+
+def fd_crc32(fd: int) -> int:
+    """CRC-32 of an open file from its start, in fixed 8 MiB blocks."""
+    crc = 0
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    offset = 0
+    while n := os.preadv(fd, [view], offset):
+        crc = zlib.crc32(view[:n], crc)
+        offset += n
+    return crc
