@@ -20,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from inspector.convert.options import ConvertOptions  # noqa: E402
+from inspector.convert.kinds.safetensors import SafetensorsJob  # noqa: E402
 from inspector.convert.plan import build_plan  # noqa: E402
 from inspector.demo.writer import DemoSpec, write_demo  # noqa: E402
 from inspector.tui.app import make_app  # noqa: E402
@@ -81,9 +82,12 @@ async def shoot(root: str, out: str) -> None:
         screen = ConvertScreen(autostart=False)
         await app.push_screen(screen)
         plan = build_plan(app.ckpt, app.convert_options())
-        screen.show_started(plan, frozen_assess()(plan, out).predicted_peak_rss)
-        for i, mib in enumerate([150, 210, 260, 281, 290, 300, 305, 309, 306, 303, 307, 305, 304, 306] * 4):
-            screen.query_one("#meter").add_sample(mib * 2**20, 21 * 2**30 - i * 2**20)
+        job = SafetensorsJob("weights", out, plan)
+        peak = frozen_assess()(job).predicted_peak_rss
+        screen.show_started(job, peak)
+        parts = [0.5, 0.7, 0.85, 0.9, 0.92, 0.93, 0.94, 0.95, 0.94, 0.93, 0.94, 0.94, 0.93, 0.94] * 4
+        for i, part in enumerate(parts):  # a run under its prediction, as the measured ones are
+            screen.query_one("#meter").add_sample(int(peak * part), 21 * 2**30 - i * 2**20)
         for ev in fake_progress(plan, 0.57, seconds=1.9):
             screen.post_message(ChildEvent("convert", ev))
         await pilot.pause()

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from inspector.cli.options import KINDS, apply_format
+from inspector.cli.options import apply_format
+from inspector.convert.kinds import names
 from inspector.demo.writer import DemoSpec
 from inspector.errors import InspectorError
 
@@ -26,28 +27,29 @@ def _args(fmt: str | None, **flags: bool) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize(
-    ("fmt", "flags", "want_format", "want_flag"),
+    ("fmt", "flags", "want"),
     [
-        ("model", {}, "safetensors", None),
-        ("safetensors", {}, "safetensors", None),
-        ("weights", {}, "safetensors", "weights_only"),
-        ("adapter", {}, "safetensors", "adapter"),
-        ("merged", {}, "safetensors", "merge_adapter"),
-        ("universal", {}, "universal", None),
-        ("model", {"weights_only": True}, "safetensors", "weights_only"),  # the old flags, unchanged
-        ("safetensors", {"merge_adapter": True}, "safetensors", "merge_adapter"),
-        ("adapter", {"adapter": True}, "safetensors", "adapter"),  # the same kind twice is one kind
+        ("model", {}, "model"),
+        ("safetensors", {}, "model"),
+        (None, {}, "model"),
+        ("weights", {}, "weights"),
+        ("adapter", {}, "adapter"),
+        ("merged", {}, "merged"),
+        ("universal", {}, "universal"),
+        ("model", {"weights_only": True}, "weights"),  # the old flags, as aliases
+        ("safetensors", {"merge_adapter": True}, "merged"),
+        ("adapter", {"adapter": True}, "adapter"),  # the same kind twice is one kind
     ],
 )
-def test_format_names_the_kind(
-    fmt: str, flags: dict[str, bool], want_format: str, want_flag: str | None
-) -> None:
+def test_format_names_the_kind(fmt: str | None, flags: dict[str, bool], want: str) -> None:
     args = _args(fmt, **flags)
-    apply_format(args)
-    assert args.format == want_format
-    assert {f for f in ("weights_only", "adapter", "merge_adapter") if getattr(args, f)} == (
-        {want_flag} if want_flag else set()
-    )
+    assert apply_format(args) == want == args.format
+
+
+def test_an_unknown_kind_is_named_with_the_choices() -> None:
+    with pytest.raises(InspectorError, match="Unknown output kind 'safetensor'") as err:
+        apply_format(_args("safetensor"))
+    assert "weights, model, adapter, merged, universal" in err.value.hint
 
 
 @pytest.mark.parametrize(
@@ -65,7 +67,7 @@ def test_two_kinds_at_once_are_refused(fmt: str, flags: dict[str, bool]) -> None
 
 
 def test_every_kind_is_a_format_choice() -> None:
-    assert set(KINDS) == {"model", "weights", "adapter", "merged", "universal"}
+    assert set(names()) == {"model", "weights", "adapter", "merged", "universal"}
 
 
 @pytest.mark.parametrize(

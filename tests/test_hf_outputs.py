@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from inspector.convert.export import ADAPTER_FILE, OutputKind, output_kinds, plan_export, run_export
+from inspector.convert.kinds import Request, get, offers
 from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import ADAPTER_FILE
 from inspector.demo.writer import DemoSpec
 from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.basemodel import BaseModelError, read_safetensors
@@ -93,10 +94,10 @@ def test_weights_only_and_plain_checkpoints_write_just_weights(demo: Any, tmp_pa
     keys = set(load_file(tmp_path / "w" / "model.safetensors"))
     assert "lm_head.weight" in keys  # plain conversion keeps every name, as before
     ckpt = scan(str(demo(SPEC)))
-    kinds = {c.kind: c for c in output_kinds(ckpt)}
-    assert kinds[OutputKind.WEIGHTS].available and not kinds[OutputKind.MODEL].available
-    assert not kinds[OutputKind.ADAPTER].available
-    assert plan_export(ckpt, ConvertOptions()).kind is OutputKind.WEIGHTS
+    kinds = {o.name: o for o in offers(ckpt)}
+    assert kinds["weights"].available and not kinds["model"].available
+    assert not kinds["adapter"].available
+    assert plan_export(ckpt, ConvertOptions()).kind == "weights"  # the default on a plain checkpoint
 
 
 def test_preflight_counts_the_side_files(demo: Any, tmp_path: Path, cli: Any) -> None:
@@ -194,8 +195,22 @@ def _base_arrays(ckpt: Checkpoint) -> dict[str, np.ndarray]:
     }
 
 
+def plan_export(
+    ckpt: Checkpoint,
+    opts: ConvertOptions,
+    *,
+    adapter: bool = False,
+    merge: bool = False,
+    base: str | None = None,
+    out: str = "out",
+) -> Any:
+    """The registry's job for the kind the old flags named (model when none)."""
+    kind = get("adapter" if adapter else "merged" if merge else "model")
+    return kind.plan(ckpt, Request(opts, base=base), out)
+
+
 def _write(xp: Any, out: Path) -> None:
-    for _ in run_export(xp, str(out)):
+    for _ in replace(xp, out_dir=str(out)).run():
         pass
 
 
@@ -242,7 +257,7 @@ def test_merge_matches_numpy(
 ) -> None:
     ckpt = _lora_checkpoint(demo, tmp_path, **config)
     xp = plan_export(ckpt, ConvertOptions(dtype="fp32", chunk_elems=chunk), merge=True)
-    assert xp.kind is OutputKind.MERGED and xp.merged is not None and xp.merged.base_folder is None
+    assert xp.kind == "merged" and not any(n.startswith("Base weights from") for n in xp.notes)
     _write(xp, tmp_path / "out")
     got = load_file(tmp_path / "out" / "model.safetensors")
     want = _expected(ckpt, q_scale, e_scale, fan=bool(config.get("fan_in_fan_out")))
@@ -255,7 +270,7 @@ def test_merge_matches_numpy(
 def test_merge_from_base_folder_in_bf16(demo: Any, tmp_path: Path) -> None:
     ckpt = _lora_checkpoint(demo, tmp_path, with_base=False)
     xp = plan_export(ckpt, ConvertOptions(dtype="bf16"), merge=True)
-    assert xp.merged is not None and xp.merged.base_folder == str(tmp_path / "base")
+    assert f"Base weights from {tmp_path / 'base'} " in " ".join(xp.notes)
     assert {f.name for f in xp.side_files} == {"config.json", "tokenizer.json"}
     _write(xp, tmp_path / "out")
     raw = load_file(tmp_path / "out" / "model.safetensors")
@@ -274,9 +289,7 @@ def test_merge_refusals_are_clear(demo: Any, tmp_path: Path) -> None:
         plan_export(missing, ConvertOptions(), merge=True)
     assert "--base" in err.value.hint and "never downloads" in err.value.hint
     xp = plan_export(missing, ConvertOptions(), merge=True, base=str(tmp_path / "b" / "base"))
-    assert xp.merged is not None
-    with pytest.raises(Exception, match="exclude each other"):
-        plan_export(missing, ConvertOptions(), merge=True, adapter=True)
+    assert xp.kind == "merged"
     plain = scan(str(demo(SPEC)))
     with pytest.raises(Exception, match="no LoRA parameters"):
         plan_export(plain, ConvertOptions(), adapter=True)
@@ -336,12 +349,13 @@ def test_cli_refusals_and_verify_of_a_merge(demo: Any, tmp_path: Path, cli: Any)
     rc, _, stderr = cli("convert", root, tmp_path / "a", "--adapter")
     assert rc == 2 and "no LoRA parameters" in stderr
     rc, _, stderr = cli("convert", root, tmp_path / "b", "--base", str(tmp_path))
-    assert rc == 2 and "--base is only used with --merge-adapter" in stderr
+    assert rc == 2 and "--base is only used with --format merged" in stderr
     ckpt = _lora_checkpoint(demo, tmp_path)
     _write(plan_export(ckpt, ConvertOptions(), merge=True), tmp_path / "merged")
     assert is_merged_output(str(tmp_path / "merged"))
-    rc, _, stderr = cli("verify", root, tmp_path / "merged")
-    assert rc == 2 and "--merge-adapter" in stderr
+    rc, _, stderr = cli("verify", root, tmp_path / "merged")  # not the checkpoint it was merged from
+    assert rc == 2 and "holds no LoRA adapter" in stderr
+
     rc, _, stderr = cli("convert", root, tmp_path / "plain")
     assert rc == 0 and not is_merged_output(str(tmp_path / "plain"))
 
@@ -361,7 +375,7 @@ def test_cli_refusals_and_verify_of_a_merge(demo: Any, tmp_path: Path, cli: Any)
 def test_adapter_renames_agree_with_peft_key(name: str) -> None:
     import re
 
-    from inspector.convert.export import _PEFT_RENAMES
+    from inspector.convert.kinds.adapter import PEFT_RENAMES as _PEFT_RENAMES
 
     out = name
     for pattern, repl in _PEFT_RENAMES:
@@ -407,19 +421,68 @@ def test_a_merge_takes_the_output_folder_like_every_writer(demo: Any, tmp_path: 
     """The merged model used to write without the folder lock: a second conversion into the same folder
     would have mixed its shards in. Now it is refused while another run holds the folder, and the folder is
     free again (no lock file left) after the merge."""
-    from inspector.convert.output import LOCK, FolderLock
+    from inspector.convert.output import LOCK
+    from inspector.convert.root import OutputRoot
     from inspector.errors import OutputError
 
     ckpt = _lora_checkpoint(demo, tmp_path)
     xp = plan_export(ckpt, ConvertOptions(), merge=True)
     out = tmp_path / "merged"
-    other = FolderLock(str(out))
+    other = OutputRoot(str(out))
     try:
         with pytest.raises(OutputError, match="Another conversion"):
-            for _ in run_export(xp, str(out)):
-                pass
+            _write(xp, out)
     finally:
         other.release(ok=True)
-    for _ in run_export(xp, str(out)):
-        pass
+    _write(xp, out)
     assert (out / "model.safetensors").is_file() and not (out / LOCK).exists()
+
+
+def _verify_merged(ckpt: Checkpoint, out: Path) -> Any:
+    from inspector.convert.kinds import of_output
+    from inspector.convert.verify import VerifyResult
+
+    kind = of_output(str(out))
+    assert kind.name == "merged"
+    res = [ev for ev in kind.verify(ckpt, str(out)) if isinstance(ev, VerifyResult)]
+    return res[-1]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "config"), [("fp32", {}), ("bf16", {"use_rslora": True}), ("fp16", {"fan_in_fan_out": True})]
+)
+def test_merged_output_verifies_by_recomputing(demo: Any, tmp_path: Path, dtype: str, config: dict) -> None:
+    """verify recomputes W + scale·B·A in float64 from the sources and holds the output to the output dtype's
+    rounding: a merge it wrote passes; one merged value moved by a few units in the last place fails, named;
+    an unmerged weight changed in its last bit fails too (the fp32 bound is stated in merge_verify.py) (those are compared byte for byte)."""
+    ckpt = _lora_checkpoint(demo, tmp_path, **config)
+    out = tmp_path / "out"
+    _write(plan_export(ckpt, ConvertOptions(dtype=dtype), merge=True), out)
+    res = _verify_merged(ckpt, out)
+    assert res.ok and res.checked == len(load_file(out / "model.safetensors")), res
+    assert any("recomputed in float64" in n for n in res.notes)
+
+    def nudge(name: str, ulps: int) -> None:
+        from inspector.parse.safetensors import read_header
+        from inspector.system.source import Source
+
+        src = Source.at(str(out))
+        header = read_header(src, str(out / "model.safetensors"), exact=False)
+        e = next(e for e in header.entries if e.name == name)
+        raw = bytearray((out / "model.safetensors").read_bytes())
+        size = {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]
+        at = header.data_start + e.begin
+        value = int.from_bytes(raw[at : at + size], "little") + ulps
+        raw[at : at + size] = value.to_bytes(size, "little")
+        (out / "model.safetensors").write_bytes(bytes(raw))
+
+    merged = "model.layers.0.self_attn.q_proj.weight"
+    # fp32: the bound includes the fp32 arithmetic's own error (a few units); 16-bit: one unit is the bound
+    ulps = 64 if dtype == "fp32" else 2
+    nudge(merged, ulps)
+    res = _verify_merged(ckpt, out)
+    assert not res.ok and res.mismatched == [merged], res
+    nudge(merged, -ulps)
+    assert _verify_merged(ckpt, out).ok
+    nudge("model.norm.weight", 1)
+    assert _verify_merged(ckpt, out).mismatched == ["model.norm.weight"]

@@ -132,11 +132,13 @@ def test_everything_short_lists_every_problem(small_plan: ConversionPlan, tmp_pa
         assert words in a.advice.lower()
 
 
-def test_prediction_is_for_the_converter_process_not_this_one(small_plan: ConversionPlan, tmp_path: Path) -> None:
+def test_prediction_is_for_the_converter_process_not_this_one(
+    small_plan: ConversionPlan, tmp_path: Path
+) -> None:
     """The TUI (textual loaded) and the CLI must get the same answer: this process's own memory is no input."""
     before = roomy(small_plan, tmp_path).predicted_peak_rss
     ballast = bytearray(200 * MiB)  # this process grows by 200 MiB ...
-    ballast[:: 4096] = b"x" * len(ballast[:: 4096])
+    ballast[::4096] = b"x" * len(ballast[::4096])
     assert roomy(small_plan, tmp_path).predicted_peak_rss == before  # ... the converter would not
     del ballast
     base, _ = preflight.converter_baseline(small_plan)
@@ -191,7 +193,13 @@ def test_output_bytes_are_exact(small: Checkpoint, small_plan: ConversionPlan, t
 
 
 def test_assessment_json_keys(small_plan: ConversionPlan, tmp_path: Path) -> None:
-    data = assessment_json(roomy(small_plan, tmp_path), small_plan)
+    """`preflight --json` for a safetensors job: the shared keys plus the job's own."""
+    from inspector.cli.convert import preflight_json
+    from inspector.convert.kinds.safetensors import SafetensorsJob
+
+    job = SafetensorsJob("weights", str(tmp_path), small_plan)
+    data = preflight_json(job, roomy(small_plan, tmp_path))
+    assert set(assessment_json(roomy(small_plan, tmp_path))) < set(data)
     assert set(data) >= JSON_KEYS
     json.dumps(data)  # serialisable
     assert data["fits"] is True and data["problem"] == ""
@@ -261,9 +269,20 @@ def test_cli_convert_refuses_unless_forced(
 
 
 COMMON_KEYS = {
-    "output_kind", "fits", "fits_memory", "fits_disk", "fits_address_space", "output_writable",
-    "predicted_peak_rss_bytes", "output_bytes", "read_bytes", "estimated_seconds", "free_disk_bytes",
-    "available_memory_bytes", "memory_limit_source", "address_space_limit_bytes",
+    "output_kind",
+    "fits",
+    "fits_memory",
+    "fits_disk",
+    "fits_address_space",
+    "output_writable",
+    "predicted_peak_rss_bytes",
+    "output_bytes",
+    "read_bytes",
+    "estimated_seconds",
+    "free_disk_bytes",
+    "available_memory_bytes",
+    "memory_limit_source",
+    "address_space_limit_bytes",
 }
 
 
@@ -284,16 +303,16 @@ def test_preflight_json_has_one_shape_for_every_kind(demo: Any, tmp_path: Path, 
 
 def test_universal_verdict_keeps_the_same_headroom(demo: Any, tmp_path: Path) -> None:
     """A peak within 5 % of the limit does not fit, for universal as for safetensors."""
-    from dataclasses import replace as _replace
 
     from inspector.convert.preflight import SAFETY_FRACTION
     from inspector.convert.writers.universal import plan_universal
-    from inspector.convert.writers.universal_preflight import estimate_universal
+    from inspector.convert.writers.universal_preflight import assess_universal
     from inspector.demo.writer import DemoSpec
     from inspector.scan.scanner import scan
 
-    est = estimate_universal(plan_universal(scan(str(demo(DemoSpec(params=30_000)))), str(tmp_path)))
-    tight = _replace(est, available_memory=int(est.predicted_peak_rss / (1 - SAFETY_FRACTION / 2)))
+    plan = plan_universal(scan(str(demo(DemoSpec(params=30_000)))), str(tmp_path))
+    est = assess_universal(plan, budget(64 * GiB), 10**13)
+    tight = assess_universal(plan, budget(int(est.predicted_peak_rss / (1 - SAFETY_FRACTION / 2))), 10**13)
     assert est.fits and not tight.fits_memory and not tight.fits
-    capped = _replace(est, address_space_limit=est.predicted_vms - 1)
+    capped = assess_universal(plan, budget(64 * GiB, address_space=est.predicted_vms - 1), 10**13)
     assert not capped.fits_address_space and not capped.fits

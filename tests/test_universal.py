@@ -23,6 +23,7 @@ from inspector.format.records import ZeroStage
 from inspector.format.torchzip import load_tree
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
+from tests.conftest import pt_save
 
 SPECS = {
     "s1": DemoSpec(stage=1, params=200_000),
@@ -243,7 +244,7 @@ def test_a_hostile_pickle_in_a_universal_folder_is_refused_not_run(demo: Any, tm
     name = next(t.name for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
     marker = tmp_path / "pwned"
     evil = pw.Reduce(pw.Global("os", "system"), (f"touch {marker}",))
-    pw.save({"param": evil, "cat_dim": 0}, tmp_path / f"{ckpt.tag}_uni" / "zero" / name / "exp_avg.pt")
+    pt_save({"param": evil, "cat_dim": 0}, tmp_path / f"{ckpt.tag}_uni" / "zero" / name / "exp_avg.pt")
     uni = scan(str(tmp_path))
     assert any(f.code == "unreadable" and "os.system" in f.message for f in uni.errors)
     assert not marker.exists()
@@ -259,9 +260,9 @@ def test_preflight_predicts_a_fresh_converter_not_this_process(
     from inspector.system import rss
 
     plan = plan_universal(scan(str(demo(SPECS["s3"]))), str(tmp_path))
-    before = up.estimate_universal(plan, workers=2).predicted_peak_rss
+    before = up.assess_universal(plan, workers=2).predicted_peak_rss
     monkeypatch.setattr(rss, "current_rss", lambda: 50 * 2**30)  # as if this process held 50 GiB
-    assert up.estimate_universal(plan, workers=2).predicted_peak_rss == before
+    assert up.assess_universal(plan, workers=2).predicted_peak_rss == before
     base, _ = preflight.converter_base(
         sum(len(f.segments) for f in plan.files), len({f.name for f in plan.files}), len(plan.source)
     )
@@ -283,15 +284,16 @@ def test_preflight_counts_only_the_buffers_the_writer_touches(demo: Any, tmp_pat
 
 
 def test_output_kinds_offers_universal_where_the_optimizer_state_allows(demo: Any, tmp_path: Path) -> None:
-    """`output_kinds` is the one list the CLI and the TUI share: universal is on it, with a reason when not."""
-    from inspector.convert.export import OutputKind, output_kinds
+    """The registry's offers are the one list the CLI and the TUI share: universal is on it, with a reason
+    when not."""
+    from inspector.convert.kinds import offers
 
     ckpt = scan(str(demo(SPECS["s2"])))
-    uni = {c.kind: c for c in output_kinds(ckpt)}[OutputKind.UNIVERSAL]
-    assert uni.available and uni.reason == "" and uni.flag == "--format universal"
+    uni = {o.name: o for o in offers(ckpt)}["universal"]
+    assert uni.available and uni.reason == ""
     plan = plan_universal(ckpt, str(tmp_path))
     write_universal(plan)
-    back = {c.kind: c for c in output_kinds(scan(plan.out_dir))}[OutputKind.UNIVERSAL]
+    back = {o.name: o for o in offers(scan(plan.out_dir))}["universal"]
     assert not back.available and "optimizer files" in back.reason  # a universal checkpoint read back
 
 

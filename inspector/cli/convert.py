@@ -1,7 +1,9 @@
-"""`convert`, `verify` and `preflight` commands: the rich face of plan / stream / verify / preflight.
+"""`convert`, `verify` and `preflight` commands: the rich face of the output kinds (`convert.kinds`).
 
-In a terminal a live bar shows bytes, throughput, ETA and a memory line; in CI logs (no TTY) a plain line is
-printed every few seconds instead.
+Each command picks a kind from the registry by name and talks to it through the protocol: plan a Job, check
+the output folder, assess, run (Progress events, then a Report), verify. Nothing here depends on which kind it
+is. In a terminal a live bar shows bytes, throughput, ETA and a memory line; in CI logs (no TTY) a plain line
+is printed every few seconds instead.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from typing import Any
 
 from rich.markup import escape
 
-from inspector.cli.options import FORMAT_CHOICES, add_convert_options, apply_format, options_from_args
-from inspector.errors import InspectorError
+from inspector.cli.options import (
+    FORMAT_HELP,
+    add_convert_options,
+    apply_format,
+    options_from_args,
+    request_from_args,
+)
 
 _LOG_INTERVAL = 5.0
 
@@ -24,18 +31,17 @@ _LOG_INTERVAL = 5.0
 _opts = options_from_args  # the name the TUI launcher and tests import
 
 
-def _export_plan(ckpt: Any, args: argparse.Namespace, allow_damaged: bool) -> Any:
-    from inspector.convert.export import plan_export
+def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None) -> tuple[Any, Any]:
+    """Scan, pick the kind `--format` names, plan its job: shared by the rich and JSON-lines faces."""
+    from inspector.convert.kinds import get
+    from inspector.scan.scanner import scan
 
-    return plan_export(
-        ckpt,
-        _opts(args),
-        weights_only=args.weights_only,
-        adapter=args.adapter,
-        merge=args.merge_adapter,
-        base=args.base,
-        allow_damaged=allow_damaged,
+    ckpt = scan(args.path, args.tag)  # a bad path fails here, before the converter loads
+    kind = get(apply_format(args))
+    job = kind.plan(
+        ckpt, request_from_args(args, allow_damaged=allow_damaged), os.path.abspath(out or args.out)
     )
+    return ckpt, job
 
 
 def _progress_line(ev: Any, mem: str) -> str:
@@ -44,7 +50,7 @@ def _progress_line(ev: Any, mem: str) -> str:
     eta = (ev.bytes_total - ev.bytes_done) / ev.throughput if ev.throughput > 0 else 0.0
     return (
         f"[{ev.fraction * 100:5.1f}%] {format_bytes(ev.bytes_done)} / {format_bytes(ev.bytes_total)}  "
-        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  shard {ev.shard_index + 1}/{ev.shards}  {mem}"
+        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  file {ev.shard_index + 1}/{ev.shards}  {mem}"
     )
 
 
@@ -61,57 +67,47 @@ def _memory_line() -> str:
     )
 
 
+def _ranks(n: int) -> str:
+    return f"{n} rank{'s' if n != 1 else ''}"
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
-    apply_format(args)
-    if getattr(args, "format", "safetensors") == "universal":
-        if args.progress == "json":
-            from inspector.cli.progress import convert_universal_json
-
-            return convert_universal_json(args)
-        from inspector.cli.universal import convert_universal
-
-        return convert_universal(args)
     if args.progress == "json":  # for a front end running us as a child (the TUI)
         from inspector.cli.progress import convert_json
 
-        return convert_json(args, lambda ckpt: _export_plan(ckpt, args, allow_damaged=args.force))
+        return convert_json(args)
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
     from inspector.convert.engine import Report
-    from inspector.convert.export import run_export
-    from inspector.convert.output import prepare_output
-    from inspector.convert.preflight import assess
-    from inspector.scan.scanner import scan
 
     console = _console()
-    ckpt = scan(args.path, args.tag)
-    xp = _export_plan(ckpt, args, allow_damaged=args.force)
-    plan = xp.plan
-    out_dir = os.path.abspath(args.out)
-    prepare_output(plan, out_dir, args.overwrite)  # refuse a busy folder before predicting or printing
-    verdict = assess(
-        plan, out_dir, extra_output_bytes=xp.output_bytes - plan.output_bytes, extra_memory=xp.extra_memory
-    )
+    ckpt, job = plan_job(args, allow_damaged=args.force)
+    job.check_output(args.overwrite)  # refuse a busy folder before predicting or printing
+    verdict = job.assess()
     if not verdict.fits:
-        print_assessment(console, verdict, plan, verdict=args.force)  # the figures; the error says why
+        print_assessment(console, verdict, job, verdict=args.force)  # the figures; the error says why
         if not args.force:
             from inspector.errors import DoesNotFitError
 
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
         console.print("[yellow]--force given: starting anyway.[/]")
     console.print(
-        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''}) → "
-        f"[bold]{escape(out_dir)}[/] ({xp.kind}): {plan.tensor_count} tensors, "
-        f"{len(xp.filenames)} file(s), {_size(xp.output_bytes)}"
+        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {_ranks(ckpt.world_size)}) → "
+        f"[bold]{escape(job.where)}[/] ({job.kind}): {job.tensor_count} tensors, "
+        f"{len(job.files)} file(s), {_size(job.output_bytes)}"
     )
-    for note in xp.notes:
+    for note in job.notes:
         console.print(f"[dim]{escape(note)}[/]")
-    report = _drive(
-        console, run_export(xp, out_dir, overwrite=args.overwrite, fsync=args.fsync), plan.output_bytes
-    )
+    try:
+        report = _drive(console, job.run(overwrite=args.overwrite, fsync=args.fsync), job.output_bytes)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
+        from inspector.errors import CancelledError
+
+        words = job.cancelled_words()
+        raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
         raise RuntimeError("the conversion ended without a report")
-    _print_report(console, report, plan)
+    _print_report(console, report, job)
     return 0
 
 
@@ -157,13 +153,13 @@ def _drive(console: Any, events: Any, total: int) -> Any:
                     task,
                     completed=ev.bytes_done,
                     total=ev.bytes_total,
-                    description=f"shard {ev.shard_index + 1}/{ev.shards}",
+                    description=f"file {ev.shard_index + 1}/{ev.shards}",
                     mem=_memory_line(),
                 )
     return None
 
 
-def _print_report(console: Any, report: Any, plan: Any) -> None:
+def _print_report(console: Any, report: Any, job: Any) -> None:
     from rich.table import Table
 
     from inspector.system.rss import peak_rss
@@ -172,66 +168,62 @@ def _print_report(console: Any, report: Any, plan: Any) -> None:
     t.add_column("file")
     t.add_column("size", justify="right")
     for name, size in report.files:
-        t.add_row(name, _size(size))
+        t.add_row(escape(name), _size(size))
     console.print(t)
     rate = report.bytes_written / report.seconds if report.seconds else 0.0
     resumed = (
-        f", {report.resumed_shards} shard(s) reused from an interrupted run" if report.resumed_shards else ""
+        f", {report.resumed_shards} file(s) reused from an interrupted run" if report.resumed_shards else ""
     )
     console.print(
         f"[green]Done[/] in {report.seconds:.1f} s: {report.tensors} tensors, "
         f"{_size(report.bytes_written)} at {_size(int(rate))}/s, peak RSS {_size(peak_rss())}{resumed}."
     )
-    if plan.aliases:
+    aliases = getattr(getattr(job, "plan", None), "aliases", None)
+    if isinstance(aliases, dict) and aliases:
         console.print(
-            escape(f"Tied weights stored once: {', '.join(f'{a} → {o}' for a, o in plan.aliases.items())}.")
+            escape(f"Tied weights stored once: {', '.join(f'{a} → {o}' for a, o in aliases.items())}.")
         )
     if report.removed_stale:
         console.print(
             escape(f"Removed stale files from an earlier conversion: {', '.join(report.removed_stale)}.")
         )
+    if words := job.finished_words(report):
+        console.print(escape(words))
+
+
+def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """The kind of the output in OUT, the checkpoint scanned at the tag the output records (or --tag), OUT."""
+    from inspector.convert.kinds import of_output
+    from inspector.scan.scanner import scan
+
+    out = os.path.abspath(args.out)
+    kind = of_output(out)
+    return kind, scan(args.path, args.tag or kind.recorded_tag(out)), out
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from inspector.scan.universal import find_universal
-
-    if (uni := find_universal(args.out, prefer=True)) is not None:
-        if args.progress == "json":
-            from inspector.cli.progress import verify_universal_json
-
-            return verify_universal_json(args, uni)
-        from inspector.cli.universal import verify_universal_cli
-
-        return verify_universal_cli(args, uni)
-    from inspector.cli.console import console as _console
-    from inspector.convert.verify import VerifyResult, recorded_tag, run_verify
-    from inspector.convert.writers.merge import is_merged_output
-    from inspector.scan.scanner import scan
-
     if args.progress == "json":
         from inspector.cli.progress import verify_json
 
         return verify_json(args)
+    from inspector.cli.console import console as _console
+    from inspector.convert.verify import VerifyResult
+
     console = _console()
-    if is_merged_output(os.path.abspath(args.out)):
-        raise InspectorError(
-            f"{args.out} was written by --merge-adapter: its weights are base + LoRA delta, not the checkpoint's "
-            "tensors, so there is nothing to compare byte for byte.",
-            hint="Verify an --adapter or plain conversion instead; the merge itself is tested against PEFT.",
-            title="Cannot verify a merged model",
-        )
-    ckpt = scan(args.path, args.tag or recorded_tag(os.path.abspath(args.out)))
+    kind, ckpt, out = verify_job(args)
     result = None
     start = time.monotonic()
     with console.status("Verifying…") as status:
         last = 0.0
-        for ev in run_verify(ckpt, os.path.abspath(args.out), against=args.against):
+        for ev in kind.verify(ckpt, out, against=args.against):
             if isinstance(ev, VerifyResult):
                 result = ev
             elif time.monotonic() - last > 0.25:
                 last = time.monotonic()
-                status.update(f"Verifying {ev.tensor} ({ev.bytes_done * 100 // max(ev.bytes_total, 1)}%)…")
-    if result is None:  # run_verify raises CancelledError on cancel; no result otherwise is our bug
+                status.update(
+                    f"Verifying {escape(ev.tensor)} ({ev.bytes_done * 100 // max(ev.bytes_total, 1)}%)…"
+                )
+    if result is None:  # verify raises CancelledError on cancel; no result otherwise is our bug
         raise RuntimeError("verify ended without a result")
     secs = time.monotonic() - start
     for note in result.notes:
@@ -250,46 +242,43 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
     if result.ok:
         console.print(
-            f"[green]OK[/]: {result.checked} tensors, {_size(result.bytes_checked)} identical to the "
-            f"checkpoint after conversion ({secs:.1f} s)."
+            f"[green]OK[/]: {kind.name} output, {result.checked} tensors, {_size(result.bytes_checked)} "
+            f"agree with the checkpoint ({secs:.1f} s)."
         )
         return 0
     console.print("[bold red]Verification failed.[/]")
     return 1
 
 
-def cmd_preflight(args: argparse.Namespace) -> int:
-    apply_format(args)
-    if getattr(args, "format", "safetensors") == "universal":
-        from inspector.cli.universal import preflight_universal_cli
+def preflight_json(job: Any, verdict: Any) -> dict[str, Any]:
+    """`preflight --json`: the one shape every kind answers in, plus what the kind adds."""
+    from inspector.convert.preflight import assessment_json
 
-        return preflight_universal_cli(args)
+    return {
+        **assessment_json(verdict),
+        "output_kind": job.kind,
+        "format": job.kind,
+        "tensors": job.tensor_count,
+        "files": [f.name for f in job.files],
+        **job.preflight_json(),
+    }
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
-    from inspector.convert.preflight import assess, assessment_json
     from inspector.errors import EXIT_DOES_NOT_FIT
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)
     if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
         _refuse_damaged(ckpt, args.json)
-    xp = _export_plan(ckpt, args, allow_damaged=True)
-    plan = xp.plan
-    verdict = assess(
-        plan,
-        os.path.abspath(args.out or os.getcwd()),
-        extra_output_bytes=xp.output_bytes - plan.output_bytes,
-        extra_memory=xp.extra_memory,
-    )
+    _, job = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())
+    verdict = job.assess()
     if args.json:
-        print(
-            json.dumps(
-                {**assessment_json(verdict, plan), "output_kind": str(xp.kind), "files": xp.filenames},
-                indent=1,
-            )
-        )
+        print(json.dumps(preflight_json(job, verdict), indent=1))
     else:
-        print_assessment(_console(), verdict, plan)
+        print_assessment(_console(), verdict, job)
     return 0 if verdict.fits else EXIT_DOES_NOT_FIT
 
 
@@ -327,20 +316,14 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("convert", help="stream a checkpoint into safetensors shards with flat memory")
+    p = sub.add_parser(
+        "convert", help="stream a checkpoint into safetensors, a model folder or a universal checkpoint"
+    )
     add_common(p)
     p.add_argument("out", help="output folder (must be empty, or pass --overwrite)")
-    p.add_argument(
-        "--format",
-        choices=FORMAT_CHOICES,
-        default="model",
-        help="the output kind: model (default: safetensors plus a Trainer checkpoint's config and tokenizer; "
-        "`safetensors` is the same), weights (safetensors only), adapter (PEFT LoRA adapter), merged (the "
-        "adapter merged into its base), universal (a DeepSpeed universal checkpoint in OUT/<tag>_uni plus "
-        "OUT/latest_universal: resume on any world size with load_universal; OUT may be the checkpoint root)",
-    )
+    p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP)
     add_convert_options(p)
-    p.add_argument("--overwrite", action="store_true", help="replace model*.safetensors and the index in OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace this tool's earlier output in OUT")
     p.add_argument(
         "--fsync",
         action="store_true",
@@ -355,7 +338,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     _add_progress(p)
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("verify", help="check converted safetensors byte for byte against the checkpoint")
+    p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")
     add_common(p)
     p.add_argument("out", help="folder written by convert")
     p.add_argument(
@@ -371,13 +354,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
     p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
-    p.add_argument(
-        "--format",
-        choices=FORMAT_CHOICES,
-        default="model",
-        help="the output kind to predict for: model (default), weights, adapter, merged (--base names its "
-        "base) or universal, as for convert",
-    )
+    p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP + "; as for convert")
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

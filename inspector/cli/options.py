@@ -112,28 +112,47 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-# `--format KIND`: the five output kinds by name; `safetensors` (the old default) is `model`, and the older
-# flags --weights-only/--adapter/--merge-adapter stay as aliases of the kind they name
-KINDS = ("model", "weights", "adapter", "merged", "universal")
-FORMAT_CHOICES = (*KINDS, "safetensors")
+# `--format KIND`: the output kinds by name (the registry's); `safetensors` (the old default) is `model`, and
+# the older flags --weights-only/--adapter/--merge-adapter stay as aliases of the kind they name
+FORMAT_ALIASES = {"safetensors": "model"}
 _KIND_FLAG = {"weights": "weights_only", "adapter": "adapter", "merged": "merge_adapter"}
 
 
-def apply_format(args: argparse.Namespace) -> None:
-    """Fold `--format KIND` and the alias flags into one choice (`args.format` is then `safetensors` or
-    `universal`, the flags set as the kind says); two different kinds asked at once are an error."""
+FORMAT_HELP = (
+    "the output kind: model (the default: safetensors plus a Trainer checkpoint's config and tokenizer; "
+    "`safetensors` is the same), weights (safetensors only), adapter (PEFT LoRA adapter), merged (the adapter "
+    "merged into its base; --base names the base folder), universal (a DeepSpeed universal checkpoint in "
+    "OUT/<tag>_uni plus OUT/latest_universal: resume on any world size with load_universal; OUT may be the "
+    "checkpoint root)"
+)
+
+
+def apply_format(args: argparse.Namespace) -> str:
+    """Fold `--format KIND` and the alias flags into one kind name (set as `args.format` and returned); two
+    different kinds asked at once are an error, before anything is read or written."""
+    from inspector.convert.kinds import DEFAULT, get, names
+
     chosen = {kind for kind, flag in _KIND_FLAG.items() if getattr(args, flag, False)}
-    fmt = getattr(args, "format", None) or "model"
-    kind = "model" if fmt == "safetensors" else fmt
-    if kind in _KIND_FLAG:
+    fmt = getattr(args, "format", None) or DEFAULT
+    kind = get(FORMAT_ALIASES.get(fmt, fmt)).name  # an unknown name: a clear error naming the kinds
+    if kind != DEFAULT or not chosen:
         chosen.add(kind)
-    if len(chosen) > 1 or (kind == "universal" and chosen):
-        names = ", ".join(sorted(chosen | ({kind} - {"model"})))
+    if len(chosen) > 1:
         raise InspectorError(
-            f"Asked for more than one output kind ({names}).",
-            hint="Pick one: --format " + "|".join(KINDS) + ".",
+            f"Asked for more than one output kind ({', '.join(sorted(chosen))}).",
+            hint="Pick one: --format " + "|".join(names()) + ".",
             title="Invalid option",
         )
-    for k, flag in _KIND_FLAG.items():
-        setattr(args, flag, k in chosen)
-    args.format = "universal" if kind == "universal" else "safetensors"
+    if getattr(args, "base", None) and chosen != {"merged"}:
+        raise InspectorError("--base is only used with --format merged.", title="Invalid option")
+    args.format = chosen.pop()
+    return str(args.format)
+
+
+def request_from_args(args: argparse.Namespace, *, allow_damaged: bool = False) -> Any:
+    """The kinds' Request from parsed `convert` / `preflight` arguments."""
+    from inspector.convert.kinds import Request
+
+    return Request(
+        options=options_from_args(args), base=getattr(args, "base", None), allow_damaged=allow_damaged
+    )

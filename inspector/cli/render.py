@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from inspector.cli.console import literal as escape
-from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.scan.summary import (
@@ -41,7 +42,9 @@ def summary(ckpt: Checkpoint) -> Panel:
         kinds.add_column(justify="right")
     kinds.add_row("[dim]kind[/]", "[dim]tensors[/]", "[dim]parameters[/]", "[dim]source bytes[/]")
     for k in kind_totals(ckpt):
-        kinds.add_row(Text(str(k.kind), style=_KIND_STYLE[k.kind]), str(k.tensors), count(k.numel), size(k.nbytes))
+        kinds.add_row(
+            Text(str(k.kind), style=_KIND_STYLE[k.kind]), str(k.tensors), count(k.numel), size(k.nbytes)
+        )
     t.add_row("Contents", kinds)
     adapter = adapter_json(ckpt)
     if adapter and "error" in adapter:
@@ -53,7 +56,11 @@ def summary(ckpt: Checkpoint) -> Panel:
             f"alpha {adapter['lora_alpha']}{' · rsLoRA' if adapter['use_rslora'] else ''} · "
             f"{count(adapter['numel'])} params · base {escape(str(adapter['base_model_name_or_path']))}\n"
             f"[dim]convert --adapter (PEFT layout) or --merge-adapter"
-            + (f"; merge refused: {escape('; '.join(adapter['merge_problems']))}" if adapter["merge_problems"] else "")
+            + (
+                f"; merge refused: {escape('; '.join(adapter['merge_problems']))}"
+                if adapter["merge_problems"]
+                else ""
+            )
             + "[/]",
         )
     return Panel(t, title="zero-inspector scan", title_align="left", border_style="blue")
@@ -143,8 +150,9 @@ def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) ->
     )
 
 
-def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verdict: bool = True) -> None:
-    """The preflight figures, and the verdict unless the caller reports it as an error instead."""
+def print_assessment(console: Console, a: Assessment, job: Any, verdict: bool = True) -> None:
+    """The preflight figures of any output kind's job, and the verdict unless the caller reports it as an
+    error instead."""
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column(justify="right")
@@ -156,22 +164,14 @@ def print_assessment(console: Console, a: Assessment, plan: ConversionPlan, verd
         f"[{mem_style}]{format_bytes(a.predicted_peak_rss)}[/]",
         escape(f"of {format_bytes(a.budget.effective.bytes)} available · {a.budget.effective.source}"),
     )
-    t.add_row(
-        "Peak RAM (zero_to_fp32)",
-        format_bytes(a.deepspeed_peak_rss),
-        "predicted for DeepSpeed's own tool, same job",
-    )
+    for label, value, note in job.comparisons(a):
+        t.add_row(escape(label), format_bytes(value), escape(note))
     t.add_row(
         "Output",
         f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
-        escape(f"{len(plan.shards)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}"),
+        escape(f"{job.kind} · {len(job.files)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}"),
     )
-    by = plan.read_bytes_by_source
-    other = "module" if plan.options.source == "masters" else "masters"
-    note = f"from the {plan.options.source}"
-    if by.get(other, a.read_bytes) != a.read_bytes:
-        note += f" · --source {other} would read {format_bytes(by[other])}"
-    t.add_row("Reads", format_bytes(a.read_bytes), note)
+    t.add_row("Reads", format_bytes(a.read_bytes), escape(job.read_note(a)))
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
     t.add_row("Memory limit", "", escape(a.budget.effective.detail))
     line = (

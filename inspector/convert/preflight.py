@@ -175,9 +175,7 @@ def assess(
     trainable = sum(t.numel for t in masters if t.kind is not Kind.BUFFER)
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t not in masters)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
-    seconds = STARTUP_SECONDS + max(
-        output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S
-    )
+    seconds = STARTUP_SECONDS + max(output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S)
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     blocked = unwritable(out_dir)
     return Assessment(
@@ -197,8 +195,9 @@ def assess(
     )
 
 
-def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
-    return {
+def assessment_json(a: Assessment) -> dict[str, Any]:
+    """The keys `preflight --json` gives for every output kind (each kind's job adds its own)."""
+    out: dict[str, Any] = {
         "fits": a.fits,
         "fits_memory": a.fits_memory,
         "fits_disk": a.fits_disk,
@@ -206,8 +205,6 @@ def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
         "predicted_peak_rss_bytes": a.predicted_peak_rss,
         "output_bytes": a.output_bytes,
         "read_bytes": a.read_bytes,
-        "source": plan.options.source,
-        "read_bytes_by_source": dict(plan.read_bytes_by_source),
         "estimated_seconds": round(a.estimated_seconds, 2),
         "available_memory_bytes": a.budget.effective.bytes,
         "memory_limit_source": a.budget.effective.source,
@@ -221,8 +218,8 @@ def assessment_json(a: Assessment, plan: ConversionPlan) -> dict[str, Any]:
         "output_writable": not a.unwritable,
         "disk_margin_bytes": a.disk_margin,
         "out_dir": a.out_dir,
-        "deepspeed_zero_to_fp32_peak_rss_bytes": a.deepspeed_peak_rss,
-        "shards": len(plan.shards),
-        "tensors": plan.tensor_count,
         "problem": a.problem,
     }
+    if a.deepspeed_peak_rss:
+        out["deepspeed_zero_to_fp32_peak_rss_bytes"] = a.deepspeed_peak_rss
+    return out

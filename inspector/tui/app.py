@@ -21,8 +21,8 @@ from textual.driver import Driver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from inspector.convert.kinds import Job
 from inspector.convert.options import ConvertOptions, resolve_dtype
-from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate
@@ -85,7 +85,7 @@ class InspectorApp(App[int]):
         self._preset_applied = False
         self.scan_seconds: float | None = None
         # tests and the screenshot script replace the machine's figures (RSS, free disk) with fixed ones
-        self.frozen_assess: Callable[[ConversionPlan, str], Assessment] | None = None
+        self.frozen_assess: Callable[[Job], Assessment] | None = None
         self.started = time.monotonic()
 
     # --- screens ------------------------------------------------------------------------------------------
@@ -109,7 +109,6 @@ class InspectorApp(App[int]):
             self.write_demo()
         elif self.launch.path:
             self.open_path(self.launch.path, self.launch.tag)
-
 
     # --- opening and scanning -----------------------------------------------------------------------------
 

@@ -1,50 +1,32 @@
 """Fixed machine figures (memory, disk, RSS) so snapshots and README screenshots are the same on every run.
 
-`frozen_assess` builds the preflight's Assessment from the plan's real numbers plus a pretend machine;
+`frozen_assess` is a job's own verdict on a pretend machine;
 `fake_progress` is the event stream a converter child would print.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
+from inspector.convert.kinds import Job
 from inspector.convert.plan import ConversionPlan
-from inspector.convert.preflight import RUNTIME_OVERHEAD, Assessment, predict_deepspeed_peak
-from inspector.scan.model import Kind
+from inspector.convert.preflight import Assessment
 from inspector.system.limits import MemoryBudget, MemoryLimit
 from inspector.system.units import format_bytes
 
-BASE_RSS = 280 * 2**20
 
+def frozen_assess(available: int = 24 * 2**30, free_disk: int = 400 * 2**30) -> Callable[[Job], Assessment]:
+    """The job's own verdict on a pretend machine with `available` memory and `free_disk` bytes free (the
+    predictions are the job's; only the machine is fixed)."""
 
-def frozen_assess(
-    available: int = 24 * 2**30, free_disk: int = 400 * 2**30
-) -> Callable[[ConversionPlan, str], Assessment]:
-    """An `assess` stand-in for a machine with `available` memory and `free_disk` bytes free."""
-
-    def assess(plan: ConversionPlan, out_dir: str) -> Assessment:
+    def assess(job: Job) -> Assessment:
         limit = MemoryLimit(
             available, "os-available", f"MemAvailable = {format_bytes(available)} (pretend machine)"
         )
-        tensors = [t for s in plan.shards for t in s.tensors]
-        trainable = sum(t.numel for t in tensors if t.kind is not Kind.BUFFER and t.src_dtype == "float32")
-        other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t.src_dtype != "float32")
-        peak = BASE_RSS + plan.buffer_bytes + RUNTIME_OVERHEAD
-        return Assessment(
-            predicted_peak_rss=peak,
-            predicted_vms=peak * 4,
-            output_bytes=plan.output_bytes,
-            read_bytes=plan.read_bytes,
-            estimated_seconds=3.0 + plan.output_bytes / (350 * 2**20),
-            deepspeed_peak_rss=predict_deepspeed_peak(plan, trainable, other),
-            budget=MemoryBudget((limit,), limit),
-            free_disk=free_disk,
-            out_dir=out_dir,
-            fits_memory=peak <= available * 0.95,
-            fits_disk=plan.output_bytes <= free_disk,
-            fits_address_space=True,
-        )
+        a = job.assess(MemoryBudget((limit,), limit), free_disk)
+        return replace(a, unwritable="", fits_disk=a.output_bytes <= free_disk)
 
     return assess
 
@@ -62,11 +44,11 @@ def fake_progress(plan: ConversionPlan, fraction: float, seconds: float = 6.0) -
                 "bytes_done": done,
                 "bytes_total": total,
                 "tensor": tensor,
-                "shard": s.filename,
-                "shard_index": i,
-                "shards": len(plan.shards),
-                "shard_done": min(done - pos, s.file_bytes),
-                "shard_total": s.file_bytes,
+                "file": s.filename,
+                "file_index": i,
+                "files": len(plan.shards) + (1 if plan.index else 0),
+                "file_done": min(done - pos, s.file_bytes),
+                "file_total": s.file_bytes,
                 "elapsed": seconds,
                 "throughput": done / seconds,
             }

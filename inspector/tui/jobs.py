@@ -25,11 +25,10 @@ def killed_by(signal_name: str) -> str:
 def convert_args(
     root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool, kind: str = ""
 ) -> list[str]:
-    """The `convert` command line for these options (the child re-plans exactly what we predicted)."""
-    if kind == "universal":  # the whole checkpoint: selection, dtype, shards and renames do not apply
-        flags = [f for f, on_ in (("--overwrite", overwrite), ("--force", force)) if on_]
-        return ["convert", root, out_dir, "--tag", tag, "--format", "universal", *flags, "--progress", "json"]
-    args = ["convert", root, out_dir, "--tag", tag, "--dtype", o.dtype, "--shard-size", str(o.shard_size)]
+    """The `convert` command line for these options (the child re-plans exactly what we predicted; a kind
+    that does not use an option ignores it, as it did when we predicted)."""
+    args = ["convert", root, out_dir, "--tag", tag, "--format", kind or "model"]
+    args += ["--dtype", o.dtype, "--shard-size", str(o.shard_size)]
     for flag, values in (
         ("--include", o.include),
         ("--exclude", o.exclude),
@@ -49,9 +48,6 @@ def convert_args(
     ):
         if on_:
             args.append(flag)
-    args += {"weights": ["--weights-only"], "adapter": ["--adapter"], "merged": ["--merge-adapter"]}.get(
-        kind, []
-    )
     return [*args, "--progress", "json"]
 
 

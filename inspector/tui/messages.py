@@ -12,9 +12,8 @@ from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
 
 if TYPE_CHECKING:
-    from inspector.convert.plan import ConversionPlan
+    from inspector.convert.kinds import Job
     from inspector.convert.preflight import Assessment
-    from inspector.tui.universal import UniversalAssessment, UniversalPlanView
 
 
 @dataclass
@@ -79,6 +78,6 @@ class MemorySample(Message):
 class Preflighted(Message):
     """The convert screen's preflight worker finished (a plan and its assessment, or the error)."""
 
-    plan: ConversionPlan | UniversalPlanView | None
-    assessment: Assessment | UniversalAssessment | None
+    plan: Job | None
+    assessment: Assessment | None
     error: InspectorError | None = None

@@ -295,7 +295,7 @@ async def test_convert_asks_when_it_will_not_fit(small_demo: Path, tmp_path: Pat
     from inspector.tui.frozen import frozen_assess
 
     app = make_app(path=str(small_demo), out_dir=str(tmp_path / "o"), live_meters=False)
-    app.frozen_assess = frozen_assess(available=100 * 2**20)
+    app.frozen_assess = frozen_assess(available=20 * 2**20)  # below any converter's peak
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
         await pilot.press("c")

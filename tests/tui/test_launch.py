@@ -40,7 +40,7 @@ def test_convert_progress_json(cli, small_demo: Path, tmp_path: Path) -> None:  
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "report" and "progress" in kinds
     last = [e for e in events if e["event"] == "progress"][-1]
-    assert last["bytes_done"] == last["bytes_total"] and last["shard_done"] == last["shard_total"]
+    assert last["bytes_done"] == last["bytes_total"] and last["file_done"] == last["file_total"]
     assert events[-1]["files"] and events[-1]["peak_rss"] > 0
     v = cli("verify", small_demo, tmp_path / "out", "--progress", "json")
     assert v.rc == 0 and json.loads(v.stdout.splitlines()[-1])["ok"] is True
@@ -107,18 +107,20 @@ def test_child_command_line_round_trips_the_options() -> None:
 
 
 def test_child_command_line_carries_the_output_kind() -> None:
+    from inspector.cli.options import apply_format
+    from inspector.convert.kinds import names
     from inspector.convert.options import ConvertOptions
     from inspector.tui.jobs import convert_args
 
-    for kind, flag in (("weights", "weights_only"), ("adapter", "adapter"), ("merged", "merge_adapter")):
+    for kind in names():
         args = build_parser().parse_args(
             convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False, kind=kind)
         )
-        assert getattr(args, flag) is True
+        assert apply_format(args) == kind
     plain = build_parser().parse_args(
         convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False)
     )
-    assert not plain.weights_only and not plain.adapter and not plain.merge_adapter
+    assert apply_format(plain) == "model"
 
 
 @pytest.mark.asyncio

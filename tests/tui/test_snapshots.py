@@ -104,6 +104,7 @@ def test_convert_in_progress(snap_compare, snapshot_demo: Path, size: tuple[int,
     """The convert screen fed a fixed event stream and fixed meter samples (no child runs)."""
 
     async def run(pilot: Pilot[object]) -> None:
+        from inspector.convert.kinds.safetensors import SafetensorsJob
         from inspector.convert.plan import build_plan
 
         app = pilot.app
@@ -111,10 +112,12 @@ def test_convert_in_progress(snap_compare, snapshot_demo: Path, size: tuple[int,
         screen = ConvertScreen(autostart=False)
         await app.push_screen(screen)  # type: ignore[attr-defined]
         plan = build_plan(app.ckpt, ConvertOptions(shard_size=2_000_000))  # type: ignore[attr-defined]
-        a = frozen_assess()(plan, OUT)
-        screen.show_started(plan, a.predicted_peak_rss)
-        for i, mib in enumerate([120, 180, 240, 260, 262, 300, 310, 305, 298, 301, 303, 302]):
-            screen.query_one("#meter").add_sample(mib * 2**20, 20 * 2**30 - i * 2**20)
+        job = SafetensorsJob("weights", OUT, plan)
+        a = frozen_assess()(job)
+        screen.show_started(job, a.predicted_peak_rss)
+        peak = a.predicted_peak_rss  # a run that stays under its prediction, as measured runs do
+        for i, part in enumerate([0.45, 0.7, 0.82, 0.86, 0.87, 0.9, 0.91, 0.9, 0.89, 0.9, 0.91, 0.9]):
+            screen.query_one("#meter").add_sample(int(peak * part), 20 * 2**30 - i * 2**20)
         for ev in fake_progress(plan, 0.6):
             screen.post_message(ChildEvent("convert", ev))
         await _settled(pilot)

@@ -25,8 +25,8 @@ async def test_export_universal_convert_and_verify(small_demo: Path, tmp_path: P
         await scanned(pilot)
         text = await choose_universal(pilot)
         assert "Fits" in text and str(out / "global_step3_uni") in text
-        assert "Universal: the whole checkpoint" in plain(app.screen.query_one("#selection-summary"))
-        shown = re.search(r"Output\s+([\d.]+) MiB\s+(\d+) file\(s\), (\d+) parameters", text)
+        assert "The whole checkpoint" in plain(app.screen.query_one("#selection-summary"))
+        shown = re.search(r"Output\s+([\d.]+) MiB\s+(\d+) file\(s\), (\d+) tensors", text)
         assert shown is not None, text
         await pilot.press("ctrl+s")
         await wait_for(
@@ -37,8 +37,8 @@ async def test_export_universal_convert_and_verify(small_demo: Path, tmp_path: P
         assert "Done" in plain(app.screen.query_one("#result"))
         # the prediction on the form, against what was written (not against the core's own estimate)
         written = [p for p in (out / "global_step3_uni").rglob("*") if p.is_file()]
-        params = {p.parent.name for p in written if p.parent.parent.name == "zero"}
-        assert (int(shown[2]), int(shown[3])) == (len(written), len(params))
+        states = [p for p in written if p.parent.parent.name == "zero" and p.stem in ("fp32", "exp_avg", "exp_avg_sq")]
+        assert (int(shown[2]), int(shown[3])) == (len(written), len(states))
         on_disk = sum(p.stat().st_size for p in written) / 2**20
         assert abs(float(shown[1]) - on_disk) <= 0.02 * on_disk, (shown[1], on_disk)
         await pilot.press("v")
@@ -52,18 +52,8 @@ def test_universal_command_line() -> None:
     args = convert_args(
         "/ck", "t", "/out", ConvertOptions(include=("a",)), overwrite=True, force=False, kind="universal"
     )
-    assert args == [
-        "convert",
-        "/ck",
-        "/out",
-        "--tag",
-        "t",
-        "--format",
-        "universal",
-        "--overwrite",
-        "--progress",
-        "json",
-    ]
+    assert args[:7] == ["convert", "/ck", "/out", "--tag", "t", "--format", "universal"]
+    assert "--overwrite" in args and args[-2:] == ["--progress", "json"]  # the options it ignores ride along
 
 
 def test_a_cancelled_universal_conversion_says_it_resumes(tmp_path: Path) -> None:
@@ -94,7 +84,9 @@ async def test_cancelled_universal_conversion_resumes_from_the_ui(
         screen = await start_held(pilot, gate, key="ctrl+s")
         await pilot.press("escape")
         assert isinstance(app.screen, ConfirmDialog)
-        assert "kept" in plain(app.screen.query_one("#dialog-body"))  # not "the partial output will be removed"
+        assert "kept" in plain(
+            app.screen.query_one("#dialog-body")
+        )  # not "the partial output will be removed"
         await pilot.press("y")  # SIGINT: the writer stops, keeping the files it finished
         await wait_for(pilot, lambda: screen.phase == "cancelled", "cancel")
         assert screen.child.proc is not None and screen.child.proc.returncode == 130

@@ -10,31 +10,28 @@ write. Memory stays a few row blocks whatever the model. No torch.
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from inspector.convert.engine import Progress, Report
+from inspector.convert.engine import Progress, Report, ShardWriter, run
 from inspector.convert.options import ConvertOptions
-from inspector.convert.output import FolderLock, prepare_output
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
-from inspector.errors import CancelledError, InspectorError, OutputError
+from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
 from inspector.system.source import Source
 
-_EVENT_INTERVAL = 0.25
 MERGED_KEY = "merged_adapter"
-PARTIAL = ".partial"
+BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
 
 
 @dataclass(frozen=True)
@@ -109,9 +106,10 @@ def build_merged_plan(
         merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
     synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
     plan = build_plan(synthetic, replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False))
-    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header)) for s in plan.shards))
+    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
     if folder is not None:
         plan = replace(plan, sources=(*plan.sources, base_source(folder)))
+    plan = replace(plan, fingerprint=_fingerprint(plan, merges, model if needs_base else None))
     kept = {t.name for s in plan.shards for t in s.tensors}
     merges = {n: m for n, m in merges.items() if n in kept}
     for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
@@ -121,11 +119,24 @@ def build_merged_plan(
     return MergedPlan(plan, merges, folder, tuple(notes))
 
 
-def _mark_merged(header: bytes) -> bytes:
+def _fingerprint(plan: ConversionPlan, merges: dict[str, Merge], model: BaseModel | None) -> str:
+    """The job a resumed merge may continue: the checkpoint and options, every scale, and the base files."""
+    h = hashlib.sha256(f"merged|{plan.fingerprint}".encode())
+    for name in sorted(merges):
+        m = merges[name]
+        h.update(f"|{name}|{m.scale!r}|{m.transposed}".encode())
+    for t in model.tensors if model is not None else ():
+        h.update(f"|{t.name}|{[(s.file, s.offset, s.nbytes) for s in t.segments]}".encode())
+    return h.hexdigest()[:16]
+
+
+def _mark_merged(header: bytes, base: str | None) -> bytes:
     """Record in the header metadata that the values are merged (so `verify` can say why it cannot compare)."""
     body = json.loads(header[8:])
     meta = json.loads(body["__metadata__"][META_KEY])
-    body["__metadata__"][META_KEY] = json.dumps({**meta, MERGED_KEY: True}, separators=(",", ":"))
+    body["__metadata__"][META_KEY] = json.dumps(
+        {**meta, MERGED_KEY: True, BASE_KEY: base}, separators=(",", ":")
+    )
     raw = json.dumps(body, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return len(raw).to_bytes(8, "little") + raw
@@ -206,6 +217,37 @@ def _blocks(
         yield _bytes(out.astype(numpy_dtype(t.out_dtype)))
 
 
+def merged_shards(mp: MergedPlan) -> ShardWriter:
+    """The engine's shard writer for a merged model: each tensor's bytes computed block by block (`_blocks`)
+    and written at its planned offset. The engine owns the run around it (lock, journal, resume, renames)."""
+    plan = mp.plan
+
+    def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
+        with FilePool(*plan.sources) as pool:
+            yield from _fill(pool, index, fd, cancel, fsync)
+
+    def _fill(
+        pool: FilePool, index: int, fd: int, cancel: threading.Event, fsync: bool
+    ) -> Iterator[tuple[int, str]]:
+        shard = plan.shards[index]
+        _pwrite_all(fd, memoryview(shard.header), 0)
+        yield len(shard.header), ""
+        for t in shard.tensors:
+            pos = len(shard.header) + t.offset
+            for block in _blocks(pool, t, mp.merges.get(t.name), plan.options.chunk_elems):
+                if cancel.is_set():
+                    raise CancelledError("Conversion cancelled; partial files were removed.")
+                _pwrite_all(fd, memoryview(block), pos)
+                pos += len(block)
+                yield len(block), t.name
+            if pos != len(shard.header) + t.offset + t.nbytes:
+                raise InspectorError(f"Internal error: {t.name} wrote {pos} bytes, planned otherwise.")
+        if fsync:
+            os.fsync(fd)
+
+    return write
+
+
 def run_merged(
     mp: MergedPlan,
     out_dir: str,
@@ -214,77 +256,7 @@ def run_merged(
     overwrite: bool = False,
     fsync: bool = False,
 ) -> Iterator[Progress | Report]:
-    """Write the merged model's shards (as *.partial, renamed when all are complete) and the index."""
-    plan = mp.plan
-    cancel = cancel or threading.Event()
-    out_dir = os.path.abspath(out_dir)
-    prepare_output(plan, out_dir, overwrite)
-    claim = FolderLock(out_dir)  # created and locked, as every writer takes its folder: no second run mixes in
-    try:
-        stale = prepare_output(plan, out_dir, overwrite)  # again, now that no one else writes here
-    except BaseException:
-        claim.release(ok=False)
-        raise
-    total = plan.output_bytes
-    files = [(s.filename, os.path.join(out_dir, s.filename + PARTIAL)) for s in plan.shards]
-    if plan.index is not None:
-        files.append(
-            ("model.safetensors.index.json", os.path.join(out_dir, "model.safetensors.index.json" + PARTIAL))
-        )
-    start = last = time.monotonic()
-    done = 0
-    ok = False
-    pool = FilePool(*mp.plan.sources)
-    try:
-        for i, shard in enumerate(plan.shards):
-            fd = os.open(files[i][1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            try:
-                _pwrite_all(fd, memoryview(shard.header), 0)
-                done += len(shard.header)
-                for t in shard.tensors:
-                    pos = len(shard.header) + t.offset
-                    for block in _blocks(pool, t, mp.merges.get(t.name), plan.options.chunk_elems):
-                        if cancel.is_set():
-                            raise CancelledError("Conversion cancelled; partial files were removed.")
-                        _pwrite_all(fd, memoryview(block), pos)
-                        pos += len(block)
-                        done += len(block)
-                        if (now := time.monotonic()) - last >= _EVENT_INTERVAL:
-                            last = now
-                            yield Progress(
-                                done, total, t.name, shard.filename, i, len(plan.shards), now - start
-                            )
-                    if pos != len(shard.header) + t.offset + t.nbytes:
-                        raise InspectorError(
-                            f"Internal error: {t.name} wrote {pos} bytes, planned otherwise."
-                        )
-                if fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        if plan.index is not None:
-            with open(files[-1][1], "wb") as fh:
-                fh.write(plan.index)
-        for name, path in files:
-            os.replace(path, os.path.join(out_dir, name))
-        for name in stale:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(out_dir, name))
-        ok = True
-    except OSError as exc:
-        raise OutputError(
-            f"Writing to {out_dir} failed: {exc.strerror}.", hint="Partial files were removed."
-        ) from None
-    finally:
-        pool.close()
-        if not ok:
-            for _, path in files:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        claim.release(ok)
-    elapsed = time.monotonic() - start
-    written = tuple((name, os.path.getsize(os.path.join(out_dir, name))) for name, _ in files)
-    yield Progress(
-        total, total, "", plan.shards[-1].filename, len(plan.shards) - 1, len(plan.shards), elapsed
+    """Write the merged model through the engine: locked, journalled, resumable like every safetensors output."""
+    return run(
+        mp.plan, out_dir, cancel=cancel, overwrite=overwrite, fsync=fsync, shard_writer=merged_shards(mp)
     )
-    yield Report(out_dir, written, plan.tensor_count, sum(s for _, s in written), elapsed, 0, tuple(stale))

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
 
@@ -22,32 +22,9 @@ if TYPE_CHECKING:
 CHUNK_ELEMS = 1 << 20
 
 
-@dataclass
-class UniversalVerifyResult:
-    checked: int = 0
-    bytes_checked: int = 0
-    mismatched: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.mismatched or self.unexpected or self.missing)
-
-
-@dataclass(frozen=True)
-class UniversalVerifyProgress:
-    bytes_done: int
-    bytes_total: int
-    tensor: str
-
-
-def verify_universal(
-    src: Checkpoint, uni: Checkpoint
-) -> Iterator[UniversalVerifyProgress | UniversalVerifyResult]:
+def verify_universal(src: Checkpoint, uni: Checkpoint) -> Iterator[VerifyProgress | VerifyResult]:
     """Yield progress, then the result. `uni` is `scan_universal` of the output folder."""
-    res = UniversalVerifyResult()
+    res = VerifyResult()
     jobs: list[tuple[str, tuple[Segment, ...], tuple[Segment, ...]]] = []
     have = {t.name: t for t in uni.tensors}
     for t in src.tensors:
@@ -83,7 +60,7 @@ def verify_universal(
             for x, y in zip(_chunks(pool, a), _chunks(pool, b), strict=True):
                 same = same and np.array_equal(x.view(np.uint32), y.view(np.uint32))
                 done += x.nbytes
-            yield UniversalVerifyProgress(done, total, label)
+            yield VerifyProgress(done, total, label)
             res.checked += 1
             res.bytes_checked += sum(s.numel for s in a) * 4
             if not same:

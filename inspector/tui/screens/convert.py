@@ -7,7 +7,6 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import psutil
@@ -19,8 +18,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
+from inspector.convert.kinds import Job, get
 from inspector.convert.options import ConvertOptions
-from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child
@@ -28,7 +27,6 @@ from inspector.tui.fmt import shown, size
 from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
-from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
@@ -37,18 +35,19 @@ from inspector.tui.widgets.progress import ConvertProgress
 
 def start_conversion(app: Any) -> None:
     """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
-    if not app.selected and app.export.format != UNIVERSAL:  # universal writes the whole checkpoint
+    kind = get(app.export.format or "model")
+    if not app.selected and kind.uses_selection:
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
         return
     out = app.export.out_dir
-    if app.export.format != UNIVERSAL and not app.export.overwrite and os.path.isdir(out) and os.listdir(out):
+    if busy := kind.busy(app.ckpt, out, app.export.overwrite):
         from inspector.tui.screens.export import (
             ExportScreen,  # what the form already marks: said before starting
         )
 
         app.notify(
-            f"{shown(out)} is not empty: tick 'replace an earlier conversion' in the export form, or choose "
-            "another folder.",
+            f"{shown(busy)}: tick 'replace an earlier conversion' in the export form, or choose another "
+            "folder.",
             title="Output folder not empty",
             severity="warning",
             timeout=8,
@@ -90,8 +89,8 @@ class ConvertScreen(Screen[None]):
         self.child: Child | None = None
         self.job = "convert"
         self.phase = "preflight"  # preflight | running | cancelling | done | failed | cancelled | verified
-        self.plan: ConversionPlan | UniversalPlanView | None = None
-        self.assessment: Assessment | UniversalAssessment | None = None
+        self.plan: Job | None = None
+        self.assessment: Assessment | None = None
         self.out_dir = ""
         self.report: dict[str, Any] | None = None
         self.error_event: dict[str, Any] | None = None
@@ -168,7 +167,7 @@ class ConvertScreen(Screen[None]):
             answer,
         )
 
-    def show_started(self, plan: ConversionPlan | UniversalPlanView, predicted_peak: int) -> None:
+    def show_started(self, plan: Job, predicted_peak: int) -> None:
         """The title, totals and reference line of a conversion that has started."""
         ckpt = self.app.ckpt  # type: ignore[attr-defined]
         self.plan = plan
@@ -179,13 +178,12 @@ class ConvertScreen(Screen[None]):
             Text.assemble(
                 ("Converting ", "bold"),
                 shown(f"{ckpt.root} @ {ckpt.tag} → "),
-                (shown(plan.out_dir if isinstance(plan, UniversalPlanView) else self.out_dir), "bold"),
-                f"\n{plan.tensor_count} tensors · {len(plan.shards)} file(s) · {size(plan.output_bytes)}"
+                (shown(plan.where), "bold"),
+                f"\n{plan.tensor_count} tensors · {len(plan.files)} file(s) · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
         )
-        files = [] if isinstance(plan, UniversalPlanView) else [(s.filename, s.file_bytes) for s in plan.shards]
-        self.query_one(ConvertProgress).start(plan.output_bytes, files)
+        self.query_one(ConvertProgress).start(plan.output_bytes, [(f.name, f.nbytes) for f in plan.files])
 
     def start(self) -> None:
         app: Any = self.app
@@ -266,7 +264,7 @@ class ConvertScreen(Screen[None]):
             msg.stderr,
             peak,
             self.out_dir,
-            resumable=isinstance(self.plan, UniversalPlanView),
+            resumable=self.plan is not None and self.plan.keeps_on_cancel,
         )
         self._show_failure(title, message, hint, error=not cancelled)
 
@@ -275,7 +273,9 @@ class ConvertScreen(Screen[None]):
         title, message, hint = shown(title), shown(message), shown(hint)
         result.update(failure_text(title, message, hint, error=error))
         self.call_after_refresh(result.scroll_visible, animate=False)
-        self.notify(message[:200], title=title, severity="error" if error else "warning", timeout=8, markup=False)
+        self.notify(
+            message[:200], title=title, severity="error" if error else "warning", timeout=8, markup=False
+        )
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
         self.phase = "failed"
@@ -343,7 +343,7 @@ class ConvertScreen(Screen[None]):
                 self.child.interrupt()
                 self.set_timer(10, self._escalate)
 
-        resumable = isinstance(self.plan, UniversalPlanView)
+        resumable = self.plan is not None and self.plan.keeps_on_cancel
         self.app.push_screen(
             ConfirmDialog(
                 "Cancel the conversion?",
@@ -367,7 +367,9 @@ class ConvertScreen(Screen[None]):
         from inspector.tui.screens.export import ExportScreen
 
         self.app.pop_screen()
-        if isinstance(self.app.screen_stack[-1], ExportScreen):  # back to the checkpoint, as help says, not the form
+        if isinstance(
+            self.app.screen_stack[-1], ExportScreen
+        ):  # back to the checkpoint, as help says, not the form
             self.app.pop_screen()
 
     def stop_child(self) -> None:

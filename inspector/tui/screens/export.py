@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,32 +16,26 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Checkbox, Header, Input, Label, Select, Static
 
+from inspector.convert.kinds import DEFAULT, Job, Request, get, offers
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
-from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
-from inspector.tui.universal import UNIVERSAL, UniversalAssessment, UniversalPlanView, universal_preflight
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
 
-AnyPlan = ConversionPlan | UniversalPlanView
-AnyAssessment = Assessment | UniversalAssessment
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
 
 
-def format_options(ckpt: object) -> tuple[list[tuple[str, str]], str, list[str]]:
-    """The output kinds this checkpoint allows (core `output_kinds`), the default, and why others are not."""
-    from inspector.convert.export import output_kinds
-
-    kinds = output_kinds(ckpt)  # type: ignore[arg-type]
-    options = [(k.label, str(k.kind)) for k in kinds if k.available]
-    # only the model folder is worth a note: adapter kinds are noise on a checkpoint without LoRA
-    noted = {"model": "HF model folder", "universal": "Universal"}
-    missing = [f"{noted[str(k.kind)]}: {k.reason}" for k in kinds if not k.available and str(k.kind) in noted]
-    default = "model" if any(v == "model" for _, v in options) else "weights"
+def format_options(ckpt: Any) -> tuple[list[tuple[str, str]], str, list[str]]:
+    """The output kinds this checkpoint allows (the registry's offers), the default, and why others are not
+    (a kind that is simply absent, an adapter on a checkpoint without LoRA, says nothing: `Offer.quiet`)."""
+    found = offers(ckpt)
+    options = [(o.label, o.name) for o in found if o.available]
+    missing = [f"{o.label}: {o.reason}" for o in found if not o.available and not o.quiet]
+    default = DEFAULT if any(v == DEFAULT for _, v in options) else options[0][1]
     return options, default, missing
 
 
@@ -76,33 +72,17 @@ def parse_renames(text: str) -> tuple[tuple[str, str], ...]:
 @dataclass
 class PreflightDone(Message):
     generation: int
-    plan: AnyPlan | None
-    assessment: AnyAssessment | None
+    plan: Job | None
+    assessment: Assessment | None
     error: str = ""
 
 
-def run_preflight(app: object, opts: ConvertOptions, out_dir: str) -> tuple[AnyPlan, AnyAssessment]:
-    """Plan the chosen output kind and assess it (in a worker)."""
-    from inspector.convert.export import plan_export
-    from inspector.convert.preflight import assess
-
-    kind = app.export.format  # type: ignore[attr-defined]
-    if kind == UNIVERSAL:
-        return universal_preflight(app.ckpt, opts, out_dir)  # type: ignore[attr-defined]
-    xp = plan_export(
-        app.ckpt,  # type: ignore[attr-defined]
-        opts,
-        weights_only=kind == "weights",
-        adapter=kind == "adapter",
-        merge=kind == "merged",
-        allow_damaged=True,
-    )
-    plan = xp.plan
+def run_preflight(app: Any, opts: ConvertOptions, out_dir: str) -> tuple[Job, Assessment]:
+    """Plan the chosen output kind and assess it (in a worker), as `preflight --format KIND` does."""
+    kind = get(app.export.format or DEFAULT)
+    job = kind.plan(app.ckpt, Request(opts, allow_damaged=True), os.path.abspath(out_dir or os.getcwd()))
     frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
-    if frozen:
-        return plan, frozen(plan, out_dir)
-    extra = xp.output_bytes - plan.output_bytes
-    return plan, assess(plan, out_dir, extra_output_bytes=extra, extra_memory=xp.extra_memory)
+    return job, frozen(job) if frozen else job.assess()
 
 
 class ExportScreen(Screen[None]):
@@ -214,14 +194,9 @@ class ExportScreen(Screen[None]):
         elif os.path.exists(out) and not os.path.isdir(out):
             errors.append(f"Output folder: {out} is a file")
         overwrite = self.query_one("#overwrite", Checkbox).value
-        if str(self.query_one("#format", Select).value) == UNIVERSAL:  # OUT/<tag>_uni; OUT may be the root
-            uni = os.path.join(out, f"{app.ckpt.tag}_uni") if out else ""  # type: ignore[attr-defined]
-            if uni and os.path.exists(uni) and not overwrite:
-                errors.append(f"Output folder: {uni} exists (switch on overwrite to replace it)")
-        elif out and os.path.isdir(out) and os.listdir(out) and not overwrite:
-            errors.append(
-                f"Output folder: {out} is not empty (switch on overwrite to replace an earlier conversion)"
-            )
+        kind = get(str(self.query_one("#format", Select).value) or DEFAULT)
+        if out and (busy := kind.busy(app.ckpt, out, overwrite)):  # type: ignore[attr-defined]
+            errors.append(f"Output folder: {busy} (switch on overwrite to replace an earlier conversion)")
         opts = replace(
             base,
             dtype=str(dtype) if str(dtype) in DTYPE_ALIASES or dtype == "auto" else "auto",
@@ -239,13 +214,17 @@ class ExportScreen(Screen[None]):
         opts, out, overwrite, errors = self.read_form()
         app = self.app
         box = self.query_one("#form-errors", Static)
-        box.update("\n".join(f"[red]✖[/] {shown_markup(e)}" for e in errors) if errors else "[green]✔ options valid[/]")
+        box.update(
+            "\n".join(f"[red]✖[/] {shown_markup(e)}" for e in errors)
+            if errors
+            else "[green]✔ options valid[/]"
+        )
         app.base_options = opts  # type: ignore[attr-defined]
         fmt = str(self.query_one("#format", Select).value)
         app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)  # type: ignore[attr-defined]
         self.app.main.tensors_pane.refresh_options()  # type: ignore[attr-defined]
         self.generation += 1
-        if not app.selected and fmt != UNIVERSAL:  # type: ignore[attr-defined]
+        if not app.selected and get(fmt or DEFAULT).uses_selection:  # type: ignore[attr-defined]
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
             return
         self.query_one(PreflightPanel).pending()
@@ -274,17 +253,13 @@ class ExportScreen(Screen[None]):
             panel.error(msg.error)
             return
         panel.show(msg.assessment, msg.plan)
-        if isinstance(msg.plan, UniversalPlanView):
-            self.query_one("#selection-summary", Static).update(
-                "[dim]Universal: the whole checkpoint (fp32 masters, both Adam moments, the step) for any "
-                "world size; the selection, dtype, shards and renames do not apply. Resume with "
-                '"checkpoint": {"load_universal": true}.[/]'
-            )
+        if not msg.plan.uses_selection:
+            self.query_one("#selection-summary", Static).update(Text(" ".join(msg.plan.notes), style="dim"))
             return
-        opts = msg.plan.options
+        opts = self.app.convert_options()  # type: ignore[attr-defined]
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(
-            f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.shards)} file(s)"
+            f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.files)} file(s)"
             + (f"\n= {' '.join(flags)[:200]}" if flags else " (everything)")
             + "[/]"
         )

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from inspector.tui.fmt import duration, size
+from inspector.tui.fmt import duration, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 SHARD_ROWS = 8
@@ -37,7 +37,9 @@ def shard_rows(files: list[tuple[str, int]], current: int, fraction: float, rows
         else:
             mark, style, note = "·", "dim", ""
         name_style = "" if i == current else style
-        lines.append(Text.assemble((f"  {mark} ", style), (name, name_style), f"  {size(nbytes)}", (note, "bold")))
+        lines.append(
+            Text.assemble((f"  {mark} ", style), (name, name_style), f"  {size(nbytes)}", (note, "bold"))
+        )
     if end < n:
         lines.append(Text(f"  · {n - end} more file(s) to come", style="dim"))
     return Text("\n").join(lines)
@@ -110,16 +112,16 @@ class ConvertProgress(Vertical):
                 f"{size(done)} of {size(total)} {'verified' if verifying else 'written'} · {size(rate)}/s · "
                 f"ETA {duration(eta)} · elapsed {duration(float(ev.get('elapsed', 0.0)))}"
             )
-            if "shard" in ev and not verifying:
+            if "file" in ev and not verifying:
+                index, count = int(ev.get("file_index", 0)), int(ev.get("files", 1))
                 self.query_one("#shard-label", Static).update(
-                    f"Shard {int(ev.get('shard_index', 0)) + 1} of {ev.get('shards', 1)}: {ev['shard']}",
-                    layout=False,
+                    shown(f"File {index + 1} of {count}: {ev['file']}"), layout=False
                 )
-                shard_total = max(int(ev.get("shard_total", 1)), 1)
-                shard_done = int(ev.get("shard_done", 0))
-                self.query_one("#shard", ProgressBar).update(total=shard_total, progress=shard_done)
-                if len(self.files) > 1:
-                    self._draw_files(int(ev.get("shard_index", 0)), shard_done / shard_total)
+                file_total = max(int(ev.get("file_total", 1)), 1)
+                file_done = int(ev.get("file_done", 0))
+                self.query_one("#shard", ProgressBar).update(total=file_total, progress=file_done)
+                if len(self.files) > 1 and count == len(self.files):  # one event per listed file
+                    self._draw_files(index, file_done / file_total)
             self.query_one("#tensor-text", Static).update(
                 Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–"), layout=False
             )

@@ -1,0 +1,69 @@
+"""`--format adapter`: the LoRA adapter in PEFT's layout (`adapter_model.safetensors` with PEFT's key names,
+`adapter_config.json`), from the fp32 masters, for `PeftModel.from_pretrained`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from inspector.convert.kinds.base import Offer, Request
+from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import ADAPTER_FILE, build_plan
+from inspector.convert.writers.hf_folder import SideFile, find_side_files
+from inspector.scan.model import Checkpoint
+from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
+
+NO_LORA = "no LoRA parameters in the checkpoint"
+PEFT_RENAMES = (
+    (r"\.(lora_A|lora_B)\.{name}\.(weight|bias)$", r".\1.\2"),
+    (r"\.(lora_embedding_A|lora_embedding_B)\.{name}$", r".\1"),
+    (r"\.modules_to_save\.{name}\.", "."),
+    (r"\.lora_magnitude_vector\.{name}\.weight$", ".lora_magnitude_vector"),  # DoRA keeps its old key
+)
+
+
+class Adapter(SafetensorsKind):
+    name = "adapter"
+    label = "PEFT LoRA adapter"
+    help = "the LoRA adapter in PEFT's layout"
+
+    def offer(self, ckpt: Checkpoint) -> Offer:
+        adapter = detect_adapter(ckpt)
+        if adapter is None:
+            return self._unavailable(NO_LORA, quiet=True)
+        if adapter.config_path is None:
+            return self._unavailable(f"no {ADAPTER_CONFIG} beside the checkpoint")
+        return self._available()
+
+    def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
+        adapter = detect_adapter(ckpt)
+        if adapter is None:
+            raise AdapterError(
+                "The checkpoint holds no LoRA parameters (no *.lora_A.* / *.lora_B.* tensors).",
+                hint="Convert it with --format model or weights.",
+            )
+        if adapter.config_path is None:
+            raise AdapterError(
+                f"The checkpoint has LoRA parameters but no {ADAPTER_CONFIG} beside it ({ckpt.root}).",
+                hint="PEFT needs the adapter's config (r, lora_alpha, target_modules). Trainer writes it into "
+                "checkpoint-N/; copy it there from the run.",
+            )
+        opts = request.options
+        only = replace(ckpt, tensors=tuple(ckpt.tensor(n) for n in adapter.tensors))
+        name = re.escape(adapter.name)
+        renames = tuple((pat.replace("{name}", name), repl) for pat, repl in PEFT_RENAMES)
+        dtype = (
+            "float32" if opts.dtype == "auto" else opts.dtype
+        )  # small; PEFT upcasts adapters to fp32 anyway
+        aopts = ConvertOptions(dtype=dtype, shard_size=1 << 62, renames=renames, chunk_elems=opts.chunk_elems)
+        plan = build_plan(only, aopts, allow_damaged=request.allow_damaged)
+        plan = replace(plan, shards=(replace(plan.shards[0], filename=ADAPTER_FILE),), index=None)
+        side = [SideFile(ADAPTER_CONFIG, adapter.config_path, origin=ckpt.source)]
+        if request.side_files:
+            side += [f for f in find_side_files([ckpt.source], model=False) if f.name != ADAPTER_CONFIG]
+        notes = (
+            f"Adapter {adapter.name!r}: {len(adapter.layers)} LoRA layer(s), r={adapter.r}, "
+            f"lora_alpha={adapter.alpha}{', rsLoRA' if adapter.rslora else ''}; values from the fp32 masters.",
+        )
+        return SafetensorsJob(self.name, out_dir, plan, tuple(side), notes)

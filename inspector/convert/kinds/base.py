@@ -1,0 +1,180 @@
+"""The protocol every output kind implements, and the shapes every kind shares.
+
+An OutputKind says whether it is offered for a checkpoint (and why not), plans a Job (pure: which files, from
+which bytes), and verifies an output of its kind independently of its writer. A Job answers preflight with the
+one verdict type (`preflight.Assessment`), refuses a busy output before any work, and runs as a stream of the
+one progress shape (`engine.Progress`) ending in the one `engine.Report`; verify streams `VerifyProgress` and
+ends in the one `VerifyResult`. The front ends hold a kind and a job and never ask which kind it is.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from inspector.convert.engine import Progress, Report
+from inspector.convert.options import ConvertOptions
+from inspector.convert.preflight import Assessment
+from inspector.convert.verify import VerifyProgress, VerifyResult
+from inspector.scan.model import Checkpoint
+from inspector.system.limits import MemoryBudget
+
+__all__ = [
+    "Assessment",
+    "Job",
+    "Offer",
+    "OutputKind",
+    "Progress",
+    "Report",
+    "Request",
+    "VerifyProgress",
+    "VerifyResult",
+]
+
+
+@dataclass(frozen=True)
+class Offer:
+    """Whether a kind can be written for a checkpoint; `reason` says why not."""
+
+    name: str
+    label: str
+    available: bool
+    reason: str = ""
+    quiet: bool = False  # its absence is not worth a word (an adapter kind on a checkpoint without LoRA)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked, the same for every kind (a kind ignores what does not apply to it and says so in
+    its notes)."""
+
+    options: ConvertOptions = field(default_factory=ConvertOptions)
+    base: str | None = None  # the base model folder a merge folds the adapter into
+    side_files: bool = True  # config, tokenizer, adapter_config beside the weights (off: weights only)
+    allow_damaged: bool = False
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One file a job writes, relative to its output folder, with its planned size."""
+
+    name: str
+    nbytes: int
+
+
+class Job(ABC):
+    """One planned output of one kind; nothing is written until `run`."""
+
+    kind: str
+    out_dir: str  # the folder the user named (OUT)
+    notes: tuple[str, ...] = ()
+    uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
+
+    @property
+    @abstractmethod
+    def files(self) -> tuple[PlannedFile, ...]:
+        """Every file written, in the order they are written."""
+
+    @property
+    @abstractmethod
+    def tensor_count(self) -> int: ...
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(f.nbytes for f in self.files)
+
+    @property
+    def where(self) -> str:
+        """The folder the output lands in (OUT, or a folder the kind makes inside it)."""
+        return self.out_dir
+
+    @abstractmethod
+    def check_output(self, overwrite: bool) -> None:
+        """Refuse an output folder this job may not write into, before any work or prediction."""
+
+    @abstractmethod
+    def assess(self, budget: MemoryBudget | None = None, free_disk: int | None = None) -> Assessment:
+        """The preflight verdict: predicted peak RSS, disk, time, against this machine's limits."""
+
+    def comparisons(self, verdict: Assessment) -> tuple[tuple[str, int, str], ...]:
+        """Rows (label, bytes, note) setting DeepSpeed's own tool beside us for the same job."""
+        return ()
+
+    def read_note(self, verdict: Assessment) -> str:
+        """Where the bytes read come from, in words."""
+        return "from the checkpoint"
+
+    def preflight_json(self) -> dict[str, Any]:
+        """What `preflight --json` adds for this kind to the shared keys (figures DeepSpeed's tool would need)."""
+        return {}
+
+    @abstractmethod
+    def run(
+        self, *, cancel: threading.Event | None = None, overwrite: bool = False, fsync: bool = False
+    ) -> Iterator[Progress | Report]:
+        """Write the output through its OutputRoot: Progress events (<= 4/s), then one Report. Cancel and
+        errors remove partial files (or keep finished ones for a rerun: `keeps_on_cancel`). After a kill,
+        a rerun of the same command reuses the files its journal lists with their checksums."""
+
+    keeps_on_cancel: bool = False  # cancel keeps the finished files for a rerun (else it removes them all)
+
+    def cancelled_words(self) -> str:
+        """What an interrupted run left, in words."""
+        return "partial output was removed"
+
+    def finished_words(self, report: Report) -> str:
+        """What to tell the user once it is written (how to load or resume it); "" for nothing more."""
+        return ""
+
+
+class OutputKind(ABC):
+    """One kind of output. A new kind is a module with a subclass and a line in `kinds.KINDS`."""
+
+    name: str  # `convert --format NAME`
+    label: str
+    help: str
+    uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
+
+    @abstractmethod
+    def offer(self, ckpt: Checkpoint) -> Offer:
+        """Whether this kind can be written for `ckpt`, and why not."""
+
+    @abstractmethod
+    def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> Job:
+        """Plan the output (pure: reads metadata, writes nothing); raises an InspectorError saying why not."""
+
+    @abstractmethod
+    def owns(self, out_dir: str) -> bool:
+        """Whether `out_dir` holds an output of this kind (for `verify`)."""
+
+    def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
+        """A quick look, before planning, at whether `out_dir` would refuse this kind: the problem in words
+        ("" when it would not). The job's `check_output` is the full check."""
+        if overwrite or not os.path.isdir(out_dir) or not os.listdir(out_dir):
+            return ""
+        return f"{out_dir} is not empty"
+
+    def recorded_tag(self, out_dir: str) -> str | None:
+        """The checkpoint tag an output of this kind was made from, when it records one."""
+        return None
+
+    @abstractmethod
+    def verify(
+        self,
+        ckpt: Checkpoint,
+        out_dir: str,
+        *,
+        against: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[VerifyProgress | VerifyResult]:
+        """Check an output of this kind against `ckpt`, independently of the writer."""
+
+    def _unavailable(self, reason: str, *, quiet: bool = False) -> Offer:
+        return Offer(self.name, self.label, False, reason, quiet)
+
+    def _available(self) -> Offer:
+        return Offer(self.name, self.label, True)
