@@ -1,7 +1,7 @@
 """Dtype casts with numpy + ml_dtypes, bit-identical to torch's `.to(dtype)` on the CPU.
 
 Every non-NaN value (±0, subnormals, ±Inf, values that round to Inf) is rounded to nearest even exactly as
-torch rounds it; tests/test_cast.py proves it against torch over every 16-bit pattern and over edge and
+torch rounds it; tests/convert/test_cast.py proves it against torch over every 16-bit pattern and over edge and
 random fp32 inputs. float64 and fp8 sources go through float32 first, as torch's kernels do.
 
 NaNs stay NaNs. Their exact bits follow torch's vectorised x86 kernels (AVX2/AVX512, what torch runs on any

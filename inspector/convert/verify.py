@@ -5,7 +5,7 @@ verify is meant to catch the converter's mistakes, so it shares as little with i
   through the plan (which fixed the header, the offsets and the shards the converter wrote);
 - the expected bytes are rebuilt from the scanned Checkpoint's segments with verify's own walk (no chunking
   or buffer pools of the converter), and the two hot casts (fp32 → bf16, fp32 → fp16) are computed with
-  integer arithmetic written here, not with numpy/ml_dtypes as the converter casts (tests/test_cast.py
+  integer arithmetic written here, not with numpy/ml_dtypes as the converter casts (tests/convert/test_cast.py
   holds both against torch); the rarer casts (fp16 ↔ bf16, 16-bit → fp32) use the converter's cast.py;
 - `against="module"` / `"masters"` checks the output against the other source than the one it was converted
   from: the 16-bit module copy and the fp32 masters are different bytes in different files.
