@@ -98,7 +98,11 @@ def test_no_import_cycles() -> None:
     """Module-level imports form a DAG (function-local imports are how a face defers cost, not cycles)."""
     mods = _modules()
     graph = {
-        m: {i.removeprefix("inspector.") for i in _imports(p, top_level_only=True) if i.startswith("inspector.")}
+        m: {
+            i.removeprefix("inspector.")
+            for i in _imports(p, top_level_only=True)
+            if i.startswith("inspector.")
+        }
         & set(mods)
         for m, p in mods.items()
     }
@@ -121,3 +125,82 @@ def test_no_import_cycles() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node)
+
+
+# The output boundary: only the output root changes files. Calls that create, rename, copy or remove a file or
+# folder, by name (module attribute or method), and `open` / `os.open` asking to create or write.
+_FILE_CHANGING = {
+    "os": {
+        "replace",
+        "rename",
+        "renames",
+        "makedirs",
+        "mkdir",
+        "unlink",
+        "remove",
+        "rmdir",
+        "removedirs",
+        "symlink",
+        "link",
+        "truncate",
+        "mkfifo",
+        "mknod",
+    },
+    "shutil": {"copy", "copy2", "copyfile", "copytree", "move", "rmtree"},
+    "tempfile": {"mkdtemp", "mkstemp", "NamedTemporaryFile", "TemporaryDirectory"},
+}
+_PATH_METHODS = {"write_text", "write_bytes", "touch", "mkdir", "unlink", "rmdir", "rename", "replace"}
+_CREATE_FLAGS = {"O_CREAT", "O_WRONLY", "O_RDWR", "O_TRUNC", "O_APPEND"}
+OUTPUT_ROOT = "convert.root"
+# module -> why it may change files itself
+WRITE_EXCEPTIONS = {
+    "tui.app": "the app's own private scratch folder for `--demo` (mkdtemp, 0700), removed when the app exits",
+    "cli.console": "stdout re-pointed at /dev/null once its reader closed the pipe (opens a device, creates nothing)",
+}
+
+
+def _file_changes(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        where = f"line {node.lineno}"
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.attr in _FILE_CHANGING.get(f.value.id, set()):
+                found.append(f"{f.value.id}.{f.attr} ({where})")
+            if f.value.id == "os" and f.attr == "open" and len(node.args) > 1:
+                flags = {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if flags & _CREATE_FLAGS:
+                    found.append(f"os.open with {sorted(flags & _CREATE_FLAGS)} ({where})")
+        elif isinstance(f, ast.Attribute) and f.attr in _PATH_METHODS and f.attr not in {"replace"}:
+            found.append(f".{f.attr}() ({where})")
+        elif isinstance(f, ast.Name) and f.id == "open":
+            mode = (
+                node.args[1]
+                if len(node.args) > 1
+                else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            )
+            if (
+                isinstance(mode, ast.Constant)
+                and isinstance(mode.value, str)
+                and set(mode.value) & set("wax+")
+            ):
+                found.append(f"open(..., {mode.value!r}) ({where})")
+    return found
+
+
+def test_the_probe_sees_file_changes() -> None:
+    """Guards the rule below: the output root itself is full of them."""
+    assert len(_file_changes(_modules()[OUTPUT_ROOT])) >= 8
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if m != OUTPUT_ROOT))
+def test_only_the_output_root_changes_files(module: str) -> None:
+    """Every file the tool creates, renames, copies or removes goes through `convert/root.py`: a new writer
+    that opens its own files fails here, so it cannot start unprotected."""
+    found = _file_changes(_modules()[module])
+    if module in WRITE_EXCEPTIONS:
+        assert found, f"{module} no longer changes files: drop its exception"
+        return
+    assert not found, f"inspector/{module.replace('.', '/')}.py changes files itself: " + "; ".join(found)

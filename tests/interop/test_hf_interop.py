@@ -179,6 +179,8 @@ def test_lora_merge_equals_peft_merge_and_unload(
         torch.testing.assert_close(mine[k], v, rtol=1e-6, atol=1e-6, msg=k)
     changed = {k.split(".")[-2] for k in theirs if not torch.equal(theirs[k], untouched[k])}
     assert changed == {"q_proj", "v_proj", "up_proj"}  # the adapted layers, and only those
+    verified = inspector_cli("verify", str(work / "run"), str(out))  # recomputes the merge, independently
+    assert verified.returncode == 0 and "merged output" in verified.stdout, verified.stdout + verified.stderr
 
 
 def test_merge_without_base_says_where_to_look(
