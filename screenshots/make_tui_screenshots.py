@@ -19,8 +19,8 @@ from textual.widgets import Input
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from inspector.convert.options import ConvertOptions  # noqa: E402
 from inspector.convert.kinds.safetensors import SafetensorsJob  # noqa: E402
+from inspector.convert.options import ConvertOptions  # noqa: E402
 from inspector.convert.plan import build_plan  # noqa: E402
 from inspector.demo.writer import DemoSpec, write_demo  # noqa: E402
 from inspector.tui.app import make_app  # noqa: E402
