@@ -130,7 +130,7 @@ FORMAT_HELP = (
 def apply_format(args: argparse.Namespace) -> str:
     """Fold `--format KIND` and the alias flags into one kind name (set as `args.format` and returned); two
     different kinds asked at once are an error, before anything is read or written."""
-    from inspector.convert.kinds import DEFAULT, get, names
+    from inspector.convert.kinds import DEFAULT, KINDS, get, names
 
     chosen = {kind for kind, flag in _KIND_FLAG.items() if getattr(args, flag, False)}
     fmt = getattr(args, "format", None) or DEFAULT
@@ -143,9 +143,10 @@ def apply_format(args: argparse.Namespace) -> str:
             hint="Pick one: --format " + "|".join(names()) + ".",
             title="Invalid option",
         )
-    if getattr(args, "base", None) and chosen != {"merged"}:
-        raise InspectorError("--base is only used with --format merged.", title="Invalid option")
     args.format = chosen.pop()
+    if getattr(args, "base", None) and not get(args.format).takes_base:
+        takers = " or ".join(k.name for k in KINDS if k.takes_base)
+        raise InspectorError(f"--base is only used with --format {takers}.", title="Invalid option")
     return str(args.format)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 
@@ -36,6 +37,9 @@ class Adapter(SafetensorsKind):
             return self._unavailable(f"no {ADAPTER_CONFIG} beside the checkpoint")
         return self._available()
 
+    def owns(self, out_dir: str) -> bool:
+        return os.path.isfile(os.path.join(out_dir, ADAPTER_FILE))
+
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
         adapter = detect_adapter(ckpt)
         if adapter is None:
@@ -62,8 +66,13 @@ class Adapter(SafetensorsKind):
         side = [SideFile(ADAPTER_CONFIG, adapter.config_path, origin=ckpt.source)]
         if request.side_files:
             side += [f for f in find_side_files([ckpt.source], model=False) if f.name != ADAPTER_CONFIG]
-        notes = (
+        notes = [
             f"Adapter {adapter.name!r}: {len(adapter.layers)} LoRA layer(s), r={adapter.r}, "
-            f"lora_alpha={adapter.alpha}{', rsLoRA' if adapter.rslora else ''}; values from the fp32 masters.",
-        )
-        return SafetensorsJob(self.name, out_dir, plan, tuple(side), notes)
+            f"lora_alpha={adapter.alpha}{', rsLoRA' if adapter.rslora else ''}; values from the fp32 masters."
+        ]
+        if opts.renames or opts.include or opts.exclude or opts.strip_prefix:
+            notes.append(
+                "The adapter keeps PEFT's names and all its tensors: --rename, --include, --exclude and "
+                "--strip-prefix do not apply."
+            )
+        return SafetensorsJob(self.name, out_dir, plan, tuple(side), tuple(notes))

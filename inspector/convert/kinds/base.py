@@ -73,6 +73,7 @@ class Job(ABC):
     out_dir: str  # the folder the user named (OUT)
     notes: tuple[str, ...] = ()
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
+    takes_base: bool = False  # it reads a base model folder (--base)
 
     @property
     @abstractmethod
@@ -138,6 +139,7 @@ class OutputKind(ABC):
     label: str
     help: str
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
+    takes_base: bool = False  # it reads a base model folder (--base)
 
     @abstractmethod
     def offer(self, ckpt: Checkpoint) -> Offer:

@@ -22,6 +22,7 @@ from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
 
 class Merged(SafetensorsKind):
     name = "merged"
+    takes_base = True
     label = "model with the LoRA adapter merged"
     help = "the adapter merged into its base (--base names the base folder)"
 

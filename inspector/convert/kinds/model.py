@@ -4,6 +4,8 @@ weights alone (and says so)."""
 
 from __future__ import annotations
 
+import os
+
 from inspector.convert.kinds.base import Offer, Request
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
 from inspector.convert.kinds.weights import ADAPTER_NOTE
@@ -28,6 +30,9 @@ class Model(SafetensorsKind):
         if not has_model_config(ckpt.root):
             return self._unavailable("no config.json beside the checkpoint (not a Trainer checkpoint)")
         return self._available()
+
+    def owns(self, out_dir: str) -> bool:
+        return super().owns(out_dir) and os.path.isfile(os.path.join(out_dir, "config.json"))
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
         notes = [ADAPTER_NOTE] if detect_adapter(ckpt) is not None else []

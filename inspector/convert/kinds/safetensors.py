@@ -19,7 +19,7 @@ from inspector.convert.kinds.base import (
     VerifyResult,
 )
 from inspector.convert.output import prepare_output
-from inspector.convert.plan import INDEX_NAME, ConversionPlan
+from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.preflight import assess
 from inspector.convert.root import OutputRoot
 from inspector.convert.verify import recorded_tag, run_verify
@@ -123,13 +123,18 @@ def _write_side(root: OutputRoot, f: SideFile, fsync: bool) -> int:
         raise OutputError(f"Writing {root.show(f.name)} failed: {exc.strerror}.") from None
 
 
+def _has(out_dir: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(out_dir, name))
+
+
 class SafetensorsKind(OutputKind):
     """Verify and the recorded tag of a safetensors output (the output's header says what it was made from)."""
 
     def owns(self, out_dir: str) -> bool:
+        """Plain safetensors weights (a merged model says so in its header, and is the merged kind's)."""
         from inspector.convert.writers.merge import is_merged_output
 
-        return not is_merged_output(out_dir)
+        return (_has(out_dir, SINGLE_NAME) or _has(out_dir, INDEX_NAME)) and not is_merged_output(out_dir)
 
     def recorded_tag(self, out_dir: str) -> str | None:
         return recorded_tag(out_dir)
