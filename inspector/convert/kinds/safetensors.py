@@ -71,9 +71,9 @@ class SafetensorsJob(Job):
     def comparisons(self, verdict: Assessment) -> tuple[tuple[str, int, str], ...]:
         return (
             (
-                "Peak RAM (zero_to_fp32)",
+                "zero_to_fp32",
                 verdict.deepspeed_peak_rss,
-                "predicted for DeepSpeed's own tool, same job",
+                "peak RAM of DeepSpeed's own tool, same job (predicted)",
             ),
         )
 

@@ -49,7 +49,7 @@ class UniversalJob(Job):
 
     @property
     def files(self) -> tuple[PlannedFile, ...]:
-        sizes = {f.rel: f.nbytes for f in self.plan.files}
+        sizes = self.plan.planned_sizes()
         return tuple(
             PlannedFile(f"{self.plan.folder}/{rel}", sizes.get(rel, 0)) for rel in iter_rel_paths(self.plan)
         )
@@ -77,7 +77,7 @@ class UniversalJob(Job):
         from inspector.convert.writers.universal_preflight import deepspeed_peak_disk
 
         disk = deepspeed_peak_disk(self.plan, self.stage3_rank0_optim)
-        return (("Disk (ds_to_universal)", disk, "DeepSpeed's own tool peaks near this on disk"),)
+        return (("ds_to_universal", disk, "DeepSpeed's own tool peaks near this on disk"),)
 
     def read_note(self, verdict: Assessment) -> str:
         return "fp32 masters, both Adam moments and the model-states files"

@@ -91,6 +91,15 @@ class UniversalPlan:
         """Every file the export writes (tensor states, step counts, optimizer state, model-states copies)."""
         return sum(1 for _ in iter_rel_paths(self))
 
+    def planned_sizes(self) -> dict[str, int]:
+        """Every file's size as planned, by its path in the folder (the small files' sizes are estimates, the
+        same ones `total_bytes` adds up)."""
+        sizes = {f.rel: f.nbytes + FILE_OVERHEAD + 7 * len(f.state) for f in self.files}
+        sizes |= {f"zero/{name}/step.pt": SMALL_FILE for name, _ in self.step_params}
+        sizes |= {name: os.path.getsize(src) for src, name in self.copies}
+        sizes["zero/optimizer_state.pt"] = OPTIMIZER_STATE_ESTIMATE
+        return sizes
+
     @property
     def total_bytes(self) -> int:
         copies = sum(os.path.getsize(src) for src, _ in self.copies)

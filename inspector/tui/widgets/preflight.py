@@ -53,7 +53,8 @@ class PreflightPanel(AutoHeightStatic):
             f"{len(job.files)} file(s), {job.tensor_count} tensors; {size(a.free_disk)} free",
         )
         row("Reads", size(a.read_bytes), "", job.read_note(a))
-        row("Into", "", "", shown(job.where))
+        if job.where != job.out_dir:  # a folder of its own inside OUT
+            row("Into", "", "", shown(job.where))
         row("Time", f"~{duration(a.estimated_seconds)}", "", "estimate")
         row("Limit", "", "", eff.detail)
         if a.fits:

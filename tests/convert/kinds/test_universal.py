@@ -266,7 +266,7 @@ def test_preflight_predicts_a_fresh_converter_not_this_process(
     base, _ = preflight.converter_base(
         sum(len(f.segments) for f in plan.files), len({f.name for f in plan.files}), len(plan.source)
     )
-    assert before == base + up.buffer_bytes(plan, 2) + preflight.RUNTIME_OVERHEAD
+    assert before == base + up.buffer_bytes(plan, 2) + preflight.RUNTIME_OVERHEAD + up.UNIVERSAL_RUNTIME
 
 
 def test_preflight_counts_only_the_buffers_the_writer_touches(demo: Any, tmp_path: Path) -> None:
