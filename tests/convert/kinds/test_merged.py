@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,49 @@ def test_merged_output_verifies_by_recomputing(demo: Any, tmp_path: Path, dtype:
     assert _verify_merged(ckpt, out).ok
     nudge("model.norm.weight", 1)
     assert _verify_merged(ckpt, out).mismatched == ["model.norm.weight"]
+
+
+@pytest.mark.parametrize("damage", [None, "flip"])
+def test_a_killed_merge_resumes_from_its_journal(demo: Any, tmp_path: Path, damage: str | None) -> None:
+    """What a SIGKILL after some shards leaves (finished `*.partial` files and the journal listing them with
+    their CRC-32): the rerun reuses the intact ones, rewrites a damaged one, and the result equals an
+    undisturbed merge byte for byte."""
+    from inspector.convert.engine import Report
+    from inspector.convert.output import JOURNAL, PARTIAL, file_crc32
+
+    ckpt = lora_checkpoint(demo, tmp_path)
+    opts = ConvertOptions(dtype="bf16", shard_size=120)
+    clean, out = tmp_path / "clean", tmp_path / "out"
+    write(plan_export(ckpt, opts, merge=True), clean)
+    job = replace(plan_export(ckpt, opts, merge=True), out_dir=str(out))
+    shards = [s.filename for s in job.plan.shards]
+    assert len(shards) > 2
+    out.mkdir()
+    done = shards[:-1]  # the last shard was being written when the kill came
+    for name in done:
+        (out / (name + PARTIAL)).write_bytes((clean / name).read_bytes())
+    (out / (shards[-1] + PARTIAL)).write_bytes((clean / shards[-1]).read_bytes()[:100])
+    sums = {n: file_crc32(str(out / (n + PARTIAL))) for n in done}
+    (out / JOURNAL).write_text(json.dumps({"job": job.plan.fingerprint, "complete": done, "crc32": sums}))
+    if damage:
+        victim = out / (done[0] + PARTIAL)
+        raw = bytearray(victim.read_bytes())
+        raw[-2] ^= 0x40
+        victim.write_bytes(bytes(raw))
+    report = [ev for ev in job.run() if isinstance(ev, Report)][-1]
+    assert report.resumed_shards == len(done) - (1 if damage else 0)
+    for name in [*shards, "model.safetensors.index.json"]:
+        assert (out / name).read_bytes() == (clean / name).read_bytes(), name
+    assert not [p for p in out.iterdir() if p.name.endswith(PARTIAL) or p.name.startswith(JOURNAL)]
+
+
+def test_a_merge_with_another_base_does_not_reuse_shards(demo: Any, tmp_path: Path) -> None:
+    """The journal's job fingerprint covers the scales and the base folder's files: a rerun with a different
+    base (same checkpoint, same options) starts afresh instead of mixing two merges."""
+    ckpt = lora_checkpoint(demo, tmp_path, with_base=False)
+    one = plan_export(ckpt, ConvertOptions(), merge=True)
+    other_base = tmp_path / "base2"
+    other_base.mkdir()
+    (other_base / "model.safetensors").write_bytes((tmp_path / "base" / "model.safetensors").read_bytes())
+    two = plan_export(ckpt, ConvertOptions(), merge=True, base=str(other_base))
+    assert one.plan.fingerprint != two.plan.fingerprint
