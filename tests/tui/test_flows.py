@@ -239,7 +239,7 @@ async def test_statistics_on_demand(small_demo: Path) -> None:
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         pane = await _stats_of_largest(pilot)
-        await wait_for(pilot, lambda: pane._cancel.is_set() and bool(pane._results), "statistics")
+        await wait_for(pilot, lambda: "histogram" in plain(pane.detail), "statistics")
         text = plain(pane.detail)
         assert "abs max" in text and "histogram" in text and "module copy vs master" in text
 
@@ -324,10 +324,7 @@ async def test_statistics_compare_with_the_previous_tag(two_tag_demo: Path) -> N
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         pane = await _stats_of_largest(pilot)
-        await wait_for(
-            pilot, lambda: pane._cancel.is_set() and len(pane._results) >= 3, "statistics and diffs"
-        )
-        assert "change since global_step3" in plain(pane.detail)
+        await wait_for(pilot, lambda: "change since global_step3" in plain(pane.detail), "statistics and diffs")
 
 
 async def test_key_bar_takes_clicks(small_demo: Path) -> None:
@@ -337,8 +334,8 @@ async def test_key_bar_takes_clicks(small_demo: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
         bar = app.main.query_one(KeyBar)
-        start, _end, _key = next(span for span in bar._spans if span[2] == "question_mark")
-        await pilot.click(KeyBar, offset=(start + 1, 0))
+        start = plain(bar).index("?  Help")  # where the user sees the key
+        await pilot.click(KeyBar, offset=(start, 0))
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help from a click")
 
 
