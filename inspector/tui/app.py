@@ -263,18 +263,27 @@ class InspectorApp(App[int]):
         if not self.converting:
             self.exit(0)
             return
+        from inspector.tui.screens.convert import ConvertScreen
         from inspector.tui.screens.dialogs import ConfirmDialog
+
+        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen)]
+        words = "; ".join(s.plan.cancelled_words() for s in running if s.plan is not None)
 
         def answer(yes: bool | None) -> None:
             if yes:
                 self.stop_children()
                 self.exit(0)
+            else:
+                for s in running:
+                    s.resume_child()
 
+        for s in running:
+            s.pause_child()
         self.push_screen(
             ConfirmDialog(
                 "Quit?",
-                "A conversion is running. Quitting cancels it: its partial output is removed (a universal "
-                "export keeps its finished files, and converting again resumes).",
+                f"A conversion is running; it is paused while you decide. Quitting cancels it: "
+                f"{words or 'its partial output is removed'}.",
                 yes="Quit",
             ),
             answer,

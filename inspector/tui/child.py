@@ -97,6 +97,13 @@ class Child:
         """Ask the child to stop (SIGINT: it removes its partial output and exits 130)."""
         self._signal(signal.SIGINT)
 
+    def pause(self) -> None:
+        """Hold the child where it is (SIGSTOP) while the user answers a question about it."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
 

@@ -109,6 +109,47 @@ async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: 
         assert not app.converting
 
 
+async def test_the_cancel_question_holds_the_job_until_answered(
+    small_demo: Path, tmp_path: Path, gate: Gate
+) -> None:
+    """While "Cancel the conversion?" is open the converter is stopped (it cannot finish behind the dialog);
+    "Keep going" lets it run on and finish; the dialog says it is paused."""
+    import psutil
+
+    out = tmp_path / "out"
+    opts = ConvertOptions(shard_size=200_000, dtype="fp32")
+    app = make_app(path=str(small_demo), out_dir=str(out), options=opts, live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        screen = await start_held(pilot, gate)
+        proc = psutil.Process(screen.child.pid)  # type: ignore[union-attr, arg-type]
+        await pilot.press("escape")
+        assert isinstance(app.screen, ConfirmDialog) and "paused" in app.screen.question
+        await wait_for(pilot, lambda: proc.status() == psutil.STATUS_STOPPED, "the converter held")
+        gate.open()  # it could run to the end now, but it is held while the question is open
+        await pilot.pause(0.5)
+        assert proc.status() == psutil.STATUS_STOPPED and screen.phase == "running"
+        await pilot.press("n")  # keep going
+        await wait_for(pilot, lambda: screen.phase == "done", "the conversion to finish")
+        assert "Done" in plain(screen.query_one("#result"))
+
+
+async def test_the_quit_question_holds_the_job_too(small_demo: Path, tmp_path: Path, gate: Gate) -> None:
+    import psutil
+
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        screen = await start_held(pilot, gate)
+        proc = psutil.Process(screen.child.pid)  # type: ignore[union-attr, arg-type]
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmDialog) and "paused" in app.screen.question
+        await wait_for(pilot, lambda: proc.status() == psutil.STATUS_STOPPED, "the converter held")
+        await pilot.press("n")
+        await wait_for(pilot, lambda: proc.status() != psutil.STATUS_STOPPED, "the converter running again")
+        assert screen.phase == "running"
+
+
 async def test_child_killed_with_sigkill_is_explained(small_demo: Path, tmp_path: Path, gate: Gate) -> None:
     out = tmp_path / "out"
     opts = ConvertOptions(shard_size=200_000)

@@ -333,28 +333,43 @@ class ConvertScreen(Screen[None]):
             return
 
         def answer(yes: bool | None) -> None:
-            if yes and self.child is not None and self.child.running:
-                self.phase = "cancelling"
-                self.query_one(ConvertProgress).say(
-                    "Cancelling: the converter keeps its finished files…"
-                    if resumable
-                    else "Cancelling: the converter removes its partial files…"
+            child = self.child
+            if child is None or not child.running:  # it ended in the instant before it was held
+                self.notify(
+                    "The conversion had already ended before you answered; see the result below.",
+                    title="Already finished",
                 )
-                self.child.interrupt()
+                return
+            if yes:
+                self.phase = "cancelling"
+                self.query_one(ConvertProgress).say(f"Cancelling: {words}…")
+                child.interrupt()  # delivered as it resumes: no byte is written in between
+                child.resume()
                 self.set_timer(10, self._escalate)
+            else:
+                child.resume()
 
-        resumable = self.plan is not None and self.plan.keeps_on_cancel
+        words = self.plan.cancelled_words() if self.plan is not None else "partial output is removed"
+        self.pause_child()
         self.app.push_screen(
             ConfirmDialog(
                 "Cancel the conversion?",
-                "The files finished so far are kept in the *.partial folder; converting again resumes."
-                if resumable
-                else "The partial output will be removed.",
+                f"It is paused while you decide. Cancelling: {words}.",
                 yes="Cancel it",
                 no="Keep going",
             ),
             answer,
         )
+
+    def pause_child(self) -> None:
+        """Hold the converter while a question about it is open (a dialog must not race the job)."""
+        if self.child is not None and self.child.running:
+            self.child.pause()
+            self.query_one(ConvertProgress).say("Paused while you decide…")
+
+    def resume_child(self) -> None:
+        if self.child is not None and self.child.running:
+            self.child.resume()
 
     def _escalate(self) -> None:
         if self.child is not None and self.child.running:
@@ -375,6 +390,7 @@ class ConvertScreen(Screen[None]):
     def stop_child(self) -> None:
         if self.child is not None and self.child.running:
             self.child.interrupt()
+            self.child.resume()  # a held child takes the interrupt once it runs again
             try:
                 assert self.child.proc is not None
                 self.child.proc.wait(10)
