@@ -7,6 +7,7 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import psutil
@@ -75,6 +76,19 @@ def start_conversion(app: Any) -> None:
     app.push_screen(ConvertScreen())
 
 
+class Phase(str, Enum):
+    """Where a conversion on this screen stands; every key's meaning follows from it."""
+
+    PREFLIGHT = "preflight"  # predicting; nothing started
+    RUNNING = "running"
+    CANCELLING = "cancelling"  # interrupt sent; the child is cleaning up
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    VERIFYING = "verifying"
+    VERIFIED = "verified"
+
+
 class ConvertScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel / back"),
@@ -88,7 +102,7 @@ class ConvertScreen(Screen[None]):
         self.autostart = autostart
         self.child: Child | None = None
         self.job = "convert"
-        self.phase = "preflight"  # preflight | running | cancelling | done | failed | cancelled | verified
+        self.phase = Phase.PREFLIGHT
         self.plan: Job | None = None
         self.assessment: Assessment | None = None
         self.out_dir = ""
@@ -153,7 +167,7 @@ class ConvertScreen(Screen[None]):
                 self.force = True
                 self.start()
             else:
-                self.phase = "cancelled"
+                self.phase = Phase.CANCELLED
                 self.app.converting = False  # type: ignore[attr-defined]
                 self.app.pop_screen()
 
@@ -171,7 +185,7 @@ class ConvertScreen(Screen[None]):
         """The title, totals and reference line of a conversion that has started."""
         ckpt = self.app.ckpt  # type: ignore[attr-defined]
         self.plan = plan
-        self.phase = "running"
+        self.phase = Phase.RUNNING
         self.job = "convert"
         self.query_one(MemoryMeter).predicted = predicted_peak
         self.query_one("#convert-title", Static).update(
@@ -248,15 +262,15 @@ class ConvertScreen(Screen[None]):
             return
         self.app.converting = False  # type: ignore[attr-defined]
         if msg.returncode == 0 and self.report is not None:
-            self.phase = "done"
+            self.phase = Phase.DONE
             self.query_one(ConvertProgress).written()
             result = self.query_one("#result", Static)
             result.update(done_text(self.report, peak, meter.predicted))
             self.call_after_refresh(result.scroll_visible, animate=False)
             self.notify("Conversion finished.", title="Done")
             return
-        cancelled = msg.returncode == 130 or self.phase == "cancelling"
-        self.phase = "cancelled" if cancelled else "failed"
+        cancelled = msg.returncode == 130 or self.phase is Phase.CANCELLING
+        self.phase = Phase.CANCELLED if cancelled else Phase.FAILED
         title, message, hint = explain_exit(
             msg.returncode,
             cancelled,
@@ -278,18 +292,18 @@ class ConvertScreen(Screen[None]):
         )
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
-        self.phase = "failed"
+        self.phase = Phase.FAILED
         self.app.converting = False  # type: ignore[attr-defined]
         self._show_failure(title, message, hint)
 
     # --- verify -------------------------------------------------------------------------------------------
 
     def action_verify(self) -> None:
-        if self.phase != "done":
+        if self.phase is not Phase.DONE:
             self.notify("Verify runs once the conversion has finished.", severity="warning")
             return
         app: Any = self.app
-        self.phase = "verifying"
+        self.phase = Phase.VERIFYING
         self.job = "verify"
         self.report = None
         progress = self.query_one(ConvertProgress)
@@ -310,13 +324,13 @@ class ConvertScreen(Screen[None]):
     def _verify_done(self, msg: ChildExited) -> None:
         r = self.report or {}
         if msg.returncode == 0 and r.get("ok"):
-            self.phase = "verified"
+            self.phase = Phase.VERIFIED
             progress = self.query_one(ConvertProgress)
             progress.complete()
             progress.say(verified_text(r))
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
-        self.phase = "done"
+        self.phase = Phase.DONE
         bad = [
             f"{k}: {', '.join(r.get(k, [])[:5])}" for k in ("mismatched", "missing", "unexpected") if r.get(k)
         ]
@@ -341,7 +355,7 @@ class ConvertScreen(Screen[None]):
                 )
                 return
             if yes:
-                self.phase = "cancelling"
+                self.phase = Phase.CANCELLING
                 self.query_one(ConvertProgress).say(f"Cancelling: {words}…")
                 child.interrupt()  # delivered as it resumes: no byte is written in between
                 child.resume()
