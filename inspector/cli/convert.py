@@ -44,6 +44,22 @@ def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None =
     return ckpt, job
 
 
+def parse_part(text: str | None) -> tuple[int, int] | None:
+    """`--part I/N`: part I (0 <= I < N, as SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX count) of N."""
+    if text is None:
+        return None
+    i, sep, n = text.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 100_000):
+        from inspector.errors import InspectorError
+
+        raise InspectorError(
+            f"--part {text!r} is not I/N with 0 <= I < N.",
+            hint="For example --part $SLURM_ARRAY_TASK_ID/8 in a Slurm array of 8 tasks numbered from 0.",
+            title="Invalid option",
+        )
+    return int(i), int(n)
+
+
 def _progress_line(ev: Any, mem: str) -> str:
     from inspector.system.units import format_bytes
 
@@ -81,8 +97,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.convert.engine import Report
 
     console = _console()
+    part = parse_part(args.part)
     ckpt, job = plan_job(args, allow_damaged=args.force)
-    job.check_output(args.overwrite)  # refuse a busy folder before predicting or printing
+    job.check_output(args.overwrite)  # a busy folder: refused before any figure
     verdict = job.assess()
     if not verdict.fits:
         print_assessment(console, verdict, job, verdict=args.force)  # the figures; the error says why
@@ -99,7 +116,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in job.notes:
         console.print(f"[dim]{escape(note)}[/]")
     try:
-        report = _drive(console, job.run(overwrite=args.overwrite, fsync=args.fsync), job.output_bytes)
+        events = job.run(overwrite=args.overwrite, fsync=args.fsync, part=part)
+        report = _drive(console, events, job.output_bytes)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
         from inspector.errors import CancelledError
 
@@ -107,7 +125,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
         raise RuntimeError("the conversion ended without a report")
-    _print_report(console, report, job)
+    _print_report(console, report, job, part)
     return 0
 
 
@@ -159,7 +177,7 @@ def _drive(console: Any, events: Any, total: int) -> Any:
     return None
 
 
-def _print_report(console: Any, report: Any, job: Any) -> None:
+def _print_report(console: Any, report: Any, job: Any, part: tuple[int, int] | None = None) -> None:
     from rich.table import Table
 
     from inspector.system.rss import peak_rss
@@ -187,7 +205,12 @@ def _print_report(console: Any, report: Any, job: Any) -> None:
         console.print(
             escape(f"Removed stale files from an earlier conversion: {', '.join(report.removed_stale)}.")
         )
-    if words := job.finished_words(report):
+    if part is not None:
+        console.print(
+            f"Part {part[0]} of {part[1]} (numbered from 0) is written. Once all {part[1]} parts have ended, run "
+            "the same command without --part: it reuses every finished file and writes the rest."
+        )
+    elif words := job.finished_words(report):
         console.print(escape(words))
 
 
@@ -324,6 +347,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP)
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace this tool's earlier output in OUT")
+    p.add_argument(
+        "--part",
+        metavar="I/N",
+        help="write only part I of N (0 <= I < N) of the output files, for N runs side by side into one OUT "
+        "(a Slurm array, a Kubernetes indexed job); then run the same command without --part to finish",
+    )
     p.add_argument(
         "--fsync",
         action="store_true",

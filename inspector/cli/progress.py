@@ -45,11 +45,12 @@ def convert_json(args: argparse.Namespace) -> int:
     events for every output kind."""
 
     def body() -> int:
-        from inspector.cli.convert import plan_job
+        from inspector.cli.convert import parse_part, plan_job
         from inspector.convert.engine import Progress, Report
         from inspector.errors import DoesNotFitError
         from inspector.system.rss import peak_rss
 
+        part = parse_part(getattr(args, "part", None))
         _, job = plan_job(args, allow_damaged=args.force)
         job.check_output(args.overwrite)
         verdict = job.assess()
@@ -71,7 +72,7 @@ def convert_json(args: argparse.Namespace) -> int:
             keeps_on_cancel=job.keeps_on_cancel,
             predicted_peak_rss=verdict.predicted_peak_rss,
         )
-        for ev in job.run(overwrite=args.overwrite, fsync=args.fsync):
+        for ev in job.run(overwrite=args.overwrite, fsync=args.fsync, part=part):
             if isinstance(ev, Progress):
                 i = min(ev.shard_index, len(files) - 1)
                 one = ev.shards == len(files) and files  # the event counts the listed files

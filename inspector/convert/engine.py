@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from inspector.convert.output import JOURNAL, OutputFolder
+from inspector.convert.output import JOURNAL, OutputFolder, Part
 from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.pipeline import shard_streamer
 from inspector.convert.plan import INDEX_NAME, ConversionPlan
@@ -75,6 +75,7 @@ def run(
     fsync: bool = False,
     shard_writer: ShardWriter | None = None,
     side_writer: Callable[[OutputRoot], tuple[tuple[str, int], ...]] | None = None,
+    part: Part | None = None,
 ) -> Iterator[Progress | Report]:
     """Carry out `plan` into `out_dir`, yielding Progress events (<= 4/s) and finally a Report.
 
@@ -86,15 +87,18 @@ def run(
     the renames and the cleanup. On any error, cancel or interrupt, the partial files are removed before the
     exception propagates. After a hard kill, rerunning the same job reuses the shards the journal lists as
     complete. Renames make a killed process safe; `fsync` also makes the output survive a power cut.
+
+    `part` (i, n): write only this part's shards, journalled with their checksums, and publish nothing; the
+    same call without `part`, after every part, finishes the folder and reuses them (`output.OutputFolder`).
     """
     cancel = cancel or threading.Event()
     write = shard_writer or shard_streamer(plan)
-    folder = OutputFolder(plan, out_dir, overwrite)  # created, locked, other jobs' partials removed
+    folder = OutputFolder(plan, out_dir, overwrite, part)  # created, locked, other jobs' partials removed
     root = folder.root
     out_dir = root.path
-    stale, partial, reuse = folder.stale, folder.partials, folder.reuse
-    total = sum(s.file_bytes for s in plan.shards)  # the index is written at once, after them
-    skipped = sum(s.file_bytes for s, r in zip(plan.shards, reuse, strict=True) if r)
+    stale, partial, reuse, mine = folder.stale, folder.partials, folder.reuse, sorted(folder.mine)
+    total = sum(plan.shards[i].file_bytes for i in mine)  # the index is written at once, after them
+    skipped = sum(plan.shards[i].file_bytes for i in mine if reuse[i])
     start = time.monotonic()
     ok = False
     renamed: list[str] = []  # finals this run put in place; removed again if a later step fails
@@ -102,7 +106,8 @@ def run(
         folder.record()
         done = skipped
         last = 0.0
-        for i, shard in enumerate(plan.shards):
+        for i in mine:
+            shard = plan.shards[i]
             if reuse[i]:
                 continue
             fd = root.create(partial[i])
@@ -120,7 +125,22 @@ def run(
             folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
+        if part is not None:  # the finishing run publishes; a part only leaves its journalled shards
+            ok = True
+            files = tuple((partial[i], root.size(partial[i])) for i in mine)
+            elapsed = time.monotonic() - start
+            yield Report(
+                out_dir,
+                files,
+                sum(len(plan.shards[i].tensors) for i in mine),
+                sum(s for _, s in files),
+                elapsed,
+                sum(reuse[i] for i in mine),
+            )
+            return
         _publish(plan, root, partial, renamed, stale, fsync)
+        for name in folder.finished_parts():
+            root.remove(name)
         side = side_writer(root) if side_writer is not None else ()
         ok = True
         files = tuple((f, root.size(f)) for f in plan.filenames) + side
@@ -142,7 +162,7 @@ def run(
         raise _disk_error(exc, out_dir, plan.output_bytes) from None
     finally:
         if not ok:
-            _discard(root, partial + renamed)
+            _discard(root, [partial[i] for i in mine] + renamed, folder.journal)
         folder.release(ok)
 
 
@@ -168,9 +188,9 @@ def _publish(
         root.fsync_dir()
 
 
-def _discard(root: OutputRoot, names: list[str]) -> None:
-    """After a failed run: remove its partial and renamed files, the journal and the partial index."""
-    for name in (*names, JOURNAL, JOURNAL + ".tmp", INDEX_NAME + ".tmp"):
+def _discard(root: OutputRoot, names: list[str], journal: str = JOURNAL) -> None:
+    """After a failed run: remove its partial and renamed files, its journal and the partial index."""
+    for name in (*names, journal, journal + ".tmp", INDEX_NAME + ".tmp"):
         with contextlib.suppress(OSError):
             root.remove(name)
 

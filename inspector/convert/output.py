@@ -14,6 +14,7 @@ from inspector.convert.root import LOCK, OutputRoot, fd_crc32
 from inspector.errors import InspectorError, OutputError
 
 PARTIAL = ".partial"
+Part = tuple[int, int]  # (i, n): part i of n, 0 <= i < n
 JOURNAL = ".zero-inspector-journal.json"
 _OUR_NAMES = (SINGLE_NAME, INDEX_NAME)
 
@@ -24,7 +25,7 @@ def ours(name: str) -> bool:
     return (
         base in _OUR_NAMES
         or name.startswith(JOURNAL)
-        or name == LOCK
+        or name.startswith(LOCK)
         or (base.startswith("model-") and base.endswith(".safetensors") and "-of-" in base)
     )
 
@@ -63,7 +64,7 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[
 
 
 def _bookkeeping(name: str) -> bool:
-    return name.startswith(JOURNAL) or name == LOCK
+    return name.startswith((JOURNAL, LOCK))
 
 
 def read_journal(root: OutputRoot) -> dict[str, object]:
@@ -126,19 +127,46 @@ def valid_partial(root: OutputRoot, rel: str, header: bytes, size: int, crc: int
         os.close(fd)
 
 
+def part_shards(plan: ConversionPlan, part: Part) -> list[int]:
+    """The shards part `i` of `n` writes: contiguous runs of shards, balanced by bytes (each part's first shard
+    is the one its share of the bytes starts in), so parts finish at about the same time."""
+    i, n = part
+    total = sum(s.file_bytes for s in plan.shards)
+    out, pos = [], 0
+    for k, s in enumerate(plan.shards):
+        if (pos * n) // max(total, 1) == i or (i == n - 1 and (pos * n) // max(total, 1) >= n):
+            out.append(k)
+        pos += s.file_bytes
+    return out
+
+
+def part_suffix(part: Part) -> str:
+    return f".part-{part[0]}-of-{part[1]}"
+
+
 class OutputFolder:
     """One run's safetensors output inside its OutputRoot: locked for the whole run, cleared of other jobs'
     partial files, and its finished shards from an interrupted run of the same job checked (size, header,
     CRC-32) before they are reused. `release` gives it all back; after a failure it also removes the folders
-    this run created if nothing else is in them."""
+    this run created if nothing else is in them.
 
-    def __init__(self, plan: ConversionPlan, out_dir: str, overwrite: bool) -> None:
+    With `part` (i, n) it is one of n runs sharing the folder (a Slurm array, an indexed job): it takes a lock
+    of its own, writes only its shards (`part_shards`) and journals each with its checksum in a journal of its
+    own, and publishes nothing. The run without `part` then finishes the folder: it refuses while any part
+    still holds its lock, and reuses every shard the part journals list with a matching checksum."""
+
+    def __init__(self, plan: ConversionPlan, out_dir: str, overwrite: bool, part: Part | None = None) -> None:
         self.plan = plan
+        self.part = part
+        suffix = part_suffix(part) if part else ""
+        self.journal = JOURNAL + suffix
+        self.mine = set(part_shards(plan, part)) if part else set(range(len(plan.shards)))
         self.stale = prepare_output(plan, out_dir, overwrite)
-        self.root = OutputRoot(out_dir)  # created, locked, held open
+        self.root = OutputRoot(out_dir, lock_name=LOCK + suffix)  # created, locked, held open
         self.out_dir = self.root.path
         try:
-            self.stale = prepare_output(plan, out_dir, overwrite)  # again, now that no one else writes
+            self._refuse_running_parts()
+            self.stale = prepare_output(plan, out_dir, overwrite) if part is None else []
             self.partials = [s.filename + PARTIAL for s in plan.shards]
             self.reuse = self._reusable()
         except OSError as exc:
@@ -157,17 +185,61 @@ class OutputFolder:
     def release(self, ok: bool) -> None:
         self.root.release(ok)
 
+    def _refuse_running_parts(self) -> None:
+        """The finishing run must not race a part still writing its shards, nor a part a finishing run."""
+        import fcntl
+
+        for name in self.root.listdir():
+            others = name.startswith(LOCK + ".part-") if self.part is None else name == LOCK
+            if name == self.root.lock_name or not others:
+                continue
+            try:
+                fd = self.root.open_read(name)
+            except (OSError, OutputError):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                who = name[len(LOCK) + 1 :].replace("-", " ") or "a run without --part"
+                raise OutputError(
+                    f"Another conversion ({who}) is writing into {self.out_dir}.",
+                    hint="Parts run side by side; the finishing convert (without --part) runs once every part "
+                    "has ended.",
+                    title="Output folder in use",
+                ) from None
+            finally:
+                os.close(fd)
+
+    def _journals(self) -> list[dict[str, object]]:
+        """This run's journal and, for the finishing run, every part's."""
+        names = [self.journal]
+        if self.part is None:
+            names += [n for n in self.root.listdir() if n.startswith(JOURNAL + ".part-")]
+        out = []
+        for name in names:
+            raw = self.root.read_small(name, 16 << 20)
+            try:
+                doc = json.loads(raw) if raw else {}
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and doc.get("job") == self.plan.fingerprint:
+                out.append(doc)
+        return out
+
     def _reusable(self) -> list[bool]:
-        journal = read_journal(self.root)
-        same_job = journal.get("job") == self.plan.fingerprint
-        listed = journal.get("complete") if same_job else None
-        sums = journal.get("crc32") if same_job else None
-        done_before = set(listed) if isinstance(listed, list) else set()
-        self._sums_before = (
-            {k: v for k, v in sums.items() if isinstance(v, int)} if isinstance(sums, dict) else {}
-        )
-        for name in self.root.listdir():  # partials of other jobs, or of shards we must redo
-            if name.endswith(PARTIAL) and name[: -len(PARTIAL)] not in done_before:
+        done_before: set[str] = set()
+        self._sums_before: dict[str, int] = {}
+        for doc in self._journals():
+            listed, sums = doc.get("complete"), doc.get("crc32")
+            if isinstance(listed, list) and isinstance(sums, dict):
+                done_before |= {n for n in listed if isinstance(n, str)}
+                self._sums_before |= {
+                    k: v for k, v in sums.items() if isinstance(k, str) and isinstance(v, int)
+                }
+        mine = {self.plan.shards[k].filename for k in self.mine}
+        for name in self.root.listdir():  # partials of other jobs, or of shards we must redo (ours only)
+            base = name[: -len(PARTIAL)]
+            if name.endswith(PARTIAL) and base not in done_before and (base in mine or base == INDEX_NAME):
                 self.root.remove(name)
         return [
             s.filename in done_before
@@ -179,7 +251,13 @@ class OutputFolder:
     def record(self) -> None:
         """Write the journal: the shards finished so far and their checksums."""
         doc = {"job": self.plan.fingerprint, "complete": self.completed, "crc32": self.sums}
-        self.root.write_atomic(JOURNAL, json.dumps(doc).encode())
+        self.root.write_atomic(self.journal, json.dumps(doc).encode())
+
+    def finished_parts(self) -> list[str]:
+        """The part journals the finishing run consumed (removed once the output is published)."""
+        return (
+            [n for n in self.root.listdir() if n.startswith(JOURNAL + ".part-")] if self.part is None else []
+        )
 
     def finished(self, index: int) -> None:
         """Shard `index` is completely written: checksum it (one re-read, from the page cache) and journal it.
@@ -187,7 +265,7 @@ class OutputFolder:
         The last shard is not: the renames follow at once and the journal goes with them, so only a kill in
         that instant could want it, and then rewriting it is right. A one-shard output (anything up to
         --shard-size, 5 GB by default) so pays nothing for resumability."""
-        if len(self.completed) + 1 == len(self.plan.shards):
+        if self.part is None and len(self.completed) + 1 == len(self.plan.shards):
             return
         name = self.plan.shards[index].filename
         self.sums[name] = self.root.crc32(self.partials[index])

@@ -72,7 +72,7 @@ def remove_empty_dirs(paths: list[str]) -> None:
 class OutputRoot:
     """One run's output folder: created, locked, held open; the only code that changes files in it."""
 
-    def __init__(self, path: str, *, lock: bool = True) -> None:
+    def __init__(self, path: str, *, lock: bool = True, lock_name: str = LOCK) -> None:
         self.path = os.path.abspath(path)
         self.created = missing_dirs(self.path)
         try:
@@ -84,6 +84,7 @@ class OutputRoot:
                 hint="Choose a folder you can write to.",
             ) from None
         self._lock = -1
+        self.lock_name = lock_name
         if lock:
             try:
                 self._lock = self._take_lock()
@@ -101,7 +102,7 @@ class OutputRoot:
 
         for _ in range(5):
             try:
-                fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=self.fd)
+                fd = os.open(self.lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=self.fd)
             except OSError as exc:
                 raise OutputError(f"Cannot create the lock file in {self.path}: {exc.strerror}.") from None
             try:
@@ -123,7 +124,7 @@ class OutputRoot:
                     hint="The file system does not support locks; choose an output folder on a local disk.",
                 ) from None
             try:
-                st = os.stat(LOCK, dir_fd=self.fd, follow_symlinks=False)
+                st = os.stat(self.lock_name, dir_fd=self.fd, follow_symlinks=False)
                 mine = os.fstat(fd)
                 same = (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
             except FileNotFoundError:
@@ -142,7 +143,7 @@ class OutputRoot:
         """Unlock and close; after a failure also remove the folders this run created, if they are empty."""
         if self._lock >= 0:
             with contextlib.suppress(OSError):
-                os.unlink(LOCK, dir_fd=self.fd)
+                os.unlink(self.lock_name, dir_fd=self.fd)
             os.close(self._lock)
             self._lock = -1
         if self.fd >= 0:

@@ -115,11 +115,20 @@ class Job(ABC):
 
     @abstractmethod
     def run(
-        self, *, cancel: threading.Event | None = None, overwrite: bool = False, fsync: bool = False
+        self,
+        *,
+        cancel: threading.Event | None = None,
+        overwrite: bool = False,
+        fsync: bool = False,
+        part: tuple[int, int] | None = None,
     ) -> Iterator[Progress | Report]:
         """Write the output through its OutputRoot: Progress events (<= 4/s), then one Report. Cancel and
         errors remove partial files (or keep finished ones for a rerun: `keeps_on_cancel`). After a kill,
-        a rerun of the same command reuses the files its journal lists with their checksums."""
+        a rerun of the same command reuses the files its journal lists with their checksums.
+
+        `part` (i, n): write only part i of n of the files (n runs side by side into one folder, one per node)
+        and publish nothing; the same job run without `part` afterwards finishes the folder, reusing them. A
+        kind that cannot split says so with an InspectorError before anything is written."""
 
     keeps_on_cancel: bool = False  # cancel keeps the finished files for a rerun (else it removes them all)
 

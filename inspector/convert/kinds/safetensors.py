@@ -95,7 +95,12 @@ class SafetensorsJob(Job):
         }
 
     def run(
-        self, *, cancel: threading.Event | None = None, overwrite: bool = False, fsync: bool = False
+        self,
+        *,
+        cancel: threading.Event | None = None,
+        overwrite: bool = False,
+        fsync: bool = False,
+        part: tuple[int, int] | None = None,
     ) -> Iterator[Progress | Report]:
         def side(root: OutputRoot) -> tuple[tuple[str, int], ...]:
             return tuple((f.name, _write_side(root, f, fsync)) for f in self.side_files)
@@ -108,6 +113,7 @@ class SafetensorsJob(Job):
             fsync=fsync,
             shard_writer=self.shard_writer,
             side_writer=side,
+            part=part,
         )
 
 

@@ -29,7 +29,7 @@ from inspector.convert.writers.universal import (
     write_universal,
 )
 from inspector.convert.writers.universal_preflight import assess_universal
-from inspector.errors import DamagedCheckpointError
+from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.limits import MemoryBudget
 
@@ -92,10 +92,20 @@ class UniversalJob(Job):
         }
 
     def run(
-        self, *, cancel: threading.Event | None = None, overwrite: bool = False, fsync: bool = False
+        self,
+        *,
+        cancel: threading.Event | None = None,
+        overwrite: bool = False,
+        fsync: bool = False,
+        part: tuple[int, int] | None = None,
     ) -> Iterator[Progress | Report]:
         """The writer works on its own threads; this turns its byte count into Progress events. An interrupt
         (Ctrl-C, SIGTERM) cancels it and waits for it to release OUT: finished files stay for a rerun."""
+        if part is not None:
+            raise UnsupportedCheckpointError(
+                "--part is not supported for universal checkpoints yet.",
+                hint="Convert it in one run (its files are written several at a time already).",
+            )
         cancel = cancel or threading.Event()
         total = self.plan.total_bytes
         done = [0]

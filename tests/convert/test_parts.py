@@ -1,0 +1,131 @@
+"""`convert --part I/N`: N runs side by side into one folder, each writing its share of the shards; the same
+command without --part then finishes the folder, reusing every part's shards, byte-identical to one run."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inspector.convert.engine import Report, execute, run
+from inspector.convert.options import ConvertOptions
+from inspector.convert.output import JOURNAL, LOCK, PARTIAL, part_shards
+from inspector.convert.plan import build_plan
+from inspector.convert.root import OutputRoot
+from inspector.demo.writer import DemoSpec
+from inspector.errors import OutputError
+from inspector.scan.scanner import scan
+
+SPEC = DemoSpec(stage=3, world_size=2, dtype="bf16", params=300_000)
+OPTS = ConvertOptions(shard_size=60_000)
+
+
+def _report(events: Any) -> Report:
+    return [ev for ev in events if isinstance(ev, Report)][-1]
+
+
+def _same_folders(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert all(filecmp.cmp(a / n, b / n, shallow=False) for n in names), names
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 40])
+def test_every_shard_belongs_to_exactly_one_part(demo: Any, n: int) -> None:
+    plan = build_plan(scan(str(demo(SPEC))), OPTS)
+    owned = [k for i in range(n) for k in part_shards(plan, (i, n))]
+    assert sorted(owned) == list(range(len(plan.shards)))
+
+
+def test_parts_then_finish_equal_one_run(demo: Any, tmp_path: Path) -> None:
+    plan = build_plan(scan(str(demo(SPEC))), OPTS)
+    assert len(plan.shards) >= 4
+    execute(plan, str(tmp_path / "one"))
+    out = tmp_path / "parts"
+    n = 3
+    for i in range(n):
+        report = _report(run(plan, str(out), part=(i, n)))
+        assert report.resumed_shards == 0 and all(name.endswith(PARTIAL) for name, _ in report.files)
+    assert not (out / "model.safetensors.index.json").exists()  # nothing is published by a part
+    final = _report(run(plan, str(out)))
+    assert final.resumed_shards == len(plan.shards)  # nothing rewritten
+    _same_folders(out, tmp_path / "one")
+    assert not [p for p in os.listdir(out) if p.startswith((JOURNAL, LOCK)) or p.endswith(PARTIAL)]
+
+
+def test_a_damaged_part_shard_is_rewritten_by_the_finishing_run(demo: Any, tmp_path: Path) -> None:
+    plan = build_plan(scan(str(demo(SPEC))), OPTS)
+    execute(plan, str(tmp_path / "one"))
+    out = tmp_path / "parts"
+    for i in range(2):
+        _report(run(plan, str(out), part=(i, 2)))
+    victim = out / (plan.shards[0].filename + PARTIAL)
+    raw = bytearray(victim.read_bytes())
+    raw[-1] ^= 0x01
+    victim.write_bytes(bytes(raw))
+    final = _report(run(plan, str(out)))
+    assert final.resumed_shards == len(plan.shards) - 1
+    _same_folders(out, tmp_path / "one")
+
+
+def test_the_finishing_run_waits_for_every_part(demo: Any, tmp_path: Path) -> None:
+    plan = build_plan(scan(str(demo(SPEC))), OPTS)
+    out = tmp_path / "out"
+    _report(run(plan, str(out), part=(0, 2)))
+    running = OutputRoot(str(out), lock_name=LOCK + ".part-1-of-2")  # part 1 still at work
+    try:
+        with pytest.raises(OutputError, match=r"part 1 of 2"):
+            _report(run(plan, str(out)))
+        _report(run(plan, str(out), part=(0, 2)))  # parts run side by side: another part is not refused
+    finally:
+        running.release(ok=True)
+    _report(run(plan, str(out), part=(1, 2)))
+    assert _report(run(plan, str(out))).resumed_shards == len(plan.shards)
+
+
+def test_parts_as_separate_processes_at_once(demo: Any, tmp_path: Path) -> None:
+    """What a Slurm array does: N processes started together into one folder, then the finishing command."""
+    root = demo(SPEC)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "inspector", "convert", str(root), str(out), "--shard-size", "60000"]
+    procs = [
+        subprocess.Popen(
+            [*args, "--part", f"{i}/4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for i in range(4)
+    ]
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stdout + stderr
+        assert "without --part" in stdout
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    one = subprocess.run(
+        [*args[:5], str(tmp_path / "one"), "--shard-size", "60000"], capture_output=True, text=True
+    )
+    assert one.returncode == 0
+    _same_folders(out, tmp_path / "one")
+    verified = subprocess.run(
+        [sys.executable, "-m", "inspector", "verify", str(root), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+@pytest.mark.parametrize("bad", ["3/3", "-1/2", "a/b", "2", "1/0"])
+def test_a_bad_part_is_refused(demo: Any, tmp_path: Path, bad: str, cli: Any) -> None:
+    res = cli("convert", demo(SPEC), tmp_path / "out", "--part", bad)
+    assert res.rc == 2 and "--part" in res.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_kind_that_cannot_split_says_so(demo: Any, tmp_path: Path, cli: Any) -> None:
+    res = cli("convert", demo(SPEC), tmp_path / "out", "--format", "universal", "--part", "0/2")
+    assert res.rc == 2 and "not supported for universal" in res.stderr
+    assert not (tmp_path / "out" / "global_step3_uni").exists()
