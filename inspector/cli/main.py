@@ -52,7 +52,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     rc = EXIT_DAMAGED if ckpt.errors else EXIT_OK
     try:
         if args.json:
-            from inspector.scan.summary import checkpoint_json
+            from inspector.scan.json_view import checkpoint_json
 
             print(json.dumps(checkpoint_json(ckpt), indent=1), flush=True)
         else:
@@ -109,7 +109,7 @@ def _demo_bytes(numel: int, spec: Any) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from inspector.demo.writer import architecture, write_demo
-    from inspector.system.units import format_bytes
+    from inspector.system.units import format_bytes, plural
 
     out = os.path.abspath(args.dir)
     spec = _demo_spec(args)
@@ -141,7 +141,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         console = _console()
         with console.status(
-            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} rank{'s' if spec.world_size != 1 else ''}, {spec.dtype})…"
+            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({plural(spec.world_size, 'rank')}, {spec.dtype})…"
         ) as status:
             tag_dir = write_demo(out, spec, progress=lambda f: status.update(f"Writing {escape(f)}…"))
         done = True
@@ -176,7 +176,9 @@ def cmd_open(args: argparse.Namespace) -> int:
 
     if not args.path and not args.demo:
         raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
-    if args.path and not args.demo and not os.path.exists(args.path):  # said here, not in a full-screen dialog
+    if (
+        args.path and not args.demo and not os.path.exists(args.path)
+    ):  # said here, not in a full-screen dialog
         raise InspectorError(
             f"{args.path} does not exist.",
             hint="Check the path; `zero-inspector --help` lists the commands.",
@@ -257,13 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="write a realistic demo checkpoint (real DeepSpeed layout)")
     p.add_argument("dir", help="folder to write the checkpoint root into (created; must be empty)")
     p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage (default: 2)")
-    p.add_argument("--world-size", type=int, default=2, help="data-parallel ranks, one file each (default: 2)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default: bf16)")
-    p.add_argument("--params", default="2M", help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)")
+    p.add_argument(
+        "--world-size", type=int, default=2, help="data-parallel ranks, one file each (default: 2)"
+    )
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="training dtype (default: bf16)"
+    )
+    p.add_argument(
+        "--params",
+        default="2M",
+        help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)",
+    )
     p.add_argument("--sub-group-size", type=int, default=1_000_000_000, help="stage 3 sub-group size")
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
-    p.add_argument("--no-frozen", action="store_true", help="no frozen parameters (default: a frozen position table)")
-    p.add_argument("--no-tied", action="store_true", help="no tied output head (default: lm_head tied to the token embedding)")
+    p.add_argument(
+        "--no-frozen", action="store_true", help="no frozen parameters (default: a frozen position table)"
+    )
+    p.add_argument(
+        "--no-tied",
+        action="store_true",
+        help="no tied output head (default: lm_head tied to the token embedding)",
+    )
     p.add_argument("--overwrite", action="store_true", help="write into DIR even if it is not empty")
     p.set_defaults(func=cmd_demo)
 

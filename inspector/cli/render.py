@@ -10,16 +10,16 @@ from rich.text import Text
 from inspector.cli.console import literal as escape
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
+from inspector.scan.json_view import adapter_json
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.scan.summary import (
-    adapter_json,
     alignment_padding,
     kind_totals,
     module_rows,
     rank_row,
     summary_rows,
 )
-from inspector.system.units import format_bytes, format_count, printable
+from inspector.system.units import format_bytes, format_count, plural, printable
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
@@ -41,7 +41,9 @@ def summary(ckpt: Checkpoint) -> Panel:
         kinds.add_column(justify="right")
     kinds.add_row("[dim]kind[/]", "[dim]tensors[/]", "[dim]parameters[/]", "[dim]source bytes[/]")
     for k in kind_totals(ckpt):
-        kinds.add_row(Text(str(k.kind), style=_KIND_STYLE[k.kind]), str(k.tensors), count(k.numel), size(k.nbytes))
+        kinds.add_row(
+            Text(str(k.kind), style=_KIND_STYLE[k.kind]), str(k.tensors), count(k.numel), size(k.nbytes)
+        )
     t.add_row("Contents", kinds)
     adapter = adapter_json(ckpt)
     if adapter and "error" in adapter:
@@ -53,7 +55,11 @@ def summary(ckpt: Checkpoint) -> Panel:
             f"alpha {adapter['lora_alpha']}{' · rsLoRA' if adapter['use_rslora'] else ''} · "
             f"{count(adapter['numel'])} params · base {escape(str(adapter['base_model_name_or_path']))}\n"
             f"[dim]convert --adapter (PEFT layout) or --merge-adapter"
-            + (f"; merge refused: {escape('; '.join(adapter['merge_problems']))}" if adapter["merge_problems"] else "")
+            + (
+                f"; merge refused: {escape('; '.join(adapter['merge_problems']))}"
+                if adapter["merge_problems"]
+                else ""
+            )
             + "[/]",
         )
     return Panel(t, title="zero-inspector scan", title_align="left", border_style="blue")
@@ -74,8 +80,10 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     shown = ranks if len(ranks) <= limit else ranks[: limit - 2] + ranks[-2:]
     for i, r in enumerate(shown):
         if len(ranks) > limit and i == limit - 2:
-            t.add_row("…", f"[dim]{len(ranks) - limit} more ranks[/]", "", *["" for _ in ckpt.groups])
-        row = rank_row(r, align)
+            t.add_row(
+                "…", f"[dim]{plural(len(ranks) - limit, 'more rank')}[/]", "", *["" for _ in ckpt.groups]
+            )
+        row = rank_row(r)
         t.add_row(str(row.rank), escape(", ".join(row.files)), size(row.nbytes), *row.group_cells)
     return t
 

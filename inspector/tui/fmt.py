@@ -6,7 +6,7 @@ from rich.markup import escape
 
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Kind
-from inspector.system.units import format_bytes, format_count, printable
+from inspector.system.units import format_bytes, format_count, plural, printable
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
@@ -28,11 +28,7 @@ def size(n: float) -> str:
 
 
 count = format_count  # 1,234 · 12.3M · 1.20B, as the CLI shows them
-
-
-def plural(n: int, word: str) -> str:
-    """1 tensor, 2 tensors."""
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
+__all__ = ["plural"]  # 1 tensor, 2 tensors: re-exported for the widgets, one rule with the CLI
 
 
 def shape(dims: tuple[int, ...]) -> str:

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import RankRow, alignment_padding, rank_row
-from inspector.tui.fmt import bar, shown, size
+from inspector.tui.fmt import bar, plural, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 MAX_ROWS = 64  # beyond this, the first and last ranks and the outliers are shown
@@ -34,12 +34,12 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16) -> Table:
         t.caption = "pad: end of the group + alignment between parameters (param_alignment_paddings)"
         t.caption_justify = "left"
         t.caption_style = "dim"
-    rows = [rank_row(r, align) for r in ckpt.ranks]
+    rows = [rank_row(r) for r in ckpt.ranks]
     biggest = max((row.nbytes for row in rows), default=1) or 1
     prev = -1
     for i in _shown(rows):
         if prev >= 0 and i != prev + 1:
-            t.add_row("…", "", Text(f"{i - prev - 1} ranks like these", style="dim"))
+            t.add_row("…", "", Text(f"{plural(i - prev - 1, 'rank')} like these", style="dim"))
         prev = i
         row = rows[i]
         share = Text(bar(row.nbytes / biggest, bar_width), style="green" if row.complete else "red")
