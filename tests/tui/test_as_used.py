@@ -131,3 +131,32 @@ async def test_a_folder_name_with_escapes_is_shown_escaped(small_demo: Path, tmp
         await scanned(pilot)
         assert "\\x1b]2;PWNED\\x07" in app.main.sub_title and "\x1b" not in app.main.sub_title
         assert "\x1b" not in app.screen.query_one("#status").render().plain  # type: ignore[attr-defined]
+
+
+async def test_keys_typed_right_after_slash_go_to_the_filter(small_demo: Path) -> None:
+    """`/nlayers` typed in one burst (a fast typist, a paste, tmux) reaches the app before the filter box can take
+    the focus: every key after `/` is typed into the filter, none selects (`n`), opens the export form (`e`)
+    or quits (`q`); `enter` then hands the keys back to the tree, and escape clears the filter."""
+    from textual import events
+
+    from inspector.tui.screens.main import MainScreen
+
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        selected = set(app.selected)
+        for ch in "/nlayers.qe":  # as the terminal driver delivers a burst: all queued before any is handled
+            app.post_message(events.Key("slash" if ch == "/" else ch, ch))
+        app.post_message(events.Key("backspace", None))
+        await pilot.pause()
+        await pilot.pause()
+        box = app.main.query_one("#filter", Input)
+        assert box.value == "nlayers.q" and app.focused is box
+        assert isinstance(app.screen, MainScreen) and app.is_running and app.selected == selected
+        await pilot.press("enter")
+        assert isinstance(app.focused, ModuleTree)
+        await pilot.press("escape")
+        assert box.value == "" and box.has_class("-hidden")
+        await pilot.press("n")  # the tree's key again: select none
+        assert app.selected == set()

@@ -180,6 +180,21 @@ class TensorsPane(Horizontal):
         box.remove_class("-hidden")
         box.focus()
 
+    @on(ModuleTree.FilterKeys)
+    async def _filter_keys(self, event: ModuleTree.FilterKeys) -> None:
+        """`/` on the tree, then the keys typed right after it: into the filter box, in order."""
+        box = self.query_one("#filter", Input)
+        if event.key == "escape":
+            self.action_escape()
+        elif event.key == "enter":
+            await box.action_submit()
+        elif event.key == "backspace":
+            box.action_delete_left()
+        elif event.text:
+            box.insert_text_at_cursor(event.text)
+        else:
+            self.action_filter()
+
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         try:
