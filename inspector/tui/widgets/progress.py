@@ -37,7 +37,9 @@ def shard_rows(files: list[tuple[str, int]], current: int, fraction: float, rows
         else:
             mark, style, note = "·", "dim", ""
         name_style = "" if i == current else style
-        lines.append(Text.assemble((f"  {mark} ", style), (name, name_style), f"  {size(nbytes)}", (note, "bold")))
+        lines.append(
+            Text.assemble((f"  {mark} ", style), (name, name_style), f"  {size(nbytes)}", (note, "bold"))
+        )
     if end < n:
         lines.append(Text(f"  · {n - end} more file(s) to come", style="dim"))
     return Text("\n").join(lines)

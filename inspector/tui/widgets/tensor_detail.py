@@ -68,7 +68,9 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     align = sum(n for (_, grp), n in alignment_padding(ckpt).items() if grp == g.index)
     end = g.padded_numel - g.numel - align
     where = f"{end} padding element(s) at its end" + (
-        f" and {align} alignment padding element(s) between parameters (param_alignment_paddings)" if align else ""
+        f" and {align} alignment padding element(s) between parameters (param_alignment_paddings)"
+        if align
+        else ""
     )
     return f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); the group has {where}."
 
