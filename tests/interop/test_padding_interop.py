@@ -38,7 +38,7 @@ def test_padding_agrees_with_the_rank_files(config: str, ds_checkpoint: Callable
     end, align = json.loads(
         subprocess.run(
             [sys.executable, "-c", _READ, *files], check=True, capture_output=True, text=True
-        ).stdout
+        ).stdout.splitlines()[-1]  # the last line: importing deepspeed may log an accelerator warning first
     )
     if config == "s2_align_round_robin":
         assert align > 0  # the case this test is for: padding between parameters

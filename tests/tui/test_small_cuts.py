@@ -44,6 +44,11 @@ async def test_one_rank_is_said_in_the_singular(demo: DemoCache) -> None:
         status = plain(app.main.query_one("#status"))
         assert "1 rank ·" in status and "ranks" not in status
         assert "1 rank ·" in plain(app.main.query_one("SummaryCard"))
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        assert tree.reveal("model.layers.0.mlp.up_proj.weight")
+        await pilot.pause()
+        assert "split 1 way)" in plain(app.main.tensors_pane.detail)
     env = dict(os.environ, COLUMNS="120", NO_COLOR="1")
     out = subprocess.run(
         [sys.executable, "-m", "inspector", "scan", str(root)],
