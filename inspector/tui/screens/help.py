@@ -102,7 +102,7 @@ class HelpBox(VerticalScroll):
         elif seen >= 100:
             where = "end · ↑ pgup scroll back · escape closes"
         else:
-            where = f"▼ more below ({seen}%) · ↓ pgdn scroll · escape closes"
+            where = "▼ more below · ↓ pgdn scroll · escape closes"
         self.border_subtitle = where
 
 
