@@ -68,7 +68,7 @@ def summary(ckpt: Checkpoint) -> Panel:
 def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     t = Table(title="Ranks", title_justify="left", show_edge=False)
     t.add_column("rank", justify="right")
-    t.add_column("files")
+    t.add_column("files", overflow="fold")  # whole names, one per line: a cut name cannot be copied
     t.add_column("size", justify="right")
     for g in ckpt.groups:
         t.add_column(f"group {g.index}\nstored / padding", justify="right")
@@ -84,7 +84,7 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
                 "…", f"[dim]{plural(len(ranks) - limit, 'more rank')}[/]", "", *["" for _ in ckpt.groups]
             )
         row = rank_row(r)
-        t.add_row(str(row.rank), escape(", ".join(row.files)), size(row.nbytes), *row.group_cells)
+        t.add_row(str(row.rank), "\n".join(escape(f) for f in row.files), size(row.nbytes), *row.group_cells)
     return t
 
 

@@ -58,6 +58,8 @@ async def test_one_rank_is_said_in_the_singular(demo: DemoCache) -> None:
         check=True,
     ).stdout
     assert "1 rank ·" in out and "1 ranks" not in out
+    ckpt_files = [os.path.basename(f) for f in (app.ckpt.ranks[0].optim_file, app.ckpt.ranks[0].model_file)]  # type: ignore[union-attr]
+    assert all(f in out for f in ckpt_files if f)  # whole in scan's ranks table too, not cut with …
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # a plain function in an asyncio-marked module
