@@ -50,7 +50,9 @@ async def test_filter_says_how_it_read_the_text_and_how_many_match(small_demo: P
         box.value = r"^model\.layers\.[13]\.mlp"
         await pilot.pause()
         line = plain(app.main.query_one("#selection-line"))
-        expected = [t for t in app.ckpt.tensors if t.name.startswith(("model.layers.1.mlp", "model.layers.3.mlp"))]  # type: ignore[union-attr]
+        expected = [
+            t for t in app.ckpt.tensors if t.name.startswith(("model.layers.1.mlp", "model.layers.3.mlp"))
+        ]  # type: ignore[union-attr]
         assert expected and f"regex: {len(expected)} of" in line, line
         assert tree.cursor_node is not None and tree.cursor_line == 0
         assert f"{len(expected)} tensors" in plain(detail)  # the filtered subtree, not the unfiltered count
@@ -86,13 +88,15 @@ async def test_the_peak_shown_is_the_converters_own(small_demo: Path, tmp_path: 
     from tests.tui.conftest import wait_for
 
     ballast = bytearray(300 * 2**20)
-    ballast[:: 4096] = b"\x01" * len(range(0, len(ballast), 4096))  # resident in this (the app's) process
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))  # resident in this (the app's) process
     app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         await pilot.press("c")
         await wait_for(
-            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.report is not None, "conversion"
+            pilot,
+            lambda: isinstance(app.screen, ConvertScreen) and app.screen.report is not None,
+            "conversion",
         )
         peak = int(app.screen.report["peak_rss"])  # type: ignore[union-attr, index]
         assert 0 < peak < 200 * 2**20, peak
@@ -116,7 +120,10 @@ async def test_c_into_a_folder_that_is_not_empty_points_at_the_form(small_demo: 
         await pilot.pause()
         assert isinstance(app.screen, ExportScreen) and not app.converting
         assert not any(isinstance(s, ConvertScreen) for s in app.screen_stack)
-        assert any("not empty" in str(n.message) and "replace an earlier" in str(n.message) for n in app._notifications)
+        assert any(
+            "not empty" in str(n.message) and "replace an earlier" in str(n.message)
+            for n in app._notifications
+        )
     assert (out / "model.safetensors").read_bytes() == b"earlier"
 
 
