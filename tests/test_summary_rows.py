@@ -113,7 +113,11 @@ def test_kind_totals_match_the_architecture(demo: DemoCache) -> None:
         assert (totals[kind].tensors, totals[kind].numel) == (len(ps), sum(p.numel for p in ps))
     aliases = [p for p in params if p.name in tied]
     assert (totals[Kind.TIED].tensors, totals[Kind.TIED].numel) == (len(tied), sum(p.numel for p in aliases))
-    assert totals[Kind.TRAINABLE].nbytes == totals[Kind.TRAINABLE].stored_bytes == 4 * totals[Kind.TRAINABLE].numel
+    assert (
+        totals[Kind.TRAINABLE].nbytes
+        == totals[Kind.TRAINABLE].stored_bytes
+        == 4 * totals[Kind.TRAINABLE].numel
+    )
     assert totals[Kind.FROZEN].nbytes == 2 * totals[Kind.FROZEN].numel  # bf16 in the model-states file
     # no frozen params and no tied weights: only the kinds present
     assert [k.kind for k in kind_totals(scan(str(demo(PLAIN))))] == [Kind.TRAINABLE, Kind.BUFFER]
@@ -158,3 +162,41 @@ def test_rank_rows(demo: DemoCache, tmp_path: Path) -> None:
     victim.unlink()
     row = rank_row(scan(str(root)).ranks[1])
     assert (row.rank, row.files, row.nbytes, row.complete) == (1, (), 0, False)
+
+
+def test_every_face_reads_padding_from_the_rank_groups(demo: DemoCache) -> None:
+    """Alignment padding between parameters has one source, `RankGroup.alignment` (the layout's count from the
+    files): the rank rows, the contents row, `scan`'s ranks table, the app's ranks table and the tensor detail
+    all show the same figures, so no view can contradict another or the files."""
+    from rich.console import Console
+
+    from inspector.cli.render import ranks_table as cli_ranks
+    from inspector.scan.summary import alignment_padding
+    from inspector.tui.widgets.ranks import ranks_table as tui_ranks
+    from inspector.tui.widgets.tensor_detail import padding_note
+
+    ckpt = scan(str(demo(S2)))
+    extra = {0: 74, 1: 16}  # what param_alignment_paddings put in each rank's group-0 partition
+    ranks = tuple(
+        replace(r, groups=tuple(replace(g, alignment=extra[r.rank] if g.group == 0 else 0) for g in r.groups))
+        for r in ckpt.ranks
+    )
+    ckpt = replace(ckpt, ranks=ranks)
+    assert alignment_padding(ckpt) == {(0, 0): 74, (1, 0): 16}
+    end = [r.groups[0].padding for r in ranks]
+    cells = [rank_row(r).group_cells[0] for r in ranks]
+    assert cells == [f"{ranks[i].groups[0].stored_numel:,} / {end[i]}+{extra[i]}" for i in (0, 1)]
+    total = sum(g.padding for r in ranks for g in r.groups) + 90
+    assert [(x.what, x.numel) for x in contents_rows(ckpt) if x.key == "padding"] == [
+        ("padding (90 align)", total)
+    ]
+
+    def text(table: object) -> str:
+        console = Console(width=200, record=True, color_system=None)
+        console.print(table)
+        return console.export_text()
+
+    for shown in (text(cli_ranks(ckpt)), text(tui_ranks(ckpt))):
+        assert all(cell in shown for cell in cells) and "param_alignment_paddings" in shown
+    t = next(t for t in ckpt.tensors if t.kind is Kind.TRAINABLE and t.group == 0)
+    assert "90 alignment padding element(s) between parameters" in padding_note(ckpt, t)

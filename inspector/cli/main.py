@@ -51,7 +51,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     rc = EXIT_DAMAGED if ckpt.errors else EXIT_OK
     try:
         if args.json:
-            from inspector.scan.summary import checkpoint_json
+            from inspector.scan.json_view import checkpoint_json
 
             print(json.dumps(checkpoint_json(ckpt), indent=1), flush=True)
         else:
@@ -109,7 +109,7 @@ def _demo_bytes(numel: int, spec: Any) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from inspector.convert.root import missing_dirs
     from inspector.demo.writer import architecture, discard_demo, fresh_names, write_demo
-    from inspector.system.units import format_bytes
+    from inspector.system.units import format_bytes, plural
 
     out = os.path.abspath(args.dir)
     spec = _demo_spec(args)
@@ -139,7 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:  # a demo that does not complete takes back what it wrote, through an output root
         console = _console()
         with console.status(
-            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({spec.world_size} rank{'s' if spec.world_size != 1 else ''}, {spec.dtype})…"
+            f"Writing a {n:,}-parameter ZeRO-{spec.stage} checkpoint ({plural(spec.world_size, 'rank')}, {spec.dtype})…"
         ) as status:
             tag_dir = write_demo(out, spec, progress=lambda f: status.update(f"Writing {escape(f)}…"))
         done = True

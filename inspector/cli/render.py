@@ -11,16 +11,16 @@ from rich.text import Text
 
 from inspector.cli.console import literal as escape
 from inspector.convert.preflight import Assessment
+from inspector.scan.json_view import adapter_json
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
 from inspector.scan.summary import (
-    adapter_json,
     alignment_padding,
     kind_totals,
     module_rows,
     rank_row,
     summary_rows,
 )
-from inspector.system.units import format_bytes, format_count, printable
+from inspector.system.units import format_bytes, format_count, plural, printable
 
 _SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
@@ -69,7 +69,7 @@ def summary(ckpt: Checkpoint) -> Panel:
 def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     t = Table(title="Ranks", title_justify="left", show_edge=False)
     t.add_column("rank", justify="right")
-    t.add_column("files")
+    t.add_column("files", overflow="fold")  # whole names, one per line: a cut name cannot be copied
     t.add_column("size", justify="right")
     for g in ckpt.groups:
         t.add_column(f"group {g.index}\nstored / padding", justify="right")
@@ -81,9 +81,11 @@ def ranks_table(ckpt: Checkpoint, limit: int = 12) -> Table:
     shown = ranks if len(ranks) <= limit else ranks[: limit - 2] + ranks[-2:]
     for i, r in enumerate(shown):
         if len(ranks) > limit and i == limit - 2:
-            t.add_row("…", f"[dim]{len(ranks) - limit} more ranks[/]", "", *["" for _ in ckpt.groups])
-        row = rank_row(r, align)
-        t.add_row(str(row.rank), escape(", ".join(row.files)), size(row.nbytes), *row.group_cells)
+            t.add_row(
+                "…", f"[dim]{plural(len(ranks) - limit, 'more rank')}[/]", "", *["" for _ in ckpt.groups]
+            )
+        row = rank_row(r)
+        t.add_row(str(row.rank), "\n".join(escape(f) for f in row.files), size(row.nbytes), *row.group_cells)
     return t
 
 

@@ -16,6 +16,7 @@ from inspector.errors import CorruptFileError
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import MOMENTS, OptimStates, Shape
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
+from inspector.system.units import plural
 
 ParamShapes = tuple[tuple[tuple[str, Shape], ...], ...]
 
@@ -105,7 +106,7 @@ def stage12_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> 
                 Finding(
                     Severity.ERROR,
                     "partition-count",
-                    f"Group {g} was partitioned over {w} ranks but there are {ws} optimizer files.",
+                    f"Group {g} was partitioned over {plural(w, 'rank')} but there are {plural(ws, 'optimizer file')}.",
                     paths[0],
                     "Rank files are missing or come from another run.",
                 )
@@ -235,7 +236,7 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
             Finding(
                 Severity.ERROR,
                 "partition-count",
-                f"Parameters were partitioned over {count} ranks but there are {ws} optimizer files.",
+                f"Parameters were partitioned over {plural(count, 'rank')} but there are {plural(ws, 'optimizer file')}.",
                 paths[0],
                 "Rank files are missing or come from another run.",
             )
@@ -267,9 +268,13 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
             mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
             if have_moments:
                 mom = tuple((m, _rank_slices([mm[m] for mm in moments if mm], off, n, p)) for m in MOMENTS)
-            lay.params[name] = TensorInfo(name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom)
+            lay.params[name] = TensorInfo(
+                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom
+            )
             off += p
-        groups.append(GroupInfo(g, len(numels), sum(numels), total * ws, total, states[0].groups[g].hyperparams))
+        groups.append(
+            GroupInfo(g, len(numels), sum(numels), total * ws, total, states[0].groups[g].hyperparams)
+        )
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     return lay

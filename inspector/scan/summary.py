@@ -1,4 +1,5 @@
-"""Plain-data views of a Checkpoint for JSON output and for any front end (CLI, TUI)."""
+"""Plain-data views of a Checkpoint for any front end (CLI, TUI): summary, contents, ranks and modules
+(`scan --json` is `json_view`)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,10 @@ import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
-from inspector.errors import InspectorError
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Checkpoint, Kind, RankInfo, TensorInfo
-from inspector.scan.peft import detect_adapter
-from inspector.system.units import format_bytes, format_count
+from inspector.system.units import format_bytes, format_count, plural
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 
@@ -58,7 +56,7 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
         SummaryRow(
             "zero",
             "ZeRO",
-            f"stage {ckpt.stage} · {ckpt.world_size} rank{'s' if ckpt.world_size != 1 else ''} · {ckpt.optimizer}",
+            f"stage {ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {ckpt.optimizer}",
         ),
         SummaryRow("dtypes", "Dtypes", f"compute {dt(ckpt.compute_dtype)} · master {dt(ckpt.master_dtype)}"),
         SummaryRow("module_copy", "Module copy", _module_copy_text(ckpt, dt(ckpt.compute_dtype))),
@@ -149,7 +147,9 @@ def contents_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Conte
             moments[state] = moments.get(state, 0) + sum(s.nbytes for s in segs)
     rows += [ContentsRow("moment", f"Adam {state}", None, None, nbytes) for state, nbytes in moments.items()]
     if ckpt.module_copy_bytes:
-        compute = SHORT_NAMES.get(ckpt.compute_dtype, ckpt.compute_dtype) if short_dtypes else ckpt.compute_dtype
+        compute = (
+            SHORT_NAMES.get(ckpt.compute_dtype, ckpt.compute_dtype) if short_dtypes else ckpt.compute_dtype
+        )
         rows.append(ContentsRow("module_copy", f"{compute} module copy", None, None, ckpt.module_copy_bytes))
     align = sum(alignment_padding(ckpt).values())
     pad = sum(g.padding for r in ckpt.ranks for g in r.groups) + align
@@ -162,22 +162,9 @@ def contents_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Conte
 def alignment_padding(ckpt: Checkpoint) -> dict[tuple[int, int], int]:
     """{(rank, group): elements} of `param_alignment_paddings` in each rank's partition (stage 1/2): the
     padding *between* parameters, which `group_paddings` (the end of the last partition) does not count.
-    What a partition holds up to its end padding, less the parameters' elements in it."""
-    if ckpt.stage == 3:
-        return {}
-    held: dict[tuple[str, int], int] = {}
-    for t in ckpt.tensors:
-        if t.kind is Kind.TRAINABLE and t.group is not None:
-            for s in t.segments:
-                held[(s.file, t.group)] = held.get((s.file, t.group), 0) + s.numel
-    out = {}
-    for r in ckpt.ranks:
-        for g in r.groups:
-            used = min(g.stored_numel, g.partition_numel - g.padding)
-            gap = used - held.get((r.optim_file or "", g.group), 0)
-            if gap > 0:
-                out[(r.rank, g.group)] = gap
-    return out
+    Read from `RankGroup.alignment`, which the layout computes once from the files; every view (overview,
+    ranks table, tensor detail, `scan`) takes it from here, so none can disagree."""
+    return {(r.rank, g.group): g.alignment for r in ckpt.ranks for g in r.groups if g.alignment}
 
 
 @dataclass(frozen=True)
@@ -207,15 +194,15 @@ class RankRow:
         ]
 
 
-def rank_row(r: RankInfo, alignment: dict[tuple[int, int], int] | None = None) -> RankRow:
-    """`alignment` is `alignment_padding(ckpt)`: without it the row counts only the end padding."""
+def rank_row(r: RankInfo) -> RankRow:
+    """One rank's row: end padding (`group_paddings`) and alignment padding between parameters per group."""
     return RankRow(
         rank=r.rank,
         files=tuple(os.path.basename(p) for p in (r.optim_file, r.model_file) if p),
         nbytes=r.optim_bytes + r.model_bytes,
         groups=tuple((g.stored_numel, g.padding) for g in r.groups),
         complete=bool(r.optim_file),
-        alignment=tuple((alignment or {}).get((r.rank, g.group), 0) for g in r.groups),
+        alignment=tuple(g.alignment for g in r.groups),
     )
 
 
@@ -239,114 +226,3 @@ def module_rows(tensors: tuple[TensorInfo, ...]) -> list[ModuleRow]:
         row.kinds[str(t.kind)] = row.kinds.get(str(t.kind), 0) + 1
         row.dtypes.add(t.dtype)
     return list(rows.values())
-
-
-def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
-    """The `scan --json` object: stable keys, plain types."""
-    kinds = {}
-    for kind in Kind:
-        n, numel = ckpt.count(kind)
-        kinds[str(kind)] = {
-            "tensors": n,
-            "numel": numel,
-            "bytes": sum(t.nbytes for t in ckpt.tensors if t.kind is kind),
-        }
-    return {
-        "root": ckpt.root,
-        "tag": ckpt.tag,
-        "tags": list(ckpt.tags),
-        "layout": ckpt.layout,
-        "stage": ckpt.stage,
-        "world_size": ckpt.world_size,
-        "optimizer": ckpt.optimizer,
-        "compute_dtype": ckpt.compute_dtype,
-        "master_dtype": ckpt.master_dtype,
-        "deepspeed_version": ckpt.deepspeed_version,
-        "global_steps": ckpt.global_steps,
-        "global_samples": ckpt.global_samples,
-        "optimizer_step": ckpt.optimizer_step,
-        "loss_scale": ckpt.loss_scale,
-        "dynamic_loss_scale": ckpt.dynamic_loss_scale,
-        "total_file_bytes": ckpt.total_bytes,
-        "module_copy_bytes": ckpt.module_copy_bytes,
-        "read_bytes_by_source": read_bytes_by_source(ckpt),
-        "kinds": kinds,
-        "groups": [
-            {
-                "index": g.index,
-                "params": g.param_count,
-                "numel": g.numel,
-                "padded_numel": g.padded_numel,
-                "partition_numel": g.partition_numel,
-                "hyperparams": _plain(g.hyperparams),
-            }
-            for g in ckpt.groups
-        ],
-        "ranks": [
-            {
-                "rank": r.rank,
-                "optim_file": r.optim_file,
-                "model_file": r.model_file,
-                "bytes": r.optim_bytes + r.model_bytes,
-                "groups": [
-                    {
-                        "group": g.group,
-                        "partition_numel": g.partition_numel,
-                        "stored_numel": g.stored_numel,
-                        "padding": g.padding,
-                    }
-                    for g in r.groups
-                ],
-            }
-            for r in ckpt.ranks
-        ],
-        "tensors": [
-            {
-                "name": t.name,
-                "shape": list(t.shape),
-                "dtype": t.dtype,
-                "kind": str(t.kind),
-                "numel": t.numel,
-                "bytes": t.nbytes,
-                **({"alias_of": t.alias_of} if t.alias_of else {}),
-                **({"group": t.group} if t.group is not None else {}),
-            }
-            for t in ckpt.tensors
-        ],
-        "findings": [f.as_dict() for f in ckpt.findings],
-        "other_runs": list(ckpt.other_runs),
-        "adapter": adapter_json(ckpt),
-    }
-
-
-def adapter_json(ckpt: Checkpoint) -> dict[str, Any] | None:
-    """The LoRA adapter in the checkpoint (PEFT), or None; a broken adapter_config.json is reported, not raised."""
-    try:
-        a = detect_adapter(ckpt)
-    except InspectorError as exc:
-        return {"error": exc.message}
-    if a is None:
-        return None
-    return {
-        "name": a.name,
-        "layers": len(a.layers),
-        "tensors": len(a.tensors),
-        "numel": a.numel(ckpt),
-        "r": a.r,
-        "lora_alpha": a.alpha,
-        "use_rslora": a.rslora,
-        "target_modules": a.target_modules,
-        "base_model_name_or_path": a.base_model,
-        "config": a.config_path,
-        "merge_problems": list(a.problems),
-    }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    return repr(value)

@@ -326,9 +326,11 @@ class InspectorApp(App[int]):
         j = min(max(i + step, 0), len(tags) - 1)
         if j != i:
             self.scan(self.root, tags[j])
+        elif len(tags) == 1:
+            self.notify("This checkpoint has one tag: there is no other to open.", timeout=3, markup=False)
         else:
             which = "oldest" if step < 0 else "newest"
-            self.notify(f"This is the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
+            self.notify(f"Already the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
 
     def action_roots(self) -> None:
         self.main.focus_roots()
@@ -341,7 +343,12 @@ class InspectorApp(App[int]):
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         from inspector.tui.commands import app_commands
 
-        yield from super().get_system_commands(screen)
+        for cmd in super().get_system_commands(screen):
+            if (
+                cmd.title == "Keys"
+            ):  # Textual's side panel; ours below is the full list, both were called "Keys"
+                cmd = cmd._replace(title="Key panel")
+            yield cmd
         yield from app_commands(self)
 
 

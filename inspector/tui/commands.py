@@ -34,7 +34,7 @@ def app_commands(app: Any) -> Iterator[SystemCommand]:
     yield SystemCommand("Select no tensors", "Start an empty selection", lambda: app.main.select("none"))
     yield SystemCommand("Next tag", "Open the next (newer) tag", lambda: app.action_tag(1))
     yield SystemCommand("Previous tag", "Open the previous (older) tag", lambda: app.action_tag(-1))
-    yield SystemCommand("Keys", "Every key of the app", app.action_help)
+    yield SystemCommand("Help: every key", "Every key of the app, by screen (also ?)", app.action_help)
 
 
 def write_demo_checkpoint(path: str, params: str) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.markup import escape
 
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Kind
-from inspector.system.units import format_bytes, format_count, printable
+from inspector.system.units import format_bytes, format_count, plural, printable
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
@@ -28,11 +30,7 @@ def size(n: float) -> str:
 
 
 count = format_count  # 1,234 · 12.3M · 1.20B, as the CLI shows them
-
-
-def plural(n: int, word: str) -> str:
-    """1 tensor, 2 tensors."""
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
+__all__ = ["plural"]  # 1 tensor, 2 tensors: re-exported for the widgets, one rule with the CLI
 
 
 def shape(dims: tuple[int, ...]) -> str:
@@ -63,3 +61,18 @@ def duration(seconds: float) -> str:
         return f"{m}m{s:02d}s"
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m"
+
+
+def fit_path(path: str, width: int) -> str:
+    """`path` in at most `width` cells: whole if it fits, else `…/` and as many of its last folders as fit (the
+    checkpoint's own name is what tells runs apart), else the end of its name."""
+    if len(path) <= width:
+        return path
+    parts = path.split(os.sep)
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(f"…{os.sep}{part}{os.sep}{tail}") > width:
+            break
+        tail = f"{part}{os.sep}{tail}"
+    out = f"…{os.sep}{tail}"
+    return out if len(out) <= width else "…" + path[len(path) - max(width - 1, 0) :]

@@ -38,13 +38,13 @@ def test_padding_agrees_with_the_rank_files(config: str, ds_checkpoint: Callable
     end, align = json.loads(
         subprocess.run(
             [sys.executable, "-c", _READ, *files], check=True, capture_output=True, text=True
-        ).stdout
+        ).stdout.splitlines()[-1]  # the last line: importing deepspeed may log an accelerator warning first
     )
     if config == "s2_align_round_robin":
         assert align > 0  # the case this test is for: padding between parameters
     found = alignment_padding(ckpt)
     assert sum(found.values()) == align
-    rows = [rank_row(r, found) for r in ckpt.ranks]
+    rows = [rank_row(r) for r in ckpt.ranks]
     assert sum(row.padding for row in rows) == end + align
     pad = [x for x in contents_rows(ckpt) if x.key == "padding"]
     assert (pad[0].numel if pad else 0) == end + align

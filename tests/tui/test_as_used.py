@@ -50,7 +50,9 @@ async def test_filter_says_how_it_read_the_text_and_how_many_match(small_demo: P
         box.value = r"^model\.layers\.[13]\.mlp"
         await pilot.pause()
         line = plain(app.main.query_one("#selection-line"))
-        expected = [t for t in app.ckpt.tensors if t.name.startswith(("model.layers.1.mlp", "model.layers.3.mlp"))]  # type: ignore[union-attr]
+        expected = [
+            t for t in app.ckpt.tensors if t.name.startswith(("model.layers.1.mlp", "model.layers.3.mlp"))
+        ]  # type: ignore[union-attr]
         assert expected and f"regex: {len(expected)} of" in line, line
         assert tree.cursor_node is not None and tree.cursor_line == 0
         assert f"{len(expected)} tensors" in plain(detail)  # the filtered subtree, not the unfiltered count
@@ -86,13 +88,15 @@ async def test_the_peak_shown_is_the_converters_own(small_demo: Path, tmp_path: 
     from tests.tui.conftest import wait_for
 
     ballast = bytearray(300 * 2**20)
-    ballast[:: 4096] = b"\x01" * len(range(0, len(ballast), 4096))  # resident in this (the app's) process
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))  # resident in this (the app's) process
     app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         await pilot.press("c")
         await wait_for(
-            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.report is not None, "conversion"
+            pilot,
+            lambda: isinstance(app.screen, ConvertScreen) and app.screen.report is not None,
+            "conversion",
         )
         peak = int(app.screen.report["peak_rss"])  # type: ignore[union-attr, index]
         assert 0 < peak < 200 * 2**20, peak
@@ -116,7 +120,10 @@ async def test_c_into_a_folder_that_is_not_empty_points_at_the_form(small_demo: 
         await pilot.pause()
         assert isinstance(app.screen, ExportScreen) and not app.converting
         assert not any(isinstance(s, ConvertScreen) for s in app.screen_stack)
-        assert any("not empty" in str(n.message) and "replace an earlier" in str(n.message) for n in app._notifications)
+        assert any(
+            "not empty" in str(n.message) and "replace an earlier" in str(n.message)
+            for n in app._notifications
+        )
     assert (out / "model.safetensors").read_bytes() == b"earlier"
 
 
@@ -131,3 +138,32 @@ async def test_a_folder_name_with_escapes_is_shown_escaped(small_demo: Path, tmp
         await scanned(pilot)
         assert "\\x1b]2;PWNED\\x07" in app.main.sub_title and "\x1b" not in app.main.sub_title
         assert "\x1b" not in app.screen.query_one("#status").render().plain  # type: ignore[attr-defined]
+
+
+async def test_keys_typed_right_after_slash_go_to_the_filter(small_demo: Path) -> None:
+    """`/nlayers` typed in one burst (a fast typist, a paste, tmux) reaches the app before the filter box can take
+    the focus: every key after `/` is typed into the filter, none selects (`n`), opens the export form (`e`)
+    or quits (`q`); `enter` then hands the keys back to the tree, and escape clears the filter."""
+    from textual import events
+
+    from inspector.tui.screens.main import MainScreen
+
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        selected = set(app.selected)
+        for ch in "/nlayers.qe":  # as the terminal driver delivers a burst: all queued before any is handled
+            app.post_message(events.Key("slash" if ch == "/" else ch, ch))
+        app.post_message(events.Key("backspace", None))
+        await pilot.pause()
+        await pilot.pause()
+        box = app.main.query_one("#filter", Input)
+        assert box.value == "nlayers.q" and app.focused is box
+        assert isinstance(app.screen, MainScreen) and app.is_running and app.selected == selected
+        await pilot.press("enter")
+        assert isinstance(app.focused, ModuleTree)
+        await pilot.press("escape")
+        assert box.value == "" and box.has_class("-hidden")
+        await pilot.press("n")  # the tree's key again: select none
+        assert app.selected == set()

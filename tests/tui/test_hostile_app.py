@@ -64,7 +64,9 @@ def copied_rank_file(root: Path) -> str:
 @pytest.mark.parametrize(
     "damage", [stray_rank, negative_shape, shared_params_list, latest_linked_to_a_secret, copied_rank_file]
 )
-async def test_hostile_checkpoints_open_on_a_clear_dialog(tmp_path: Path, damage: Callable[[Path], str]) -> None:
+async def test_hostile_checkpoints_open_on_a_clear_dialog(
+    tmp_path: Path, damage: Callable[[Path], str]
+) -> None:
     root = tmp_path / "ckpt"
     write_demo(str(root), SPEC)
     needle = damage(root)
@@ -72,8 +74,10 @@ async def test_hostile_checkpoints_open_on_a_clear_dialog(tmp_path: Path, damage
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(
             pilot,
-            lambda: (isinstance(app.screen, MessageDialog) and bool(app.screen.query("#dialog-body")))
-            or (app.ckpt is not None and bool(app.ckpt.errors)),
+            lambda: (
+                (isinstance(app.screen, MessageDialog) and bool(app.screen.query("#dialog-body")))
+                or (app.ckpt is not None and bool(app.ckpt.errors))
+            ),
             "a refusal",
         )
         screen = app.export_screenshot()

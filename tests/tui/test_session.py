@@ -68,7 +68,11 @@ def test_preset_from_command_line_options(small_demo: Path) -> None:
         ("*.layers.1.*", "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
         (r"^model\.layers\.1\d\.", "model.layers.12.mlp.weight", "model.layers.1.mlp.weight"),
         # a character class inside a regex used to make the whole text a glob, matching nothing
-        (r"^model\.layers\.[13]\.mlp", "model.layers.3.mlp.up_proj.weight", "model.layers.2.mlp.up_proj.weight"),
+        (
+            r"^model\.layers\.[13]\.mlp",
+            "model.layers.3.mlp.up_proj.weight",
+            "model.layers.2.mlp.up_proj.weight",
+        ),
         ("layers.[13].mlp", "model.layers.1.mlp.up_proj.weight", "model.layers.2.mlp.up_proj.weight"),
     ],
 )

@@ -32,7 +32,11 @@ class Terminal:
         env.pop("TEXTUAL_DRIVER", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inspector", *args],
-            stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
         )
         os.close(slave)
         self.master = master
@@ -72,7 +76,9 @@ def test_escape_goes_back_and_q_quits_in_a_real_terminal(small_demo: Path) -> No
     not arrived as `escape`, the `q` would be typed into the field and the app would still be running."""
     term = Terminal([str(small_demo)])
     try:
-        term.wait_for(b" tensors")  # the scan has finished (the tag alone is drawn before it): `e` opens the form
+        term.wait_for(
+            b" tensors"
+        )  # the scan has finished (the tag alone is drawn before it): `e` opens the form
         term.send(b"e")
         term.wait_for(b"Output folder")
         term.send(b"\x1b")
@@ -98,7 +104,9 @@ def test_the_input_loop_wakes_when_the_escape_wait_ends() -> None:
 EVIL = "\x1b]2;PWNED\x07\x1b[2J\x9b31m"  # set the title, clear the screen, a C1 CSI
 
 
-def test_folder_names_with_terminal_escapes_never_reach_the_terminal_raw(small_demo: Path, tmp_path: Path) -> None:
+def test_folder_names_with_terminal_escapes_never_reach_the_terminal_raw(
+    small_demo: Path, tmp_path: Path
+) -> None:
     """A folder named with escape sequences (in the path opened, and beside the runs the chooser lists) is
     shown escaped on every screen: header, status, chooser (`r`), error dialog; the raw bytes never arrive."""
     parent = tmp_path / f"runs{EVIL}"

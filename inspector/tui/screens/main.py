@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -14,7 +15,7 @@ from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
-from inspector.tui.fmt import plural, shown, shown_markup
+from inspector.tui.fmt import fit_path, plural, shown, shown_markup
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
 from inspector.tui.widgets.keybar import KeyBar
@@ -44,8 +45,25 @@ class MainScreen(Screen[None]):
                 yield TensorsPane()
         yield KeyBar()
 
+    # the header's title is "zero-inspector — <sub_title>" between Textual's icon (8 cells) and clock space (10)
+    TITLE_ROOM = len("zero-inspector — ") + 8 + 10 + 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._where: tuple[str, str | None] = ("", None)  # the root and tag the header names
+
     def on_mount(self) -> None:
         self.app.begin()  # type: ignore[attr-defined]
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._title(*self._where)
+
+    def _title(self, root: str, tag: str | None) -> None:
+        """The root and tag in the header; a long root gives way (`…/run/checkpoint`) so the tag stays whole."""
+        self._where = (root, tag)
+        at = f" @ {shown(tag)}" if tag else ""
+        room = max(self.size.width or self.app.size.width, 40) - self.TITLE_ROOM - len(at)
+        self.sub_title = fit_path(shown(root), max(room, 12)) + at
 
     @property
     def tensors_pane(self) -> TensorsPane:
@@ -58,6 +76,8 @@ class MainScreen(Screen[None]):
         self.query_one(TabbedContent).active = tab
         if tab == "tensors":
             self.tensors_pane.focus_tree()
+        else:  # back from the tree: the overview's keys (scrolling), not the hidden tree's
+            self.query_one(OverviewPane).focus()
 
     def select(self, how: str) -> None:
         tree = self.tensors_pane.module_tree
@@ -77,8 +97,10 @@ class MainScreen(Screen[None]):
     # --- driven by the app --------------------------------------------------------------------------------
 
     def scanning(self, root: str, tag: str | None) -> None:
-        self.sub_title = shown(root)
-        self.status(f"[italic]scanning {shown_markup(os.path.basename(root))}{' @ ' + shown_markup(tag) if tag else ''}…[/]")
+        self._title(root, None)
+        self.status(
+            f"[italic]scanning {shown_markup(os.path.basename(root))}{' @ ' + shown_markup(tag) if tag else ''}…[/]"
+        )
         roots = self.query_one("#roots", Select)
         many = len(self.app.roots) > 1  # type: ignore[attr-defined]
         roots.set_class(not many, "-hidden")
@@ -93,12 +115,14 @@ class MainScreen(Screen[None]):
     def located(self, loc: Location, latest: str | None) -> None:
         tags = self.query_one("#tags", Select)
         with self.prevent(Select.Changed):
-            tags.set_options([(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(loc.tags)])
+            tags.set_options(
+                [(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(loc.tags)]
+            )
             tags.value = loc.tag
         self.status("[italic]reading rank files…[/]")
 
     def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
-        self.sub_title = shown(f"{ckpt.root} @ {ckpt.tag}")
+        self._title(ckpt.root, ckpt.tag)
         bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
         took = f" · {seconds:.2f} s" if self.app.live_meters else ""  # type: ignore[attr-defined]
         self.status(

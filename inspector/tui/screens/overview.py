@@ -55,7 +55,11 @@ class OverviewPane(VerticalScroll):
     def failed(self, exc: InspectorError) -> None:
         banner = self.query_one("#banner", Static)
         banner.update(
-            Text.assemble((f"✖ {shown(exc.title)}: ", "bold"), shown(exc.message), f"\n→ {shown(exc.hint)}" if exc.hint else "")
+            Text.assemble(
+                (f"✖ {shown(exc.title)}: ", "bold"),
+                shown(exc.message),
+                f"\n→ {shown(exc.hint)}" if exc.hint else "",
+            )
         )
         banner.remove_class("-hidden")
         self.query_one(SummaryCard).update("")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import RenderableType
@@ -13,30 +12,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.widgets import Input, Static, Tree
 
-from inspector.convert.stats import Difference, StatsProgress, TensorStats
-from inspector.errors import CancelledError, InspectorError
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.tui.fmt import count, plural, shown, size
+from inspector.tui.screens.tensor_stats import StatsUpdate, stream_stats
 from inspector.tui.session import ModuleNode, filter_kind, name_filter
 from inspector.tui.widgets.module_tree import ModuleTree
-from inspector.tui.widgets.tensor_detail import TensorDetail, difference_line, stats_renderable
-
-
-@dataclass
-class StatsUpdate(Message):
-    """From the statistics worker: progress, a result, or an error, for one tensor."""
-
-    name: str
-    progress: StatsProgress | None = None
-    what: str = ""
-    result: RenderableType | None = None
-    done: bool = False
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, StatsUpdate) and message.progress is not None and self.progress is not None
+from inspector.tui.widgets.tensor_detail import TensorDetail
 
 
 class TensorsPane(Horizontal):
@@ -146,7 +129,9 @@ class TensorsPane(Horizontal):
         """The detail shows the row under the cursor, and there is always one (the first row after a load or a
         filter), so the highlighted row and the detail never disagree."""
         tree = self.module_tree
-        tree.cursor_line = -1  # the tree was rebuilt: its remembered cursor node is gone even if the line is not
+        tree.cursor_line = (
+            -1
+        )  # the tree was rebuilt: its remembered cursor node is gone even if the line is not
         tree.cursor_line = 0 if tree.last_line >= 0 else -1
         node = tree.get_node_at_line(0)
         if node is None:
@@ -195,6 +180,21 @@ class TensorsPane(Horizontal):
         box.remove_class("-hidden")
         box.focus()
 
+    @on(ModuleTree.FilterKeys)
+    async def _filter_keys(self, event: ModuleTree.FilterKeys) -> None:
+        """`/` on the tree, then the keys typed right after it: into the filter box, in order."""
+        box = self.query_one("#filter", Input)
+        if event.key == "escape":
+            self.action_escape()
+        elif event.key == "enter":
+            await box.action_submit()
+        elif event.key == "backspace":
+            box.action_delete_left()
+        elif event.text:
+            box.insert_text_at_cursor(event.text)
+        else:
+            self.action_filter()
+
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         try:
@@ -241,7 +241,9 @@ class TensorsPane(Horizontal):
             self.notify("Move to a tensor first.", severity="warning")
             return
         if not t.segments:
-            self.notify(f"{shown(t.name)} has no data of its own (tied or empty).", severity="warning", markup=False)
+            self.notify(
+                f"{shown(t.name)} has no data of its own (tied or empty).", severity="warning", markup=False
+            )
             return
         self.cancel_stats()
         self._cancel = threading.Event()
@@ -251,67 +253,7 @@ class TensorsPane(Horizontal):
 
     @work(thread=True, exclusive=True, group="stats", exit_on_error=False, description="statistics")
     def _stats_worker(self, ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event) -> None:
-        from inspector.convert.reader import FilePool
-        from inspector.convert.stats import difference, module_copy_segments, tensor_stats
-
-        post = self.post_message
-        try:
-            with FilePool(ckpt.source) as pool:
-                for ev in tensor_stats(t.segments, pool, cancel):
-                    if isinstance(ev, TensorStats):
-                        post(StatsUpdate(t.name, result=stats_renderable(ev)))
-                    else:
-                        post(StatsUpdate(t.name, progress=ev, what="reading values"))
-                copy = module_copy_segments(ckpt, t)
-                if copy:
-                    for d in difference(t.segments, copy, pool, cancel):
-                        if isinstance(d, Difference):
-                            post(
-                                StatsUpdate(
-                                    t.name,
-                                    result=difference_line(f"{copy[0].dtype} module copy vs master", d),
-                                )
-                            )
-                        else:
-                            post(StatsUpdate(t.name, progress=d, what="comparing with the module copy"))
-                other = self._other_tag(ckpt)
-                if other is not None:
-                    self._compare_tag(ckpt, t, other, pool, cancel)
-        except CancelledError:
-            return
-        except (InspectorError, ValueError, OSError) as exc:
-            post(StatsUpdate(t.name, result=Text(f"Cannot read it: {exc}", style="red")))
-        post(StatsUpdate(t.name, done=True))
-
-    @staticmethod
-    def _other_tag(ckpt: Checkpoint) -> str | None:
-        tags = list(ckpt.tags)
-        if len(tags) < 2 or ckpt.tag not in tags:
-            return None
-        i = tags.index(ckpt.tag)
-        return tags[i - 1] if i > 0 else tags[i + 1]
-
-    def _compare_tag(
-        self, ckpt: Checkpoint, t: TensorInfo, other: str, pool: Any, cancel: threading.Event
-    ) -> None:
-        from inspector.convert.stats import difference
-        from inspector.scan.scanner import scan
-
-        try:
-            theirs = scan(ckpt.root, other).tensor(t.name)
-        except (InspectorError, KeyError):
-            self.post_message(
-                StatsUpdate(t.name, result=Text(f"{other}: no such tensor to compare", style="dim"))
-            )
-            return
-        if theirs.numel != t.numel:
-            self.post_message(StatsUpdate(t.name, result=Text(f"{other}: shape differs", style="yellow")))
-            return
-        for d in difference(theirs.segments, t.segments, pool, cancel):
-            if isinstance(d, Difference):
-                self.post_message(StatsUpdate(t.name, result=difference_line(f"change since {other}", d)))
-            else:
-                self.post_message(StatsUpdate(t.name, progress=d, what=f"comparing with {other}"))
+        stream_stats(ckpt, t, cancel, self.post_message)
 
     @on(StatsUpdate)
     def _stats_update(self, msg: StatsUpdate) -> None:

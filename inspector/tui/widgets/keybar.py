@@ -55,7 +55,9 @@ class KeyBar(Static):
             if text.cell_len <= width:
                 break
         while text.cell_len > width and len(entries) > 1:
-            drop = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][3] != "question_mark"), None)
+            drop = next(
+                (i for i in range(len(entries) - 1, -1, -1) if entries[i][3] != "question_mark"), None
+            )
             if drop is None:
                 break
             del entries[drop]

@@ -59,6 +59,17 @@ class ModuleTree(Tree[Data]):
     class SelectionChanged(Message):
         selected: frozenset[str]
 
+    @dataclass
+    class FilterKeys(Message):
+        """`/` on the tree opens the filter (`text` and `key` empty); keys typed right after it that reached the
+        tree before the filter box took the focus follow as `text` (printable) or `key` (backspace, enter,
+        escape), so they are typed into the filter instead of selecting, unfolding or leaving the tab."""
+
+        text: str = ""
+        key: str = ""
+
+    FILTER_KEYS = ("backspace", "enter", "escape")
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("model", id=id)
         self.ckpt: Checkpoint | None = None
@@ -67,6 +78,9 @@ class ModuleTree(Tree[Data]):
         self.out_dtype = "float32"
         self.dedupe_tied = False  # convert writes a tied alias under its own name too unless --dedupe-tied
         self._ranks: dict[str, list[int]] = {}
+        self._typing_filter = (
+            False  # `/` was pressed here: keys still queued for the tree belong to the filter
+        )
         self.show_root = False
         self.guide_depth = 2
 
@@ -175,6 +189,24 @@ class ModuleTree(Tree[Data]):
     def set_selection(self, names: set[str]) -> None:
         self.selected = set(names)
         self._changed()
+
+    async def on_key(self, event: events.Key) -> None:
+        """`/` opens the filter from here, in key order: Textual forwards a burst of keys (a fast typist, a
+        paste, tmux) to the tree before the filter box can take the focus, so what follows `/` is passed on."""
+        if event.key == "slash" and not self._typing_filter:
+            self._typing_filter = True
+            self.post_message(self.FilterKeys())
+        elif self._typing_filter and event.is_printable and event.character:
+            self.post_message(self.FilterKeys(text=event.character))
+        elif self._typing_filter and event.key in self.FILTER_KEYS:
+            self.post_message(self.FilterKeys(key=event.key))
+        else:
+            return
+        event.prevent_default()  # not the Tree's own handling
+        event.stop()  # nor the bindings of the tree, the pane or the app (a, n, e, c, q ...)
+
+    def on_focus(self) -> None:
+        self._typing_filter = False  # back from the filter box: keys are the tree's again
 
     async def _on_click(self, event: events.Click) -> None:
         """A click on the mark (■ □ ◪) toggles that row's selection; elsewhere the Tree's own click."""

@@ -12,7 +12,7 @@ from rich.text import Text
 from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.scan.summary import alignment_padding
-from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, shape, shown, size
+from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, plural, shape, shown, size
 from inspector.tui.session import rank_of_file
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
@@ -61,16 +61,18 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     if ckpt.stage == 3:
         per = math.ceil(t.numel / max(ckpt.world_size, 1))
         pad = per * ckpt.world_size - t.numel
-        return f"Partitioned {ckpt.world_size} ways, {count(per)} per rank; {pad} padding element(s) on the last rank."
+        return f"Partitioned {plural(ckpt.world_size, 'way')}, {count(per)} per rank; {pad} padding element(s) on the last rank."
     g = next((g for g in ckpt.groups if g.index == t.group), None)
     if g is None:
         return ""
     align = sum(n for (_, grp), n in alignment_padding(ckpt).items() if grp == g.index)
     end = g.padded_numel - g.numel - align
     where = f"{end} padding element(s) at its end" + (
-        f" and {align} alignment padding element(s) between parameters (param_alignment_paddings)" if align else ""
+        f" and {align} alignment padding element(s) between parameters (param_alignment_paddings)"
+        if align
+        else ""
     )
-    return f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {ckpt.world_size} ways); the group has {where}."
+    return f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {plural(ckpt.world_size, 'way')}); the group has {where}."
 
 
 def stats_renderable(st: TensorStats) -> RenderableType:

@@ -47,7 +47,7 @@ def test_adapter_detected_with_peft_key_names(demo: Any, tmp_path: Path) -> None
 
 
 def test_scan_json_describes_the_adapter(demo: Any, tmp_path: Path) -> None:
-    from inspector.scan.summary import adapter_json, checkpoint_json
+    from inspector.scan.json_view import adapter_json, checkpoint_json
 
     ckpt = lora_checkpoint(demo, tmp_path, use_rslora=True)
     info = adapter_json(ckpt)
@@ -100,7 +100,7 @@ def test_adapter_renames_agree_with_peft_key(name: str) -> None:
 
 
 def test_a_broken_adapter_config_does_not_break_scan(demo: Any, tmp_path: Path) -> None:
-    from inspector.scan.summary import adapter_json
+    from inspector.scan.json_view import adapter_json
 
     ckpt = lora_checkpoint(demo, tmp_path)
     (Path(ckpt.root) / "adapter_config.json").write_text("{not json")

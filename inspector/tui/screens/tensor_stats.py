@@ -1,0 +1,103 @@
+"""The Tensors tab's statistics job: stream one tensor's values (and its module copy, and the same tensor at the
+previous tag) and post what is found as `StatsUpdate` messages. Runs in the pane's worker thread; it never
+touches a widget, so the pane applies every update on the UI thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.message import Message
+
+from inspector.convert.stats import Difference, StatsProgress, TensorStats
+from inspector.errors import CancelledError, InspectorError
+from inspector.scan.model import Checkpoint, TensorInfo
+from inspector.tui.widgets.tensor_detail import difference_line, stats_renderable
+
+if TYPE_CHECKING:
+    from inspector.convert.reader import FilePool
+
+
+@dataclass
+class StatsUpdate(Message):
+    """From the statistics worker: progress, a result, or an error, for one tensor."""
+
+    name: str
+    progress: StatsProgress | None = None
+    what: str = ""
+    result: RenderableType | None = None
+    done: bool = False
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, StatsUpdate) and message.progress is not None and self.progress is not None
+
+
+Post = Callable[[Message], object]
+
+
+def stream_stats(ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event, post: Post) -> None:
+    """Statistics of `t`, the largest difference of its 16-bit module copy from the master, and how much it
+    changed since the neighbouring tag; `cancel` stops it between chunks. Ends with a `done` update unless
+    cancelled."""
+    from inspector.convert.reader import (
+        FilePool,  # numpy's reader loads with the first statistics, not at launch
+    )
+    from inspector.convert.stats import difference, module_copy_segments, tensor_stats
+
+    try:
+        with FilePool(ckpt.source) as pool:
+            for ev in tensor_stats(t.segments, pool, cancel):
+                if isinstance(ev, TensorStats):
+                    post(StatsUpdate(t.name, result=stats_renderable(ev)))
+                else:
+                    post(StatsUpdate(t.name, progress=ev, what="reading values"))
+            copy = module_copy_segments(ckpt, t)
+            if copy:
+                for d in difference(t.segments, copy, pool, cancel):
+                    if isinstance(d, Difference):
+                        label = f"{copy[0].dtype} module copy vs master"
+                        post(StatsUpdate(t.name, result=difference_line(label, d)))
+                    else:
+                        post(StatsUpdate(t.name, progress=d, what="comparing with the module copy"))
+            other = other_tag(ckpt)
+            if other is not None:
+                _compare_tag(ckpt, t, other, pool, cancel, post)
+    except CancelledError:
+        return
+    except (InspectorError, ValueError, OSError) as exc:
+        post(StatsUpdate(t.name, result=Text(f"Cannot read it: {exc}", style="red")))
+    post(StatsUpdate(t.name, done=True))
+
+
+def other_tag(ckpt: Checkpoint) -> str | None:
+    """The tag to compare with: the previous one, or the next when this is the oldest."""
+    tags = list(ckpt.tags)
+    if len(tags) < 2 or ckpt.tag not in tags:
+        return None
+    i = tags.index(ckpt.tag)
+    return tags[i - 1] if i > 0 else tags[i + 1]
+
+
+def _compare_tag(
+    ckpt: Checkpoint, t: TensorInfo, other: str, pool: FilePool, cancel: threading.Event, post: Post
+) -> None:
+    from inspector.convert.stats import difference
+    from inspector.scan.scanner import scan
+
+    try:
+        theirs = scan(ckpt.root, other).tensor(t.name)
+    except (InspectorError, KeyError):
+        post(StatsUpdate(t.name, result=Text(f"{other}: no such tensor to compare", style="dim")))
+        return
+    if theirs.numel != t.numel:
+        post(StatsUpdate(t.name, result=Text(f"{other}: shape differs", style="yellow")))
+        return
+    for d in difference(theirs.segments, t.segments, pool, cancel):
+        if isinstance(d, Difference):
+            post(StatsUpdate(t.name, result=difference_line(f"change since {other}", d)))
+        else:
+            post(StatsUpdate(t.name, progress=d, what=f"comparing with {other}"))
