@@ -260,7 +260,8 @@ class ExportScreen(Screen[None]):
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(
             f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.files)} file(s)"
-            + (f"\n= {' '.join(flags)[:200]}" if flags else " (everything)")
+            + (f"\n= {shown_markup(' '.join(flags)[:200])}" if flags else " (everything)")
+            + "".join(f"\n{shown_markup(note)}" for note in msg.plan.notes)  # why a count differs, in words
             + "[/]"
         )
 
