@@ -134,7 +134,7 @@ def part_shards(plan: ConversionPlan, part: Part) -> list[int]:
     total = sum(s.file_bytes for s in plan.shards)
     out, pos = [], 0
     for k, s in enumerate(plan.shards):
-        if (pos * n) // max(total, 1) == i or (i == n - 1 and (pos * n) // max(total, 1) >= n):
+        if min((pos * n) // max(total, 1), n - 1) == i:
             out.append(k)
         pos += s.file_bytes
     return out
@@ -165,7 +165,7 @@ class OutputFolder:
         self.root = OutputRoot(out_dir, lock_name=LOCK + suffix)  # created, locked, held open
         self.out_dir = self.root.path
         try:
-            self._refuse_running_parts()
+            self.root.refuse_running(part)
             self.stale = prepare_output(plan, out_dir, overwrite) if part is None else []
             self.partials = [s.filename + PARTIAL for s in plan.shards]
             self.reuse = self._reusable()
@@ -184,31 +184,6 @@ class OutputFolder:
 
     def release(self, ok: bool) -> None:
         self.root.release(ok)
-
-    def _refuse_running_parts(self) -> None:
-        """The finishing run must not race a part still writing its shards, nor a part a finishing run."""
-        import fcntl
-
-        for name in self.root.listdir():
-            others = name.startswith(LOCK + ".part-") if self.part is None else name == LOCK
-            if name == self.root.lock_name or not others:
-                continue
-            try:
-                fd = self.root.open_read(name)
-            except (OSError, OutputError):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                who = name[len(LOCK) + 1 :].replace("-", " ") or "a run without --part"
-                raise OutputError(
-                    f"Another conversion ({who}) is writing into {self.out_dir}.",
-                    hint="Parts run side by side; the finishing convert (without --part) runs once every part "
-                    "has ended.",
-                    title="Output folder in use",
-                ) from None
-            finally:
-                os.close(fd)
 
     def _journals(self) -> list[dict[str, object]]:
         """This run's journal and, for the finishing run, every part's."""

@@ -139,6 +139,33 @@ class OutputRoot:
             f"Could not lock {self.path}: the lock file keeps changing.", title="Output folder in use"
         )
 
+    def refuse_running(self, part: tuple[int, int] | None) -> None:
+        """Parts of one job run side by side, each under a lock of its own (`LOCK.part-i-of-n`); the run
+        without a part finishes their folder. Neither may race the other: the finishing run refuses while a
+        part holds its lock, a part while a finishing run holds the plain lock."""
+        import fcntl
+
+        for name in self.listdir():
+            others = name.startswith(LOCK + ".part-") if part is None else name == LOCK
+            if name == self.lock_name or not others:
+                continue
+            try:
+                fd = self.open_read(name)
+            except (OSError, OutputError):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                who = name[len(LOCK) + 1 :].replace("-", " ") or "a run without --part"
+                raise OutputError(
+                    f"Another conversion ({who}) is writing into {self.path}.",
+                    hint="Parts run side by side; the finishing convert (without --part) runs once every part "
+                    "has ended.",
+                    title="Output folder in use",
+                ) from None
+            finally:
+                os.close(fd)
+
     def release(self, ok: bool) -> None:
         """Unlock and close; after a failure also remove the folders this run created, if they are empty."""
         if self._lock >= 0:

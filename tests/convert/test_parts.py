@@ -125,7 +125,22 @@ def test_a_bad_part_is_refused(demo: Any, tmp_path: Path, bad: str, cli: Any) ->
     assert res.rc == 2 and "--part" in res.stderr and not (tmp_path / "out").exists()
 
 
-def test_a_kind_that_cannot_split_says_so(demo: Any, tmp_path: Path, cli: Any) -> None:
-    res = cli("convert", demo(SPEC), tmp_path / "out", "--format", "universal", "--part", "0/2")
-    assert res.rc == 2 and "not supported for universal" in res.stderr
-    assert not (tmp_path / "out" / "global_step3_uni").exists()
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_universal_parts_then_finish_equal_one_run(demo: Any, tmp_path: Path, cli: Any) -> None:
+    """Universal splits too: parts write their share of the tensor files into the shared staging folder,
+    the finishing run writes the small files and publishes; the folder equals a single run's and verifies."""
+    root = demo(SPEC)
+    one, out = tmp_path / "one", tmp_path / "out"
+    assert cli("convert", root, one, "--format", "universal").rc == 0
+    for i in range(3):
+        res = cli("convert", root, out, "--format", "universal", "--part", f"{i}/3")
+        assert res.rc == 0, res.output
+        assert not (out / "global_step3_uni").exists() and (out / "global_step3_uni.partial").is_dir()
+    res = cli("convert", root, out, "--format", "universal")
+    assert res.rc == 0, res.output
+    assert "reused from an interrupted run" in res.output  # the parts' files, not written again
+    assert _tree(out) == _tree(one)
+    assert cli("verify", root, out).rc == 0

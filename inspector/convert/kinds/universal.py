@@ -29,7 +29,7 @@ from inspector.convert.writers.universal import (
     write_universal,
 )
 from inspector.convert.writers.universal_preflight import assess_universal
-from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
+from inspector.errors import DamagedCheckpointError
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.limits import MemoryBudget
 
@@ -101,13 +101,13 @@ class UniversalJob(Job):
     ) -> Iterator[Progress | Report]:
         """The writer works on its own threads; this turns its byte count into Progress events. An interrupt
         (Ctrl-C, SIGTERM) cancels it and waits for it to release OUT: finished files stay for a rerun."""
-        if part is not None:
-            raise UnsupportedCheckpointError(
-                "--part is not supported for universal checkpoints yet.",
-                hint="Convert it in one run (its files are written several at a time already).",
-            )
         cancel = cancel or threading.Event()
-        total = self.plan.total_bytes
+        if part is None:
+            total = self.plan.total_bytes
+        else:  # a part writes only its share of the tensor files
+            from inspector.convert.writers.universal import file_part
+
+            total = sum(self.plan.files[k].nbytes for k in file_part(self.plan, part))
         done = [0]
         lock = threading.Lock()
         result: list[Any] = []
@@ -121,7 +121,7 @@ class UniversalJob(Job):
         def work() -> None:
             try:
                 result.append(
-                    write_universal(self.plan, overwrite=overwrite, cancel=cancel, progress=progress)
+                    write_universal(self.plan, overwrite=overwrite, cancel=cancel, progress=progress, part=part)
                 )
             except BaseException as exc:
                 error.append(exc)
@@ -145,9 +145,9 @@ class UniversalJob(Job):
         elapsed = time.monotonic() - start
         yield Progress(total, total, "", name, 0, 1, elapsed)
         yield Report(
-            self.plan.out_dir,
-            ((name, report.bytes_written),),
-            self.tensor_count,
+            report.out_dir,  # a part's files stay in <tag>_uni.partial until the finishing run
+            ((os.path.basename(report.out_dir), report.bytes_written),),
+            report.files if part else self.tensor_count,
             report.bytes_written,
             elapsed,
             report.reused,

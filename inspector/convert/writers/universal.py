@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.convert.root import OutputRoot
+from inspector.convert.root import LOCK, OutputRoot
 from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
@@ -209,14 +209,22 @@ def write_universal(
     workers: int | None = None,
     cancel: threading.Event | None = None,
     progress: Callable[[int], None] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> UniversalReport:
-    """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written."""
+    """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written.
+
+    `part` (i, n): write only part i of n of the tensor files (contiguous, balanced by bytes) into the shared
+    staging folder, journalled under a journal of its own, and publish nothing; the run without `part`
+    then writes the small files and anything missing, reuses every part's files by their checksums and
+    publishes."""
     prepare(plan, overwrite)
-    root = OutputRoot(plan.out_root)  # created and locked: a second run into OUT is refused, not mixed in
+    suffix = f".part-{part[0]}-of-{part[1]}" if part else ""
+    root = OutputRoot(plan.out_root, lock_name=LOCK + suffix)  # a second run into OUT is refused, not mixed in
     ok = False
     try:
+        root.refuse_running(part)
         prepare(plan, overwrite)  # again, now that no one else writes here
-        report = _write_locked(plan, root, workers, cancel, progress)
+        report = _write_locked(plan, root, workers, cancel, progress, part)
         ok = True
         return report
     finally:
@@ -229,9 +237,11 @@ def _write_locked(
     workers: int | None,
     cancel: threading.Event | None,
     progress: Callable[[int], None] | None,
+    part: tuple[int, int] | None = None,
 ) -> UniversalReport:
     staging = plan.folder + PARTIAL
-    _open_staging(plan, root, staging)
+    mine = [plan.files[k] for k in file_part(plan, part)] if part else list(plan.files)
+    _open_staging(plan, root, staging, {f.rel for f in mine} if part else None)
     cancel = cancel or threading.Event()
     lock = threading.Lock()
     written = [0]
@@ -242,15 +252,16 @@ def _write_locked(
         if progress is not None:
             progress(n)
 
-    journal = Journal(root, staging)
+    journal = Journal(root, staging, f".part-{part[0]}-of-{part[1]}" if part else "")
     finished = journal.previous()
-    todo = [f for f in plan.files if not journal.reusable(f.rel, finished)]
+    todo = [f for f in mine if not journal.reusable(f.rel, finished)]
     try:
         from inspector.convert.reader import FilePool
         from inspector.convert.writers.universal_state import write_small
 
         with FilePool(*plan.sources) as pool:
-            write_small(plan, root, staging)
+            if part is None:  # the finishing run writes the small files, once
+                write_small(plan, root, staging)
             # files are independent; pread, crc32 and write release the GIL
             n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
@@ -263,7 +274,7 @@ def _write_locked(
                 except BaseException:
                     cancel.set()
                     raise
-            for src, name in plan.copies:
+            for src, name in plan.copies if part is None else ():
                 rel = f"{staging}/{name}"
                 if not journal.reusable(name, finished):
                     root.copy_in(_source_of(plan, src), src, rel)
@@ -276,10 +287,14 @@ def _write_locked(
         ) from None
     if cancel.is_set():
         raise CancelledError("Conversion cancelled; rerun the same command to resume.")
+    if part is not None:
+        return UniversalReport(f"{plan.out_dir}{PARTIAL}", len(mine), written[0], len(mine) - len(todo))
     if root.lstat(plan.folder) is not None:  # only reached with --overwrite (prepare checked)
         root.remove_tree(plan.folder)
     root.remove(f"{staging}/{SOURCE_STAMP}")
-    root.remove(f"{staging}/{JOURNAL}")
+    for name in root.listdir(staging):
+        if name.startswith(JOURNAL):  # this run's journal and every part's
+            root.remove(f"{staging}/{name}")
     root.replace(staging, plan.folder)
     root.write_atomic(LATEST, plan.folder.encode())
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
@@ -298,17 +313,38 @@ def default_workers() -> int:
     return min(8, os.cpu_count() or 2)
 
 
-def _open_staging(plan: UniversalPlan, root: OutputRoot, staging: str) -> None:
-    """Keep a staging folder left by the same job (same source files); otherwise start it afresh."""
+def _open_staging(plan: UniversalPlan, root: OutputRoot, staging: str, mine: set[str] | None = None) -> None:
+    """Keep a staging folder left by the same job (same source files); otherwise start it afresh. A part
+    (`mine`: its files) shares the folder with the other parts: it never wipes it (another job's staging is
+    refused instead) and removes only its own half-written files."""
     stamp = f"{staging}/{SOURCE_STAMP}"
     want = json.dumps([list(s) for s in plan.source]).encode()
     if root.lstat(staging) is not None and root.read_small(stamp) != want:
+        if mine is not None:
+            raise OutputError(
+                f"{root.show(staging)} holds an unfinished export of another job.",
+                hint="Finish or remove it (a run without --part replaces it), then start the parts again.",
+                title="Output folder in use",
+            )
         root.remove_tree(staging)
     root.mkdirs(staging)
     root.write_atomic(stamp, want)
     for rel in list(root.walk_files(staging)):  # a killed run leaves half-written *.tmp files
-        if rel.endswith(".tmp"):
+        own = mine is None or rel[len(staging) + 1 : -len(".tmp")] in mine
+        if rel.endswith(".tmp") and own:
             root.remove(rel)
+
+
+def file_part(plan: UniversalPlan, part: tuple[int, int]) -> list[int]:
+    """The tensor files part `i` of `n` writes: contiguous, balanced by bytes (as `output.part_shards`)."""
+    i, n = part
+    total = sum(f.nbytes for f in plan.files)
+    out, pos = [], 0
+    for k, f in enumerate(plan.files):
+        if min((pos * n) // max(total, 1), n - 1) == i:
+            out.append(k)
+        pos += f.nbytes
+    return out
 
 
 def _write_tensor(

@@ -15,22 +15,27 @@ class Journal:
     """Appends one JSON line per finished file (name, size, CRC-32), so a rerun after a kill keeps a file only
     if it still has the bytes it was finished with: a file truncated or changed since is written again."""
 
-    def __init__(self, root: OutputRoot, staging: str) -> None:
+    def __init__(self, root: OutputRoot, staging: str, suffix: str = "") -> None:
         self.root = root
         self.staging = staging
+        self.name = JOURNAL + suffix  # a part journals under a name of its own; no two writers share a file
         self.lock = threading.Lock()
 
     def finished(self, rel: str) -> None:
         path = f"{self.staging}/{rel}"
         line = json.dumps({"file": rel, "size": self.root.size(path), "crc32": self.root.crc32(path)}) + "\n"
         with self.lock:
-            self.root.append(f"{self.staging}/{JOURNAL}", line.encode())
+            self.root.append(f"{self.staging}/{self.name}", line.encode())
 
     def previous(self) -> dict[str, tuple[int, int]]:
-        """What a previous run of this job journalled as finished: file -> (size, CRC-32); bounded and typed."""
+        """What earlier runs of this job journalled as finished: file -> (size, CRC-32); bounded and typed.
+        The finishing run (no suffix) reads every part's journal too."""
         out: dict[str, tuple[int, int]] = {}
-        raw = self.root.read_small(f"{self.staging}/{JOURNAL}")
-        for line in (raw or b"").splitlines():
+        names = [self.name]
+        if self.name == JOURNAL:
+            names += [n for n in self.root.listdir(self.staging) if n.startswith(JOURNAL + ".part-")]
+        raw = b"\n".join(self.root.read_small(f"{self.staging}/{n}") or b"" for n in names)
+        for line in raw.splitlines():
             try:
                 doc = json.loads(line)
             except ValueError:
