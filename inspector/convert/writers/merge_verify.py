@@ -90,7 +90,7 @@ def _merged_ok(
     b = _read(pool, m.b.segments, m.b.segments[0].dtype).astype(np.float64).reshape(m.b.shape)
     rows_total, cols = shape
     step = max(1, _ROWS_ELEMS // max(cols, 1))
-    r = a.shape[0]
+    r = m.a.shape[0]  # LoRA rank: A is (r, in)
     slack = (r + 2) * 2.0**-24
     osz = itemsize(out_dtype)
     for row in range(0, rows_total, step):
