@@ -23,6 +23,7 @@ CORE = [
     "inspector.system.rss",
     "inspector.system.units",
     "inspector.scan.summary",
+    "inspector.health",
 ]
 TORCH_FREE = [
     "inspector.scan.scanner",
@@ -36,6 +37,8 @@ TORCH_FREE = [
     "inspector.demo.writer",
     "inspector.cli.main",
     "inspector.cli.convert",
+    "inspector.health",
+    "inspector.cli.health",
 ]
 
 

@@ -204,7 +204,7 @@ def _add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.set_defaults(func=cmd_open)
 
 
-COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "open")
+COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "health", "open")
 
 
 def _route(argv: list[str]) -> list[str]:
@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inspector.cli import convert as cli_convert
 
     cli_convert.register(sub, _add_common)
+    from inspector.cli import health as cli_health
+
+    cli_health.register(sub, _add_common)
     _add_open(sub)
     return parser
 

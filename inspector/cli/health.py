@@ -1,0 +1,184 @@
+"""`zero-inspector health PATH`: every tensor's numbers from one streamed read, findings first.
+
+Exit codes: 0 sound (warnings allowed); 1 NaN/Inf in the masters or frozen weights, or a damaged file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from inspector.cli.console import console as _console
+from inspector.cli.console import literal, stdout_closed
+from inspector.errors import EXIT_DAMAGED, EXIT_OK
+
+_SHOWN = 25  # findings of each severity printed before "… and N more"
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from inspector.health import HealthProgress, HealthReport, check
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(args.path, args.tag)
+    against = scan(args.path, args.against) if args.against else None
+    report: HealthReport | None = None
+    err = _console(stderr=True)
+    cancel = threading.Event()
+    with err.status("Reading tensors…") as status:
+        try:
+            for item in check(
+                ckpt, against, include=args.include or (), exclude=args.exclude or (), cancel=cancel
+            ):
+                if isinstance(item, HealthProgress):
+                    status.update(
+                        f"Reading tensors… {100 * item.fraction:.0f} % "
+                        f"({item.jobs_done}/{item.jobs_total} streams)"
+                    )
+                elif isinstance(item, HealthReport):
+                    report = item
+        finally:
+            cancel.set()  # Ctrl-C: the workers stop at their next chunk
+    assert report is not None
+    rc = EXIT_DAMAGED if report.errors else EXIT_OK
+    try:
+        if args.json:
+            print(json.dumps(report.as_json(), indent=1), flush=True)
+        else:
+            _print(_console(), report, all_tensors=args.tensors)
+    except BrokenPipeError:
+        stdout_closed()
+    return rc
+
+
+def _g(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if math.isnan(v):
+        return "nan"
+    return f"{v:.4g}"
+
+
+def _print(con: Any, report: Any, all_tensors: bool) -> None:
+    from rich.table import Table
+
+    head = f"[bold]Health of {literal(report.tag)}[/] (ZeRO-{report.stage})"
+    if report.against:
+        head += f" against [bold]{literal(report.against)}[/]"
+    gib = report.bytes_read / 2**30
+    con.print(f"{head}: {len(report.rows)} streams, {gib:.2f} GiB read in {report.seconds:.1f} s")
+    if all_tensors:
+        _print_tensors(con, report)
+    else:
+        _print_modules(con, report)
+    if not report.findings:
+        con.print("[green]No findings: no NaN or Inf, no dead or exploded tensors.[/]")
+        return
+    t = Table(title="Findings", show_lines=False, expand=False)
+    t.add_column("", no_wrap=True)
+    t.add_column("what")
+    t.add_column("what to do")
+    by: dict[str, list[Any]] = defaultdict(list)
+    for f in report.findings:
+        by[str(f.severity)].append(f)
+    for sev in ("error", "warning", "info"):
+        for f in by[sev][:_SHOWN]:
+            t.add_row(f"[{_STYLE[sev]}]{sev}[/]", literal(f.message), literal(f.hint))
+        if len(by[sev]) > _SHOWN:
+            t.add_row(
+                f"[{_STYLE[sev]}]{sev}[/]", f"… and {len(by[sev]) - _SHOWN} more (--json lists all)", ""
+            )
+    con.print(t)
+
+
+def _print_modules(con: Any, report: Any) -> None:
+    from rich.table import Table
+
+    from inspector.health.report import overview
+
+    mods: dict[str, dict[str, Any]] = {}
+    for m in overview(report.modules):
+        mods.setdefault(m.module, {})[m.source] = m
+    with_delta = report.against is not None
+    t = Table(title="L2 norms per block (m, v: Adam exp_avg, exp_avg_sq; other: frozen, buffers)")
+    for col in (
+        "submodule",
+        "NaN",
+        "Inf",
+        "master",
+        "m",
+        "v",
+        "16-bit",
+        "other",
+    ):
+        left = col == "submodule"
+        t.add_column(col, justify="left" if left else "right", no_wrap=not left, overflow="fold")
+    if with_delta:
+        t.add_column("Δ since", justify="right")
+    for name, by in mods.items():
+        nan = sum(m.nan for m in by.values())
+        inf = sum(m.inf for m in by.values())
+        other = [m for s, m in by.items() if s in ("frozen", "buffer")]
+        cells = [
+            literal(name or "(top level)"),
+            f"[bold red]{nan:,}[/]" if nan else "0",
+            f"[bold red]{inf:,}[/]" if inf else "0",
+            *(_g(by[s].norm) if s in by else "–" for s in ("master", "exp_avg", "exp_avg_sq", "module")),
+            _g(math.sqrt(sum(m.norm**2 for m in other))) if other else "–",
+        ]
+        if with_delta:
+            cells.append(_g(by["master"].delta_norm) if "master" in by else "–")
+        t.add_row(*cells)
+    con.print(t)
+
+
+def _print_tensors(con: Any, report: Any) -> None:
+    from rich.table import Table
+
+    with_delta = report.against is not None
+    t = Table(title="Per tensor")
+    cols = ["tensor", "source", "values", "NaN", "Inf", "zeros", "min", "max", "mean", "std", "norm"]
+    for col in cols + (["Δ", "Δ/norm"] if with_delta else []):
+        t.add_column(col, justify="left" if col in ("tensor", "source") else "right")
+    for r in report.rows:
+        st = r.stats
+        cells = [
+            literal(r.name),
+            r.source,
+            f"{st.numel:,}",
+            f"[bold red]{st.nan:,}[/]" if st.nan else "0",
+            f"[bold red]{st.inf:,}[/]" if st.inf else "0",
+            f"{st.zeros:,}",
+            *(_g(v) for v in (st.minimum, st.maximum, st.mean, st.std, st.norm)),
+        ]
+        if with_delta:
+            cells += [_g(r.delta_norm), _g(r.delta_rel)]
+        t.add_row(*cells)
+    con.print(t)
+
+
+def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser(
+        "health", help="every tensor's NaN/Inf, zeros, range, mean, std and norm, streamed; findings first"
+    )
+    add_common(p)
+    p.add_argument("--against", metavar="TAG", help="also measure how far each master moved since TAG")
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="only tensors matching a glob or module prefix (repeatable)",
+    )
+    p.add_argument(
+        "--exclude", action="append", metavar="GLOB", help="leave out matching tensors (repeatable)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument(
+        "--tensors", action="store_true", help="list every tensor instead of grouping by submodule"
+    )
+    p.set_defaults(func=cmd_health)

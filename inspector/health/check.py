@@ -1,0 +1,100 @@
+"""The health pass: select, stream, roll up, judge. A generator of progress and finished rows, then the report."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from inspector.convert.options import ConvertOptions, select
+from inspector.convert.reader import FilePool
+from inspector.errors import InspectorError
+from inspector.health.findings import HealthFinding, findings, missing_in_against
+from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
+from inspector.health.stream import CHUNK_ELEMS, Row, Streamer, default_threads, plan_jobs, run_jobs
+from inspector.scan.model import Checkpoint, Severity
+
+_INTERVAL = 0.25
+
+
+def check(
+    ckpt: Checkpoint,
+    against: Checkpoint | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    threads: int | None = None,
+    cancel: threading.Event | None = None,
+    chunk_elems: int = CHUNK_ELEMS,
+) -> Iterator[HealthProgress | list[Row] | HealthReport]:
+    """Yield progress (at most 4/s), each tensor's rows as they finish, then the HealthReport.
+
+    Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
+    start = time.monotonic()
+    cancel = cancel or threading.Event()
+    threads = threads or default_threads()
+    tensors = select(ckpt, ConvertOptions(include=tuple(include), exclude=tuple(exclude)))
+    if not tensors:
+        raise InspectorError(
+            "No tensor matches the --include/--exclude patterns.",
+            hint="Patterns are globs or module prefixes, e.g. 'model.layers.0' or '*.mlp.*'.",
+            title="Nothing selected",
+        )
+    jobs = plan_jobs(ckpt, tensors, against)
+    total = sum(j.nbytes for j in jobs)
+    rows: list[Row] = []
+    with FilePool(*{ckpt.source, *((against.source,) if against else ())}) as pool:
+        streamer = Streamer(pool, cancel, chunk_elems)
+        last = 0.0
+        done = 0
+        for item in run_jobs(jobs, streamer, threads):
+            if item is not None:
+                _job, result = item
+                if isinstance(result, BaseException):
+                    raise result
+                rows.extend(result)
+                done += 1
+                yield result
+            now = time.monotonic()
+            if now - last >= _INTERVAL:
+                last = now
+                yield HealthProgress(streamer.done_bytes, total, done, len(jobs))
+        read = streamer.done_bytes
+    order = {t.name: i for i, t in enumerate(ckpt.tensors)}
+    rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
+    found = _scan_errors(ckpt) + findings(rows, against.tag if against else None)
+    if against is not None:
+        lacking = [j.name for j in jobs if j.source == "master" and not j.against]
+        found += missing_in_against(lacking, against.tag)
+    yield HealthReport(
+        tag=ckpt.tag,
+        against=against.tag if against else None,
+        stage=ckpt.stage,
+        rows=tuple(rows),
+        modules=tuple(rollup(rows)),
+        findings=tuple(found),
+        bytes_read=read,
+        seconds=time.monotonic() - start,
+        threads=threads,
+    )
+
+
+def _scan_errors(ckpt: Checkpoint) -> list[HealthFinding]:
+    """The scan's own error findings (damaged files) come first: the numbers below them may be partial."""
+    return [
+        HealthFinding(Severity.ERROR, f"scan-{f.code}", f.message, f.hint)
+        for f in ckpt.findings
+        if f.severity is Severity.ERROR
+    ]
+
+
+def run_check(ckpt: Checkpoint, against: Checkpoint | None = None, **kw: object) -> HealthReport:
+    """The whole pass without progress (scripts, tests)."""
+    report = None
+    for item in check(ckpt, against, **kw):  # type: ignore[arg-type]
+        if isinstance(item, HealthReport):
+            report = item
+    assert report is not None
+    return report
+
+
+__all__ = ["check", "run_check"]

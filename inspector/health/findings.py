@@ -1,0 +1,284 @@
+"""What the numbers mean for the person holding the checkpoint: findings, errors first, each with what to do."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.health.stream import Row
+from inspector.scan.model import Severity
+
+SIBLING_RATIO = 10.0  # a norm this many times above (or below 1/x of) its siblings' median is reported
+MIN_SIBLINGS = 3
+MOVED_SHOWN = 5
+_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+_WHERE = {
+    "master": "fp32 master",
+    "exp_avg": "Adam exp_avg",
+    "exp_avg_sq": "Adam exp_avg_sq",
+    "module": "16-bit module copy",
+    "frozen": "frozen parameter",
+    "buffer": "buffer",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFinding:
+    severity: Severity
+    code: str
+    message: str
+    hint: str = ""
+    tensor: str | None = None
+    source: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "severity": str(self.severity),
+            "code": self.code,
+            "message": self.message,
+            "hint": self.hint,
+            "tensor": self.tensor,
+            "source": self.source,
+        }
+
+
+def sibling_pattern(name: str) -> str:
+    """`model.layers.7.mlp.up_proj.weight` -> `model.layers.N.mlp.up_proj.weight` (numbered parts only)."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "N", name)
+
+
+def _nonfinite(rows: Sequence[Row]) -> list[HealthFinding]:
+    out = []
+    for r in rows:
+        st = r.stats
+        if not (st.nan or st.inf):
+            continue
+        parts = [
+            f"{n:,} {what}" for n, what in ((st.nan, "NaN"), (st.pos_inf, "+Inf"), (st.neg_inf, "−Inf")) if n
+        ]
+        what = f"{', '.join(parts)} of {st.numel:,} values in the {_WHERE[r.source]}"
+        if r.source in ("master", "frozen"):
+            out.append(
+                HealthFinding(
+                    Severity.ERROR,
+                    f"nonfinite-{r.source}",
+                    f"{r.name}: {what}.",
+                    "These are the weights an export writes. Do not publish this tag: resume from an earlier "
+                    "one (compare with `--against TAG` to find the last sound tag) and lower the learning "
+                    "rate or enable gradient clipping.",
+                    r.name,
+                    r.source,
+                )
+            )
+        elif r.source in ("exp_avg", "exp_avg_sq"):
+            out.append(
+                HealthFinding(
+                    Severity.WARNING,
+                    "nonfinite-moment",
+                    f"{r.name}: {what}; the master is finite.",
+                    "The weights can still be exported, but resuming from this tag puts NaN into the weights "
+                    "at the next step: resume from an earlier tag or reset the optimizer state.",
+                    r.name,
+                    r.source,
+                )
+            )
+        elif r.source == "module":
+            out.append(
+                HealthFinding(
+                    Severity.WARNING,
+                    "nonfinite-module",
+                    f"{r.name}: {what}; the fp32 master is finite.",
+                    "Export from the masters (the default `--source masters`), not the module copy.",
+                    r.name,
+                    r.source,
+                )
+            )
+        else:
+            out.append(
+                HealthFinding(
+                    Severity.WARNING if st.nan else Severity.INFO,
+                    "nonfinite-buffer",
+                    f"{r.name}: {what}.",
+                    "Masks often hold −Inf on purpose; a NaN in a buffer is carried into the exported model.",
+                    r.name,
+                    r.source,
+                )
+            )
+    return out
+
+
+def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
+    out = []
+    for r in rows:
+        st = r.stats
+        if r.source == "module":
+            continue  # said once, for its master
+        severity = Severity.WARNING if r.source in ("master", "exp_avg", "exp_avg_sq") else Severity.INFO
+        if st.all_zero:
+            hint = (
+                "This tensor never received a gradient: check that it is used in the forward pass and "
+                "not accidentally detached."
+                if r.source in ("exp_avg", "exp_avg_sq")
+                else "Expected right after initialisation for biases; after training it means the tensor "
+                "got no updates."
+            )
+            out.append(
+                HealthFinding(
+                    severity,
+                    "all-zero",
+                    f"{r.name}: the {_WHERE[r.source]} is all zeros.",
+                    hint,
+                    r.name,
+                    r.source,
+                )
+            )
+        elif st.constant:
+            out.append(
+                HealthFinding(
+                    severity,
+                    "constant",
+                    f"{r.name}: every value of the {_WHERE[r.source]} is {st.minimum:.6g}.",
+                    "Expected right after initialisation for norm weights (1.0); after training it means the "
+                    "tensor got no updates.",
+                    r.name,
+                    r.source,
+                )
+            )
+        if st.zero_rows and not st.all_zero:
+            rows_total = r.shape[0] if r.shape else 0
+            embedding = bool(re.search(r"embed|wte|lm_head|tok", r.name))
+            out.append(
+                HealthFinding(
+                    Severity.INFO if embedding else Severity.WARNING,
+                    "zero-rows",
+                    f"{r.name}: {st.zero_rows:,} of {rows_total:,} rows of exp_avg_sq are zero throughout.",
+                    "Those rows never received a gradient: for an embedding, tokens the data never held; "
+                    "elsewhere, dead units (check activations and masking).",
+                    r.name,
+                    r.source,
+                )
+            )
+    return out
+
+
+def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        if r.source in ("master", "exp_avg", "exp_avg_sq", "frozen"):
+            pattern = sibling_pattern(r.name)
+            if pattern != r.name and math.isfinite(r.stats.norm):
+                groups[(pattern, r.source)].append(r)
+    out = []
+    for (pattern, source), members in groups.items():
+        if len(members) < MIN_SIBLINGS:
+            continue
+        median = statistics.median(m.stats.norm for m in members)
+        if median <= 0:
+            continue
+        limit = SIBLING_RATIO**2 if source == "exp_avg_sq" else SIBLING_RATIO  # it scales as gradient²
+        for m in members:
+            ratio = m.stats.norm / median
+            if ratio >= limit or ratio <= 1 / limit:
+                how = (
+                    f"{ratio:.3g}× the median"
+                    if ratio >= 1
+                    else f"1/{1 / ratio:.3g} of the median"
+                    if ratio
+                    else "zero; the median is"
+                )
+                out.append(
+                    HealthFinding(
+                        Severity.WARNING,
+                        "norm-outlier",
+                        f"{m.name}: the {_WHERE[source]}'s L2 norm {m.stats.norm:.4g} is {how} "
+                        f"({median:.4g}) of the {len(members)} {pattern} tensors.",
+                        "A layer that diverged from its siblings: compare with an earlier tag (`--against`) "
+                        "to see when it happened.",
+                        m.name,
+                        source,
+                    )
+                )
+    return out
+
+
+def _out_of_sync(rows: Sequence[Row]) -> list[HealthFinding]:
+    out = []
+    for r in rows:
+        if r.source == "module" and r.module_differing:
+            out.append(
+                HealthFinding(
+                    Severity.WARNING,
+                    "module-out-of-sync",
+                    f"{r.name}: the 16-bit module copy differs from the master cast to {r.dtype} in "
+                    f"{r.module_differing:,} of {r.stats.numel:,} values (largest difference "
+                    f"{r.module_max_diff:.4g}).",
+                    "DeepSpeed copies the masters into the module after every step, so the two come from "
+                    "different moments: export from the masters (the default), which resume uses.",
+                    r.name,
+                    r.source,
+                )
+            )
+    return out
+
+
+def _moved(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
+    moved = [r for r in rows if r.source == "master" and r.delta_norm is not None]
+    if against is None or not moved:
+        return []
+    if all(r.delta_norm == 0 for r in moved):
+        return [
+            HealthFinding(
+                Severity.INFO,
+                "unchanged",
+                f"No master changed since {against}.",
+                "The two tags hold the same weights: was the second saved before any step?",
+            )
+        ]
+    top = sorted(moved, key=lambda r: -_key(r.delta_rel))[:MOVED_SHOWN]
+    return [
+        HealthFinding(
+            Severity.INFO,
+            "moved-most",
+            f"{r.name}: moved {r.delta_norm or 0:.4g} since {against} ({_pct(r.delta_rel)} of its norm).",
+            "",
+            r.name,
+            "master",
+        )
+        for r in top
+        if r.delta_norm
+    ]
+
+
+def _key(v: float | None) -> float:
+    return -1.0 if v is None or math.isnan(v) else v
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.3g} %"
+
+
+def missing_in_against(names: Sequence[str], against: str) -> list[HealthFinding]:
+    if not names:
+        return []
+    shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+    return [
+        HealthFinding(
+            Severity.INFO,
+            "not-in-against",
+            f"{len(names)} master(s) have no counterpart of the same size in {against}: {shown}.",
+            "Their change is left out.",
+        )
+    ]
+
+
+def findings(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
+    """Every finding, errors first; within a severity in checkpoint order."""
+    found = (
+        _nonfinite(rows) + _out_of_sync(rows) + _degenerate(rows) + _outliers(rows) + _moved(rows, against)
+    )
+    return sorted(found, key=lambda f: _ORDER[f.severity])  # stable: keeps each kind's order

@@ -1,0 +1,239 @@
+"""Read every selected tensor once, from exactly its bytes, on a small thread pool with fixed buffers.
+
+A job is one tensor's master (with its 16-bit module copy and, with `against`, the other tag's master read
+in step, chunk for chunk), one Adam moment, one frozen parameter or one buffer. Each worker thread owns one
+set of chunk buffers for its whole life, so memory is `threads x` one chunk per stream whatever the model.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from inspector.convert.cast import cast_into
+from inspector.convert.reader import FilePool, iter_chunks
+from inspector.errors import CancelledError
+from inspector.format.dtypes import numpy_dtype
+from inspector.health.numerics import Accumulator, Array, Stats, max_abs_difference
+from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+
+CHUNK_ELEMS = 1 << 18  # 256 Ki elements: 2 MiB per float64 buffer, cache-friendly for the several passes
+MAX_THREADS = 4
+
+
+def default_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(2, min(MAX_THREADS, cores))
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One stream to reduce (plus, for masters, the streams read in step with it)."""
+
+    name: str
+    source: str  # master | exp_avg | exp_avg_sq | frozen | buffer
+    shape: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    module: tuple[Segment, ...] = ()
+    against: tuple[Segment, ...] = ()
+    zero_rows: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in (*self.segments, *self.module, *self.against))
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """The statistics of one source of one tensor (the unit of the report's `tensors` list)."""
+
+    name: str
+    source: str
+    shape: tuple[int, ...]
+    dtype: str
+    stats: Stats
+    module_max_diff: float | None = None  # module rows: largest |module - master cast to module dtype|
+    module_differing: int | None = None
+    delta_norm: float | None = None  # master rows with `against`: ||master - master_against||
+
+    @property
+    def module(self) -> str:
+        return self.name.rpartition(".")[0]
+
+    @property
+    def delta_rel(self) -> float | None:
+        """The change relative to the tensor's norm in this tag."""
+        if self.delta_norm is None:
+            return None
+        if self.stats.norm:
+            return self.delta_norm / self.stats.norm
+        return 0.0 if self.delta_norm == 0 else float("inf")
+
+
+def plan_jobs(ckpt: Checkpoint, tensors: Sequence[TensorInfo], against: Checkpoint | None) -> list[Job]:
+    """The streams of the selected tensors. Tied aliases are read once, under their owner's name (the alias
+    itself only when its owner is not selected)."""
+    chosen = {t.name for t in tensors}
+    jobs: list[Job] = []
+    for t in tensors:
+        if t.kind is Kind.TIED and t.alias_of in chosen:
+            continue
+        if t.kind in (Kind.TRAINABLE, Kind.TIED):
+            other: tuple[Segment, ...] = ()
+            if against is not None:
+                o = _by_name(against, t.alias_of if t.kind is Kind.TIED and t.alias_of else t.name)
+                if o is not None and o.numel == t.numel and o.segments:
+                    other = o.segments
+            module = t.module_copy if sum(s.numel for s in t.module_copy) == t.numel else ()
+            jobs.append(Job(t.name, "master", t.shape, t.segments, module, other))
+            for moment, segs in t.moments:
+                jobs.append(Job(t.name, moment, t.shape, segs, zero_rows=moment == "exp_avg_sq"))
+        else:
+            jobs.append(Job(t.name, "frozen" if t.kind is Kind.FROZEN else "buffer", t.shape, t.segments))
+    return [j for j in jobs if j.segments or not j.shape]
+
+
+def _by_name(ckpt: Checkpoint, name: str) -> TensorInfo | None:
+    try:
+        return ckpt.tensor(name)
+    except KeyError:
+        return None
+
+
+class Scratch:
+    """One worker thread's buffers, allocated once: raw bytes and float64 values for up to three streams
+    read in step, a mask, a temporary and the cast master."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.raw = [np.empty(chunk * 8, np.uint8) for _ in range(3)]
+        self.f64 = [np.empty(chunk, np.float64) for _ in range(3)]
+        self.mask = np.empty(chunk, np.bool_)
+        self.bits = np.empty(chunk, np.uint16)
+        self.tmp = np.empty(chunk, np.float64)
+        self.cast = np.empty(chunk * 8, np.uint8)
+
+
+class Streamer:
+    """Runs jobs with shared descriptors and a shared byte counter; `cancel` stops every job at its next
+    chunk."""
+
+    def __init__(self, pool: FilePool, cancel: threading.Event, chunk: int = CHUNK_ELEMS) -> None:
+        self.pool = pool
+        self.cancel = cancel
+        self.stop = threading.Event()  # set when the consumer stops early: the pool drains fast
+        self.chunk = chunk
+        self.done_bytes = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _scratch(self) -> Scratch:
+        s: Scratch | None = getattr(self._local, "scratch", None)
+        if s is None:
+            s = self._local.scratch = Scratch(self.chunk)
+        return s
+
+    def _read(self, batch: list[Segment], raw: Array) -> Array:
+        """Read one chunk into `raw`; returns it viewed in its stored dtype."""
+        nbytes = sum(s.nbytes for s in batch)
+        view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
+        pos = 0
+        for seg in batch:
+            self.pool.read_into(seg.file, seg.offset, view[pos : pos + seg.nbytes])
+            pos += seg.nbytes
+        with self._lock:
+            self.done_bytes += nbytes
+        return raw[:nbytes].view(numpy_dtype(batch[0].dtype))
+
+    def run(self, job: Job) -> list[Row]:
+        s = self._scratch()
+        row_len = int(np.prod(job.shape[1:])) if job.zero_rows and len(job.shape) >= 2 else 0
+        acc = Accumulator(row_len)
+        mod_acc = Accumulator() if job.module else None
+        diff, differing = 0.0, 0
+        delta_sq = 0.0
+        streams = [iter_chunks(job.segments, self.chunk)]
+        if job.module:
+            streams.append(iter_chunks(job.module, self.chunk))
+        if job.against:
+            streams.append(iter_chunks(job.against, self.chunk))
+        for batches in zip(*streams, strict=True):
+            if self.cancel.is_set() or self.stop.is_set():
+                raise CancelledError("Health check cancelled.")
+            x = self._read(batches[0], s.raw[0])
+            if mod_acc is not None:
+                m = self._read(batches[1], s.raw[1])
+                d, c = self._module_diff(x, m, s)
+                diff, differing = max(diff, d), differing + c
+                mod_acc.add(m, s.f64[1], s.mask, s.bits)
+            if job.against:
+                o = self._read(batches[-1], s.raw[2])
+                t = s.tmp[: x.shape[0]]
+                np.subtract(x, o, out=t, dtype=np.float64)  # exact for fp32 inputs
+                delta_sq += float(np.einsum("i,i->", t, t))
+            acc.add(x, s.f64[0], s.mask, s.bits)
+        dtype = job.segments[0].dtype if job.segments else "float32"
+        delta = _sqrt(delta_sq) if job.against else None
+        rows = [Row(job.name, job.source, job.shape, dtype, acc.result(), delta_norm=delta)]
+        if mod_acc is not None:
+            rows.append(
+                Row(job.name, "module", job.shape, job.module[0].dtype, mod_acc.result(), diff, differing)
+            )
+        return rows
+
+    @staticmethod
+    def _module_diff(master: Array, module: Array, s: Scratch) -> tuple[float, int]:
+        """(largest difference, differing elements) of the module copy from the master cast to its dtype,
+        as DeepSpeed casts it after each step (bit-exact torch rounding, convert/cast.py)."""
+        n = master.shape[0]
+        size = module.dtype.itemsize
+        cast = s.cast[: n * size].view(module.dtype)
+        cast_into(master, cast, threads=1)
+        if size in (2, 4, 8):  # same bits, same values (NaN payloads aside, which take the slow path)
+            bits = np.dtype(f"u{size}")
+            mask = s.mask[:n]
+            np.not_equal(cast.view(bits), module.view(bits), out=mask)
+            if not mask.any():
+                return 0.0, 0
+        a, b = s.f64[1][:n], s.f64[2][:n]
+        np.copyto(a, module, casting="unsafe")
+        np.copyto(b, cast, casting="unsafe")
+        return max_abs_difference(a, b, s.tmp)
+
+
+def _sqrt(v: float) -> float:
+    return float(np.sqrt(v))
+
+
+def run_jobs(
+    jobs: Sequence[Job], streamer: Streamer, threads: int, tick: float = 0.25
+) -> Iterator[tuple[Job, list[Row] | BaseException] | None]:
+    """Run jobs on `threads` workers, largest first; yield (job, rows or its error) as each finishes and
+    None every `tick` seconds in between (for progress). Leaving the loop early stops the other jobs at
+    their next chunk."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    order = sorted(jobs, key=lambda j: -j.nbytes)
+    with ThreadPoolExecutor(threads, thread_name_prefix="zi-health") as ex:
+        futures = {ex.submit(streamer.run, j): j for j in order}
+        pending = set(futures)
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=tick, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    exc = f.exception()
+                    yield futures[f], (exc if exc is not None else f.result())
+                if not finished:
+                    yield None
+        finally:
+            if pending:
+                streamer.stop.set()
+                for f in pending:
+                    f.cancel()

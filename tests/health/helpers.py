@@ -1,0 +1,99 @@
+"""Independent truth for the health tests: torch statistics of values rebuilt from the demo's own value
+functions (never from the scanner's segments), and a way to plant values into a checkpoint's bytes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from inspector.demo.spec import HALF, DemoSpec, architecture
+from inspector.demo.values import expected, state_values, to_dtype
+from inspector.format.dtypes import numpy_dtype
+from inspector.scan.model import Segment
+
+# Tolerances (float64 accumulation on both sides, different summation orders): counts, min, max and absmax
+# are exact; mean within 1e-12 of the tensor's abs-max; std and norm within a relative 1e-10.
+MEAN_ABS = 1e-12
+REL = 1e-10
+
+
+def truth(spec: DemoSpec, name: str, source: str) -> np.ndarray[Any, Any]:
+    """What `source` of tensor `name` holds in a demo checkpoint, from the demo's value functions."""
+    params, tied = architecture(spec)
+    owner = tied.get(name, name)
+    p = next(q for q in params if q.name == owner)
+    if source in ("master", "frozen", "buffer"):
+        return np.asarray(expected(spec, owner)).reshape(-1)
+    if source == "module":
+        return to_dtype(expected(spec, owner).reshape(-1), HALF[spec.dtype])
+    return state_values(owner, 0, p.numel, source, HALF[spec.dtype])
+
+
+def torch_stats(values: np.ndarray[Any, Any]) -> dict[str, float | int]:
+    """The reference: torch over float64 (bf16 widened through float32, exactly)."""
+    a = values.astype(np.float32) if values.dtype.name == "bfloat16" else values
+    t = torch.from_numpy(np.ascontiguousarray(a).astype(np.float64)).reshape(-1)
+    fin = t[torch.isfinite(t)]
+    out: dict[str, float | int] = {
+        "numel": t.numel(),
+        "nan": int(torch.isnan(t).sum()),
+        "pos_inf": int(torch.isposinf(t).sum()),
+        "neg_inf": int(torch.isneginf(t).sum()),
+        "zeros": int((t == 0).sum()),
+    }
+    if fin.numel():
+        out |= {
+            "min": float(fin.min()),
+            "max": float(fin.max()),
+            "absmax": float(fin.abs().max()),
+            "mean": float(fin.mean()),
+            "std": float(fin.std(correction=0)),
+            "norm": float(torch.linalg.vector_norm(fin)),
+        }
+    return out
+
+
+def assert_matches(stats: Any, ref: dict[str, float | int], what: str) -> None:
+    for k in ("numel", "nan", "pos_inf", "neg_inf", "zeros"):
+        assert getattr(stats, k) == ref[k], f"{what}: {k} {getattr(stats, k)} != {ref[k]}"
+    if "min" not in ref:
+        assert math.isnan(stats.mean), what
+        return
+    assert stats.minimum == ref["min"], f"{what}: min"
+    assert stats.maximum == ref["max"], f"{what}: max"
+    assert stats.absmax == ref["absmax"], f"{what}: absmax"
+    assert abs(stats.mean - ref["mean"]) <= MEAN_ABS * max(float(ref["absmax"]), 1e-30), f"{what}: mean"
+    assert math.isclose(stats.std, ref["std"], rel_tol=REL, abs_tol=1e-300), f"{what}: std"
+    assert math.isclose(stats.norm, ref["norm"], rel_tol=REL, abs_tol=1e-300), f"{what}: norm"
+
+
+def plant(segments: Sequence[Segment], index: Sequence[int], values: Sequence[float]) -> None:
+    """Overwrite elements `index` (flat, in the tensor) of the tensor stored in `segments` with `values`."""
+    for i, v in zip(index, values, strict=True):
+        pos = i
+        for seg in segments:
+            if pos < seg.numel:
+                raw = np.array([v], dtype=np.float64).astype(numpy_dtype(seg.dtype)).tobytes()
+                with open(seg.file, "r+b") as fh:
+                    fh.seek(seg.offset + pos * len(raw))
+                    fh.write(raw)
+                break
+            pos -= seg.numel
+        else:
+            raise IndexError(i)
+
+
+def overwrite(segments: Sequence[Segment], values: np.ndarray[Any, Any]) -> None:
+    """Write a whole tensor's new values (in the segments' dtype) over its bytes."""
+    flat = values.reshape(-1)
+    pos = 0
+    for seg in segments:
+        part = flat[pos : pos + seg.numel].astype(numpy_dtype(seg.dtype))
+        with open(seg.file, "r+b") as fh:
+            fh.seek(seg.offset)
+            fh.write(part.tobytes())
+        pos += seg.numel
