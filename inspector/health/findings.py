@@ -207,9 +207,10 @@ def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
 
 
 def _out_of_sync(rows: Sequence[Row]) -> list[HealthFinding]:
+    broken = {r.name for r in rows if r.source == "master" and (r.stats.nan or r.stats.inf)}
     out = []
     for r in rows:
-        if r.source == "module" and r.module_differing:
+        if r.source == "module" and r.module_differing and r.name not in broken:  # said once, as an error
             out.append(
                 HealthFinding(
                     Severity.WARNING,

@@ -32,6 +32,7 @@ def test_nan_in_a_master_is_an_error(demo: DemoCache, tmp_path: Path, cli: Calla
     report = run_check(scan(str(root)))
     assert _codes(report)[0] == ("error", "nonfinite-master", NAME, "master")
     assert "1 NaN, 1 −Inf" in report.findings[0].message and "earlier" in report.findings[0].hint
+    assert "module-out-of-sync" not in [f.code for f in report.findings]  # the error says it already
     rc, out, err = cli("health", root, "--json")
     assert rc == 1, err
     doc = json.loads(out)
