@@ -28,6 +28,7 @@ from inspector.tui.fmt import shown, size
 from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
+from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
@@ -120,19 +121,19 @@ class ConvertScreen(Screen[None]):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        app = self.app
+        app = zi(self)
         self.sub_title = "Convert"
-        self.out_dir = app.export.out_dir  # type: ignore[attr-defined]
-        app.converting = True  # type: ignore[attr-defined]
+        self.out_dir = app.export.out_dir
+        app.converting = True
         self.query_one("#convert-title", Static).update(Text("Checking that it fits…", style="italic"))
         if self.autostart:
-            self._preflight(app.convert_options(), self.out_dir)  # type: ignore[attr-defined]
-        if app.live_meters:  # type: ignore[attr-defined]
+            self._preflight(app.convert_options(), self.out_dir)
+        if app.live_meters:
             self.set_interval(0.25, self._sample)
 
     def on_unmount(self) -> None:
         self.stop_child()
-        self.app.converting = False  # type: ignore[attr-defined]
+        zi(self).converting = False
 
     # --- preflight, then start ----------------------------------------------------------------------------
 
@@ -168,7 +169,7 @@ class ConvertScreen(Screen[None]):
                 self.start()
             else:
                 self.phase = Phase.CANCELLED
-                self.app.converting = False  # type: ignore[attr-defined]
+                zi(self).converting = False
                 self.app.pop_screen()
 
         self.app.push_screen(
@@ -183,7 +184,8 @@ class ConvertScreen(Screen[None]):
 
     def show_started(self, plan: Job, predicted_peak: int) -> None:
         """The title, totals and reference line of a conversion that has started."""
-        ckpt = self.app.ckpt  # type: ignore[attr-defined]
+        ckpt = zi(self).ckpt
+        assert ckpt is not None  # a conversion starts only from an open checkpoint
         self.plan = plan
         self.phase = Phase.RUNNING
         self.job = "convert"
@@ -200,8 +202,8 @@ class ConvertScreen(Screen[None]):
         self.query_one(ConvertProgress).start(plan.output_bytes, [(f.name, f.nbytes) for f in plan.files])
 
     def start(self) -> None:
-        app: Any = self.app
-        ckpt, plan = app.ckpt, self.plan  # type: ignore[attr-defined]
+        app = zi(self)
+        ckpt, plan = app.ckpt, self.plan
         assert ckpt is not None and plan is not None and self.assessment is not None
         self.show_started(plan, self.assessment.predicted_peak_rss)
         args = convert_args(
@@ -260,7 +262,7 @@ class ConvertScreen(Screen[None]):
         if msg.job == "verify":
             self._verify_done(msg)
             return
-        self.app.converting = False  # type: ignore[attr-defined]
+        zi(self).converting = False
         if msg.returncode == 0 and self.report is not None:
             self.phase = Phase.DONE
             self.query_one(ConvertProgress).written()
@@ -293,7 +295,7 @@ class ConvertScreen(Screen[None]):
 
     def _fail(self, title: str, message: str, hint: str = "") -> None:
         self.phase = Phase.FAILED
-        self.app.converting = False  # type: ignore[attr-defined]
+        zi(self).converting = False
         self._show_failure(title, message, hint)
 
     # --- verify -------------------------------------------------------------------------------------------
@@ -302,7 +304,8 @@ class ConvertScreen(Screen[None]):
         if self.phase is not Phase.DONE:
             self.notify("Verify runs once the conversion has finished.", severity="warning")
             return
-        app: Any = self.app
+        app = zi(self)
+        assert app.ckpt is not None  # verify follows a conversion of the open checkpoint
         self.phase = Phase.VERIFYING
         self.job = "verify"
         self.report = None
@@ -315,7 +318,7 @@ class ConvertScreen(Screen[None]):
                 app.ckpt.root,
                 self.out_dir,
                 "--tag",
-                app.ckpt.tag,  # type: ignore[attr-defined]
+                app.ckpt.tag,
                 "--progress",
                 "json",
             ]

@@ -22,6 +22,7 @@ from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
+from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
@@ -97,9 +98,9 @@ class ExportScreen(Screen[None]):
         self.generation = 0
 
     def compose(self) -> ComposeResult:
-        app = self.app
-        o: ConvertOptions = app.base_options  # type: ignore[attr-defined]
-        ex = app.export  # type: ignore[attr-defined]
+        app = zi(self)
+        o: ConvertOptions = app.base_options
+        ex = app.export
         yield Header()
         with Horizontal(id="export-body"):
             with VerticalScroll(id="export-form"):
@@ -107,7 +108,7 @@ class ExportScreen(Screen[None]):
                     yield Label("Output folder")
                     yield Input(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
                     yield Label("Format")
-                    formats, default, missing = format_options(app.ckpt)  # type: ignore[attr-defined]
+                    formats, default, missing = format_options(app.ckpt)
                     chosen = ex.format if ex.format in {v for _, v in formats} else default
                     yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
                     if missing:
@@ -171,9 +172,9 @@ class ExportScreen(Screen[None]):
 
     def read_form(self) -> tuple[ConvertOptions, str, bool, list[str]]:
         """The options as typed, the output folder, overwrite, and every problem found."""
-        app = self.app
+        app = zi(self)
         errors: list[str] = []
-        base: ConvertOptions = app.base_options  # type: ignore[attr-defined]
+        base: ConvertOptions = app.base_options
         val = {w.id: w.value for w in self.query(Input)}
         dtype = self.query_one("#dtype", Select).value
         try:
@@ -195,7 +196,7 @@ class ExportScreen(Screen[None]):
             errors.append(f"Output folder: {out} is a file")
         overwrite = self.query_one("#overwrite", Checkbox).value
         kind = get(str(self.query_one("#format", Select).value) or DEFAULT)
-        if out and (busy := kind.busy(app.ckpt, out, overwrite)):  # type: ignore[attr-defined]
+        if out and app.ckpt is not None and (busy := kind.busy(app.ckpt, out, overwrite)):
             errors.append(f"Output folder: {busy} (switch on overwrite to replace an earlier conversion)")
         opts = replace(
             base,
@@ -212,19 +213,19 @@ class ExportScreen(Screen[None]):
 
     def _changed(self) -> None:
         opts, out, overwrite, errors = self.read_form()
-        app = self.app
+        app = zi(self)
         box = self.query_one("#form-errors", Static)
         box.update(
             "\n".join(f"[red]✖[/] {shown_markup(e)}" for e in errors)
             if errors
             else "[green]✔ options valid[/]"
         )
-        app.base_options = opts  # type: ignore[attr-defined]
+        app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
-        app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)  # type: ignore[attr-defined]
-        self.app.main.tensors_pane.refresh_options()  # type: ignore[attr-defined]
+        app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)
+        zi(self).main.tensors_pane.refresh_options()
         self.generation += 1
-        if not app.selected and get(fmt or DEFAULT).uses_selection:  # type: ignore[attr-defined]
+        if not app.selected and get(fmt or DEFAULT).uses_selection:
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
             return
         self.query_one(PreflightPanel).pending()
@@ -232,8 +233,8 @@ class ExportScreen(Screen[None]):
 
     def _maybe_preflight(self, generation: int) -> None:
         if generation == self.generation:
-            app = self.app
-            self._preflight(generation, app.convert_options(), app.export.out_dir)  # type: ignore[attr-defined]
+            app = zi(self)
+            self._preflight(generation, app.convert_options(), app.export.out_dir)
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
     def _preflight(self, generation: int, opts: ConvertOptions, out_dir: str) -> None:
@@ -256,7 +257,7 @@ class ExportScreen(Screen[None]):
         if not msg.plan.uses_selection:
             self.query_one("#selection-summary", Static).update(Text(" ".join(msg.plan.notes), style="dim"))
             return
-        opts = self.app.convert_options()  # type: ignore[attr-defined]
+        opts = zi(self).convert_options()
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(
             f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.files)} file(s)"
@@ -270,4 +271,4 @@ class ExportScreen(Screen[None]):
         if errors:
             self.notify(shown(errors[0]), title="Fix the options first", severity="error", markup=False)
             return
-        self.app.action_convert()  # type: ignore[attr-defined]
+        zi(self).action_convert()

@@ -18,6 +18,7 @@ from inspector.scan.model import Checkpoint
 from inspector.tui.fmt import fit_path, plural, shown, shown_markup
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
+from inspector.tui.typed import zi
 from inspector.tui.widgets.keybar import KeyBar
 
 
@@ -53,7 +54,7 @@ class MainScreen(Screen[None]):
         self._where: tuple[str, str | None] = ("", None)  # the root and tag the header names
 
     def on_mount(self) -> None:
-        self.app.begin()  # type: ignore[attr-defined]
+        zi(self).begin()
 
     def on_resize(self, event: events.Resize) -> None:
         self._title(*self._where)
@@ -102,13 +103,13 @@ class MainScreen(Screen[None]):
             f"[italic]scanning {shown_markup(os.path.basename(root))}{' @ ' + shown_markup(tag) if tag else ''}…[/]"
         )
         roots = self.query_one("#roots", Select)
-        many = len(self.app.roots) > 1  # type: ignore[attr-defined]
+        many = len(zi(self).roots) > 1
         roots.set_class(not many, "-hidden")
         if many:
             with self.prevent(Select.Changed):
-                base = os.path.commonpath(self.app.roots)  # type: ignore[attr-defined]
+                base = os.path.commonpath(zi(self).roots)
                 roots.set_options(
-                    [(Text(shown(os.path.relpath(r, base))), r) for r in self.app.roots]  # type: ignore[attr-defined]
+                    [(Text(shown(os.path.relpath(r, base))), r) for r in zi(self).roots]
                 )
                 roots.value = root
 
@@ -124,11 +125,11 @@ class MainScreen(Screen[None]):
     def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
         self._title(ckpt.root, ckpt.tag)
         bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
-        took = f" · {seconds:.2f} s" if self.app.live_meters else ""  # type: ignore[attr-defined]
+        took = f" · {seconds:.2f} s" if zi(self).live_meters else ""
         self.status(
             f"ZeRO-{ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {plural(len(ckpt.tensors), 'tensor')}{bad}{took}"
         )
-        self.query_one(OverviewPane).show(ckpt, self.app.latest_tag)  # type: ignore[attr-defined]
+        self.query_one(OverviewPane).show(ckpt, zi(self).latest_tag)
         self.tensors_pane.show(ckpt)
         if self.focused is None:
             if self.query_one(TabbedContent).active == "tensors":
@@ -141,10 +142,10 @@ class MainScreen(Screen[None]):
         self.query_one(OverviewPane).failed(exc)
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        app = self.app
+        app = zi(self)
         if event.value is Select.BLANK or not isinstance(event.value, str):
             return
-        if event.select.id == "tags" and app.ckpt is not None and event.value != app.ckpt.tag:  # type: ignore[attr-defined]
-            app.scan(app.root, event.value)  # type: ignore[attr-defined]
-        elif event.select.id == "roots" and event.value != app.root:  # type: ignore[attr-defined]
-            app.scan(event.value, None)  # type: ignore[attr-defined]
+        if event.select.id == "tags" and app.ckpt is not None and app.root and event.value != app.ckpt.tag:
+            app.scan(app.root, event.value)
+        elif event.select.id == "roots" and event.value != app.root:
+            app.scan(event.value, None)

@@ -18,6 +18,7 @@ from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.tui.fmt import count, plural, shown, size
 from inspector.tui.screens.tensor_stats import StatsUpdate, stream_stats
 from inspector.tui.session import ModuleNode, filter_kind, name_filter
+from inspector.tui.typed import zi
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail
 
@@ -62,8 +63,8 @@ class TensorsPane(Horizontal):
     def show(self, ckpt: Checkpoint) -> None:
         self.cancel_stats()
         self.ckpt = ckpt
-        self.module_tree.dedupe_tied = self.app.base_options.dedupe_tied  # type: ignore[attr-defined]
-        self.module_tree.load(ckpt, self.app.selected, self.app.out_dtype())  # type: ignore[attr-defined]
+        self.module_tree.dedupe_tied = zi(self).base_options.dedupe_tied
+        self.module_tree.load(ckpt, zi(self).selected, zi(self).out_dtype())
         self._update_selection_line()
         self._follow_cursor()
 
@@ -71,8 +72,8 @@ class TensorsPane(Horizontal):
         """Export options changed (dtype): subtotals and the detail's output dtype follow."""
         if self.ckpt is None:
             return
-        self.module_tree.out_dtype = self.app.out_dtype()  # type: ignore[attr-defined]
-        self.module_tree.dedupe_tied = self.app.base_options.dedupe_tied  # type: ignore[attr-defined]
+        self.module_tree.out_dtype = zi(self).out_dtype()
+        self.module_tree.dedupe_tied = zi(self).base_options.dedupe_tied
         self.module_tree.refresh_labels()
         self.detail.out_dtype = self.module_tree.out_dtype
         self.detail.redraw()
@@ -82,7 +83,7 @@ class TensorsPane(Horizontal):
 
     @on(ModuleTree.SelectionChanged)
     def _selection(self, event: ModuleTree.SelectionChanged) -> None:
-        self.app.set_selection(event.selected)  # type: ignore[attr-defined]
+        zi(self).set_selection(event.selected)
         self._update_selection_line()
         node = self.module_tree.cursor_node
         if node is not None and isinstance(node.data, ModuleNode):  # "selected: k of n" follows the toggle
@@ -92,7 +93,7 @@ class TensorsPane(Horizontal):
         ckpt = self.ckpt
         if ckpt is None:
             return
-        chosen = [t for t in ckpt.tensors if t.name in self.app.selected]  # type: ignore[attr-defined]
+        chosen = [t for t in ckpt.tensors if t.name in zi(self).selected]
         out = sum(self.module_tree.out_bytes(t) for t in chosen)
         params = sum(t.numel for t in chosen if t.alias_of is None)
         line = Text.assemble(
@@ -102,7 +103,7 @@ class TensorsPane(Horizontal):
             " out",
         )
         if chosen:
-            opts = self.app.convert_options()  # type: ignore[attr-defined]
+            opts = zi(self).convert_options()
             flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
             if flags:
                 said = " ".join(flags)
@@ -149,7 +150,7 @@ class TensorsPane(Horizontal):
         if isinstance(data, TensorInfo):
             if data.name != self._stats_for:
                 self.cancel_stats()
-            self.detail.show(self.ckpt, data, self.app.out_dtype())  # type: ignore[attr-defined]
+            self.detail.show(self.ckpt, data, zi(self).out_dtype())
             if data.name == self._stats_for and self._results:
                 self.detail.set_extra(self._results)
         elif isinstance(data, ModuleNode):
@@ -157,7 +158,7 @@ class TensorsPane(Horizontal):
 
     def _show_module(self, data: ModuleNode) -> None:
         ts = list(data.walk_tensors())
-        selected: set[str] = self.app.selected  # type: ignore[attr-defined]
+        selected: set[str] = zi(self).selected
         chosen = sum(1 for t in ts if t.name in selected)
         kinds: dict[str, int] = {}
         for t in ts:
