@@ -18,6 +18,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.driver import Driver
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -49,6 +50,10 @@ class LaunchOptions:
 class InspectorApp(App[int]):
     """zero-inspector's terminal UI."""
 
+    # the export options: views that depend on them (the Tensors tab's output dtype and tied weights) watch
+    # this instead of being told by the export screen
+    base_options: reactive[ConvertOptions] = reactive(ConvertOptions, always_update=False, init=False)
+
     CSS_PATH = "app.tcss"
     TITLE = "zero-inspector"
     ENABLE_COMMAND_PALETTE = True
@@ -78,7 +83,7 @@ class InspectorApp(App[int]):
         self.latest_tag: str | None = None
         self.ckpt: Checkpoint | None = None
         self.selected: set[str] = set()
-        self.base_options = launch.options or ConvertOptions()
+        self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
         self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
         self.converting = False
         self._temp_dir: str | None = None

@@ -223,7 +223,6 @@ class ExportScreen(Screen[None]):
         app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
         app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)
-        zi(self).main.tensors_pane.refresh_options()
         self.generation += 1
         if not app.selected and get(fmt or DEFAULT).uses_selection:
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")

@@ -37,6 +37,9 @@ class TensorsPane(Horizontal):
         self._stats_for: str | None = None
         self._results: list[RenderableType] = []
 
+    def on_mount(self) -> None:
+        self.watch(self.app, "base_options", lambda _opts: self.refresh_options(), init=False)
+
     def compose(self) -> ComposeResult:
         with Vertical(id="tree-column"):
             yield Input(
