@@ -9,18 +9,28 @@ Ctrl-C, so either signal removes the partial output before the process exits 130
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
+from inspector.convert.events import (
+    Cancelled,
+    Event,
+    Failed,
+    Finished,
+    Progressed,
+    Started,
+    Verified,
+    to_line,
+)
 from inspector.errors import InspectorError
 
 
-def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+def emit(event: Event) -> None:
+    """One event, one line, flushed (the types are the reader's too: convert/events.py)."""
+    sys.stdout.write(to_line(event) + "\n")
     sys.stdout.flush()
 
 
@@ -33,10 +43,10 @@ def _guard(body: Callable[[], int]) -> int:
     try:
         return body()
     except InspectorError as exc:
-        emit("error", title=exc.title, message=exc.message, hint=exc.hint, exit_code=exc.exit_code)
+        emit(Failed(title=exc.title, message=exc.message, hint=exc.hint, exit_code=exc.exit_code))
         raise
     except KeyboardInterrupt:
-        emit("cancelled")
+        emit(Cancelled())
         raise
 
 
@@ -62,47 +72,50 @@ def convert_json(args: argparse.Namespace) -> int:
             starts.append(pos)
             pos += f.nbytes
         emit(
-            "start",
-            out_dir=job.where,
-            kind=job.kind,
-            tensors=job.tensor_count,
-            output_bytes=job.output_bytes,
-            files=[[f.name, f.nbytes] for f in files],
-            uses_selection=job.uses_selection,
-            keeps_on_cancel=job.keeps_on_cancel,
-            predicted_peak_rss=verdict.predicted_peak_rss,
+            Started(
+                out_dir=job.where,
+                kind=job.kind,
+                tensors=job.tensor_count,
+                output_bytes=job.output_bytes,
+                files=[[f.name, f.nbytes] for f in files],
+                uses_selection=job.uses_selection,
+                keeps_on_cancel=job.keeps_on_cancel,
+                predicted_peak_rss=verdict.predicted_peak_rss,
+            )
         )
         for ev in job.run(overwrite=args.overwrite, fsync=args.fsync, part=part):
             if isinstance(ev, Progress):
                 i = min(ev.shard_index, len(files) - 1)
                 one = ev.shards == len(files) and files  # the event counts the listed files
                 emit(
-                    "progress",
-                    bytes_done=ev.bytes_done,
-                    bytes_total=ev.bytes_total,
-                    tensor=ev.tensor,
-                    file=ev.shard,
-                    file_index=ev.shard_index,
-                    files=ev.shards,
-                    file_done=min(max(ev.bytes_done - starts[i], 0), files[i].nbytes)
-                    if one
-                    else ev.bytes_done,
-                    file_total=files[i].nbytes if one else ev.bytes_total,
-                    elapsed=round(ev.elapsed, 3),
-                    throughput=round(ev.throughput, 1),
+                    Progressed(
+                        bytes_done=ev.bytes_done,
+                        bytes_total=ev.bytes_total,
+                        tensor=ev.tensor,
+                        file=ev.shard,
+                        file_index=ev.shard_index,
+                        files=ev.shards,
+                        file_done=min(max(ev.bytes_done - starts[i], 0), files[i].nbytes)
+                        if one
+                        else ev.bytes_done,
+                        file_total=files[i].nbytes if one else ev.bytes_total,
+                        elapsed=round(ev.elapsed, 3),
+                        throughput=round(ev.throughput, 1),
+                    )
                 )
             elif isinstance(ev, Report):
                 emit(
-                    "report",
-                    out_dir=ev.out_dir,
-                    files=[list(f) for f in ev.files],
-                    tensors=ev.tensors,
-                    bytes_written=ev.bytes_written,
-                    seconds=round(ev.seconds, 3),
-                    resumed_files=ev.resumed_shards,
-                    removed_stale=list(ev.removed_stale),
-                    peak_rss=peak_rss(),
-                    words=job.finished_words(ev),
+                    Finished(
+                        out_dir=ev.out_dir,
+                        files=[list(f) for f in ev.files],
+                        tensors=ev.tensors,
+                        bytes_written=ev.bytes_written,
+                        seconds=round(ev.seconds, 3),
+                        resumed_files=ev.resumed_shards,
+                        removed_stale=list(ev.removed_stale),
+                        peak_rss=peak_rss(),
+                        words=job.finished_words(ev),
+                    )
                 )
         return 0
 
@@ -129,26 +142,28 @@ def _stream_verify(events: Iterable[Any], result_type: type[Any]) -> int:
         now = time.monotonic()
         if isinstance(ev, result_type):
             emit(
-                "verified",
-                ok=ev.ok,
-                checked=ev.checked,
-                bytes_checked=ev.bytes_checked,
-                mismatched=ev.mismatched,
-                missing=ev.missing,
-                unexpected=ev.unexpected,
-                notes=ev.notes,
-                seconds=round(now - start, 3),
+                Verified(
+                    ok=ev.ok,
+                    checked=ev.checked,
+                    bytes_checked=ev.bytes_checked,
+                    mismatched=ev.mismatched,
+                    missing=ev.missing,
+                    unexpected=ev.unexpected,
+                    notes=ev.notes,
+                    seconds=round(now - start, 3),
+                )
             )
             return 0 if ev.ok else 1
         if now - last >= 0.25:
             last = now
             elapsed = now - start
             emit(
-                "progress",
-                bytes_done=ev.bytes_done,
-                bytes_total=ev.bytes_total,
-                tensor=ev.tensor,
-                elapsed=round(elapsed, 3),
-                throughput=round(ev.bytes_done / elapsed, 1) if elapsed else 0.0,
+                Progressed(
+                    bytes_done=ev.bytes_done,
+                    bytes_total=ev.bytes_total,
+                    tensor=ev.tensor,
+                    elapsed=round(elapsed, 3),
+                    throughput=round(ev.bytes_done / elapsed, 1) if elapsed else 0.0,
+                )
             )
     return 1

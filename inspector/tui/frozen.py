@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
 
+from inspector.convert.events import Progressed
 from inspector.convert.kinds import Job
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
@@ -31,7 +31,7 @@ def frozen_assess(available: int = 24 * 2**30, free_disk: int = 400 * 2**30) -> 
     return assess
 
 
-def fake_progress(plan: ConversionPlan, fraction: float, seconds: float = 6.0) -> Iterator[dict[str, Any]]:
+def fake_progress(plan: ConversionPlan, fraction: float, seconds: float = 6.0) -> Iterator[Progressed]:
     """The `progress` event a converter would print at `fraction` of `plan`."""
     total = sum(s.file_bytes for s in plan.shards)
     done = int(total * fraction)
@@ -39,18 +39,17 @@ def fake_progress(plan: ConversionPlan, fraction: float, seconds: float = 6.0) -
     for i, s in enumerate(plan.shards):
         if done < pos + s.file_bytes or i == len(plan.shards) - 1:
             tensor = s.tensors[len(s.tensors) // 2].name if s.tensors else ""
-            yield {
-                "event": "progress",
-                "bytes_done": done,
-                "bytes_total": total,
-                "tensor": tensor,
-                "file": s.filename,
-                "file_index": i,
-                "files": len(plan.shards) + (1 if plan.index else 0),
-                "file_done": min(done - pos, s.file_bytes),
-                "file_total": s.file_bytes,
-                "elapsed": seconds,
-                "throughput": done / seconds,
-            }
+            yield Progressed(
+                bytes_done=done,
+                bytes_total=total,
+                tensor=tensor,
+                elapsed=seconds,
+                throughput=done / seconds,
+                file=s.filename,
+                file_index=i,
+                files=len(plan.shards) + (1 if plan.index else 0),
+                file_done=min(done - pos, s.file_bytes),
+                file_total=s.file_bytes,
+            )
             return
         pos += s.file_bytes

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from rich.text import Text
 
+from inspector.convert.events import Failed, Finished, Verified
 from inspector.convert.options import ConvertOptions
 from inspector.convert.output import JOURNAL, LOCK, PARTIAL
-from inspector.tui.fmt import size
+from inspector.tui.fmt import shown, size
 
 _KILLED_BY = {
     "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory ran out",
@@ -76,18 +76,17 @@ def left_on_disk(out_dir: str) -> str:
     return "; ".join(parts) + "."
 
 
-def done_text(r: dict[str, Any], peak: int, predicted: int) -> Text:
+def done_text(r: Finished, peak: int, predicted: int) -> Text:
     """The result line of a finished conversion, from the child's `report` event."""
-    files = r.get("files", [])
-    secs = float(r.get("seconds", 0))
-    written = int(r.get("bytes_written", 0))
+    files = [(str(f[0]), int(f[1])) for f in r.files if len(f) == 2]
+    secs, written = r.seconds, r.bytes_written
     return Text.assemble(
         ("✔ Done", "bold green"),
-        f" in {secs:.1f} s: {r.get('tensors')} tensors, {size(written)}"
-        f" in {len(files)} file(s) at {size(written / max(float(r.get('seconds', 1)), 1e-9))}/s;"
+        f" in {secs:.1f} s: {r.tensors} tensors, {size(written)}"
+        f" in {len(files)} file(s) at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
         "\n",
-        ("\n".join(f"  {name}  {size(int(n))}" for name, n in files[:8]), "dim"),
+        ("\n".join(f"  {shown(name)}  {size(n)}" for name, n in files[:8]), "dim"),
         ("\n  …" if len(files) > 8 else ""),
         ("\nv verifies every byte against the checkpoint · b goes back", "bold"),
     )
@@ -103,19 +102,19 @@ def failure_text(title: str, message: str, hint: str, *, error: bool = True) -> 
     )
 
 
-def verified_text(r: dict[str, Any]) -> Text:
+def verified_text(r: Verified) -> Text:
     """The line of a verification that passed, from the child's `verified` event."""
     return Text.assemble(
         ("✔ Verified: ", "bold green"),
-        f"{r.get('checked')} tensors, {size(int(r.get('bytes_checked', 0)))} "
-        f"identical to the checkpoint after conversion ({float(r.get('seconds', 0)):.1f} s).",
+        f"{r.checked} tensors, {size(r.bytes_checked)} "
+        f"identical to the checkpoint after conversion ({r.seconds:.1f} s).",
     )
 
 
 def explain_exit(
     returncode: int,
     cancelled: bool,
-    error_event: dict[str, Any],
+    error_event: Failed | None,
     stderr: str,
     peak: int,
     out_dir: str,
@@ -147,6 +146,6 @@ def explain_exit(
             left_on_disk(out_dir),
         )
     ev = error_event
-    title = str(ev.get("title") or "The conversion failed")
-    message = str(ev.get("message") or stderr.strip()[-800:] or f"exit code {returncode}")
-    return title, message, " ".join(x for x in (str(ev.get("hint") or ""), left_on_disk(out_dir)) if x)
+    title = (ev.title if ev else "") or "The conversion failed"
+    message = (ev.message if ev else "") or stderr.strip()[-800:] or f"exit code {returncode}"
+    return title, message, " ".join(x for x in ((ev.hint if ev else ""), left_on_disk(out_dir)) if x)

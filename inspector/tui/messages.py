@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
+from inspector.convert.events import Event, Progressed
 from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
@@ -44,15 +45,15 @@ class ChildEvent(Message):
     """One JSON-lines event from a `convert`/`verify` child (progress, start, report, error)."""
 
     job: str  # "convert" | "verify"
-    event: dict[str, Any]
+    event: Event
 
     def can_replace(self, message: Message) -> bool:
         """A burst of progress lines collapses into the newest."""
         return (
             isinstance(message, ChildEvent)
             and message.job == self.job
-            and message.event.get("event") == "progress"
-            and self.event.get("event") == "progress"
+            and isinstance(message.event, Progressed)
+            and isinstance(self.event, Progressed)
         )
 
 

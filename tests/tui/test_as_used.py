@@ -98,7 +98,7 @@ async def test_the_peak_shown_is_the_converters_own(small_demo: Path, tmp_path: 
             lambda: isinstance(app.screen, ConvertScreen) and app.screen.report is not None,
             "conversion",
         )
-        peak = int(app.screen.report["peak_rss"])  # type: ignore[union-attr, index]
+        peak = app.screen.report.peak_rss  # type: ignore[union-attr]
         assert 0 < peak < 200 * 2**20, peak
         assert app.screen.query_one(MemoryMeter).peak < 200 * 2**20
     del ballast

@@ -62,10 +62,10 @@ def test_a_cancelled_universal_conversion_says_it_resumes(tmp_path: Path) -> Non
     part = tmp_path / "global_step3_uni.partial" / "zero" / "w"
     part.mkdir(parents=True)
     (part / "fp32.pt").write_bytes(b"x" * 3000)
-    title, message, hint = explain_exit(130, True, {}, "", 0, str(tmp_path), resumable=True)
+    title, message, hint = explain_exit(130, True, None, "", 0, str(tmp_path), resumable=True)
     assert title == "Cancelled" and "kept" in message
     assert "1 unfinished *.partial file(s), 2.9 KiB" in hint and "resumes" in hint
-    _, message, _ = explain_exit(130, True, {}, "", 0, str(tmp_path))
+    _, message, _ = explain_exit(130, True, None, "", 0, str(tmp_path))
     assert "removed its partial output" in message  # safetensors: as before
 
 

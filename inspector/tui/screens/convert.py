@@ -19,6 +19,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
+from inspector.convert.events import Failed, Finished, Progressed, Verified, from_doc
 from inspector.convert.kinds import Job, get
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
@@ -107,8 +108,8 @@ class ConvertScreen(Screen[None]):
         self.plan: Job | None = None
         self.assessment: Assessment | None = None
         self.out_dir = ""
-        self.report: dict[str, Any] | None = None
-        self.error_event: dict[str, Any] | None = None
+        self.report: Finished | Verified | None = None
+        self.error_event: Failed | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -220,8 +221,10 @@ class ConvertScreen(Screen[None]):
     def _spawn(self, args: list[str]) -> None:
         job = self.job
 
-        def on_event(ev: dict[str, Any]) -> None:
-            self.post_message(ChildEvent(job, ev))
+        def on_event(doc: dict[str, Any]) -> None:
+            ev = from_doc(doc)
+            if ev is not None:  # a line that is not one of our events (a library's warning) is dropped
+                self.post_message(ChildEvent(job, ev))
 
         def on_exit(rc: int, err: str) -> None:
             self.post_message(ChildExited(job, rc, err))
@@ -243,27 +246,27 @@ class ConvertScreen(Screen[None]):
     @on(ChildEvent)
     def _child_event(self, msg: ChildEvent) -> None:
         ev = msg.event
-        kind = ev.get("event")
-        if kind == "progress":
+        if isinstance(ev, Progressed):
             self.show_progress(ev)
-        elif kind in ("report", "verified"):
+        elif isinstance(ev, Finished | Verified):
             self.report = ev
-        elif kind == "error":
+        elif isinstance(ev, Failed):
             self.error_event = ev
 
-    def show_progress(self, ev: dict[str, Any]) -> None:
+    def show_progress(self, ev: Progressed) -> None:
         self.query_one(ConvertProgress).show(ev, verifying=self.job == "verify")
 
     @on(ChildExited)
     def _child_exited(self, msg: ChildExited) -> None:
         meter = self.query_one(MemoryMeter)
-        peak = int((self.report or {}).get("peak_rss", 0)) or (self.child.peak_rss if self.child else 0)
+        reported = self.report.peak_rss if isinstance(self.report, Finished) else 0
+        peak = reported or (self.child.peak_rss if self.child else 0)
         meter.peak = max(meter.peak, peak)
         if msg.job == "verify":
             self._verify_done(msg)
             return
         zi(self).converting = False
-        if msg.returncode == 0 and self.report is not None:
+        if msg.returncode == 0 and isinstance(self.report, Finished):
             self.phase = Phase.DONE
             self.query_one(ConvertProgress).written()
             result = self.query_one("#result", Static)
@@ -276,7 +279,7 @@ class ConvertScreen(Screen[None]):
         title, message, hint = explain_exit(
             msg.returncode,
             cancelled,
-            self.error_event or {},
+            self.error_event,
             msg.stderr,
             peak,
             self.out_dir,
@@ -325,8 +328,8 @@ class ConvertScreen(Screen[None]):
         )
 
     def _verify_done(self, msg: ChildExited) -> None:
-        r = self.report or {}
-        if msg.returncode == 0 and r.get("ok"):
+        r = self.report if isinstance(self.report, Verified) else None
+        if msg.returncode == 0 and r is not None and r.ok:
             self.phase = Phase.VERIFIED
             progress = self.query_one(ConvertProgress)
             progress.complete()
@@ -334,13 +337,10 @@ class ConvertScreen(Screen[None]):
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
         self.phase = Phase.DONE
-        bad = [
-            f"{k}: {', '.join(r.get(k, [])[:5])}" for k in ("mismatched", "missing", "unexpected") if r.get(k)
-        ]
-        ev = self.error_event or {}
-        self._show_failure(
-            "Verification failed", "; ".join(bad) or str(ev.get("message") or msg.stderr[-500:]), ""
-        )
+        lists = (("mismatched", r.mismatched), ("missing", r.missing), ("unexpected", r.unexpected)) if r else ()
+        bad = [f"{k}: {', '.join(names[:5])}" for k, names in lists if names]
+        said = self.error_event.message if self.error_event else ""
+        self._show_failure("Verification failed", "; ".join(bad) or said or msg.stderr[-500:], "")
 
     # --- cancel and leave ---------------------------------------------------------------------------------
 

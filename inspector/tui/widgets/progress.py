@@ -6,13 +6,12 @@ a long tensor name that wrapped made everything below it jump with every event.
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
+from inspector.convert.events import Progressed
 from inspector.tui.fmt import duration, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
@@ -101,27 +100,27 @@ class ConvertProgress(Vertical):
         if len(self.files) > 1:
             self._draw_files(len(self.files), 1.0)
 
-    def show(self, ev: dict[str, Any], *, verifying: bool) -> None:
-        """One `progress` event: bytes done of total, throughput, ETA; the shard and tensor in hand."""
-        done, total = int(ev.get("bytes_done", 0)), int(ev.get("bytes_total", 0)) or 1
-        rate = float(ev.get("throughput", 0.0))
+    def show(self, ev: Progressed, *, verifying: bool) -> None:
+        """One `progress` event: bytes done of total, throughput, ETA; the file and tensor in hand."""
+        done, total = ev.bytes_done, ev.bytes_total or 1
+        rate = ev.throughput
         eta = (total - done) / rate if rate > 0 else float("nan")
         with self.app.batch_update():
             self.query_one("#overall", ProgressBar).update(total=total, progress=done)
             self.say(
                 f"{size(done)} of {size(total)} {'verified' if verifying else 'written'} · {size(rate)}/s · "
-                f"ETA {duration(eta)} · elapsed {duration(float(ev.get('elapsed', 0.0)))}"
+                f"ETA {duration(eta)} · elapsed {duration(ev.elapsed)}"
             )
-            if "file" in ev and not verifying:
-                index, count = int(ev.get("file_index", 0)), int(ev.get("files", 1))
+            if ev.file and not verifying:
+                index, count = ev.file_index, ev.files
                 self.query_one("#shard-label", Static).update(
-                    shown(f"File {index + 1} of {count}: {ev['file']}"), layout=False
+                    shown(f"File {index + 1} of {count}: {ev.file}"), layout=False
                 )
-                file_total = max(int(ev.get("file_total", 1)), 1)
-                file_done = int(ev.get("file_done", 0))
+                file_total = max(ev.file_total, 1)
+                file_done = ev.file_done
                 self.query_one("#shard", ProgressBar).update(total=file_total, progress=file_done)
                 if len(self.files) > 1 and count == len(self.files):  # one event per listed file
                     self._draw_files(index, file_done / file_total)
             self.query_one("#tensor-text", Static).update(
-                Text.assemble(("tensor ", "dim"), ev.get("tensor") or "–"), layout=False
+                Text.assemble(("tensor ", "dim"), shown(ev.tensor) or "–"), layout=False
             )
