@@ -17,47 +17,13 @@ from typing import Any
 
 from rich.markup import escape
 
-from inspector.cli.options import (
-    FORMAT_HELP,
-    add_convert_options,
-    apply_format,
-    options_from_args,
-    request_from_args,
-)
+from inspector.cli.jobs import parse_part, plan_job, verify_job
+from inspector.cli.options import FORMAT_HELP, add_convert_options, options_from_args
 
 _LOG_INTERVAL = 5.0
 
 
 _opts = options_from_args  # the name the TUI launcher and tests import
-
-
-def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None) -> tuple[Any, Any]:
-    """Scan, pick the kind `--format` names, plan its job: shared by the rich and JSON-lines faces."""
-    from inspector.convert.kinds import get
-    from inspector.scan.scanner import scan
-
-    ckpt = scan(args.path, args.tag)  # a bad path fails here, before the converter loads
-    kind = get(apply_format(args))
-    job = kind.plan(
-        ckpt, request_from_args(args, allow_damaged=allow_damaged), os.path.abspath(out or args.out)
-    )
-    return ckpt, job
-
-
-def parse_part(text: str | None) -> tuple[int, int] | None:
-    """`--part I/N`: part I (0 <= I < N, as SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX count) of N."""
-    if text is None:
-        return None
-    i, sep, n = text.partition("/")
-    if not (sep and i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 100_000):
-        from inspector.errors import InspectorError
-
-        raise InspectorError(
-            f"--part {text!r} is not I/N with 0 <= I < N.",
-            hint="For example --part $SLURM_ARRAY_TASK_ID/8 in a Slurm array of 8 tasks numbered from 0.",
-            title="Invalid option",
-        )
-    return int(i), int(n)
 
 
 def _progress_line(ev: Any, mem: str) -> str:
@@ -212,16 +178,6 @@ def _print_report(console: Any, report: Any, job: Any, part: tuple[int, int] | N
         )
     elif words := job.finished_words(report):
         console.print(escape(words))
-
-
-def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """The kind of the output in OUT, the checkpoint scanned at the tag the output records (or --tag), OUT."""
-    from inspector.convert.kinds import of_output
-    from inspector.scan.scanner import scan
-
-    out = os.path.abspath(args.out)
-    kind = of_output(out)
-    return kind, scan(args.path, args.tag or kind.recorded_tag(out)), out
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

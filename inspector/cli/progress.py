@@ -55,7 +55,7 @@ def convert_json(args: argparse.Namespace) -> int:
     events for every output kind."""
 
     def body() -> int:
-        from inspector.cli.convert import parse_part, plan_job
+        from inspector.cli.jobs import parse_part, plan_job
         from inspector.convert.engine import Progress, Report
         from inspector.errors import DoesNotFitError
         from inspector.system.rss import peak_rss
@@ -126,7 +126,7 @@ def verify_json(args: argparse.Namespace) -> int:
     """`verify ... --progress json`, for every output kind."""
 
     def body() -> int:
-        from inspector.cli.convert import verify_job
+        from inspector.cli.jobs import verify_job
         from inspector.convert.verify import VerifyResult
 
         kind, ckpt, out = verify_job(args)

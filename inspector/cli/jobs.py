@@ -1,0 +1,49 @@
+"""From parsed `convert` / `preflight` / `verify` arguments to the kind and its job: shared by the rich face
+(cli/convert.py) and the JSON-lines face (cli/progress.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from inspector.cli.options import apply_format, request_from_args
+
+
+def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None) -> tuple[Any, Any]:
+    """Scan, pick the kind `--format` names, plan its job: shared by the rich and JSON-lines faces."""
+    from inspector.convert.kinds import get
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(args.path, args.tag)  # a bad path fails here, before the converter loads
+    kind = get(apply_format(args))
+    job = kind.plan(
+        ckpt, request_from_args(args, allow_damaged=allow_damaged), os.path.abspath(out or args.out)
+    )
+    return ckpt, job
+
+
+def parse_part(text: str | None) -> tuple[int, int] | None:
+    """`--part I/N`: part I (0 <= I < N, as SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX count) of N."""
+    if text is None:
+        return None
+    i, sep, n = text.partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 100_000):
+        from inspector.errors import InspectorError
+
+        raise InspectorError(
+            f"--part {text!r} is not I/N with 0 <= I < N.",
+            hint="For example --part $SLURM_ARRAY_TASK_ID/8 in a Slurm array of 8 tasks numbered from 0.",
+            title="Invalid option",
+        )
+    return int(i), int(n)
+
+
+def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """The kind of the output in OUT, the checkpoint scanned at the tag the output records (or --tag), OUT."""
+    from inspector.convert.kinds import of_output
+    from inspector.scan.scanner import scan
+
+    out = os.path.abspath(args.out)
+    kind = of_output(out)
+    return kind, scan(args.path, args.tag or kind.recorded_tag(out)), out
