@@ -95,7 +95,17 @@ Event = Started | Progressed | Finished | Verified | Failed | Cancelled
 _BY_NAME: dict[str, type[Any]] = {
     c.NAME: c for c in (Started, Progressed, Finished, Verified, Failed, Cancelled)
 }
-_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float), "bool": bool}
+
+
+def _fits(annotation: str, value: object) -> bool:
+    """Whether a JSON value has the field's type (a bool is not a count; an int is a float)."""
+    kind = annotation.split("[")[0]
+    if kind == "list":
+        return isinstance(value, list)
+    if kind == "bool" or isinstance(value, bool):
+        return kind == "bool" and isinstance(value, bool)
+    expected = {"str": (str,), "int": (int,), "float": (int, float)}.get(kind)
+    return expected is None or isinstance(value, expected)
 
 
 def to_line(event: Event) -> str:
@@ -115,10 +125,7 @@ def from_doc(doc: object) -> Event | None:
         if f.name not in doc:
             continue
         value = doc[f.name]
-        want = _TYPES.get(str(f.type).split("[")[0])
-        if want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
-            return None
-        if str(f.type).startswith("list") and not isinstance(value, list):
+        if not _fits(str(f.type), value):
             return None
         values[f.name] = value
     try:

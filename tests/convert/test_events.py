@@ -39,6 +39,7 @@ def test_every_event_round_trips_through_a_line(event: object) -> None:
         {"event": "progress", "bytes_done": "50", "bytes_total": 100},  # a field of the wrong type
         {"event": "progress", "bytes_done": True, "bytes_total": 100},  # a bool is not a count
         {"event": "progress", "bytes_total": 100},  # a required field missing
+        {"event": "verified", "ok": 1, "checked": 1, "bytes_checked": 1},  # a count is not a yes/no
         {"event": "report", "out_dir": "/o", "files": "x", "tensors": 1, "bytes_written": 1, "seconds": 1},
         {"event": "shell", "cmd": "rm -rf /"},  # not one of ours
         ["progress"],
