@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Sequence
 
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.root import LOCK, OutputRoot, fd_crc32
@@ -127,17 +128,23 @@ def valid_partial(root: OutputRoot, rel: str, header: bytes, size: int, crc: int
         os.close(fd)
 
 
-def part_shards(plan: ConversionPlan, part: Part) -> list[int]:
-    """The shards part `i` of `n` writes: contiguous runs of shards, balanced by bytes (each part's first shard
-    is the one its share of the bytes starts in), so parts finish at about the same time."""
+def part_indices(sizes: Sequence[int], part: Part) -> list[int]:
+    """The files part `i` of `n` writes, given every file's size: a contiguous run, balanced by bytes (each
+    part's first file is the one its share of the bytes starts in), so parts finish at about the same time.
+    Every kind splits its files this way."""
     i, n = part
-    total = sum(s.file_bytes for s in plan.shards)
+    total = sum(sizes)
     out, pos = [], 0
-    for k, s in enumerate(plan.shards):
+    for k, size in enumerate(sizes):
         if min((pos * n) // max(total, 1), n - 1) == i:
             out.append(k)
-        pos += s.file_bytes
+        pos += size
     return out
+
+
+def part_shards(plan: ConversionPlan, part: Part) -> list[int]:
+    """The shards part `i` of `n` writes."""
+    return part_indices([s.file_bytes for s in plan.shards], part)
 
 
 def part_suffix(part: Part) -> str:

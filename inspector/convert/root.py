@@ -245,10 +245,6 @@ class OutputRoot:
         st = self.lstat(rel)
         return st is not None and stat.S_ISREG(st.st_mode)
 
-    def is_dir(self, rel: str) -> bool:
-        st = self.lstat(rel)
-        return st is not None and stat.S_ISDIR(st.st_mode)
-
     def size(self, rel: str) -> int:
         st = self.lstat(rel)
         return st.st_size if st is not None else 0
@@ -415,9 +411,6 @@ class OutputRoot:
     def fsync_dir(self) -> None:
         with contextlib.suppress(OSError):
             os.fsync(self.fd)
-
-    def free_bytes(self) -> int:
-        return os.statvfs(self.fd).f_bavail * os.statvfs(self.fd).f_frsize
 
 
 def _rmtree_at(parent: int, name: str) -> None:

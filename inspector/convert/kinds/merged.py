@@ -11,7 +11,6 @@ from inspector.convert.kinds.adapter import NO_LORA
 from inspector.convert.kinds.base import Offer, Request, VerifyProgress, VerifyResult
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
 from inspector.convert.options import resolve_dtype
-from inspector.convert.verify import recorded_tag
 from inspector.convert.writers.hf_folder import SideFile, config_dtype_fix, find_side_files
 from inspector.convert.writers.merge import build_merged_plan, is_merged_output, merged_shards
 from inspector.convert.writers.merge_verify import verify_merged
@@ -59,9 +58,6 @@ class Merged(SafetensorsKind):
 
     def owns(self, out_dir: str) -> bool:
         return is_merged_output(out_dir)
-
-    def recorded_tag(self, out_dir: str) -> str | None:
-        return recorded_tag(out_dir)
 
     def verify(
         self,

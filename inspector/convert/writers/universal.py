@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from inspector.convert.output import part_indices
 from inspector.convert.root import LOCK, OutputRoot
 from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
@@ -336,15 +337,8 @@ def _open_staging(plan: UniversalPlan, root: OutputRoot, staging: str, mine: set
 
 
 def file_part(plan: UniversalPlan, part: tuple[int, int]) -> list[int]:
-    """The tensor files part `i` of `n` writes: contiguous, balanced by bytes (as `output.part_shards`)."""
-    i, n = part
-    total = sum(f.nbytes for f in plan.files)
-    out, pos = [], 0
-    for k, f in enumerate(plan.files):
-        if min((pos * n) // max(total, 1), n - 1) == i:
-            out.append(k)
-        pos += f.nbytes
-    return out
+    """The tensor files part `i` of `n` writes (the small files are the finishing run's)."""
+    return part_indices([f.nbytes for f in plan.files], part)
 
 
 def _write_tensor(
