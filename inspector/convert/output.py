@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.root import LOCK, OutputRoot, fd_crc32
 from inspector.errors import InspectorError, OutputError
+from inspector.system.source import open_in
 
 PARTIAL = ".partial"
 Part = tuple[int, int]  # (i, n): part i of n, 0 <= i < n
@@ -78,13 +79,22 @@ def read_journal(root: OutputRoot) -> dict[str, object]:
 
 
 def _peek_journal(out_dir: str) -> dict[str, object]:
-    """The journal of a folder not yet taken (only to decide whether a rerun may go on there)."""
+    """The journal of a folder not yet taken (only to decide whether a rerun may go on there), opened through
+    the input boundary: a link or a FIFO planted under its name is refused, never followed or waited on."""
+    path = os.path.join(out_dir, JOURNAL)
+    if not os.path.lexists(path):
+        return {}
     try:
-        with open(os.path.join(out_dir, JOURNAL), "rb") as fh:
-            data = json.loads(fh.read(16 << 20))
+        fd = open_in(path)
+    except (OSError, InspectorError):
+        return {}
+    try:
+        data = json.loads(os.pread(fd, 16 << 20, 0))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
 
 
 def file_crc32(path: str) -> int:

@@ -60,3 +60,33 @@ def test_links_planted_in_out_are_never_followed(
     assert _snapshot(outside) == before, res.stdout + res.stderr
     if res.rc != 0:  # refused: said why, naming no content
         assert res.rc in (1, 2) and res.stderr.strip()
+
+
+def test_a_fifo_planted_as_the_journal_is_never_waited_on(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]
+) -> None:
+    """The busy-folder check reads a previous run's journal before it takes OUT: a FIFO under that name would
+    block an open() forever; the input boundary refuses it, so the run goes on (the FIFO is not ours to
+    replace: the folder is not empty)."""
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / ".zero-inspector-journal.json")
+    res = cli("convert", demo(SPEC), out)
+    assert res.rc in (0, 2), res.output  # it answers; it does not hang on the FIFO
+
+
+def test_universal_verify_never_reads_a_linked_model_states_copy(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]
+) -> None:
+    """A model-states copy in the universal folder replaced by a link to the original: verify refuses to
+    follow it and reports the copy as not identical, instead of comparing the file with itself."""
+    root = demo(DemoSpec(stage=3, world_size=2, dtype="bf16", params=50_000))
+    assert cli("convert", root, tmp_path, "--format", "universal").rc == 0
+    copy = next((tmp_path / f"{TAG}_uni").glob("*model_states.pt"))
+    original = next((Path(root) / TAG).glob(copy.name))
+    copy.unlink()
+    copy.symlink_to(original)
+    res = cli("verify", root, tmp_path)
+    assert res.rc == 1 and copy.name in res.output, res.output

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inspector.convert.verify import VerifyProgress, VerifyResult
+from inspector.errors import InspectorError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
+from inspector.system.source import Source
 
 if TYPE_CHECKING:
     from inspector.convert.reader import FilePool
@@ -68,9 +70,9 @@ def verify_universal(src: Checkpoint, uni: Checkpoint) -> Iterator[VerifyProgres
     for f in src.files:
         if f.role == "model":
             copy = os.path.join(uni.tag_dir, os.path.basename(f.path))
-            if not os.path.isfile(copy):
+            if not os.path.lexists(copy):
                 res.missing.append(os.path.basename(f.path))
-            elif not _same_file(f.path, copy):
+            elif not _same_file(src.source, f.path, uni.source, copy):
                 res.mismatched.append(os.path.basename(f.path))
     yield res
 
@@ -104,13 +106,29 @@ def _chunks(pool: FilePool, segs: tuple[Segment, ...]) -> Iterator[np.ndarray]:
         yield out
 
 
-def _same_file(a: str, b: str, chunk: int = 8 << 20) -> bool:
-    if os.path.getsize(a) != os.path.getsize(b):
+def _same_file(sa: Source, a: str, sb: Source, b: str, chunk: int = 8 << 20) -> bool:
+    """Byte-equal regular files, each opened through its own folder (a link or a FIFO in place of the copy is
+    not equal: it is refused before it is opened)."""
+    try:
+        fa = sa.open(a)
+    except InspectorError:
         return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+    try:
+        fb = sb.open(b)
+    except InspectorError:
+        os.close(fa)
+        return False
+    try:
+        if os.fstat(fa).st_size != os.fstat(fb).st_size:
+            return False
+        pos = 0
         while True:
-            x, y = fa.read(chunk), fb.read(chunk)
+            x, y = os.pread(fa, chunk, pos), os.pread(fb, chunk, pos)
             if x != y:
                 return False
             if not x:
                 return True
+            pos += len(x)
+    finally:
+        os.close(fa)
+        os.close(fb)
