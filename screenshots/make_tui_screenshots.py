@@ -97,6 +97,47 @@ async def shoot(root: str, out: str) -> None:
         save(app, "tui-help")
 
 
+def write_moved_run(root: str) -> None:
+    """Two tags of one run for the Health picture: every master moved a little between them, and one layer's
+    down projection blew up (x30) with a few NaN in its Adam exp_avg_sq: what a diverging layer looks like."""
+    import numpy as np
+
+    from inspector.demo.values import expected
+    from inspector.scan.model import Kind
+    from inspector.scan.scanner import scan
+    from tests.health.planting import overwrite, plant
+
+    spec = DemoSpec(stage=2, world_size=2, params=20_000_000)
+    write_demo(root, DemoSpec(stage=2, world_size=2, params=20_000_000, tag="global_step100"))
+    write_demo(root, DemoSpec(stage=2, world_size=2, params=20_000_000, tag="global_step200"))
+    ckpt = scan(root, "global_step200")
+    rng = np.random.default_rng(0)
+    for t in ckpt.tensors:
+        if t.segments and t.kind is Kind.TRAINABLE:
+            values = np.asarray(expected(spec, t.name), dtype=np.float32).reshape(-1)
+            step = 0.02 * (1 + t.name.count("layers.3")) * rng.standard_normal(values.shape[0]).astype(np.float32)
+            moved = values * (30.0 if t.name == BLOWN else 1.0) + step * np.abs(values).mean()
+            overwrite(t.segments, moved)
+            if t.module_copy:  # the 16-bit copy follows its master, as after a real step
+                overwrite(t.module_copy, moved)
+    plant(dict(ckpt.tensor(BLOWN).moments)["exp_avg_sq"], [7, 70, 700], [float("nan")] * 3)
+
+
+BLOWN = "model.layers.3.mlp.down_proj.weight"
+
+
+async def shoot_health(root: str) -> None:
+    app = make_app(path=root, live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _until(pilot, lambda: app.ckpt is not None)
+        await pilot.press("h")
+        pane = app.main.health_pane
+        await _until(pilot, lambda: pane.report is not None and not pane.running)
+        await pilot.pause()
+        app.save_screenshot(os.path.join(HERE, "tui-health.svg"))
+        print("wrote", os.path.join(HERE, "tui-health.svg"))
+
+
 def main() -> int:
     tmp = os.path.join(tempfile.gettempdir(), "zero-inspector-screenshots")  # a fixed path: the header shows it
     shutil.rmtree(tmp, ignore_errors=True)
@@ -104,6 +145,9 @@ def main() -> int:
         root = os.path.join(tmp, "demo-checkpoint")
         write_demo(root, DemoSpec(stage=2, world_size=4, params=20_000_000))
         asyncio.run(shoot(root, os.path.join(tmp, "out")))
+        run = os.path.join(tmp, "run")
+        write_moved_run(run)
+        asyncio.run(shoot_health(run))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -166,43 +166,64 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
     return out
 
 
-def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
+@dataclass(frozen=True, slots=True)
+class Siblings:
+    """A tensor's norm against the median norm of the same tensor in its sibling layers (same source)."""
+
+    pattern: str  # `model.layers.N.mlp.up_proj.weight`
+    count: int  # siblings, itself included
+    median: float
+    ratio: float  # norm / median
+
+
+def sibling_ratios(rows: Sequence[Row]) -> dict[tuple[str, str], Siblings]:
+    """(name, source) -> its norm relative to its siblings' median, for tensors with at least MIN_SIBLINGS
+    finite siblings and a positive median. Shared by the findings and the app's sortable table."""
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
         if r.source in ("master", "exp_avg", "exp_avg_sq", "frozen"):
             pattern = sibling_pattern(r.name)
             if pattern != r.name and math.isfinite(r.stats.norm):
                 groups[(pattern, r.source)].append(r)
-    out = []
+    out: dict[tuple[str, str], Siblings] = {}
     for (pattern, source), members in groups.items():
         if len(members) < MIN_SIBLINGS:
             continue
         median = statistics.median(m.stats.norm for m in members)
         if median <= 0:
             continue
-        limit = SIBLING_RATIO**2 if source == "exp_avg_sq" else SIBLING_RATIO  # it scales as gradient²
         for m in members:
-            ratio = m.stats.norm / median
-            if ratio >= limit or ratio <= 1 / limit:
-                how = (
-                    f"{ratio:.3g}× the median"
-                    if ratio >= 1
-                    else f"1/{1 / ratio:.3g} of the median"
-                    if ratio
-                    else "zero; the median is"
-                )
-                out.append(
-                    HealthFinding(
-                        Severity.WARNING,
-                        "norm-outlier",
-                        f"{m.name}: the {_WHERE[source]}'s L2 norm {m.stats.norm:.4g} is {how} "
-                        f"({median:.4g}) of the {len(members)} {pattern} tensors.",
-                        "A layer that diverged from its siblings: compare with an earlier tag (`--against`) "
-                        "to see when it happened.",
-                        m.name,
-                        source,
-                    )
-                )
+            out[(m.name, source)] = Siblings(pattern, len(members), median, m.stats.norm / median)
+    return out
+
+
+def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
+    norms = {(r.name, r.source): r.stats.norm for r in rows}
+    out = []
+    for (name, source), sib in sibling_ratios(rows).items():
+        limit = SIBLING_RATIO**2 if source == "exp_avg_sq" else SIBLING_RATIO  # it scales as gradient²
+        ratio = sib.ratio
+        if limit > ratio > 1 / limit:
+            continue
+        how = (
+            f"{ratio:.3g}× the median"
+            if ratio >= 1
+            else f"1/{1 / ratio:.3g} of the median"
+            if ratio
+            else "zero; the median is"
+        )
+        out.append(
+            HealthFinding(
+                Severity.WARNING,
+                "norm-outlier",
+                f"{name}: the {_WHERE[source]}'s L2 norm {norms[(name, source)]:.4g} is {how} "
+                f"({sib.median:.4g}) of the {sib.count} {sib.pattern} tensors.",
+                "A layer that diverged from its siblings: compare with an earlier tag (`--against`) "
+                "to see when it happened.",
+                name,
+                source,
+            )
+        )
     return out
 
 

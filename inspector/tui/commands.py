@@ -26,6 +26,11 @@ def app_commands(app: Any) -> Iterator[SystemCommand]:
         "Tensors", "Module tree, selection and tensor detail", lambda: app.main.show_tab("tensors")
     )
     yield SystemCommand(
+        "Health check",
+        "Every tensor's NaN/Inf, norms and moments, in the background (also h)",
+        lambda: app.main.action_health(),
+    )
+    yield SystemCommand(
         "Statistics of the focused tensor",
         "min, max, mean, std, NaN/Inf, histogram",
         lambda: app.main.tensors_pane.action_stats(),

@@ -4,7 +4,6 @@ functions (never from the scanner's segments), and a way to plant values into a 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -12,8 +11,9 @@ import torch
 
 from inspector.demo.spec import HALF, DemoSpec, architecture
 from inspector.demo.values import expected, state_values, to_dtype
-from inspector.format.dtypes import numpy_dtype
-from inspector.scan.model import Segment
+from tests.health.planting import overwrite, plant
+
+__all__ = ["overwrite", "plant"]  # re-exported: the tests plant values through here
 
 # Tolerances (float64 accumulation on both sides, different summation orders): counts, min, max and absmax
 # are exact; mean within 1e-12 of the tensor's abs-max; std and norm within a relative 1e-10.
@@ -69,31 +69,3 @@ def assert_matches(stats: Any, ref: dict[str, float | int], what: str) -> None:
     assert abs(stats.mean - ref["mean"]) <= MEAN_ABS * max(float(ref["absmax"]), 1e-30), f"{what}: mean"
     assert math.isclose(stats.std, ref["std"], rel_tol=REL, abs_tol=1e-300), f"{what}: std"
     assert math.isclose(stats.norm, ref["norm"], rel_tol=REL, abs_tol=1e-300), f"{what}: norm"
-
-
-def plant(segments: Sequence[Segment], index: Sequence[int], values: Sequence[float]) -> None:
-    """Overwrite elements `index` (flat, in the tensor) of the tensor stored in `segments` with `values`."""
-    for i, v in zip(index, values, strict=True):
-        pos = i
-        for seg in segments:
-            if pos < seg.numel:
-                raw = np.array([v], dtype=np.float64).astype(numpy_dtype(seg.dtype)).tobytes()
-                with open(seg.file, "r+b") as fh:
-                    fh.seek(seg.offset + pos * len(raw))
-                    fh.write(raw)
-                break
-            pos -= seg.numel
-        else:
-            raise IndexError(i)
-
-
-def overwrite(segments: Sequence[Segment], values: np.ndarray[Any, Any]) -> None:
-    """Write a whole tensor's new values (in the segments' dtype) over its bytes."""
-    flat = values.reshape(-1)
-    pos = 0
-    for seg in segments:
-        part = flat[pos : pos + seg.numel].astype(numpy_dtype(seg.dtype))
-        with open(seg.file, "r+b") as fh:
-            fh.seek(seg.offset)
-            fh.write(part.tobytes())
-        pos += seg.numel

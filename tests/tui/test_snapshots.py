@@ -72,6 +72,21 @@ def test_tensors(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> No
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_health(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    """The Health tab after a finished pass, the second row highlighted (its numbers under the table)."""
+
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("h")
+        pane = pilot.app.main.health_pane  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: pane.report is not None and not pane.running, "the health pass")
+        await pilot.press("down")
+        await _settled(pilot)
+
+    assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
 def test_export(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
     async def run(pilot: Pilot[object]) -> None:
         await _scanned(pilot)

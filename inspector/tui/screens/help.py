@@ -21,6 +21,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
                 "typed like any letter: escape leaves the field first",
             ),
             ("o / t", "overview / tensors tab"),
+            ("h", "health tab: check every tensor of the tag in the background (NaN, Inf, norms, moments)"),
             ("[ / ]", "previous / next tag (newest marked ★)"),
             ("r", "choose among several checkpoint roots"),
             ("e", "export options (output, dtype, shards, renames) with live preflight"),
@@ -47,6 +48,16 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ),
             ("escape", "clear the filter, or cancel statistics"),
             ("s", "statistics of the focused tensor (min, max, mean, std, NaN, histogram, diffs)"),
+        ],
+    ),
+    (
+        "Health",
+        [
+            ("h", "start the check (again after a cancel); a finished result is kept per tag"),
+            ("escape", "cancel the check (what was read stays on screen)"),
+            ("s / click a header", "sort: NaN/Inf first, norm, change, distance from siblings, name (▼ marks it)"),
+            ("enter", "open the tensor in the Tensors tab, its detail beside it"),
+            ("a", "compare with another tag (change of every master; none for the tag alone)"),
         ],
     ),
     (

@@ -16,9 +16,11 @@ from inspector.errors import InspectorError
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint
 from inspector.tui.fmt import fit_path, plural, shown, shown_markup
+from inspector.tui.screens.health import HealthPane
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.screens.tensors import TensorsPane
 from inspector.tui.typed import zi
+from inspector.tui.widgets.health_view import HealthTable
 from inspector.tui.widgets.keybar import KeyBar
 
 
@@ -29,6 +31,7 @@ class MainScreen(Screen[None]):
     BINDINGS = [
         Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
         Binding("t", "tab('tensors')", "Tensors", show=False),
+        Binding("h", "health", "Health", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -44,6 +47,8 @@ class MainScreen(Screen[None]):
                 yield OverviewPane()
             with TabPane("Tensors", id="tensors"):
                 yield TensorsPane()
+            with TabPane("Health", id="health"):
+                yield HealthPane()
         yield KeyBar()
 
     # the header's title is "zero-inspector — <sub_title>" between Textual's icon (8 cells) and clock space (10)
@@ -73,12 +78,28 @@ class MainScreen(Screen[None]):
     def action_tab(self, tab: str) -> None:
         self.show_tab(tab)
 
+    @property
+    def health_pane(self) -> HealthPane:
+        return self.query_one(HealthPane)
+
     def show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
         if tab == "tensors":
             self.tensors_pane.focus_tree()
+        elif tab == "health":
+            self.health_pane.table.focus()
         else:  # back from the tree: the overview's keys (scrolling), not the hidden tree's
             self.query_one(OverviewPane).focus()
+
+    def action_health(self) -> None:
+        """`h`: the Health tab, and the pass for the shown tag started (or its finished result shown)."""
+        self.show_tab("health")
+        self.health_pane.start()
+
+    def on_health_table_open(self, event: HealthTable.Open) -> None:
+        """Enter on a health row: the tensor in the tree, its detail beside it."""
+        self.show_tab("tensors")
+        self.tensors_pane.reveal(event.name)
 
     def select(self, how: str) -> None:
         tree = self.tensors_pane.module_tree
@@ -131,6 +152,7 @@ class MainScreen(Screen[None]):
         )
         self.query_one(OverviewPane).show(ckpt, zi(self).latest_tag)
         self.tensors_pane.show(ckpt)
+        self.health_pane.show(ckpt)
         if self.focused is None:
             if self.query_one(TabbedContent).active == "tensors":
                 self.tensors_pane.focus_tree()

@@ -223,14 +223,27 @@ class TensorsPane(Horizontal):
             self.cancel_stats()
             self.detail.set_extra([Text("statistics cancelled", style="yellow")])
             return
+        self._clear_filter()
+
+    def _clear_filter(self) -> bool:
         box = self.query_one("#filter", Input)
-        if box.value or not box.has_class("-hidden"):
-            box.value = ""
-            box.add_class("-hidden")
-            self.module_tree.set_filter(None)
-            self._update_selection_line()
-            self._follow_cursor()
-            self.module_tree.focus()
+        if not (box.value or not box.has_class("-hidden")):
+            return False
+        box.value = ""
+        box.add_class("-hidden")
+        self.module_tree.set_filter(None)
+        self._update_selection_line()
+        self._follow_cursor()
+        self.module_tree.focus()
+        return True
+
+    def reveal(self, name: str) -> None:
+        """The cursor (and so the detail) on tensor `name`; a filter that hides it is cleared, and said so."""
+        tree = self.module_tree
+        if not tree.reveal(name) and self._clear_filter():
+            self.notify("The filter hid that tensor: it is cleared.", timeout=3, markup=False)
+            tree.reveal(name)
+        tree.focus()
 
     # --- statistics ---------------------------------------------------------------------------------------
 

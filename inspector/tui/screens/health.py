@@ -1,0 +1,321 @@
+"""The Health tab: every tensor's numbers from one streamed read, in the background, filling in as it goes.
+
+`h` (anywhere on the main screen) opens the tab and starts the pass for the shown tag; the keys keep working
+while it reads (a worker thread; numpy releases the GIL), escape cancels it. When it is done the table sorts
+(`s`, or a click on a header) and enter opens the tensor in the Tensors tab. The pass itself is
+`inspector.health.check`, the same code as `zero-inspector health`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import DataTable, ProgressBar, Select, Static
+
+from inspector.errors import CancelledError, InspectorError
+from inspector.health import HealthProgress, HealthReport, Row
+from inspector.health.findings import sibling_ratios
+from inspector.scan.model import Checkpoint
+from inspector.tui.fmt import plural, shown, size
+from inspector.tui.screens.tensor_stats import other_tag
+from inspector.tui.typed import zi
+from inspector.tui.widgets.auto_height import AutoHeightStatic
+from inspector.tui.widgets.health_view import (
+    SORTS,
+    HealthTable,
+    findings_renderable,
+    layer_chart,
+    layer_rows,
+    row_detail,
+)
+
+_FLUSH = 0.1  # rows reach the table at most this often: a message per tiny tensor would flood the UI
+NO_COMPARISON = ""
+
+
+@dataclass
+class HealthUpdate(Message):
+    """From the health worker, for one run: finished rows, progress, the report, or how it ended."""
+
+    run: int
+    rows: list[Row] = field(default_factory=list)
+    progress: HealthProgress | None = None
+    report: HealthReport | None = None
+    error: InspectorError | None = None
+    cancelled: bool = False
+
+
+class LayerChart(AutoHeightStatic):
+    """Norm and change by depth, redrawn to the width it gets."""
+
+    DEFAULT_CSS = "LayerChart { height: auto; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self._report: HealthReport | None = None
+
+    def show(self, report: HealthReport | None) -> None:
+        self._report = report
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if self._report is None:
+            self.update("")
+            return
+        width = max(self.content_region.width or self.size.width, 40)
+        self.update(layer_chart(layer_rows(self._report.modules), width, self._report.against))
+
+
+class HealthPane(Vertical):
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", show=False),
+        Binding("a", "against", "Compare with"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ckpt: Checkpoint | None = None
+        self.report: HealthReport | None = None
+        self.running = False
+        self._run = 0
+        self._cancel = threading.Event()
+        self._ran_for: tuple[str, str, str] | None = None  # (root, tag, against) of the rows shown
+        self._order: dict[str, int] = {}
+        self._bad = 0
+        self._started = 0.0
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="health-bar"):
+            yield Static("compare with", id="health-against-label")
+            yield Select[str](
+                [("nothing (this tag alone)", NO_COMPARISON)],
+                value=NO_COMPARISON,
+                id="health-against",
+                allow_blank=False,
+                compact=True,
+            )
+            yield ProgressBar(total=1.0, show_eta=False, id="health-progress", classes="-hidden")
+        yield Static(self._intro(), id="health-status")
+        yield HealthTable(id="health-table")
+        yield Static("", id="health-row")
+        with VerticalScroll(id="health-side"):
+            with Vertical(id="health-findings-box"):
+                yield Static("Findings", classes="section")
+                yield AutoHeightStatic("", id="health-findings")
+            with Vertical(id="health-chart-box"):
+                yield Static("Layers", classes="section")
+                yield LayerChart(id="health-chart")
+
+    @property
+    def table(self) -> HealthTable:
+        return self.query_one(HealthTable)
+
+    # --- driven by the main screen ------------------------------------------------------------------------
+
+    def show(self, ckpt: Checkpoint) -> None:
+        """A new checkpoint or tag: what was shown belongs to another one."""
+        self.cancel()
+        self.ckpt = ckpt
+        self._order = {t.name: i for i, t in enumerate(ckpt.tensors)}
+        others = [t for t in reversed(ckpt.tags) if t != ckpt.tag]
+        choices = [("nothing (this tag alone)", NO_COMPARISON)] + [(Text(shown(t)), t) for t in others]
+        default = other_tag(ckpt) or NO_COMPARISON
+        select = self.query_one("#health-against", Select)
+        with self.prevent(Select.Changed):
+            select.set_options(choices)
+            select.value = default
+        if self._ran_for and self._ran_for[:2] != (ckpt.root, ckpt.tag):
+            self._clear()
+        self._status(self._intro())
+
+    def start(self) -> None:
+        """Run the pass for the shown tag and comparison, unless its result is already on screen."""
+        if self.ckpt is None:
+            self.notify("Wait for the scan to finish (or open a checkpoint).", severity="warning")
+            return
+        key = (self.ckpt.root, self.ckpt.tag, self._against())
+        if self.running or (self._ran_for == key and self.report is not None):
+            return
+        self._clear()
+        self._ran_for = key
+        self._run += 1
+        self._cancel = threading.Event()
+        self.running = True
+        self._started = time.monotonic()
+        progress = self.query_one("#health-progress", ProgressBar)
+        progress.remove_class("-hidden")
+        progress.update(total=1.0, progress=0.0)
+        self._status(Text("starting… (escape cancels)", style="italic"))
+        self._worker(self.ckpt, key[2] or None, self._cancel, self._run)
+
+    def cancel(self) -> None:
+        if self.running:
+            self._cancel.set()
+
+    def on_unmount(self) -> None:
+        self._cancel.set()  # the app is closing: the worker threads stop at their next chunk
+
+    # --- the worker ---------------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="health", exit_on_error=False, description="health check")
+    def _worker(self, ckpt: Checkpoint, against_tag: str | None, cancel: threading.Event, run: int) -> None:
+        from inspector.health import check
+        from inspector.scan.scanner import scan
+
+        post = self.post_message
+        pending: list[Row] = []
+        last = time.monotonic()
+        try:
+            against = scan(ckpt.root, against_tag) if against_tag else None
+            for item in check(ckpt, against, cancel=cancel):
+                if isinstance(item, list):
+                    pending.extend(item)
+                    if time.monotonic() - last < _FLUSH:
+                        continue
+                elif isinstance(item, HealthReport):
+                    post(HealthUpdate(run, rows=pending, report=item))
+                    return
+                post(
+                    HealthUpdate(
+                        run, rows=pending, progress=item if isinstance(item, HealthProgress) else None
+                    )
+                )
+                pending, last = [], time.monotonic()
+        except CancelledError:
+            post(HealthUpdate(run, cancelled=True))
+        except InspectorError as exc:
+            post(HealthUpdate(run, error=exc))
+        except (OSError, ValueError) as exc:
+            post(HealthUpdate(run, error=InspectorError(str(exc), title="Cannot read the checkpoint")))
+
+    @on(HealthUpdate)
+    def _update(self, msg: HealthUpdate) -> None:
+        if msg.run != self._run:
+            return  # an older run's last words
+        if msg.rows:
+            self.table.append(msg.rows, self._order)
+            self._bad += sum(1 for r in msg.rows if r.stats.nan or r.stats.inf)
+            if self.table.cursor_row < 0 or len(self.table.entries) == len(msg.rows):
+                self._highlight()
+        if msg.progress is not None:
+            p = msg.progress
+            self.query_one("#health-progress", ProgressBar).update(progress=p.fraction)
+            bad = f" · [bold red]{plural(self._bad, 'stream')} with NaN/Inf so far[/]" if self._bad else ""
+            self._status(
+                f"reading {size(p.bytes_done)} of {size(p.bytes_total)} · {p.jobs_done:,} of "
+                f"{plural(p.jobs_total, 'stream')}{bad} · escape cancels"
+            )
+        if msg.report is not None:
+            self._finished(msg.report)
+        elif msg.cancelled:
+            self._ended(
+                Text(f"Cancelled: {len(self.table.entries):,} streams read. h runs it again.", style="yellow")
+            )
+        elif msg.error is not None:
+            self._ended(Text(f"Stopped: {shown(msg.error.title)}", style="bold red"))
+            zi(self).error(msg.error)
+
+    def _finished(self, report: HealthReport) -> None:
+        self.report = report
+        self.table.complete(sibling_ratios(report.rows))
+        self.query_one("#health-findings", AutoHeightStatic).update(findings_renderable(report.findings))
+        self.query_one(LayerChart).show(report)
+        errors, warnings = len(report.errors), sum(1 for f in report.findings if str(f.severity) == "warning")
+        verdict = (
+            Text(f"✘ {plural(errors, 'error')}", style="bold red")
+            if errors
+            else Text("✔ sound", style="bold green")
+            if not warnings
+            else Text(f"⚠ {plural(warnings, 'warning')}", style="yellow")
+        )
+        took = f" in {report.seconds:.1f} s" if zi(self).live_meters else ""
+        against = f", against {shown(report.against)}" if report.against else ""
+        line = Text.assemble(
+            verdict,
+            f" · {plural(len(report.rows), 'stream')} · {size(report.bytes_read)} read{took}{against}",
+        )
+        self._ended(line)
+        self._highlight()
+
+    def _ended(self, line: Text) -> None:
+        self.running = False
+        self.query_one("#health-progress", ProgressBar).add_class("-hidden")
+        self._status(line)
+
+    # --- what the keys do ---------------------------------------------------------------------------------
+
+    def action_cancel(self) -> None:
+        if self.running:
+            self._cancel.set()
+            self._status(Text("cancelling…", style="italic"))
+
+    def action_against(self) -> None:
+        select = self.query_one("#health-against", Select)
+        select.focus()
+        select.expanded = True
+
+    @on(Select.Changed, "#health-against")
+    def _against_changed(self, event: Select.Changed) -> None:
+        if self.ckpt is None or (self._ran_for is None and not self.running):
+            return  # nothing asked for yet: the choice waits for `h`
+        self.cancel()
+        self.running = False
+        self._run += 1  # the old run's remaining messages are ignored
+        self.start()
+
+    @on(HealthTable.Sorted)
+    def _sorted(self, event: HealthTable.Sorted) -> None:
+        if self.report is not None:
+            self.notify(f"Sorted by {SORTS[event.how][0]}.", timeout=2, markup=False)
+
+    @on(DataTable.RowHighlighted, "#health-table")
+    def _row(self, event: DataTable.RowHighlighted) -> None:
+        self._highlight()
+
+    # --- drawing ------------------------------------------------------------------------------------------
+
+    def _highlight(self) -> None:
+        e = self.table.entry_at_cursor()
+        self.query_one("#health-row", Static).update(row_detail(e) if e else "")
+
+    def _against(self) -> str:
+        value = self.query_one("#health-against", Select).value
+        return value if isinstance(value, str) else NO_COMPARISON
+
+    def _clear(self) -> None:
+        self.report = None
+        self._ran_for = None
+        self._bad = 0
+        self.table.reset()
+        self.query_one("#health-row", Static).update("")
+        self.query_one("#health-findings", AutoHeightStatic).update("")
+        self.query_one(LayerChart).show(None)
+
+    def _status(self, line: Text | str) -> None:
+        self.query_one("#health-status", Static).update(line)
+
+    def _intro(self) -> Text:
+        if self.ckpt is None:
+            return Text(
+                "h: check every tensor of the shown tag (NaN, Inf, norms, moments, drift).", style="italic"
+            )
+        from inspector.health.stream import plan_jobs
+
+        nbytes = sum(j.nbytes for j in plan_jobs(self.ckpt, self.ckpt.tensors, None))
+        return Text(
+            f"h: check every tensor of {shown(self.ckpt.tag)}: NaN/Inf, zeros, norms against their siblings, "
+            f"both Adam moments, the 16-bit copy, and the change since the tag chosen above "
+            f"(reads {size(nbytes)}, more with a comparison; the keys keep working, escape cancels).",
+            style="italic",
+        )

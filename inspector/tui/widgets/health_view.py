@@ -1,0 +1,388 @@
+"""The Health tab's pieces: the sortable table of streams, the per-layer bars and the findings.
+
+Everything shown comes from `inspector.health` (rows, roll-ups, findings, sibling ratios); these widgets only
+order and draw it. Tensor names come from files: they reach the screen through `shown` only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.binding import Binding
+from textual.coordinate import Coordinate
+from textual.message import Message
+from textual.widgets import DataTable
+
+from inspector.health import HealthFinding, ModuleRollup, Row
+from inspector.health.findings import Siblings
+from inspector.health.report import natural_key
+from inspector.scan.model import Severity
+from inspector.tui.fmt import shown
+
+SOURCE_SHORT = {
+    "master": "master",
+    "module": "16-bit",
+    "exp_avg": "m",
+    "exp_avg_sq": "v",
+    "frozen": "frozen",
+    "buffer": "buffer",
+}
+_SEVERITY = {
+    Severity.ERROR: ("error", "bold red"),
+    Severity.WARNING: ("warning", "yellow"),
+    Severity.INFO: ("info", "cyan"),
+}
+
+
+def g(v: float | None) -> str:
+    """A statistic in four significant digits; a dash where there is none (no comparison, no finite value)."""
+    if v is None:
+        return "–"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.4g}"
+
+
+# --- sorting --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One row of the table: a stream's statistics and, once the pass is complete, its sibling ratio."""
+
+    row: Row
+    order: int  # position in the checkpoint (natural order)
+    siblings: Siblings | None = None
+
+    @property
+    def bad(self) -> int:
+        return self.row.stats.nan + self.row.stats.inf
+
+    @property
+    def ratio(self) -> float | None:
+        return self.siblings.ratio if self.siblings else None
+
+    @property
+    def spread(self) -> float:
+        """How far from its siblings, either way: 40x above and 1/40 below both read 40."""
+        r = self.ratio
+        if r is None:
+            return 0.0
+        return math.inf if r == 0 else max(r, 1 / r)
+
+
+def _desc(v: float | None) -> float:
+    """Largest first; NaN and missing last."""
+    return -v if v is not None and not math.isnan(v) else math.inf
+
+
+SORTS: dict[str, tuple[str, Callable[[Entry], tuple[float, ...]]]] = {
+    "problems": ("NaN/Inf, then distance from siblings", lambda e: (-e.bad, -e.spread, e.order)),
+    "norm": ("L2 norm", lambda e: (_desc(e.row.stats.norm), e.order)),
+    "change": ("change since the other tag, relative", lambda e: (_desc(e.row.delta_rel), e.order)),
+    "siblings": ("distance from the siblings' median", lambda e: (-e.spread, e.order)),
+    "name": ("checkpoint order", lambda e: (e.order,)),
+}
+SORT_ORDER = tuple(SORTS)
+# the column whose header sorts by it (DataTable column keys)
+COLUMN_SORT = {
+    "nan": "problems",
+    "inf": "problems",
+    "norm": "norm",
+    "delta": "change",
+    "sib": "siblings",
+    "name": "name",
+}
+
+
+class HealthTable(DataTable[RenderableType]):
+    """Every stream of the pass, one row each; `s` or a click on a header sorts, enter opens the tensor."""
+
+    BINDINGS = [
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("enter", "open", "Open tensor", show=True),
+    ]
+
+    @dataclass
+    class Open(Message):
+        """Enter on a row: show this tensor in the Tensors tab."""
+
+        name: str
+
+    @dataclass
+    class Sorted(Message):
+        how: str
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.entries: list[Entry] = []
+        self.order_by = "problems"
+
+    # (label, key, width) after the name; the name column takes the rest of the table's width, elided from the
+    # left (`…o_proj.weight`) so the part that tells rows apart stays; the row detail below spells it whole
+    COLUMNS = (
+        ("src", "src", 6),
+        ("NaN", "nan", 5),
+        ("Inf", "inf", 5),
+        ("zeros", "zeros", 6),
+        ("norm", "norm", 9),
+        ("× sibl.", "sib", 7),
+        ("Δ/norm", "delta", 7),
+    )
+    MIN_NAME = 16
+
+    def on_mount(self) -> None:
+        self._name_width = self._room()
+        self._add_columns()
+
+    def _room(self) -> int:
+        fixed = sum(w + 2 * self.cell_padding for _label, _key, w in self.COLUMNS) + 2 * self.cell_padding
+        return max(self.MIN_NAME, (self.size.width or 80) - fixed - 2)  # 2: the vertical scrollbar
+
+    def _add_columns(self) -> None:
+        """The column the rows are sorted by carries ▼ (NaN for the default order, problems first)."""
+        marked = {"problems": "nan", "norm": "norm", "change": "delta", "siblings": "sib", "name": "name"}
+        mark = marked[self.order_by]
+        self.add_column("tensor ▼" if mark == "name" else "tensor", width=self._name_width, key="name")
+        for label, key, width in self.COLUMNS:
+            self.add_column(f"{label}▼" if key == mark else label, width=width, key=key)
+
+    def on_resize(self) -> None:
+        room = self._room()
+        if room != self._name_width:
+            self._name_width = room
+            self._rebuild()
+
+    def reset(self) -> None:
+        self.entries = []
+        self.clear()
+
+    def append(self, rows: Sequence[Row], order: dict[str, int]) -> None:
+        """Rows as they stream in: added at the end (sorting under the cursor would move it mid-read)."""
+        for r in rows:
+            e = Entry(r, order.get(r.name, len(order)))
+            self.entries.append(e)
+            self._add(e, len(self.entries) - 1)
+
+    def complete(self, ratios: dict[tuple[str, str], Siblings]) -> None:
+        """The pass is done: sibling ratios are known; sort by the chosen order."""
+        self.entries = [Entry(e.row, e.order, ratios.get((e.row.name, e.row.source))) for e in self.entries]
+        self.resort()
+
+    def resort(self) -> None:
+        self.entries.sort(key=SORTS[self.order_by][1])
+        self._rebuild()
+        self.post_message(self.Sorted(self.order_by))
+
+    def _rebuild(self) -> None:
+        """Rows again (after a sort or a new width), the cursor kept on the same stream."""
+        current = self._current_index()
+        self.clear(columns=True)
+        self._add_columns()
+        for i, e in enumerate(self.entries):
+            self._add(e, i)
+        if current is not None:
+            self._move_to(current)
+
+    def entry_at_cursor(self) -> Entry | None:
+        if not self.entries or self.cursor_row < 0 or self.cursor_row >= self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
+        return self.entries[int(key)] if key is not None else None
+
+    def _current_index(self) -> tuple[str, str] | None:
+        e = self.entry_at_cursor()
+        return (e.row.name, e.row.source) if e else None
+
+    def _move_to(self, which: tuple[str, str]) -> None:
+        for i, e in enumerate(self.entries):
+            if (e.row.name, e.row.source) == which:
+                self.move_cursor(row=i, animate=False)
+                return
+
+    def _add(self, e: Entry, i: int) -> None:
+        st = e.row.stats
+        red = "bold red"
+        zeros = f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0"
+        if st.zero_rows:
+            zeros += f" ({st.zero_rows} rows)"
+        ratio = e.ratio
+        far = ratio is not None and (ratio >= 10 or ratio <= 0.1)
+        self.add_row(
+            Text(_elide(shown(e.row.name), self._name_width)),
+            Text(SOURCE_SHORT.get(e.row.source, e.row.source), style="dim"),
+            Text(f"{st.nan:,}", style=red if st.nan else "dim"),
+            Text(f"{st.inf:,}", style=red if st.inf else "dim"),
+            Text(zeros, style="yellow" if st.all_zero or st.zero_rows else ""),
+            Text(g(st.norm), justify="right"),
+            Text("–" if ratio is None else f"{ratio:.3g}×", style="yellow" if far else "", justify="right"),
+            Text(g(e.row.delta_rel), justify="right"),
+            key=str(i),
+        )
+
+    def action_cycle_sort(self) -> None:
+        self.order_by = SORT_ORDER[(SORT_ORDER.index(self.order_by) + 1) % len(SORT_ORDER)]
+        self.resort()
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        event.stop()
+        how = COLUMN_SORT.get(str(event.column_key.value))
+        if how:
+            self.order_by = how
+            self.resort()
+
+    def action_open(self) -> None:
+        e = self.entry_at_cursor()
+        if e is not None:
+            self.post_message(self.Open(e.row.name))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:  # a click or enter
+        event.stop()
+        self.action_open()
+
+
+def _elide(name: str, width: int) -> str:
+    """Fit `name` in `width` cells keeping what tells rows apart: leading module names shrink to their first
+    letter (`m.l.12.self_attn.q_proj.weight`) before anything else, numbers and the last two parts stay; only
+    then is the front cut."""
+    if len(name) <= width:
+        return name
+    parts = name.split(".")
+    for i in range(len(parts) - 2):
+        if not parts[i].isdigit() and len(parts[i]) > 1:
+            parts[i] = parts[i][0]
+            short = ".".join(parts)
+            if len(short) <= width:
+                return short
+    short = ".".join(parts)
+    return short if len(short) <= width else "…" + short[len(short) - width + 1 :]
+
+
+# --- details, findings and bars -------------------------------------------------------------------------------
+
+
+def row_detail(e: Entry) -> Text:
+    """Every statistic of the highlighted stream, on a few lines."""
+    r, st = e.row, e.row.stats
+    t = Text()
+    t.append(shown(r.name), style="bold")
+    t.append(
+        f"  {SOURCE_SHORT.get(r.source, r.source)} · {r.dtype} · {'×'.join(map(str, r.shape)) or 'scalar'}\n"
+    )
+    t.append(
+        f"min {g(st.minimum)}  max {g(st.maximum)}  |max| {g(st.absmax)}  mean {g(st.mean)}  std {g(st.std)}  "
+        f"norm {g(st.norm)}\n"
+    )
+    bits = [f"{st.numel:,} values", f"{st.zeros:,} zeros"]
+    if st.nan or st.inf:
+        bits.append(f"{st.nan:,} NaN, {st.pos_inf:,} +Inf, {st.neg_inf:,} −Inf")
+    if st.zero_rows is not None:
+        bits.append(f"{st.zero_rows:,} rows all zero")
+    if r.module_max_diff is not None:
+        bits.append(
+            f"largest |16-bit − cast master| {g(r.module_max_diff)} ({r.module_differing or 0:,} differ)"
+        )
+    if r.delta_norm is not None:
+        bits.append(f"change {g(r.delta_norm)} ({g(r.delta_rel)} of its norm)")
+    if e.siblings is not None:
+        bits.append(f"{e.siblings.ratio:.3g}× the median of {e.siblings.count} siblings")
+    t.append(" · ".join(bits), style="dim")
+    return t
+
+
+def findings_renderable(items: Sequence[HealthFinding], shown_max: int = 30) -> RenderableType:
+    """Errors first (the report keeps that order), each with what to do, wrapped under its own column; the
+    rest counted, not dropped."""
+    if not items:
+        return Text("✔ No findings: no NaN or Inf, no dead, constant or exploded tensors.", style="green")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    for f in items[:shown_max]:
+        label, style = _SEVERITY[f.severity]
+        what = Text(shown(f.message))
+        if f.hint:
+            what.append(f"\n→ {shown(f.hint)}", style="italic")
+        grid.add_row(Text(label, style=style), what)
+    if len(items) > shown_max:
+        more = f"… and {len(items) - shown_max} more (`zero-inspector health --json` lists all)"
+        grid.add_row("", Text(more, style="dim"))
+    return grid
+
+
+def layer_rows(modules: Sequence[ModuleRollup]) -> list[ModuleRollup]:
+    """One roll-up per numbered block (`model.layers.7`), in depth order: the masters where the checkpoint has
+    them, else the frozen weights (a fully frozen model still has layers to compare)."""
+    for source in ("master", "frozen", "module"):
+        out = [
+            m
+            for m in modules
+            if m.source == source and m.module.rpartition(".")[2].isdigit() and not _inside_numbered(m.module)
+        ]
+        if out:
+            return sorted(out, key=lambda m: natural_key(m.module))
+    return []
+
+
+def _inside_numbered(module: str) -> bool:
+    """`model.layers.3.experts.1` sits inside `model.layers.3`: only the outermost numbered blocks get a bar."""
+    parts = module.split(".")[:-1]
+    return any(p.isdigit() for p in parts)
+
+
+def _bar(v: float | None, top: float, width: int) -> Text:
+    if v is None:
+        return Text("–".ljust(width), style="dim")
+    if not math.isfinite(v):
+        return Text(("nan" if math.isnan(v) else "inf").ljust(width), style="bold red")
+    frac = v / top if top > 0 else 0.0
+    eighths = round(min(max(frac, 0.0), 1.0) * width * 8)
+    full, part = divmod(eighths, 8)
+    return Text(("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")).ljust(width), style="cyan")
+
+
+def layer_chart(layers: Sequence[ModuleRollup], width: int, against: str | None) -> Text:
+    """Norm (and, with a comparison, change) by depth, one bar per layer: a layer that stands out is seen before
+    it is read. Bars scale to the largest finite value of their column; the figure follows the bar."""
+    if not layers:
+        return Text("No numbered layers (model.layers.N…) to chart.", style="dim")
+    label_w = min(max(len(_label(m.module)) for m in layers), 24)
+    with_delta = against is not None
+    cols = 2 if with_delta else 1
+    bad_w = max((len(f"  {m.nan + m.inf:,} NaN/Inf") for m in layers if m.nan + m.inf), default=0)
+    room = max(width - label_w - 1 - cols * 10 - bad_w, cols * 4)
+    bar_w = room // cols
+    norms = [m.norm for m in layers if math.isfinite(m.norm)]
+    deltas = [m.delta_norm for m in layers if m.delta_norm is not None and math.isfinite(m.delta_norm)]
+    top_n, top_d = max(norms, default=0.0), max(deltas, default=0.0)
+    out = Text()
+    head = "norm".ljust(bar_w + 10)
+    if with_delta:
+        head += f"change since {shown(against)}"[: bar_w + 9]
+    out.append(" " * (label_w + 1) + head + "\n", style="bold")
+    for m in layers:
+        bad = m.nan + m.inf
+        out.append(_label(m.module)[-label_w:].rjust(label_w) + " ", style="bold red" if bad else "")
+        out.append_text(_bar(m.norm, top_n, bar_w))
+        out.append(f" {g(m.norm):>8} ")
+        if with_delta:
+            out.append_text(_bar(m.delta_norm, top_d, bar_w))
+            out.append(f" {g(m.delta_norm):>8}")
+        if bad:
+            out.append(f"  {bad:,} NaN/Inf", style="bold red")
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+def _label(module: str) -> str:
+    """`model.layers.7` -> `layers.7`: the stack's name and the depth are what tell bars apart."""
+    parts = shown(module).split(".")
+    return ".".join(parts[-2:])
