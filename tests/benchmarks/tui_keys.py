@@ -4,8 +4,8 @@
 
 Starts `zero-inspector CHECKPOINT --out TMP --dtype fp32 --overwrite` in a detached tmux session of that
 size, waits for the tag to show, then times keys idle (a tab switch, the help overlay opened with `?` and
-closed with `escape`) and, after `c`, while the child converts (the help overlay, and `escape` opening the
-cancel dialog): from `tmux send-keys` until `tmux capture-pane` shows the change. Polled every 5 ms: each poll
+closed with `escape`), after `c` while the child converts (the help overlay, and `escape` opening the
+cancel dialog), and after `h` while the Health tab's pass reads (the help overlay): from `tmux send-keys` until `tmux capture-pane` shows the change. Polled every 5 ms: each poll
 starts a tmux client (~2-3 ms of CPU), so polling every millisecond kept most of one core of a 2-core
 machine busy by itself. The figure includes tmux's own round trip, as a person's terminal would.
 A checkpoint of at least 1B parameters makes the conversion outlast the rounds:
@@ -59,6 +59,11 @@ IDLE_PAIRS = [
 BUSY_PAIRS = [
     ("help overlay", "?", HELP_MARK, "Escape"),
     ("cancel dialog", "Escape", "Cancel the conversion?", "Escape"),
+]
+
+
+HEALTH_PAIRS = [
+    ("help overlay", "?", HELP_MARK, "Escape"),
 ]
 
 
@@ -121,6 +126,14 @@ def run(ckpt: str, size: str, rounds: int, conversions: int) -> list[str]:
                 wait_for(lambda s: "Converting" not in s, 10)
         for name, ms in busy.items():
             lines.append(summary(f"converting, {name}", ms))
+        if "Converting" in screen():
+            tmux("send-keys", "-t", SESSION, "b")
+            wait_for(lambda s: "Converting" not in s, 10)
+        # the Health tab's pass reads in threads of the UI's own process (numpy releases the GIL)
+        tmux("send-keys", "-t", SESSION, "h")
+        wait_for(lambda s: "escape cancels" in s and "reading" in s, 60)
+        for name, ms in round_trip(HEALTH_PAIRS, rounds, still=lambda s: "escape cancels" in s).items():
+            lines.append(summary(f"health pass, {name}", ms))
         lines.append(f"load at the end: {os.getloadavg()[0]:.2f}")
     finally:
         tmux("kill-session", "-t", SESSION)

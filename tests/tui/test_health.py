@@ -165,7 +165,9 @@ def test_layer_rows_take_only_the_outermost_numbered_blocks() -> None:
     def m(name: str) -> ModuleRollup:
         return ModuleRollup(name, "master", name.count(".") + 1, True, 1, 1, 0, 0, 0, 1.0, 1.0, None)
 
-    rows = layer_rows([m("model.layers.10"), m("model.layers.2"), m("model.layers.2.experts.1"), m("model.norm")])
+    rows = layer_rows(
+        [m("model.layers.10"), m("model.layers.2"), m("model.layers.2.experts.1"), m("model.norm")]
+    )
     assert [r.module for r in rows] == ["model.layers.2", "model.layers.10"]
 
 
@@ -178,3 +180,57 @@ def test_long_names_keep_their_layer_numbers_when_narrow() -> None:
     short = _elide(name, 22)
     assert short == "m.l.12.s.o_proj.weight" and len(short) <= 22
     assert len(_elide(name, 10)) == 10 and _elide(name, 10).startswith("…")
+
+
+@pytest.mark.asyncio
+async def test_another_tag_stops_the_pass_and_clears_the_table(
+    two_tag_demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    reads = [0]
+    real = FilePool.read_into
+
+    def held(self: FilePool, *args: object) -> object:
+        reads[0] += 1
+        while reads[0] > 4 and not gate.is_set():
+            gate.wait(0.01)
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FilePool, "read_into", held)
+    app = make_app(path=str(two_tag_demo), live_meters=False)
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await scanned(pilot)
+            await pilot.press("h")
+            pane = app.main.health_pane
+            await wait_for(pilot, lambda: reads[0] > 4, "the pass to start reading")
+            await pilot.press("left_square_bracket")  # the older tag
+            await wait_for(
+                pilot, lambda: app.ckpt is not None and app.ckpt.tag == "global_step3", "the older tag"
+            )
+            gate.set()
+            await pilot.pause(0.3)
+            assert not pane.running and pane.report is None and not pane.table.entries
+            assert "h: check every tensor of global_step3" in plain(pane.query_one("#health-status"))
+    finally:
+        gate.set()
+
+
+@pytest.mark.asyncio
+async def test_a_file_that_went_bad_is_a_dialog_not_a_crash(demo: DemoCache, tmp_path: Path) -> None:
+    """A rank file truncated after the scan: the pass stops with the reader's error in a dialog."""
+    from inspector.tui.screens.dialogs import MessageDialog
+
+    root = demo.copy(SPEC, tmp_path / "ck")
+    app = make_app(path=str(root), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        for f in sorted(root.rglob("*optim_states.pt")):
+            with open(f, "r+b") as fh:
+                fh.truncate(f.stat().st_size // 2)
+        await pilot.press("h")
+        pane = app.main.health_pane
+        await wait_for(pilot, lambda: not pane.running, "the pass to end")
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+        assert pane.report is None
+        assert "Stopped" in plain(pane.query_one("#health-status"))

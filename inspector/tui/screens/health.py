@@ -124,8 +124,11 @@ class HealthPane(Vertical):
     # --- driven by the main screen ------------------------------------------------------------------------
 
     def show(self, ckpt: Checkpoint) -> None:
-        """A new checkpoint or tag: what was shown belongs to another one."""
-        self.cancel()
+        """A new checkpoint or tag: what was shown belongs to another one (a pass still reading stops)."""
+        if self.running:
+            self.cancel()
+            self._run += 1  # its last messages are ignored
+            self._ended(Text(""))
         self.ckpt = ckpt
         self._order = {t.name: i for i, t in enumerate(ckpt.tensors)}
         others = [t for t in reversed(ckpt.tags) if t != ckpt.tag]
