@@ -26,13 +26,14 @@ _LOG_INTERVAL = 5.0
 _opts = options_from_args  # the name the TUI launcher and tests import
 
 
-def _progress_line(ev: Any, mem: str) -> str:
+def _progress_line(ev: Any, mem: str, unit: str = "file") -> str:
     from inspector.system.units import format_bytes
 
     eta = (ev.bytes_total - ev.bytes_done) / ev.throughput if ev.throughput > 0 else 0.0
+    where = f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard
     return (
         f"[{ev.fraction * 100:5.1f}%] {format_bytes(ev.bytes_done)} / {format_bytes(ev.bytes_total)}  "
-        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  file {ev.shard_index + 1}/{ev.shards}  {mem}"
+        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  {where}  {mem}"
     )
 
 
@@ -54,6 +55,8 @@ def _ranks(n: int) -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    if args.executor == "ray":
+        _ray_options(args)
     if args.progress == "json":  # for a front end running us as a child (the TUI)
         from inspector.cli.progress import convert_json
 
@@ -81,9 +84,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     )
     for note in job.notes:
         console.print(f"[dim]{escape(note)}[/]")
+    tasks: list[Any] = []
     try:
-        events = job.run(overwrite=args.overwrite, fsync=args.fsync, part=part)
-        report = _drive(console, events, job.output_bytes)
+        if args.executor == "ray":
+            events = _ray_events(args, tasks)
+            report = _drive(console, events, job.output_bytes, unit="part")
+            _print_tasks(console, tasks)
+        else:
+            events = job.run(overwrite=args.overwrite, fsync=args.fsync, part=part)
+            report = _drive(console, events, job.output_bytes)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
         from inspector.errors import CancelledError
 
@@ -95,13 +104,54 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ray_events(args: argparse.Namespace, tasks: list[Any]) -> Any:
+    """`--executor ray`: the job's parts as Ray tasks, then the finish here (convert/ray_executor.py)."""
+    from inspector.cli.options import request_from_args
+    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    spec = JobSpec(
+        args.path, args.tag, args.format, request_from_args(args, allow_damaged=args.force), args.out,
+        args.overwrite, args.fsync,
+    )
+    return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append)
+
+
+def _ray_options(args: argparse.Namespace) -> None:
+    """What --executor ray cannot be combined with, refused before anything is read."""
+    from inspector.errors import InspectorError
+
+    if args.part is not None:
+        raise InspectorError(
+            "--part and --executor ray both split the job: use one.",
+            hint="--executor ray runs every part as a task on the cluster; --part I/N is for schedulers "
+            "without Ray (Slurm arrays, Kubernetes indexed jobs).",
+            title="Invalid option",
+        )
+    if args.progress == "json":
+        raise InspectorError(
+            "--executor ray prints its own progress; it has no JSON-lines face yet.",
+            hint="Drop --progress json, or run the parts with --part I/N and read each one's JSON lines.",
+            title="Invalid option",
+        )
+    if args.parts is not None and args.parts < 1:
+        raise InspectorError(f"--parts {args.parts}: at least 1.", title="Invalid option")
+
+
+def _print_tasks(console: Any, tasks: list[Any]) -> None:
+    nodes = sorted({t.node for t in tasks})
+    console.print(
+        f"Ray: {len(tasks)} part(s) on {len(nodes)} node(s); "
+        + ", ".join(f"part {t.part}: {_size(t.bytes_written)} in {t.seconds:.1f} s" for t in sorted(tasks, key=lambda t: t.part))
+        + "; then finished here."
+    )
+
+
 def _size(n: int) -> str:
     from inspector.system.units import format_bytes
 
     return format_bytes(n)
 
 
-def _drive(console: Any, events: Any, total: int) -> Any:
+def _drive(console: Any, events: Any, total: int, unit: str = "file") -> Any:
     """Consume run() events with a live bar (terminal) or periodic log lines (CI)."""
     from inspector.convert.engine import Progress, Report
 
@@ -112,7 +162,7 @@ def _drive(console: Any, events: Any, total: int) -> Any:
                 return ev
             if isinstance(ev, Progress) and time.monotonic() - last >= _LOG_INTERVAL:
                 last = time.monotonic()
-                console.print(_progress_line(ev, _memory_line()), soft_wrap=True)
+                console.print(_progress_line(ev, _memory_line(), unit), soft_wrap=True)
         return None
     from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
     from rich.progress import Progress as Bar
@@ -137,7 +187,7 @@ def _drive(console: Any, events: Any, total: int) -> Any:
                     task,
                     completed=ev.bytes_done,
                     total=ev.bytes_total,
-                    description=f"file {ev.shard_index + 1}/{ev.shards}",
+                    description=f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard,
                     mem=_memory_line(),
                 )
     return None
@@ -308,6 +358,24 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         metavar="I/N",
         help="write only part I of N (0 <= I < N) of the output files, for N runs side by side into one OUT "
         "(a Slurm array, a Kubernetes indexed job); then run the same command without --part to finish",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="ray: run the parts as tasks on a Ray cluster (pip install 'zero-inspector[ray]'; the checkpoint "
+        "and OUT on storage every node sees at the same path), then finish here",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the cluster to join (default: RAY_ADDRESS, else a local Ray started for this run)",
+    )
+    p.add_argument(
+        "--parts",
+        type=int,
+        metavar="N",
+        help="with --executor ray: how many tasks (default: one per CPU of the cluster, at most one per file)",
     )
     p.add_argument(
         "--fsync",

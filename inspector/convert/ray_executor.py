@@ -1,0 +1,205 @@
+"""`convert --executor ray`: the `--part I/N` shares of one job run as Ray tasks, then the driver finishes.
+
+Ray schedules; we do not. Each task re-plans the same job on its node from what the user asked (the plan is
+a pure function of the checkpoint's metadata, so every node computes the same one) and writes its
+byte-balanced share of the output files into the shared OUT exactly as `--part I/N` does: under its own lock,
+with its own journal. Progress flows back through one small actor the driver polls; cancel (Ctrl-C, SIGTERM)
+cancels the tasks, and their finished files are kept for the next run. When every task has ended, the driver
+runs the job once more without a part: it reuses every file whose checksum matches, writes what is missing
+(a lost task's share), the side files and the index, and alone publishes.
+
+Needs `pip install 'zero-inspector[ray]'`, a running cluster (`--ray-address`, `RAY_ADDRESS`, or a local one
+started for the run), the package importable on every node, and OUT and the checkpoint on storage every node
+sees at the same path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from inspector.convert.engine import Progress, Report
+from inspector.convert.kinds.base import Request
+from inspector.errors import CancelledError, InspectorError
+
+POLL = 0.25  # seconds between progress polls of the driver
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What every task needs to plan the same job: where the checkpoint is, which kind, what was asked."""
+
+    path: str
+    tag: str | None
+    kind: str
+    request: Request
+    out: str
+    overwrite: bool = False
+    fsync: bool = False
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """What one task did, for the driver's summary: on which node, how many bytes, in how long."""
+
+    part: int
+    node: str
+    bytes_written: int
+    seconds: float
+    reused: int = 0  # files an earlier, interrupted run had finished and this task kept
+
+
+def plan(spec: JobSpec) -> Any:
+    """The job, planned where this runs (driver or task) from the spec alone."""
+    from inspector.convert.kinds import get
+    from inspector.scan.scanner import scan
+
+    return get(spec.kind).plan(scan(spec.path, spec.tag), spec.request, os.path.abspath(spec.out))
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise InspectorError(
+            "--executor ray needs Ray, which is not installed.",
+            hint="pip install 'zero-inspector[ray]' (on the driver and on every node of the cluster).",
+            title="Ray is not installed",
+        ) from None
+    return ray
+
+
+def connect(address: str | None) -> Any:
+    """Join the cluster at `address` (or RAY_ADDRESS); with neither, start a local one for this run."""
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(
+                address=address or os.environ.get("RAY_ADDRESS") or None,
+                log_to_driver=False,
+                logging_level=logging.WARNING,  # not Ray's "Connecting to…" lines between our own
+            )
+        except ConnectionError as exc:
+            raise InspectorError(
+                f"Cannot reach the Ray cluster at {address or os.environ.get('RAY_ADDRESS')}: {exc}",
+                hint="Start it (`ray start --head` on the head node) or pass its address with --ray-address.",
+                title="No Ray cluster",
+            ) from None
+    return ray
+
+
+def default_parts(ray: Any, files: int) -> int:
+    """One task per CPU the cluster offers, never more tasks than output files."""
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(files, cpus))
+
+
+def run_on_ray(
+    spec: JobSpec,
+    *,
+    parts: int | None = None,
+    address: str | None = None,
+    cancel: threading.Event | None = None,
+    on_part: Any = None,
+) -> Iterator[Progress | Report]:
+    """Run the job's parts as tasks, yield the driver's view of their progress, then finish and yield the
+    Report. `on_part(PartResult)` is called as each task ends. Raises CancelledError when `cancel` is set or
+    the driver is interrupted (the tasks are cancelled; finished files stay for the next run)."""
+    ray = connect(address)
+    job = plan(spec)
+    n = parts or default_parts(ray, len(job.files))
+    total = job.output_bytes
+    sink = _sink_class(ray).remote(n)
+    task = ray.remote(_run_part).options(num_cpus=1, max_retries=0)
+    refs = {task.remote(spec, (i, n), sink): i for i in range(n)}
+    start = time.monotonic()
+    cancel = cancel or threading.Event()
+    reused = 0
+    try:
+        pending = list(refs)
+        while pending:
+            if cancel.is_set():
+                raise KeyboardInterrupt
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL)
+            for ref in done:
+                result = ray.get(ref)  # a task's InspectorError is raised here, with its own words
+                reused += result.reused
+                if on_part is not None:
+                    on_part(result)
+            written = sum(ray.get(sink.totals.remote()))
+            finished = n - len(pending)
+            yield Progress(
+                min(written, total),
+                total,
+                "",
+                f"{finished} of {n} parts done",
+                finished,
+                n,
+                time.monotonic() - start,
+            )
+    except (KeyboardInterrupt, CancelledError):
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        raise CancelledError(
+            f"Cancelled: the {n} Ray tasks are stopped; each part's finished files are kept and the next run "
+            "reuses them."
+        ) from None
+    except ray.exceptions.RayTaskError as exc:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        cause = exc.as_instanceof_cause()
+        if isinstance(cause, InspectorError):
+            raise cause from None
+        raise InspectorError(
+            f"A Ray task failed: {type(cause).__name__}: {cause}",
+            hint="The other parts' finished files are kept; run the same command again to redo the rest.",
+            title="Conversion task failed",
+        ) from None
+    # every part has ended: the driver alone finishes (reuses the parts' files by checksum) and publishes; its
+    # report counts the whole run (the parts' files are this run's work, not files reused from an earlier one)
+    for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=None):
+        if isinstance(ev, Report):
+            ev = replace(ev, seconds=time.monotonic() - start, resumed_shards=reused)
+        yield ev
+
+
+def _run_part(spec: JobSpec, part: tuple[int, int], sink: Any) -> PartResult:
+    """One task: plan the same job, write part `part` into OUT, report bytes to the sink as they are written."""
+    import ray
+
+    start = time.monotonic()
+    job = plan(spec)
+    done = reused = 0
+    last = 0.0
+    for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=part):
+        if isinstance(ev, Progress):
+            done = ev.bytes_done
+            if time.monotonic() - last >= POLL:
+                last = time.monotonic()
+                sink.update.remote(part[0], done)
+        elif isinstance(ev, Report):
+            done, reused = ev.bytes_written, ev.resumed_shards
+    sink.update.remote(part[0], done)
+    node = ray.get_runtime_context().get_node_id()
+    return PartResult(part[0], node, done, time.monotonic() - start, reused)
+
+
+def _sink_class(ray: Any) -> Any:
+    """An actor holding each part's bytes written: the tasks push, the driver polls."""
+
+    class Sink:
+        def __init__(self, n: int) -> None:
+            self.done = [0] * n
+
+        def update(self, i: int, nbytes: int) -> None:
+            self.done[i] = nbytes
+
+        def totals(self) -> list[int]:
+            return self.done
+
+    return ray.remote(num_cpus=0)(Sink)

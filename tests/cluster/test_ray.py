@@ -1,0 +1,95 @@
+"""`convert --executor ray` on a local Ray cluster of two nodes (`ray.cluster_utils.Cluster`, one CPU each):
+the parts run as tasks on both nodes and the output is byte for byte the output of one local run; a cancelled
+run leaves a folder the next run finishes, identical again.
+
+Never `ray stop` (it kills every Ray process of the machine by name): the cluster is shut down through the
+object that started it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inspector.demo.writer import DemoSpec
+from tests.conftest import DemoCache, run_cli
+
+pytestmark = pytest.mark.cluster
+SPEC = DemoSpec(stage=3, world_size=2, dtype="bf16", params=6_000_000)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    try:
+        yield c
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "kind, extra",
+    [("weights", ["--shard-size", "3MB", "--dtype", "bf16"]), ("universal", [])],
+)
+def test_ray_parts_on_two_nodes_equal_one_local_run(
+    cluster: Any, demo: DemoCache, tmp_path: Path, kind: str, extra: list[str]
+) -> None:
+    root = str(demo(SPEC))
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert run_cli("convert", root, str(local), "--format", kind, *extra).rc == 0
+    run = run_cli(
+        "convert", root, str(remote), "--format", kind, *extra, "--executor", "ray", "--ray-address", cluster.address
+    )
+    assert run.rc == 0, run.stderr
+    assert "on 2 node(s)" in run.stdout, run.stdout
+    if kind == "universal":  # the universal output is a tree of folders: compare every file under it
+        a = {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*") if p.is_file()}
+        b = {str(p.relative_to(remote)): p.read_bytes() for p in remote.rglob("*") if p.is_file()}
+        assert a.keys() == b.keys() and a == b
+    else:
+        assert _files(local) == _files(remote)
+    verify = run_cli("verify", root, str(remote))
+    assert verify.rc == 0, verify.stdout + verify.stderr
+
+
+def test_a_cancelled_run_is_finished_by_the_next(cluster: Any, demo: DemoCache, tmp_path: Path) -> None:
+    """Cancelled right after the tasks are submitted (in-process driver): CancelledError, no published
+    output; the same command again completes, byte for byte the local result."""
+    import threading
+
+    import ray
+
+    from inspector.convert.kinds.base import Request
+    from inspector.convert.options import ConvertOptions
+    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    from inspector.errors import CancelledError
+
+    root = str(demo(SPEC))
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert run_cli("convert", root, str(local), "--format", "weights", "--shard-size", "3MB").rc == 0
+    spec = JobSpec(root, None, "weights", Request(ConvertOptions(shard_size=3_000_000)), str(remote))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(CancelledError):
+        for _ in run_on_ray(spec, address=cluster.address, cancel=stop):
+            pass
+    assert not (remote / "model.safetensors.index.json").exists()
+    events = list(run_on_ray(spec, address=cluster.address))
+    report = events[-1]
+    assert report.files and _files(local) == _files(remote)
+    ray.shutdown()
