@@ -120,14 +120,18 @@ def run_on_ray(
     start = time.monotonic()
     cancel = cancel or threading.Event()
     reused = 0
+    ended = False
     try:
         pending = list(refs)
         while pending:
             if cancel.is_set():
-                raise KeyboardInterrupt
+                raise CancelledError(
+                    f"Cancelled: the {n} Ray tasks are stopped; each part's finished files are kept and the "
+                    "next run reuses them."
+                )
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL)
             for ref in done:
-                result = ray.get(ref)  # a task's InspectorError is raised here, with its own words
+                result = _result(ray, ref)
                 reused += result.reused
                 if on_part is not None:
                     on_part(result)
@@ -142,30 +146,35 @@ def run_on_ray(
                 n,
                 time.monotonic() - start,
             )
-    except (KeyboardInterrupt, CancelledError):
-        for ref in refs:
-            ray.cancel(ref, force=True)
-        raise CancelledError(
-            f"Cancelled: the {n} Ray tasks are stopped; each part's finished files are kept and the next run "
-            "reuses them."
-        ) from None
-    except ray.exceptions.RayTaskError as exc:
-        for ref in refs:
-            ray.cancel(ref, force=True)
-        cause = exc.as_instanceof_cause()
-        if isinstance(cause, InspectorError):
-            raise cause from None
-        raise InspectorError(
-            f"A Ray task failed: {type(cause).__name__}: {cause}",
-            hint="The other parts' finished files are kept; run the same command again to redo the rest.",
-            title="Conversion task failed",
-        ) from None
+        ended = True
+    finally:
+        # cancelled, failed, interrupted (Ctrl-C lands wherever the driver is, also outside this generator,
+        # which then closes it): no task may go on writing into OUT behind the user's back
+        if not ended:
+            for ref in refs:
+                ray.cancel(ref, force=True)
     # every part has ended: the driver alone finishes (reuses the parts' files by checksum) and publishes; its
     # report counts the whole run (the parts' files are this run's work, not files reused from an earlier one)
     for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=None):
         if isinstance(ev, Report):
             ev = replace(ev, seconds=time.monotonic() - start, resumed_shards=reused)
         yield ev
+
+
+def _result(ray: Any, ref: Any) -> PartResult:
+    """A finished task's result; its failure as our error, in its own words where it has them."""
+    try:
+        result: PartResult = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None) or exc.as_instanceof_cause()
+        if isinstance(cause, InspectorError):  # the task's own error (its class keeps its exit code)
+            raise cause from None
+        raise InspectorError(
+            f"A Ray task failed: {type(cause).__name__}: {cause}",
+            hint="The other parts' finished files are kept; run the same command again to redo the rest.",
+            title="Conversion task failed",
+        ) from None
+    return result
 
 
 def _run_part(spec: JobSpec, part: tuple[int, int], sink: Any) -> PartResult:

@@ -93,3 +93,18 @@ def test_a_cancelled_run_is_finished_by_the_next(cluster: Any, demo: DemoCache, 
     report = events[-1]
     assert report.files and _files(local) == _files(remote)
     ray.shutdown()
+
+
+def test_a_task_that_fails_reports_its_own_error(cluster: Any, demo: DemoCache, tmp_path: Path) -> None:
+    """OUT below a regular file: the driver plans fine, every task fails to create OUT; the driver raises the
+    task's own error (the output root's words), not a Ray traceback."""
+    from inspector.convert.kinds.base import Request
+    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    from inspector.errors import InspectorError
+
+    (tmp_path / "file").write_bytes(b"x")
+    spec = JobSpec(str(demo(SPEC)), None, "weights", Request(), str(tmp_path / "file" / "out"))
+    with pytest.raises(InspectorError) as err:
+        for _ in run_on_ray(spec, address=cluster.address):
+            pass
+    assert "Ray" not in type(err.value).__name__ and "out" in str(err.value)
