@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from inspector.cli.jobs import parse_part, plan_job, verify_job
+from inspector.cli.jobs import job_events, parse_part, plan_job, ray_options, verify_job
 from inspector.cli.options import FORMAT_HELP, add_convert_options, options_from_args
 
 _LOG_INTERVAL = 5.0
@@ -55,8 +55,7 @@ def _ranks(n: int) -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    if args.executor == "ray":
-        _ray_options(args)
+    ray_options(args)
     if args.progress == "json":  # for a front end running us as a child (the TUI)
         from inspector.cli.progress import convert_json
 
@@ -86,13 +85,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         console.print(f"[dim]{escape(note)}[/]")
     tasks: list[Any] = []
     try:
-        if args.executor == "ray":
-            events = _ray_events(args, tasks)
-            report = _drive(console, events, job.output_bytes, unit="part")
+        events = job_events(args, job, part, tasks)
+        report = _drive(console, events, job.output_bytes, unit="part" if args.executor == "ray" else "file")
+        if tasks:
             _print_tasks(console, tasks)
-        else:
-            events = job.run(overwrite=args.overwrite, fsync=args.fsync, part=part)
-            report = _drive(console, events, job.output_bytes)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
         from inspector.errors import CancelledError
 
@@ -102,38 +98,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise RuntimeError("the conversion ended without a report")
     _print_report(console, report, job, part)
     return 0
-
-
-def _ray_events(args: argparse.Namespace, tasks: list[Any]) -> Any:
-    """`--executor ray`: the job's parts as Ray tasks, then the finish here (convert/ray_executor.py)."""
-    from inspector.cli.options import request_from_args
-    from inspector.convert.ray_executor import JobSpec, run_on_ray
-    spec = JobSpec(
-        args.path, args.tag, args.format, request_from_args(args, allow_damaged=args.force), args.out,
-        args.overwrite, args.fsync,
-    )
-    return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append)
-
-
-def _ray_options(args: argparse.Namespace) -> None:
-    """What --executor ray cannot be combined with, refused before anything is read."""
-    from inspector.errors import InspectorError
-
-    if args.part is not None:
-        raise InspectorError(
-            "--part and --executor ray both split the job: use one.",
-            hint="--executor ray runs every part as a task on the cluster; --part I/N is for schedulers "
-            "without Ray (Slurm arrays, Kubernetes indexed jobs).",
-            title="Invalid option",
-        )
-    if args.progress == "json":
-        raise InspectorError(
-            "--executor ray prints its own progress; it has no JSON-lines face yet.",
-            hint="Drop --progress json, or run the parts with --part I/N and read each one's JSON lines.",
-            title="Invalid option",
-        )
-    if args.parts is not None and args.parts < 1:
-        raise InspectorError(f"--parts {args.parts}: at least 1.", title="Invalid option")
 
 
 def _print_tasks(console: Any, tasks: list[Any]) -> None:

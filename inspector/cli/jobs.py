@@ -47,3 +47,40 @@ def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
     out = os.path.abspath(args.out)
     kind = of_output(out)
     return kind, scan(args.path, args.tag or kind.recorded_tag(out)), out
+
+
+def job_events(args: argparse.Namespace, job: Any, part: tuple[int, int] | None, tasks: list[Any]) -> Any:
+    """The run's events, from this process or (`--executor ray`) from Ray tasks and the finish here: the same
+    Progress and Report types either way, so both faces drive them alike. `tasks` collects each Ray part's
+    result as it ends."""
+    if getattr(args, "executor", "local") != "ray":
+        return job.run(overwrite=args.overwrite, fsync=args.fsync, part=part)
+    from inspector.convert.ray_executor import JobSpec, run_on_ray
+
+    spec = JobSpec(
+        args.path,
+        args.tag,
+        args.format,
+        request_from_args(args, allow_damaged=args.force),
+        args.out,
+        args.overwrite,
+        args.fsync,
+    )
+    return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append)
+
+
+def ray_options(args: argparse.Namespace) -> None:
+    """What --executor ray cannot be combined with, refused before anything is read."""
+    from inspector.errors import InspectorError
+
+    if getattr(args, "executor", "local") != "ray":
+        return
+    if args.part is not None:
+        raise InspectorError(
+            "--part and --executor ray both split the job: use one.",
+            hint="--executor ray runs every part as a task on the cluster; --part I/N is for schedulers "
+            "without Ray (Slurm arrays, Kubernetes indexed jobs).",
+            title="Invalid option",
+        )
+    if args.parts is not None and args.parts < 1:
+        raise InspectorError(f"--parts {args.parts}: at least 1.", title="Invalid option")

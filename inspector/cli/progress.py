@@ -55,11 +55,12 @@ def convert_json(args: argparse.Namespace) -> int:
     events for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import parse_part, plan_job
+        from inspector.cli.jobs import job_events, parse_part, plan_job, ray_options
         from inspector.convert.engine import Progress, Report
         from inspector.errors import DoesNotFitError
         from inspector.system.rss import peak_rss
 
+        ray_options(args)
         part = parse_part(getattr(args, "part", None))
         _, job = plan_job(args, allow_damaged=args.force)
         job.check_output(args.overwrite)
@@ -83,7 +84,7 @@ def convert_json(args: argparse.Namespace) -> int:
                 predicted_peak_rss=verdict.predicted_peak_rss,
             )
         )
-        for ev in job.run(overwrite=args.overwrite, fsync=args.fsync, part=part):
+        for ev in job_events(args, job, part, []):
             if isinstance(ev, Progress):
                 i = min(ev.shard_index, len(files) - 1)
                 one = ev.shards == len(files) and files  # the event counts the listed files

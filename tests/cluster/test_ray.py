@@ -53,7 +53,16 @@ def test_ray_parts_on_two_nodes_equal_one_local_run(
     local, remote = tmp_path / "local", tmp_path / "ray"
     assert run_cli("convert", root, str(local), "--format", kind, *extra).rc == 0
     run = run_cli(
-        "convert", root, str(remote), "--format", kind, *extra, "--executor", "ray", "--ray-address", cluster.address
+        "convert",
+        root,
+        str(remote),
+        "--format",
+        kind,
+        *extra,
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster.address,
     )
     assert run.rc == 0, run.stderr
     assert "on 2 node(s)" in run.stdout, run.stdout
@@ -108,3 +117,32 @@ def test_a_task_that_fails_reports_its_own_error(cluster: Any, demo: DemoCache, 
         for _ in run_on_ray(spec, address=cluster.address):
             pass
     assert "Ray" not in type(err.value).__name__ and "out" in str(err.value)
+
+
+def test_the_json_lines_face_reports_ray_runs_like_local_ones(
+    cluster: Any, demo: DemoCache, tmp_path: Path
+) -> None:
+    """What the app reads from its child: started, progress, finished, with the same fields as a local run."""
+    import json
+
+    from inspector.convert.events import Finished, Progressed, Started, from_doc
+
+    out = tmp_path / "out"
+    run = run_cli(
+        "convert",
+        demo(SPEC),
+        out,
+        "--format",
+        "weights",
+        "--progress",
+        "json",
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster.address,
+    )
+    assert run.rc == 0, run.stderr
+    events = [from_doc(json.loads(line)) for line in run.stdout.splitlines() if line.strip()]
+    assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
+    assert any(isinstance(e, Progressed) for e in events)
+    assert events[-1].bytes_written == sum(f.stat().st_size for f in out.iterdir())

@@ -26,9 +26,9 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch: pytest.
 
 @pytest.mark.parametrize(
     "extra, words",
-    [(["--part", "0/2"], "--part and --executor ray"), (["--progress", "json"], "no JSON-lines face")],
+    [(["--part", "0/2"], "--part and --executor ray"), (["--parts", "0"], "at least 1")],
 )
-def test_ray_with_another_way_of_splitting_is_refused(
+def test_ray_with_another_split_or_no_parts_is_refused(
     demo: DemoCache, tmp_path: Path, cli: Callable[..., CliResult], extra: list[str], words: str
 ) -> None:
     r = cli("convert", demo(SPEC), tmp_path / "out", "--executor", "ray", *extra)
