@@ -272,7 +272,8 @@ class InspectorApp(App[int]):
         from inspector.tui.screens.dialogs import ConfirmDialog
 
         running = [s for s in self.screen_stack if isinstance(s, ConvertScreen)]
-        words = "; ".join(s.plan.cancelled_words() for s in running if s.plan is not None)
+        words = "; ".join(s.cancel_words() for s in running)
+        held = " ".join(dict.fromkeys(s.held_words() for s in running)) or "It is paused while you decide."
 
         def answer(yes: bool | None) -> None:
             if yes:
@@ -287,7 +288,7 @@ class InspectorApp(App[int]):
         self.push_screen(
             ConfirmDialog(
                 "Quit?",
-                f"A conversion is running; it is paused while you decide. Quitting cancels it: "
+                f"A conversion is running. {held} Quitting cancels it: "
                 f"{words or 'its partial output is removed'}.",
                 yes="Quit",
             ),

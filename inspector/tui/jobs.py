@@ -23,7 +23,16 @@ def killed_by(signal_name: str) -> str:
 
 
 def convert_args(
-    root: str, tag: str, out_dir: str, o: ConvertOptions, *, overwrite: bool, force: bool, kind: str = ""
+    root: str,
+    tag: str,
+    out_dir: str,
+    o: ConvertOptions,
+    *,
+    overwrite: bool,
+    force: bool,
+    kind: str = "",
+    executor: str = "",
+    ray_address: str = "",
 ) -> list[str]:
     """The `convert` command line for these options (the child re-plans exactly what we predicted; a kind
     that does not use an option ignores it, as it did when we predicted)."""
@@ -48,6 +57,8 @@ def convert_args(
     ):
         if on_:
             args.append(flag)
+    if executor == "ray":
+        args += ["--executor", "ray"] + (["--ray-address", ray_address] if ray_address else [])
     return [*args, "--progress", "json"]
 
 

@@ -146,6 +146,8 @@ class ExportSettings:
     out_dir: str = ""
     format: str = ""  # an OutputKind value ("weights", "model", "adapter", "merged"); "" = the default
     overwrite: bool = False
+    executor: str = ""  # "" this machine; "ray": the parts as tasks on a Ray cluster
+    ray_address: str = ""  # "" = RAY_ADDRESS, else a local Ray started for the run
 
     @staticmethod
     def default_out(root: str, tag: str) -> str:

@@ -146,3 +146,30 @@ def test_the_json_lines_face_reports_ray_runs_like_local_ones(
     assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
     assert any(isinstance(e, Progressed) for e in events)
     assert events[-1].bytes_written == sum(f.stat().st_size for f in out.iterdir())
+
+
+@pytest.mark.asyncio
+async def test_the_app_converts_on_the_cluster(cluster: Any, demo: DemoCache, tmp_path: Path) -> None:
+    """Export form set to "Run on: a Ray cluster" (the app's settings, as the form stores them): `c` runs the
+    child with --executor ray; its progress reaches the convert screen and the output equals a local run."""
+    from dataclasses import replace
+
+    from inspector.tui.app import make_app
+    from inspector.tui.screens.convert import ConvertScreen
+    from tests.tui.conftest import scanned, wait_for
+
+    root = demo(SPEC)
+    local, out = tmp_path / "local", tmp_path / "app"
+    assert run_cli("convert", root, local, "--format", "weights").rc == 0
+    app = make_app(path=str(root), out_dir=str(out), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        app.export = replace(app.export, format="weights", executor="ray", ray_address=cluster.address)
+        await pilot.press("c")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
+            "the conversion",
+        )
+        assert app.screen.phase == "done"
+    assert _files(local) == _files(out)

@@ -127,3 +127,17 @@ async def test_demo_is_written_in_a_child_and_opened() -> None:
     finally:
         app.cleanup()
     assert not os.path.exists(opened) and not os.path.exists(os.path.dirname(opened))  # gone with the app
+
+
+def test_child_command_line_carries_the_executor() -> None:
+    """The export form's "Run on: a Ray cluster" reaches the child as --executor ray (and its address)."""
+    from inspector.convert.options import ConvertOptions
+    from inspector.tui.jobs import convert_args
+
+    local = build_parser().parse_args(convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False))
+    assert local.executor == "local" and local.ray_address is None
+    argv = convert_args(
+        "/c", "t", "/o", ConvertOptions(), overwrite=False, force=False, executor="ray", ray_address="head:6379"
+    )
+    ray = build_parser().parse_args(argv)
+    assert (ray.executor, ray.ray_address, ray.progress) == ("ray", "head:6379", "json")

@@ -215,6 +215,8 @@ class ConvertScreen(Screen[None]):
             overwrite=app.export.overwrite,
             force=self.force,
             kind=app.export.format,
+            executor=app.export.executor,
+            ray_address=app.export.ray_address,
         )
         self._spawn(args)
 
@@ -366,23 +368,40 @@ class ConvertScreen(Screen[None]):
             else:
                 child.resume()
 
-        words = self.plan.cancelled_words() if self.plan is not None else "partial output is removed"
+        words = self.cancel_words()
         self.pause_child()
         self.app.push_screen(
             ConfirmDialog(
                 "Cancel the conversion?",
-                f"It is paused while you decide. Cancelling: {words}.",
+                f"{self.held_words()} Cancelling: {words}.",
                 yes="Cancel it",
                 no="Keep going",
             ),
             answer,
         )
 
+    @property
+    def on_ray(self) -> bool:
+        return zi(self).export.executor == "ray"
+
+    def held_words(self) -> str:
+        """What a question holds while it is open: the child here; Ray's tasks run on (only their driver waits)."""
+        if self.on_ray:
+            return "The Ray tasks go on writing while you decide; only their driver here waits."
+        return "It is paused while you decide."
+
+    def cancel_words(self) -> str:
+        if self.on_ray:
+            return "every Ray task is stopped; the files they finished are kept for the next run"
+        return self.plan.cancelled_words() if self.plan is not None else "partial output is removed"
+
     def pause_child(self) -> None:
         """Hold the converter while a question about it is open (a dialog must not race the job)."""
         if self.child is not None and self.child.running:
             self.child.pause()
-            self.query_one(ConvertProgress).say("Paused while you decide…")
+            self.query_one(ConvertProgress).say(
+                "Waiting while you decide (the Ray tasks go on)…" if self.on_ray else "Paused while you decide…"
+            )
 
     def resume_child(self) -> None:
         if self.child is not None and self.child.running:

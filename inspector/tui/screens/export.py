@@ -3,6 +3,7 @@ you type, with a preflight panel that follows every change."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +29,8 @@ from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
 
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
+# where the converter runs: this machine, or its parts as tasks on a Ray cluster (convert --executor ray)
+RUN_ON = [("this machine", ""), ("a Ray cluster (its parts as tasks)", "ray")]
 
 
 def format_options(ckpt: Any) -> tuple[list[tuple[str, str]], str, list[str]]:
@@ -145,6 +148,15 @@ class ExportScreen(Screen[None]):
                     )
                     yield Label("Keep fp32")
                     yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
+                    yield Label("Run on")
+                    yield Select(RUN_ON, value=ex.executor, allow_blank=False, id="executor", compact=True)
+                    yield Label("Ray address")
+                    yield Input(
+                        ex.ray_address,
+                        id="ray-address",
+                        compact=True,
+                        placeholder="blank: RAY_ADDRESS, else a local Ray",
+                    )
                     for sid, label, value in (
                         ("frozen", "leave out frozen parameters", o.exclude_frozen),
                         ("buffers", "leave out buffers", o.exclude_buffers),
@@ -195,6 +207,8 @@ class ExportScreen(Screen[None]):
         elif os.path.exists(out) and not os.path.isdir(out):
             errors.append(f"Output folder: {out} is a file")
         overwrite = self.query_one("#overwrite", Checkbox).value
+        if self.query_one("#executor", Select).value == "ray" and importlib.util.find_spec("ray") is None:
+            errors.append("Run on: Ray is not installed (pip install 'zero-inspector[ray]')")
         kind = get(str(self.query_one("#format", Select).value) or DEFAULT)
         if out and app.ckpt is not None and (busy := kind.busy(app.ckpt, out, overwrite)):
             errors.append(f"Output folder: {busy} (switch on overwrite to replace an earlier conversion)")
@@ -222,7 +236,14 @@ class ExportScreen(Screen[None]):
         )
         app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
-        app.export = replace(app.export, out_dir=out or app.export.out_dir, overwrite=overwrite, format=fmt)
+        app.export = replace(
+            app.export,
+            out_dir=out or app.export.out_dir,
+            overwrite=overwrite,
+            format=fmt,
+            executor=str(self.query_one("#executor", Select).value),
+            ray_address=str(self.query_one("#ray-address", Input).value).strip(),
+        )
         self.generation += 1
         if not app.selected and get(fmt or DEFAULT).uses_selection:
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
