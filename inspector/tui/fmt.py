@@ -87,6 +87,8 @@ def took(seconds: float) -> str:
     seconds", "2 hours, 3 minutes and 7 seconds")."""
     if not math.isfinite(seconds) or seconds < 0:
         return "–"
+    if seconds < 0.05:  # precisedelta would say "0 seconds"
+        return "under a tenth of a second"
     return humanize.precisedelta(
         timedelta(seconds=seconds), minimum_unit="seconds", format="%0.1f" if seconds < 60 else "%0.0f"
     )

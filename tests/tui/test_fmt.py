@@ -24,6 +24,7 @@ def test_estimates_are_words_and_say_when_unknown() -> None:
 
 
 def test_finished_durations_keep_their_precision() -> None:
+    assert took(0.04) == "under a tenth of a second" and took(0.06) == "0.1 seconds"
     assert took(3.44) == "3.4 seconds"
     assert took(65.3) == "1 minute and 5 seconds"
     assert took(2 * 3600 + 3 * 60 + 7) == "2 hours, 3 minutes and 7 seconds"
