@@ -19,8 +19,10 @@ from inspector.scan.summary import (
     SummaryRow,
     contents_rows,
     kind_totals,
+    parameter_count,
     rank_row,
     read_bytes_by_source,
+    saved_at,
     summary_rows,
 )
 
@@ -200,3 +202,38 @@ def test_every_face_reads_padding_from_the_rank_groups(demo: DemoCache) -> None:
         assert all(cell in shown for cell in cells) and "param_alignment_paddings" in shown
     t = next(t for t in ckpt.tensors if t.kind is Kind.TRAINABLE and t.group == 0)
     assert "90 alignment padding element(s) between parameters" in padding_note(ckpt, t)
+
+
+def test_parameter_count_is_trainable_and_frozen_with_each_tied_pair_once(demo: DemoCache) -> None:
+    """Counted from the demo's own architecture: its parameters (frozen ones included), not its buffers, and a
+    tied alias not a second time."""
+    import math
+
+    ckpt = scan(str(demo(S2)))
+    params, tied = architecture(S2)
+    expected = sum(
+        math.prod(p.shape) for p in params if p.kind in ("trainable", "frozen") and p.name not in tied
+    )
+    assert tied and any(p.kind == "frozen" for p in params) and any(p.kind == "buffer" for p in params)
+    assert parameter_count(ckpt) == expected
+
+
+def test_saved_at_is_the_newest_rank_file_else_the_tag_folder(demo: DemoCache, tmp_path: Path) -> None:
+    """The newest rank file's time as the scan recorded it; with no file time known, the tag folder's, read
+    through the checkpoint's Source (a tag folder that is a link leading outside the checkpoint has none)."""
+    root = demo.copy(S2, tmp_path / "ckpt")
+    ckpt = scan(str(root))
+    base = 1_700_000_000
+    for i, f in enumerate(ckpt.files):
+        os.utime(f.path, (base, base + 60 * i))
+    os.utime(ckpt.tag_dir, (base, base - 3600))
+    ckpt = scan(str(root))
+    assert saved_at(ckpt) == base + 60 * (len(ckpt.files) - 1)
+    unknown = replace(ckpt, files=tuple(replace(f, mtime_ns=0) for f in ckpt.files))
+    assert saved_at(unknown) == base - 3600
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.symlink(elsewhere, linked / ckpt.tag)
+    assert saved_at(replace(unknown, root=str(linked), tag_dir=str(linked / ckpt.tag))) is None

@@ -30,6 +30,25 @@ def read_bytes_by_source(ckpt: Checkpoint) -> dict[str, int]:
     return {"masters": masters, "module": module}
 
 
+def parameter_count(ckpt: Checkpoint) -> int:
+    """The model's parameters: trainable and frozen, a tied alias once (it is its owner), buffers not."""
+    return ckpt.count(Kind.TRAINABLE)[1] + ckpt.count(Kind.FROZEN)[1]
+
+
+def saved_at(ckpt: Checkpoint) -> float | None:
+    """When the tag was saved (seconds since the epoch): the newest rank file's modification time, which the
+    scan recorded; failing that the tag folder's, read through the checkpoint's `Source` (so a link leading
+    out of the checkpoint is not followed). None when neither is known."""
+    newest = max((f.mtime_ns for f in ckpt.files), default=0)
+    if newest:
+        return newest / 1e9
+    source = ckpt.source
+    if source.kind(ckpt.tag_dir) != "dir":  # missing, or a link out of the checkpoint
+        return None
+    st = source.lstat(ckpt.tag_dir)
+    return st.st_mtime if st is not None else None
+
+
 @dataclass(frozen=True)
 class SummaryRow:
     """One line of the checkpoint summary: `key` names the row for the faces (to pick or style it), `label`

@@ -28,6 +28,9 @@ from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
+from inspector.scan.summary import saved_at
+from inspector.tui.fmt import ago
+from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
 from inspector.tui.session import ExportSettings, preset_selection, selection_options
 
@@ -92,6 +95,8 @@ class InspectorApp(App[int]):
         # tests and the screenshot script replace the machine's figures (RSS, free disk) with fixed ones
         self.frozen_assess: Callable[[Job], Assessment] | None = None
         self.started = time.monotonic()
+        # the wall clock "saved … ago" is measured on; tests inject a fixed one (a frozen app uses FROZEN_AGE)
+        self.clock: Callable[[], float] = time.time
 
     # --- screens ------------------------------------------------------------------------------------------
 
@@ -244,6 +249,14 @@ class InspectorApp(App[int]):
         """The selection as convert's include/exclude, plus the export options."""
         assert self.ckpt is not None
         return selection_options(self.ckpt, self.selected, self.base_options)
+
+    def saved_ago(self, ckpt: Checkpoint) -> str:
+        """How long ago `ckpt`'s tag was saved, in words ("3 hours ago"); "" when its files' times are unknown.
+        A frozen app (tests, screenshots) says the same age on every run, as its meters stand still."""
+        when = saved_at(ckpt)
+        if when is None:
+            return ""
+        return ago(self.clock() - when if self.live_meters else FROZEN_AGE)
 
     def out_dtype(self) -> str:
         if self.ckpt is None:

@@ -1,9 +1,16 @@
-"""Small text helpers shared by the widgets (sizes, counts, shapes, bars)."""
+"""Small text helpers shared by the widgets (sizes, counts, shapes, bars, times in words).
+
+Sizes and counts are ours (`system/units.py`: one rule with the CLI and `scan --json`); estimates, finished
+durations, ages and parameter counts in words are humanize's (README: "Which formatter says what").
+"""
 
 from __future__ import annotations
 
+import math
 import os
+from datetime import timedelta
 
+import humanize
 from rich.markup import escape
 
 from inspector.format.dtypes import SHORT_NAMES
@@ -51,6 +58,8 @@ def bar(fraction: float, width: int) -> str:
 
 
 def duration(seconds: float) -> str:
+    """A ticking clock, compact (`6s`, `1m05s`, `2h03m`): the elapsed time of a running job, redrawn with each
+    event; in words ("1 minute and 5 seconds") it would change length, and wrap, as it counts."""
     if seconds != seconds or seconds < 0:  # NaN
         return "–"
     seconds = round(seconds)
@@ -61,6 +70,40 @@ def duration(seconds: float) -> str:
         return f"{m}m{s:02d}s"
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m"
+
+
+def estimate(seconds: float) -> str:
+    """A predicted or remaining time in words ("2 minutes", "an hour"): an estimate is never to the second,
+    so it is not written as one; a dash when unknown (no throughput yet)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "–"
+    if seconds < 1:
+        return "under a second"
+    return humanize.naturaldelta(timedelta(seconds=seconds))
+
+
+def took(seconds: float) -> str:
+    """A finished job's time in words, to a tenth of a second below a minute ("3.4 seconds", "1 minute and 5
+    seconds", "2 hours, 3 minutes and 7 seconds")."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "–"
+    if seconds < 0.05:  # precisedelta would say "0 seconds"
+        return "under a tenth of a second"
+    return humanize.precisedelta(
+        timedelta(seconds=seconds), minimum_unit="seconds", format="%0.1f" if seconds < 60 else "%0.0f"
+    )
+
+
+def ago(seconds: float) -> str:
+    """How long ago something happened, `seconds` before now ("3 hours ago", "a month ago"); a time ahead of
+    the clock (a file from another machine) says so ("2 minutes from now")."""
+    return humanize.naturaltime(timedelta(seconds=seconds))
+
+
+def in_words(n: int) -> str:
+    """A parameter count in words from a million up ("1.2 billion"), beside the exact figure, never
+    instead of it; "" below a million, where the figure alone reads fine."""
+    return humanize.intword(n) if n >= 1_000_000 else ""
 
 
 def fit_path(path: str, width: int) -> str:

@@ -1,7 +1,8 @@
 """Fixed machine figures (memory, disk, RSS) so snapshots and README screenshots are the same on every run.
 
 `frozen_assess` is a job's own verdict on a pretend machine;
-`fake_progress` is the event stream a converter child would print.
+`fake_progress` is the event stream a converter child would print;
+`FROZEN_AGE` is how old a frozen app says the shown tag is.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from inspector.convert.plan import ConversionPlan
 from inspector.convert.preflight import Assessment
 from inspector.system.limits import MemoryBudget, MemoryLimit
 from inspector.system.units import format_bytes
+
+# seconds: a frozen app's "saved 3 hours ago" (the demo it shows was written seconds ago on one machine and
+# days ago on another; the text must not depend on which)
+FROZEN_AGE = 3 * 3600 + 17 * 60
 
 
 def frozen_assess(available: int = 24 * 2**30, free_disk: int = 400 * 2**30) -> Callable[[Job], Assessment]:

@@ -9,7 +9,7 @@ from rich.text import Text
 from inspector.convert.events import Failed, Finished, Verified
 from inspector.convert.options import ConvertOptions
 from inspector.convert.output import JOURNAL, LOCK, PARTIAL
-from inspector.tui.fmt import shown, size
+from inspector.tui.fmt import shown, size, took
 
 _KILLED_BY = {
     "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory ran out",
@@ -93,7 +93,7 @@ def done_text(r: Finished, peak: int, predicted: int) -> Text:
     secs, written = r.seconds, r.bytes_written
     return Text.assemble(
         ("✔ Done", "bold green"),
-        f" in {secs:.1f} s: {r.tensors} tensors, {size(written)}"
+        f" in {took(secs)}: {r.tensors} tensors, {size(written)}"
         f" in {len(files)} file(s) at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
         "\n",
@@ -118,7 +118,7 @@ def verified_text(r: Verified) -> Text:
     return Text.assemble(
         ("✔ Verified: ", "bold green"),
         f"{r.checked} tensors, {size(r.bytes_checked)} "
-        f"identical to the checkpoint after conversion ({r.seconds:.1f} s).",
+        f"identical to the checkpoint after conversion (checked in {took(r.seconds)}).",
     )
 
 

@@ -11,10 +11,13 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from textual.app import App
+from textual.notifications import SeverityLevel
 from textual.pilot import Pilot
 
 if TYPE_CHECKING:
@@ -143,6 +146,29 @@ async def scanned(pilot: Pilot[object]) -> None:
         "the scan",
     )
     await pilot.pause()
+
+
+@dataclass(frozen=True)
+class Told:
+    """One notification as the user got it."""
+
+    message: str
+    title: str
+    severity: str
+
+
+def record_notes(app: App[object]) -> list[Told]:
+    """Every notification `app` gives from now on, in order. Wraps the public `App.notify` (screens and widgets
+    reach it through `self.notify` too); Textual's own list of notifications is private."""
+    told: list[Told] = []
+    real = app.notify
+
+    def notify(message: str, *, title: str = "", severity: SeverityLevel = "information", **kw: Any) -> None:
+        told.append(Told(str(message), title, severity))
+        real(message, title=title, severity=severity, **kw)
+
+    app.notify = notify  # type: ignore[method-assign]
+    return told
 
 
 def plain(widget: object) -> str:

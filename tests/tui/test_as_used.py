@@ -12,7 +12,7 @@ from inspector.tui.app import make_app
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail
-from tests.tui.conftest import plain, scanned
+from tests.tui.conftest import plain, record_notes, scanned
 
 pytestmark = pytest.mark.asyncio
 
@@ -114,16 +114,14 @@ async def test_c_into_a_folder_that_is_not_empty_points_at_the_form(small_demo: 
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"earlier")
     app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
+    told = record_notes(app)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         await pilot.press("c")
         await pilot.pause()
         assert isinstance(app.screen, ExportScreen) and not app.converting
         assert not any(isinstance(s, ConvertScreen) for s in app.screen_stack)
-        assert any(
-            "not empty" in str(n.message) and "replace an earlier" in str(n.message)
-            for n in app._notifications
-        )
+        assert any("not empty" in n.message and "replace an earlier" in n.message for n in told)
     assert (out / "model.safetensors").read_bytes() == b"earlier"
 
 

@@ -21,7 +21,7 @@ from inspector.tui.fmt import fit_path
 from inspector.tui.screens.help import HelpScreen
 from inspector.tui.screens.overview import OverviewPane
 from inspector.tui.widgets.ranks import RanksView
-from tests.tui.conftest import plain, scanned
+from tests.tui.conftest import plain, record_notes, scanned
 
 if TYPE_CHECKING:
     from conftest import DemoCache
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.asyncio
 
 ONE_RANK = DemoSpec(world_size=1, params=300_000)
-
-
-def _notes(app: object) -> list[str]:
-    return [str(n.message) for n in app._notifications]  # type: ignore[attr-defined]
 
 
 async def test_one_rank_is_said_in_the_singular(demo: DemoCache) -> None:
@@ -113,15 +109,17 @@ async def test_palette_entries_have_distinct_names(small_demo: Path) -> None:
 
 async def test_tag_keys_say_when_there_is_no_other_tag(two_tag_demo: Path, small_demo: Path) -> None:
     app = make_app(path=str(two_tag_demo), live_meters=False)
+    told = record_notes(app)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         await pilot.press("right_square_bracket")  # already at the newest
-        assert "Already the newest tag (2 in all)." in _notes(app)
+        assert "Already the newest tag (2 in all)." in [n.message for n in told]
     app = make_app(path=str(small_demo), live_meters=False)
+    told = record_notes(app)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         await pilot.press("left_square_bracket")
-        assert any("one tag" in n for n in _notes(app))
+        assert any("one tag" in n.message for n in told)
 
 
 async def test_help_says_it_scrolls_and_where_q_types(small_demo: Path) -> None:

@@ -25,7 +25,7 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child
-from inspector.tui.fmt import shown, size
+from inspector.tui.fmt import shown, size, took
 from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
@@ -270,7 +270,10 @@ class ConvertScreen(Screen[None]):
         zi(self).converting = False
         if msg.returncode == 0 and isinstance(self.report, Finished):
             self.phase = Phase.DONE
-            self.query_one(ConvertProgress).written()
+            progress = self.query_one(ConvertProgress)
+            progress.written()
+            # the last progress line said "under a second left": now it says what was done
+            progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}")
             result = self.query_one("#result", Static)
             result.update(done_text(self.report, peak, meter.predicted))
             self.call_after_refresh(result.scroll_visible, animate=False)

@@ -10,12 +10,15 @@ from textual.widgets import Static
 from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
 from inspector.tui.fmt import plural, shown
+from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.ranks import RanksView
 from inspector.tui.widgets.summary import FindingsView, SummaryCard
 
 
 class OverviewPane(VerticalScroll):
+    _ckpt: Checkpoint | None = None
+
     def compose(self) -> ComposeResult:
         yield AutoHeightStatic("", id="banner", classes="-hidden")
         yield Static("Checkpoint", classes="section")
@@ -27,6 +30,14 @@ class OverviewPane(VerticalScroll):
         yield Static("Tags", classes="section")
         yield AutoHeightStatic("", id="tag-list")
 
+    def on_mount(self) -> None:
+        if zi(self).live_meters:  # "saved 3 minutes ago" would go stale while the app stays open
+            self.set_interval(60, self._saved_again)
+
+    def _saved_again(self) -> None:
+        if self._ckpt is not None:
+            self.query_one(SummaryCard).show(self._ckpt, zi(self).saved_ago(self._ckpt))
+
     def show(self, ckpt: Checkpoint, latest: str | None) -> None:
         banner = self.query_one("#banner", Static)
         if ckpt.errors:
@@ -37,7 +48,8 @@ class OverviewPane(VerticalScroll):
                 )
             )
         banner.set_class(not ckpt.errors, "-hidden")
-        self.query_one(SummaryCard).show(ckpt)
+        self._ckpt = ckpt
+        self.query_one(SummaryCard).show(ckpt, zi(self).saved_ago(ckpt))
         self.query_one(FindingsView).show(ckpt)
         self.query_one(RanksView).show(ckpt)
         tags = Text()
@@ -62,4 +74,5 @@ class OverviewPane(VerticalScroll):
             )
         )
         banner.remove_class("-hidden")
+        self._ckpt = None
         self.query_one(SummaryCard).update("")

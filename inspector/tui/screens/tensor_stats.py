@@ -39,10 +39,12 @@ class StatsUpdate(Message):
 Post = Callable[[Message], object]
 
 
-def stream_stats(ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event, post: Post) -> None:
+def stream_stats(
+    ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event, post: Post, *, timed: bool = True
+) -> None:
     """Statistics of `t`, the largest difference of its 16-bit module copy from the master, and how much it
     changed since the neighbouring tag; `cancel` stops it between chunks. Ends with a `done` update unless
-    cancelled."""
+    cancelled. `timed`: say how long the read took (not in a frozen app)."""
     from inspector.convert.reader import (
         FilePool,  # numpy's reader loads with the first statistics, not at launch
     )
@@ -52,7 +54,7 @@ def stream_stats(ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event, post:
         with FilePool(ckpt.source) as pool:
             for ev in tensor_stats(t.segments, pool, cancel):
                 if isinstance(ev, TensorStats):
-                    post(StatsUpdate(t.name, result=stats_renderable(ev)))
+                    post(StatsUpdate(t.name, result=stats_renderable(ev, timed)))
                 else:
                     post(StatsUpdate(t.name, progress=ev, what="reading values"))
             copy = module_copy_segments(ckpt, t)

@@ -270,7 +270,7 @@ class TensorsPane(Horizontal):
 
     @work(thread=True, exclusive=True, group="stats", exit_on_error=False, description="statistics")
     def _stats_worker(self, ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event) -> None:
-        stream_stats(ckpt, t, cancel, self.post_message)
+        stream_stats(ckpt, t, cancel, self.post_message, timed=zi(self).live_meters)
 
     @on(StatsUpdate)
     def _stats_update(self, msg: StatsUpdate) -> None:
@@ -289,3 +289,7 @@ class TensorsPane(Horizontal):
         elif msg.done:
             self.detail.set_extra(list(self._results))
             self._cancel.set()  # finished: escape goes back to clearing the filter
+        # the statistics go below where the bytes live: on a short terminal (80x24, stacked) that is under the
+        # fold, and `s` looked like it did nothing; keep what is being read in view
+        column = self.query_one("#detail-column", VerticalScroll)
+        self.call_after_refresh(column.scroll_end, animate=False)

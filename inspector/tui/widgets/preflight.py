@@ -8,7 +8,7 @@ from rich.text import Text
 
 from inspector.convert.kinds import Job
 from inspector.convert.preflight import Assessment
-from inspector.tui.fmt import duration, shown, size
+from inspector.tui.fmt import estimate, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 
@@ -55,7 +55,7 @@ class PreflightPanel(AutoHeightStatic):
         row("Reads", size(a.read_bytes), "", job.read_note(a))
         if job.where != job.out_dir:  # a folder of its own inside OUT
             row("Into", "", "", shown(job.where))
-        row("Time", f"~{duration(a.estimated_seconds)}", "", "estimate")
+        row("Time", estimate(a.estimated_seconds), "", "estimate")
         row("Limit", "", "", eff.detail)
         if a.fits:
             verdict = Text.assemble(

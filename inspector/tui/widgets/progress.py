@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
 from inspector.convert.events import Progressed
-from inspector.tui.fmt import duration, shown, size
+from inspector.tui.fmt import duration, estimate, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 SHARD_ROWS = 8
@@ -101,15 +101,16 @@ class ConvertProgress(Vertical):
             self._draw_files(len(self.files), 1.0)
 
     def show(self, ev: Progressed, *, verifying: bool) -> None:
-        """One `progress` event: bytes done of total, throughput, ETA; the file and tensor in hand."""
+        """One `progress` event: bytes done of total, throughput, time left; the file and tensor in hand."""
         done, total = ev.bytes_done, ev.bytes_total or 1
         rate = ev.throughput
         eta = (total - done) / rate if rate > 0 else float("nan")
+        left = f"{estimate(eta)} left" if rate > 0 else "time left unknown"
         with self.app.batch_update():
             self.query_one("#overall", ProgressBar).update(total=total, progress=done)
             self.say(
                 f"{size(done)} of {size(total)} {'verified' if verifying else 'written'} · {size(rate)}/s · "
-                f"ETA {duration(eta)} · elapsed {duration(ev.elapsed)}"
+                f"{left} · elapsed {duration(ev.elapsed)}"
             )
             if ev.file and not verifying:
                 index, count = ev.file_index, ev.files

@@ -7,8 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from inspector.scan.model import Checkpoint, Finding, Kind, Severity
-from inspector.scan.summary import contents_rows, summary_rows
-from inspector.tui.fmt import KIND_STYLE, count, shown, size
+from inspector.scan.summary import contents_rows, parameter_count, summary_rows
+from inspector.tui.fmt import KIND_STYLE, count, in_words, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 _SEVERITY = {
@@ -23,13 +23,26 @@ _NOT_IN_CARD = {"root", "tag", "module_copy"}
 _CONTENTS_STYLE = {**{str(k): style for k, style in KIND_STYLE.items()}, "moment": "blue"}
 
 
-def summary_table(ckpt: Checkpoint) -> Table:
+def parameters_text(ckpt: Checkpoint) -> Text:
+    """The exact parameter total, then in words from a million up: `2,011,987 (2.0 million)`."""
+    n = parameter_count(ckpt)
+    words = in_words(n)
+    return Text.assemble(f"{n:,}", (f" ({words})" if words else "", "dim"))
+
+
+def summary_table(ckpt: Checkpoint, saved: str = "") -> Table:
+    """The card's left column: the core's summary rows, plus the parameter total and, when known, how long
+    ago the tag was saved (`saved`, already in words: the app owns the clock)."""
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
     for row in summary_rows(ckpt, short_dtypes=True):
         if row.key not in _NOT_IN_CARD:
             t.add_row(row.label, Text(shown(row.value)))
+        if row.key == "dtypes":
+            t.add_row("Parameters", parameters_text(ckpt))
+        if row.key == "training" and saved:
+            t.add_row("Saved", saved)
     return t
 
 
@@ -76,9 +89,11 @@ class SummaryCard(AutoHeightStatic):
     DEFAULT_CSS = "SummaryCard { height: auto; }"
 
     _ckpt: Checkpoint | None = None
+    _saved = ""
 
-    def show(self, ckpt: Checkpoint) -> None:
-        self._ckpt = ckpt
+    def show(self, ckpt: Checkpoint, saved: str = "") -> None:
+        """Draw `ckpt`; `saved` says how long ago its tag was saved ("3 hours ago"), "" if unknown."""
+        self._ckpt, self._saved = ckpt, saved
         self._draw()
 
     def on_resize(self) -> None:
@@ -89,12 +104,12 @@ class SummaryCard(AutoHeightStatic):
         if ckpt is None:
             return
         if self.app.size.width < 100:
-            self.update(Group(summary_table(ckpt), Text(""), contents_table(ckpt)))
+            self.update(Group(summary_table(ckpt, self._saved), Text(""), contents_table(ckpt)))
             return
         grid = Table.grid(padding=(0, 3))
         grid.add_column()
         grid.add_column()
-        grid.add_row(summary_table(ckpt), contents_table(ckpt))
+        grid.add_row(summary_table(ckpt, self._saved), contents_table(ckpt))
         self.update(grid)
 
 

@@ -75,7 +75,9 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     return f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {plural(ckpt.world_size, 'way')}); the group has {where}."
 
 
-def stats_renderable(st: TensorStats) -> RenderableType:
+def stats_renderable(st: TensorStats, timed: bool = True) -> RenderableType:
+    """The statistics table and histogram; `timed` adds how long the read took (a frozen app leaves it out,
+    as it does the scan's time)."""
     t = Table.grid(padding=(0, 2))
     for _ in range(4):
         t.add_column()
@@ -91,7 +93,7 @@ def stats_renderable(st: TensorStats) -> RenderableType:
         Text.assemble(
             ("histogram ", "dim"), (_num(st.minimum), "dim"), " ", hist, " ", (_num(st.maximum), "dim")
         ),
-        Text(f"read {count(st.numel)} values in {st.seconds:.2f} s", style="dim"),
+        Text(f"read {count(st.numel)} values" + (f" in {st.seconds:.2f} s" if timed else ""), style="dim"),
     )
 
 
