@@ -55,7 +55,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         [
             ("h", "start the check (again after a cancel); a finished result is kept per tag"),
             ("escape", "cancel the check (what was read stays on screen)"),
-            ("s / click a header", "sort: NaN/Inf first, norm, change, distance from siblings, name (▼ marks it)"),
+            ("s / click a header", "sort: NaN/Inf first, norm, change, distance from siblings, name (its header underlined)"),
             ("enter", "open the tensor in the Tensors tab, its detail beside it"),
             ("a", "compare with another tag (change of every master; none for the tag alone)"),
         ],

@@ -22,7 +22,7 @@ from inspector.health import HealthFinding, ModuleRollup, Row
 from inspector.health.findings import Siblings
 from inspector.health.report import natural_key
 from inspector.scan.model import Severity
-from inspector.tui.fmt import shown
+from inspector.tui.fmt import count, shown
 
 SOURCE_SHORT = {
     "master": "master",
@@ -94,7 +94,6 @@ SORT_ORDER = tuple(SORTS)
 # the column whose header sorts by it (DataTable column keys)
 COLUMN_SORT = {
     "nan": "problems",
-    "inf": "problems",
     "norm": "norm",
     "delta": "change",
     "sib": "siblings",
@@ -127,13 +126,13 @@ class HealthTable(DataTable[RenderableType]):
 
     # (label, key, width) after the name; the name column takes the rest of the table's width, elided from the
     # left (`…o_proj.weight`) so the part that tells rows apart stays; the row detail below spells it whole
+    # (80 columns leave the name 24 cells: `m.l.13.m.down_proj.weight` keeps its layer)
     COLUMNS = (
         ("src", "src", 6),
-        ("NaN", "nan", 5),
-        ("Inf", "inf", 5),
-        ("zeros", "zeros", 6),
+        ("NaN/Inf", "nan", 7),
+        ("zeros", "zeros", 5),
         ("norm", "norm", 9),
-        ("× sibl.", "sib", 7),
+        ("×sibl", "sib", 6),
         ("Δ/norm", "delta", 7),
     )
     MIN_NAME = 16
@@ -147,12 +146,17 @@ class HealthTable(DataTable[RenderableType]):
         return max(self.MIN_NAME, (self.size.width or 80) - fixed - 2)  # 2: the vertical scrollbar
 
     def _add_columns(self) -> None:
-        """The column the rows are sorted by carries ▼ (NaN for the default order, problems first)."""
+        """The column the rows are sorted by is underlined (NaN/Inf for the default order, problems first): a
+        mark that takes no cell, so narrow columns keep their whole label."""
         marked = {"problems": "nan", "norm": "norm", "change": "delta", "siblings": "sib", "name": "name"}
         mark = marked[self.order_by]
-        self.add_column("tensor ▼" if mark == "name" else "tensor", width=self._name_width, key="name")
-        for label, key, width in self.COLUMNS:
-            self.add_column(f"{label}▼" if key == mark else label, width=width, key=key)
+
+        def label(text: str, key: str) -> Text:
+            return Text(text, style="bold underline" if key == mark else "")
+
+        self.add_column(label("tensor", "name"), width=self._name_width, key="name")
+        for text, key, width in self.COLUMNS:
+            self.add_column(label(text, key), width=width, key=key)
 
     def on_resize(self) -> None:
         room = self._room()
@@ -210,16 +214,13 @@ class HealthTable(DataTable[RenderableType]):
     def _add(self, e: Entry, i: int) -> None:
         st = e.row.stats
         red = "bold red"
-        zeros = f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0"
-        if st.zero_rows:
-            zeros += f" ({st.zero_rows} rows)"
+        zeros = f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0"  # zero rows: in the detail line
         ratio = e.ratio
         far = ratio is not None and (ratio >= 10 or ratio <= 0.1)
         self.add_row(
             Text(_elide(shown(e.row.name), self._name_width)),
             Text(SOURCE_SHORT.get(e.row.source, e.row.source), style="dim"),
-            Text(f"{st.nan:,}", style=red if st.nan else "dim"),
-            Text(f"{st.inf:,}", style=red if st.inf else "dim"),
+            Text(f"{count(st.nan)}/{count(st.inf)}", style=red if st.nan or st.inf else "dim"),
             Text(zeros, style="yellow" if st.all_zero or st.zero_rows else ""),
             Text(g(st.norm), justify="right"),
             Text("–" if ratio is None else f"{ratio:.3g}×", style="yellow" if far else "", justify="right"),
