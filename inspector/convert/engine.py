@@ -93,7 +93,7 @@ def run(
     """
     cancel = cancel or threading.Event()
     write = shard_writer or shard_streamer(plan)
-    folder = OutputFolder(plan, out_dir, overwrite, part)  # created, locked, other jobs' partials removed
+    folder = OutputFolder(plan, out_dir, overwrite, part, fsync)  # created, locked, other jobs' partials removed
     root = folder.root
     out_dir = root.path
     stale, partial, reuse, mine = folder.stale, folder.partials, folder.reuse, sorted(folder.mine)

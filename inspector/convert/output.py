@@ -170,11 +170,23 @@ class OutputFolder:
     With `part` (i, n) it is one of n runs sharing the folder (a Slurm array, an indexed job): it takes a lock
     of its own, writes only its shards (`part_shards`) and journals each with its checksum in a journal of its
     own, and publishes nothing. The run without `part` then finishes the folder: it refuses while any part
-    still holds its lock, and reuses every shard the part journals list with a matching checksum."""
+    still holds its lock, and reuses every shard the part journals list with a matching checksum.
 
-    def __init__(self, plan: ConversionPlan, out_dir: str, overwrite: bool, part: Part | None = None) -> None:
+    With `fsync`, a shard reaches the disk before the journal names it, so it cannot be torn by a crash: the
+    journal says so (`synced`), and a later run checks such a shard's size and header without re-reading it.
+    That is what lets one node finish a folder N nodes wrote without reading their terabytes back."""
+
+    def __init__(
+        self,
+        plan: ConversionPlan,
+        out_dir: str,
+        overwrite: bool,
+        part: Part | None = None,
+        fsync: bool = False,
+    ) -> None:
         self.plan = plan
         self.part = part
+        self.fsync = fsync
         suffix = part_suffix(part) if part else ""
         self.journal = JOURNAL + suffix
         self.mine = set(part_shards(plan, part)) if part else set(range(len(plan.shards)))
@@ -198,6 +210,7 @@ class OutputFolder:
             if r
         }
         self.completed = [s.filename for s, r in zip(plan.shards, self.reuse, strict=True) if r]
+        self.synced = [n for n in self.completed if n in self._synced_before]
 
     def release(self, ok: bool) -> None:
         self.root.release(ok)
@@ -221,13 +234,16 @@ class OutputFolder:
     def _reusable(self) -> list[bool]:
         done_before: set[str] = set()
         self._sums_before: dict[str, int] = {}
+        self._synced_before: set[str] = set()
         for doc in self._journals():
-            listed, sums = doc.get("complete"), doc.get("crc32")
+            listed, sums, synced = doc.get("complete"), doc.get("crc32"), doc.get("synced", [])
             if isinstance(listed, list) and isinstance(sums, dict):
                 done_before |= {n for n in listed if isinstance(n, str)}
                 self._sums_before |= {
                     k: v for k, v in sums.items() if isinstance(k, str) and isinstance(v, int)
                 }
+                if isinstance(synced, list):
+                    self._synced_before |= {n for n in synced if isinstance(n, str) and n in listed}
         mine = {self.plan.shards[k].filename for k in self.mine}
         for name in self.root.listdir():  # partials of other jobs, or of shards we must redo (ours only)
             base = name[: -len(PARTIAL)]
@@ -236,13 +252,19 @@ class OutputFolder:
         return [
             s.filename in done_before
             and s.filename in self._sums_before
-            and valid_partial(self.root, p, s.header, s.file_bytes, self._sums_before[s.filename])
+            and valid_partial(
+                self.root,
+                p,
+                s.header,
+                s.file_bytes,
+                None if s.filename in self._synced_before else self._sums_before[s.filename],
+            )
             for s, p in zip(self.plan.shards, self.partials, strict=True)
         ]
 
     def record(self) -> None:
         """Write the journal: the shards finished so far and their checksums."""
-        doc = {"job": self.plan.fingerprint, "complete": self.completed, "crc32": self.sums}
+        doc = {"job": self.plan.fingerprint, "complete": self.completed, "crc32": self.sums, "synced": self.synced}
         self.root.write_atomic(self.journal, json.dumps(doc).encode())
 
     def finished_parts(self) -> list[str]:
@@ -262,4 +284,6 @@ class OutputFolder:
         name = self.plan.shards[index].filename
         self.sums[name] = self.root.crc32(self.partials[index])
         self.completed.append(name)
+        if self.fsync:  # the writer fsynced the shard before this: on disk before the journal names it
+            self.synced.append(name)
         self.record()

@@ -73,6 +73,36 @@ def test_a_damaged_part_shard_is_rewritten_by_the_finishing_run(demo: Any, tmp_p
     _same_folders(out, tmp_path / "one")
 
 
+@pytest.mark.parametrize("fsync", [False, True])
+def test_with_fsync_the_finishing_run_reads_no_shard_back(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    """Parts written with --fsync journal their shards as synced: the finishing run (one node) checks their
+    size and header only; without --fsync it re-reads each to compare its CRC-32 (a crash may have torn it).
+    A synced shard cut short is still caught (its size), and rewritten."""
+    import inspector.convert.output as output
+
+    plan = build_plan(scan(str(demo(SPEC))), OPTS)
+    execute(plan, str(tmp_path / "one"))
+    out = tmp_path / "parts"
+    for i in range(2):
+        _report(run(plan, str(out), part=(i, 2), fsync=fsync))
+    victim = out / (plan.shards[1].filename + PARTIAL)
+    victim.write_bytes(victim.read_bytes()[:-1])
+    reads: list[int] = []
+    real = output.fd_crc32
+
+    def counted(fd: int) -> int:
+        reads.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(output, "fd_crc32", counted)
+    final = _report(run(plan, str(out)))
+    assert final.resumed_shards == len(plan.shards) - 1  # the short one is rewritten either way
+    assert len(reads) == (0 if fsync else len(plan.shards) - 1)
+    _same_folders(out, tmp_path / "one")
+
+
 def test_the_finishing_run_waits_for_every_part(demo: Any, tmp_path: Path) -> None:
     plan = build_plan(scan(str(demo(SPEC))), OPTS)
     out = tmp_path / "out"
