@@ -174,3 +174,33 @@ def test_universal_parts_then_finish_equal_one_run(demo: Any, tmp_path: Path, cl
     assert "reused from an interrupted run" in res.output  # the parts' files, not written again
     assert _tree(out) == _tree(one)
     assert cli("verify", root, out).rc == 0
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_universal_parts_with_fsync_are_not_read_back(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    """The universal journal marks files written with --fsync as synced: the finishing run reuses the parts'
+    tensor files reading none back; without --fsync it re-reads each once (a crash may have torn it)."""
+    from inspector.convert.kinds import get
+    from inspector.convert.kinds.base import Request
+
+    ckpt = scan(str(demo(SPEC)))
+    one = get("universal").plan(ckpt, Request(), str(tmp_path / "one"))
+    _report(one.run())
+    job = get("universal").plan(ckpt, Request(), str(tmp_path / "out"))
+    for i in range(2):
+        _report(job.run(part=(i, 2), fsync=fsync))
+    tensor_files = {f.rel for f in job.plan.files}
+    reads: list[str] = []
+    real = OutputRoot.crc32
+
+    def counted(self: OutputRoot, rel: str) -> int:
+        reads.append(rel.split("/", 1)[1])  # below the staging folder
+        return real(self, rel)
+
+    monkeypatch.setattr(OutputRoot, "crc32", counted)
+    _report(job.run(fsync=fsync))
+    read_back = [r for r in reads if r in tensor_files]
+    assert len(read_back) == (0 if fsync else len(tensor_files))
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "one")

@@ -121,7 +121,9 @@ class UniversalJob(Job):
         def work() -> None:
             try:
                 result.append(
-                    write_universal(self.plan, overwrite=overwrite, cancel=cancel, progress=progress, part=part)
+                    write_universal(
+                        self.plan, overwrite=overwrite, cancel=cancel, progress=progress, part=part, fsync=fsync
+                    )
                 )
             except BaseException as exc:
                 error.append(exc)

@@ -211,8 +211,10 @@ def write_universal(
     cancel: threading.Event | None = None,
     progress: Callable[[int], None] | None = None,
     part: tuple[int, int] | None = None,
+    fsync: bool = False,
 ) -> UniversalReport:
-    """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written.
+    """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written. `fsync`: every
+    file reaches the disk before it is journalled (so a later run trusts it without reading it back).
 
     `part` (i, n): write only part i of n of the tensor files (contiguous, balanced by bytes) into the shared
     staging folder, journalled under a journal of its own, and publish nothing; the run without `part`
@@ -225,7 +227,7 @@ def write_universal(
     try:
         root.refuse_running(part)
         prepare(plan, overwrite)  # again, now that no one else writes here
-        report = _write_locked(plan, root, workers, cancel, progress, part)
+        report = _write_locked(plan, root, workers, cancel, progress, part, fsync)
         ok = True
         return report
     finally:
@@ -239,6 +241,7 @@ def _write_locked(
     cancel: threading.Event | None,
     progress: Callable[[int], None] | None,
     part: tuple[int, int] | None = None,
+    fsync: bool = False,
 ) -> UniversalReport:
     staging = plan.folder + PARTIAL
     mine = [plan.files[k] for k in file_part(plan, part)] if part else list(plan.files)
@@ -253,7 +256,7 @@ def _write_locked(
         if progress is not None:
             progress(n)
 
-    journal = Journal(root, staging, f".part-{part[0]}-of-{part[1]}" if part else "")
+    journal = Journal(root, staging, f".part-{part[0]}-of-{part[1]}" if part else "", synced=fsync)
     finished = journal.previous()
     todo = [f for f in mine if not journal.reusable(f.rel, finished)]
     try:
@@ -262,12 +265,13 @@ def _write_locked(
 
         with FilePool(*plan.sources) as pool:
             if part is None:  # the finishing run writes the small files, once
-                write_small(plan, root, staging)
+                write_small(plan, root, staging, fsync)
             # files are independent; pread, crc32 and write release the GIL
             n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
                 futures = [
-                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal) for f in todo
+                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal, fsync)
+                    for f in todo
                 ]
                 try:
                     for fut in futures:
@@ -278,7 +282,7 @@ def _write_locked(
             for src, name in plan.copies if part is None else ():
                 rel = f"{staging}/{name}"
                 if not journal.reusable(name, finished):
-                    root.copy_in(_source_of(plan, src), src, rel)
+                    root.copy_in(_source_of(plan, src), src, rel, fsync=fsync)
                     journal.finished(name)
                 report(root.size(rel))
     except OSError as exc:
@@ -297,7 +301,9 @@ def _write_locked(
         if name.startswith(JOURNAL):  # this run's journal and every part's
             root.remove(f"{staging}/{name}")
     root.replace(staging, plan.folder)
-    root.write_atomic(LATEST, plan.folder.encode())
+    root.write_atomic(LATEST, plan.folder.encode(), fsync=fsync)
+    if fsync:  # the renames themselves
+        root.fsync_dir()
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
 
 
@@ -349,6 +355,7 @@ def _write_tensor(
     cancel: threading.Event,
     report: Callable[[int], None],
     journal: Journal,
+    fsync: bool = False,
 ) -> None:
     if cancel.is_set():
         return
@@ -358,7 +365,9 @@ def _write_tensor(
     storage = pw.Storage("float32", _numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
     archive = f.state  # torch names the archive folder after the file
-    root.write_with(f"{staging}/{f.rel}", lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4))
+    root.write_with(
+        f"{staging}/{f.rel}", lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4), fsync=fsync
+    )
     journal.finished(f.rel)
 
 

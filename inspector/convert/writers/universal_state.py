@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
 
 
-def write_small(plan: UniversalPlan, root: OutputRoot, staging: str) -> None:
+def write_small(plan: UniversalPlan, root: OutputRoot, staging: str, fsync: bool = False) -> None:
     """`zero/optimizer_state.pt` and the stage-1/2 `step.pt` files, from rank 0's optimizer state."""
     from inspector.format import ptwriter as pw
 
@@ -52,7 +52,9 @@ def write_small(plan: UniversalPlan, root: OutputRoot, staging: str) -> None:
         out["param_groups"] = base.get("param_groups", [])
     # small: written again on every run, so a resumed export never trusts one a kill may have damaged
     obj = to_pickle(out, pw)
-    root.write_with(f"{staging}/zero/optimizer_state.pt", lambda fh: pw.dump(obj, fh, "optimizer_state"))
+    root.write_with(
+        f"{staging}/zero/optimizer_state.pt", lambda fh: pw.dump(obj, fh, "optimizer_state"), fsync=fsync
+    )
     if plan.step_params:
         base = osd.get("base_optimizer_state") or {}
         groups = base.get("param_groups") or []
@@ -63,7 +65,9 @@ def write_small(plan: UniversalPlan, root: OutputRoot, staging: str) -> None:
             if step is None:
                 continue
             root.write_with(
-                f"{staging}/zero/{name}/step.pt", partial(pw.dump, to_pickle(step, pw), archive="step")
+                f"{staging}/zero/{name}/step.pt",
+                partial(pw.dump, to_pickle(step, pw), archive="step"),
+                fsync=fsync,
             )
 
 
