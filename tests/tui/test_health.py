@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 
 from inspector.convert.reader import FilePool
 from inspector.demo.writer import DemoSpec
@@ -25,8 +27,47 @@ SPEC = DemoSpec(stage=2, world_size=2, dtype="bf16", params=2_000_000)  # four l
 NAME = "model.layers.2.mlp.down_proj.weight"
 
 
+class Gate(threading.Event):
+    """Set: reads go on. Clear: every read after the first four waits (the pass is surely unfinished)."""
+
+    reads = 0
+
+
+@pytest.fixture
+def held_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    gate = Gate()
+    real = FilePool.read_into
+
+    def held(self: FilePool, *args: object) -> object:
+        gate.reads += 1
+        while gate.reads > 4 and not gate.is_set():
+            gate.wait(0.01)
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FilePool, "read_into", held)
+    yield gate
+    gate.set()
+
+
 def _done(pane: HealthPane) -> bool:
     return pane.report is not None and not pane.running
+
+
+async def reading(pilot: Pilot[object], gate: Gate) -> HealthPane:
+    """After the scan, `h`, and the pass held mid-read by `gate`: the Health pane."""
+    await scanned(pilot)
+    await pilot.press("h")
+    await wait_for(pilot, lambda: gate.reads > 4, "the pass to start reading")
+    return pilot.app.main.health_pane  # type: ignore[attr-defined,no-any-return]
+
+
+async def checked(pilot: Pilot[object]) -> HealthPane:
+    """After the scan, `h`, and the pass to its end: the Health pane."""
+    await scanned(pilot)
+    await pilot.press("h")
+    pane: HealthPane = pilot.app.main.health_pane  # type: ignore[attr-defined]
+    await wait_for(pilot, lambda: _done(pane), "the health pass")
+    return pane
 
 
 @pytest.mark.asyncio
@@ -78,10 +119,7 @@ async def test_a_nan_in_a_master_comes_first_and_is_an_error(demo: DemoCache, tm
     plant(scan(str(root)).tensor(NAME).segments, [3], [float("nan")])
     app = make_app(path=str(root), live_meters=False)
     async with app.run_test(size=(80, 24)) as pilot:
-        await scanned(pilot)
-        await pilot.press("h")
-        pane = app.main.health_pane
-        await wait_for(pilot, lambda: _done(pane), "the health pass")
+        pane = await checked(pilot)
         first = pane.table.entries[0]
         assert (first.row.name, first.row.source, first.row.stats.nan) == (NAME, "master", 1)
         assert "1 error" in plain(pane.query_one("#health-status"))
@@ -90,29 +128,14 @@ async def test_a_nan_in_a_master_comes_first_and_is_an_error(demo: DemoCache, tm
 
 
 @pytest.mark.asyncio
-async def test_escape_cancels_a_pass_that_is_still_reading(
-    demo: DemoCache, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_escape_cancels_a_pass_that_is_still_reading(demo: DemoCache, held_reads: Gate) -> None:
     """Reads after the first few wait on a gate: the pass is surely unfinished when escape is pressed; the keys
     answer meanwhile, and the cancelled pass says how far it got."""
-    gate = threading.Event()
-    reads = [0]
-    real = FilePool.read_into
-
-    def held(self: FilePool, *args: object) -> object:
-        reads[0] += 1
-        while reads[0] > 4 and not gate.is_set():
-            gate.wait(0.01)
-        return real(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(FilePool, "read_into", held)
+    gate = held_reads
     app = make_app(path=str(demo(SPEC)), live_meters=False)
     try:
         async with app.run_test(size=(120, 36)) as pilot:
-            await scanned(pilot)
-            await pilot.press("h")
-            pane = app.main.health_pane
-            await wait_for(pilot, lambda: reads[0] > 4, "the pass to start reading")
+            pane = await reading(pilot, gate)
             assert pane.running
             await pilot.press("o")  # the keys work while it reads
             assert app.main.query_one("#tabs").active == "overview"
@@ -133,10 +156,7 @@ async def test_comparison_with_another_tag_draws_the_change(two_tag_demo: Path) 
     draws one bar per layer for norm and for change."""
     app = make_app(path=str(two_tag_demo), live_meters=False)
     async with app.run_test(size=(160, 48)) as pilot:
-        await scanned(pilot)
-        await pilot.press("h")
-        pane = app.main.health_pane
-        await wait_for(pilot, lambda: _done(pane), "the health pass")
+        pane = await checked(pilot)
         assert pane.report is not None and pane.report.against == "global_step3"
         masters = [e.row for e in pane.table.entries if e.row.source == "master"]
         assert masters and all(r.delta_norm is not None for r in masters)
@@ -183,27 +203,12 @@ def test_long_names_keep_their_layer_numbers_when_narrow() -> None:
 
 
 @pytest.mark.asyncio
-async def test_another_tag_stops_the_pass_and_clears_the_table(
-    two_tag_demo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    gate = threading.Event()
-    reads = [0]
-    real = FilePool.read_into
-
-    def held(self: FilePool, *args: object) -> object:
-        reads[0] += 1
-        while reads[0] > 4 and not gate.is_set():
-            gate.wait(0.01)
-        return real(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(FilePool, "read_into", held)
+async def test_another_tag_stops_the_pass_and_clears_the_table(two_tag_demo: Path, held_reads: Gate) -> None:
+    gate = held_reads
     app = make_app(path=str(two_tag_demo), live_meters=False)
     try:
         async with app.run_test(size=(120, 36)) as pilot:
-            await scanned(pilot)
-            await pilot.press("h")
-            pane = app.main.health_pane
-            await wait_for(pilot, lambda: reads[0] > 4, "the pass to start reading")
+            pane = await reading(pilot, gate)
             await pilot.press("left_square_bracket")  # the older tag
             await wait_for(
                 pilot, lambda: app.ckpt is not None and app.ckpt.tag == "global_step3", "the older tag"
