@@ -4,6 +4,7 @@ sorts, and enter opens the tensor; a NaN planted in a master comes first; escape
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,3 +240,22 @@ async def test_a_file_that_went_bad_is_a_dialog_not_a_crash(demo: DemoCache, tmp
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
         assert pane.report is None
         assert "Stopped" in plain(pane.query_one("#health-status"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+@pytest.mark.asyncio
+async def test_the_pass_reads_at_a_lower_cpu_priority_than_the_ui(demo: DemoCache, held_reads: Gate) -> None:
+    """The reader threads run niced, so on a busy machine the UI thread gets the cores first."""
+    from inspector.tui.screens.health import NICE
+
+    def nice(tid: int) -> int:
+        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[16])  # field 19, counted after the command name
+
+    app = make_app(path=str(demo(SPEC)), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        pane = await reading(pilot, held_reads)
+        readers = [t.native_id for t in threading.enumerate() if t.name.startswith("zi-health")]
+        assert readers and all(nice(tid) == NICE for tid in readers if tid is not None)
+        assert nice(threading.get_native_id()) == 0  # the UI's own thread
+        assert pane.running
