@@ -1,7 +1,8 @@
 """Read every selected tensor once, from exactly its bytes, on a small thread pool with fixed buffers.
 
 A job is one tensor's master (with its 16-bit module copy and, with `against`, the other tag's master read
-in step, chunk for chunk), one Adam moment, one frozen parameter or one buffer. Each worker thread owns one
+in step, chunk for chunk), one Adam moment (with `against`, the other tag's same moment, for its norm), one
+frozen parameter or one buffer. Each worker thread owns one
 set of chunk buffers for its whole life, so memory is `threads x` one chunk per stream whatever the model.
 """
 
@@ -67,6 +68,7 @@ class Row:
     module_max_diff: float | None = None  # module rows: largest |module - master cast to module dtype|
     module_differing: int | None = None
     delta_norm: float | None = None  # master rows with `against`: ||master - master_against||
+    against_norm: float | None = None  # moment rows with `against`: the same moment's L2 norm in that tag
 
     @property
     def module(self) -> str:
@@ -92,14 +94,21 @@ def plan_jobs(ckpt: Checkpoint, tensors: Sequence[TensorInfo], against: Checkpoi
             continue
         if t.kind in (Kind.TRAINABLE, Kind.TIED):
             other: tuple[Segment, ...] = ()
+            o = None
             if against is not None:
                 o = _by_name(against, t.alias_of if t.kind is Kind.TIED and t.alias_of else t.name)
                 if o is not None and o.numel == t.numel and o.segments:
                     other = o.segments
             module = t.module_copy if sum(s.numel for s in t.module_copy) == t.numel else ()
             jobs.append(Job(t.name, "master", t.shape, t.segments, module, other))
+            then = dict(o.moments) if other and o is not None else {}
             for moment, segs in t.moments:
-                jobs.append(Job(t.name, moment, t.shape, segs, zero_rows=moment == "exp_avg_sq"))
+                prior = then.get(moment, ())
+                if sum(s.numel for s in prior) != t.numel:
+                    prior = ()
+                jobs.append(
+                    Job(t.name, moment, t.shape, segs, against=prior, zero_rows=moment == "exp_avg_sq")
+                )
         else:
             jobs.append(Job(t.name, "frozen" if t.kind is Kind.FROZEN else "buffer", t.shape, t.segments))
     return [j for j in jobs if j.segments or not j.shape]
@@ -163,7 +172,7 @@ class Streamer:
         acc = Accumulator(row_len)
         mod_acc = Accumulator() if job.module else None
         diff, differing = 0.0, 0
-        delta_sq = 0.0
+        delta_sq = then_sq = 0.0
         dtypes = [numpy_dtype(job.segments[0].dtype) if job.segments else np.dtype(np.float32)]
         streams = [iter_chunks(job.segments, self.chunk)]
         if job.module:
@@ -183,10 +192,17 @@ class Streamer:
                 diff, differing = max(diff, d), differing + c
                 mod_acc.add(m, s.buf)
             if job.against:
-                delta_sq += self._delta_sq(x, self._read(batches[-1], s.raw[2], dtypes[-1]), s)
+                o = self._read(batches[-1], s.raw[2], dtypes[-1])
+                if job.source == "master":
+                    delta_sq += self._delta_sq(x, o, s)
+                else:  # a moment: only its size then (NaN there stays NaN)
+                    then_sq += _sum_sq(o, s)
         dtype = job.segments[0].dtype if job.segments else "float32"
-        delta = _sqrt(delta_sq) if job.against else None
-        rows = [Row(job.name, job.source, job.shape, dtype, acc.result(), delta_norm=delta)]
+        delta = _sqrt(delta_sq) if job.against and job.source == "master" else None
+        then = _sqrt(then_sq) if job.against and job.source != "master" else None
+        rows = [
+            Row(job.name, job.source, job.shape, dtype, acc.result(), delta_norm=delta, against_norm=then)
+        ]
         if mod_acc is not None:
             rows.append(
                 Row(job.name, "module", job.shape, job.module[0].dtype, mod_acc.result(), diff, differing)
@@ -197,7 +213,8 @@ class Streamer:
     def _delta_sq(x: Array, o: Array, s: Scratch) -> float:
         """Σ(x - o)² of one chunk of two fp32 masters: the difference in float32 (exact where the two are
         within a factor 2 of each other, else rounded once) summed as `block_sums` does; float64 for other
-        dtypes and where float32 overflows (NaN stays NaN)."""
+        dtypes and where float32 overflows. A NaN or Inf left as it was is no change; one that appeared is
+        NaN or Inf."""
         n = x.shape[0]
         if x.dtype == np.float32 and o.dtype == np.float32:
             d = s.diff[:n]
@@ -207,7 +224,10 @@ class Streamer:
             if math.isfinite(sq):
                 return sq
         t = s.tmp[:n]
-        np.subtract(x, o, out=t, dtype=np.float64)  # exact for fp32 inputs
+        with np.errstate(invalid="ignore"):
+            np.subtract(x, o, out=t, dtype=np.float64)  # exact for fp32 inputs
+        if not math.isfinite(float(np.einsum("i,i->", t, t))):  # a value unchanged is no change, NaN or Inf
+            t[(x == o) | (np.isnan(x) & np.isnan(o))] = 0.0
         return float(np.einsum("i,i->", t, t))
 
     @staticmethod
@@ -230,6 +250,17 @@ class Streamer:
         np.copyto(a, module, casting="unsafe")
         np.copyto(b, cast, casting="unsafe")
         return max_abs_difference(a, b, s.tmp)
+
+
+def _sum_sq(x: Array, s: Scratch) -> float:
+    """Σx² of one chunk (fp32 block sums; float64 where they overflow or for other dtypes)."""
+    if x.dtype == _F32:
+        sq = block_sums(x, s.buf, linear=False)[1]
+        if math.isfinite(sq):
+            return sq
+    t = s.tmp[: x.shape[0]]
+    np.copyto(t, x, casting="unsafe")
+    return float(np.einsum("i,i->", t, t))
 
 
 def _sqrt(v: float) -> float:
