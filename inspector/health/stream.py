@@ -2,8 +2,8 @@
 
 A job is one tensor's master (with its 16-bit module copy and, with `against`, the other tag's master read
 in step, chunk for chunk), one Adam moment (with `against`, the other tag's same moment, for its norm), one
-frozen parameter or one buffer. Each worker thread owns one
-set of chunk buffers for its whole life, so memory is `threads x` one chunk per stream whatever the model.
+frozen parameter or one buffer. Each worker thread owns one set of chunk buffers for its whole life, so
+memory is `threads x` one chunk per stream whatever the model.
 """
 
 from __future__ import annotations
