@@ -69,7 +69,7 @@ def sibling_pattern(name: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "N", name)
 
 
-def _nonfinite(rows: Sequence[Row]) -> list[HealthFinding]:
+def _nonfinite(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
     broken = {r.name for r in rows if r.source == "master" and (r.stats.nan or r.stats.inf)}
     out = []
     for r in rows:
@@ -81,11 +81,16 @@ def _nonfinite(rows: Sequence[Row]) -> list[HealthFinding]:
         ]
         what = f"{', '.join(parts)} of {st.numel:,} values in the {_WHERE[r.source]}"
         if r.source in ("master", "frozen"):
+            first = (
+                f"; none in {against}: it broke after that tag"
+                if against and r.against_nonfinite == 0
+                else ""
+            )
             out.append(
                 HealthFinding(
                     Severity.ERROR,
                     f"nonfinite-{r.source}",
-                    f"{r.name}: {what}.",
+                    f"{r.name}: {what}{first}.",
                     "These are the weights an export writes. Do not publish this tag: resume from an earlier "
                     "one (compare with `--against TAG` to find the last sound tag) and lower the learning "
                     "rate or enable gradient clipping.",
@@ -368,7 +373,7 @@ def findings(
     """Every finding, errors first; within a severity in checkpoint order. `steps` are this tag's step
     counts, `then` the `against` tag's."""
     found = (
-        _nonfinite(rows)
+        _nonfinite(rows, against)
         + _grew(rows, against)
         + _out_of_sync(rows)
         + _degenerate(rows)

@@ -69,6 +69,7 @@ class Row:
     module_differing: int | None = None
     delta_norm: float | None = None  # master rows with `against`: ||master - master_against||
     against_norm: float | None = None  # moment rows with `against`: the same moment's L2 norm in that tag
+    against_nonfinite: int | None = None  # master rows with `against`: NaN and Inf in that tag's master
 
     @property
     def module(self) -> str:
@@ -173,6 +174,7 @@ class Streamer:
         mod_acc = Accumulator() if job.module else None
         diff, differing = 0.0, 0
         delta_sq = then_sq = 0.0
+        then_bad = 0
         dtypes = [numpy_dtype(job.segments[0].dtype) if job.segments else np.dtype(np.float32)]
         streams = [iter_chunks(job.segments, self.chunk)]
         if job.module:
@@ -195,13 +197,24 @@ class Streamer:
                 o = self._read(batches[-1], s.raw[2], dtypes[-1])
                 if job.source == "master":
                     delta_sq += self._delta_sq(x, o, s)
+                    then_bad += _nonfinite(o)
                 else:  # a moment: only its size then (NaN there stays NaN)
                     then_sq += _sum_sq(o, s)
         dtype = job.segments[0].dtype if job.segments else "float32"
         delta = _sqrt(delta_sq) if job.against and job.source == "master" else None
         then = _sqrt(then_sq) if job.against and job.source != "master" else None
+        bad = then_bad if job.against and job.source == "master" else None
         rows = [
-            Row(job.name, job.source, job.shape, dtype, acc.result(), delta_norm=delta, against_norm=then)
+            Row(
+                job.name,
+                job.source,
+                job.shape,
+                dtype,
+                acc.result(),
+                delta_norm=delta,
+                against_norm=then,
+                against_nonfinite=bad,
+            )
         ]
         if mod_acc is not None:
             rows.append(
@@ -250,6 +263,17 @@ class Streamer:
         np.copyto(a, module, casting="unsafe")
         np.copyto(b, cast, casting="unsafe")
         return max_abs_difference(a, b, s.tmp)
+
+
+def _nonfinite(x: Array) -> int:
+    """NaN and Inf in one chunk: two reductions (min and max show either), a count only where one is."""
+    if x.dtype.kind != "f" and x.dtype not in _PLAIN_CAST:
+        return 0
+    with np.errstate(invalid="ignore"):
+        lo, hi = float(np.minimum.reduce(x)), float(np.maximum.reduce(x))
+    if math.isfinite(lo) and math.isfinite(hi):
+        return 0
+    return int(x.shape[0] - np.count_nonzero(np.isfinite(x)))
 
 
 def _sum_sq(x: Array, s: Scratch) -> float:

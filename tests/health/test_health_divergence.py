@@ -73,6 +73,9 @@ def test_a_broken_master_is_said_once_and_does_not_move(rows: list[Row]) -> None
     ]
     found = findings(broken, "global_step1")
     assert [(f.code, f.tensor) for f in found if str(f.severity) == "error"] == [("nonfinite-master", name)]
+    assert "none in global_step1" not in found[0].message  # not known to be the first
+    first = _with(broken, name, "master", against_nonfinite=0)
+    assert "none in global_step1: it broke after that tag" in findings(first, "global_step1")[0].message
     assert not [f for f in found if f.code == "nonfinite-module"]  # not "…; the fp32 master is finite"
     assert name not in [f.tensor for f in found if f.code == "moved-most"]  # a NaN change is no move
     assert [f for f in found if f.code == "moved-most"]

@@ -71,6 +71,9 @@ def test_a_diverged_run_tag_by_tag(diverged: tuple[Path, list[dict[str, Any]]]) 
             assert rc == 1 and broken, tag
             assert sorted(f["tensor"] for f in errors) == broken, tag
             assert {f["code"] for f in errors} == {"nonfinite-master"}, tag
+            # the first bad tag says it is the first: the tag before had none
+            first = [f"none in {tags[i - 1]}" in f["message"] for f in errors]
+            assert all(first) if tag == tags[INF_AT - 1] else not any(first), tag
             # the module copy is not reported again as "the fp32 master is finite"
             assert not _codes(doc, "nonfinite-module"), tag
         if i == 0:
