@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
-from inspector.health.findings import HealthFinding, findings, missing_in_against
+from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
 from inspector.health.stream import CHUNK_ELEMS, Row, Streamer, default_threads, plan_jobs, run_jobs
 from inspector.scan.model import Checkpoint, Severity
@@ -61,7 +61,9 @@ def check(
         read = streamer.done_bytes
     order = {t.name: i for i, t in enumerate(ckpt.tensors)}
     rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
-    found = _scan_errors(ckpt) + findings(rows, against.tag if against else None)
+    steps = Steps(ckpt.global_steps, ckpt.optimizer_step)
+    then = Steps(against.global_steps, against.optimizer_step) if against else Steps()
+    found = _scan_errors(ckpt) + findings(rows, against.tag if against else None, steps, then)
     if against is not None:
         lacking = [j.name for j in jobs if j.source == "master" and not j.against]
         found += missing_in_against(lacking, against.tag)

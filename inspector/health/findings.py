@@ -14,6 +14,8 @@ from inspector.health.stream import Row
 from inspector.scan.model import Severity
 
 SIBLING_RATIO = 10.0  # a norm this many times above (or below 1/x of) its siblings' median is reported
+GREW_RATIO = 1e4  # exp_avg_sq's norm grown this much since `--against`: more than its own accumulation
+# can explain (at a constant gradient it grows at most 1/(1 - beta2) = 1000x from the first step on)
 MIN_SIBLINGS = 3
 MOVED_SHOWN = 5
 _ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
@@ -47,27 +49,48 @@ class HealthFinding:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """A tag's two step counts: the engine counts every step, the optimizer only those it took (DeepSpeed
+    skips a step whose gradients overflow), so the gap is the skipped steps."""
+
+    global_steps: int | None = None
+    optimizer_step: int | None = None
+
+    @property
+    def skipped(self) -> int | None:
+        if self.global_steps is None or self.optimizer_step is None:
+            return None
+        return max(self.global_steps - self.optimizer_step, 0)
+
+
 def sibling_pattern(name: str) -> str:
     """`model.layers.7.mlp.up_proj.weight` -> `model.layers.N.mlp.up_proj.weight` (numbered parts only)."""
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "N", name)
 
 
-def _nonfinite(rows: Sequence[Row]) -> list[HealthFinding]:
+def _nonfinite(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
+    broken = {r.name for r in rows if r.source == "master" and (r.stats.nan or r.stats.inf)}
     out = []
     for r in rows:
         st = r.stats
-        if not (st.nan or st.inf):
-            continue
+        if not (st.nan or st.inf) or (r.source == "module" and r.name in broken):
+            continue  # a module copy is said once, as its master's error
         parts = [
             f"{n:,} {what}" for n, what in ((st.nan, "NaN"), (st.pos_inf, "+Inf"), (st.neg_inf, "−Inf")) if n
         ]
         what = f"{', '.join(parts)} of {st.numel:,} values in the {_WHERE[r.source]}"
         if r.source in ("master", "frozen"):
+            first = (
+                f"; none in {against}: it broke after that tag"
+                if against and r.against_nonfinite == 0
+                else ""
+            )
             out.append(
                 HealthFinding(
                     Severity.ERROR,
                     f"nonfinite-{r.source}",
-                    f"{r.name}: {what}.",
+                    f"{r.name}: {what}{first}.",
                     "These are the weights an export writes. Do not publish this tag: resume from an earlier "
                     "one (compare with `--against TAG` to find the last sound tag) and lower the learning "
                     "rate or enable gradient clipping.",
@@ -81,8 +104,9 @@ def _nonfinite(rows: Sequence[Row]) -> list[HealthFinding]:
                     Severity.WARNING,
                     "nonfinite-moment",
                     f"{r.name}: {what}; the master is finite.",
-                    "The weights can still be exported, but resuming from this tag puts NaN into the weights "
-                    "at the next step: resume from an earlier tag or reset the optimizer state.",
+                    "The weights can still be exported. Resuming from this tag, a NaN moment makes its weights "
+                    "NaN at the next step and an Inf in exp_avg_sq freezes them for good (Adam's step "
+                    "m/sqrt(v) is 0): resume from an earlier tag or reset the optimizer state.",
                     r.name,
                     r.source,
                 )
@@ -143,8 +167,11 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
                     severity,
                     "constant",
                     f"{r.name}: every value of the {_WHERE[r.source]} is {st.minimum:.6g}.",
-                    "Expected right after initialisation for norm weights (1.0); after training it means the "
-                    "tensor got no updates.",
+                    "Every element got the same gradient: saturated outputs (a diverging run's softmax, a "
+                    "dead layer) or a one-element batch."
+                    if r.source in ("exp_avg", "exp_avg_sq")
+                    else "Expected right after initialisation for norm weights (1.0); after training it "
+                    "means the tensor got no updates.",
                     r.name,
                     r.source,
                 )
@@ -248,11 +275,30 @@ def _out_of_sync(rows: Sequence[Row]) -> list[HealthFinding]:
     return out
 
 
-def _moved(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
+def _moved(rows: Sequence[Row], against: str | None, steps: Steps, then: Steps) -> list[HealthFinding]:
     moved = [r for r in rows if r.source == "master" and r.delta_norm is not None]
     if against is None or not moved:
         return []
     if all(r.delta_norm == 0 for r in moved):
+        g0, g = then.global_steps, steps.global_steps
+        if g is not None and g0 is not None and g > g0 and then.optimizer_step == steps.optimizer_step:
+            return [
+                HealthFinding(
+                    Severity.WARNING,
+                    "unchanged",
+                    f"No master changed since {against}: "
+                    + (
+                        "the step since was skipped"
+                        if g - g0 == 1
+                        else f"all {g - g0} steps since were skipped"
+                    )
+                    + f" (global step {g0} -> {g}, the optimizer's step {steps.optimizer_step} in both).",
+                    "DeepSpeed skips a step whose gradients overflow, so a run that diverged keeps saving "
+                    f"the same weights: it diverged by {against}. Resume from a tag before its gradients grew "
+                    "(`--against` earlier tags: exp_avg_sq that grew) with a lower learning rate or gradient "
+                    "clipping.",
+                )
+            ]
         return [
             HealthFinding(
                 Severity.INFO,
@@ -261,6 +307,7 @@ def _moved(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
                 "The two tags hold the same weights: was the second saved before any step?",
             )
         ]
+    moved = [r for r in moved if math.isfinite(r.delta_norm or 0.0)]  # NaN/Inf masters: their errors say it
     top = sorted(moved, key=lambda r: -_key(r.delta_rel))[:MOVED_SHOWN]
     return [
         HealthFinding(
@@ -273,6 +320,49 @@ def _moved(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
         )
         for r in top
         if r.delta_norm
+    ]
+
+
+def _grew(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
+    """exp_avg_sq that grew since `against` by more than Adam's own accumulation explains: the gradients
+    are exploding, usually a few tags before the loss overflows or the masters go NaN."""
+    if against is None:
+        return []
+    grown = []
+    for r in rows:
+        then, now = r.against_norm, r.stats.norm
+        if r.source == "exp_avg_sq" and then and math.isfinite(then) and now / then >= GREW_RATIO:
+            grown.append((now / then, r))
+    grown.sort(key=lambda p: -p[0])
+    return [
+        HealthFinding(
+            Severity.WARNING,
+            "moment-grew",
+            f"{r.name}: the Adam exp_avg_sq's L2 norm grew {ratio:.3g}× since {against} "
+            f"({r.against_norm:.4g} -> {r.stats.norm:.4g}): its gradients are exploding.",
+            "Within a few steps the loss overflows (DeepSpeed then skips every step) or the weights blow up. "
+            "Resume from an earlier tag with a lower learning rate or gradient clipping (DeepSpeed's "
+            "`gradient_clipping`, 1.0 unless set).",
+            r.name,
+            r.source,
+        )
+        for ratio, r in grown[:MOVED_SHOWN]
+    ]
+
+
+def _skipped(steps: Steps) -> list[HealthFinding]:
+    if not steps.skipped:
+        return []
+    return [
+        HealthFinding(
+            Severity.INFO,
+            "skipped-steps",
+            f"{steps.skipped:,} of the {steps.global_steps:,} steps were skipped (global step "
+            f"{steps.global_steps:,}, the optimizer's step {steps.optimizer_step:,}).",
+            "DeepSpeed skips a step whose gradients overflow. A few early in an fp16 run are its loss scale "
+            "settling; many, or all of the latest, mean the run diverged: `--against` an earlier tag shows "
+            "when.",
+        )
     ]
 
 
@@ -298,9 +388,18 @@ def missing_in_against(names: Sequence[str], against: str) -> list[HealthFinding
     ]
 
 
-def findings(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
-    """Every finding, errors first; within a severity in checkpoint order."""
+def findings(
+    rows: Sequence[Row], against: str | None, steps: Steps = Steps(), then: Steps = Steps()
+) -> list[HealthFinding]:
+    """Every finding, errors first; within a severity in checkpoint order. `steps` are this tag's step
+    counts, `then` the `against` tag's."""
     found = (
-        _nonfinite(rows) + _out_of_sync(rows) + _degenerate(rows) + _outliers(rows) + _moved(rows, against)
+        _nonfinite(rows, against)
+        + _grew(rows, against)
+        + _out_of_sync(rows)
+        + _degenerate(rows)
+        + _outliers(rows)
+        + _moved(rows, against, steps, then)
+        + _skipped(steps)
     )
     return sorted(found, key=lambda f: _ORDER[f.severity])  # stable: keeps each kind's order

@@ -122,6 +122,9 @@ def row_json(r: Row, with_delta: bool) -> dict[str, Any]:
     if with_delta and r.source == "master":
         out["delta_norm"] = _num(r.delta_norm)
         out["delta_rel"] = _num(r.delta_rel)
+        out["against_nonfinite"] = r.against_nonfinite
+    if with_delta and r.source in ("exp_avg", "exp_avg_sq"):
+        out["against_norm"] = _num(r.against_norm)
     return out
 
 

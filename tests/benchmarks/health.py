@@ -117,8 +117,8 @@ def child_torch(root: str) -> dict[str, Any]:
     return {"elements": elems, "tensors": len(results), "seconds": time.perf_counter() - t0}
 
 
-def _run(argv: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes of the child, stdout)."""
+def _run(argv: list[str]) -> tuple[float, int, str, float]:
+    """(wall seconds, peak RSS bytes of the child, stdout, CPU seconds of the child: user + system)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     out = proc.stdout.read() if proc.stdout else b""
@@ -128,7 +128,7 @@ def _run(argv: list[str]) -> tuple[float, int, str]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"{argv} failed ({proc.returncode}): {err.decode()[-2000:]}")
-    return wall, usage.ru_maxrss * 1024, out.decode()
+    return wall, usage.ru_maxrss * 1024, out.decode(), usage.ru_utime + usage.ru_stime
 
 
 def _warm(root: str) -> None:
@@ -160,6 +160,7 @@ def main() -> int:
     disk = sum(f.stat().st_size for f in root.rglob("*.pt"))
 
     runs: dict[str, list[tuple[float, int]]] = {"floor": [], "health": [], "torch": []}
+    cpu: dict[str, list[float]] = {"floor": [], "health": [], "torch": []}
     info: dict[str, Any] = {}
     kinds = ["floor", "health"] + ([] if args.no_torch else ["torch"])
     for i in range(args.runs):
@@ -169,8 +170,9 @@ def main() -> int:
                 argv = [sys.executable, "-m", "inspector", "health", str(root), "--json"]
             else:
                 argv = [sys.executable, __file__, "--child", kind, str(root)]
-            wall, rss, out = _run(argv)
+            wall, rss, out, secs = _run(argv)
             runs[kind].append((wall, rss))
+            cpu[kind].append(secs)
             doc = json.loads(
                 out.strip().splitlines()[-1] if kind != "health" else out
             )  # deepspeed logs to stdout
@@ -181,7 +183,10 @@ def main() -> int:
                 info["streams"] = len(doc["tensors"])
             else:
                 info[kind] = doc
-            print(f"run {i + 1} {kind}: {wall:.2f} s, peak RSS {rss / MiB:.0f} MiB", file=sys.stderr)
+            print(
+                f"run {i + 1} {kind}: {wall:.2f} s, CPU {secs:.2f} s, peak RSS {rss / MiB:.0f} MiB",
+                file=sys.stderr,
+            )
 
     def med(kind: str) -> tuple[float, int]:
         w = statistics.median(r[0] for r in runs[kind])
@@ -200,21 +205,23 @@ def main() -> int:
         f"buffers) on {info['threads']} threads. Median of {args.runs} fresh processes; peak RSS is the child's "
         "ru_maxrss (max over runs).",
         "",
-        "| run | wall | × floor | GB/s | peak RSS |",
-        "|---|---:|---:|---:|---:|",
+        "| run | wall | × floor | GB/s | CPU (user + sys) | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|",
         f"| I/O floor (preadv, same ranges, 1 thread) | {floor_w:.2f} s | 1.00× | "
-        f"{info['health_bytes'] / floor_w / 1e9:.2f} | {floor_rss / MiB:.0f} MiB |",
+        f"{info['health_bytes'] / floor_w / 1e9:.2f} | {statistics.median(cpu['floor']):.2f} s | "
+        f"{floor_rss / MiB:.0f} MiB |",
     ]
     hw, hrss = med("health")
     lines.append(
         f"| `zero-inspector health --json` (process, scan included) | {hw:.2f} s | {hw / floor_w:.2f}× | "
-        f"{info['health_bytes'] / hw / 1e9:.2f} | {hrss / MiB:.0f} MiB |"
+        f"{info['health_bytes'] / hw / 1e9:.2f} | {statistics.median(cpu['health']):.2f} s | "
+        f"{hrss / MiB:.0f} MiB |"
     )
     if not args.no_torch:
         tw, trss = med("torch")
         lines.append(
             f"| torch.load every file + the same statistics (float64) | {tw:.2f} s | {tw / floor_w:.2f}× | "
-            f"– | {trss / MiB:.0f} MiB |"
+            f"– | {statistics.median(cpu['torch']):.2f} s | {trss / MiB:.0f} MiB |"
         )
     inner = statistics.median(info["health_inner"])
     lines += [

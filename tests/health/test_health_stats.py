@@ -9,11 +9,11 @@ import pytest
 
 from inspector.demo.writer import DemoSpec
 from inspector.health import run_check
-from inspector.health.numerics import Accumulator
+from inspector.health.numerics import Accumulator, Buffers
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
 from tests.conftest import DemoCache
-from tests.health.helpers import assert_matches, plant, torch_stats, truth
+from tests.health.helpers import MEAN_SPAN, NORM_REL, STD_REL, assert_matches, plant, torch_stats, truth
 
 SPECS = [
     DemoSpec(stage=1, world_size=2, dtype="bf16", params=300_000),
@@ -53,8 +53,11 @@ def test_chunking_does_not_change_the_numbers(demo: DemoCache) -> None:
         assert (x.name, x.source) == (y.name, y.source)
         for k in ("numel", "nan", "pos_inf", "neg_inf", "zeros", "minimum", "maximum", "zero_rows"):
             assert getattr(x.stats, k) == getattr(y.stats, k), (x.name, k)
-        for k in ("mean", "std", "norm"):
-            assert getattr(x.stats, k) == pytest.approx(getattr(y.stats, k), rel=1e-12, abs=1e-15)
+        # the float32 blocks fall elsewhere: each side within its bound of the truth, so twice that apart
+        span = x.stats.maximum - x.stats.minimum
+        assert abs(x.stats.mean - y.stats.mean) <= 2 * MEAN_SPAN * span + 1e-300, x.name
+        assert x.stats.std == pytest.approx(y.stats.std, rel=2 * STD_REL, abs=1e-300), x.name
+        assert x.stats.norm == pytest.approx(y.stats.norm, rel=2 * NORM_REL, abs=1e-300), x.name
 
 
 def test_nonfinite_values_are_counted_and_excluded(demo: DemoCache, tmp_path: Path) -> None:
@@ -74,10 +77,8 @@ def test_nonfinite_values_are_counted_and_excluded(demo: DemoCache, tmp_path: Pa
 
 
 def test_all_nonfinite_and_empty_streams() -> None:
-    s = np.empty(8)
-    mask, bits = np.empty(8, bool), np.empty(8, np.uint16)
     acc = Accumulator()
-    acc.add(np.array([np.nan, np.inf, -np.inf], np.float32), s, mask, bits)
+    acc.add(np.array([np.nan, np.inf, -np.inf], np.float32), Buffers(8))
     st = acc.result()
     assert (st.nan, st.pos_inf, st.neg_inf, st.finite) == (1, 1, 1, 0)
     assert np.isnan(st.mean) and np.isnan(st.minimum) and st.norm == 0.0
@@ -96,7 +97,7 @@ def test_zero_rows_across_chunk_cuts() -> None:
     for chunk in (3, 7, 8, 13, 280, 1000):
         acc = Accumulator(row=7)
         flat = x.reshape(-1)
-        f, mask, bits = np.empty(chunk), np.empty(chunk, bool), np.empty(chunk, np.uint16)
+        buf = Buffers(chunk)
         for i in range(0, flat.size, chunk):
-            acc.add(flat[i : i + chunk], f, mask, bits)
+            acc.add(flat[i : i + chunk], buf)
         assert acc.result().zero_rows == 4, chunk

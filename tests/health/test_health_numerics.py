@@ -1,0 +1,85 @@
+"""The reductions against torch in float64 on data chosen to reach each path: plain float32 blocks, a shift
+for values clustered far from zero, the exact float64 path for NaN/Inf, overflowing squares and values a few
+ulps apart, bf16 widened; each within the bound numerics.py states, whatever the chunk cuts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from inspector.health.numerics import BLOCK, Accumulator, Buffers, Stats, block_sums
+from tests.health.helpers import assert_matches, torch_stats
+
+RNG = np.random.default_rng(7)
+N = 3 * (1 << 16) + 123  # several chunks and a tail that is not a whole block
+
+
+def _data() -> dict[str, np.ndarray[Any, Any]]:
+    ones = 1.0 + 1e-4 * RNG.standard_normal(N)
+    spaced = np.float32(1.0) + np.arange(N) % 3 * np.finfo(np.float32).eps  # three values, an ulp apart
+    nonfinite = RNG.standard_normal(N).astype(np.float32)
+    nonfinite[[5, 70000, N - 1]] = [np.nan, np.inf, -np.inf]
+    return {
+        "weights": (0.02 * RNG.standard_normal(N)).astype(np.float32),
+        "layernorm": ones.astype(np.float32),  # mean² ≫ var: shifted
+        "offset": (1e4 + RNG.standard_normal(N)).astype(np.float32),  # mean far outside the spread
+        "exp_avg_sq": (1e-3 * RNG.standard_normal(N)).astype(np.float32) ** 2,
+        "constant": np.full(N, 0.5, np.float32),
+        "spaced": spaced.astype(np.float32),
+        "huge": (1e25 * RNG.standard_normal(N)).astype(np.float32),  # squares overflow float32
+        "nonfinite": nonfinite,
+        "bf16": (0.02 * RNG.standard_normal(N)).astype(ml_dtypes.bfloat16),
+        "fp16_ones": (1.0 + 1e-2 * RNG.standard_normal(N)).astype(np.float16),
+        "int64": RNG.integers(-(2**40), 2**40, N),
+    }
+
+
+DATA = _data()
+
+
+def _stream(x: np.ndarray[Any, Any], chunk: int) -> Stats:
+    acc, buf = Accumulator(), Buffers(chunk)
+    for i in range(0, x.shape[0], chunk):
+        acc.add(x[i : i + chunk], buf)
+    return acc.result()
+
+
+@pytest.mark.parametrize("chunk", [1000, 4099, 1 << 16, 1 << 18])
+@pytest.mark.parametrize("name", list(DATA))
+def test_each_path_within_the_stated_bound(name: str, chunk: int) -> None:
+    x = DATA[name]
+    assert_matches(_stream(x, chunk), torch_stats(x), f"{name}/{chunk}")
+
+
+@pytest.mark.parametrize("name", ["huge", "int64", "constant"])
+def test_exact_cases_are_float64_exact(name: str) -> None:
+    """The float64 path (overflow, integers) and a constant tensor (shifted to zero) carry no float32 error."""
+    st, ref = _stream(DATA[name], 1 << 16), torch_stats(DATA[name])
+    assert st.std == pytest.approx(ref["std"], rel=1e-12, abs=1e-300)
+    assert st.norm == pytest.approx(ref["norm"], rel=1e-12)
+    assert st.mean == pytest.approx(ref["mean"], rel=1e-12)
+
+
+def test_the_shift_is_what_keeps_the_std() -> None:
+    """Without the shift, values 1 ± 1e-4 would lose the std to the float32 sums' cancellation (the bound
+    relative to mean² is 1e-5 · 1e8); with it the std is within its bound."""
+    x = DATA["layernorm"]
+    st = _stream(x, 1 << 16)
+    ref = torch_stats(x)
+    assert abs(st.std / ref["std"] - 1) < 3e-5
+    acc, buf = Accumulator(), Buffers(1 << 16)
+    acc.add(x[: 1 << 16], buf)
+    assert acc.k != 0.0  # the shift was taken
+
+
+def test_block_sums_tail_and_overflow() -> None:
+    buf = Buffers(4 * BLOCK)
+    v = np.arange(1, 2 * BLOCK + 8, dtype=np.float32)
+    s1, s2 = block_sums(v, buf)
+    n = v.shape[0]
+    assert (s1, s2) == (n * (n + 1) / 2, n * (n + 1) * (2 * n + 1) / 6)  # small integers: exact
+    assert not math.isfinite(block_sums(np.full(BLOCK, 1e20, np.float32), buf)[1])
