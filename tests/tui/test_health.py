@@ -259,3 +259,5 @@ async def test_the_pass_reads_at_a_lower_cpu_priority_than_the_ui(demo: DemoCach
         assert readers and all(nice(tid) == NICE for tid in readers if tid is not None)
         assert nice(threading.get_native_id()) == 0  # the UI's own thread
         assert pane.running
+        held_reads.set()  # the app waits for its workers as it closes
+        await wait_for(pilot, lambda: not pane.running, "the pass to end")
