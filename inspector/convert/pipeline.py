@@ -123,7 +123,8 @@ class _KernelCopy:
 def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: list[Segment], pos: int) -> bool:
     """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
     for seg in segs:
-        if not kernel.copy(pool.fd(seg.file), seg.offset, fd, pos, seg.nbytes):
+        src = pool.fd(seg.file)
+        if src is None or not kernel.copy(src, seg.offset, fd, pos, seg.nbytes):  # None: a remote object
             return False
         pos += seg.nbytes
     return True

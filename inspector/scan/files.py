@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.errors import InspectorError, NotACheckpointError, StoreError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ class RankFiles:
     present: int = 0  # files in the tag folder: rank numbers cannot exceed it
 
 
-def classify(tag_dir: str, source: Source) -> RankFiles:
+def classify(tag_dir: str, source: ByteSource) -> RankFiles:
     """Sort a tag folder's files by role and DP rank; reject layouts we do not read yet.
 
     Rank numbers come from file names, so they are bounded by the files present: a stray
@@ -118,11 +118,13 @@ def missing_ranks(found: dict[int, str], expected: int, what: str, tag_dir: str)
     ]
 
 
-def load_or_finding(path: str, source: Source, findings: list[Finding], parse: Callable[[Any, str], T]) -> T | None:
+def load_or_finding(path: str, source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]) -> T | None:
     """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
     parsed becomes an error finding naming it (only the rank-0 model states are essential)."""
     try:
         return parse(load_tree(path, source), path)
+    except StoreError:
+        raise  # the store refused (credentials, throttling): not a finding about the file
     except InspectorError as exc:
         findings.append(Finding(Severity.ERROR, "unreadable", exc.message, path, exc.hint))
         return None

@@ -32,7 +32,8 @@ from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
-from inspector.system.source import Source, open_in
+from inspector.system.bytesource import ByteSource, is_url, source_at
+from inspector.system.source import open_in
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")
 CHUNK_BYTES = 16 << 20
@@ -77,7 +78,7 @@ class UniversalPlan:
     copies: tuple[tuple[str, str], ...]  # (source path, name in the folder): model-states files
     optim_file: str  # rank 0's optimizer file: global state, hyperparameters and steps
     source: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) of every source file
-    sources: tuple[Source, ...] = ()  # the folders the source files are read through
+    sources: tuple[ByteSource, ...] = ()  # the folders (or prefixes) the source files are read through
 
     @property
     def out_dir(self) -> str:
@@ -307,12 +308,12 @@ def _write_locked(
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
 
 
-def _source_of(plan: UniversalPlan, path: str) -> Source:
+def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
     """The checkpoint folder a model-states file is read through (the input boundary opens it)."""
     for src in plan.sources:
         if src.contains(path):
             return src
-    return Source.at(os.path.dirname(os.path.abspath(path)))
+    return source_at(os.path.dirname(path if is_url(path) else os.path.abspath(path)))
 
 
 def default_workers() -> int:
