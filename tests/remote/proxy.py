@@ -1,0 +1,123 @@
+"""An HTTP proxy in front of a local S3 server (moto): adds latency, caps bandwidth per connection, counts
+requests and bytes, and can answer like a hostile or failing store (a status instead of the answer, a lying
+listing). The client under test talks S3 to it as to any endpoint; nothing leaves localhost.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# (method, path with query) -> (status, S3 error code) to answer instead of forwarding, or None
+Fault = Callable[[str, str], tuple[int, str] | None]
+Rewrite = Callable[[str, str, bytes], bytes]  # (method, path, upstream body) -> body sent to the client
+
+_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+
+
+@dataclass
+class Throttle:
+    """What the proxy does to each request; change it between runs (it is read per request)."""
+
+    latency_s: float = 0.0
+    bytes_per_s: float = 0.0  # per connection; 0: unlimited
+    fault: Fault | None = None
+    rewrite: Rewrite | None = None
+    requests: int = 0
+    bytes_out: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        """No delay, no fault, counters at zero."""
+        with self.lock:
+            self.latency_s, self.bytes_per_s, self.fault, self.rewrite = 0.0, 0.0, None, None
+            self.requests = self.bytes_out = 0
+
+    def count(self, nbytes: int) -> None:
+        with self.lock:
+            self.requests += 1
+            self.bytes_out += nbytes
+
+
+class S3Proxy:
+    """`with S3Proxy(upstream_port) as proxy: proxy.url` forwards to moto on 127.0.0.1:upstream_port."""
+
+    def __init__(self, upstream_port: int, throttle: Throttle | None = None) -> None:
+        self.throttle = throttle or Throttle()
+        handler = _handler(upstream_port, self.throttle)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> S3Proxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            if t.latency_s:
+                time.sleep(t.latency_s)
+            fault = t.fault(self.command, self.path) if t.fault else None
+            if fault is not None:
+                status, code = fault
+                data = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+                self._send(status, [("Content-Type", "application/xml")], data)
+                return
+            conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
+            try:
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")
+                }
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                status, out_headers = resp.status, resp.getheaders()
+            finally:
+                conn.close()
+            if t.rewrite is not None:
+                data = t.rewrite(self.command, self.path, data)
+            self._send(status, [(k, v) for k, v in out_headers if k.lower() not in _HOP], data)
+
+        def _send(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
+            self.send_response(status)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self._write(data)
+            t.count(len(data))
+
+        def _write(self, data: bytes) -> None:
+            if not t.bytes_per_s:
+                self.wfile.write(data)
+                return
+            step = 64 << 10
+            start = time.monotonic()
+            for pos in range(0, len(data), step):
+                self.wfile.write(data[pos : pos + step])
+                due = start + (pos + step) / t.bytes_per_s
+                if (wait := due - time.monotonic()) > 0:
+                    time.sleep(wait)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    return Handler

@@ -1,0 +1,239 @@
+"""Checkpoints read straight from a bucket: the same answers as from disk, and clear refusals when the store
+fails or lies. Against moto's real S3 server on localhost, behind tests/remote/proxy.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inspector.errors import EXIT_DAMAGED, EXIT_USAGE, InspectorError
+from inspector.remote.s3 import S3Source
+from inspector.scan.json_view import checkpoint_json
+from inspector.scan.scanner import scan
+from tests.conftest import REPO_ROOT, CliResult
+from tests.remote.conftest import BUCKET, SECRET, SPEC, upload
+from tests.remote.proxy import S3Proxy
+
+
+def _as_local(text: str, url: str, local: Path) -> str:
+    return text.replace(url, str(local))
+
+
+def _clean(result: CliResult) -> None:
+    """A user error: no traceback, no secret, nothing from botocore's internals."""
+    assert "Traceback" not in result.output
+    assert SECRET not in result.output
+
+
+def test_scan_from_a_bucket_equals_the_local_scan(s3_demo: tuple[str, Path]) -> None:
+    url, local = s3_demo
+    remote = json.dumps(checkpoint_json(scan(url)))
+    assert url in remote
+    assert json.loads(_as_local(remote, url, local)) == checkpoint_json(scan(str(local)))
+
+
+def _without_job(data: bytes) -> bytes:
+    """The output with the job fingerprint blanked: it hashes the source's paths and times (for resume), so it
+    differs between any two copies of a checkpoint; everything else must be identical."""
+    return re.sub(rb'(\\"job\\":\\")[0-9a-f]{16}', rb"\g<1>" + b"0" * 16, data, count=1)
+
+
+def test_convert_from_a_bucket_writes_the_local_bytes_reading_only_what_it_needs(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any, tmp_path: Path
+) -> None:
+    url, local = s3_demo
+    remote = cli("convert", url, tmp_path / "remote")
+    assert remote.rc == 0, remote.output
+    fetched = proxy.throttle.bytes_out
+    assert cli("convert", local, tmp_path / "local").rc == 0
+    names = sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "remote").iterdir())
+    for name in names:
+        a, b = (tmp_path / "remote" / name).read_bytes(), (tmp_path / "local" / name).read_bytes()
+        assert _without_job(a) == _without_job(b), name
+    # bf16 out of fp32 masters: the masters and the scan's metadata, not the Adam moments or the module copy
+    total = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+    assert fetched < 0.5 * total, (fetched, total)
+
+
+def test_health_from_a_bucket_equals_local(s3_demo: tuple[str, Path], cli: Any) -> None:
+    url, local = s3_demo
+    remote, here = cli("health", url, "--json"), cli("health", local, "--json")
+    assert remote.rc == here.rc == 0, remote.output
+    a, b = json.loads(_as_local(remote.stdout, url, local)), json.loads(here.stdout)
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b
+
+
+def test_preflight_reads_a_bucket(s3_demo: tuple[str, Path], cli: Any) -> None:
+    url, local = s3_demo
+    remote, here = cli("preflight", url, "--json"), cli("preflight", local, "--json")
+    assert remote.rc == here.rc == 0, remote.output
+    keys = ("output_bytes", "read_bytes", "predicted_peak_rss_bytes")
+    a, b = json.loads(remote.stdout), json.loads(here.stdout)
+    assert [a[k] for k in keys] == [b[k] for k in keys]
+
+
+# -- hostile names -----------------------------------------------------------------------------------------
+
+
+def test_keys_that_are_no_plain_names_are_never_listed_or_opened(
+    s3_client: Any, s3_demo: tuple[str, Path]
+) -> None:
+    url, local = s3_demo
+    tag = f"hostile/run/{json.loads(json.dumps(checkpoint_json(scan(str(local)))))['tag']}"
+    upload(s3_client, local, "hostile/run")
+    planted = [
+        f"{tag}/../../escape.pt",
+        f"{tag}/\x1b[31mzero_pp_rank_9_mp_rank_00_optim_states.pt",
+        f"{tag}//x",
+    ]
+    for key in planted:
+        s3_client.put_object(Bucket=BUCKET, Key=key, Body=b"PK\x03\x04 not a checkpoint")
+    listed = {o["Key"] for o in s3_client.list_objects_v2(Bucket=BUCKET, Prefix=tag)["Contents"]}
+    assert set(planted) <= listed  # the store really holds them, unnormalised
+
+    hostile = f"s3://{BUCKET}/hostile/run"  # a prefix never listed before: no listing of it is cached
+    got = json.loads(json.dumps(checkpoint_json(scan(hostile))).replace(hostile, url))
+    assert got == checkpoint_json(scan(url))  # as if the planted keys were not there
+    src = S3Source.at(hostile, "checkpoint")
+    assert sorted(src.listdir(f"{hostile}/{tag.split('/')[-1]}")) == sorted(
+        p.name for p in (local / tag.split("/")[-1]).iterdir()
+    )
+    for bad in (f"{hostile}/{tag.split('/')[-1]}/../../escape.pt", f"s3://{BUCKET}/runs/demo/latest"):
+        with pytest.raises(InspectorError, match="leads outside"):
+            src.open_handle(bad)
+
+
+def test_a_url_with_dot_segments_is_refused(cli: Any, s3_proxy: S3Proxy) -> None:
+    result = cli("scan", f"s3://{BUCKET}/runs/demo/../demo")
+    assert result.rc == EXIT_USAGE
+    assert "not a plain object path" in result.output
+    _clean(result)
+
+
+# -- a store that lies or fails ----------------------------------------------------------------------------
+
+
+def test_a_declared_size_no_object_can_have_is_refused(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any
+) -> None:
+    url, _ = s3_demo
+    proxy.throttle.rewrite = lambda method, path, body: (
+        re.sub(rb"<Size>\d+</Size>", b"<Size>4611686018427387904</Size>", body)
+        if "global_step" in path
+        else body
+    )
+    result = cli("scan", url)
+    assert result.rc == EXIT_DAMAGED, result.output
+    assert "declares a size no object can have" in result.output
+    _clean(result)
+
+
+def test_a_size_larger_than_the_object_is_a_clear_error(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any
+) -> None:
+    url, _ = s3_demo
+    proxy.throttle.rewrite = lambda method, path, body: (
+        re.sub(rb"<Size>(\d+)</Size>", lambda m: b"<Size>%d</Size>" % (int(m.group(1)) + 4096), body)
+        if "global_step" in path  # the rank folder's listing (`latest` read right would say another thing)
+        else body
+    )
+    result = cli("scan", url)
+    assert result.rc == EXIT_DAMAGED, result.output
+    assert "did not return the" in result.output or "past the listed size" in result.output
+    _clean(result)
+
+
+def test_access_denied_is_a_clear_error(s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any) -> None:
+    proxy.throttle.fault = lambda method, path: (403, "AccessDenied")
+    result = cli("scan", s3_demo[0])
+    assert result.rc == EXIT_USAGE
+    assert "Access denied" in result.output and "s3:GetObject" in result.output
+    _clean(result)
+
+
+def test_listing_allowed_but_reading_denied_is_not_called_a_damaged_file(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any
+) -> None:
+    """A common policy mistake (s3:ListBucket without s3:GetObject): the answer names the permission, not
+    `latest` or a rank file as if they were broken."""
+    proxy.throttle.fault = lambda method, path: None if "list-type=2" in path else (403, "AccessDenied")
+    result = cli("scan", s3_demo[0])
+    assert result.rc == EXIT_USAGE, result.output
+    assert "Access denied" in result.output and "s3:GetObject" in result.output
+    assert "Unsafe tag" not in result.output and "Damaged" not in result.output
+    _clean(result)
+
+
+def test_throttling_is_retried_then_explained(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = s3_demo
+    seen: list[str] = []
+
+    def once(method: str, path: str) -> tuple[int, str] | None:
+        seen.append(path)
+        return (503, "SlowDown") if len(seen) == 1 else None
+
+    proxy.throttle.fault = once
+    assert cli("scan", url).rc == 0  # the first request refused, retried with backoff, then answered
+    assert len(seen) > 1
+    proxy.throttle.fault = lambda method, path: (503, "SlowDown")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    result = cli("scan", url)
+    assert result.rc == EXIT_USAGE
+    assert "kept refusing requests (SlowDown)" in result.output
+    _clean(result)
+
+
+def test_a_missing_bucket_or_prefix_is_named(cli: Any, s3_proxy: S3Proxy) -> None:
+    result = cli("scan", "s3://no-such-bucket/run")
+    assert result.rc == EXIT_USAGE and "bucket does not exist" in result.output
+    _clean(result)
+    result = cli("scan", f"s3://{BUCKET}/runs/nothing-here")
+    assert result.rc == EXIT_USAGE and "does not exist" in result.output
+    _clean(result)
+
+
+def test_no_credentials_is_a_clear_error(
+    cli: Any, s3_proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    result = cli("scan", f"s3://{BUCKET}/runs/demo")
+    assert result.rc == EXIT_USAGE
+    assert "No credentials" in result.output
+    _clean(result)
+
+
+def test_an_endpoint_that_refuses_connections_is_named(
+    cli: Any, s3_proxy: S3Proxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        result = cli("scan", f"s3://{BUCKET}/runs/demo")
+    assert result.rc == EXIT_USAGE
+    assert f"Cannot reach {dead}" in result.output
+    _clean(result)
+
+
+def test_local_paths_never_import_the_client(demo: Any) -> None:
+    """boto3 is the optional `s3` extra: a local scan must not need it, so it must not import it."""
+    code = (
+        "import sys; from inspector.scan.scanner import scan\n"
+        f"scan({str(demo(SPEC))!r})\n"
+        "assert not [m for m in sys.modules if m.startswith(('boto3', 'botocore'))], 'client imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60)
