@@ -16,7 +16,7 @@ from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
-from inspector.system.bytesource import Handle, open_handle_in
+from inspector.system.bytesource import Handle, is_url, open_handle_in
 from inspector.system.units import printable as shown
 
 
@@ -31,6 +31,11 @@ class FilePool:
         self._sources = sources
         self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
+
+    @property
+    def remote(self) -> bool:
+        """Whether any source is on an object store (reads there are round trips worth overlapping)."""
+        return any(is_url(src.root) for src in self._sources)
 
     def handle(self, path: str) -> Handle:
         handle = self._handles.get(path)

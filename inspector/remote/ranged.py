@@ -101,14 +101,8 @@ class S3Handle:
 
 
 def get_range(handle: S3Handle, start: int, view: memoryview) -> None:
-    """Fill `view` with the object's bytes from `start`, exactly; a short or oversized answer is refused."""
-    from botocore.exceptions import (
-        ConnectionClosedError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-    )
-
+    """Fill `view` with the object's bytes from `start`, exactly; a short or oversized answer is refused.
+    Holds one of the store's slots while the request is open, so ZI_S3_INFLIGHT bounds what is in flight."""
     store = handle.store
     n = len(view)
     if start < 0 or start + n > handle.size:
@@ -119,30 +113,45 @@ def get_range(handle: S3Handle, start: int, view: memoryview) -> None:
     if handle.etag:
         kwargs["IfMatch"] = handle.etag
     for attempt in range(_STREAM_TRIES):
-        resp = store.call(handle.path, store.client().get_object, **kwargs)
-        body = resp["Body"]
-        try:
-            if resp.get("ContentLength") != n or not _range_ok(
-                resp.get("ContentRange"), start, n, handle.size
-            ):
-                raise truncated(handle.path, f"the store did not return the {n} bytes asked for at {start}")
-            pos = 0
-            while pos < n:
-                chunk = body.read(min(1 << 20, n - pos))
-                if not chunk:
-                    break
-                view[pos : pos + len(chunk)] = chunk
-                pos += len(chunk)
-            if pos != n:
-                raise truncated(handle.path, f"the object ends before byte {start + n}")
-            store.count(n)
+        with store.slots:
+            broken = _fetch(handle, kwargs, start, view)
+        if broken is None:
             return
-        except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
-            if attempt == _STREAM_TRIES - 1:
-                raise store_error(exc, handle.path) from None
-            time.sleep(0.2 * 2**attempt)
-        finally:
-            body.close()
+        if attempt == _STREAM_TRIES - 1:
+            raise store_error(broken, handle.path) from None
+        time.sleep(0.2 * 2**attempt)
+
+
+def _fetch(handle: S3Handle, kwargs: dict[str, str], start: int, view: memoryview) -> Exception | None:
+    """One ranged GET into `view`: None when filled, or the error of a body that broke off (retryable)."""
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    store, n = handle.store, len(view)
+    resp = store.call(handle.path, store.client().get_object, **kwargs)
+    body = resp["Body"]
+    try:
+        if resp.get("ContentLength") != n or not _range_ok(resp.get("ContentRange"), start, n, handle.size):
+            raise truncated(handle.path, f"the store did not return the {n} bytes asked for at {start}")
+        pos = 0
+        while pos < n:
+            chunk = body.read(min(1 << 20, n - pos))
+            if not chunk:
+                break
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        if pos != n:
+            raise truncated(handle.path, f"the object ends before byte {start + n}")
+    except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
+        return exc
+    finally:
+        body.close()
+    store.count(n)
+    return None
 
 
 def _range_ok(header: object, start: int, n: int, size: int) -> bool:

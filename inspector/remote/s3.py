@@ -100,6 +100,7 @@ class S3Store:
         self.fetched = 0
         self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
+        self.slots = threading.BoundedSemaphore(inflight())  # GETs in flight, however many threads ask
         self._lock = threading.Lock()
         self._listings: dict[str, tuple[float, Listing]] = {}
 

@@ -27,6 +27,7 @@ class Throttle:
     bytes_per_s: float = 0.0  # per connection; 0: unlimited
     fault: Fault | None = None
     rewrite: Rewrite | None = None
+    serve_ranges: bool = False  # answer ranged GETs from a copy of the object fetched once (see _ranged)
     requests: int = 0
     bytes_out: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -35,6 +36,7 @@ class Throttle:
         """No delay, no fault, counters at zero."""
         with self.lock:
             self.latency_s, self.bytes_per_s, self.fault, self.rewrite = 0.0, 0.0, None, None
+            self.serve_ranges = False
             self.requests = self.bytes_out = 0
 
     def count(self, nbytes: int) -> None:
@@ -64,6 +66,8 @@ class S3Proxy:
 
 
 def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
+    objects: dict[str, tuple[bytes, str]] = {}  # path -> (body, ETag), for serve_ranges
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -81,6 +85,14 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
                 data = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
                 self._send(status, [("Content-Type", "application/xml")], data)
                 return
+            if (
+                t.serve_ranges
+                and self.command == "GET"
+                and self.headers.get("Range")
+                and "?" not in self.path
+            ):
+                self._ranged()
+                return
             conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
             try:
                 headers = {
@@ -95,6 +107,42 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
             if t.rewrite is not None:
                 data = t.rewrite(self.command, self.path, data)
             self._send(status, [(k, v) for k, v in out_headers if k.lower() not in _HOP], data)
+
+        def _ranged(self) -> None:
+            """A ranged GET answered from the whole object, fetched from moto once per key and ETag: moto
+            reads the whole object for every ranged GET, which would make moto, not the client, the thing a
+            benchmark measures. Status, headers and If-Match follow S3 (206, Content-Range, 412)."""
+            whole = objects.get(self.path)
+            if whole is None:
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=120)
+                try:
+                    headers = {
+                        k: v for k, v in self.headers.items() if k.lower() not in ("range", "if-match")
+                    }
+                    conn.request("GET", self.path, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    if resp.status != 200:
+                        self._send(resp.status, resp.getheaders(), data)
+                        return
+                    whole = (data, resp.getheader("ETag") or "")
+                    objects[self.path] = whole
+                finally:
+                    conn.close()
+            data, etag = whole
+            if self.headers.get("If-Match") not in (None, etag):
+                self._send(
+                    412,
+                    [("Content-Type", "application/xml")],
+                    b"<Error><Code>PreconditionFailed</Code></Error>",
+                )
+                return
+            first, _, last = self.headers["Range"].removeprefix("bytes=").partition("-")
+            lo, hi = int(first), min(int(last), len(data) - 1)
+            rng = f"bytes {lo}-{hi}/{len(data)}"
+            self._send(
+                206, [("ETag", etag), ("Content-Range", rng), ("Accept-Ranges", "bytes")], data[lo : hi + 1]
+            )
 
         def _send(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
             self.send_response(status)
