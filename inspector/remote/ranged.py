@@ -1,7 +1,8 @@
 """Ranged GETs into caller-owned buffers: several in flight, small reads through a bounded block cache.
 
-A scan makes many tiny reads (zip end records, local headers, pickles of a few KiB); each would be a round
-trip, so they go through 256 KiB blocks kept in a small LRU (8 MiB per bucket, whatever the checkpoint).
+A scan makes many tiny reads (zip local headers of 30 bytes, pickles of a few KiB); each would be a round
+trip, so they go through 64 KiB blocks kept in a small LRU (4 MiB per bucket, whatever the checkpoint): a
+neighbouring read is then free, and a lone one costs 64 KiB, not the object.
 A convert reads large runs (a tensor chunk, adjacent segments already merged by the caller); those bypass
 the cache and are cut into parts fetched in parallel straight into the caller's buffer, so memory stays the
 pipeline's fixed pools. Every answer is checked: exactly the bytes asked for, from an object of the size
@@ -21,9 +22,9 @@ from inspector.remote.errors import store_error, truncated
 if TYPE_CHECKING:
     from inspector.remote.s3 import S3Store
 
-BLOCK = 256 << 10
-SMALL = 64 << 10  # reads up to this size go through the block cache
-CACHE_BLOCKS = 32
+BLOCK = 64 << 10
+SMALL = 32 << 10  # reads up to this size go through the block cache
+CACHE_BLOCKS = 64
 MIN_PART = 512 << 10
 _STREAM_TRIES = 3  # botocore retries a request that fails; a body that breaks off midway is ours to retry
 

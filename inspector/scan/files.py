@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -14,7 +15,7 @@ from inspector.errors import InspectorError, NotACheckpointError, StoreError, Un
 from inspector.format.torchzip import load_tree
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource
+from inspector.system.bytesource import ByteSource, is_url
 
 T = TypeVar("T")
 
@@ -116,6 +117,27 @@ def missing_ranks(found: dict[int, str], expected: int, what: str, tag_dir: str)
         Finding(Severity.ERROR, "missing-rank", f"The {what} file for DP rank {r} is missing.", tag_dir, hint)
         for r in missing
     ]
+
+
+def load_all(
+    paths: list[tuple[int, str]], source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]
+) -> dict[int, T | None]:
+    """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
+    loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
+    read one file after another would spend minutes waiting."""
+    if len(paths) < 2 or not is_url(source.root):
+        return {r: load_or_finding(p, source, findings, parse) for r, p in paths}
+    from inspector.remote.s3 import inflight
+
+    def one(item: tuple[int, str]) -> tuple[T | None, list[Finding]]:
+        own: list[Finding] = []
+        return load_or_finding(item[1], source, own, parse), own
+
+    with ThreadPoolExecutor(min(inflight(), len(paths)), thread_name_prefix="zi-scan") as pool:
+        done = list(pool.map(one, paths))
+    for _, own in done:
+        findings += own
+    return {r: value for (r, _), (value, _) in zip(paths, done, strict=True)}
 
 
 def load_or_finding(path: str, source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]) -> T | None:

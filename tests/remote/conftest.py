@@ -21,6 +21,8 @@ moto_server = pytest.importorskip("moto.server")
 BUCKET = "ckpt"
 SECRET = "zi-test-secret-never-printed"
 SPEC = DemoSpec()  # stage 2, 2 ranks, bf16 with fp32 masters, 2M parameters
+# stage 3 on 4 ranks: per-parameter partitions, a run in every rank file per chunk, the rank proof's reads
+SPEC3 = DemoSpec(stage=3, world_size=4, params=1_000_000)
 
 
 @pytest.fixture(scope="session")
@@ -75,5 +77,13 @@ def s3_client(s3_proxy: S3Proxy) -> Any:
 def s3_demo(s3_client: Any, demo: Any) -> tuple[str, Path]:
     """(URL, local root) of the same demo checkpoint in the bucket and on disk."""
     local = demo(SPEC)
-    upload(s3_client, local, "runs/demo")
-    return f"s3://{BUCKET}/runs/demo", local
+    upload(s3_client, local, "stage2/demo")
+    return f"s3://{BUCKET}/stage2/demo", local
+
+
+@pytest.fixture(scope="session")
+def s3_demo3(s3_client: Any, demo: Any) -> tuple[str, Path]:
+    """The stage-3 demo, in the bucket and on disk."""
+    local = demo(SPEC3)
+    upload(s3_client, local, "stage3/demo")  # its own first-level prefix: listings are kept 10 s
+    return f"s3://{BUCKET}/stage3/demo", local
