@@ -70,6 +70,8 @@ def test_convert_from_a_bucket_writes_the_local_bytes_reading_only_what_it_needs
     files = [p for p in local.rglob("*") if p.is_file()]
     assert fetched <= 1.05 * need + len(files) * (512 << 10), (fetched, need)
     assert fetched < 0.6 * sum(p.stat().st_size for p in files)
+    checked = cli("verify", url, tmp_path / "remote")  # every output byte against the bucket's
+    assert checked.rc == 0, checked.output
 
 
 def test_health_from_a_bucket_equals_local(s3_demo: tuple[str, Path], cli: Any) -> None:
