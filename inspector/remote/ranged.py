@@ -37,6 +37,9 @@ class BlockCache:
         self._limit = blocks
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self._blocks)
+
     def get(self, key: tuple[str, str, int]) -> bytes | None:
         with self._lock:
             data = self._blocks.get(key)

@@ -28,6 +28,7 @@ class Throttle:
     fault: Fault | None = None
     rewrite: Rewrite | None = None
     serve_ranges: bool = False  # answer ranged GETs from a copy of the object fetched once (see _ranged)
+    cut: Callable[[str, str], bool] | None = None  # (method, path) -> send half the body, then hang up
     requests: int = 0
     bytes_out: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -37,6 +38,7 @@ class Throttle:
         with self.lock:
             self.latency_s, self.bytes_per_s, self.fault, self.rewrite = 0.0, 0.0, None, None
             self.serve_ranges = False
+            self.cut = None
             self.requests = self.bytes_out = 0
 
     def count(self, nbytes: int) -> None:
@@ -150,7 +152,10 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
                 self.send_header(k, v)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            if self.command != "HEAD":
+            if self.command != "HEAD" and t.cut is not None and t.cut(self.command, self.path):
+                self.wfile.write(data[: len(data) // 2])  # the declared length never arrives
+                self.close_connection = True
+            elif self.command != "HEAD":
                 self._write(data)
             t.count(len(data))
 

@@ -184,6 +184,45 @@ def test_listing_allowed_but_reading_denied_is_not_called_a_damaged_file(
     _clean(result)
 
 
+def test_a_body_cut_off_midway_is_fetched_again(s3_demo: tuple[str, Path], proxy: S3Proxy) -> None:
+    """botocore retries a request that fails, not a body that breaks off after the headers: ours does."""
+    url, local = s3_demo
+    cuts: list[str] = []
+
+    def first_data_read(method: str, path: str) -> bool:
+        cut = method == "GET" and "optim_states" in path and not cuts
+        if cut:
+            cuts.append(path)
+        return cut
+
+    proxy.throttle.cut = first_data_read
+    name = next(p for p in sorted(local.rglob("*optim_states.pt")))
+    rel = name.relative_to(local).as_posix()
+    handle = S3Source.at(url).open_handle(f"{url}/{rel}")
+    want = name.read_bytes()[1000 : 1000 + (3 << 20)]
+    assert handle.pread(3 << 20, 1000) == want
+    assert cuts  # the cut really happened, and the read still returned the right bytes
+
+
+def test_small_reads_come_from_a_bounded_cache_and_match_the_file(s3_demo: tuple[str, Path]) -> None:
+    """The scan's small reads go through 64 KiB blocks: any offset and length, across block edges, gives the
+    file's bytes, and the cache never holds more than its limit."""
+    import random
+
+    from inspector.remote.ranged import BLOCK, CACHE_BLOCKS, SMALL
+
+    url, local = s3_demo
+    name = next(p for p in sorted(local.rglob("*optim_states.pt")))
+    data = name.read_bytes()
+    handle = S3Source.at(url).open_handle(f"{url}/{name.relative_to(local).as_posix()}")
+    rng = random.Random(19)
+    spots = [(BLOCK - 5, 10), (len(data) - 7, 30), (0, SMALL), (2 * BLOCK - 1, SMALL)]
+    spots += [(rng.randrange(len(data)), rng.randrange(1, SMALL + 1)) for _ in range(200)]
+    for offset, n in spots:
+        assert handle.pread(n, offset) == data[offset : offset + n], (offset, n)
+    assert len(handle.store.cache) <= CACHE_BLOCKS
+
+
 def test_throttling_is_retried_then_explained(
     s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
