@@ -223,6 +223,16 @@ def test_small_reads_come_from_a_bounded_cache_and_match_the_file(s3_demo: tuple
     assert len(handle.store.cache) <= CACHE_BLOCKS
 
 
+def test_an_object_rewritten_while_open_is_refused_not_mixed(s3_client: Any, s3_proxy: S3Proxy) -> None:
+    """Every GET carries the listed ETag (If-Match): bytes of a newer save never mix into an older one's."""
+    s3_client.put_object(Bucket=BUCKET, Key="rewritten/run/file.pt", Body=b"a" * 200_000)
+    handle = S3Source.at(f"s3://{BUCKET}/rewritten/run").open_handle(f"s3://{BUCKET}/rewritten/run/file.pt")
+    assert handle.pread(10, 0) == b"a" * 10
+    s3_client.put_object(Bucket=BUCKET, Key="rewritten/run/file.pt", Body=b"b" * 200_000)
+    with pytest.raises(InspectorError, match="changed while it was read"):
+        handle.pread(100_000, 100_000)
+
+
 def test_throttling_is_retried_then_explained(
     s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
