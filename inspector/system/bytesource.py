@@ -98,16 +98,11 @@ def open_handle_in(path: str, sources: tuple[ByteSource, ...] = ()) -> Handle:
     if not sources:
         parent = os.path.dirname(path) if is_url(path) else os.path.dirname(os.path.abspath(path))
         full = path if is_url(path) else os.path.abspath(path)
-        src = source_at(parent)
-        return _handle(src, full)
+        return source_at(parent).open_handle(full)
     for src in sources:
         if src.contains(path):
-            return _handle(src, path)
+            return src.open_handle(path)
     raise outside(path, sources[0].root, sources[0].label)
-
-
-def _handle(src: ByteSource, path: str) -> Handle:
-    return src.open_handle(path)
 
 
 # -- the few tree questions `locate` asks, for either kind of path ------------------------------------------
@@ -116,17 +111,21 @@ def _handle(src: ByteSource, path: str) -> Handle:
 
 
 def names_in(path: str) -> list[str]:
-    """Every entry of a folder (OSError locally when it cannot be listed)."""
+    """Every entry of a folder (OSError when there is no such folder, as os.listdir)."""
     if is_url(path):
-        return _remote(path).listdir(path)
+        src = _remote(path)
+        if src.kind(path) != "dir":
+            raise FileNotFoundError(path)
+        names: list[str] = src.listdir(path)
+        return names
     return os.listdir(path)
 
 
 def subdirs(path: str) -> list[str]:
-    """The folders directly inside `path` (OSError locally when it cannot be listed)."""
+    """The folders directly inside `path` (OSError when there is no such folder, as os.scandir)."""
     if is_url(path):
         src = _remote(path)
-        return [n for n in src.listdir(path) if src.kind(src.join(path, n)) == "dir"]
+        return [n for n in names_in(path) if src.kind(src.join(path, n)) == "dir"]
     return [e.name for e in os.scandir(path) if e.is_dir()]
 
 

@@ -45,6 +45,13 @@ def test_scan_from_a_bucket_equals_the_local_scan(either: tuple[str, Path]) -> N
     assert json.loads(_as_local(remote, url, local)) == checkpoint_json(scan(str(local)))
 
 
+def test_a_tag_folder_url_scans_like_the_local_tag_folder(s3_demo: tuple[str, Path]) -> None:
+    url, local = s3_demo
+    tag = next(p.name for p in local.iterdir() if p.is_dir())
+    remote = json.dumps(checkpoint_json(scan(f"{url}/{tag}/")))  # a trailing slash, as users paste it
+    assert json.loads(_as_local(remote, url, local)) == checkpoint_json(scan(str(local / tag)))
+
+
 def _without_job(data: bytes) -> bytes:
     """The output with the job fingerprint blanked: it hashes the source's paths and times (for resume), so it
     differs between any two copies of a checkpoint; everything else must be identical."""
