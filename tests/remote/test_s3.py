@@ -261,6 +261,21 @@ def test_throttling_is_retried_then_explained(
     _clean(result)
 
 
+def test_an_object_gone_after_listing_is_a_finding_on_that_file(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any
+) -> None:
+    """Deleted between the listing and the read (another job pruning checkpoints): that rank file is
+    reported unreadable, as a vanished local file is, and the scan says the checkpoint is damaged."""
+    proxy.throttle.fault = lambda method, path: (
+        (404, "NoSuchKey") if method == "GET" and "rank_1_mp_rank_00_optim" in path else None
+    )
+    result = cli("scan", s3_demo[0], "--json")
+    assert result.rc == EXIT_DAMAGED, result.output
+    found = [f for f in json.loads(result.stdout)["findings"] if f["code"] == "unreadable"]
+    assert len(found) == 1 and "rank_1_mp_rank_00_optim" in found[0]["file"]
+    assert "gone" in found[0]["message"]
+
+
 def test_a_missing_bucket_or_prefix_is_named(cli: Any, s3_proxy: S3Proxy) -> None:
     result = cli("scan", "s3://no-such-bucket/run")
     assert result.rc == EXIT_USAGE and "bucket does not exist" in result.output
