@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -16,8 +16,11 @@ from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
-from inspector.system.bytesource import Handle, is_url, open_handle_in
+from inspector.system.bytesource import ByteSource, Handle, is_url, open_handle_in
 from inspector.system.units import printable as shown
+
+if TYPE_CHECKING:
+    from inspector.remote.ranged import S3Handle
 
 
 class FilePool:
@@ -27,7 +30,7 @@ class FilePool:
     folder): a path that leads out of them is refused, as scan refuses it. A local handle is a descriptor
     read with `preadv`; a remote one fetches ranges, several in flight (`inspector.system.bytesource`)."""
 
-    def __init__(self, *sources: Any) -> None:
+    def __init__(self, *sources: ByteSource) -> None:
         self._sources = sources
         self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
@@ -62,7 +65,7 @@ class FilePool:
     def read_runs(self, runs: Sequence[tuple[str, int, memoryview]]) -> None:
         """Fill every (path, offset, view): local runs one by one, runs on an object store together, several
         requests in flight (a stage-3 chunk has a run in every rank's file)."""
-        remote = []
+        remote: list[tuple[S3Handle, int, memoryview]] = []
         for path, offset, view in runs:
             handle = self.handle(path)
             if handle.fileno() is not None or len(runs) == 1:
@@ -70,11 +73,11 @@ class FilePool:
             elif offset + len(view) > handle.size:
                 raise _short(path, offset + len(view))
             else:
-                remote.append((handle, offset, view))
+                remote.append((cast("S3Handle", handle), offset, view))
         if remote:
             from inspector.remote.ranged import fetch_many
 
-            fetch_many(remote)  # type: ignore[arg-type]
+            fetch_many(remote)
 
     def close(self) -> None:
         with self._lock:

@@ -26,6 +26,8 @@ class Throttle:
     latency_s: float = 0.0
     bytes_per_s: float = 0.0  # per connection; 0: unlimited
     fault: Fault | None = None
+    # (path, first byte, length) of a ranged GET -> (status, S3 error code) to answer instead, or None
+    fault_at: Callable[[str, int, int], tuple[int, str] | None] | None = None
     rewrite: Rewrite | None = None
     serve_ranges: bool = False  # answer ranged GETs from a copy of the object fetched once (see _ranged)
     cut: Callable[[str, str], bool] | None = None  # (method, path) -> send half the body, then hang up
@@ -37,6 +39,7 @@ class Throttle:
         """No delay, no fault, counters at zero."""
         with self.lock:
             self.latency_s, self.bytes_per_s, self.fault, self.rewrite = 0.0, 0.0, None, None
+            self.fault_at = None
             self.serve_ranges = False
             self.cut = None
             self.requests = self.bytes_out = 0
@@ -82,6 +85,10 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
             if t.latency_s:
                 time.sleep(t.latency_s)
             fault = t.fault(self.command, self.path) if t.fault else None
+            rng = self.headers.get("Range", "")
+            if fault is None and t.fault_at is not None and rng.startswith("bytes="):
+                first, _, last = rng.removeprefix("bytes=").partition("-")
+                fault = t.fault_at(self.path, int(first), int(last) - int(first) + 1)
             if fault is not None:
                 status, code = fault
                 data = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()

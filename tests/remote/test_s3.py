@@ -81,6 +81,32 @@ def test_convert_from_a_bucket_writes_the_local_bytes_reading_only_what_it_needs
     assert checked.rc == 0, checked.output
 
 
+def test_a_read_failing_mid_convert_stops_it_and_leaves_no_partial_output(
+    s3_demo: tuple[str, Path], proxy: S3Proxy, cli: Any, tmp_path: Path
+) -> None:
+    """The failure of a read started ahead (the chunk queued while its bytes are still coming) reaches the
+    converter like any read error: a clear message, a non-zero exit, the partial shard removed."""
+    url, _ = s3_demo
+    data_reads: list[
+        int
+    ] = []  # the scan reads 64 KiB blocks and a zip tail; tensor data comes in larger parts
+
+    def deny_data(path: str, first: int, length: int) -> tuple[int, str] | None:
+        if length < 256 << 10:
+            return None
+        data_reads.append(first)
+        return (403, "AccessDenied") if len(data_reads) > 3 else None  # a few chunks through, then refused
+
+    proxy.throttle.fault_at = deny_data
+    out = tmp_path / "out"
+    result = cli("convert", url, out)
+    assert result.rc == EXIT_USAGE, result.output
+    assert "Access denied" in result.output
+    _clean(result)
+    assert len(data_reads) > 3  # it failed while converting, not while scanning
+    assert not [p.name for p in out.rglob("*") if p.suffix == ".safetensors" or ".tmp" in p.name]
+
+
 def test_health_from_a_bucket_equals_local(s3_demo: tuple[str, Path], cli: Any) -> None:
     url, local = s3_demo
     remote, here = cli("health", url, "--json"), cli("health", local, "--json")
