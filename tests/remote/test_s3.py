@@ -20,6 +20,8 @@ from tests.conftest import REPO_ROOT, CliResult
 from tests.remote.conftest import BUCKET, SECRET, SPEC, upload
 from tests.remote.proxy import S3Proxy
 
+pytestmark = pytest.mark.s3  # tox -e s3: each test runs the CLI a few times, too slow for the quick unit run
+
 
 def _as_local(text: str, url: str, local: Path) -> str:
     return text.replace(url, str(local))
@@ -78,6 +80,23 @@ def test_convert_from_a_bucket_writes_the_local_bytes_reading_only_what_it_needs
     assert fetched <= 1.05 * need + len(files) * (512 << 10), (fetched, need)
     assert fetched < 0.6 * sum(p.stat().st_size for p in files)
     checked = cli("verify", url, tmp_path / "remote")  # every output byte against the bucket's
+    assert checked.rc == 0, checked.output
+
+
+def test_a_universal_export_from_a_bucket_equals_the_local_one(
+    s3_demo: tuple[str, Path], cli: Any, tmp_path: Path
+) -> None:
+    url, local = s3_demo
+    assert cli("convert", url, tmp_path / "remote", "--format", "universal").rc == 0
+    assert cli("convert", local, tmp_path / "local", "--format", "universal").rc == 0
+    files = sorted(p.relative_to(tmp_path / "local") for p in (tmp_path / "local").rglob("*") if p.is_file())
+    assert len(files) > 10
+    assert files == sorted(
+        p.relative_to(tmp_path / "remote") for p in (tmp_path / "remote").rglob("*") if p.is_file()
+    )
+    for rel in files:
+        assert (tmp_path / "remote" / rel).read_bytes() == (tmp_path / "local" / rel).read_bytes(), rel
+    checked = cli("verify", url, tmp_path / "remote")
     assert checked.rc == 0, checked.output
 
 

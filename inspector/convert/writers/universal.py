@@ -32,7 +32,7 @@ from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
-from inspector.system.bytesource import ByteSource, is_url, source_at
+from inspector.system.bytesource import ByteSource, is_url, size_and_mtime, source_at
 from inspector.system.source import open_in
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")
@@ -98,13 +98,13 @@ class UniversalPlan:
         same ones `total_bytes` adds up)."""
         sizes = {f.rel: f.nbytes + FILE_OVERHEAD + 7 * len(f.state) for f in self.files}
         sizes |= {f"zero/{name}/step.pt": SMALL_FILE for name, _ in self.step_params}
-        sizes |= {name: os.path.getsize(src) for src, name in self.copies}
+        sizes |= {name: size_and_mtime(src)[0] for src, name in self.copies}
         sizes["zero/optimizer_state.pt"] = OPTIMIZER_STATE_ESTIMATE
         return sizes
 
     @property
     def total_bytes(self) -> int:
-        copies = sum(os.path.getsize(src) for src, _ in self.copies)
+        copies = sum(size_and_mtime(src)[0] for src, _ in self.copies)
         overhead = sum(FILE_OVERHEAD + 7 * len(f.state) for f in self.files)
         small = len(self.step_params) * SMALL_FILE + OPTIMIZER_STATE_ESTIMATE
         return self.tensor_bytes + copies + overhead + small
