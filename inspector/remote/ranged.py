@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from inspector.remote.errors import store_error, truncated
 
 if TYPE_CHECKING:
-    from inspector.remote.s3 import S3Store
+    from inspector.remote.store import S3Store
 
 BLOCK = 64 << 10
 SMALL = 32 << 10  # reads up to this size go through the block cache
@@ -165,7 +165,7 @@ def _range_ok(header: object, start: int, n: int, size: int) -> bool:
 
 def fetch_many(reads: list[tuple[S3Handle, int, memoryview]]) -> None:
     """Fill every (handle, offset, view), each cut into parts, up to the store's limit in flight at once."""
-    from inspector.remote.s3 import inflight
+    from inspector.remote.store import inflight
 
     width = inflight()
     parts: list[tuple[S3Handle, int, memoryview]] = []
