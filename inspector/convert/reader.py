@@ -1,7 +1,8 @@
 """Positioned reads of exactly the bytes a tensor needs, into caller-owned buffers.
 
-Files are opened O_RDONLY through the confined source (regular files inside the checkpoint only) and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
-into our address space (RSS stays honest), and several threads can share one descriptor.
+Files are opened through the confined byte source (regular files inside the checkpoint's folder or bucket
+prefix only): locally O_RDONLY and read with `os.preadv`, remotely by ranged GETs. A checkpoint is never
+modified, nothing is mapped into our address space (RSS stays honest), and threads share one handle.
 """
 
 from __future__ import annotations

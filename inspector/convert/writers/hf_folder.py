@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from inspector.convert.options import ConvertOptions
 from inspector.errors import CorruptFileError, InspectorError
 from inspector.scan.model import Checkpoint, Kind
-from inspector.system.bytesource import ByteSource, size_and_mtime
+from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
 from inspector.system.source import Source
 
 CONFIG = "config.json"
@@ -112,7 +112,7 @@ def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFil
             out.append(f)
             continue
         try:
-            cfg = (f.origin or Source.at(os.path.dirname(f.source))).read_json(f.source, _CONFIG_MAX, "config")
+            cfg = (f.origin or source_at(os.path.dirname(f.source))).read_json(f.source, _CONFIG_MAX, "config")
         except InspectorError:
             out.append(f)  # copied as is; from_pretrained will say what is wrong with it
             continue
