@@ -72,6 +72,14 @@ def _escape(text: str) -> str:
     return "".join(ascii(c)[1:-1] if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F else c for c in text)
 
 
+class StoreError(InspectorError):
+    """An object store could not be used (credentials, permissions, a missing bucket, the network): never a
+    finding about the checkpoint, whose files may be fine."""
+
+    title = "Object store error"
+    exit_code = EXIT_USAGE
+
+
 class UnsupportedCheckpointError(InspectorError):
     """A valid checkpoint of a kind we do not handle yet (pipeline, MoE, tensor parallel, ...)."""
 

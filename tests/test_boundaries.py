@@ -8,7 +8,9 @@ import is still a dependency), so a rule cannot pass just because an import happ
     scan/               locate, layout, model, scanner
     parse/              the input boundary's typed records and the one name rule
     format/             on-disk formats (zip, pickle, safetensors bytes)
-    system/             the machine (memory limits, RSS, units) and the confined byte source
+    system/  remote/    the machine (memory limits, RSS, units) and the confined byte sources: a local
+                        folder (system/source) or an object-store prefix (remote/, reached from
+                        system/bytesource for URLs only); both apply the one name rule (parse/names)
     errors              shared by all
 """
 
@@ -25,6 +27,8 @@ PKG = Path(__file__).resolve().parents[1] / "inspector"
 FORBIDDEN: dict[str, set[str]] = {
     "format": {"parse", "scan", "convert", "cli", "tui", "demo", "health"},
     "system": {"format", "parse", "scan", "convert", "cli", "tui", "demo", "health"},
+    # the object-store byte sources: beside system/, which dispatches URLs to them; of parse/ only the name rule
+    "remote": {"format", "scan", "convert", "cli", "tui", "demo", "health"},
     "parse": {"scan", "convert", "cli", "tui", "demo", "health"},
     "scan": {"convert", "cli", "tui", "demo", "health"},
     "convert": {"cli", "tui", "demo", "health"},
@@ -94,6 +98,19 @@ def test_layer_rules(module: str) -> None:
             if target in FORBIDDEN.get(layer, set()) and (module, target) not in ENTRY_EXCEPTIONS:
                 bad.append(f"{imp} ({layer}/ must not depend on {target}/)")
     assert not bad, f"inspector/{module.replace('.', '/')}: " + "; ".join(bad)
+
+
+def test_remote_takes_only_the_name_rule_from_parse() -> None:
+    """remote/ sits with system/ below format/: the one name rule is all it may take from parse/, and that
+    rule depends on nothing but the errors, so system/ -> remote/ reaches no higher layer."""
+    mods = _modules()
+    remote = [m for m in mods if _layer(m) == "remote"]
+    assert "remote.s3" in remote
+    for m in remote:
+        from_parse = {i for i in _imports(mods[m]) if i.startswith("inspector.parse")}
+        assert from_parse <= {"inspector.parse.names", "inspector.parse.names.name_problem"}, (m, from_parse)
+    deps = {i for i in _imports(mods["parse.names"]) if i.startswith("inspector.")}
+    assert {d.split(".")[1] for d in deps} <= {"errors"}, deps
 
 
 def test_no_import_cycles() -> None:

@@ -116,3 +116,13 @@ def test_one_dtype_table() -> None:
         if entry.search(line) or ml.search(line)
     ]
     assert not found, "private dtype tables; derive them from inspector/format/dtypes.py:\n" + "\n".join(found)
+
+
+def test_the_core_leaves_the_object_store_client_to_s3_urls() -> None:
+    """boto3 is the optional `s3` extra, imported only when an s3:// path is read (tests/remote checks a whole
+    local scan); importing the core must not load it."""
+    loaded = _modules_after_import(", ".join(CORE))
+    assert "inspector.system.bytesource" in loaded  # the probe really imported the byte-source seam
+    client = sorted(m for m in loaded if m.split(".")[0] in ("boto3", "botocore"))
+    assert not client, f"the core imports the S3 client: {client[:3]}"
+    assert "inspector.remote.s3" not in loaded

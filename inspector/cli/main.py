@@ -22,7 +22,7 @@ from inspector import __version__
 from inspector.cli.console import console as _console
 from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import stdout_closed
-from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError
+from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 
 
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
@@ -30,6 +30,8 @@ def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
     `checkpoint-N/`): the refusal names them, as the app finds them, instead of only "no checkpoint"."""
     from inspector.scan.locate import discover_roots
 
+    if isinstance(exc, StoreError):  # the store refused: asking it again for a listing would only repeat that
+        return exc
     roots = [r for r in discover_roots(path) if os.path.abspath(r) != os.path.abspath(path)]
     if not roots:
         return exc

@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +42,7 @@ class _Chunk:
     src: np.ndarray | None = None  # uint8 buffer holding source bytes
     out: np.ndarray | None = None
     copied: bool = False  # already copied file to file by the reader; only to be counted
+    pending: Future[int] | None = None  # the read still filling `src` (sources on an object store)
 
 
 PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]  # (source, output) buffers
@@ -123,7 +125,8 @@ class _KernelCopy:
 def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: list[Segment], pos: int) -> bool:
     """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
     for seg in segs:
-        if not kernel.copy(pool.fd(seg.file), seg.offset, fd, pos, seg.nbytes):
+        src = pool.fd(seg.file)
+        if src is None or not kernel.copy(src, seg.offset, fd, pos, seg.nbytes):  # None: a remote object
             return False
         pos += seg.nbytes
     return True
@@ -148,9 +151,14 @@ class _ShardIO:
 
 
 def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> None:
-    """Reader thread: queue each chunk's source bytes (or a kernel-copied marker) in file order."""
+    """Reader thread: queue each chunk's source bytes (or a kernel-copied marker) in file order.
+
+    From an object store a chunk's read is a round trip: it is started and queued at once, so up to
+    PIPELINE_DEPTH chunks (the source buffers there are) are in flight while earlier ones are cast and
+    written; the consumer waits for each in order. Local reads stay synchronous (pread is not a round trip)."""
     shard, index, stop, read_q, cancel = io.shard, io.index, io.stop, io.read_q, io.cancel
     base = len(shard.header)
+    ahead = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="zi-read") if pool.remote else None
     try:
         for t in shard.tensors:
             pos = base + t.offset
@@ -167,8 +175,12 @@ def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> No
                 buf = _take(io.src_pool, stop)
                 if buf is None or cancel.is_set():
                     return
-                read_segments_into(pool, segs, buf)
-                if not _put(read_q, _Chunk(index, t, pos, n, src=buf), stop):
+                chunk = _Chunk(index, t, pos, n, src=buf)
+                if ahead is not None:
+                    chunk.pending = ahead.submit(read_segments_into, pool, segs, buf)
+                else:
+                    read_segments_into(pool, segs, buf)
+                if not _put(read_q, chunk, stop):
                     return
                 pos += n * osz
     except BaseException as exc:
@@ -176,6 +188,8 @@ def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> No
         stop.set()
     finally:
         _put(read_q, None, stop)
+        if ahead is not None:  # no read may fill a buffer after the shard is done with it
+            ahead.shutdown(wait=True)
 
 
 def _writer(io: _ShardIO) -> None:
@@ -267,6 +281,10 @@ def write_shard(
         current = ""
         while (c := _get(io.read_q, stop)) is not None:
             if cancel.is_set():
+                stop.set()
+                break
+            if c.pending is not None and (exc := c.pending.exception()) is not None:
+                errors.append(exc)
                 stop.set()
                 break
             if not _convert(io, c):

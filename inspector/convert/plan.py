@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from inspector.convert.options import SOURCES, ConvertOptions, Named, check_inputs, name_tensors
 from inspector.format.dtypes import SAFETENSORS_CODES, itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource
 
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
@@ -96,7 +96,7 @@ class ConversionPlan:
     aliases: dict[str, str] = field(default_factory=dict)  # deduped tied names -> stored owner
     fingerprint: str = ""
     read_bytes_by_source: dict[str, int] = field(default_factory=dict)  # what each --source would read
-    sources: tuple[Source, ...] = ()  # the folders every segment is read through (checkpoint, base model)
+    sources: tuple[ByteSource, ...] = ()  # the folders every segment is read through (checkpoint, base model)
 
     @property
     def output_bytes(self) -> int:

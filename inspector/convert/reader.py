@@ -1,15 +1,15 @@
 """Positioned reads of exactly the bytes a tensor needs, into caller-owned buffers.
 
-Files are opened O_RDONLY through the confined source (regular files inside the checkpoint only) and read with `os.preadv`, so a checkpoint is never modified, nothing is mapped
-into our address space (RSS stays honest), and several threads can share one descriptor.
+Files are opened through the confined byte source (regular files inside the checkpoint's folder or bucket
+prefix only): locally O_RDONLY and read with `os.preadv`, remotely by ranged GETs. A checkpoint is never
+modified, nothing is mapped into our address space (RSS stays honest), and threads share one handle.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -17,63 +17,87 @@ from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
-from inspector.system.source import Source, open_in
+from inspector.system.bytesource import ByteSource, Handle, is_url, open_handle_in
+from inspector.system.units import printable as shown
+
+if TYPE_CHECKING:
+    from inspector.remote.ranged import S3Handle
 
 
 class FilePool:
-    """Read-only descriptors shared by reader threads (pread needs no seek, so no locking per read).
+    """Open handles shared by reader threads (positioned reads need no seek, so no locking per read).
 
-    Every file is opened through one of `sources` (the checkpoint's folder, a base model's folder): a path
-    that leads out of them is refused, as scan refuses it."""
+    Every file is opened through one of `sources` (the checkpoint's folder or bucket prefix, a base model's
+    folder): a path that leads out of them is refused, as scan refuses it. A local handle is a descriptor
+    read with `preadv`; a remote one fetches ranges, several in flight (`inspector.system.bytesource`)."""
 
-    def __init__(self, *sources: Source) -> None:
+    def __init__(self, *sources: ByteSource) -> None:
         self._sources = sources
-        self._fds: dict[str, int] = {}
+        self._handles: dict[str, Handle] = {}
         self._lock = threading.Lock()
 
-    def fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
+    @property
+    def remote(self) -> bool:
+        """Whether any source is on an object store (reads there are round trips worth overlapping)."""
+        return any(is_url(src.root) for src in self._sources)
+
+    def handle(self, path: str) -> Handle:
+        handle = self._handles.get(path)
+        if handle is None:
             with self._lock:
-                fd = self._fds.get(path)
-                if fd is None:
+                handle = self._handles.get(path)
+                if handle is None:
                     # as scan opens it: a regular file or a clear refusal, never a hang on a FIFO that
                     # was swapped in after the scan
-                    fd = open_in(path, self._sources)
-                    self._fds[path] = fd
-        return fd
+                    handle = open_handle_in(path, self._sources)
+                    self._handles[path] = handle
+        return handle
+
+    def fd(self, path: str) -> int | None:
+        """The file's local descriptor (for kernel copies), or None when it is a remote object."""
+        return self.handle(path).fileno()
 
     def read_into(self, path: str, offset: int, view: memoryview) -> None:
         """Fill `view` from `path` at `offset`, or raise a clear error if the file is shorter."""
-        fd = self.fd(path)
-        done = 0
-        total = len(view)
-        while done < total:
-            try:
-                n = os.preadv(fd, [view[done:]], offset + done)
-            except OSError as exc:
-                raise CorruptFileError(
-                    f"{path}: read failed at byte {offset + done} ({exc.strerror}).",
-                    hint="The disk or file system reported an error.",
-                ) from None
-            if n == 0:
-                raise CorruptFileError(
-                    f"{path}: the file ends before byte {offset + total}; it is truncated.",
-                    hint="Copy the checkpoint again from its source.",
-                )
-            done += n
+        handle = self.handle(path)
+        if handle.read_into(offset, view) < len(view):
+            raise _short(path, offset + len(view))
+
+    def read_runs(self, runs: Sequence[tuple[str, int, memoryview]]) -> None:
+        """Fill every (path, offset, view): local runs one by one, runs on an object store together, several
+        requests in flight (a stage-3 chunk has a run in every rank's file)."""
+        remote: list[tuple[S3Handle, int, memoryview]] = []
+        for path, offset, view in runs:
+            handle = self.handle(path)
+            if handle.fileno() is not None or len(runs) == 1:
+                self.read_into(path, offset, view)
+            elif offset + len(view) > handle.size:
+                raise _short(path, offset + len(view))
+            else:
+                remote.append((cast("S3Handle", handle), offset, view))
+        if remote:
+            from inspector.remote.ranged import fetch_many
+
+            fetch_many(remote)
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            for handle in self._handles.values():
+                handle.close()
+            self._handles.clear()
 
     def __enter__(self) -> FilePool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _short(path: str, end: int) -> CorruptFileError:
+    return CorruptFileError(
+        f"{shown(path)}: the file ends before byte {end}; it is truncated.",
+        hint="Copy the checkpoint again from its source.",
+    )
 
 
 def byte_view(a: np.ndarray[Any, Any]) -> memoryview:
@@ -109,11 +133,17 @@ def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[list[
 def read_segments_into(pool: FilePool, segments: Iterable[Segment], out: np.ndarray[Any, Any]) -> int:
     """Read segments back to back into the flat array `out`; returns bytes read."""
     view = byte_view(out)
+    runs: list[tuple[str, int, memoryview]] = []
     pos = 0
-    for seg in segments:
+    for seg in segments:  # segments adjacent in one file are read as one run (one GET on a store)
         n = seg.nbytes
-        pool.read_into(seg.file, seg.offset, view[pos : pos + n])
+        if runs and runs[-1][0] == seg.file and runs[-1][1] + len(runs[-1][2]) == seg.offset:
+            path, offset, _ = runs[-1]
+            runs[-1] = (path, offset, view[pos - (seg.offset - offset) : pos + n])
+        else:
+            runs.append((seg.file, seg.offset, view[pos : pos + n]))
         pos += n
+    pool.read_runs(runs)
     return pos
 
 

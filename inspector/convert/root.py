@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import zlib
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from typing import BinaryIO
 
 from inspector.errors import OutputError
 from inspector.parse.names import escaped, name_problem
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource
 
 LOCK = ".zero-inspector.lock"
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -349,15 +348,22 @@ class OutputRoot:
         """`rel` holding exactly `data`, in place all at once."""
         return self.write_with(rel, lambda fh: fh.write(data), fsync=fsync)
 
-    def copy_in(self, source: Source, path: str, rel: str, *, fsync: bool = False) -> int:
-        """A regular file from inside `source` (the input boundary refuses a link out of it, a FIFO, a device),
-        byte for byte, to `rel`, in place all at once; returns its size."""
-        src = source.open(path)
+    def copy_in(self, source: ByteSource, path: str, rel: str, *, fsync: bool = False) -> int:
+        """A regular file from inside `source` (a folder or a bucket prefix: the input boundary refuses a link
+        out of it, a FIFO, a device), byte for byte, to `rel`, in place all at once; returns its size."""
+        src = source.open_handle(path)
+
+        def fill(fout: BinaryIO) -> None:
+            view = memoryview(bytearray(1 << 20))
+            offset = 0
+            while n := src.read_into(offset, view):
+                fout.write(view[:n])
+                offset += n
+
         try:
-            with os.fdopen(os.dup(src), "rb") as fin:
-                return self.write_with(rel, lambda fout: shutil.copyfileobj(fin, fout, 1 << 20), fsync=fsync)
+            return self.write_with(rel, fill, fsync=fsync)
         finally:
-            os.close(src)
+            src.close()
 
     def replace(self, src: str, dst: str) -> None:
         """Rename `src` to `dst` inside OUT (atomic; replaces a file at `dst`, never follows a link there)."""

@@ -33,7 +33,7 @@ from inspector.format.records import (
     _Token,
 )
 from inspector.format.zipreader import TorchZip
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource
 from inspector.system.units import printable
 
 
@@ -384,7 +384,7 @@ def _path(*parts: Any) -> str:
     return os.path.join(*(str(p) for p in parts)) if parts else ""
 
 
-def load(path: str | os.PathLike[str], source: Source | None = None) -> tuple[Any, TorchZip]:
+def load(path: str | os.PathLike[str], source: ByteSource | None = None) -> tuple[Any, TorchZip]:
     """Unpickle an archive's object tree with tensor references; returns (tree, archive).
 
     The file is opened through `source` (the checkpoint's folder; by default the file's own folder). The
@@ -423,7 +423,7 @@ def load(path: str | os.PathLike[str], source: Source | None = None) -> tuple[An
     return tree, archive
 
 
-def load_tree(path: str | os.PathLike[str], source: Source | None = None) -> Any:
+def load_tree(path: str | os.PathLike[str], source: ByteSource | None = None) -> Any:
     """Just the object tree (tensor references keep their file path and offsets)."""
     tree, archive = load(path, source)
     archive.close()

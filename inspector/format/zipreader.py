@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.system.source import Source, open_in, os_error
+from inspector.system.bytesource import ByteSource, open_handle_in
 from inspector.system.units import printable
 
 _EOCD = b"PK\x05\x06"
@@ -29,28 +29,24 @@ class ZipEntry:
 
 
 class TorchZip:
-    """A `torch.save` archive opened read-only through the confined source; entries are located, never extracted."""
+    """A `torch.save` archive opened read-only through the confined source (a folder or a bucket prefix);
+    entries are located, never extracted."""
 
-    def __init__(self, path: str | os.PathLike[str], source: Source | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], source: ByteSource | None = None) -> None:
         self.path = os.fspath(path)
         self.shown = printable(self.path)  # for messages: control characters escaped
-        self.fd = open_in(os.fspath(path), (source,) if source else ())
+        self.handle = open_handle_in(self.path, (source,) if source else ())
+        self.file_size = self.handle.size
         try:
-            self.file_size = os.fstat(self.fd).st_size
             self.entries = self._read_directory()
-        except OSError as exc:
-            os.close(self.fd)
-            raise os_error(self.path, exc) from None
+            self.prefix = self._find_prefix()
         except BaseException:
-            os.close(self.fd)
+            self.handle.close()
             raise
-        self.prefix = self._find_prefix()
         self._data_offsets: dict[str, int] = {}
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.handle.close()
 
     def __enter__(self) -> TorchZip:
         return self
@@ -59,10 +55,7 @@ class TorchZip:
         self.close()
 
     def pread(self, n: int, offset: int) -> bytes:
-        try:
-            data = os.pread(self.fd, n, offset)
-        except OSError as exc:
-            raise os_error(self.path, exc) from None
+        data = self.handle.pread(n, offset)
         if len(data) != n:
             raise self._truncated(f"wanted {n} bytes at offset {offset}")
         return data
@@ -79,7 +72,7 @@ class TorchZip:
                 f"{self.shown}: the file is empty (0 bytes).",
                 hint="It was probably cut off while saving or copying; copy it again.",
             )
-        head = os.pread(self.fd, 4, 0)
+        head = self.handle.pread(4, 0)
         if head != _LOCAL:
             if head[:1] == b"\x80":
                 raise UnsupportedCheckpointError(

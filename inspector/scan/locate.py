@@ -10,11 +10,12 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.zipreader import os_error
+from inspector.errors import InspectorError, NotACheckpointError, StoreError, UnsupportedCheckpointError
 from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
-from inspector.system.source import Source
+from inspector.system import bytesource as tree
+from inspector.system.bytesource import ByteSource
+from inspector.system.source import os_error
 from inspector.system.units import printable
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
@@ -34,7 +35,7 @@ def _step_key(name: str) -> tuple[int, str]:
 def is_tag_dir(path: str) -> bool:
     """A folder holding DeepSpeed rank files."""
     try:
-        names = os.listdir(path)
+        names = tree.names_in(path)
     except OSError:
         return False
     return any(OPTIM_RE.match(n) or MODEL_RE.match(n) or ZERO3_MODEL_RE.match(n) for n in names)
@@ -43,7 +44,7 @@ def is_tag_dir(path: str) -> bool:
 def list_tags(root: str) -> list[str]:
     """Tag folders under a root, oldest first (numeric order of the trailing step)."""
     try:
-        subdirs = [e.name for e in os.scandir(root) if e.is_dir()]
+        subdirs = tree.subdirs(root)
     except OSError:
         return []
     return sorted(
@@ -67,9 +68,9 @@ class Location:
         return os.path.join(self.root, self.tag)
 
     @property
-    def source(self) -> Source:
-        """The folder every file of this checkpoint is read through."""
-        return Source.at(self.root, "checkpoint")
+    def source(self) -> ByteSource:
+        """The folder (or bucket prefix) every file of this checkpoint is read through."""
+        return tree.source_at(self.root, "checkpoint")
 
 
 # A tag DeepSpeed or a user would write (global_step100, step-5_final, v1.2). Anything else in `latest` is
@@ -103,20 +104,27 @@ def read_tag_file(root: str, name: str) -> str | None:
     if it is a small regular file inside the root; its content is never shown (it may be a link to
     /proc/self/environ), only whether it is a plain tag name."""
     path = os.path.join(root, name)
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if stat.S_ISDIR(st.st_mode):
-        return None  # a folder called `latest` is just a folder
-    source = Source.at(root, "checkpoint")
-    kind = source.kind(path)
+    source = tree.source_at(root, "checkpoint")
+    if tree.is_url(root):
+        kind = source.kind(path)  # a store has no links: an object, a prefix or nothing
+        if kind in ("missing", "dir"):
+            return None
+    else:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return None  # a folder called `latest` is just a folder
+        kind = source.kind(path)
     if kind == "outside":
         raise _unsafe_latest(path, "is a link to a file outside the checkpoint")
     if kind != "file":
         raise _unsafe_latest(path, "is not a regular file")
     try:
         raw = source.read_bytes(path, _LATEST_MAX, "tag name")
+    except StoreError:
+        raise  # the store refused (credentials, throttling): the file itself may be fine
     except InspectorError:
         raise _unsafe_latest(path, "is too large or unreadable") from None
     try:
@@ -134,7 +142,7 @@ def _read_latest(root: str) -> str | None:
 
 def _check_tag_name(root: str, tag: str, source: str) -> None:
     bad = bool(name_problem(tag))
-    if not bad:
+    if not bad and not tree.is_url(root):  # a store has no links to follow out; the name rule is the check
         real_root = os.path.realpath(root)
         real_tag = os.path.realpath(os.path.join(root, tag))
         bad = os.path.dirname(real_tag) != real_root
@@ -149,10 +157,15 @@ def _check_tag_name(root: str, tag: str, source: str) -> None:
 
 def locate(path: str, tag: str | None = None) -> Location:
     """Resolve a user path (and optional tag) to one tag folder, listing the alternatives."""
-    path = os.path.abspath(os.path.expanduser(path))
+    path = tree.absolute(path)
     _check_folder(path)
-    if is_tag_dir(path) and not os.path.isfile(os.path.join(path, "latest")):
+    if is_tag_dir(path) and not tree.is_file(os.path.join(path, "latest")):
         root, this = os.path.split(path.rstrip(os.sep))
+        if tree.is_url(path) and root.endswith(":/"):
+            raise NotACheckpointError(
+                f"{printable(path)} is a bucket whose top level is a tag folder.",
+                hint="Move the checkpoint under a prefix (s3://bucket/run/global_step100/...).",
+            )
         if tag is not None and tag != this:
             raise NotACheckpointError(
                 f"{path} is itself the tag folder {shown_tag(this)}; --tag {shown_tag(tag)} does not apply.",
@@ -178,14 +191,14 @@ def locate(path: str, tag: str | None = None) -> Location:
 
 def _check_folder(path: str) -> None:
     """An existing folder that is not a universal checkpoint."""
-    if not os.path.exists(path):
+    if not tree.exists(path):
         raise NotACheckpointError(f"{path} does not exist.", hint="Check the path.")
-    if not os.path.isdir(path):
+    if not tree.is_dir(path):
         parent = os.path.dirname(path)
         hint = f"Pass the folder instead: {parent}" if is_tag_dir(parent) else "Pass a checkpoint folder."
         raise NotACheckpointError(f"{path} is a file, not a checkpoint folder.", hint=hint)
-    has_latest = os.path.isfile(os.path.join(path, "latest"))  # beside latest_universal: the ZeRO one is read
-    if (os.path.isfile(os.path.join(path, "latest_universal")) and not has_latest) or os.path.isdir(
+    has_latest = tree.is_file(os.path.join(path, "latest"))  # beside latest_universal: the ZeRO one is read
+    if (tree.is_file(os.path.join(path, "latest_universal")) and not has_latest) or tree.is_dir(
         os.path.join(path, "zero")
     ):
         raise UnsupportedCheckpointError(
@@ -198,16 +211,16 @@ def _trainer_run(path: str, tag: str | None) -> Location | None:
     """A Hugging Face Trainer output folder: its newest checkpoint-N with DeepSpeed files (None if not one)."""
     try:
         runs = sorted(
-            (e.name for e in os.scandir(path) if e.is_dir() and HF_CHECKPOINT_RE.match(e.name)),
+            (name for name in tree.subdirs(path) if HF_CHECKPOINT_RE.match(name)),
             key=_step_key,
             reverse=True,
         )
     except OSError as exc:
         raise os_error(path, exc) from None
-    if not runs or os.path.isfile(os.path.join(path, "latest")) or list_tags(path):
+    if not runs or tree.is_file(os.path.join(path, "latest")) or list_tags(path):
         return None
     ds_runs = [
-        r for r in runs if os.path.isfile(os.path.join(path, r, "latest")) or list_tags(os.path.join(path, r))
+        r for r in runs if tree.is_file(os.path.join(path, r, "latest")) or list_tags(os.path.join(path, r))
     ]
     if not ds_runs:
         raise NotACheckpointError(
@@ -229,7 +242,7 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
     """The tag to read under a root: --tag, else the one `latest` names, else the newest (with a warning)."""
     if tag is not None:
         _check_tag_name(path, tag, "--tag")
-        if not os.path.isdir(os.path.join(path, tag)):
+        if not tree.is_dir(os.path.join(path, tag)):
             raise NotACheckpointError(
                 f"There is no tag {shown_tag(tag)} in {path}.",
                 hint=("Available tags: " + ", ".join(tags)) if tags else "",
@@ -238,7 +251,7 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
     latest = _read_latest(path)
     if latest is not None:
         _check_tag_name(path, latest, f"{os.path.join(path, 'latest')}")
-        if not os.path.isdir(os.path.join(path, latest)):
+        if not tree.is_dir(os.path.join(path, latest)):
             raise NotACheckpointError(
                 f"`latest` in {path} names the tag {latest}, but there is no such folder.",
                 hint=("Available tags: " + ", ".join(tags) + ". Pass one with --tag.")
@@ -275,16 +288,16 @@ def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
     """Checkpoint roots in a folder that holds several (an RLHF run's `_actor/` and `_critic/`, a Trainer
     run's `checkpoint-N/` folders), in natural order; `(path,)` when `path` is one checkpoint by itself and
     `()` when nothing below it looks like a checkpoint. Pure path logic, additive to `locate`."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if not os.path.isdir(path):
+    path = tree.absolute(path)
+    if not tree.is_dir(path):
         return ()
-    if os.path.isfile(os.path.join(path, "latest")) or is_tag_dir(path) or list_tags(path):
+    if tree.is_file(os.path.join(path, "latest")) or is_tag_dir(path) or list_tags(path):
         return (path,)
     found: list[str] = []
 
     def walk(folder: str, depth: int) -> None:
         try:
-            subdirs = sorted((e.name for e in os.scandir(folder) if e.is_dir()), key=_natural_key)
+            subdirs = sorted(tree.subdirs(folder), key=_natural_key)
         except OSError:
             return
         for name in subdirs:
@@ -292,7 +305,7 @@ def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
                 continue
             sub = os.path.join(folder, name)
             if (
-                os.path.isfile(os.path.join(sub, "latest"))
+                tree.is_file(os.path.join(sub, "latest"))
                 or list_tags(sub)
                 or (HF_CHECKPOINT_RE.match(name) and is_tag_dir(sub))
             ):

@@ -5,18 +5,16 @@ for comparing metadata across rank files, and the stage-3 proof of which rank wr
 from __future__ import annotations
 
 import math
-import os
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inspector.errors import CorruptFileError
+from inspector.errors import CorruptFileError, InspectorError
 from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef
-from inspector.format.zipreader import os_error
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Finding, Severity
-from inspector.system.source import Source, open_in
+from inspector.system.bytesource import ByteSource, open_handle_in, size_and_mtime
 
 
 def dtype_of(tensors: Mapping[str, Any]) -> str | None:
@@ -44,13 +42,11 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
     if fmt is None:
         return None
     ((offset, _count),) = ref.runs()
-    fd = open_in(ref.path)
+    handle = open_handle_in(ref.path)
     try:
-        raw = os.pread(fd, ref.itemsize, offset)
-    except OSError as exc:
-        raise os_error(ref.path, exc) from None
+        raw = handle.pread(ref.itemsize, offset)
     finally:
-        os.close(fd)
+        handle.close()
     if len(raw) != ref.itemsize:
         raise CorruptFileError(
             f"{ref.path}: the file ends inside a tensor at byte {offset}; it is truncated."
@@ -61,8 +57,8 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
 
 def file_size(path: str | None) -> int:
     try:
-        return os.path.getsize(path) if path else 0
-    except OSError:
+        return size_and_mtime(path)[0] if path else 0
+    except (OSError, InspectorError):
         return 0
 
 
@@ -120,7 +116,7 @@ _PROOF_ELEMS = 4096  # padding elements read at most for the stage-3 rank proof:
 _COPY_PROBE = 4096  # bytes of each rank's first moment compared to catch one rank file copied over another
 
 
-def copied_ranks(states: Sequence[OptimStates], source: Source) -> list[Finding]:
+def copied_ranks(states: Sequence[OptimStates], source: ByteSource) -> list[Finding]:
     """Two rank files holding the same bytes where every rank holds its own slice of the model: one was copied
     over the other. Compares the first few KiB of each rank's `exp_avg_sq` (or masters) of group 0; all-zero
     content (a save before the first step) proves nothing and is skipped."""
@@ -134,11 +130,11 @@ def copied_ranks(states: Sequence[OptimStates], source: Source) -> list[Finding]
         if n == 0:
             return []
         try:
-            fd = open_in(st.file, (source,))
+            handle = open_handle_in(st.file, (source,))
             try:
-                raw = os.pread(fd, n, ref.offset)
+                raw = handle.pread(n, ref.offset)
             finally:
-                os.close(fd)
+                handle.close()
         except (OSError, CorruptFileError):
             return []
         if not raw.strip(b"\0"):
@@ -160,7 +156,7 @@ def copied_ranks(states: Sequence[OptimStates], source: Source) -> list[Finding]
     return []
 
 
-def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], states: Sequence[OptimStates], source: Source) -> list[Finding]:
+def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], states: Sequence[OptimStates], source: ByteSource) -> list[Finding]:
     """Which rank wrote the last stage-3 optimizer file, from the one thing that tells ranks apart.
 
     Stage 3 pads each parameter's last slice out to ceil(numel/ws) elements, on the last rank only; the
@@ -190,22 +186,22 @@ def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]
     if not spots:
         return []
     nonzero = total = 0
-    fd = open_in(last.file, (source,))
+    handle = open_handle_in(last.file, (source,))
     try:
         for ref, start, count in spots:
             if start + count > ref.numel:
                 return []
-            raw = os.pread(fd, count * ref.itemsize, ref.offset + start * ref.itemsize)
+            raw = handle.pread(count * ref.itemsize, ref.offset + start * ref.itemsize)
             fmt = STRUCT_FORMATS.get(ref.dtype)
             if fmt is None or len(raw) != count * ref.itemsize:
                 return []
             values = struct.unpack(f"<{count}{fmt[-1]}", raw)
             total += count
             nonzero += sum(1 for v in values if v != 0)
-    except OSError:
+    except (OSError, CorruptFileError):
         return []
     finally:
-        os.close(fd)
+        handle.close()
     if nonzero < total:
         return []
     return [

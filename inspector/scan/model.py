@@ -7,7 +7,6 @@ torch, so the model is cheap to build, pickle and hand to a UI thread.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -16,7 +15,7 @@ from typing import Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
 from inspector.system.units import has_control, printable
 
 
@@ -121,10 +120,10 @@ class FileInfo:
     @classmethod
     def stat(cls, path: str, role: str, dp_rank: int | None, mp_rank: int = 0) -> FileInfo:
         try:
-            st = os.stat(path)
+            size, mtime_ns = size_and_mtime(path)
         except OSError:  # dangling link or vanished file: reported by the scan as unreadable
             return cls(path, role, 0, dp_rank, mp_rank, 0)
-        return cls(path, role, st.st_size, dp_rank, mp_rank, st.st_mtime_ns)
+        return cls(path, role, size, dp_rank, mp_rank, mtime_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +205,10 @@ class Checkpoint:
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
 
     @property
-    def source(self) -> Source:
-        """The folder every file of this checkpoint is read through (links and `..` out of it refused)."""
-        return Source.at(self.root, "checkpoint")
+    def source(self) -> ByteSource:
+        """The folder (or bucket prefix) every file of this checkpoint is read through (links and `..` out
+        of it refused)."""
+        return source_at(self.root, "checkpoint")
 
     def tensor(self, name: str) -> TensorInfo:
         return self._by_name[name]  # type: ignore[attr-defined, no-any-return]

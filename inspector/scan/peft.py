@@ -20,7 +20,7 @@ from typing import Any
 from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.parse.config import adapter_config
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.system.source import Source
+from inspector.system.bytesource import source_at
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
@@ -133,7 +133,7 @@ def peft_key(name: str, adapter: str) -> str:
 
 def read_adapter_config(folder: str) -> tuple[dict[str, Any], str] | None:
     """adapter_config.json beside the checkpoint, read through its Source and typed (the fields we use)."""
-    source = Source.at(folder, "checkpoint")
+    source = source_at(folder, "checkpoint")
     path = os.path.join(source.root, ADAPTER_CONFIG)
     kind = source.kind(path)
     if kind == "missing":

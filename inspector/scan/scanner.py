@@ -14,7 +14,7 @@ from inspector.errors import InspectorError, NotACheckpointError, UnsupportedChe
 from inspector.format.torchzip import load_tree
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
-from inspector.scan.files import RankFiles, classify, load_or_finding, missing_ranks
+from inspector.scan.files import RankFiles, classify, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.locate import Location, locate
 from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
@@ -65,16 +65,13 @@ class _Scanner:
         if stage3:
             self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
         source = self.loc.source
-        optims: dict[int, OptimStates | None] = {
-            r: load_or_finding(p, source, self.findings, lambda t, p: OptimStates.parse(t, p, stage3))
-            for r, p in sorted(f.optim.items())
-        }
+        optims: dict[int, OptimStates | None] = load_all(
+            sorted(f.optim.items()), source, self.findings, lambda t, p: OptimStates.parse(t, p, stage3)
+        )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
-            rest = sorted(f.zero3_model.items())
-            models.update(
-                {r: load_or_finding(p, source, self.findings, ModelStates.parse) for r, p in rest if r != 0}
-            )
+            rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
+            models.update(load_all(rest, source, self.findings, ModelStates.parse))
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
         param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)

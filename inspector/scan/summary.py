@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Checkpoint, Kind, RankInfo, TensorInfo
+from inspector.system.source import Source
 from inspector.system.units import format_bytes, format_count, plural
 
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
@@ -43,6 +44,8 @@ def saved_at(ckpt: Checkpoint) -> float | None:
     if newest:
         return newest / 1e9
     source = ckpt.source
+    if not isinstance(source, Source):  # a bucket prefix has no time of its own, only its objects do
+        return None
     if source.kind(ckpt.tag_dir) != "dir":  # missing, or a link out of the checkpoint
         return None
     st = source.lstat(ckpt.tag_dir)

@@ -23,6 +23,7 @@ from inspector.parse.universal import UniversalOptimizer, param_tensor, step_val
 from inspector.scan.locate import read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
+from inspector.system.bytesource import is_url
 from inspector.system.source import Source
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -33,6 +34,8 @@ def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> s
     """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
     `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there).
     `latest_universal` is read like `latest`: through the confined source, its content never shown."""
+    if is_url(path):
+        return None  # universal inputs are read from local folders only; locate names one in a bucket
     path = os.path.abspath(os.path.expanduser(path))
     if tag is not None:
         if name_problem(tag):

@@ -164,6 +164,10 @@ class Source:
             raise not_regular(full, mode)
         return fd
 
+    def open_handle(self, path: str | os.PathLike[str]) -> LocalHandle:
+        """The file opened as by `open`, as a handle with its size and positioned reads."""
+        return LocalHandle(os.fspath(path), self.open(path))
+
     def read_bytes(self, path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
         """A whole small file (a `latest`, a JSON config), refused if larger than `limit` bytes."""
         full = os.fspath(path)
@@ -184,15 +188,7 @@ class Source:
     def read_json(self, path: str | os.PathLike[str], limit: int, what: str = "JSON file") -> Any:
         """A small JSON document, parsed; a parse error names the file and the position, never the text."""
         full = os.fspath(path)
-        raw = self.read_bytes(full, limit, what)
-        try:
-            return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            raise CorruptFileError(
-                f"{shown(full)}: not readable JSON{where}, so not a valid {what}.",
-                hint="Fix or replace the file.",
-            ) from None
+        return parse_json(self.read_bytes(full, limit, what), full, what)
 
     # -- folders -------------------------------------------------------------------------------------------
 
@@ -238,6 +234,48 @@ class Source:
             raise os_error(full, exc) from None
 
 
+class LocalHandle:
+    """A descriptor opened by `Source.open`, as a byte-source handle: pread, never mapped (RSS stays honest)."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        try:
+            self.size = os.fstat(fd).st_size
+        except OSError as exc:
+            os.close(fd)
+            raise os_error(path, exc) from None
+
+    def pread(self, n: int, offset: int) -> bytes:
+        try:
+            return os.pread(self.fd, n, offset)
+        except OSError as exc:
+            raise os_error(self.path, exc) from None
+
+    def read_into(self, offset: int, view: memoryview) -> int:
+        done, total = 0, len(view)
+        while done < total:
+            try:
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise CorruptFileError(
+                    f"{shown(self.path)}: read failed at byte {offset + done} ({exc.strerror}).",
+                    hint="The disk or file system reported an error.",
+                ) from None
+            if n == 0:
+                break
+            done += n
+        return done
+
+    def fileno(self) -> int | None:
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def open_in(path: str, sources: tuple[Source, ...] = ()) -> int:
     """Open `path` through whichever of `sources` holds it. With none given, the file's own folder is the
     root: right for a file the user named directly, and it still refuses the file being a link or a FIFO."""
@@ -247,6 +285,18 @@ def open_in(path: str, sources: tuple[Source, ...] = ()) -> int:
         if src.contains(path):
             return src.open(path)
     raise outside(path, sources[0].root, sources[0].label)
+
+
+def parse_json(raw: bytes, full: str, what: str) -> Any:
+    """Bytes read through a source, as JSON; an error names the file and the position, never the text."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise CorruptFileError(
+            f"{shown(full)}: not readable JSON{where}, so not a valid {what}.",
+            hint="Fix or replace the file.",
+        ) from None
 
 
 def _no_constant(name: str) -> Any:

@@ -26,8 +26,8 @@ from inspector.convert.verify import recorded_tag, run_verify
 from inspector.convert.writers.hf_folder import SideFile
 from inspector.errors import OutputError
 from inspector.scan.model import Checkpoint
+from inspector.system.bytesource import source_at
 from inspector.system.limits import MemoryBudget
-from inspector.system.source import Source
 
 
 @dataclass
@@ -124,7 +124,7 @@ def _write_side(root: OutputRoot, f: SideFile, fsync: bool) -> int:
         if f.content is not None:
             return root.write_atomic(f.name, f.content, fsync=fsync)
         assert f.source is not None
-        return root.copy_in(f.origin or Source.at(os.path.dirname(f.source)), f.source, f.name, fsync=fsync)
+        return root.copy_in(f.origin or source_at(os.path.dirname(f.source)), f.source, f.name, fsync=fsync)
     except OSError as exc:
         raise OutputError(f"Writing {root.show(f.name)} failed: {exc.strerror}.") from None
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from inspector.convert.options import ConvertOptions
 from inspector.errors import CorruptFileError, InspectorError
 from inspector.scan.model import Checkpoint, Kind
+from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
 from inspector.system.source import Source
 
 CONFIG = "config.json"
@@ -54,16 +55,16 @@ class SideFile:
     name: str
     source: str | None
     content: bytes | None = None
-    origin: Source | None = None
+    origin: ByteSource | None = None
 
     @property
     def nbytes(self) -> int:
         if self.content is not None:
             return len(self.content)
-        return os.path.getsize(self.source) if self.source else 0
+        return size_and_mtime(self.source)[0] if self.source else 0
 
 
-def _listed(src: Source, patterns: tuple[str, ...]) -> list[str]:
+def _listed(src: ByteSource, patterns: tuple[str, ...]) -> list[str]:
     """Names in the folder that match; each must be a regular file inside it (an upload-ready folder must
     never carry a key or /proc/self/environ that a link pointed at)."""
     try:
@@ -88,7 +89,7 @@ def _listed(src: Source, patterns: tuple[str, ...]) -> list[str]:
     return out
 
 
-def find_side_files(folders: list[Source], *, model: bool = True) -> list[SideFile]:
+def find_side_files(folders: list[ByteSource], *, model: bool = True) -> list[SideFile]:
     """Config and tokenizer files from the first folder that has each (the checkpoint first, then a base)."""
     patterns = TOKENIZER_FILES + ((*MODEL_FILES, *REMOTE_CODE) if model else ())
     chosen: dict[str, SideFile] = {}
@@ -111,7 +112,7 @@ def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFil
             out.append(f)
             continue
         try:
-            cfg = (f.origin or Source.at(os.path.dirname(f.source))).read_json(f.source, _CONFIG_MAX, "config")
+            cfg = (f.origin or source_at(os.path.dirname(f.source))).read_json(f.source, _CONFIG_MAX, "config")
         except InspectorError:
             out.append(f)  # copied as is; from_pretrained will say what is wrong with it
             continue

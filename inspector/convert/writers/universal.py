@@ -32,7 +32,8 @@ from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
-from inspector.system.source import Source, open_in
+from inspector.system.bytesource import ByteSource, is_url, size_and_mtime, source_at
+from inspector.system.source import open_in
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")
 CHUNK_BYTES = 16 << 20
@@ -77,7 +78,7 @@ class UniversalPlan:
     copies: tuple[tuple[str, str], ...]  # (source path, name in the folder): model-states files
     optim_file: str  # rank 0's optimizer file: global state, hyperparameters and steps
     source: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) of every source file
-    sources: tuple[Source, ...] = ()  # the folders the source files are read through
+    sources: tuple[ByteSource, ...] = ()  # the folders (or prefixes) the source files are read through
 
     @property
     def out_dir(self) -> str:
@@ -97,13 +98,13 @@ class UniversalPlan:
         same ones `total_bytes` adds up)."""
         sizes = {f.rel: f.nbytes + FILE_OVERHEAD + 7 * len(f.state) for f in self.files}
         sizes |= {f"zero/{name}/step.pt": SMALL_FILE for name, _ in self.step_params}
-        sizes |= {name: os.path.getsize(src) for src, name in self.copies}
+        sizes |= {name: size_and_mtime(src)[0] for src, name in self.copies}
         sizes["zero/optimizer_state.pt"] = OPTIMIZER_STATE_ESTIMATE
         return sizes
 
     @property
     def total_bytes(self) -> int:
-        copies = sum(os.path.getsize(src) for src, _ in self.copies)
+        copies = sum(size_and_mtime(src)[0] for src, _ in self.copies)
         overhead = sum(FILE_OVERHEAD + 7 * len(f.state) for f in self.files)
         small = len(self.step_params) * SMALL_FILE + OPTIMIZER_STATE_ESTIMATE
         return self.tensor_bytes + copies + overhead + small
@@ -307,12 +308,12 @@ def _write_locked(
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
 
 
-def _source_of(plan: UniversalPlan, path: str) -> Source:
+def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
     """The checkpoint folder a model-states file is read through (the input boundary opens it)."""
     for src in plan.sources:
         if src.contains(path):
             return src
-    return Source.at(os.path.dirname(os.path.abspath(path)))
+    return source_at(os.path.dirname(path if is_url(path) else os.path.abspath(path)))
 
 
 def default_workers() -> int:

@@ -4,8 +4,6 @@ its stage-3 `optimizer_state.pt` carries rank 0's whole flat optimizer state).""
 
 from __future__ import annotations
 
-import os
-
 from inspector.convert.preflight import (
     RUNTIME_OVERHEAD,
     SAFETY_FRACTION,
@@ -14,6 +12,7 @@ from inspector.convert.preflight import (
     converter_base,
 )
 from inspector.convert.writers.universal import CHUNK_BYTES, UniFile, UniversalPlan, default_workers
+from inspector.system.bytesource import size_and_mtime
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 
 # calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second
@@ -45,7 +44,7 @@ def assess_universal(
     metadata, the chunk buffers of the files in flight, and the same runtime allowance."""
     out = plan.total_bytes
     read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
-    read += sum(os.path.getsize(src) for src, _ in plan.copies)
+    read += sum(size_and_mtime(src)[0] for src, _ in plan.copies)
     base, vms = converter_base(
         segments=sum(len(f.segments) for f in plan.files),
         tensors=len({f.name for f in plan.files}),

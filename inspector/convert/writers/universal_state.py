@@ -5,7 +5,6 @@ file; DeepSpeed's records pickle as the classes they stand for, so DeepSpeed's l
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
@@ -17,7 +16,7 @@ from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.system.source import open_in
+from inspector.system.bytesource import open_handle_in
 
 if TYPE_CHECKING:
     from inspector.convert.root import OutputRoot
@@ -106,15 +105,15 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callabl
     def produce(start: int, count: int) -> Any:
         out = bytearray()
         pos = 0
-        fd = open_in(path)  # as scan opens it: never a FIFO swapped in since
+        handle = open_handle_in(path)  # as scan opens it: never a FIFO swapped in since
         try:
             for off, n in runs:
                 lo, hi = max(start, pos), min(start + count, pos + n)
                 if lo < hi:
-                    out += os.pread(fd, (hi - lo) * size, off + (lo - pos) * size)
+                    out += handle.pread((hi - lo) * size, off + (lo - pos) * size)
                 pos += n
         finally:
-            os.close(fd)
+            handle.close()
         return np.frombuffer(bytes(out), dtype=numpy_dtype(dtype))
 
     return produce

@@ -16,7 +16,7 @@ from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.errors import InspectorError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource
 
 if TYPE_CHECKING:
     from inspector.convert.reader import FilePool
@@ -106,29 +106,29 @@ def _chunks(pool: FilePool, segs: tuple[Segment, ...]) -> Iterator[np.ndarray]:
         yield out
 
 
-def _same_file(sa: Source, a: str, sb: Source, b: str, chunk: int = 8 << 20) -> bool:
+def _same_file(sa: ByteSource, a: str, sb: ByteSource, b: str, chunk: int = 8 << 20) -> bool:
     """Byte-equal regular files, each opened through its own folder (a link or a FIFO in place of the copy is
     not equal: it is refused before it is opened)."""
     try:
-        fa = sa.open(a)
+        fa = sa.open_handle(a)
     except InspectorError:
         return False
     try:
-        fb = sb.open(b)
+        fb = sb.open_handle(b)
     except InspectorError:
-        os.close(fa)
+        fa.close()
         return False
     try:
-        if os.fstat(fa).st_size != os.fstat(fb).st_size:
+        if fa.size != fb.size:
             return False
         pos = 0
         while True:
-            x, y = os.pread(fa, chunk, pos), os.pread(fb, chunk, pos)
+            x, y = fa.pread(chunk, pos), fb.pread(chunk, pos)
             if x != y:
                 return False
             if not x:
                 return True
             pos += len(x)
     finally:
-        os.close(fa)
-        os.close(fb)
+        fa.close()
+        fb.close()

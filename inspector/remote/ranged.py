@@ -1,0 +1,183 @@
+"""Ranged GETs into caller-owned buffers: several in flight, small reads through a bounded block cache.
+
+A scan makes many tiny reads (zip local headers of 30 bytes, pickles of a few KiB); each would be a round
+trip, so they go through 64 KiB blocks kept in a small LRU (4 MiB per bucket, whatever the checkpoint): a
+neighbouring read is then free, and a lone one costs 64 KiB, not the object.
+A convert reads large runs (a tensor chunk, adjacent segments already merged by the caller); those bypass
+the cache and are cut into parts fetched in parallel straight into the caller's buffer, so memory stays the
+pipeline's fixed pools. Every answer is checked: exactly the bytes asked for, from an object of the size
+listed and the same ETag, or a clear error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from inspector.remote.errors import store_error, truncated
+
+if TYPE_CHECKING:
+    from inspector.remote.store import S3Store
+
+BLOCK = 64 << 10
+SMALL = 32 << 10  # reads up to this size go through the block cache
+CACHE_BLOCKS = 64
+MIN_PART = 512 << 10
+_STREAM_TRIES = 3  # botocore retries a request that fails; a body that breaks off midway is ours to retry
+
+
+class BlockCache:
+    """Fixed-size blocks of objects, least recently used dropped first; bounded in bytes."""
+
+    def __init__(self, blocks: int = CACHE_BLOCKS) -> None:
+        self._blocks: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+        self._limit = blocks
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def get(self, key: tuple[str, str, int]) -> bytes | None:
+        with self._lock:
+            data = self._blocks.get(key)
+            if data is not None:
+                self._blocks.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[str, str, int], data: bytes) -> None:
+        with self._lock:
+            self._blocks[key] = data
+            self._blocks.move_to_end(key)
+            while len(self._blocks) > self._limit:
+                self._blocks.popitem(last=False)
+
+
+class S3Handle:
+    """One object opened for reading: its listed size and ETag, read by range. Thread-safe."""
+
+    def __init__(self, store: S3Store, url: str, key: str, size: int, etag: str) -> None:
+        self.store = store
+        self.path = url
+        self.key = key
+        self.size = size
+        self.etag = etag
+
+    def pread(self, n: int, offset: int) -> bytes:
+        n = max(0, min(n, self.size - offset))
+        if n == 0:
+            return b""
+        if n <= SMALL:
+            return self._cached(offset, n)
+        buf = bytearray(n)
+        fetch_many([(self, offset, memoryview(buf))])
+        return bytes(buf)
+
+    def read_into(self, offset: int, view: memoryview) -> int:
+        n = max(0, min(len(view), self.size - offset))
+        if n:
+            fetch_many([(self, offset, view[:n])])
+        return n
+
+    def fileno(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        """Nothing to release: the connections belong to the store."""
+
+    def _cached(self, offset: int, n: int) -> bytes:
+        first, last = offset // BLOCK, (offset + n - 1) // BLOCK
+        blocks = {i: self.store.cache.get((self.key, self.etag, i)) for i in range(first, last + 1)}
+        missing = [i for i, b in blocks.items() if b is None]
+        if missing:  # one GET for the missing blocks, first to last (at most a few, since n <= SMALL)
+            lo, hi = missing[0] * BLOCK, min(self.size, (missing[-1] + 1) * BLOCK)
+            buf = bytearray(hi - lo)
+            get_range(self, lo, memoryview(buf))
+            for i in range(missing[0], missing[-1] + 1):
+                block = bytes(buf[(i - missing[0]) * BLOCK : (i - missing[0] + 1) * BLOCK])
+                self.store.cache.put((self.key, self.etag, i), block)
+                blocks[i] = block
+        data = b"".join(blocks[i] or b"" for i in range(first, last + 1))
+        start = offset - first * BLOCK
+        return data[start : start + n]
+
+
+def get_range(handle: S3Handle, start: int, view: memoryview) -> None:
+    """Fill `view` with the object's bytes from `start`, exactly; a short or oversized answer is refused.
+    Holds one of the store's slots while the request is open, so ZI_S3_INFLIGHT bounds what is in flight."""
+    store = handle.store
+    n = len(view)
+    if start < 0 or start + n > handle.size:
+        raise truncated(
+            handle.path, f"a read of {n} bytes at {start} lies past the listed size {handle.size}"
+        )
+    kwargs = {"Bucket": store.bucket, "Key": handle.key, "Range": f"bytes={start}-{start + n - 1}"}
+    if handle.etag:
+        kwargs["IfMatch"] = handle.etag
+    for attempt in range(_STREAM_TRIES):
+        with store.slots:
+            broken = _fetch(handle, kwargs, start, view)
+        if broken is None:
+            return
+        if attempt == _STREAM_TRIES - 1:
+            raise store_error(broken, handle.path) from None
+        time.sleep(0.2 * 2**attempt)
+
+
+def _fetch(handle: S3Handle, kwargs: dict[str, str], start: int, view: memoryview) -> Exception | None:
+    """One ranged GET into `view`: None when filled, or the error of a body that broke off (retryable)."""
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    store, n = handle.store, len(view)
+    resp = store.call(handle.path, store.client().get_object, **kwargs)
+    body = resp["Body"]
+    try:
+        if resp.get("ContentLength") != n or not _range_ok(resp.get("ContentRange"), start, n, handle.size):
+            raise truncated(handle.path, f"the store did not return the {n} bytes asked for at {start}")
+        pos = 0
+        while pos < n:
+            chunk = body.read(min(1 << 20, n - pos))
+            if not chunk:
+                break
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        if pos != n:
+            raise truncated(handle.path, f"the object ends before byte {start + n}")
+    except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
+        return exc
+    finally:
+        body.close()
+    store.count(n)
+    return None
+
+
+def _range_ok(header: object, start: int, n: int, size: int) -> bool:
+    """`Content-Range: bytes a-b/total` says exactly what was asked, from an object of the listed size."""
+    return header == f"bytes {start}-{start + n - 1}/{size}"
+
+
+def fetch_many(reads: list[tuple[S3Handle, int, memoryview]]) -> None:
+    """Fill every (handle, offset, view), each cut into parts, up to the store's limit in flight at once."""
+    from inspector.remote.store import inflight
+
+    width = inflight()
+    parts: list[tuple[S3Handle, int, memoryview]] = []
+    for handle, offset, view in reads:
+        n = len(view)
+        size = max(MIN_PART, -(-n // width))
+        parts += [(handle, offset + p, view[p : p + size]) for p in range(0, n, size)]
+    if len(parts) == 1:
+        get_range(*parts[0])
+        return
+    pool = parts[0][0].store.pool()  # one pool per process would do as well; the first store's is at hand
+    futures: list[Future[None]] = [pool.submit(get_range, *p) for p in parts]
+    errors = [exc for f in futures if (exc := f.exception()) is not None]
+    if errors:
+        raise errors[0]
