@@ -168,9 +168,11 @@ def cmd_open(args: argparse.Namespace) -> int:
 
     if not args.path and not args.demo:
         raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
+    from inspector.system.bytesource import is_url
+
     if (
-        args.path and not args.demo and not os.path.exists(args.path)
-    ):  # said here, not in a full-screen dialog
+        args.path and not args.demo and not is_url(args.path) and not os.path.exists(args.path)
+    ):  # said here, not in a full-screen dialog (a bucket's answer comes from the scan, in the app)
         raise InspectorError(
             f"{args.path} does not exist.",
             hint="Check the path; `zero-inspector --help` lists the commands.",
@@ -213,7 +215,7 @@ def _route(argv: list[str]) -> list[str]:
     """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`. A first word that is no path but
     looks like a command (`scna`) is refused as an unknown command, with the nearest one suggested."""
     if argv and argv[0] not in COMMANDS and (not argv[0].startswith("-") or "--demo" in argv):
-        if not argv[0].startswith("-") and not os.path.exists(argv[0]):
+        if not argv[0].startswith(("-", "s3://")) and not os.path.exists(argv[0]):
             import difflib
 
             near = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.6)

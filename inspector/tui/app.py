@@ -29,6 +29,7 @@ from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
+from inspector.system.bytesource import absolute
 from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
@@ -124,7 +125,7 @@ class InspectorApp(App[int]):
 
     def open_path(self, path: str, tag: str | None = None) -> None:
         roots = discover_roots(path)
-        self.roots = roots if len(roots) > 1 else (os.path.abspath(path),)
+        self.roots = roots if len(roots) > 1 else (absolute(path),)  # a bucket URL stays a URL
         runs = [os.path.basename(r) for r in self.roots]
         chosen = (
             self.roots[-1]

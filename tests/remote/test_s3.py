@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -365,3 +366,40 @@ def test_local_paths_never_import_the_client(demo: Any) -> None:
         "assert not [m for m in sys.modules if m.startswith(('boto3', 'botocore'))], 'client imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60)
+
+
+@pytest.mark.asyncio
+async def test_the_app_opens_a_checkpoint_in_a_bucket(s3_demo: tuple[str, Path], tmp_path: Path) -> None:
+    """`zero-inspector s3://…`: the app scans the bucket, its Health tab reads it, and `c` converts it (the
+    child reaches the bucket with the same environment) into files equal to converting the local copy."""
+    from inspector.health import run_check
+    from inspector.tui.app import make_app
+    from inspector.tui.screens.convert import ConvertScreen
+    from tests.conftest import run_cli
+    from tests.tui.conftest import scanned, wait_for
+
+    url, local = s3_demo
+    out, one = tmp_path / "app", tmp_path / "one"
+    assert run_cli("convert", local, one, "--format", "weights").rc == 0
+    app = make_app(path=url, out_dir=str(out), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        assert app.ckpt is not None and app.ckpt.root == url
+        await pilot.press("h")
+        pane = app.main.health_pane
+        await wait_for(pilot, lambda: pane.report is not None and not pane.running, "the health pass")
+        truth = run_check(scan(str(local)))
+        assert {(r.name, r.source): r.stats for r in pane.report.rows} == {
+            (r.name, r.source): r.stats for r in truth.rows
+        }
+        app.export = replace(app.export, format="weights")
+        await pilot.press("c")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
+            "the conversion",
+        )
+        assert app.screen.phase == "done"
+    assert {p.name for p in out.iterdir()} == {p.name for p in one.iterdir()}
+    for p in one.iterdir():  # the safetensors bytes; the index (none for one shard) would only differ in paths
+        assert _without_job((out / p.name).read_bytes()) == _without_job(p.read_bytes())
