@@ -128,10 +128,15 @@ def test_statistics_equal_torch_on_deepspeeds_reconstruction(
     """`s` on the Tensors tab of a real checkpoint: the numbers the panel shows are torch's, computed from
     DeepSpeed's own reconstruction of the same (partitioned, padded) fp32 master."""
     built, ref = ds_checkpoint(config), reference(config)
-    seen: list = []  # the TensorStats and Difference the panel was drawn from
+    seen: list = []  # the TensorStats and Difference the panel was drawn from (whatever else is passed)
     for fn in ("stats_renderable", "difference_line"):
         real = getattr(tensors_screen, fn)
-        monkeypatch.setattr(tensors_screen, fn, lambda *a, _real=real: seen.append(a[-1]) or _real(*a))
+
+        def spy(*a: object, _real: Callable = real) -> object:
+            seen.extend(x for x in a if isinstance(x, (TensorStats, Difference)))
+            return _real(*a)
+
+        monkeypatch.setattr(tensors_screen, fn, spy)
 
     async def drive() -> tuple[str, str]:
         app = make_app(path=str(built.root), live_meters=False)
