@@ -115,14 +115,15 @@ def run_on_ray(
     n = parts or default_parts(ray, len(job.files))
     total = job.output_bytes
     sink = _sink_class(ray).remote(n)
-    task = ray.remote(_run_part).options(num_cpus=1, max_retries=0)
+    # SPREAD: the parts go to different nodes (their bandwidth is the point), not wherever a CPU frees first
+    task = ray.remote(_run_part).options(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")
     refs = {task.remote(spec, (i, n), sink): i for i in range(n)}
     start = time.monotonic()
     cancel = cancel or threading.Event()
     reused = 0
     ended = False
+    pending = list(refs)
     try:
-        pending = list(refs)
         while pending:
             if cancel.is_set():
                 raise CancelledError(
@@ -150,9 +151,12 @@ def run_on_ray(
     finally:
         # cancelled, failed, interrupted (Ctrl-C lands wherever the driver is, also outside this generator,
         # which then closes it): no task may go on writing into OUT behind the user's back
+        # Only the tasks still pending, and without force: a running task gets KeyboardInterrupt and leaves OUT
+        # as a cancelled part does. (Force-cancelling a task that was completing at that moment aborted the
+        # driver inside Ray 2.60: "An unexpected system state has occurred", task_manager.cc.)
         if not ended:
-            for ref in refs:
-                ray.cancel(ref, force=True)
+            for ref in pending:
+                ray.cancel(ref)
     # every part has ended: the driver alone finishes (reuses the parts' files by checksum) and publishes; its
     # report counts the whole run (the parts' files are this run's work, not files reused from an earlier one)
     for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=None):
