@@ -4,9 +4,9 @@ Ray schedules; we do not. Each task re-plans the same job on its node from what 
 a pure function of the checkpoint's metadata, so every node computes the same one) and writes its
 byte-balanced share of the output files into the shared OUT exactly as `--part I/N` does: under its own lock,
 with its own journal. Progress flows back through one small actor the driver polls; cancel (Ctrl-C, SIGTERM)
-cancels the tasks, and their finished files are kept for the next run. When every task has ended, the driver
-runs the job once more without a part: it reuses every file whose checksum matches, writes what is missing
-(a lost task's share), the side files and the index, and alone publishes.
+interrupts the tasks, and each cleans up as a cancelled `--part` run of its kind does. When every task has
+ended, the driver runs the job once more without a part: it reuses every file whose checksum matches, writes
+what is missing (a lost task's share), the side files and the index, and alone publishes.
 
 Needs `pip install 'zero-inspector[ray]'`, a running cluster (`--ray-address`, `RAY_ADDRESS`, or a local one
 started for the run), the package importable on every node, and OUT and the checkpoint on storage every node
@@ -109,7 +109,7 @@ def run_on_ray(
 ) -> Iterator[Progress | Report]:
     """Run the job's parts as tasks, yield the driver's view of their progress, then finish and yield the
     Report. `on_part(PartResult)` is called as each task ends. Raises CancelledError when `cancel` is set or
-    the driver is interrupted (the tasks are cancelled; finished files stay for the next run)."""
+    the driver is interrupted (the tasks are interrupted and clean up as the kind does on cancel)."""
     ray = connect(address)
     job = plan(spec)
     n = parts or default_parts(ray, len(job.files))
@@ -126,10 +126,7 @@ def run_on_ray(
     try:
         while pending:
             if cancel.is_set():
-                raise CancelledError(
-                    f"Cancelled: the {n} Ray tasks are stopped; each part's finished files are kept and the "
-                    "next run reuses them."
-                )
+                raise CancelledError(f"Cancelled: the {n} Ray tasks are stopped; {job.cancelled_words()}.")
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL)
             for ref in done:
                 result = _result(ray, ref)

@@ -394,9 +394,8 @@ class ConvertScreen(Screen[None]):
         return "It is paused while you decide."
 
     def cancel_words(self) -> str:
-        if self.on_ray:
-            return "every Ray task is stopped; the files they finished are kept for the next run"
-        return self.plan.cancelled_words() if self.plan is not None else "partial output is removed"
+        words = self.plan.cancelled_words() if self.plan is not None else "partial output is removed"
+        return f"every Ray task is stopped; {words}" if self.on_ray else words
 
     def pause_child(self) -> None:
         """Hold the converter while a question about it is open (a dialog must not race the job)."""
