@@ -17,7 +17,7 @@ from typing import Any
 from inspector.errors import CorruptFileError, InspectorError, NotACheckpointError
 from inspector.parse.names import name_problem
 from inspector.remote.store import SCHEME, ObjectInfo, S3Store, store_for
-from inspector.system.source import not_regular, os_error, outside, parse_json
+from inspector.system.source import not_regular, os_error, outside, parse_json, resolves
 from inspector.system.units import printable as shown
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]")
@@ -86,11 +86,7 @@ class S3Source:
         return real == self.root or real.startswith(self.root + "/")
 
     def contains(self, path: str | os.PathLike[str]) -> bool:
-        try:
-            self.resolve(path)
-        except InspectorError:
-            return False
-        return True
+        return resolves(self, path)
 
     def _entry(self, url: str) -> tuple[str, ObjectInfo | None]:
         _, parts = split_url(url)

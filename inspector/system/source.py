@@ -74,6 +74,15 @@ def outside(path: str, root: str, label: str = "folder") -> CorruptFileError:
     )
 
 
+def resolves(source: Any, path: str | os.PathLike[str]) -> bool:
+    """Whether `source.resolve(path)` answers without an error: `contains` for every byte source."""
+    try:
+        source.resolve(path)
+    except InspectorError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Source:
     """A folder the tool reads from. Holds only its resolved path, so it pickles and crosses threads."""
@@ -105,11 +114,7 @@ class Source:
 
     def contains(self, path: str | os.PathLike[str]) -> bool:
         """Whether `path`, links resolved, stays inside the root (no error)."""
-        try:
-            self.resolve(path)
-        except InspectorError:
-            return False
-        return True
+        return resolves(self, path)
 
     def _parts(self, real: str) -> list[str]:
         rel = os.path.relpath(real, self.root)

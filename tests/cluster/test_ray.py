@@ -188,8 +188,7 @@ async def test_the_app_converts_on_the_cluster(cluster: Any, demo: DemoCache, tm
     from dataclasses import replace
 
     from inspector.tui.app import make_app
-    from inspector.tui.screens.convert import ConvertScreen
-    from tests.tui.conftest import scanned, wait_for
+    from tests.tui.conftest import converted, scanned
 
     root = demo(SPEC)
     local, out = tmp_path / "local", tmp_path / "app"
@@ -198,11 +197,5 @@ async def test_the_app_converts_on_the_cluster(cluster: Any, demo: DemoCache, tm
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         app.export = replace(app.export, format="weights", executor="ray", ray_address=cluster.address)
-        await pilot.press("c")
-        await wait_for(
-            pilot,
-            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
-            "the conversion",
-        )
-        assert app.screen.phase == "done"
+        assert await converted(pilot) == "done"
     assert _files(local) == _files(out)

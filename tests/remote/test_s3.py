@@ -374,9 +374,8 @@ async def test_the_app_opens_a_checkpoint_in_a_bucket(s3_demo: tuple[str, Path],
     child reaches the bucket with the same environment) into files equal to converting the local copy."""
     from inspector.health import run_check
     from inspector.tui.app import make_app
-    from inspector.tui.screens.convert import ConvertScreen
     from tests.conftest import run_cli
-    from tests.tui.conftest import scanned, wait_for
+    from tests.tui.conftest import converted, scanned, wait_for
 
     url, local = s3_demo
     out, one = tmp_path / "app", tmp_path / "one"
@@ -393,13 +392,7 @@ async def test_the_app_opens_a_checkpoint_in_a_bucket(s3_demo: tuple[str, Path],
             (r.name, r.source): r.stats for r in truth.rows
         }
         app.export = replace(app.export, format="weights")
-        await pilot.press("c")
-        await wait_for(
-            pilot,
-            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
-            "the conversion",
-        )
-        assert app.screen.phase == "done"
+        assert await converted(pilot) == "done"
     assert {p.name for p in out.iterdir()} == {p.name for p in one.iterdir()}
     for p in one.iterdir():  # the safetensors bytes; the index (none for one shard) would only differ in paths
         assert _without_job((out / p.name).read_bytes()) == _without_job(p.read_bytes())

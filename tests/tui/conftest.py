@@ -219,3 +219,20 @@ async def start_held(pilot: Pilot[object], gate: Gate, key: str = "c") -> Conver
     await gate.wait_held(pilot)
     assert screen.phase == "running" and screen.child is not None and screen.child.running
     return screen
+
+
+async def converted(pilot: Pilot[object]) -> str:
+    """`c` on the main screen and the conversion to its end; returns the phase it ended in ("done" or
+    "failed"), for the flows that convert from somewhere else (a cluster, a bucket)."""
+    from inspector.tui.screens.convert import ConvertScreen
+
+    app = pilot.app
+    await pilot.press("c")
+    await wait_for(
+        pilot,
+        lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
+        "the conversion",
+    )
+    screen = app.screen
+    assert isinstance(screen, ConvertScreen)
+    return str(screen.phase.value)
