@@ -56,14 +56,6 @@ def cmd_health(args: argparse.Namespace) -> int:
     return rc
 
 
-def _g(v: float | None) -> str:
-    if v is None:
-        return "–"
-    if math.isnan(v):
-        return "nan"
-    return f"{v:.4g}"
-
-
 def _print(con: Any, report: Any, all_tensors: bool) -> None:
     from rich.table import Table
 
@@ -99,7 +91,7 @@ def _print(con: Any, report: Any, all_tensors: bool) -> None:
 def _print_modules(con: Any, report: Any) -> None:
     from rich.table import Table
 
-    from inspector.health.report import overview
+    from inspector.health.report import overview, short
 
     mods: dict[str, dict[str, Any]] = {}
     for m in overview(report.modules):
@@ -128,17 +120,19 @@ def _print_modules(con: Any, report: Any) -> None:
             literal(name or "(top level)"),
             f"[bold red]{nan:,}[/]" if nan else "0",
             f"[bold red]{inf:,}[/]" if inf else "0",
-            *(_g(by[s].norm) if s in by else "–" for s in ("master", "exp_avg", "exp_avg_sq", "module")),
-            _g(math.sqrt(sum(m.norm**2 for m in other))) if other else "–",
+            *(short(by[s].norm) if s in by else "–" for s in ("master", "exp_avg", "exp_avg_sq", "module")),
+            short(math.sqrt(sum(m.norm**2 for m in other))) if other else "–",
         ]
         if with_delta:
-            cells.append(_g(by["master"].delta_norm) if "master" in by else "–")
+            cells.append(short(by["master"].delta_norm) if "master" in by else "–")
         t.add_row(*cells)
     con.print(t)
 
 
 def _print_tensors(con: Any, report: Any) -> None:
     from rich.table import Table
+
+    from inspector.health.report import short
 
     with_delta = report.against is not None
     t = Table(title="Per tensor")
@@ -154,10 +148,10 @@ def _print_tensors(con: Any, report: Any) -> None:
             f"[bold red]{st.nan:,}[/]" if st.nan else "0",
             f"[bold red]{st.inf:,}[/]" if st.inf else "0",
             f"{st.zeros:,}",
-            *(_g(v) for v in (st.minimum, st.maximum, st.mean, st.std, st.norm)),
+            *(short(v) for v in (st.minimum, st.maximum, st.mean, st.std, st.norm)),
         ]
         if with_delta:
-            cells += [_g(r.delta_norm), _g(r.delta_rel)]
+            cells += [short(r.delta_norm), short(r.delta_rel)]
         t.add_row(*cells)
     con.print(t)
 

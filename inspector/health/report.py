@@ -136,6 +136,14 @@ def _num(v: float | None) -> float | str | None:
     return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
 
 
+def short(v: float | None) -> str:
+    """A statistic as both faces print it: four significant digits, `nan`/`inf`, a dash where there is none
+    (no comparison, no finite value)."""
+    if v is None:
+        return "–"
+    return "nan" if math.isnan(v) else f"{v:.4g}"
+
+
 def natural_key(name: str) -> list[tuple[int, int | str]]:
     """`layers.2` before `layers.10`: digit runs compare as numbers."""
     return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p]

@@ -20,9 +20,9 @@ from textual.widgets import DataTable
 
 from inspector.health import HealthFinding, ModuleRollup, Row
 from inspector.health.findings import Siblings
-from inspector.health.report import natural_key
+from inspector.health.report import natural_key, overview, short
 from inspector.scan.model import Severity
-from inspector.tui.fmt import count, shown
+from inspector.tui.fmt import bar, count, shown
 
 SOURCE_SHORT = {
     "master": "master",
@@ -37,17 +37,6 @@ _SEVERITY = {
     Severity.WARNING: ("warning", "yellow"),
     Severity.INFO: ("info", "cyan"),
 }
-
-
-def g(v: float | None) -> str:
-    """A statistic in four significant digits; a dash where there is none (no comparison, no finite value)."""
-    if v is None:
-        return "–"
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.4g}"
 
 
 # --- sorting --------------------------------------------------------------------------------------------------
@@ -148,8 +137,7 @@ class HealthTable(DataTable[RenderableType]):
     def _add_columns(self) -> None:
         """The column the rows are sorted by is underlined (NaN/Inf for the default order, problems first): a
         mark that takes no cell, so narrow columns keep their whole label."""
-        marked = {"problems": "nan", "norm": "norm", "change": "delta", "siblings": "sib", "name": "name"}
-        mark = marked[self.order_by]
+        mark = {how: key for key, how in COLUMN_SORT.items()}[self.order_by]
 
         def label(text: str, key: str) -> Text:
             return Text(text, style="bold underline" if key == mark else "")
@@ -222,9 +210,9 @@ class HealthTable(DataTable[RenderableType]):
             Text(SOURCE_SHORT.get(e.row.source, e.row.source), style="dim"),
             Text(f"{count(st.nan)}/{count(st.inf)}", style=red if st.nan or st.inf else "dim"),
             Text(zeros, style="yellow" if st.all_zero or st.zero_rows else ""),
-            Text(g(st.norm), justify="right"),
+            Text(short(st.norm), justify="right"),
             Text("–" if ratio is None else f"{ratio:.3g}×", style="yellow" if far else "", justify="right"),
-            Text(g(e.row.delta_rel), justify="right"),
+            Text(short(e.row.delta_rel), justify="right"),
             key=str(i),
         )
 
@@ -278,8 +266,8 @@ def row_detail(e: Entry) -> Text:
         f"  {SOURCE_SHORT.get(r.source, r.source)} · {r.dtype} · {'×'.join(map(str, r.shape)) or 'scalar'}\n"
     )
     t.append(
-        f"min {g(st.minimum)}  max {g(st.maximum)}  |max| {g(st.absmax)}  mean {g(st.mean)}  std {g(st.std)}  "
-        f"norm {g(st.norm)}\n"
+        f"min {short(st.minimum)}  max {short(st.maximum)}  |max| {short(st.absmax)}  mean {short(st.mean)}  "
+        f"std {short(st.std)}  norm {short(st.norm)}\n"
     )
     bits = [f"{st.numel:,} values", f"{st.zeros:,} zeros"]
     if st.nan or st.inf:
@@ -288,10 +276,10 @@ def row_detail(e: Entry) -> Text:
         bits.append(f"{st.zero_rows:,} rows all zero")
     if r.module_max_diff is not None:
         bits.append(
-            f"largest |16-bit − cast master| {g(r.module_max_diff)} ({r.module_differing or 0:,} differ)"
+            f"largest |16-bit − cast master| {short(r.module_max_diff)} ({r.module_differing or 0:,} differ)"
         )
     if r.delta_norm is not None:
-        bits.append(f"change {g(r.delta_norm)} ({g(r.delta_rel)} of its norm)")
+        bits.append(f"change {short(r.delta_norm)} ({short(r.delta_rel)} of its norm)")
     if e.siblings is not None:
         bits.append(f"{e.siblings.ratio:.3g}× the median of {e.siblings.count} siblings")
     t.append(" · ".join(bits), style="dim")
@@ -319,23 +307,15 @@ def findings_renderable(items: Sequence[HealthFinding], shown_max: int = 30) -> 
 
 
 def layer_rows(modules: Sequence[ModuleRollup]) -> list[ModuleRollup]:
-    """One roll-up per numbered block (`model.layers.7`), in depth order: the masters where the checkpoint has
-    them, else the frozen weights (a fully frozen model still has layers to compare)."""
+    """One roll-up per outermost numbered block (`model.layers.7`, not `model.layers.7.experts.1`), in depth
+    order: the masters where the checkpoint has them, else the frozen weights (a fully frozen model still has
+    layers to compare). The blocks are the report's own `overview`, less the modules outside any block."""
+    blocks = [m for m in overview(modules) if m.module.rpartition(".")[2].isdigit()]
     for source in ("master", "frozen", "module"):
-        out = [
-            m
-            for m in modules
-            if m.source == source and m.module.rpartition(".")[2].isdigit() and not _inside_numbered(m.module)
-        ]
+        out = [m for m in blocks if m.source == source]
         if out:
             return sorted(out, key=lambda m: natural_key(m.module))
     return []
-
-
-def _inside_numbered(module: str) -> bool:
-    """`model.layers.3.experts.1` sits inside `model.layers.3`: only the outermost numbered blocks get a bar."""
-    parts = module.split(".")[:-1]
-    return any(p.isdigit() for p in parts)
 
 
 def _bar(v: float | None, top: float, width: int) -> Text:
@@ -343,10 +323,7 @@ def _bar(v: float | None, top: float, width: int) -> Text:
         return Text("–".ljust(width), style="dim")
     if not math.isfinite(v):
         return Text(("nan" if math.isnan(v) else "inf").ljust(width), style="bold red")
-    frac = v / top if top > 0 else 0.0
-    eighths = round(min(max(frac, 0.0), 1.0) * width * 8)
-    full, part = divmod(eighths, 8)
-    return Text(("█" * full + (" ▏▎▍▌▋▊▉"[part] if part else "")).ljust(width), style="cyan")
+    return Text(bar(v / top if top > 0 else 0.0, width), style="cyan")
 
 
 def layer_chart(layers: Sequence[ModuleRollup], width: int, against: str | None) -> Text:
@@ -372,10 +349,10 @@ def layer_chart(layers: Sequence[ModuleRollup], width: int, against: str | None)
         bad = m.nan + m.inf
         out.append(_label(m.module)[-label_w:].rjust(label_w) + " ", style="bold red" if bad else "")
         out.append_text(_bar(m.norm, top_n, bar_w))
-        out.append(f" {g(m.norm):>8} ")
+        out.append(f" {short(m.norm):>8} ")
         if with_delta:
             out.append_text(_bar(m.delta_norm, top_d, bar_w))
-            out.append(f" {g(m.delta_norm):>8}")
+            out.append(f" {short(m.delta_norm):>8}")
         if bad:
             out.append(f"  {bad:,} NaN/Inf", style="bold red")
         out.append("\n")
