@@ -30,11 +30,15 @@ def _progress_line(ev: Any, mem: str, unit: str = "file") -> str:
     from inspector.system.units import format_bytes
 
     eta = (ev.bytes_total - ev.bytes_done) / ev.throughput if ev.throughput > 0 else 0.0
-    where = f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard
     return (
         f"[{ev.fraction * 100:5.1f}%] {format_bytes(ev.bytes_done)} / {format_bytes(ev.bytes_total)}  "
-        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  {where}  {mem}"
+        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  {_where(ev, unit)}  {mem}"
     )
+
+
+def _where(ev: Any, unit: str) -> str:
+    """`file 3/8` for a run here; a Ray run's events say themselves how many parts are done."""
+    return f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard
 
 
 def _memory_line() -> str:
@@ -151,7 +155,7 @@ def _drive(console: Any, events: Any, total: int, unit: str = "file") -> Any:
                     task,
                     completed=ev.bytes_done,
                     total=ev.bytes_total,
-                    description=f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard,
+                    description=_where(ev, unit),
                     mem=_memory_line(),
                 )
     return None

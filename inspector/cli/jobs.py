@@ -66,7 +66,7 @@ def job_events(args: argparse.Namespace, job: Any, part: tuple[int, int] | None,
         args.overwrite,
         args.fsync,
     )
-    return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append)
+    return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append, job=job)
 
 
 def ray_options(args: argparse.Namespace) -> None:

@@ -55,13 +55,12 @@ def convert_json(args: argparse.Namespace) -> int:
     events for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import job_events, parse_part, plan_job, ray_options
+        from inspector.cli.jobs import job_events, parse_part, plan_job
         from inspector.convert.engine import Progress, Report
         from inspector.errors import DoesNotFitError
         from inspector.system.rss import peak_rss
 
-        ray_options(args)
-        part = parse_part(getattr(args, "part", None))
+        part = parse_part(getattr(args, "part", None))  # --executor ray's options: checked by cmd_convert
         _, job = plan_job(args, allow_damaged=args.force)
         job.check_output(args.overwrite)
         verdict = job.assess()

@@ -106,12 +106,14 @@ def run_on_ray(
     address: str | None = None,
     cancel: threading.Event | None = None,
     on_part: Any = None,
+    job: Any = None,
 ) -> Iterator[Progress | Report]:
     """Run the job's parts as tasks, yield the driver's view of their progress, then finish and yield the
-    Report. `on_part(PartResult)` is called as each task ends. Raises CancelledError when `cancel` is set or
-    the driver is interrupted (the tasks are interrupted and clean up as the kind does on cancel)."""
+    Report. `job`: the spec's job where the caller has planned it already (else it is planned here).
+    `on_part(PartResult)` is called as each task ends. Raises CancelledError when `cancel` is set or the
+    driver is interrupted (the tasks are interrupted and clean up as the kind does on cancel)."""
     ray = connect(address)
-    job = plan(spec)
+    job = job or plan(spec)
     n = parts or default_parts(ray, len(job.files))
     total = job.output_bytes
     sink = _sink_class(ray).remote(n)
