@@ -25,7 +25,7 @@ from textual.widgets import DataTable, ProgressBar, Select, Static
 from inspector.errors import CancelledError, InspectorError
 from inspector.health import HealthProgress, HealthReport, Row
 from inspector.health.findings import sibling_ratios
-from inspector.scan.model import Checkpoint
+from inspector.scan.model import Checkpoint, Severity
 from inspector.tui.fmt import plural, shown, size
 from inspector.tui.screens.tensor_stats import other_tag
 from inspector.tui.typed import zi
@@ -104,8 +104,6 @@ class HealthPane(Vertical):
         self._cancel = threading.Event()
         self._ran_for: tuple[str, str, str] | None = None  # (root, tag, against) of the rows shown
         self._order: dict[str, int] = {}
-        self._bad = 0
-        self._started = 0.0
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="health-bar"):
@@ -137,10 +135,7 @@ class HealthPane(Vertical):
 
     def show(self, ckpt: Checkpoint) -> None:
         """A new checkpoint or tag: what was shown belongs to another one (a pass still reading stops)."""
-        if self.running:
-            self.cancel()
-            self._run += 1  # its last messages are ignored
-            self._ended(Text(""))
+        self._abandon()
         self.ckpt = ckpt
         self._order = {t.name: i for i, t in enumerate(ckpt.tensors)}
         others = [t for t in reversed(ckpt.tags) if t != ckpt.tag]
@@ -167,16 +162,18 @@ class HealthPane(Vertical):
         self._run += 1
         self._cancel = threading.Event()
         self.running = True
-        self._started = time.monotonic()
         progress = self.query_one("#health-progress", ProgressBar)
         progress.remove_class("-hidden")
         progress.update(total=1.0, progress=0.0)
         self._status(Text("starting… (escape cancels)", style="italic"))
         self._worker(self.ckpt, key[2] or None, self._cancel, self._run)
 
-    def cancel(self) -> None:
+    def _abandon(self) -> None:
+        """Stop a pass still reading and ignore its last messages: a new tag or comparison replaces it."""
         if self.running:
             self._cancel.set()
+            self._run += 1
+            self._ended(Text(""))
 
     def on_unmount(self) -> None:
         self._cancel.set()  # the app is closing: the worker threads stop at their next chunk
@@ -221,13 +218,13 @@ class HealthPane(Vertical):
             return  # an older run's last words
         if msg.rows:
             self.table.append(msg.rows, self._order)
-            self._bad += sum(1 for r in msg.rows if r.stats.nan or r.stats.inf)
             if self.table.cursor_row < 0 or len(self.table.entries) == len(msg.rows):
                 self._highlight()
         if msg.progress is not None:
             p = msg.progress
             self.query_one("#health-progress", ProgressBar).update(progress=p.fraction)
-            bad = f" · [bold red]{plural(self._bad, 'stream')} with NaN/Inf so far[/]" if self._bad else ""
+            broken = sum(1 for e in self.table.entries if e.bad)
+            bad = f" · [bold red]{plural(broken, 'stream')} with NaN/Inf so far[/]" if broken else ""
             self._status(
                 f"reading {size(p.bytes_done)} of {size(p.bytes_total)} · {p.jobs_done:,} of "
                 f"{plural(p.jobs_total, 'stream')}{bad} · escape cancels"
@@ -247,7 +244,7 @@ class HealthPane(Vertical):
         self.table.complete(sibling_ratios(report.rows))
         self.query_one("#health-findings", AutoHeightStatic).update(findings_renderable(report.findings))
         self.query_one(LayerChart).show(report)
-        errors, warnings = len(report.errors), sum(1 for f in report.findings if str(f.severity) == "warning")
+        errors, warnings = len(report.errors), sum(1 for f in report.findings if f.severity is Severity.WARNING)
         verdict = (
             Text(f"✘ {plural(errors, 'error')}", style="bold red")
             if errors
@@ -285,9 +282,7 @@ class HealthPane(Vertical):
     def _against_changed(self, event: Select.Changed) -> None:
         if self.ckpt is None or (self._ran_for is None and not self.running):
             return  # nothing asked for yet: the choice waits for `h`
-        self.cancel()
-        self.running = False
-        self._run += 1  # the old run's remaining messages are ignored
+        self._abandon()
         self.start()
 
     @on(HealthTable.Sorted)
@@ -312,7 +307,6 @@ class HealthPane(Vertical):
     def _clear(self) -> None:
         self.report = None
         self._ran_for = None
-        self._bad = 0
         self.table.reset()
         self.query_one("#health-row", Static).update("")
         self.query_one("#health-findings", AutoHeightStatic).update("")
