@@ -8,17 +8,19 @@ the cache the read just filled:
 * min and max, once each, in the stored values: they are exact, and finite exactly when the chunk holds no
   NaN or Inf (numpy's min/max propagate NaN), so the NaN/Inf counting runs only on chunks that hold one;
 * zeros only where min <= 0 <= max (never for `exp_avg_sq`, whose zero rows are then skipped too);
-* the sum and the sum of squares as float32 inner products over blocks of `BLOCK` elements (numpy's
-  batched matmul: one call per chunk, BLAS-sized pieces that never start BLAS threads), the block sums
-  added in float64 and the chunks combined in float64 (Chan's update for mean and variance). Values are
-  shifted by an fp32 number near their mean when mean² > var / 4, so the variance is a sum of small squares,
-  not a difference of large ones.
+* the sum and the sum of squares as float32 inner products over blocks of `BLOCK` elements (the sums
+  einsum's row sums, the squares numpy's batched matmul in BLAS-sized pieces that never start BLAS
+  threads), the block sums added in float64 and the chunks combined in float64 (Chan's update for mean
+  and variance). Values are shifted by an fp32 number near their mean only when mean² > 2·var (a spread
+  well under the values' size: rare for weights and moments, `exp_avg_sq` included, whose std is about
+  their mean or more; layer norms' weights near 1 take it), so the variance is never a difference of much
+  larger numbers.
 
 Precision (worst case, whatever the data; measured errors are 1e-8 relative or less): a float32 sum of
 `BLOCK` + 1 rounded terms errs by at most GAMMA = (BLOCK + 1)·2⁻²⁴ ≈ 1.53e-5 of the sum of their magnitudes,
 the float64 steps add nothing visible. So the L2 norm (and `--against`'s delta norm) is within a relative
 `NORM_REL`, the standard deviation within a relative `STD_REL` (shifting keeps the variance's cancellation to
-a factor 2.4) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max and abs-max are exact. Chunks
+a factor 9.6) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max and abs-max are exact. Chunks
 whose float32 squares would overflow (|x| > 1.8e19), that hold NaN/Inf, and integer or float64 tensors take
 an exact float64 path instead. numpy releases the GIL in every call used here, so several streams run on
 several cores.
@@ -37,12 +39,12 @@ from inspector.format.dtypes import DTYPES, numpy_dtype
 Array = np.ndarray[Any, Any]
 
 BLOCK = 256  # elements summed in float32 before the float64 accumulation
-SHIFT_RATIO = 0.25  # shift the values when mean² > var / 4 (in the shifted values' terms)
+SHIFT_RATIO = 2.0  # shift the values when mean² > 2·var (in the shifted values' terms)
 GAMMA = (BLOCK + 1) * 2.0**-24 / (1 - (BLOCK + 1) * 2.0**-24)  # the float32 block sums' relative bound
 NORM_REL = 1e-5  # ≥ GAMMA / 2: the sum of squares' bound, halved by the square root (Σx² is never shifted)
-STD_REL = 3e-5  # ≥ 3.5·GAMMA / 2: M2 per chunk 2.37·GAMMA (mean² ≤ var / 4), the chunk means 1.12·GAMMA·M2
+STD_REL = 8e-5  # ≥ 9.6·GAMMA / 2: M2 per chunk (1 + r + 2·sqrt(r(1 + r)))·GAMMA = 7.9·GAMMA at r = mean²/var
+# = 2, the chunk means sqrt(1 + r)·GAMMA·M2 = 1.73·GAMMA·M2; the square root halves the sum
 MEAN_SPAN = 1.6e-5  # ≥ GAMMA: |mean error| ≤ GAMMA · rms(x - shift) ≤ GAMMA · (max - min)
-_ONES = np.ones((BLOCK, 1), np.float32)
 _F32 = np.dtype(np.float32)
 # floats of 16 bits or fewer (fp16, bf16, fp8) hold nothing float32 cannot: widened exactly. Compared as
 # dtypes, not names (`dtype.name` costs microseconds a call).
@@ -93,7 +95,8 @@ class Buffers:
         self.shifted = np.empty(chunk, np.float32)
         self.mask = np.empty(chunk, np.bool_)
         self.f64 = np.empty(chunk, np.float64)
-        self.blocks = np.empty((2, chunk // BLOCK + 1, 1, 1), np.float32)  # Σv², Σv of each block
+        self.squares = np.empty((chunk // BLOCK + 1, 1, 1), np.float32)  # Σv² of each block
+        self.sums = np.empty(chunk // BLOCK + 1, np.float32)  # Σv of each block
 
 
 def widened(x: Array, buf: Buffers) -> Array | None:
@@ -118,13 +121,13 @@ def block_sums(v: Array, buf: Buffers, linear: bool = True) -> tuple[float, floa
         if full:
             rows = v[:full].reshape(-1, BLOCK)
             nb = rows.shape[0]
-            out = buf.blocks[:, :nb]
-            np.matmul(rows[:, None, :], rows[:, :, None], out=out[0])
-            if linear:
-                np.matmul(rows[:, None, :], _ONES, out=out[1])
-                s2, s1 = np.add.reduce(out.reshape(2, nb), axis=1, dtype=np.float64).tolist()
-            else:
-                s2 = float(np.add.reduce(out[0].reshape(nb), dtype=np.float64))
+            squares = buf.squares[:nb]
+            np.matmul(rows[:, None, :], rows[:, :, None], out=squares)
+            s2 = float(np.add.reduce(squares.reshape(nb), dtype=np.float64))
+            if linear:  # einsum's float32 row sums: faster than a product with ones, and never BLAS
+                sums = buf.sums[:nb]  # threads (one sgemv of a whole chunk starts them: 100 times slower
+                np.einsum("ij->i", rows, out=sums)  # on a busy machine)
+                s1 = float(np.add.reduce(sums, dtype=np.float64))
         if full < n:  # the tail: fewer than BLOCK elements, the same bound
             t = v[full:]
             s2 += float(np.dot(t, t))

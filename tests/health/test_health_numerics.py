@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from inspector.health.numerics import BLOCK, Accumulator, Buffers, Stats, block_sums
+from inspector.health.numerics import BLOCK, STD_REL, Accumulator, Buffers, Stats, block_sums
 from tests.health.helpers import assert_matches, torch_stats
 
 RNG = np.random.default_rng(7)
@@ -28,6 +28,9 @@ def _data() -> dict[str, np.ndarray[Any, Any]]:
         "layernorm": ones.astype(np.float32),  # mean² ≫ var: shifted
         "offset": (1e4 + RNG.standard_normal(N)).astype(np.float32),  # mean far outside the spread
         "exp_avg_sq": (1e-3 * RNG.standard_normal(N)).astype(np.float32) ** 2,
+        # mean² = var: exponential values (std equal to the mean), taken unshifted
+        "exponential": (1e-6 * RNG.standard_exponential(N)).astype(np.float32),
+        "just_shifted": (1.0 + RNG.standard_exponential(N)).astype(np.float32),  # mean² = 4·var: shifted
         "constant": np.full(N, 0.5, np.float32),
         "spaced": spaced.astype(np.float32),
         "huge": (1e25 * RNG.standard_normal(N)).astype(np.float32),  # squares overflow float32
@@ -70,10 +73,21 @@ def test_the_shift_is_what_keeps_the_std() -> None:
     x = DATA["layernorm"]
     st = _stream(x, 1 << 16)
     ref = torch_stats(x)
-    assert abs(st.std / ref["std"] - 1) < 3e-5
+    assert abs(st.std / ref["std"] - 1) < STD_REL
     acc, buf = Accumulator(), Buffers(1 << 16)
     acc.add(x[: 1 << 16], buf)
     assert acc.k != 0.0  # the shift was taken
+
+
+def test_no_shift_while_the_spread_is_the_means_size() -> None:
+    """Values whose std is about their mean (exponential, like `exp_avg_sq`) skip the shift's extra passes;
+    values whose mean is 2 stds away take it."""
+    buf = Buffers(1 << 16)
+    plain, shifted = Accumulator(), Accumulator()
+    plain.add(DATA["exponential"][: 1 << 16], buf)
+    shifted.add(DATA["just_shifted"][: 1 << 16], buf)
+    assert plain.k == 0.0
+    assert shifted.k != 0.0
 
 
 def test_block_sums_tail_and_overflow() -> None:
