@@ -125,7 +125,7 @@ async def test_a_nan_in_a_master_comes_first_and_is_an_error(demo: DemoCache, tm
         assert (first.row.name, first.row.source, first.row.stats.nan) == (NAME, "master", 1)
         assert "1 error" in plain(pane.query_one("#health-status"))
         findings = plain(pane.query_one("#health-findings"))
-        assert findings.lstrip().startswith("error") and NAME in findings
+        assert findings.lstrip().startswith("✖ error") and NAME in findings
 
 
 @pytest.mark.asyncio

@@ -30,10 +30,10 @@ from inspector.tui.fmt import plural, shown, size
 from inspector.tui.screens.tensor_stats import other_tag
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
+from inspector.tui.widgets.findings import findings_renderable
 from inspector.tui.widgets.health_view import (
     SORTS,
     HealthTable,
-    findings_renderable,
     layer_chart,
     layer_rows,
     row_detail,
@@ -242,7 +242,13 @@ class HealthPane(Vertical):
     def _finished(self, report: HealthReport) -> None:
         self.report = report
         self.table.complete(sibling_ratios(report.rows))
-        self.query_one("#health-findings", AutoHeightStatic).update(findings_renderable(report.findings))
+        self.query_one("#health-findings", AutoHeightStatic).update(
+            findings_renderable(
+                report.findings,
+                ok="No findings: no NaN or Inf, no dead, constant or exploded tensors.",
+                more=" (`zero-inspector health --json` lists all)",
+            )
+        )
         self.query_one(LayerChart).show(report)
         errors, warnings = len(report.errors), sum(1 for f in report.findings if f.severity is Severity.WARNING)
         verdict = (

@@ -11,17 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable
 
-from inspector.health import HealthFinding, ModuleRollup, Row
+from inspector.health import ModuleRollup, Row
 from inspector.health.findings import Siblings
 from inspector.health.report import natural_key, overview, short
-from inspector.scan.model import Severity
 from inspector.tui.fmt import bar, count, shown
 
 SOURCE_SHORT = {
@@ -32,13 +30,6 @@ SOURCE_SHORT = {
     "frozen": "frozen",
     "buffer": "buffer",
 }
-_SEVERITY = {
-    Severity.ERROR: ("error", "bold red"),
-    Severity.WARNING: ("warning", "yellow"),
-    Severity.INFO: ("info", "cyan"),
-}
-
-
 # --- sorting --------------------------------------------------------------------------------------------------
 
 
@@ -284,26 +275,6 @@ def row_detail(e: Entry) -> Text:
         bits.append(f"{e.siblings.ratio:.3g}× the median of {e.siblings.count} siblings")
     t.append(" · ".join(bits), style="dim")
     return t
-
-
-def findings_renderable(items: Sequence[HealthFinding], shown_max: int = 30) -> RenderableType:
-    """Errors first (the report keeps that order), each with what to do, wrapped under its own column; the
-    rest counted, not dropped."""
-    if not items:
-        return Text("✔ No findings: no NaN or Inf, no dead, constant or exploded tensors.", style="green")
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(ratio=1)
-    for f in items[:shown_max]:
-        label, style = _SEVERITY[f.severity]
-        what = Text(shown(f.message))
-        if f.hint:
-            what.append(f"\n→ {shown(f.hint)}", style="italic")
-        grid.add_row(Text(label, style=style), what)
-    if len(items) > shown_max:
-        more = f"… and {len(items) - shown_max} more (`zero-inspector health --json` lists all)"
-        grid.add_row("", Text(more, style="dim"))
-    return grid
 
 
 def layer_rows(modules: Sequence[ModuleRollup]) -> list[ModuleRollup]:

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from inspector.scan.model import Checkpoint, Finding, Kind, Severity
+from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.summary import contents_rows, parameter_count, summary_rows
 from inspector.tui.fmt import KIND_STYLE, count, in_words, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
-
-_SEVERITY = {
-    Severity.ERROR: ("✖ ERROR", "bold red"),
-    Severity.WARNING: ("▲ WARN", "yellow"),
-    Severity.INFO: ("● INFO", "cyan"),
-}
-
+from inspector.tui.widgets.findings import findings_renderable
 
 # shown elsewhere on the overview: the path and tag in the header, the module copy in the contents table
 _NOT_IN_CARD = {"root", "tag", "module_copy"}
@@ -64,25 +58,6 @@ def contents_table(ckpt: Checkpoint) -> Table:
     return t
 
 
-def findings_renderable(items: tuple[Finding, ...]) -> RenderableType:
-    if not items:
-        return Text(
-            "✔ No problems found: every rank file is present, complete and from one run.", style="green"
-        )
-    lines = []
-    for f in sorted(items, key=lambda f: list(Severity).index(f.severity)):
-        label, style = _SEVERITY[f.severity]
-        line = Text()
-        line.append(f"{label:8} ", style=style)
-        line.append(shown(f.message))
-        if f.file:
-            line.append(f"\n         {shown(f.file)}", style="dim")
-        if f.hint:
-            line.append(f"\n         → {shown(f.hint)}", style="italic")
-        lines.append(line)
-    return Group(*lines)
-
-
 class SummaryCard(AutoHeightStatic):
     """Stage, ranks, dtypes, optimizer, version, steps, loss scale and contents by kind."""
 
@@ -120,4 +95,8 @@ class FindingsView(AutoHeightStatic):
 
     def show(self, ckpt: Checkpoint) -> None:
         self.set_class(bool(ckpt.errors), "-errors")
-        self.update(findings_renderable(ckpt.findings))
+        self.update(
+            findings_renderable(
+                ckpt.findings, ok="No problems found: every rank file is present, complete and from one run."
+            )
+        )
