@@ -237,3 +237,22 @@ def test_saved_at_is_the_newest_rank_file_else_the_tag_folder(demo: DemoCache, t
     linked.mkdir()
     os.symlink(elsewhere, linked / ckpt.tag)
     assert saved_at(replace(unknown, root=str(linked), tag_dir=str(linked / ckpt.tag))) is None
+
+
+def test_finding_lines_errors_first_hint_once_per_run_file_where_it_changes() -> None:
+    from inspector.scan.model import Finding, Severity
+    from inspector.scan.summary import finding_lines
+
+    copy = "Copy the complete checkpoint folder."
+    items = [
+        Finding(Severity.WARNING, "w", "old", "/c/tag", "Look."),
+        *(Finding(Severity.ERROR, "missing", f"rank {r} missing", "/c/tag", copy) for r in range(4)),
+        Finding(Severity.ERROR, "torn", "cut off", "/c/tag/rank7.pt", copy),
+        Finding(Severity.INFO, "i", "fyi", None, ""),
+    ]
+    lines, rest = finding_lines(items, shown_max=6)
+    want = ["rank 0 missing", "rank 1 missing", "rank 2 missing", "rank 3 missing", "cut off", "old"]
+    assert [x.message for x in lines] == want
+    assert [x.file for x in lines] == ["/c/tag", "", "", "", "/c/tag/rank7.pt", "/c/tag"]
+    assert [x.hint for x in lines] == ["", "", "", "", copy, "Look."]
+    assert rest == 1  # the info finding, counted rather than dropped

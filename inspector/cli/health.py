@@ -9,7 +9,6 @@ import argparse
 import json
 import math
 import threading
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,7 @@ from inspector.cli.console import console as _console
 from inspector.cli.console import literal, stdout_closed
 from inspector.errors import EXIT_DAMAGED, EXIT_OK
 
-_SHOWN = 25  # findings of each severity printed before "… and N more"
-_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_SHOWN = 40  # findings printed (errors first) before "… and N more"
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -57,7 +55,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def _print(con: Any, report: Any, all_tensors: bool) -> None:
-    from rich.table import Table
+    from inspector.cli.render import findings
 
     head = f"[bold]Health of {literal(report.tag)}[/] (ZeRO-{report.stage})"
     if report.against:
@@ -68,24 +66,15 @@ def _print(con: Any, report: Any, all_tensors: bool) -> None:
         _print_tensors(con, report)
     else:
         _print_modules(con, report)
-    if not report.findings:
-        con.print("[green]No findings: no NaN or Inf, no dead or exploded tensors.[/]")
-        return
-    t = Table(title="Findings", show_lines=False, expand=False)
-    t.add_column("", no_wrap=True)
-    t.add_column("what")
-    t.add_column("what to do")
-    by: dict[str, list[Any]] = defaultdict(list)
-    for f in report.findings:
-        by[str(f.severity)].append(f)
-    for sev in ("error", "warning", "info"):
-        for f in by[sev][:_SHOWN]:
-            t.add_row(f"[{_STYLE[sev]}]{sev}[/]", literal(f.message), literal(f.hint))
-        if len(by[sev]) > _SHOWN:
-            t.add_row(
-                f"[{_STYLE[sev]}]{sev}[/]", f"… and {len(by[sev]) - _SHOWN} more (--json lists all)", ""
-            )
-    con.print(t)
+    con.print()
+    con.print(
+        findings(
+            report.findings,
+            ok="No findings: no NaN or Inf, no dead, constant or exploded tensors.",
+            shown_max=_SHOWN,
+            more=" (--json lists all)",
+        )
+    )
 
 
 def _print_modules(con: Any, report: Any) -> None:

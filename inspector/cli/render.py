@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -12,9 +13,11 @@ from rich.text import Text
 from inspector.cli.console import literal as escape
 from inspector.convert.preflight import Assessment
 from inspector.scan.json_view import adapter_json
-from inspector.scan.model import Checkpoint, Finding, Kind, Severity
+from inspector.scan.model import Checkpoint, Kind, Severity
 from inspector.scan.summary import (
+    FindingLike,
     alignment_padding,
+    finding_lines,
     kind_totals,
     module_rows,
     rank_row,
@@ -22,7 +25,6 @@ from inspector.scan.summary import (
 )
 from inspector.system.units import format_bytes, format_count, plural, printable
 
-_SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
 
@@ -119,20 +121,35 @@ def tensors_table(ckpt: Checkpoint) -> Table:
     return t
 
 
-def findings(items: tuple[Finding, ...]) -> RenderableType:
-    if not items:
-        return Text("No problems found.", style="green")
-    rows = []
-    for f in items:
-        line = Text()
-        line.append(f"{f.severity.value.upper():8}", style=_SEVERITY_STYLE[f.severity])
-        line.append(printable(f.message))
+SEVERITY_LABEL = {
+    Severity.ERROR: ("✖ error", "bold red"),
+    Severity.WARNING: ("▲ warning", "yellow"),
+    Severity.INFO: ("● info", "cyan"),
+}
+
+
+def findings(
+    items: Sequence[FindingLike], ok: str = "No problems found.", shown_max: int = 40, more: str = ""
+) -> RenderableType:
+    """Scan's and health's findings (`summary.finding_lines`), the message wrapped under its own column;
+    `more` says where the ones past `shown_max` are."""
+    lines, rest = finding_lines(items, shown_max)
+    if not lines:
+        return Text(f"✔ {ok}", style="green")
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    for f in lines:
+        label, style = SEVERITY_LABEL[f.severity]
+        what = Text(printable(f.message))
         if f.file:
-            line.append(f"\n        {printable(f.file)}", style="dim")
+            what.append(f"\n{printable(f.file)}", style="dim")
         if f.hint:
-            line.append(f"\n        → {printable(f.hint)}", style="italic")
-        rows.append(line)
-    return Group(*rows)
+            what.append(f"\n→ {printable(f.hint)}", style="italic")
+        grid.add_row(Text(label, style=style), what)
+    if rest:
+        grid.add_row("", Text(f"… and {rest} more{more}", style="dim"))
+    return grid
 
 
 def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) -> None:

@@ -1,15 +1,17 @@
-"""Plain-data views of a Checkpoint for any front end (CLI, TUI): summary, contents, ranks and modules
-(`scan --json` is `json_view`)."""
+"""Plain-data views of a Checkpoint for any front end (CLI, TUI): summary, contents, ranks, modules and
+findings (`scan --json` is `json_view`)."""
 
 from __future__ import annotations
 
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from inspector.format.dtypes import SHORT_NAMES
-from inspector.scan.model import Checkpoint, Kind, RankInfo, TensorInfo
+from inspector.scan.model import Checkpoint, Kind, RankInfo, Severity, TensorInfo
 from inspector.system.source import Source
 from inspector.system.units import format_bytes, format_count, plural
 
@@ -248,3 +250,42 @@ def module_rows(tensors: tuple[TensorInfo, ...]) -> list[ModuleRow]:
         row.kinds[str(t.kind)] = row.kinds.get(str(t.kind), 0) + 1
         row.dtypes.add(t.dtype)
     return list(rows.values())
+
+
+class FindingLike(Protocol):
+    """What both kinds of finding have (`scan.model.Finding`, `health.HealthFinding`)."""
+
+    @property
+    def severity(self) -> Severity: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def hint(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class FindingLine:
+    """One finding as a face shows it: `file` and `hint` empty where they would repeat a neighbour's."""
+
+    severity: Severity
+    message: str
+    file: str
+    hint: str
+
+
+def finding_lines(items: Sequence[FindingLike], shown_max: int) -> tuple[list[FindingLine], int]:
+    """The findings both faces show, errors first (stable: each kind's own order kept), and how many more
+    there are past `shown_max`. A file (scan findings name one) is given where it changes and a hint once
+    for a run of findings sharing it: 128 missing rank files are not 128 copies of "copy the folder"."""
+    order = list(Severity)
+    shown = sorted(items, key=lambda f: order.index(f.severity))[:shown_max]
+    lines = []
+    for i, f in enumerate(shown):
+        file = getattr(f, "file", None) or ""
+        if i and (getattr(shown[i - 1], "file", None) or "") == file:
+            file = ""
+        hint = f.hint if i + 1 == len(shown) or shown[i + 1].hint != f.hint else ""
+        lines.append(FindingLine(f.severity, f.message, file, hint))
+    return lines, len(items) - len(shown)
