@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.output import part_indices
-from inspector.convert.root import LOCK, OutputRoot
+from inspector.convert.root import LOCK, Destination, OutputRoot
 from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
@@ -213,6 +213,7 @@ def write_universal(
     progress: Callable[[int], None] | None = None,
     part: tuple[int, int] | None = None,
     fsync: bool = False,
+    dest: Destination | None = None,
 ) -> UniversalReport:
     """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written. `fsync`: every
     file reaches the disk before it is journalled (so a later run trusts it without reading it back).
@@ -220,10 +221,20 @@ def write_universal(
     `part` (i, n): write only part i of n of the tensor files (contiguous, balanced by bytes) into the shared
     staging folder, journalled under a journal of its own, and publish nothing; the run without `part`
     then writes the small files and anything missing, reuses every part's files by their checksums and
-    publishes."""
+    publishes.
+
+    `dest` (OUT is a bucket; `plan.out_root` is the staging folder): every file is published under
+    `<tag>_uni/` the moment it is complete and leaves the staging folder (several at once, one per writer
+    thread); `latest_universal` goes last. Files an earlier run of this job completed in the bucket are not
+    written again."""
+    if dest is not None and part is not None:
+        raise OutputError(
+            "--part writes into a shared output folder; a bucket output is written by one run.",
+            hint="Run the conversion without --part.",
+        )
     prepare(plan, overwrite)
     suffix = f".part-{part[0]}-of-{part[1]}" if part else ""
-    root = OutputRoot(plan.out_root, lock_name=LOCK + suffix)  # a second run into OUT is refused, not mixed in
+    root = OutputRoot(plan.out_root, lock_name=LOCK + suffix, dest=dest)  # a second run into OUT is refused, not mixed in
     ok = False
     try:
         root.refuse_running(part)
@@ -244,7 +255,8 @@ def _write_locked(
     part: tuple[int, int] | None = None,
     fsync: bool = False,
 ) -> UniversalReport:
-    staging = plan.folder + PARTIAL
+    # in a bucket every object is complete or absent: files go straight to <tag>_uni/, latest_universal last
+    staging = plan.folder + ("" if root.dest is not None else PARTIAL)
     mine = [plan.files[k] for k in file_part(plan, part)] if part else list(plan.files)
     _open_staging(plan, root, staging, {f.rel for f in mine} if part else None)
     cancel = cancel or threading.Event()
@@ -259,7 +271,7 @@ def _write_locked(
 
     journal = Journal(root, staging, f".part-{part[0]}-of-{part[1]}" if part else "", synced=fsync)
     finished = journal.previous()
-    todo = [f for f in mine if not journal.reusable(f.rel, finished)]
+    todo = [f for f in mine if not journal.reusable(f.rel, finished) and not _published(root, staging, f.rel)]
     try:
         from inspector.convert.reader import FilePool
         from inspector.convert.writers.universal_state import write_small
@@ -282,7 +294,7 @@ def _write_locked(
                     raise
             for src, name in plan.copies if part is None else ():
                 rel = f"{staging}/{name}"
-                if not journal.reusable(name, finished):
+                if not journal.reusable(name, finished) and not _published(root, staging, name):
                     root.copy_in(_source_of(plan, src), src, rel, fsync=fsync)
                     journal.finished(name)
                 report(root.size(rel))
@@ -295,17 +307,23 @@ def _write_locked(
         raise CancelledError("Conversion cancelled; rerun the same command to resume.")
     if part is not None:
         return UniversalReport(f"{plan.out_dir}{PARTIAL}", len(mine), written[0], len(mine) - len(todo))
-    if root.lstat(plan.folder) is not None:  # only reached with --overwrite (prepare checked)
+    if staging != plan.folder and root.lstat(plan.folder) is not None:  # only with --overwrite (prepare checked)
         root.remove_tree(plan.folder)
     root.remove(f"{staging}/{SOURCE_STAMP}")
     for name in root.listdir(staging):
         if name.startswith(JOURNAL):  # this run's journal and every part's
             root.remove(f"{staging}/{name}")
-    root.replace(staging, plan.folder)
+    if staging != plan.folder:
+        root.replace(staging, plan.folder)
     root.write_atomic(LATEST, plan.folder.encode(), fsync=fsync)
     if fsync:  # the renames themselves
         root.fsync_dir()
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
+
+
+def _published(root: OutputRoot, staging: str, rel: str) -> bool:
+    """Whether the bucket already holds this job's complete `rel` (an object exists whole or not at all)."""
+    return root.dest is not None and root.dest.holds(f"{staging}/{rel}", None)
 
 
 def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
