@@ -166,14 +166,15 @@ class BucketJob(Job):
             outer.remove_tree(name)  # a killed run's leftovers: the bucket says what is finished, not they
             bucket.check(self._names(), abort_stale=True)
             for ev in self.inner.run(cancel=cancel, overwrite=overwrite, fsync=fsync, dest=bucket):
-                if isinstance(ev, Report):
+                if isinstance(ev, Report):  # everything is up: a consumer that stops here undoes nothing
+                    ok = True
                     ev = dataclasses.replace(
                         ev, out_dir=self.public(ev.out_dir), resumed_shards=len(bucket.reused)
                     )
                 yield ev
-            ok = True
         except BaseException:
-            cancel.set()
+            if not ok:
+                cancel.set()
             raise
         finally:
             if ok:

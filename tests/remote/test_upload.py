@@ -34,6 +34,9 @@ from tests.remote.proxy import S3Proxy
 pytestmark = pytest.mark.s3
 
 SMALL = DemoSpec(stage=2, world_size=2, dtype="bf16", params=60_000)
+BIG = DemoSpec(
+    stage=2, world_size=2, dtype="bf16", params=4_000_000
+)  # 16 MB as fp32: 5 MiB parts, 6 MB shards
 
 
 def _url(what: str) -> str:
@@ -167,14 +170,14 @@ def test_the_cli_uploads_by_multipart_in_file_order_and_names_the_bucket(
 # -- nothing visible unless complete -----------------------------------------------------------------------
 
 
-def _big_job(local: Path, url: str, tmp_path: Path, shard_size: int) -> Job:
-    ckpt = scan(str(local))
+def _big_job(demo: Any, url: str, tmp_path: Path, shard_size: int) -> Job:
+    ckpt = scan(str(demo(BIG)))
     opts = ConvertOptions(dtype="float32", shard_size=shard_size)
     return plan_output(get("weights"), ckpt, Request(opts), url, str(tmp_path / "staging"))
 
 
 def test_a_cancelled_conversion_leaves_no_object_and_no_open_upload(
-    s3_demo: tuple[str, Path], s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo: Any, s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancel arrives while the second shard's multipart upload is under way: it is aborted, and the shard
     already complete is removed again."""
@@ -191,7 +194,7 @@ def test_a_cancelled_conversion_leaves_no_object_and_no_open_upload(
         return None
 
     proxy.throttle.fault = second_upload
-    job = _big_job(s3_demo[1], url, tmp_path, 6_000_000)
+    job = _big_job(demo, url, tmp_path, 6_000_000)
     with pytest.raises(CancelledError):
         _run(job, cancel=cancel)
     assert cancel.is_set() and len({p.split("?")[0] for p in parts}) == 2
@@ -201,7 +204,7 @@ def test_a_cancelled_conversion_leaves_no_object_and_no_open_upload(
 
 
 def test_a_failed_upload_is_aborted_and_nothing_stays_visible(
-    s3_demo: tuple[str, Path], s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo: Any, s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ZI_S3_PART_MIB", "5")
     url = _url("fail")
@@ -215,7 +218,7 @@ def test_a_failed_upload_is_aborted_and_nothing_stays_visible(
 
     proxy.throttle.fault = refuse_second_complete
     with pytest.raises(InspectorError, match="access denied"):
-        _run(_big_job(s3_demo[1], url, tmp_path, 6_000_000))
+        _run(_big_job(demo, url, tmp_path, 6_000_000))
     proxy.throttle.reset()
     assert len(completes) == 2
     assert objects(s3_client, url) == {}
@@ -223,7 +226,7 @@ def test_a_failed_upload_is_aborted_and_nothing_stays_visible(
 
 
 def test_an_interrupt_mid_run_aborts_the_open_upload(
-    s3_demo: tuple[str, Path], s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo: Any, s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C (KeyboardInterrupt) raised in the thread that uploads: the same cleanup as cancel."""
     monkeypatch.setenv("ZI_S3_PART_MIB", "5")
@@ -240,7 +243,7 @@ def test_an_interrupt_mid_run_aborts_the_open_upload(
 
     monkeypatch.setattr(BucketDestination, "_part", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        _run(_big_job(s3_demo[1], url, tmp_path, 20_000_000))
+        _run(_big_job(demo, url, tmp_path, 20_000_000))
     assert objects(s3_client, url) == {}
     assert open_uploads(s3_client, url) == []
 
@@ -361,11 +364,11 @@ def test_a_rerun_keeps_the_objects_this_job_finished(
 
 
 def test_a_killed_run_leaves_an_open_upload_that_the_rerun_aborts(
-    s3_demo: tuple[str, Path], s3_client: Any, proxy: S3Proxy, cli: Any, tmp_path: Path
+    demo: Any, s3_client: Any, proxy: S3Proxy, cli: Any, tmp_path: Path
 ) -> None:
     """kill -9 in the middle of a multipart upload: no object is visible, the upload stays open (the
     lifecycle rule's case); the same command aborts it, keeps the finished shards and completes."""
-    _, local = s3_demo
+    local = demo(BIG)
     url = _url("killed")
     args = ["--format", "weights", "--dtype", "fp32", "--shard-size", "6MB"]
     proxy.throttle.latency_s = 0.4  # slow enough to be caught mid-upload
