@@ -228,7 +228,8 @@ def test_a_failed_upload_is_aborted_and_nothing_stays_visible(
 def test_an_interrupt_mid_run_aborts_the_open_upload(
     demo: Any, s3_client: Any, proxy: S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ctrl-C (KeyboardInterrupt) raised in the thread that uploads: the same cleanup as cancel."""
+    """Ctrl-C (KeyboardInterrupt) raised while the second shard goes up: its upload is aborted and the
+    first shard, complete, removed again, as on cancel."""
     monkeypatch.setenv("ZI_S3_PART_MIB", "5")
     url = _url("interrupt")
     real = BucketDestination._part
@@ -236,14 +237,15 @@ def test_an_interrupt_mid_run_aborts_the_open_upload(
 
     def interrupted(self: BucketDestination, *args: Any) -> Any:
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 3:  # the first part of the second shard (the first went up in two)
             self._slots.release()
             raise KeyboardInterrupt
         return real(self, *args)
 
     monkeypatch.setattr(BucketDestination, "_part", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        _run(_big_job(demo, url, tmp_path, 20_000_000))
+        _run(_big_job(demo, url, tmp_path, 6_000_000))
+    assert len(calls) == 3
     assert objects(s3_client, url) == {}
     assert open_uploads(s3_client, url) == []
 
