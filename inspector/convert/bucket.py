@@ -190,5 +190,10 @@ class BucketJob(Job):
         return f"open uploads were aborted and nothing this run uploaded is left in {self.url}"
 
     def finished_words(self, report: Report) -> str:
-        words = self.inner.finished_words(report).replace(self.staging, self.url)
-        return f"Uploaded to {self.where}. {words}".strip()
+        words = self.inner.finished_words(report)
+        if not words:
+            return f"Uploaded to {self.where}."
+        # what the kind says about loading it names local paths: the copy a user makes of the prefix
+        return f"Uploaded to {self.where}. Copied down (aws s3 sync {self.url} DIR): " + words.replace(
+            self.staging, "DIR"
+        )
