@@ -209,9 +209,15 @@ class BucketDestination:
         cond = {} if key in self._replaceable else {"IfNoneMatch": "*"}
         what = self.show(rel)
         client = self.store.client()
-        if size <= base_part():
-            body = _pread_all(fd, size, 0)
-            self._call(what, client.put_object, Bucket=self.bucket, Key=key, Body=body, Metadata=meta, **cond)
+        if size <= base_part():  # one request; its bytes count against the parts in memory too
+            self._take_slot([])
+            try:
+                body = _pread_all(fd, size, 0)
+                self._call(
+                    what, client.put_object, Bucket=self.bucket, Key=key, Body=body, Metadata=meta, **cond
+                )
+            finally:
+                self._slots.release()
         else:
             self._multipart(fd, size, key, what, meta, cond)
         with self._lock:
@@ -232,8 +238,7 @@ class BucketDestination:
         futures: list[Future[dict[str, Any]]] = []
         try:
             for number, offset in enumerate(range(0, size, step), 1):
-                while not self._slots.acquire(timeout=0.1):  # memory: at most `upload_inflight` parts held
-                    self._check(futures)
+                self._take_slot(futures)
                 try:
                     self._check(futures)
                     data = _pread_all(fd, min(step, size - offset), offset)
@@ -257,6 +262,11 @@ class BucketDestination:
             raise
         with self._lock:
             self._open.pop(key, None)
+
+    def _take_slot(self, futures: list[Future[dict[str, Any]]]) -> None:
+        """Wait for room: at most `upload_inflight()` parts are held in memory, for all files together."""
+        while not self._slots.acquire(timeout=0.1):
+            self._check(futures)
 
     def _check(self, futures: list[Future[dict[str, Any]]]) -> None:
         if self.cancel.is_set():
@@ -282,10 +292,10 @@ class BucketDestination:
         finally:
             self._slots.release()
 
-    @staticmethod
-    def cancel_parts(futures: list[Future[dict[str, Any]]]) -> None:
+    def cancel_parts(self, futures: list[Future[dict[str, Any]]]) -> None:
         for f in futures:
-            f.cancel()
+            if f.cancel():  # never started: the slot it held is given back here
+                self._slots.release()
         for f in futures:  # none may still be uploading into an upload about to be aborted
             with contextlib.suppress(BaseException):
                 f.exception()
@@ -312,10 +322,9 @@ class BucketDestination:
             opened, made = list(self._open.items()), list(self.created)
         for key, uid in opened:
             self._abort(key, uid)
-        client = self.store.client()
         for key in made:
             with contextlib.suppress(Exception):
-                client.delete_object(Bucket=self.bucket, Key=key)
+                self.store.client().delete_object(Bucket=self.bucket, Key=key)
         self.close()
 
     def close(self) -> None:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -373,23 +372,36 @@ def test_a_killed_run_leaves_an_open_upload_that_the_rerun_aborts(
     local = demo(BIG)
     url = _url("killed")
     args = ["--format", "weights", "--dtype", "fp32", "--shard-size", "6MB"]
-    proxy.throttle.latency_s = 0.4  # slow enough to be caught mid-upload
-    env = dict(os.environ, ZI_S3_PART_MIB="5")
+    holding, killed = threading.Event(), threading.Event()
+    completes: list[str] = []
+
+    def hold_second_complete(method: str, path: str) -> tuple[int, str] | None:
+        """The second shard's CompleteMultipartUpload is held until the process is dead, then refused: the
+        kill lands between its parts and its completion, deterministically."""
+        if method == "POST" and "uploadId" in path:
+            completes.append(path)
+            if len(completes) == 2:
+                holding.set()
+                killed.wait(60)
+                return (500, "InternalError")
+        return None
+
+    proxy.throttle.fault = hold_second_complete
+    env = dict(os.environ, ZI_S3_PART_MIB="5", AWS_MAX_ATTEMPTS="1")
     cmd = [sys.executable, "-m", "inspector", "convert", str(local), url, *args]
     child = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (objects(s3_client, url) and open_uploads(s3_client, url)):
-            time.sleep(0.1)
+        assert holding.wait(60), "the second shard never completed its parts"
     finally:
         child.kill()
         child.wait()
+        killed.set()
+    proxy.throttle.reset()
     finished = objects(s3_client, url)
     assert finished and open_uploads(s3_client, url), "the run was not caught between two shards"
-    assert "model.safetensors.index.json" not in finished
-    proxy.throttle.reset()
+    assert list(finished) == ["model-00001-of-00003.safetensors"]
     seen = _record(proxy)
     rerun = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
