@@ -88,6 +88,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in job.notes:
         console.print(f"[dim]{escape(note)}[/]")
     tasks: list[Any] = []
+    events: Any = None
     try:
         events = job_events(args, job, part, tasks)
         report = _drive(console, events, job.output_bytes, unit="part" if args.executor == "ray" else "file")
@@ -96,6 +97,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
         from inspector.errors import CancelledError
 
+        if events is not None and hasattr(events, "close"):  # its cleanup now (partial files, open uploads)
+            events.close()
         words = job.cancelled_words()
         raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's

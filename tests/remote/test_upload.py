@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -410,6 +411,44 @@ def test_a_killed_run_leaves_an_open_upload_that_the_rerun_aborts(
     assert cli("convert", local, tmp_path / "local", *args).rc == 0
     proxy.throttle.reset()
     assert objects(s3_client, url) == local_files(tmp_path / "local")
+
+
+def test_ctrl_c_in_the_cli_aborts_the_open_upload_and_removes_the_finished_shard(
+    demo: Any, s3_client: Any, proxy: S3Proxy
+) -> None:
+    """SIGINT while the second shard's upload is completing: exit 130, no object, no open upload."""
+    url = _url("sigint")
+    holding, released = threading.Event(), threading.Event()
+    completes: list[str] = []
+
+    def hold_second_complete(method: str, path: str) -> tuple[int, str] | None:
+        if method == "POST" and "uploadId" in path:
+            completes.append(path)
+            if len(completes) == 2:
+                holding.set()
+                released.wait(60)
+                return (500, "InternalError")
+        return None
+
+    proxy.throttle.fault = hold_second_complete
+    env = dict(os.environ, ZI_S3_PART_MIB="5", AWS_MAX_ATTEMPTS="1")
+    args = ["--format", "weights", "--dtype", "fp32", "--shard-size", "6MB"]
+    cmd = [sys.executable, "-m", "inspector", "convert", str(demo(BIG)), url, *args]
+    child = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert holding.wait(60), "the second shard never completed its parts"
+        assert objects(s3_client, url) and open_uploads(s3_client, url)  # one shard up, one open
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        released.set()
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, out
+    assert b"Interrupted" in out and b"Traceback" not in out
+    proxy.throttle.reset()
+    assert objects(s3_client, url) == {}
+    assert open_uploads(s3_client, url) == []
 
 
 def test_verify_refuses_nothing_in_the_bucket(s3_client: Any, s3_demo: tuple[str, Path], cli: Any) -> None:
