@@ -24,7 +24,7 @@ from inspector.convert.engine import Progress, Report
 from inspector.convert.kinds.base import Job, OutputKind, PlannedFile, Request
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import LOCK, Destination, OutputRoot
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, OutputError
 from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import absolute, is_url
 from inspector.system.limits import MemoryBudget, free_disk_bytes
@@ -160,7 +160,16 @@ class BucketJob(Job):
         cancel = cancel or threading.Event()
         bucket = self.destination(overwrite, cancel)
         base, name = os.path.split(self.staging)
-        outer = OutputRoot(base, lock_name=f"{LOCK}.{name}")  # one run per destination on this machine
+        try:
+            outer = OutputRoot(base, lock_name=f"{LOCK}.{name}")  # one run per destination on this machine
+        except OutputError as exc:
+            if exc.title != "Output folder in use":
+                raise
+            raise OutputError(
+                f"Another conversion on this machine is writing to {self.url}.",
+                hint="Wait for it to finish; two runs into one prefix would replace each other's objects.",
+                title="Output folder in use",
+            ) from None
         ok = False
         try:
             outer.remove_tree(name)  # a killed run's leftovers: the bucket says what is finished, not they

@@ -3,6 +3,7 @@ preflight a bucket job answers with, and the options it refuses."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,19 @@ def test_options_a_bucket_output_cannot_take_are_refused(demo: Any, tmp_path: Pa
     job = plan_output(get("weights"), ckpt, Request(), "s3://bucket/run/out", str(tmp_path))
     with pytest.raises(InspectorError, match="--part"):
         next(iter(job.run(part=(0, 2))))
+
+
+def test_a_second_run_to_the_same_url_on_this_machine_is_refused(demo: Any, tmp_path: Path) -> None:
+    """The staging folder's lock is taken before the store is asked anything: no bucket needed here."""
+    from inspector.convert.root import LOCK, OutputRoot
+
+    ckpt = scan(str(demo(DEMO)))
+    job = plan_output(get("weights"), ckpt, Request(), "s3://bucket/run/out", str(tmp_path))
+    assert isinstance(job, BucketJob)
+    base, name = os.path.split(job.staging)
+    held = OutputRoot(base, lock_name=f"{LOCK}.{name}")  # as the first run holds it
+    try:
+        with pytest.raises(InspectorError, match="Another conversion on this machine is writing to s3://"):
+            next(iter(job.run()))
+    finally:
+        held.release(ok=True)
