@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from inspector.errors import CorruptFileError, InspectorError, StoreError
+from inspector.errors import CorruptFileError, InspectorError, OutputError, StoreError
 from inspector.system.units import printable as shown
 
 _DENIED = {
@@ -103,6 +103,12 @@ def store_error(exc: BaseException, url: str, *, writing: bool = False) -> Inspe
                 hint="It is throttling or unavailable: try again later, or read with fewer requests in "
                 "flight (ZI_S3_INFLIGHT=2); AWS_MAX_ATTEMPTS raises the retries.",
                 title="Object store busy",
+            )
+        if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") and writing:
+            return OutputError(
+                f"{where} appeared while this run was writing it; it was not overwritten.",
+                hint="Something else writes to this prefix. Choose another, or pass --overwrite.",
+                title="Output not empty",
             )
         if code in ("PreconditionFailed", "412"):
             return CorruptFileError(

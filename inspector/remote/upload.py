@@ -24,9 +24,8 @@ from typing import Any
 
 from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import escaped, name_problem
-from inspector.remote.errors import store_error
 from inspector.remote.s3 import normalise_url, split_url
-from inspector.remote.store import MAX_LISTING, SCHEME, S3Store, _int_env, store_for
+from inspector.remote.store import SCHEME, S3Store, int_env, store_for
 from inspector.system.units import printable as shown
 
 PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
@@ -37,11 +36,11 @@ META_CRC = "zi-crc32"
 
 def upload_inflight() -> int:
     """Parts uploaded (and held in memory) at once for the whole run (ZI_S3_UPLOAD_INFLIGHT, 1..32, default 4)."""
-    return _int_env("ZI_S3_UPLOAD_INFLIGHT", 4, 1, 32)
+    return int_env("ZI_S3_UPLOAD_INFLIGHT", 4, 1, 32)
 
 
 def base_part() -> int:
-    return _int_env("ZI_S3_PART_MIB", PART >> 20, 5, 512) << 20
+    return int_env("ZI_S3_PART_MIB", PART >> 20, 5, 512) << 20
 
 
 def part_size(size: int) -> int:
@@ -89,24 +88,9 @@ class BucketDestination:
         return shown(f"{self.url}/{rel}" if rel else self.url)
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
-        """One request; a refused condition is named, every other failure is the store's user error."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        with self.store._lock:
-            self.store.requests += 1
-        try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                raise OutputError(
-                    f"{shown(what)} appeared while this run was writing it; it was not overwritten.",
-                    hint="Something else writes to this prefix. Choose another, or pass --overwrite.",
-                    title="Output not empty",
-                ) from None
-            raise store_error(exc, what, writing=True) from None
-        except BotoCoreError as exc:
-            raise store_error(exc, what, writing=True) from None
+        """One request of this upload; a failure is the store's user error (a refused condition: an object
+        that appeared meanwhile)."""
+        return self.store.call_write(what, fn, **kwargs)
 
     # -- before the run ---------------------------------------------------------------------------------
 
@@ -116,7 +100,7 @@ class BucketDestination:
         run left open under the planned keys."""
         client = self.store.client()
         planned = {self.key(n): n for n in names}
-        for key, upload in self._open_uploads() if abort_stale else ():
+        for key, upload in self.store.open_uploads(self.prefix, self.show()) if abort_stale else ():
             if key in planned:
                 with contextlib.suppress(OutputError):
                     self._call(
@@ -127,7 +111,7 @@ class BucketDestination:
                         UploadId=upload,
                     )
         clash = []
-        for key, size in self._existing().items():
+        for key, size in self.store.keys_below(self.prefix, self.show()).items():
             if key not in planned:
                 continue
             head = self._call(self.show(planned[key]), client.head_object, Bucket=self.bucket, Key=key)
@@ -147,37 +131,6 @@ class BucketDestination:
                 "(others under the prefix are left alone).",
                 title="Output not empty",
             )
-
-    def _open_uploads(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
-        while True:
-            page = self._call(self.show(), self.store.client().list_multipart_uploads, **kwargs)
-            for up in page.get("Uploads") or ():
-                key, uid = up.get("Key"), up.get("UploadId")
-                if isinstance(key, str) and isinstance(uid, str):
-                    out.append((key, uid))
-            if not page.get("IsTruncated") or len(out) > MAX_LISTING:
-                return out
-            kwargs |= {
-                "KeyMarker": page.get("NextKeyMarker"),
-                "UploadIdMarker": page.get("NextUploadIdMarker"),
-            }
-
-    def _existing(self) -> dict[str, int]:
-        """Every key below the prefix with its size (a bounded listing, sizes checked)."""
-        found: dict[str, int] = {}
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
-        while True:
-            page = self._call(self.show(), self.store.client().list_objects_v2, **kwargs)
-            for obj in page.get("Contents") or ():
-                key, size = obj.get("Key"), obj.get("Size")
-                if isinstance(key, str) and isinstance(size, int) and not isinstance(size, bool):
-                    found[key] = size
-            token = page.get("NextContinuationToken")
-            if len(found) > MAX_LISTING or not page.get("IsTruncated") or not isinstance(token, str):
-                return found
-            kwargs["ContinuationToken"] = token
 
     def holds(self, rel: str, size: int | None) -> bool:
         """Whether an earlier run of this very job completed `rel` (with `size` bytes, when given): a writer
