@@ -98,3 +98,18 @@ def test_a_second_run_to_the_same_url_on_this_machine_is_refused(demo: Any, tmp_
             next(iter(job.run()))
     finally:
         held.release(ok=True)
+
+
+def test_preflight_for_a_bucket_names_it_and_the_staging_need(demo: Any, cli: Any, tmp_path: Path) -> None:
+    """No store is asked: the figures come from the plan (what goes up) and the staging folder's disk."""
+    import json
+
+    root = demo(DEMO)
+    args = ("--format", "weights", "--shard-size", "100KB", "--json")
+    remote = cli("preflight", root, "--out", "s3://bucket/run/out", "--staging", tmp_path, *args)
+    here = cli("preflight", root, "--out", tmp_path / "out", *args)
+    assert remote.rc == here.rc == 0, remote.output
+    a, b = json.loads(remote.stdout), json.loads(here.stdout)
+    assert a["out_dir"] == "s3://bucket/run/out" and a["staging_dir"].startswith(str(tmp_path))
+    assert a["upload_bytes"] == a["output_bytes"] == b["output_bytes"]
+    assert 0 < a["staging_bytes"] < a["upload_bytes"] and "staging_bytes" not in b
