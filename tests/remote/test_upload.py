@@ -132,6 +132,31 @@ def test_every_kind_uploads_the_bytes_a_local_conversion_writes(
     assert result.ok and result.checked > 0
 
 
+def test_a_universal_export_goes_up_in_the_writers_order_with_latest_last(
+    demo: Any, tmp_path: Path, s3_client: Any, proxy: S3Proxy
+) -> None:
+    """Its files are written by several threads, and published strictly one after the other: the small
+    files, the tensor files in plan order, the model-states copies, then `latest_universal`."""
+    from urllib.parse import unquote
+
+    ckpt = scan(str(demo(SMALL)))
+    url = _url("order")
+    job = plan_output(get("universal"), ckpt, Request(), url, str(tmp_path / "staging"))
+    seen = _record(proxy)
+    _run(job)
+    plan = job.plan
+    folder = plan.folder
+    want = [
+        f"{folder}/zero/optimizer_state.pt",
+        *(f"{folder}/zero/{name}/step.pt" for name, _ in plan.step_params),
+        *(f"{folder}/{f.rel}" for f in plan.files),
+        *(f"{folder}/{name}" for _, name in plan.copies),
+        "latest_universal",
+    ]
+    put = [unquote(p).removeprefix("/" + BUCKET + "/" + _prefix(url)) for p in _writes(seen)]
+    assert len(want) > 20 and put == want
+
+
 def test_the_cli_uploads_by_multipart_in_file_order_and_names_the_bucket(
     s3_demo: tuple[str, Path],
     s3_client: Any,

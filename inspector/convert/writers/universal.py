@@ -223,9 +223,10 @@ def write_universal(
     then writes the small files and anything missing, reuses every part's files by their checksums and
     publishes.
 
-    `dest` (OUT is a bucket; `plan.out_root` is the staging folder): every file is published under
-    `<tag>_uni/` the moment it is complete and leaves the staging folder (several at once, one per writer
-    thread); `latest_universal` goes last. Files an earlier run of this job completed in the bucket are not
+    `dest` (OUT is a bucket; `plan.out_root` is the staging folder): the files are written side by side as
+    always, and published under `<tag>_uni/` one after the other in the writer's order (the small files, the
+    tensor files in plan order, the model-states copies, `latest_universal` last), each leaving the staging
+    folder as it goes up, so it holds about one file per writer thread. Files an earlier run of this job completed in the bucket are not
     written again."""
     if dest is not None and part is not None:
         raise OutputError(
@@ -282,9 +283,10 @@ def _write_locked(
             # files are independent; pread, crc32 and write release the GIL
             n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
+                turns = _Turns() if root.dest is not None else None  # a bucket: published in plan order
                 futures = [
-                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal, fsync)
-                    for f in todo
+                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal, fsync, (turns, k))
+                    for k, f in enumerate(todo)
                 ]
                 try:
                     for fut in futures:
@@ -375,6 +377,7 @@ def _write_tensor(
     report: Callable[[int], None],
     journal: Journal,
     fsync: bool = False,
+    turn: tuple[_Turns | None, int] = (None, 0),
 ) -> None:
     if cancel.is_set():
         return
@@ -384,10 +387,38 @@ def _write_tensor(
     storage = pw.Storage("float32", _numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
     archive = f.state  # torch names the archive folder after the file
-    root.write_with(
-        f"{staging}/{f.rel}", lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4), fsync=fsync
-    )
+    rel = f"{staging}/{f.rel}"
+    turns, k = turn
+    done = rel if turns is None else rel + PARTIAL  # a partial name stays in the staging folder
+    root.write_with(done, lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4), fsync=fsync)
+    if turns is not None:  # written side by side, published strictly one after the other
+        turns.wait(k, cancel)
+        try:
+            root.replace(done, rel)
+        finally:
+            turns.done(k)
     journal.finished(f.rel)
+
+
+class _Turns:
+    """Files written by several threads, published (uploaded) one after the other in plan order: the k-th
+    waits for the (k-1)-th. Tasks start in order, so a wait never outlives its predecessors; cancel ends it."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.cond = threading.Condition()
+
+    def wait(self, k: int, cancel: threading.Event) -> None:
+        with self.cond:
+            while self.next != k:
+                if cancel.is_set():
+                    raise CancelledError("Conversion cancelled.")
+                self.cond.wait(0.1)
+
+    def done(self, k: int) -> None:
+        with self.cond:
+            self.next = k + 1
+            self.cond.notify_all()
 
 
 def _numel(shape: tuple[int, ...]) -> int:
