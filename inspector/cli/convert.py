@@ -88,6 +88,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for note in job.notes:
         console.print(f"[dim]{escape(note)}[/]")
     tasks: list[Any] = []
+    events: Any = None
     try:
         events = job_events(args, job, part, tasks)
         report = _drive(console, events, job.output_bytes, unit="part" if args.executor == "ray" else "file")
@@ -96,6 +97,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
         from inspector.errors import CancelledError
 
+        if events is not None and hasattr(events, "close"):  # its cleanup now (partial files, open uploads)
+            events.close()
         words = job.cancelled_words()
         raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
@@ -317,10 +320,20 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         "convert", help="stream a checkpoint into safetensors, a model folder or a universal checkpoint"
     )
     add_common(p)
-    p.add_argument("out", help="output folder (must be empty, or pass --overwrite)")
+    p.add_argument(
+        "out",
+        help="output folder (must be empty, or pass --overwrite), or s3://bucket/prefix: each file is "
+        "uploaded as soon as it is written",
+    )
     p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP)
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace this tool's earlier output in OUT")
+    p.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="with an s3:// OUT: where files wait for their upload (default: the temporary folder; it holds "
+        "the largest file or, for --format universal, a few at once)",
+    )
     p.add_argument(
         "--part",
         metavar="I/N",
@@ -361,7 +374,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
     p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")
     add_common(p)
-    p.add_argument("out", help="folder written by convert")
+    p.add_argument("out", help="folder (or s3://bucket/prefix) written by convert")
     p.add_argument(
         "--against",
         choices=("masters", "module"),
@@ -374,7 +387,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
-    p.add_argument("--out", help="where the output would go (for free disk; default: current folder)")
+    p.add_argument(
+        "--out", help="where the output would go, a folder or s3://bucket/prefix (for free disk; default: current folder)"
+    )
+    p.add_argument("--staging", metavar="DIR", help="as for convert: the staging folder of an s3:// output")
     p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP + "; as for convert")
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

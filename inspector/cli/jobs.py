@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from inspector.cli.options import apply_format, request_from_args
@@ -12,14 +11,14 @@ from inspector.cli.options import apply_format, request_from_args
 
 def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None) -> tuple[Any, Any]:
     """Scan, pick the kind `--format` names, plan its job: shared by the rich and JSON-lines faces."""
+    from inspector.convert.bucket import plan_output
     from inspector.convert.kinds import get
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag)  # a bad path fails here, before the converter loads
     kind = get(apply_format(args))
-    job = kind.plan(
-        ckpt, request_from_args(args, allow_damaged=allow_damaged), os.path.abspath(out or args.out)
-    )
+    request = request_from_args(args, allow_damaged=allow_damaged)
+    job = plan_output(kind, ckpt, request, out or args.out, getattr(args, "staging", None))  # OUT may be s3://
     return ckpt, job
 
 
@@ -43,8 +42,9 @@ def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """The kind of the output in OUT, the checkpoint scanned at the tag the output records (or --tag), OUT."""
     from inspector.convert.kinds import of_output
     from inspector.scan.scanner import scan
+    from inspector.system.bytesource import absolute
 
-    out = os.path.abspath(args.out)
+    out = absolute(args.out)  # a folder, or an s3:// prefix read through the object-store source
     kind = of_output(out)
     return kind, scan(args.path, args.tag or kind.recorded_tag(out)), out
 
@@ -75,6 +75,14 @@ def ray_options(args: argparse.Namespace) -> None:
 
     if getattr(args, "executor", "local") != "ray":
         return
+    from inspector.system.bytesource import is_url
+
+    if is_url(args.out):
+        raise InspectorError(
+            "--executor ray writes OUT from every node; an s3:// output is uploaded by one run.",
+            hint="Convert to the bucket without --executor ray.",
+            title="Invalid option",
+        )
     if args.part is not None:
         raise InspectorError(
             "--part and --executor ray both split the job: use one.",

@@ -185,11 +185,23 @@ def print_assessment(console: Console, a: Assessment, job: Any, verdict: bool = 
     )
     for label, value, note in job.comparisons(a):
         t.add_row(escape(label), format_bytes(value), escape(note))
-    t.add_row(
-        "Output",
-        f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
-        escape(f"{job.kind} · {len(job.files)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}"),
-    )
+    if a.upload_to:
+        t.add_row(
+            "Upload",
+            format_bytes(a.output_bytes),
+            escape(f"{job.kind} · {len(job.files)} file(s) to {a.upload_to}, each as soon as it is written"),
+        )
+        t.add_row(
+            "Staging",
+            f"[{disk_style}]{format_bytes(a.staged_bytes)}[/]",
+            escape(f"at most, at once · {format_bytes(a.free_disk)} free at {a.out_dir}"),
+        )
+    else:
+        t.add_row(
+            "Output",
+            f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
+            escape(f"{job.kind} · {len(job.files)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}"),
+        )
     t.add_row("Reads", format_bytes(a.read_bytes), escape(job.read_note(a)))
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")
     t.add_row("Memory limit", "", escape(a.budget.effective.detail))

@@ -20,8 +20,8 @@ from inspector.convert.output import JOURNAL, OutputFolder, Part
 from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.pipeline import shard_streamer
 from inspector.convert.plan import INDEX_NAME, ConversionPlan
-from inspector.convert.root import OutputRoot
-from inspector.errors import CancelledError
+from inspector.convert.root import Destination, OutputRoot
+from inspector.errors import CancelledError, InspectorError
 
 _EVENT_INTERVAL = 0.25
 
@@ -76,6 +76,7 @@ def run(
     shard_writer: ShardWriter | None = None,
     side_writer: Callable[[OutputRoot], tuple[tuple[str, int], ...]] | None = None,
     part: Part | None = None,
+    dest: Destination | None = None,
 ) -> Iterator[Progress | Report]:
     """Carry out `plan` into `out_dir`, yielding Progress events (<= 4/s) and finally a Report.
 
@@ -90,13 +91,25 @@ def run(
 
     `part` (i, n): write only this part's shards, journalled with their checksums, and publish nothing; the
     same call without `part`, after every part, finishes the folder and reuses them (`output.OutputFolder`).
+
+    `dest` (OUT is a bucket: `out_dir` is the staging folder): each shard is published the moment it is
+    complete, in file order, so the staging folder holds one shard at a time; the shards an earlier run of
+    this job completed there are not written again (the bucket, not the staging folder, says which).
     """
+    if dest is not None and part is not None:
+        raise InspectorError(
+            "--part writes into a shared output folder; a bucket output is written by one run.",
+            hint="Run the conversion without --part.",
+            title="Invalid option",
+        )
     cancel = cancel or threading.Event()
     write = shard_writer or shard_streamer(plan)
-    folder = OutputFolder(plan, out_dir, overwrite, part, fsync)  # created, locked, other jobs' partials removed
+    folder = OutputFolder(plan, out_dir, overwrite, part, fsync, dest)  # created, locked, stale partials removed
     root = folder.root
     out_dir = root.path
     stale, partial, reuse, mine = folder.stale, folder.partials, folder.reuse, sorted(folder.mine)
+    if dest is not None:
+        reuse = [dest.holds(s.filename, s.file_bytes) for s in plan.shards]
     total = sum(plan.shards[i].file_bytes for i in mine)  # the index is written at once, after them
     skipped = sum(plan.shards[i].file_bytes for i in mine if reuse[i])
     start = time.monotonic()
@@ -122,7 +135,11 @@ def run(
                         )
             finally:
                 os.close(fd)
-            folder.finished(i)
+            if dest is not None:  # up now, in file order: the staging folder never holds the model
+                root.replace(partial[i], shard.filename)
+                renamed.append(shard.filename)
+            else:
+                folder.finished(i)
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
         if part is not None:  # the finishing run publishes; a part only leaves its journalled shards
@@ -177,6 +194,8 @@ def _publish(
     """Rename the finished shards into place (appending each to `renamed`), write the index, remove stale
     outputs and the journal."""
     for shard, p in zip(plan.shards, partial, strict=True):
+        if root.dest is not None:  # each went up as it was finished (or an earlier run had it there)
+            continue
         root.replace(p, shard.filename)
         renamed.append(shard.filename)
     if plan.index is not None:

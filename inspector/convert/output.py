@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Sequence
 
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
-from inspector.convert.root import LOCK, OutputRoot, fd_crc32
+from inspector.convert.root import LOCK, Destination, OutputRoot, fd_crc32
 from inspector.errors import InspectorError, OutputError
 from inspector.system.source import open_in
 
@@ -183,6 +183,7 @@ class OutputFolder:
         overwrite: bool,
         part: Part | None = None,
         fsync: bool = False,
+        dest: Destination | None = None,
     ) -> None:
         self.plan = plan
         self.part = part
@@ -191,7 +192,7 @@ class OutputFolder:
         self.journal = JOURNAL + suffix
         self.mine = set(part_shards(plan, part)) if part else set(range(len(plan.shards)))
         self.stale = prepare_output(plan, out_dir, overwrite)
-        self.root = OutputRoot(out_dir, lock_name=LOCK + suffix)  # created, locked, held open
+        self.root = OutputRoot(out_dir, lock_name=LOCK + suffix, dest=dest)  # created, locked, held open
         self.out_dir = self.root.path
         try:
             self.root.refuse_running(part)

@@ -60,6 +60,13 @@ class Assessment:
     fits_disk: bool
     fits_address_space: bool
     unwritable: str = ""  # why the output cannot be created there ("" when it can)
+    upload_to: str = ""  # OUT is this bucket URL: `out_dir` is the staging folder, which holds only
+    staged_bytes: int = 0  # this much at once (the largest files written side by side)
+
+    @property
+    def disk_need(self) -> int:
+        """Local disk the run needs: the whole output, or for a bucket only what is staged at once."""
+        return self.staged_bytes if self.upload_to else self.output_bytes
 
     @property
     def fits(self) -> bool:
@@ -71,7 +78,7 @@ class Assessment:
 
     @property
     def disk_margin(self) -> int:
-        return self.free_disk - self.output_bytes
+        return self.free_disk - self.disk_need
 
     @property
     def problem(self) -> str:
@@ -89,8 +96,9 @@ class Assessment:
         if self.unwritable:
             parts.append(f"the output cannot be written: {self.unwritable}")
         elif not self.fits_disk:
+            what = "staging its files for the upload" if self.upload_to else "the output"
             parts.append(
-                f"the output needs {format_bytes(self.output_bytes)} but {self.out_dir} has "
+                f"{what} needs {format_bytes(self.disk_need)} but {self.out_dir} has "
                 f"{format_bytes(self.free_disk)} free"
             )
         text = "; ".join(parts)
@@ -102,7 +110,11 @@ class Assessment:
         if self.unwritable:
             tips.append("choose an output folder you can write to")
         elif not self.fits_disk:
-            tips.append("free disk space or choose an output folder on another disk")
+            tips.append(
+                "free disk space or stage on another disk (--staging DIR)"
+                if self.upload_to
+                else "free disk space or choose an output folder on another disk"
+            )
         if not self.fits_memory:
             tips.append(
                 "stop other processes or raise the memory limit; our peak does not depend on model or "
@@ -217,9 +229,11 @@ def assessment_json(a: Assessment) -> dict[str, Any]:
         "free_disk_bytes": a.free_disk,
         "output_writable": not a.unwritable,
         "disk_margin_bytes": a.disk_margin,
-        "out_dir": a.out_dir,
+        "out_dir": a.upload_to or a.out_dir,
         "problem": a.problem,
     }
+    if a.upload_to:  # a bucket OUT: what goes up, and what the staging folder holds at once
+        out |= {"upload_bytes": a.output_bytes, "staging_dir": a.out_dir, "staging_bytes": a.staged_bytes}
     if a.deepspeed_peak_rss:
         out["deepspeed_zero_to_fp32_peak_rss_bytes"] = a.deepspeed_peak_rss
     return out

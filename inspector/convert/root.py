@@ -7,6 +7,12 @@ reached from that descriptor one component at a time with `O_NOFOLLOW`, so a lin
 swapped in during the run, is refused rather than followed: no write can leave OUT. Writers get the root, never
 a path string; they know names inside it only. The folder the user typed may itself be reached through links
 (their choice); nothing below it is.
+
+When OUT is a bucket the root is the run's staging folder and holds a `Destination` (`remote.upload`): the
+moment a file is put in place under its final name (`replace`, so also `write_with`, `write_atomic`,
+`copy_in`), it is uploaded under that name and its staged copy removed; bookkeeping (locks, journals, partial
+and temporary files) stays local. Writers do not change: the name rule above is also what keeps every key
+inside the bucket prefix.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from inspector.errors import OutputError
 from inspector.parse.names import escaped, name_problem
@@ -28,6 +34,29 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _BLOCK = 8 << 20
+_LOCAL_ONLY = (".zero-inspector", ".zero_inspector")  # locks, journals, source stamps: never published
+
+
+class Destination(Protocol):
+    """Where finished files go when OUT is not this folder (an object-store prefix, `remote.upload`)."""
+
+    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
+        """Make the open staged file `fd` (`size` bytes, CRC-32 `crc`) the output file `rel`, all at once."""
+        ...
+
+    def size_of(self, rel: str) -> int | None:
+        """The size of `rel` once published (None when it was not)."""
+        ...
+
+    def holds(self, rel: str, size: int | None) -> bool:
+        """Whether an earlier run of the same job already published `rel` (with `size` bytes, when given)."""
+        ...
+
+
+def local_only(rel: str) -> bool:
+    """Bookkeeping that stays in the staging folder: locks, journals, stamps, partial and temporary files."""
+    parts = [p for p in rel.split("/") if p]
+    return any(p.startswith(_LOCAL_ONLY) or p.endswith((".partial", ".tmp")) for p in parts)
 
 
 def _parts(rel: str) -> list[str]:
@@ -71,8 +100,11 @@ def remove_empty_dirs(paths: list[str]) -> None:
 class OutputRoot:
     """One run's output folder: created, locked, held open; the only code that changes files in it."""
 
-    def __init__(self, path: str, *, lock: bool = True, lock_name: str = LOCK) -> None:
+    def __init__(
+        self, path: str, *, lock: bool = True, lock_name: str = LOCK, dest: Destination | None = None
+    ) -> None:
         self.path = os.path.abspath(path)
+        self.dest = dest  # OUT is elsewhere (a bucket): this folder stages files until they are published
         self.created = missing_dirs(self.path)
         try:
             os.makedirs(self.path, exist_ok=True)
@@ -245,6 +277,8 @@ class OutputRoot:
         return st is not None and stat.S_ISREG(st.st_mode)
 
     def size(self, rel: str) -> int:
+        if self.dest is not None and (published := self.dest.size_of(rel)) is not None:
+            return published
         st = self.lstat(rel)
         return st.st_size if st is not None else 0
 
@@ -366,7 +400,11 @@ class OutputRoot:
             src.close()
 
     def replace(self, src: str, dst: str) -> None:
-        """Rename `src` to `dst` inside OUT (atomic; replaces a file at `dst`, never follows a link there)."""
+        """Rename `src` to `dst` inside OUT (atomic; replaces a file at `dst`, never follows a link there).
+        With a destination, an output file is published there instead and its staged copy removed."""
+        if self.dest is not None and not local_only(dst):
+            self._publish(src, dst)
+            return
         sfd, sname = self._parent(src, create=False)
         try:
             dfd, dname = self._parent(dst, create=True)
@@ -376,6 +414,16 @@ class OutputRoot:
                 os.close(dfd)
         finally:
             os.close(sfd)
+
+    def _publish(self, src: str, dst: str) -> None:
+        _parts(dst)  # the name rule, before a byte leaves
+        assert self.dest is not None
+        fd = self.open_read(src)
+        try:
+            self.dest.publish(fd, os.fstat(fd).st_size, fd_crc32(fd), dst)
+        finally:
+            os.close(fd)
+        self.remove(src)
 
     def remove(self, rel: str) -> bool:
         """Remove a file (or a link: the link, never its target); False when it was not there."""
@@ -399,6 +447,8 @@ class OutputRoot:
             return
         try:
             _rmtree_at(fd, name)
+        except FileNotFoundError:  # nothing there: nothing to remove
+            pass
         finally:
             os.close(fd)
 

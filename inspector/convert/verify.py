@@ -33,7 +33,7 @@ from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import Entry, Header, read_header, read_index
 from inspector.parse.tree import Node
 from inspector.scan.model import Checkpoint, Segment
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource, source_at
 
 
 @dataclass
@@ -58,7 +58,7 @@ class VerifyProgress:
     tensor: str
 
 
-def output_files(out: Source) -> list[str]:
+def output_files(out: ByteSource) -> list[str]:
     """The safetensors files of an output folder: the index's shards, or the single file."""
     if out.is_file(INDEX_NAME):
         return read_index(out, os.path.join(out.root, INDEX_NAME)).files
@@ -76,7 +76,7 @@ def recorded_tag(out_dir: str) -> str | None:
     """The checkpoint tag the output was converted from (its header's `source_tag`), so `verify` without
     --tag compares with the tag that was converted, not with whatever `latest` names today."""
     try:
-        out = Source.at(out_dir, "output folder")
+        out = source_at(out_dir, "output folder")
         files = output_files(out)
         return output_meta([read_header(out, os.path.join(out.root, files[0]), exact=False)]).tag
     except InspectorError:
@@ -109,7 +109,7 @@ def run_verify(
     """Yield progress, then one VerifyResult. `against`: "masters" or "module" (default: the source the
     output records it was converted from). Cancelling raises CancelledError, as the converter does."""
     res = VerifyResult()
-    out = Source.at(out_dir, "output folder")
+    out = source_at(out_dir, "output folder")
     files = output_files(out)
     headers = [read_header(out, os.path.join(out.root, f), exact=False) for f in files]
     meta = output_meta(headers)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -19,7 +18,8 @@ from inspector.errors import InputError
 from inspector.format.dtypes import FROM_SAFETENSORS, itemsize
 from inspector.parse.names import check_name
 from inspector.parse.tree import Node
-from inspector.system.source import Source, os_error
+from inspector.system.bytesource import ByteSource
+from inspector.system.source import os_error
 
 MAX_HEADER = 100_000_000  # safetensors' own limit
 MAX_INDEX = 64 << 20
@@ -55,23 +55,24 @@ class Header:
         return {e.name for e in self.entries}
 
 
-def read_header(source: Source, path: str, *, exact: bool = True) -> Header:
-    """Read and check one safetensors file's header through `source` (no link out, no FIFO, bounded).
-    `exact=False` (verify) lets the file be shorter than its tensors: verify reports which are cut off."""
-    fd = source.open(path)
+def read_header(source: ByteSource, path: str, *, exact: bool = True) -> Header:
+    """Read and check one safetensors file's header through `source` (a folder: no link out, no FIFO; or a
+    bucket prefix), bounded. `exact=False` (verify) lets the file be shorter than its tensors: verify
+    reports which are cut off."""
+    handle = source.open_handle(path)
     try:
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, 8, 0)
+        size = handle.size
+        head = handle.pread(8, 0)
         if len(head) != 8:
             raise InputError(path, "header length", "the file is shorter than 8 bytes")
         n = int.from_bytes(head, "little")
         if n > MAX_HEADER or 8 + n > size:
             raise InputError(path, "header length", f"{n:,} bytes does not fit a {size:,}-byte file")
-        raw = os.pread(fd, n, 8)
+        raw = handle.pread(n, 8)
     except OSError as exc:
         raise os_error(path, exc) from None
     finally:
-        os.close(fd)
+        handle.close()
     return parse_header(raw, path, size, exact=exact)
 
 
@@ -143,7 +144,7 @@ class Index:
         return sorted(set(self.weight_map.values()))
 
 
-def read_index(source: Source, path: str) -> Index:
+def read_index(source: ByteSource, path: str) -> Index:
     doc = source.read_json(path, MAX_INDEX, "safetensors index")
     node = Node(doc, path)
     wm = node.at("weight_map")

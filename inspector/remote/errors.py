@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from inspector.errors import CorruptFileError, InspectorError, StoreError
+from inspector.errors import CorruptFileError, InspectorError, OutputError, StoreError
 from inspector.system.units import printable as shown
 
 _DENIED = {
@@ -50,14 +50,16 @@ def missing_client() -> StoreError:
     )
 
 
-def store_error(exc: BaseException, url: str) -> InspectorError:
-    """Any botocore failure on `url`, as a user error (a traceback only for what is not botocore's)."""
+def store_error(exc: BaseException, url: str, *, writing: bool = False) -> InspectorError:
+    """Any botocore failure on `url`, as a user error (a traceback only for what is not botocore's).
+    `writing`: the request wrote to the store (an output upload), which needs other permissions."""
     from botocore import exceptions as bx
 
     where = shown(url)
+    verb = "write" if writing else "read"
     if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
         return StoreError(
-            f"No credentials to read {where}.",
+            f"No credentials to {verb} {where}.",
             hint="Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or run where an instance "
             "role is available); a public bucket still needs credentials here.",
             title="No object store credentials",
@@ -77,10 +79,16 @@ def store_error(exc: BaseException, url: str) -> InspectorError:
                 title="No such bucket",
             )
         if code in _DENIED:
+            need = (
+                "s3:ListBucket, s3:GetObject, s3:PutObject, s3:ListBucketMultipartUploads, "
+                "s3:AbortMultipartUpload and s3:DeleteObject"
+                if writing
+                else "s3:ListBucket and s3:GetObject"
+            )
             return StoreError(
                 f"{where}: access denied ({code}).",
-                hint="The credentials in use may not read this bucket: check them (AWS_PROFILE, "
-                "AWS_ACCESS_KEY_ID) and the bucket's policy; we need s3:ListBucket and s3:GetObject.",
+                hint=f"The credentials in use may not {verb} this bucket: check them (AWS_PROFILE, "
+                f"AWS_ACCESS_KEY_ID) and the bucket's policy; we need {need}.",
                 title="Access denied",
             )
         if code in _MISSING:
@@ -96,6 +104,12 @@ def store_error(exc: BaseException, url: str) -> InspectorError:
                 "flight (ZI_S3_INFLIGHT=2); AWS_MAX_ATTEMPTS raises the retries.",
                 title="Object store busy",
             )
+        if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") and writing:
+            return OutputError(
+                f"{where} appeared while this run was writing it; it was not overwritten.",
+                hint="Something else writes to this prefix. Choose another, or pass --overwrite.",
+                title="Output not empty",
+            )
         if code in ("PreconditionFailed", "412"):
             return CorruptFileError(
                 f"{where}: the object changed while it was read.",
@@ -108,7 +122,7 @@ def store_error(exc: BaseException, url: str) -> InspectorError:
         )
     if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ProxyConnectionError):
         return StoreError(
-            f"Cannot reach {endpoint()} to read {where}.",
+            f"Cannot reach {endpoint()} to {verb} {where}.",
             hint="Check AWS_ENDPOINT_URL and the network; the store did not answer.",
             title="Object store unreachable",
         )

@@ -29,7 +29,7 @@ LISTING_TTL_S = 10.0
 MAX_LISTING = 200_000  # objects in one folder; a rank folder of a 100k-GPU run holds ~200k files
 
 
-def _int_env(name: str, default: int, low: int, high: int) -> int:
+def int_env(name: str, default: int, low: int, high: int) -> int:
     try:
         return min(high, max(low, int(os.environ.get(name, default))))
     except ValueError:
@@ -38,7 +38,7 @@ def _int_env(name: str, default: int, low: int, high: int) -> int:
 
 def inflight() -> int:
     """Requests in flight per store (ZI_S3_INFLIGHT, 1..64, default 8)."""
-    return _int_env("ZI_S3_INFLIGHT", 8, 1, 64)
+    return int_env("ZI_S3_INFLIGHT", 8, 1, 64)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class S3Store:
                     raise missing_client() from None
                 session = boto3.session.Session()
                 config = Config(
-                    retries={"max_attempts": _int_env("AWS_MAX_ATTEMPTS", 6, 1, 20), "mode": "standard"},
+                    retries={"max_attempts": int_env("AWS_MAX_ATTEMPTS", 6, 1, 20), "mode": "standard"},
                     connect_timeout=10,
                     read_timeout=60,
                     max_pool_connections=2 * inflight() + 2,
@@ -102,6 +102,14 @@ class S3Store:
 
     def call(self, url: str, fn: Callable[..., T], **kwargs: Any) -> T:
         """One client call; any botocore failure becomes a user error naming `url`, never a traceback."""
+        return self._request(url, fn, kwargs, writing=False)
+
+    def call_write(self, url: str, fn: Callable[..., T], **kwargs: Any) -> T:
+        """`call` for a request of an output upload, whose refusals read differently (permissions to write,
+        a conditional write refused)."""
+        return self._request(url, fn, kwargs, writing=True)
+
+    def _request(self, url: str, fn: Callable[..., T], kwargs: dict[str, Any], *, writing: bool) -> T:
         from botocore.exceptions import BotoCoreError, ClientError
 
         with self._lock:
@@ -109,7 +117,7 @@ class S3Store:
         try:
             return fn(**kwargs)
         except (BotoCoreError, ClientError) as exc:
-            raise store_error(exc, url) from None
+            raise store_error(exc, url, writing=writing) from None
 
     def count(self, nbytes: int) -> None:
         with self._lock:
@@ -151,6 +159,39 @@ class S3Store:
         with self._lock:
             self._listings[prefix] = (time.monotonic(), found)
         return found
+
+    def keys_below(self, prefix: str, url: str) -> dict[str, int]:
+        """Every key below `prefix`, at any depth, with its size (at most MAX_LISTING: a bound, not a view of
+        the bucket; an output's conditional writes cover what it misses)."""
+        found: dict[str, int] = {}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        while True:
+            page = self.call_write(url, self.client().list_objects_v2, **kwargs)
+            for obj in page.get("Contents") or ():
+                key, size = obj.get("Key"), obj.get("Size")
+                if isinstance(key, str) and isinstance(size, int) and not isinstance(size, bool):
+                    found[key] = size
+            token = page.get("NextContinuationToken")
+            if len(found) > MAX_LISTING or not page.get("IsTruncated") or not isinstance(token, str):
+                return found
+            kwargs["ContinuationToken"] = token
+
+    def open_uploads(self, prefix: str, url: str) -> list[tuple[str, str]]:
+        """(key, UploadId) of the multipart uploads in progress below `prefix` (bounded as `keys_below`)."""
+        out: list[tuple[str, str]] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        while True:
+            page = self.call_write(url, self.client().list_multipart_uploads, **kwargs)
+            for up in page.get("Uploads") or ():
+                key, uid = up.get("Key"), up.get("UploadId")
+                if isinstance(key, str) and isinstance(uid, str):
+                    out.append((key, uid))
+            if not page.get("IsTruncated") or len(out) > MAX_LISTING:
+                return out
+            kwargs |= {
+                "KeyMarker": page.get("NextKeyMarker"),
+                "UploadIdMarker": page.get("NextUploadIdMarker"),
+            }
 
 
 def _below(key: Any, prefix: str, suffix: str) -> str | None:

@@ -113,8 +113,9 @@ class Source:
         return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
 
     def contains(self, path: str | os.PathLike[str]) -> bool:
-        """Whether `path`, links resolved, stays inside the root (no error)."""
-        return resolves(self, path)
+        """Whether `path`, links resolved, stays inside the root (no error); an object-store URL never does
+        (it would read as a relative path `s3:/…` below the root)."""
+        return "://" not in os.fspath(path) and resolves(self, path)
 
     def _parts(self, real: str) -> list[str]:
         rel = os.path.relpath(real, self.root)

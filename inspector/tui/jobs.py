@@ -9,6 +9,7 @@ from rich.text import Text
 from inspector.convert.events import Failed, Finished, Verified
 from inspector.convert.options import ConvertOptions
 from inspector.convert.output import JOURNAL, LOCK, PARTIAL
+from inspector.system.bytesource import is_url
 from inspector.tui.fmt import shown, size, took
 
 _KILLED_BY = {
@@ -71,6 +72,8 @@ def _tree_size(path: str) -> int:
 
 def left_on_disk(out_dir: str) -> str:
     """What a failed or killed run left behind, and whether a rerun can reuse it."""
+    if is_url(out_dir):  # the run aborted its open uploads and removed what it had uploaded
+        return f"Nothing of this run is left in {out_dir}."
     try:
         names = sorted(n for n in os.listdir(out_dir) if n != LOCK)  # the lock is released with the process
     except OSError:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 
 from inspector.convert.kinds.base import Offer, Request
-from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
+from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind, has_file
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import ADAPTER_FILE, build_plan
 from inspector.convert.writers.hf_folder import SideFile, find_side_files
@@ -38,7 +37,7 @@ class Adapter(SafetensorsKind):
         return self._available()
 
     def owns(self, out_dir: str) -> bool:
-        return os.path.isfile(os.path.join(out_dir, ADAPTER_FILE))
+        return has_file(out_dir, ADAPTER_FILE)
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
         adapter = detect_adapter(ckpt)

@@ -9,6 +9,8 @@ ends in the one `VerifyResult`. The front ends hold a kind and a job and never a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -19,6 +21,7 @@ from typing import Any
 from inspector.convert.engine import Progress, Report
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
+from inspector.convert.root import Destination
 from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.scan.model import Checkpoint
 from inspector.system.limits import MemoryBudget
@@ -74,6 +77,14 @@ class Job(ABC):
     notes: tuple[str, ...] = ()
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
     takes_base: bool = False  # it reads a base model folder (--base)
+    files_at_once: int = 1  # files written side by side (what a bucket output's staging folder holds at once)
+
+    @property
+    def identity(self) -> str:
+        """What fixes every output byte (sources, choices), hashed: a rerun of the same job has the same one,
+        so a bucket output can tell this job's finished objects from anyone else's."""
+        doc = [self.kind, [(f.name, f.nbytes) for f in self.files]]
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
     @property
     @abstractmethod
@@ -121,6 +132,7 @@ class Job(ABC):
         overwrite: bool = False,
         fsync: bool = False,
         part: tuple[int, int] | None = None,
+        dest: Destination | None = None,
     ) -> Iterator[Progress | Report]:
         """Write the output through its OutputRoot: Progress events (<= 4/s), then one Report. Cancel and
         errors remove partial files (or keep finished ones for a rerun: `keeps_on_cancel`). After a kill,
@@ -128,7 +140,10 @@ class Job(ABC):
 
         `part` (i, n): write only part i of n of the files (n runs side by side into one folder, one per node)
         and publish nothing; the same job run without `part` afterwards finishes the folder, reusing them. A
-        kind that cannot split says so with an InspectorError before anything is written."""
+        kind that cannot split says so with an InspectorError before anything is written.
+
+        `dest`: OUT is a bucket (`convert.bucket`): the job's folder is a staging folder and every finished file
+        is published there through the OutputRoot."""
 
     keeps_on_cancel: bool = False  # cancel keeps the finished files for a rerun (else it removes them all)
 

@@ -3,7 +3,6 @@ block by `writers.merge` and run by the engine (locked, journalled, resumable), 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from inspector.convert.writers.merge_verify import verify_merged
 from inspector.scan.basemodel import base_source
 from inspector.scan.model import Checkpoint
 from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
+from inspector.system.bytesource import absolute
 
 
 class Merged(SafetensorsKind):
@@ -67,4 +67,4 @@ class Merged(SafetensorsKind):
         against: str | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
-        return verify_merged(ckpt, os.path.abspath(out_dir), cancel=cancel)
+        return verify_merged(ckpt, absolute(out_dir), cancel=cancel)

@@ -4,10 +4,8 @@ weights alone (and says so)."""
 
 from __future__ import annotations
 
-import os
-
 from inspector.convert.kinds.base import Offer, Request
-from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
+from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind, has_file
 from inspector.convert.kinds.weights import ADAPTER_NOTE
 from inspector.convert.options import resolve_dtype
 from inspector.convert.plan import build_plan
@@ -32,7 +30,7 @@ class Model(SafetensorsKind):
         return self._available()
 
     def owns(self, out_dir: str) -> bool:
-        return super().owns(out_dir) and os.path.isfile(os.path.join(out_dir, "config.json"))
+        return super().owns(out_dir) and has_file(out_dir, "config.json")
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
         notes = [ADAPTER_NOTE] if detect_adapter(ckpt) is not None else []

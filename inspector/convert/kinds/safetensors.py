@@ -21,12 +21,12 @@ from inspector.convert.kinds.base import (
 from inspector.convert.output import prepare_output
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.preflight import assess
-from inspector.convert.root import OutputRoot
+from inspector.convert.root import Destination, OutputRoot
 from inspector.convert.verify import recorded_tag, run_verify
 from inspector.convert.writers.hf_folder import SideFile
 from inspector.errors import OutputError
 from inspector.scan.model import Checkpoint
-from inspector.system.bytesource import source_at
+from inspector.system.bytesource import absolute, is_file, is_url, source_at
 from inspector.system.limits import MemoryBudget
 
 
@@ -53,6 +53,10 @@ class SafetensorsJob(Job):
     @property
     def tensor_count(self) -> int:
         return self.plan.tensor_count
+
+    @property
+    def identity(self) -> str:
+        return f"{self.plan.fingerprint}-{super().identity}"  # the plan's sources and choices, and the side files
 
     def check_output(self, overwrite: bool) -> None:
         prepare_output(self.plan, self.out_dir, overwrite)
@@ -101,6 +105,7 @@ class SafetensorsJob(Job):
         overwrite: bool = False,
         fsync: bool = False,
         part: tuple[int, int] | None = None,
+        dest: Destination | None = None,
     ) -> Iterator[Progress | Report]:
         def side(root: OutputRoot) -> tuple[tuple[str, int], ...]:
             return tuple((f.name, _write_side(root, f, fsync)) for f in self.side_files)
@@ -114,6 +119,7 @@ class SafetensorsJob(Job):
             shard_writer=self.shard_writer,
             side_writer=side,
             part=part,
+            dest=dest,
         )
 
 
@@ -129,8 +135,9 @@ def _write_side(root: OutputRoot, f: SideFile, fsync: bool) -> int:
         raise OutputError(f"Writing {root.show(f.name)} failed: {exc.strerror}.") from None
 
 
-def _has(out_dir: str, name: str) -> bool:
-    return os.path.isfile(os.path.join(out_dir, name))
+def has_file(out_dir: str, name: str) -> bool:
+    """Whether OUT (a folder or an s3:// prefix) holds the file `name`."""
+    return is_file(f"{out_dir.rstrip('/')}/{name}" if is_url(out_dir) else os.path.join(out_dir, name))
 
 
 class SafetensorsKind(OutputKind):
@@ -140,7 +147,7 @@ class SafetensorsKind(OutputKind):
         """Plain safetensors weights (a merged model says so in its header, and is the merged kind's)."""
         from inspector.convert.writers.merge import is_merged_output
 
-        return (_has(out_dir, SINGLE_NAME) or _has(out_dir, INDEX_NAME)) and not is_merged_output(out_dir)
+        return (has_file(out_dir, SINGLE_NAME) or has_file(out_dir, INDEX_NAME)) and not is_merged_output(out_dir)
 
     def recorded_tag(self, out_dir: str) -> str | None:
         return recorded_tag(out_dir)
@@ -153,4 +160,4 @@ class SafetensorsKind(OutputKind):
         against: str | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
-        return run_verify(ckpt, os.path.abspath(out_dir), cancel=cancel, against=against)
+        return run_verify(ckpt, absolute(out_dir), cancel=cancel, against=against)

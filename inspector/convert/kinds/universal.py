@@ -21,6 +21,7 @@ from inspector.convert.kinds.base import (
     VerifyProgress,
     VerifyResult,
 )
+from inspector.convert.root import Destination
 from inspector.convert.writers.universal import (
     UniversalPlan,
     iter_rel_paths,
@@ -53,6 +54,20 @@ class UniversalJob(Job):
         return tuple(
             PlannedFile(f"{self.plan.folder}/{rel}", sizes.get(rel, 0)) for rel in iter_rel_paths(self.plan)
         )
+
+    @property
+    def files_at_once(self) -> int:  # type: ignore[override]
+        from inspector.convert.writers.universal import default_workers
+
+        return default_workers()
+
+    @property
+    def identity(self) -> str:
+        import hashlib
+        import json
+
+        doc = [self.plan.folder, [list(s) for s in self.plan.source], super().identity]
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
     @property
     def tensor_count(self) -> int:
@@ -98,6 +113,7 @@ class UniversalJob(Job):
         overwrite: bool = False,
         fsync: bool = False,
         part: tuple[int, int] | None = None,
+        dest: Destination | None = None,
     ) -> Iterator[Progress | Report]:
         """The writer works on its own threads; this turns its byte count into Progress events. An interrupt
         (Ctrl-C, SIGTERM) cancels it and waits for it to release OUT: finished files stay for a rerun."""
@@ -122,7 +138,13 @@ class UniversalJob(Job):
             try:
                 result.append(
                     write_universal(
-                        self.plan, overwrite=overwrite, cancel=cancel, progress=progress, part=part, fsync=fsync
+                        self.plan,
+                        overwrite=overwrite,
+                        cancel=cancel,
+                        progress=progress,
+                        part=part,
+                        fsync=fsync,
+                        dest=dest,
                     )
                 )
             except BaseException as exc:

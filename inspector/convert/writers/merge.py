@@ -28,7 +28,7 @@ from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
-from inspector.system.source import Source
+from inspector.system.bytesource import source_at
 
 MERGED_KEY = "merged_adapter"
 BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
@@ -148,7 +148,7 @@ def is_merged_output(out_dir: str) -> bool:
     from inspector.parse.safetensors import read_header
 
     try:
-        out = Source.at(out_dir, "output folder")
+        out = source_at(out_dir, "output folder")
         header = read_header(out, os.path.join(out.root, output_files(out)[0]), exact=False)
         raw = header.metadata.get(META_KEY)
         doc = json.loads(raw) if raw else {}

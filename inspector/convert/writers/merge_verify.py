@@ -28,12 +28,12 @@ from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import read_header
 from inspector.scan.model import Checkpoint, Segment
 from inspector.scan.peft import detect_adapter
-from inspector.system.source import Source
+from inspector.system.bytesource import ByteSource, source_at
 
 _ROWS_ELEMS = 1 << 20  # elements per row block: float64 temporaries stay a few MiB
 
 
-def _recorded_base(out: Source, first: str) -> str | None:
+def _recorded_base(out: ByteSource, first: str) -> str | None:
     from inspector.convert.plan import META_KEY
 
     header = read_header(out, os.path.join(out.root, first), exact=False)
@@ -133,7 +133,7 @@ def verify_merged(
     ckpt: Checkpoint, out_dir: str, *, cancel: threading.Event | None = None
 ) -> Iterator[VerifyProgress | VerifyResult]:
     """Yield progress, then one VerifyResult for a `--format merged` output."""
-    out = Source.at(out_dir, "output folder")
+    out = source_at(out_dir, "output folder")
     files = output_files(out)
     adapter = detect_adapter(ckpt)
     if adapter is None:

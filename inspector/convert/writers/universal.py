@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.output import part_indices
-from inspector.convert.root import LOCK, OutputRoot
+from inspector.convert.root import LOCK, Destination, OutputRoot
 from inspector.convert.writers.universal_journal import JOURNAL, Journal
 from inspector.errors import CancelledError, DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
@@ -213,6 +213,7 @@ def write_universal(
     progress: Callable[[int], None] | None = None,
     part: tuple[int, int] | None = None,
     fsync: bool = False,
+    dest: Destination | None = None,
 ) -> UniversalReport:
     """Carry out `plan`. `progress(bytes)` is called from worker threads as data is written. `fsync`: every
     file reaches the disk before it is journalled (so a later run trusts it without reading it back).
@@ -220,10 +221,21 @@ def write_universal(
     `part` (i, n): write only part i of n of the tensor files (contiguous, balanced by bytes) into the shared
     staging folder, journalled under a journal of its own, and publish nothing; the run without `part`
     then writes the small files and anything missing, reuses every part's files by their checksums and
-    publishes."""
+    publishes.
+
+    `dest` (OUT is a bucket; `plan.out_root` is the staging folder): the files are written side by side as
+    always, and published under `<tag>_uni/` one after the other in the writer's order (the small files, the
+    tensor files in plan order, the model-states copies, `latest_universal` last), each leaving the staging
+    folder as it goes up, so it holds about one file per writer thread. Files an earlier run of this job completed in the bucket are not
+    written again."""
+    if dest is not None and part is not None:
+        raise OutputError(
+            "--part writes into a shared output folder; a bucket output is written by one run.",
+            hint="Run the conversion without --part.",
+        )
     prepare(plan, overwrite)
     suffix = f".part-{part[0]}-of-{part[1]}" if part else ""
-    root = OutputRoot(plan.out_root, lock_name=LOCK + suffix)  # a second run into OUT is refused, not mixed in
+    root = OutputRoot(plan.out_root, lock_name=LOCK + suffix, dest=dest)  # a second run into OUT is refused, not mixed in
     ok = False
     try:
         root.refuse_running(part)
@@ -244,7 +256,8 @@ def _write_locked(
     part: tuple[int, int] | None = None,
     fsync: bool = False,
 ) -> UniversalReport:
-    staging = plan.folder + PARTIAL
+    # in a bucket every object is complete or absent: files go straight to <tag>_uni/, latest_universal last
+    staging = plan.folder + ("" if root.dest is not None else PARTIAL)
     mine = [plan.files[k] for k in file_part(plan, part)] if part else list(plan.files)
     _open_staging(plan, root, staging, {f.rel for f in mine} if part else None)
     cancel = cancel or threading.Event()
@@ -259,7 +272,7 @@ def _write_locked(
 
     journal = Journal(root, staging, f".part-{part[0]}-of-{part[1]}" if part else "", synced=fsync)
     finished = journal.previous()
-    todo = [f for f in mine if not journal.reusable(f.rel, finished)]
+    todo = [f for f in mine if not journal.reusable(f.rel, finished) and not _published(root, staging, f.rel)]
     try:
         from inspector.convert.reader import FilePool
         from inspector.convert.writers.universal_state import write_small
@@ -270,9 +283,10 @@ def _write_locked(
             # files are independent; pread, crc32 and write release the GIL
             n = workers or default_workers()
             with ThreadPoolExecutor(max(1, n), thread_name_prefix="zi-uni") as ex:
+                turns = _Turns() if root.dest is not None else None  # a bucket: published in plan order
                 futures = [
-                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal, fsync)
-                    for f in todo
+                    ex.submit(_write_tensor, pool, f, root, staging, cancel, report, journal, fsync, (turns, k))
+                    for k, f in enumerate(todo)
                 ]
                 try:
                     for fut in futures:
@@ -282,7 +296,7 @@ def _write_locked(
                     raise
             for src, name in plan.copies if part is None else ():
                 rel = f"{staging}/{name}"
-                if not journal.reusable(name, finished):
+                if not journal.reusable(name, finished) and not _published(root, staging, name):
                     root.copy_in(_source_of(plan, src), src, rel, fsync=fsync)
                     journal.finished(name)
                 report(root.size(rel))
@@ -295,17 +309,23 @@ def _write_locked(
         raise CancelledError("Conversion cancelled; rerun the same command to resume.")
     if part is not None:
         return UniversalReport(f"{plan.out_dir}{PARTIAL}", len(mine), written[0], len(mine) - len(todo))
-    if root.lstat(plan.folder) is not None:  # only reached with --overwrite (prepare checked)
+    if staging != plan.folder and root.lstat(plan.folder) is not None:  # only with --overwrite (prepare checked)
         root.remove_tree(plan.folder)
     root.remove(f"{staging}/{SOURCE_STAMP}")
     for name in root.listdir(staging):
         if name.startswith(JOURNAL):  # this run's journal and every part's
             root.remove(f"{staging}/{name}")
-    root.replace(staging, plan.folder)
+    if staging != plan.folder:
+        root.replace(staging, plan.folder)
     root.write_atomic(LATEST, plan.folder.encode(), fsync=fsync)
     if fsync:  # the renames themselves
         root.fsync_dir()
     return UniversalReport(plan.out_dir, len(plan.files), written[0], len(plan.files) - len(todo))
+
+
+def _published(root: OutputRoot, staging: str, rel: str) -> bool:
+    """Whether the bucket already holds this job's complete `rel` (an object exists whole or not at all)."""
+    return root.dest is not None and root.dest.holds(f"{staging}/{rel}", None)
 
 
 def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
@@ -357,6 +377,7 @@ def _write_tensor(
     report: Callable[[int], None],
     journal: Journal,
     fsync: bool = False,
+    turn: tuple[_Turns | None, int] = (None, 0),
 ) -> None:
     if cancel.is_set():
         return
@@ -366,10 +387,38 @@ def _write_tensor(
     storage = pw.Storage("float32", _numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
     archive = f.state  # torch names the archive folder after the file
-    root.write_with(
-        f"{staging}/{f.rel}", lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4), fsync=fsync
-    )
+    rel = f"{staging}/{f.rel}"
+    turns, k = turn
+    done = rel if turns is None else rel + PARTIAL  # a partial name stays in the staging folder
+    root.write_with(done, lambda fh: pw.dump(tree, fh, archive, chunk_elems=CHUNK_BYTES // 4), fsync=fsync)
+    if turns is not None:  # written side by side, published strictly one after the other
+        turns.wait(k, cancel)
+        try:
+            root.replace(done, rel)
+        finally:
+            turns.done(k)
     journal.finished(f.rel)
+
+
+class _Turns:
+    """Files written by several threads, published (uploaded) one after the other in plan order: the k-th
+    waits for the (k-1)-th. Tasks start in order, so a wait never outlives its predecessors; cancel ends it."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.cond = threading.Condition()
+
+    def wait(self, k: int, cancel: threading.Event) -> None:
+        with self.cond:
+            while self.next != k:
+                if cancel.is_set():
+                    raise CancelledError("Conversion cancelled.")
+                self.cond.wait(0.1)
+
+    def done(self, k: int) -> None:
+        with self.cond:
+            self.next = k + 1
+            self.cond.notify_all()
 
 
 def _numel(shape: tuple[int, ...]) -> int:

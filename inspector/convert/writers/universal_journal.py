@@ -23,6 +23,8 @@ class Journal:
         self.synced = synced  # files were fsynced before they are journalled: a crash cannot have torn them
 
     def finished(self, rel: str) -> None:
+        if self.root.dest is not None:  # published and gone from the staging folder: the bucket keeps the record
+            return
         path = f"{self.staging}/{rel}"
         doc = {"file": rel, "size": self.root.size(path), "crc32": self.root.crc32(path), "synced": self.synced}
         line = json.dumps(doc) + "\n"

@@ -70,7 +70,7 @@ def verify_universal(src: Checkpoint, uni: Checkpoint) -> Iterator[VerifyProgres
     for f in src.files:
         if f.role == "model":
             copy = os.path.join(uni.tag_dir, os.path.basename(f.path))
-            if not os.path.lexists(copy):
+            if uni.source.kind(copy) == "missing":
                 res.missing.append(os.path.basename(f.path))
             elif not _same_file(src.source, f.path, uni.source, copy):
                 res.mismatched.append(os.path.basename(f.path))

@@ -21,6 +21,7 @@ from inspector.convert.kinds import DEFAULT, Job, Request, get, offers
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
+from inspector.system.bytesource import absolute
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
 from inspector.tui.typed import zi
@@ -83,8 +84,10 @@ class PreflightDone(Message):
 
 def run_preflight(app: Any, opts: ConvertOptions, out_dir: str) -> tuple[Job, Assessment]:
     """Plan the chosen output kind and assess it (in a worker), as `preflight --format KIND` does."""
+    from inspector.convert.bucket import plan_output
+
     kind = get(app.export.format or DEFAULT)
-    job = kind.plan(app.ckpt, Request(opts, allow_damaged=True), os.path.abspath(out_dir or os.getcwd()))
+    job = plan_output(kind, app.ckpt, Request(opts, allow_damaged=True), out_dir or os.getcwd())
     frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
     return job, frozen(job) if frozen else job.assess()
 
@@ -201,7 +204,7 @@ class ExportScreen(Screen[None]):
         except ValueError as exc:
             errors.append(f"Renames: {exc}")
             renames = base.renames
-        out = os.path.abspath(os.path.expanduser(str(val["out"]).strip())) if str(val["out"]).strip() else ""
+        out = absolute(str(val["out"]).strip()) if str(val["out"]).strip() else ""  # a folder or s3://…
         if not out:
             errors.append("Output folder: required")
         elif os.path.exists(out) and not os.path.isdir(out):

@@ -46,12 +46,16 @@ class PreflightPanel(AutoHeightStatic):
         row("Peak RAM", size(a.predicted_peak_rss), mem, f"of {size(eff.bytes)} available ({eff.source})")
         for label, value, note in job.comparisons(a):
             row(label, size(value), "", note)
-        row(
-            "Output",
-            size(a.output_bytes),
-            disk,
-            f"{len(job.files)} file(s), {job.tensor_count} tensors; {size(a.free_disk)} free",
-        )
+        if a.upload_to:  # a bucket: what goes up, and what waits on this disk at once
+            row("Upload", size(a.output_bytes), "", f"{len(job.files)} file(s), {job.tensor_count} tensors")
+            row("Staging", size(a.staged_bytes), disk, f"at most, at once; {size(a.free_disk)} free")
+        else:
+            row(
+                "Output",
+                size(a.output_bytes),
+                disk,
+                f"{len(job.files)} file(s), {job.tensor_count} tensors; {size(a.free_disk)} free",
+            )
         row("Reads", size(a.read_bytes), "", job.read_note(a))
         if job.where != job.out_dir:  # a folder of its own inside OUT
             row("Into", "", "", shown(job.where))

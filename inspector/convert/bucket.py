@@ -1,0 +1,208 @@
+"""OUT on an object store (`s3://bucket/prefix`), for every output kind, without the kinds knowing.
+
+The kind plans its job into a private staging folder (below `--staging DIR`, or the system's temporary
+folder), and `BucketJob` wraps that job: the writers write there through their OutputRoot as always, and the
+root publishes every finished file to the bucket through a `remote.upload.BucketDestination` (multipart,
+conditional, aborted on failure) and drops the staged copy, so the local disk holds a file or a few, never the
+model. Around the run it checks the prefix (no object of someone else's at a planned key without
+--overwrite), aborts uploads a killed run of ours left open, and after a failure, cancel or interrupt removes
+what it uploaded, so a half-written output is never visible. After a hard kill, the same command resumes:
+objects this job completed (their metadata names the job) are kept, not written again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from inspector.convert.engine import Progress, Report
+from inspector.convert.kinds.base import Job, OutputKind, PlannedFile, Request
+from inspector.convert.preflight import Assessment
+from inspector.convert.root import LOCK, Destination, OutputRoot
+from inspector.errors import InspectorError, OutputError
+from inspector.scan.model import Checkpoint
+from inspector.system.bytesource import absolute, is_url
+from inspector.system.limits import MemoryBudget, free_disk_bytes
+
+
+def staging_for(url: str, staging: str | None = None) -> str:
+    """The private folder a conversion to `url` stages its files in: one per destination, so a second run to
+    the same URL on this machine is refused by its lock rather than mixed in."""
+    base = os.path.abspath(os.path.expanduser(staging)) if staging else tempfile.gettempdir()
+    return os.path.join(base, "zero-inspector-staging-" + hashlib.sha256(url.encode()).hexdigest()[:12])
+
+
+def plan_output(
+    kind: OutputKind, ckpt: Checkpoint, request: Request, out: str, staging: str | None = None
+) -> Job:
+    """The kind's job for OUT: as planned for a local folder, or wrapped to upload to a bucket."""
+    if not is_url(out):
+        if staging:
+            raise InspectorError(
+                "--staging is for an s3:// output; a local output is written in place.",
+                title="Invalid option",
+            )
+        return kind.plan(ckpt, request, os.path.abspath(os.path.expanduser(out)))
+    url = absolute(out)
+    folder = staging_for(url, staging)
+    return BucketJob(kind.plan(ckpt, request, folder), url, folder)
+
+
+class BucketJob(Job):
+    """A job whose OUT is a bucket prefix: the inner job writes into `staging`, every file is published."""
+
+    def __init__(self, inner: Job, url: str, staging: str) -> None:
+        self.inner = inner
+        self.url = url
+        self.staging = staging
+        self.kind = inner.kind
+        self.out_dir = url
+        self.uses_selection = inner.uses_selection
+        self.takes_base = inner.takes_base
+        self.notes = (
+            *inner.notes,
+            f"Each file is uploaded to {url} as soon as it is written (multipart, nothing visible until "
+            f"complete); {staging} holds at most {inner.files_at_once} file(s) at a time.",
+        )
+
+    def __getattr__(self, name: str) -> Any:  # what a face reads of a particular kind (a plan's aliases)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def files(self) -> tuple[PlannedFile, ...]:
+        return self.inner.files
+
+    @property
+    def tensor_count(self) -> int:
+        return self.inner.tensor_count
+
+    @property
+    def output_bytes(self) -> int:
+        return self.inner.output_bytes
+
+    @property
+    def identity(self) -> str:
+        return self.inner.identity
+
+    @property
+    def where(self) -> str:
+        return self.public(self.inner.where)
+
+    def public(self, path: str) -> str:
+        """A staging path as the URL it stands for."""
+        if path == self.staging or path.startswith(self.staging + os.sep):
+            return self.url + path[len(self.staging) :].replace(os.sep, "/")
+        return path
+
+    def _names(self) -> list[str]:
+        return [f.name for f in self.files]
+
+    def destination(self, overwrite: bool, cancel: threading.Event | None = None) -> Any:
+        from inspector.remote.upload import BucketDestination
+
+        return BucketDestination(self.url, self.identity, overwrite, cancel)
+
+    def check_output(self, overwrite: bool) -> None:
+        """No object of anyone else's at a planned key (without --overwrite); reads the bucket, writes nothing."""
+        self.destination(overwrite).check(self._names())
+
+    def assess(self, budget: MemoryBudget | None = None, free_disk: int | None = None) -> Assessment:
+        from inspector.remote.upload import base_part, upload_inflight
+
+        free = free_disk if free_disk is not None else free_disk_bytes(self.staging)
+        a = self.inner.assess(budget, free)
+        largest = sorted((f.nbytes for f in self.files), reverse=True)[: self.inner.files_at_once]
+        staged = sum(largest)
+        buffers = upload_inflight() * base_part()  # parts read from the staged files, in flight
+        return dataclasses.replace(
+            a,
+            predicted_peak_rss=a.predicted_peak_rss + buffers,
+            predicted_vms=a.predicted_vms + buffers,
+            fits_memory=a.fits_memory and a.memory_margin >= buffers,
+            upload_to=self.url,
+            staged_bytes=staged,
+            fits_disk=staged <= a.free_disk and not a.unwritable,
+        )
+
+    def comparisons(self, verdict: Assessment) -> tuple[tuple[str, int, str], ...]:
+        return self.inner.comparisons(verdict)
+
+    def read_note(self, verdict: Assessment) -> str:
+        return self.inner.read_note(verdict)
+
+    def preflight_json(self) -> dict[str, Any]:
+        return self.inner.preflight_json()
+
+    def run(
+        self,
+        *,
+        cancel: threading.Event | None = None,
+        overwrite: bool = False,
+        fsync: bool = False,
+        part: tuple[int, int] | None = None,
+        dest: Destination | None = None,
+    ) -> Iterator[Progress | Report]:
+        """The inner job's events, its files published as they finish; the report names the bucket. On any
+        failure, cancel or interrupt the open uploads are aborted and this run's objects removed."""
+        if part is not None:
+            raise InspectorError(
+                "--part writes into a shared output folder; a bucket output is written by one run.",
+                hint="Run the conversion without --part (or with --executor local).",
+                title="Invalid option",
+            )
+        cancel = cancel or threading.Event()
+        bucket = self.destination(overwrite, cancel)
+        base, name = os.path.split(self.staging)
+        try:
+            outer = OutputRoot(base, lock_name=f"{LOCK}.{name}")  # one run per destination on this machine
+        except OutputError as exc:
+            if exc.title != "Output folder in use":
+                raise
+            raise OutputError(
+                f"Another conversion on this machine is writing to {self.url}.",
+                hint="Wait for it to finish; two runs into one prefix would replace each other's objects.",
+                title="Output folder in use",
+            ) from None
+        ok = False
+        try:
+            outer.remove_tree(name)  # a killed run's leftovers: the bucket says what is finished, not they
+            bucket.check(self._names(), abort_stale=True)
+            for ev in self.inner.run(cancel=cancel, overwrite=overwrite, fsync=fsync, dest=bucket):
+                if isinstance(ev, Report):  # everything is up: a consumer that stops here undoes nothing
+                    ok = True
+                    ev = dataclasses.replace(
+                        ev, out_dir=self.public(ev.out_dir), resumed_shards=len(bucket.reused)
+                    )
+                yield ev
+        except BaseException:
+            if not ok:
+                cancel.set()
+            raise
+        finally:
+            if ok:
+                bucket.close()
+            else:
+                bucket.abandon()
+            outer.remove_tree(name)
+            outer.release(ok=True)
+
+    keeps_on_cancel = False
+
+    def cancelled_words(self) -> str:
+        return f"open uploads were aborted and nothing this run uploaded is left in {self.url}"
+
+    def finished_words(self, report: Report) -> str:
+        words = self.inner.finished_words(report)
+        if not words:
+            return f"Uploaded to {self.where}."
+        # what the kind says about loading it names local paths: the copy a user makes of the prefix
+        return f"Uploaded to {self.where}. Copied down (aws s3 sync {self.url} DIR): " + words.replace(
+            self.staging, "DIR"
+        )

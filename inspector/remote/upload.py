@@ -1,0 +1,302 @@
+"""Output files uploaded to an `s3://bucket/prefix`: the `Destination` an OutputRoot publishes through.
+
+Each finished file is uploaded as soon as the writer puts it in place (the engine's shards one by one, in file
+order; the index, configs and `latest_universal` after what they name). A file larger than one part goes up
+as a multipart upload, parts of 16 MiB (more for a file over 160 GB) read from the staged file, a few in
+flight for the whole run (ZI_S3_UPLOAD_INFLIGHT, default 4: memory is that many parts); nothing is visible
+until CompleteMultipartUpload, so the open upload is the partial file. Any error, cancel or interrupt aborts
+it. Every object carries the job's identity and its CRC-32 as metadata: a rerun of the same job keeps objects
+that already hold the same bytes, and uploads or rewrites the rest.
+
+An object already at a planned key is replaced only with --overwrite or when this job wrote it (its metadata
+says so): the check lists the prefix first, and every write is conditional (`If-None-Match: *`), so an
+object that appears meanwhile is not overwritten either. Keys are made of the writer's names, each passing
+the one name rule, below the prefix: no `..`, separator or control character can lead out of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from inspector.errors import CancelledError, OutputError
+from inspector.parse.names import escaped, name_problem
+from inspector.remote.s3 import normalise_url, split_url
+from inspector.remote.store import SCHEME, S3Store, int_env, store_for
+from inspector.system.units import printable as shown
+
+PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
+MAX_PARTS = 10_000  # S3's limit per upload
+META_JOB = "zi-job"
+META_CRC = "zi-crc32"
+
+
+def upload_inflight() -> int:
+    """Parts uploaded (and held in memory) at once for the whole run (ZI_S3_UPLOAD_INFLIGHT, 1..32, default 4)."""
+    return int_env("ZI_S3_UPLOAD_INFLIGHT", 4, 1, 32)
+
+
+def base_part() -> int:
+    return int_env("ZI_S3_PART_MIB", PART >> 20, 5, 512) << 20
+
+
+def part_size(size: int) -> int:
+    """The part size (16 MiB), or the next MiB above size / 10,000 for a file that would need more parts than
+    S3 allows."""
+    need = -(-size // MAX_PARTS)
+    return max(base_part(), -(-need // (1 << 20)) << 20)
+
+
+class BucketDestination:
+    """One run's output prefix: checked before the run, then written file by file; `abandon` undoes a failed
+    run (open uploads aborted, objects it made removed). Thread-safe: the universal writer publishes from
+    several threads, which share the parts in flight."""
+
+    def __init__(self, url: str, job: str, overwrite: bool, cancel: threading.Event | None = None) -> None:
+        bucket, parts = split_url(url)
+        self.url = normalise_url(url)
+        self.bucket = bucket
+        self.prefix = "".join(p + "/" for p in parts)
+        self.job = job
+        self.overwrite = overwrite
+        self.cancel = cancel or threading.Event()
+        self.store: S3Store = store_for(bucket)
+        self.created: list[str] = []  # keys this run made visible, in order
+        self.reused: list[str] = []  # names an earlier run of this job had already completed
+        self.sizes: dict[str, int] = {}
+        self._ours: dict[str, tuple[int, str]] = {}  # key -> (size, crc) of objects this job wrote before
+        self._replaceable: set[str] = set()
+        self._open: dict[str, str] = {}  # key -> UploadId in progress
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(upload_inflight())
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- names ------------------------------------------------------------------------------------------
+
+    def key(self, rel: str) -> str:
+        parts = [p for p in rel.split("/") if p]
+        if not parts or any(name_problem(p) for p in parts):  # the root checked it already; checked again
+            raise OutputError(
+                f"Refusing to upload {escaped(rel)!r}: not a plain name.", title="Unsafe output name"
+            )
+        return self.prefix + "/".join(parts)
+
+    def show(self, rel: str = "") -> str:
+        return shown(f"{self.url}/{rel}" if rel else self.url)
+
+    def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        """One request of this upload; a failure is the store's user error (a refused condition: an object
+        that appeared meanwhile)."""
+        return self.store.call_write(what, fn, **kwargs)
+
+    # -- before the run ---------------------------------------------------------------------------------
+
+    def check(self, names: list[str], *, abort_stale: bool = False) -> None:
+        """Refuse objects at planned keys that are neither this job's nor to be overwritten (objects under the
+        prefix this run does not write are left alone); with `abort_stale`, first abort the uploads a killed
+        run left open under the planned keys."""
+        client = self.store.client()
+        planned = {self.key(n): n for n in names}
+        for key, upload in self.store.open_uploads(self.prefix, self.show()) if abort_stale else ():
+            if key in planned:
+                with contextlib.suppress(OutputError):
+                    self._call(
+                        self.show(planned[key]),
+                        client.abort_multipart_upload,
+                        Bucket=self.bucket,
+                        Key=key,
+                        UploadId=upload,
+                    )
+        clash = []
+        for key, size in self.store.keys_below(self.prefix, self.show()).items():
+            if key not in planned:
+                continue
+            head = self._call(self.show(planned[key]), client.head_object, Bucket=self.bucket, Key=key)
+            meta = head.get("Metadata") or {}
+            if meta.get(META_JOB) == self.job:
+                self._ours[key] = (size, str(meta.get(META_CRC, "")))
+                self._replaceable.add(key)
+            elif self.overwrite:
+                self._replaceable.add(key)
+            else:
+                clash.append(planned[key])
+        if clash:
+            listed = ", ".join(escaped(n) for n in clash[:5]) + (" …" if len(clash) > 5 else "")
+            raise OutputError(
+                f"{self.show()} already holds {listed}.",
+                hint="Choose another prefix, or pass --overwrite to replace the objects this conversion writes "
+                "(others under the prefix are left alone).",
+                title="Output not empty",
+            )
+
+    def holds(self, rel: str, size: int | None) -> bool:
+        """Whether an earlier run of this very job completed `rel` (with `size` bytes, when given): a writer
+        may skip it, since an object exists whole or not at all and this job's bytes are fixed by its plan."""
+        found = self._ours.get(self.key(rel))
+        if found is None or (size is not None and found[0] != size):
+            return False
+        with self._lock:
+            self.reused.append(rel)
+            self.sizes[rel] = found[0]
+        return True
+
+    # -- the Destination protocol -----------------------------------------------------------------------
+
+    def size_of(self, rel: str) -> int | None:
+        with self._lock:
+            return self.sizes.get(rel)
+
+    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
+        key = self.key(rel)
+        if self._ours.get(key) == (size, str(crc)):  # an earlier run of this job uploaded these bytes
+            with self._lock:
+                self.reused.append(rel)
+                self.sizes[rel] = size
+            return
+        if self.cancel.is_set():
+            raise CancelledError("Conversion cancelled.")
+        meta = {META_JOB: self.job, META_CRC: str(crc)}
+        cond = {} if key in self._replaceable else {"IfNoneMatch": "*"}
+        what = self.show(rel)
+        client = self.store.client()
+        if size <= base_part():  # one request; its bytes count against the parts in memory too
+            self._take_slot([])
+            try:
+                body = _pread_all(fd, size, 0)
+                self._call(
+                    what, client.put_object, Bucket=self.bucket, Key=key, Body=body, Metadata=meta, **cond
+                )
+            finally:
+                self._slots.release()
+        else:
+            self._multipart(fd, size, key, what, meta, cond)
+        with self._lock:
+            self.created.append(key)
+            self.sizes[rel] = size
+
+    def _multipart(
+        self, fd: int, size: int, key: str, what: str, meta: dict[str, str], cond: dict[str, str]
+    ) -> None:
+        client = self.store.client()
+        up = self._call(what, client.create_multipart_upload, Bucket=self.bucket, Key=key, Metadata=meta)
+        uid = up.get("UploadId")
+        if not isinstance(uid, str):
+            raise OutputError(f"{what}: the store started no upload.", hint="Check AWS_ENDPOINT_URL.")
+        with self._lock:
+            self._open[key] = uid
+        step = part_size(size)
+        futures: list[Future[dict[str, Any]]] = []
+        try:
+            for number, offset in enumerate(range(0, size, step), 1):
+                self._take_slot(futures)
+                try:
+                    self._check(futures)
+                    data = _pread_all(fd, min(step, size - offset), offset)
+                except BaseException:
+                    self._slots.release()
+                    raise
+                futures.append(self.pool().submit(self._part, what, key, uid, number, data))
+            parts = [f.result() for f in futures]
+            self._call(
+                what,
+                client.complete_multipart_upload,
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=uid,
+                MultipartUpload={"Parts": parts},
+                **cond,
+            )
+        except BaseException:
+            self.cancel_parts(futures)
+            self._abort(key, uid)
+            raise
+        with self._lock:
+            self._open.pop(key, None)
+
+    def _take_slot(self, futures: list[Future[dict[str, Any]]]) -> None:
+        """Wait for room: at most `upload_inflight()` parts are held in memory, for all files together."""
+        while not self._slots.acquire(timeout=0.1):
+            self._check(futures)
+
+    def _check(self, futures: list[Future[dict[str, Any]]]) -> None:
+        if self.cancel.is_set():
+            raise CancelledError("Conversion cancelled.")
+        for f in futures:
+            if f.done() and (exc := f.exception()) is not None:
+                raise exc
+
+    def _part(self, what: str, key: str, uid: str, number: int, data: bytes) -> dict[str, Any]:
+        try:
+            if self.cancel.is_set():
+                raise CancelledError("Conversion cancelled.")
+            resp = self._call(
+                what,
+                self.store.client().upload_part,
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=uid,
+                PartNumber=number,
+                Body=data,
+            )
+            return {"PartNumber": number, "ETag": resp["ETag"]}
+        finally:
+            self._slots.release()
+
+    def cancel_parts(self, futures: list[Future[dict[str, Any]]]) -> None:
+        for f in futures:
+            if f.cancel():  # never started: the slot it held is given back here
+                self._slots.release()
+        for f in futures:  # none may still be uploading into an upload about to be aborted
+            with contextlib.suppress(BaseException):
+                f.exception()
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(upload_inflight(), thread_name_prefix="zi-upload")
+            return self._pool
+
+    # -- after the run ----------------------------------------------------------------------------------
+
+    def _abort(self, key: str, uid: str) -> None:
+        with contextlib.suppress(Exception):  # best effort: the lifecycle rule is the backstop
+            self.store.client().abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=uid)
+        with self._lock:
+            self._open.pop(key, None)
+
+    def abandon(self) -> None:
+        """After a failed, cancelled or interrupted run: abort what is still open and remove the objects this
+        run made, so nothing of it stays visible (objects an earlier run of this job completed are kept)."""
+        self.cancel.set()
+        with self._lock:
+            opened, made = list(self._open.items()), list(self.created)
+        for key, uid in opened:
+            self._abort(key, uid)
+        for key in made:
+            with contextlib.suppress(Exception):
+                self.store.client().delete_object(Bucket=self.bucket, Key=key)
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    """Exactly `n` bytes of the staged file at `offset` (it is ours and complete: short is our bug)."""
+    chunks, got = [], 0
+    while got < n:
+        data = os.pread(fd, n - got, offset + got)
+        if not data:
+            raise OutputError("Internal error: a staged file is shorter than it was a moment ago.")
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+def is_bucket(out: str) -> bool:
+    return out.startswith(SCHEME)
