@@ -23,8 +23,8 @@ from inspector.parse.universal import UniversalOptimizer, param_tensor, step_val
 from inspector.scan.locate import read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
-from inspector.system.bytesource import is_url
-from inspector.system.source import Source
+from inspector.system import bytesource as tree
+from inspector.system.bytesource import ByteSource, is_url, source_at
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
@@ -34,24 +34,22 @@ def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> s
     """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
     `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there).
     `latest_universal` is read like `latest`: through the confined source, its content never shown."""
-    if is_url(path):
-        return None  # universal inputs are read from local folders only; locate names one in a bucket
-    path = os.path.abspath(os.path.expanduser(path))
+    path = tree.absolute(path)  # a bucket prefix is asked the same questions, answered from its listings
     if tag is not None:
         if name_problem(tag):
             return None
         cand = os.path.join(path, tag)
-        return cand if Source.at(path).is_dir(os.path.join(cand, "zero")) else None
-    if os.path.isdir(os.path.join(path, "zero")):
+        return cand if source_at(path).is_dir(os.path.join(cand, "zero")) else None
+    if tree.is_dir(os.path.join(path, "zero")):
         return path
-    if os.path.lexists(os.path.join(path, "latest_universal")) and (
-        prefer or not os.path.lexists(os.path.join(path, "latest"))
+    if _lexists(os.path.join(path, "latest_universal")) and (
+        prefer or not _lexists(os.path.join(path, "latest"))
     ):
         name = read_tag_file(path, "latest_universal")
         if name is None:
             return None
         cand = os.path.join(path, name)
-        if Source.at(path).is_dir(os.path.join(cand, "zero")):
+        if source_at(path).is_dir(os.path.join(cand, "zero")):
             return cand
         raise NotACheckpointError(
             f"`latest_universal` in {path} names the tag {shown_tag(name)}, which is not a universal "
@@ -59,6 +57,11 @@ def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> s
             hint="Point at the universal folder itself.",
         )
     return None
+
+
+def _lexists(path: str) -> bool:
+    """Whether anything, a dangling link included, has this name (a store has no links)."""
+    return tree.exists(path) if is_url(path) else os.path.lexists(path)
 
 
 def _segments(ref: TensorRef) -> tuple[Segment, ...]:
@@ -70,8 +73,8 @@ def _int(value: int | float | TensorRef | None) -> int | None:
 
 
 def scan_universal(folder: str) -> Checkpoint:
-    folder = os.path.abspath(folder)
-    source = Source.at(folder, "universal checkpoint")
+    folder = tree.absolute(folder)
+    source = source_at(folder, "universal checkpoint")
     zero = os.path.join(folder, "zero")
     findings: list[Finding] = []
     models = [n for n in source.listdir(folder) if _MODEL_RE.match(n)]
@@ -141,7 +144,7 @@ def _unsafe_folder(name: str, zero: str) -> Finding:
     )
 
 
-def _param(source: Source, pdir: str, state: str) -> TensorRef:
+def _param(source: ByteSource, pdir: str, state: str) -> TensorRef:
     path = os.path.join(pdir, f"{state}.pt")
     return param_tensor(load_tree(path, source), path)
 
@@ -155,7 +158,7 @@ def _param_tensor(
     frozen_shapes: Mapping[str, Any],
     files: list[FileInfo],
     findings: list[Finding],
-    source: Source,
+    source: ByteSource,
 ) -> TensorInfo | None:
     """One zero/<name>/ folder as a tensor (its files appended to `files`); None, with a finding, when unusable."""
     if fp32 is None:
@@ -217,7 +220,7 @@ def _add_module_tensors(
 
 
 def _optimizer_state(
-    source: Source, zero: str, files: list[FileInfo], findings: list[Finding]
+    source: ByteSource, zero: str, files: list[FileInfo], findings: list[Finding]
 ) -> UniversalOptimizer | None:
     """zero/optimizer_state.pt, parsed (None with a finding when missing)."""
     opt_path = os.path.join(zero, "optimizer_state.pt")
@@ -230,7 +233,7 @@ def _optimizer_state(
     return UniversalOptimizer.parse(load_tree(opt_path, source), opt_path)
 
 
-def _has(source: Source, pdir: str, state: str) -> bool:
+def _has(source: ByteSource, pdir: str, state: str) -> bool:
     return source.is_file(os.path.join(pdir, f"{state}.pt"))
 
 
