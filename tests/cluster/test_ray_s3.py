@@ -25,7 +25,9 @@ pytestmark = pytest.mark.cluster
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 @pytest.mark.parametrize(
@@ -39,7 +41,9 @@ def test_ray_tasks_read_the_bucket_and_equal_one_run(
     one = run_cli("convert", url, tmp_path / "one", *args)
     assert one.rc == 0, one.output
     before = s3_proxy.throttle.requests
-    run = run_cli("convert", url, tmp_path / "ray", *args, "--executor", "ray", "--ray-address", cluster.address)
+    run = run_cli(
+        "convert", url, tmp_path / "ray", *args, "--executor", "ray", "--ray-address", cluster.address
+    )
     assert run.rc == 0, run.output
     assert "Ray: 2 part(s) on" in run.stdout, run.stdout
     assert SECRET not in run.output

@@ -27,7 +27,9 @@ PART_TIMEOUT = 180
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def run_parts(args: list[str], n: int) -> list[str]:
@@ -90,7 +92,9 @@ def test_parts_from_a_bucket_then_the_finish_equal_one_run(
 
 
 @pytest.fixture(scope="session")
-def s3_universal(s3_client: Any, s3_demo: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+def s3_universal(
+    s3_client: Any, s3_demo: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
     """(URL, local folder) of a universal checkpoint, converted from the demo on disk and uploaded."""
     _, local = s3_demo
     out = tmp_path_factory.mktemp("uni") / "uni"
