@@ -91,6 +91,27 @@ def test_parts_from_a_bucket_then_the_finish_equal_one_run(
     assert checked.rc == 0, checked.output
 
 
+def test_a_trainer_run_in_a_bucket_converts_in_parts_into_a_model_folder(
+    s3_client: Any, demo: Any, tmp_path: Path
+) -> None:
+    """`--format model` (the default) from a Trainer run folder in the bucket: the parts write the shards,
+    the finishing run copies config and tokenizer files out of the bucket beside them; one run's folder."""
+    from tests.convert.kinds.hf import SIDE, trainer_run
+
+    run = trainer_run(demo, tmp_path / "src")
+    upload(s3_client, run, "trainer/run")
+    url = "s3://ckpt/trainer/run"
+    args = ["--shard-size", "200KB"]
+    assert run_cli("convert", url, tmp_path / "one", *args).rc == 0
+    out = tmp_path / "parts"
+    run_parts([url, str(out), *args], 2)
+    final = run_cli("convert", url, out, *args)
+    assert final.rc == 0, final.output
+    got = _tree(out)
+    assert got == _tree(tmp_path / "one") and set(SIDE) <= got.keys()
+    assert sum(name.endswith(".safetensors") for name in got) >= 2
+
+
 @pytest.fixture(scope="session")
 def s3_universal(
     s3_client: Any, s3_demo: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
