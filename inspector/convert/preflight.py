@@ -39,8 +39,24 @@ DEEPSPEED_BASE_RSS = 250 * 1024 * 1024
 STARTUP_SECONDS = 0.6
 CONVERT_BYTES_PER_S = 350 * 1024 * 1024
 READ_BYTES_PER_S = 700 * 1024 * 1024
+# assumed, not calibrated: one process reading an object store (ranged GETs, ZI_S3_INFLIGHT in flight) is
+# bound by the network, not the disk. 100 MiB/s is what 8 requests in flight gave on a capped local store in
+# tests/benchmarks/results.md (45-120 MB/s there, by core load); a cloud node often does better, never the
+# page cache's 700 MiB/s. The scan's first requests (listings, `latest`, model states) are round trips in turn.
+REMOTE_READ_BYTES_PER_S = 100 * 1024 * 1024
+REMOTE_STARTUP_SECONDS = 1.0
 # keep this much headroom below a limit before calling it a fit (other processes, page cache pressure)
 SAFETY_FRACTION = 0.05
+
+
+def read_seconds(read_bytes: int, sources: tuple[Any, ...]) -> float:
+    """Time to fetch `read_bytes`, plus the scan's round trips, at the disk's rate or, when any source is on
+    an object store, at the network's (`REMOTE_READ_BYTES_PER_S`)."""
+    from inspector.system.bytesource import is_url
+
+    if any(is_url(src.root) for src in sources):
+        return REMOTE_STARTUP_SECONDS + read_bytes / REMOTE_READ_BYTES_PER_S
+    return read_bytes / READ_BYTES_PER_S
 
 
 @dataclass(frozen=True)
@@ -187,7 +203,7 @@ def assess(
     trainable = sum(t.numel for t in masters if t.kind is not Kind.BUFFER)
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t not in masters)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
-    seconds = STARTUP_SECONDS + max(output_bytes / CONVERT_BYTES_PER_S, plan.read_bytes / READ_BYTES_PER_S)
+    seconds = STARTUP_SECONDS + max(output_bytes / CONVERT_BYTES_PER_S, read_seconds(plan.read_bytes, plan.sources))
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     blocked = unwritable(out_dir)
     return Assessment(

@@ -10,7 +10,10 @@ what is missing (a lost task's share), the side files and the index, and alone p
 
 Needs `pip install 'zero-inspector[ray]'`, a running cluster (`--ray-address`, `RAY_ADDRESS`, or a local one
 started for the run), the package importable on every node, and OUT and the checkpoint on storage every node
-sees at the same path.
+sees at the same path. A checkpoint in a bucket (`s3://`) needs no shared storage for its input: each task
+opens its own store client from the URL, with the driver's AWS_* environment (endpoint, region,
+credentials) handed to the tasks through Ray's runtime_env where the driver has one; ZI_RAY_AWS_ENV=node
+leaves each node its own (a node-local endpoint or instance role).
 """
 
 from __future__ import annotations
@@ -93,6 +96,22 @@ def connect(address: str | None) -> Any:
     return ray
 
 
+# what a task needs to reach the same store as the driver: the AWS SDK's own variables and our read width
+_STORE_ENV = ("AWS_", "ZI_S3_")
+
+
+def store_env(path: str) -> dict[str, str]:
+    """The driver's AWS_* and ZI_S3_* variables, for the tasks of a job that reads a bucket: Ray starts its
+    workers from the node's environment, not the driver's, so without them a task would look for another
+    endpoint or no credentials. Nothing for a local checkpoint, or with ZI_RAY_AWS_ENV=node (the nodes' own
+    environment then decides, e.g. a node-local endpoint). Passed to Ray only, never printed."""
+    from inspector.system.bytesource import is_url
+
+    if not is_url(path) or os.environ.get("ZI_RAY_AWS_ENV") == "node":
+        return {}
+    return {k: v for k, v in os.environ.items() if k.startswith(_STORE_ENV)}
+
+
 def default_parts(ray: Any, files: int) -> int:
     """One task per CPU the cluster offers, never more tasks than output files."""
     cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -118,7 +137,10 @@ def run_on_ray(
     total = job.output_bytes
     sink = _sink_class(ray).remote(n)
     # SPREAD: the parts go to different nodes (their bandwidth is the point), not wherever a CPU frees first
-    task = ray.remote(_run_part).options(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")
+    options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0, "scheduling_strategy": "SPREAD"}
+    if env := store_env(spec.path):
+        options["runtime_env"] = {"env_vars": env}
+    task = ray.remote(_run_part).options(**options)
     refs = {task.remote(spec, (i, n), sink): i for i in range(n)}
     start = time.monotonic()
     cancel = cancel or threading.Event()

@@ -24,7 +24,7 @@ from inspector.scan.locate import read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
 from inspector.system import bytesource as tree
-from inspector.system.bytesource import ByteSource, absolute, is_url, source_at
+from inspector.system.bytesource import ByteSource, is_url, source_at
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
@@ -34,25 +34,22 @@ def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> s
     """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
     `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there).
     `latest_universal` is read like `latest`: through the confined source, its content never shown."""
-    if is_url(path) and not prefer:
-        return None  # universal inputs are read from local folders; verify reads its own output from a bucket
-    path = absolute(os.path.expanduser(path))
-    source = source_at(path)
+    path = tree.absolute(path)  # a bucket prefix is asked the same questions, answered from its listings
     if tag is not None:
         if name_problem(tag):
             return None
         cand = os.path.join(path, tag)
-        return cand if source.is_dir(os.path.join(cand, "zero")) else None
+        return cand if source_at(path).is_dir(os.path.join(cand, "zero")) else None
     if tree.is_dir(os.path.join(path, "zero")):
         return path
-    if tree.exists(os.path.join(path, "latest_universal")) and (
-        prefer or not tree.exists(os.path.join(path, "latest"))
+    if _lexists(os.path.join(path, "latest_universal")) and (
+        prefer or not _lexists(os.path.join(path, "latest"))
     ):
         name = read_tag_file(path, "latest_universal")
         if name is None:
             return None
         cand = os.path.join(path, name)
-        if source.is_dir(os.path.join(cand, "zero")):
+        if source_at(path).is_dir(os.path.join(cand, "zero")):
             return cand
         raise NotACheckpointError(
             f"`latest_universal` in {path} names the tag {shown_tag(name)}, which is not a universal "
@@ -60,6 +57,11 @@ def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> s
             hint="Point at the universal folder itself.",
         )
     return None
+
+
+def _lexists(path: str) -> bool:
+    """Whether anything, a dangling link included, has this name (a store has no links)."""
+    return tree.exists(path) if is_url(path) else os.path.lexists(path)
 
 
 def _segments(ref: TensorRef) -> tuple[Segment, ...]:
@@ -71,7 +73,7 @@ def _int(value: int | float | TensorRef | None) -> int | None:
 
 
 def scan_universal(folder: str) -> Checkpoint:
-    folder = absolute(folder)
+    folder = tree.absolute(folder)
     source = source_at(folder, "universal checkpoint")
     zero = os.path.join(folder, "zero")
     findings: list[Finding] = []

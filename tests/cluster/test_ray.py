@@ -8,7 +8,6 @@ object that started it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,24 +19,6 @@ from tests.conftest import DemoCache, run_cli
 
 pytestmark = pytest.mark.cluster
 SPEC = DemoSpec(stage=3, world_size=2, dtype="bf16", params=6_000_000)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    _warm(c.address)
-    try:
-        yield c
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-        c.shutdown()
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -78,26 +59,6 @@ def test_ray_parts_on_two_nodes_equal_one_local_run(
         assert _files(local) == _files(remote)
     verify = run_cli("verify", root, str(remote))
     assert verify.rc == 0, verify.stdout + verify.stderr
-
-
-def _warm(address: str) -> None:
-    """Until a SPREAD pair of tasks lands on both nodes: `wait_for_nodes` returns when the second node has
-    registered, before its workers can take a task, and the first test's parts then all ran on the head."""
-    import ray
-
-    ray.init(address=address, log_to_driver=False)
-    try:
-
-        @ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
-        def where() -> str:
-            time.sleep(0.2)
-            return str(ray.get_runtime_context().get_node_id())
-
-        deadline = time.monotonic() + 60
-        while len(set(ray.get([where.remote(), where.remote()]))) < 2:
-            assert time.monotonic() < deadline, "the second node never took a task"
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture

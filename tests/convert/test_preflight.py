@@ -316,3 +316,18 @@ def test_universal_verdict_keeps_the_same_headroom(demo: Any, tmp_path: Path) ->
     assert est.fits and not tight.fits_memory and not tight.fits
     capped = assess_universal(plan, budget(64 * GiB, address_space=est.predicted_vms - 1), 10**13)
     assert not capped.fits_address_space and not capped.fits
+
+
+def test_a_bucket_source_is_timed_at_the_network_rate_not_the_disks() -> None:
+    """The read side of the estimate: the page cache's rate for local files, the assumed network rate (and
+    the scan's round trips) when a source is an object store."""
+    from types import SimpleNamespace
+
+    local = (SimpleNamespace(root="/ckpt"),)
+    remote = (SimpleNamespace(root="s3://bucket/ckpt"),)
+    n = 1 << 30
+    assert preflight.read_seconds(n, local) == n / preflight.READ_BYTES_PER_S
+    assert preflight.read_seconds(n, remote) == pytest.approx(
+        preflight.REMOTE_STARTUP_SECONDS + n / preflight.REMOTE_READ_BYTES_PER_S
+    )
+    assert preflight.read_seconds(n, remote) > 5 * preflight.read_seconds(n, local)

@@ -17,7 +17,6 @@ from inspector.convert.options import ConvertOptions
 from inspector.errors import CorruptFileError, InspectorError
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
-from inspector.system.source import Source
 
 CONFIG = "config.json"
 # what from_pretrained / AutoTokenizer / AutoProcessor read; transformers 5 writes the chat template apart
@@ -100,7 +99,7 @@ def find_side_files(folders: list[ByteSource], *, model: bool = True) -> list[Si
 
 
 def has_model_config(folder: str) -> bool:
-    return Source.at(folder).is_file(CONFIG)
+    return source_at(folder).is_file(CONFIG)  # a bucket prefix too: a Trainer run read from s3://
 
 
 def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFile], str | None]:

@@ -10,6 +10,7 @@ from inspector.convert.preflight import (
     THREAD_STACK,
     Assessment,
     converter_base,
+    read_seconds,
 )
 from inspector.convert.writers.universal import CHUNK_BYTES, UniFile, UniversalPlan, default_workers
 from inspector.system.bytesource import size_and_mtime
@@ -62,7 +63,7 @@ def assess_universal(
         predicted_vms=vms_peak,
         output_bytes=out,
         read_bytes=read,
-        estimated_seconds=STARTUP_SECONDS + out / UNI_BYTES_PER_S,
+        estimated_seconds=STARTUP_SECONDS + max(out / UNI_BYTES_PER_S, read_seconds(read, plan.sources)),
         deepspeed_peak_rss=0,  # not modelled for ds_to_universal; its disk is (deepspeed_peak_disk)
         budget=budget,
         free_disk=free,
