@@ -63,7 +63,9 @@ class Backend(Protocol):
         """One folder level below `prefix` ("" or ending in "/"), page by page; a missing folder is empty."""
         ...
 
-    def get_range(self, key: str, start: int, view: memoryview, size: int, etag: str) -> InspectorError | None:
+    def get_range(
+        self, key: str, start: int, view: memoryview, size: int, etag: str
+    ) -> InspectorError | None:
         """Fill `view` with the object's bytes from `start`, exactly (an answer of another length, or from an
         object of another size or ETag, is refused). Returns None when filled, or the error to raise if the
         body broke off midway after every retry (the caller retries such a read; any other failure raises)."""
@@ -88,12 +90,17 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
         )
     rest = url[m.end() :].rstrip("/")
     bucket, _, key = rest.partition("/")
+    if "@" in bucket:  # user:password@host: not shown, not used
+        raise NotACheckpointError(
+            f"A {scheme}:// URL with credentials in it is refused (it is not shown, so they stay private).",
+            hint="Give credentials through the store's environment variables, never in the URL.",
+            title="Unsafe URL",
+        )
     named = scheme in ("s3", *CLOUD)
-    if (named and not _BUCKET.fullmatch(bucket)) or name_problem(bucket) or any(c in bucket for c in "@?#"):
+    if (named and not _BUCKET.fullmatch(bucket)) or name_problem(bucket) or any(c in bucket for c in "?#"):
         raise NotACheckpointError(
             f"{shown(url)}: {shown(bucket)!s} is not a valid bucket name.",
-            hint=f"A URL reads {scheme}://bucket/prefix/to/checkpoint; credentials go in the environment, "
-            "never in the URL.",
+            hint=f"A URL reads {scheme}://bucket/prefix/to/checkpoint.",
         )
     parts = key.split("/") if key else []
     if any(name_problem(p) or any(c in p for c in "?#") for p in parts):
@@ -117,6 +124,10 @@ def backend_for(scheme: str, bucket: str) -> Backend:
         from inspector.remote.s3 import S3Backend
 
         return S3Backend(bucket)
-    raise NotACheckpointError(
-        f"{scheme}:// is not a store this tool reads yet.", hint="Use an s3:// URL or a local path."
-    )
+    if scheme in CLOUD:
+        from inspector.remote.cloud import CloudBackend
+
+        return CloudBackend(scheme, bucket)
+    from inspector.remote.fs import FsspecBackend
+
+    return FsspecBackend(scheme, bucket)

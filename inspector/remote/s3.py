@@ -100,7 +100,9 @@ class S3Backend:
             if not page.get("IsTruncated") or not isinstance(token, str) or not token:
                 return
 
-    def get_range(self, key: str, start: int, view: memoryview, size: int, etag: str) -> InspectorError | None:
+    def get_range(
+        self, key: str, start: int, view: memoryview, size: int, etag: str
+    ) -> InspectorError | None:
         from botocore.exceptions import (
             ConnectionClosedError,
             IncompleteReadError,
@@ -115,7 +117,10 @@ class S3Backend:
         resp = self.call(url, self.client.get_object, **kwargs)
         body = resp["Body"]
         try:
-            if resp.get("ContentLength") != n or resp.get("ContentRange") != f"bytes {start}-{start + n - 1}/{size}":
+            if (
+                resp.get("ContentLength") != n
+                or resp.get("ContentRange") != f"bytes {start}-{start + n - 1}/{size}"
+            ):
                 raise err.truncated(url, f"the store did not return the {n} bytes asked for at {start}")
             pos = 0
             while pos < n:
