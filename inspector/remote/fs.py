@@ -19,6 +19,7 @@ from inspector.errors import InspectorError
 from inspector.remote import errors as err
 from inspector.remote.backend import Page, RawObject
 
+MAX_SIZE_QUERIES = 4096  # one folder's files without a listed size asked one by one; past that, unreadable
 _HINT = "Check the URL, the network, and the protocol's options (FSSPEC_<PROTOCOL>_<OPTION> variables)."
 
 
@@ -78,6 +79,7 @@ class FsspecBackend:
             raise self.error(exc, url) from None
         dirs: list[object] = []
         objects: list[RawObject] = []
+        asked = 0
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, dict):
                 continue
@@ -88,7 +90,8 @@ class FsspecBackend:
                 dirs.append(key.rstrip("/") + "/")
             else:
                 size = entry.get("size")
-                if size is None and key.startswith(prefix) and "/" not in key[len(prefix) :]:
+                if size is None and asked < MAX_SIZE_QUERIES and _direct(key, prefix):
+                    asked += 1
                     size = self._size(key)  # http(s) listings name files without sizes
                 objects.append(RawObject(key, _int(size), _mtime(entry), _etag(entry)))
         yield Page(dirs, objects)
@@ -125,6 +128,11 @@ class FsspecBackend:
         if isinstance(exc, ConnectionError | TimeoutError) or "connect" in type(exc).__name__.lower():
             return err.unreachable(url, f"{self.scheme}://{self.bucket}", _HINT)
         return err.client_failed(url, type(exc).__name__, _HINT)
+
+
+def _direct(key: str, prefix: str) -> bool:
+    """Whether `key` is a plain name directly below `prefix` (only those are worth a request)."""
+    return key.startswith(prefix) and bool(key[len(prefix) :]) and "/" not in key[len(prefix) :]
 
 
 def _int(value: object) -> object:

@@ -6,7 +6,8 @@ neighbouring read is then free, and a lone one costs 64 KiB, not the object.
 A convert reads large runs (a tensor chunk, adjacent segments already merged by the caller); those bypass
 the cache and are cut into parts fetched in parallel straight into the caller's buffer, so memory stays the
 pipeline's fixed pools. Every answer is checked: exactly the bytes asked for, from an object of the size
-listed and the same ETag, or a clear error.
+listed and the same ETag (where the store's client can carry one), or a clear error. The same for every
+store: only the backend's one call (`remote.backend`) differs.
 """
 
 from __future__ import annotations
