@@ -66,7 +66,6 @@ class CloudBackend:
 
     def __init__(self, scheme: str, bucket: str) -> None:
         try:
-            import obstore  # noqa: F401  (the store classes live in obstore.store)
             from obstore.store import AzureStore, GCSStore
         except ImportError:
             raise err.missing_client(
@@ -88,7 +87,8 @@ class CloudBackend:
             "pool_max_idle_per_host": str(2 * inflight() + 2),
             "user_agent": "zero-inspector",
         }
-        if (isinstance(where, str) and where.startswith("http://")) or config.get("use_emulator"):
+        emulator = config.get("use_emulator") or env.get("AZURE_STORAGE_USE_EMULATOR", "").lower() == "true"
+        if (isinstance(where, str) and where.startswith("http://")) or (scheme == "az" and emulator):
             client["allow_http"] = True  # an emulator or a private endpoint the user named
         retry = {
             "max_retries": int_env("ZI_REMOTE_RETRIES", 6, 0, 20),

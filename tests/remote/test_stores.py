@@ -133,3 +133,15 @@ def test_an_http_folder_that_is_not_there_is_named(cli: Any, http_demo: tuple[st
     assert result.rc == EXIT_USAGE, result.output
     assert "does not exist" in result.output
     _clean(result)
+
+
+def test_the_azure_emulator_switch_reads_the_same_checkpoint(
+    azurite: tuple[S3Proxy, int], az_demo: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AZURE_STORAGE_USE_EMULATOR (obstore's development account and key) instead of a connection string."""
+    url, local = az_demo
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
+    monkeypatch.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", f"http://127.0.0.1:{azurite[1]}")
+    remote = json.dumps(checkpoint_json(scan(url)))
+    assert json.loads(remote.replace(url, str(local))) == checkpoint_json(scan(str(local)))
