@@ -215,7 +215,9 @@ def _route(argv: list[str]) -> list[str]:
     """`zero-inspector PATH ...` and `zero-inspector --demo ...` mean `open`. A first word that is no path but
     looks like a command (`scna`) is refused as an unknown command, with the nearest one suggested."""
     if argv and argv[0] not in COMMANDS and (not argv[0].startswith("-") or "--demo" in argv):
-        if not argv[0].startswith(("-", "s3://")) and not os.path.exists(argv[0]):
+        from inspector.system.bytesource import is_url
+
+        if not argv[0].startswith("-") and not is_url(argv[0]) and not os.path.exists(argv[0]):
             import difflib
 
             near = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.6)

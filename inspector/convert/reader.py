@@ -21,7 +21,7 @@ from inspector.system.bytesource import ByteSource, Handle, is_url, open_handle_
 from inspector.system.units import printable as shown
 
 if TYPE_CHECKING:
-    from inspector.remote.ranged import S3Handle
+    from inspector.remote.ranged import RangedHandle
 
 
 class FilePool:
@@ -66,7 +66,7 @@ class FilePool:
     def read_runs(self, runs: Sequence[tuple[str, int, memoryview]]) -> None:
         """Fill every (path, offset, view): local runs one by one, runs on an object store together, several
         requests in flight (a stage-3 chunk has a run in every rank's file)."""
-        remote: list[tuple[S3Handle, int, memoryview]] = []
+        remote: list[tuple[RangedHandle, int, memoryview]] = []
         for path, offset, view in runs:
             handle = self.handle(path)
             if handle.fileno() is not None or len(runs) == 1:
@@ -74,7 +74,7 @@ class FilePool:
             elif offset + len(view) > handle.size:
                 raise _short(path, offset + len(view))
             else:
-                remote.append((cast("S3Handle", handle), offset, view))
+                remote.append((cast("RangedHandle", handle), offset, view))
         if remote:
             from inspector.remote.ranged import fetch_many
 

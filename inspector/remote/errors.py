@@ -1,146 +1,109 @@
 """What went wrong talking to an object store, as the one user error: what, why, what to do.
 
-botocore raises a dozen exception types with the request's details (headers, sometimes signed URLs) in
-their text; none of that is shown. A message names the URL the user gave and the store's error code only.
+Store clients raise exceptions whose text carries the request's details (headers, signed URLs, SAS tokens);
+none of that is shown. Each backend sorts its client's failures into the kinds below and supplies the hint
+for its own store (which environment variable, which permission); a message names the URL the user gave and
+at most a short error code.
 """
 
 from __future__ import annotations
 
-import os
-
 from inspector.errors import CorruptFileError, InspectorError, OutputError, StoreError
 from inspector.system.units import printable as shown
 
-_DENIED = {
-    "AccessDenied",
-    "403",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "AllAccessDisabled",
-    "AccountProblem",
-}
-_MISSING = {"NoSuchKey", "404", "NotFound"}
-_BUSY = {
-    "SlowDown",
-    "503",
-    "Throttling",
-    "ThrottlingException",
-    "RequestLimitExceeded",
-    "ServiceUnavailable",
-    "InternalError",
-    "500",
-    "RequestTimeout",
-}
+
+def code_of(text: object) -> str:
+    """A store's error code as a message may show it: printable and short."""
+    return shown(str(text))[:40]
 
 
-def endpoint() -> str:
-    """The endpoint requests go to, for messages (never the credentials)."""
-    return (
-        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
-    )
-
-
-def missing_client() -> StoreError:
+def missing_client(scheme: str, package: str, extra: str) -> StoreError:
     return StoreError(
-        "Reading s3:// paths needs boto3, which is not installed.",
-        hint="Install the extra: pip install 'zero-inspector[s3]'.",
+        f"Reading {scheme} paths needs {package}, which is not installed.",
+        hint=f"Install the extra: pip install 'zero-inspector[{extra}]'.",
         title="Object store support not installed",
     )
 
 
-def store_error(exc: BaseException, url: str, *, writing: bool = False) -> InspectorError:
-    """Any botocore failure on `url`, as a user error (a traceback only for what is not botocore's).
-    `writing`: the request wrote to the store (an output upload), which needs other permissions."""
-    from botocore import exceptions as bx
+def no_credentials(url: str, hint: str, verb: str = "read") -> StoreError:
+    return StoreError(
+        f"No credentials to {verb} {shown(url)}.", hint=hint, title="No object store credentials"
+    )
 
-    where = shown(url)
-    verb = "write" if writing else "read"
-    if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
-        return StoreError(
-            f"No credentials to {verb} {where}.",
-            hint="Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or run where an instance "
-            "role is available); a public bucket still needs credentials here.",
-            title="No object store credentials",
-        )
-    if isinstance(exc, bx.NoRegionError):
-        return StoreError(f"No region for {where}.", hint="Set AWS_REGION (or AWS_DEFAULT_REGION).")
-    if isinstance(exc, bx.ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", "")) or str(
-            exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")
-        )
-        code = shown(code)[:40]
-        if code == "NoSuchBucket":
-            return StoreError(
-                f"{where}: the bucket does not exist at {endpoint()}.",
-                hint="Check the bucket name, and AWS_ENDPOINT_URL if the store is not AWS.",
-                title="No such bucket",
-            )
-        if code in _DENIED:
-            need = (
-                "s3:ListBucket, s3:GetObject, s3:PutObject, s3:ListBucketMultipartUploads, "
-                "s3:AbortMultipartUpload and s3:DeleteObject"
-                if writing
-                else "s3:ListBucket and s3:GetObject"
-            )
-            return StoreError(
-                f"{where}: access denied ({code}).",
-                hint=f"The credentials in use may not {verb} this bucket: check them (AWS_PROFILE, "
-                f"AWS_ACCESS_KEY_ID) and the bucket's policy; we need {need}.",
-                title="Access denied",
-            )
-        if code in _MISSING:
-            return CorruptFileError(
-                f"{where}: the object is gone (it was listed, then not found).",
-                hint="The checkpoint changed while it was read; read it again when nothing writes to it.",
-                title="Missing file",
-            )
-        if code in _BUSY:
-            return StoreError(
-                f"{where}: the store kept refusing requests ({code}) after every retry.",
-                hint="It is throttling or unavailable: try again later, or read with fewer requests in "
-                "flight (ZI_S3_INFLIGHT=2); AWS_MAX_ATTEMPTS raises the retries.",
-                title="Object store busy",
-            )
-        if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") and writing:
-            return OutputError(
-                f"{where} appeared while this run was writing it; it was not overwritten.",
-                hint="Something else writes to this prefix. Choose another, or pass --overwrite.",
-                title="Output not empty",
-            )
-        if code in ("PreconditionFailed", "412"):
-            return CorruptFileError(
-                f"{where}: the object changed while it was read.",
-                hint="Something rewrote the checkpoint; read it again when nothing writes to it.",
-                title="File changed",
-            )
-        return StoreError(
-            f"{where}: the store refused the request ({code}).",
-            hint="Check the URL, the credentials and the endpoint.",
-        )
-    if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ProxyConnectionError):
-        return StoreError(
-            f"Cannot reach {endpoint()} to {verb} {where}.",
-            hint="Check AWS_ENDPOINT_URL and the network; the store did not answer.",
-            title="Object store unreachable",
-        )
-    if isinstance(
-        exc,
-        bx.ReadTimeoutError | bx.ConnectionClosedError | bx.IncompleteReadError | bx.ResponseStreamingError,
-    ):
-        return StoreError(
-            f"{where}: the connection to {endpoint()} broke off mid-transfer after every retry.",
-            hint="The network or the store is unreliable; try again.",
-            title="Object store connection lost",
-        )
-    if isinstance(exc, bx.BotoCoreError):
-        return StoreError(
-            f"{where}: the object store client failed ({type(exc).__name__}).",
-            hint="Check the URL, AWS_ENDPOINT_URL, AWS_REGION and the credentials.",
-        )
-    raise exc
+
+def misconfigured(url: str, hint: str) -> StoreError:
+    return StoreError(
+        f"The object store client for {shown(url)} is not configured.",
+        hint=hint,
+        title="Object store not configured",
+    )
+
+
+def no_bucket(url: str, where: str, hint: str) -> StoreError:
+    return StoreError(
+        f"{shown(url)}: the bucket does not exist at {where}.", hint=hint, title="No such bucket"
+    )
+
+
+def denied(url: str, code: str, hint: str) -> StoreError:
+    return StoreError(f"{shown(url)}: access denied ({code}).", hint=hint, title="Access denied")
+
+
+def gone(url: str) -> CorruptFileError:
+    """Listed, then not found: a finding about that file (another job pruned the checkpoint), not a store error."""
+    return CorruptFileError(
+        f"{shown(url)}: the object is gone (it was listed, then not found).",
+        hint="The checkpoint changed while it was read; read it again when nothing writes to it.",
+        title="Missing file",
+    )
+
+
+def busy(url: str, code: str, hint: str) -> StoreError:
+    return StoreError(
+        f"{shown(url)}: the store kept refusing requests ({code}) after every retry.",
+        hint=hint,
+        title="Object store busy",
+    )
+
+
+def changed(url: str) -> CorruptFileError:
+    return CorruptFileError(
+        f"{shown(url)}: the object changed while it was read.",
+        hint="Something rewrote the checkpoint; read it again when nothing writes to it.",
+        title="File changed",
+    )
+
+
+def unreachable(url: str, where: str, hint: str, verb: str = "read") -> StoreError:
+    return StoreError(
+        f"Cannot reach {where} to {verb} {shown(url)}.", hint=hint, title="Object store unreachable"
+    )
+
+
+def appeared(url: str) -> OutputError:
+    """A conditional write refused: an output object someone else wrote while this run was writing it."""
+    return OutputError(
+        f"{shown(url)} appeared while this run was writing it; it was not overwritten.",
+        hint="Something else writes to this prefix. Choose another, or pass --overwrite.",
+        title="Output not empty",
+    )
+
+
+def broken_off(url: str, where: str) -> StoreError:
+    return StoreError(
+        f"{shown(url)}: the connection to {where} broke off mid-transfer after every retry.",
+        hint="The network or the store is unreliable; try again.",
+        title="Object store connection lost",
+    )
+
+
+def refused(url: str, code: str, hint: str) -> StoreError:
+    return StoreError(f"{shown(url)}: the store refused the request ({code}).", hint=hint)
+
+
+def client_failed(url: str, what: str, hint: str) -> InspectorError:
+    """A failure no kind above describes: the exception's type name only, never its text."""
+    return StoreError(f"{shown(url)}: the object store client failed ({code_of(what)}).", hint=hint)
 
 
 def truncated(url: str, why: str) -> CorruptFileError:

@@ -6,7 +6,8 @@ neighbouring read is then free, and a lone one costs 64 KiB, not the object.
 A convert reads large runs (a tensor chunk, adjacent segments already merged by the caller); those bypass
 the cache and are cut into parts fetched in parallel straight into the caller's buffer, so memory stays the
 pipeline's fixed pools. Every answer is checked: exactly the bytes asked for, from an object of the size
-listed and the same ETag, or a clear error.
+listed and the same ETag (where the store's client can carry one), or a clear error. The same for every
+store: only the backend's one call (`remote.backend`) differs.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from inspector.remote.errors import store_error, truncated
+from inspector.remote.errors import truncated
 
 if TYPE_CHECKING:
-    from inspector.remote.store import S3Store
+    from inspector.remote.store import Store
 
 BLOCK = 64 << 10
 SMALL = 32 << 10  # reads up to this size go through the block cache
 CACHE_BLOCKS = 64
 MIN_PART = 512 << 10
-_STREAM_TRIES = 3  # botocore retries a request that fails; a body that breaks off midway is ours to retry
+_STREAM_TRIES = 3  # clients retry a request that fails; a body that breaks off midway is ours to retry
 
 
 class BlockCache:
@@ -55,10 +56,10 @@ class BlockCache:
                 self._blocks.popitem(last=False)
 
 
-class S3Handle:
-    """One object opened for reading: its listed size and ETag, read by range. Thread-safe."""
+class RangedHandle:
+    """One object opened for reading on any store: its listed size and ETag, read by range. Thread-safe."""
 
-    def __init__(self, store: S3Store, url: str, key: str, size: int, etag: str) -> None:
+    def __init__(self, store: Store, url: str, key: str, size: int, etag: str) -> None:
         self.store = store
         self.path = url
         self.key = key
@@ -104,71 +105,34 @@ class S3Handle:
         return data[start : start + n]
 
 
-def get_range(handle: S3Handle, start: int, view: memoryview) -> None:
+def get_range(handle: RangedHandle, start: int, view: memoryview) -> None:
     """Fill `view` with the object's bytes from `start`, exactly; a short or oversized answer is refused.
-    Holds one of the store's slots while the request is open, so ZI_S3_INFLIGHT bounds what is in flight."""
+    Holds one of the store's slots while the request is open, so ZI_REMOTE_INFLIGHT bounds what is in
+    flight. Clients retry a request that fails; a body that breaks off midway is retried here."""
     store = handle.store
     n = len(view)
     if start < 0 or start + n > handle.size:
         raise truncated(
             handle.path, f"a read of {n} bytes at {start} lies past the listed size {handle.size}"
         )
-    kwargs = {"Bucket": store.bucket, "Key": handle.key, "Range": f"bytes={start}-{start + n - 1}"}
-    if handle.etag:
-        kwargs["IfMatch"] = handle.etag
     for attempt in range(_STREAM_TRIES):
         with store.slots:
-            broken = _fetch(handle, kwargs, start, view)
+            store.count(requests=1)
+            broken = store.backend.get_range(handle.key, start, view, handle.size, handle.etag)
         if broken is None:
+            store.count(nbytes=n)
             return
         if attempt == _STREAM_TRIES - 1:
-            raise store_error(broken, handle.path) from None
+            raise broken
         time.sleep(0.2 * 2**attempt)
 
 
-def _fetch(handle: S3Handle, kwargs: dict[str, str], start: int, view: memoryview) -> Exception | None:
-    """One ranged GET into `view`: None when filled, or the error of a body that broke off (retryable)."""
-    from botocore.exceptions import (
-        ConnectionClosedError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-    )
-
-    store, n = handle.store, len(view)
-    resp = store.call(handle.path, store.client().get_object, **kwargs)
-    body = resp["Body"]
-    try:
-        if resp.get("ContentLength") != n or not _range_ok(resp.get("ContentRange"), start, n, handle.size):
-            raise truncated(handle.path, f"the store did not return the {n} bytes asked for at {start}")
-        pos = 0
-        while pos < n:
-            chunk = body.read(min(1 << 20, n - pos))
-            if not chunk:
-                break
-            view[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        if pos != n:
-            raise truncated(handle.path, f"the object ends before byte {start + n}")
-    except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
-        return exc
-    finally:
-        body.close()
-    store.count(n)
-    return None
-
-
-def _range_ok(header: object, start: int, n: int, size: int) -> bool:
-    """`Content-Range: bytes a-b/total` says exactly what was asked, from an object of the listed size."""
-    return header == f"bytes {start}-{start + n - 1}/{size}"
-
-
-def fetch_many(reads: list[tuple[S3Handle, int, memoryview]]) -> None:
+def fetch_many(reads: list[tuple[RangedHandle, int, memoryview]]) -> None:
     """Fill every (handle, offset, view), each cut into parts, up to the store's limit in flight at once."""
     from inspector.remote.store import inflight
 
     width = inflight()
-    parts: list[tuple[S3Handle, int, memoryview]] = []
+    parts: list[tuple[RangedHandle, int, memoryview]] = []
     for handle, offset, view in reads:
         n = len(view)
         size = max(MIN_PART, -(-n // width))

@@ -1,162 +1,246 @@
-"""A checkpoint under an `s3://bucket/prefix`, read as a confined byte source: listings and ranged GETs.
+"""The `s3://` backend: boto3 (the `s3` extra), for AWS and every S3-compatible store.
 
-The same boundary as a local folder: every name a listing returns passes the one name rule (`..`, a
-separator, control characters and over-long names are dropped, so they can never become a path or reach the
-terminal); a URL with such a segment, or a path that leaves the prefix, is refused; a size a listing declares
-is bounded before anything trusts it (`remote.store`); object content is never shown.
+The endpoint, region and credentials come from the standard AWS environment (AWS_ENDPOINT_URL, AWS_REGION,
+AWS_PROFILE, AWS_ACCESS_KEY_ID, ...), with standard-mode retries and backoff for throttling
+(AWS_MAX_ATTEMPTS). Every ranged GET carries the listed ETag (If-Match) and is checked against its
+Content-Range. botocore's exceptions carry request details in their text; only the error code is shown.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import stat
-from dataclasses import dataclass, field
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any, TypeVar
 
-from inspector.errors import CorruptFileError, InspectorError, NotACheckpointError
-from inspector.parse.names import name_problem
-from inspector.remote.store import SCHEME, ObjectInfo, S3Store, store_for
-from inspector.system.source import not_regular, os_error, outside, parse_json, resolves
-from inspector.system.units import printable as shown
+from inspector.errors import InspectorError
+from inspector.remote import errors as err
+from inspector.remote.backend import Page, RawObject
+from inspector.remote.store import MAX_LISTING, inflight, int_env
 
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]")
+T = TypeVar("T")
+
+_DENIED = {
+    "AccessDenied",
+    "403",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_BUSY = {
+    "SlowDown",
+    "503",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "ServiceUnavailable",
+    "InternalError",
+    "500",
+    "RequestTimeout",
+}
+_CHECK = "Check the URL, AWS_ENDPOINT_URL, AWS_REGION and the credentials."
+_WRITE_PERMISSIONS = (
+    "s3:ListBucket, s3:GetObject, s3:PutObject, s3:ListBucketMultipartUploads, s3:AbortMultipartUpload and "
+    "s3:DeleteObject"
+)
 
 
-def split_url(url: str) -> tuple[str, list[str]]:
-    """(bucket, key components) of an `s3://` URL; a component that is not a plain name is refused."""
-    rest = url[len(SCHEME) :].rstrip("/")
-    bucket, _, key = rest.partition("/")
-    if not _BUCKET.fullmatch(bucket):
-        raise NotACheckpointError(
-            f"{shown(url)}: {shown(bucket)!s} is not a valid bucket name.",
-            hint="An S3 URL reads s3://bucket/prefix/to/checkpoint.",
-        )
-    parts = key.split("/") if key else []
-    if any(name_problem(p) for p in parts):
-        raise NotACheckpointError(
-            f"{shown(url)} is not a plain object path: `.`, `..`, empty segments and control characters are "
-            "not followed in a URL.",
-            hint="Write the prefix as the store lists it, e.g. s3://bucket/run/global_step100.",
-            title="Unsafe URL",
-        )
-    return bucket, parts
+def endpoint() -> str:
+    """The endpoint requests go to, for messages (never the credentials)."""
+    return (
+        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
+    )
 
 
-def normalise_url(url: str) -> str:
-    bucket, parts = split_url(url)
-    return "/".join([f"{SCHEME}{bucket}", *parts])
+class S3Backend:
+    """One bucket through one boto3 client (thread-safe; connections pooled for the reads in flight)."""
 
-
-@dataclass(frozen=True)
-class S3Source:
-    """A bucket prefix the tool reads from, with the same questions and answers as a local `Source`."""
-
-    root: str
-    label: str = field(default="folder", compare=False)
-
-    @classmethod
-    def at(cls, url: str, label: str = "folder") -> S3Source:
-        return cls(normalise_url(url), label)
-
-    @classmethod
-    def for_path(cls, url: str) -> S3Source:
-        """The whole bucket of `url`: for tree questions that need no tighter root."""
-        return cls(f"{SCHEME}{split_url(url)[0]}")
-
-    @property
-    def store(self) -> S3Store:
-        return store_for(split_url(self.root)[0])
-
-    def join(self, path: str, *names: str) -> str:
-        return "/".join([path.rstrip("/"), *names])
-
-    def resolve(self, path: str | os.PathLike[str]) -> str:
-        raw = os.fspath(path)
-        full = raw if raw.startswith(SCHEME) else self.join(self.root, raw)
+    def __init__(self, bucket: str) -> None:
         try:
-            full = normalise_url(full)
-        except InspectorError:
-            raise outside(full, self.root, self.label) from None
-        if not self.holds(full):
-            raise outside(full, self.root, self.label)
-        return full
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise err.missing_client("s3://", "boto3", "s3") from None
+        self.bucket = bucket
+        self._lock = threading.Lock()
+        session = boto3.session.Session()
+        config = Config(
+            retries={"max_attempts": int_env("AWS_MAX_ATTEMPTS", 6, 1, 20), "mode": "standard"},
+            connect_timeout=10,
+            read_timeout=60,
+            max_pool_connections=2 * inflight() + 2,
+            user_agent_extra="zero-inspector",
+        )
+        self.client: Any = session.client("s3", region_name=session.region_name or "us-east-1", config=config)
 
-    def holds(self, real: str) -> bool:
-        return real == self.root or real.startswith(self.root + "/")
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
 
-    def contains(self, path: str | os.PathLike[str]) -> bool:
-        return resolves(self, path)
+    def call(self, url: str, fn: Callable[..., T], **kwargs: Any) -> T:
+        """One client call; any botocore failure becomes a user error naming `url`, never a traceback."""
+        return self._request(url, fn, kwargs, writing=False)
 
-    def _entry(self, url: str) -> tuple[str, ObjectInfo | None]:
-        _, parts = split_url(url)
-        store = self.store
-        if not parts:
-            store.listing("")  # the bucket must exist and be readable
-            return "dir", None
-        listing = store.listing("".join(p + "/" for p in parts[:-1]))
-        info = listing.files.get(parts[-1])
-        if info is not None:
-            return ("file" if info.size >= 0 else "other"), info
-        return ("dir" if parts[-1] in listing.dirs else "missing"), None
+    def call_write(self, url: str, fn: Callable[..., T], **kwargs: Any) -> T:
+        """`call` for a request of an output upload (`remote.upload`), whose refusals read differently:
+        permissions to write, a conditional write refused."""
+        return self._request(url, fn, kwargs, writing=True)
 
-    def kind(self, path: str | os.PathLike[str]) -> str:
-        """ "file", "dir", "outside", "other" (a declared size no object has) or "missing"."""
+    def _request(self, url: str, fn: Callable[..., T], kwargs: dict[str, Any], *, writing: bool) -> T:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
-            url = self.resolve(path)
-        except InspectorError:
-            return "outside"
-        return self._entry(url)[0]
+            return fn(**kwargs)
+        except (BotoCoreError, ClientError) as exc:
+            raise store_error(exc, url, writing=writing) from None
 
-    def is_file(self, path: str | os.PathLike[str]) -> bool:
-        return self.kind(path) == "file"
+    def keys_below(self, prefix: str, url: str) -> dict[str, int]:
+        """Every key below `prefix`, at any depth, with its size, for an output's check before it writes (at
+        most MAX_LISTING: a bound, not a view of the bucket; the conditional writes cover what it misses)."""
+        found: dict[str, int] = {}
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        while True:
+            page = self.call_write(url, self.client.list_objects_v2, **kwargs)
+            for obj in page.get("Contents") or ():
+                key, size = obj.get("Key"), obj.get("Size")
+                if isinstance(key, str) and isinstance(size, int) and not isinstance(size, bool):
+                    found[key] = size
+            token = page.get("NextContinuationToken")
+            if len(found) > MAX_LISTING or not page.get("IsTruncated") or not isinstance(token, str):
+                return found
+            kwargs["ContinuationToken"] = token
 
-    def is_dir(self, path: str | os.PathLike[str]) -> bool:
-        return self.kind(path) == "dir"
+    def open_uploads(self, prefix: str, url: str) -> list[tuple[str, str]]:
+        """(key, UploadId) of the multipart uploads in progress below `prefix` (bounded as `keys_below`)."""
+        out: list[tuple[str, str]] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        while True:
+            page = self.call_write(url, self.client.list_multipart_uploads, **kwargs)
+            for up in page.get("Uploads") or ():
+                key, uid = up.get("Key"), up.get("UploadId")
+                if isinstance(key, str) and isinstance(uid, str):
+                    out.append((key, uid))
+            if not page.get("IsTruncated") or len(out) > MAX_LISTING:
+                return out
+            kwargs |= {"KeyMarker": page.get("NextKeyMarker"), "UploadIdMarker": page.get("NextUploadIdMarker")}
 
-    def listdir(self, path: str | os.PathLike[str] = ".") -> list[str]:
-        url = self.resolve(self.root if os.fspath(path) == "." else path)
-        if self._entry(url)[0] != "dir":
-            raise os_error(url, FileNotFoundError())
-        _, parts = split_url(url)
-        listing = self.store.listing("".join(p + "/" for p in parts))
-        return sorted({*listing.files, *listing.dirs})
+    def list(self, prefix: str) -> Iterator[Page]:
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self.call(self.url(prefix), self.client.list_objects_v2, **kwargs)
+            dirs = [cp.get("Prefix") for cp in page.get("CommonPrefixes") or () if isinstance(cp, dict)]
+            objects = [_raw(obj) for obj in page.get("Contents") or () if isinstance(obj, dict)]
+            yield Page([d for d in dirs if isinstance(d, str) and d.endswith("/")], objects)
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not isinstance(token, str) or not token:
+                return
 
-    def stat(self, path: str) -> tuple[int, int]:
-        """(size, mtime in ns) of an object; OSError when there is none."""
-        kind, info = self._entry(self.resolve(path))
-        if kind != "file" or info is None:
-            raise FileNotFoundError(path)
-        return info.size, info.mtime_ns
+    def get_range(
+        self, key: str, start: int, view: memoryview, size: int, etag: str
+    ) -> InspectorError | None:
+        from botocore.exceptions import (
+            ConnectionClosedError,
+            IncompleteReadError,
+            ReadTimeoutError,
+            ResponseStreamingError,
+        )
 
-    def open_handle(self, path: str | os.PathLike[str]) -> Any:
-        from inspector.remote.ranged import S3Handle
+        url, n = self.url(key), len(view)
+        kwargs = {"Bucket": self.bucket, "Key": key, "Range": f"bytes={start}-{start + n - 1}"}
+        if etag:
+            kwargs["IfMatch"] = etag
+        resp = self.call(url, self.client.get_object, **kwargs)
+        body = resp["Body"]
+        try:
+            if (
+                resp.get("ContentLength") != n
+                or resp.get("ContentRange") != f"bytes {start}-{start + n - 1}/{size}"
+            ):
+                raise err.truncated(url, f"the store did not return the {n} bytes asked for at {start}")
+            pos = 0
+            while pos < n:
+                chunk = body.read(min(1 << 20, n - pos))
+                if not chunk:
+                    break
+                view[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+            if pos != n:
+                raise err.truncated(url, f"the object ends before byte {start + n}")
+        except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
+            return store_error(exc, url)
+        finally:
+            body.close()
+        return None
 
-        url = self.resolve(path)
-        kind, info = self._entry(url)
-        if kind == "missing":
-            raise os_error(url, FileNotFoundError())
-        if kind == "dir":
-            raise not_regular(url, stat.S_IFDIR)
-        if info is None or info.size < 0:
-            raise CorruptFileError(
-                f"{shown(url)}: the store declares a size no object can have; it was not read.",
-                hint="The listing is damaged or the endpoint is not a real object store.",
-                title="Impossible size",
+
+def _raw(obj: dict[str, Any]) -> RawObject:
+    when = obj.get("LastModified")
+    mtime = int(when.timestamp() * 1e9) if isinstance(when, datetime) else 0
+    return RawObject(obj.get("Key"), obj.get("Size"), mtime, obj.get("ETag"))
+
+
+def store_error(exc: BaseException, url: str, *, writing: bool = False) -> InspectorError:
+    """Any botocore failure on `url`, as a user error (a traceback only for what is not botocore's).
+    `writing`: the request wrote to the store (an output upload), which needs other permissions."""
+    from botocore import exceptions as bx
+
+    verb = "write" if writing else "read"
+    if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return err.no_credentials(
+            url,
+            "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or run where an instance "
+            "role is available); a public bucket still needs credentials here.",
+            verb,
+        )
+    if isinstance(exc, bx.NoRegionError):
+        return err.misconfigured(url, "No region: set AWS_REGION (or AWS_DEFAULT_REGION).")
+    if isinstance(exc, bx.ClientError):
+        e = exc.response.get("Error", {})
+        code = err.code_of(
+            str(e.get("Code", "")) or str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+        )
+        if code == "NoSuchBucket":
+            return err.no_bucket(
+                url, endpoint(), "Check the bucket name, and AWS_ENDPOINT_URL if the store is not AWS."
             )
-        _, parts = split_url(url)
-        return S3Handle(self.store, url, "/".join(parts), info.size, info.etag)
-
-    def read_bytes(self, path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
-        """A whole small object, refused if larger than `limit` bytes (before a byte of it is fetched)."""
-        handle = self.open_handle(path)
-        if handle.size > limit:
-            raise CorruptFileError(
-                f"{shown(handle.path)}: too large for a {what} (over {limit:,} bytes); it was not read.",
-                hint="Replace it with the real file.",
+        if code in _DENIED:
+            need = _WRITE_PERMISSIONS if writing else "s3:ListBucket and s3:GetObject"
+            return err.denied(
+                url,
+                code,
+                f"The credentials in use may not {verb} this bucket: check them (AWS_PROFILE, "
+                f"AWS_ACCESS_KEY_ID) and the bucket's policy; we need {need}.",
             )
-        data: bytes = handle.pread(handle.size, 0)
-        return data
-
-    def read_json(self, path: str | os.PathLike[str], limit: int, what: str = "JSON file") -> Any:
-        return parse_json(self.read_bytes(path, limit, what), os.fspath(path), what)
+        if code in _MISSING:
+            return err.gone(url)
+        if code in _BUSY:
+            return err.busy(
+                url,
+                code,
+                "It is throttling or unavailable: try again later, or read with fewer requests in "
+                "flight (ZI_REMOTE_INFLIGHT=2); AWS_MAX_ATTEMPTS raises the retries.",
+            )
+        if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") and writing:
+            return err.appeared(url)
+        if code in ("PreconditionFailed", "412"):
+            return err.changed(url)
+        return err.refused(url, code, "Check the URL, the credentials and the endpoint.")
+    if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ProxyConnectionError):
+        return err.unreachable(
+            url, endpoint(), "Check AWS_ENDPOINT_URL and the network; the store did not answer.", verb
+        )
+    if isinstance(
+        exc,
+        bx.ReadTimeoutError | bx.ConnectionClosedError | bx.IncompleteReadError | bx.ResponseStreamingError,
+    ):
+        return err.broken_off(url, endpoint())
+    if isinstance(exc, bx.BotoCoreError):
+        return err.client_failed(url, type(exc).__name__, _CHECK)
+    raise exc

@@ -1,9 +1,11 @@
-"""One bucket's client, listings and request accounting, shared by every source and handle on it.
+"""One bucket as the tool sees it, whatever the store: checked listings, accounting, in-flight slots.
 
-boto3 (the `s3` extra) is imported on first use, with the endpoint, region and credentials from the standard
-AWS environment (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE, ...) and standard-mode retries with backoff for
-throttling; every botocore failure becomes a user error (`remote.errors`). A listing is one folder level under
-the one name rule, sizes bounded, kept a few seconds.
+A `Store` wraps one backend (`remote.backend`) and does, once for every kind of store, what must not be left
+to a client: every listed name passes the one name rule (a key with `..`, a separator or control characters
+is dropped, never shown), every declared size is bounded, a folder with more entries than any checkpoint
+has is refused, listings are kept a few seconds (a scan asks about the same folders dozens of times), and
+requests and bytes are counted. Its slots bound the ranged reads in flight however many threads ask
+(ZI_REMOTE_INFLIGHT), and its pool and block cache serve `remote.ranged`.
 """
 
 from __future__ import annotations
@@ -11,22 +13,24 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING
 
 from inspector.errors import CorruptFileError
 from inspector.parse.names import name_problem
-from inspector.remote.errors import missing_client, store_error
+from inspector.remote.backend import Backend, RawObject, backend_for
 from inspector.system.units import printable as shown
 
-T = TypeVar("T")
-SCHEME = "s3://"
+if TYPE_CHECKING:
+    from inspector.remote.ranged import BlockCache
+
 MAX_OBJECT_BYTES = 1 << 46  # 64 TiB: above any store's object limit (S3: 50 TB); a larger size is a lie
 LISTING_TTL_S = 10.0
 MAX_LISTING = 200_000  # objects in one folder; a rank folder of a 100k-GPU run holds ~200k files
+MAX_ETAG = 200
+# the environment a store's client reads: a change of endpoint or identity is another store
+_IDENTITY = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "FSSPEC_", "HF_", "STORAGE_EMULATOR_HOST")
 
 
 def int_env(name: str, default: int, low: int, high: int) -> int:
@@ -37,8 +41,9 @@ def int_env(name: str, default: int, low: int, high: int) -> int:
 
 
 def inflight() -> int:
-    """Requests in flight per store (ZI_S3_INFLIGHT, 1..64, default 8)."""
-    return int_env("ZI_S3_INFLIGHT", 8, 1, 64)
+    """Requests in flight per store (ZI_REMOTE_INFLIGHT, or its older name ZI_S3_INFLIGHT; 1..64, default 8)."""
+    name = "ZI_REMOTE_INFLIGHT" if "ZI_REMOTE_INFLIGHT" in os.environ else "ZI_S3_INFLIGHT"
+    return int_env(name, 8, 1, 64)
 
 
 @dataclass(frozen=True)
@@ -56,71 +61,36 @@ class Listing:
     dirs: frozenset[str]
 
 
-class S3Store:
-    """One bucket: a client, the listings read so far (a scan asks about the same folders many times), the
-    ranged-read block cache and the pool of reader threads. Counts requests and bytes."""
+class Store:
+    """One bucket: its backend, the listings read so far, the ranged-read block cache and the pool of reader
+    threads. Counts requests and bytes."""
 
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, scheme: str, bucket: str) -> None:
         from inspector.remote.ranged import BlockCache
 
+        self.scheme = scheme
         self.bucket = bucket
-        self.cache = BlockCache()
+        self.backend: Backend = backend_for(scheme, bucket)
+        self.cache: BlockCache = BlockCache()
         self.requests = 0
         self.fetched = 0
-        self._client: Any = None
         self._pool: ThreadPoolExecutor | None = None
-        self.slots = threading.BoundedSemaphore(inflight())  # GETs in flight, however many threads ask
+        self.slots = threading.BoundedSemaphore(inflight())  # reads in flight, however many threads ask
         self._lock = threading.Lock()
         self._listings: dict[str, tuple[float, Listing]] = {}
 
-    def client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                try:
-                    import boto3
-                    from botocore.config import Config
-                except ImportError:
-                    raise missing_client() from None
-                session = boto3.session.Session()
-                config = Config(
-                    retries={"max_attempts": int_env("AWS_MAX_ATTEMPTS", 6, 1, 20), "mode": "standard"},
-                    connect_timeout=10,
-                    read_timeout=60,
-                    max_pool_connections=2 * inflight() + 2,
-                    user_agent_extra="zero-inspector",
-                )
-                self._client = session.client(
-                    "s3", region_name=session.region_name or "us-east-1", config=config
-                )
-            return self._client
+    def url(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key}"
 
     def pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(inflight(), thread_name_prefix="zi-s3")
+                self._pool = ThreadPoolExecutor(inflight(), thread_name_prefix=f"zi-{self.scheme}")
             return self._pool
 
-    def call(self, url: str, fn: Callable[..., T], **kwargs: Any) -> T:
-        """One client call; any botocore failure becomes a user error naming `url`, never a traceback."""
-        return self._request(url, fn, kwargs, writing=False)
-
-    def call_write(self, url: str, fn: Callable[..., T], **kwargs: Any) -> T:
-        """`call` for a request of an output upload, whose refusals read differently (permissions to write,
-        a conditional write refused)."""
-        return self._request(url, fn, kwargs, writing=True)
-
-    def _request(self, url: str, fn: Callable[..., T], kwargs: dict[str, Any], *, writing: bool) -> T:
-        from botocore.exceptions import BotoCoreError, ClientError
-
+    def count(self, requests: int = 0, nbytes: int = 0) -> None:
         with self._lock:
-            self.requests += 1
-        try:
-            return fn(**kwargs)
-        except (BotoCoreError, ClientError) as exc:
-            raise store_error(exc, url, writing=writing) from None
-
-    def count(self, nbytes: int) -> None:
-        with self._lock:
+            self.requests += requests
             self.fetched += nbytes
 
     def listing(self, prefix: str) -> Listing:
@@ -130,103 +100,59 @@ class S3Store:
         cached = self._listings.get(prefix)
         if cached is not None and time.monotonic() - cached[0] < LISTING_TTL_S:
             return cached[1]
-        url = f"{SCHEME}{self.bucket}/{prefix}"
         files: dict[str, ObjectInfo] = {}
         dirs: set[str] = set()
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self.call(url, self.client().list_objects_v2, **kwargs)
-            for cp in page.get("CommonPrefixes") or ():
-                name = _below(cp.get("Prefix"), prefix, "/")
+        for page in self.backend.list(prefix):
+            self.count(requests=1)
+            for key in page.dirs:
+                name = _below(key, prefix, dir=True)
                 if name is not None:
                     dirs.add(name)
-            for obj in page.get("Contents") or ():
-                name = _below(obj.get("Key"), prefix, "")
+            for obj in page.objects:
+                name = _below(obj.key, prefix, dir=False)
                 if name is not None:
                     files[name] = _info(obj)
             if len(files) + len(dirs) > MAX_LISTING:
                 raise CorruptFileError(
-                    f"{shown(url)} holds more than {MAX_LISTING:,} objects; it is not a checkpoint folder.",
+                    f"{shown(self.url(prefix))} holds more than {MAX_LISTING:,} objects; it is not a "
+                    "checkpoint folder.",
                     hint="Point at the checkpoint's own prefix.",
                 )
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not isinstance(token, str) or not token:
-                break
         found = Listing(files, frozenset(dirs))
         with self._lock:
             self._listings[prefix] = (time.monotonic(), found)
         return found
 
-    def keys_below(self, prefix: str, url: str) -> dict[str, int]:
-        """Every key below `prefix`, at any depth, with its size (at most MAX_LISTING: a bound, not a view of
-        the bucket; an output's conditional writes cover what it misses)."""
-        found: dict[str, int] = {}
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-        while True:
-            page = self.call_write(url, self.client().list_objects_v2, **kwargs)
-            for obj in page.get("Contents") or ():
-                key, size = obj.get("Key"), obj.get("Size")
-                if isinstance(key, str) and isinstance(size, int) and not isinstance(size, bool):
-                    found[key] = size
-            token = page.get("NextContinuationToken")
-            if len(found) > MAX_LISTING or not page.get("IsTruncated") or not isinstance(token, str):
-                return found
-            kwargs["ContinuationToken"] = token
 
-    def open_uploads(self, prefix: str, url: str) -> list[tuple[str, str]]:
-        """(key, UploadId) of the multipart uploads in progress below `prefix` (bounded as `keys_below`)."""
-        out: list[tuple[str, str]] = []
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-        while True:
-            page = self.call_write(url, self.client().list_multipart_uploads, **kwargs)
-            for up in page.get("Uploads") or ():
-                key, uid = up.get("Key"), up.get("UploadId")
-                if isinstance(key, str) and isinstance(uid, str):
-                    out.append((key, uid))
-            if not page.get("IsTruncated") or len(out) > MAX_LISTING:
-                return out
-            kwargs |= {
-                "KeyMarker": page.get("NextKeyMarker"),
-                "UploadIdMarker": page.get("NextUploadIdMarker"),
-            }
-
-
-def _below(key: Any, prefix: str, suffix: str) -> str | None:
+def _below(key: object, prefix: str, dir: bool) -> str | None:
     """The name of `key` one level below `prefix`, or None when it is no plain name (never shown)."""
-    if not isinstance(key, str) or not key.startswith(prefix) or not key.endswith(suffix):
+    if not isinstance(key, str) or not key.startswith(prefix):
         return None
-    name = key[len(prefix) : len(key) - len(suffix)]
+    name = key[len(prefix) :]
+    if dir and name.endswith("/"):
+        name = name[:-1]
     return None if name_problem(name) else name
 
 
-def _info(obj: dict[str, Any]) -> ObjectInfo:
-    size = obj.get("Size")
+def _info(obj: RawObject) -> ObjectInfo:
+    size = obj.size
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_OBJECT_BYTES:
         size = -1
-    when = obj.get("LastModified")
-    mtime = int(when.timestamp() * 1e9) if isinstance(when, datetime) else 0
-    etag = obj.get("ETag")
-    return ObjectInfo(size, mtime, etag if isinstance(etag, str) and len(etag) < 200 else "")
+    mtime = obj.mtime_ns if isinstance(obj.mtime_ns, int) and not isinstance(obj.mtime_ns, bool) else 0
+    etag = obj.etag if isinstance(obj.etag, str) and len(obj.etag) < MAX_ETAG else ""
+    return ObjectInfo(size, mtime, etag)
 
 
-_STORES: dict[tuple[str | None, ...], S3Store] = {}
+_STORES: dict[tuple[str, ...], Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def store_for(bucket: str) -> S3Store:
-    """The process's store for a bucket under the current endpoint and identity."""
-    env = os.environ
-    key = (
-        bucket,
-        env.get("AWS_ENDPOINT_URL"),
-        env.get("AWS_ENDPOINT_URL_S3"),
-        env.get("AWS_ACCESS_KEY_ID"),
-        env.get("AWS_PROFILE"),
-    )
+def store_for(scheme: str, bucket: str) -> Store:
+    """The process's store for a bucket under the current endpoint and identity (the environment its client
+    reads); the client's package is imported here, on first use."""
+    env = tuple(sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(_IDENTITY)))
+    key = (scheme, bucket, *env)
     with _STORES_LOCK:
         if key not in _STORES:
-            _STORES[key] = S3Store(bucket)
+            _STORES[key] = Store(scheme, bucket)
         return _STORES[key]

@@ -24,8 +24,9 @@ from typing import Any
 
 from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import escaped, name_problem
-from inspector.remote.s3 import normalise_url, split_url
-from inspector.remote.store import SCHEME, S3Store, int_env, store_for
+from inspector.remote.backend import normalise_url, split_url
+from inspector.remote.s3 import S3Backend
+from inspector.remote.store import Store, int_env, store_for
 from inspector.system.units import printable as shown
 
 PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
@@ -56,14 +57,23 @@ class BucketDestination:
     several threads, which share the parts in flight."""
 
     def __init__(self, url: str, job: str, overwrite: bool, cancel: threading.Event | None = None) -> None:
-        bucket, parts = split_url(url)
+        scheme, bucket, parts = split_url(url)
+        if scheme != "s3":
+            raise OutputError(
+                f"{shown(url)}: only s3:// prefixes can be written to.",
+                hint="Convert into a local folder, then copy it with the store's own tool.",
+                title="Unsupported output",
+            )
         self.url = normalise_url(url)
         self.bucket = bucket
         self.prefix = "".join(p + "/" for p in parts)
         self.job = job
         self.overwrite = overwrite
         self.cancel = cancel or threading.Event()
-        self.store: S3Store = store_for(bucket)
+        self.store: Store = store_for("s3", bucket)
+        backend = self.store.backend
+        assert isinstance(backend, S3Backend)
+        self.s3: S3Backend = backend
         self.created: list[str] = []  # keys this run made visible, in order
         self.reused: list[str] = []  # names an earlier run of this job had already completed
         self.sizes: dict[str, int] = {}
@@ -90,7 +100,8 @@ class BucketDestination:
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         """One request of this upload; a failure is the store's user error (a refused condition: an object
         that appeared meanwhile)."""
-        return self.store.call_write(what, fn, **kwargs)
+        self.store.count(requests=1)
+        return self.s3.call_write(what, fn, **kwargs)
 
     # -- before the run ---------------------------------------------------------------------------------
 
@@ -98,9 +109,9 @@ class BucketDestination:
         """Refuse objects at planned keys that are neither this job's nor to be overwritten (objects under the
         prefix this run does not write are left alone); with `abort_stale`, first abort the uploads a killed
         run left open under the planned keys."""
-        client = self.store.client()
+        client = self.s3.client
         planned = {self.key(n): n for n in names}
-        for key, upload in self.store.open_uploads(self.prefix, self.show()) if abort_stale else ():
+        for key, upload in self.s3.open_uploads(self.prefix, self.show()) if abort_stale else ():
             if key in planned:
                 with contextlib.suppress(OutputError):
                     self._call(
@@ -111,7 +122,7 @@ class BucketDestination:
                         UploadId=upload,
                     )
         clash = []
-        for key, size in self.store.keys_below(self.prefix, self.show()).items():
+        for key, size in self.s3.keys_below(self.prefix, self.show()).items():
             if key not in planned:
                 continue
             head = self._call(self.show(planned[key]), client.head_object, Bucket=self.bucket, Key=key)
@@ -161,7 +172,7 @@ class BucketDestination:
         meta = {META_JOB: self.job, META_CRC: str(crc)}
         cond = {} if key in self._replaceable else {"IfNoneMatch": "*"}
         what = self.show(rel)
-        client = self.store.client()
+        client = self.s3.client
         if size <= base_part():  # one request; its bytes count against the parts in memory too
             self._take_slot([])
             try:
@@ -180,7 +191,7 @@ class BucketDestination:
     def _multipart(
         self, fd: int, size: int, key: str, what: str, meta: dict[str, str], cond: dict[str, str]
     ) -> None:
-        client = self.store.client()
+        client = self.s3.client
         up = self._call(what, client.create_multipart_upload, Bucket=self.bucket, Key=key, Metadata=meta)
         uid = up.get("UploadId")
         if not isinstance(uid, str):
@@ -234,7 +245,7 @@ class BucketDestination:
                 raise CancelledError("Conversion cancelled.")
             resp = self._call(
                 what,
-                self.store.client().upload_part,
+                self.s3.client.upload_part,
                 Bucket=self.bucket,
                 Key=key,
                 UploadId=uid,
@@ -263,7 +274,7 @@ class BucketDestination:
 
     def _abort(self, key: str, uid: str) -> None:
         with contextlib.suppress(Exception):  # best effort: the lifecycle rule is the backstop
-            self.store.client().abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=uid)
+            self.s3.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=uid)
         with self._lock:
             self._open.pop(key, None)
 
@@ -277,7 +288,7 @@ class BucketDestination:
             self._abort(key, uid)
         for key in made:
             with contextlib.suppress(Exception):
-                self.store.client().delete_object(Bucket=self.bucket, Key=key)
+                self.s3.client.delete_object(Bucket=self.bucket, Key=key)
         self.close()
 
     def close(self) -> None:
@@ -299,4 +310,4 @@ def _pread_all(fd: int, n: int, offset: int) -> bytes:
 
 
 def is_bucket(out: str) -> bool:
-    return out.startswith(SCHEME)
+    return out.startswith("s3://")

@@ -2,9 +2,9 @@
 
 Readers never call `os.pread` on a checkpoint file themselves: they open a `Handle` through the checkpoint's
 `ByteSource` and ask it for bytes at an offset. Locally the handle is a descriptor opened by `Source` (the
-confined, link-refusing opener); for an `s3://` URL it is a ranged-GET reader (`inspector.remote.s3`, which
-imports boto3 only when such a URL is used). Both refuse names that leave the root, both bound sizes, and
-neither puts file content into a message.
+confined, link-refusing opener); for a store URL (`s3://`, `gs://`, `az://`, any other fsspec protocol) it is
+a ranged reader (`inspector.remote`, which imports a store's client only when such a URL is used). Both
+refuse names that leave the root, both bound sizes, and neither puts file content into a message.
 
 Paths stay strings: local ones are absolute paths, remote ones URLs (`s3://bucket/prefix/tag/file`), so the
 scan's records, findings and plans are the same for both.
@@ -13,11 +13,13 @@ scan's records, findings and plans are the same for both.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Protocol, runtime_checkable
 
 from inspector.system.source import Source, outside
 
-URL_SCHEMES = ("s3://",)
+# `scheme://`: s3, gs and az have a client of their own, any other scheme is tried as an fsspec protocol
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.:-]*://")
 
 
 @runtime_checkable
@@ -69,15 +71,15 @@ class ByteSource(Protocol):
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` names an object-store location rather than a local path."""
-    return os.fspath(path).startswith(URL_SCHEMES)
+    """Whether `path` names an object-store location (`scheme://...`) rather than a local path."""
+    return _URL.match(os.fspath(path)) is not None
 
 
 def absolute(path: str) -> str:
     """A user path made absolute (`~` expanded); a URL normalised (no trailing slash), never touched by
     `os.path`, which would turn `s3://b/p` into `/cwd/s3:/b/p`."""
     if is_url(path):
-        from inspector.remote.s3 import normalise_url
+        from inspector.remote.backend import normalise_url
 
         return normalise_url(path)
     return os.path.abspath(os.path.expanduser(path))
@@ -86,9 +88,9 @@ def absolute(path: str) -> str:
 def source_at(root: str, label: str = "folder") -> ByteSource:
     """The byte source for a root the user named: a confined local folder, or a bucket prefix."""
     if is_url(root):
-        from inspector.remote.s3 import S3Source
+        from inspector.remote.source import StoreSource
 
-        return S3Source.at(root, label)
+        return StoreSource.at(root, label)
     return Source.at(root, label)
 
 
@@ -151,6 +153,6 @@ def size_and_mtime(path: str) -> tuple[int, int]:
 
 
 def _remote(path: str) -> Any:
-    from inspector.remote.s3 import S3Source
+    from inspector.remote.source import StoreSource
 
-    return S3Source.for_path(path)
+    return StoreSource.for_path(path)

@@ -1,6 +1,7 @@
-"""A real S3-protocol server on localhost for the object-store tests: moto's server behind our proxy (which
-can inject faults and lie), with a demo checkpoint uploaded. Skipped where moto or boto3 is not installed
-(the `s3` and `test` extras bring them)."""
+"""Real store servers on localhost for the object-store tests, each with a demo checkpoint uploaded: moto's
+S3 server behind our proxy (which can inject faults and lie); more in tests/remote/servers.py (Azurite, a
+GCS XML stand-in, a plain HTTP server). A test whose server's packages are missing is skipped (the `s3`
+and `test` extras bring moto and boto3; `tox -e remote` the rest)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,7 @@ import pytest
 
 from inspector.demo.writer import DemoSpec
 from tests.remote.proxy import S3Proxy
-
-pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+from tests.remote.servers import az_demo, azurite, gs_demo, gs_server, http_demo  # noqa: F401  (fixtures)
 
 BUCKET = "ckpt"
 SECRET = "zi-test-secret-never-printed"
@@ -28,6 +27,8 @@ SPEC3 = DemoSpec(stage=3, world_size=4, params=1_000_000)
 @pytest.fixture(scope="session")
 def s3_proxy() -> Iterator[S3Proxy]:
     """moto on a random port, our proxy in front; the environment points every client at the proxy."""
+    pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

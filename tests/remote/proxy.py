@@ -156,7 +156,10 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
                 conn.close()
             if t.rewrite is not None:
                 data = t.rewrite(self.command, self.path, data)
-            self._send(status, [(k, v) for k, v in out_headers if k.lower() not in _HOP], data)
+            kept = [(k, v) for k, v in out_headers if k.lower() not in _HOP]
+            if self.command == "HEAD":  # no body, but the length the GET would have (what `info` asks)
+                kept += [(k, v) for k, v in out_headers if k.lower() == "content-length"]
+            self._send(status, kept, data)
 
         def _ranged(self) -> None:
             """A ranged GET answered from the whole object, fetched from moto once per key and ETag: moto
@@ -239,7 +242,8 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             for k, v in headers:
                 self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
+            if self.command != "HEAD" or not any(k.lower() == "content-length" for k, _ in headers):
+                self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             if self.command != "HEAD" and t.cut is not None and t.cut(self.command, self.path):
                 self.wfile.write(data[: len(data) // 2])  # the declared length never arrives

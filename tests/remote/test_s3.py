@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from inspector.errors import EXIT_DAMAGED, EXIT_USAGE, InspectorError
-from inspector.remote.s3 import S3Source
+from inspector.remote.source import StoreSource as S3Source
 from inspector.scan.json_view import checkpoint_json
 from inspector.scan.scanner import scan
 from tests.conftest import REPO_ROOT, CliResult

@@ -1,0 +1,133 @@
+"""The one small protocol every object-store client sits behind, and the URL rule that picks one.
+
+A backend is one bucket (an S3 or GCS bucket, an Azure container, an fsspec host or root) on one kind of
+store, and is the only code that talks to that store's client. It answers two questions, raw: what is one
+folder level below a prefix (`list`), and what are the bytes of an object from an offset (`get_range`, into
+the caller's buffer). Everything a backend returns is unchecked; `remote.store` applies the name rule and the
+size bounds, counts requests and bytes, caches listings and bounds what is in flight, once for all of them.
+A backend turns its client's failures into user errors (`remote.errors`) and imports its client lazily.
+
+| scheme | backend | client (extra) |
+| --- | --- | --- |
+| `s3://` | `remote.s3` | boto3 (`s3`) |
+| `gs://`, `az://` | `remote.cloud` | obstore (`gcs`, `azure`) |
+| any other fsspec protocol (`hf://`, `https://`, `memory://`, `gcs://`, ...) | `remote.fs` | fsspec (`fsspec`) |
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from inspector.errors import InspectorError, NotACheckpointError
+from inspector.parse.names import name_problem
+from inspector.system.units import printable as shown
+
+_SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]")  # S3, GCS and Azure container names alike
+CLOUD = ("gs", "az")
+# fsspec protocols that are no store: local files (read those by path, through the confined local source),
+# wrappers that cache onto the local disk or read archives, and inline data
+NOT_STORES = frozenset(
+    {
+        "file", "local", "asynclocal", "dir", "cached", "filecache", "simplecache", "blockcache",
+        "generic", "reference", "zip", "tar", "libarchive", "async_wrapper", "asyncwrapper", "data",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RawObject:
+    """One object as a listing returned it: nothing here is trusted until `remote.store` checks it."""
+
+    key: object  # the whole key within the bucket
+    size: object
+    mtime_ns: object
+    etag: object
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a folder listing: sub-prefixes (whole keys, trailing `/` optional) and objects."""
+
+    dirs: Sequence[object]
+    objects: Sequence[RawObject]
+
+
+class Backend(Protocol):
+    """One bucket on one kind of store. Thread-safe: several ranged reads run at once."""
+
+    def list(self, prefix: str) -> Iterator[Page]:
+        """One folder level below `prefix` ("" or ending in "/"), page by page; a missing folder is empty."""
+        ...
+
+    def get_range(
+        self, key: str, start: int, view: memoryview, size: int, etag: str
+    ) -> InspectorError | None:
+        """Fill `view` with the object's bytes from `start`, exactly (an answer of another length, or from an
+        object of another size or ETag, is refused). Returns None when filled, or the error to raise if the
+        body broke off midway after every retry (the caller retries such a read; any other failure raises)."""
+        ...
+
+
+def split_url(url: str) -> tuple[str, str, list[str]]:
+    """(scheme, bucket, key components) of a store URL; a component that is not a plain name is refused."""
+    m = _SCHEME.match(url)
+    if m is None:
+        raise NotACheckpointError(
+            f"{shown(url)} is not a store URL this tool reads.",
+            hint="Write it as scheme://bucket/prefix, e.g. s3://bucket/run, gs://bucket/run, az://container/run.",
+            title="Unsafe URL",
+        )
+    scheme = m.group(1)
+    if scheme in NOT_STORES:
+        raise NotACheckpointError(
+            f"{shown(url)}: {scheme}:// is read as a local path or not at all.",
+            hint="Give a local checkpoint as a plain path.",
+            title="Unsupported URL",
+        )
+    rest = url[m.end() :].rstrip("/")
+    bucket, _, key = rest.partition("/")
+    if "@" in bucket:  # user:password@host: not shown, not used
+        raise NotACheckpointError(
+            f"A {scheme}:// URL with credentials in it is refused (it is not shown, so they stay private).",
+            hint="Give credentials through the store's environment variables, never in the URL.",
+            title="Unsafe URL",
+        )
+    named = scheme in ("s3", *CLOUD)
+    if (named and not _BUCKET.fullmatch(bucket)) or name_problem(bucket) or any(c in bucket for c in "?#"):
+        raise NotACheckpointError(
+            f"{shown(url)}: {shown(bucket)!s} is not a valid bucket name.",
+            hint=f"A URL reads {scheme}://bucket/prefix/to/checkpoint.",
+        )
+    parts = key.split("/") if key else []
+    if any(name_problem(p) or any(c in p for c in "?#") for p in parts):
+        raise NotACheckpointError(
+            f"{shown(url)} is not a plain object path: `.`, `..`, empty segments, control characters and "
+            "queries are not followed in a URL.",
+            hint=f"Write the prefix as the store lists it, e.g. {scheme}://bucket/run/global_step100.",
+            title="Unsafe URL",
+        )
+    return scheme, bucket, parts
+
+
+def normalise_url(url: str) -> str:
+    scheme, bucket, parts = split_url(url)
+    return "/".join([f"{scheme}://{bucket}", *parts])
+
+
+def backend_for(scheme: str, bucket: str) -> Backend:
+    """The client for one bucket, its package imported now (a missing one is a user error naming the extra)."""
+    if scheme == "s3":
+        from inspector.remote.s3 import S3Backend
+
+        return S3Backend(bucket)
+    if scheme in CLOUD:
+        from inspector.remote.cloud import CloudBackend
+
+        return CloudBackend(scheme, bucket)
+    from inspector.remote.fs import FsspecBackend
+
+    return FsspecBackend(scheme, bucket)
