@@ -5,7 +5,9 @@ store, and is the only code that talks to that store's client. It answers two qu
 folder level below a prefix (`list`), and what are the bytes of an object from an offset (`get_range`, into
 the caller's buffer). Everything a backend returns is unchecked; `remote.store` applies the name rule and the
 size bounds, counts requests and bytes, caches listings and bounds what is in flight, once for all of them.
-A backend turns its client's failures into user errors (`remote.errors`) and imports its client lazily.
+A backend turns its client's failures into user errors (`remote.errors`) and imports its client lazily;
+`remote.store.backend_for` picks one. The settings every backend shares (`inflight`, `int_env`) live here, at
+the bottom, so no backend imports the store that holds it.
 
 | scheme | backend | client (extra) |
 | --- | --- | --- |
@@ -16,6 +18,7 @@ A backend turns its client's failures into user errors (`remote.errors`) and imp
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -118,16 +121,18 @@ def normalise_url(url: str) -> str:
     return "/".join([f"{scheme}://{bucket}", *parts])
 
 
-def backend_for(scheme: str, bucket: str) -> Backend:
-    """The client for one bucket, its package imported now (a missing one is a user error naming the extra)."""
-    if scheme == "s3":
-        from inspector.remote.s3 import S3Backend
+MAX_LISTING = 200_000  # objects in one folder; a rank folder of a 100k-GPU run holds ~200k files
 
-        return S3Backend(bucket)
-    if scheme in CLOUD:
-        from inspector.remote.cloud import CloudBackend
 
-        return CloudBackend(scheme, bucket)
-    from inspector.remote.fs import FsspecBackend
+def int_env(name: str, default: int, low: int, high: int) -> int:
+    """An integer setting from the environment, clamped to [low, high]; the default where it is no integer."""
+    try:
+        return min(high, max(low, int(os.environ.get(name, default))))
+    except ValueError:
+        return default
 
-    return FsspecBackend(scheme, bucket)
+
+def inflight() -> int:
+    """Requests in flight per store (ZI_REMOTE_INFLIGHT, or its older name ZI_S3_INFLIGHT; 1..64, default 8)."""
+    name = "ZI_REMOTE_INFLIGHT" if "ZI_REMOTE_INFLIGHT" in os.environ else "ZI_S3_INFLIGHT"
+    return int_env(name, 8, 1, 64)

@@ -20,8 +20,7 @@ from typing import Any
 
 from inspector.errors import InspectorError
 from inspector.remote import errors as err
-from inspector.remote.backend import Page, RawObject
-from inspector.remote.store import inflight, int_env
+from inspector.remote.backend import Page, RawObject, inflight, int_env
 from inspector.system.units import printable as shown
 
 _PIECE = 1 << 20

@@ -12,48 +12,17 @@ store: only the backend's one call (`remote.backend`) differs.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
+from inspector.remote.backend import inflight
 from inspector.remote.errors import truncated
-
-if TYPE_CHECKING:
-    from inspector.remote.store import Store
+from inspector.remote.store import Store
 
 BLOCK = 64 << 10
 SMALL = 32 << 10  # reads up to this size go through the block cache
-CACHE_BLOCKS = 64
 MIN_PART = 512 << 10
 _STREAM_TRIES = 3  # clients retry a request that fails; a body that breaks off midway is ours to retry
-
-
-class BlockCache:
-    """Fixed-size blocks of objects, least recently used dropped first; bounded in bytes."""
-
-    def __init__(self, blocks: int = CACHE_BLOCKS) -> None:
-        self._blocks: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
-        self._limit = blocks
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def get(self, key: tuple[str, str, int]) -> bytes | None:
-        with self._lock:
-            data = self._blocks.get(key)
-            if data is not None:
-                self._blocks.move_to_end(key)
-            return data
-
-    def put(self, key: tuple[str, str, int], data: bytes) -> None:
-        with self._lock:
-            self._blocks[key] = data
-            self._blocks.move_to_end(key)
-            while len(self._blocks) > self._limit:
-                self._blocks.popitem(last=False)
 
 
 class RangedHandle:
@@ -129,8 +98,6 @@ def get_range(handle: RangedHandle, start: int, view: memoryview) -> None:
 
 def fetch_many(reads: list[tuple[RangedHandle, int, memoryview]]) -> None:
     """Fill every (handle, offset, view), each cut into parts, up to the store's limit in flight at once."""
-    from inspector.remote.store import inflight
-
     width = inflight()
     parts: list[tuple[RangedHandle, int, memoryview]] = []
     for handle, offset, view in reads:

@@ -16,8 +16,7 @@ from typing import Any, TypeVar
 
 from inspector.errors import InspectorError
 from inspector.remote import errors as err
-from inspector.remote.backend import Page, RawObject
-from inspector.remote.store import MAX_LISTING, inflight, int_env
+from inspector.remote.backend import MAX_LISTING, Page, RawObject, inflight, int_env
 
 T = TypeVar("T")
 

@@ -13,37 +13,21 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from inspector.errors import CorruptFileError
 from inspector.parse.names import name_problem
-from inspector.remote.backend import Backend, RawObject, backend_for
+from inspector.remote.backend import CLOUD, MAX_LISTING, Backend, RawObject, inflight
 from inspector.system.units import printable as shown
-
-if TYPE_CHECKING:
-    from inspector.remote.ranged import BlockCache
 
 MAX_OBJECT_BYTES = 1 << 46  # 64 TiB: above any store's object limit (S3: 50 TB); a larger size is a lie
 LISTING_TTL_S = 10.0
-MAX_LISTING = 200_000  # objects in one folder; a rank folder of a 100k-GPU run holds ~200k files
 MAX_ETAG = 200
+CACHE_BLOCKS = 64  # of remote.ranged.BLOCK (64 KiB): the scan's small reads, 4 MiB per bucket
 # the environment a store's client reads: a change of endpoint or identity is another store
 _IDENTITY = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "FSSPEC_", "HF_", "STORAGE_EMULATOR_HOST")
-
-
-def int_env(name: str, default: int, low: int, high: int) -> int:
-    try:
-        return min(high, max(low, int(os.environ.get(name, default))))
-    except ValueError:
-        return default
-
-
-def inflight() -> int:
-    """Requests in flight per store (ZI_REMOTE_INFLIGHT, or its older name ZI_S3_INFLIGHT; 1..64, default 8)."""
-    name = "ZI_REMOTE_INFLIGHT" if "ZI_REMOTE_INFLIGHT" in os.environ else "ZI_S3_INFLIGHT"
-    return int_env(name, 8, 1, 64)
 
 
 @dataclass(frozen=True)
@@ -66,8 +50,6 @@ class Store:
     threads. Counts requests and bytes."""
 
     def __init__(self, scheme: str, bucket: str) -> None:
-        from inspector.remote.ranged import BlockCache
-
         self.scheme = scheme
         self.bucket = bucket
         self.backend: Backend = backend_for(scheme, bucket)
@@ -156,3 +138,44 @@ def store_for(scheme: str, bucket: str) -> Store:
         if key not in _STORES:
             _STORES[key] = Store(scheme, bucket)
         return _STORES[key]
+
+
+class BlockCache:
+    """Fixed-size blocks of objects, least recently used dropped first; bounded in bytes."""
+
+    def __init__(self, blocks: int = CACHE_BLOCKS) -> None:
+        self._blocks: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+        self._limit = blocks
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def get(self, key: tuple[str, str, int]) -> bytes | None:
+        with self._lock:
+            data = self._blocks.get(key)
+            if data is not None:
+                self._blocks.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[str, str, int], data: bytes) -> None:
+        with self._lock:
+            self._blocks[key] = data
+            self._blocks.move_to_end(key)
+            while len(self._blocks) > self._limit:
+                self._blocks.popitem(last=False)
+
+
+def backend_for(scheme: str, bucket: str) -> Backend:
+    """The client for one bucket, its package imported now (a missing one is a user error naming the extra)."""
+    if scheme == "s3":
+        from inspector.remote.s3 import S3Backend
+
+        return S3Backend(bucket)
+    if scheme in CLOUD:
+        from inspector.remote.cloud import CloudBackend
+
+        return CloudBackend(scheme, bucket)
+    from inspector.remote.fs import FsspecBackend
+
+    return FsspecBackend(scheme, bucket)

@@ -24,9 +24,9 @@ from typing import Any
 
 from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import escaped, name_problem
-from inspector.remote.backend import normalise_url, split_url
+from inspector.remote.backend import int_env, normalise_url, split_url
 from inspector.remote.s3 import S3Backend
-from inspector.remote.store import Store, int_env, store_for
+from inspector.remote.store import Store, store_for
 from inspector.system.units import printable as shown
 
 PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)

@@ -127,7 +127,7 @@ def load_all(
     read one file after another would spend minutes waiting."""
     if len(paths) < 2 or not is_url(source.root):
         return {r: load_or_finding(p, source, findings, parse) for r, p in paths}
-    from inspector.remote.store import inflight
+    from inspector.remote.backend import inflight
 
     def one(item: tuple[int, str]) -> tuple[T | None, list[Finding]]:
         own: list[Finding] = []

@@ -262,7 +262,8 @@ def test_small_reads_come_from_a_bounded_cache_and_match_the_file(s3_demo: tuple
     file's bytes, and the cache never holds more than its limit."""
     import random
 
-    from inspector.remote.ranged import BLOCK, CACHE_BLOCKS, SMALL
+    from inspector.remote.ranged import BLOCK, SMALL
+    from inspector.remote.store import CACHE_BLOCKS
 
     url, local = s3_demo
     name = next(p for p in sorted(local.rglob("*optim_states.pt")))
