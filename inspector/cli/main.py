@@ -23,6 +23,7 @@ from inspector.cli.console import console as _console
 from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import stdout_closed
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
+from inspector.system.malloc import cap_malloc_arenas
 
 
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
@@ -296,6 +297,7 @@ def _terminate(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+        cap_malloc_arenas()  # before any thread: flat memory with many reader threads (system/malloc.py)
     parser = build_parser()
     try:
         routed = _route(list(sys.argv[1:] if argv is None else argv))

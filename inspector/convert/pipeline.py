@@ -5,7 +5,8 @@ ml_dtypes (bit-identical to torch's `.to(dtype)`, split over cores; see cast.py)
 the result at its planned offset. Tensors that need no cast never enter Python buffers: the reader copies
 them file to file in the kernel (`os.copy_file_range`, falling back to the buffers where the file systems
 refuse). Buffers come from fixed pools allocated once per run, so peak memory is PIPELINE_DEPTH chunks per
-stage whatever the model, shard or tensor size.
+stage whatever the model, shard or tensor size (from an object store four times as many chunks a quarter the
+size: more round trips in flight, the same bytes; `plan.depth`).
 
 This is the part of a conversion that moves bytes; `engine` decides which shards to write and owns
 everything around them (output folder, journal, renames, progress events, cancel).
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inspector.convert.cast import cast_into, typed
-from inspector.convert.plan import PIPELINE_DEPTH, ConversionPlan, PlannedShard, PlannedTensor
+from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, byte_view, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
@@ -84,11 +85,11 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def make_pools(plan: ConversionPlan) -> PoolPair:
-    """The run's whole memory budget: PIPELINE_DEPTH source and output buffers, allocated once."""
+    """The run's whole memory budget: `plan.depth` source and output buffers, allocated once."""
     src_bytes, out_bytes = plan.pool_sizes
     src_pool: queue.Queue[np.ndarray] = queue.Queue()
     out_pool: queue.Queue[np.ndarray] = queue.Queue()
-    for _ in range(PIPELINE_DEPTH):
+    for _ in range(plan.depth):
         src_pool.put(buffer(src_bytes))
         if out_bytes:
             out_pool.put(buffer(out_bytes))
@@ -142,23 +143,28 @@ class _ShardIO:
     cancel: threading.Event
     src_pool: queue.Queue[np.ndarray]
     out_pool: queue.Queue[np.ndarray]
-    read_q: queue.Queue[_Chunk | None] = field(default_factory=lambda: queue.Queue(maxsize=PIPELINE_DEPTH))
-    write_q: queue.Queue[_Chunk | None] = field(default_factory=lambda: queue.Queue(maxsize=PIPELINE_DEPTH))
+    depth: int  # chunks in flight per stage (plan.depth)
+    read_q: queue.Queue[_Chunk | None] = field(init=False)
+    write_q: queue.Queue[_Chunk | None] = field(init=False)
     stop: threading.Event = field(default_factory=threading.Event)
     errors: list[BaseException] = field(default_factory=list)
     written: list[int] = field(default_factory=lambda: [0])
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.read_q = queue.Queue(maxsize=self.depth)
+        self.write_q = queue.Queue(maxsize=self.depth)
 
 
 def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> None:
     """Reader thread: queue each chunk's source bytes (or a kernel-copied marker) in file order.
 
     From an object store a chunk's read is a round trip: it is started and queued at once, so up to
-    PIPELINE_DEPTH chunks (the source buffers there are) are in flight while earlier ones are cast and
+    `depth` chunks (the source buffers there are) are in flight while earlier ones are cast and
     written; the consumer waits for each in order. Local reads stay synchronous (pread is not a round trip)."""
     shard, index, stop, read_q, cancel = io.shard, io.index, io.stop, io.read_q, io.cancel
     base = len(shard.header)
-    ahead = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="zi-read") if pool.remote else None
+    ahead = ThreadPoolExecutor(io.depth, thread_name_prefix="zi-read") if pool.remote else None
     try:
         for t in shard.tensors:
             pos = base + t.offset
@@ -263,9 +269,9 @@ def write_shard(
     """Fill one shard's open file: header, then every tensor through read -> convert -> write. Yields
     (bytes, tensor)."""
     shard = plan.shards[index]
-    limit = plan.options.chunk_elems
+    limit = plan.chunk_limit
     src_pool, out_pool = pools
-    io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool)
+    io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool, plan.depth)
     stop, errors, written, lock = io.stop, io.errors, io.written, io.lock
     pool = FilePool(*plan.sources)
     kernel = _KernelCopy()

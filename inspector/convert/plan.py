@@ -15,10 +15,14 @@ from dataclasses import dataclass, field
 from inspector.convert.options import SOURCES, ConvertOptions, Named, check_inputs, name_tensors
 from inspector.format.dtypes import SAFETENSORS_CODES, itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
-from inspector.system.bytesource import ByteSource
+from inspector.system.bytesource import ByteSource, is_url
 
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
+# From an object store every chunk's read is a round trip, and a tensor smaller than a chunk is one request:
+# chunks a quarter the size and four times as many in flight (the same buffer memory) keep ~12 requests going
+# where 3 would wait on their latency.
+REMOTE_SPLIT = 4
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"  # --adapter: PEFT's file name
@@ -115,16 +119,32 @@ class ConversionPlan:
         return sum(len(s.tensors) for s in self.shards)
 
     @property
+    def remote(self) -> bool:
+        """Whether any byte is read from an object store (`sources` are what every segment is read through)."""
+        return any(is_url(s.root) for s in self.sources)
+
+    @property
+    def depth(self) -> int:
+        """Chunks in flight per stage: PIPELINE_DEPTH, REMOTE_SPLIT times that from an object store."""
+        return PIPELINE_DEPTH * (REMOTE_SPLIT if self.remote else 1)
+
+    @property
+    def chunk_limit(self) -> int:
+        """Elements per chunk: the option's, a REMOTE_SPLIT-th of it from an object store (so `depth` chunks
+        hold the same bytes either way)."""
+        return max(1, self.options.chunk_elems // (REMOTE_SPLIT if self.remote else 1))
+
+    @property
     def buffer_bytes(self) -> int:
         """Bytes of chunk buffers the executor allocates, once per run (source + output buffers in flight)."""
         src, out = self.pool_sizes
-        return PIPELINE_DEPTH * (src + out)
+        return self.depth * (src + out)
 
     @property
     def pool_sizes(self) -> tuple[int, int]:
         """(source, output) buffer sizes that fit every shard; allocated once so memory does not creep with
         the shard count (re-allocating 16 MiB blocks per shard raises glibc's mmap threshold)."""
-        limit = self.options.chunk_elems
+        limit = self.chunk_limit
         return (
             max((s.buffer_size(limit) for s in self.shards), default=16),
             max((s.out_buffer_size(limit) for s in self.shards), default=0),

@@ -45,6 +45,9 @@ READ_BYTES_PER_S = 700 * 1024 * 1024
 # page cache's 700 MiB/s. The scan's first requests (listings, `latest`, model states) are round trips in turn.
 REMOTE_READ_BYTES_PER_S = 100 * 1024 * 1024
 REMOTE_STARTUP_SECONDS = 1.0
+# calibrated: an object store's client in the process (boto3 or obstore, its connection pool, the reader
+# threads' HTTP bodies): a 50M export peaked at 117-129 MiB from S3 against 82 MiB from disk
+REMOTE_CLIENT_RSS = 40 * 1024 * 1024
 # keep this much headroom below a limit before calling it a fit (other processes, page cache pressure)
 SAFETY_FRACTION = 0.05
 
@@ -191,9 +194,10 @@ def assess(
     from inspector.convert.cast import cast_threads
 
     rss, vms = converter_baseline(plan)
-    peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory
-    threads = 2 + cast_threads()  # reader, writer, cast pool
-    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + threads * THREAD_STACK
+    client = REMOTE_CLIENT_RSS if plan.remote else 0
+    peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + client
+    threads = 2 + cast_threads() + (plan.depth if plan.remote else 0)  # reader, writer, casts, reads ahead
+    vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + client + threads * THREAD_STACK
     output_bytes = plan.output_bytes + extra_output_bytes
     budget = budget or detect_memory_limits()
     free = free_disk if free_disk is not None else free_disk_bytes(out_dir)

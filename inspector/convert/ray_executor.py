@@ -206,6 +206,9 @@ def _run_part(spec: JobSpec, part: tuple[int, int], sink: Any) -> PartResult:
     """One task: plan the same job, write part `part` into OUT, report bytes to the sink as they are written."""
     import ray
 
+    from inspector.system.malloc import cap_malloc_arenas
+
+    cap_malloc_arenas()  # the worker's reader threads start below; Ray's own threads keep their arenas
     start = time.monotonic()
     job = plan(spec)
     done = reused = 0

@@ -12,10 +12,13 @@ the Ray driver read through the head proxy, capped the same. Reported: wall, aga
 target: within 1.3 of it), bytes fetched against the plan's, requests, the peak RSS of each process (sampled every 20 ms).
 
 With `--sweep 1,8,16` it measures one process at that many requests in flight instead (`--mbps` per
-connection, no node cap), the proxy out of process, with the CPU seconds of the converter and the proxy.
+connection, no node cap), the proxy out of process, with the CPU seconds of the converter and the proxy;
+with `--fetch-only` as well, only the fetch phase of the plan's reads (tests/benchmarks/fetch_plan.py: the
+converter's chunks and requests in flight, no cast, no write), timed inside the process after its scan.
 
     python tests/benchmarks/scaleout.py --params 50M --node-mbps 10 --parts 2,4 --ray 2,4 --runs 3
     python tests/benchmarks/scaleout.py --params 50M --sweep 1,8,16 --mbps 100 --latency-ms 30 --runs 3
+    python tests/benchmarks/scaleout.py --params 50M --sweep 1,8,16 --fetch-only --mbps 100 --runs 3
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class Row:
     fetched: list[int] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)  # peak RSS of the largest process of the run
+    fetch: list[float] = field(default_factory=list)  # --fetch-only: the fetch phase's own seconds
+    read: list[int] = field(default_factory=list)  # --fetch-only: the bytes the fetch phase read
     cpu: list[float] = field(default_factory=list)  # converter CPU seconds (sweep)
     proxy_cpu: list[float] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
@@ -142,15 +147,22 @@ def counters(proxies: list[Proxy]) -> tuple[int, int]:
     return sum(g["bytes_out"] for g in got), sum(g["requests"] for g in got)
 
 
-def one_run(row: Row, out: Path, env: dict[str, str], extra: list[str], proxies: list[Proxy]) -> None:
+def one_run(
+    row: Row, out: Path, env: dict[str, str], extra: list[str], proxies: list[Proxy], fetch_only: bool = False
+) -> None:
     for p in proxies:
         p.stats(reset=True)
     shutil.rmtree(out, ignore_errors=True)
     pcpu = sum(p.cpu() for p in proxies)
     start = time.monotonic()
-    proc = popen(convert(out, extra), env)
+    cmd = [PY, str(HERE / "fetch_plan.py"), URL] if fetch_only else convert(out, extra)
+    proc = popen(cmd, env)
     s = sampler(proc.pid)
-    finish(proc, row.name)
+    said = finish(proc, row.name)
+    if fetch_only:
+        doc = json.loads(said.strip().splitlines()[-1])
+        row.fetch.append(float(doc["seconds"]))
+        row.read.append(int(doc["bytes"]))
     wall = time.monotonic() - start
     row.rss.append(s.stop())
     row.wall.append(wall)
@@ -333,6 +345,11 @@ def main() -> None:
     ap.add_argument("--parts", default="2,4", help="N for --part runs ('' for none)")
     ap.add_argument("--ray", default="2,4", help="N for Ray runs ('' for none)")
     ap.add_argument("--sweep", default="", help="requests in flight to measure one process at, e.g. 1,8,16")
+    ap.add_argument(
+        "--fetch-only",
+        action="store_true",
+        help="with --sweep: time only the fetch phase of the plan's reads (tests/benchmarks/fetch_plan.py)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workdir", default="/tmp/zi-scaleout-bench")
     args = ap.parse_args()
@@ -428,7 +445,7 @@ def sweep(
             row = table[name]
             env = dict(base, AWS_ENDPOINT_URL=proxy.url, ZI_S3_INFLIGHT=str(w))
             before = os.times()
-            one_run(row, work / "out-sweep", env, extra, [proxy])
+            one_run(row, work / "out-sweep", env, extra, [proxy], args.fetch_only)
             after = os.times()
             row.cpu.append(
                 (after.children_user + after.children_system)
@@ -440,6 +457,18 @@ def sweep(
         f"\nOne process, {args.mbps:g} MB/s per connection, {args.latency_ms:g} ms per request, the proxy in its "
         f"own process; median of {args.runs}.\n"
     )
+    if args.fetch_only:
+        print("| run | fetch phase | MB/s | × 1 in flight | process wall | proxy CPU s | fetched (× read) | requests | load |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        first = med(rows[0].fetch)
+        for r in rows:
+            f, read = med(r.fetch), med(r.read)
+            print(
+                f"| {r.name} | {f:.2f} s | {read / f / 1e6:.0f} | {first / f:.2f} | {med(r.wall):.2f} s | "
+                f"{med(r.proxy_cpu):.1f} | {med(r.fetched) / MiB:,.1f} MiB ({med(r.fetched) / read:.3f}) | "
+                f"{med(r.requests):.0f} | {min(r.load):.1f}–{max(r.load):.1f} |"
+            )
+        return
     print(
         "| run | wall | MB/s of needed bytes | × 1 in flight | converter CPU s | proxy CPU s | fetched (× needed) | requests | peak RSS | load |"
     )
