@@ -1,12 +1,15 @@
 """`convert s3://… OUT --executor ray` on the local two-node cluster, the checkpoint on moto's S3 server
 (tests/remote's fixtures): every task opens its own store client from the URL with the driver's AWS_*
 environment, handed through Ray's runtime_env (the nodes have none of their own), and the folder equals one
-run from the same bucket."""
+run from the same bucket. Into a bucket OUT too: the tasks stage on their nodes and upload their shares, the
+driver finishes from the bucket's listing and uploads the index (or latest_universal) last."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -50,6 +53,55 @@ def test_ray_tasks_read_the_bucket_and_equal_one_run(
     assert s3_proxy.throttle.requests > before
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "one")
     checked = run_cli("verify", url, tmp_path / "ray")
+    assert checked.rc == 0, checked.output
+
+
+@pytest.mark.parametrize(
+    "kind, extra, last",
+    [
+        ("weights", ["--shard-size", "1MB"], "model.safetensors.index.json"),
+        ("universal", [], "latest_universal"),
+    ],
+    ids=["weights", "universal"],
+)
+def test_ray_tasks_upload_into_a_bucket_and_equal_one_local_run(
+    cluster: Any,
+    s3_demo: tuple[str, Path],
+    s3_client: Any,
+    s3_proxy: S3Proxy,
+    tmp_path: Path,
+    kind: str,
+    extra: list[str],
+    last: str,
+) -> None:
+    from tests.remote.test_upload import objects, open_uploads
+
+    url, _ = s3_demo
+    args = ["--format", kind, *extra]
+    one = run_cli("convert", url, tmp_path / "one", *args)
+    assert one.rc == 0, one.output
+    out = f"s3://{remote.BUCKET}/ray-out/{kind}-{uuid.uuid4().hex[:8]}"
+    prefix = "/" + out.removeprefix("s3://") + "/"
+    puts: list[str] = []
+
+    def record(method: str, path: str) -> None:
+        name = unquote(path.split("?")[0])
+        if method == "PUT" and name.startswith(prefix) and (not puts or puts[-1] != name[len(prefix) :]):
+            puts.append(name[len(prefix) :])
+
+    s3_proxy.throttle.fault = record
+    try:
+        run = run_cli("convert", url, out, *args, "--executor", "ray", "--ray-address", cluster.address)
+    finally:
+        s3_proxy.throttle.fault = None
+    assert run.rc == 0, run.output
+    assert "Ray: 2 part(s) on" in run.stdout and "Uploaded to " + out in run.stdout, run.stdout
+    assert SECRET not in run.output
+    want = _tree(tmp_path / "one")
+    assert objects(s3_client, out) == want  # byte for byte one local run's
+    assert sorted(puts) == sorted(want) and puts[-1] == last  # each file once; the driver's index last
+    assert open_uploads(s3_client, out) == []
+    checked = run_cli("verify", url, out)
     assert checked.rc == 0, checked.output
 
 
