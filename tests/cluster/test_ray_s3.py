@@ -118,3 +118,55 @@ def test_with_the_nodes_own_environment_the_task_says_what_is_missing(
     assert run.rc == 2, run.output
     assert "No credentials" in run.output
     assert SECRET not in run.output and "Traceback" not in run.output
+
+
+def test_a_cancelled_ray_run_into_a_bucket_leaves_no_index_and_the_next_finishes(
+    cluster: Any, s3_demo: tuple[str, Path], s3_client: Any, s3_proxy: S3Proxy, tmp_path: Path
+) -> None:
+    """Cancelled once the tasks have written bytes (in-process driver): CancelledError, no index and no
+    open upload (each interrupted task aborted its upload and removed its objects); the same job again
+    completes the prefix, byte for byte one local run's."""
+    import os
+    import tempfile
+    import threading
+    import time
+
+    import ray
+
+    from inspector.convert.bucket import staging_for
+    from inspector.convert.kinds.base import Request
+    from inspector.convert.options import ConvertOptions
+    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    from inspector.convert.root import LOCK
+    from inspector.errors import CancelledError
+    from tests.remote.test_upload import objects, open_uploads
+
+    url, _ = s3_demo
+    assert run_cli("convert", url, tmp_path / "one", "--format", "weights", "--shard-size", "500KB").rc == 0
+    out = f"s3://{remote.BUCKET}/ray-out/cancel-{uuid.uuid4().hex[:8]}"
+    spec = JobSpec(url, None, "weights", Request(ConvertOptions(shard_size=500_000)), out)
+    stop = threading.Event()
+    s3_proxy.throttle.latency_s = 0.05  # slow enough that the tasks are uploading when the cancel comes
+    try:
+        with pytest.raises(CancelledError):
+            for ev in run_on_ray(spec, address=cluster.address, cancel=stop):
+                if ev.bytes_done > 0:  # type: ignore[union-attr]
+                    stop.set()
+        s3_proxy.throttle.latency_s = 0.0
+        locks = [
+            os.path.join(tempfile.gettempdir(), f"{LOCK}.{os.path.basename(staging_for(out, None, (i, 2)))}")
+            for i in range(2)
+        ]
+        deadline = time.monotonic() + 60
+        while any(os.path.exists(p) for p in locks):  # the interrupted tasks clean up, then unlock
+            assert time.monotonic() < deadline, "a cancelled task never released its staging folder"
+            time.sleep(0.2)
+        assert "model.safetensors.index.json" not in objects(s3_client, out)
+        assert open_uploads(s3_client, out) == []
+        events = list(run_on_ray(spec, address=cluster.address))
+    finally:
+        s3_proxy.throttle.latency_s = 0.0
+        if ray.is_initialized():
+            ray.shutdown()
+    assert events[-1].files
+    assert objects(s3_client, out) == _tree(tmp_path / "one")
