@@ -134,6 +134,7 @@ def test_a_cancelled_ray_run_into_a_bucket_leaves_no_index_and_the_next_finishes
     import ray
 
     from inspector.convert.bucket import staging_for
+    from inspector.convert.engine import Progress
     from inspector.convert.kinds.base import Request
     from inspector.convert.options import ConvertOptions
     from inspector.convert.ray_executor import JobSpec, run_on_ray
@@ -150,7 +151,7 @@ def test_a_cancelled_ray_run_into_a_bucket_leaves_no_index_and_the_next_finishes
     try:
         with pytest.raises(CancelledError):
             for ev in run_on_ray(spec, address=cluster.address, cancel=stop):
-                if ev.bytes_done > 0:  # type: ignore[union-attr]
+                if isinstance(ev, Progress) and ev.bytes_done > 0:
                     stop.set()
         s3_proxy.throttle.latency_s = 0.0
         locks = [
