@@ -184,13 +184,13 @@ class BucketJob(Job):
         cancel = cancel or threading.Event()
         bucket = self.destination(overwrite, cancel)
         base, name = os.path.split(self.staging)
-        family = f"{LOCK}.{name.removesuffix(part_suffix(part)) if part else name}"
+        # one run per destination (and part) on this machine; a part and the finishing run exclude each other
+        # as in a shared folder (`refuse_running`); across machines, the finishing run goes after the parts
+        lock = f"{LOCK}.{name}"
         outer = None
         try:
-            # one run per destination (and part) on this machine; a part and the finishing run exclude each
-            # other as in a shared folder (`refuse_running`); on other machines, that is the user's order
-            outer = OutputRoot(base, lock_name=family + (part_suffix(part) if part else ""))
-            outer.refuse_running(part, family)
+            outer = OutputRoot(base, lock_name=lock)
+            outer.refuse_running(part, lock.removesuffix(part_suffix(part)) if part else lock)
         except OutputError as exc:
             if outer is not None:
                 outer.release(ok=True)
