@@ -338,14 +338,15 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         "--part",
         metavar="I/N",
         help="write only part I of N (0 <= I < N) of the output files, for N runs side by side into one OUT "
-        "(a Slurm array, a Kubernetes indexed job); then run the same command without --part to finish",
+        "(a Slurm array, a Kubernetes indexed job; OUT a shared folder or an s3:// prefix, each part then "
+        "uploading its share); then run the same command without --part to finish",
     )
     p.add_argument(
         "--executor",
         choices=("local", "ray"),
         default="local",
         help="ray: run the parts as tasks on a Ray cluster (pip install 'zero-inspector[ray]'; the checkpoint "
-        "and OUT on storage every node sees at the same path), then finish here",
+        "and OUT on storage every node sees at the same path, or in a bucket), then finish here",
     )
     p.add_argument(
         "--ray-address",

@@ -18,7 +18,8 @@ def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None =
     ckpt = scan(args.path, args.tag)  # a bad path fails here, before the converter loads
     kind = get(apply_format(args))
     request = request_from_args(args, allow_damaged=allow_damaged)
-    job = plan_output(kind, ckpt, request, out or args.out, getattr(args, "staging", None))  # OUT may be s3://
+    part = parse_part(getattr(args, "part", None))  # names an s3:// OUT's staging folder
+    job = plan_output(kind, ckpt, request, out or args.out, getattr(args, "staging", None), part)  # OUT may be s3://
     return ckpt, job
 
 
@@ -65,6 +66,7 @@ def job_events(args: argparse.Namespace, job: Any, part: tuple[int, int] | None,
         args.out,
         args.overwrite,
         args.fsync,
+        getattr(args, "staging", None),
     )
     return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append, job=job)
 
@@ -75,14 +77,6 @@ def ray_options(args: argparse.Namespace) -> None:
 
     if getattr(args, "executor", "local") != "ray":
         return
-    from inspector.system.bytesource import is_url
-
-    if is_url(args.out):
-        raise InspectorError(
-            "--executor ray writes OUT from every node; an s3:// output is uploaded by one run.",
-            hint="Convert to the bucket without --executor ray.",
-            title="Invalid option",
-        )
     if args.part is not None:
         raise InspectorError(
             "--part and --executor ray both split the job: use one.",

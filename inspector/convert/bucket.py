@@ -8,6 +8,12 @@ model. Around the run it checks the prefix (no object of someone else's at a pla
 --overwrite), aborts uploads a killed run of ours left open, and after a failure, cancel or interrupt removes
 what it uploaded, so a half-written output is never visible. After a hard kill, the same command resumes:
 objects this job completed (their metadata names the job) are kept, not written again.
+
+With `--part I/N` (N runs, on one machine or many; `--executor ray`'s tasks) each part stages in a folder of
+its own (the part in its name, so parts on one machine neither share a lock nor a folder), uploads only its
+share and, on failure, removes only the objects it made. The finishing run (no part) is an ordinary resume:
+the bucket's listing and each object's metadata (job, size, CRC-32) say which files the parts completed, so
+they are neither downloaded nor uploaded again; it writes what is missing, then the index and side files.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 from inspector.convert.engine import Progress, Report
 from inspector.convert.kinds.base import Job, OutputKind, PlannedFile, Request
+from inspector.convert.output import Part, part_suffix
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import LOCK, Destination, OutputRoot
 from inspector.errors import InspectorError, OutputError
@@ -30,18 +37,28 @@ from inspector.system.bytesource import absolute, is_url
 from inspector.system.limits import MemoryBudget, free_disk_bytes
 from inspector.system.units import printable as shown
 
+STAGING = "zero-inspector-staging-"
 
-def staging_for(url: str, staging: str | None = None) -> str:
-    """The private folder a conversion to `url` stages its files in: one per destination, so a second run to
-    the same URL on this machine is refused by its lock rather than mixed in."""
+
+def staging_for(url: str, staging: str | None = None, part: Part | None = None) -> str:
+    """The private folder a conversion to `url` stages its files in: one per destination (and part), so a
+    second run to the same URL on this machine is refused by its lock rather than mixed in, while the N parts
+    of one job on one machine each have their own."""
     base = os.path.abspath(os.path.expanduser(staging)) if staging else tempfile.gettempdir()
-    return os.path.join(base, "zero-inspector-staging-" + hashlib.sha256(url.encode()).hexdigest()[:12])
+    name = STAGING + hashlib.sha256(url.encode()).hexdigest()[:12] + (part_suffix(part) if part else "")
+    return os.path.join(base, name)
 
 
 def plan_output(
-    kind: OutputKind, ckpt: Checkpoint, request: Request, out: str, staging: str | None = None
+    kind: OutputKind,
+    ckpt: Checkpoint,
+    request: Request,
+    out: str,
+    staging: str | None = None,
+    part: Part | None = None,
 ) -> Job:
-    """The kind's job for OUT: as planned for a local folder, or wrapped to upload to a bucket."""
+    """The kind's job for OUT: as planned for a local folder, or wrapped to upload to a bucket (`part`: the
+    `--part` it will run, which names its staging folder; a local OUT's job runs any part)."""
     if not is_url(out):
         if staging:
             raise InspectorError(
@@ -57,17 +74,18 @@ def plan_output(
             "write to an S3-compatible endpoint (AWS_ENDPOINT_URL).",
             title="Unsupported output",
         )
-    folder = staging_for(url, staging)
-    return BucketJob(kind.plan(ckpt, request, folder), url, folder)
+    folder = staging_for(url, staging, part)
+    return BucketJob(kind.plan(ckpt, request, folder), url, folder, part)
 
 
 class BucketJob(Job):
     """A job whose OUT is a bucket prefix: the inner job writes into `staging`, every file is published."""
 
-    def __init__(self, inner: Job, url: str, staging: str) -> None:
+    def __init__(self, inner: Job, url: str, staging: str, part: Part | None = None) -> None:
         self.inner = inner
         self.url = url
         self.staging = staging
+        self.part = part  # the part this job's staging folder is for (None: one run, or the finishing run)
         self.kind = inner.kind
         self.out_dir = url
         self.uses_selection = inner.uses_selection
@@ -159,30 +177,37 @@ class BucketJob(Job):
     ) -> Iterator[Progress | Report]:
         """The inner job's events, its files published as they finish; the report names the bucket. On any
         failure, cancel or interrupt the open uploads are aborted and this run's objects removed."""
-        if part is not None:
+        if part != self.part:  # the staging folder was named for a part at planning (plan_output)
             raise InspectorError(
-                "--part writes into a shared output folder; a bucket output is written by one run.",
-                hint="Run the conversion without --part (or with --executor local).",
-                title="Invalid option",
+                f"Internal error: a job planned for part {self.part} run as part {part}.", title="Invalid option"
             )
         cancel = cancel or threading.Event()
         bucket = self.destination(overwrite, cancel)
         base, name = os.path.split(self.staging)
+        # one run per destination (and part) on this machine; a part and the finishing run exclude each other
+        # as in a shared folder (`refuse_running`); across machines, the finishing run goes after the parts
+        lock = f"{LOCK}.{name}"
+        outer = None
         try:
-            outer = OutputRoot(base, lock_name=f"{LOCK}.{name}")  # one run per destination on this machine
+            outer = OutputRoot(base, lock_name=lock)
+            outer.refuse_running(part, lock.removesuffix(part_suffix(part)) if part else lock)
         except OutputError as exc:
+            if outer is not None:
+                outer.release(ok=True)
             if exc.title != "Output folder in use":
                 raise
             raise OutputError(
                 f"Another conversion on this machine is writing to {self.url}.",
-                hint="Wait for it to finish; two runs into one prefix would replace each other's objects.",
+                hint="Wait for it to finish; two runs into one prefix would replace each other's objects "
+                "(the finishing run of --part goes once every part has ended).",
                 title="Output folder in use",
             ) from None
         ok = False
         try:
             outer.remove_tree(name)  # a killed run's leftovers: the bucket says what is finished, not they
-            bucket.check(self._names(), abort_stale=True)
-            for ev in self.inner.run(cancel=cancel, overwrite=overwrite, fsync=fsync, dest=bucket):
+            # a part leaves the others' open uploads alone; the finishing run aborts what a killed run left
+            bucket.check(self._names(), abort_stale=part is None)
+            for ev in self.inner.run(cancel=cancel, overwrite=overwrite, fsync=fsync, part=part, dest=bucket):
                 if isinstance(ev, Report):  # everything is up: a consumer that stops here undoes nothing
                     ok = True
                     ev = dataclasses.replace(

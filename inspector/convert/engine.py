@@ -21,7 +21,7 @@ from inspector.convert.output import disk_error as _disk_error
 from inspector.convert.pipeline import shard_streamer
 from inspector.convert.plan import INDEX_NAME, ConversionPlan
 from inspector.convert.root import Destination, OutputRoot
-from inspector.errors import CancelledError, InspectorError
+from inspector.errors import CancelledError
 
 _EVENT_INTERVAL = 0.25
 
@@ -94,22 +94,17 @@ def run(
 
     `dest` (OUT is a bucket: `out_dir` is the staging folder): each shard is published the moment it is
     complete, in file order, so the staging folder holds one shard at a time; the shards an earlier run of
-    this job completed there are not written again (the bucket, not the staging folder, says which).
+    this job completed there are not written again (the bucket, not the staging folder, says which). With
+    `part` too, the part publishes its own shards that way and nothing else; the finishing run reuses them.
     """
-    if dest is not None and part is not None:
-        raise InspectorError(
-            "--part writes into a shared output folder; a bucket output is written by one run.",
-            hint="Run the conversion without --part.",
-            title="Invalid option",
-        )
     cancel = cancel or threading.Event()
     write = shard_writer or shard_streamer(plan)
     folder = OutputFolder(plan, out_dir, overwrite, part, fsync, dest)  # created, locked, stale partials removed
     root = folder.root
     out_dir = root.path
     stale, partial, reuse, mine = folder.stale, folder.partials, folder.reuse, sorted(folder.mine)
-    if dest is not None:
-        reuse = [dest.holds(s.filename, s.file_bytes) for s in plan.shards]
+    if dest is not None:  # the bucket says which of this run's shards the job completed before (a part's own)
+        reuse = [k in folder.mine and dest.holds(s.filename, s.file_bytes) for k, s in enumerate(plan.shards)]
     total = sum(plan.shards[i].file_bytes for i in mine)  # the index is written at once, after them
     skipped = sum(plan.shards[i].file_bytes for i in mine if reuse[i])
     start = time.monotonic()
@@ -144,7 +139,9 @@ def run(
             raise CancelledError("Conversion cancelled; partial files were removed.")
         if part is not None:  # the finishing run publishes; a part only leaves its journalled shards
             ok = True
-            files = tuple((partial[i], root.size(partial[i])) for i in mine)
+            # a bucket has each of them up already (size from the upload, or the listing for a reused one)
+            names = [plan.shards[i].filename if dest is not None else partial[i] for i in mine]
+            files = tuple((name, root.size(name)) for name in names)
             elapsed = time.monotonic() - start
             yield Report(
                 out_dir,

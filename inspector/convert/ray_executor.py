@@ -14,6 +14,10 @@ sees at the same path. A checkpoint in a bucket (`s3://`) needs no shared storag
 opens its own store client from the URL, with the driver's AWS_* environment (endpoint, region,
 credentials) handed to the tasks through Ray's runtime_env where the driver has one; ZI_RAY_AWS_ENV=node
 leaves each node its own (a node-local endpoint or instance role).
+
+OUT may be an `s3://` prefix too (the same environment reaches the tasks): each task stages its share in a
+folder of its own on its node (the node's temporary folder, or `--staging DIR` there) and uploads it as
+`--part` does; the driver finishes from the bucket's listing and metadata, and alone uploads the index.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class JobSpec:
     out: str
     overwrite: bool = False
     fsync: bool = False
+    staging: str | None = None  # an s3:// OUT's staging folder, on each node (default: its temporary folder)
 
 
 @dataclass(frozen=True)
@@ -57,12 +62,14 @@ class PartResult:
     reused: int = 0  # files an earlier, interrupted run had finished and this task kept
 
 
-def plan(spec: JobSpec) -> Any:
-    """The job, planned where this runs (driver or task) from the spec alone."""
+def plan(spec: JobSpec, part: tuple[int, int] | None = None) -> Any:
+    """The job, planned where this runs (driver or task) from the spec alone (`part`: the task's, which
+    names a bucket output's staging folder)."""
+    from inspector.convert.bucket import plan_output
     from inspector.convert.kinds import get
     from inspector.scan.scanner import scan
 
-    return get(spec.kind).plan(scan(spec.path, spec.tag), spec.request, os.path.abspath(spec.out))
+    return plan_output(get(spec.kind), scan(spec.path, spec.tag), spec.request, spec.out, spec.staging, part)
 
 
 def _ray() -> Any:
@@ -100,14 +107,14 @@ def connect(address: str | None) -> Any:
 _STORE_ENV = ("AWS_", "ZI_S3_")
 
 
-def store_env(path: str) -> dict[str, str]:
-    """The driver's AWS_* and ZI_S3_* variables, for the tasks of a job that reads a bucket: Ray starts its
-    workers from the node's environment, not the driver's, so without them a task would look for another
-    endpoint or no credentials. Nothing for a local checkpoint, or with ZI_RAY_AWS_ENV=node (the nodes' own
-    environment then decides, e.g. a node-local endpoint). Passed to Ray only, never printed."""
+def store_env(*paths: str) -> dict[str, str]:
+    """The driver's AWS_* and ZI_S3_* variables, for the tasks of a job that reads or writes a bucket: Ray
+    starts its workers from the node's environment, not the driver's, so without them a task would look for
+    another endpoint or no credentials. Nothing for a local checkpoint and OUT, or with ZI_RAY_AWS_ENV=node
+    (the nodes' own environment then decides, e.g. a node-local endpoint). Passed to Ray only, never printed."""
     from inspector.system.bytesource import is_url
 
-    if not is_url(path) or os.environ.get("ZI_RAY_AWS_ENV") == "node":
+    if not any(is_url(p) for p in paths) or os.environ.get("ZI_RAY_AWS_ENV") == "node":
         return {}
     return {k: v for k, v in os.environ.items() if k.startswith(_STORE_ENV)}
 
@@ -138,7 +145,7 @@ def run_on_ray(
     sink = _sink_class(ray).remote(n)
     # SPREAD: the parts go to different nodes (their bandwidth is the point), not wherever a CPU frees first
     options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0, "scheduling_strategy": "SPREAD"}
-    if env := store_env(spec.path):
+    if env := store_env(spec.path, spec.out):
         options["runtime_env"] = {"env_vars": env}
     task = ray.remote(_run_part).options(**options)
     refs = {task.remote(spec, (i, n), sink): i for i in range(n)}
@@ -210,7 +217,7 @@ def _run_part(spec: JobSpec, part: tuple[int, int], sink: Any) -> PartResult:
 
     cap_malloc_arenas()  # the worker's reader threads start below; Ray's own threads keep their arenas
     start = time.monotonic()
-    job = plan(spec)
+    job = plan(spec, part)
     done = reused = 0
     last = 0.0
     for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=part):

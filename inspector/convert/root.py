@@ -170,14 +170,15 @@ class OutputRoot:
             f"Could not lock {self.path}: the lock file keeps changing.", title="Output folder in use"
         )
 
-    def refuse_running(self, part: tuple[int, int] | None) -> None:
+    def refuse_running(self, part: tuple[int, int] | None, family: str = LOCK) -> None:
         """Parts of one job run side by side, each under a lock of its own (`LOCK.part-i-of-n`); the run
         without a part finishes their folder. Neither may race the other: the finishing run refuses while a
-        part holds its lock, a part while a finishing run holds the plain lock."""
+        part holds its lock, a part while a finishing run holds the plain lock. `family`: the plain lock's
+        name where it is not LOCK (a bucket output's lock beside its staging folders)."""
         import fcntl
 
         for name in self.listdir():
-            others = name.startswith(LOCK + ".part-") if part is None else name == LOCK
+            others = name.startswith(family + ".part-") if part is None else name == family
             if name == self.lock_name or not others:
                 continue
             try:
@@ -187,7 +188,7 @@ class OutputRoot:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                who = name[len(LOCK) + 1 :].replace("-", " ") or "a run without --part"
+                who = name[len(family) + 1 :].replace("-", " ") or "a run without --part"
                 raise OutputError(
                     f"Another conversion ({who}) is writing into {self.path}.",
                     hint="Parts run side by side; the finishing convert (without --part) runs once every part "

@@ -145,10 +145,13 @@ class BucketDestination:
 
     def holds(self, rel: str, size: int | None) -> bool:
         """Whether an earlier run of this very job completed `rel` (with `size` bytes, when given): a writer
-        may skip it, since an object exists whole or not at all and this job's bytes are fixed by its plan."""
+        may skip it, since an object exists whole or not at all and this job's bytes are fixed by its plan.
+        That run may be a `--part` of the job (the identity has no part in it): its objects are what the
+        finishing run reuses. Told by the listing's size and the HEAD's metadata (job, CRC-32) only: nothing
+        is downloaded, and the size a writer reports for it is the listing's."""
         found = self._ours.get(self.key(rel))
-        if found is None or (size is not None and found[0] != size):
-            return False
+        if found is None or (size is not None and found[0] != size) or not found[1].isdigit():
+            return False  # an object of ours without its CRC-32 was not finished by this code: rewritten
         with self._lock:
             self.reused.append(rel)
             self.sizes[rel] = found[0]

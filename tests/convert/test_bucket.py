@@ -80,8 +80,37 @@ def test_options_a_bucket_output_cannot_take_are_refused(demo: Any, tmp_path: Pa
     with pytest.raises(InspectorError, match="--staging is for an s3:// output"):
         plan_output(get("weights"), ckpt, Request(), str(tmp_path / "out"), str(tmp_path))
     job = plan_output(get("weights"), ckpt, Request(), "s3://bucket/run/out", str(tmp_path))
-    with pytest.raises(InspectorError, match="--part"):
+    with pytest.raises(InspectorError, match="planned for part None run as part"):  # plan_output names it
         next(iter(job.run(part=(0, 2))))
+
+
+def test_parts_stage_apart_and_the_finishing_run_waits_for_them(demo: Any, tmp_path: Path) -> None:
+    """N parts on one machine: a staging folder and a lock each (no collision); the finishing run is refused
+    while a part holds its lock, a part while the finishing run holds its. No bucket needed: the locks come
+    before the store is asked anything."""
+    from inspector.convert.root import LOCK, OutputRoot
+
+    ckpt = scan(str(demo(DEMO)))
+    url = "s3://bucket/run/out"
+    jobs = [plan_output(get("weights"), ckpt, Request(), url, str(tmp_path), (i, 3)) for i in range(3)]
+    finish = plan_output(get("weights"), ckpt, Request(), url, str(tmp_path))
+    assert all(isinstance(j, BucketJob) for j in (*jobs, finish))
+    stagings = {j.staging for j in jobs} | {finish.staging}
+    assert len(stagings) == 4 and jobs[1].staging == finish.staging + ".part-1-of-3"
+    assert len({j.identity for j in (*jobs, finish)}) == 1  # one job: the parts' objects are the finish's
+    base, name = os.path.split(finish.staging)
+    held = OutputRoot(base, lock_name=f"{LOCK}.{name}.part-1-of-3")  # as part 1 holds it while it runs
+    try:
+        with pytest.raises(InspectorError, match="Another conversion on this machine is writing to s3://"):
+            next(iter(finish.run()))
+    finally:
+        held.release(ok=True)
+    held = OutputRoot(base, lock_name=f"{LOCK}.{name}")  # the finishing run
+    try:
+        with pytest.raises(InspectorError, match="Another conversion on this machine is writing to s3://"):
+            next(iter(jobs[0].run(part=(0, 3))))
+    finally:
+        held.release(ok=True)
 
 
 def test_a_second_run_to_the_same_url_on_this_machine_is_refused(demo: Any, tmp_path: Path) -> None:

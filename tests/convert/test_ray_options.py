@@ -49,5 +49,6 @@ def test_tasks_get_the_drivers_store_environment_only_for_a_bucket(monkeypatch: 
     assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9" and env["ZI_S3_INFLIGHT"] == "4"
     assert env["AWS_SECRET_ACCESS_KEY"] == "s" and "HOME_NOT_FORWARDED" not in env
     assert store_env("/local/ckpt") == {}
+    assert store_env("/local/ckpt", "s3://bucket/out") == env  # a bucket OUT: the tasks upload
     monkeypatch.setenv("ZI_RAY_AWS_ENV", "node")
     assert store_env("s3://bucket/run") == {}

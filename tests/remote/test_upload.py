@@ -270,7 +270,7 @@ def test_an_interrupt_mid_run_aborts_the_open_upload(
     monkeypatch.setattr(BucketDestination, "_part", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _run(_big_job(demo, url, tmp_path, 6_000_000))
-    assert len(calls) == 3
+    assert len(calls) >= 3  # the next part may start on another upload thread before the interrupt lands
     assert objects(s3_client, url) == {}
     assert open_uploads(s3_client, url) == []
 

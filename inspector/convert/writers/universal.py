@@ -227,12 +227,8 @@ def write_universal(
     always, and published under `<tag>_uni/` one after the other in the writer's order (the small files, the
     tensor files in plan order, the model-states copies, `latest_universal` last), each leaving the staging
     folder as it goes up, so it holds about one file per writer thread. Files an earlier run of this job completed in the bucket are not
-    written again."""
-    if dest is not None and part is not None:
-        raise OutputError(
-            "--part writes into a shared output folder; a bucket output is written by one run.",
-            hint="Run the conversion without --part.",
-        )
+    written again. With `part` too, the part stages in a folder of its own and publishes its tensor files
+    that way; the finishing run reuses every object the bucket holds of this job."""
     prepare(plan, overwrite)
     suffix = f".part-{part[0]}-of-{part[1]}" if part else ""
     root = OutputRoot(plan.out_root, lock_name=LOCK + suffix, dest=dest)  # a second run into OUT is refused, not mixed in
@@ -308,7 +304,8 @@ def _write_locked(
     if cancel.is_set():
         raise CancelledError("Conversion cancelled; rerun the same command to resume.")
     if part is not None:
-        return UniversalReport(f"{plan.out_dir}{PARTIAL}", len(mine), written[0], len(mine) - len(todo))
+        where = plan.out_dir if root.dest is not None else f"{plan.out_dir}{PARTIAL}"  # a bucket: up already
+        return UniversalReport(where, len(mine), written[0], len(mine) - len(todo))
     if staging != plan.folder and root.lstat(plan.folder) is not None:  # only with --overwrite (prepare checked)
         root.remove_tree(plan.folder)
     root.remove(f"{staging}/{SOURCE_STAMP}")
