@@ -5,8 +5,8 @@ ml_dtypes (bit-identical to torch's `.to(dtype)`, split over cores; see cast.py)
 the result at its planned offset. Tensors that need no cast never enter Python buffers: the reader copies
 them file to file in the kernel (`os.copy_file_range`, falling back to the buffers where the file systems
 refuse). Buffers come from fixed pools allocated once per run, so peak memory is PIPELINE_DEPTH chunks per
-stage whatever the model, shard or tensor size (from an object store four times as many chunks a quarter the
-size: more round trips in flight, the same bytes; `plan.depth`).
+stage whatever the model, shard or tensor size (from an object store 8 chunks a quarter the size: more round
+trips in flight in fewer bytes; `plan.depth`).
 
 This is the part of a conversion that moves bytes; `engine` decides which shards to write and owns
 everything around them (output folder, journal, renames, progress events, cancel).

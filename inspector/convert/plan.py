@@ -20,9 +20,10 @@ from inspector.system.bytesource import ByteSource, is_url
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
 # From an object store every chunk's read is a round trip, and a tensor smaller than a chunk is one request:
-# chunks a quarter the size and four times as many in flight (the same buffer memory) keep ~12 requests going
-# where 3 would wait on their latency.
+# chunks a quarter the size and 8 of them per stage keep the requests in flight going where 3 would wait on
+# their latency, in two thirds of the local buffer bytes (measured: 12 were no faster, and 14 MiB larger).
 REMOTE_SPLIT = 4
+REMOTE_DEPTH = 8
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"  # --adapter: PEFT's file name
@@ -125,13 +126,12 @@ class ConversionPlan:
 
     @property
     def depth(self) -> int:
-        """Chunks in flight per stage: PIPELINE_DEPTH, REMOTE_SPLIT times that from an object store."""
-        return PIPELINE_DEPTH * (REMOTE_SPLIT if self.remote else 1)
+        """Chunks in flight per stage: PIPELINE_DEPTH, or REMOTE_DEPTH from an object store."""
+        return REMOTE_DEPTH if self.remote else PIPELINE_DEPTH
 
     @property
     def chunk_limit(self) -> int:
-        """Elements per chunk: the option's, a REMOTE_SPLIT-th of it from an object store (so `depth` chunks
-        hold the same bytes either way)."""
+        """Elements per chunk: the option's, a REMOTE_SPLIT-th of it from an object store."""
         return max(1, self.options.chunk_elems // (REMOTE_SPLIT if self.remote else 1))
 
     @property

@@ -46,7 +46,7 @@ READ_BYTES_PER_S = 700 * 1024 * 1024
 REMOTE_READ_BYTES_PER_S = 100 * 1024 * 1024
 REMOTE_STARTUP_SECONDS = 1.0
 # calibrated: an object store's client in the process (boto3 or obstore, its connection pool, the reader
-# threads' HTTP bodies): a 50M export peaked at 117-129 MiB from S3 against 82 MiB from disk
+# threads' HTTP bodies): a 50M export peaked at 110-129 MiB from S3 against 82 MiB from disk
 REMOTE_CLIENT_RSS = 40 * 1024 * 1024
 # keep this much headroom below a limit before calling it a fit (other processes, page cache pressure)
 SAFETY_FRACTION = 0.05

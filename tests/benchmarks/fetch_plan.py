@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from inspector.convert.options import CHUNK_ELEMS  # noqa: E402
-from inspector.convert.plan import PIPELINE_DEPTH, REMOTE_SPLIT  # noqa: E402
+from inspector.convert.plan import PIPELINE_DEPTH, REMOTE_DEPTH, REMOTE_SPLIT  # noqa: E402
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into  # noqa: E402
 from inspector.format.dtypes import itemsize  # noqa: E402
 from inspector.scan.model import Kind  # noqa: E402
@@ -37,8 +37,9 @@ def main() -> None:
     ckpt = scan(url)
     scanned = time.monotonic() - t0
     tensors = [t for t in ckpt.tensors if t.kind is not Kind.TIED]  # an alias reads nothing of its own
-    split = REMOTE_SPLIT if is_url(url) else 1  # as ConversionPlan.depth and .chunk_limit decide
-    depth, chunk = PIPELINE_DEPTH * split, CHUNK_ELEMS // split
+    remote = is_url(url)  # as ConversionPlan.depth and .chunk_limit decide
+    depth = REMOTE_DEPTH if remote else PIPELINE_DEPTH
+    chunk = CHUNK_ELEMS // (REMOTE_SPLIT if remote else 1)
     largest = max(itemsize(s.dtype) for t in tensors for s in t.segments)
     bufs = [buffer(chunk * largest) for _ in range(depth)]
     pending: deque[Future[int]] = deque()
