@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from inspector.convert.options import SOURCES, ConvertOptions, Named, check_inputs, name_tensors
 from inspector.format.dtypes import SAFETENSORS_CODES, itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
-from inspector.system.bytesource import ByteSource, is_url
+from inspector.system.bytesource import ByteSource, any_remote
 
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
@@ -122,7 +122,7 @@ class ConversionPlan:
     @property
     def remote(self) -> bool:
         """Whether any byte is read from an object store (`sources` are what every segment is read through)."""
-        return any(is_url(s.root) for s in self.sources)
+        return any_remote(self.sources)
 
     @property
     def depth(self) -> int:

@@ -55,9 +55,9 @@ SAFETY_FRACTION = 0.05
 def read_seconds(read_bytes: int, sources: tuple[Any, ...]) -> float:
     """Time to fetch `read_bytes`, plus the scan's round trips, at the disk's rate or, when any source is on
     an object store, at the network's (`REMOTE_READ_BYTES_PER_S`)."""
-    from inspector.system.bytesource import is_url
+    from inspector.system.bytesource import any_remote
 
-    if any(is_url(src.root) for src in sources):
+    if any_remote(sources):
         return REMOTE_STARTUP_SECONDS + read_bytes / REMOTE_READ_BYTES_PER_S
     return read_bytes / READ_BYTES_PER_S
 

@@ -17,7 +17,7 @@ from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
-from inspector.system.bytesource import ByteSource, Handle, is_url, open_handle_in
+from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
 from inspector.system.units import printable as shown
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class FilePool:
     @property
     def remote(self) -> bool:
         """Whether any source is on an object store (reads there are round trips worth overlapping)."""
-        return any(is_url(src.root) for src in self._sources)
+        return any_remote(self._sources)
 
     def handle(self, path: str) -> Handle:
         handle = self._handles.get(path)

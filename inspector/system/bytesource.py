@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from inspector.system.source import Source, outside
@@ -73,6 +74,12 @@ class ByteSource(Protocol):
 def is_url(path: str | os.PathLike[str]) -> bool:
     """Whether `path` names an object-store location (`scheme://...`) rather than a local path."""
     return _URL.match(os.fspath(path)) is not None
+
+
+def any_remote(sources: Iterable[ByteSource]) -> bool:
+    """Whether any of `sources` is on an object store, where a read is a round trip: the plan's chunks, the
+    reader's read-ahead and preflight's time all follow from it."""
+    return any(is_url(src.root) for src in sources)
 
 
 def absolute(path: str) -> str:
