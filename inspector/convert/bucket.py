@@ -35,7 +35,6 @@ from inspector.errors import InspectorError, OutputError
 from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import absolute, is_url
 from inspector.system.limits import MemoryBudget, free_disk_bytes
-from inspector.system.units import printable as shown
 
 STAGING = "zero-inspector-staging-"
 
@@ -66,14 +65,10 @@ def plan_output(
                 title="Invalid option",
             )
         return kind.plan(ckpt, request, os.path.abspath(os.path.expanduser(out)))
+    from inspector.remote.upload import require_writable
+
     url = absolute(out)
-    if not url.startswith("s3://"):  # gs://, az:// and fsspec URLs are read, not yet written
-        raise OutputError(
-            f"{shown(url)}: an output can be a local folder or an s3:// prefix.",
-            hint="Convert into a local folder and copy it with the store's own tool (gsutil, azcopy), or "
-            "write to an S3-compatible endpoint (AWS_ENDPOINT_URL).",
-            title="Unsupported output",
-        )
+    require_writable(url)  # gs://, az:// and fsspec URLs are read, not yet written
     folder = staging_for(url, staging, part)
     return BucketJob(kind.plan(ckpt, request, folder), url, folder, part)
 

@@ -35,6 +35,17 @@ META_JOB = "zi-job"
 META_CRC = "zi-crc32"
 
 
+def require_writable(url: str) -> None:
+    """Refuse an OUT on a store this module does not write (gs://, az://, fsspec URLs are read only)."""
+    if not url.startswith("s3://"):
+        raise OutputError(
+            f"{shown(url)}: an output can be a local folder or an s3:// prefix.",
+            hint="Convert into a local folder and copy it with the store's own tool (gsutil, azcopy), or "
+            "write to an S3-compatible endpoint (AWS_ENDPOINT_URL).",
+            title="Unsupported output",
+        )
+
+
 def upload_inflight() -> int:
     """Parts uploaded (and held in memory) at once for the whole run (ZI_S3_UPLOAD_INFLIGHT, 1..32, default 4)."""
     return int_env("ZI_S3_UPLOAD_INFLIGHT", 4, 1, 32)
@@ -57,14 +68,9 @@ class BucketDestination:
     several threads, which share the parts in flight."""
 
     def __init__(self, url: str, job: str, overwrite: bool, cancel: threading.Event | None = None) -> None:
-        scheme, bucket, parts = split_url(url)
-        if scheme != "s3":
-            raise OutputError(
-                f"{shown(url)}: only s3:// prefixes can be written to.",
-                hint="Convert into a local folder, then copy it with the store's own tool.",
-                title="Unsupported output",
-            )
         self.url = normalise_url(url)
+        require_writable(self.url)
+        _, bucket, parts = split_url(self.url)
         self.bucket = bucket
         self.prefix = "".join(p + "/" for p in parts)
         self.job = job
@@ -152,10 +158,14 @@ class BucketDestination:
         found = self._ours.get(self.key(rel))
         if found is None or (size is not None and found[0] != size) or not found[1].isdigit():
             return False  # an object of ours without its CRC-32 was not finished by this code: rewritten
+        self._reuse(rel, found[0])
+        return True
+
+    def _reuse(self, rel: str, size: int) -> None:
+        """`rel` stays as an earlier run of this job left it (`size` bytes): counted, not uploaded."""
         with self._lock:
             self.reused.append(rel)
-            self.sizes[rel] = found[0]
-        return True
+            self.sizes[rel] = size
 
     # -- the Destination protocol -----------------------------------------------------------------------
 
@@ -166,9 +176,7 @@ class BucketDestination:
     def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
         key = self.key(rel)
         if self._ours.get(key) == (size, str(crc)):  # an earlier run of this job uploaded these bytes
-            with self._lock:
-                self.reused.append(rel)
-                self.sizes[rel] = size
+            self._reuse(rel, size)
             return
         if self.cancel.is_set():
             raise CancelledError("Conversion cancelled.")
@@ -311,6 +319,3 @@ def _pread_all(fd: int, n: int, offset: int) -> bytes:
         got += len(data)
     return b"".join(chunks)
 
-
-def is_bucket(out: str) -> bool:
-    return out.startswith("s3://")
