@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from inspector.system.limits import MemoryBudget, MemoryLimit, detect_memory_limits, free_disk_bytes
+from inspector.system.limits import (
+    MemoryBudget,
+    MemoryLimit,
+    detect_memory_limits,
+    free_disk_bytes,
+    usable_cores,
+)
 from inspector.system.rss import MemorySampler, current_rss, peak_rss, process_tree_rss
 from inspector.system.units import format_bytes, parse_count, parse_size
 
@@ -387,6 +393,48 @@ def test_detect_on_this_machine() -> None:
     assert budget.effective.source != "rlimit-as"
     assert 0 < budget.effective.bytes <= by_source(budget, "os-available").bytes
     assert budget.total_ram and budget.total_ram > 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# cores
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _affinity() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_cores_follow_a_cgroup_v2_quota_up_the_tree(tmp_path: Path) -> None:
+    proc = make_proc(tmp_path, "0::/kubepods/pod/ctr\n")
+    cg = tmp_path / "cg"
+    _write(cg / "cgroup.controllers", "cpu memory\n")
+    _write(cg / "kubepods" / "pod" / "ctr" / "cpu.max", "max 100000\n")  # the leaf: no quota
+    _write(cg / "kubepods" / "pod" / "cpu.max", "150000 100000\n")  # 1.5 CPUs for the pod: 2 threads
+    assert usable_cores(proc_root=str(proc), sys_root=str(cg)) == min(_affinity(), 2)
+    _write(cg / "kubepods" / "pod" / "cpu.max", "50000 100000\n")  # half a CPU still runs one thread
+    assert usable_cores(proc_root=str(proc), sys_root=str(cg)) == 1
+
+
+def test_cores_follow_a_cgroup_v1_cfs_quota(tmp_path: Path) -> None:
+    proc = make_proc(tmp_path, "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n")
+    cg = tmp_path / "cg"
+    level = cg / "cpu,cpuacct" / "docker" / "abc"
+    _write(level / "cpu.cfs_quota_us", "100000\n")
+    _write(level / "cpu.cfs_period_us", "100000\n")
+    assert usable_cores(proc_root=str(proc), sys_root=str(cg)) == 1
+    _write(level / "cpu.cfs_quota_us", "-1\n")  # no quota
+    assert usable_cores(proc_root=str(proc), sys_root=str(cg)) == _affinity()
+
+
+def test_cores_without_cgroups_or_with_garbage_are_the_affinity(tmp_path: Path) -> None:
+    proc = make_proc(tmp_path, "0::/x\n")
+    cg = tmp_path / "cg"
+    assert usable_cores(proc_root=str(proc), sys_root=str(cg)) == _affinity()
+    _write(cg / "cgroup.controllers", "cpu\n")
+    for text in ("", "lots 100000", "100000 0", "-5 100000", "\x00\xff"):
+        _write(cg / "x" / "cpu.max", text)
+        assert usable_cores(proc_root=str(proc), sys_root=str(cg)) == _affinity(), text
+    assert usable_cores(proc_root=str(tmp_path / "no-proc"), sys_root=str(cg)) == _affinity()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ casts slower than the disk reads (fp16 output: ~0.6 G elements/s per core) the c
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from inspector.format.dtypes import numpy_dtype
+from inspector.system.limits import usable_cores
 
 _DIRECT = {"float32", "float16", "bfloat16"}
 _PARALLEL_MIN = 1 << 20  # elements; below this a thread hand-off costs more than it saves
@@ -33,11 +33,7 @@ _pool: ThreadPoolExecutor | None = None
 
 def cast_threads() -> int:
     """Threads a cast is split over: the cores this process may use, at most 8 (memory bandwidth caps it)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return min(8, usable_cores())
 
 
 def _executor() -> ThreadPoolExecutor:

@@ -10,6 +10,7 @@ It only depends on the standard library and psutil so that the core never pulls 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -147,8 +148,8 @@ def _os_limit(proc_root: str) -> MemoryLimit:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _self_cgroup_paths(proc_root: str) -> tuple[str | None, str | None]:
-    """(v2 path, v1 memory-controller path) of this process, from /proc/self/cgroup."""
+def _self_cgroup_paths(proc_root: str, controller: str = "memory") -> tuple[str | None, str | None]:
+    """(v2 path, v1 path of `controller`) of this process, from /proc/self/cgroup."""
     text = _read_text(Path(proc_root) / "self" / "cgroup")
     if text is None:
         return None, None
@@ -162,7 +163,7 @@ def _self_cgroup_paths(proc_root: str) -> tuple[str | None, str | None]:
         path = path.removesuffix(" (deleted)")
         if hier_id == "0" and controllers == "":
             v2 = path
-        elif "memory" in controllers.split(","):
+        elif controller in controllers.split(","):
             v1 = path
     return v2, v1
 
@@ -321,6 +322,48 @@ def _rlimit_as(rlimit_as: int | None) -> tuple[int | None, str]:
 def _fmt_rlim(value: int) -> str:
     infinity = resource.RLIM_INFINITY if resource is not None else -1
     return "unlimited" if value == infinity or value < 0 else format_bytes(value)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CPU
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _cpu_quota(sys_root: str, v2_path: str | None, v1_path: str | None) -> float | None:
+    """The tightest CPU bandwidth quota over this cgroup and its ancestors, in cores (v2 `cpu.max`, v1
+    `cpu.cfs_quota_us / cpu.cfs_period_us`), or None when there is none."""
+    quotas: list[float] = []
+    root = Path(sys_root)
+    if v2_path is not None:
+        if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
+            root = root / "unified"
+        for level in _levels(root, v2_path):
+            fields = (_read_text(level / "cpu.max") or "").split()  # "max 100000" or "150000 100000"
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
+                quotas.append(int(fields[0]) / int(fields[1]))
+    if v1_path is not None:
+        for name in ("cpu", "cpu,cpuacct"):
+            for level in _levels(Path(sys_root) / name, v1_path):
+                quota, period = _read_int(level / "cpu.cfs_quota_us"), _read_int(level / "cpu.cfs_period_us")
+                if quota is not None and period and quota > 0:
+                    quotas.append(quota / period)
+    return min(quotas) if quotas else None
+
+
+def usable_cores(*, proc_root: str = "/proc", sys_root: str = "/sys/fs/cgroup") -> int:
+    """Cores this process may really run on: its CPU affinity (which a Slurm or container cpuset sets),
+    lowered to a cgroup CPU quota (a container's `--cpus`), at least 1. Thread pools size from this, not
+    from the host's core count."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    v2_path, _ = _self_cgroup_paths(proc_root)
+    _, v1_path = _self_cgroup_paths(proc_root, "cpu")
+    quota = _cpu_quota(sys_root, v2_path, v1_path)
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
+    return max(1, cores)
 
 
 # --------------------------------------------------------------------------------------------------------------
