@@ -11,8 +11,9 @@ from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
-from inspector.health.stream import CHUNK_ELEMS, Row, Streamer, default_threads, plan_jobs, run_jobs
+from inspector.health.stream import Row, Streamer, chunk_for, default_threads, plan_jobs, run_jobs
 from inspector.scan.model import Checkpoint, Severity
+from inspector.system.bytesource import any_remote
 
 _INTERVAL = 0.25
 
@@ -24,14 +25,17 @@ def check(
     exclude: Sequence[str] = (),
     threads: int | None = None,
     cancel: threading.Event | None = None,
-    chunk_elems: int = CHUNK_ELEMS,
+    chunk_elems: int | None = None,
 ) -> Iterator[HealthProgress | list[Row] | HealthReport]:
     """Yield progress (at most 4/s), each tensor's rows as they finish, then the HealthReport.
 
-    Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
+    Threads default to every usable core (more from an object store), the chunk to what their buffers'
+    budget allows. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
-    threads = threads or default_threads()
+    sources = (ckpt.source, *((against.source,) if against else ()))
+    threads = threads or default_threads(any_remote(sources))
+    chunk_elems = chunk_elems or chunk_for(threads)
     tensors = select(ckpt, ConvertOptions(include=tuple(include), exclude=tuple(exclude)))
     if not tensors:
         raise InspectorError(
@@ -42,7 +46,7 @@ def check(
     jobs = plan_jobs(ckpt, tensors, against)
     total = sum(j.nbytes for j in jobs)
     rows: list[Row] = []
-    with FilePool(*{ckpt.source, *((against.source,) if against else ())}) as pool:
+    with FilePool(*set(sources)) as pool:
         streamer = Streamer(pool, cancel, chunk_elems)
         last = 0.0
         done = 0

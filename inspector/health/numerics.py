@@ -39,6 +39,8 @@ from inspector.format.dtypes import DTYPES, numpy_dtype
 Array = np.ndarray[Any, Any]
 
 BLOCK = 256  # elements summed in float32 before the float64 accumulation
+EXACT_BLOCK = 1 << 16  # the exact path's float64 values at a time (512 KiB): a chunk of NaN, as a diverged
+# run holds everywhere, costs no more memory than a sound one whatever the chunk size
 SHIFT_RATIO = 2.0  # shift the values when mean² > 2·var (in the shifted values' terms)
 GAMMA = (BLOCK + 1) * 2.0**-24 / (1 - (BLOCK + 1) * 2.0**-24)  # the float32 block sums' relative bound
 NORM_REL = 1e-5  # ≥ GAMMA / 2: the sum of squares' bound, halved by the square root (Σx² is never shifted)
@@ -88,13 +90,14 @@ class Stats:
 
 class Buffers:
     """One worker's scratch for the reductions, allocated once: `chunk` float32 values twice (the widened
-    chunk and its shifted copy or difference), a mask, float64 values for the exact path and the block sums."""
+    chunk and its shifted copy or difference), a mask, EXACT_BLOCK float64 values for the exact path and the
+    block sums."""
 
     def __init__(self, chunk: int) -> None:
         self.wide = np.empty(chunk, np.float32)
         self.shifted = np.empty(chunk, np.float32)
         self.mask = np.empty(chunk, np.bool_)
-        self.f64 = np.empty(chunk, np.float64)
+        self.f64 = np.empty(min(chunk, EXACT_BLOCK), np.float64)
         self.squares = np.empty((chunk // BLOCK + 1, 1, 1), np.float32)  # Σv² of each block
         self.sums = np.empty(chunk // BLOCK + 1, np.float32)  # Σv of each block
 
@@ -231,7 +234,13 @@ class Accumulator:
 
     def _exact(self, x: Array, buf: Buffers) -> bool:
         """Chunks that hold NaN/Inf, overflow float32, or are not float: float64 throughout, two passes for
-        the variance. True when every value is finite."""
+        the variance, EXACT_BLOCK values at a time. True when every value is finite."""
+        finite = True
+        for i in range(0, x.shape[0], EXACT_BLOCK):
+            finite &= self._exact_block(x[i : i + EXACT_BLOCK], buf)
+        return finite
+
+    def _exact_block(self, x: Array, buf: Buffers) -> bool:
         n = x.shape[0]
         f = buf.f64[:n]
         np.copyto(f, x, casting="unsafe")

@@ -9,7 +9,6 @@ memory is `threads x` one chunk per stream whatever the model.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -21,22 +20,44 @@ from inspector.convert.cast import cast_into
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError
 from inspector.format.dtypes import numpy_dtype
-from inspector.health.numerics import Accumulator, Array, Buffers, Stats, block_sums, max_abs_difference
+from inspector.health.numerics import (
+    EXACT_BLOCK,
+    Accumulator,
+    Array,
+    Buffers,
+    Stats,
+    block_sums,
+    max_abs_difference,
+)
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.system.limits import usable_cores
 
 CHUNK_ELEMS = 1 << 19  # 512 Ki elements: 2 MiB of fp32, still in the cache for the passes after the read;
 # measured on the 2-core machine: 7 % less CPU than 256 Ki (Python's cost per chunk), 1 Mi no better
-MAX_THREADS = 4
+MIN_CHUNK = 1 << 16
+MAX_THREADS = 16  # the memory bus, not the cores, sets the pace well before this
+REMOTE_THREADS = 8  # from an object store a worker mostly waits on its request: 8 of them in flight
+SCRATCH_BUDGET = 48 << 20  # all workers' chunk buffers together: with the interpreter, flat under 128 MiB
+SCRATCH_PER_ELEM = 24  # bytes a worker touches per chunk element, at most: the raw master 4, module 2 and
+# other tag's master 4, the widened (4) and shifted (4) values, the change (4), a mask (1), the cast master (2)
 _F32 = np.dtype(np.float32)
 _PLAIN_CAST = (numpy_dtype("bfloat16"), np.dtype(np.float16), _F32)  # numpy's cast of finite fp32 is torch's
 
 
-def default_threads() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(2, min(MAX_THREADS, cores))
+def default_threads(remote: bool = False) -> int:
+    """Every usable core (at least 2: one reads while the other reduces), up to MAX_THREADS; from an object
+    store at least REMOTE_THREADS, so that many requests are in flight."""
+    threads = max(2, min(MAX_THREADS, usable_cores()))
+    return max(threads, REMOTE_THREADS) if remote else threads
+
+
+def chunk_for(threads: int) -> int:
+    """Elements per chunk for `threads` workers: CHUNK_ELEMS while their buffers fit SCRATCH_BUDGET, halved
+    until they do (not below MIN_CHUNK), so more cores never mean more memory."""
+    chunk = CHUNK_ELEMS
+    while chunk > MIN_CHUNK and threads * chunk * SCRATCH_PER_ELEM > SCRATCH_BUDGET:
+        chunk //= 2
+    return chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +144,18 @@ def _by_name(ckpt: Checkpoint, name: str) -> TensorInfo | None:
 
 
 class Scratch:
-    """One worker thread's buffers, allocated once: raw bytes for up to three streams read in step, the
-    reductions' buffers, float64 values for the module copy's slow comparison and the cast master."""
+    """One worker thread's buffers, allocated once (pages are touched only as far as a chunk's dtype needs):
+    raw bytes for up to three streams read in step, the reductions' buffers, the cast master, and
+    EXACT_BLOCK float64 values for the slow comparisons (the module copy's, `--against`'s)."""
 
     def __init__(self, chunk: int) -> None:
         self.chunk = chunk
         self.raw = [np.empty(chunk * 8, np.uint8) for _ in range(3)]
         self.buf = Buffers(chunk)
         self.diff = np.empty(chunk, np.float32)
-        self.f64 = [np.empty(chunk, np.float64) for _ in range(2)]
-        self.tmp = np.empty(chunk, np.float64)
+        exact = min(chunk, EXACT_BLOCK)
+        self.f64 = [np.empty(exact, np.float64) for _ in range(2)]
+        self.tmp = np.empty(exact, np.float64)
         self.cast = np.empty(chunk * 8, np.uint8)
 
 
@@ -155,17 +178,24 @@ class Streamer:
             s = self._local.scratch = Scratch(self.chunk)
         return s
 
-    def _read(self, batch: list[Segment], raw: Array, dtype: np.dtype[Any]) -> Array:
-        """Read one chunk into `raw`; returns it viewed as `dtype`, the stream's stored dtype."""
-        nbytes = sum(s.nbytes for s in batch)
-        view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
-        pos = 0
-        for seg in batch:
-            self.pool.read_into(seg.file, seg.offset, view[pos : pos + seg.nbytes])
-            pos += seg.nbytes
+    def _read(
+        self, batches: Sequence[list[Segment]], raws: list[Array], dtypes: list[np.dtype[Any]]
+    ) -> list[Array]:
+        """Read one chunk of each stream read in step (into `raws`, as one set of runs: from an object store
+        they are in flight together); returns them viewed as their stored dtypes."""
+        runs: list[tuple[str, int, memoryview]] = []
+        arrays: list[Array] = []
+        for batch, raw, dtype in zip(batches, raws, dtypes, strict=True):
+            view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
+            pos = 0
+            for seg in batch:
+                runs.append((seg.file, seg.offset, view[pos : pos + seg.nbytes]))
+                pos += seg.nbytes
+            arrays.append(raw[:pos].view(dtype))
+        self.pool.read_runs(runs)
         with self._lock:
-            self.done_bytes += nbytes
-        return raw[:nbytes].view(dtype)
+            self.done_bytes += sum(len(r[2]) for r in runs)
+        return arrays
 
     def run(self, job: Job) -> list[Row]:
         s = self._scratch()
@@ -183,18 +213,20 @@ class Streamer:
         if job.against:
             streams.append(iter_chunks(job.against, self.chunk))
             dtypes.append(numpy_dtype(job.against[0].dtype))
+        raws = s.raw[: len(streams)]
         for batches in zip(*streams, strict=True):
             if self.cancel.is_set() or self.stop.is_set():
                 raise CancelledError("Health check cancelled.")
-            x = self._read(batches[0], s.raw[0], dtypes[0])
+            chunks = self._read(batches, raws, dtypes)
+            x = chunks[0]
             finite = acc.add(x, s.buf)
             if mod_acc is not None:
-                m = self._read(batches[1], s.raw[1], dtypes[1])
+                m = chunks[1]
                 d, c = self._module_diff(x, m, s, finite)
                 diff, differing = max(diff, d), differing + c
                 mod_acc.add(m, s.buf)
             if job.against:
-                o = self._read(batches[-1], s.raw[2], dtypes[-1])
+                o = chunks[-1]
                 if job.source == "master":
                     delta_sq += self._delta_sq(x, o, s)
                     then_bad += _nonfinite(o)
@@ -236,12 +268,16 @@ class Streamer:
             sq = block_sums(d, s.buf, linear=False)[1]
             if math.isfinite(sq):
                 return sq
-        t = s.tmp[:n]
-        with np.errstate(invalid="ignore"):
-            np.subtract(x, o, out=t, dtype=np.float64)  # exact for fp32 inputs
-        if not math.isfinite(float(np.einsum("i,i->", t, t))):  # a value unchanged is no change, NaN or Inf
-            t[(x == o) | (np.isnan(x) & np.isnan(o))] = 0.0
-        return float(np.einsum("i,i->", t, t))
+        total = 0.0
+        for i in range(0, n, EXACT_BLOCK):
+            xs, os_ = x[i : i + EXACT_BLOCK], o[i : i + EXACT_BLOCK]
+            t = s.tmp[: xs.shape[0]]
+            with np.errstate(invalid="ignore"):
+                np.subtract(xs, os_, out=t, dtype=np.float64)  # exact for fp32 inputs
+            if not math.isfinite(float(np.einsum("i,i->", t, t))):  # unchanged is no change, NaN or Inf
+                t[(xs == os_) | (np.isnan(xs) & np.isnan(os_))] = 0.0
+            total += float(np.einsum("i,i->", t, t))
+        return total
 
     @staticmethod
     def _module_diff(master: Array, module: Array, s: Scratch, finite: bool) -> tuple[float, int]:
@@ -251,18 +287,27 @@ class Streamer:
         n = master.shape[0]
         size = module.dtype.itemsize
         cast = s.cast[: n * size].view(module.dtype)
-        if finite and master.dtype == _F32 and module.dtype in _PLAIN_CAST:
+        bits = np.dtype(f"u{size}") if size in (2, 4, 8) else None
+        plain = finite and master.dtype == _F32 and module.dtype in _PLAIN_CAST
+        if plain:  # the common case, whole chunk at once: one cast and one comparison of the bits
             np.copyto(cast, master, casting="unsafe")
-        else:
-            cast_into(master, cast, threads=1)
-        if size in (2, 4, 8):  # same bits, same values (NaN payloads aside, which take the slow path)
-            bits = np.dtype(f"u{size}")
-            if np.array_equal(cast.view(bits), module.view(bits)):
+            if bits is not None and np.array_equal(cast.view(bits), module.view(bits)):
                 return 0.0, 0
-        a, b = s.f64[0][:n], s.f64[1][:n]
-        np.copyto(a, module, casting="unsafe")
-        np.copyto(b, cast, casting="unsafe")
-        return max_abs_difference(a, b, s.tmp)
+        worst, differing = 0.0, 0
+        for i in range(0, n, EXACT_BLOCK):  # NaN fix-ups and float64 copies: a bounded block at a time
+            c, m = cast[i : i + EXACT_BLOCK], module[i : i + EXACT_BLOCK]
+            if not plain:
+                cast_into(master[i : i + EXACT_BLOCK], c, threads=1)
+            # same bits, same values (NaN payloads aside, which the float64 comparison takes)
+            if bits is not None and np.array_equal(c.view(bits), m.view(bits)):
+                continue
+            k = m.shape[0]
+            a, b = s.f64[0][:k], s.f64[1][:k]
+            np.copyto(a, m, casting="unsafe")
+            np.copyto(b, c, casting="unsafe")
+            d, c_diff = max_abs_difference(a, b, s.tmp)
+            worst, differing = max(worst, d), differing + c_diff
+        return worst, differing
 
 
 def _nonfinite(x: Array) -> int:
@@ -282,9 +327,12 @@ def _sum_sq(x: Array, s: Scratch) -> float:
         sq = block_sums(x, s.buf, linear=False)[1]
         if math.isfinite(sq):
             return sq
-    t = s.tmp[: x.shape[0]]
-    np.copyto(t, x, casting="unsafe")
-    return float(np.einsum("i,i->", t, t))
+    total = 0.0
+    for i in range(0, x.shape[0], EXACT_BLOCK):
+        t = s.tmp[: min(EXACT_BLOCK, x.shape[0] - i)]
+        np.copyto(t, x[i : i + EXACT_BLOCK], casting="unsafe")
+        total += float(np.einsum("i,i->", t, t))
+    return total
 
 
 def _sqrt(v: float) -> float:
