@@ -33,6 +33,7 @@ from inspector.errors import CancelledError, DamagedCheckpointError, OutputError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
 from inspector.system.bytesource import ByteSource, is_url, size_and_mtime, source_at
+from inspector.system.limits import usable_cores
 from inspector.system.source import open_in
 
 STATES = ("fp32", "exp_avg", "exp_avg_sq")
@@ -334,8 +335,8 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
 
 
 def default_workers() -> int:
-    """Files written at once (each by one thread, with its own chunk buffers)."""
-    return min(8, os.cpu_count() or 2)
+    """Files written at once (each by one thread, with its own chunk buffers): the usable cores, up to 8."""
+    return min(8, usable_cores())
 
 
 def _open_staging(plan: UniversalPlan, root: OutputRoot, staging: str, mine: set[str] | None = None) -> None:
