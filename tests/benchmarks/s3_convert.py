@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Convert from a throttled S3 store against converting the local copy: wall time, peak RSS, bytes fetched
-against bytes the plan needs, requests, at several requests in flight.
+"""Convert (or check the health of) a checkpoint in a throttled S3 store against the local copy: wall time,
+peak RSS, bytes fetched against bytes needed, requests, at several requests in flight.
 
 The store is moto's S3 server on localhost behind tests/remote/proxy.py, which adds a per-request latency and
 a per-connection bandwidth cap and counts what it sends. moto reads a whole object for every ranged GET, so
@@ -9,6 +9,7 @@ listings and everything else come from moto. Each convert runs in a fresh proces
 RSS, sampled every 20 ms.
 
     python tests/benchmarks/s3_convert.py --params 50M --latency-ms 30 --mbps 100 --inflight 1,8,16
+    python tests/benchmarks/s3_convert.py --command health --inflight 8    # every tensor's bytes, once
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--inflight", default="1,8,16")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--workdir", default="/tmp/zi-s3-bench")
+    ap.add_argument("--command", choices=("convert", "health"), default="convert")
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
@@ -88,6 +90,17 @@ def main() -> None:
         ).stdout
     )
     need = int(pre["read_bytes"])
+    if args.command == "health":  # masters, both moments, the 16-bit copy, frozen and buffers
+        doc = subprocess.run(
+            [py, "-m", "inspector", "health", str(ckpt), "--json"], capture_output=True, env=base_env
+        ).stdout
+        need = int(json.loads(doc)["bytes_read"])
+
+    def command(src: str, out: Path) -> list[str]:
+        if args.command == "health":
+            return [py, "-m", "inspector", "health", src, "--json"]
+        return [py, "-m", "inspector", "convert", src, str(out), "--dtype", args.dtype]
+
     on_disk = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -126,25 +139,25 @@ def main() -> None:
             proxy.throttle.serve_ranges = True
             proxy.throttle.latency_s = args.latency_ms / 1000
             proxy.throttle.bytes_per_s = args.mbps * 1e6
-            wall, rss, _ = run(
-                [py, "-m", "inspector", "convert", "s3://bench/ckpt", str(out), "--dtype", args.dtype],
-                dict(env, ZI_S3_INFLIGHT=str(n)),
-            )
+            wall, rss, _ = run(command("s3://bench/ckpt", out), dict(env, ZI_S3_INFLIGHT=str(n)))
             rows.append((f"S3, {n} in flight", wall, rss, proxy.throttle.bytes_out, proxy.throttle.requests))
             shutil.rmtree(out, ignore_errors=True)
     server.stop()
     out = work / "out-local"
     shutil.rmtree(out, ignore_errors=True)
-    wall, rss, _ = run(
-        [py, "-m", "inspector", "convert", str(ckpt), str(out), "--dtype", args.dtype], base_env
-    )
+    wall, rss, _ = run(command(str(ckpt), out), base_env)
     rows.insert(0, ("local disk (page cache warm)", wall, rss, 0, 0))
     shutil.rmtree(out, ignore_errors=True)
 
     print(
         f"Machine: {platform.platform()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}. "
         f"Demo {args.params} (ZeRO-2, 2 ranks, bf16 + fp32 masters), {on_disk / MiB:,.0f} MiB on disk; "
-        f"the {args.dtype} plan reads {need / MiB:,.1f} MiB. Store: moto + proxy, {args.latency_ms:g} ms per "
+        + (
+            f"`health` reads {need / MiB:,.1f} MiB"
+            if args.command == "health"
+            else f"the {args.dtype} plan reads {need / MiB:,.1f} MiB"
+        )
+        + f". Store: moto + proxy, {args.latency_ms:g} ms per "
         f"request, {args.mbps:g} MB/s per connection.\n"
     )
     print("| run | wall | peak RSS | fetched | × needed | requests | MB/s of needed bytes |")
