@@ -36,10 +36,12 @@ CHUNK_ELEMS = 1 << 19  # 512 Ki elements: 2 MiB of fp32, still in the cache for 
 # measured on the 2-core machine: 7 % less CPU than 256 Ki (Python's cost per chunk), 1 Mi no better
 MIN_CHUNK = 1 << 16
 MAX_THREADS = 16  # the memory bus, not the cores, sets the pace well before this
-REMOTE_THREADS = 8  # from an object store a worker mostly waits on its request: 8 of them in flight
+REMOTE_THREADS = 6  # from an object store a worker mostly waits on its requests (a master's two or three
+# streams fetched together): 6 keep the store's 8 in flight; measured on S3 with --against, 8 were no faster
+# and 11 MiB larger (124 against 113 MiB)
 SCRATCH_BUDGET = 48 << 20  # all workers' chunk buffers together: with the interpreter, flat under 128 MiB
-SCRATCH_PER_ELEM = 24  # bytes a worker touches per chunk element, at most: the raw master 4, module 2 and
-# other tag's master 4, the widened (4) and shifted (4) values, the change (4), a mask (1), the cast master (2)
+SCRATCH_PER_ELEM = 20  # bytes a worker touches per chunk element, at most: the raw master 4, module 2 and
+# other tag's master 4, the widened (4) and shifted values or change (4), a mask (1), the cast master (2)
 _F32 = np.dtype(np.float32)
 _PLAIN_CAST = (numpy_dtype("bfloat16"), np.dtype(np.float16), _F32)  # numpy's cast of finite fp32 is torch's
 
@@ -145,14 +147,14 @@ def _by_name(ckpt: Checkpoint, name: str) -> TensorInfo | None:
 
 class Scratch:
     """One worker thread's buffers, allocated once (pages are touched only as far as a chunk's dtype needs):
-    raw bytes for up to three streams read in step, the reductions' buffers, the cast master, and
-    EXACT_BLOCK float64 values for the slow comparisons (the module copy's, `--against`'s)."""
+    raw bytes for up to three streams read in step, the reductions' buffers (whose shifted values also hold
+    `--against`'s change: the chunk's reductions are done by then), the cast master, and EXACT_BLOCK float64
+    values for the slow comparisons (the module copy's, `--against`'s)."""
 
     def __init__(self, chunk: int) -> None:
         self.chunk = chunk
         self.raw = [np.empty(chunk * 8, np.uint8) for _ in range(3)]
         self.buf = Buffers(chunk)
-        self.diff = np.empty(chunk, np.float32)
         exact = min(chunk, EXACT_BLOCK)
         self.f64 = [np.empty(exact, np.float64) for _ in range(2)]
         self.tmp = np.empty(exact, np.float64)
@@ -262,7 +264,7 @@ class Streamer:
         NaN or Inf."""
         n = x.shape[0]
         if x.dtype == np.float32 and o.dtype == np.float32:
-            d = s.diff[:n]
+            d = s.buf.shifted[:n]  # free: this chunk's reductions are folded in already
             with np.errstate(all="ignore"):
                 np.subtract(x, o, out=d)
             sq = block_sums(d, s.buf, linear=False)[1]

@@ -60,6 +60,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--workdir", default="/tmp/zi-s3-bench")
     ap.add_argument("--command", choices=("convert", "health"), default="convert")
+    ap.add_argument(
+        "--against",
+        action="store_true",
+        help="health --against a second tag (a hard-linked copy of the first: every byte read twice)",
+    )
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
@@ -90,15 +95,24 @@ def main() -> None:
         ).stdout
     )
     need = int(pre["read_bytes"])
+    against = ["--against", "before"] if args.against else []
+    if args.against:
+        tag = ckpt / (ckpt / "latest").read_text().strip()
+        if not (ckpt / "before").exists():
+            (ckpt / "before").mkdir()
+            for f in tag.iterdir():
+                os.link(f, ckpt / "before" / f.name)
     if args.command == "health":  # masters, both moments, the 16-bit copy, frozen and buffers
         doc = subprocess.run(
-            [py, "-m", "inspector", "health", str(ckpt), "--json"], capture_output=True, env=base_env
+            [py, "-m", "inspector", "health", str(ckpt), "--json", *against],
+            capture_output=True,
+            env=base_env,
         ).stdout
         need = int(json.loads(doc)["bytes_read"])
 
     def command(src: str, out: Path) -> list[str]:
         if args.command == "health":
-            return [py, "-m", "inspector", "health", src, "--json"]
+            return [py, "-m", "inspector", "health", src, "--json", *against]
         return [py, "-m", "inspector", "convert", src, str(out), "--dtype", args.dtype]
 
     on_disk = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
