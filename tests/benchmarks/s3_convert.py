@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import shutil
@@ -29,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.remote.moto_s3 import moto_s3, upload_folder  # noqa: E402
 from tests.remote.proxy import S3Proxy  # noqa: E402
 
 MiB = 1 << 20
@@ -66,10 +66,8 @@ def main() -> None:
         help="health --against a second tag (a hard-linked copy of the first: every byte read twice)",
     )
     args = ap.parse_args()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     work = Path(args.workdir)
     ckpt = work / f"demo-{args.params}"
@@ -117,24 +115,9 @@ def main() -> None:
 
     on_disk = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
     rows: list[tuple[str, float, int, int, int]] = []
-    with S3Proxy(port) as proxy:
-        direct = boto3.client(
-            "s3",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        )
-        direct.create_bucket(Bucket="bench")
-        keys = []
-        for p in sorted(ckpt.rglob("*")):
-            if p.is_file():
-                keys.append(f"ckpt/{p.relative_to(ckpt).as_posix()}")
-                direct.upload_file(str(p), "bench", keys[-1])
+    with moto_s3("bench", "bench") as (port, direct), S3Proxy(port) as proxy:
+        keys = upload_folder(direct, ckpt, "bench", "ckpt")
         via = boto3.client(
             "s3",
             endpoint_url=proxy.url,
@@ -156,7 +139,6 @@ def main() -> None:
             wall, rss, _ = run(command("s3://bench/ckpt", out), dict(env, ZI_S3_INFLIGHT=str(n)))
             rows.append((f"S3, {n} in flight", wall, rss, proxy.throttle.bytes_out, proxy.throttle.requests))
             shutil.rmtree(out, ignore_errors=True)
-    server.stop()
     out = work / "out-local"
     shutil.rmtree(out, ignore_errors=True)
     wall, rss, _ = run(command(str(ckpt), out), base_env)

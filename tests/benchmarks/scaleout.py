@@ -353,10 +353,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workdir", default="/tmp/zi-scaleout-bench")
     args = ap.parse_args()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-    import boto3
-    from moto.server import ThreadedMotoServer
+    from tests.remote.moto_s3 import moto_s3, upload_folder
 
     work = Path(args.workdir)
     ckpt = work / f"demo-{args.params}"
@@ -384,42 +381,29 @@ def main() -> None:
     need = int(pre["read_bytes"])
     on_disk = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    direct = boto3.client(
-        "s3",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        aws_access_key_id="bench",
-        aws_secret_access_key="bench",
-    )
-    direct.create_bucket(Bucket=BUCKET)
-    for p in sorted(ckpt.rglob("*")):
-        if p.is_file():
-            direct.upload_file(str(p), BUCKET, f"{PREFIX}/{p.relative_to(ckpt).as_posix()}")
+    with moto_s3("bench", "bench") as (port, direct):
+        upload_folder(direct, ckpt, BUCKET, PREFIX)
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-    ).stdout.strip()
-    print(
-        f"Machine: {platform.platform()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the start; "
-        f"commit {commit}. Demo {args.params} (ZeRO-2, 2 ranks), {on_disk / MiB:,.0f} MiB on disk; the "
-        f"{args.dtype} plan reads {need / MiB:,.1f} MiB and writes {pre['output_bytes'] / MiB:,.1f} MiB "
-        f"(--shard-size {args.shard_size}).",
-        flush=True,
-    )
-    rows: list[Row] = []
-    proxies: list[Proxy] = []
-    try:
-        if args.sweep:
-            sweep(args, ckpt, port, base, extra, need, rows, proxies)
-        else:
-            scale(args, ckpt, port, base, extra, need, creds, rows, proxies)
-    finally:
-        for p in proxies:
-            p.stop()
-        server.stop()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+        ).stdout.strip()
+        print(
+            f"Machine: {platform.platform()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the start; "
+            f"commit {commit}. Demo {args.params} (ZeRO-2, 2 ranks), {on_disk / MiB:,.0f} MiB on disk; the "
+            f"{args.dtype} plan reads {need / MiB:,.1f} MiB and writes {pre['output_bytes'] / MiB:,.1f} MiB "
+            f"(--shard-size {args.shard_size}).",
+            flush=True,
+        )
+        rows: list[Row] = []
+        proxies: list[Proxy] = []
+        try:
+            if args.sweep:
+                sweep(args, ckpt, port, base, extra, need, rows, proxies)
+            else:
+                scale(args, ckpt, port, base, extra, need, creds, rows, proxies)
+        finally:
+            for p in proxies:
+                p.stop()
 
 
 def sweep(

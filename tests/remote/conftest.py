@@ -5,7 +5,6 @@ and `test` extras bring moto and boto3; `tox -e remote` the rest)."""
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from inspector.demo.writer import DemoSpec
+from tests.remote.moto_s3 import moto_s3, upload_folder
 from tests.remote.proxy import S3Proxy
 from tests.remote.servers import az_demo, azurite, gs_demo, gs_server, http_demo  # noqa: F401  (fixtures)
 
@@ -28,11 +28,7 @@ SPEC3 = DemoSpec(stage=3, world_size=4, params=1_000_000)
 def s3_proxy() -> Iterator[S3Proxy]:
     """moto on a random port, our proxy in front; the environment points every client at the proxy."""
     pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
+    pytest.importorskip("moto.server")
     env = {
         "AWS_ACCESS_KEY_ID": "zi-test",
         "AWS_SECRET_ACCESS_KEY": SECRET,
@@ -42,13 +38,12 @@ def s3_proxy() -> Iterator[S3Proxy]:
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "AWS_MAX_ATTEMPTS": "3",
     }
-    with S3Proxy(port) as proxy, pytest.MonkeyPatch.context() as mp:
+    with moto_s3() as (port, _), S3Proxy(port) as proxy, pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
         mp.delenv("AWS_PROFILE", raising=False)
         mp.setenv("AWS_ENDPOINT_URL", proxy.url)
         yield proxy
-    server.stop()
 
 
 @pytest.fixture
@@ -60,9 +55,7 @@ def proxy(s3_proxy: S3Proxy) -> Iterator[S3Proxy]:
 
 
 def upload(client: Any, folder: Path, prefix: str) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(folder).as_posix()}")
+    upload_folder(client, folder, BUCKET, prefix)
 
 
 @pytest.fixture(scope="session")

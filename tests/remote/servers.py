@@ -15,7 +15,6 @@ A server whose packages or binary are missing skips its tests with the reason.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import queue
 import re
@@ -31,6 +30,7 @@ import pytest
 
 from inspector.demo.writer import DemoSpec
 from tests.conftest import REPO_ROOT
+from tests.remote.moto_s3 import moto_s3, upload_folder
 from tests.remote.proxy import S3Proxy
 
 CONTAINER = "ckpt"
@@ -138,37 +138,18 @@ def gs_server() -> Iterator[tuple[S3Proxy, Any]]:
     """(proxy, boto3 client of the server): moto as GCS's XML API, the proxy in front of it."""
     pytest.importorskip("obstore")
     pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    import boto3
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    _, port = server.get_host_and_port()
-    client = boto3.client(
-        "s3",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        aws_access_key_id="zi-test",
-        aws_secret_access_key="zi-test",
-        region_name="us-east-1",
-    )
-    try:
-        with S3Proxy(port) as proxy, pytest.MonkeyPatch.context() as mp:
-            mp.setenv("GOOGLE_BASE_URL", proxy.url)
-            mp.setenv("GOOGLE_SKIP_SIGNATURE", "true")
-            yield proxy, client
-    finally:
-        server.stop()
+    pytest.importorskip("moto.server")
+    with moto_s3() as (port, client), S3Proxy(port) as proxy, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GOOGLE_BASE_URL", proxy.url)
+        mp.setenv("GOOGLE_SKIP_SIGNATURE", "true")
+        yield proxy, client
 
 
 @pytest.fixture(scope="session")
 def gs_demo(gs_server: tuple[S3Proxy, Any], demo: Any) -> tuple[str, Path]:
     _, client = gs_server
     local = demo(SPEC)
-    client.create_bucket(Bucket=CONTAINER)
-    for path in _files(local):  # public: unsigned requests, as to a public GCS bucket
-        key = f"{PREFIX}/{path.relative_to(local).as_posix()}"
-        client.put_object(Bucket=CONTAINER, Key=key, Body=path.read_bytes(), ACL="public-read")
+    upload_folder(client, local, CONTAINER, PREFIX, ACL="public-read")  # read unsigned, as a public bucket
     return f"gs://{CONTAINER}/{PREFIX}", local
 
 
