@@ -10,6 +10,7 @@ It only depends on the standard library and psutil so that the core never pulls 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -353,7 +354,19 @@ def _cpu_quota(sys_root: str, v2_path: str | None, v1_path: str | None) -> float
 def usable_cores(*, proc_root: str = "/proc", sys_root: str = "/sys/fs/cgroup") -> int:
     """Cores this process may really run on: its CPU affinity (which a Slurm or container cpuset sets),
     lowered to a cgroup CPU quota (a container's `--cpus`), at least 1. Thread pools size from this, not
-    from the host's core count."""
+    from the host's core count. This machine's answer is read once (about 0.1 ms of files; casts ask per
+    chunk); other roots (tests) every time."""
+    if (proc_root, sys_root) == ("/proc", "/sys/fs/cgroup"):
+        return _this_machine_cores()
+    return _cores(proc_root, sys_root)
+
+
+@functools.cache
+def _this_machine_cores() -> int:
+    return _cores("/proc", "/sys/fs/cgroup")
+
+
+def _cores(proc_root: str, sys_root: str) -> int:
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
