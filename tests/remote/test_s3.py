@@ -21,6 +21,7 @@ from inspector.remote.source import StoreSource as S3Source
 from inspector.scan.json_view import checkpoint_json
 from inspector.scan.scanner import scan
 from tests.conftest import REPO_ROOT, CliResult
+from tests.remote.compare import assert_fetched_only_the_plan, assert_same_files
 from tests.remote.conftest import BUCKET, SECRET, SPEC, upload
 from tests.remote.proxy import S3Proxy
 
@@ -58,12 +59,6 @@ def test_a_tag_folder_url_scans_like_the_local_tag_folder(s3_demo: tuple[str, Pa
     assert json.loads(_as_local(remote, url, local)) == checkpoint_json(scan(str(local / tag)))
 
 
-def _without_job(data: bytes) -> bytes:
-    """The output with the job fingerprint blanked: it hashes the source's paths and times (for resume), so it
-    differs between any two copies of a checkpoint; everything else must be identical."""
-    return re.sub(rb'(\\"job\\":\\")[0-9a-f]{16}', rb"\g<1>" + b"0" * 16, data, count=1)
-
-
 def test_convert_from_a_bucket_writes_the_local_bytes_reading_only_what_it_needs(
     either: tuple[str, Path], proxy: S3Proxy, cli: Any, tmp_path: Path
 ) -> None:
@@ -72,17 +67,8 @@ def test_convert_from_a_bucket_writes_the_local_bytes_reading_only_what_it_needs
     assert remote.rc == 0, remote.output
     fetched = proxy.throttle.bytes_out
     assert cli("convert", local, tmp_path / "local").rc == 0
-    names = sorted(p.name for p in (tmp_path / "local").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "remote").iterdir())
-    for name in names:
-        a, b = (tmp_path / "remote" / name).read_bytes(), (tmp_path / "local" / name).read_bytes()
-        assert _without_job(a) == _without_job(b), name
-    # bf16 out of fp32 masters: the bytes the plan reads plus the scan's metadata (a zip directory, a
-    # pickle and a few 64 KiB blocks of local headers per file), not the Adam moments or the module copy
-    need = json.loads(cli("preflight", local, "--json").stdout)["read_bytes"]
-    files = [p for p in local.rglob("*") if p.is_file()]
-    assert fetched <= 1.05 * need + len(files) * (512 << 10), (fetched, need)
-    assert fetched < 0.6 * sum(p.stat().st_size for p in files)
+    assert_same_files(tmp_path / "remote", tmp_path / "local")
+    assert_fetched_only_the_plan(cli, local, fetched)
     checked = cli("verify", url, tmp_path / "remote")  # every output byte against the bucket's
     assert checked.rc == 0, checked.output
 
@@ -403,6 +389,4 @@ async def test_the_app_opens_a_checkpoint_in_a_bucket(s3_demo: tuple[str, Path],
         }
         app.export = replace(app.export, format="weights")
         assert await converted(pilot) == "done"
-    assert {p.name for p in out.iterdir()} == {p.name for p in one.iterdir()}
-    for p in one.iterdir():  # the safetensors bytes; the index (none for one shard) would only differ in paths
-        assert _without_job((out / p.name).read_bytes()) == _without_job(p.read_bytes())
+    assert_same_files(out, one)  # the safetensors bytes; an index (none for one shard) would differ in paths
