@@ -149,14 +149,12 @@ def _os_limit(proc_root: str) -> MemoryLimit:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _self_cgroup_paths(proc_root: str, controller: str = "memory") -> tuple[str | None, str | None]:
-    """(v2 path, v1 path of `controller`) of this process, from /proc/self/cgroup."""
+def _self_cgroup_paths(proc_root: str) -> tuple[str | None, dict[str, str]]:
+    """(v2 path, v1 path of each controller) of this process, from /proc/self/cgroup."""
     text = _read_text(Path(proc_root) / "self" / "cgroup")
-    if text is None:
-        return None, None
     v2: str | None = None
-    v1: str | None = None
-    for line in text.splitlines():
+    v1: dict[str, str] = {}
+    for line in (text or "").splitlines():
         parts = line.strip().split(":", 2)
         if len(parts) != 3:
             continue
@@ -164,9 +162,18 @@ def _self_cgroup_paths(proc_root: str, controller: str = "memory") -> tuple[str 
         path = path.removesuffix(" (deleted)")
         if hier_id == "0" and controllers == "":
             v2 = path
-        elif controller in controllers.split(","):
-            v1 = path
+        else:
+            v1.update(dict.fromkeys(controllers.split(","), path))
     return v2, v1
+
+
+def _v2_root(sys_root: str) -> Path:
+    """Where the v2 hierarchy is mounted: `sys_root`, or on hybrid hosts <sys_root>/unified next to the v1
+    controllers."""
+    root = Path(sys_root)
+    if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
+        return root / "unified"
+    return root
 
 
 def _levels(root: Path, cgroup_path: str) -> list[Path]:
@@ -202,12 +209,8 @@ def _cgroup_headroom(limit: int, charged: int | None, cache: int | None) -> tupl
 
 
 def _cgroup_v2_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
-    root = Path(sys_root)
-    # Hybrid hosts mount the v2 hierarchy at <sys_root>/unified next to the v1 controllers.
-    if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
-        root = root / "unified"
     best: MemoryLimit | None = None
-    for level in _levels(root, cgroup_path):
+    for level in _levels(_v2_root(sys_root), cgroup_path):
         raw = _read_text(level / "memory.max")
         if raw is None or raw.strip() == "max":
             continue
@@ -334,11 +337,8 @@ def _cpu_quota(sys_root: str, v2_path: str | None, v1_path: str | None) -> float
     """The tightest CPU bandwidth quota over this cgroup and its ancestors, in cores (v2 `cpu.max`, v1
     `cpu.cfs_quota_us / cpu.cfs_period_us`), or None when there is none."""
     quotas: list[float] = []
-    root = Path(sys_root)
     if v2_path is not None:
-        if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
-            root = root / "unified"
-        for level in _levels(root, v2_path):
+        for level in _levels(_v2_root(sys_root), v2_path):
             fields = (_read_text(level / "cpu.max") or "").split()  # "max 100000" or "150000 100000"
             if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
                 quotas.append(int(fields[0]) / int(fields[1]))
@@ -371,9 +371,8 @@ def _cores(proc_root: str, sys_root: str) -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    v2_path, _ = _self_cgroup_paths(proc_root)
-    _, v1_path = _self_cgroup_paths(proc_root, "cpu")
-    quota = _cpu_quota(sys_root, v2_path, v1_path)
+    v2_path, v1_paths = _self_cgroup_paths(proc_root)
+    quota = _cpu_quota(sys_root, v2_path, v1_paths.get("cpu"))
     if quota is not None:
         cores = min(cores, math.ceil(quota))
     return max(1, cores)
@@ -400,7 +399,8 @@ def detect_memory_limits(
     os_limit = _os_limit(proc_root)
     limits: list[MemoryLimit] = [os_limit]
 
-    v2_path, v1_path = _self_cgroup_paths(proc_root)
+    v2_path, v1_paths = _self_cgroup_paths(proc_root)
+    v1_path = v1_paths.get("memory")
     if v2_path is not None:
         v2 = _cgroup_v2_limit(sys_root, v2_path)
         if v2 is not None:
