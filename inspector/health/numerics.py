@@ -29,6 +29,7 @@ several cores.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,13 @@ class Stats:
     def constant(self) -> bool:
         """Every value equal (and finite), more than one of them."""
         return self.numel > 1 and self.finite == self.numel and self.minimum == self.maximum
+
+
+def exact_blocks(*arrays: Array) -> Iterator[tuple[Array, ...]]:
+    """Arrays of one length cut in step into pieces of EXACT_BLOCK: the slow float64 paths' unit, so their
+    scratch and temporaries are one block's whatever the chunk."""
+    for i in range(0, arrays[0].shape[0], EXACT_BLOCK):
+        yield tuple(a[i : i + EXACT_BLOCK] for a in arrays)
 
 
 class Buffers:
@@ -236,8 +244,8 @@ class Accumulator:
         """Chunks that hold NaN/Inf, overflow float32, or are not float: float64 throughout, two passes for
         the variance, EXACT_BLOCK values at a time. True when every value is finite."""
         finite = True
-        for i in range(0, x.shape[0], EXACT_BLOCK):
-            finite &= self._exact_block(x[i : i + EXACT_BLOCK], buf)
+        for (block,) in exact_blocks(x):
+            finite &= self._exact_block(block, buf)
         return finite
 
     def _exact_block(self, x: Array, buf: Buffers) -> bool:

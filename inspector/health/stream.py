@@ -27,6 +27,7 @@ from inspector.health.numerics import (
     Buffers,
     Stats,
     block_sums,
+    exact_blocks,
     max_abs_difference,
 )
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
@@ -271,8 +272,7 @@ class Streamer:
             if math.isfinite(sq):
                 return sq
         total = 0.0
-        for i in range(0, n, EXACT_BLOCK):
-            xs, os_ = x[i : i + EXACT_BLOCK], o[i : i + EXACT_BLOCK]
+        for xs, os_ in exact_blocks(x, o):
             t = s.tmp[: xs.shape[0]]
             with np.errstate(invalid="ignore"):
                 np.subtract(xs, os_, out=t, dtype=np.float64)  # exact for fp32 inputs
@@ -296,10 +296,9 @@ class Streamer:
             if bits is not None and np.array_equal(cast.view(bits), module.view(bits)):
                 return 0.0, 0
         worst, differing = 0.0, 0
-        for i in range(0, n, EXACT_BLOCK):  # NaN fix-ups and float64 copies: a bounded block at a time
-            c, m = cast[i : i + EXACT_BLOCK], module[i : i + EXACT_BLOCK]
+        for x, c, m in exact_blocks(master, cast, module):  # NaN fix-ups and float64 copies, block by block
             if not plain:
-                cast_into(master[i : i + EXACT_BLOCK], c, threads=1)
+                cast_into(x, c, threads=1)
             # same bits, same values (NaN payloads aside, which the float64 comparison takes)
             if bits is not None and np.array_equal(c.view(bits), m.view(bits)):
                 continue
@@ -307,8 +306,8 @@ class Streamer:
             a, b = s.f64[0][:k], s.f64[1][:k]
             np.copyto(a, m, casting="unsafe")
             np.copyto(b, c, casting="unsafe")
-            d, c_diff = max_abs_difference(a, b, s.tmp)
-            worst, differing = max(worst, d), differing + c_diff
+            d, count = max_abs_difference(a, b, s.tmp)
+            worst, differing = max(worst, d), differing + count
         return worst, differing
 
 
@@ -330,9 +329,9 @@ def _sum_sq(x: Array, s: Scratch) -> float:
         if math.isfinite(sq):
             return sq
     total = 0.0
-    for i in range(0, x.shape[0], EXACT_BLOCK):
-        t = s.tmp[: min(EXACT_BLOCK, x.shape[0] - i)]
-        np.copyto(t, x[i : i + EXACT_BLOCK], casting="unsafe")
+    for (xs,) in exact_blocks(x):
+        t = s.tmp[: xs.shape[0]]
+        np.copyto(t, xs, casting="unsafe")
         total += float(np.einsum("i,i->", t, t))
     return total
 
