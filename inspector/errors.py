@@ -5,6 +5,8 @@ The CLI prints these without a traceback and exits non-zero; anything else is ou
 
 from __future__ import annotations
 
+from inspector.system.text import shown
+
 # Exit codes, the one definition (README lists them): 0 ok; 1 damaged checkpoint or failed verification;
 # 2 bad input or usage; 3 preflight says the job does not fit; 130 interrupted.
 EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_CANCELLED = 0, 1, 2, 3, 130
@@ -17,11 +19,12 @@ class InspectorError(Exception):
     exit_code = EXIT_USAGE
 
     def __init__(self, message: str, *, hint: str = "", title: str | None = None) -> None:
+        message, hint = shown(message, newlines=True), shown(hint, newlines=True)  # escape ∘ redact, once here
         super().__init__(message)
         self.message = message
         self.hint = hint
         if title is not None:
-            self.title = title
+            self.title = shown(title)
 
     def __str__(self) -> str:
         return f"{self.message}\n{self.hint}" if self.hint else self.message
@@ -60,16 +63,11 @@ class InputError(CorruptFileError):
         self.file = file
         self.field = field
         self.problem = problem
-        where = f"{_escape(file)}: {_escape(field)}" if field else _escape(file)
+        where = f"{file}: {field}" if field else file  # escaped with the message (InspectorError)
         super().__init__(
             f"{where}: {problem}.",
             hint=hint or "The file is damaged or was crafted; copy it again from a source you trust.",
         )
-
-
-def _escape(text: str) -> str:
-    """Control characters as escapes, so a crafted file or field name cannot drive the terminal."""
-    return "".join(ascii(c)[1:-1] if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F else c for c in text)
 
 
 class StoreError(InspectorError):

@@ -1,14 +1,23 @@
-"""Rich consoles and the one way a user error is printed (stderr, markup escaped, no traceback)."""
+"""The CLI's exits: its Rich consoles, its JSON printer and the one way a user error is printed.
+
+Every string reaches the terminal through `system/text.shown` (secrets redacted, controls escaped) by
+construction: the console applies it to every string before Rich parses it (`render_str`: tables, panels,
+status lines, progress bars) and again to every segment it writes (`_render_buffer`: `Text` built directly),
+so no command can print a raw name, path or URL. Rich markup in data is escaped where it is interpolated into
+our own markup (`literal`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+from functools import cache
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.system.units import printable
+from inspector.system.text import shown, shown_doc
 
 
 def console(stderr: bool = False) -> Any:
@@ -17,11 +26,31 @@ def console(stderr: bool = False) -> Any:
     Paths are shown literally: no emoji codes (`:x:` stays `:x:`), no highlighting. A reader that closes the
     pipe (`scan X | head -1`) is not an error: the rest of the output is dropped, the exit code stays the
     command's own."""
-    from rich.console import Console
-
-    c = Console(stderr=stderr, highlight=False, emoji=False)
+    c = _safe_console_class()(stderr=stderr, highlight=False, emoji=False)
     c.on_broken_pipe = _on_broken_pipe  # type: ignore[method-assign]  # per instance, not process-wide
     return c
+
+
+@cache
+def _safe_console_class() -> Any:
+    """A rich Console whose every string and every written segment passes `shown` (built on first use)."""
+    from rich.console import Console
+    from rich.segment import Segment
+
+    class SafeConsole(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            return super().render_str(shown(text, newlines=True), **kwargs)
+
+        def _render_buffer(self, buffer: Any) -> str:
+            safe = (seg if seg.control else Segment(shown(seg.text, newlines=True), seg.style) for seg in buffer)
+            return str(super()._render_buffer(safe))
+
+    return SafeConsole
+
+
+def print_json(doc: Any) -> None:
+    """The CLI's one JSON exit (`scan --json`, `preflight --json`, `health --json`): every string `shown`."""
+    print(json.dumps(shown_doc(doc), indent=1), flush=True)
 
 
 def _on_broken_pipe() -> None:
@@ -43,7 +72,7 @@ def literal(text: str) -> str:
     escaped so `[bold]` stays text."""
     from rich.markup import escape
 
-    return escape(printable(text))
+    return escape(shown(text))
 
 
 def print_error(exc: InspectorError) -> None:

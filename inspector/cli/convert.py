@@ -9,14 +9,13 @@ is printed every few seconds instead.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.markup import escape
-
+from inspector.cli.console import literal as escape
+from inspector.cli.console import print_json
 from inspector.cli.jobs import job_events, parse_part, plan_job, ray_options, verify_job
 from inspector.cli.options import FORMAT_HELP, add_convert_options, options_from_args
 
@@ -276,7 +275,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     _, job = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())
     verdict = job.assess()
     if args.json:
-        print(json.dumps(preflight_json(job, verdict), indent=1))
+        print_json(preflight_json(job, verdict))
     else:
         print_assessment(_console(), verdict, job)
     return 0 if verdict.fits else EXIT_DOES_NOT_FIT
@@ -288,9 +287,7 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
 
     errors = ckpt.errors
     if as_json:
-        print(
-            json.dumps({"fits": False, "damaged": True, "findings": [f.as_dict() for f in errors]}, indent=1)
-        )
+        print_json({"fits": False, "damaged": True, "findings": [f.as_dict() for f in errors]})
     else:
         from rich.panel import Panel
 

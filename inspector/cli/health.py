@@ -6,14 +6,13 @@ Exit codes: 0 sound (warnings allowed); 1 NaN/Inf in the masters or frozen weigh
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from inspector.cli.console import console as _console
-from inspector.cli.console import literal, stdout_closed
+from inspector.cli.console import literal, print_json, stdout_closed
 from inspector.errors import EXIT_DAMAGED, EXIT_OK
 
 _SHOWN = 40  # findings printed (errors first) before "… and N more"
@@ -46,7 +45,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     rc = EXIT_DAMAGED if report.errors else EXIT_OK
     try:
         if args.json:
-            print(json.dumps(report.as_json(), indent=1), flush=True)
+            print_json(report.as_json())
         else:
             _print(_console(), report, all_tensors=args.tensors)
     except BrokenPipeError:

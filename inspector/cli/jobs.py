@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from inspector.cli.options import apply_format, request_from_args
@@ -28,7 +29,8 @@ def parse_part(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
     i, sep, n = text.partition("/")
-    if not (sep and i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 100_000):
+    digits = re.compile(r"[0-9]{1,6}")  # ASCII only: str.isdigit() takes `²`, which int() then refuses
+    if not (sep and digits.fullmatch(i) and digits.fullmatch(n) and 0 <= int(i) < int(n) <= 100_000):
         from inspector.errors import InspectorError
 
         raise InspectorError(

@@ -7,7 +7,6 @@ Exit codes: 0 ok; 1 the checkpoint or output has errors (findings, verify mismat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -16,12 +15,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from rich.markup import escape
-
 from inspector import __version__
 from inspector.cli.console import console as _console
+from inspector.cli.console import literal as escape
 from inspector.cli.console import print_error as _print_error
-from inspector.cli.console import stdout_closed
+from inspector.cli.console import print_json, stdout_closed
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.malloc import cap_malloc_arenas
 
@@ -56,7 +54,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         if args.json:
             from inspector.scan.json_view import checkpoint_json
 
-            print(json.dumps(checkpoint_json(ckpt), indent=1), flush=True)
+            print_json(checkpoint_json(ckpt))
         else:
             from inspector.cli.render import print_scan
 

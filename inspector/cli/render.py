@@ -23,7 +23,8 @@ from inspector.scan.summary import (
     rank_row,
     summary_rows,
 )
-from inspector.system.units import format_bytes, format_count, plural, printable
+from inspector.system.text import shown
+from inspector.system.units import format_bytes, format_count, plural
 
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
@@ -115,8 +116,8 @@ def tensors_table(ckpt: Checkpoint) -> Table:
     for x in ckpt.tensors:
         kind = Text(str(x.kind), style=_KIND_STYLE[x.kind])
         if x.alias_of:
-            kind.append(f" → {printable(x.alias_of)}", style="dim")
-        name = Text(printable(x.name))
+            kind.append(f" → {shown(x.alias_of)}", style="dim")
+        name = Text(shown(x.name))
         t.add_row(name, "×".join(map(str, x.shape)) or "scalar", x.dtype, kind, size(x.nbytes))
     return t
 
@@ -141,11 +142,11 @@ def findings(
     grid.add_column(ratio=1)
     for f in lines:
         label, style = SEVERITY_LABEL[f.severity]
-        what = Text(printable(f.message))
+        what = Text(shown(f.message))
         if f.file:
-            what.append(f"\n{printable(f.file)}", style="dim")
+            what.append(f"\n{shown(f.file)}", style="dim")
         if f.hint:
-            what.append(f"\n→ {printable(f.hint)}", style="italic")
+            what.append(f"\n→ {shown(f.hint)}", style="italic")
         grid.add_row(Text(label, style=style), what)
     if rest:
         grid.add_row("", Text(f"… and {rest} more{more}", style="dim"))

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from inspector.system.text import shown_doc
+
 
 @dataclass(frozen=True)
 class Started:
@@ -109,7 +111,9 @@ def _fits(annotation: str, value: object) -> bool:
 
 
 def to_line(event: Event) -> str:
-    return json.dumps({"event": event.NAME, **asdict(event)})
+    """The event's line, every string in it `shown` (secrets redacted, controls escaped): the reader shows
+    names, paths and messages as they come."""
+    return json.dumps(shown_doc({"event": event.NAME, **asdict(event)}))
 
 
 def from_doc(doc: object) -> Event | None:

@@ -6,22 +6,14 @@ checkpoints, a folder under the output root, so it must be safe in all three pla
 from __future__ import annotations
 
 import re
-import unicodedata
 
 from inspector.errors import InputError
+from inspector.system.text import shown, unsafe_char
 
 MAX_NAME_BYTES = 255  # a path component's limit on every common file system (universal: zero/<name>/)
 RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
-# control (Cc), format (Cf: bidi overrides, zero-width), line/paragraph separators, lone surrogates
-_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _ASCII_BAD = re.compile(r"[\x00-\x1f\x7f]")  # the same rule for ASCII names (nearly all), without a lookup per character
-
-
-def escaped(name: str) -> str:
-    """A name as a message may show it: printable characters kept, every other one as an escape."""
-    return "".join(
-        c if unicodedata.category(c) not in _BAD_CATEGORIES else ascii(c)[1:-1] for c in name
-    )
+escaped = shown  # a name as a message may show it: the one text-out rule (system/text.py)
 
 
 def name_problem(name: object) -> str:
@@ -34,7 +26,7 @@ def name_problem(name: object) -> str:
         return "is `.` or `..`"
     if "/" in name or "\\" in name:
         return "holds a path separator (`/` or `\\`)"
-    if _ASCII_BAD.search(name) if name.isascii() else any(unicodedata.category(c) in _BAD_CATEGORIES for c in name):
+    if _ASCII_BAD.search(name) if name.isascii() else any(map(unsafe_char, name)):
         return "holds control characters (terminal escapes) or invisible formatting characters"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
@@ -48,7 +40,7 @@ def check_name(name: object, what: str, file: str, field: str) -> str:
     (escaped, cut to 80 characters)."""
     problem = name_problem(name)
     if problem:
-        show = escaped(name)[:80] if isinstance(name, str) else type(name).__name__
+        show = shown(name)[:80] if isinstance(name, str) else type(name).__name__
         raise InputError(file, field, f"the {what} {show!r} {problem}")
     assert isinstance(name, str)
     return name

@@ -11,6 +11,7 @@ and the protocol's own (HF_TOKEN). There is no ETag check: a ranged read through
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,19 @@ from inspector.remote.backend import Page, RawObject
 
 MAX_SIZE_QUERIES = 4096  # one folder's files without a listed size asked one by one; past that, unreadable
 _HINT = "Check the URL, the network, and the protocol's options (FSSPEC_<PROTOCOL>_<OPTION> variables)."
+
+
+def _package_for(scheme: str) -> str:
+    """The package fsspec needs for `scheme` (gcs: gcsfs, sftp: paramiko), from fsspec's own table of known
+    implementations: the class's package, or the one its message names when the class is fsspec's own."""
+    from fsspec.registry import known_implementations  # `fsspec.registry` itself is the registry mapping
+
+    known = known_implementations.get(scheme, {})
+    package = str(known.get("class", "")).split(".")[0]
+    if package and package != "fsspec":
+        return package
+    named = re.search(r'"([A-Za-z0-9_.\-]+)"|install ([A-Za-z0-9_.\-]+)', str(known.get("err", "")))
+    return next((g for g in named.groups() if g), "") if named else "its fsspec implementation"
 
 
 class FsspecBackend:
@@ -37,11 +51,7 @@ class FsspecBackend:
         try:
             cls = fsspec.get_filesystem_class(scheme)
         except ImportError:
-            known = fsspec.registry.known_implementations.get(scheme, {})
-            package = str(known.get("class", "")).split(".")[0]
-            raise err.missing_client(
-                f"{scheme}://", package or "its fsspec implementation", "fsspec"
-            ) from None
+            raise err.missing_client(f"{scheme}://", _package_for(scheme), "fsspec") from None
         except ValueError:
             raise err.misconfigured(
                 url, f"fsspec knows no {scheme}:// file system; install the package that provides it."

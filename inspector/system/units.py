@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from inspector.system.text import has_unsafe, shown
+
 try:  # pragma: no cover - resource is missing only on Windows
     import resource
 except ImportError:  # pragma: no cover
@@ -98,17 +100,9 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def has_control(text: str) -> bool:
-    """Whether `text` holds a control character (ESC, BEL, ...) that a terminal would obey."""
-    return _CONTROL.search(text) is not None
-
-
-def printable(text: str) -> str:
-    """Control characters (ESC, BEL, ...) shown as `\\x1b` instead of reaching the terminal."""
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+# the one text-out rule lives in system/text.py; these names stay for the modules that import them from here
+printable = shown
+has_control = has_unsafe
 
 
 def plural(n: int, word: str) -> str:

@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -30,6 +31,7 @@ from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.system.bytesource import absolute
+from inspector.system.text import shown
 from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
@@ -208,6 +210,11 @@ class InspectorApp(App[int]):
                 )
             )
             self.error(exc)
+
+    def notify(self, message: str, *, title: str = "", **options: Any) -> None:
+        """Every notification, from any screen, through the text-out rule (`system/text.shown`): controls
+        escaped and secrets redacted here, so no caller can forget it."""
+        super().notify(shown(message, newlines=True), title=shown(title), **options)
 
     def error(self, exc: InspectorError) -> None:
         from inspector.tui.screens.dialogs import MessageDialog

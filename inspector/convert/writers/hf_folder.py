@@ -116,19 +116,28 @@ def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFil
             out.append(f)  # copied as is; from_pretrained will say what is wrong with it
             continue
         keys = [k for k in ("dtype", "torch_dtype") if isinstance(cfg, dict) and k in cfg]
-        stated = {cfg[k] for k in keys}
+        stated = {_stated_dtype(cfg[k]) for k in keys}  # any JSON value: a list or dict is named, not hashed
         if not keys or stated == {out_dtype}:
             out.append(f)
             continue
         for k in keys:
             cfg[k] = out_dtype
-        note = (
-            f"config.json says {' / '.join(sorted(map(str, stated)))} but the weights are written as {out_dtype}; "
+        note = (  # the value is shown through the exits' text-out rule (escaped, cut short)
+            f"config.json says {' / '.join(sorted(stated))} but the weights are written as {out_dtype}; "
             f"the copy says {out_dtype}."
         )
         content = (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode()  # as transformers writes it
         out.append(SideFile(f.name, f.source, content, f.origin))
     return out, note
+
+
+def _stated_dtype(value: object) -> str:
+    """A config's dtype as a note may name it: a string (at most 40 characters), else its JSON type, never its
+    content (a crafted list or dict is not a dtype, and the copy replaces it anyway)."""
+    if isinstance(value, str):
+        return value if len(value) <= 40 else value[:40] + "…"
+    kind = {dict: "an object", list: "a list", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+    return f"({kind}, not a dtype name)"
 
 
 def model_folder_options(ckpt: Checkpoint, opts: ConvertOptions) -> tuple[ConvertOptions, list[str]]:

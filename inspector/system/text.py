@@ -1,0 +1,180 @@
+"""The one rule for text that leaves the tool: `shown` = escape ∘ redact.
+
+Every string that came from a file, a listing, a URL or the environment may hold terminal control (ESC, OSC,
+CSI, BEL, C1 controls, bidi overrides) or a secret (a password in a URL, a presigned URL's signature, a store's
+key). The exits apply this rule themselves, so no caller can forget it:
+
+- the CLI's consoles (`cli/console.py`: every string and every rendered segment),
+- the JSON documents and JSON lines (`shown_doc`, used by `convert/events.to_line` and `cli/console.print_json`),
+- the one user error (`errors.InspectorError`: message and hint), and
+- the app's text helpers (`tui/fmt.shown`) and notifications.
+
+Nothing here imports rich or textual; Rich markup is escaped on top of this by the two faces.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unicodedata
+from typing import Any
+
+# control (Cc), format (Cf: bidi overrides and isolates, zero-width characters), line/paragraph separators
+# (Zl, Zp) and lone surrogates (Cs, which would also make a print fail)
+UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ASCII_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+
+
+def _code(c: str) -> str:
+    return ascii(c)[1:-1]  # ESC -> \x1b, U+202E -> \u202e, a lone surrogate -> \ud800
+
+
+def unsafe_char(c: str) -> bool:
+    """Whether a terminal would obey `c` or it would hide or reorder what is shown (bidi, zero-width)."""
+    return unicodedata.category(c) in UNSAFE_CATEGORIES
+
+
+def has_unsafe(text: str) -> bool:
+    """Whether `text` holds a character `escape` would rewrite (a newline counts)."""
+    if text.isascii():
+        return _ASCII_CONTROL.search(text) is not None
+    return any(unsafe_char(c) for c in text)
+
+
+def escape(text: str, *, newlines: bool = False) -> str:
+    """`text` with every control, bidi and invisible formatting character written as its escape (`\\x1b`,
+    `\\u202e`); printable characters, non-ASCII letters included, stay. `newlines` keeps `\\n` (a message of
+    several lines, composed by us); a name never keeps one."""
+    if text.isascii():
+        pattern = _ASCII_CONTROL_BUT_NEWLINE if newlines else _ASCII_CONTROL
+        return pattern.sub(lambda m: _code(m.group()), text) if pattern.search(text) else text
+    return "".join(_code(c) if unsafe_char(c) and not (newlines and c == "\n") else c for c in text)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# secrets
+# --------------------------------------------------------------------------------------------------------------
+
+HIDDEN = "***"
+# the store clients' credential variables (and the Hub's); any other variable whose name says it holds a
+# secret is treated alike (`_SECRET_NAME`)
+SECRET_VARIABLES = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_BEARER_TOKEN",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+)
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|_KEY$|ACCOUNT_KEY|CONNECTION_STRING|SAS_|CREDENTIAL")
+_MIN_SECRET = 6  # shorter values ("1", "true") are settings, and hiding them would garble every message
+# scheme://userinfo@: the userinfo never contains `/`, `@` or whitespace
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/@\s]*)?@")
+# the query of an http(s) URL: presigned URLs carry their signature (and SAS tokens) there
+_HTTP_QUERY = re.compile(r"(?P<head>\bhttps?://[^\s?#]*\?)(?P<query>[^\s#'\"]*)", re.IGNORECASE)
+# key=value pairs that are credentials wherever they appear (a connection string, a query echoed in an error)
+_SECRET_PAIR = re.compile(
+    r"(?P<key>\b(?:AccountKey|SharedAccessSignature|SharedAccessKey|sig|signature|X-Amz-Signature|"
+    r"X-Amz-Security-Token|X-Amz-Credential|X-Goog-Signature|X-Goog-Credential|access_token|client_secret|"
+    r"password|token)=)(?P<value>[^&;\s'\"]+)",
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"(?P<key>\bBearer\s+)(?P<value>[A-Za-z0-9._~+/=\-]+)", re.IGNORECASE)
+
+
+def secret_values(environ: dict[str, str] | os._Environ[str] | None = None) -> list[str]:
+    """The values this process must never show: each credential variable's, and the key parts of a
+    connection string. Longest first, so a value is never half hidden by a shorter one inside it."""
+    env = os.environ if environ is None else environ
+    values = set()
+    for name, value in env.items():
+        if not _is_secret_name(name):
+            continue
+        if len(value) >= _MIN_SECRET:
+            values.add(value)
+        for m in _SECRET_PAIR.finditer(value):  # a connection string's AccountKey=...
+            if len(m.group("value")) >= _MIN_SECRET:
+                values.add(m.group("value"))
+    return sorted(values, key=len, reverse=True)
+
+
+_cache: dict[str, Any] = {"names": (), "key": None, "values": []}
+
+
+def _is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return upper in SECRET_VARIABLES or (_SECRET_NAME.search(upper) is not None and not upper.endswith("_ID"))
+
+
+def _current_secrets() -> list[str]:
+    """`secret_values()` of this process, worked out again only when the number of variables or a credential
+    variable's value changed: every string shown asks, and a table of 10⁵ names must not rescan the
+    environment 10⁵ times."""
+    names = _cache["names"]
+    key = (len(os.environ), tuple(os.environ.get(n) for n in names))
+    if key != _cache["key"]:
+        names = tuple(n for n in os.environ if _is_secret_name(n))
+        _cache.update(names=names, key=(len(os.environ), tuple(os.environ.get(n) for n in names)))
+        _cache["values"] = secret_values()
+    values: list[str] = _cache["values"]
+    return values
+
+
+def _userinfo(m: re.Match[str]) -> str:
+    scheme, user, password = m.group("scheme"), m.group("user"), m.group("password")
+    if password:
+        return f"{scheme}{user}:{HIDDEN}@"
+    return f"{scheme}{HIDDEN}@" if scheme.lower().startswith("http") else m.group()
+
+
+def _query(m: re.Match[str]) -> str:
+    pairs = [p.split("=", 1)[0] + (f"={HIDDEN}" if "=" in p else "") for p in m.group("query").split("&")]
+    return m.group("head") + "&".join(pairs)
+
+
+def redact(text: str, environ: dict[str, str] | None = None) -> str:
+    """`text` with every secret replaced by `***`: a URL's password (and an http URL's userinfo), an http(s)
+    URL's query values (a presigned URL's signature), credential `key=value` pairs, bearer tokens, and any
+    value of the store's credential variables wherever it appears."""
+    for value in _current_secrets() if environ is None else secret_values(environ):
+        if value in text:
+            text = text.replace(value, HIDDEN)
+    if "@" in text:
+        text = _USERINFO.sub(_userinfo, text)
+    if "?" in text:
+        text = _HTTP_QUERY.sub(_query, text)
+    if "=" in text:
+        text = _SECRET_PAIR.sub(lambda m: m.group("key") + HIDDEN, text)
+    if "earer" in text:
+        text = _BEARER.sub(lambda m: m.group("key") + HIDDEN, text)
+    return text
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the exits
+# --------------------------------------------------------------------------------------------------------------
+
+
+def shown(text: object, *, newlines: bool = False) -> str:
+    """The one rule for text that reaches a person: secrets redacted, then controls escaped."""
+    return escape(redact(str(text)), newlines=newlines)
+
+
+def shown_doc(doc: Any) -> Any:
+    """A JSON document with `shown` applied to every string in it (keys too): the rule for `--json` output and
+    `--progress json` lines, whose strings a front end shows as they are."""
+    if isinstance(doc, str):
+        return shown(doc, newlines=True)  # a message's newline is JSON-encoded, never raw
+    if isinstance(doc, dict):
+        return {shown(k) if isinstance(k, str) else k: shown_doc(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [shown_doc(v) for v in doc]
+    return doc
