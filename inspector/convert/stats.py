@@ -82,7 +82,7 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 def _chunks(
     segments: Sequence[Segment], chunk_elems: int, cancel: threading.Event, pool: Any
 ) -> Iterator[np.ndarray[Any, Any]]:
-    """The tensor's values as float64 chunks of at most `chunk_elems` elements."""
+    """The tensor's values as float64 chunks of at most `chunk_elems` elements (a complex tensor's moduli)."""
     from inspector.convert.reader import iter_chunks  # pure helper beside FilePool
 
     for batch in iter_chunks(segments, chunk_elems):
@@ -95,7 +95,8 @@ def _chunks(
         for seg in batch:
             pool.read_into(seg.file, seg.offset, view[pos : pos + seg.nbytes])
             pos += seg.nbytes
-        yield raw.view(dtype).astype(np.float64)
+        values = raw.view(dtype)
+        yield (np.abs(values) if dtype.kind == "c" else values).astype(np.float64)  # complex: by modulus |z|
 
 
 def tensor_stats(

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
-from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against
+from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
 from inspector.health.stream import Row, Streamer, chunk_for, default_threads, plan_jobs, run_jobs
 from inspector.scan.model import Checkpoint, Severity
@@ -69,8 +69,15 @@ def check(
     then = Steps(against.global_steps, against.optimizer_step) if against else Steps()
     found = _scan_errors(ckpt) + findings(rows, against.tag if against else None, steps, then)
     if against is not None:
-        lacking = [j.name for j in jobs if j.source == "master" and not j.against]
-        found += missing_in_against(lacking, against.tag)
+        lacking = [j for j in jobs if j.source == "master" and not j.against]
+        changed = [
+            (j.name, tuple(j.shape), there)
+            for j in lacking
+            if (there := _shape_in(against, j.name)) not in (None, tuple(j.shape))
+        ]
+        found += shape_changed(changed, against.tag)
+        reshaped = {c[0] for c in changed}
+        found += missing_in_against([j.name for j in lacking if j.name not in reshaped], against.tag)
     yield HealthReport(
         tag=ckpt.tag,
         against=against.tag if against else None,
@@ -82,6 +89,13 @@ def check(
         seconds=time.monotonic() - start,
         threads=threads,
     )
+
+
+def _shape_in(ckpt: Checkpoint, name: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(ckpt.tensor(name).shape)
+    except KeyError:
+        return None
 
 
 def _scan_errors(ckpt: Checkpoint) -> list[HealthFinding]:

@@ -374,6 +374,28 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.3g} %"
 
 
+def shape_changed(
+    changes: Sequence[tuple[str, tuple[int, ...], tuple[int, ...]]], against: str
+) -> list[HealthFinding]:
+    """Masters whose shape differs in `against` (name, shape here, shape there): not compared element by
+    element, which would pair unrelated values and report a made-up change."""
+    return [
+        HealthFinding(
+            Severity.WARNING,
+            "shape-changed",
+            f"{name}: its shape is {_dims(now)} here and {_dims(then)} in {against}; the two are not compared.",
+            "A reshaped or transposed parameter between tags: the model changed, or the tags are of "
+            "different runs.",
+            tensor=name,
+        )
+        for name, now, then in changes
+    ]
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
 def missing_in_against(names: Sequence[str], against: str) -> list[HealthFinding]:
     if not names:
         return []

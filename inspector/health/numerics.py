@@ -175,10 +175,13 @@ class Accumulator:
 
     def add(self, x: Array, buf: Buffers) -> bool:
         """Fold in one chunk `x` (any numeric dtype; `buf` holds at least len(x)). True when every value of
-        the chunk is finite."""
+        the chunk is finite. A complex chunk is measured by its modulus |z|: its norm is then the tensor's
+        true L2 norm (a cast to real would drop every imaginary part)."""
         n = x.shape[0]
         if not n:
             return True
+        if x.dtype.kind == "c":
+            x = np.abs(x)  # complex64 -> float32, complex128 -> float64; NaN and Inf parts stay NaN and Inf
         self.numel += n
         y = widened(x, buf)
         if y is None:

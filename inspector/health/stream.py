@@ -122,7 +122,7 @@ def plan_jobs(ckpt: Checkpoint, tensors: Sequence[TensorInfo], against: Checkpoi
             o = None
             if against is not None:
                 o = _by_name(against, t.alias_of if t.kind is Kind.TIED and t.alias_of else t.name)
-                if o is not None and o.numel == t.numel and o.segments:
+                if o is not None and tuple(o.shape) == tuple(t.shape) and o.segments:  # (23, 70) is no (70, 23)
                     other = o.segments
             module = t.module_copy if sum(s.numel for s in t.module_copy) == t.numel else ()
             jobs.append(Job(t.name, "master", t.shape, t.segments, module, other))

@@ -128,33 +128,38 @@ def _current_secrets() -> list[str]:
     return values
 
 
-def _userinfo(m: re.Match[str]) -> str:
-    scheme, user, password = m.group("scheme"), m.group("user"), m.group("password")
-    if password:
-        return f"{scheme}{user}:{HIDDEN}@"
-    return f"{scheme}{HIDDEN}@" if scheme.lower().startswith("http") else m.group()
+def _hider(keep_length: bool) -> Any:
+    return (lambda secret: "*" * len(secret)) if keep_length else (lambda secret: HIDDEN)
 
 
-def _query(m: re.Match[str]) -> str:
-    pairs = [p.split("=", 1)[0] + (f"={HIDDEN}" if "=" in p else "") for p in m.group("query").split("&")]
-    return m.group("head") + "&".join(pairs)
-
-
-def redact(text: str, environ: dict[str, str] | None = None) -> str:
+def redact(text: str, environ: dict[str, str] | None = None, *, keep_length: bool = False) -> str:
     """`text` with every secret replaced by `***`: a URL's password (and an http URL's userinfo), an http(s)
     URL's query values (a presigned URL's signature), credential `key=value` pairs, bearer tokens, and any
-    value of the store's credential variables wherever it appears."""
+    value of the store's credential variables wherever it appears. `keep_length`: one `*` per character
+    instead, for a field whose positions must not move (`masked`)."""
+    hide = _hider(keep_length)
     for value in _current_secrets() if environ is None else secret_values(environ):
         if value in text:
-            text = text.replace(value, HIDDEN)
+            text = text.replace(value, hide(value))
+
+    def userinfo(m: re.Match[str]) -> str:
+        scheme, user, password = m.group("scheme"), m.group("user"), m.group("password")
+        if password:
+            return f"{scheme}{user}:{hide(password[1:])}@"
+        return f"{scheme}{hide(user)}@" if scheme.lower().startswith("http") else m.group()
+
+    def query(m: re.Match[str]) -> str:
+        pairs = [p.split("=", 1) for p in m.group("query").split("&")]
+        return m.group("head") + "&".join(f"{p[0]}={hide(p[1])}" if len(p) == 2 else p[0] for p in pairs)
+
     if "@" in text:
-        text = _USERINFO.sub(_userinfo, text)
+        text = _USERINFO.sub(userinfo, text)
     if "?" in text:
-        text = _HTTP_QUERY.sub(_query, text)
+        text = _HTTP_QUERY.sub(query, text)
     if "=" in text:
-        text = _SECRET_PAIR.sub(lambda m: m.group("key") + HIDDEN, text)
+        text = _SECRET_PAIR.sub(lambda m: m.group("key") + hide(m.group("value")), text)
     if "earer" in text:
-        text = _BEARER.sub(lambda m: m.group("key") + HIDDEN, text)
+        text = _BEARER.sub(lambda m: m.group("key") + hide(m.group("value")), text)
     return text
 
 
@@ -166,6 +171,14 @@ def redact(text: str, environ: dict[str, str] | None = None) -> str:
 def shown(text: object, *, newlines: bool = False) -> str:
     """The one rule for text that reaches a person: secrets redacted, then controls escaped."""
     return escape(redact(str(text)), newlines=newlines)
+
+
+def masked(text: str) -> str:
+    """The rule for an editable field (the app's output folder, prefilled from the checkpoint's name): the
+    same length as `text`, so cursor and selection stay where the value has them, each unsafe character as
+    `\ufffd` and each secret character as `*`. The value itself is left as it is; only its picture changes."""
+    text = redact(text, keep_length=True)
+    return "".join("\ufffd" if unsafe_char(c) else c for c in text) if has_unsafe(text) else text
 
 
 def shown_doc(doc: Any) -> Any:

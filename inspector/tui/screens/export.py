@@ -28,6 +28,7 @@ from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.preflight import PreflightPanel
+from inspector.tui.widgets.safe_input import SafeInput
 
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
 # where the converter runs: this machine, or its parts as tasks on a Ray cluster (convert --executor ray)
@@ -112,7 +113,7 @@ class ExportScreen(Screen[None]):
             with VerticalScroll(id="export-form"):
                 with Grid(id="form-grid"):
                     yield Label("Output folder")
-                    yield Input(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
+                    yield SafeInput(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
                     yield Label("Format")
                     formats, default, missing = format_options(app.ckpt)
                     chosen = ex.format if ex.format in {v for _, v in formats} else default
