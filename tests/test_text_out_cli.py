@@ -202,3 +202,11 @@ def test_a_credential_variable_echoed_by_a_message_is_redacted(
         assert value not in text, (argv, text)
         if argv[0] != "health" and "--progress" not in argv:  # those two never name the root folder
             assert "***" in text, (argv, text)
+
+
+def test_usage_errors_echo_arguments_escaped(cli: Callable[..., CliResult]) -> None:
+    """argparse's own messages repeat the argument given: through the same rule."""
+    for argv in (("scan", "/nonexistent", "--bogus\x1b]0;T\x07"), ("convert", "/x", "/y", "--executor", "\x9b2J")):
+        res = cli(*argv)
+        assert res.rc == 2 and not raw(res.output), res.output
+        assert "\\x1b]0;T\\x07" in res.output or "\\x9b2J" in res.output, res.output

@@ -22,6 +22,7 @@ from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import print_json, stdout_closed
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.malloc import cap_malloc_arenas
+from inspector.system.text import shown
 
 
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
@@ -235,8 +236,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="tag to read (default: the one named in `latest`)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own messages (usage errors echo the argument) through the text-out rule too; its
+    sub-parsers are of this class as well."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        super()._print_message(shown(message, newlines=True), file)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="zero-inspector",
         description="Inspect DeepSpeed ZeRO checkpoints and convert them to safetensors with flat memory. "
         "No deepspeed needed; no pickled code is ever run. `zero-inspector PATH` opens the terminal UI; "

@@ -20,7 +20,7 @@ from tests.tui.conftest import scanned, wait_for
 pytestmark = pytest.mark.asyncio
 SPEC = DemoSpec(stage=2, world_size=2, dtype="bf16", params=20_000)
 SECRET = "hf_app-secret-0123"
-HOSTILE = "".join(v for k, v in CONTROLS.items() if k != "lone surrogate").replace("/", "") + "[bold]x[/]"
+HOSTILE = "".join(v for k, v in CONTROLS.items() if k != "lone surrogate") + "[bold]x[@click=app.quit]y"
 
 
 def clean(screen: str, where: str) -> None:
@@ -46,6 +46,10 @@ async def test_hostile_names_and_config_never_reach_the_screen_raw(
         await pilot.press("t")
         await pilot.pause()
         clean(app.export_screenshot(), "tensors")
+        await pilot.press("h")
+        await wait_for(pilot, lambda: app.main.health_pane.report is not None, "the health pass")
+        await pilot.pause()
+        clean(app.export_screenshot(), "health")
         await pilot.press("e")
         await wait_for(pilot, lambda: isinstance(app.screen, ExportScreen), "the export form")
         await pilot.pause(0.3)
@@ -63,3 +67,19 @@ async def test_hostile_names_and_config_never_reach_the_screen_raw(
         for note in notes:
             clean(note, "a notification")
             assert "pw-9876" not in note
+
+
+async def test_a_hostile_folder_that_is_no_checkpoint_is_a_clean_dialog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inspector.tui.screens.dialogs import MessageDialog
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    folder = tmp_path / f"nothing{HOSTILE}{SECRET}"
+    folder.mkdir()
+    (folder / "latest").write_text("global_step1" + HOSTILE)
+    app = make_app(path=str(folder), live_meters=False)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+        await pilot.pause()
+        clean(app.export_screenshot(), "dialog")
