@@ -2,8 +2,8 @@
 
 Every string reaches the terminal through `system/text.shown` (secrets redacted, controls escaped) by
 construction: the console applies it to every string before Rich parses it (`render_str`: tables, panels,
-status lines, progress bars) and again to every segment it writes (`_render_buffer`: `Text` built directly),
-so no command can print a raw name, path or URL. Rich markup in data is escaped where it is interpolated into
+status lines, progress bars), and escapes every segment it writes (`_render_buffer`: `Text` built directly,
+which the renderers also build from `shown` text), so no command can print a raw control character. Rich markup in data is escaped where it is interpolated into
 our own markup (`literal`).
 """
 
@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.system.text import shown, shown_doc
+from inspector.system.text import escape, has_unsafe, shown, shown_doc
 
 
 def console(stderr: bool = False) -> Any:
@@ -42,8 +42,13 @@ def _safe_console_class() -> Any:
             return super().render_str(shown(text, newlines=True), **kwargs)
 
         def _render_buffer(self, buffer: Any) -> str:
-            safe = (seg if seg.control else Segment(shown(seg.text, newlines=True), seg.style) for seg in buffer)
-            return str(super()._render_buffer(safe))
+            return str(super()._render_buffer(_escaped(buffer)))
+
+    def _escaped(buffer: Any) -> Any:
+        for seg in buffer:
+            if not seg.control and has_unsafe(seg.text.replace("\n", "")):
+                seg = Segment(escape(seg.text, newlines=True), seg.style)
+            yield seg
 
     return SafeConsole
 

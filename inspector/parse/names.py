@@ -5,14 +5,11 @@ checkpoints, a folder under the output root, so it must be safe in all three pla
 
 from __future__ import annotations
 
-import re
-
 from inspector.errors import InputError
-from inspector.system.text import shown, unsafe_char
+from inspector.system.text import has_unsafe, shown
 
 MAX_NAME_BYTES = 255  # a path component's limit on every common file system (universal: zero/<name>/)
 RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
-_ASCII_BAD = re.compile(r"[\x00-\x1f\x7f]")  # the same rule for ASCII names (nearly all), without a lookup per character
 escaped = shown  # a name as a message may show it: the one text-out rule (system/text.py)
 
 
@@ -26,7 +23,7 @@ def name_problem(name: object) -> str:
         return "is `.` or `..`"
     if "/" in name or "\\" in name:
         return "holds a path separator (`/` or `\\`)"
-    if _ASCII_BAD.search(name) if name.isascii() else any(map(unsafe_char, name)):
+    if has_unsafe(name):  # the text-out rule's own character class (system/text.py)
         return "holds control characters (terminal escapes) or invisible formatting characters"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import os
 import re
-import unicodedata
 from typing import Any
 
 # control (Cc), format (Cf: bidi overrides and isolates, zero-width characters), line/paragraph separators
-# (Zl, Zp) and lone surrogates (Cs, which would also make a print fail)
+# (Zl, Zp) and lone surrogates (Cs, which would also make a print fail): every such character of Unicode
+# 15.1, as one precompiled character class (no per-character category lookup on non-ASCII text). A test
+# checks it covers every character of those categories in the running Python's Unicode tables.
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ASCII_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+_C0_BUT_NEWLINE = "\x00-\x09\x0b-\x1f"
+_OTHERS = (
+    "\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+)
+_UNSAFE = re.compile(f"[\n{_C0_BUT_NEWLINE}{_OTHERS}]")
+_UNSAFE_BUT_NEWLINE = re.compile(f"[{_C0_BUT_NEWLINE}{_OTHERS}]")
 
 
 def _code(c: str) -> str:
@@ -32,24 +39,20 @@ def _code(c: str) -> str:
 
 def unsafe_char(c: str) -> bool:
     """Whether a terminal would obey `c` or it would hide or reorder what is shown (bidi, zero-width)."""
-    return unicodedata.category(c) in UNSAFE_CATEGORIES
+    return _UNSAFE.match(c) is not None
 
 
 def has_unsafe(text: str) -> bool:
     """Whether `text` holds a character `escape` would rewrite (a newline counts)."""
-    if text.isascii():
-        return _ASCII_CONTROL.search(text) is not None
-    return any(unsafe_char(c) for c in text)
+    return _UNSAFE.search(text) is not None
 
 
 def escape(text: str, *, newlines: bool = False) -> str:
     """`text` with every control, bidi and invisible formatting character written as its escape (`\\x1b`,
     `\\u202e`); printable characters, non-ASCII letters included, stay. `newlines` keeps `\\n` (a message of
     several lines, composed by us); a name never keeps one."""
-    if text.isascii():
-        pattern = _ASCII_CONTROL_BUT_NEWLINE if newlines else _ASCII_CONTROL
-        return pattern.sub(lambda m: _code(m.group()), text) if pattern.search(text) else text
-    return "".join(_code(c) if unsafe_char(c) and not (newlines and c == "\n") else c for c in text)
+    pattern = _UNSAFE_BUT_NEWLINE if newlines else _UNSAFE
+    return pattern.sub(lambda m: _code(m.group()), text) if pattern.search(text) else text
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -105,3 +105,20 @@ def test_user_errors_are_clean_however_they_are_built(monkeypatch: pytest.Monkey
     assert "pw1234" not in text and "hunter2hunter2" not in text and not raw_controls(text, newlines=True)
     err = InputError("dir\x1b]0;x\x07/f.json", "field\x9b", "is wrong")
     assert not raw_controls(str(err), newlines=True) and "dir\\x1b]0;x\\x07/f.json: field\\x9b" in str(err)
+
+
+def test_the_character_class_covers_every_unsafe_category_of_this_python() -> None:
+    """The rule is one precompiled class (fast on non-ASCII text); it must hold every control, format,
+    separator and surrogate character this interpreter's Unicode tables know."""
+    import sys
+    import unicodedata
+
+    from inspector.system.text import UNSAFE_CATEGORIES, unsafe_char
+
+    missed = [
+        hex(cp)
+        for cp in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(cp)) in UNSAFE_CATEGORIES and not unsafe_char(chr(cp))
+    ]
+    assert not missed
+    assert not unsafe_char("é") and not unsafe_char("中") and not unsafe_char("×") and unsafe_char("\n")
