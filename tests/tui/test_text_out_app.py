@@ -83,3 +83,20 @@ async def test_a_hostile_folder_that_is_no_checkpoint_is_a_clean_dialog(
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
         await pilot.pause()
         clean(app.export_screenshot(), "dialog")
+
+
+async def test_hostile_checkpoint_folders_in_the_roots_picker(demo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Folders named with controls are never listed (the name rule); names with markup are, as text."""
+    parent = tmp_path / "runs"
+    for name in (f"ckpt{HOSTILE}", "a[bold]x[@click=app.quit]y", "b[link=http://x]z"):
+        shutil.copytree(demo(SPEC), parent / name, symlinks=True)
+    app = make_app(path=str(parent), live_meters=False)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await scanned(pilot)
+        assert len(app.roots) == 2
+        clean(app.export_screenshot(), "first root")
+        await pilot.press("r")
+        await pilot.pause(0.3)
+        screen = app.export_screenshot()
+        clean(screen, "roots picker")
+        assert "[bold]x[@click=app.quit]y" in screen.replace("&#160;", " ")
