@@ -79,8 +79,9 @@ SECRET_VARIABLES = (
 )
 _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|_KEY$|ACCOUNT_KEY|CONNECTION_STRING|SAS_|CREDENTIAL")
 _MIN_SECRET = 6  # shorter values ("1", "true") are settings, and hiding them would garble every message
-# scheme://userinfo@: the userinfo never contains `/`, `@` or whitespace
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/@\s]*)?@")
+# scheme://user:password@: up to the authority's last `@` (a password may hold an unencoded one), never
+# past a `/` or whitespace
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/\s]*)?@")
 # the query of an http(s) URL: presigned URLs carry their signature (and SAS tokens) there
 _HTTP_QUERY = re.compile(r"(?P<head>\bhttps?://[^\s?#]*\?)(?P<query>[^\s#'\"]*)", re.IGNORECASE)
 # key=value pairs that are credentials wherever they appear (a connection string, a query echoed in an error)

@@ -42,6 +42,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG"
     ("text", "hidden"),
     [
         ("endpoint http://user:" + SECRET + "@127.0.0.1:1/b", SECRET),
+        ("endpoint http://user:p@" + SECRET + "@127.0.0.1:1/b@c", SECRET),  # an unencoded `@` in the password
         ("s3://b/k via https://AKIA:" + SECRET + "@minio:9000", SECRET),
         ("https://" + SECRET + "@example.com/x", SECRET),  # a token as the whole userinfo of an http URL
         ("GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AK&X-Amz-Signature=" + SECRET + " failed", SECRET),
