@@ -72,17 +72,17 @@ def stdout_closed() -> None:
     os.close(devnull)
 
 
-def literal(text: str) -> str:
-    """Text from a checkpoint (names, paths, versions) for a markup string: printable, and with Rich markup
-    escaped so `[bold]` stays text."""
+def literal(text: str, *, newlines: bool = False) -> str:
+    """Text from a checkpoint (names, paths, versions) for a markup string: `shown`, and with Rich markup
+    escaped so `[bold]` stays text. `newlines`: a message of ours, whose line breaks stay."""
     from rich.markup import escape
 
-    return escape(shown(text))
+    return escape(shown(text, newlines=newlines))
 
 
 def print_error(exc: InspectorError) -> None:
     """Print one user error: title and message, then what to do. Paths are escaped, never read as markup."""
     err = console(stderr=True)
-    err.print(f"[bold red]{literal(exc.title)}:[/] {literal(exc.message)}", soft_wrap=True)
+    err.print(f"[bold red]{literal(exc.title)}:[/] {literal(exc.message, newlines=True)}", soft_wrap=True)
     if exc.hint:
-        err.print(f"[italic]→ {literal(exc.hint)}[/]", soft_wrap=True)
+        err.print(f"[italic]→ {literal(exc.hint, newlines=True)}[/]", soft_wrap=True)

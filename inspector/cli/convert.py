@@ -85,7 +85,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         f"{len(job.files)} file(s), {_size(job.output_bytes)}"
     )
     for note in job.notes:
-        console.print(f"[dim]{escape(note)}[/]")
+        console.print(f"[dim]{escape(note, newlines=True)}[/]")
     tasks: list[Any] = []
     events: Any = None
     try:
@@ -197,7 +197,7 @@ def _print_report(console: Any, report: Any, job: Any, part: tuple[int, int] | N
             "the same command without --part: it reuses every finished file and writes the rest."
         )
     elif words := job.finished_words(report):
-        console.print(escape(words))
+        console.print(escape(words, newlines=True))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -226,7 +226,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise RuntimeError("verify ended without a result")
     secs = time.monotonic() - start
     for note in result.notes:
-        console.print(f"[dim]{escape(note)}[/]")
+        console.print(f"[dim]{escape(note, newlines=True)}[/]")
     for label, names in (
         ("Mismatched", result.mismatched),
         ("Unexpected (not in the checkpoint)", result.unexpected),
