@@ -210,3 +210,15 @@ def test_usage_errors_echo_arguments_escaped(cli: Callable[..., CliResult]) -> N
         res = cli(*argv)
         assert res.rc == 2 and not raw(res.output), res.output
         assert "\\x1b]0;T\\x07" in res.output or "\\x9b2J" in res.output, res.output
+
+
+def test_a_user_errors_own_line_breaks_stay() -> None:
+    from inspector.cli.console import print_error
+    from inspector.errors import InspectorError
+
+    err = io.StringIO()
+    with wide_terminal(), contextlib.redirect_stderr(err):
+        print_error(InspectorError("first line\nsecond \x1b[2J line", hint="do\nthis", title="T\x07"))
+    text = err.getvalue()
+    assert "first line\nsecond \\x1b[2J line" in text and "do\nthis" in text and "T\\x07" in text
+    assert not raw(text)
