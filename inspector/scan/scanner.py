@@ -29,6 +29,10 @@ def scan(path: str, tag: str | None = None) -> Checkpoint:
     if (uni := find_universal(path, tag)) is not None:
         return scan_universal(uni)
     loc = locate(path, tag)
+    from inspector.scan.pipeline import is_pipeline, scan_pipeline
+
+    if is_pipeline(loc.source.listdir(loc.tag_dir)):
+        return scan_pipeline(loc)
     files = classify(loc.tag_dir, loc.source)
     return _Scanner(loc, files).build()
 

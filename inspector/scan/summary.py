@@ -82,6 +82,7 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
             "ZeRO",
             f"stage {ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {ckpt.optimizer}",
         ),
+        *_parallel_rows(ckpt),
         SummaryRow("dtypes", "Dtypes", f"compute {dt(ckpt.compute_dtype)} · master {dt(ckpt.master_dtype)}"),
         SummaryRow("module_copy", "Module copy", _module_copy_text(ckpt, dt(ckpt.compute_dtype))),
     ]
@@ -99,6 +100,19 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
     rows.append(SummaryRow("deepspeed", "DeepSpeed", ckpt.deepspeed_version or "unknown"))
     rows.append(SummaryRow("files", "Files", f"{len(ckpt.files)} files · {format_bytes(ckpt.total_bytes)}"))
     return rows
+
+
+def _parallel_rows(ckpt: Checkpoint) -> list[SummaryRow]:
+    """A model-parallel run's layout (degrees) and, per stage or expert-parallel rank, what it holds."""
+    par = ckpt.parallel
+    if par is None:
+        return []
+    shown = par.holders[:8]
+    more = f" (+{len(par.holders) - 8} more)" if len(par.holders) > 8 else ""
+    return [SummaryRow("parallel", "Layout", par.words)] + [
+        SummaryRow(f"holds_{i}", "", f"{part}: {where}", more if i == len(shown) - 1 else "")
+        for i, (part, where) in enumerate(shown)
+    ]
 
 
 def _module_copy_text(ckpt: Checkpoint, compute: str) -> str:
@@ -202,6 +216,7 @@ class RankRow:
     groups: tuple[tuple[int, int], ...]  # (stored_numel, padding) per group
     complete: bool
     alignment: tuple[int, ...] = ()  # per group: alignment padding between parameters in this partition
+    first_group: int = 0  # a pipeline stage's ranks hold only that stage's groups: their cells start here
 
     @property
     def padding(self) -> int:
@@ -212,7 +227,7 @@ class RankRow:
         """`stored / padding` per group, as both faces show it (`991,004 / 1`); with alignment padding between
         parameters, `end+alignment` (`8,327 / 3+74`)."""
         align = self.alignment or (0,) * len(self.groups)
-        return [
+        return [""] * self.first_group + [
             f"{format_count(stored)} / {pad}" + (f"+{a}" if a else "")
             for (stored, pad), a in zip(self.groups, align, strict=True)
         ]
@@ -227,6 +242,7 @@ def rank_row(r: RankInfo) -> RankRow:
         groups=tuple((g.stored_numel, g.padding) for g in r.groups),
         complete=bool(r.optim_file),
         alignment=tuple(g.alignment for g in r.groups),
+        first_group=min((g.group for g in r.groups), default=0),
     )
 
 

@@ -1,0 +1,30 @@
+"""The app on model-parallel checkpoints saved by real DeepSpeed (tests/fixtures/layouts): the overview says
+the layout and the tensor tree shows the model's own modules (pipeline layers, tied modules, experts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inspector.tui.app import make_app
+from tests.scan.layout_cases import ckpt_dir
+from tests.tui.conftest import plain, scanned
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.mark.parametrize(
+    ("name", "layout", "tensors"),
+    [
+        ("pp_z1_bf16_dp2", "pipeline parallel: 2 stages", ["tied_modules.embed.weight", "3.norm.weight", "3.scale"]),
+    ],
+)
+async def test_the_app_shows_the_layout_and_its_tree(name: str, layout: str, tensors: list[str]) -> None:
+    app = make_app(path=str(ckpt_dir(name)), live_meters=False)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await scanned(pilot)
+        assert app.ckpt is not None and app.ckpt.parallel is not None
+        assert layout in " ".join(plain(w) for w in app.main.query("*"))
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        for t in tensors:
+            assert tree.reveal(t), t
