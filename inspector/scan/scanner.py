@@ -33,7 +33,11 @@ def scan(path: str, tag: str | None = None) -> Checkpoint:
 
     if is_pipeline(loc.source.listdir(loc.tag_dir)):
         return scan_pipeline(loc)
-    files = classify(loc.tag_dir, loc.source)
+    files = classify(loc.tag_dir, loc.source, experts_ok=True)
+    if files.experts:
+        from inspector.scan.moe import scan_moe
+
+        return scan_moe(loc, files)
     return _Scanner(loc, files).build()
 
 

@@ -216,7 +216,8 @@ class RankRow:
     groups: tuple[tuple[int, int], ...]  # (stored_numel, padding) per group
     complete: bool
     alignment: tuple[int, ...] = ()  # per group: alignment padding between parameters in this partition
-    first_group: int = 0  # a pipeline stage's ranks hold only that stage's groups: their cells start here
+    group_index: tuple[int, ...] = ()  # the group of each entry (a pipeline stage or an expert-parallel rank
+    # holds only some groups): cells are placed by it
 
     @property
     def padding(self) -> int:
@@ -227,10 +228,16 @@ class RankRow:
         """`stored / padding` per group, as both faces show it (`991,004 / 1`); with alignment padding between
         parameters, `end+alignment` (`8,327 / 3+74`)."""
         align = self.alignment or (0,) * len(self.groups)
-        return [""] * self.first_group + [
+        texts = [
             f"{format_count(stored)} / {pad}" + (f"+{a}" if a else "")
             for (stored, pad), a in zip(self.groups, align, strict=True)
         ]
+        if not self.group_index or self.group_index == tuple(range(len(texts))):
+            return texts
+        cells = [""] * (max(self.group_index) + 1)
+        for i, text in zip(self.group_index, texts, strict=True):
+            cells[i] = text
+        return cells
 
 
 def rank_row(r: RankInfo) -> RankRow:
@@ -242,7 +249,7 @@ def rank_row(r: RankInfo) -> RankRow:
         groups=tuple((g.stored_numel, g.padding) for g in r.groups),
         complete=bool(r.optim_file),
         alignment=tuple(g.alignment for g in r.groups),
-        first_group=min((g.group for g in r.groups), default=0),
+        group_index=tuple(g.group for g in r.groups),
     )
 
 

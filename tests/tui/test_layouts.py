@@ -16,6 +16,11 @@ pytestmark = pytest.mark.asyncio
     ("name", "layout", "tensors"),
     [
         ("pp_z1_bf16_dp2", "pipeline parallel: 2 stages", ["tied_modules.embed.weight", "3.norm.weight", "3.scale"]),
+        (
+            "moe_z2_bf16_ws4",
+            "expert parallel: EP 2",
+            [f"moe.deepspeed_moe.experts.deepspeed_experts.{e}" for e in range(4)] + ["moe.deepspeed_moe.gate.wg"],
+        ),
     ],
 )
 async def test_the_app_shows_the_layout_and_its_tree(name: str, layout: str, tensors: list[str]) -> None:
