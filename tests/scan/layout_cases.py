@@ -34,8 +34,10 @@ def writable(name: str, dest: Path) -> Path:
     return dest
 
 
-def expected(name: str) -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / name / "expected.npz") as z:
+def expected(name: str | Path) -> dict[str, np.ndarray]:
+    """The live engines' values: a committed fixture's (by name) or a freshly made one's (its folder)."""
+    folder = name if isinstance(name, Path) else FIXTURES / name
+    with np.load(folder / "expected.npz") as z:
         return {k: z[k] for k in z.files}
 
 
@@ -51,7 +53,7 @@ def convert(ckpt: Checkpoint, out: Path, dtype: str) -> dict[str, np.ndarray]:
     return tensors
 
 
-def assert_exact(ckpt: Checkpoint, name: str, tmp_path: Path) -> None:
+def assert_exact(ckpt: Checkpoint, name: str | Path, tmp_path: Path) -> None:
     """fp32 output equals the live fp32 masters bit for bit; the training-dtype output equals them cast
     (torch's round to nearest even) and the live 16-bit weights; buffers are the live buffers."""
     want = expected(name)

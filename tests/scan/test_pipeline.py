@@ -33,12 +33,12 @@ def test_pipeline_converts_bit_exact(name: str, tmp_path: Path) -> None:
     assert (ckpt.parallel.pp, ckpt.parallel.dp, ckpt.world_size) == (2, dp, 2 * dp)
     assert (ckpt.optimizer, ckpt.compute_dtype) == (optimizer, compute)
     holders = dict(ckpt.parallel.holders)
-    assert holders["stage 0"].startswith("layer 2 · tied embed")
-    assert holders["stage 1"].startswith("layers 3-4 · tied embed")
+    assert holders["stage 0"].startswith("layers 1-2 · tied embed")
+    assert holders["stage 1"].startswith("layer 4 · tied embed")  # layer 3 is a function, 5 the tied head
     names = [t.name for t in ckpt.tensors]
-    assert names == ["tied_modules.embed.weight", "2.weight", "2.bias", "3.scale", "3.norm.weight",
-                     "3.norm.bias", "4.weight", "4.bias"]
-    assert ckpt.tensor("3.scale").kind is Kind.BUFFER
+    assert names == ["tied_modules.embed.weight", "1.weight", "1.bias", "2.scale", "2.norm.weight",
+                     "2.norm.bias", "4.weight", "4.bias"]
+    assert ckpt.tensor("2.scale").kind is Kind.BUFFER
     assert all(t.module_copy for t in ckpt.tensors if t.kind is Kind.TRAINABLE)  # from the layer files
     assert_exact(ckpt, name, tmp_path)
 
@@ -66,7 +66,7 @@ def test_a_missing_stage_or_rank_file_is_named(tmp_path: Path) -> None:
     os.remove(root / TAG / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
     ckpt = scan(str(root))
     assert any(f.code == "missing-rank" and "stage 1, data-parallel rank 1" in f.message for f in ckpt.errors)
-    assert not any(t.name.startswith("3.") and t.kind is Kind.FROZEN for t in ckpt.tensors)
+    assert not any(t.name.startswith("4.") and t.kind is Kind.FROZEN for t in ckpt.tensors)
     os.remove(root / TAG / "mp_rank_01_model_states.pt")
     ckpt = scan(str(root))
     assert {"missing-stage"} <= {f.code for f in ckpt.errors}
@@ -106,7 +106,7 @@ def test_a_crafted_layer_file_name_is_refused(tmp_path: Path) -> None:
     import zipfile
 
     root = writable("pp_z1_bf16", tmp_path / "ck")
-    path = root / TAG / "layer_02-model_states.pt"
+    path = root / TAG / "layer_01-model_states.pt"
     with zipfile.ZipFile(path) as z:
         data = {n: z.read(n) for n in z.namelist()}
     pkl = next(n for n in data if n.endswith("data.pkl"))
