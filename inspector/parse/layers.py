@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from inspector.format.torchzip import TensorRef
-from inspector.parse.states import MOMENTS, Scalar, _moments
+from inspector.parse.states import Scalar, _moments
 from inspector.parse.tree import Node
 
 MAX_DEGREE = 1 << 16  # pipeline stages, tensor shards or experts: bounded again by the files present
@@ -111,4 +111,77 @@ class UnfusedFp16:
         return cls(file, tuple(groups), float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None, hyper)
 
 
-__all__ = ["MAX_DEGREE", "MOMENTS", "ParallelDims", "TensorFile", "UnfusedFp16", "UnfusedParam"]
+
+_REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
+_RECIPES = {  # universal_checkpoint_info key -> how the shards of a matching parameter join (FORMAT.md §4.2)
+    "tp_replicated_parameter_patterns": "replicated",
+    "parameter_with_row_parallelism_patterns": "row",
+    "vocabulary_parameter_patterns": "vocab",
+    "parameter_with_sub_params": "sub-params",
+    "parameter_with_2_sub_params_cat_dim_0": "sub-params",
+    "parameter_to_average_patterns": "average",
+}
+
+
+def literal_pattern(pattern: str) -> str | None:
+    """The parameter name an anchored, escaped pattern (`^a\\.b$`, what AutoTP writes) stands for; None for
+    any other regex. Patterns come from the file: they are never compiled (a crafted one could backtrack
+    for hours), only read back as the literal names AutoTP escaped."""
+    if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
+        return None
+    out = []
+    body = pattern[1:-1]
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            if i + 1 >= len(body) or body[i + 1].isalnum():
+                return None
+            out.append(body[i + 1])
+            i += 2
+            continue
+        if c in _REGEX_SPECIAL:
+            return None
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class TpRecipe:
+    """`universal_checkpoint_info` (AutoTP, Megatron-DeepSpeed): how each parameter's tensor-parallel shards
+    join. `rules` maps a parameter name to replicated / row (dim 1) / vocab (dim 0, padding cut to
+    `original_vocab_size`) / sub-params / average; names it does not list join on dim 0, as DeepSpeed's
+    converter does. `regex` counts patterns that are not plain anchored names (not read, see
+    `literal_pattern`); `unsupported` are the parameters AutoTP itself marked unconvertible."""
+
+    file: str
+    rules: Mapping[str, str]
+    unsupported: frozenset[str]
+    original_vocab_size: int | None
+    regex: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> TpRecipe | None:
+        root = Node(tree, file)
+        info = root.at("universal_checkpoint_info") if root.is_mapping() else Node(None, file)
+        if not info.is_mapping():
+            return None
+        rules: dict[str, str] = {}
+        regex: list[str] = []
+        for key, rule in _RECIPES.items():
+            node = info.at(key)
+            for p in [] if node.is_none() else node.seq(1 << 20):
+                name = literal_pattern(p.text(1024))
+                if name is None:
+                    regex.append(p.text(1024))
+                else:
+                    rules.setdefault(name, rule)
+        bad = info.at("autotp_unsupported_parameter_patterns")
+        unsupported = set()
+        for pattern, _ in [] if bad.is_none() else bad.entries("pattern", names=False):
+            name = literal_pattern(pattern[:1024])
+            unsupported.add(name if name is not None else pattern[:1024])
+        vocab = info.at("original_vocab_size")
+        return cls(file, MappingProxyType(rules), frozenset(unsupported), vocab.opt_integer(1, 1 << 40),
+                   tuple(regex))

@@ -1,7 +1,7 @@
-"""Pipeline- and expert-parallel checkpoints made afresh with real DeepSpeed (the scripts that made the
+"""Pipeline-, expert- and tensor-parallel checkpoints made afresh with real DeepSpeed (the scripts that made the
 committed fixtures under tests/fixtures/layouts), read bit-exact, and set beside DeepSpeed's own tools:
-ds_to_universal on pipeline + ZeRO-1 (its fp32.pt per parameter equals our fp32 output), and zero_to_fp32,
-which fails on both layouts (the README's feature table says so from these runs)."""
+ds_to_universal on pipeline + ZeRO-1 (its fp32.pt per parameter equals our fp32 output) and on AutoTP (the
+expected values make_tp.py records are its merge), and zero_to_fp32, which fails on all three layouts (the README's feature table says so from these runs)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.interop
 MADE = {  # name -> (ranks, script, its options)
     "pp_z1_bf16": (2, "make_pipe.py", ["--zero", "1", "--dtype", "bf16"]),
     "moe_z2_bf16": (2, "make_moe.py", ["--zero", "2", "--dtype", "bf16", "--ep", "2"]),
+    "tp_z1_bf16": (2, "make_tp.py", ["--zero", "1", "--dtype", "bf16", "--tp", "2"]),  # expected: ds_to_universal
 }
 
 

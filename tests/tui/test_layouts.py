@@ -21,6 +21,7 @@ pytestmark = pytest.mark.asyncio
             "expert parallel: EP 2",
             [f"moe.deepspeed_moe.experts.deepspeed_experts.{e}" for e in range(4)] + ["moe.deepspeed_moe.gate.wg"],
         ),
+        ("tp_z2_bf16_dp2", "tensor parallel: 2 shards", ["model.layers.0.mlp.down_proj.weight", "lm_head.weight"]),
     ],
 )
 async def test_the_app_shows_the_layout_and_its_tree(name: str, layout: str, tensors: list[str]) -> None:
