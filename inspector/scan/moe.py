@@ -206,8 +206,8 @@ def _missing_experts(model: ModelStates, files: RankFiles, tag_dir: str) -> list
     """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present)."""
     try:
         dims = ParallelDims.parse(load_tree(model.file), model.file)
-    except InspectorError:
-        return []
+    except InspectorError as exc:
+        return [Finding(Severity.ERROR, "unreadable", exc.message, model.file, exc.hint)]
     counts = dims.num_experts or ()
     if sum(counts) > files.present:
         return [Finding(Severity.ERROR, "missing-expert", f"The model states list {sum(counts):,} experts, but the "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from inspector.convert.kinds.universal import Universal
+from inspector.errors import InputError
 from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Kind
@@ -73,3 +74,31 @@ def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
 def test_universal_output_is_refused_for_moe() -> None:
     offer = Universal().offer(scan(str(ckpt_dir("moe_z2_bf16"))))
     assert not offer.available and "expert-parallel" in offer.reason
+
+
+def _resave(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    sd = torch.load(path, weights_only=False)
+    torch.save(edit(sd), path)
+
+
+def test_a_crafted_expert_count_costs_nothing_and_is_reported(tmp_path: Path) -> None:
+    """`num_experts` is bounded by the files present: 120,000 experts are one finding, not 120,000; a count
+    beyond any run refuses the (essential) model-states file as a whole."""
+    root = writable("moe_z2_bf16", tmp_path / "ck")
+    model = root / TAG / "mp_rank_00_model_states.pt"
+    _resave(model, lambda sd: {**sd, "num_experts": [60_000, 60_000]})
+    ckpt = scan(str(root))
+    assert len(ckpt.errors) == 1 and "list 120,000 experts" in ckpt.errors[0].message
+    _resave(model, lambda sd: {**sd, "num_experts": [10**9]})
+    with pytest.raises(InputError, match=r"num_experts\[0\]: is larger than"):
+        scan(str(root))
+
+
+def test_an_expert_file_that_is_not_a_state_dict_is_named(tmp_path: Path) -> None:
+    root = writable("moe_z2_bf16", tmp_path / "ck")
+    path = root / TAG / "layer_0_expert_2_mp_rank_00_model_states.pt"
+    _resave(path, lambda sd: {**sd, "moe.deepspeed_moe.experts.deepspeed_experts.2.0.weight": 3})
+    ckpt = scan(str(root))
+    assert [(f.code, f.file) for f in ckpt.errors] == [("unreadable", str(path))]
