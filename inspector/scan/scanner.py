@@ -22,8 +22,10 @@ from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
 
 
-def scan(path: str, tag: str | None = None) -> Checkpoint:
-    """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`."""
+def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], ...] = ()) -> Checkpoint:
+    """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`.
+    `tp_split`: (glob, rule) pairs saying how a tensor-parallel checkpoint that records no split joins its
+    shards (rule `0`, `1` or `replicated`); the first glob a parameter name matches applies."""
     from inspector.scan.universal import find_universal, scan_universal
 
     if (uni := find_universal(path, tag)) is not None:
@@ -37,7 +39,7 @@ def scan(path: str, tag: str | None = None) -> Checkpoint:
     from inspector.scan.tensor import scan_tensor, tp_ranks
 
     if len(tp_ranks(names)) > 1:
-        return scan_tensor(loc, names)
+        return scan_tensor(loc, names, tp_split)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
     if files.experts:
         from inspector.scan.moe import scan_moe

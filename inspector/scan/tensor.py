@@ -10,6 +10,7 @@ pattern instead of a name, fused sub-parameters, averaged or AutoTP-unsupported 
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ def tp_ranks(names: Sequence[str]) -> set[int]:
     return out
 
 
-def scan_tensor(loc: Location, names: Sequence[str]) -> Checkpoint:
+def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = ()) -> Checkpoint:
     """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors."""
     present = len(names)
     shards: dict[int, RankFiles] = {}
@@ -78,6 +79,9 @@ def scan_tensor(loc: Location, names: Sequence[str]) -> Checkpoint:
         findings += [f for f in c.findings if f not in findings]
     base = scanned[0]
     complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
+    if recipe is None and tp_split and complete:
+        recipe = _user_recipe(scanned[0], tp_split, findings, shards[0].model)
+        complete = recipe is not None
     tensors = _join(scanned, recipe, findings, loc) if complete else []
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
@@ -89,6 +93,30 @@ def scan_tensor(loc: Location, names: Sequence[str]) -> Checkpoint:
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
         parallel=Parallel("tensor", tp=tp, dp=dp, holders=holders),
     )
+
+
+SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
+
+
+def _user_recipe(shard0: Checkpoint, tp_split: Sequence[tuple[str, str]], findings: list[Finding],
+                 model_file: str) -> TpRecipe | None:
+    """The split the user stated (`--tp-split GLOB=0|1|replicated`, first match wins) for a checkpoint that
+    records none. Every parameter must be matched: one left out is named, never given a default."""
+    rules: dict[str, str] = {}
+    unmatched = []
+    for t in shard0.tensors:
+        rule = next((SPLIT_RULES[r] for glob, r in tp_split if fnmatch.fnmatchcase(t.name, glob)), None)
+        if rule is not None:
+            rules[t.name] = rule
+        elif t.kind is not Kind.TIED:
+            unmatched.append(t.name)
+    if unmatched:
+        findings.append(Finding(
+            Severity.ERROR, "tp-unrecorded", f"{len(unmatched)} parameter(s) match no --tp-split pattern (e.g. "
+            f"{unmatched[0]}); the checkpoint does not record how they were split.", model_file,
+            "Add a --tp-split PATTERN=0|1|replicated that covers them (PATTERN is a glob on parameter names)."))
+        return None
+    return TpRecipe(model_file, rules, frozenset(), None, ())
 
 
 def _shard(loc: Location, files: RankFiles) -> Checkpoint:
@@ -106,8 +134,8 @@ def _join(shards: Mapping[int, Checkpoint], recipe: TpRecipe | None, findings: l
         findings.append(Finding(
             Severity.ERROR, "tp-unrecorded", "This tensor-parallel checkpoint does not record how its parameters were "
             "split (no universal_checkpoint_info in the model states), so the shards cannot be joined without "
-            "guessing.", model0, "AutoTP training writes it; for other runs, save with Megatron-DeepSpeed's "
-            "universal_checkpoint_info in client_state."))
+            "guessing.", model0, "Say it: --tp-split PATTERN=0|1|replicated for every parameter (PATTERN a glob on "
+            "parameter names; 0: shards stacked on dim 0, 1: side by side on dim 1, replicated: one copy)."))
         return []
     if recipe.regex:
         findings.append(Finding(

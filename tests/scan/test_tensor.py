@@ -81,3 +81,28 @@ def test_a_missing_shard_is_named(tmp_path: Path) -> None:
 def test_universal_output_is_refused_for_tensor_parallel() -> None:
     offer = Universal().offer(scan(str(ckpt_dir("tp_z1_bf16"))))
     assert not offer.available and "tensor-parallel" in offer.reason
+
+
+SPLIT = (("*.o_proj.weight", "1"), ("*.down_proj.weight", "1"), ("*norm.weight", "replicated"),
+         ("model.embed_tokens.weight", "replicated"), ("*", "0"))
+
+
+def test_the_user_states_an_unrecorded_split(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """--tp-split: every parameter matched by a glob (first match wins); the join then equals DeepSpeed's."""
+    root = writable("tp_z1_bf16", tmp_path / "ck")
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"))
+    partial = scan(str(root), tp_split=SPLIT[:-1])
+    assert [f.code for f in partial.errors] == ["tp-unrecorded"] and "match no --tp-split" in partial.errors[0].message
+    ckpt = scan(str(root), tp_split=SPLIT)
+    assert not ckpt.errors
+    masters = {k[5:]: v for k, v in expected("tp_z1_bf16").items() if k.startswith("fp32/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    args = [a for glob, rule in SPLIT for a in ("--tp-split", f"{glob}={rule}")]
+    assert cli("convert", root, tmp_path / "out", "--format", "weights", "--dtype", "fp32", *args).rc == 0
+    verified = cli("verify", root, tmp_path / "out", *args)
+    assert verified.rc == 0 and "OK" in verified.stdout
+    refused = cli("scan", root)
+    assert refused.rc != 0 and "--tp-split" in refused.stdout + refused.stderr
+    assert cli("scan", root, "--tp-split", "nodim").rc == 2
