@@ -74,7 +74,7 @@ class _MoEScanner(_Scanner):
             return None
         self.parallel = parallel
         self.findings += lay.findings
-        self.findings += _missing_experts(model, self.files, self.loc.tag_dir)
+        self.findings += _missing_experts(model, self.files, self.loc.tag_dir, self.loc.source)
         return lay
 
 
@@ -202,10 +202,10 @@ def _holder_text(by_expert: Mapping[int, list[int]]) -> str:
     return " · ".join(parts)
 
 
-def _missing_experts(model: ModelStates, files: RankFiles, tag_dir: str) -> list[Finding]:
+def _missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: ByteSource) -> list[Finding]:
     """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present)."""
     try:
-        dims = ParallelDims.parse(load_tree(model.file), model.file)
+        dims = ParallelDims.parse(load_tree(model.file, source), model.file)
     except InspectorError as exc:
         return [Finding(Severity.ERROR, "unreadable", exc.message, model.file, exc.hint)]
     counts = dims.num_experts or ()
