@@ -9,9 +9,8 @@ from inspector.tui.app import make_app
 from tests.scan.layout_cases import ckpt_dir
 from tests.tui.conftest import plain, scanned
 
-pytestmark = pytest.mark.asyncio
 
-
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("name", "layout", "tensors"),
     [
@@ -34,3 +33,15 @@ async def test_the_app_shows_the_layout_and_its_tree(name: str, layout: str, ten
         tree = app.main.tensors_pane.module_tree
         for t in tensors:
             assert tree.reveal(t), t
+
+
+def test_the_tensor_detail_counts_the_ways_a_layout_split_a_group() -> None:
+    """A stage's or an expert-parallel rank's group is split over its own data-parallel ranks, not the world;
+    a tensor-parallel tensor says it was joined from shards."""
+    from inspector.scan.scanner import scan
+    from inspector.tui.widgets.tensor_detail import padding_note
+
+    moe = scan(str(ckpt_dir("moe_z2_bf16_ws4")))
+    assert "split 2 ways" in padding_note(moe, moe.tensor("moe.deepspeed_moe.experts.deepspeed_experts.3.0.weight"))
+    tp = scan(str(ckpt_dir("tp_z2_bf16_dp2")))
+    assert padding_note(tp, tp.tensor("lm_head.weight")).startswith("Joined from 2 tensor-parallel shards")

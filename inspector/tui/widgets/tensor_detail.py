@@ -72,7 +72,11 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
         if align
         else ""
     )
-    return f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {plural(ckpt.world_size, 'way')}); the group has {where}."
+    ways = g.padded_numel // g.partition_numel if g.partition_numel else ckpt.world_size  # a stage's or EP rank's own DP
+    text = f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {plural(ways, 'way')}); the group has {where}."
+    if ckpt.parallel is not None and ckpt.parallel.kind == "tensor":
+        text = f"Joined from {plural(ckpt.parallel.tp, 'tensor-parallel shard')}; each shard's piece is " + text[0].lower() + text[1:]
+    return text
 
 
 def stats_renderable(st: TensorStats, timed: bool = True) -> RenderableType:
