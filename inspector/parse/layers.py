@@ -96,20 +96,32 @@ class UnfusedFp16:
         osd = opt.at("optimizer_state_dict")
         state = osd.at("state") if osd.is_mapping() else Node(None, file)
         pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
-        hyper = tuple(MappingProxyType({k: g.at(k).json() for k in ("lr", "weight_decay", "betas", "eps") if g.has(k)}) for g in pgs if g.is_mapping())
+        hyper = tuple(
+            MappingProxyType({k: g.at(k).json() for k in ("lr", "weight_decay", "betas", "eps") if g.has(k)})
+            for g in pgs
+            if g.is_mapping()
+        )
         groups = []
         index = 0
         for group in opt.at("fp32_groups").seq(4096):
             params = []
             for p in group.seq():
-                st = Node(state.value.get(index), file, f"{state.path}[{index}]") if state.is_mapping() else None
+                st = (
+                    Node(state.value.get(index), file, f"{state.path}[{index}]")
+                    if state.is_mapping()
+                    else None
+                )
                 moments, step = _moments(st)
                 params.append(UnfusedParam(p.tensor(), moments, step))
                 index += 1
             groups.append(tuple(params))
         scale = opt.at("cur_scale").value
-        return cls(file, tuple(groups), float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None, hyper)
-
+        return cls(
+            file,
+            tuple(groups),
+            float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None,
+            hyper,
+        )
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
@@ -183,5 +195,6 @@ class TpRecipe:
             name = literal_pattern(pattern[:1024])
             unsupported.add(name if name is not None else pattern[:1024])
         vocab = info.at("original_vocab_size")
-        return cls(file, MappingProxyType(rules), frozenset(unsupported), vocab.opt_integer(1, 1 << 40),
-                   tuple(regex))
+        return cls(
+            file, MappingProxyType(rules), frozenset(unsupported), vocab.opt_integer(1, 1 << 40), tuple(regex)
+        )

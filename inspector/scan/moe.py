@@ -47,8 +47,13 @@ def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
     ckpt = scanner.build()
     extra = tuple(FileInfo.stat(p, "expert", None) for _, p in sorted(files.experts.items()))
     copies = sum(s.nbytes for t in ckpt.tensors if _EXPERT.match(t.name) for s in t.module_copy)
-    return replace(ckpt, files=ckpt.files + extra, parallel=scanner.parallel, findings=tuple(scanner.findings),
-                   module_copy_bytes=ckpt.module_copy_bytes + copies)
+    return replace(
+        ckpt,
+        files=ckpt.files + extra,
+        parallel=scanner.parallel,
+        findings=tuple(scanner.findings),
+        module_copy_bytes=ckpt.module_copy_bytes + copies,
+    )
 
 
 class _MoEScanner(_Scanner):
@@ -90,7 +95,9 @@ def _group_keys(states: Sequence[OptimStates], param_shapes: ParamShapes) -> lis
         seen: dict[str, int] = {}
         keys = []
         for g in st.groups:
-            name = str(g.hyperparams.get("name", "")) if isinstance(g.hyperparams.get("name", ""), str) else ""
+            name = (
+                str(g.hyperparams.get("name", "")) if isinstance(g.hyperparams.get("name", ""), str) else ""
+            )
             keys.append((name, seen.get(name, 0)))
             seen[name] = seen.get(name, 0) + 1
         out.append(keys)
@@ -103,7 +110,11 @@ def _group_keys(states: Sequence[OptimStates], param_shapes: ParamShapes) -> lis
 
 
 def _moe_layout(
-    param_shapes: ParamShapes, states: Sequence[OptimStates], model: ModelStates, files: RankFiles, source: ByteSource
+    param_shapes: ParamShapes,
+    states: Sequence[OptimStates],
+    model: ModelStates,
+    files: RankFiles,
+    source: ByteSource,
 ) -> tuple[Layout, Parallel]:
     ws = len(states)
     keys = _group_keys(states, param_shapes)
@@ -117,20 +128,31 @@ def _moe_layout(
         key = keys[0][g]
         ep = _ep_size(key[0], states[0].groups[g].hyperparams)
         if ws % ep:
-            raise InspectorError(f"Group {key[0]!r} has expert-parallel size {ep}, which does not divide the "
-                                 f"{ws} optimizer files.", hint="Rank files are missing or come from another run.")
+            raise InspectorError(
+                f"Group {key[0]!r} has expert-parallel size {ep}, which does not divide the "
+                f"{ws} optimizer files.",
+                hint="Rank files are missing or come from another run.",
+            )
         eps.add(ep)
         for e in range(ep):
             ranks = list(range(e, ws, ep))  # expert-DP group of expert-parallel rank e, in expert-DP order
             sub = [replace(states[r], groups=(states[r].groups[keys[r].index(key)],)) for r in ranks]
             part = stage12_layout((shapes,), sub)
             index = len(groups)
-            lay.findings += [replace(f, message=f"Group {key[0] or g} (expert-parallel rank {e}): {f.message}")
-                             for f in part.findings]
+            lay.findings += [
+                replace(f, message=f"Group {key[0] or g} (expert-parallel rank {e}): {f.message}")
+                for f in part.findings
+            ]
             if part.master_dtype != "float32":
                 lay.master_dtype = part.master_dtype
-            groups += [replace(gi, index=index, hyperparams={**gi.hyperparams, "ep_rank": e} if ep > 1 else gi.hyperparams)
-                       for gi in part.groups]
+            groups += [
+                replace(
+                    gi,
+                    index=index,
+                    hyperparams={**gi.hyperparams, "ep_rank": e} if ep > 1 else gi.hyperparams,
+                )
+                for gi in part.groups
+            ]
             for d, r in enumerate(ranks):
                 rank_groups[r] += [replace(rg, group=index) for rg in part.rank_groups[d]]
             n_local = _local_counts(shapes)
@@ -139,17 +161,23 @@ def _moe_layout(
                 t = replace(t, name=full, group=index)
                 copy = experts.get(full)
                 if copy is not None and copy.numel == t.numel:
-                    t = replace(t, module_copy=tuple(Segment(copy.path, o, n, copy.dtype) for o, n in copy.runs()))
+                    t = replace(
+                        t, module_copy=tuple(Segment(copy.path, o, n, copy.dtype) for o, n in copy.runs())
+                    )
                 if full in lay.params:
-                    raise InspectorError(f"Parameter {full} is rebuilt twice (expert-parallel groups overlap).",
-                                         hint="The optimizer files do not describe one run.")
+                    raise InspectorError(
+                        f"Parameter {full} is rebuilt twice (expert-parallel groups overlap).",
+                        hint="The optimizer files do not describe one run.",
+                    )
                 lay.params[full] = t
                 if m := _EXPERT.match(full):
                     holders.setdefault(m.group(1), {}).setdefault(int(m.group(2)), ranks)
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     ep_max = max(eps) if eps else 1
-    rows = [(f"{prefix.rstrip('.')}", _holder_text(by_expert)) for prefix, by_expert in sorted(holders.items())]
+    rows = [
+        (f"{prefix.rstrip('.')}", _holder_text(by_expert)) for prefix, by_expert in sorted(holders.items())
+    ]
     return lay, Parallel("expert", ep=ep_max, dp=ws, holders=tuple(rows))
 
 
@@ -158,8 +186,10 @@ def _ep_size(name: str, hyper: Mapping[str, object]) -> int:
     m = _EP_NAME.match(name)
     if hyper.get("moe") is True or m:
         if not m:
-            raise InspectorError(f"An expert parameter group is named {name!r}, not ep_size_<E>.",
-                                 hint="The optimizer file is damaged or was not written by DeepSpeed's MoE.")
+            raise InspectorError(
+                f"An expert parameter group is named {name!r}, not ep_size_<E>.",
+                hint="The optimizer file is damaged or was not written by DeepSpeed's MoE.",
+            )
         return max(1, int(m.group(1)))
     return 1
 
@@ -210,17 +240,41 @@ def _missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source:
         return [Finding(Severity.ERROR, "unreadable", exc.message, model.file, exc.hint)]
     counts = dims.num_experts or ()
     if sum(counts) > files.present:
-        return [Finding(Severity.ERROR, "missing-expert", f"The model states list {sum(counts):,} experts, but the "
-                        f"tag folder holds only {files.present} files.", model.file,
-                        "Expert files are missing, or the model-states file is damaged or crafted.")]
-    missing = [(layer, e) for layer, n in enumerate(counts) for e in range(n) if (layer, e) not in files.experts]
+        return [
+            Finding(
+                Severity.ERROR,
+                "missing-expert",
+                f"The model states list {sum(counts):,} experts, but the "
+                f"tag folder holds only {files.present} files.",
+                model.file,
+                "Expert files are missing, or the model-states file is damaged or crafted.",
+            )
+        ]
+    missing = [
+        (layer, e) for layer, n in enumerate(counts) for e in range(n) if (layer, e) not in files.experts
+    ]
     hint = "Copy the complete checkpoint folder; each expert's 16-bit weights are in its own file."
-    out = [Finding(Severity.ERROR, "missing-expert", f"The file of expert {e} of MoE layer {layer} "
-                   f"(layer_{layer}_expert_{e}_mp_rank_00_model_states.pt) is missing.", tag_dir, hint)
-           for layer, e in missing[:8]]
+    out = [
+        Finding(
+            Severity.ERROR,
+            "missing-expert",
+            f"The file of expert {e} of MoE layer {layer} "
+            f"(layer_{layer}_expert_{e}_mp_rank_00_model_states.pt) is missing.",
+            tag_dir,
+            hint,
+        )
+        for layer, e in missing[:8]
+    ]
     if len(missing) > 8:
-        out.append(Finding(Severity.ERROR, "missing-expert", f"{len(missing) - 8} more expert files are missing.",
-                           tag_dir, hint))
+        out.append(
+            Finding(
+                Severity.ERROR,
+                "missing-expert",
+                f"{len(missing) - 8} more expert files are missing.",
+                tag_dir,
+                hint,
+            )
+        )
     return out
 
 

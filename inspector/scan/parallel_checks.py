@@ -27,7 +27,9 @@ def _spans(nbytes: int) -> list[tuple[int, int]]:
     return [(i * step, _BLOCK) for i in range(_BLOCKS)]
 
 
-def _read(segs: Sequence[Segment], start: int, length: int, source: ByteSource, handles: dict[str, Handle]) -> bytes:
+def _read(
+    segs: Sequence[Segment], start: int, length: int, source: ByteSource, handles: dict[str, Handle]
+) -> bytes:
     """Bytes [start, start+length) of the tensor the segments make up."""
     out = bytearray()
     pos = 0
@@ -54,12 +56,12 @@ def differing_copies(a: TensorInfo, b: TensorInfo, source: ByteSource) -> bool:
     nbytes = a.numel * itemsize(a.dtype)
     handles: dict[str, Handle] = {}
     try:
-        return any(_read(a.segments, s, n, source, handles) != _read(b.segments, s, n, source, handles)
-                   for s, n in _spans(nbytes))
+        return any(
+            _read(a.segments, s, n, source, handles) != _read(b.segments, s, n, source, handles)
+            for s, n in _spans(nbytes)
+        )
     except (OSError, CorruptFileError):
         return True
     finally:
         for h in handles.values():
             h.close()
-
-

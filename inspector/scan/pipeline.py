@@ -77,7 +77,9 @@ class _Pipeline:
         self.layers: dict[int, str] = {}
         self.stages: dict[int, _Stage] = {}
 
-    def add(self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = "") -> None:
+    def add(
+        self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
+    ) -> None:
         self.findings.append(Finding(severity, code, message, file, hint))
 
     # -- files ------------------------------------------------------------------------------------------------
@@ -120,8 +122,14 @@ class _Pipeline:
             if s in self.stages:
                 self.stages[s].optims[d] = path
             else:
-                self.add(Severity.ERROR, "missing-stage", f"Optimizer files for stage {s} exist but its model "
-                         f"file mp_rank_{s:02d}_model_states.pt is missing.", path, "Copy the complete folder.")
+                self.add(
+                    Severity.ERROR,
+                    "missing-stage",
+                    f"Optimizer files for stage {s} exist but its model "
+                    f"file mp_rank_{s:02d}_model_states.pt is missing.",
+                    path,
+                    "Copy the complete folder.",
+                )
         return present
 
     # -- per stage -------------------------------------------------------------------------------------------
@@ -137,28 +145,47 @@ class _Pipeline:
             self.add(Severity.ERROR, "unreadable", exc.message, st.model_file, exc.hint)
             return None, None
 
-    def _stage_layout(self, st: _Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]) -> None:
+    def _stage_layout(
+        self, st: _Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
+    ) -> None:
         model = st.model
         if model is None:
             return
         if not st.optims:
             if unfused is not None:
                 st.optimizer, st.zero_stage = "FP16_UnfusedOptimizer", 0
-                self.add(Severity.ERROR, "unnamed-params", f"Stage {st.index} was saved with ZeRO off in fp16 "
-                         "(FP16_UnfusedOptimizer): its fp32 masters carry no parameter names, so they cannot be "
-                         "matched to the pipeline's parameters safely.", st.model_file,
-                         "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
-                         "complete weights in the meantime.")
+                self.add(
+                    Severity.ERROR,
+                    "unnamed-params",
+                    f"Stage {st.index} was saved with ZeRO off in fp16 "
+                    "(FP16_UnfusedOptimizer): its fp32 masters carry no parameter names, so they cannot be "
+                    "matched to the pipeline's parameters safely.",
+                    st.model_file,
+                    "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
+                    "complete weights in the meantime.",
+                )
             else:
-                self.add(Severity.ERROR, "missing-rank", f"Stage {st.index} has no optimizer files.", st.model_file,
-                         "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.")
+                self.add(
+                    Severity.ERROR,
+                    "missing-rank",
+                    f"Stage {st.index} has no optimizer files.",
+                    st.model_file,
+                    "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.",
+                )
             return
         missing = [d for d in range(dp) if d not in st.optims]
         for d in missing[:8]:
-            self.add(Severity.ERROR, "missing-rank", f"The optimizer file of stage {st.index}, data-parallel rank "
-                     f"{d}, is missing.", self.loc.tag_dir, "Copy the complete checkpoint folder.")
-        loaded = {d: load_or_finding(p, self.source, self.findings, lambda t, p: OptimStates.parse(t, p, False))
-                  for d, p in sorted(st.optims.items())}
+            self.add(
+                Severity.ERROR,
+                "missing-rank",
+                f"The optimizer file of stage {st.index}, data-parallel rank {d}, is missing.",
+                self.loc.tag_dir,
+                "Copy the complete checkpoint folder.",
+            )
+        loaded = {
+            d: load_or_finding(p, self.source, self.findings, lambda t, p: OptimStates.parse(t, p, False))
+            for d, p in sorted(st.optims.items())
+        }
         if missing or any(v is None for v in loaded.values()):
             return
         st.states = [v for _, v in sorted(loaded.items()) if v is not None]
@@ -166,8 +193,13 @@ class _Pipeline:
             st.optimizer, st.zero_stage = "BF16_Optimizer", 0 if not model.param_shapes else 1
         shapes = model.param_shapes or _shapes_from_slices(st.states, layer_files)
         if not shapes:
-            self.add(Severity.ERROR, "no-param-shapes", f"Stage {st.index}: neither param_shapes nor the "
-                     "optimizer's fragment maps name the parameters.", st.model_file)
+            self.add(
+                Severity.ERROR,
+                "no-param-shapes",
+                f"Stage {st.index}: neither param_shapes nor the "
+                "optimizer's fragment maps name the parameters.",
+                st.model_file,
+            )
             return
         try:
             st.layout = stage12_layout(shapes, st.states)
@@ -194,23 +226,37 @@ class _Pipeline:
             )
         pp = d0.pp_degree or d0.mp_world_size or len(self.stages)
         if pp > present:
-            self.add(Severity.ERROR, "world-size", f"The model states say the pipeline has {pp:,} stages, but the "
-                     f"tag folder holds only {present} files.", model0.file)
+            self.add(
+                Severity.ERROR,
+                "world-size",
+                f"The model states say the pipeline has {pp:,} stages, but the "
+                f"tag folder holds only {present} files.",
+                model0.file,
+            )
             pp = len(self.stages)
         for s in range(pp):
             if s not in self.stages:
-                self.add(Severity.ERROR, "missing-stage", f"The model file of pipeline stage {s} "
-                         f"(mp_rank_{s:02d}_model_states.pt) is missing.", self.loc.tag_dir,
-                         "Copy the complete checkpoint folder; every stage writes its own file.")
+                self.add(
+                    Severity.ERROR,
+                    "missing-stage",
+                    f"The model file of pipeline stage {s} (mp_rank_{s:02d}_model_states.pt) is missing.",
+                    self.loc.tag_dir,
+                    "Copy the complete checkpoint folder; every stage writes its own file.",
+                )
         dp = model0.dp_world_size or max(len(st.optims) for st in self.stages.values()) or 1
-        layer_files = {i: f for i, p in sorted(self.layers.items())
-                       if (f := load_or_finding(p, self.source, self.findings, TensorFile.parse)) is not None}
+        layer_files = {
+            i: f
+            for i, p in sorted(self.layers.items())
+            if (f := load_or_finding(p, self.source, self.findings, TensorFile.parse)) is not None
+        }
         for s, st in sorted(self.stages.items()):
             self._stage_layout(st, dp, unfused.get(s), layer_files)
         tensors, groups, ranks = self._merge(layer_files, dp)
         return self._checkpoint(tensors, groups, ranks, pp, dp, layer_files)
 
-    def _merge(self, layer_files: Mapping[int, TensorFile], dp: int) -> tuple[list[TensorInfo], list[GroupInfo], list[RankInfo]]:
+    def _merge(
+        self, layer_files: Mapping[int, TensorFile], dp: int
+    ) -> tuple[list[TensorInfo], list[GroupInfo], list[RankInfo]]:
         """Every stage's tensors under one name space: groups numbered across stages, one copy of each tied
         weight (the others checked equal), buffers and frozen parameters from the layer files."""
         trainable: dict[str, TensorInfo] = {}
@@ -234,15 +280,28 @@ class _Pipeline:
             for d, path in sorted(st.optims.items()):
                 rgs = lay.rank_groups[d] if lay is not None and d < len(lay.rank_groups) else ()
                 rgs = tuple(replace(g, group=base + g.group) for g in rgs)
-                ranks.append(RankInfo(s * dp + d, path, st.model_file if d == 0 else None, file_size(path),
-                                      file_size(st.model_file) if d == 0 else 0, rgs))
+                ranks.append(
+                    RankInfo(
+                        s * dp + d,
+                        path,
+                        st.model_file if d == 0 else None,
+                        file_size(path),
+                        file_size(st.model_file) if d == 0 else 0,
+                        rgs,
+                    )
+                )
         for name, others in copies.items():
             for s, t in others:
                 if differing_copies(trainable[name], t, self.source):
-                    self.add(Severity.ERROR, "tied-differ", f"The tied weight {name} differs between stage "
-                             f"{_stage_of(trainable[name], self.stages)} and stage {s}: DeepSpeed keeps every "
-                             "stage's copy equal, so one of the files is damaged or from another save.",
-                             self.loc.tag_dir, "Restore the tag folder from one save.")
+                    self.add(
+                        Severity.ERROR,
+                        "tied-differ",
+                        f"The tied weight {name} differs between stage "
+                        f"{_stage_of(trainable[name], self.stages)} and stage {s}: DeepSpeed keeps every "
+                        "stage's copy equal, so one of the files is damaged or from another save.",
+                        self.loc.tag_dir,
+                        "Restore the tag folder from one save.",
+                    )
         out = dict(trainable)
         complete = not any(f.severity is Severity.ERROR for f in self.findings)
         tied_files = _tied_layer_files(trainable, layer_files)
@@ -261,36 +320,73 @@ class _Pipeline:
                     out[name] = _plain(name, ref, Kind.FROZEN)
         missing = sorted(n for n in buffers if n not in out)
         if missing:
-            self.add(Severity.WARNING, "missing-buffer", f"{len(missing)} buffer(s) listed by the stages are in no "
-                     f"layer file (e.g. {missing[0]}).", self.loc.tag_dir)
+            self.add(
+                Severity.WARNING,
+                "missing-buffer",
+                f"{len(missing)} buffer(s) listed by the stages are in no layer file (e.g. {missing[0]}).",
+                self.loc.tag_dir,
+            )
         in_file = {f"{idx}.{key}": i for idx, lf in layer_files.items() for i, key in enumerate(lf.tensors)}
         ordered = sorted(out.values(), key=lambda t: (*_order_key(t.name), in_file.get(t.name, 0)))
         return ordered, groups, ranks
 
-    def _checkpoint(self, tensors: list[TensorInfo], groups: list[GroupInfo], ranks: list[RankInfo], pp: int,
-                    dp: int, layer_files: Mapping[int, TensorFile]) -> Checkpoint:
+    def _checkpoint(
+        self,
+        tensors: list[TensorInfo],
+        groups: list[GroupInfo],
+        ranks: list[RankInfo],
+        pp: int,
+        dp: int,
+        layer_files: Mapping[int, TensorFile],
+    ) -> Checkpoint:
         st0 = self.stages[0]
         model0 = st0.model
         assert model0 is not None
-        files = [FileInfo.stat(p, "optim", d, s) for s, st in sorted(self.stages.items()) for d, p in sorted(st.optims.items())]
+        files = [
+            FileInfo.stat(p, "optim", d, s)
+            for s, st in sorted(self.stages.items())
+            for d, p in sorted(st.optims.items())
+        ]
         files += [FileInfo.stat(st.model_file, "model", None, s) for s, st in sorted(self.stages.items())]
         files += [FileInfo.stat(p, "layer", None, 0) for _, p in sorted(self.layers.items())]
         osd0 = st0.states[0] if st0.states else None
         step = osd0.steps[0] if osd0 and osd0.steps else None
         copies = [t.module_copy[0].dtype for t in tensors if t.kind is Kind.TRAINABLE and t.module_copy]
-        compute = "bfloat16" if any(os.path.basename(p).startswith("bf16_") for st in self.stages.values()
-                                    for p in st.optims.values()) else (copies[0] if copies else "float32")
+        compute = (
+            "bfloat16"
+            if any(
+                os.path.basename(p).startswith("bf16_")
+                for st in self.stages.values()
+                for p in st.optims.values()
+            )
+            else (copies[0] if copies else "float32")
+        )
         master = next((st.layout.master_dtype for st in self.stages.values() if st.layout), "float32")
         parallel = Parallel("pipeline", pp=pp, dp=dp, holders=tuple(self._holders(dp)))
         return Checkpoint(
-            root=self.loc.root, tag=self.loc.tag, tags=self.loc.tags, tag_dir=self.loc.tag_dir,
-            layout=self.loc.layout, stage=st0.zero_stage, world_size=pp * dp, optimizer=st0.optimizer,
-            compute_dtype=compute, master_dtype=master, deepspeed_version=model0.ds_version,
-            global_steps=model0.global_steps, global_samples=model0.global_samples, optimizer_step=item(step),
+            root=self.loc.root,
+            tag=self.loc.tag,
+            tags=self.loc.tags,
+            tag_dir=self.loc.tag_dir,
+            layout=self.loc.layout,
+            stage=st0.zero_stage,
+            world_size=pp * dp,
+            optimizer=st0.optimizer,
+            compute_dtype=compute,
+            master_dtype=master,
+            deepspeed_version=model0.ds_version,
+            global_steps=model0.global_steps,
+            global_samples=model0.global_samples,
+            optimizer_step=item(step),
             loss_scale=osd0.loss_scale if osd0 else None,
             dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
-            files=tuple(files), ranks=tuple(ranks), groups=tuple(groups), tensors=tuple(tensors),
-            findings=tuple(self.findings), ds_config=model0.ds_config, other_runs=self.loc.other_runs,
+            files=tuple(files),
+            ranks=tuple(ranks),
+            groups=tuple(groups),
+            tensors=tuple(tensors),
+            findings=tuple(self.findings),
+            ds_config=model0.ds_config,
+            other_runs=self.loc.other_runs,
             module_copy_bytes=sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values()),
             parallel=parallel,
         )
@@ -298,10 +394,25 @@ class _Pipeline:
     def _holders(self, dp: int) -> list[tuple[str, str]]:
         rows = []
         for s, st in sorted(self.stages.items()):
-            layers = sorted({int(m.group(1)) for n in (st.layout.params if st.layout else {})
-                             if (m := _LAYER_NAME.match(n))})
-            tied = sorted({n.split(".")[1] for n in (st.layout.params if st.layout else {}) if n.startswith(_TIED_PREFIX)})
-            what = f"{'layer' if len(layers) == 1 else 'layers'} {_ranges(layers)}" if layers else "no parameter layers"
+            layers = sorted(
+                {
+                    int(m.group(1))
+                    for n in (st.layout.params if st.layout else {})
+                    if (m := _LAYER_NAME.match(n))
+                }
+            )
+            tied = sorted(
+                {
+                    n.split(".")[1]
+                    for n in (st.layout.params if st.layout else {})
+                    if n.startswith(_TIED_PREFIX)
+                }
+            )
+            what = (
+                f"{'layer' if len(layers) == 1 else 'layers'} {_ranges(layers)}"
+                if layers
+                else "no parameter layers"
+            )
             if tied:
                 what += f" · tied {', '.join(tied)}"
             ranks = ", ".join(str(s * dp + d) for d in sorted(st.optims)) or "–"
@@ -348,26 +459,33 @@ def _partition(st: OptimStates, g: int) -> int:
     return moments["exp_avg"].numel if moments else st.groups[g].master.numel
 
 
-def _shape_in_layers(name: str, numel: int, layer_files: Mapping[int, TensorFile], claimed: set[int]) -> tuple[int, ...] | None:
+def _shape_in_layers(
+    name: str, numel: int, layer_files: Mapping[int, TensorFile], claimed: set[int]
+) -> tuple[int, ...] | None:
     if m := _LAYER_NAME.match(name):
         lf = layer_files.get(int(m.group(1)))
         ref = lf.tensors.get(m.group(2)) if lf else None
         return ref.shape if ref is not None and ref.numel == numel else None
     if name.startswith(_TIED_PREFIX):
-        key = name[len(_TIED_PREFIX):].partition(".")[2]
-        shapes = {lf.tensors[key].shape for i, lf in layer_files.items()
-                  if i not in claimed and key in lf.tensors and lf.tensors[key].numel == numel}
+        key = name[len(_TIED_PREFIX) :].partition(".")[2]
+        shapes = {
+            lf.tensors[key].shape
+            for i, lf in layer_files.items()
+            if i not in claimed and key in lf.tensors and lf.tensors[key].numel == numel
+        }
         return shapes.pop() if len(shapes) == 1 else None
     return None
 
 
-def _tied_layer_files(trainable: Mapping[str, TensorInfo], layer_files: Mapping[int, TensorFile]) -> dict[int, str]:
+def _tied_layer_files(
+    trainable: Mapping[str, TensorInfo], layer_files: Mapping[int, TensorFile]
+) -> dict[int, str]:
     """Layer files that hold a tied module (`tied_modules.<key>`): none of their keys is a `<index>.<key>`
     parameter, and every floating key matches the tied module's parameter of the same name and shape."""
     tied: dict[str, dict[str, TensorInfo]] = {}
     for name, t in trainable.items():
         if name.startswith(_TIED_PREFIX):
-            module, _, param = name[len(_TIED_PREFIX):].partition(".")
+            module, _, param = name[len(_TIED_PREFIX) :].partition(".")
             tied.setdefault(_TIED_PREFIX + module, {})[param] = t
     out = {}
     for idx, lf in layer_files.items():
@@ -387,7 +505,9 @@ def _with_copy(t: TensorInfo, ref: TensorRef) -> TensorInfo:
 
 
 def _plain(name: str, ref: TensorRef, kind: Kind) -> TensorInfo:
-    return TensorInfo(name, ref.shape, ref.dtype, kind, tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs()))
+    return TensorInfo(
+        name, ref.shape, ref.dtype, kind, tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
+    )
 
 
 def _order_key(name: str) -> tuple[int, int]:

@@ -36,8 +36,16 @@ def test_pipeline_converts_bit_exact(name: str, tmp_path: Path) -> None:
     assert holders["stage 0"].startswith("layers 1-2 · tied embed")
     assert holders["stage 1"].startswith("layer 4 · tied embed")  # layer 3 is a function, 5 the tied head
     names = [t.name for t in ckpt.tensors]
-    assert names == ["tied_modules.embed.weight", "1.weight", "1.bias", "2.scale", "2.norm.weight",
-                     "2.norm.bias", "4.weight", "4.bias"]
+    assert names == [
+        "tied_modules.embed.weight",
+        "1.weight",
+        "1.bias",
+        "2.scale",
+        "2.norm.weight",
+        "2.norm.bias",
+        "4.weight",
+        "4.bias",
+    ]
     assert ckpt.tensor("2.scale").kind is Kind.BUFFER
     assert all(t.module_copy for t in ckpt.tensors if t.kind is Kind.TRAINABLE)  # from the layer files
     assert_exact(ckpt, name, tmp_path)

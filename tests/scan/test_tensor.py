@@ -16,7 +16,11 @@ from inspector.scan.scanner import scan
 from tests.scan.layout_cases import FIXTURES, HALF, ckpt_dir, convert, expected, writable
 
 TAG = "global_step3"
-CASES = {"tp_z1_bf16": (1, 1), "tp_z2_bf16": (2, 1), "tp_z2_bf16_dp2": (2, 2)}  # name -> (ZeRO stage, DP ranks)
+CASES = {
+    "tp_z1_bf16": (1, 1),
+    "tp_z2_bf16": (2, 1),
+    "tp_z2_bf16_dp2": (2, 2),
+}  # name -> (ZeRO stage, DP ranks)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CASES if (FIXTURES / n).is_dir()))
@@ -24,7 +28,11 @@ def test_tensor_parallel_joins_bit_exact(name: str, tmp_path: Path) -> None:
     stage, dp = CASES[name]
     ckpt = scan(str(ckpt_dir(name)))
     assert not ckpt.errors, ckpt.errors
-    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.tp, ckpt.parallel.dp) == ("tensor", 2, dp)
+    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.tp, ckpt.parallel.dp) == (
+        "tensor",
+        2,
+        dp,
+    )
     assert (ckpt.stage, ckpt.world_size) == (stage, 2 * dp)
     want = expected(name)
     masters = {k[5:]: v for k, v in want.items() if k.startswith("fp32/")}  # ds_to_universal's merge
@@ -83,8 +91,13 @@ def test_universal_output_is_refused_for_tensor_parallel() -> None:
     assert not offer.available and "tensor-parallel" in offer.reason
 
 
-SPLIT = (("*.o_proj.weight", "1"), ("*.down_proj.weight", "1"), ("*norm.weight", "replicated"),
-         ("model.embed_tokens.weight", "replicated"), ("*", "0"))
+SPLIT = (
+    ("*.o_proj.weight", "1"),
+    ("*.down_proj.weight", "1"),
+    ("*norm.weight", "replicated"),
+    ("model.embed_tokens.weight", "replicated"),
+    ("*", "0"),
+)
 
 
 def test_the_user_states_an_unrecorded_split(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
@@ -92,7 +105,9 @@ def test_the_user_states_an_unrecorded_split(tmp_path: Path, cli) -> None:  # ty
     root = writable("tp_z1_bf16", tmp_path / "ck")
     _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"))
     partial = scan(str(root), tp_split=SPLIT[:-1])
-    assert [f.code for f in partial.errors] == ["tp-unrecorded"] and "match no --tp-split" in partial.errors[0].message
+    assert [f.code for f in partial.errors] == ["tp-unrecorded"] and "match no --tp-split" in partial.errors[
+        0
+    ].message
     ckpt = scan(str(root), tp_split=SPLIT)
     assert not ckpt.errors
     masters = {k[5:]: v for k, v in expected("tp_z1_bf16").items() if k.startswith("fp32/")}

@@ -14,13 +14,22 @@ from tests.tui.conftest import plain, scanned
 @pytest.mark.parametrize(
     ("name", "layout", "tensors"),
     [
-        ("pp_z1_bf16_dp2", "pipeline parallel: 2 stages", ["tied_modules.embed.weight", "2.norm.weight", "2.scale"]),
+        (
+            "pp_z1_bf16_dp2",
+            "pipeline parallel: 2 stages",
+            ["tied_modules.embed.weight", "2.norm.weight", "2.scale"],
+        ),
         (
             "moe_z2_bf16_ws4",
             "expert parallel: EP 2",
-            [f"moe.deepspeed_moe.experts.deepspeed_experts.{e}" for e in range(4)] + ["moe.deepspeed_moe.gate.wg"],
+            [f"moe.deepspeed_moe.experts.deepspeed_experts.{e}" for e in range(4)]
+            + ["moe.deepspeed_moe.gate.wg"],
         ),
-        ("tp_z2_bf16_dp2", "tensor parallel: 2 shards", ["model.layers.0.mlp.down_proj.weight", "lm_head.weight"]),
+        (
+            "tp_z2_bf16_dp2",
+            "tensor parallel: 2 shards",
+            ["model.layers.0.mlp.down_proj.weight", "lm_head.weight"],
+        ),
     ],
 )
 async def test_the_app_shows_the_layout_and_its_tree(name: str, layout: str, tensors: list[str]) -> None:
@@ -42,6 +51,8 @@ def test_the_tensor_detail_counts_the_ways_a_layout_split_a_group() -> None:
     from inspector.tui.widgets.tensor_detail import padding_note
 
     moe = scan(str(ckpt_dir("moe_z2_bf16_ws4")))
-    assert "split 2 ways" in padding_note(moe, moe.tensor("moe.deepspeed_moe.experts.deepspeed_experts.3.0.weight"))
+    assert "split 2 ways" in padding_note(
+        moe, moe.tensor("moe.deepspeed_moe.experts.deepspeed_experts.3.0.weight")
+    )
     tp = scan(str(ckpt_dir("tp_z2_bf16_dp2")))
     assert padding_note(tp, tp.tensor("lm_head.weight")).startswith("Joined from 2 tensor-parallel shards")
