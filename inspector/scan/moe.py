@@ -73,7 +73,7 @@ class _MoEScanner(_Scanner):
             return super()._layout(model, models, optims, osd0, ws, stage3, param_shapes)
         states = [o for r in range(ws) if (o := optims[r]) is not None]
         try:
-            lay, parallel = _moe_layout(param_shapes, states, model, self.files, self.loc.source)
+            lay, parallel = _moe_layout(param_shapes, states, self.files, self.loc.source)
         except InspectorError as exc:
             self.add(Severity.ERROR, "layout", exc.message, self.loc.tag_dir, exc.hint)
             return None
@@ -112,10 +112,10 @@ def _group_keys(states: Sequence[OptimStates], param_shapes: ParamShapes) -> lis
 def _moe_layout(
     param_shapes: ParamShapes,
     states: Sequence[OptimStates],
-    model: ModelStates,
     files: RankFiles,
     source: ByteSource,
 ) -> tuple[Layout, Parallel]:
+    """Every group rebuilt per expert-parallel rank from its expert-DP ranks; experts renamed to global ids."""
     ws = len(states)
     keys = _group_keys(states, param_shapes)
     lay = Layout()
@@ -155,22 +155,9 @@ def _moe_layout(
             ]
             for d, r in enumerate(ranks):
                 rank_groups[r] += [replace(rg, group=index) for rg in part.rank_groups[d]]
-            n_local = _local_counts(shapes)
-            for name, t in part.params.items():
-                full = _global(name, e, n_local)
-                t = replace(t, name=full, group=index)
-                copy = experts.get(full)
-                if copy is not None and copy.numel == t.numel:
-                    t = replace(
-                        t, module_copy=tuple(Segment(copy.path, o, n, copy.dtype) for o, n in copy.runs())
-                    )
-                if full in lay.params:
-                    raise InspectorError(
-                        f"Parameter {full} is rebuilt twice (expert-parallel groups overlap).",
-                        hint="The optimizer files do not describe one run.",
-                    )
-                lay.params[full] = t
-                if m := _EXPERT.match(full):
+            _add_params(lay, part, e, index, _local_counts(shapes), experts)
+            for name in part.params:
+                if m := _EXPERT.match(_global(name, e, _local_counts(shapes))):
                     holders.setdefault(m.group(1), {}).setdefault(int(m.group(2)), ranks)
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
@@ -179,6 +166,30 @@ def _moe_layout(
         (f"{prefix.rstrip('.')}", _holder_text(by_expert)) for prefix, by_expert in sorted(holders.items())
     ]
     return lay, Parallel("expert", ep=ep_max, dp=ws, holders=tuple(rows))
+
+
+def _add_params(
+    lay: Layout,
+    part: Layout,
+    e: int,
+    index: int,
+    n_local: Mapping[str, int],
+    experts: Mapping[str, TensorRef],
+) -> None:
+    """Expert-parallel rank e's rebuilt tensors under their global names, in global group `index`, each with
+    its 16-bit copy from the expert files."""
+    for name, t in part.params.items():
+        full = _global(name, e, n_local)
+        t = replace(t, name=full, group=index)
+        copy = experts.get(full)
+        if copy is not None and copy.numel == t.numel:
+            t = replace(t, module_copy=tuple(Segment(copy.path, o, n, copy.dtype) for o, n in copy.runs()))
+        if full in lay.params:
+            raise InspectorError(
+                f"Parameter {full} is rebuilt twice (expert-parallel groups overlap).",
+                hint="The optimizer files do not describe one run.",
+            )
+        lay.params[full] = t
 
 
 def _ep_size(name: str, hyper: Mapping[str, object]) -> int:

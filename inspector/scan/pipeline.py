@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.files import load_or_finding
-from inspector.scan.layout import Layout, ParamShapes, stage12_layout
+from inspector.scan.layout import Layout, stage12_layout
 from inspector.scan.locate import OPTIM_RE, Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
@@ -30,20 +30,26 @@ from inspector.scan.model import (
     GroupInfo,
     Kind,
     Parallel,
-    RankGroup,
     RankInfo,
-    Segment,
     Severity,
     TensorInfo,
 )
 from inspector.scan.parallel_checks import differing_copies
+from inspector.scan.pipeline_names import (
+    LAYER_NAME,
+    TIED_PREFIX,
+    order_key,
+    plain,
+    ranges,
+    shapes_from_slices,
+    tied_layer_files,
+    with_copy,
+)
 from inspector.system.bytesource import ByteSource
 
 LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
 LAYER_TP_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 STAGE_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-_LAYER_NAME = re.compile(r"^(\d+)\.(.+)$")
-_TIED_PREFIX = "tied_modules."
 
 
 def is_pipeline(names: list[str]) -> bool:
@@ -191,7 +197,7 @@ class _Pipeline:
         st.states = [v for _, v in sorted(loaded.items()) if v is not None]
         if st.states[0].zero_stage is None:
             st.optimizer, st.zero_stage = "BF16_Optimizer", 0 if not model.param_shapes else 1
-        shapes = model.param_shapes or _shapes_from_slices(st.states, layer_files)
+        shapes = model.param_shapes or shapes_from_slices(st.states, layer_files)
         if not shapes:
             self.add(
                 Severity.ERROR,
@@ -302,22 +308,29 @@ class _Pipeline:
                         self.loc.tag_dir,
                         "Restore the tag folder from one save.",
                     )
+        return self._with_layer_files(trainable, buffers, layer_files), groups, ranks
+
+    def _with_layer_files(
+        self, trainable: Mapping[str, TensorInfo], buffers: set[str], layer_files: Mapping[int, TensorFile]
+    ) -> list[TensorInfo]:
+        """The layer files' part: each trainable tensor's 16-bit copy (a tied module's from its own layer file),
+        buffers, and frozen parameters (only with every stage present); in the pipeline module's order."""
         out = dict(trainable)
         complete = not any(f.severity is Severity.ERROR for f in self.findings)
-        tied_files = _tied_layer_files(trainable, layer_files)
+        tied_files = tied_layer_files(trainable, layer_files)
         for idx, lf in sorted(layer_files.items()):
             for key, ref in lf.tensors.items():
                 name = f"{idx}.{key}"
                 if idx in tied_files:
                     owner = f"{tied_files[idx]}.{key}"
                     if owner in out:
-                        out[owner] = _with_copy(out[owner], ref)
+                        out[owner] = with_copy(out[owner], ref)
                 elif name in out:
-                    out[name] = _with_copy(out[name], ref)
+                    out[name] = with_copy(out[name], ref)
                 elif name in buffers:
-                    out[name] = _plain(name, ref, Kind.BUFFER)
+                    out[name] = plain(name, ref, Kind.BUFFER)
                 elif complete:  # with a stage missing, its parameters would look frozen here
-                    out[name] = _plain(name, ref, Kind.FROZEN)
+                    out[name] = plain(name, ref, Kind.FROZEN)
         missing = sorted(n for n in buffers if n not in out)
         if missing:
             self.add(
@@ -327,8 +340,8 @@ class _Pipeline:
                 self.loc.tag_dir,
             )
         in_file = {f"{idx}.{key}": i for idx, lf in layer_files.items() for i, key in enumerate(lf.tensors)}
-        ordered = sorted(out.values(), key=lambda t: (*_order_key(t.name), in_file.get(t.name, 0)))
-        return ordered, groups, ranks
+        ordered = sorted(out.values(), key=lambda t: (*order_key(t.name), in_file.get(t.name, 0)))
+        return ordered
 
     def _checkpoint(
         self,
@@ -398,18 +411,18 @@ class _Pipeline:
                 {
                     int(m.group(1))
                     for n in (st.layout.params if st.layout else {})
-                    if (m := _LAYER_NAME.match(n))
+                    if (m := LAYER_NAME.match(n))
                 }
             )
             tied = sorted(
                 {
                     n.split(".")[1]
                     for n in (st.layout.params if st.layout else {})
-                    if n.startswith(_TIED_PREFIX)
+                    if n.startswith(TIED_PREFIX)
                 }
             )
             what = (
-                f"{'layer' if len(layers) == 1 else 'layers'} {_ranges(layers)}"
+                f"{'layer' if len(layers) == 1 else 'layers'} {ranges(layers)}"
                 if layers
                 else "no parameter layers"
             )
@@ -427,106 +440,4 @@ def _stage_of(t: TensorInfo, stages: Mapping[int, _Stage]) -> int:
     return 0
 
 
-def _shapes_from_slices(states: list[OptimStates], layer_files: Mapping[int, TensorFile]) -> ParamShapes:
-    """BF16_Optimizer with ZeRO off writes no param_shapes (FORMAT.md §2.2 B): the fragment maps name the
-    parameters and place them (global offset r·P + start); the shapes come from the layer files (a tied
-    module's from the one layer file no `<index>.<key>` name claims whose tensor has the same key and size).
-    () when a name has no unambiguous shape."""
-    out = []
-    for g in range(len(states[0].groups)):
-        part = max(_partition(st, g) for st in states)
-        where: dict[str, int] = {}
-        numel: dict[str, int] = {}
-        for r, st in enumerate(states):
-            for name, start, n in st.groups[g].slices or ():
-                if n:
-                    where[name] = min(where.get(name, 1 << 62), r * part + start)
-                    numel[name] = numel.get(name, 0) + n
-        claimed = {int(m.group(1)) for n in where if (m := _LAYER_NAME.match(n))}
-        entries = []
-        for name in sorted(where, key=lambda n: where[n]):
-            shape = _shape_in_layers(name, numel[name], layer_files, claimed)
-            if shape is None:
-                return ()
-            entries.append((name, shape))
-        out.append(tuple(entries))
-    return tuple(out)
-
-
-def _partition(st: OptimStates, g: int) -> int:
-    """The partition size of group `g` on this rank: BF16_Optimizer keeps full partitions and moments."""
-    moments = st.groups[g].moments
-    return moments["exp_avg"].numel if moments else st.groups[g].master.numel
-
-
-def _shape_in_layers(
-    name: str, numel: int, layer_files: Mapping[int, TensorFile], claimed: set[int]
-) -> tuple[int, ...] | None:
-    if m := _LAYER_NAME.match(name):
-        lf = layer_files.get(int(m.group(1)))
-        ref = lf.tensors.get(m.group(2)) if lf else None
-        return ref.shape if ref is not None and ref.numel == numel else None
-    if name.startswith(_TIED_PREFIX):
-        key = name[len(_TIED_PREFIX) :].partition(".")[2]
-        shapes = {
-            lf.tensors[key].shape
-            for i, lf in layer_files.items()
-            if i not in claimed and key in lf.tensors and lf.tensors[key].numel == numel
-        }
-        return shapes.pop() if len(shapes) == 1 else None
-    return None
-
-
-def _tied_layer_files(
-    trainable: Mapping[str, TensorInfo], layer_files: Mapping[int, TensorFile]
-) -> dict[int, str]:
-    """Layer files that hold a tied module (`tied_modules.<key>`): none of their keys is a `<index>.<key>`
-    parameter, and every floating key matches the tied module's parameter of the same name and shape."""
-    tied: dict[str, dict[str, TensorInfo]] = {}
-    for name, t in trainable.items():
-        if name.startswith(_TIED_PREFIX):
-            module, _, param = name[len(_TIED_PREFIX) :].partition(".")
-            tied.setdefault(_TIED_PREFIX + module, {})[param] = t
-    out = {}
-    for idx, lf in layer_files.items():
-        if any(f"{idx}.{k}" in trainable for k in lf.tensors):
-            continue
-        for module, params in tied.items():
-            if params and all(k in lf.tensors and lf.tensors[k].shape == t.shape for k, t in params.items()):
-                out[idx] = module
-                break
-    return out
-
-
-def _with_copy(t: TensorInfo, ref: TensorRef) -> TensorInfo:
-    if ref.numel != t.numel or ref.numel == 0:
-        return t
-    return replace(t, module_copy=tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs()))
-
-
-def _plain(name: str, ref: TensorRef, kind: Kind) -> TensorInfo:
-    return TensorInfo(
-        name, ref.shape, ref.dtype, kind, tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
-    )
-
-
-def _order_key(name: str) -> tuple[int, int]:
-    """Tied modules first (the pipeline module registers them first), then layers by global index (within a
-    layer, the layer file's own order; the sort is stable for the rest)."""
-    if m := _LAYER_NAME.match(name):
-        return (1, int(m.group(1)))
-    return (0, 0)
-
-
-def _ranges(values: list[int]) -> str:
-    """`0-2, 5` for [0, 1, 2, 5] (sorted input)."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
-
-
-__all__ = ["RankGroup", "is_pipeline", "scan_pipeline"]
+__all__ = ["is_pipeline", "scan_pipeline"]

@@ -43,26 +43,8 @@ def tp_ranks(names: Sequence[str]) -> set[int]:
 def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = ()) -> Checkpoint:
     """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors."""
     present = len(names)
-    shards: dict[int, RankFiles] = {}
-    for n in names:
-        path = os.path.join(loc.tag_dir, n)
-        if m := MODEL_RE.match(n):
-            shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
-        elif m := OPTIM_RE.match(n):
-            shards.setdefault(int(m.group(3)), RankFiles(present=present)).optim[int(m.group(2))] = path
-    high = [r for t, f in shards.items() for r in (t, *f.optim) if r >= present]
-    if high:
-        raise NotACheckpointError(
-            f"{loc.tag_dir} holds a rank file numbered {max(high):,} but only {present} files in all: a stray or "
-            "crafted file, since every rank of a run writes its own file.",
-            hint="Remove the stray file (or restore the missing rank files) and try again.",
-            title="Impossible rank number",
-        )
-    if 0 not in shards or shards[0].model is None:
-        raise NotACheckpointError(
-            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.",
-            hint="Copy the complete checkpoint folder; each tensor-parallel rank writes one.",
-        )
+    shards = _shard_files(loc, names)
+    assert shards[0].model is not None
     tree0 = load_tree(shards[0].model, loc.source)
     dims = ParallelDims.parse(tree0, shards[0].model)
     recipe = TpRecipe.parse(tree0, shards[0].model)
@@ -119,6 +101,32 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
 SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
 
 
+def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
+    """Each tensor-parallel rank's model and optimizer files; rank numbers bounded by the files present."""
+    present = len(names)
+    shards: dict[int, RankFiles] = {}
+    for n in names:
+        path = os.path.join(loc.tag_dir, n)
+        if m := MODEL_RE.match(n):
+            shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
+        elif m := OPTIM_RE.match(n):
+            shards.setdefault(int(m.group(3)), RankFiles(present=present)).optim[int(m.group(2))] = path
+    high = [r for t, f in shards.items() for r in (t, *f.optim) if r >= present]
+    if high:
+        raise NotACheckpointError(
+            f"{loc.tag_dir} holds a rank file numbered {max(high):,} but only {present} files in all: a stray or "
+            "crafted file, since every rank of a run writes its own file.",
+            hint="Remove the stray file (or restore the missing rank files) and try again.",
+            title="Impossible rank number",
+        )
+    if 0 not in shards or shards[0].model is None:
+        raise NotACheckpointError(
+            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.",
+            hint="Copy the complete checkpoint folder; each tensor-parallel rank writes one.",
+        )
+    return shards
+
+
 def _user_recipe(
     shard0: Checkpoint, tp_split: Sequence[tuple[str, str]], findings: list[Finding], model_file: str
 ) -> TpRecipe | None:
@@ -160,37 +168,15 @@ def _join(
 ) -> list[TensorInfo]:
     """One tensor per name from every shard's piece, by the recorded rule; what is not recorded: a finding."""
     model0 = shards[0].files[-1].path if shards[0].files else loc.tag_dir
-    if recipe is None:
-        findings.append(
-            Finding(
-                Severity.ERROR,
-                "tp-unrecorded",
-                "This tensor-parallel checkpoint does not record how its parameters were "
-                "split (no universal_checkpoint_info in the model states), so the shards cannot be joined without "
-                "guessing.",
-                model0,
-                "Say it: --tp-split PATTERN=0|1|replicated for every parameter (PATTERN a glob on "
-                "parameter names; 0: shards stacked on dim 0, 1: side by side on dim 1, replicated: one copy).",
-            )
-        )
-        return []
-    if recipe.regex:
-        findings.append(
-            Finding(
-                Severity.ERROR,
-                "tp-unrecorded",
-                f"{len(recipe.regex)} split rule(s) in universal_checkpoint_info are "
-                f"regular expressions (e.g. {recipe.regex[0][:60]!a}), not parameter names; they are not evaluated.",
-                model0,
-                "Only AutoTP's anchored parameter names are read so far.",
-            )
-        )
+    problem = _recipe_problem(recipe, model0)
+    if problem is not None or recipe is None:
+        findings += [problem] if problem else []
         return []
     out = []
     parts = [shards[t] for t in sorted(shards)]
+    held = [{t.name for t in c.tensors} for c in parts]
     for t0 in parts[0].tensors:
-        pieces = [c.tensor(t0.name) if t0.name in _names(c) else None for c in parts]
-        if any(p is None for p in pieces):
+        if any(t0.name not in names for names in held):
             findings.append(
                 Finding(
                     Severity.ERROR,
@@ -208,19 +194,42 @@ def _join(
                 if t0.name in recipe.unsupported
                 else f"its shards are {rule}"
             )
-            findings.append(
-                Finding(
-                    Severity.ERROR,
-                    "tp-unsupported",
-                    f"{t0.name}: {why}; joining such shards is not supported yet.",
-                    model0,
-                )
-            )
+            message = f"{t0.name}: {why}; joining such shards is not supported yet."
+            findings.append(Finding(Severity.ERROR, "tp-unsupported", message, model0))
             continue
         try:
-            out.append(_joined(t0, [p for p in pieces if p is not None], rule, recipe, loc))
+            out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, loc))
         except InspectorError as exc:
             findings.append(Finding(Severity.ERROR, "tp-mismatch", exc.message, model0, exc.hint))
+    return _resolve_aliases(out)
+
+
+def _recipe_problem(recipe: TpRecipe | None, model0: str) -> Finding | None:
+    """Why the recorded split cannot be used at all (none recorded, or recorded as regexes), if it cannot."""
+    if recipe is None:
+        return Finding(
+            Severity.ERROR,
+            "tp-unrecorded",
+            "This tensor-parallel checkpoint does not record how its parameters were split (no "
+            "universal_checkpoint_info in the model states), so the shards cannot be joined without guessing.",
+            model0,
+            "Say it: --tp-split PATTERN=0|1|replicated for every parameter (PATTERN a glob on parameter names; "
+            "0: shards stacked on dim 0, 1: side by side on dim 1, replicated: one copy).",
+        )
+    if recipe.regex:
+        return Finding(
+            Severity.ERROR,
+            "tp-unrecorded",
+            f"{len(recipe.regex)} split rule(s) in universal_checkpoint_info are regular expressions (e.g. "
+            f"{recipe.regex[0][:60]!a}), not parameter names; they are not evaluated.",
+            model0,
+            "Only AutoTP's anchored parameter names are read so far.",
+        )
+    return None
+
+
+def _resolve_aliases(out: list[TensorInfo]) -> list[TensorInfo]:
+    """A tied alias points at its owner's joined bytes (its shards' pieces were each shard's owner)."""
     joined = {t.name: t for t in out}
     return [
         replace(
@@ -234,10 +243,6 @@ def _join(
         else t
         for t in out
     ]
-
-
-def _names(c: Checkpoint) -> set[str]:
-    return {t.name for t in c.tensors}
 
 
 def _joined(
