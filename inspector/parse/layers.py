@@ -85,12 +85,16 @@ class UnfusedFp16:
     groups: tuple[tuple[UnfusedParam, ...], ...]
     loss_scale: float | None
     hyperparams: tuple[Mapping[str, Any], ...]
+    fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
+    # boundaries are written nowhere but in the sizes; groups are then not read
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
         """The record, or None when the model states hold no such optimizer (ZeRO on, or another wrapper)."""
         root = Node(tree, file)
         opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
+        if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
+            return cls(file, (), None, (), fused=True)  # FP16_Optimizer: one flat block per group, no names
         if not opt.is_mapping() or not opt.has("fp32_groups"):
             return None
         osd = opt.at("optimizer_state_dict")

@@ -159,13 +159,19 @@ class _Pipeline:
             return
         if not st.optims:
             if unfused is not None:
-                st.optimizer, st.zero_stage = "FP16_UnfusedOptimizer", 0
+                st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
+                st.zero_stage = 0
+                what = (
+                    "one flat fp32 block per group, its parameter boundaries written nowhere but in the sizes"
+                    if unfused.fused
+                    else "fp32 masters without parameter names"
+                )
                 self.add(
                     Severity.ERROR,
                     "unnamed-params",
-                    f"Stage {st.index} was saved with ZeRO off in fp16 "
-                    "(FP16_UnfusedOptimizer): its fp32 masters carry no parameter names, so they cannot be "
-                    "matched to the pipeline's parameters safely.",
+                    f"Stage {st.index} was saved with ZeRO off in fp16 ({st.optimizer}): it holds {what}, and "
+                    "a tied module's key is written nowhere, so they cannot be matched to the pipeline's "
+                    "parameters safely.",
                     st.model_file,
                     "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
                     "complete weights in the meantime.",

@@ -97,6 +97,25 @@ def test_zero_off_fp16_pipeline_is_refused_with_the_reason(tmp_path: Path) -> No
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
 
 
+def test_a_fused_fp16_optimizer_stage_is_refused_with_its_own_reason(tmp_path: Path) -> None:
+    """FP16_Optimizer (a fused Adam, not available on the CPU) keeps one flat fp32 block per group: the same
+    refusal as the unfused one, naming it, not "optimizer files missing". Made from the real ZeRO-off fp16
+    fixture with its per-parameter masters flattened into one block, as FP16_Optimizer saves them."""
+    import torch
+
+    root = writable("pp_z0_fp16", tmp_path / "ck")
+    for stage in ("00", "01"):
+        path = root / TAG / f"mp_rank_{stage}_model_states.pt"
+        sd = torch.load(path, weights_only=False)
+        groups = sd["optimizer"].pop("fp32_groups")
+        sd["optimizer"]["fp32_groups_flat"] = [torch.cat([t.flatten() for t in g]) for g in groups]
+        torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert ckpt.optimizer == "FP16_Optimizer"
+    assert [f.code for f in ckpt.errors] == ["unnamed-params", "unnamed-params"]
+    assert "one flat fp32 block" in ckpt.errors[0].message
+
+
 def test_universal_output_is_refused_for_a_pipeline(tmp_path: Path) -> None:
     from inspector.convert.kinds.base import Request
     from inspector.convert.kinds.universal import Universal
