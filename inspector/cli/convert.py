@@ -269,7 +269,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.errors import EXIT_DOES_NOT_FIT
     from inspector.scan.scanner import scan
 
-    ckpt = scan(args.path, args.tag)
+    ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
     if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
         _refuse_damaged(ckpt, args.json)
     _, job = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())

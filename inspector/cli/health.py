@@ -22,7 +22,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     from inspector.health import HealthProgress, HealthReport, check
     from inspector.scan.scanner import scan
 
-    ckpt = scan(args.path, args.tag)
+    ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
     against = scan(args.path, args.against) if args.against else None
     report: HealthReport | None = None
     err = _console(stderr=True)

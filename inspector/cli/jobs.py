@@ -16,7 +16,8 @@ def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None =
     from inspector.convert.kinds import get
     from inspector.scan.scanner import scan
 
-    ckpt = scan(args.path, args.tag)  # a bad path fails here, before the converter loads
+    split = tuple(getattr(args, "tp_split", ()))  # a tensor-parallel split the checkpoint does not record
+    ckpt = scan(args.path, args.tag, tp_split=split)  # a bad path fails here, before the converter loads
     kind = get(apply_format(args))
     request = request_from_args(args, allow_damaged=allow_damaged)
     part = parse_part(getattr(args, "part", None))  # names an s3:// OUT's staging folder
@@ -49,7 +50,8 @@ def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
     out = absolute(args.out)  # a folder, or an s3:// prefix read through the object-store source
     kind = of_output(out)
-    return kind, scan(args.path, args.tag or kind.recorded_tag(out)), out
+    split = tuple(getattr(args, "tp_split", ()))
+    return kind, scan(args.path, args.tag or kind.recorded_tag(out), tp_split=split), out
 
 
 def job_events(args: argparse.Namespace, job: Any, part: tuple[int, int] | None, tasks: list[Any]) -> Any:

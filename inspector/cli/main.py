@@ -47,7 +47,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from inspector.scan.scanner import scan
 
     try:
-        ckpt = scan(args.path, args.tag)
+        ckpt = scan(args.path, args.tag, tp_split=tuple(args.tp_split))
     except InspectorError as exc:
         raise _with_roots_named(exc, args.path) from None
     rc = EXIT_DAMAGED if ckpt.errors else EXIT_OK
@@ -234,6 +234,25 @@ def _route(argv: list[str]) -> list[str]:
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="checkpoint root (with `latest`), tag folder, Trainer run or Lightning .ckpt")
     p.add_argument("--tag", help="tag to read (default: the one named in `latest`)")
+    p.add_argument(
+        "--tp-split",
+        metavar="PATTERN=DIM",
+        action="append",
+        type=_tp_split,
+        default=[],
+        help="for a tensor-parallel checkpoint that does not record how its parameters were split: how the "
+        "shards of parameters matching the glob PATTERN join (0: stacked on dim 0, 1: side by side on dim 1, "
+        "replicated: one copy); repeatable, first match wins, every parameter must match one",
+    )
+
+
+def _tp_split(text: str) -> tuple[str, str]:
+    from inspector.scan.tensor import SPLIT_RULES
+
+    glob, sep, rule = text.rpartition("=")
+    if not sep or not glob or rule not in SPLIT_RULES:
+        raise argparse.ArgumentTypeError(f"expected PATTERN=0, PATTERN=1 or PATTERN=replicated, got {text!a}")
+    return glob, rule
 
 
 class _Parser(argparse.ArgumentParser):

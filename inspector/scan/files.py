@@ -26,12 +26,13 @@ class RankFiles:
 
     optim: dict[int, str] = field(default_factory=dict)
     zero3_model: dict[int, str] = field(default_factory=dict)
+    experts: dict[tuple[int, int], str] = field(default_factory=dict)  # (MoE layer, global expert) -> file
     model: str | None = None
     findings: list[Finding] = field(default_factory=list)
     present: int = 0  # files in the tag folder: rank numbers cannot exceed it
 
 
-def classify(tag_dir: str, source: ByteSource) -> RankFiles:
+def classify(tag_dir: str, source: ByteSource, *, experts_ok: bool = False) -> RankFiles:
     """Sort a tag folder's files by role and DP rank; reject layouts we do not read yet.
 
     Rank numbers come from file names, so they are bounded by the files present: a stray
@@ -46,10 +47,17 @@ def classify(tag_dir: str, source: ByteSource) -> RankFiles:
             f"{tag_dir} is a pipeline-parallel checkpoint ({len(layers)} layer_*-model_states.pt files).",
             hint="Pipeline-parallel (PipelineModule) checkpoints are not supported yet.",
         )
-    if experts:
+    layered = all((m := EXPERT_RE.match(n)) and m.group(2) is not None for n in experts)
+    if experts and experts_ok and layered:
+        for n in experts:
+            m = EXPERT_RE.match(n)
+            if m and m.group(2) is not None and int(m.group(4)) == 0:
+                files.experts[(int(m.group(2)), int(m.group(3)))] = os.path.join(tag_dir, n)
+    elif experts:
         raise UnsupportedCheckpointError(
             f"{tag_dir} is a native MoE checkpoint ({len(experts)} expert files such as {experts[0]}).",
-            hint="Mixture-of-experts checkpoints are not supported yet.",
+            hint="Native MoE is read under ZeRO-1/2 with layer_L_expert_E files; runs without ZeRO "
+            "(expp_rank_* optimizer files) and pre-0.6 expert file names are not supported yet.",
         )
     for n in names:
         path = os.path.join(tag_dir, n)

@@ -27,6 +27,16 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
         "layout": ckpt.layout,
         "stage": ckpt.stage,
         "world_size": ckpt.world_size,
+        "parallel": None
+        if ckpt.parallel is None
+        else {
+            "kind": ckpt.parallel.kind,
+            "pp": ckpt.parallel.pp,
+            "ep": ckpt.parallel.ep,
+            "tp": ckpt.parallel.tp,
+            "dp": ckpt.parallel.dp,
+            "holders": [{"part": part, "holders": where} for part, where in ckpt.parallel.holders],
+        },
         "optimizer": ckpt.optimizer,
         "compute_dtype": ckpt.compute_dtype,
         "master_dtype": ckpt.master_dtype,

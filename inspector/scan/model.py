@@ -171,6 +171,31 @@ class RankInfo:
     groups: tuple[RankGroup, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Parallel:
+    """How a model-parallel run split the model (FORMAT.md §3.6, §3.7): its degrees and which ranks hold
+    what, as (part, holders) rows such as ("stage 1", "layers 3-5 · ranks 1, 3"). Data-parallel-only
+    checkpoints have none. Everything after the scan works on the tensors' segments and never needs this."""
+
+    kind: str  # "pipeline" | "expert" | "tensor"
+    pp: int = 1
+    ep: int = 1
+    tp: int = 1
+    dp: int = 1
+    holders: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def words(self) -> str:
+        """The layout in a few words, e.g. `pipeline parallel: 2 stages by 2 data-parallel ranks`."""
+        from inspector.system.units import plural
+
+        if self.kind == "pipeline":
+            return f"pipeline parallel: {plural(self.pp, 'stage')} × {plural(self.dp, 'data-parallel rank')}"
+        if self.kind == "expert":
+            return f"expert parallel: EP {self.ep} × expert-DP {self.dp // max(self.ep, 1) or 1} ({plural(self.dp, 'rank')})"
+        return f"tensor parallel: {plural(self.tp, 'shard')} × {plural(self.dp, 'data-parallel rank')}"
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A scanned checkpoint tag. `tensors` covers every tensor of the fp32 reconstruction, aliases included."""
@@ -199,6 +224,7 @@ class Checkpoint:
     ds_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     other_runs: tuple[str, ...] = ()
     module_copy_bytes: int = 0  # the 16-bit `module` weights in the model-states file (0 under stage 3)
+    parallel: Parallel | None = None  # pipeline / expert / tensor parallel runs: degrees and who holds what
 
     def __post_init__(self) -> None:
         _refuse_control_characters(self)

@@ -22,14 +22,29 @@ from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
 
 
-def scan(path: str, tag: str | None = None) -> Checkpoint:
-    """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`."""
+def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], ...] = ()) -> Checkpoint:
+    """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`.
+    `tp_split`: (glob, rule) pairs saying how a tensor-parallel checkpoint that records no split joins its
+    shards (rule `0`, `1` or `replicated`); the first glob a parameter name matches applies."""
     from inspector.scan.universal import find_universal, scan_universal
 
     if (uni := find_universal(path, tag)) is not None:
         return scan_universal(uni)
     loc = locate(path, tag)
-    files = classify(loc.tag_dir, loc.source)
+    from inspector.scan.pipeline import is_pipeline, scan_pipeline
+
+    names = loc.source.listdir(loc.tag_dir)
+    if is_pipeline(names):
+        return scan_pipeline(loc)
+    from inspector.scan.tensor import scan_tensor, tp_ranks
+
+    if len(tp_ranks(names)) > 1:
+        return scan_tensor(loc, names, tp_split)
+    files = classify(loc.tag_dir, loc.source, experts_ok=True)
+    if files.experts:
+        from inspector.scan.moe import scan_moe
+
+        return scan_moe(loc, files)
     return _Scanner(loc, files).build()
 
 
@@ -109,13 +124,34 @@ class _Scanner:
                 hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
                 "file already holds the full weights.",
             )
-        model = ModelStates.parse(load_tree(model_path, self.loc.source), model_path)
+        tree = load_tree(model_path, self.loc.source)
+        model = ModelStates.parse(tree, model_path)
+        self._check_model_parallel(tree, model_path)
         if not model.has_module:
             raise UnsupportedCheckpointError(
                 f"{model_path} has no module weights (pipeline-parallel run).",
                 hint="Pipeline-parallel checkpoints are not supported yet.",
             )
         return model
+
+    shard = False  # True while scan/tensor.py scans one tensor-parallel shard
+
+    def _check_model_parallel(self, tree: Any, model_path: str) -> None:
+        """A run with several model-parallel ranks whose other ranks' files are all missing: without this, the
+        one shard left would scan as a whole model with shard shapes."""
+        from inspector.parse.layers import ParallelDims
+
+        dims = ParallelDims.parse(tree, model_path)
+        mp = max(dims.tp_degree or 1, dims.mp_world_size or 1)
+        if mp > 1 and not self.shard:
+            self.add(
+                Severity.ERROR,
+                "missing-shard",
+                f"The model states say the run had {mp:,} model-parallel (tensor-parallel) ranks, but only "
+                "mp_rank_00's files are here: tensor-parallel rank 1 and the others are missing.",
+                model_path,
+                "Copy the complete checkpoint folder; every model-parallel rank writes its own files.",
+            )
 
     def _layout(
         self,

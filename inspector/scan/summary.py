@@ -82,6 +82,7 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
             "ZeRO",
             f"stage {ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {ckpt.optimizer}",
         ),
+        *_parallel_rows(ckpt),
         SummaryRow("dtypes", "Dtypes", f"compute {dt(ckpt.compute_dtype)} · master {dt(ckpt.master_dtype)}"),
         SummaryRow("module_copy", "Module copy", _module_copy_text(ckpt, dt(ckpt.compute_dtype))),
     ]
@@ -99,6 +100,19 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
     rows.append(SummaryRow("deepspeed", "DeepSpeed", ckpt.deepspeed_version or "unknown"))
     rows.append(SummaryRow("files", "Files", f"{len(ckpt.files)} files · {format_bytes(ckpt.total_bytes)}"))
     return rows
+
+
+def _parallel_rows(ckpt: Checkpoint) -> list[SummaryRow]:
+    """A model-parallel run's layout (degrees) and, per stage or expert-parallel rank, what it holds."""
+    par = ckpt.parallel
+    if par is None:
+        return []
+    shown = par.holders[:8]
+    more = f" (+{len(par.holders) - 8} more)" if len(par.holders) > 8 else ""
+    return [SummaryRow("parallel", "Layout", par.words)] + [
+        SummaryRow(f"holds_{i}", "", f"{part}: {where}", more if i == len(shown) - 1 else "")
+        for i, (part, where) in enumerate(shown)
+    ]
 
 
 def _module_copy_text(ckpt: Checkpoint, compute: str) -> str:
@@ -202,6 +216,8 @@ class RankRow:
     groups: tuple[tuple[int, int], ...]  # (stored_numel, padding) per group
     complete: bool
     alignment: tuple[int, ...] = ()  # per group: alignment padding between parameters in this partition
+    group_index: tuple[int, ...] = ()  # the group of each entry (a pipeline stage or an expert-parallel rank
+    # holds only some groups): cells are placed by it
 
     @property
     def padding(self) -> int:
@@ -212,10 +228,16 @@ class RankRow:
         """`stored / padding` per group, as both faces show it (`991,004 / 1`); with alignment padding between
         parameters, `end+alignment` (`8,327 / 3+74`)."""
         align = self.alignment or (0,) * len(self.groups)
-        return [
+        texts = [
             f"{format_count(stored)} / {pad}" + (f"+{a}" if a else "")
             for (stored, pad), a in zip(self.groups, align, strict=True)
         ]
+        if not self.group_index or self.group_index == tuple(range(len(texts))):
+            return texts
+        cells = [""] * (max(self.group_index) + 1)
+        for i, text in zip(self.group_index, texts, strict=True):
+            cells[i] = text
+        return cells
 
 
 def rank_row(r: RankInfo) -> RankRow:
@@ -227,6 +249,7 @@ def rank_row(r: RankInfo) -> RankRow:
         groups=tuple((g.stored_numel, g.padding) for g in r.groups),
         complete=bool(r.optim_file),
         alignment=tuple(g.alignment for g in r.groups),
+        group_index=tuple(g.group for g in r.groups),
     )
 
 

@@ -200,6 +200,11 @@ class Universal(OutputKind):
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
         checkpoint saved before its first optimizer step has an Adam with no moments yet: refused, in those
         words (not as "not an Adam-family optimizer")."""
+        if ckpt.parallel is not None:  # DeepSpeed needs per-layout metadata this writer does not make yet
+            return self._unavailable(
+                f"a {ckpt.parallel.kind}-parallel checkpoint: writing a universal checkpoint "
+                "from this layout is not supported yet (export the weights instead)"
+            )
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
             return self._unavailable("no ZeRO optimizer files (already universal, or weights only)")
         if ckpt.errors:
@@ -220,6 +225,13 @@ class Universal(OutputKind):
                 hint="A universal checkpoint from a damaged source would resume wrong.",
             )
         offer = self.offer(ckpt)
+        if not offer.available and ckpt.parallel is not None:
+            from inspector.errors import UnsupportedCheckpointError
+
+            raise UnsupportedCheckpointError(
+                f"{ckpt.tag_dir} is {offer.reason}.",
+                hint="Export the weights (--format weights or model); they are exact for this layout.",
+            )
         if not offer.available and "first optimizer step" in offer.reason:
             from inspector.errors import UnsupportedCheckpointError
 

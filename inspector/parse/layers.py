@@ -1,0 +1,204 @@
+"""The files of pipeline-, expert- and tensor-parallel runs as frozen, typed records (FORMAT.md §1.2, §3.6,
+§3.7 and "Expert, pipeline and tensor parallel files").
+
+A layer or expert file is a plain `state_dict` (name -> tensor); the parallel degrees and the ZeRO-off
+optimizer wrappers live in the stage's model-states file. Every name passes the one name rule and every
+number is bounded, as in `parse.states`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from inspector.format.torchzip import TensorRef
+from inspector.parse.states import Scalar, _moments
+from inspector.parse.tree import Node
+
+MAX_DEGREE = 1 << 16  # pipeline stages, tensor shards or experts: bounded again by the files present
+
+
+@dataclass(frozen=True)
+class TensorFile:
+    """A `layer_XX-model_states.pt` (a pipeline layer's own state_dict, keys without the layer prefix) or a
+    `layer_L_expert_E_mp_rank_MM_model_states.pt` (one expert's 16-bit weights under global names)."""
+
+    file: str
+    tensors: Mapping[str, TensorRef]
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> TensorFile:
+        root = Node(tree, file)
+        if not root.is_mapping():
+            raise root.fail("is not a state dict (a mapping of parameter names to tensors)")
+        out: dict[str, TensorRef] = {}
+        for name, v in root.entries("parameter name"):
+            out[name] = v.tensor()
+        return cls(file, MappingProxyType(out))
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """What a model-states file says about the run's parallel layout (absent keys: None)."""
+
+    mp_world_size: int | None
+    pp_degree: int | None
+    tp_degree: int | None
+    num_experts: tuple[int, ...] | None  # per MoE layer, in module order (native MoE only)
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> ParallelDims:
+        root = Node(tree, file)
+        if not root.is_mapping():
+            raise root.fail("is not a DeepSpeed model-states file")
+        dims = root.at("checkpoint_parallel_dimensions")
+        pp = tp = None
+        if dims.is_mapping():
+            pp = dims.at("pp_degree").opt_integer(1, MAX_DEGREE)
+            tp = dims.at("tp_degree").opt_integer(1, MAX_DEGREE)
+        experts = root.at("num_experts")
+        num = None
+        if not experts.is_none():
+            num = tuple(e.integer(1, MAX_DEGREE) for e in experts.seq(MAX_DEGREE))
+        return cls(root.at("mp_world_size").opt_integer(1, MAX_DEGREE), pp, tp, num)
+
+
+@dataclass(frozen=True)
+class UnfusedParam:
+    """One parameter's fp32 master and Adam state in an FP16_UnfusedOptimizer (ZeRO off, fp16)."""
+
+    master: TensorRef
+    moments: Mapping[str, TensorRef] | None
+    step: Scalar
+
+
+@dataclass(frozen=True)
+class UnfusedFp16:
+    """`model_states['optimizer']` of a ZeRO-off fp16 run with a non-fused Adam (FP16_UnfusedOptimizer):
+    `fp32_groups` holds one full fp32 tensor per parameter, in the optimizer's parameter order, and the torch
+    optimizer's `state` is keyed by the same running index. No names: the order is the stage module's
+    parameter order (tied modules first, then layers by index)."""
+
+    file: str
+    groups: tuple[tuple[UnfusedParam, ...], ...]
+    loss_scale: float | None
+    hyperparams: tuple[Mapping[str, Any], ...]
+    fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
+    # boundaries are written nowhere but in the sizes; groups are then not read
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
+        """The record, or None when the model states hold no such optimizer (ZeRO on, or another wrapper)."""
+        root = Node(tree, file)
+        opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
+        if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
+            return cls(file, (), None, (), fused=True)  # FP16_Optimizer: one flat block per group, no names
+        if not opt.is_mapping() or not opt.has("fp32_groups"):
+            return None
+        osd = opt.at("optimizer_state_dict")
+        state = osd.at("state") if osd.is_mapping() else Node(None, file)
+        pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
+        hyper = tuple(
+            MappingProxyType({k: g.at(k).json() for k in ("lr", "weight_decay", "betas", "eps") if g.has(k)})
+            for g in pgs
+            if g.is_mapping()
+        )
+        groups = []
+        index = 0
+        for group in opt.at("fp32_groups").seq(4096):
+            params = []
+            for p in group.seq():
+                st = (
+                    Node(state.value.get(index), file, f"{state.path}[{index}]")
+                    if state.is_mapping()
+                    else None
+                )
+                moments, step = _moments(st)
+                params.append(UnfusedParam(p.tensor(), moments, step))
+                index += 1
+            groups.append(tuple(params))
+        scale = opt.at("cur_scale").value
+        return cls(
+            file,
+            tuple(groups),
+            float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None,
+            hyper,
+        )
+
+
+_REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
+_RECIPES = {  # universal_checkpoint_info key -> how the shards of a matching parameter join (FORMAT.md §4.2)
+    "tp_replicated_parameter_patterns": "replicated",
+    "parameter_with_row_parallelism_patterns": "row",
+    "vocabulary_parameter_patterns": "vocab",
+    "parameter_with_sub_params": "sub-params",
+    "parameter_with_2_sub_params_cat_dim_0": "sub-params",
+    "parameter_to_average_patterns": "average",
+}
+
+
+def literal_pattern(pattern: str) -> str | None:
+    """The parameter name an anchored, escaped pattern (`^a\\.b$`, what AutoTP writes) stands for; None for
+    any other regex. Patterns come from the file: they are never compiled (a crafted one could backtrack
+    for hours), only read back as the literal names AutoTP escaped."""
+    if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
+        return None
+    out = []
+    body = pattern[1:-1]
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            if i + 1 >= len(body) or body[i + 1].isalnum():
+                return None
+            out.append(body[i + 1])
+            i += 2
+            continue
+        if c in _REGEX_SPECIAL:
+            return None
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class TpRecipe:
+    """`universal_checkpoint_info` (AutoTP, Megatron-DeepSpeed): how each parameter's tensor-parallel shards
+    join. `rules` maps a parameter name to replicated / row (dim 1) / vocab (dim 0, padding cut to
+    `original_vocab_size`) / sub-params / average; names it does not list join on dim 0, as DeepSpeed's
+    converter does. `regex` counts patterns that are not plain anchored names (not read, see
+    `literal_pattern`); `unsupported` are the parameters AutoTP itself marked unconvertible."""
+
+    file: str
+    rules: Mapping[str, str]
+    unsupported: frozenset[str]
+    original_vocab_size: int | None
+    regex: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> TpRecipe | None:
+        root = Node(tree, file)
+        info = root.at("universal_checkpoint_info") if root.is_mapping() else Node(None, file)
+        if not info.is_mapping():
+            return None
+        rules: dict[str, str] = {}
+        regex: list[str] = []
+        for key, rule in _RECIPES.items():
+            node = info.at(key)
+            for p in [] if node.is_none() else node.seq(1 << 20):
+                name = literal_pattern(p.text(1024))
+                if name is None:
+                    regex.append(p.text(1024))
+                else:
+                    rules.setdefault(name, rule)
+        bad = info.at("autotp_unsupported_parameter_patterns")
+        unsupported = set()
+        for pattern, _ in [] if bad.is_none() else bad.entries("pattern", names=False):
+            name = literal_pattern(pattern[:1024])
+            unsupported.add(name if name is not None else pattern[:1024])
+        vocab = info.at("original_vocab_size")
+        return cls(
+            file, MappingProxyType(rules), frozenset(unsupported), vocab.opt_integer(1, 1 << 40), tuple(regex)
+        )

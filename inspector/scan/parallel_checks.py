@@ -1,0 +1,67 @@
+"""Checks a model-parallel scan makes on tensor data it would otherwise never read: copies of one tensor
+that different ranks keep (a pipeline's tied weight on every stage that uses it) must hold the same bytes.
+
+Reads are bounded: tensors up to `_FULL` bytes are compared whole; larger ones in `_BLOCKS` evenly spaced
+blocks of `_BLOCK` bytes (first and last included), so a scan stays quick on a billion-element embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from inspector.errors import CorruptFileError
+from inspector.format.dtypes import itemsize
+from inspector.scan.model import Segment, TensorInfo
+from inspector.system.bytesource import ByteSource, Handle, open_handle_in
+
+_FULL = 64 << 20
+_BLOCK = 1 << 20
+_BLOCKS = 16
+
+
+def _spans(nbytes: int) -> list[tuple[int, int]]:
+    """(start, length) byte spans of the tensor to compare."""
+    if nbytes <= _FULL:
+        return [(o, min(_BLOCK, nbytes - o)) for o in range(0, nbytes, _BLOCK)]
+    step = (nbytes - _BLOCK) // (_BLOCKS - 1)
+    return [(i * step, _BLOCK) for i in range(_BLOCKS)]
+
+
+def _read(
+    segs: Sequence[Segment], start: int, length: int, source: ByteSource, handles: dict[str, Handle]
+) -> bytes:
+    """Bytes [start, start+length) of the tensor the segments make up."""
+    out = bytearray()
+    pos = 0
+    for seg in segs:
+        n = seg.nbytes
+        lo, hi = max(start, pos), min(start + length, pos + n)
+        if lo < hi:
+            h = handles.get(seg.file)
+            if h is None:
+                h = handles[seg.file] = open_handle_in(seg.file, (source,))
+            raw = h.pread(hi - lo, seg.offset + lo - pos)
+            if len(raw) != hi - lo:
+                raise CorruptFileError(f"{seg.file}: the file ends inside a tensor; it is truncated.")
+            out += raw
+        pos += n
+    return bytes(out)
+
+
+def differing_copies(a: TensorInfo, b: TensorInfo, source: ByteSource) -> bool:
+    """Whether two copies of one tensor differ (shape, dtype or bytes). An unreadable copy counts as
+    differing: the scan cannot vouch for it."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return True
+    nbytes = a.numel * itemsize(a.dtype)
+    handles: dict[str, Handle] = {}
+    try:
+        return any(
+            _read(a.segments, s, n, source, handles) != _read(b.segments, s, n, source, handles)
+            for s, n in _spans(nbytes)
+        )
+    except (OSError, CorruptFileError):
+        return True
+    finally:
+        for h in handles.values():
+            h.close()

@@ -1,0 +1,449 @@
+"""Pipeline-parallel checkpoints (`deepspeed.pipe.PipelineModule`, FORMAT.md §1.2, §3.6).
+
+The tag folder holds one `layer_XX-model_states.pt` per layer with parameters (global layer index, keys
+without the layer prefix), one `mp_rank_SS_model_states.pt` per stage with `module` None, and per stage the
+optimizer state: `*_optim_states.pt` per data-parallel rank (ZeRO-1, or BF16_Optimizer with ZeRO off) whose
+flat groups are rebuilt exactly as a data-parallel run's (`layout.stage12_layout`), named as the pipeline
+module names them (`2.weight`, `tied_modules.embed.weight`). A tied module lives on every stage that uses it:
+the output holds one copy (the first stage's) and the other stages' copies are checked equal to it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.format.torchzip import load_tree
+from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
+from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.files import load_or_finding
+from inspector.scan.layout import Layout, stage12_layout
+from inspector.scan.locate import OPTIM_RE, Location
+from inspector.scan.metadata import file_size, item
+from inspector.scan.model import (
+    Checkpoint,
+    FileInfo,
+    Finding,
+    GroupInfo,
+    Kind,
+    Parallel,
+    RankInfo,
+    Severity,
+    TensorInfo,
+)
+from inspector.scan.parallel_checks import differing_copies
+from inspector.scan.pipeline_names import (
+    LAYER_NAME,
+    TIED_PREFIX,
+    order_key,
+    plain,
+    ranges,
+    shapes_from_slices,
+    tied_layer_files,
+    with_copy,
+)
+from inspector.system.bytesource import ByteSource
+
+LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
+LAYER_TP_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
+STAGE_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+
+
+def is_pipeline(names: list[str]) -> bool:
+    return any(LAYER_FILE_RE.match(n) or LAYER_TP_RE.match(n) for n in names)
+
+
+@dataclass
+class _Stage:
+    """One stage's records and the tensors rebuilt from them."""
+
+    index: int
+    model_file: str
+    model: ModelStates | None = None
+    optims: dict[int, str] = field(default_factory=dict)
+    states: list[OptimStates] = field(default_factory=list)
+    layout: Layout | None = None
+    optimizer: str = "DeepSpeedZeroOptimizer"
+    zero_stage: int = 1
+
+
+def scan_pipeline(loc: Location) -> Checkpoint:
+    """Scan a pipeline-parallel tag folder into a `Checkpoint` whose tensors carry pipeline names."""
+    return _Pipeline(loc).build()
+
+
+class _Pipeline:
+    def __init__(self, loc: Location) -> None:
+        self.loc = loc
+        self.source: ByteSource = loc.source
+        self.findings: list[Finding] = list(loc.findings)
+        self.layers: dict[int, str] = {}
+        self.stages: dict[int, _Stage] = {}
+
+    def add(
+        self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
+    ) -> None:
+        self.findings.append(Finding(severity, code, message, file, hint))
+
+    # -- files ------------------------------------------------------------------------------------------------
+
+    def _classify(self) -> int:
+        tag_dir = self.loc.tag_dir
+        names = self.source.listdir(tag_dir)
+        present = len(names)
+        tp_layers = [n for n in names if LAYER_TP_RE.match(n)]
+        if tp_layers:
+            raise UnsupportedCheckpointError(
+                f"{tag_dir} is a pipeline × tensor-parallel checkpoint ({tp_layers[0]} and "
+                f"{len(tp_layers) - 1} more layer shards).",
+                hint="Pipeline checkpoints are read with one tensor-parallel rank; layer files split over "
+                "tensor-parallel ranks (layer_XX-model_TT-…) are not supported yet.",
+            )
+        optims: dict[tuple[int, int], str] = {}
+        for n in names:
+            path = os.path.join(tag_dir, n)
+            if m := LAYER_FILE_RE.match(n):
+                self.layers[int(m.group(1))] = path
+            elif m := STAGE_RE.match(n):
+                self.stages[int(m.group(1))] = _Stage(int(m.group(1)), path)
+            elif m := OPTIM_RE.match(n):
+                optims[(int(m.group(3)), int(m.group(2)))] = path
+        high = [s for s in self.stages if s >= present] + [r for pair in optims for r in pair if r >= present]
+        if high:
+            raise NotACheckpointError(
+                f"{tag_dir} holds a stage or rank file numbered {max(high):,} but only {present} files in all: "
+                "a stray or crafted file, since every stage and rank of a run writes its own file.",
+                hint="Remove the stray file (or restore the missing files) and try again.",
+                title="Impossible rank number",
+            )
+        if 0 not in self.stages:
+            raise NotACheckpointError(
+                f"{tag_dir}: the first stage's model file mp_rank_00_model_states.pt is missing.",
+                hint="Copy the complete checkpoint folder; each pipeline stage writes its own mp_rank_SS file.",
+            )
+        for (s, d), path in optims.items():
+            if s in self.stages:
+                self.stages[s].optims[d] = path
+            else:
+                self.add(
+                    Severity.ERROR,
+                    "missing-stage",
+                    f"Optimizer files for stage {s} exist but its model "
+                    f"file mp_rank_{s:02d}_model_states.pt is missing.",
+                    path,
+                    "Copy the complete folder.",
+                )
+        return present
+
+    # -- per stage -------------------------------------------------------------------------------------------
+
+    def _load_stage(self, st: _Stage) -> tuple[ParallelDims | None, UnfusedFp16 | None]:
+        try:
+            tree = load_tree(st.model_file, self.source)
+            st.model = ModelStates.parse(tree, st.model_file)
+            return ParallelDims.parse(tree, st.model_file), UnfusedFp16.parse(tree, st.model_file)
+        except InspectorError as exc:
+            if st.index == 0:
+                raise
+            self.add(Severity.ERROR, "unreadable", exc.message, st.model_file, exc.hint)
+            return None, None
+
+    def _stage_layout(
+        self, st: _Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
+    ) -> None:
+        model = st.model
+        if model is None:
+            return
+        if not st.optims:
+            if unfused is not None:
+                st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
+                st.zero_stage = 0
+                what = (
+                    "one flat fp32 block per group, its parameter boundaries written nowhere but in the sizes"
+                    if unfused.fused
+                    else "fp32 masters without parameter names"
+                )
+                self.add(
+                    Severity.ERROR,
+                    "unnamed-params",
+                    f"Stage {st.index} was saved with ZeRO off in fp16 ({st.optimizer}): it holds {what}, and "
+                    "a tied module's key is written nowhere, so they cannot be matched to the pipeline's "
+                    "parameters safely.",
+                    st.model_file,
+                    "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
+                    "complete weights in the meantime.",
+                )
+            else:
+                self.add(
+                    Severity.ERROR,
+                    "missing-rank",
+                    f"Stage {st.index} has no optimizer files.",
+                    st.model_file,
+                    "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.",
+                )
+            return
+        missing = [d for d in range(dp) if d not in st.optims]
+        for d in missing[:8]:
+            self.add(
+                Severity.ERROR,
+                "missing-rank",
+                f"The optimizer file of stage {st.index}, data-parallel rank {d}, is missing.",
+                self.loc.tag_dir,
+                "Copy the complete checkpoint folder.",
+            )
+        loaded = {
+            d: load_or_finding(p, self.source, self.findings, lambda t, p: OptimStates.parse(t, p, False))
+            for d, p in sorted(st.optims.items())
+        }
+        if missing or any(v is None for v in loaded.values()):
+            return
+        st.states = [v for _, v in sorted(loaded.items()) if v is not None]
+        if st.states[0].zero_stage is None:
+            st.optimizer, st.zero_stage = "BF16_Optimizer", 0 if not model.param_shapes else 1
+        shapes = model.param_shapes or shapes_from_slices(st.states, layer_files)
+        if not shapes:
+            self.add(
+                Severity.ERROR,
+                "no-param-shapes",
+                f"Stage {st.index}: neither param_shapes nor the "
+                "optimizer's fragment maps name the parameters.",
+                st.model_file,
+            )
+            return
+        try:
+            st.layout = stage12_layout(shapes, st.states)
+        except InspectorError as exc:
+            self.add(Severity.ERROR, "layout", exc.message, st.model_file, exc.hint)
+            return
+        self.findings += st.layout.findings
+
+    # -- the whole ---------------------------------------------------------------------------------------------
+
+    def build(self) -> Checkpoint:
+        present = self._classify()
+        dims: dict[int, ParallelDims | None] = {}
+        unfused: dict[int, UnfusedFp16 | None] = {}
+        for s, st in sorted(self.stages.items()):
+            dims[s], unfused[s] = self._load_stage(st)
+        d0 = dims[0]
+        model0 = self.stages[0].model
+        assert model0 is not None and d0 is not None
+        if d0.tp_degree is not None and d0.tp_degree > 1:
+            raise UnsupportedCheckpointError(
+                f"{self.loc.tag_dir} is a pipeline × tensor-parallel checkpoint (tp_degree {d0.tp_degree}).",
+                hint="Pipelines with tensor parallelism are not supported yet.",
+            )
+        pp = d0.pp_degree or d0.mp_world_size or len(self.stages)
+        if pp > present:
+            self.add(
+                Severity.ERROR,
+                "world-size",
+                f"The model states say the pipeline has {pp:,} stages, but the "
+                f"tag folder holds only {present} files.",
+                model0.file,
+            )
+            pp = len(self.stages)
+        for s in range(pp):
+            if s not in self.stages:
+                self.add(
+                    Severity.ERROR,
+                    "missing-stage",
+                    f"The model file of pipeline stage {s} (mp_rank_{s:02d}_model_states.pt) is missing.",
+                    self.loc.tag_dir,
+                    "Copy the complete checkpoint folder; every stage writes its own file.",
+                )
+        dp = model0.dp_world_size or max(len(st.optims) for st in self.stages.values()) or 1
+        layer_files = {
+            i: f
+            for i, p in sorted(self.layers.items())
+            if (f := load_or_finding(p, self.source, self.findings, TensorFile.parse)) is not None
+        }
+        for s, st in sorted(self.stages.items()):
+            self._stage_layout(st, dp, unfused.get(s), layer_files)
+        tensors, groups, ranks = self._merge(layer_files, dp)
+        return self._checkpoint(tensors, groups, ranks, pp, dp, layer_files)
+
+    def _merge(
+        self, layer_files: Mapping[int, TensorFile], dp: int
+    ) -> tuple[list[TensorInfo], list[GroupInfo], list[RankInfo]]:
+        """Every stage's tensors under one name space: groups numbered across stages, one copy of each tied
+        weight (the others checked equal), buffers and frozen parameters from the layer files."""
+        trainable: dict[str, TensorInfo] = {}
+        copies: dict[str, list[tuple[int, TensorInfo]]] = {}
+        groups: list[GroupInfo] = []
+        ranks: list[RankInfo] = []
+        buffers: set[str] = set()
+        for s, st in sorted(self.stages.items()):
+            if st.model is not None:
+                buffers.update(st.model.buffer_names)
+            base = len(groups)
+            lay = st.layout
+            if lay is not None:
+                groups += [replace(g, index=base + g.index) for g in lay.groups]
+                for name, t in lay.params.items():
+                    t = replace(t, group=base + (t.group or 0))
+                    if name in trainable:
+                        copies.setdefault(name, []).append((s, t))
+                    else:
+                        trainable[name] = t
+            for d, path in sorted(st.optims.items()):
+                rgs = lay.rank_groups[d] if lay is not None and d < len(lay.rank_groups) else ()
+                rgs = tuple(replace(g, group=base + g.group) for g in rgs)
+                ranks.append(
+                    RankInfo(
+                        s * dp + d,
+                        path,
+                        st.model_file if d == 0 else None,
+                        file_size(path),
+                        file_size(st.model_file) if d == 0 else 0,
+                        rgs,
+                    )
+                )
+        for name, others in copies.items():
+            for s, t in others:
+                if differing_copies(trainable[name], t, self.source):
+                    self.add(
+                        Severity.ERROR,
+                        "tied-differ",
+                        f"The tied weight {name} differs between stage "
+                        f"{_stage_of(trainable[name], self.stages)} and stage {s}: DeepSpeed keeps every "
+                        "stage's copy equal, so one of the files is damaged or from another save.",
+                        self.loc.tag_dir,
+                        "Restore the tag folder from one save.",
+                    )
+        return self._with_layer_files(trainable, buffers, layer_files), groups, ranks
+
+    def _with_layer_files(
+        self, trainable: Mapping[str, TensorInfo], buffers: set[str], layer_files: Mapping[int, TensorFile]
+    ) -> list[TensorInfo]:
+        """The layer files' part: each trainable tensor's 16-bit copy (a tied module's from its own layer file),
+        buffers, and frozen parameters (only with every stage present); in the pipeline module's order."""
+        out = dict(trainable)
+        complete = not any(f.severity is Severity.ERROR for f in self.findings)
+        tied_files = tied_layer_files(trainable, layer_files)
+        for idx, lf in sorted(layer_files.items()):
+            for key, ref in lf.tensors.items():
+                name = f"{idx}.{key}"
+                if idx in tied_files:
+                    owner = f"{tied_files[idx]}.{key}"
+                    if owner in out:
+                        out[owner] = with_copy(out[owner], ref)
+                elif name in out:
+                    out[name] = with_copy(out[name], ref)
+                elif name in buffers:
+                    out[name] = plain(name, ref, Kind.BUFFER)
+                elif complete:  # with a stage missing, its parameters would look frozen here
+                    out[name] = plain(name, ref, Kind.FROZEN)
+        missing = sorted(n for n in buffers if n not in out)
+        if missing:
+            self.add(
+                Severity.WARNING,
+                "missing-buffer",
+                f"{len(missing)} buffer(s) listed by the stages are in no layer file (e.g. {missing[0]}).",
+                self.loc.tag_dir,
+            )
+        in_file = {f"{idx}.{key}": i for idx, lf in layer_files.items() for i, key in enumerate(lf.tensors)}
+        ordered = sorted(out.values(), key=lambda t: (*order_key(t.name), in_file.get(t.name, 0)))
+        return ordered
+
+    def _checkpoint(
+        self,
+        tensors: list[TensorInfo],
+        groups: list[GroupInfo],
+        ranks: list[RankInfo],
+        pp: int,
+        dp: int,
+        layer_files: Mapping[int, TensorFile],
+    ) -> Checkpoint:
+        st0 = self.stages[0]
+        model0 = st0.model
+        assert model0 is not None
+        files = [
+            FileInfo.stat(p, "optim", d, s)
+            for s, st in sorted(self.stages.items())
+            for d, p in sorted(st.optims.items())
+        ]
+        files += [FileInfo.stat(st.model_file, "model", None, s) for s, st in sorted(self.stages.items())]
+        files += [FileInfo.stat(p, "layer", None, 0) for _, p in sorted(self.layers.items())]
+        osd0 = st0.states[0] if st0.states else None
+        step = osd0.steps[0] if osd0 and osd0.steps else None
+        copies = [t.module_copy[0].dtype for t in tensors if t.kind is Kind.TRAINABLE and t.module_copy]
+        compute = (
+            "bfloat16"
+            if any(
+                os.path.basename(p).startswith("bf16_")
+                for st in self.stages.values()
+                for p in st.optims.values()
+            )
+            else (copies[0] if copies else "float32")
+        )
+        master = next((st.layout.master_dtype for st in self.stages.values() if st.layout), "float32")
+        parallel = Parallel("pipeline", pp=pp, dp=dp, holders=tuple(self._holders(dp)))
+        return Checkpoint(
+            root=self.loc.root,
+            tag=self.loc.tag,
+            tags=self.loc.tags,
+            tag_dir=self.loc.tag_dir,
+            layout=self.loc.layout,
+            stage=st0.zero_stage,
+            world_size=pp * dp,
+            optimizer=st0.optimizer,
+            compute_dtype=compute,
+            master_dtype=master,
+            deepspeed_version=model0.ds_version,
+            global_steps=model0.global_steps,
+            global_samples=model0.global_samples,
+            optimizer_step=item(step),
+            loss_scale=osd0.loss_scale if osd0 else None,
+            dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
+            files=tuple(files),
+            ranks=tuple(ranks),
+            groups=tuple(groups),
+            tensors=tuple(tensors),
+            findings=tuple(self.findings),
+            ds_config=model0.ds_config,
+            other_runs=self.loc.other_runs,
+            module_copy_bytes=sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values()),
+            parallel=parallel,
+        )
+
+    def _holders(self, dp: int) -> list[tuple[str, str]]:
+        rows = []
+        for s, st in sorted(self.stages.items()):
+            layers = sorted(
+                {
+                    int(m.group(1))
+                    for n in (st.layout.params if st.layout else {})
+                    if (m := LAYER_NAME.match(n))
+                }
+            )
+            tied = sorted(
+                {
+                    n.split(".")[1]
+                    for n in (st.layout.params if st.layout else {})
+                    if n.startswith(TIED_PREFIX)
+                }
+            )
+            what = (
+                f"{'layer' if len(layers) == 1 else 'layers'} {ranges(layers)}"
+                if layers
+                else "no parameter layers"
+            )
+            if tied:
+                what += f" · tied {', '.join(tied)}"
+            ranks = ", ".join(str(s * dp + d) for d in sorted(st.optims)) or "–"
+            rows.append((f"stage {s}", f"{what} · ranks {ranks}"))
+        return rows
+
+
+def _stage_of(t: TensorInfo, stages: Mapping[int, _Stage]) -> int:
+    for s, st in sorted(stages.items()):
+        if st.layout is not None and st.layout.params.get(t.name) is not None:
+            return s
+    return 0
+
+
+__all__ = ["is_pipeline", "scan_pipeline"]

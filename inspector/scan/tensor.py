@@ -1,0 +1,339 @@
+"""Tensor-parallel checkpoints (AutoTP training, Megatron-style runs; FORMAT.md §3.6, §4.2).
+
+Each `mp_rank_TT` is its own ZeRO world with its own optimizer files: the data-parallel scan rebuilds every
+tensor-parallel shard as it rebuilds any checkpoint. The shards join by what the checkpoint records in
+`universal_checkpoint_info`: replicated parameters are taken once (every other shard's copy compared),
+row-parallel ones join on dim 1, vocabulary-parallel ones on dim 0 with the padding rows cut, the rest on dim 0.
+What the checkpoint does not record is refused with what is missing, never guessed: no recipe at all, a regex
+pattern instead of a name, fused sub-parameters, averaged or AutoTP-unsupported parameters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from inspector.errors import InspectorError, NotACheckpointError
+from inspector.format.dtypes import itemsize
+from inspector.format.torchzip import load_tree
+from inspector.parse.layers import ParallelDims, TpRecipe
+from inspector.scan.files import RankFiles
+from inspector.scan.locate import MODEL_RE, OPTIM_RE, Location
+from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
+from inspector.scan.parallel_checks import differing_copies
+
+Segs = tuple[Segment, ...]
+_MAX_PIECES = 1 << 24  # row-parallel joins: rows x shards pieces (an 8192-row weight over 8 shards: 65,536)
+
+
+def tp_ranks(names: Sequence[str]) -> set[int]:
+    """The model-parallel ranks a tag folder's file names mention."""
+    out = set()
+    for n in names:
+        if m := MODEL_RE.match(n):
+            out.add(int(m.group(1)))
+        elif m := OPTIM_RE.match(n):
+            out.add(int(m.group(3)))
+    return out
+
+
+def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = ()) -> Checkpoint:
+    """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors."""
+    present = len(names)
+    shards = _shard_files(loc, names)
+    assert shards[0].model is not None
+    tree0 = load_tree(shards[0].model, loc.source)
+    dims = ParallelDims.parse(tree0, shards[0].model)
+    recipe = TpRecipe.parse(tree0, shards[0].model)
+    tp = dims.tp_degree or dims.mp_world_size or len(shards)
+    findings: list[Finding] = []
+    if tp > present:
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "world-size",
+                f"The model states say tp_degree={tp:,}, but the tag folder holds only {present} files.",
+                shards[0].model,
+            )
+        )
+        tp = len(shards)
+    for t in range(tp):
+        if t not in shards or shards[t].model is None:
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "missing-shard",
+                    f"The files of tensor-parallel rank {t} (mp_rank_{t:02d}_…) are missing.",
+                    loc.tag_dir,
+                    "Copy the complete checkpoint folder; every tensor-parallel rank writes its own.",
+                )
+            )
+    scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if f.model is not None and t < tp}
+    for c in scanned.values():
+        findings += [f for f in c.findings if f not in findings]
+    base = scanned[0]
+    complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
+    if recipe is None and tp_split and complete:
+        recipe = _user_recipe(scanned[0], tp_split, findings, shards[0].model)
+        complete = recipe is not None
+    tensors = _join(scanned, recipe, findings, loc) if complete else []
+    dp = base.world_size
+    ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
+    holders = tuple(
+        (f"shard {t}", "ranks " + ", ".join(str(d * tp + t) for d in range(c.world_size)))
+        for t, c in sorted(scanned.items())
+    )
+    return replace(
+        base,
+        tensors=tuple(tensors),
+        findings=tuple(findings),
+        world_size=tp * dp,
+        files=tuple(f for c in scanned.values() for f in c.files),
+        ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+        module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
+        parallel=Parallel("tensor", tp=tp, dp=dp, holders=holders),
+    )
+
+
+SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
+
+
+def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
+    """Each tensor-parallel rank's model and optimizer files; rank numbers bounded by the files present."""
+    present = len(names)
+    shards: dict[int, RankFiles] = {}
+    for n in names:
+        path = os.path.join(loc.tag_dir, n)
+        if m := MODEL_RE.match(n):
+            shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
+        elif m := OPTIM_RE.match(n):
+            shards.setdefault(int(m.group(3)), RankFiles(present=present)).optim[int(m.group(2))] = path
+    high = [r for t, f in shards.items() for r in (t, *f.optim) if r >= present]
+    if high:
+        raise NotACheckpointError(
+            f"{loc.tag_dir} holds a rank file numbered {max(high):,} but only {present} files in all: a stray or "
+            "crafted file, since every rank of a run writes its own file.",
+            hint="Remove the stray file (or restore the missing rank files) and try again.",
+            title="Impossible rank number",
+        )
+    if 0 not in shards or shards[0].model is None:
+        raise NotACheckpointError(
+            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.",
+            hint="Copy the complete checkpoint folder; each tensor-parallel rank writes one.",
+        )
+    return shards
+
+
+def _user_recipe(
+    shard0: Checkpoint, tp_split: Sequence[tuple[str, str]], findings: list[Finding], model_file: str
+) -> TpRecipe | None:
+    """The split the user stated (`--tp-split GLOB=0|1|replicated`, first match wins) for a checkpoint that
+    records none. Every parameter must be matched: one left out is named, never given a default."""
+    rules: dict[str, str] = {}
+    unmatched = []
+    for t in shard0.tensors:
+        rule = next((SPLIT_RULES[r] for glob, r in tp_split if fnmatch.fnmatchcase(t.name, glob)), None)
+        if rule is not None:
+            rules[t.name] = rule
+        elif t.kind is not Kind.TIED:
+            unmatched.append(t.name)
+    if unmatched:
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "tp-unrecorded",
+                f"{len(unmatched)} parameter(s) match no --tp-split pattern (e.g. "
+                f"{unmatched[0]}); the checkpoint does not record how they were split.",
+                model_file,
+                "Add a --tp-split PATTERN=0|1|replicated that covers them (PATTERN is a glob on parameter names).",
+            )
+        )
+        return None
+    return TpRecipe(model_file, rules, frozenset(), None, ())
+
+
+def _shard(loc: Location, files: RankFiles) -> Checkpoint:
+    from inspector.scan.scanner import _Scanner
+
+    scanner = _Scanner(loc, files)
+    scanner.shard = True
+    return scanner.build()
+
+
+def _join(
+    shards: Mapping[int, Checkpoint], recipe: TpRecipe | None, findings: list[Finding], loc: Location
+) -> list[TensorInfo]:
+    """One tensor per name from every shard's piece, by the recorded rule; what is not recorded: a finding."""
+    model0 = shards[0].files[-1].path if shards[0].files else loc.tag_dir
+    problem = _recipe_problem(recipe, model0)
+    if problem is not None or recipe is None:
+        findings += [problem] if problem else []
+        return []
+    out = []
+    parts = [shards[t] for t in sorted(shards)]
+    held = [{t.name for t in c.tensors} for c in parts]
+    for t0 in parts[0].tensors:
+        if any(t0.name not in names for names in held):
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "tp-mismatch",
+                    f"{t0.name} is missing from some tensor-parallel shards.",
+                    loc.tag_dir,
+                    "The shards come from different runs.",
+                )
+            )
+            continue
+        rule = "alias" if t0.kind is Kind.TIED else recipe.rules.get(t0.name, "dim0")
+        if t0.name in recipe.unsupported or rule in ("sub-params", "average"):
+            why = (
+                "AutoTP marked it unconvertible"
+                if t0.name in recipe.unsupported
+                else f"its shards are {rule}"
+            )
+            message = f"{t0.name}: {why}; joining such shards is not supported yet."
+            findings.append(Finding(Severity.ERROR, "tp-unsupported", message, model0))
+            continue
+        try:
+            out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, loc))
+        except InspectorError as exc:
+            findings.append(Finding(Severity.ERROR, "tp-mismatch", exc.message, model0, exc.hint))
+    return _resolve_aliases(out)
+
+
+def _recipe_problem(recipe: TpRecipe | None, model0: str) -> Finding | None:
+    """Why the recorded split cannot be used at all (none recorded, or recorded as regexes), if it cannot."""
+    if recipe is None:
+        return Finding(
+            Severity.ERROR,
+            "tp-unrecorded",
+            "This tensor-parallel checkpoint does not record how its parameters were split (no "
+            "universal_checkpoint_info in the model states), so the shards cannot be joined without guessing.",
+            model0,
+            "Say it: --tp-split PATTERN=0|1|replicated for every parameter (PATTERN a glob on parameter names; "
+            "0: shards stacked on dim 0, 1: side by side on dim 1, replicated: one copy).",
+        )
+    if recipe.regex:
+        return Finding(
+            Severity.ERROR,
+            "tp-unrecorded",
+            f"{len(recipe.regex)} split rule(s) in universal_checkpoint_info are regular expressions (e.g. "
+            f"{recipe.regex[0][:60]!a}), not parameter names; they are not evaluated.",
+            model0,
+            "Only AutoTP's anchored parameter names are read so far.",
+        )
+    return None
+
+
+def _resolve_aliases(out: list[TensorInfo]) -> list[TensorInfo]:
+    """A tied alias points at its owner's joined bytes (its shards' pieces were each shard's owner)."""
+    joined = {t.name: t for t in out}
+    return [
+        replace(
+            t,
+            shape=joined[t.alias_of].shape,
+            segments=joined[t.alias_of].segments,
+            moments=joined[t.alias_of].moments,
+            module_copy=joined[t.alias_of].module_copy,
+        )
+        if t.kind is Kind.TIED and t.alias_of in joined
+        else t
+        for t in out
+    ]
+
+
+def _joined(
+    t0: TensorInfo, pieces: list[TensorInfo], rule: str, recipe: TpRecipe, loc: Location
+) -> TensorInfo:
+    if rule in ("alias", "replicated") or t0.kind is Kind.BUFFER:
+        for i, p in enumerate(pieces[1:], 1):
+            if rule == "replicated" and differing_copies(t0, p, loc.source):
+                raise InspectorError(
+                    f"{t0.name} is recorded as replicated, but tensor-parallel shard {i}'s copy "
+                    "differs from shard 0's.",
+                    hint="The shards come from different saves.",
+                )
+        return t0
+    dim = 1 if rule == "row" else 0
+    keep = recipe.original_vocab_size if rule == "vocab" else None
+
+    def join(segs: Sequence[Segs]) -> Segs:
+        return _cat([p.shape for p in pieces], segs, dim, keep)
+
+    shape = _shape([p.shape for p in pieces], dim, keep, t0.name)
+    moments: tuple[tuple[str, Segs], ...] = ()
+    if all(p.moments for p in pieces):
+        moments = tuple((m, join([dict(p.moments)[m] for p in pieces])) for m, _ in t0.moments)
+    copy = join([p.module_copy for p in pieces]) if all(p.module_copy for p in pieces) else ()
+    return replace(
+        t0, shape=shape, segments=join([p.segments for p in pieces]), moments=moments, module_copy=copy
+    )
+
+
+def _shape(shapes: list[tuple[int, ...]], dim: int, keep: int | None, name: str) -> tuple[int, ...]:
+    s0 = shapes[0]
+    if len(s0) <= dim or any(
+        len(s) != len(s0) or s[:dim] + s[dim + 1 :] != s0[:dim] + s0[dim + 1 :] for s in shapes
+    ):
+        raise InspectorError(
+            f"{name}: shard shapes {sorted(set(shapes))} cannot join on dim {dim}.",
+            hint="The shards come from different runs, or the recorded split is wrong.",
+        )
+    full = sum(s[dim] for s in shapes)
+    if keep is not None and dim == 0:
+        if keep > full:
+            raise InspectorError(
+                f"{name}: original_vocab_size {keep:,} is larger than the {full:,} rows saved."
+            )
+        full = keep
+    return (*s0[:dim], full, *s0[dim + 1 :])
+
+
+def _cat(shapes: list[tuple[int, ...]], segs: Sequence[Segs], dim: int, keep: int | None) -> Segs:
+    """Segments of the shards joined on `dim` (0 or 1), the first `keep` rows only when given (dim 0)."""
+    if dim == 0:
+        flat = tuple(s for part in segs for s in part)
+        if keep is None:
+            return flat
+        return tuple(_sub(flat, 0, keep * math.prod(shapes[0][1:])))
+    rows = shapes[0][0]
+    if rows * len(segs) > _MAX_PIECES:  # one piece per row and shard: a shape no real model has
+        raise InspectorError(
+            f"Joining on dim 1 would take {rows * len(segs):,} pieces ({rows:,} rows).",
+            hint="The parameter shapes are damaged or crafted.",
+        )
+    inner = [math.prod(s[1:]) for s in shapes]
+    out: list[Segment] = []
+    for i in range(rows):
+        for part, w in zip(segs, inner, strict=True):
+            for s in _sub(part, i * w, w):
+                last = out[-1] if out else None
+                if (
+                    last
+                    and last.file == s.file
+                    and last.dtype == s.dtype
+                    and last.offset + last.nbytes == s.offset
+                ):
+                    out[-1] = Segment(last.file, last.offset, last.numel + s.numel, last.dtype)
+                else:
+                    out.append(s)
+    return tuple(out)
+
+
+def _sub(segs: Segs, start: int, count: int) -> list[Segment]:
+    """Segments for elements [start, start+count) of the tensor `segs` make up."""
+    out, pos, end = [], 0, start + count
+    for s in segs:
+        lo, hi = max(start, pos), min(end, pos + s.numel)
+        if lo < hi:
+            out.append(Segment(s.file, s.offset + (lo - pos) * itemsize(s.dtype), hi - lo, s.dtype))
+        pos += s.numel
+        if pos >= end:
+            break
+    return out
+
+
+__all__ = ["scan_tensor", "tp_ranks"]

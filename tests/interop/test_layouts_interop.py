@@ -1,0 +1,105 @@
+"""Pipeline-, expert- and tensor-parallel checkpoints made afresh with real DeepSpeed (the scripts that made the
+committed fixtures under tests/fixtures/layouts), read bit-exact, and set beside DeepSpeed's own tools:
+ds_to_universal on pipeline + ZeRO-1 (its fp32.pt per parameter equals our fp32 output) and on AutoTP (the
+expected values make_tp.py records are its merge), and zero_to_fp32, which fails on all three layouts (the README's feature table says so from these runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from inspector.scan.scanner import scan
+from tests.interop.conftest import _free_port, _heavy_lock, _run_logged, _sha, ds_env
+from tests.scan.layout_cases import FIXTURES, assert_exact, convert
+
+pytestmark = pytest.mark.interop
+
+MADE = {  # name -> (ranks, script, its options)
+    "pp_z1_bf16": (2, "make_pipe.py", ["--zero", "1", "--dtype", "bf16"]),
+    "moe_z2_bf16": (2, "make_moe.py", ["--zero", "2", "--dtype", "bf16", "--ep", "2"]),
+    "tp_z1_bf16": (
+        2,
+        "make_tp.py",
+        ["--zero", "1", "--dtype", "bf16", "--tp", "2"],
+    ),  # expected: ds_to_universal
+}
+
+
+@pytest.fixture(scope="module")
+def made(interop_cache: Path) -> dict[str, Path]:
+    """Each layout made once per session: folder holding ckpt/ and expected.npz."""
+    out = {}
+    for name, (ranks, script, opts) in MADE.items():
+        work = interop_cache / f"layout-{name}-{_sha((FIXTURES / script).read_bytes(), *opts)}"
+        with _heavy_lock(interop_cache):
+            if not (work / "expected.npz").exists():
+                torchrun = str(Path(sys.executable).with_name("torchrun"))
+                cmd = [
+                    torchrun,
+                    "--nproc_per_node",
+                    str(ranks),
+                    "--master_addr",
+                    "127.0.0.1",
+                    "--master_port",
+                    str(_free_port()),
+                    str(FIXTURES / script),
+                    str(work),
+                    *opts,
+                ]
+                work.mkdir(parents=True, exist_ok=True)
+                _run_logged(cmd, work.parent / f"{work.name}.log", f"torchrun build of {name}")
+        out[name] = work
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(MADE))
+def test_a_fresh_checkpoint_converts_bit_exact(name: str, made: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = scan(str(made[name] / "ckpt"))
+    assert not ckpt.errors and ckpt.parallel is not None
+    assert_exact(ckpt, made[name], tmp_path)
+
+
+def test_ds_to_universal_agrees_on_pipeline_zero1(made: dict[str, Path], tmp_path: Path) -> None:
+    tag = made["pp_z1_bf16"] / "ckpt" / "global_step3"
+    uni = tmp_path / "uni"
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(tag),
+        "--output_folder",
+        str(uni),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+        "--inject_missing_state",
+    ]
+    _run_logged(cmd, tmp_path / "ds_to_universal.log", "ds_to_universal")
+    ours = convert(scan(str(made["pp_z1_bf16"] / "ckpt")), tmp_path / "fp32", "fp32")
+    theirs = {
+        p.parent.name: torch.load(p, weights_only=False)["param"] for p in (uni / "zero").glob("*/fp32.pt")
+    }
+    trainable = {n for n in ours if n != "2.scale"}
+    assert set(theirs) == trainable
+    for n in trainable:
+        assert np.array_equal(ours[n].view(np.uint32), theirs[n].detach().numpy().view(np.uint32)), n
+
+
+@pytest.mark.parametrize("name", sorted(MADE))
+def test_zero_to_fp32_fails_on_these_layouts(name: str, made: dict[str, Path], tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.utils.zero_to_fp32",
+        str(made[name] / "ckpt"),
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ds_env(), timeout=300, check=False)
+    assert proc.returncode != 0

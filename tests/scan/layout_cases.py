@@ -1,0 +1,73 @@
+"""Checkpoints saved by real DeepSpeed with pipeline, expert or tensor parallelism, committed under
+tests/fixtures/layouts/<name>/ with the script that made each (see its versions.txt) and what the live engines
+held at save time (expected.npz: `fp32/<name>` masters, `half/<name>` 16-bit bit patterns, `buffer/<name>`),
+so the quick suite checks every layout bit for bit without DeepSpeed."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import load_file
+
+from inspector.convert.engine import run
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import build_plan
+from inspector.convert.verify import VerifyResult, run_verify
+from inspector.scan.model import Checkpoint
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
+HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def ckpt_dir(name: str) -> Path:
+    return FIXTURES / name / "ckpt"
+
+
+def writable(name: str, dest: Path) -> Path:
+    """A private copy of a fixture's checkpoint (for tests that damage files)."""
+    shutil.copytree(ckpt_dir(name), dest)
+    return dest
+
+
+def expected(name: str | Path) -> dict[str, np.ndarray]:
+    """The live engines' values: a committed fixture's (by name) or a freshly made one's (its folder)."""
+    folder = name if isinstance(name, Path) else FIXTURES / name
+    with np.load(folder / "expected.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def convert(ckpt: Checkpoint, out: Path, dtype: str) -> dict[str, np.ndarray]:
+    """Convert with the real engine, verify the output, and return every tensor written."""
+    for _ in run(build_plan(ckpt, ConvertOptions(dtype=dtype)), str(out)):
+        pass
+    results = [ev for ev in run_verify(ckpt, str(out)) if isinstance(ev, VerifyResult)]
+    assert results and results[-1].ok, results
+    tensors: dict[str, np.ndarray] = {}
+    for f in sorted(glob.glob(os.path.join(out, "*.safetensors"))):
+        tensors.update(load_file(f))
+    return tensors
+
+
+def assert_exact(ckpt: Checkpoint, name: str | Path, tmp_path: Path) -> None:
+    """fp32 output equals the live fp32 masters bit for bit; the training-dtype output equals them cast
+    (torch's round to nearest even) and the live 16-bit weights; buffers are the live buffers."""
+    want = expected(name)
+    masters = {k[5:]: v for k, v in want.items() if k.startswith("fp32/")}
+    buffers = {k[7:]: v for k, v in want.items() if k.startswith("buffer/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    assert set(fp32) == set(masters) | set(buffers)
+    for n, v in masters.items():
+        assert fp32[n].dtype == np.float32 and np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    half = convert(ckpt, tmp_path / "half", "auto")
+    low = HALF[ckpt.compute_dtype]
+    for n, v in masters.items():
+        cast = v.astype(low).view(np.uint16)
+        assert np.array_equal(half[n].view(np.uint16), cast), n
+        assert np.array_equal(want[f"half/{n}"], cast), n  # the live 16-bit weights are the cast masters
+    for n, v in buffers.items():
+        assert np.array_equal(fp32[n].astype(v.dtype), v), n

@@ -1,0 +1,104 @@
+"""Native MoE checkpoints (deepspeed.moe.layer.MoE, ZeRO-1/2) saved by real DeepSpeed 0.19.8: experts under
+their global index, groups matched by name on each rank, converted bit-exact and verified."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from inspector.convert.kinds.universal import Universal
+from inspector.errors import InputError
+from inspector.format.torchzip import load_tree
+from inspector.parse.states import OptimStates
+from inspector.scan.model import Kind
+from inspector.scan.scanner import scan
+from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, writable
+
+TAG = "global_step3"
+EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
+EXACT = {  # fixture -> (ranks, ZeRO stage, compute dtype, who holds the first layer's experts)
+    "moe_z2_bf16": (2, 2, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z2_fp16": (2, 2, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z1_bf16": (2, 1, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z2_bf16_ws4": (4, 2, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_moe_converts_bit_exact(name: str, tmp_path: Path) -> None:
+    ranks, stage, compute, holders = EXACT[name]
+    ckpt = scan(str(ckpt_dir(name)))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.ep) == ("expert", 2)
+    assert (ckpt.world_size, ckpt.stage, ckpt.compute_dtype) == (ranks, stage, compute)
+    assert dict(ckpt.parallel.holders)[EXPERTS] == holders
+    want = {k[5:] for k in expected(name) if k.startswith("fp32/")}
+    assert {t.name for t in ckpt.tensors} == want
+    assert {f"{EXPERTS}.{e}.0.weight" for e in range(4)} <= want  # global expert ids
+    assert all(t.module_copy for t in ckpt.tensors if t.kind is Kind.TRAINABLE)  # expert files included
+    assert_exact(ckpt, name, tmp_path)
+
+
+def _group_names(path: Path) -> list[str]:
+    st = OptimStates.parse(load_tree(str(path)), str(path), False)
+    return [str(g.hyperparams.get("name")) for g in st.groups]
+
+
+@pytest.mark.parametrize("name", ["moe_z1_bf16", "moe_z2_bf16_ws4"])
+def test_the_fixture_lists_expert_groups_in_another_order_on_another_rank(name: str) -> None:
+    """DeepSpeed builds the MoE groups from a set: these fixtures were saved with PYTHONHASHSEED differing per
+    rank, so rank 1 lists them in another order than rank 0, and a positional match would swap them."""
+    folder = ckpt_dir(name) / TAG
+    r0, r1 = (_group_names(folder / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt") for r in (0, 1))
+    assert sorted(r0) == sorted(r1) and r0 != r1
+
+
+def test_a_missing_expert_file_is_named(tmp_path: Path) -> None:
+    root = writable("moe_z2_bf16", tmp_path / "ck")
+    os.remove(root / TAG / "layer_0_expert_3_mp_rank_00_model_states.pt")
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["missing-expert"]
+    assert "expert 3 of MoE layer 0" in ckpt.errors[0].message
+
+
+def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
+    root = writable("moe_z2_bf16_ws4", tmp_path / "ck")
+    os.remove(root / TAG / "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt")
+    ckpt = scan(str(root))
+    assert any(f.code == "missing-rank" and "rank 3" in f.message for f in ckpt.errors)
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_universal_output_is_refused_for_moe() -> None:
+    offer = Universal().offer(scan(str(ckpt_dir("moe_z2_bf16"))))
+    assert not offer.available and "expert-parallel" in offer.reason
+
+
+def _resave(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    sd = torch.load(path, weights_only=False)
+    torch.save(edit(sd), path)
+
+
+def test_a_crafted_expert_count_costs_nothing_and_is_reported(tmp_path: Path) -> None:
+    """`num_experts` is bounded by the files present: 120,000 experts are one finding, not 120,000; a count
+    beyond any run refuses the (essential) model-states file as a whole."""
+    root = writable("moe_z2_bf16", tmp_path / "ck")
+    model = root / TAG / "mp_rank_00_model_states.pt"
+    _resave(model, lambda sd: {**sd, "num_experts": [60_000, 60_000]})
+    ckpt = scan(str(root))
+    assert len(ckpt.errors) == 1 and "list 120,000 experts" in ckpt.errors[0].message
+    _resave(model, lambda sd: {**sd, "num_experts": [10**9]})
+    with pytest.raises(InputError, match=r"num_experts\[0\]: is larger than"):
+        scan(str(root))
+
+
+def test_an_expert_file_that_is_not_a_state_dict_is_named(tmp_path: Path) -> None:
+    root = writable("moe_z2_bf16", tmp_path / "ck")
+    path = root / TAG / "layer_0_expert_2_mp_rank_00_model_states.pt"
+    _resave(path, lambda sd: {**sd, "moe.deepspeed_moe.experts.deepspeed_experts.2.0.weight": 3})
+    ckpt = scan(str(root))
+    assert [(f.code, f.file) for f in ckpt.errors] == [("unreadable", str(path))]

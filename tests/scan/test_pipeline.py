@@ -1,0 +1,148 @@
+"""Pipeline-parallel checkpoints (PipelineModule, 2 stages) saved by real DeepSpeed 0.19.8: scanned, converted
+bit-exact to fp32 and the training dtype, verified; damaged and crafted folders refused or reported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from inspector.errors import InspectorError, NotACheckpointError
+from inspector.format.torchzip import load_tree
+from inspector.parse.states import OptimStates
+from inspector.scan.model import Kind, Severity
+from inspector.scan.scanner import scan
+from tests.scan.layout_cases import assert_exact, ckpt_dir, writable
+
+TAG = "global_step3"
+EXACT = {  # fixture -> (data-parallel ranks per stage, optimizer, compute dtype)
+    "pp_z1_bf16": (1, "DeepSpeedZeroOptimizer", "bfloat16"),
+    "pp_z1_fp16": (1, "DeepSpeedZeroOptimizer", "float16"),
+    "pp_z0_bf16": (1, "BF16_Optimizer", "bfloat16"),
+    "pp_z1_bf16_dp2": (2, "DeepSpeedZeroOptimizer", "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_pipeline_converts_bit_exact(name: str, tmp_path: Path) -> None:
+    dp, optimizer, compute = EXACT[name]
+    ckpt = scan(str(ckpt_dir(name)))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and ckpt.parallel.kind == "pipeline"
+    assert (ckpt.parallel.pp, ckpt.parallel.dp, ckpt.world_size) == (2, dp, 2 * dp)
+    assert (ckpt.optimizer, ckpt.compute_dtype) == (optimizer, compute)
+    holders = dict(ckpt.parallel.holders)
+    assert holders["stage 0"].startswith("layers 1-2 · tied embed")
+    assert holders["stage 1"].startswith("layer 4 · tied embed")  # layer 3 is a function, 5 the tied head
+    names = [t.name for t in ckpt.tensors]
+    assert names == [
+        "tied_modules.embed.weight",
+        "1.weight",
+        "1.bias",
+        "2.scale",
+        "2.norm.weight",
+        "2.norm.bias",
+        "4.weight",
+        "4.bias",
+    ]
+    assert ckpt.tensor("2.scale").kind is Kind.BUFFER
+    assert all(t.module_copy for t in ckpt.tensors if t.kind is Kind.TRAINABLE)  # from the layer files
+    assert_exact(ckpt, name, tmp_path)
+
+
+def _stage1_optim(root: Path) -> str:
+    return next(str(p) for p in (root / TAG).iterdir() if p.name.endswith("mp_rank_01_optim_states.pt"))
+
+
+def test_a_tied_weight_that_differs_between_stages_is_an_error(tmp_path: Path) -> None:
+    root = writable("pp_z1_bf16", tmp_path / "ck")
+    path = _stage1_optim(root)
+    master = OptimStates.parse(load_tree(path), path, False).groups[0].master  # tied weight comes first
+    with open(path, "r+b") as f:
+        f.seek(master.offset)
+        byte = f.read(1)
+        f.seek(master.offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["tied-differ"]
+    assert "tied_modules.embed.weight" in ckpt.errors[0].message
+
+
+def test_a_missing_stage_or_rank_file_is_named(tmp_path: Path) -> None:
+    root = writable("pp_z1_bf16_dp2", tmp_path / "ck")
+    os.remove(root / TAG / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
+    ckpt = scan(str(root))
+    assert any(f.code == "missing-rank" and "stage 1, data-parallel rank 1" in f.message for f in ckpt.errors)
+    assert not any(t.name.startswith("4.") and t.kind is Kind.FROZEN for t in ckpt.tensors)
+    os.remove(root / TAG / "mp_rank_01_model_states.pt")
+    ckpt = scan(str(root))
+    assert {"missing-stage"} <= {f.code for f in ckpt.errors}
+    assert any("stage 1" in f.message for f in ckpt.errors if f.code == "missing-stage")
+
+
+def test_a_stage_number_beyond_the_files_present_is_refused(tmp_path: Path) -> None:
+    root = writable("pp_z1_bf16", tmp_path / "ck")
+    os.rename(root / TAG / "mp_rank_01_model_states.pt", root / TAG / "mp_rank_4000000000_model_states.pt")
+    with pytest.raises(NotACheckpointError, match=r"numbered 4,000,000,000"):
+        scan(str(root))
+
+
+def test_zero_off_fp16_pipeline_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """FP16_UnfusedOptimizer keeps per-parameter fp32 masters without names; a tied module's key is written
+    nowhere, so the masters are never matched to names by guessing."""
+    ckpt = scan(str(ckpt_dir("pp_z0_fp16")))
+    assert ckpt.optimizer == "FP16_UnfusedOptimizer"
+    assert {f.code for f in ckpt.errors} == {"unnamed-params"}
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_a_fused_fp16_optimizer_stage_is_refused_with_its_own_reason(tmp_path: Path) -> None:
+    """FP16_Optimizer (a fused Adam, not available on the CPU) keeps one flat fp32 block per group: the same
+    refusal as the unfused one, naming it, not "optimizer files missing". Made from the real ZeRO-off fp16
+    fixture with its per-parameter masters flattened into one block, as FP16_Optimizer saves them."""
+    import torch
+
+    root = writable("pp_z0_fp16", tmp_path / "ck")
+    for stage in ("00", "01"):
+        path = root / TAG / f"mp_rank_{stage}_model_states.pt"
+        sd = torch.load(path, weights_only=False)
+        groups = sd["optimizer"].pop("fp32_groups")
+        sd["optimizer"]["fp32_groups_flat"] = [torch.cat([t.flatten() for t in g]) for g in groups]
+        torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert ckpt.optimizer == "FP16_Optimizer"
+    assert [f.code for f in ckpt.errors] == ["unnamed-params", "unnamed-params"]
+    assert "one flat fp32 block" in ckpt.errors[0].message
+
+
+def test_universal_output_is_refused_for_a_pipeline(tmp_path: Path) -> None:
+    from inspector.convert.kinds.base import Request
+    from inspector.convert.kinds.universal import Universal
+
+    ckpt = scan(str(ckpt_dir("pp_z1_bf16")))
+    offer = Universal().offer(ckpt)
+    assert not offer.available and "pipeline-parallel" in offer.reason
+    with pytest.raises(InspectorError, match="pipeline-parallel"):
+        Universal().plan(ckpt, Request(), str(tmp_path / "out"))
+
+
+def test_a_crafted_layer_file_name_is_refused(tmp_path: Path) -> None:
+    """Keys of a layer file become tensor names: they pass the one name rule."""
+    import pickle
+    import zipfile
+
+    root = writable("pp_z1_bf16", tmp_path / "ck")
+    path = root / TAG / "layer_01-model_states.pt"
+    with zipfile.ZipFile(path) as z:
+        data = {n: z.read(n) for n in z.namelist()}
+    pkl = next(n for n in data if n.endswith("data.pkl"))
+    data[pkl] = data[pkl].replace(b"bias", b"b\x1bas")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for n, b in data.items():
+            z.writestr(n, b)
+    del pickle
+    ckpt = scan(str(root))
+    assert any(f.code == "unreadable" and f.file == str(path) for f in ckpt.findings)
+    assert all("\x1b" not in t.name for t in ckpt.tensors)
+    assert all(f.severity is not Severity.INFO or "\x1b" not in f.message for f in ckpt.findings)

@@ -1,0 +1,123 @@
+"""Tensor-parallel checkpoints (AutoTP training, a tiny Llama, autotp_size 2) saved by real DeepSpeed 0.19.8:
+shards joined by what universal_checkpoint_info records, equal bit for bit to ds_to_universal's merged fp32
+and to the full 16-bit weights DeepSpeed gathers itself; what is not recorded is refused, never guessed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from inspector.convert.kinds.universal import Universal
+from inspector.scan.scanner import scan
+from tests.scan.layout_cases import FIXTURES, HALF, ckpt_dir, convert, expected, writable
+
+TAG = "global_step3"
+CASES = {
+    "tp_z1_bf16": (1, 1),
+    "tp_z2_bf16": (2, 1),
+    "tp_z2_bf16_dp2": (2, 2),
+}  # name -> (ZeRO stage, DP ranks)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if (FIXTURES / n).is_dir()))
+def test_tensor_parallel_joins_bit_exact(name: str, tmp_path: Path) -> None:
+    stage, dp = CASES[name]
+    ckpt = scan(str(ckpt_dir(name)))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.tp, ckpt.parallel.dp) == (
+        "tensor",
+        2,
+        dp,
+    )
+    assert (ckpt.stage, ckpt.world_size) == (stage, 2 * dp)
+    want = expected(name)
+    masters = {k[5:]: v for k, v in want.items() if k.startswith("fp32/")}  # ds_to_universal's merge
+    assert ckpt.tensor("model.layers.0.mlp.down_proj.weight").shape == (16, 24)  # row-parallel: dim 1
+    assert ckpt.tensor("lm_head.weight").shape == (40, 16)  # vocabulary-parallel
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    assert set(fp32) == set(masters) == {t.name for t in ckpt.tensors}
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    half = convert(ckpt, tmp_path / "half", "auto")
+    for n, v in masters.items():
+        cast = v.astype(HALF[ckpt.compute_dtype]).view(np.uint16)
+        assert np.array_equal(half[n].view(np.uint16), cast), n
+        assert np.array_equal(want[f"half/{n}"], cast), n  # DeepSpeed's own gather of the 16-bit weights
+
+
+def _resave_model_states(root: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    path = root / TAG / "mp_rank_00_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    edit(sd)
+    torch.save(sd, path)
+
+
+def test_a_checkpoint_that_does_not_record_the_split_is_refused(tmp_path: Path) -> None:
+    root = writable("tp_z1_bf16", tmp_path / "ck")
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"))
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["tp-unrecorded"]
+    assert "does not record how its parameters were split" in ckpt.errors[0].message
+    assert not ckpt.tensors
+
+
+def test_a_regex_split_rule_is_not_evaluated(tmp_path: Path) -> None:
+    root = writable("tp_z1_bf16", tmp_path / "ck")
+
+    def crafted(sd):  # type: ignore[no-untyped-def]
+        sd["universal_checkpoint_info"]["parameter_with_row_parallelism_patterns"].append("^(a+)+$")
+
+    _resave_model_states(root, crafted)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["tp-unrecorded"]
+    assert "regular expressions" in ckpt.errors[0].message
+
+
+def test_a_missing_shard_is_named(tmp_path: Path) -> None:
+    root = writable("tp_z1_bf16", tmp_path / "ck")
+    for n in os.listdir(root / TAG):
+        if "mp_rank_01" in n:
+            os.remove(root / TAG / n)
+    ckpt = scan(str(root))
+    assert any(f.code == "missing-shard" and "tensor-parallel rank 1" in f.message for f in ckpt.errors)
+
+
+def test_universal_output_is_refused_for_tensor_parallel() -> None:
+    offer = Universal().offer(scan(str(ckpt_dir("tp_z1_bf16"))))
+    assert not offer.available and "tensor-parallel" in offer.reason
+
+
+SPLIT = (
+    ("*.o_proj.weight", "1"),
+    ("*.down_proj.weight", "1"),
+    ("*norm.weight", "replicated"),
+    ("model.embed_tokens.weight", "replicated"),
+    ("*", "0"),
+)
+
+
+def test_the_user_states_an_unrecorded_split(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    """--tp-split: every parameter matched by a glob (first match wins); the join then equals DeepSpeed's."""
+    root = writable("tp_z1_bf16", tmp_path / "ck")
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"))
+    partial = scan(str(root), tp_split=SPLIT[:-1])
+    assert [f.code for f in partial.errors] == ["tp-unrecorded"] and "match no --tp-split" in partial.errors[
+        0
+    ].message
+    ckpt = scan(str(root), tp_split=SPLIT)
+    assert not ckpt.errors
+    masters = {k[5:]: v for k, v in expected("tp_z1_bf16").items() if k.startswith("fp32/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    args = [a for glob, rule in SPLIT for a in ("--tp-split", f"{glob}={rule}")]
+    assert cli("convert", root, tmp_path / "out", "--format", "weights", "--dtype", "fp32", *args).rc == 0
+    verified = cli("verify", root, tmp_path / "out", *args)
+    assert verified.rc == 0 and "OK" in verified.stdout
+    refused = cli("scan", root)
+    assert refused.rc != 0 and "--tp-split" in refused.stdout + refused.stderr
+    assert cli("scan", root, "--tp-split", "nodim").rc == 2
