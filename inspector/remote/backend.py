@@ -121,6 +121,26 @@ def normalise_url(url: str) -> str:
     return "/".join([f"{scheme}://{bucket}", *parts])
 
 
+# what shows that a ranged read returned exactly the bytes asked, per scheme (`verify` says it); a scheme
+# without an entry is an fsspec protocol whose client hides the answer: its ranged reads are refused
+PROOF = {
+    "s3": "ranges proven by Content-Range and the listed ETag",
+    "gs": "ranges proven by the answer's range and the listed ETag",
+    "az": "ranges proven by the answer's range and the listed ETag",
+    "http": "ranges proven by Content-Range",
+    "https": "ranges proven by Content-Range",
+    "memory": "in this process",
+}
+
+
+def provenance(root: str) -> str:
+    """Where a root's bytes were read from and what proved them, for `verify`'s report."""
+    m = _SCHEME.match(root)
+    if m is None:
+        return f"read from {shown(root)} (local files)"
+    return f"read from {shown(root)} ({PROOF.get(m.group(1), 'ranges unproven: refused')})"
+
+
 MAX_LISTING = 200_000  # objects in one folder; a rank folder of a 100k-GPU run holds ~200k files
 
 
@@ -130,6 +150,35 @@ def int_env(name: str, default: int, low: int, high: int) -> int:
         return min(high, max(low, int(os.environ.get(name, default))))
     except ValueError:
         return default
+
+
+def float_env(name: str, default: float, low: float, high: float) -> float:
+    """A number of seconds from the environment, clamped to [low, high]; the default where it is no number."""
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return default if value != value else min(high, max(low, value))  # NaN: the default
+
+
+# Every store request is bounded three ways, for every backend (s3: botocore's connect and read timeouts and
+# a watchdog on the body; gs/az: obstore's connect timeout and per-request timeout; http(s): aiohttp's
+# sock_connect, sock_read and total): a silent or dripping server ends in a clear error naming the URL.
+CONNECT_TIMEOUT = ("ZI_REMOTE_CONNECT_TIMEOUT", 10.0)  # to open a connection
+STALL_TIMEOUT = ("ZI_REMOTE_STALL_TIMEOUT", 60.0)  # between two bytes of an answer
+DEADLINE = ("ZI_REMOTE_DEADLINE", 300.0)  # one request, first byte sent to last byte read
+
+
+def connect_timeout() -> float:
+    return float_env(*CONNECT_TIMEOUT, 0.05, 600.0)
+
+
+def stall_timeout() -> float:
+    return float_env(*STALL_TIMEOUT, 0.05, 3600.0)
+
+
+def deadline() -> float:
+    return float_env(*DEADLINE, 0.05, 86400.0)
 
 
 def inflight() -> int:
