@@ -76,3 +76,31 @@ def test_a_dripping_or_silent_http_server_ends_within_the_bounds(
     assert base.split("//")[1] in result.output  # the URL is named
     assert "Traceback" not in result.output
     print(f"\n{mode}: ended after {took:.1f} s")
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_a_gs_or_az_store_dripping_its_answer_ends_at_the_deadline(
+    scheme: str, request: pytest.FixtureRequest, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if scheme == "gs":
+        url, _ = request.getfixturevalue("gs_demo")
+        proxy = request.getfixturevalue("gs_server")[0]
+    else:
+        url, _ = request.getfixturevalue("az_demo")
+        proxy = request.getfixturevalue("azurite")[0]
+    monkeypatch.setenv("ZI_REMOTE_DEADLINE", "4")
+    monkeypatch.setenv("ZI_REMOTE_RETRIES", "0")
+    proxy.throttle.reset()
+    # object GETs drip; listings (a query string, or Azure's `comp=list`) answer at once
+    proxy.throttle.drip = lambda method, path: method == "GET" and "list" not in path
+    try:
+        start = time.monotonic()
+        result = cli("scan", url, timeout=120)
+        took = time.monotonic() - start
+    finally:
+        proxy.throttle.reset()
+    assert result.rc != 0, result.output
+    assert "within 4 s" in result.output, result.output
+    assert url in result.output
+    assert "Traceback" not in result.output
+    print(f"\n{scheme} drip: ended after {took:.1f} s")
