@@ -106,7 +106,10 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
             hint=f"A URL reads {scheme}://bucket/prefix/to/checkpoint.",
         )
     parts = key.split("/") if key else []
-    if any(name_problem(p) or any(c in p for c in "?#") for p in parts):
+    # `?` and `#` are plain characters of an S3, GCS or Azure key (each client quotes the key it sends); in
+    # any other URL they start a query or a fragment, which is not followed
+    odd = "" if named else "?#"
+    if any(name_problem(p) or any(c in p for c in odd) for p in parts):
         raise NotACheckpointError(
             f"{shown(url)} is not a plain object path: `.`, `..`, empty segments, control characters and "
             "queries are not followed in a URL.",

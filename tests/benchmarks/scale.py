@@ -2,7 +2,7 @@
 """Many tiny tensors: scan, preflight, convert, verify and health on a checkpoint whose model states hold N
 one-element buffers (each its own storage record), wall time and peak RSS per command, for each N given.
 
-    python tests/benchmarks/scale.py --tensors 100000,1000000 [--workdir DIR]
+    python tests/benchmarks/scale.py --tensors 100000,1000000 [--workdir DIR] [--commands scan,convert]
 
 The checkpoint is a small demo with the buffers added through torch (torch is needed here, never by the
 tool). Prints one JSON line per (N, command); tests/benchmarks/results.md keeps the figures.
@@ -74,13 +74,19 @@ def main() -> None:
     ap.add_argument("--tensors", default="100000", help="comma-separated counts of tiny buffers")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--commands", default="scan,preflight,convert,verify,health")
+    ap.add_argument("--build", nargs=2, metavar=("N", "ROOT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.build:
+        build(Path(args.build[1]), int(args.build[0]))
+        return
     work = Path(args.workdir or tempfile.mkdtemp(prefix="zi-scale-"))
     for n in (int(x) for x in args.tensors.split(",")):
         root = work / f"n{n}"
         shutil.rmtree(root, ignore_errors=True)
         t0 = time.perf_counter()
-        build(root, n)
+        # built in a child: torch's memory must not be this process's, whose peak each command's child inherits
+        subprocess.run([sys.executable, __file__, "--build", str(n), str(root)], check=True)
         size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         print(json.dumps({"tensors": n, "build_seconds": round(time.perf_counter() - t0, 1), "bytes": size}))
         out = work / f"out{n}"
@@ -92,6 +98,8 @@ def main() -> None:
             ["verify", str(root), str(out)],
             ["health", str(root), "--json"],
         ):
+            if argv[0] not in args.commands.split(","):
+                continue
             print(json.dumps({"tensors": n, "command": argv[0], **run(argv, args.timeout)}), flush=True)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)

@@ -127,7 +127,9 @@ def test_local_paths_never_import_a_store_client(demo: Any) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60)
 
 
-def test_a_protocol_whose_client_hides_the_range_it_returned_is_refused(memory_demo: tuple[str, Path]) -> None:
+def test_a_protocol_whose_client_hides_the_range_it_returned_is_refused(
+    memory_demo: tuple[str, Path],
+) -> None:
     """A client that cannot show which bytes it returned (here a memory file system under another name,
     standing for hf://, gcs://, sftp://) is refused for ranged reads, not trusted."""
     fsspec = pytest.importorskip("fsspec")
@@ -140,6 +142,8 @@ def test_a_protocol_whose_client_hides_the_range_it_returned_is_refused(memory_d
     fs = fsspec.filesystem("ziopaque")
     for path in sorted(memory_demo[1].rglob("*")):
         if path.is_file():
-            fs.pipe(f"ziopaque://zi-demo/run/{path.relative_to(memory_demo[1]).as_posix()}", path.read_bytes())
+            fs.pipe(
+                f"ziopaque://zi-demo/run/{path.relative_to(memory_demo[1]).as_posix()}", path.read_bytes()
+            )
     with pytest.raises(StoreError, match="cannot prove that the store returned the byte range"):
         scan("ziopaque://zi-demo/run")
