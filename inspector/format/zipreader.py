@@ -89,7 +89,14 @@ class TorchZip:
         count, cd_size, cd_off = self._end_record()
         # a real directory entry is 46 bytes plus a name and extras; bound the read by what `count` entries
         # can need and by the file, so a crafted size cannot make us read the whole rank file into memory
-        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF) or cd_size > _MAX_DIRECTORY:
+        if cd_size > _MAX_DIRECTORY:
+            raise UnsupportedCheckpointError(
+                f"{self.shown}: its zip directory is {cd_size:,} bytes ({count:,} records), above the "
+                f"{_MAX_DIRECTORY >> 20} MiB this tool reads (about 600,000 tensors in one file).",
+                hint="A checkpoint this fragmented is not read here; save its small tensors in fewer records.",
+                title="Too many records",
+            )
+        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
             raise self._truncated("the central directory's size and entry count disagree")
         cd = self.pread(cd_size, cd_off)
         entries: dict[str, ZipEntry] = {}

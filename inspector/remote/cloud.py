@@ -28,6 +28,7 @@ from inspector.remote.backend import (
     deadline,
     inflight,
     int_env,
+    scheme_row,
 )
 from inspector.system.units import printable as shown
 
@@ -75,9 +76,8 @@ class CloudBackend:
         try:
             from obstore.store import AzureStore, GCSStore
         except ImportError:
-            raise err.missing_client(
-                f"{scheme}://", "obstore", "gcs" if scheme == "gs" else "azure"
-            ) from None
+            row = scheme_row(scheme)
+            raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
         self.scheme, self.bucket = scheme, bucket
         self._if_match = True  # dropped if the store says it does not support If-Match
         env = os.environ
@@ -229,7 +229,7 @@ def _kind(scheme: str) -> str:
 def _shown_endpoint(where: object, scheme: str) -> str:
     """An endpoint for messages: scheme, host and path only (a query could hold a SAS token)."""
     if not isinstance(where, str) or not where:
-        return "Google Cloud Storage" if scheme == "gs" else "Azure Blob Storage"
+        return scheme_row(scheme).label
     return shown(where.split("?", 1)[0].split("@")[-1])[:80]
 
 

@@ -23,9 +23,8 @@ from typing import Any
 from inspector.errors import InspectorError
 from inspector.remote import errors as err
 from inspector.remote import http
-from inspector.remote.backend import Page, RawObject
+from inspector.remote.backend import Page, RawObject, scheme_row
 
-IN_PROCESS = ("memory",)  # no server between the bytes and us: nothing to prove
 MAX_SIZE_QUERIES = 4096  # one folder's files without a listed size asked one by one; past that, unreadable
 _HINT = "Check the URL, the network, and the protocol's options (FSSPEC_<PROTOCOL>_<OPTION> variables)."
 
@@ -117,7 +116,7 @@ class FsspecBackend:
         url, n = self.url(key), len(view)
         if self.ranges is not None:
             return self.ranges.get(url, start, view, size)
-        if self.scheme not in IN_PROCESS:
+        if scheme_row(self.scheme).proof is None:  # the scheme table: memory:// is in this process
             raise err.unproven(url, self.scheme)
         try:
             data = self.fs.cat_file(url, start=start, end=start + n)

@@ -29,6 +29,7 @@ from inspector.remote.backend import (
     deadline,
     inflight,
     int_env,
+    scheme_row,
     stall_timeout,
 )
 
@@ -73,12 +74,13 @@ def endpoint() -> str:
 class S3Backend:
     """One bucket through one boto3 client (thread-safe; connections pooled for the reads in flight)."""
 
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, scheme: str, bucket: str) -> None:
         try:
             import boto3
             from botocore.config import Config
         except ImportError:
-            raise err.missing_client("s3://", "boto3", "s3") from None
+            row = scheme_row(scheme)
+            raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
         self.bucket = bucket
         self._lock = threading.Lock()
         session = boto3.session.Session()

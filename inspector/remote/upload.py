@@ -30,7 +30,7 @@ from typing import Any
 
 from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import escaped, name_problem
-from inspector.remote.backend import int_env, normalise_url, split_url
+from inspector.remote.backend import int_env, normalise_url, scheme_row, split_url
 from inspector.remote.s3 import S3Backend
 from inspector.remote.store import Store, store_for
 from inspector.system.units import printable as shown
@@ -42,8 +42,10 @@ META_CRC = "zi-crc32"
 
 
 def require_writable(url: str) -> None:
-    """Refuse an OUT on a store this module does not write (gs://, az://, fsspec URLs are read only)."""
-    if not url.startswith("s3://"):
+    """Refuse an OUT on a store this module does not write (the scheme table's `writable`: gs://, az:// and
+    fsspec URLs are read only)."""
+    name, _, _ = url.partition("://")
+    if not scheme_row(name).writable or "://" not in url:
         raise OutputError(
             f"{shown(url)}: an output can be a local folder or an s3:// prefix.",
             hint="Convert into a local folder and copy it with the store's own tool (gsutil, azcopy), or "
@@ -82,7 +84,7 @@ class BucketDestination:
         self.job = job
         self.overwrite = overwrite
         self.cancel = cancel or threading.Event()
-        self.store: Store = store_for("s3", bucket)
+        self.store: Store = store_for("s3", bucket)  # the one writable row of the scheme table
         backend = self.store.backend
         assert isinstance(backend, S3Backend)
         self.s3: S3Backend = backend

@@ -39,3 +39,20 @@ def test_a_pickle_whose_bytes_differ_from_its_crc_is_refused(tmp_path: Path) -> 
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptFileError, match="CRC-32"):
         load_tree(path)
+
+
+def test_a_zip_directory_above_the_bound_is_refused_as_too_many_records(tmp_path: Path) -> None:
+    """A directory of about a million storages (70 MB) is refused by its size, named as such (it was called
+    damaged before). The file is sparse: the bound is checked before the directory is read."""
+    import struct
+
+    from inspector.errors import UnsupportedCheckpointError
+
+    cd_size, cd_off = 70 << 20, 30
+    path = tmp_path / "fragmented.pt"
+    with path.open("wb") as f:
+        f.write(b"PK\x03\x04" + bytes(26))
+        f.seek(cd_off + cd_size)
+        f.write(b"PK\x05\x06" + struct.pack("<4H2LH", 0, 0, 60_000, 60_000, cd_size, cd_off, 0))
+    with pytest.raises(UnsupportedCheckpointError, match="above the 64 MiB"):
+        TorchZip(path)
