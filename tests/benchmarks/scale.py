@@ -25,20 +25,9 @@ sys.path.insert(0, str(REPO))
 
 
 def build(root: Path, n: int) -> Path:
-    import torch
+    from tests.scan.test_scale import with_buffers
 
-    from inspector.demo.spec import DemoSpec
-    from inspector.demo.writer import write_demo
-
-    write_demo(str(root), DemoSpec(params=200_000))
-    tag = next(p for p in root.iterdir() if p.is_dir())
-    states = tag / "mp_rank_00_model_states.pt"
-    sd = torch.load(states, weights_only=False)
-    for i in range(n):
-        sd["module"][f"model.extra.b{i}"] = torch.tensor([float(i)])
-        sd["buffer_names"].append(f"model.extra.b{i}")
-    torch.save(sd, states)
-    return root
+    return with_buffers(root, n, params=200_000)
 
 
 def run(argv: list[str], timeout: float) -> dict[str, object]:

@@ -6,35 +6,30 @@ as it lists the honest server in servers.py."""
 from __future__ import annotations
 
 import functools
-import os
-import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from tests.remote.servers import _Ranges
 
 LIE_ABOVE = (
     256 << 10
 )  # the scan's small reads (a few 64 KiB blocks) are answered honestly; the tensor data is not
 
 
-class _Hostile(SimpleHTTPRequestHandler):
+class _Hostile(_Ranges):
     mode = "honest"  # set on the subclass a server is built with
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
     def do_GET(self) -> None:
-        rng = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
-        path = self.translate_path(self.path)
-        if rng is None or not os.path.isfile(path):
+        asked = self.ranged()
+        if asked is None:
             super().do_GET()
             return
-        size = os.path.getsize(path)
-        lo, hi = int(rng.group(1)), min(int(rng.group(2)), size - 1)
+        path, size, lo, hi = asked
         n = hi - lo + 1
         mode = self.mode if n > LIE_ABOVE else "honest"
         if mode == "silent":

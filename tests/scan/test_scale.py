@@ -24,9 +24,10 @@ from inspector.demo.writer import write_demo
 SMALL = 1000
 
 
-def with_buffers(root: Path, n: int) -> Path:
-    """A small demo whose model states hold `n` extra one-element buffers (each its own storage)."""
-    write_demo(str(root), DemoSpec(params=50_000))
+def with_buffers(root: Path, n: int, params: int = 50_000) -> Path:
+    """A small demo whose model states hold `n` extra one-element buffers (each its own storage); the
+    benchmark (tests/benchmarks/scale.py) builds its checkpoints with it too."""
+    write_demo(str(root), DemoSpec(params=params))
     tag = next(p for p in root.iterdir() if p.is_dir())
     states = tag / "mp_rank_00_model_states.pt"
     sd = torch.load(states, weights_only=False)
