@@ -90,6 +90,7 @@ def test_a_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
     from inspector.remote.store import store_for
 
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore -> ImportError
+    monkeypatch.setitem(sys.modules, "obstore.store", None)  # also when a gs:// test imported it first
     with pytest.raises(StoreError, match=r"zero-inspector\[gcs\]"):
         store_for("gs", "zi-no-client")
     with pytest.raises(StoreError, match=r"zero-inspector\[azure\]"):
