@@ -16,7 +16,7 @@ from typing import Any
 
 from inspector.cli.console import literal as escape
 from inspector.cli.console import print_json
-from inspector.cli.jobs import job_events, parse_part, plan_job, ray_options, verify_job
+from inspector.cli.jobs import byte_sources, job_events, parse_part, plan_job, ray_options, verify_job
 from inspector.cli.options import FORMAT_HELP, add_convert_options, options_from_args
 
 _LOG_INTERVAL = 5.0
@@ -225,7 +225,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if result is None:  # verify raises CancelledError on cancel; no result otherwise is our bug
         raise RuntimeError("verify ended without a result")
     secs = time.monotonic() - start
-    for note in result.notes:
+    for note in [*result.notes, *byte_sources(ckpt.root, out)]:
         console.print(f"[dim]{escape(note, newlines=True)}[/]")
     for label, names in (
         ("Mismatched", result.mismatched),

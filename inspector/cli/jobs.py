@@ -54,6 +54,13 @@ def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return kind, scan(args.path, args.tag or kind.recorded_tag(out), tp_split=split), out
 
 
+def byte_sources(*roots: str) -> list[str]:
+    """One line per root `verify` read: where from, and what proved the bytes it trusted."""
+    from inspector.remote.backend import provenance
+
+    return [f"Bytes {provenance(root)}." for root in roots]
+
+
 def job_events(args: argparse.Namespace, job: Any, part: tuple[int, int] | None, tasks: list[Any]) -> Any:
     """The run's events, from this process or (`--executor ray`) from Ray tasks and the finish here: the same
     Progress and Report types either way, so both faces drive them alike. `tasks` collects each Ray part's

@@ -126,16 +126,17 @@ def verify_json(args: argparse.Namespace) -> int:
     """`verify ... --progress json`, for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import verify_job
+        from inspector.cli.jobs import byte_sources, verify_job
         from inspector.convert.verify import VerifyResult
 
         kind, ckpt, out = verify_job(args)
-        return _stream_verify(kind.verify(ckpt, out, against=args.against), VerifyResult)
+        trusted = byte_sources(ckpt.root, out)
+        return _stream_verify(kind.verify(ckpt, out, against=args.against), VerifyResult, trusted)
 
     return _guard(body)
 
 
-def _stream_verify(events: Iterable[Any], result_type: type[Any]) -> int:
+def _stream_verify(events: Iterable[Any], result_type: type[Any], trusted: list[str]) -> int:
     """A verify run's events as JSON lines: `progress` at most every 0.25 s, then `verified`; the exit code."""
     start = last = time.monotonic()
     for ev in events:
@@ -149,7 +150,7 @@ def _stream_verify(events: Iterable[Any], result_type: type[Any]) -> int:
                     mismatched=ev.mismatched,
                     missing=ev.missing,
                     unexpected=ev.unexpected,
-                    notes=ev.notes,
+                    notes=[*ev.notes, *trusted],
                     seconds=round(now - start, 3),
                 )
             )

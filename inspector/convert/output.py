@@ -50,6 +50,10 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[
         raise OutputError(f"{probe} is not writable.", hint="Choose a folder you can write to.")
     existing = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
     foreign = [n for n in existing if not ours(n)]
+    # partial files no run of this plan writes: another conversion's (another shard count), left by a kill or
+    # still being written; published beside ours they would be taken for part of this output
+    planned_partials = {n + PARTIAL for n in plan.filenames} | {INDEX_NAME + PARTIAL}
+    foreign += [n for n in existing if n.endswith(PARTIAL) and n not in planned_partials]
     finals = [n for n in existing if ours(n) and not n.endswith(PARTIAL) and not _bookkeeping(n)]
     planned = set(plan.filenames)
     # a run of this very job killed while renaming its finished shards may have left some in place
@@ -62,7 +66,7 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[
             "the index there (other files are left alone).",
             title="Output folder not empty",
         )
-    return [n for n in finals if n not in planned]
+    return [n for n in finals if n not in planned] + [n for n in foreign if n.endswith(PARTIAL)]
 
 
 def _bookkeeping(name: str) -> bool:

@@ -8,6 +8,7 @@ Tests check plans without touching disk; `engine.execute` carries one out; `pref
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -64,14 +65,19 @@ class PlannedShard:
     def read_bytes(self) -> int:
         return sum(s.nbytes for t in self.tensors for s in t.segments)
 
+    @functools.cached_property
+    def _largest(self) -> int:
+        """Bytes of the largest tensor here, in the wider of its two dtypes: computed once per shard
+        (`chunk_elems` asks per tensor; recomputed each time, a shard of n tensors cost n^2)."""
+        return max(
+            (t.numel * max(itemsize(t.src_dtype), itemsize(t.out_dtype)) for t in self.tensors), default=16
+        )
+
     def buffer_size(self, limit: int) -> int:
         """Bytes of one source buffer: `limit` fp32 elements, or less when every tensor here is smaller.
 
         Sized in bytes, not elements, so one int64 scalar does not double the pool."""
-        need = max(
-            (t.numel * max(itemsize(t.src_dtype), itemsize(t.out_dtype)) for t in self.tensors), default=16
-        )
-        return max(16, min(limit * 4, need))
+        return max(16, min(limit * 4, self._largest))
 
     def chunk_elems(self, tensor: PlannedTensor, limit: int) -> int:
         """Elements of `tensor` per chunk, so that both its source and its output slice fit a buffer."""

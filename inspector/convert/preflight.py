@@ -205,7 +205,8 @@ def assess(
     # DeepSpeed always reads the fp32 masters of trainable params, whichever source we read
     masters = [t for t in tensors if t.kind in (Kind.TRAINABLE, Kind.TIED) or t.src_dtype == "float32"]
     trainable = sum(t.numel for t in masters if t.kind is not Kind.BUFFER)
-    other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if t not in masters)
+    chosen = {id(t) for t in masters}  # by identity: `t not in masters` compared dataclasses, n^2
+    other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if id(t) not in chosen)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
     seconds = STARTUP_SECONDS + max(output_bytes / CONVERT_BYTES_PER_S, read_seconds(plan.read_bytes, plan.sources))
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))

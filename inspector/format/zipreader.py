@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
@@ -26,6 +27,7 @@ class ZipEntry:
     header_offset: int
     size: int
     method: int
+    crc: int  # CRC-32 of the member's bytes, from the central directory (torch's local headers carry 0)
 
 
 class TorchZip:
@@ -87,7 +89,14 @@ class TorchZip:
         count, cd_size, cd_off = self._end_record()
         # a real directory entry is 46 bytes plus a name and extras; bound the read by what `count` entries
         # can need and by the file, so a crafted size cannot make us read the whole rank file into memory
-        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF) or cd_size > _MAX_DIRECTORY:
+        if cd_size > _MAX_DIRECTORY:
+            raise UnsupportedCheckpointError(
+                f"{self.shown}: its zip directory is {cd_size:,} bytes ({count:,} records), above the "
+                f"{_MAX_DIRECTORY >> 20} MiB this tool reads (about 600,000 tensors in one file).",
+                hint="A checkpoint this fragmented is not read here; save its small tensors in fewer records.",
+                title="Too many records",
+            )
+        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
             raise self._truncated("the central directory's size and entry count disagree")
         cd = self.pread(cd_size, cd_off)
         entries: dict[str, ZipEntry] = {}
@@ -95,8 +104,8 @@ class TorchZip:
         for _ in range(count):
             if cd[p : p + 4] != _CDIR or p + 46 > len(cd):
                 raise self._truncated("bad central directory entry")
-            (method, csize, usize, nlen, xlen, clen, hoff) = struct.unpack(
-                "<H8xLLHHH8xL", cd[p + 10 : p + 46]
+            (method, crc, csize, usize, nlen, xlen, clen, hoff) = struct.unpack(
+                "<H4xLLLHHH8xL", cd[p + 10 : p + 46]
             )
             if p + 46 + nlen + xlen + clen > len(cd):
                 raise self._truncated("a central directory entry runs past the directory")
@@ -117,7 +126,7 @@ class TorchZip:
                 raise self._truncated("two entries have the same name")
             if hoff + 30 > cd_off or usize > self.file_size:
                 raise self._truncated(f"entry {printable(name)} lies outside the file")
-            entries[name] = ZipEntry(name, hoff, usize, method)
+            entries[name] = ZipEntry(name, hoff, usize, method, crc)
             p += 46 + nlen + xlen + clen
         self._bounds = self._entry_bounds(entries, cd_off)
         return entries
@@ -224,7 +233,18 @@ class TorchZip:
         return off
 
     def read_entry(self, name: str) -> bytes:
-        return self.pread(self.entries[name].size, self.data_offset(name))
+        """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
+        for another range (or damaged) are refused here, before anything parses them."""
+        entry = self.entries[name]
+        data = self.pread(entry.size, self.data_offset(name))
+        if zlib.crc32(data) != entry.crc:
+            raise CorruptFileError(
+                f"{self.shown}: member {printable(name)} does not match its CRC-32 in the zip directory.",
+                hint="The file is damaged, or the store returned other bytes than the range asked for; "
+                "copy it again from the source.",
+                title="Checksum mismatch",
+            )
+        return data
 
     def record(self, key: str) -> tuple[int, int]:
         """(absolute offset, size) of storage record `data/<key>`."""

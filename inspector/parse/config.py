@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from inspector.parse.pattern import PatternError, compile_pattern
 from inspector.parse.tree import Node
 
 _QUANTIFIED_GROUP = re.compile(r"\)[*+?{]")  # nested repetition: the shape of catastrophic backtracking
@@ -23,6 +24,12 @@ def _pattern(node: Node, key: str) -> str:
         re.compile(key)
     except (re.error, RecursionError):
         raise node.fail(f"has a pattern {key[:40]!r} that is not a valid regex") from None
+    try:  # matched in linear time (parse.pattern), never by the backtracking engine
+        compile_pattern(key)
+    except PatternError as exc:
+        raise node.fail(
+            f"has a pattern {key[:40]!r} with {exc} (PEFT's patterns are module-name suffixes)"
+        ) from None
     return key
 
 

@@ -6,14 +6,13 @@ folder level below a prefix (`list`), and what are the bytes of an object from a
 the caller's buffer). Everything a backend returns is unchecked; `remote.store` applies the name rule and the
 size bounds, counts requests and bytes, caches listings and bounds what is in flight, once for all of them.
 A backend turns its client's failures into user errors (`remote.errors`) and imports its client lazily;
-`remote.store.backend_for` picks one. The settings every backend shares (`inflight`, `int_env`) live here, at
-the bottom, so no backend imports the store that holds it.
+`remote.store.backend_for` builds one from the table below. The settings every backend shares (`inflight`,
+`int_env`, the time bounds) live here, at the bottom, so no backend imports the store that holds it.
 
-| scheme | backend | client (extra) |
-| --- | --- | --- |
-| `s3://` | `remote.s3` | boto3 (`s3`) |
-| `gs://`, `az://` | `remote.cloud` | obstore (`gcs`, `azure`) |
-| any other fsspec protocol (`hf://`, `https://`, `memory://`, `gcs://`, ...) | `remote.fs` | fsspec (`fsspec`) |
+Everything the tool knows about a scheme is one row of `SCHEMES` (as fsspec's `known_implementations`): the
+backend class, the package and extra to install, the label for messages, whether it is read and written, and
+what proves its ranged reads. A scheme not in the table is tried as an fsspec protocol (`FSSPEC`), whose
+ranged reads are refused: its client hides what the server answered.
 """
 
 from __future__ import annotations
@@ -30,15 +29,50 @@ from inspector.system.units import printable as shown
 
 _SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]")  # S3, GCS and Azure container names alike
-CLOUD = ("gs", "az")
-# fsspec protocols that are no store: local files (read those by path, through the confined local source),
-# wrappers that cache onto the local disk or read archives, and inline data
-NOT_STORES = frozenset(
-    {
-        "file", "local", "asynclocal", "dir", "cached", "filecache", "simplecache", "blockcache",
-        "generic", "reference", "zip", "tar", "libarchive", "async_wrapper", "asyncwrapper", "data",
-    }
-)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One row of the scheme table."""
+
+    backend: str  # "module:Class", imported on first use
+    package: str  # the client package a missing import names
+    extra: str  # pip install 'zero-inspector[extra]'
+    label: str  # the store's name in messages
+    readable: bool = True
+    writable: bool = False  # an OUT may be a prefix here (remote.upload)
+    proof: str | None = None  # what shows a ranged read returned the range asked; None: refused
+
+
+_FS = "inspector.remote.fs:FsspecBackend"
+_CLOUD = "inspector.remote.cloud:CloudBackend"
+_LISTED_ETAG = "ranges proven by the answer's range and the listed ETag"
+SCHEMES: dict[str, Scheme] = {
+    "s3": Scheme(
+        "inspector.remote.s3:S3Backend", "boto3", "s3", "S3", writable=True,
+        proof="ranges proven by Content-Range and the listed ETag",
+    ),
+    "gs": Scheme(_CLOUD, "obstore", "gcs", "Google Cloud Storage", proof=_LISTED_ETAG),
+    "az": Scheme(_CLOUD, "obstore", "azure", "Azure Blob Storage", proof=_LISTED_ETAG),
+    "http": Scheme(_FS, "aiohttp", "fsspec", "HTTP", proof="ranges proven by Content-Range"),
+    "https": Scheme(_FS, "aiohttp", "fsspec", "HTTPS", proof="ranges proven by Content-Range"),
+    "memory": Scheme(_FS, "fsspec", "fsspec", "fsspec memory", proof="in this process"),
+    # fsspec protocols that are no store: local files (read those by path, through the confined local source),
+    # wrappers that cache onto the local disk or read archives, and inline data
+    **{
+        name: Scheme(_FS, "fsspec", "fsspec", name, readable=False)
+        for name in (
+            "file", "local", "asynclocal", "dir", "cached", "filecache", "simplecache", "blockcache",
+            "generic", "reference", "zip", "tar", "libarchive", "async_wrapper", "asyncwrapper", "data",
+        )
+    },
+}  # fmt: skip
+FSSPEC = Scheme(_FS, "fsspec", "fsspec", "fsspec")  # any other protocol: listed, its ranged reads refused
+
+
+def scheme_row(name: str) -> Scheme:
+    """The table's row for a scheme, or the fsspec row for one it does not name."""
+    return SCHEMES.get(name, FSSPEC)
 
 
 @dataclass(frozen=True)
@@ -85,7 +119,7 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
             title="Unsafe URL",
         )
     scheme = m.group(1)
-    if scheme in NOT_STORES:
+    if not SCHEMES.get(scheme, FSSPEC).readable:
         raise NotACheckpointError(
             f"{shown(url)}: {scheme}:// is read as a local path or not at all.",
             hint="Give a local checkpoint as a plain path.",
@@ -99,14 +133,17 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
             hint="Give credentials through the store's environment variables, never in the URL.",
             title="Unsafe URL",
         )
-    named = scheme in ("s3", *CLOUD)
+    named = SCHEMES.get(scheme, FSSPEC).backend != _FS  # bucket-named stores: S3, GCS, Azure
     if (named and not _BUCKET.fullmatch(bucket)) or name_problem(bucket) or any(c in bucket for c in "?#"):
         raise NotACheckpointError(
             f"{shown(url)}: {shown(bucket)!s} is not a valid bucket name.",
             hint=f"A URL reads {scheme}://bucket/prefix/to/checkpoint.",
         )
     parts = key.split("/") if key else []
-    if any(name_problem(p) or any(c in p for c in "?#") for p in parts):
+    # `?` and `#` are plain characters of an S3, GCS or Azure key (each client quotes the key it sends); in
+    # any other URL they start a query or a fragment, which is not followed
+    odd = "" if named else "?#"
+    if any(name_problem(p) or any(c in p for c in odd) for p in parts):
         raise NotACheckpointError(
             f"{shown(url)} is not a plain object path: `.`, `..`, empty segments, control characters and "
             "queries are not followed in a URL.",
@@ -121,6 +158,14 @@ def normalise_url(url: str) -> str:
     return "/".join([f"{scheme}://{bucket}", *parts])
 
 
+def provenance(root: str) -> str:
+    """Where a root's bytes were read from and what proved them, for `verify`'s report."""
+    m = _SCHEME.match(root)
+    if m is None:
+        return f"read from {shown(root)} (local files)"
+    return f"read from {shown(root)} ({scheme_row(m.group(1)).proof or 'ranges unproven: refused'})"
+
+
 MAX_LISTING = 200_000  # objects in one folder; a rank folder of a 100k-GPU run holds ~200k files
 
 
@@ -130,6 +175,35 @@ def int_env(name: str, default: int, low: int, high: int) -> int:
         return min(high, max(low, int(os.environ.get(name, default))))
     except ValueError:
         return default
+
+
+def float_env(name: str, default: float, low: float, high: float) -> float:
+    """A number of seconds from the environment, clamped to [low, high]; the default where it is no number."""
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return default if value != value else min(high, max(low, value))  # NaN: the default
+
+
+# Every store request is bounded three ways, for every backend (s3: botocore's connect and read timeouts and
+# a watchdog on the body; gs/az: obstore's connect timeout and per-request timeout; http(s): aiohttp's
+# sock_connect, sock_read and total): a silent or dripping server ends in a clear error naming the URL.
+CONNECT_TIMEOUT = ("ZI_REMOTE_CONNECT_TIMEOUT", 10.0)  # to open a connection
+STALL_TIMEOUT = ("ZI_REMOTE_STALL_TIMEOUT", 60.0)  # between two bytes of an answer
+DEADLINE = ("ZI_REMOTE_DEADLINE", 300.0)  # one request, first byte sent to last byte read
+
+
+def connect_timeout() -> float:
+    return float_env(*CONNECT_TIMEOUT, 0.05, 600.0)
+
+
+def stall_timeout() -> float:
+    return float_env(*STALL_TIMEOUT, 0.05, 3600.0)
+
+
+def deadline() -> float:
+    return float_env(*DEADLINE, 0.05, 86400.0)
 
 
 def inflight() -> int:

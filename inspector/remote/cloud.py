@@ -20,7 +20,16 @@ from typing import Any
 
 from inspector.errors import InspectorError
 from inspector.remote import errors as err
-from inspector.remote.backend import Page, RawObject, inflight, int_env
+from inspector.remote.backend import (
+    DEADLINE,
+    Page,
+    RawObject,
+    connect_timeout,
+    deadline,
+    inflight,
+    int_env,
+    scheme_row,
+)
 from inspector.system.units import printable as shown
 
 _PIECE = 1 << 20
@@ -67,9 +76,8 @@ class CloudBackend:
         try:
             from obstore.store import AzureStore, GCSStore
         except ImportError:
-            raise err.missing_client(
-                f"{scheme}://", "obstore", "gcs" if scheme == "gs" else "azure"
-            ) from None
+            row = scheme_row(scheme)
+            raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
         self.scheme, self.bucket = scheme, bucket
         self._if_match = True  # dropped if the store says it does not support If-Match
         env = os.environ
@@ -81,8 +89,10 @@ class CloudBackend:
         )
         self.where = _shown_endpoint(where, scheme)
         client: dict[str, Any] = {
-            "connect_timeout": timedelta(seconds=10),
-            "timeout": timedelta(seconds=120),
+            # object_store bounds a request from connecting to its body's last byte: a dripping or silent
+            # server ends at the deadline (it has no separate stall timeout)
+            "connect_timeout": timedelta(seconds=connect_timeout()),
+            "timeout": timedelta(seconds=deadline()),
             "pool_max_idle_per_host": str(2 * inflight() + 2),
             "user_agent": "zero-inspector",
         }
@@ -91,7 +101,7 @@ class CloudBackend:
             client["allow_http"] = True  # an emulator or a private endpoint the user named
         retry = {
             "max_retries": int_env("ZI_REMOTE_RETRIES", 6, 0, 20),
-            "retry_timeout": timedelta(seconds=120),
+            "retry_timeout": timedelta(seconds=min(120.0, deadline())),  # no retry starts after it
             "backoff": {
                 "init_backoff": timedelta(milliseconds=100),
                 "max_backoff": timedelta(seconds=15),
@@ -162,7 +172,9 @@ class CloudBackend:
                 pos += m
         except InspectorError:
             raise
-        except Exception:  # the body broke off after the headers: the caller fetches the range again
+        except Exception as exc:  # the body broke off after the headers: the caller fetches the range again
+            if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+                raise self.error(exc, url) from None  # past the deadline: not retried into a multiple of it
             return err.broken_off(url, self.where)
         if pos != n:
             raise err.truncated(url, f"the object ends before byte {start + n}")
@@ -188,6 +200,8 @@ class CloudBackend:
                 f"The credentials in use may not read this {_kind(self.scheme)}: check them and its access "
                 "policy; we need to list and read objects.",
             )
+        if "timed out" in text or "timeout" in text:
+            return err.timed_out(url, "the store did not answer in full", deadline(), DEADLINE[0])
         if isinstance(exc, ValueError | ox.UnknownConfigurationKeyError):
             return err.misconfigured(url, _HINTS[self.scheme])
         if "connect" in text or "dns" in text or "error sending request" in text:
@@ -215,7 +229,7 @@ def _kind(scheme: str) -> str:
 def _shown_endpoint(where: object, scheme: str) -> str:
     """An endpoint for messages: scheme, host and path only (a query could hold a SAS token)."""
     if not isinstance(where, str) or not where:
-        return "Google Cloud Storage" if scheme == "gs" else "Azure Blob Storage"
+        return scheme_row(scheme).label
     return shown(where.split("?", 1)[0].split("@")[-1])[:80]
 
 

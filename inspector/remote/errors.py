@@ -97,6 +97,26 @@ def broken_off(url: str, where: str) -> StoreError:
     )
 
 
+def timed_out(url: str, what: str, seconds: float, setting: str) -> StoreError:
+    """A request past one of its bounds (`remote.backend`): named, never retried into a hang."""
+    return StoreError(
+        f"{shown(url)}: {what} within {seconds:g} s.",
+        hint=f"The store or the network is too slow or not answering; try again, or raise {setting}.",
+        title="Object store timed out",
+    )
+
+
+def unproven(url: str, scheme: str) -> StoreError:
+    """A protocol whose client cannot show which bytes a ranged read returned: refused, not trusted."""
+    return StoreError(
+        f"{shown(url)}: reads through {scheme}:// cannot prove that the store returned the byte range asked "
+        "for, so they are refused.",
+        hint="Copy the checkpoint with the protocol's own tool and give the local folder, or read it over "
+        "s3://, gs://, az:// or https://, whose answers are checked.",
+        title="Unproven byte ranges",
+    )
+
+
 def refused(url: str, code: str, hint: str) -> StoreError:
     return StoreError(f"{shown(url)}: the store refused the request ({code}).", hint=hint)
 

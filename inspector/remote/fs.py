@@ -6,6 +6,11 @@ for exactly one range. Never `open()` (an s3fs file object reads ahead 50 MiB fo
 `cat_ranges` (which holds every result in memory at once): our own slots and pools bound what is in flight.
 Options and credentials come from fsspec's environment (FSSPEC_<PROTOCOL>_<OPTION>, e.g. FSSPEC_HF_TOKEN)
 and the protocol's own (HF_TOKEN). There is no ETag check: a ranged read through fsspec cannot carry one.
+
+A ranged read is trusted only where the bytes are shown to be the range asked: over `http(s)://` the read is
+made on fsspec's session with the answer's status and Content-Range checked (`remote.http`); `memory://`
+lives in this process. Any other protocol's client hides what the server answered, so its ranged reads are
+refused (`errors.unproven`) rather than trusted.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 
 from inspector.errors import InspectorError
 from inspector.remote import errors as err
-from inspector.remote.backend import Page, RawObject
+from inspector.remote import http
+from inspector.remote.backend import Page, RawObject, scheme_row
 
 MAX_SIZE_QUERIES = 4096  # one folder's files without a listed size asked one by one; past that, unreadable
 _HINT = "Check the URL, the network, and the protocol's options (FSSPEC_<PROTOCOL>_<OPTION> variables)."
@@ -56,10 +62,12 @@ class FsspecBackend:
             raise err.misconfigured(
                 url, f"fsspec knows no {scheme}:// file system; install the package that provides it."
             ) from None
-        try:
-            self.fs: Any = fsspec.filesystem(scheme)  # options from fsspec.config (FSSPEC_* variables)
+        bounded = http.options() if scheme in http.SCHEMES else {}
+        try:  # options from fsspec.config (FSSPEC_* variables), plus the time bounds of every request
+            self.fs: Any = fsspec.filesystem(scheme, **bounded)
         except Exception as exc:
             raise err.misconfigured(url, f"{_HINT} ({type(exc).__name__})") from None
+        self.ranges = http.HttpRanges(self.fs) if scheme in http.SCHEMES else None
         self._strip = cls._strip_protocol
         self.base = self._strip(url).rstrip("/")
 
@@ -116,6 +124,10 @@ class FsspecBackend:
         self, key: str, start: int, view: memoryview, size: int, etag: str
     ) -> InspectorError | None:
         url, n = self.url(key), len(view)
+        if self.ranges is not None:
+            return self.ranges.get(url, start, view, size)
+        if scheme_row(self.scheme).proof is None:  # the scheme table: memory:// is in this process
+            raise err.unproven(url, self.scheme)
         try:
             data = self.fs.cat_file(url, start=start, end=start + n)
         except FileNotFoundError:

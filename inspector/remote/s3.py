@@ -8,7 +8,9 @@ Content-Range. botocore's exceptions carry request details in their text; only t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -16,7 +18,20 @@ from typing import Any, TypeVar
 
 from inspector.errors import InspectorError
 from inspector.remote import errors as err
-from inspector.remote.backend import MAX_LISTING, Page, RawObject, inflight, int_env
+from inspector.remote.backend import (
+    CONNECT_TIMEOUT,
+    DEADLINE,
+    MAX_LISTING,
+    STALL_TIMEOUT,
+    Page,
+    RawObject,
+    connect_timeout,
+    deadline,
+    inflight,
+    int_env,
+    scheme_row,
+    stall_timeout,
+)
 
 T = TypeVar("T")
 
@@ -59,19 +74,20 @@ def endpoint() -> str:
 class S3Backend:
     """One bucket through one boto3 client (thread-safe; connections pooled for the reads in flight)."""
 
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, scheme: str, bucket: str) -> None:
         try:
             import boto3
             from botocore.config import Config
         except ImportError:
-            raise err.missing_client("s3://", "boto3", "s3") from None
+            row = scheme_row(scheme)
+            raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
         self.bucket = bucket
         self._lock = threading.Lock()
         session = boto3.session.Session()
         config = Config(
             retries={"max_attempts": int_env("AWS_MAX_ATTEMPTS", 6, 1, 20), "mode": "standard"},
-            connect_timeout=10,
-            read_timeout=60,
+            connect_timeout=connect_timeout(),
+            read_timeout=stall_timeout(),  # between two reads of an answer: a silent server
             max_pool_connections=2 * inflight() + 2,
             user_agent_extra="zero-inspector",
         )
@@ -125,7 +141,10 @@ class S3Backend:
                     out.append((key, uid))
             if not page.get("IsTruncated") or len(out) > MAX_LISTING:
                 return out
-            kwargs |= {"KeyMarker": page.get("NextKeyMarker"), "UploadIdMarker": page.get("NextUploadIdMarker")}
+            kwargs |= {
+                "KeyMarker": page.get("NextKeyMarker"),
+                "UploadIdMarker": page.get("NextUploadIdMarker"),
+            }
 
     def list(self, prefix: str) -> Iterator[Page]:
         token: str | None = None
@@ -157,6 +176,7 @@ class S3Backend:
             kwargs["IfMatch"] = etag
         resp = self.call(url, self.client.get_object, **kwargs)
         body = resp["Body"]
+        watchdog = Watchdog(body, deadline())  # a body that drips in under the stall timeout is cut here
         try:
             if (
                 resp.get("ContentLength") != n
@@ -173,10 +193,40 @@ class S3Backend:
             if pos != n:
                 raise err.truncated(url, f"the object ends before byte {start + n}")
         except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
+            if watchdog.fired:
+                raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0]) from None
+            if isinstance(exc, ReadTimeoutError):  # a stall is not retried into a multiple of the bound
+                raise store_error(exc, url) from None
             return store_error(exc, url)
         finally:
+            watchdog.cancel()
             body.close()
+        if watchdog.fired:
+            raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0])
         return None
+
+
+class Watchdog:
+    """Shuts the connection under a streaming body when the request outlives its deadline: a body that drips
+    a byte at a time never trips botocore's read timeout (it bounds each read, not the answer)."""
+
+    def __init__(self, body: Any, seconds: float) -> None:
+        self.fired = False
+        raw = getattr(body, "_raw_stream", None)
+        conn = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
+        self._sock: Any = getattr(conn, "sock", None)
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        if self._sock is not None:
+            self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError, AttributeError):  # already closed: the read ended meanwhile
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def _raw(obj: dict[str, Any]) -> RawObject:
@@ -231,13 +281,19 @@ def store_error(exc: BaseException, url: str, *, writing: bool = False) -> Inspe
         if code in ("PreconditionFailed", "412"):
             return err.changed(url)
         return err.refused(url, code, "Check the URL, the credentials and the endpoint.")
-    if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ProxyConnectionError):
+    if isinstance(exc, bx.ConnectTimeoutError):
+        return err.timed_out(
+            url, f"no connection to {endpoint()} opened", connect_timeout(), CONNECT_TIMEOUT[0]
+        )
+    if isinstance(exc, bx.ReadTimeoutError):
+        return err.timed_out(url, "the store sent nothing", stall_timeout(), STALL_TIMEOUT[0])
+    if isinstance(exc, bx.EndpointConnectionError | bx.ProxyConnectionError):
         return err.unreachable(
             url, endpoint(), "Check AWS_ENDPOINT_URL and the network; the store did not answer.", verb
         )
     if isinstance(
         exc,
-        bx.ReadTimeoutError | bx.ConnectionClosedError | bx.IncompleteReadError | bx.ResponseStreamingError,
+        bx.ConnectionClosedError | bx.IncompleteReadError | bx.ResponseStreamingError,
     ):
         return err.broken_off(url, endpoint())
     if isinstance(exc, bx.BotoCoreError):

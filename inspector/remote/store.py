@@ -10,6 +10,7 @@ requests and bytes are counted. Its slots bound the ranged reads in flight howev
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError
 from inspector.parse.names import name_problem
-from inspector.remote.backend import CLOUD, MAX_LISTING, Backend, RawObject, inflight
+from inspector.remote.backend import MAX_LISTING, Backend, RawObject, inflight, scheme_row
 from inspector.system.units import printable as shown
 
 MAX_OBJECT_BYTES = 1 << 46  # 64 TiB: above any store's object limit (S3: 50 TB); a larger size is a lie
@@ -167,15 +168,9 @@ class BlockCache:
 
 
 def backend_for(scheme: str, bucket: str) -> Backend:
-    """The client for one bucket, its package imported now (a missing one is a user error naming the extra)."""
-    if scheme == "s3":
-        from inspector.remote.s3 import S3Backend
-
-        return S3Backend(bucket)
-    if scheme in CLOUD:
-        from inspector.remote.cloud import CloudBackend
-
-        return CloudBackend(scheme, bucket)
-    from inspector.remote.fs import FsspecBackend
-
-    return FsspecBackend(scheme, bucket)
+    """The client for one bucket, from the scheme table (`remote.backend.SCHEMES`); its package is imported
+    now (a missing one is a user error naming the extra)."""
+    module, _, name = scheme_row(scheme).backend.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    backend: Backend = cls(scheme, bucket)
+    return backend

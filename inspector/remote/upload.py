@@ -5,8 +5,12 @@ order; the index, configs and `latest_universal` after what they name). A file l
 as a multipart upload, parts of 16 MiB (more for a file over 160 GB) read from the staged file, a few in
 flight for the whole run (ZI_S3_UPLOAD_INFLIGHT, default 4: memory is that many parts); nothing is visible
 until CompleteMultipartUpload, so the open upload is the partial file. Any error, cancel or interrupt aborts
-it. Every object carries the job's identity and its CRC-32 as metadata: a rerun of the same job keeps objects
-that already hold the same bytes, and uploads or rewrites the rest.
+it. Every object carries the job's identity and its CRC-32 as metadata, and is uploaded with S3's own CRC-32
+checksum (`ChecksumAlgorithm=CRC32`; a multipart upload as a FULL_OBJECT checksum, checked by the store against
+the parts): the store computes it from the bytes it received. A rerun of the same job keeps an object only when
+the store's checksum (HeadObject with ChecksumMode) equals the CRC-32 the metadata records and the size is the
+one planned: metadata anyone can copy (a sibling's job id with a made-up CRC) proves nothing by itself, and such
+an object is rewritten. Everything else is uploaded or rewritten.
 
 An object already at a planned key is replaced only with --overwrite or when this job wrote it (its metadata
 says so): the check lists the prefix first, and every write is conditional (`If-None-Match: *`), so an
@@ -16,6 +20,8 @@ the one name rule, below the prefix: no `..`, separator or control character can
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import os
 import threading
@@ -24,7 +30,7 @@ from typing import Any
 
 from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import escaped, name_problem
-from inspector.remote.backend import int_env, normalise_url, split_url
+from inspector.remote.backend import int_env, normalise_url, scheme_row, split_url
 from inspector.remote.s3 import S3Backend
 from inspector.remote.store import Store, store_for
 from inspector.system.units import printable as shown
@@ -36,8 +42,10 @@ META_CRC = "zi-crc32"
 
 
 def require_writable(url: str) -> None:
-    """Refuse an OUT on a store this module does not write (gs://, az://, fsspec URLs are read only)."""
-    if not url.startswith("s3://"):
+    """Refuse an OUT on a store this module does not write (the scheme table's `writable`: gs://, az:// and
+    fsspec URLs are read only)."""
+    name, _, _ = url.partition("://")
+    if not scheme_row(name).writable or "://" not in url:
         raise OutputError(
             f"{shown(url)}: an output can be a local folder or an s3:// prefix.",
             hint="Convert into a local folder and copy it with the store's own tool (gsutil, azcopy), or "
@@ -76,7 +84,7 @@ class BucketDestination:
         self.job = job
         self.overwrite = overwrite
         self.cancel = cancel or threading.Event()
-        self.store: Store = store_for("s3", bucket)
+        self.store: Store = store_for("s3", bucket)  # the one writable row of the scheme table
         backend = self.store.backend
         assert isinstance(backend, S3Backend)
         self.s3: S3Backend = backend
@@ -131,10 +139,17 @@ class BucketDestination:
         for key, size in self.s3.keys_below(self.prefix, self.show()).items():
             if key not in planned:
                 continue
-            head = self._call(self.show(planned[key]), client.head_object, Bucket=self.bucket, Key=key)
+            head = self._call(
+                self.show(planned[key]),
+                client.head_object,
+                Bucket=self.bucket,
+                Key=key,
+                ChecksumMode="ENABLED",
+            )
             meta = head.get("Metadata") or {}
             if meta.get(META_JOB) == self.job:
-                self._ours[key] = (size, str(meta.get(META_CRC, "")))
+                if proven_crc(head, meta.get(META_CRC)) is not None:  # else: rewritten, never reused
+                    self._ours[key] = (size, str(meta.get(META_CRC, "")))
                 self._replaceable.add(key)
             elif self.overwrite:
                 self._replaceable.add(key)
@@ -189,12 +204,20 @@ class BucketDestination:
             try:
                 body = _pread_all(fd, size, 0)
                 self._call(
-                    what, client.put_object, Bucket=self.bucket, Key=key, Body=body, Metadata=meta, **cond
+                    what,
+                    client.put_object,
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    Metadata=meta,
+                    ChecksumAlgorithm="CRC32",
+                    ChecksumCRC32=crc_b64(crc),  # the store refuses the upload if its bytes differ
+                    **cond,
                 )
             finally:
                 self._slots.release()
         else:
-            self._multipart(fd, size, key, what, meta, cond)
+            self._multipart(fd, size, key, what, meta, cond | {"ChecksumCRC32": crc_b64(crc)})
         with self._lock:
             self.created.append(key)
             self.sizes[rel] = size
@@ -203,7 +226,15 @@ class BucketDestination:
         self, fd: int, size: int, key: str, what: str, meta: dict[str, str], cond: dict[str, str]
     ) -> None:
         client = self.s3.client
-        up = self._call(what, client.create_multipart_upload, Bucket=self.bucket, Key=key, Metadata=meta)
+        up = self._call(
+            what,
+            client.create_multipart_upload,
+            Bucket=self.bucket,
+            Key=key,
+            Metadata=meta,
+            ChecksumAlgorithm="CRC32",
+            ChecksumType="FULL_OBJECT",  # one CRC-32 of the whole object, as a single PUT has
+        )
         uid = up.get("UploadId")
         if not isinstance(uid, str):
             raise OutputError(f"{what}: the store started no upload.", hint="Check AWS_ENDPOINT_URL.")
@@ -229,6 +260,7 @@ class BucketDestination:
                 Key=key,
                 UploadId=uid,
                 MultipartUpload={"Parts": parts},
+                ChecksumType="FULL_OBJECT",
                 **cond,
             )
         except BaseException:
@@ -262,8 +294,12 @@ class BucketDestination:
                 UploadId=uid,
                 PartNumber=number,
                 Body=data,
+                ChecksumAlgorithm="CRC32",
             )
-            return {"PartNumber": number, "ETag": resp["ETag"]}
+            part = {"PartNumber": number, "ETag": resp["ETag"]}
+            if isinstance(resp.get("ChecksumCRC32"), str):
+                part["ChecksumCRC32"] = resp["ChecksumCRC32"]
+            return part
         finally:
             self._slots.release()
 
@@ -306,6 +342,27 @@ class BucketDestination:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def crc_b64(crc: int) -> str:
+    """A CRC-32 as S3 writes it: four bytes, big-endian, base64."""
+    return base64.b64encode((crc & 0xFFFFFFFF).to_bytes(4, "big")).decode()
+
+
+def proven_crc(head: dict[str, Any], recorded: object) -> int | None:
+    """The CRC-32 an object's metadata records, when the store's own checksum of the object (computed by the
+    store from the bytes it received, a whole-object CRC-32) is the same; None when either is missing, the
+    store's is composite (a checksum of part checksums) or they differ."""
+    if not isinstance(recorded, str) or not recorded.isdigit() or head.get("ChecksumType") == "COMPOSITE":
+        return None
+    stored = head.get("ChecksumCRC32")
+    if not isinstance(stored, str) or "-" in stored:
+        return None
+    try:
+        value = int.from_bytes(base64.b64decode(stored, validate=True), "big")
+    except (binascii.Error, ValueError):
+        return None
+    return value if value == int(recorded) else None
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.parse.config import adapter_config
+from inspector.parse.pattern import compile_pattern
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.system.bytesource import source_at
 
@@ -146,9 +147,10 @@ def read_adapter_config(folder: str) -> tuple[dict[str, Any], str] | None:
 
 
 def _pattern_value(patterns: Mapping[str, Any], key: str, default: Any) -> Any:
-    """PEFT's get_pattern_key: the first pattern that matches the end of the module key."""
+    r"""PEFT's get_pattern_key: the first pattern that matches the end of the module key (`re.match(
+    rf"(.*\.)?({pattern})$", key)` there; the same answer in linear time here, `parse.pattern`)."""
     for pattern, value in patterns.items():
-        if re.match(rf"(.*\.)?({pattern})$", key):
+        if compile_pattern(pattern).matches(key):
             return value
     return default
 

@@ -32,6 +32,7 @@ class TensorCollector:
     ) -> list[TensorInfo]:
         module = model.module
         buffer_names = list(model.buffer_names)
+        buffers = set(buffer_names)  # asked once per module entry: a list made the scan quadratic
         shared = model.shared_params
         frozen_shapes = model.frozen_param_shapes
         trainable = layout.params if layout else {}
@@ -41,7 +42,7 @@ class TensorCollector:
         for name in order:
             if name in trainable:
                 out[name] = _with_module_copy(trainable[name], module.get(name))
-            elif name in buffer_names:
+            elif name in buffers:
                 out[name] = self._plain(name, module[name], Kind.BUFFER)
             elif name in shared:
                 continue  # aliases below, once owners are known

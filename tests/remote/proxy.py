@@ -43,6 +43,7 @@ class Throttle:
     # (the ETag from one HEAD to moto), so N proxies need no copy of the checkpoint in memory
     serve_from: dict[str, str] = field(default_factory=dict)
     cut: Callable[[str, str], bool] | None = None  # (method, path) -> send half the body, then hang up
+    drip: Callable[[str, str], bool] | None = None  # (method, path) -> send the body a byte a second
     requests: int = 0
     bytes_out: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,7 +57,7 @@ class Throttle:
             self.serve_from = {}
             self.fault_at = None
             self.serve_ranges = False
-            self.cut = None
+            self.cut = self.drip = None
             self.requests = self.bytes_out = 0
 
     def count(self, nbytes: int) -> None:
@@ -253,6 +254,15 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
             t.count(len(data))
 
         def _write(self, data: bytes) -> None:
+            if t.drip is not None and t.drip(self.command, self.path):
+                try:
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(1.0)
+                except OSError:  # the client gave up, as it should
+                    self.close_connection = True
+                return
             if not t.bytes_per_s and not t.node_bytes_per_s:
                 self.wfile.write(data)
                 return

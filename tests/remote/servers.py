@@ -159,14 +159,21 @@ class _Ranges(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
 
-    def do_GET(self) -> None:
+    def ranged(self) -> tuple[str, int, int, int] | None:
+        """(file, its size, first, last byte) of a ranged GET of a file; None for anything else."""
         rng = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
         path = self.translate_path(self.path)
         if rng is None or not os.path.isfile(path):
+            return None
+        size = os.path.getsize(path)
+        return path, size, int(rng.group(1)), min(int(rng.group(2)), size - 1)
+
+    def do_GET(self) -> None:
+        asked = self.ranged()
+        if asked is None:
             super().do_GET()
             return
-        size = os.path.getsize(path)
-        lo, hi = int(rng.group(1)), min(int(rng.group(2)), size - 1)
+        path, size, lo, hi = asked
         with open(path, "rb") as f:
             f.seek(lo)
             data = f.read(hi - lo + 1)

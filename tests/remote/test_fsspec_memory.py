@@ -90,6 +90,7 @@ def test_a_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
     from inspector.remote.store import store_for
 
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore -> ImportError
+    monkeypatch.setitem(sys.modules, "obstore.store", None)  # also when a gs:// test imported it first
     with pytest.raises(StoreError, match=r"zero-inspector\[gcs\]"):
         store_for("gs", "zi-no-client")
     with pytest.raises(StoreError, match=r"zero-inspector\[azure\]"):
@@ -125,3 +126,25 @@ def test_local_paths_never_import_a_store_client(demo: Any) -> None:
         "assert not [m for m in sys.modules if m.startswith('inspector.remote')], 'remote imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT, timeout=60)
+
+
+def test_a_protocol_whose_client_hides_the_range_it_returned_is_refused(
+    memory_demo: tuple[str, Path],
+) -> None:
+    """A client that cannot show which bytes it returned (here a memory file system under another name,
+    standing for hf://, gcs://, sftp://) is refused for ranged reads, not trusted."""
+    fsspec = pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Opaque(MemoryFileSystem):
+        protocol = "ziopaque"
+
+    fsspec.register_implementation("ziopaque", Opaque, clobber=True)
+    fs = fsspec.filesystem("ziopaque")
+    for path in sorted(memory_demo[1].rglob("*")):
+        if path.is_file():
+            fs.pipe(
+                f"ziopaque://zi-demo/run/{path.relative_to(memory_demo[1]).as_posix()}", path.read_bytes()
+            )
+    with pytest.raises(StoreError, match="cannot prove that the store returned the byte range"):
+        scan("ziopaque://zi-demo/run")

@@ -1,0 +1,56 @@
+"""Time bounded on s3://: a store that drips its answer a byte a second, or never answers, ends in a clear
+error naming the URL within the bounds set through the environment (ZI_REMOTE_STALL_TIMEOUT,
+ZI_REMOTE_DEADLINE, ZI_REMOTE_CONNECT_TIMEOUT), not after botocore's defaults or never."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.remote.hostile import silent_endpoint
+from tests.remote.proxy import S3Proxy
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
+
+
+def _bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZI_REMOTE_STALL_TIMEOUT", "2")
+    monkeypatch.setenv("ZI_REMOTE_DEADLINE", "4")
+    monkeypatch.setenv("ZI_REMOTE_CONNECT_TIMEOUT", "2")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+
+
+def test_a_store_dripping_its_answer_ends_at_the_deadline(
+    proxy: S3Proxy, s3_demo: tuple[str, Path], cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = s3_demo
+    _bounded(monkeypatch)
+    proxy.throttle.drip = lambda method, path: method == "GET" and "list-type" not in path
+    start = time.monotonic()
+    result = cli("scan", url, timeout=120)
+    took = time.monotonic() - start
+    assert result.rc != 0, result.output
+    assert "did not end within 4 s" in result.output, result.output
+    assert url in result.output
+    assert "Traceback" not in result.output
+    print(f"\ndrip: ended after {took:.1f} s")
+
+
+def test_a_silent_store_ends_at_the_stall_timeout(
+    s3_demo: tuple[str, Path], cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = s3_demo
+    _bounded(monkeypatch)
+    with silent_endpoint() as dead:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+        start = time.monotonic()
+        result = cli("scan", url, timeout=120)
+        took = time.monotonic() - start
+    assert result.rc != 0, result.output
+    assert "sent nothing within 2 s" in result.output, result.output
+    assert url in result.output
+    assert "Traceback" not in result.output
+    print(f"\nsilent: ended after {took:.1f} s")

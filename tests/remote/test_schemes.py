@@ -1,0 +1,39 @@
+"""One table of schemes (`remote.backend.SCHEMES`): every row names a backend that exists, the extra and
+package a missing client names, whether it is read and written, and what proves its ranged reads; the URL
+rules, the backend choice, the output check and `verify`'s wording all read it."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from inspector.errors import InspectorError, OutputError
+from inspector.remote.backend import FSSPEC, SCHEMES, provenance, scheme_row, split_url
+from inspector.remote.upload import require_writable
+
+
+def test_every_row_names_a_backend_class_that_exists() -> None:
+    for name, row in {**SCHEMES, "any": FSSPEC}.items():
+        module, _, cls = row.backend.partition(":")
+        assert hasattr(importlib.import_module(module), cls), name
+
+
+def test_only_s3_is_written_and_only_the_rows_with_a_proof_are_trusted_for_ranges() -> None:
+    assert [n for n, r in SCHEMES.items() if r.writable] == ["s3"]
+    assert scheme_row("hf").proof is None and scheme_row("sftp") is FSSPEC
+    assert "Content-Range" in provenance("https://host/run")
+    assert "refused" in provenance("hf://org/model")
+    assert "local files" in provenance("/data/run")
+
+
+@pytest.mark.parametrize("url", ["gs://b/out", "az://c/out", "https://host/out", "memory://b/out"])
+def test_an_output_on_a_read_only_scheme_is_refused(url: str) -> None:
+    with pytest.raises(OutputError, match="an output can be"):
+        require_writable(url)
+
+
+@pytest.mark.parametrize("name", [n for n, r in SCHEMES.items() if not r.readable])
+def test_schemes_that_are_no_store_are_refused(name: str) -> None:
+    with pytest.raises(InspectorError, match=r"read as a local path or not at all|not a store URL"):
+        split_url(f"{name}://bucket/run")
