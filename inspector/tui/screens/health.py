@@ -149,6 +149,18 @@ class HealthPane(Vertical):
             self._clear()
         self._status(self._intro())
 
+    def clear(self) -> None:
+        """Nothing of the previous checkpoint: its pass stopped, its rows, findings and comparison gone."""
+        self._abandon()
+        self.ckpt = None
+        self._order = {}
+        self._clear()
+        select = self.query_one("#health-against", Select)
+        with self.prevent(Select.Changed):
+            select.set_options([("nothing (this tag alone)", NO_COMPARISON)])
+            select.value = NO_COMPARISON
+        self._status(self._intro())
+
     def start(self) -> None:
         """Run the pass for the shown tag and comparison, unless its result is already on screen."""
         if self.ckpt is None:

@@ -71,6 +71,18 @@ class TensorsPane(Horizontal):
         self._update_selection_line()
         self._follow_cursor()
 
+    def clear(self) -> None:
+        """Nothing of the previous checkpoint: no tree, no detail, no statistics, no filter."""
+        self.cancel_stats()
+        self.ckpt = None
+        box = self.query_one("#filter", Input)
+        with self.prevent(Input.Changed):
+            box.value = ""
+        box.add_class("-hidden")
+        self.module_tree.unload()
+        self.detail.forget()
+        self.query_one("#selection-line", Static).update("")
+
     def refresh_options(self) -> None:
         """Export options changed (dtype): subtotals and the detail's output dtype follow."""
         if self.ckpt is None:

@@ -95,6 +95,11 @@ class ModuleTree(Tree[Data]):
             self._ranks[t.name] = sorted(int(r[5:]) for r in rs if r.startswith("rank "))
         self.rebuild()
 
+    def unload(self) -> None:
+        """No checkpoint: an empty tree (the next `load` fills it)."""
+        self.ckpt, self.selected, self.pattern, self._ranks = None, set(), None, {}
+        self.clear()
+
     def shown_tensors(self) -> list[TensorInfo]:
         if self.ckpt is None:
             return []
