@@ -104,7 +104,7 @@ class ConvertScreen(Screen[None]):
         self.autostart = autostart
         self.child: Child | None = None
         self.job = "convert"
-        self.phase = Phase.PREFLIGHT
+        self._phase = Phase.PREFLIGHT
         self.plan: Job | None = None
         self.assessment: Assessment | None = None
         self.out_dir = ""
@@ -301,7 +301,27 @@ class ConvertScreen(Screen[None]):
             message[:200], title=title, severity="error" if error else "warning", timeout=8, markup=False
         )
 
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: Phase) -> None:
+        self._phase = value
+        if self.is_mounted:
+            self.refresh_bindings()  # the key bar offers what the new phase allows (v once it is done)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`v` is offered once there is a finished conversion to verify."""
+        if action == "verify":
+            return self.phase in (Phase.DONE, Phase.VERIFIED, Phase.VERIFYING)
+        return True
+
     def _fail(self, title: str, message: str, hint: str = "") -> None:
+        if self.phase is Phase.PREFLIGHT:  # not "Checking that it fits…" forever
+            self.query_one("#convert-title", Static).update(
+                Text.assemble(("✖ Not started: ", "bold red"), shown(title))
+            )
         self.phase = Phase.FAILED
         zi(self).converting = False
         self._show_failure(title, message, hint)

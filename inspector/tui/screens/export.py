@@ -102,6 +102,7 @@ class ExportScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.generation = 0
+        self.plan_error = ""  # the preflight's refusal of valid-looking options (a rename collision)
 
     def compose(self) -> ComposeResult:
         app = zi(self)
@@ -228,15 +229,20 @@ class ExportScreen(Screen[None]):
         )
         return opts, out, overwrite, errors
 
-    def _changed(self) -> None:
-        opts, out, overwrite, errors = self.read_form()
-        app = zi(self)
+    def _show_errors(self, errors: list[str]) -> None:
+        """✖ per problem (the form's and the preflight's), or ✔ when there is none."""
         box = self.query_one("#form-errors", Static)
         box.update(
             "\n".join(f"[red]✖[/] {shown_markup(e)}" for e in errors)
             if errors
             else "[green]✔ options valid[/]"
         )
+
+    def _changed(self) -> None:
+        opts, out, overwrite, errors = self.read_form()
+        app = zi(self)
+        self.plan_error = ""  # the next preflight says again
+        self._show_errors(errors)
         app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
         app.export = replace(
@@ -248,6 +254,9 @@ class ExportScreen(Screen[None]):
             ray_address=str(self.query_one("#ray-address", Input).value).strip(),
         )
         self.generation += 1
+        if errors:  # a verdict on other options than those typed would be a lie (a green "Fits" for "lots")
+            self.query_one(PreflightPanel).waiting("Preflight waits for valid options (✖ above).")
+            return
         if not app.selected and get(fmt or DEFAULT).uses_selection:
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
             return
@@ -275,6 +284,8 @@ class ExportScreen(Screen[None]):
         panel = self.query_one(PreflightPanel)
         if msg.plan is None or msg.assessment is None:
             panel.error(msg.error)
+            self.plan_error = msg.error
+            self._show_errors([msg.error])
             return
         panel.show(msg.assessment, msg.plan)
         if not msg.plan.uses_selection:
@@ -291,6 +302,7 @@ class ExportScreen(Screen[None]):
 
     def action_convert(self) -> None:
         _, _, _, errors = self.read_form()
+        errors += [self.plan_error] if self.plan_error else []
         if errors:
             self.notify(shown(errors[0]), title="Fix the options first", severity="error", markup=False)
             return

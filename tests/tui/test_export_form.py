@@ -1,0 +1,71 @@
+"""The export form says only what is true (#28 item 8): a rename collision is not "options valid" and blocks
+ctrl+s; an invalid shard size leaves no verdict of other options on screen; a refused plan is a failure on the
+convert screen, not "Checking that it fits…" with `v Verify` offered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from inspector.tui.app import make_app
+from inspector.tui.screens.convert import ConvertScreen
+from inspector.tui.screens.export import ExportScreen
+from tests.tui.conftest import plain, record_notes, scanned, wait_for
+
+pytestmark = pytest.mark.asyncio
+
+COLLIDE = r"\.weight$=.w; \.bias$=.w"
+
+
+async def test_rename_collision_blocks_the_form(small_demo: Path, tmp_path: Path) -> None:
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        form = app.screen
+        assert isinstance(form, ExportScreen)
+        form.query_one("#renames", Input).value = COLLIDE
+        await wait_for(pilot, lambda: "collision" in plain(form.query_one("#preflight")).lower(), "preflight")
+        errors = plain(form.query_one("#form-errors"))
+        assert "options valid" not in errors and "✖" in errors and "collision" in errors.lower()
+        told = record_notes(app)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is form
+        assert any(t.title == "Fix the options first" for t in told)
+
+
+async def test_invalid_shard_size_leaves_no_verdict(small_demo: Path, tmp_path: Path) -> None:
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        form = app.screen
+        await wait_for(pilot, lambda: "Fits" in plain(form.query_one("#preflight")), "the first verdict")
+        form.query_one("#shard", Input).value = "lots"
+        await pilot.pause(0.5)
+        assert "Fits" not in plain(form.query_one("#preflight"))
+        assert "Shard size" in plain(form.query_one("#form-errors"))
+        form.query_one("#shard", Input).value = "1GB"
+        await wait_for(pilot, lambda: "Fits" in plain(form.query_one("#preflight")), "the verdict again")
+
+
+async def test_refused_plan_on_the_convert_screen(small_demo: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        app.base_options = replace(app.base_options, renames=((r"\.weight$", ".w"), (r"\.bias$", ".w")))
+        await pilot.press("c")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "failed", "refusal"
+        )
+        screen = app.screen
+        assert "Checking that it fits" not in plain(screen.query_one("#convert-title"))
+        assert "Not started" in plain(screen.query_one("#convert-title"))
+        await pilot.pause()
+        assert "verify" not in {b.action for _, b, enabled, _ in screen.active_bindings.values() if enabled}
+        assert not screen.check_action("verify", ())
