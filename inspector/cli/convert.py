@@ -87,6 +87,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     )
     for note in job.notes:
         console.print(f"[dim]{escape(note)}[/]")
+    for error in ckpt.errors if args.force else ():  # what --force leaves out, said before it is left out
+        console.print(f"[yellow]--force: {escape(error.message)}[/]")
     tasks: list[Any] = []
     events: Any = None
     try:

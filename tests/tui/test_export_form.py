@@ -69,3 +69,26 @@ async def test_refused_plan_on_the_convert_screen(small_demo: Path, tmp_path: Pa
         await pilot.pause()
         assert "verify" not in {b.action for _, b, enabled, _ in screen.active_bindings.values() if enabled}
         assert not screen.check_action("verify", ())
+
+
+async def test_forced_conversion_says_what_it_left_out(small_demo: Path, tmp_path: Path) -> None:
+    """#28 item 12: the damaged-checkpoint question has real line breaks, and the green Done of a forced
+    conversion says which tensors are not in the output."""
+    from inspector.tui.screens.dialogs import ConfirmDialog
+    from tests.test_cli_messages import truncated_copy
+
+    root = truncated_copy(small_demo, tmp_path / "cut")
+    app = make_app(path=str(root), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("escape")  # the "Damaged checkpoint" note
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the question")
+        body = plain(app.screen.query_one("#dialog-body"))
+        assert "\\n" not in body and "Converting it would" in body
+        await pilot.press("y")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "done", "the conversion"
+        )
+        result = plain(app.screen.query_one("#result"))
+        assert "left out" in result and "cannot be rebuilt" in result and "model.embed_tokens.weight" in result

@@ -275,7 +275,7 @@ class ConvertScreen(Screen[None]):
             # the last progress line said "under a second left": now it says what was done
             progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}")
             result = self.query_one("#result", Static)
-            result.update(done_text(self.report, peak, meter.predicted))
+            result.update(Text.assemble(self._left_out(), done_text(self.report, peak, meter.predicted)))
             self.call_after_refresh(result.scroll_visible, animate=False)
             self.notify("Conversion finished.", title="Done")
             return
@@ -291,6 +291,16 @@ class ConvertScreen(Screen[None]):
             resumable=self.plan is not None and self.plan.keeps_on_cancel,
         )
         self._show_failure(title, message, hint, error=not cancelled)
+
+    def _left_out(self) -> Text:
+        """A forced conversion of a damaged checkpoint: what the scan could not read is not in the output."""
+        ckpt = zi(self).ckpt
+        if not self.force or ckpt is None or not ckpt.errors:
+            return Text()
+        return Text.assemble(
+            ("⚠ Forced: what the scan could not read is left out of this output.\n", "bold yellow"),
+            *(Text(f"  {shown(e.message)}\n", style="yellow") for e in ckpt.errors),
+        )
 
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
         result = self.query_one("#result", Static)

@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from inspector.tui.fmt import shown
+from inspector.tui.fmt import shown, shown_lines
 
 
 class ConfirmDialog(ModalScreen[bool]):
@@ -24,7 +24,7 @@ class ConfirmDialog(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
             yield Static(shown(self.title_text), id="dialog-title", markup=False)
-            yield Static(shown(self.question), id="dialog-body", markup=False)
+            yield Static(shown_lines(self.question), id="dialog-body", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button(f"{self.yes} (y)", id="yes", variant="warning")
                 yield Button(f"{self.no} (n)", id="no", variant="primary")
@@ -49,7 +49,7 @@ class MessageDialog(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
             yield Static(shown(self.title_text), id="dialog-title", markup=False)
-            yield Static(shown(self.message), id="dialog-body", markup=False)
+            yield Static(shown_lines(self.message), id="dialog-body", markup=False)
             if self.hint:
                 yield Static(shown(f"→ {self.hint}"), id="dialog-hint", markup=False)
             with Horizontal(id="dialog-buttons"):
