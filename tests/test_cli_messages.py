@@ -61,3 +61,71 @@ def test_scan_and_preflight_agree_on_reads_of_a_tied_trainer_run(
     assert pre.rc == 0, pre.stderr
     assert any(t.get("alias_of") for t in scanned["tensors"])
     assert scanned["read_bytes_by_source"] == json.loads(pre.stdout)["read_bytes_by_source"]
+
+
+def test_a_missing_tag_is_called_so(small: Path, cli: Callable[..., CliResult]) -> None:
+    """#28 item 13: "No such tag", not "Not a DeepSpeed checkpoint", wherever a tag is asked for."""
+    for args in (("scan", small, "--tag", "nope"), ("health", small, "--against", "nope")):
+        r = cli(*args)
+        assert r.rc == 2
+        assert "No such tag" in r.stderr and "Not a DeepSpeed checkpoint" not in r.stderr, r.stderr
+
+
+def test_json_failures_are_one_json_object(small: Path, tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    for args in (
+        ("scan", small, "--tag", "nope", "--json"),
+        ("scan", tmp_path / "missing", "--json"),
+        ("health", small, "--tag", "nope", "--json"),
+        ("preflight", small, "--tag", "nope", "--json"),
+    ):
+        r = cli(*args)
+        assert r.rc == 2, args
+        doc = json.loads(r.stdout)  # exactly one object
+        assert doc["error"]["title"] and doc["error"]["exit_code"] == 2, args
+
+
+def test_json_of_a_damaged_preflight_is_one_object(
+    small: Path, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    r = cli("preflight", truncated_copy(small, tmp_path / "cut"), "--json")
+    assert r.rc == 1
+    doc = json.loads(r.stdout)
+    assert doc["damaged"] and doc["error"]
+
+
+def test_verify_help_and_another_checkpoint(
+    small: Path, tmp_path: Path, cli: Callable[..., CliResult], demo  # type: ignore[no-untyped-def]
+) -> None:
+    helped = cli("verify", "--help").stdout
+    tag_help = helped[helped.index("  --tag TAG") :].split("\n  -")[0]
+    assert "latest" not in tag_help and "records" in tag_help
+    other = demo(DemoSpec(params=1_000_000, tag="global_step7"))
+    out = tmp_path / "out"
+    assert cli("convert", other, out).rc == 0
+    r = cli("verify", small, out)
+    assert r.rc == 2
+    assert "another checkpoint" in r.stderr and "no tag" not in r.stderr.lower(), r.stderr
+
+
+def test_a_mistyped_flag_shows_its_commands_usage(small: Path, cli: Callable[..., CliResult]) -> None:
+    r = cli("scan", small, "--jsn")
+    assert r.rc == 2
+    assert r.stderr.startswith("usage: zero-inspector scan"), r.stderr
+    assert "--jsn" in r.stderr
+
+
+def test_the_busy_folder_hint_names_what_overwrite_replaces(
+    demo, tmp_path: Path, cli: Callable[..., CliResult]  # type: ignore[no-untyped-def]
+) -> None:
+    """--overwrite --format model replaces config.json: the hint says so instead of "other files are left
+    alone" alone."""
+    from tests.convert.kinds.hf import trainer_run
+
+    run = trainer_run(demo, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    r = cli("convert", run, out, "--format", "model")
+    assert r.rc == 2
+    hint = r.stderr.split("→")[-1]
+    assert "--overwrite" in hint and "config.json" in hint, r.stderr

@@ -289,9 +289,17 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
     from inspector.errors import DamagedCheckpointError
 
     errors = ckpt.errors
-    if as_json:
+    if as_json:  # the one JSON object of this run: main() prints no second one for the error below
         print(
-            json.dumps({"fits": False, "damaged": True, "findings": [f.as_dict() for f in errors]}, indent=1)
+            json.dumps(
+                {
+                    "fits": False,
+                    "damaged": True,
+                    "findings": [f.as_dict() for f in errors],
+                    "error": {"title": "Damaged checkpoint", "message": f"{len(errors)} error finding(s)"},
+                },
+                indent=1,
+            )
         )
     else:
         from rich.panel import Panel
@@ -302,10 +310,12 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
         _console().print(
             Panel(findings(tuple(errors)), title="Findings", title_align="left", border_style="red")
         )
-    raise DamagedCheckpointError(
+    refusal = DamagedCheckpointError(
         f"The checkpoint has {len(errors)} error finding(s); no prediction is made for a damaged checkpoint.",
         hint="Run `zero-inspector scan` for details; converting it would write wrong weights.",
     )
+    refusal.json_printed = as_json  # type: ignore[attr-defined]
+    raise refusal
 
 
 def _add_progress(p: argparse.ArgumentParser) -> None:
@@ -377,6 +387,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
     p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")
     add_common(p)
+    for action in p._actions:  # verify reads the tag the output records, not `latest`
+        if "--tag" in action.option_strings:
+            action.help = "tag to check against (default: the tag the output records it came from)"
     p.add_argument("out", help="folder (or s3://bucket/prefix) written by convert")
     p.add_argument(
         "--against",

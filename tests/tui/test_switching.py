@@ -28,11 +28,18 @@ def _pipeline_copy(src: Path, dest: Path) -> Path:
     return dest
 
 
-async def _dismiss(pilot) -> None:  # type: ignore[no-untyped-def]
+async def _dismiss(pilot) -> str:  # type: ignore[no-untyped-def]
+    """Close the error dialog; returns its title."""
     app = pilot.app
-    await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), "the error dialog")
+    await wait_for(
+        pilot,
+        lambda: isinstance(app.screen, MessageDialog) and bool(app.screen.query("#dialog-title")),
+        "the error dialog",
+    )
+    title = plain(app.screen.query_one("#dialog-title"))
     await pilot.press("escape")
     await wait_for(pilot, lambda: not isinstance(app.screen, MessageDialog), "the dialog closed")
+    return title
 
 
 async def test_another_root_starts_with_everything_selected(
@@ -133,7 +140,7 @@ async def test_roots_and_tags_switch_only_from_the_main_screen(two_tag_demo: Pat
 async def test_missing_tag_leaves_the_others_choosable(two_tag_demo: Path) -> None:
     app = make_app(path=str(two_tag_demo), tag="global_step9", live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
-        await _dismiss(pilot)
+        assert "No such tag" in await _dismiss(pilot)  # not "Not a DeepSpeed checkpoint"
         assert app.ckpt is None
         tags = app.main.query_one("#tags", Select)
         await wait_for(pilot, lambda: len(tags._options) > 1, "the tag list")
