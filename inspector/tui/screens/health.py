@@ -65,6 +65,16 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
 
+def _planned(ckpt: Checkpoint, against: Checkpoint | None) -> HealthProgress:
+    """Nothing read yet of every stream the pass will read (`check`'s own plan): "0 of 129 streams" before
+    the first one finishes, so the count never grows under the reader's eyes."""
+    from inspector.convert.options import ConvertOptions, select
+    from inspector.health.stream import plan_jobs
+
+    jobs = plan_jobs(ckpt, select(ckpt, ConvertOptions()), against)
+    return HealthProgress(0, sum(j.nbytes for j in jobs), 0, len(jobs))
+
+
 class LayerChart(AutoHeightStatic):
     """Norm and change by depth, redrawn to the width it gets."""
 
@@ -104,6 +114,8 @@ class HealthPane(Vertical):
         self._cancel = threading.Event()
         self._ran_for: tuple[str, str, str] | None = None  # (root, tag, against) of the rows shown
         self._order: dict[str, int] = {}
+        self._streams_done = 0
+        self._streams = 0  # the pass's streams (a tensor's master, its moments…), known before it reads
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="health-bar"):
@@ -203,6 +215,7 @@ class HealthPane(Vertical):
         last = time.monotonic()
         try:
             against = scan(ckpt.root, against_tag) if against_tag else None
+            post(HealthUpdate(run, progress=_planned(ckpt, against)))  # the totals up front, not as found
             for item in check(ckpt, against, cancel=cancel):
                 if isinstance(item, list):
                     pending.extend(item)
@@ -234,9 +247,10 @@ class HealthPane(Vertical):
                 self._highlight()
         if msg.progress is not None:
             p = msg.progress
+            self._streams, self._streams_done = p.jobs_total, p.jobs_done
             self.query_one("#health-progress", ProgressBar).update(progress=p.fraction)
             broken = sum(1 for e in self.table.entries if e.bad)
-            bad = f" · [bold red]{plural(broken, 'stream')} with NaN/Inf so far[/]" if broken else ""
+            bad = f" · [bold red]{plural(broken, 'row')} with NaN/Inf so far[/]" if broken else ""
             self._status(
                 f"reading {size(p.bytes_done)} of {size(p.bytes_total)} · {p.jobs_done:,} of "
                 f"{plural(p.jobs_total, 'stream')}{bad} · escape cancels"
@@ -245,7 +259,10 @@ class HealthPane(Vertical):
             self._finished(msg.report)
         elif msg.cancelled:
             self._ended(
-                Text(f"Cancelled: {len(self.table.entries):,} streams read. h runs it again.", style="yellow")
+                Text(
+                    f"Cancelled: {self._streams_done:,} of {plural(self._streams, 'stream')} read. h runs it again.",
+                    style="yellow",
+                )
             )
         elif msg.error is not None:
             self._ended(Text(f"Stopped: {shown(msg.error.title)}", style="bold red"))
@@ -274,7 +291,8 @@ class HealthPane(Vertical):
         against = f", against {shown(report.against)}" if report.against else ""
         line = Text.assemble(
             verdict,
-            f" · {plural(len(report.rows), 'stream')} · {size(report.bytes_read)} read{took}{against}",
+            f" · {plural(self._streams, 'stream')} read ({plural(len(report.rows), 'row')}) · "
+            f"{size(report.bytes_read)}{took}{against}",
         )
         self._ended(line)
         self._highlight()
