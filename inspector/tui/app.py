@@ -351,7 +351,7 @@ class InspectorApp(App[int]):
         from inspector.tui.screens.convert import ConvertScreen
         from inspector.tui.screens.dialogs import ConfirmDialog
 
-        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen)]
+        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen) and s.busy]
         words = "; ".join(s.cancel_words() for s in running)
         held = " ".join(dict.fromkeys(s.held_words() for s in running)) or "It is paused while you decide."
 

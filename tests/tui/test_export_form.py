@@ -92,3 +92,34 @@ async def test_forced_conversion_says_what_it_left_out(small_demo: Path, tmp_pat
         )
         result = plain(app.screen.query_one("#result"))
         assert "left out" in result and "cannot be rebuilt" in result and "model.embed_tokens.weight" in result
+
+
+async def test_quit_names_only_the_running_conversion(small_demo: Path, tmp_path: Path, gate) -> None:  # type: ignore[no-untyped-def]
+    """#28 item 9: a finished universal conversion still on the screen stack is not what quitting cancels:
+    the question names the running one's words, not the first one's `.partial` folder."""
+    from dataclasses import replace
+
+    from inspector.tui.screens.dialogs import ConfirmDialog
+    from tests.tui.conftest import choose_universal, start_held
+
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "first"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await choose_universal(pilot)
+        gate.open()
+        await pilot.press("ctrl+s")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "done", "the first"
+        )
+        first = app.screen
+        app.export = replace(app.export, out_dir=str(tmp_path / "second"), format="weights")
+        gate.path.touch()  # hold the second one
+        second = await start_held(pilot, gate)
+        assert second is not first and first in app.screen_stack
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "the question")
+        body = plain(app.screen.query_one("#dialog-body"))
+        assert "first" not in body and ".partial" not in body, body
+        assert second.cancel_words() in body
+        await pilot.press("n")
+        gate.open()

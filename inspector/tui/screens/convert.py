@@ -321,6 +321,13 @@ class ConvertScreen(Screen[None]):
         if self.is_mounted:
             self.refresh_bindings()  # the key bar offers what the new phase allows (v once it is done)
 
+    @property
+    def busy(self) -> bool:
+        """A conversion or verification of this screen is under way (a finished one further down the stack is
+        not what quitting would cancel)."""
+        running = self.child is not None and self.child.running
+        return running or self.phase in (Phase.PREFLIGHT, Phase.RUNNING, Phase.CANCELLING)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """`v` is offered once there is a finished conversion to verify."""
         if action == "verify":
