@@ -123,3 +123,18 @@ async def test_quit_names_only_the_running_conversion(small_demo: Path, tmp_path
         assert second.cancel_words() in body
         await pilot.press("n")
         gate.open()
+
+
+async def test_question_mark_on_the_new_form_is_help(small_demo: Path, tmp_path: Path) -> None:
+    """#28 item 6: the form does not open with the output folder selected, so `?` shows help, not "?"."""
+    from inspector.tui.screens.help import HelpScreen
+
+    out = str(tmp_path / "out")
+    app = make_app(path=str(small_demo), out_dir=out, live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        form = app.screen
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        assert form.query_one("#out", Input).value == out

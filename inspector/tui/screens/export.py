@@ -113,7 +113,13 @@ class ExportScreen(Screen[None]):
             with VerticalScroll(id="export-form"):
                 with Grid(id="form-grid"):
                     yield Label("Output folder")
-                    yield Input(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
+                    yield Input(
+                        ex.out_dir,
+                        id="out",
+                        compact=True,
+                        placeholder="where the safetensors go",
+                        select_on_focus=False,
+                    )
                     yield Label("Format")
                     formats, default, missing = format_options(app.ckpt)
                     chosen = ex.format if ex.format in {v for _, v in formats} else default
@@ -177,7 +183,9 @@ class ExportScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.sub_title = "Export options"
-        self.query_one("#out", Input).focus()
+        # the form opens on a choice, not in a text field: `?` is help here (typed into a field it is text), and
+        # the proposed folder is not selected for the first key to replace it
+        self.query_one("#format", Select).focus()
         self._changed()
 
     @on(Input.Changed)

@@ -309,6 +309,19 @@ class HealthPane(Vertical):
             self._cancel.set()
             self._status(Text("cancelling…", style="italic"))
 
+    def on_mount(self) -> None:
+        select = self.query_one("#health-against", Select)
+        self.watch(select, "expanded", self._menu_closed, init=False)
+
+    def _menu_closed(self, expanded: bool) -> None:
+        """The comparison menu closed (chosen or escaped): the table has the keys again."""
+        if not expanded:  # after the Select takes the focus back itself
+            self.call_after_refresh(self._table_if_menu_focused)
+
+    def _table_if_menu_focused(self) -> None:
+        if self.query_one("#health-against", Select).has_focus_within:
+            self.table.focus()
+
     def action_against(self) -> None:
         select = self.query_one("#health-against", Select)
         select.focus()

@@ -241,7 +241,8 @@ class TensorsPane(Horizontal):
         box = self.query_one("#filter", Input)
         if not (box.value or not box.has_class("-hidden")):
             return False
-        box.value = ""
+        with self.prevent(Input.Changed):  # cleared here, now: a late Changed would rebuild the tree again
+            box.value = ""
         box.add_class("-hidden")
         self.module_tree.set_filter(None)
         self._update_selection_line()

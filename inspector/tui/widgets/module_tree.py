@@ -256,7 +256,11 @@ class ModuleTree(Tree[Data]):
         if not node.is_expanded:
             node.expand()
         elif node.children:
-            self.move_cursor(node.children[0])
+            first = node.children[0]
+            if first.line < 0:  # unfolded by a → just before (key repeat): its lines exist after a refresh
+                self.call_after_refresh(self.move_cursor, first)
+            else:
+                self.move_cursor(first)
 
     def action_fold(self) -> None:
         """←: fold an open submodule, else step to the parent."""
