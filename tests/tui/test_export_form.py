@@ -138,3 +138,25 @@ async def test_question_mark_on_the_new_form_is_help(small_demo: Path, tmp_path:
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
         assert form.query_one("#out", Input).value == out
+
+
+async def test_universal_progress_and_result_count_its_files(small_demo: Path, tmp_path: Path) -> None:
+    """#28 item 10: a universal export is many files: the progress never says "File 1 of 1" over them and the
+    result counts the plan's files, not the one folder the report names."""
+    from tests.tui.conftest import choose_universal
+
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await choose_universal(pilot)
+        await pilot.press("ctrl+s")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase == "done", "the export"
+        )
+        screen = app.screen
+        planned = len(screen.plan.files)
+        assert planned > 1
+        label = plain(screen.query_one("#shard-label"))
+        assert "1 of 1" not in label, label
+        result = plain(screen.query_one("#result"))
+        assert "1 file(s)" not in result and f"{planned} files" in result, result

@@ -275,7 +275,17 @@ class ConvertScreen(Screen[None]):
             # the last progress line said "under a second left": now it says what was done
             progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}")
             result = self.query_one("#result", Static)
-            result.update(Text.assemble(self._left_out(), done_text(self.report, peak, meter.predicted)))
+            result.update(
+                Text.assemble(
+                    self._left_out(),
+                    done_text(
+                        self.report,
+                        peak,
+                        meter.predicted,
+                        len(self.plan.files) if self.plan is not None else 0,
+                    ),
+                )
+            )
             self.call_after_refresh(result.scroll_visible, animate=False)
             self.notify("Conversion finished.", title="Done")
             return
@@ -379,7 +389,9 @@ class ConvertScreen(Screen[None]):
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
         self.phase = Phase.DONE
-        lists = (("mismatched", r.mismatched), ("missing", r.missing), ("unexpected", r.unexpected)) if r else ()
+        lists = (
+            (("mismatched", r.mismatched), ("missing", r.missing), ("unexpected", r.unexpected)) if r else ()
+        )
         bad = [f"{k}: {', '.join(names[:5])}" for k, names in lists if names]
         said = self.error_event.message if self.error_event else ""
         self._show_failure("Verification failed", "; ".join(bad) or said or msg.stderr[-500:], "")
@@ -439,7 +451,9 @@ class ConvertScreen(Screen[None]):
         if self.child is not None and self.child.running:
             self.child.pause()
             self.query_one(ConvertProgress).say(
-                "Waiting while you decide (the Ray tasks go on)…" if self.on_ray else "Paused while you decide…"
+                "Waiting while you decide (the Ray tasks go on)…"
+                if self.on_ray
+                else "Paused while you decide…"
             )
 
     def resume_child(self) -> None:
