@@ -75,6 +75,7 @@ class InspectorApp(App[int]):
         Binding("left_square_bracket", "tag(-1)", "Prev tag", show=False, key_display="["),
         Binding("right_square_bracket", "tag(1)", "Next tag", show=False, key_display="]"),
         Binding("r", "roots", "Roots", show=False),
+        Binding("y", "yank", "Copy command", show=False),
     ]
 
     def __init__(self, launch: LaunchOptions, *, live_meters: bool = True) -> None:
@@ -419,6 +420,22 @@ class InspectorApp(App[int]):
 
         if self._need_checkpoint() and not self.converting:
             start_conversion(self)
+
+    def action_yank(self) -> None:
+        """`y`: the equivalent `zero-inspector convert …` line, shown and copied (and the tensor under the
+        cursor on the Tensors tab)."""
+        from inspector.tui.command_line import convert_command
+        from inspector.tui.screens.dialogs import CopyDialog
+
+        if not self._need_checkpoint():
+            return
+        name = ""
+        if self.screen is self.screen_stack[0]:
+            node = self.main.tensors_pane.module_tree.cursor_node
+            data = node.data if node is not None else None
+            if self.main.query_one("#tabs").active == "tensors" and data is not None:
+                name = getattr(data, "name", "") if not hasattr(data, "path") else data.path
+        self.push_screen(CopyDialog(convert_command(self), name))
 
     def action_tag(self, step: int) -> None:
         if self.root is None or not self._on_main("switch tags"):

@@ -1,0 +1,38 @@
+"""`y`: the `zero-inspector convert …` command that does what the app would do with the shown checkpoint,
+the selection and the export form. Built from the very argument list the app's conversion child gets
+(`jobs.convert_args`), so the command and the app's export cannot drift apart."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from inspector.tui.jobs import convert_args
+
+PROGRAM = "zero-inspector"
+
+
+def convert_argv(app: Any, *, force: bool = False) -> list[str]:
+    """The child's arguments for the current checkpoint, selection and export form, without the
+    machine-readable progress the app asks of its child (a person reads the bars)."""
+    ckpt = app.ckpt
+    args = convert_args(
+        ckpt.root,
+        ckpt.tag,
+        app.export.out_dir,
+        app.convert_options(),
+        overwrite=app.export.overwrite,
+        force=force,
+        kind=app.export.format,
+        executor=app.export.executor,
+        ray_address=app.export.ray_address,
+    )
+    if args[-2:] == ["--progress", "json"]:
+        args = args[:-2]
+    return args
+
+
+def convert_command(app: Any) -> str:
+    """The command line as a shell would take it (every argument quoted where it needs to be). A damaged
+    checkpoint gets --force: the app converts one only after asking, and so does this line, by its flag."""
+    return shlex.join([PROGRAM, *convert_argv(app, force=bool(app.ckpt.errors))])
