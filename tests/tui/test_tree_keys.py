@@ -75,3 +75,34 @@ async def test_health_focus_after_a_and_enter_on_a_filtered_row(small_demo: Path
             "the cursor on the tensor",
         )
         assert tree.pattern is None and entries
+
+
+async def test_j_k_g_G_and_find_in_every_list(small_demo: Path) -> None:
+    """#28 item 16: the tree and the health table move with j/k/g/G; `/` on the Health tab finds a row."""
+    from tests.tui.conftest import wait_for
+
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        await pilot.press("j", "j")
+        assert tree.cursor_line == 2
+        await pilot.press("k")
+        assert tree.cursor_line == 1
+        await pilot.press("G")
+        assert tree.cursor_line == tree.last_line > 1
+        await pilot.press("g")
+        assert tree.cursor_line == 0
+        await pilot.press("h")
+        pane = app.main.health_pane
+        await wait_for(pilot, lambda: pane.report is not None, "the health pass")
+        table = pane.table
+        await pilot.press("G")
+        assert table.cursor_row == table.row_count - 1
+        await pilot.press("g", "j")
+        assert table.cursor_row == 1
+        await pilot.press("slash", *"down_proj", "enter")
+        entry = table.entry_at_cursor()
+        assert entry is not None and "down_proj" in entry.row.name
+        assert app.focused is table

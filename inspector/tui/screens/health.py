@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import DataTable, ProgressBar, Select, Static
+from textual.widgets import DataTable, Input, ProgressBar, Select, Static
 
 from inspector.errors import CancelledError, InspectorError
 from inspector.health import HealthProgress, HealthReport, Row
@@ -28,6 +29,7 @@ from inspector.health.findings import sibling_ratios
 from inspector.scan.model import Checkpoint, Severity
 from inspector.tui.fmt import plural, shown, size
 from inspector.tui.screens.tensor_stats import other_tag
+from inspector.tui.session import name_filter
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.findings import findings_renderable
@@ -103,6 +105,7 @@ class HealthPane(Vertical):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", show=False),
         Binding("a", "against", "Compare with"),
+        Binding("slash", "find", "Find", key_display="/"),
     ]
 
     def __init__(self) -> None:
@@ -129,6 +132,12 @@ class HealthPane(Vertical):
             )
             yield ProgressBar(total=1.0, show_eta=False, id="health-progress", classes="-hidden")
         yield Static(self._intro(), id="health-status")
+        yield Input(
+            placeholder="find a tensor: glob, regex or text (enter keeps the row)",
+            id="health-find",
+            classes="-hidden",
+            compact=True,
+        )
         yield HealthTable(id="health-table")
         yield Static("", id="health-row")
         with VerticalScroll(id="health-side"):
@@ -279,7 +288,10 @@ class HealthPane(Vertical):
             )
         )
         self.query_one(LayerChart).show(report)
-        errors, warnings = len(report.errors), sum(1 for f in report.findings if f.severity is Severity.WARNING)
+        errors, warnings = (
+            len(report.errors),
+            sum(1 for f in report.findings if f.severity is Severity.WARNING),
+        )
         verdict = (
             Text(f"✘ {plural(errors, 'error')}", style="bold red")
             if errors
@@ -305,7 +317,11 @@ class HealthPane(Vertical):
     # --- what the keys do ---------------------------------------------------------------------------------
 
     def action_cancel(self) -> None:
-        if self.running:
+        box = self.query_one("#health-find", Input)
+        if not box.has_class("-hidden"):  # escape closes the find box first
+            box.add_class("-hidden")
+            self.table.focus()
+        elif self.running:
             self._cancel.set()
             self._status(Text("cancelling…", style="italic"))
 
@@ -321,6 +337,27 @@ class HealthPane(Vertical):
     def _table_if_menu_focused(self) -> None:
         if self.query_one("#health-against", Select).has_focus_within:
             self.table.focus()
+
+    def action_find(self) -> None:
+        """`/`: a box whose text moves the cursor to the first matching row, as less and k9s do."""
+        box = self.query_one("#health-find", Input)
+        box.remove_class("-hidden")
+        box.focus()
+
+    @on(Input.Changed, "#health-find")
+    def _find(self, event: Input.Changed) -> None:
+        try:
+            pattern = name_filter(event.value)
+        except re.error:
+            event.input.set_class(True, "-bad-pattern")
+            return
+        found = pattern is None or self.table.find(pattern)
+        event.input.set_class(not found, "-bad-pattern")
+
+    @on(Input.Submitted, "#health-find")
+    def _found(self, event: Input.Submitted) -> None:
+        event.input.add_class("-hidden")
+        self.table.focus()
 
     def action_against(self) -> None:
         select = self.query_one("#health-against", Select)

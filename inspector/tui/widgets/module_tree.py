@@ -53,6 +53,11 @@ class ModuleTree(Tree[Data]):
         Binding("i", "invert", "Invert", show=False),
         Binding("right", "unfold", "Unfold", show=False),
         Binding("left", "fold", "Fold", show=False),
+        # the keys of less, vim, htop and k9s: down, up, first, last
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("g", "first", "First", show=False),
+        Binding("G", "last", "Last", show=False),
     ]
 
     @dataclass
@@ -247,6 +252,12 @@ class ModuleTree(Tree[Data]):
                 self.call_after_refresh(self.move_cursor, node)  # the unfolded lines exist after a refresh
                 return True
         return False
+
+    def action_first(self) -> None:
+        self.cursor_line = 0
+
+    def action_last(self) -> None:
+        self.cursor_line = self.last_line
 
     def action_unfold(self) -> None:
         """→: open a folded submodule, else step to its first child (as file managers do)."""
