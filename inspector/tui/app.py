@@ -341,9 +341,20 @@ class InspectorApp(App[int]):
 
         if isinstance(self.screen, HelpScreen):
             return
-        if not self.is_screen_installed("help"):
-            self.install_screen(HelpScreen(), "help")  # composed once: later `?` only shows it again
-        self.push_screen("help")
+        self.push_screen(HelpScreen(self._help_section()))
+
+    def _help_section(self) -> str:
+        """Which part of the help is about the screen (or tab) in front: it comes first."""
+        from inspector.tui.screens.convert import ConvertScreen
+        from inspector.tui.screens.export import ExportScreen
+
+        if isinstance(self.screen, ExportScreen):
+            return "Export options"
+        if isinstance(self.screen, ConvertScreen):
+            return "Convert"
+        if self.screen is self.screen_stack[0]:
+            return str(self.main.query_one("#tabs").active).capitalize()
+        return ""
 
     def action_quit_app(self) -> None:
         if not self.converting:
