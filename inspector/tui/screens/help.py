@@ -40,6 +40,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1) or text"),
             ("escape", "clear the filter, or cancel statistics"),
             ("s", "statistics of the tensor under the cursor (min, max, NaN, histogram)"),
+            ("f", "flat table instead of the tree; S (or a header) sorts by size, dtype, ranks, name"),
         ],
     ),
     (

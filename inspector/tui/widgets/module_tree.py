@@ -100,6 +100,10 @@ class ModuleTree(Tree[Data]):
             self._ranks[t.name] = sorted(int(r[5:]) for r in rs if r.startswith("rank "))
         self.rebuild()
 
+    def ranks_of(self, name: str) -> list[int]:
+        """The data-parallel ranks whose files hold part of tensor `name`."""
+        return self._ranks.get(name, [])
+
     def unload(self) -> None:
         """No checkpoint: an empty tree (the next `load` fills it)."""
         self.ckpt, self.selected, self.pattern, self._ranks = None, set(), None, {}
