@@ -28,7 +28,7 @@ class TensorsPane(Horizontal):
     BINDINGS = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("s", "stats", "Stats"),
-        Binding("f", "flat", "Flat/tree"),
+        Binding("f", "flat", "Flat/tree", show=False),  # in ? help; the 80-column key bar keeps c Convert
         Binding("escape", "escape", "Clear", show=False),
     ]
 
