@@ -51,11 +51,11 @@ class TensorTable(DataTable[Text]):
         self.selected: set[str] = set()
 
     def on_mount(self) -> None:
-        for label, key in (("", "mark"), ("tensor", "name"), ("shape", "shape"), ("dtype", "dtype")):
+        # the sortable figures first, the long name last: in a 40-column pane the figures stay in view
+        for label, key in (("", "mark"), ("out", "size"), ("dtype", "dtype"), ("ranks", "ranks")):
             self.add_column(label, key=key)
-        self.add_column("kind", key="kind")
-        self.add_column("ranks", key="ranks")
-        self.add_column("out", key="size")
+        for label, key in (("kind", "kind"), ("shape", "shape"), ("tensor", "name")):
+            self.add_column(label, key=key)
 
     def fill(self, rows: list[tuple[TensorInfo, int, int]], selected: set[str]) -> None:
         """Show `rows` in the current order, keeping the cursor on the tensor it was on."""
@@ -66,12 +66,12 @@ class TensorTable(DataTable[Text]):
             on = t.name in selected
             self.add_row(
                 Text("■" if on else "□", style="bold green" if on else "dim"),
-                Text(shown(t.name), no_wrap=True, overflow="ellipsis"),
-                Text(shape(t.shape)),
-                Text(dtype(t.dtype)),
-                Text(str(t.kind), style=KIND_STYLE[t.kind]),
-                Text(str(ranks), justify="right"),
                 Text(size(out), justify="right"),
+                Text(dtype(t.dtype)),
+                Text(str(ranks), justify="right"),
+                Text(str(t.kind), style=KIND_STYLE[t.kind]),
+                Text(shape(t.shape)),
+                Text(shown(t.name), no_wrap=True),
                 key=t.name,
             )
         if at is not None and at.name in {t.name for t, _, _ in rows}:
