@@ -52,6 +52,25 @@ class LaunchOptions:
     demo_params: str = DEMO_PARAMS
 
 
+def newest_root(roots: tuple[str, ...]) -> str:
+    """The root saved last: Trainer's `checkpoint-N` folders by their step, others by their `latest` file's time
+    (else the folder's), so a folder of several runs opens on the newest whatever their names sort as; the last
+    one when no time is known (a bucket)."""
+    if all(os.path.basename(r).startswith("checkpoint-") for r in roots):
+        return roots[-1]  # discover_roots sorts them by step
+
+    def saved(i_root: tuple[int, str]) -> tuple[float, int]:
+        i, root = i_root
+        for path in (os.path.join(root, "latest"), root):
+            try:
+                return os.stat(path).st_mtime, i
+            except (OSError, ValueError):
+                continue
+        return 0.0, i
+
+    return max(enumerate(roots), key=saved)[1]
+
+
 class InspectorApp(App[int]):
     """zero-inspector's terminal UI."""
 
@@ -135,13 +154,7 @@ class InspectorApp(App[int]):
     def open_path(self, path: str, tag: str | None = None) -> None:
         roots = discover_roots(path)
         self.roots = roots if len(roots) > 1 else (absolute(path),)  # a bucket URL stays a URL
-        runs = [os.path.basename(r) for r in self.roots]
-        chosen = (
-            self.roots[-1]
-            if len(roots) > 1 and all(n.startswith("checkpoint-") for n in runs)
-            else (self.roots[0])
-        )
-        self.scan(chosen, tag)
+        self.scan(newest_root(self.roots), tag)
 
     def scan(self, root: str, tag: str | None = None) -> None:
         """Scan `root` (at `tag`, or its latest) in a worker; a newer request cancels an older one. What was

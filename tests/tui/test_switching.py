@@ -15,7 +15,7 @@ from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import MessageDialog
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.session import ExportSettings
-from tests.tui.conftest import plain, record_notes, scanned, wait_for
+from tests.tui.conftest import plain, record_notes, saved_last, scanned, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,6 +49,7 @@ async def test_another_root_starts_with_everything_selected(
     run.mkdir()
     os.symlink(small_demo, run / "a")
     os.symlink(two_tag_demo, run / "b")
+    saved_last(run / "a")
     app = make_app(path=str(run), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
@@ -96,6 +97,7 @@ async def test_refused_root_clears_every_view(small_demo: Path, tmp_path: Path) 
     run.mkdir()
     os.symlink(small_demo, run / "a")
     _pipeline_copy(small_demo, run / "p")
+    saved_last(run / "a")
     app = make_app(path=str(run), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)

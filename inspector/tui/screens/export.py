@@ -45,7 +45,8 @@ def format_options(ckpt: Any) -> tuple[list[tuple[str, str]], str, list[str]]:
 
 
 def human_size(n: int) -> str:
-    for unit, mult in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("GiB", 2**30), ("MiB", 2**20)):
+    units = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("GiB", 2**30), ("MiB", 2**20), ("KB", 10**3))
+    for unit, mult in (*units, ("KiB", 2**10)):  # --shard-size 10KB is shown as 10KB, not 10000
         if n % mult == 0 and n >= mult:
             return f"{n // mult}{unit}"
     return str(n)

@@ -214,7 +214,7 @@ class HealthTable(DataTable[RenderableType]):
         st = e.row.stats
         red = "bold red"
         zeros = (
-            f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0"
+            f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0%"  # one unit in the column
         )  # zero rows: in the detail line
         ratio = e.ratio
         far = ratio is not None and (ratio >= 10 or ratio <= 0.1)
