@@ -109,8 +109,8 @@ class ConvertProgress(Vertical):
         listed = len(self.files)
         if index < 0 and listed > 1:
             label = f"Writing {ev.file} ({listed} files planned; progress is for all of them)"
-        else:
-            label = f"File {index + 1} of {max(ev.files, listed)}: {ev.file}"
+        else:  # the writer's own count (an index file listed beside the shards is not one of them)
+            label = f"File {ev.file_index + 1} of {ev.files}: {ev.file}"
         self.query_one("#shard-label", Static).update(shown(label), layout=False)
         file_total = max(ev.file_total, 1)
         self.query_one("#shard", ProgressBar).update(total=file_total, progress=ev.file_done)
