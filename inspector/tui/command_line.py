@@ -1,6 +1,6 @@
 """`y`: the `zero-inspector convert …` command that does what the app would do with the shown checkpoint,
-the selection and the export form. Built from the very argument list the app's conversion child gets
-(`jobs.convert_args`), so the command and the app's export cannot drift apart."""
+the selection and the export form. Built from what the app's conversion child is given (its argv, or the
+order it gets on stdin where that protocol exists), so the command and the app's export cannot drift apart."""
 
 from __future__ import annotations
 
@@ -13,8 +13,19 @@ PROGRAM = "zero-inspector"
 
 
 def convert_argv(app: Any, *, force: bool = False) -> list[str]:
-    """The child's arguments for the current checkpoint, selection and export form, without the
-    machine-readable progress the app asks of its child (a person reads the bars)."""
+    """The `convert` arguments for the current checkpoint, selection and export form. Where the conversion
+    protocol sends the child one frozen order (`convert.order`), the line is that order's own `to_argv`;
+    before it, the child's argv itself, without the machine-readable progress the app asks of its child."""
+    try:
+        from inspector.convert.order import to_argv  # type: ignore[import-not-found, unused-ignore]
+        from inspector.tui.jobs import app_order  # type: ignore[attr-defined, unused-ignore]
+    except ImportError:
+        return _child_argv(app, force)
+    return list(to_argv(app_order(app, app.export.out_dir, force=force)))
+
+
+def _child_argv(app: Any, force: bool) -> list[str]:
+    """`jobs.convert_args`, the argv the app's conversion child is started with, less `--progress json`."""
     ckpt = app.ckpt
     args = convert_args(
         ckpt.root,
