@@ -36,6 +36,12 @@ class NotACheckpointError(InspectorError):
     title = "Not a DeepSpeed checkpoint"
 
 
+class NoSuchTagError(NotACheckpointError):
+    """The checkpoint is there, but not the tag asked for (or named in `latest`)."""
+
+    title = "No such tag"
+
+
 class UnsafePickleError(InspectorError):
     """A pickle asked for a global that is not on the allowlist; nothing was executed."""
 

@@ -143,7 +143,7 @@ def main() -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         root = os.path.join(tmp, "demo-checkpoint")
-        write_demo(root, DemoSpec(stage=2, world_size=4, params=20_000_000))
+        write_demo(root, DemoSpec(stage=2, world_size=2, params=30_000_000))  # what `--demo` writes
         asyncio.run(shoot(root, os.path.join(tmp, "out")))
         run = os.path.join(tmp, "run")
         write_moved_run(run)

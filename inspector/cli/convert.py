@@ -86,6 +86,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     )
     for note in job.notes:
         console.print(f"[dim]{escape(note, newlines=True)}[/]")
+    for error in ckpt.errors if args.force else ():  # what --force leaves out, said before it is left out
+        console.print(f"[yellow]--force: {escape(error.message)}[/]")
     tasks: list[Any] = []
     events: Any = None
     try:
@@ -286,8 +288,15 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
     from inspector.errors import DamagedCheckpointError
 
     errors = ckpt.errors
-    if as_json:
-        print_json({"fits": False, "damaged": True, "findings": [f.as_dict() for f in errors]})
+    if as_json:  # the one JSON object of this run: main() prints no second one for the error below
+        print_json(
+            {
+                "fits": False,
+                "damaged": True,
+                "findings": [f.as_dict() for f in errors],
+                "error": {"title": "Damaged checkpoint", "message": f"{len(errors)} error finding(s)"},
+            }
+        )
     else:
         from rich.panel import Panel
 
@@ -297,10 +306,12 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
         _console().print(
             Panel(findings(tuple(errors)), title="Findings", title_align="left", border_style="red")
         )
-    raise DamagedCheckpointError(
+    refusal = DamagedCheckpointError(
         f"The checkpoint has {len(errors)} error finding(s); no prediction is made for a damaged checkpoint.",
         hint="Run `zero-inspector scan` for details; converting it would write wrong weights.",
     )
+    refusal.json_printed = as_json  # type: ignore[attr-defined]
+    raise refusal
 
 
 def _add_progress(p: argparse.ArgumentParser) -> None:
@@ -372,6 +383,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
     p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")
     add_common(p)
+    for action in p._actions:  # verify reads the tag the output records, not `latest`
+        if "--tag" in action.option_strings:
+            action.help = "tag to check against (default: the tag the output records it came from)"
     p.add_argument("out", help="folder (or s3://bucket/prefix) written by convert")
     p.add_argument(
         "--against",

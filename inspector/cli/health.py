@@ -59,8 +59,10 @@ def _print(con: Any, report: Any, all_tensors: bool) -> None:
     head = f"[bold]Health of {literal(report.tag)}[/] (ZeRO-{report.stage})"
     if report.against:
         head += f" against [bold]{literal(report.against)}[/]"
-    gib = report.bytes_read / 2**30
-    con.print(f"{head}: {len(report.rows)} streams, {gib:.2f} GiB read in {report.seconds:.1f} s")
+    from inspector.system.units import format_bytes
+
+    read = format_bytes(report.bytes_read)  # "412.5 MiB", not "0.40 GiB" (nor "0.00 GiB" for a small tag)
+    con.print(f"{head}: {len(report.rows)} streams, {read} read in {report.seconds:.1f} s")
     if all_tensors:
         _print_tensors(con, report)
     else:

@@ -45,13 +45,26 @@ def parse_part(text: str | None) -> tuple[int, int] | None:
 def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """The kind of the output in OUT, the checkpoint scanned at the tag the output records (or --tag), OUT."""
     from inspector.convert.kinds import of_output
+    from inspector.errors import InspectorError, NoSuchTagError
     from inspector.scan.scanner import scan
     from inspector.system.bytesource import absolute
 
     out = absolute(args.out)  # a folder, or an s3:// prefix read through the object-store source
     kind = of_output(out)
     split = tuple(getattr(args, "tp_split", ()))
-    return kind, scan(args.path, args.tag or kind.recorded_tag(out), tp_split=split), out
+    recorded = None if args.tag else kind.recorded_tag(out)
+    try:
+        return kind, scan(args.path, args.tag or recorded, tp_split=split), out
+    except NoSuchTagError:
+        if not recorded:
+            raise
+        raise InspectorError(  # the output names a tag this checkpoint lacks: it is another checkpoint's
+            f"{out} was converted from a checkpoint's tag {recorded}, which {args.path} does not have: this "
+            "output came from another checkpoint.",
+            hint="Verify it against the checkpoint it was converted from, or pass --tag to compare it with "
+            "a tag of this one anyway.",
+            title="Output of another checkpoint",
+        ) from None
 
 
 def byte_sources(*roots: str) -> list[str]:

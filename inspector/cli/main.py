@@ -330,7 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InspectorError as exc:
         _print_error(exc)
         return exc.exit_code
-    args = parser.parse_args(routed)
+    args, unknown = parser.parse_known_args(routed)
+    if unknown:  # said with the usage of the command it was given to, not the top level's
+        _subparser(parser, getattr(args, "command", None)).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
@@ -338,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except InspectorError as exc:
         _print_error(exc)
+        if getattr(args, "json", False) and not getattr(exc, "json_printed", False):
+            _json_error(exc)
         return exc.exit_code
     except KeyboardInterrupt:
         _console(stderr=True).print("[yellow]Interrupted; partial output (if any) was removed.[/]")
@@ -345,6 +351,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed by its reader while a command printed: not a failure
         stdout_closed()
         return EXIT_OK
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of `command` (its usage and options), or the top level's when there is none."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    return parser
+
+
+def _json_error(exc: InspectorError) -> None:
+    """`--json` asked for one object on stdout: a failure is one too, beside the message on stderr."""
+    error = {"title": exc.title, "message": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}
+    from inspector.cli.console import print_json
+
+    try:
+        print_json({"error": error})  # the text-out rule, as every JSON document
+    except BrokenPipeError:
+        stdout_closed()
 
 
 def entry() -> None:

@@ -62,8 +62,9 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool) -> list[
         shown = ", ".join((foreign + finals)[:5]) + (" …" if len(foreign + finals) > 5 else "")
         raise OutputError(
             f"{out_dir} is not empty ({shown}).",
-            hint="Choose an empty folder, or pass --overwrite to replace model*.safetensors and "
-            "the index there (other files are left alone).",
+            hint="Choose an empty folder, or pass --overwrite to replace the files this conversion writes "
+            "there (its safetensors and index; with --format model also config.json, generation_config.json "
+            "and the tokenizer files); other files are left alone.",
             title="Output folder not empty",
         )
     return [n for n in finals if n not in planned] + [n for n in foreign if n.endswith(PARTIAL)]

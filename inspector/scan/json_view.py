@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import InspectorError
@@ -122,7 +123,8 @@ def adapter_json(ckpt: Checkpoint) -> dict[str, Any] | None:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
+    """JSON values: any mapping (the parsed files' are read-only `mappingproxy`s) is an object, not its repr."""
+    if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]

@@ -10,7 +10,13 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from inspector.errors import InspectorError, NotACheckpointError, StoreError, UnsupportedCheckpointError
+from inspector.errors import (
+    InspectorError,
+    NoSuchTagError,
+    NotACheckpointError,
+    StoreError,
+    UnsupportedCheckpointError,
+)
 from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
 from inspector.system import bytesource as tree
@@ -243,7 +249,7 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
     if tag is not None:
         _check_tag_name(path, tag, "--tag")
         if not tree.is_dir(os.path.join(path, tag)):
-            raise NotACheckpointError(
+            raise NoSuchTagError(
                 f"There is no tag {shown_tag(tag)} in {path}.",
                 hint=("Available tags: " + ", ".join(tags)) if tags else "",
             )
@@ -252,7 +258,7 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
     if latest is not None:
         _check_tag_name(path, latest, f"{os.path.join(path, 'latest')}")
         if not tree.is_dir(os.path.join(path, latest)):
-            raise NotACheckpointError(
+            raise NoSuchTagError(
                 f"`latest` in {path} names the tag {latest}, but there is no such folder.",
                 hint=("Available tags: " + ", ".join(tags) + ". Pass one with --tag.")
                 if tags

@@ -188,11 +188,17 @@ class _Scanner:
                 "This checkpoint predates DeepSpeed 0.3.14 or was not written by a ZeRO engine.",
             )
         elif not complete:
+            names = [name for group in param_shapes or () for name, _ in group]
+            left = (
+                f"{len(names)} trainable tensors ({_some(names)}) cannot be rebuilt"
+                if names
+                else "Trainable parameters cannot be rebuilt"
+            )
             self.add(
                 Severity.ERROR,
                 "incomplete",
-                "Trainable parameters cannot be rebuilt because rank files "
-                "are missing or unreadable (see above).",
+                f"{left} because rank files are missing or unreadable (see above); a forced conversion leaves "
+                "them out.",
                 tag_dir,
             )
         return layout
@@ -237,3 +243,9 @@ class _Scanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """The first few names, and how many more: a finding names what it is about without listing thousands."""
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -25,11 +25,12 @@ def module_key(name: str) -> str:
 
 def read_bytes_by_source(ckpt: Checkpoint) -> dict[str, int]:
     """Bytes a full conversion to the compute dtype reads from the checkpoint: from the fp32 masters, or with
-    `--source module` (the 16-bit module copy of stage-1/2 trainable params, where there is one)."""
-    masters = sum(seg.nbytes for t in ckpt.tensors for seg in t.segments)
-    module = sum(
-        sum(seg.nbytes for seg in (t.module_copy if t.module_copy else t.segments)) for t in ckpt.tensors
-    )
+    `--source module` (the 16-bit module copy of stage-1/2 trainable params, where there is one). A tied weight
+    is read once, as an HF model folder (tied embeddings) or `--dedupe-tied` write it; the preflight of a
+    weights file that repeats it under its second name counts that read too."""
+    stored = [t for t in ckpt.tensors if t.alias_of is None]  # a tied alias's segments are its owner's
+    masters = sum(seg.nbytes for t in stored for seg in t.segments)
+    module = sum(sum(seg.nbytes for seg in (t.module_copy if t.module_copy else t.segments)) for t in stored)
     return {"masters": masters, "module": module}
 
 

@@ -7,6 +7,7 @@ metadata only, and the conversion runs in a child process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -53,6 +54,25 @@ class LaunchOptions:
     demo_params: str = DEMO_PARAMS
 
 
+def newest_root(roots: tuple[str, ...]) -> str:
+    """The root saved last: Trainer's `checkpoint-N` folders by their step, others by their `latest` file's time
+    (else the folder's), so a folder of several runs opens on the newest whatever their names sort as; the last
+    one when no time is known (a bucket)."""
+    if all(os.path.basename(r).startswith("checkpoint-") for r in roots):
+        return roots[-1]  # discover_roots sorts them by step
+
+    def saved(i_root: tuple[int, str]) -> tuple[float, int]:
+        i, root = i_root
+        for path in (os.path.join(root, "latest"), root):
+            try:
+                return os.stat(path).st_mtime, i
+            except (OSError, ValueError):
+                continue
+        return 0.0, i
+
+    return max(enumerate(roots), key=saved)[1]
+
+
 class InspectorApp(App[int]):
     """zero-inspector's terminal UI."""
 
@@ -76,6 +96,7 @@ class InspectorApp(App[int]):
         Binding("left_square_bracket", "tag(-1)", "Prev tag", show=False, key_display="["),
         Binding("right_square_bracket", "tag(1)", "Next tag", show=False, key_display="]"),
         Binding("r", "roots", "Roots", show=False),
+        Binding("y", "yank", "Copy command", show=False),
     ]
 
     def __init__(self, launch: LaunchOptions, *, live_meters: bool = True) -> None:
@@ -87,10 +108,17 @@ class InspectorApp(App[int]):
         self.roots: tuple[str, ...] = ()
         self.root: str | None = None
         self.latest_tag: str | None = None
-        self.ckpt: Checkpoint | None = None
+        # --- per-checkpoint state: `_forget_checkpoint` resets all of it on every switch (root or tag) ---
+        self.ckpt: Checkpoint | None = None  # None while scanning and after a refusal: nothing to export
+        self.tags: tuple[str, ...] = ()  # the shown root's tags, known even when the asked-for one is missing
+        self.refused: InspectorError | None = None  # why the shown root or tag has no checkpoint
+        self.asked_tag: str | None = None  # the tag the last scan asked for (None: the latest)
+        self.request = 0  # the last scan asked for: answers of older scans are dropped
         self.selected: set[str] = set()
+        self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
         self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
+        self._default_out = ""  # the output folder last proposed; one the user typed is kept on a tag switch
         self.converting = False
         self._temp_dir: str | None = None
         self._preset_applied = False
@@ -128,61 +156,81 @@ class InspectorApp(App[int]):
     def open_path(self, path: str, tag: str | None = None) -> None:
         roots = discover_roots(path)
         self.roots = roots if len(roots) > 1 else (absolute(path),)  # a bucket URL stays a URL
-        runs = [os.path.basename(r) for r in self.roots]
-        chosen = (
-            self.roots[-1]
-            if len(roots) > 1 and all(n.startswith("checkpoint-") for n in runs)
-            else (self.roots[0])
-        )
-        self.scan(chosen, tag)
+        self.scan(newest_root(self.roots), tag)
 
     def scan(self, root: str, tag: str | None = None) -> None:
-        """Scan `root` (at `tag`, or its latest) in a worker; a newer request cancels an older one."""
-        self.root = root
-        if tag is None:
+        """Scan `root` (at `tag`, or its latest) in a worker; a newer request cancels an older one. What was
+        shown of the previous checkpoint is gone at once: nothing of it can be exported meanwhile."""
+        new_root = root != self.root
+        self._forget_checkpoint(new_root=new_root and self.root is not None)
+        self.root, self.asked_tag = root, tag
+        self.request += 1
+        if tag is None or new_root:
             self.latest_tag = None
         self.main.scanning(root, tag)
-        self._scan_worker(root, tag)
+        self._scan_worker(root, tag, self.request)
+
+    def _forget_checkpoint(self, *, new_root: bool) -> None:
+        """Every piece of state that belongs to the shown checkpoint, reset. Another tag of the same root
+        carries the selection over (the next scan says so when it is not everything); another root starts
+        afresh: everything selected, the launch's export options without its include/exclude, the output
+        folder proposed for it, overwrite off."""
+        if self.ckpt is not None and not new_root:
+            every = {t.name for t in self.ckpt.tensors}
+            self._carried = (frozenset(self.selected), every <= self.selected)
+        elif new_root:
+            self._carried = None
+        self.ckpt = None
+        self.refused = None
+        self.scan_seconds = None
+        self.selected = set()
+        if new_root:
+            self.tags = ()
+            self._preset_applied = True  # --include/--exclude named tensors of the first root only
+            base = self.launch.options or ConvertOptions()
+            self.base_options = replace(base, include=(), exclude=())
+            self.export = ExportSettings()
+            self._default_out = ""
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
-    def _scan_worker(self, root: str, tag: str | None) -> None:
+    def _scan_worker(self, root: str, tag: str | None, request: int) -> None:
         from inspector.scan.scanner import scan
 
         start = time.monotonic()
         try:
-            self.post_message(Located(locate(root, tag)))
+            self.post_message(Located(locate(root, tag), request=request))
             ckpt = scan(root, tag)
         except InspectorError as exc:
-            self.post_message(ScanFailed(exc))
+            if tag is not None:  # a tag that is not there: the others stay choosable ([, ], the tag list)
+                with contextlib.suppress(InspectorError, OSError):
+                    self.post_message(Located(locate(root, None), opened=False, request=request))
+            self.post_message(ScanFailed(exc, request=request))
             return
         except OSError as exc:
-            self.post_message(ScanFailed(InspectorError(str(exc), title="Cannot read the checkpoint")))
+            error = InspectorError(str(exc), title="Cannot read the checkpoint")
+            self.post_message(ScanFailed(error, request=request))
             return
-        self.post_message(Scanned(ckpt, time.monotonic() - start))
+        self.post_message(Scanned(ckpt, time.monotonic() - start, request=request))
 
     def on_located(self, msg: Located) -> None:
+        if msg.request != self.request:
+            return  # an older scan's answer (a thread worker runs on after a newer one starts)
         if self.latest_tag is None:
             self.latest_tag = msg.location.tag
-        self.main.located(msg.location, self.latest_tag)
+        self.tags = tuple(msg.location.tags)
+        self.main.located(msg.location, self.latest_tag, opened=msg.opened)
 
     def on_scanned(self, msg: Scanned) -> None:
+        if msg.request != self.request:
+            return
         self.ckpt = msg.checkpoint
+        self.refused = None
         self.scan_seconds = msg.seconds
-        names = {t.name for t in msg.checkpoint.tensors}
-        if not self._preset_applied:
-            self._preset_applied = True
-            try:
-                self.selected = preset_selection(msg.checkpoint, self.base_options)
-            except InspectorError as exc:
-                self.error(exc)
-                self.selected = names
-        else:  # another tag or root: keep the choice where the names still exist
-            kept = self.selected & names
-            self.selected = kept if kept else names
-        if not self.export.out_dir:
-            self.export = replace(
-                self.export, out_dir=ExportSettings.default_out(self.ckpt.root, self.ckpt.tag)
-            )
+        self.selected = self._first_selection(msg.checkpoint)
+        default = ExportSettings.default_out(self.ckpt.root, self.ckpt.tag)
+        if not self.export.out_dir or self.export.out_dir == self._default_out:
+            self.export = replace(self.export, out_dir=default)  # proposed for this root and tag
+        self._default_out = default
         self.main.scanned(msg.checkpoint, msg.seconds)
         if msg.checkpoint.errors:
             self.notify(
@@ -192,7 +240,39 @@ class InspectorApp(App[int]):
                 timeout=8,
             )
 
+    def _first_selection(self, ckpt: Checkpoint) -> set[str]:
+        """The launch's --include/--exclude on the first checkpoint; another tag keeps the selection where
+        its names exist (and says so when that is not everything); another root selects everything."""
+        names = {t.name for t in ckpt.tensors}
+        if not self._preset_applied:
+            self._preset_applied = True
+            try:
+                return preset_selection(ckpt, self.base_options)
+            except InspectorError as exc:
+                self.error(exc)
+                return names
+        carried, self._carried = self._carried, None
+        if carried is None or carried[1]:
+            return names
+        kept = set(carried[0]) & names
+        if not kept:
+            return names
+        if kept != names:
+            self.notify(
+                f"Kept your selection from the previous tag: {len(kept)} of {len(names)} tensors. "
+                "`a` on the Tensors tab selects everything.",
+                title="Selection carried over",
+                timeout=6,
+                markup=False,
+            )
+        return kept
+
     def on_scan_failed(self, msg: ScanFailed) -> None:
+        if msg.request != self.request:
+            return
+        self.ckpt = None
+        self.selected = set()
+        self.refused = msg.error
         self.main.failed(msg.error)
         self.error(msg.error)
 
@@ -281,9 +361,20 @@ class InspectorApp(App[int]):
 
         if isinstance(self.screen, HelpScreen):
             return
-        if not self.is_screen_installed("help"):
-            self.install_screen(HelpScreen(), "help")  # composed once: later `?` only shows it again
-        self.push_screen("help")
+        self.push_screen(HelpScreen(self._help_section()))
+
+    def _help_section(self) -> str:
+        """Which part of the help is about the screen (or tab) in front: it comes first."""
+        from inspector.tui.screens.convert import ConvertScreen
+        from inspector.tui.screens.export import ExportScreen
+
+        if isinstance(self.screen, ExportScreen):
+            return "Export options"
+        if isinstance(self.screen, ConvertScreen):
+            return "Convert"
+        if self.screen is self.screen_stack[0]:
+            return str(self.main.query_one("#tabs").active).capitalize()
+        return ""
 
     def action_quit_app(self) -> None:
         if not self.converting:
@@ -292,7 +383,7 @@ class InspectorApp(App[int]):
         from inspector.tui.screens.convert import ConvertScreen
         from inspector.tui.screens.dialogs import ConfirmDialog
 
-        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen)]
+        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen) and s.busy]
         words = "; ".join(s.cancel_words() for s in running)
         held = " ".join(dict.fromkeys(s.held_words() for s in running)) or "It is paused while you decide."
 
@@ -324,6 +415,14 @@ class InspectorApp(App[int]):
                 screen.stop_child()
 
     def _need_checkpoint(self) -> bool:
+        if self.ckpt is None and self.refused is not None:
+            self.notify(
+                f"{self.refused.title}: nothing to export. Choose another root (r) or tag ([, ]).",
+                title="No readable checkpoint",
+                severity="warning",
+                markup=False,
+            )
+            return False
         if self.ckpt is None:
             self.notify(
                 "Wait for the scan to finish (or open a checkpoint).",
@@ -332,6 +431,14 @@ class InspectorApp(App[int]):
             )
             return False
         return True
+
+    def _on_main(self, what: str) -> bool:
+        """Switching checkpoints happens on the main screen: the export form and a conversion belong to the
+        shown one."""
+        if self.screen is self.screen_stack[0]:
+            return True
+        self.notify(f"Go back to the checkpoint first (escape) to {what}.", severity="warning", timeout=4)
+        return False
 
     def action_export(self) -> None:
         from inspector.tui.screens.export import ExportScreen
@@ -345,10 +452,37 @@ class InspectorApp(App[int]):
         if self._need_checkpoint() and not self.converting:
             start_conversion(self)
 
-    def action_tag(self, step: int) -> None:
-        if self.ckpt is None or self.root is None:
+    def action_yank(self) -> None:
+        """`y`: the equivalent `zero-inspector convert …` line, shown and copied (and the tensor under the
+        cursor on the Tensors tab)."""
+        from inspector.tui.command_line import convert_command
+        from inspector.tui.screens.dialogs import CopyDialog
+
+        if not self._need_checkpoint():
             return
-        tags = list(self.ckpt.tags)
+        name = ""
+        if self.screen is self.screen_stack[0]:
+            node = self.main.tensors_pane.module_tree.cursor_node
+            data = node.data if node is not None else None
+            if self.main.query_one("#tabs").active == "tensors" and data is not None:
+                name = getattr(data, "name", "") if not hasattr(data, "path") else data.path
+        self.push_screen(CopyDialog(convert_command(self), name))
+
+    def action_tag(self, step: int) -> None:
+        if self.root is None or not self._on_main("switch tags"):
+            return
+        tags = list(self.ckpt.tags if self.ckpt is not None else self.tags)
+        if self.ckpt is None:  # the asked-for tag is missing or refused: step from it, or open the latest
+            if self.refused is None or not tags:
+                return  # still scanning: the next key waits for it
+            if self.asked_tag in tags:
+                i = tags.index(self.asked_tag)
+                j = min(max(i + step, 0), len(tags) - 1)
+            else:
+                i, j = -1, tags.index(self.latest_tag) if self.latest_tag in tags else len(tags) - 1
+            if j != i:
+                self.scan(self.root, tags[j])
+            return
         i = tags.index(self.ckpt.tag) if self.ckpt.tag in tags else 0
         j = min(max(i + step, 0), len(tags) - 1)
         if j != i:
@@ -360,7 +494,8 @@ class InspectorApp(App[int]):
             self.notify(f"Already the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
 
     def action_roots(self) -> None:
-        self.main.focus_roots()
+        if self._on_main("switch roots"):
+            self.main.focus_roots()
 
     def get_driver_class(self) -> type[Driver]:
         from inspector.tui.driver import driver_class

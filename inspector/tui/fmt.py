@@ -29,6 +29,11 @@ def shown(text: object) -> str:
     return _shown(text)
 
 
+def shown_lines(text: object) -> str:
+    """`shown`, line by line: the line breaks of our own messages stay line breaks (not a literal `\\n`)."""
+    return "\n".join(shown(line) for line in str(text).split("\n"))
+
+
 def shown_markup(text: object) -> str:
     """`shown`, for a string that goes into Textual markup: `[` escaped too, so a name is never read as a style."""
     return escape(shown(text))

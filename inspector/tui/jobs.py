@@ -90,14 +90,21 @@ def left_on_disk(out_dir: str) -> str:
     return "; ".join(parts) + "."
 
 
-def done_text(r: Finished, peak: int, predicted: int) -> Text:
-    """The result line of a finished conversion, from the child's `report` event."""
+def done_text(r: Finished, peak: int, predicted: int, planned_files: int = 0) -> Text:
+    """The result line of a finished conversion, from the child's `report` event. `planned_files`: what the plan
+    listed, when the report names fewer entries (a universal folder reported as one): the count said is the
+    plan's, with the folder named, not "1 file(s)"."""
     files = [(str(f[0]), int(f[1])) for f in r.files if len(f) == 2]
     secs, written = r.seconds, r.bytes_written
+    where = (
+        f"{planned_files} files in {', '.join(n + '/' for n, _ in files)}"
+        if planned_files > len(files) and files
+        else f"{len(files)} file(s)"
+    )
     return Text.assemble(
         ("✔ Done", "bold green"),
         f" in {took(secs)}: {r.tensors} tensors, {size(written)}"
-        f" in {len(files)} file(s) at {size(written / max(secs, 1e-9))}/s;"
+        f" in {where} at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
         "\n",
         ("\n".join(f"  {shown(name)}  {size(n)}" for name, n in files[:8]), "dim"),

@@ -22,17 +22,21 @@ class Located(Message):
     """The tag is known (locate is fast); the scan of its files follows."""
 
     location: Location
+    opened: bool = True  # False: the asked-for tag is missing; these are the root's tags, none opened
+    request: int = 0  # which scan request it answers
 
 
 @dataclass
 class Scanned(Message):
     checkpoint: Checkpoint
     seconds: float
+    request: int = 0
 
 
 @dataclass
 class ScanFailed(Message):
     error: InspectorError
+    request: int = 0
 
 
 @dataclass

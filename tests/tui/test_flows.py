@@ -16,7 +16,7 @@ from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog, MessageDialog
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.screens.help import HelpScreen
-from tests.tui.conftest import Gate, plain, scanned, start_held, wait_for
+from tests.tui.conftest import Gate, plain, saved_last, scanned, start_held, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -219,6 +219,7 @@ async def test_folder_with_two_roots(small_demo: Path, two_tag_demo: Path, tmp_p
     run.mkdir()
     os.symlink(small_demo, run / "_actor")
     os.symlink(two_tag_demo, run / "_critic")
+    saved_last(run / "_actor")
     app = make_app(path=str(run), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)

@@ -109,3 +109,34 @@ def test_discover_roots(tmp_path: Path, small_demo: Path) -> None:
         os.symlink(small_demo / "global_step3", trainer / f"checkpoint-{n}" / "global_step3")
         (trainer / f"checkpoint-{n}" / "latest").write_text("global_step3")
     assert [os.path.basename(r) for r in discover_roots(str(trainer))] == ["checkpoint-2", "checkpoint-10"]
+
+
+def test_a_folder_of_runs_opens_on_the_newest(tmp_path: Path) -> None:
+    """#28 item 15: not the first name in order, the root saved last (Trainer's checkpoint-N by step)."""
+    import time
+
+    from inspector.tui.app import newest_root
+
+    roots = []
+    for i, name in enumerate(("run-b", "run-a", "run-c")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "latest").write_text("global_step1")
+        t = time.time() - 100 + (50 if name == "run-a" else i)
+        os.utime(tmp_path / name / "latest", (t, t))
+        roots.append(str(tmp_path / name))
+    assert newest_root(tuple(roots)) == str(tmp_path / "run-a")
+    steps = tuple(str(tmp_path / f"checkpoint-{n}") for n in (2, 10))
+    assert newest_root(steps) == steps[-1]
+
+
+def test_shard_sizes_are_shown_as_typed() -> None:
+    """#28 item 15: `--shard-size 10KB` is 10KB on the form, not 10000."""
+    from inspector.tui.screens.export import human_size
+
+    assert [human_size(n) for n in (10_000, 4096, 5 * 10**9, 2 * 2**30, 1234)] == [
+        "10KB",
+        "4KiB",
+        "5GB",
+        "2GiB",
+        "1234",
+    ]

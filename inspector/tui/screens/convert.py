@@ -104,7 +104,7 @@ class ConvertScreen(Screen[None]):
         self.autostart = autostart
         self.child: Child | None = None
         self.job = "convert"
-        self.phase = Phase.PREFLIGHT
+        self._phase = Phase.PREFLIGHT
         self.plan: Job | None = None
         self.assessment: Assessment | None = None
         self.out_dir = ""
@@ -275,7 +275,17 @@ class ConvertScreen(Screen[None]):
             # the last progress line said "under a second left": now it says what was done
             progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}")
             result = self.query_one("#result", Static)
-            result.update(done_text(self.report, peak, meter.predicted))
+            result.update(
+                Text.assemble(
+                    self._left_out(),
+                    done_text(
+                        self.report,
+                        peak,
+                        meter.predicted,
+                        len(self.plan.files) if self.plan is not None else 0,
+                    ),
+                )
+            )
             self.call_after_refresh(result.scroll_visible, animate=False)
             self.notify("Conversion finished.", title="Done")
             return
@@ -292,6 +302,16 @@ class ConvertScreen(Screen[None]):
         )
         self._show_failure(title, message, hint, error=not cancelled)
 
+    def _left_out(self) -> Text:
+        """A forced conversion of a damaged checkpoint: what the scan could not read is not in the output."""
+        ckpt = zi(self).ckpt
+        if not self.force or ckpt is None or not ckpt.errors:
+            return Text()
+        return Text.assemble(
+            ("⚠ Forced: what the scan could not read is left out of this output.\n", "bold yellow"),
+            *(Text(f"  {shown(e.message)}\n", style="yellow") for e in ckpt.errors),
+        )
+
     def _show_failure(self, title: str, message: str, hint: str, error: bool = True) -> None:
         result = self.query_one("#result", Static)
         title, message, hint = shown(title), shown(message), shown(hint)
@@ -301,7 +321,34 @@ class ConvertScreen(Screen[None]):
             message[:200], title=title, severity="error" if error else "warning", timeout=8, markup=False
         )
 
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: Phase) -> None:
+        self._phase = value
+        if self.is_mounted:
+            self.refresh_bindings()  # the key bar offers what the new phase allows (v once it is done)
+
+    @property
+    def busy(self) -> bool:
+        """A conversion or verification of this screen is under way (a finished one further down the stack is
+        not what quitting would cancel)."""
+        running = self.child is not None and self.child.running
+        return running or self.phase in (Phase.PREFLIGHT, Phase.RUNNING, Phase.CANCELLING)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """`v` is offered once there is a finished conversion to verify."""
+        if action == "verify":
+            return self.phase in (Phase.DONE, Phase.VERIFIED, Phase.VERIFYING)
+        return True
+
     def _fail(self, title: str, message: str, hint: str = "") -> None:
+        if self.phase is Phase.PREFLIGHT:  # not "Checking that it fits…" forever
+            self.query_one("#convert-title", Static).update(
+                Text.assemble(("✖ Not started: ", "bold red"), shown(title))
+            )
         self.phase = Phase.FAILED
         zi(self).converting = False
         self._show_failure(title, message, hint)
@@ -342,7 +389,9 @@ class ConvertScreen(Screen[None]):
             self.notify("Every output byte matches the checkpoint.", title="Verified")
             return
         self.phase = Phase.DONE
-        lists = (("mismatched", r.mismatched), ("missing", r.missing), ("unexpected", r.unexpected)) if r else ()
+        lists = (
+            (("mismatched", r.mismatched), ("missing", r.missing), ("unexpected", r.unexpected)) if r else ()
+        )
         bad = [f"{k}: {', '.join(names[:5])}" for k, names in lists if names]
         said = self.error_event.message if self.error_event else ""
         self._show_failure("Verification failed", "; ".join(bad) or said or msg.stderr[-500:], "")
@@ -402,7 +451,9 @@ class ConvertScreen(Screen[None]):
         if self.child is not None and self.child.running:
             self.child.pause()
             self.query_one(ConvertProgress).say(
-                "Waiting while you decide (the Ray tasks go on)…" if self.on_ray else "Paused while you decide…"
+                "Waiting while you decide (the Ray tasks go on)…"
+                if self.on_ray
+                else "Paused while you decide…"
             )
 
     def resume_child(self) -> None:

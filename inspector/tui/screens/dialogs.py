@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from inspector.tui.fmt import shown
+from inspector.tui.fmt import shown, shown_lines
 
 
 class ConfirmDialog(ModalScreen[bool]):
@@ -24,7 +24,7 @@ class ConfirmDialog(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
             yield Static(shown(self.title_text), id="dialog-title", markup=False)
-            yield Static(shown(self.question), id="dialog-body", markup=False)
+            yield Static(shown_lines(self.question), id="dialog-body", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button(f"{self.yes} (y)", id="yes", variant="warning")
                 yield Button(f"{self.no} (n)", id="no", variant="primary")
@@ -49,11 +49,56 @@ class MessageDialog(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
             yield Static(shown(self.title_text), id="dialog-title", markup=False)
-            yield Static(shown(self.message), id="dialog-body", markup=False)
+            yield Static(shown_lines(self.message), id="dialog-body", markup=False)
             if self.hint:
                 yield Static(shown(f"→ {self.hint}"), id="dialog-hint", markup=False)
             with Horizontal(id="dialog-buttons"):
                 yield Button("OK", id="ok", variant="primary")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class CopyDialog(ModalScreen[None]):
+    """`y`: the command (and the tensor under the cursor) shown whole and copied to the clipboard with OSC 52;
+    a terminal without OSC 52 copies nothing, so the text stays on screen to select by hand."""
+
+    BINDINGS = [
+        Binding("y,c", "copy('command')", "Copy command"),
+        Binding("n", "copy('name')", "Copy name"),
+        Binding("escape,enter,q", "close", "Close"),
+    ]
+    AUTO_FOCUS = "#ok"
+
+    def __init__(self, command: str, name: str = "") -> None:
+        super().__init__(classes="dialog")
+        self.command, self.name_text = command, name
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog-box"):
+            yield Static("The same conversion on the command line", id="dialog-title", markup=False)
+            yield Static(shown(self.command), id="dialog-body", markup=False)
+            if self.name_text:
+                yield Static(shown(f"tensor under the cursor: {self.name_text}"), id="copy-name", markup=False)
+            yield Static(
+                "Copied to the clipboard (OSC 52; some terminals and tmux without set-clipboard ignore it: "
+                "then select the text above). y copies the command again, n the tensor name.",
+                id="dialog-hint",
+                markup=False,
+            )
+            with Horizontal(id="dialog-buttons"):
+                yield Button("OK", id="ok", variant="primary")
+
+    def on_mount(self) -> None:
+        self.app.copy_to_clipboard(self.command)
+
+    def action_copy(self, what: str) -> None:
+        text = self.name_text if what == "name" and self.name_text else self.command
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied the {'tensor name' if text is self.name_text else 'command'}.", timeout=2)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)

@@ -46,7 +46,8 @@ def format_options(ckpt: Any) -> tuple[list[tuple[str, str]], str, list[str]]:
 
 
 def human_size(n: int) -> str:
-    for unit, mult in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("GiB", 2**30), ("MiB", 2**20)):
+    units = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("GiB", 2**30), ("MiB", 2**20), ("KB", 10**3))
+    for unit, mult in (*units, ("KiB", 2**10)):  # --shard-size 10KB is shown as 10KB, not 10000
         if n % mult == 0 and n >= mult:
             return f"{n // mult}{unit}"
     return str(n)
@@ -103,6 +104,7 @@ class ExportScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.generation = 0
+        self.plan_error = ""  # the preflight's refusal of valid-looking options (a rename collision)
 
     def compose(self) -> ComposeResult:
         app = zi(self)
@@ -113,7 +115,13 @@ class ExportScreen(Screen[None]):
             with VerticalScroll(id="export-form"):
                 with Grid(id="form-grid"):
                     yield Label("Output folder")
-                    yield SafeInput(ex.out_dir, id="out", compact=True, placeholder="where the safetensors go")
+                    yield SafeInput(
+                        ex.out_dir,
+                        id="out",
+                        compact=True,
+                        placeholder="where the safetensors go",
+                        select_on_focus=False,
+                    )
                     yield Label("Format")
                     formats, default, missing = format_options(app.ckpt)
                     chosen = ex.format if ex.format in {v for _, v in formats} else default
@@ -177,7 +185,9 @@ class ExportScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.sub_title = "Export options"
-        self.query_one("#out", Input).focus()
+        # the form opens on a choice, not in a text field: `?` is help here (typed into a field it is text), and
+        # the proposed folder is not selected for the first key to replace it
+        self.query_one("#format", Select).focus()
         self._changed()
 
     @on(Input.Changed)
@@ -229,15 +239,20 @@ class ExportScreen(Screen[None]):
         )
         return opts, out, overwrite, errors
 
-    def _changed(self) -> None:
-        opts, out, overwrite, errors = self.read_form()
-        app = zi(self)
+    def _show_errors(self, errors: list[str]) -> None:
+        """✖ per problem (the form's and the preflight's), or ✔ when there is none."""
         box = self.query_one("#form-errors", Static)
         box.update(
             "\n".join(f"[red]✖[/] {shown_markup(e)}" for e in errors)
             if errors
             else "[green]✔ options valid[/]"
         )
+
+    def _changed(self) -> None:
+        opts, out, overwrite, errors = self.read_form()
+        app = zi(self)
+        self.plan_error = ""  # the next preflight says again
+        self._show_errors(errors)
         app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
         app.export = replace(
@@ -249,6 +264,9 @@ class ExportScreen(Screen[None]):
             ray_address=str(self.query_one("#ray-address", Input).value).strip(),
         )
         self.generation += 1
+        if errors:  # a verdict on other options than those typed would be a lie (a green "Fits" for "lots")
+            self.query_one(PreflightPanel).waiting("Preflight waits for valid options (✖ above).")
+            return
         if not app.selected and get(fmt or DEFAULT).uses_selection:
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
             return
@@ -276,6 +294,8 @@ class ExportScreen(Screen[None]):
         panel = self.query_one(PreflightPanel)
         if msg.plan is None or msg.assessment is None:
             panel.error(msg.error)
+            self.plan_error = msg.error
+            self._show_errors([msg.error])
             return
         panel.show(msg.assessment, msg.plan)
         if not msg.plan.uses_selection:
@@ -292,6 +312,7 @@ class ExportScreen(Screen[None]):
 
     def action_convert(self) -> None:
         _, _, _, errors = self.read_form()
+        errors += [self.plan_error] if self.plan_error else []
         if errors:
             self.notify(shown(errors[0]), title="Fix the options first", severity="error", markup=False)
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import DataTable, ProgressBar, Select, Static
+from textual.widgets import DataTable, Input, ProgressBar, Select, Static
 
 from inspector.errors import CancelledError, InspectorError
 from inspector.health import HealthProgress, HealthReport, Row
@@ -28,6 +29,7 @@ from inspector.health.findings import sibling_ratios
 from inspector.scan.model import Checkpoint, Severity
 from inspector.tui.fmt import plural, shown, size
 from inspector.tui.screens.tensor_stats import other_tag
+from inspector.tui.session import name_filter
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.findings import findings_renderable
@@ -65,6 +67,16 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
 
 
+def _planned(ckpt: Checkpoint, against: Checkpoint | None) -> HealthProgress:
+    """Nothing read yet of every stream the pass will read (`check`'s own plan): "0 of 129 streams" before
+    the first one finishes, so the count never grows under the reader's eyes."""
+    from inspector.convert.options import ConvertOptions, select
+    from inspector.health.stream import plan_jobs
+
+    jobs = plan_jobs(ckpt, select(ckpt, ConvertOptions()), against)
+    return HealthProgress(0, sum(j.nbytes for j in jobs), 0, len(jobs))
+
+
 class LayerChart(AutoHeightStatic):
     """Norm and change by depth, redrawn to the width it gets."""
 
@@ -93,6 +105,7 @@ class HealthPane(Vertical):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", show=False),
         Binding("a", "against", "Compare with"),
+        Binding("slash", "find", "Find", key_display="/"),
     ]
 
     def __init__(self) -> None:
@@ -104,6 +117,8 @@ class HealthPane(Vertical):
         self._cancel = threading.Event()
         self._ran_for: tuple[str, str, str] | None = None  # (root, tag, against) of the rows shown
         self._order: dict[str, int] = {}
+        self._streams_done = 0
+        self._streams = 0  # the pass's streams (a tensor's master, its moments…), known before it reads
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="health-bar"):
@@ -117,6 +132,12 @@ class HealthPane(Vertical):
             )
             yield ProgressBar(total=1.0, show_eta=False, id="health-progress", classes="-hidden")
         yield Static(self._intro(), id="health-status")
+        yield Input(
+            placeholder="find a tensor: glob, regex or text (enter keeps the row)",
+            id="health-find",
+            classes="-hidden",
+            compact=True,
+        )
         yield HealthTable(id="health-table")
         yield Static("", id="health-row")
         with VerticalScroll(id="health-side"):
@@ -147,6 +168,18 @@ class HealthPane(Vertical):
             select.value = default
         if self._ran_for and self._ran_for[:2] != (ckpt.root, ckpt.tag):
             self._clear()
+        self._status(self._intro())
+
+    def clear(self) -> None:
+        """Nothing of the previous checkpoint: its pass stopped, its rows, findings and comparison gone."""
+        self._abandon()
+        self.ckpt = None
+        self._order = {}
+        self._clear()
+        select = self.query_one("#health-against", Select)
+        with self.prevent(Select.Changed):
+            select.set_options([("nothing (this tag alone)", NO_COMPARISON)])
+            select.value = NO_COMPARISON
         self._status(self._intro())
 
     def start(self) -> None:
@@ -191,6 +224,7 @@ class HealthPane(Vertical):
         last = time.monotonic()
         try:
             against = scan(ckpt.root, against_tag) if against_tag else None
+            post(HealthUpdate(run, progress=_planned(ckpt, against)))  # the totals up front, not as found
             for item in check(ckpt, against, cancel=cancel):
                 if isinstance(item, list):
                     pending.extend(item)
@@ -222,9 +256,10 @@ class HealthPane(Vertical):
                 self._highlight()
         if msg.progress is not None:
             p = msg.progress
+            self._streams, self._streams_done = p.jobs_total, p.jobs_done
             self.query_one("#health-progress", ProgressBar).update(progress=p.fraction)
             broken = sum(1 for e in self.table.entries if e.bad)
-            bad = f" · [bold red]{plural(broken, 'stream')} with NaN/Inf so far[/]" if broken else ""
+            bad = f" · [bold red]{plural(broken, 'row')} with NaN/Inf so far[/]" if broken else ""
             self._status(
                 f"reading {size(p.bytes_done)} of {size(p.bytes_total)} · {p.jobs_done:,} of "
                 f"{plural(p.jobs_total, 'stream')}{bad} · escape cancels"
@@ -233,7 +268,10 @@ class HealthPane(Vertical):
             self._finished(msg.report)
         elif msg.cancelled:
             self._ended(
-                Text(f"Cancelled: {len(self.table.entries):,} streams read. h runs it again.", style="yellow")
+                Text(
+                    f"Cancelled: {self._streams_done:,} of {plural(self._streams, 'stream')} read. h runs it again.",
+                    style="yellow",
+                )
             )
         elif msg.error is not None:
             self._ended(Text(f"Stopped: {shown(msg.error.title)}", style="bold red"))
@@ -250,7 +288,10 @@ class HealthPane(Vertical):
             )
         )
         self.query_one(LayerChart).show(report)
-        errors, warnings = len(report.errors), sum(1 for f in report.findings if f.severity is Severity.WARNING)
+        errors, warnings = (
+            len(report.errors),
+            sum(1 for f in report.findings if f.severity is Severity.WARNING),
+        )
         verdict = (
             Text(f"✘ {plural(errors, 'error')}", style="bold red")
             if errors
@@ -262,7 +303,8 @@ class HealthPane(Vertical):
         against = f", against {shown(report.against)}" if report.against else ""
         line = Text.assemble(
             verdict,
-            f" · {plural(len(report.rows), 'stream')} · {size(report.bytes_read)} read{took}{against}",
+            f" · {plural(self._streams, 'stream')} read ({plural(len(report.rows), 'row')}) · "
+            f"{size(report.bytes_read)}{took}{against}",
         )
         self._ended(line)
         self._highlight()
@@ -275,9 +317,47 @@ class HealthPane(Vertical):
     # --- what the keys do ---------------------------------------------------------------------------------
 
     def action_cancel(self) -> None:
-        if self.running:
+        box = self.query_one("#health-find", Input)
+        if not box.has_class("-hidden"):  # escape closes the find box first
+            box.add_class("-hidden")
+            self.table.focus()
+        elif self.running:
             self._cancel.set()
             self._status(Text("cancelling…", style="italic"))
+
+    def on_mount(self) -> None:
+        select = self.query_one("#health-against", Select)
+        self.watch(select, "expanded", self._menu_closed, init=False)
+
+    def _menu_closed(self, expanded: bool) -> None:
+        """The comparison menu closed (chosen or escaped): the table has the keys again."""
+        if not expanded:  # after the Select takes the focus back itself
+            self.call_after_refresh(self._table_if_menu_focused)
+
+    def _table_if_menu_focused(self) -> None:
+        if self.query_one("#health-against", Select).has_focus_within:
+            self.table.focus()
+
+    def action_find(self) -> None:
+        """`/`: a box whose text moves the cursor to the first matching row, as less and k9s do."""
+        box = self.query_one("#health-find", Input)
+        box.remove_class("-hidden")
+        box.focus()
+
+    @on(Input.Changed, "#health-find")
+    def _find(self, event: Input.Changed) -> None:
+        try:
+            pattern = name_filter(event.value)
+        except re.error:
+            event.input.set_class(True, "-bad-pattern")
+            return
+        found = pattern is None or self.table.find(pattern)
+        event.input.set_class(not found, "-bad-pattern")
+
+    @on(Input.Submitted, "#health-find")
+    def _found(self, event: Input.Submitted) -> None:
+        event.input.add_class("-hidden")
+        self.table.focus()
 
     def action_against(self) -> None:
         select = self.query_one("#health-against", Select)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,19 +14,14 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     (
         "Everywhere",
         [
-            ("?", "this help"),
+            ("? / f1", "this help: the keys of the screen you are on first"),
             ("ctrl+p", "command palette: every action, themes"),
-            (
-                "q",
-                "quit (asks while a conversion runs); in a text field (the filter, the export form) q is "
-                "typed like any letter: escape leaves the field first",
-            ),
-            ("o / t", "overview / tensors tab"),
-            ("h", "health tab: check every tensor of the tag in the background (NaN, Inf, norms, moments)"),
-            ("[ / ]", "previous / next tag (newest marked ★)"),
+            ("q", "quit (asks while a conversion runs)"),
+            ("o t h", "overview, tensors, health tab (h also starts the check)"),
+            ("[ ]", "previous / next tag (newest marked ★)"),
             ("r", "choose among several checkpoint roots"),
-            ("e", "export options (output, dtype, shards, renames) with live preflight"),
-            ("c", "convert the selection (asks first if preflight says it won't fit)"),
+            ("e / c", "export options with live preflight / convert the selection"),
+            ("y", "show and copy the same `zero-inspector convert …` command"),
         ],
     ),
     (
@@ -37,41 +33,40 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
     (
         "Tensors",
         [
-            ("↑ ↓ ← →", "move; ← → fold and unfold submodules"),
-            ("enter", "fold / unfold a submodule"),
-            ("space", "select or deselect a tensor or a whole submodule (or click its □ mark)"),
+            ("↑ ↓ j k g G", "move; first / last row"),
+            ("← → enter", "fold / unfold a submodule (→ on an open one steps in)"),
+            ("space", "select a tensor or a whole submodule (or click its □ mark)"),
             ("a / n / i", "select all / none / invert (of what the filter shows)"),
-            (
-                "/",
-                "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.[13]\\.: has ^ $ \\ ( ) | + { }) or "
-                "text; the line under the tree says which, and how many match",
-            ),
+            ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1) or text"),
             ("escape", "clear the filter, or cancel statistics"),
-            ("s", "statistics of the focused tensor (min, max, mean, std, NaN, histogram, diffs)"),
+            ("s", "statistics of the tensor under the cursor (min, max, NaN, histogram)"),
+            ("f", "flat table instead of the tree; S (or a header) sorts by size, dtype, ranks, name"),
         ],
     ),
     (
         "Health",
         [
-            ("h", "start the check (again after a cancel); a finished result is kept per tag"),
+            ("h", "start the check (again after a cancel); a result is kept per tag"),
             ("escape", "cancel the check (what was read stays on screen)"),
-            ("s / click a header", "sort: NaN/Inf first, norm, change, distance from siblings, name (its header underlined)"),
-            ("enter", "open the tensor in the Tensors tab, its detail beside it"),
-            ("a", "compare with another tag (change of every master; none for the tag alone)"),
+            ("↑ ↓ j k g G", "move; first / last row"),
+            ("/", "find a tensor's row (glob, regex or text); enter keeps it"),
+            ("s / click a header", "sort: NaN/Inf first, norm, change, siblings, name"),
+            ("enter", "open the tensor in the Tensors tab"),
+            ("a", "compare with another tag"),
         ],
     ),
     (
         "Export options",
         [
-            ("tab / shift+tab", "next / previous field"),
-            ("c / ctrl+s", "convert with these options (ctrl+s also while typing in a field)"),
+            ("tab / shift+tab", "next / previous field (in a field, letters are typed)"),
+            ("c / ctrl+s", "convert with these options (ctrl+s also while typing)"),
             ("escape", "back"),
         ],
     ),
     (
         "Convert",
         [
-            ("escape", "cancel (after confirmation; partial output is removed)"),
+            ("escape", "cancel (after confirmation)"),
             ("v", "verify the output byte for byte (when finished)"),
             ("b", "back to the checkpoint (when finished)"),
         ],
@@ -79,17 +74,21 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
 ]
 
 
-NOTES = {"Everywhere": "except in a text field, where letters are typed: escape leaves it"}
+NOTES = {"Everywhere": "except in a text field: escape leaves it first"}
 
 
-def keys_table() -> Table:
+def keys_table(here: str = "") -> Table:
+    """Every key by screen, the screen `here` first (then the global keys): at 80x24 what you need now is on
+    the first page."""
     t = Table(box=None, padding=(0, 2), show_header=False)
     t.add_column(style="bold cyan", no_wrap=True)
     t.add_column()
-    for section, rows in KEYS:
-        t.add_row(f"[bold underline]{section}[/]", f"[dim]{NOTES.get(section, '')}[/]")
+    order = sorted(KEYS, key=lambda kv: (kv[0] != here, kv[0] != "Everywhere"))
+    for section, rows in order:
+        title = f"{section} (this screen)" if section == here else section
+        t.add_row(f"[bold underline]{title}[/]", f"[dim]{NOTES.get(section, '')}[/]")
         for key, what in rows:
-            t.add_row(key, what)
+            t.add_row(escape(key), escape(what))
         t.add_row("", "")
     return t
 
@@ -120,9 +119,13 @@ class HelpBox(VerticalScroll):
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
 
+    def __init__(self, here: str = "") -> None:
+        super().__init__()
+        self.here = here  # the KEYS section of the screen help was asked on
+
     def compose(self) -> ComposeResult:
         with HelpBox(id="help-box"):
-            yield Static(keys_table())
+            yield Static(keys_table(self.here))
 
     async def action_dismiss(self, result: object = None) -> None:
         self.dismiss(None)

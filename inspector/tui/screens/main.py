@@ -119,7 +119,12 @@ class MainScreen(Screen[None]):
     # --- driven by the app --------------------------------------------------------------------------------
 
     def scanning(self, root: str, tag: str | None) -> None:
-        self._title(root, None)
+        """A scan started: every view of the previous checkpoint is emptied now, not when the scan ends (it
+        may be refused, and nothing of the old one may stay on screen or be exported under the new name)."""
+        self._title(root, tag)
+        self.query_one(OverviewPane).clear()
+        self.tensors_pane.clear()
+        self.health_pane.clear()
         self.status(
             f"[italic]scanning {shown_markup(os.path.basename(root))}{' @ ' + shown_markup(tag) if tag else ''}…[/]"
         )
@@ -134,14 +139,18 @@ class MainScreen(Screen[None]):
                 )
                 roots.value = root
 
-    def located(self, loc: Location, latest: str | None) -> None:
+    def located(self, loc: Location, latest: str | None, *, opened: bool = True) -> None:
+        """The root's tags are known; `opened` False: the asked-for one is missing, none is chosen (the list,
+        `[` and `]` open one)."""
         tags = self.query_one("#tags", Select)
         with self.prevent(Select.Changed):
             tags.set_options(
                 [(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(loc.tags)]
             )
-            tags.value = loc.tag
-        self.status("[italic]reading rank files…[/]")
+            if opened:
+                tags.value = loc.tag
+        if opened:
+            self.status("[italic]reading rank files…[/]")
 
     def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
         self._title(ckpt.root, ckpt.tag)
@@ -161,13 +170,20 @@ class MainScreen(Screen[None]):
 
     def failed(self, exc: InspectorError) -> None:
         self.status(f"[bold red]{shown_markup(exc.title)}[/]: {shown_markup(exc.message)}")
-        self.query_one(OverviewPane).failed(exc)
+        app = zi(self)
+        choose = []
+        if len(app.roots) > 1:
+            choose.append("r chooses another root")
+        if app.tags:
+            choose.append("the tag list, [ and ] open another tag")
+        self.query_one(OverviewPane).failed(exc, "; ".join(choose))
 
     def on_select_changed(self, event: Select.Changed) -> None:
         app = zi(self)
         if event.value is Select.BLANK or not isinstance(event.value, str):
             return
-        if event.select.id == "tags" and app.ckpt is not None and app.root and event.value != app.ckpt.tag:
+        shown_tag = app.ckpt.tag if app.ckpt is not None else app.asked_tag
+        if event.select.id == "tags" and app.root and event.value != shown_tag:
             app.scan(app.root, event.value)
         elif event.select.id == "roots" and event.value != app.root:
             app.scan(event.value, None)

@@ -64,15 +64,26 @@ class OverviewPane(VerticalScroll):
             tags.append(f"\nOther Trainer checkpoints here: {shown(', '.join(ckpt.other_runs))}", style="dim")
         self.query_one("#tag-list", Static).update(tags)
 
-    def failed(self, exc: InspectorError) -> None:
+    def clear(self) -> None:
+        """Nothing of the previous checkpoint: a scan is running (or was refused)."""
+        self._ckpt = None
+        self.query_one("#banner", Static).add_class("-hidden")
+        self.query_one(SummaryCard).forget("[italic]Scanning…[/]")
+        self.query_one(FindingsView).update("")
+        self.query_one(RanksView).forget()
+        self.query_one("#tag-list", Static).update("")
+
+    def failed(self, exc: InspectorError, choose: str = "") -> None:
+        self.clear()
         banner = self.query_one("#banner", Static)
         banner.update(
             Text.assemble(
                 (f"✖ {shown(exc.title)}: ", "bold"),
                 shown(exc.message),
                 f"\n→ {shown(exc.hint)}" if exc.hint else "",
+                f"\n→ {choose}." if choose else "",
+                "\nNothing of another checkpoint is shown, and nothing can be exported until one is read.",
             )
         )
         banner.remove_class("-hidden")
-        self._ckpt = None
-        self.query_one(SummaryCard).update("")
+        self.query_one(SummaryCard).forget("")

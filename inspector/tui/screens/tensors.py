@@ -21,12 +21,14 @@ from inspector.tui.session import ModuleNode, filter_kind, name_filter
 from inspector.tui.typed import zi
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail
+from inspector.tui.widgets.tensor_table import SORTS, TensorTable
 
 
 class TensorsPane(Horizontal):
     BINDINGS = [
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("s", "stats", "Stats"),
+        Binding("f", "flat", "Flat/tree", show=False),  # in ? help; the 80-column key bar keeps c Convert
         Binding("escape", "escape", "Clear", show=False),
     ]
 
@@ -48,6 +50,7 @@ class TensorsPane(Horizontal):
                 classes="-hidden",
             )
             yield ModuleTree(id="module-tree")
+            yield TensorTable(id="tensor-table", classes="-hidden")
             yield Static("", id="selection-line")
         with VerticalScroll(id="detail-column"):
             yield TensorDetail(id="detail")
@@ -60,8 +63,45 @@ class TensorsPane(Horizontal):
     def detail(self) -> TensorDetail:
         return self.query_one(TensorDetail)
 
+    @property
+    def flat(self) -> TensorTable:
+        return self.query_one(TensorTable)
+
     def focus_tree(self) -> None:
-        self.module_tree.focus()
+        """The list shown (the tree, or the flat table after `f`) takes the keys."""
+        (self.module_tree if self.flat.has_class("-hidden") else self.flat).focus()
+
+    def action_flat(self) -> None:
+        """`f`: the flat, sortable table instead of the tree, or back; same filter, same selection."""
+        showing = self.flat.has_class("-hidden")
+        self.flat.set_class(not showing, "-hidden")
+        self.module_tree.set_class(showing, "-hidden")
+        if showing:
+            self._fill_flat()
+        self.focus_tree()
+
+    def _fill_flat(self) -> None:
+        if self.ckpt is None or self.flat.has_class("-hidden"):
+            return
+        tree = self.module_tree
+        rows = [(t, tree.out_bytes(t), len(tree.ranks_of(t.name))) for t in tree.shown_tensors()]
+        self.flat.fill(rows, zi(self).selected)
+
+    @on(TensorTable.Toggled)
+    def _flat_toggled(self, event: TensorTable.Toggled) -> None:
+        selected = set(zi(self).selected)
+        selected.symmetric_difference_update({event.name})
+        self.module_tree.set_selection(selected)  # posts SelectionChanged: the app, the line, the table follow
+
+    @on(TensorTable.Sorted)
+    def _flat_sorted(self, event: TensorTable.Sorted) -> None:
+        self.notify(f"Sorted by {SORTS[event.how][0]}.", timeout=2, markup=False)
+
+    @on(TensorTable.RowHighlighted)
+    def _flat_row(self, event: TensorTable.RowHighlighted) -> None:
+        t = self.flat.tensor_at_cursor()
+        if t is not None:
+            self._show_data(t)
 
     def show(self, ckpt: Checkpoint) -> None:
         self.cancel_stats()
@@ -70,6 +110,19 @@ class TensorsPane(Horizontal):
         self.module_tree.load(ckpt, zi(self).selected, zi(self).out_dtype())
         self._update_selection_line()
         self._follow_cursor()
+        self._fill_flat()
+
+    def clear(self) -> None:
+        """Nothing of the previous checkpoint: no tree, no detail, no statistics, no filter."""
+        self.cancel_stats()
+        self.ckpt = None
+        box = self.query_one("#filter", Input)
+        with self.prevent(Input.Changed):
+            box.value = ""
+        box.add_class("-hidden")
+        self.module_tree.unload()
+        self.detail.forget()
+        self.query_one("#selection-line", Static).update("")
 
     def refresh_options(self) -> None:
         """Export options changed (dtype): subtotals and the detail's output dtype follow."""
@@ -88,6 +141,7 @@ class TensorsPane(Horizontal):
     def _selection(self, event: ModuleTree.SelectionChanged) -> None:
         zi(self).set_selection(event.selected)
         self._update_selection_line()
+        self._fill_flat()
         node = self.module_tree.cursor_node
         if node is not None and isinstance(node.data, ModuleNode):  # "selected: k of n" follows the toggle
             self._show_module(node.data)
@@ -211,12 +265,13 @@ class TensorsPane(Horizontal):
         self.module_tree.set_filter(pattern)
         self._update_selection_line()
         self._follow_cursor()
+        self._fill_flat()
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
         if not event.value:
             event.input.add_class("-hidden")
-        self.module_tree.focus()
+        self.focus_tree()
 
     def action_escape(self) -> None:
         if self._stats_for is not None and not self._cancel.is_set():
@@ -229,16 +284,20 @@ class TensorsPane(Horizontal):
         box = self.query_one("#filter", Input)
         if not (box.value or not box.has_class("-hidden")):
             return False
-        box.value = ""
+        with self.prevent(Input.Changed):  # cleared here, now: a late Changed would rebuild the tree again
+            box.value = ""
         box.add_class("-hidden")
         self.module_tree.set_filter(None)
         self._update_selection_line()
         self._follow_cursor()
-        self.module_tree.focus()
+        self._fill_flat()
+        self.focus_tree()
         return True
 
     def reveal(self, name: str) -> None:
         """The cursor (and so the detail) on tensor `name`; a filter that hides it is cleared, and said so."""
+        if not self.flat.has_class("-hidden"):  # the tree shows where it lives: back to it
+            self.action_flat()
         tree = self.module_tree
         if not tree.reveal(name) and self._clear_filter():
             self.notify("The filter hid that tensor: it is cleared.", timeout=3, markup=False)

@@ -7,6 +7,7 @@ order and draw it. Tensor names come from files: they reach the screen through `
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -87,6 +88,10 @@ class HealthTable(DataTable[RenderableType]):
     BINDINGS = [
         Binding("s", "cycle_sort", "Sort"),
         Binding("enter", "open", "Open tensor", show=True),
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("g", "first", "First", show=False),
+        Binding("G", "last", "Last", show=False),
     ]
 
     @dataclass
@@ -174,6 +179,21 @@ class HealthTable(DataTable[RenderableType]):
         if current is not None:
             self._move_to(current)
 
+    def action_first(self) -> None:
+        self.move_cursor(row=0)
+
+    def action_last(self) -> None:
+        self.move_cursor(row=max(self.row_count - 1, 0))
+
+    def find(self, pattern: re.Pattern[str]) -> bool:
+        """The cursor on the first row (as shown, sorted) whose tensor name matches; False when none does."""
+        for row in range(self.row_count):
+            key = self.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value
+            if key is not None and pattern.search(self.entries[int(key)].row.name):
+                self.move_cursor(row=row)
+                return True
+        return False
+
     def entry_at_cursor(self) -> Entry | None:
         if not self.entries or self.cursor_row < 0 or self.cursor_row >= self.row_count:
             return None
@@ -193,7 +213,9 @@ class HealthTable(DataTable[RenderableType]):
     def _add(self, e: Entry, i: int) -> None:
         st = e.row.stats
         red = "bold red"
-        zeros = f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0"  # zero rows: in the detail line
+        zeros = (
+            f"{st.zeros / st.numel:.0%}" if st.numel and st.zeros else "0%"  # one unit in the column
+        )  # zero rows: in the detail line
         ratio = e.ratio
         far = ratio is not None and (ratio >= 10 or ratio <= 0.1)
         self.add_row(

@@ -53,6 +53,11 @@ class ModuleTree(Tree[Data]):
         Binding("i", "invert", "Invert", show=False),
         Binding("right", "unfold", "Unfold", show=False),
         Binding("left", "fold", "Fold", show=False),
+        # the keys of less, vim, htop and k9s: down, up, first, last
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("g", "first", "First", show=False),
+        Binding("G", "last", "Last", show=False),
     ]
 
     @dataclass
@@ -94,6 +99,15 @@ class ModuleTree(Tree[Data]):
             rs = {owner.get(s.file, "") for s in t.segments}
             self._ranks[t.name] = sorted(int(r[5:]) for r in rs if r.startswith("rank "))
         self.rebuild()
+
+    def ranks_of(self, name: str) -> list[int]:
+        """The data-parallel ranks whose files hold part of tensor `name`."""
+        return self._ranks.get(name, [])
+
+    def unload(self) -> None:
+        """No checkpoint: an empty tree (the next `load` fills it)."""
+        self.ckpt, self.selected, self.pattern, self._ranks = None, set(), None, {}
+        self.clear()
 
     def shown_tensors(self) -> list[TensorInfo]:
         if self.ckpt is None:
@@ -243,6 +257,12 @@ class ModuleTree(Tree[Data]):
                 return True
         return False
 
+    def action_first(self) -> None:
+        self.cursor_line = 0
+
+    def action_last(self) -> None:
+        self.cursor_line = self.last_line
+
     def action_unfold(self) -> None:
         """→: open a folded submodule, else step to its first child (as file managers do)."""
         node = self.cursor_node
@@ -251,7 +271,11 @@ class ModuleTree(Tree[Data]):
         if not node.is_expanded:
             node.expand()
         elif node.children:
-            self.move_cursor(node.children[0])
+            first = node.children[0]
+            if first.line < 0:  # unfolded by a → just before (key repeat): its lines exist after a refresh
+                self.call_after_refresh(self.move_cursor, first)
+            else:
+                self.move_cursor(first)
 
     def action_fold(self) -> None:
         """←: fold an open submodule, else step to the parent."""

@@ -24,6 +24,12 @@ class PreflightPanel(AutoHeightStatic):
     def pending(self) -> None:
         self.update(Text("Preflight: predicting…", style="italic dim"))
 
+    def waiting(self, message: str) -> None:
+        """No verdict: the options cannot be planned as typed."""
+        self.assessment = None
+        self.set_class(False, "-bad")
+        self.update(Text(message, style="italic dim"))
+
     def error(self, message: str) -> None:
         self.assessment = None
         self.set_class(True, "-bad")

@@ -67,6 +67,7 @@ class ConvertProgress(Vertical):
     def __init__(self) -> None:
         super().__init__()
         self.files: list[tuple[str, int]] = []
+        self._index: dict[str, int] = {}  # listed file name -> its row
         self._shown = (-1, -1)  # (file, percent) last drawn: the list is redrawn only when that changes
 
     def start(self, total: int | None, files: list[tuple[str, int]] | None = None) -> None:
@@ -74,6 +75,7 @@ class ConvertProgress(Vertical):
         when there are several (a 70B model's thirty shards), each marked as it is written."""
         self.query_one("#overall", ProgressBar).update(total=total, progress=0)
         self.files = list(files or [])
+        self._index = {name: i for i, (name, _) in enumerate(self.files)}
         self._shown = (-1, -1)
         many = len(self.files) > 1
         self.query_one("#files-title").set_class(not many, "-hidden")
@@ -100,6 +102,21 @@ class ConvertProgress(Vertical):
         if len(self.files) > 1:
             self._draw_files(len(self.files), 1.0)
 
+    def _show_file(self, ev: Progressed) -> None:
+        """The file in hand, found in the listing by its name (the order files finish in is the writer's). An
+        event for the whole output (a universal folder) is said as such: never "File 1 of 1" over 91 files."""
+        index = self._index.get(ev.file, ev.file_index if ev.files == len(self.files) else -1)
+        listed = len(self.files)
+        if index < 0 and listed > 1:
+            label = f"Writing {ev.file} ({listed} files planned; progress is for all of them)"
+        else:  # the writer's own count (an index file listed beside the shards is not one of them)
+            label = f"File {ev.file_index + 1} of {ev.files}: {ev.file}"
+        self.query_one("#shard-label", Static).update(shown(label), layout=False)
+        file_total = max(ev.file_total, 1)
+        self.query_one("#shard", ProgressBar).update(total=file_total, progress=ev.file_done)
+        if listed > 1 and index >= 0:
+            self._draw_files(index, ev.file_done / file_total)
+
     def show(self, ev: Progressed, *, verifying: bool) -> None:
         """One `progress` event: bytes done of total, throughput, time left; the file and tensor in hand."""
         done, total = ev.bytes_done, ev.bytes_total or 1
@@ -113,15 +130,7 @@ class ConvertProgress(Vertical):
                 f"{left} · elapsed {duration(ev.elapsed)}"
             )
             if ev.file and not verifying:
-                index, count = ev.file_index, ev.files
-                self.query_one("#shard-label", Static).update(
-                    shown(f"File {index + 1} of {count}: {ev.file}"), layout=False
-                )
-                file_total = max(ev.file_total, 1)
-                file_done = ev.file_done
-                self.query_one("#shard", ProgressBar).update(total=file_total, progress=file_done)
-                if len(self.files) > 1 and count == len(self.files):  # one event per listed file
-                    self._draw_files(index, file_done / file_total)
+                self._show_file(ev)
             self.query_one("#tensor-text", Static).update(
                 Text.assemble(("tensor ", "dim"), shown(ev.tensor) or "–"), layout=False
             )

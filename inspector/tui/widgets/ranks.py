@@ -81,6 +81,10 @@ class RanksView(AutoHeightStatic):
         self._ckpt, self._shape = ckpt, None
         self._relayout(self.size.width or self.app.size.width)
 
+    def forget(self) -> None:
+        self._ckpt, self._shape = None, None
+        self.update("")
+
     def on_resize(self, event: events.Resize) -> None:
         self._relayout(event.size.width)
 

@@ -71,6 +71,11 @@ class SummaryCard(AutoHeightStatic):
         self._ckpt, self._saved = ckpt, saved
         self._draw()
 
+    def forget(self, text: str) -> None:
+        """No checkpoint: `text` instead (a resize must not draw the previous one again)."""
+        self._ckpt = None
+        self.update(text)
+
     def on_resize(self) -> None:
         self._draw()  # one column below 100 cells, two above: decided by the size we really have
 

@@ -137,6 +137,10 @@ class TensorDetail(AutoHeightStatic):
         self.extra = []
         self.update(Group(Text(shown(title), style="bold"), *(Text(x) for x in lines)))
 
+    def forget(self) -> None:
+        self.ckpt, self.tensor, self.extra = None, None, []
+        self.update("Move to a tensor to see where its bytes live.")
+
     def set_extra(self, items: list[RenderableType]) -> None:
         self.extra = items
         self.redraw()
