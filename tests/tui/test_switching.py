@@ -21,10 +21,11 @@ pytestmark = pytest.mark.asyncio
 
 
 def _pipeline_copy(src: Path, dest: Path) -> Path:
-    """A copy of `src` with a pipeline-parallel layer file in its tag folder: the scan refuses it."""
+    """A copy of `src` with a pipeline × tensor-parallel layer file in its tag folder: a layout the scan
+    refuses (a plain `layer_01-model_states.pt` is now read as a pipeline checkpoint, damaged)."""
     shutil.copytree(src, dest)
     tag = (dest / "latest").read_text().strip()
-    (dest / tag / "layer_01-model_states.pt").write_bytes(b"")
+    (dest / tag / "layer_01-model_01-model_states.pt").write_bytes(b"")
     return dest
 
 
