@@ -1,7 +1,7 @@
 """Streaming reductions over one chunk at a time in fixed, reused buffers: memory is one chunk per stream.
 
-The same statistics as `convert/stats.py` (the app's `s` key: NaN/Inf counted apart, min/max/mean/std over
-the finite values), reorganised for a whole-checkpoint pass at the speed of the page cache. Each float chunk
+The one statistics engine, for the health pass and the app's one-tensor statistics (`tensor.py`, the `s`
+key): NaN/Inf counted apart, min/max/mean/std over the finite values, at the speed of the page cache. Each float chunk
 (fp32 as stored; bf16, fp16 and fp8 widened exactly to fp32 first) costs a handful of passes that stay in
 the cache the read just filled:
 
@@ -386,11 +386,10 @@ class ZeroRows:
         self.pos += n
 
 
-def max_abs_difference(a: Array, b: Array, tmp: Array) -> tuple[float, int]:
-    """(largest |a - b|, elements that differ) of two float64 chunks; NaN on both sides is no difference,
-    NaN on one side is an infinite one."""
-    size = a.shape[0]
-    d = tmp[:size]
+def _abs_difference(a: Array, b: Array, tmp: Array) -> Array:
+    """|a - b| of two float64 blocks into `tmp`: NaN on both sides is no difference, on one side an infinite
+    one."""
+    d = tmp[: a.shape[0]]
     np.subtract(a, b, out=d)
     np.abs(d, out=d)
     nan = np.isnan(d)
@@ -398,5 +397,22 @@ def max_abs_difference(a: Array, b: Array, tmp: Array) -> tuple[float, int]:
         both = np.isnan(a) & np.isnan(b)
         d[nan & ~both] = math.inf
         d[both] = 0.0
+    return d
+
+
+def max_abs_difference(a: Array, b: Array, tmp: Array) -> tuple[float, int]:
+    """(largest |a - b|, elements that differ) of two float64 blocks (see `_abs_difference`)."""
+    d = _abs_difference(a, b, tmp)
     differing = int(np.count_nonzero(d))
     return (float(d.max()) if differing else 0.0), differing
+
+
+def compare_block(a: Array, b: Array, tmp: Array) -> tuple[float, int, float, float]:
+    """(largest |a - b|, elements that differ, Σ|a - b| and Σ(a - b)² over the finite differences) of two
+    float64 blocks: the app's comparison of two copies of a tensor."""
+    d = _abs_difference(a, b, tmp)
+    differing = int(np.count_nonzero(d))
+    if not differing:
+        return 0.0, 0, 0.0, 0.0
+    fin = d[np.isfinite(d)]  # a copy bounded by one block
+    return float(d.max()), differing, float(np.add.reduce(fin)), float(np.einsum("i,i->", fin, fin))
