@@ -78,7 +78,7 @@ def _cast(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
                 _fix_nans(src, out, nan, s_name, o_name)
 
 
-_BLOCK = 1 << 17  # elements per integer rounding step: its uint32 scratch (512 KiB) stays in the cache
+_BLOCK = 1 << 16  # elements per integer rounding step: its uint32 scratch (256 KiB) stays in the cache
 _local = threading.local()
 
 
@@ -87,9 +87,10 @@ def _f32_to_bf16(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
     non-NaN value (±0, subnormals, overflow to Inf), NaN lanes left to `_fix_nans`. Plain integer ufuncs,
     which release the GIL: ml_dtypes' cast is a legacy user cast, which numpy runs holding it, so threads
     casting with it take turns."""
+    need = min(_BLOCK, src.shape[0])  # a thread casting small blocks keeps a small scratch
     t: np.ndarray[Any, Any] | None = getattr(_local, "scratch", None)
-    if t is None:
-        t = _local.scratch = np.empty(_BLOCK, np.uint32)
+    if t is None or t.shape[0] < need:
+        t = _local.scratch = np.empty(need, np.uint32)
     u, o = src.view(np.uint32), out.view(np.uint16)
     for i in range(0, u.shape[0], _BLOCK):
         x = u[i : i + _BLOCK]

@@ -252,7 +252,8 @@ def write_shard(
     (at least `plan.depth` from an object store). Yields (bytes, tensor) about 10 times a second."""
     shard = plan.shards[index]
     limit = limit or plan.chunk_limit
-    threads = max(workers, plan.depth) if plan.remote else workers
+    # no more threads than buffers: at most that many chunks are in flight, and each thread keeps a cast block
+    threads = min(max(workers, plan.depth) if plan.remote else workers, pools[0].qsize())
     io = _ShardIO(fd, cancel, pools, FilePool(*plan.sources))
     ex = ThreadPoolExecutor(threads, thread_name_prefix="zi-convert")
     producer = threading.Thread(

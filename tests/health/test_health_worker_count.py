@@ -5,9 +5,6 @@ included; and the CLI's peak RSS at 2, 16 and 64 workers stays in one budget."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ from inspector.health import run_check
 from inspector.health.numerics import GROUP
 from inspector.health.stream import SCRATCH_BUDGET, plan_workers
 from inspector.scan.scanner import scan
+from tests.child_rss import run_cli
 from tests.conftest import DemoCache
 from tests.health.planting import overwrite, plant
 
@@ -62,38 +60,12 @@ def test_workers_give_the_same_figures(planted: Path) -> None:
         assert _figures(r) == first
 
 
-# a small launcher forks the CLI and reports its peak RSS from wait4: a child forked straight from pytest
-# would inherit pytest's own high-water mark (the kernel carries it across exec)
-_LAUNCH = (
-    "import os, subprocess, sys\n"
-    "p = subprocess.Popen(sys.argv[1:], stderr=subprocess.DEVNULL)\n"
-    "_, status, usage = os.wait4(p.pid, 0)\n"
-    "print(usage.ru_maxrss, os.waitstatus_to_exitcode(status), file=sys.stderr)\n"
-)
-
-
-def _peak_rss(args: list[str]) -> tuple[int, str]:
-    """Peak RSS (bytes) of a child process running the CLI, and its stdout."""
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    done = subprocess.run(
-        [sys.executable, "-c", _LAUNCH, sys.executable, "-m", "inspector", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=300,
-    )
-    kib, code = done.stderr.split()
-    assert int(code) in (0, 1), done.stderr  # 1: the planted NaN is found
-    return int(kib) * 1024, done.stdout
-
-
 def test_memory_does_not_grow_with_the_workers(planted: Path) -> None:
     """2, 16 and 64 workers: each under 128 MiB, 64 no more than 16 (the budget holds 16 at the smallest
     chunk; the rest wait their turn), and 16 within the one scratch budget of 2."""
     peaks, outs = {}, {}
     for w in (2, 16, 64):
-        peaks[w], out = _peak_rss(["health", str(planted), "--json", "--workers", str(w)])
+        peaks[w], out = run_cli(["health", str(planted), "--json", "--workers", str(w)], ok=(0, 1))  # 1: NaN
         doc = json.loads(out)
         doc.pop("seconds")
         doc.pop("threads")
