@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,13 +61,22 @@ def test_the_probe_is_bounded_and_leaves_the_cache_as_it_was(
     with open(path, "rb") as fh:  # the first half warm, the second cold
         fh.read(100 * MiB)
     read: list[int] = []
-    real = FilePool.read_into
+    real = FilePool.handle
 
-    def counting(self: FilePool, p: str, offset: int, view: memoryview) -> None:
-        read.append(len(view))
-        real(self, p, offset, view)
+    def counting(self: FilePool, p: str) -> Any:
+        handle = real(self, p)
 
-    monkeypatch.setattr(FilePool, "read_into", counting)
+        class Counted:
+            def fileno(self) -> int | None:
+                return handle.fileno()
+
+            def read_into(self, offset: int, view: memoryview) -> int:
+                read.append(len(view))
+                return handle.read_into(offset, view)
+
+        return Counted()
+
+    monkeypatch.setattr(FilePool, "handle", counting)
     with FilePool(Source.at(tmp_path)) as pool:
         cal = calibrate(pool, {str(path): 200 * MiB})
         fd = pool.fd(str(path))
