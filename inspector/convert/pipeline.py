@@ -1,10 +1,10 @@
 """Write one shard with every worker reading, casting and writing chunks of its tensors at once, in one
 fixed memory budget.
 
-A producer thread walks the shard's chunks in file order. A chunk that needs no cast is copied file to file
-in the kernel (`os.copy_file_range`, falling back to the buffers where the file systems refuse) and never
-enters Python. Every other chunk takes a source buffer (and an output buffer when its dtype changes) from
-fixed pools and goes to a worker, which reads exactly its bytes, casts them (numpy + ml_dtypes, bit-identical
+A producer thread walks the shard's chunks in file order; each takes a source buffer (and an output buffer
+when its dtype changes) from fixed pools and goes to a worker. A chunk that needs no cast is copied file to
+file in the kernel (`os.copy_file_range`; its buffer is the fallback where the file systems refuse) and never
+enters Python; any other the worker reads exactly its bytes, casts them (numpy + ml_dtypes, bit-identical
 to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release the GIL, see cast.py) and
 `pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
 at once, as many as there are workers, and the order they finish in changes no byte. The buffers are the
@@ -157,13 +157,23 @@ class _ShardIO:
 
 
 def _work(
-    io: _ShardIO, t: PlannedTensor, segs: list[Segment], pos: int, src: np.ndarray, out: np.ndarray | None
+    io: _ShardIO,
+    t: PlannedTensor,
+    segs: list[Segment],
+    pos: int,
+    src: np.ndarray,
+    out: np.ndarray | None,
+    kernel: _KernelCopy | None,
 ) -> None:
-    """One worker's chunk: read its bytes into `src`, cast them into `out` if the dtype changes, write them
-    at `pos`; the buffers go back to their pools whatever happens."""
+    """One worker's chunk: copied file to file in the kernel when it needs no cast (`kernel`) and the kernel
+    takes it; else read into `src`, cast into `out` if the dtype changes, and written at `pos`. The buffers
+    go back to their pools whatever happens."""
     n = sum(s.numel for s in segs)
     try:
         if io.stop.is_set() or io.cancel.is_set():
+            return
+        if kernel is not None and _kernel_copy(kernel, io.files, io.fd, segs, pos):
+            io.count(n * itemsize(t.out_dtype), t.name)
             return
         read_segments_into(io.files, segs, src)
         data = src
@@ -182,8 +192,8 @@ def _work(
 
 
 def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: ThreadPoolExecutor) -> None:
-    """Walk the shard's chunks in file order: kernel copies here, everything else to the workers, each
-    with its buffers (waiting for them bounds what is in flight)."""
+    """Walk the shard's chunks in file order, each to a worker with its buffers (waiting for them bounds
+    what is in flight)."""
     shard = plan.shards[index]
     kernel = _KernelCopy()
     pos = len(shard.header)
@@ -196,15 +206,13 @@ def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: Thr
                 if io.cancel.is_set() or io.stop.is_set():
                     return
                 n = sum(s.numel for s in segs)
-                if not cast and _kernel_copy(kernel, io.files, io.fd, segs, pos):
-                    io.count(n * osz, t.name)
-                    pos += n * osz
-                    continue
-                src = _take(io.pools[0], io.stop)
+                src = _take(
+                    io.pools[0], io.stop
+                )  # a kernel copy holds one too: the fallback's, and the bound
                 out = _take(io.pools[1], io.stop) if cast else None
                 if src is None or (cast and out is None):
                     return
-                ex.submit(_work, io, t, segs, pos, src, out)
+                ex.submit(_work, io, t, segs, pos, src, out, None if cast else kernel)
                 pos += n * osz
     except BaseException as exc:
         io.fail(exc)

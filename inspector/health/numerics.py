@@ -22,10 +22,11 @@ Precision (worst case, whatever the data; measured errors are 1e-8 relative or l
 `BLOCK` + 1 rounded terms errs by at most GAMMA = (BLOCK + 1)·2⁻²⁴ ≈ 1.53e-5 of the sum of their magnitudes,
 the float64 steps add nothing visible. So the L2 norm (and `--against`'s delta norm) is within a relative
 `NORM_REL`, the standard deviation within a relative `STD_REL` (shifting keeps the variance's cancellation to
-a factor 9.6) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max and abs-max are exact. Chunks
-whose float32 squares would overflow (|x| > 1.8e19), that hold NaN/Inf, and integer or float64 tensors take
-an exact float64 path instead. numpy releases the GIL in every call used here, so several streams run on
-several cores.
+a factor 9.6) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max and abs-max are exact. Groups
+whose float32 squares would overflow (|x| > 1.8e19) or that hold NaN/Inf, and integer or float64 tensors,
+take an exact float64 path instead. numpy releases the GIL in every call used here (bf16 is widened by a
+shift of its bits: ml_dtypes' cast is a legacy user cast, which numpy runs holding the GIL), so several
+streams run on several cores.
 """
 
 from __future__ import annotations
