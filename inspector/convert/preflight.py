@@ -81,6 +81,7 @@ class Assessment:
     unwritable: str = ""  # why the output cannot be created there ("" when it can)
     upload_to: str = ""  # OUT is this bucket URL: `out_dir` is the staging folder, which holds only
     staged_bytes: int = 0  # this much at once (the largest files written side by side)
+    calibrated: bool = False  # the time was calibrated on this machine (not from fixed rates)
 
     @property
     def disk_need(self) -> int:
@@ -252,6 +253,7 @@ def assess(
         fits_disk=output_bytes <= free and not blocked,
         fits_address_space=budget.address_space_limit is None or vms_peak <= budget.address_space_limit,
         unwritable=blocked,
+        calibrated=not plan.remote,
     )
 
 

@@ -244,14 +244,16 @@ def _line(row: dict[str, Any], rows: list[dict[str, Any]], cores: int) -> str:
     )
 
 
-def _section(args: argparse.Namespace, rows: list[dict[str, Any]], started: str, load: str) -> str:
+def _section(
+    args: argparse.Namespace, rows: list[dict[str, Any]], started: str, load: str, commit: str
+) -> str:
     size = sum(f.stat().st_size for f in _files(args.root))
     head = [
         f"## Worker sweep (`tests/benchmarks/sweep.py`, issue 30), {started}",
         "",
         f"- Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
         f"{args.cores} usable; load average at start {load}",
-        f"- Checkpoint: {args.root} ({size / 1e9:.2f} GB on disk); commit {_commit()}",
+        f"- Checkpoint: {args.root} ({size / 1e9:.2f} GB on disk); commit {commit} when the sweep started",
         "- Each run a fresh process; wall, CPU (user + sys) and peak RSS from wait4. Phase: the engine's own "
         "time (health's `seconds`, a convert's JSON report). × floor: phase over the N-thread floor (scan and floor "
         "setup excluded from both).",
@@ -265,7 +267,10 @@ def _section(args: argparse.Namespace, rows: list[dict[str, Any]], started: str,
 
 def _commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    return done.stdout.strip() or "unknown"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "inspector"], capture_output=True, text=True, cwd=REPO
+    )
+    return (done.stdout.strip() or "unknown") + (" (inspector/ modified)" if dirty.stdout.strip() else "")
 
 
 def main() -> int:
@@ -293,8 +298,9 @@ def main() -> int:
     args.cores = len(os.sched_getaffinity(0))
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    commit = _commit()
     rows = run_sweep(args)
-    text = _section(args, rows, started, load)
+    text = _section(args, rows, started, load, commit)
     print(text)
     if args.append:
         with open(HERE / "results.md", "a") as fh:
