@@ -385,35 +385,3 @@ class ZeroRows:
         if i < n:  # a row this chunk starts and the next one finishes
             self.open_zero = not bool(mask[i:n].any())
         self.pos += n
-
-
-def _abs_difference(a: Array, b: Array, tmp: Array) -> Array:
-    """|a - b| of two float64 blocks into `tmp`: NaN on both sides is no difference, on one side an infinite
-    one."""
-    d = tmp[: a.shape[0]]
-    np.subtract(a, b, out=d)
-    np.abs(d, out=d)
-    nan = np.isnan(d)
-    if nan.any():
-        both = np.isnan(a) & np.isnan(b)
-        d[nan & ~both] = math.inf
-        d[both] = 0.0
-    return d
-
-
-def max_abs_difference(a: Array, b: Array, tmp: Array) -> tuple[float, int]:
-    """(largest |a - b|, elements that differ) of two float64 blocks (see `_abs_difference`)."""
-    d = _abs_difference(a, b, tmp)
-    differing = int(np.count_nonzero(d))
-    return (float(d.max()) if differing else 0.0), differing
-
-
-def compare_block(a: Array, b: Array, tmp: Array) -> tuple[float, int, float, float]:
-    """(largest |a - b|, elements that differ, Σ|a - b| and Σ(a - b)² over the finite differences) of two
-    float64 blocks: the app's comparison of two copies of a tensor."""
-    d = _abs_difference(a, b, tmp)
-    differing = int(np.count_nonzero(d))
-    if not differing:
-        return 0.0, 0, 0.0, 0.0
-    fin = d[np.isfinite(d)]  # a copy bounded by one block
-    return float(d.max()), differing, float(np.add.reduce(fin)), float(np.einsum("i,i->", fin, fin))

@@ -19,7 +19,8 @@ import numpy as np
 from inspector.convert.reader import FilePool, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
 from inspector.format.dtypes import numpy_dtype
-from inspector.health.numerics import GROUP, Accumulator, Array, Buffers, compare_block, exact_blocks
+from inspector.health.differences import compare_block
+from inspector.health.numerics import GROUP, Accumulator, Array, Buffers, exact_blocks
 from inspector.scan.model import Checkpoint, Segment, TensorInfo
 
 CHUNK_ELEMS = 4 * GROUP  # a multiple of GROUP: the figures are the health pass's bits
@@ -141,7 +142,7 @@ def difference(
     chunk_elems: int = CHUNK_ELEMS,
 ) -> Iterator[StatsProgress | Difference]:
     """Yield progress, then how `b` differs from `a` (same element count; dtypes may differ): the health
-    pass's float64 comparison (`numerics.compare_block`: NaN on both sides is no difference, on one side an
+    pass's float64 comparison (`differences.compare_block`: NaN on both sides is no difference, on one side an
     infinite one), a block at a time."""
     cancel = cancel or threading.Event()
     total = sum(s.numel for s in a)
