@@ -200,7 +200,11 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 shutil.rmtree(out, ignore_errors=True)
                 _cache(args.root, state)
                 run = _measure(_command(what, args.root, out, n))
-                row = {"n": n, "cache": state, "what": what, "floor": json.loads(floor["out"])["seconds"]}
+                try:
+                    seconds = float(json.loads(floor["out"])["seconds"])
+                except (ValueError, KeyError):  # a failed floor child: the row says so, the sweep goes on
+                    seconds = float("nan")
+                row = {"n": n, "cache": state, "what": what, "floor": seconds}
                 row |= {k: run[k] for k in ("wall", "cpu", "rss", "code")}
                 row["phase"] = _phase(what, run["out"])
                 rows.append(row)
@@ -231,6 +235,8 @@ def _verdict(row: dict[str, Any], rows: list[dict[str, Any]], cores: int) -> str
         misses.append("slower than with fewer workers")
     if row["code"] not in (0, 1):
         misses.append(f"exit {row['code']}")
+    if row["floor"] != row["floor"]:
+        misses.append("the floor failed")
     return "FAIL: " + "; ".join(misses) if misses else "ok"
 
 
