@@ -13,6 +13,7 @@ from typing import Any
 
 from inspector.cli.console import console as _console
 from inspector.cli.console import literal, print_json, stdout_closed
+from inspector.cli.options import add_workers_option
 from inspector.errors import EXIT_DAMAGED, EXIT_OK
 
 _SHOWN = 40  # findings printed (errors first) before "… and N more"
@@ -30,7 +31,12 @@ def cmd_health(args: argparse.Namespace) -> int:
     with err.status("Reading tensors…") as status:
         try:
             for item in check(
-                ckpt, against, include=args.include or (), exclude=args.exclude or (), cancel=cancel
+                ckpt,
+                against,
+                include=args.include or (),
+                exclude=args.exclude or (),
+                cancel=cancel,
+                workers=args.workers,
             ):
                 if isinstance(item, HealthProgress):
                     status.update(
@@ -162,6 +168,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         "--exclude", action="append", metavar="GLOB", help="leave out matching tensors (repeatable)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_workers_option(p)
     p.add_argument(
         "--tensors", action="store_true", help="list every tensor instead of grouping by submodule"
     )

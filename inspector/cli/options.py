@@ -38,10 +38,34 @@ def options_from_args(args: argparse.Namespace) -> Any:
         exclude_buffers=args.exclude_buffers,
         dedupe_tied=args.dedupe_tied,
         source=args.source,
+        workers=getattr(args, "workers", None),
+    )
+
+
+def workers_arg(text: str) -> int:
+    """`--workers N`: a whole number from 1 to 1024 (memory does not grow with it; more than the budget
+    holds at the smallest chunk simply wait their turn)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= n <= 1024:
+        raise argparse.ArgumentTypeError("give a number from 1 to 1024")
+    return n
+
+
+def add_workers_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        type=workers_arg,
+        metavar="N",
+        help="threads reading and reducing or converting chunks at once (default: the usable cores); "
+        "memory stays within the same budget whatever N",
     )
 
 
 def add_convert_options(p: argparse.ArgumentParser) -> None:
+    add_workers_option(p)
     p.add_argument(
         "--dtype",
         default="auto",

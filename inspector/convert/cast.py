@@ -18,6 +18,7 @@ casts slower than the disk reads (fp16 output: ~0.6 G elements/s per core) the c
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -63,7 +64,11 @@ def _cast(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
         return
     floating_src = src.dtype.kind == "f" or s_name == "bfloat16" or s_name.startswith("float8")
     with np.errstate(all="ignore"):  # overflow to Inf and NaN are values here, not errors
-        if floating_src and o_name in _DIRECT and s_name not in _DIRECT:
+        if s_name == "float32" and o_name == "bfloat16":
+            _f32_to_bf16(src, out)
+        elif s_name == "bfloat16" and o_name == "float32":  # exact: the bits shifted up
+            np.left_shift(src.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
+        elif floating_src and o_name in _DIRECT and s_name not in _DIRECT:
             np.copyto(out, src.astype(np.float32), casting="unsafe")  # torch rounds through fp32
         else:
             np.copyto(out, src, casting="unsafe")
@@ -71,6 +76,30 @@ def _cast(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
             nan = np.isnan(src)
             if nan.any():
                 _fix_nans(src, out, nan, s_name, o_name)
+
+
+_BLOCK = 1 << 16  # elements per integer rounding step: its uint32 scratch (256 KiB) stays in the cache
+_local = threading.local()
+
+
+def _f32_to_bf16(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
+    """fp32 -> bf16 rounded to nearest even on the bits, as torch's `round_to_nearest_even` does for every
+    non-NaN value (±0, subnormals, overflow to Inf), NaN lanes left to `_fix_nans`. Plain integer ufuncs,
+    which release the GIL: ml_dtypes' cast is a legacy user cast, which numpy runs holding it, so threads
+    casting with it take turns."""
+    need = min(_BLOCK, src.shape[0])  # a thread casting small blocks keeps a small scratch
+    t: np.ndarray[Any, Any] | None = getattr(_local, "scratch", None)
+    if t is None or t.shape[0] < need:
+        t = _local.scratch = np.empty(need, np.uint32)
+    u, o = src.view(np.uint32), out.view(np.uint16)
+    for i in range(0, u.shape[0], _BLOCK):
+        x = u[i : i + _BLOCK]
+        k = t[: x.shape[0]]
+        np.right_shift(x, 16, out=k)
+        np.bitwise_and(k, 1, out=k)  # the lowest kept bit: ties go to even
+        np.add(k, 0x7FFF, out=k)
+        np.add(k, x, out=k)
+        np.right_shift(k, 16, out=o[i : i + _BLOCK], casting="unsafe")
 
 
 def _name(dt: np.dtype[Any]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.format.dtypes import OUTPUT_ALIASES
@@ -41,6 +41,9 @@ class ConvertOptions:
     dedupe_tied: bool = False
     chunk_elems: int = CHUNK_ELEMS
     source: str = "masters"  # "masters" (fp32) or "module" (the 16-bit module copy, where it fits)
+    # threads reading, casting and writing chunks at once (None: the usable cores); not in the repr, which
+    # the job's fingerprint hashes: the worker count changes no output byte
+    workers: int | None = field(default=None, repr=False)
 
 
 def resolve_dtype(name: str, ckpt: Checkpoint) -> str:

@@ -1,12 +1,16 @@
-"""Write one shard through three overlapping stages, with memory fixed by the buffer pools.
+"""Write one shard with every worker reading, casting and writing chunks of its tensors at once, in one
+fixed memory budget.
 
-A reader thread fills source buffers with positioned reads, the calling thread casts dtypes with numpy +
-ml_dtypes (bit-identical to torch's `.to(dtype)`, split over cores; see cast.py), a writer thread `pwrite`s
-the result at its planned offset. Tensors that need no cast never enter Python buffers: the reader copies
-them file to file in the kernel (`os.copy_file_range`, falling back to the buffers where the file systems
-refuse). Buffers come from fixed pools allocated once per run, so peak memory is PIPELINE_DEPTH chunks per
-stage whatever the model, shard or tensor size (from an object store 8 chunks a quarter the size: more round
-trips in flight in fewer bytes; `plan.depth`).
+A producer thread walks the shard's chunks in file order; each takes a source buffer (and an output buffer
+when its dtype changes) from fixed pools and goes to a worker. A chunk that needs no cast is copied file to
+file in the kernel (`os.copy_file_range`; its buffer is the fallback where the file systems refuse) and never
+enters Python; any other the worker reads exactly its bytes, casts them (numpy + ml_dtypes, bit-identical
+to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release the GIL, see cast.py) and
+`pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
+at once, as many as there are workers, and the order they finish in changes no byte. The buffers are the
+plan's one budget (`plan.buffer_bytes`) whatever the worker count: more workers get more, smaller buffers
+(`pool_plan`), never more memory. From an object store each worker's read is a round trip, so at least
+`plan.depth` are in flight.
 
 This is the part of a conversion that moves bytes; `engine` decides which shards to write and owns
 everything around them (output folder, journal, renames, progress events, cancel).
@@ -19,62 +23,46 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from inspector.convert.cast import cast_into, typed
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
-from inspector.convert.reader import FilePool, buffer, byte_view, iter_chunks, read_segments_into
+from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Segment
+from inspector.system.limits import usable_cores
 
-
-@dataclass
-class _Chunk:
-    """One slice of a tensor on its way from the reader through the cast to the writer."""
-
-    shard: int
-    tensor: PlannedTensor
-    file_offset: int  # absolute offset in the shard file
-    numel: int
-    src: np.ndarray | None = None  # uint8 buffer holding source bytes
-    out: np.ndarray | None = None
-    copied: bool = False  # already copied file to file by the reader; only to be counted
-    pending: Future[int] | None = None  # the read still filling `src` (sources on an object store)
-
-
+MIN_CHUNK = 1 << 18  # elements: a worker's chunk never shrinks below 1 MiB of fp32 (syscalls stay noise)
 PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]  # (source, output) buffers
 
 
-def _get(q: queue.Queue[_Chunk | None], stop: threading.Event) -> _Chunk | None:
-    while True:
-        try:
-            return q.get(timeout=0.1)
-        except queue.Empty:
-            if stop.is_set():
-                return None
+def plan_workers(plan: ConversionPlan) -> int:
+    """Workers for `plan`: the option's, else every usable core."""
+    return max(1, plan.options.workers or usable_cores())
 
 
-def _put(q: queue.Queue[_Chunk | None], item: _Chunk | None, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
+def _sizes(plan: ConversionPlan, limit: int) -> tuple[int, int]:
+    return (
+        max((s.buffer_size(limit) for s in plan.shards), default=16),
+        max((s.out_buffer_size(limit) for s in plan.shards), default=0),
+    )
 
 
-def _take(pool: queue.Queue[np.ndarray], stop: threading.Event) -> np.ndarray | None:
-    while not stop.is_set():
-        try:
-            return pool.get(timeout=0.1)
-        except queue.Empty:
-            continue
-    return None
+def pool_plan(plan: ConversionPlan, workers: int) -> tuple[int, int]:
+    """(buffers per pool, elements per chunk) for `workers`: one chunk in flight per worker and one being
+    filled, in the plan's own budget (`plan.buffer_bytes`): chunks shrink as workers grow (not below
+    MIN_CHUNK), and past what the budget holds at MIN_CHUNK the extra workers wait for buffers."""
+    depth, limit = plan.depth, plan.chunk_limit
+    want = workers + 1
+    if want <= depth:
+        return depth, limit
+    small = max(min(limit, MIN_CHUNK), limit * depth // want // 4096 * 4096)
+    src, out = _sizes(plan, small)
+    return max(depth, min(want, plan.buffer_bytes // max(1, src + out))), small
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -84,16 +72,27 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
-def make_pools(plan: ConversionPlan) -> PoolPair:
-    """The run's whole memory budget: `plan.depth` source and output buffers, allocated once."""
-    src_bytes, out_bytes = plan.pool_sizes
+def make_pools(plan: ConversionPlan, depth: int | None = None, limit: int | None = None) -> PoolPair:
+    """The run's whole memory budget: `depth` source and output buffers for chunks of `limit` elements
+    (the plan's own by default), allocated once."""
+    depth = depth or plan.depth
+    src_bytes, out_bytes = _sizes(plan, limit or plan.chunk_limit)
     src_pool: queue.Queue[np.ndarray] = queue.Queue()
     out_pool: queue.Queue[np.ndarray] = queue.Queue()
-    for _ in range(plan.depth):
+    for _ in range(depth):
         src_pool.put(buffer(src_bytes))
         if out_bytes:
             out_pool.put(buffer(out_bytes))
     return src_pool, out_pool
+
+
+def _take(pool: queue.Queue[np.ndarray], stop: threading.Event) -> np.ndarray | None:
+    while not stop.is_set():
+        try:
+            return pool.get(timeout=0.1)
+        except queue.Empty:
+            continue
+    return None
 
 
 class _KernelCopy:
@@ -135,83 +134,88 @@ def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: list[Segmen
 
 @dataclass
 class _ShardIO:
-    """What the reader, converter and writer of one shard share."""
+    """What the producer and the workers of one shard share."""
 
-    index: int
-    shard: PlannedShard
     fd: int
     cancel: threading.Event
-    src_pool: queue.Queue[np.ndarray]
-    out_pool: queue.Queue[np.ndarray]
-    depth: int  # chunks in flight per stage (plan.depth)
-    read_q: queue.Queue[_Chunk | None] = field(init=False)
-    write_q: queue.Queue[_Chunk | None] = field(init=False)
+    pools: PoolPair
+    files: FilePool
     stop: threading.Event = field(default_factory=threading.Event)
     errors: list[BaseException] = field(default_factory=list)
-    written: list[int] = field(default_factory=lambda: [0])
+    written: int = 0
+    tensor: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __post_init__(self) -> None:
-        self.read_q = queue.Queue(maxsize=self.depth)
-        self.write_q = queue.Queue(maxsize=self.depth)
+    def count(self, nbytes: int, tensor: str) -> None:
+        with self.lock:
+            self.written += nbytes
+            self.tensor = tensor
+
+    def fail(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.stop.set()
 
 
-def _reader(io: _ShardIO, limit: int, pool: FilePool, kernel: _KernelCopy) -> None:
-    """Reader thread: queue each chunk's source bytes (or a kernel-copied marker) in file order.
+def _work(
+    io: _ShardIO,
+    t: PlannedTensor,
+    segs: list[Segment],
+    pos: int,
+    src: np.ndarray,
+    out: np.ndarray | None,
+    kernel: _KernelCopy | None,
+) -> None:
+    """One worker's chunk: copied file to file in the kernel when it needs no cast (`kernel`) and the kernel
+    takes it; else read into `src`, cast into `out` if the dtype changes, and written at `pos`. The buffers
+    go back to their pools whatever happens."""
+    n = sum(s.numel for s in segs)
+    try:
+        if io.stop.is_set() or io.cancel.is_set():
+            return
+        if kernel is not None and _kernel_copy(kernel, io.files, io.fd, segs, pos):
+            io.count(n * itemsize(t.out_dtype), t.name)
+            return
+        read_segments_into(io.files, segs, src)
+        data = src
+        if out is not None:
+            cast_into(typed(src, t.src_dtype, n), typed(out, t.out_dtype, n), threads=1)
+            data = out
+        nbytes = n * itemsize(t.out_dtype)
+        _pwrite_all(io.fd, memoryview(data)[:nbytes], pos)  # type: ignore[arg-type]  # a uint8 array
+        io.count(nbytes, t.name)
+    except BaseException as exc:
+        io.fail(exc)
+    finally:
+        io.pools[0].put(src)
+        if out is not None:
+            io.pools[1].put(out)
 
-    From an object store a chunk's read is a round trip: it is started and queued at once, so up to
-    `depth` chunks (the source buffers there are) are in flight while earlier ones are cast and
-    written; the consumer waits for each in order. Local reads stay synchronous (pread is not a round trip)."""
-    shard, index, stop, read_q, cancel = io.shard, io.index, io.stop, io.read_q, io.cancel
-    base = len(shard.header)
-    ahead = ThreadPoolExecutor(io.depth, thread_name_prefix="zi-read") if pool.remote else None
+
+def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: ThreadPoolExecutor) -> None:
+    """Walk the shard's chunks in file order, each to a worker with its buffers (waiting for them bounds
+    what is in flight)."""
+    shard = plan.shards[index]
+    kernel = _KernelCopy()
+    pos = len(shard.header)
     try:
         for t in shard.tensors:
-            pos = base + t.offset
+            pos = len(shard.header) + t.offset
             osz = itemsize(t.out_dtype)
+            cast = t.src_dtype != t.out_dtype
             for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
-                if cancel.is_set() or stop.is_set():
+                if io.cancel.is_set() or io.stop.is_set():
                     return
                 n = sum(s.numel for s in segs)
-                if t.src_dtype == t.out_dtype and _kernel_copy(kernel, pool, io.fd, segs, pos):
-                    if not _put(read_q, _Chunk(index, t, pos, n, copied=True), stop):
-                        return
-                    pos += n * osz
-                    continue
-                buf = _take(io.src_pool, stop)
-                if buf is None or cancel.is_set():
+                src = _take(
+                    io.pools[0], io.stop
+                )  # a kernel copy holds one too: the fallback's, and the bound
+                out = _take(io.pools[1], io.stop) if cast else None
+                if src is None or (cast and out is None):
                     return
-                chunk = _Chunk(index, t, pos, n, src=buf)
-                if ahead is not None:
-                    chunk.pending = ahead.submit(read_segments_into, pool, segs, buf)
-                else:
-                    read_segments_into(pool, segs, buf)
-                if not _put(read_q, chunk, stop):
-                    return
+                ex.submit(_work, io, t, segs, pos, src, out, None if cast else kernel)
                 pos += n * osz
     except BaseException as exc:
-        io.errors.append(exc)
-        stop.set()
-    finally:
-        _put(read_q, None, stop)
-        if ahead is not None:  # no read may fill a buffer after the shard is done with it
-            ahead.shutdown(wait=True)
-
-
-def _writer(io: _ShardIO) -> None:
-    """Writer thread: write each converted chunk at its offset and return its buffer to its pool."""
-    try:
-        while (c := _get(io.write_q, io.stop)) is not None:
-            nbytes = c.numel * itemsize(c.tensor.out_dtype)
-            if not c.copied:
-                assert c.out is not None
-                _pwrite_all(io.fd, byte_view(c.out)[:nbytes], c.file_offset)
-                (io.src_pool if c.out is c.src else io.out_pool).put(c.out)
-            with io.lock:
-                io.written[0] += nbytes
-    except BaseException as exc:
-        io.errors.append(exc)
-        io.stop.set()
+        io.fail(exc)
 
 
 def _allocate(fd: int, shard: PlannedShard) -> None:
@@ -225,35 +229,19 @@ def _allocate(fd: int, shard: PlannedShard) -> None:
     _pwrite_all(fd, memoryview(shard.header), 0)
 
 
-def _convert(io: _ShardIO, c: _Chunk) -> bool:
-    """Give `c` its output buffer (casting if needed); False when stopped while waiting for a buffer."""
-    t = c.tensor
-    if c.copied:
-        pass
-    elif t.src_dtype == t.out_dtype:
-        c.out = c.src
-    else:
-        assert c.src is not None
-        out = _take(io.out_pool, io.stop)
-        if out is None:
-            return False
-        cast_into(typed(c.src, t.src_dtype, c.numel), typed(out, t.out_dtype, c.numel))
-        c.out = out
-        io.src_pool.put(c.src)
-    return True
-
-
 def shard_streamer(
     plan: ConversionPlan,
 ) -> Callable[[int, int, threading.Event, bool], Iterator[tuple[int, str]]]:
     """The engine's default shard writer for `plan`: checkpoint bytes, cast, written. The buffer pools are
     made on the first shard (a run that reuses every shard allocates nothing) and kept for the rest."""
     pools: list[PoolPair] = []
+    workers = plan_workers(plan)
+    depth, limit = pool_plan(plan, workers)
 
     def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
         if not pools:
-            pools.append(make_pools(plan))
-        return write_shard(plan, index, fd, cancel, fsync, pools[0])
+            pools.append(make_pools(plan, depth, limit))
+        return write_shard(plan, index, fd, cancel, fsync, pools[0], workers, limit)
 
     return write
 
@@ -265,56 +253,43 @@ def write_shard(
     cancel: threading.Event,
     fsync: bool,
     pools: PoolPair,
+    workers: int = 1,
+    limit: int | None = None,
 ) -> Iterator[tuple[int, str]]:
-    """Fill one shard's open file: header, then every tensor through read -> convert -> write. Yields
-    (bytes, tensor)."""
+    """Fill one shard's open file: header, then every chunk read, cast and written by `workers` threads
+    (at least `plan.depth` from an object store). Yields (bytes, tensor) about 10 times a second."""
     shard = plan.shards[index]
-    limit = plan.chunk_limit
-    src_pool, out_pool = pools
-    io = _ShardIO(index, shard, fd, cancel, src_pool, out_pool, plan.depth)
-    stop, errors, written, lock = io.stop, io.errors, io.written, io.lock
-    pool = FilePool(*plan.sources)
-    kernel = _KernelCopy()
-    threads = [
-        threading.Thread(target=_reader, args=(io, limit, pool, kernel), name="zi-reader", daemon=True),
-        threading.Thread(target=_writer, args=(io,), name="zi-writer", daemon=True),
-    ]
+    limit = limit or plan.chunk_limit
+    # no more threads than buffers: at most that many chunks are in flight, and each thread keeps a cast block
+    threads = min(max(workers, plan.depth) if plan.remote else workers, pools[0].qsize())
+    io = _ShardIO(fd, cancel, pools, FilePool(*plan.sources))
+    ex = ThreadPoolExecutor(threads, thread_name_prefix="zi-convert")
+    producer = threading.Thread(
+        target=_produce, args=(io, plan, index, limit, ex), name="zi-chunks", daemon=True
+    )
     try:
         _allocate(fd, shard)
-        for th in threads:
-            th.start()
+        producer.start()
         reported = 0
-        current = ""
-        while (c := _get(io.read_q, stop)) is not None:
+        while producer.is_alive():
+            producer.join(0.1)
             if cancel.is_set():
-                stop.set()
-                break
-            if c.pending is not None and (exc := c.pending.exception()) is not None:
-                errors.append(exc)
-                stop.set()
-                break
-            if not _convert(io, c):
-                break
-            if not _put(io.write_q, c, stop):
-                break
-            current = c.tensor.name
-            with lock:
-                delta, reported = written[0] - reported, written[0]
-            if delta:
+                io.stop.set()
+            with io.lock:
+                delta, reported, current = io.written - reported, io.written, io.tensor
+            if delta and not io.stop.is_set():
                 yield delta, current
-        _put(io.write_q, None, stop)
-        for th in threads:
-            th.join()
-        if errors:
-            raise errors[0]
+        ex.shutdown(wait=True)  # the last chunks' writes
+        if io.errors:
+            raise io.errors[0]
         if cancel.is_set():
             raise CancelledError("Conversion cancelled; partial files were removed.")
         if fsync:
             os.fsync(fd)
-        yield written[0] - reported, current
+        yield io.written - reported, io.tensor
     finally:  # an OSError goes up as it is: the engine names the folder and the free space
-        stop.set()
-        for th in threads:
-            if th.is_alive():
-                th.join()
-        pool.close()
+        io.stop.set()
+        if producer.is_alive():
+            producer.join()
+        ex.shutdown(wait=True)
+        io.files.close()

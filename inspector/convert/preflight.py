@@ -81,6 +81,7 @@ class Assessment:
     unwritable: str = ""  # why the output cannot be created there ("" when it can)
     upload_to: str = ""  # OUT is this bucket URL: `out_dir` is the staging folder, which holds only
     staged_bytes: int = 0  # this much at once (the largest files written side by side)
+    calibrated: bool = False  # the time was calibrated on this machine (not from fixed rates)
 
     @property
     def disk_need(self) -> int:
@@ -145,6 +146,34 @@ class Assessment:
         return "; ".join(tips).capitalize() + "."
 
 
+def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
+    """The run's time: from an object store the network's model (`read_seconds`); locally calibrated on this
+    machine and this checkpoint's files (`calibrate`: its pages' residency, a bounded read probe, a cast,
+    the cores; a few milliseconds) for the plan's workers."""
+    if plan.remote:
+        return STARTUP_SECONDS + max(
+            output_bytes / CONVERT_BYTES_PER_S, read_seconds(plan.read_bytes, plan.sources)
+        )
+    from collections import Counter
+
+    from inspector.convert.calibrate import calibrate, estimate_seconds
+    from inspector.convert.pipeline import plan_workers
+    from inspector.convert.reader import FilePool
+
+    tensors = [t for s in plan.shards for t in s.tensors]
+    reads: Counter[str] = Counter()
+    for t in tensors:
+        for seg in t.segments:
+            reads[seg.file] += seg.nbytes
+    casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
+    pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
+    with FilePool(*plan.sources) as pool:
+        cal = calibrate(pool, reads, pair)
+    copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)
+    cast_elems = sum(t.numel for t in tensors if t.src_dtype != t.out_dtype)
+    return estimate_seconds(cal, plan_workers(plan), plan.read_bytes, output_bytes, cast_elems, copied)
+
+
 def converter_base(segments: int, tensors: int, files: int, extra: int = 0) -> tuple[int, int]:
     """(RSS, VMS) of a fresh converter process that has scanned `files` checkpoint files into `tensors`
     tensors of `segments` segments and planned (`extra`: planned bytes it keeps, e.g. shard headers), before
@@ -191,12 +220,12 @@ def assess(
 
     `extra_output_bytes` / `extra_memory`: files written beside the shards (config, tokenizer) and working
     memory beyond the chunk buffers (a LoRA merge's fp32 blocks), from `export.ExportPlan`."""
-    from inspector.convert.cast import cast_threads
+    from inspector.convert.pipeline import plan_workers
 
     rss, vms = converter_baseline(plan)
     client = REMOTE_CLIENT_RSS if plan.remote else 0
     peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + client
-    threads = 2 + cast_threads() + (plan.depth if plan.remote else 0)  # reader, writer, casts, reads ahead
+    threads = 1 + max(plan_workers(plan), plan.depth if plan.remote else 0)  # the producer, the workers
     vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + client + threads * THREAD_STACK
     output_bytes = plan.output_bytes + extra_output_bytes
     budget = budget or detect_memory_limits()
@@ -208,7 +237,7 @@ def assess(
     chosen = {id(t) for t in masters}  # by identity: `t not in masters` compared dataclasses, n^2
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if id(t) not in chosen)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
-    seconds = STARTUP_SECONDS + max(output_bytes / CONVERT_BYTES_PER_S, read_seconds(plan.read_bytes, plan.sources))
+    seconds = convert_seconds(plan, output_bytes)
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     blocked = unwritable(out_dir)
     return Assessment(
@@ -225,6 +254,7 @@ def assess(
         fits_disk=output_bytes <= free and not blocked,
         fits_address_space=budget.address_space_limit is None or vms_peak <= budget.address_space_limit,
         unwritable=blocked,
+        calibrated=not plan.remote,
     )
 
 

@@ -11,7 +11,7 @@ from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
-from inspector.health.stream import Row, Streamer, chunk_for, default_threads, plan_jobs, run_jobs
+from inspector.health.stream import Row, Streamer, default_workers, plan_jobs, plan_workers, run_jobs
 from inspector.scan.model import Checkpoint, Severity
 from inspector.system.bytesource import any_remote
 
@@ -23,19 +23,23 @@ def check(
     against: Checkpoint | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
-    threads: int | None = None,
+    workers: int | None = None,
     cancel: threading.Event | None = None,
     chunk_elems: int | None = None,
+    threads: int | None = None,
 ) -> Iterator[HealthProgress | list[Row] | HealthReport]:
     """Yield progress (at most 4/s), each tensor's rows as they finish, then the HealthReport.
 
-    Threads default to every usable core (more from an object store), the chunk to what their buffers'
-    budget allows. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
+    Workers default to every usable core (more from an object store); they share one buffer budget, which
+    sets their chunk (`stream.plan_workers`): the figures are the same bits whatever their number.
+    `threads` is the older name of `workers`. Raises CancelledError when `cancel` is set, InspectorError
+    for unreadable bytes."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))
-    threads = threads or default_threads(any_remote(sources))
-    chunk_elems = chunk_elems or chunk_for(threads)
+    asked = workers or threads or default_workers(any_remote(sources))
+    threads, chunk = plan_workers(asked, against is not None)
+    chunk_elems = chunk_elems or chunk
     tensors = select(ckpt, ConvertOptions(include=tuple(include), exclude=tuple(exclude)))
     if not tensors:
         raise InspectorError(

@@ -1,7 +1,7 @@
 """Streaming reductions over one chunk at a time in fixed, reused buffers: memory is one chunk per stream.
 
-The same statistics as `convert/stats.py` (the app's `s` key: NaN/Inf counted apart, min/max/mean/std over
-the finite values), reorganised for a whole-checkpoint pass at the speed of the page cache. Each float chunk
+The one statistics engine, for the health pass and the app's one-tensor statistics (`tensor.py`, the `s`
+key): NaN/Inf counted apart, min/max/mean/std over the finite values, at the speed of the page cache. Each float chunk
 (fp32 as stored; bf16, fp16 and fp8 widened exactly to fp32 first) costs a handful of passes that stay in
 the cache the read just filled:
 
@@ -10,8 +10,10 @@ the cache the read just filled:
 * zeros only where min <= 0 <= max (never for `exp_avg_sq`, whose zero rows are then skipped too);
 * the sum and the sum of squares as float32 inner products over blocks of `BLOCK` elements (the sums
   einsum's row sums, the squares numpy's batched matmul in BLAS-sized pieces that never start BLAS
-  threads), the block sums added in float64 and the chunks combined in float64 (Chan's update for mean
-  and variance). Values are shifted by an fp32 number near their mean only when mean² > 2·var (a spread
+  threads), the block sums added in float64 per `GROUP` (1 MiB of fp32) and the groups combined in float64
+  in stream order (Chan's update for mean and variance). Every decision below (shift, exact path) is made
+  per group too, so a stream's figures are the same bits whatever chunk size (a multiple of GROUP) the
+  number of workers gave it. Values are shifted by an fp32 number near their mean only when mean² > 2·var (a spread
   well under the values' size: rare for weights and moments, `exp_avg_sq` included, whose std is about
   their mean or more; layer norms' weights near 1 take it), so the variance is never a difference of much
   larger numbers.
@@ -20,10 +22,11 @@ Precision (worst case, whatever the data; measured errors are 1e-8 relative or l
 `BLOCK` + 1 rounded terms errs by at most GAMMA = (BLOCK + 1)·2⁻²⁴ ≈ 1.53e-5 of the sum of their magnitudes,
 the float64 steps add nothing visible. So the L2 norm (and `--against`'s delta norm) is within a relative
 `NORM_REL`, the standard deviation within a relative `STD_REL` (shifting keeps the variance's cancellation to
-a factor 9.6) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max and abs-max are exact. Chunks
-whose float32 squares would overflow (|x| > 1.8e19), that hold NaN/Inf, and integer or float64 tensors take
-an exact float64 path instead. numpy releases the GIL in every call used here, so several streams run on
-several cores.
+a factor 9.6) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max and abs-max are exact. Groups
+whose float32 squares would overflow (|x| > 1.8e19) or that hold NaN/Inf, and integer or float64 tensors,
+take an exact float64 path instead. numpy releases the GIL in every call used here (bf16 is widened by a
+shift of its bits: ml_dtypes' cast is a legacy user cast, which numpy runs holding the GIL), so several
+streams run on several cores.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from inspector.format.dtypes import DTYPES, numpy_dtype
 Array = np.ndarray[Any, Any]
 
 BLOCK = 256  # elements summed in float32 before the float64 accumulation
-EXACT_BLOCK = 1 << 16  # the exact path's float64 values at a time (512 KiB): a chunk of NaN, as a diverged
+GROUP = 1 << 18  # the unit sums are folded in by (1 MiB of fp32): every chunk a worker reads is a multiple
+EXACT_BLOCK = 1 << 13  # the exact path's float64 values at a time (64 KiB): a chunk of NaN, as a diverged
 # run holds everywhere, costs no more memory than a sound one whatever the chunk size
 SHIFT_RATIO = 2.0  # shift the values when mean² > 2·var (in the shifted values' terms)
 GAMMA = (BLOCK + 1) * 2.0**-24 / (1 - (BLOCK + 1) * 2.0**-24)  # the float32 block sums' relative bound
@@ -52,6 +56,7 @@ _F32 = np.dtype(np.float32)
 # floats of 16 bits or fewer (fp16, bf16, fp8) hold nothing float32 cannot: widened exactly. Compared as
 # dtypes, not names (`dtype.name` costs microseconds a call).
 _WIDEN = frozenset(numpy_dtype(d.name) for d in DTYPES.values() if d.floating and d.itemsize <= 2)
+_BF16 = numpy_dtype("bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +101,21 @@ def exact_blocks(*arrays: Array) -> Iterator[tuple[Array, ...]]:
         yield tuple(a[i : i + EXACT_BLOCK] for a in arrays)
 
 
+def groups(n: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each GROUP of a chunk of `n` elements (the last one may be shorter)."""
+    for i in range(0, n, GROUP):
+        yield i, min(n, i + GROUP)
+
+
 class Buffers:
     """One worker's scratch for the reductions, allocated once: `chunk` float32 values twice (the widened
-    chunk and its shifted copy or difference), a mask, EXACT_BLOCK float64 values for the exact path and the
-    block sums."""
+    chunk, and the shifted copy or difference, whose bytes double as the zero mask once the sums are
+    taken), EXACT_BLOCK float64 values for the exact path and the block sums."""
 
     def __init__(self, chunk: int) -> None:
         self.wide = np.empty(chunk, np.float32)
         self.shifted = np.empty(chunk, np.float32)
-        self.mask = np.empty(chunk, np.bool_)
+        self.mask = self.shifted.view(np.bool_)  # 4 x chunk flags; never in use while `shifted` is
         self.f64 = np.empty(min(chunk, EXACT_BLOCK), np.float64)
         self.squares = np.empty((chunk // BLOCK + 1, 1, 1), np.float32)  # Σv² of each block
         self.sums = np.empty(chunk // BLOCK + 1, np.float32)  # Σv of each block
@@ -115,6 +126,10 @@ def widened(x: Array, buf: Buffers) -> Array | None:
     path (float64, integers, bool)."""
     if x.dtype == _F32:
         return x
+    if x.dtype == _BF16:  # the bits shifted up: exact, and a plain integer ufunc that releases the GIL
+        y = buf.wide[: x.shape[0]]  # (ml_dtypes' casts are legacy user casts, which numpy runs holding it)
+        np.left_shift(x.view(np.uint16), 16, out=y.view(np.uint32), dtype=np.uint32)
+        return y
     if x.dtype in _WIDEN:
         y = buf.wide[: x.shape[0]]
         np.copyto(y, x, casting="unsafe")
@@ -122,33 +137,50 @@ def widened(x: Array, buf: Buffers) -> Array | None:
     return None
 
 
-def block_sums(v: Array, buf: Buffers, linear: bool = True) -> tuple[float, float]:
-    """(Σv, Σv²) of a float32 array: float32 inner products over blocks of BLOCK, added in float64 (Σv is
-    0.0 when not `linear`). Not finite when a float32 block sum overflows."""
+def group_sums(v: Array, buf: Buffers, linear: bool = True) -> tuple[list[float], list[float]]:
+    """(Σv, Σv²) of each GROUP of a float32 array: float32 inner products over blocks of BLOCK (numpy's
+    batched matmul for the squares, einsum's row sums: one pass each, never BLAS threads), each group's
+    block sums added in float64 (Σv all 0.0 when not `linear`). Not finite where a float32 block sum
+    overflows. A group's figures depend on its own values only, never on the chunk around it."""
     n = v.shape[0]
     full = n - n % BLOCK
-    s1 = s2 = 0.0
+    nb = full // BLOCK
+    per = GROUP // BLOCK
+    count = max(1, -(-n // GROUP))
+    s1, s2 = [0.0] * count, [0.0] * count
     with np.errstate(over="ignore"):  # an overflow is an answer here: the caller takes the exact path
-        if full:
-            rows = v[:full].reshape(-1, BLOCK)
-            nb = rows.shape[0]
+        if nb:
+            rows = v[:full].reshape(nb, BLOCK)
             squares = buf.squares[:nb]
             np.matmul(rows[:, None, :], rows[:, :, None], out=squares)
-            s2 = float(np.add.reduce(squares.reshape(nb), dtype=np.float64))
-            if linear:  # einsum's float32 row sums: faster than a product with ones, and never BLAS
-                sums = buf.sums[:nb]  # threads (one sgemv of a whole chunk starts them: 100 times slower
-                np.einsum("ij->i", rows, out=sums)  # on a busy machine)
-                s1 = float(np.add.reduce(sums, dtype=np.float64))
-        if full < n:  # the tail: fewer than BLOCK elements, the same bound
-            t = v[full:]
-            s2 += float(np.dot(t, t))
+            flat = squares.reshape(nb)
+            for g, i in enumerate(range(0, nb, per)):
+                s2[g] = float(np.add.reduce(flat[i : i + per], dtype=np.float64))
             if linear:
-                s1 += float(np.add.reduce(t, dtype=np.float64))
+                sums = buf.sums[:nb]
+                np.einsum("ij->i", rows, out=sums)
+                for g, i in enumerate(range(0, nb, per)):
+                    s1[g] = float(np.add.reduce(sums[i : i + per], dtype=np.float64))
+        if full < n:  # the stream's tail: fewer than BLOCK elements, the same bound
+            t = v[full:]
+            s2[-1] += float(np.dot(t, t))
+            if linear:
+                s1[-1] += float(np.add.reduce(t, dtype=np.float64))
     return s1, s2
 
 
+def block_sums(v: Array, buf: Buffers, linear: bool = True) -> tuple[float, float]:
+    """(Σv, Σv²) of a float32 array: its groups' sums added in order."""
+    s1, s2 = group_sums(v, buf, linear)
+    return sum(s1), sum(s2)
+
+
 class Accumulator:
-    """The statistics of one stream, fed its chunks in their stored dtype (see the module docstring)."""
+    """The statistics of one stream, fed its chunks in their stored dtype (see the module docstring).
+
+    Sums are folded in GROUP by GROUP in stream order, and the shift and the exact path are chosen per
+    group: chunks that are multiples of GROUP (as the workers' chunks are) give the same bits whatever
+    their size."""
 
     __slots__ = (
         "_rows",
@@ -186,16 +218,23 @@ class Accumulator:
         y = widened(x, buf)
         if y is None:
             return self._exact(x, buf)
+        if self._finite(y, buf):
+            return True
+        finite = True  # a NaN (min/max propagate it) or an Inf somewhere: group by group
+        for i, j in groups(n):
+            if not self._finite(y[i:j], buf):
+                finite &= self._exact(y[i:j], buf)
+        return finite
+
+    def _finite(self, y: Array, buf: Buffers) -> bool:
+        """Fold in a float32 chunk if it is all finite (min and max are, exactly then); False, touching
+        nothing, if it is not."""
         lo, hi = float(np.minimum.reduce(y)), float(np.maximum.reduce(y))
-        if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN (min/max propagate it) or an Inf
-            return self._exact(y, buf)
-        sums = self._sums(y, buf)
-        if sums is None:
-            return self._exact(y, buf)
-        k, s1, s2, sq = sums
-        self._zeros(y, buf, lo, hi)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return False
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        self._combine(n, k + s1 / n, max(s2 - s1 * s1 / n, 0.0), sq)
+        self._sums(y, buf)
+        self._zeros(y, buf, lo, hi)  # after the sums: the mask is `shifted`'s bytes
         return True
 
     def _zeros(self, y: Array, buf: Buffers, lo: float, hi: float) -> None:
@@ -213,26 +252,38 @@ class Accumulator:
             else:
                 self._rows.skip(n)
 
-    def _sums(self, y: Array, buf: Buffers) -> tuple[float, float, float, float] | None:
-        """(shift, Σ(y - shift), Σ(y - shift)², Σy²) of a finite float32 chunk, the shift moved near the
-        chunk's mean while the current one leaves mean² > var / 4. None where the float32 sums overflow or
-        no float32 shift gets there (values a few ulps apart): the exact path takes those."""
+    def _sums(self, y: Array, buf: Buffers) -> None:
+        """Fold in the sums of a finite float32 chunk group by group, each as (shift, Σ(y - shift),
+        Σ(y - shift)², Σy²). The shift moves near a group's mean while the current one leaves mean² >
+        var / 4 (at most twice per group); a group whose float32 sums overflow, or that no float32 shift
+        fits (values a few ulps apart), takes the exact path (its zeros are counted by the caller)."""
         n = y.shape[0]
-        k = self.k
-        for _ in range(3):
+        start, tries = 0, 0
+        while start < n:
+            k = self.k
+            part = y[start:]
             with np.errstate(over="ignore"):  # y - k beyond float32: its square overflows too, see below
-                v = y if k == 0.0 else np.subtract(y, np.float32(k), out=buf.shifted[:n])
-            s1, s2 = block_sums(v, buf)
-            if not math.isfinite(s2):
-                return None
-            if s1 * s1 * (1.0 + SHIFT_RATIO) <= SHIFT_RATIO * n * s2:
-                sq = s2 if k == 0.0 else block_sums(y, buf, linear=False)[1]
-                return (k, s1, s2, sq) if math.isfinite(sq) else None
-            new = float(np.float32(k + s1 / n))
-            if new == k:
-                return None
-            k = self.k = new
-        return None
+                v = part if k == 0.0 else np.subtract(part, np.float32(k), out=buf.shifted[: n - start])
+            s1, s2 = group_sums(v, buf)
+            sq = s2 if k == 0.0 else group_sums(part, buf, linear=False)[1]
+            for a, b, c in zip(s1, s2, sq, strict=True):
+                m = min(GROUP, n - start)
+                if (
+                    math.isfinite(b)
+                    and math.isfinite(c)
+                    and a * a * (1.0 + SHIFT_RATIO) <= SHIFT_RATIO * m * b
+                ):
+                    self._combine(m, k + a / m, max(b - a * a / m, 0.0), c)
+                    start, tries = start + m, 0
+                    continue
+                new = float(np.float32(k + a / m)) if math.isfinite(b) and math.isfinite(c) else k
+                if new == k or tries >= 2:
+                    self._exact(y[start : start + m], buf, counted=True)  # `shifted` is scratch there
+                    self.k = new
+                    start, tries = start + m, 0
+                else:
+                    self.k, tries = new, tries + 1
+                break  # the rest again, with the new shift (or after the exact path)
 
     def _combine(self, n: int, mean: float, m2: float, sq: float) -> None:
         """Chan's parallel update: this stream's (count, mean, M2) with a chunk's."""
@@ -243,23 +294,25 @@ class Accumulator:
         self.n = total
         self.sq += sq
 
-    def _exact(self, x: Array, buf: Buffers) -> bool:
+    def _exact(self, x: Array, buf: Buffers, counted: bool = False) -> bool:
         """Chunks that hold NaN/Inf, overflow float32, or are not float: float64 throughout, two passes for
-        the variance, EXACT_BLOCK values at a time. True when every value is finite."""
+        the variance, EXACT_BLOCK values at a time. True when every value is finite. `counted`: zeros and
+        zero rows are counted already."""
         finite = True
         for (block,) in exact_blocks(x):
-            finite &= self._exact_block(block, buf)
+            finite &= self._exact_block(block, buf, counted)
         return finite
 
-    def _exact_block(self, x: Array, buf: Buffers) -> bool:
+    def _exact_block(self, x: Array, buf: Buffers, counted: bool) -> bool:
         n = x.shape[0]
         f = buf.f64[:n]
         np.copyto(f, x, casting="unsafe")
         m = buf.mask[:n]
-        np.equal(f, 0.0, out=m)
-        self.zeros += int(np.count_nonzero(m))
-        if self._rows is not None:
-            self._rows.add(f, m)
+        if not counted:
+            np.equal(f, 0.0, out=m)
+            self.zeros += int(np.count_nonzero(m))
+            if self._rows is not None:
+                self._rows.add(f, m)
         np.isfinite(f, out=m)
         finite = int(np.count_nonzero(m))
         g = f
@@ -270,7 +323,7 @@ class Accumulator:
             self.neg_inf += n - finite - nan - pos_inf
             if not finite:
                 return False
-            g = f[m]  # a copy bounded by one chunk; only chunks holding NaN/Inf pay for it
+            g = f[m]  # a copy bounded by one block; only blocks holding NaN/Inf pay for it
         if x.dtype.kind in "iub":  # integers: min/max in the stored type, exact beyond 2**53
             lo, hi = float(x.min()), float(x.max())
         else:
@@ -335,19 +388,3 @@ class ZeroRows:
         if i < n:  # a row this chunk starts and the next one finishes
             self.open_zero = not bool(mask[i:n].any())
         self.pos += n
-
-
-def max_abs_difference(a: Array, b: Array, tmp: Array) -> tuple[float, int]:
-    """(largest |a - b|, elements that differ) of two float64 chunks; NaN on both sides is no difference,
-    NaN on one side is an infinite one."""
-    size = a.shape[0]
-    d = tmp[:size]
-    np.subtract(a, b, out=d)
-    np.abs(d, out=d)
-    nan = np.isnan(d)
-    if nan.any():
-        both = np.isnan(a) & np.isnan(b)
-        d[nan & ~both] = math.inf
-        d[both] = 0.0
-    differing = int(np.count_nonzero(d))
-    return (float(d.max()) if differing else 0.0), differing

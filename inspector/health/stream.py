@@ -3,7 +3,7 @@
 A job is one tensor's master (with its 16-bit module copy and, with `against`, the other tag's master read
 in step, chunk for chunk), one Adam moment (with `against`, the other tag's same moment, for its norm), one
 frozen parameter or one buffer. Each worker thread owns one set of chunk buffers for its whole life, so
-memory is `threads x` one chunk per stream whatever the model.
+memory is one budget (SCRATCH_BUDGET) divided among the workers, whatever the model or their number.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,137 +19,70 @@ from inspector.convert.cast import cast_into
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError
 from inspector.format.dtypes import numpy_dtype
+from inspector.health.differences import max_abs_difference
+from inspector.health.jobs import Job, Row, plan_jobs
 from inspector.health.numerics import (
     EXACT_BLOCK,
+    GROUP,
     Accumulator,
     Array,
     Buffers,
-    Stats,
-    block_sums,
     exact_blocks,
-    max_abs_difference,
+    group_sums,
+    groups,
 )
-from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.scan.model import Segment
 from inspector.system.limits import usable_cores
 
-CHUNK_ELEMS = 1 << 19  # 512 Ki elements: 2 MiB of fp32, still in the cache for the passes after the read;
-# measured on the 2-core machine: 7 % less CPU than 256 Ki (Python's cost per chunk), 1 Mi no better
-MIN_CHUNK = 1 << 16
-MAX_THREADS = 16  # the memory bus, not the cores, sets the pace well before this
+MIN_CHUNK = GROUP  # 1 MiB of fp32: a worker's numpy calls are long enough that the interpreter between them
+# is noise (the GIL is held a few microseconds per call, released for the whole block)
+CHUNK_ELEMS = 4 * GROUP  # the most one worker reads at once (4 MiB of fp32; 8 MiB cost 10 % more CPU here:
+# the passes after the read no longer find the chunk in the cache)
 REMOTE_THREADS = 6  # from an object store a worker mostly waits on its requests (a master's two or three
 # streams fetched together): 6 keep the store's 8 in flight; measured on S3 with --against, 8 were no faster
 # and 11 MiB larger (124 against 113 MiB)
-SCRATCH_BUDGET = 48 << 20  # all workers' chunk buffers together: with the interpreter, flat under 128 MiB
-SCRATCH_PER_ELEM = 20  # bytes a worker touches per chunk element, at most: the raw master 4, module 2 and
-# other tag's master 4, the widened (4) and shifted values or change (4), a mask (1), the cast master (2)
+SCRATCH_BUDGET = 64 << 20  # all workers' buffers together, whatever their number: one budget, divided
+SCRATCH_PER_ELEM = 14  # bytes a worker touches per chunk element, at most: the raw master 4 and module 2,
+# the widened module (4), the shifted values, change or mask (4); `--against` adds its master (4)
+AGAINST_PER_ELEM = 4
+SCRATCH_FIXED = 5 * EXACT_BLOCK * 8  # the float64 blocks of the slow comparisons and a cast block
 _F32 = np.dtype(np.float32)
-_PLAIN_CAST = (numpy_dtype("bfloat16"), np.dtype(np.float16), _F32)  # numpy's cast of finite fp32 is torch's
+_BF16 = numpy_dtype("bfloat16")
+_PLAIN_CAST = (_BF16, np.dtype(np.float16), _F32)  # numpy's cast of finite fp32 is torch's
 
 
-def default_threads(remote: bool = False) -> int:
-    """Every usable core (at least 2: one reads while the other reduces), up to MAX_THREADS; from an object
-    store at least REMOTE_THREADS, so that many requests are in flight."""
-    threads = max(2, min(MAX_THREADS, usable_cores()))
-    return max(threads, REMOTE_THREADS) if remote else threads
+def default_workers(remote: bool = False) -> int:
+    """Every usable core; from an object store at least REMOTE_THREADS, so that many requests are in flight."""
+    cores = usable_cores()
+    return max(cores, REMOTE_THREADS) if remote else cores
 
 
-def chunk_for(threads: int) -> int:
-    """Elements per chunk for `threads` workers: CHUNK_ELEMS while their buffers fit SCRATCH_BUDGET, halved
-    until they do (not below MIN_CHUNK), so more cores never mean more memory."""
+def max_threads(against: bool = False) -> int:
+    """The most workers SCRATCH_BUDGET holds at MIN_CHUNK each; more asked for run as this many."""
+    return max(1, SCRATCH_BUDGET // _worker_bytes(MIN_CHUNK, against))
+
+
+def _worker_bytes(chunk: int, against: bool) -> int:
+    return chunk * (SCRATCH_PER_ELEM + (AGAINST_PER_ELEM if against else 0)) + SCRATCH_FIXED
+
+
+def plan_workers(workers: int, against: bool = False) -> tuple[int, int]:
+    """(threads, elements per chunk) for `workers` asked: threads up to what the budget holds, and the
+    budget divided among them (chunks a power-of-two multiple of MIN_CHUNK, at most CHUNK_ELEMS), so that
+    2, 16 or 96 workers cost the same memory and read the same streams in the same groups."""
+    threads = max(1, min(workers, max_threads(against)))
     chunk = CHUNK_ELEMS
-    while chunk > MIN_CHUNK and threads * chunk * SCRATCH_PER_ELEM > SCRATCH_BUDGET:
+    while chunk > MIN_CHUNK and threads * _worker_bytes(chunk, against) > SCRATCH_BUDGET:
         chunk //= 2
-    return chunk
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One stream to reduce (plus, for masters, the streams read in step with it)."""
-
-    name: str
-    source: str  # master | exp_avg | exp_avg_sq | frozen | buffer
-    shape: tuple[int, ...]
-    segments: tuple[Segment, ...]
-    module: tuple[Segment, ...] = ()
-    against: tuple[Segment, ...] = ()
-    zero_rows: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in (*self.segments, *self.module, *self.against))
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """The statistics of one source of one tensor (the unit of the report's `tensors` list)."""
-
-    name: str
-    source: str
-    shape: tuple[int, ...]
-    dtype: str
-    stats: Stats
-    module_max_diff: float | None = None  # module rows: largest |module - master cast to module dtype|
-    module_differing: int | None = None
-    delta_norm: float | None = None  # master rows with `against`: ||master - master_against||
-    against_norm: float | None = None  # moment rows with `against`: the same moment's L2 norm in that tag
-    against_nonfinite: int | None = None  # master rows with `against`: NaN and Inf in that tag's master
-
-    @property
-    def module(self) -> str:
-        return self.name.rpartition(".")[0]
-
-    @property
-    def delta_rel(self) -> float | None:
-        """The change relative to the tensor's norm in this tag."""
-        if self.delta_norm is None:
-            return None
-        if self.stats.norm:
-            return self.delta_norm / self.stats.norm
-        return 0.0 if self.delta_norm == 0 else float("inf")
-
-
-def plan_jobs(ckpt: Checkpoint, tensors: Sequence[TensorInfo], against: Checkpoint | None) -> list[Job]:
-    """The streams of the selected tensors. Tied aliases are read once, under their owner's name (the alias
-    itself only when its owner is not selected)."""
-    chosen = {t.name for t in tensors}
-    jobs: list[Job] = []
-    for t in tensors:
-        if t.kind is Kind.TIED and t.alias_of in chosen:
-            continue
-        if t.kind in (Kind.TRAINABLE, Kind.TIED):
-            other: tuple[Segment, ...] = ()
-            o = None
-            if against is not None:
-                o = _by_name(against, t.alias_of if t.kind is Kind.TIED and t.alias_of else t.name)
-                if o is not None and tuple(o.shape) == tuple(t.shape) and o.segments:  # (23, 70) is no (70, 23)
-                    other = o.segments
-            module = t.module_copy if sum(s.numel for s in t.module_copy) == t.numel else ()
-            jobs.append(Job(t.name, "master", t.shape, t.segments, module, other))
-            then = dict(o.moments) if other and o is not None else {}
-            for moment, segs in t.moments:
-                prior = then.get(moment, ())
-                if sum(s.numel for s in prior) != t.numel:
-                    prior = ()
-                jobs.append(
-                    Job(t.name, moment, t.shape, segs, against=prior, zero_rows=moment == "exp_avg_sq")
-                )
-        else:
-            jobs.append(Job(t.name, "frozen" if t.kind is Kind.FROZEN else "buffer", t.shape, t.segments))
-    return [j for j in jobs if j.segments or not j.shape]
-
-
-def _by_name(ckpt: Checkpoint, name: str) -> TensorInfo | None:
-    try:
-        return ckpt.tensor(name)
-    except KeyError:
-        return None
+    return threads, chunk
 
 
 class Scratch:
     """One worker thread's buffers, allocated once (pages are touched only as far as a chunk's dtype needs):
     raw bytes for up to three streams read in step, the reductions' buffers (whose shifted values also hold
-    `--against`'s change: the chunk's reductions are done by then), the cast master, and EXACT_BLOCK float64
-    values for the slow comparisons (the module copy's, `--against`'s)."""
+    `--against`'s change and the module check's bit differences: the chunk's reductions are done by then),
+    and EXACT_BLOCK float64 values and a cast block for the slow comparisons (the module copy's,
+    `--against`'s)."""
 
     def __init__(self, chunk: int) -> None:
         self.chunk = chunk
@@ -159,7 +91,7 @@ class Scratch:
         exact = min(chunk, EXACT_BLOCK)
         self.f64 = [np.empty(exact, np.float64) for _ in range(2)]
         self.tmp = np.empty(exact, np.float64)
-        self.cast = np.empty(chunk * 8, np.uint8)
+        self.cast = np.empty(exact * 8, np.uint8)
 
 
 class Streamer:
@@ -206,7 +138,7 @@ class Streamer:
         acc = Accumulator(row_len)
         mod_acc = Accumulator() if job.module else None
         diff, differing = 0.0, 0
-        delta_sq = then_sq = 0.0
+        delta_sq = then_sq = 0.0  # summed group by group, in stream order
         then_bad = 0
         dtypes = [numpy_dtype(job.segments[0].dtype) if job.segments else np.dtype(np.float32)]
         streams = [iter_chunks(job.segments, self.chunk)]
@@ -225,16 +157,18 @@ class Streamer:
             finite = acc.add(x, s.buf)
             if mod_acc is not None:
                 m = chunks[1]
+                mod_acc.add(m, s.buf)  # leaves a 16-bit copy widened in s.buf.wide
                 d, c = self._module_diff(x, m, s, finite)
                 diff, differing = max(diff, d), differing + c
-                mod_acc.add(m, s.buf)
             if job.against:
                 o = chunks[-1]
                 if job.source == "master":
-                    delta_sq += self._delta_sq(x, o, s)
+                    for v in _delta_sq(x, o, s):
+                        delta_sq += v
                     then_bad += _nonfinite(o)
                 else:  # a moment: only its size then (NaN there stays NaN)
-                    then_sq += _sum_sq(o, s)
+                    for v in _sum_sq(o, s):
+                        then_sq += v
         dtype = job.segments[0].dtype if job.segments else "float32"
         delta = _sqrt(delta_sq) if job.against and job.source == "master" else None
         then = _sqrt(then_sq) if job.against and job.source != "master" else None
@@ -258,57 +192,94 @@ class Streamer:
         return rows
 
     @staticmethod
-    def _delta_sq(x: Array, o: Array, s: Scratch) -> float:
-        """Σ(x - o)² of one chunk of two fp32 masters: the difference in float32 (exact where the two are
-        within a factor 2 of each other, else rounded once) summed as `block_sums` does; float64 for other
-        dtypes and where float32 overflows. A NaN or Inf left as it was is no change; one that appeared is
-        NaN or Inf."""
-        n = x.shape[0]
-        if x.dtype == np.float32 and o.dtype == np.float32:
-            d = s.buf.shifted[:n]  # free: this chunk's reductions are folded in already
-            with np.errstate(all="ignore"):
-                np.subtract(x, o, out=d)
-            sq = block_sums(d, s.buf, linear=False)[1]
-            if math.isfinite(sq):
-                return sq
-        total = 0.0
-        for xs, os_ in exact_blocks(x, o):
-            t = s.tmp[: xs.shape[0]]
-            with np.errstate(invalid="ignore"):
-                np.subtract(xs, os_, out=t, dtype=np.float64)  # exact for fp32 inputs
-            if not math.isfinite(float(np.einsum("i,i->", t, t))):  # unchanged is no change, NaN or Inf
-                t[(xs == os_) | (np.isnan(xs) & np.isnan(os_))] = 0.0
-            total += float(np.einsum("i,i->", t, t))
-        return total
-
-    @staticmethod
     def _module_diff(master: Array, module: Array, s: Scratch, finite: bool) -> tuple[float, int]:
         """(largest difference, differing elements) of the module copy from the master cast to its dtype,
-        as DeepSpeed casts it after each step (bit-exact torch rounding, convert/cast.py; a finite chunk
-        needs no NaN fix-up, so numpy/ml_dtypes' own cast is that rounding)."""
+        as DeepSpeed casts it after each step (bit-exact torch rounding, convert/cast.py).
+
+        A finite fp32 master with a bf16 copy (the common case) is checked whole without a cast, in integer
+        ufuncs that release the GIL (ml_dtypes' casts hold it: numpy runs legacy user casts with the Python
+        API): the copy widened (s.buf.wide, from its statistics) is the master rounded to nearest even
+        exactly when their bits, as int32, differ by less than 0x8000 everywhere, or by exactly 0x8000 (a
+        tie) where the copy's last bit is even. Other chunks are cast whole (numpy's rounding of finite
+        fp32 is torch's) into free scratch and their bits compared; only blocks that differ, and chunks
+        holding NaN (whose bits need torch's fix-ups), go block by block through float64 copies."""
         n = master.shape[0]
         size = module.dtype.itemsize
-        cast = s.cast[: n * size].view(module.dtype)
-        bits = np.dtype(f"u{size}") if size in (2, 4, 8) else None
-        plain = finite and master.dtype == _F32 and module.dtype in _PLAIN_CAST
-        if plain:  # the common case, whole chunk at once: one cast and one comparison of the bits
-            np.copyto(cast, master, casting="unsafe")
-            if bits is not None and np.array_equal(cast.view(bits), module.view(bits)):
+        uint = np.dtype(f"u{size}") if size in (2, 4, 8) else None
+        plain = finite and master.dtype == _F32 and module.dtype in _PLAIN_CAST and uint is not None
+        if plain and module.dtype == _BF16 and _rounds_to(master, module, s.buf):
+            return 0.0, 0
+        whole: Array | None = None
+        if plain and uint is not None:
+            whole = s.buf.shifted[:n].view(np.uint8)[: n * size].view(module.dtype)
+            np.copyto(whole, master, casting="unsafe")
+            differs = s.buf.wide[:n].view(np.bool_)[:n]
+            np.not_equal(whole.view(uint), module.view(uint), out=differs)
+            if not differs.any():
                 return 0.0, 0
         worst, differing = 0.0, 0
-        for x, c, m in exact_blocks(master, cast, module):  # NaN fix-ups and float64 copies, block by block
-            if not plain:
+        for i in range(0, n, EXACT_BLOCK):
+            x, m = master[i : i + EXACT_BLOCK], module[i : i + EXACT_BLOCK]
+            k = m.shape[0]
+            if whole is not None:
+                c = whole[i : i + k]
+            else:
+                c = s.cast[: k * size].view(module.dtype)
                 cast_into(x, c, threads=1)
             # same bits, same values (NaN payloads aside, which the float64 comparison takes)
-            if bits is not None and np.array_equal(c.view(bits), m.view(bits)):
+            if uint is not None and np.array_equal(c.view(uint), m.view(uint)):
                 continue
-            k = m.shape[0]
             a, b = s.f64[0][:k], s.f64[1][:k]
             np.copyto(a, m, casting="unsafe")
             np.copyto(b, c, casting="unsafe")
             d, count = max_abs_difference(a, b, s.tmp)
             worst, differing = max(worst, d), differing + count
         return worst, differing
+
+
+def _rounds_to(master: Array, module: Array, buf: Buffers) -> bool:
+    """Whether a bf16 chunk is its finite fp32 master rounded to nearest even, bit for bit (buf.wide holds
+    the copy widened; buf.shifted is free). Three or four integer passes, no cast."""
+    n = master.shape[0]
+    d = buf.shifted[:n].view(np.int32)
+    np.subtract(master.view(np.int32), buf.wide[:n].view(np.int32), out=d)  # a sign change wraps far off
+    np.abs(d, out=d)  # -2**31 stays negative: below every bound, and caught by the minimum
+    top = int(np.maximum.reduce(d))
+    if top < 0x8000:
+        return int(np.minimum.reduce(d)) >= 0
+    if top > 0x8000 or int(np.minimum.reduce(d)) < 0:
+        return False
+    ties = np.flatnonzero(d == 0x8000)  # about 4 a MiB in real masters
+    return not bool(np.any(module.view(np.uint16)[ties] & 1))
+
+
+def _delta_sq(x: Array, o: Array, s: Scratch) -> list[float]:
+    """Σ(x - o)² of each GROUP of one chunk of two masters: for fp32 the difference in float32 (exact where
+    the two are within a factor 2 of each other, else rounded once) summed as `group_sums` does; float64
+    for other dtypes and for a group where float32 overflows. A NaN or Inf left as it was is no change; one
+    that appeared is NaN or Inf."""
+    n = x.shape[0]
+    fast: list[float] = []
+    if x.dtype == _F32 and o.dtype == _F32:
+        d = s.buf.shifted[:n]  # free: this chunk's reductions are folded in already
+        with np.errstate(all="ignore"):
+            np.subtract(x, o, out=d)
+        fast = group_sums(d, s.buf, linear=False)[1]
+    out = []
+    for g, (i, j) in enumerate(groups(n)):
+        if fast and math.isfinite(fast[g]):
+            out.append(fast[g])
+            continue
+        total = 0.0
+        for xs, os_ in exact_blocks(x[i:j], o[i:j]):
+            t = s.tmp[: xs.shape[0]]
+            with np.errstate(invalid="ignore"):
+                np.subtract(xs, os_, out=t, dtype=np.float64)  # exact for fp32 inputs
+            if not math.isfinite(float(np.einsum("i,i->", t, t))):  # unchanged is no change, NaN or Inf
+                t[(xs == os_) | (np.isnan(xs) & np.isnan(os_))] = 0.0
+            total += float(np.einsum("i,i->", t, t))
+        out.append(total)
+    return out
 
 
 def _nonfinite(x: Array) -> int:
@@ -322,18 +293,21 @@ def _nonfinite(x: Array) -> int:
     return int(x.shape[0] - np.count_nonzero(np.isfinite(x)))
 
 
-def _sum_sq(x: Array, s: Scratch) -> float:
-    """Σx² of one chunk (fp32 block sums; float64 where they overflow or for other dtypes)."""
-    if x.dtype == _F32:
-        sq = block_sums(x, s.buf, linear=False)[1]
-        if math.isfinite(sq):
-            return sq
-    total = 0.0
-    for (xs,) in exact_blocks(x):
-        t = s.tmp[: xs.shape[0]]
-        np.copyto(t, xs, casting="unsafe")
-        total += float(np.einsum("i,i->", t, t))
-    return total
+def _sum_sq(x: Array, s: Scratch) -> list[float]:
+    """Σx² of each GROUP of one chunk (fp32 group sums; float64 where they overflow or for other dtypes)."""
+    fast = group_sums(x, s.buf, linear=False)[1] if x.dtype == _F32 else []
+    out = []
+    for g, (i, j) in enumerate(groups(x.shape[0])):
+        if fast and math.isfinite(fast[g]):
+            out.append(fast[g])
+            continue
+        total = 0.0
+        for (xs,) in exact_blocks(x[i:j]):
+            t = s.tmp[: xs.shape[0]]
+            np.copyto(t, xs, casting="unsafe")
+            total += float(np.einsum("i,i->", t, t))
+        out.append(total)
+    return out
 
 
 def _sqrt(v: float) -> float:
@@ -365,3 +339,14 @@ def run_jobs(
                 streamer.stop.set()
                 for f in pending:
                     f.cancel()
+
+
+__all__ = [  # the jobs are planned in jobs.py; the pass's callers take them from here, with the workers
+    "Job",
+    "Row",
+    "Streamer",
+    "default_workers",
+    "plan_jobs",
+    "plan_workers",
+    "run_jobs",
+]

@@ -20,6 +20,10 @@ from inspector.system.units import format_bytes
 # seconds: a frozen app's "saved 3 hours ago" (the demo it shows was written seconds ago on one machine and
 # days ago on another; the text must not depend on which)
 FROZEN_AGE = 3 * 3600 + 17 * 60
+# the pretend machine's start-up and bytes/s written and read (preflight's time is calibrated on the real one)
+PRETEND_STARTUP = 0.6
+PRETEND_WRITE = 350 * 2**20
+PRETEND_READ = 700 * 2**20
 
 
 def frozen_assess(available: int = 24 * 2**30, free_disk: int = 400 * 2**30) -> Callable[[Job], Assessment]:
@@ -31,6 +35,9 @@ def frozen_assess(available: int = 24 * 2**30, free_disk: int = 400 * 2**30) -> 
             available, "os-available", f"MemAvailable = {format_bytes(available)} (pretend machine)"
         )
         a = job.assess(MemoryBudget((limit,), limit), free_disk)
+        if a.calibrated:  # the pretend machine's rates, not this machine's calibrated time
+            seconds = PRETEND_STARTUP + max(a.output_bytes / PRETEND_WRITE, a.read_bytes / PRETEND_READ)
+            a = replace(a, estimated_seconds=seconds)
         return replace(a, unwritable="", fits_disk=a.output_bytes <= free_disk)
 
     return assess

@@ -178,9 +178,9 @@ def main() -> int:
     ap.add_argument("root", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child == "floor_n":
-        from inspector.health.stream import default_threads
+        from inspector.health.stream import default_workers, plan_workers
 
-        print(json.dumps(child_floor(args.root, default_threads())))
+        print(json.dumps(child_floor(args.root, plan_workers(default_workers())[0])))
         return 0
     if args.child:
         fn = child_floor if args.child == "floor" else child_torch

@@ -456,7 +456,7 @@ def test_progress_events(bf16_ckpt: Checkpoint, tmp_path: Path, monkeypatch: pyt
         real(self, path, offset, view)
 
     monkeypatch.setattr(FilePool, "read_into", slow)
-    plan = small_plan(bf16_ckpt)
+    plan = small_plan(bf16_ckpt, workers=1)  # one reader: the sleeps add up
     total = sum(s.file_bytes for s in plan.shards)
     events: list[Progress] = []
     start = time.monotonic()

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from inspector.convert.reader import FilePool
-from inspector.convert.stats import TensorStats, tensor_stats
 from inspector.demo.writer import DemoSpec, write_demo
 from inspector.health import run_check
+from inspector.health.tensor import TensorStats, tensor_stats
 from inspector.scan.scanner import scan
 
 if TYPE_CHECKING:

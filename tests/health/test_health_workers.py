@@ -16,41 +16,43 @@ from inspector.health import stream
 from inspector.health.numerics import EXACT_BLOCK, Accumulator, Buffers
 from inspector.health.stream import (
     CHUNK_ELEMS,
-    MAX_THREADS,
     MIN_CHUNK,
     REMOTE_THREADS,
     SCRATCH_BUDGET,
-    SCRATCH_PER_ELEM,
     Scratch,
     Streamer,
-    chunk_for,
-    default_threads,
+    _worker_bytes,
+    default_workers,
+    max_threads,
+    plan_workers,
 )
 
 N = 3 * EXACT_BLOCK + 1234  # several of the slow paths' blocks and a tail
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 4, 5, 8, 12, 16, 64, 1024])
-def test_more_workers_never_mean_more_memory(threads: int) -> None:
-    chunk = chunk_for(threads)
-    assert MIN_CHUNK <= chunk <= CHUNK_ELEMS and chunk & (chunk - 1) == 0
-    assert threads * chunk * SCRATCH_PER_ELEM <= SCRATCH_BUDGET or chunk == MIN_CHUNK
+@pytest.mark.parametrize("against", [False, True])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 7, 8, 12, 16, 64, 96, 1024])
+def test_more_workers_never_mean_more_memory(workers: int, against: bool) -> None:
+    """One budget divided among the workers: whatever their number, their buffers fit it, chunks stay a
+    power-of-two multiple of MIN_CHUNK (so the figures' groups never move), and more workers than the
+    budget holds at MIN_CHUNK run as that many."""
+    threads, chunk = plan_workers(workers, against)
+    assert threads == min(workers, max_threads(against))
+    assert MIN_CHUNK <= chunk <= CHUNK_ELEMS and chunk % MIN_CHUNK == 0 and chunk & (chunk - 1) == 0
+    assert threads * _worker_bytes(chunk, against) <= SCRATCH_BUDGET
     if chunk < CHUNK_ELEMS:  # halved only as far as needed
-        assert threads * 2 * chunk * SCRATCH_PER_ELEM > SCRATCH_BUDGET
+        assert threads * _worker_bytes(2 * chunk, against) > SCRATCH_BUDGET
 
 
-def test_few_workers_keep_the_cache_sized_chunk() -> None:
-    assert chunk_for(2) == chunk_for(4) == CHUNK_ELEMS
+def test_the_budget_holds_sixteen_workers_at_a_mebibyte() -> None:
+    assert max_threads() >= 16
+    assert plan_workers(16) == (16, MIN_CHUNK)
 
 
-def test_threads_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    for cores, local, remote in [
-        (1, 2, REMOTE_THREADS),
-        (6, 6, REMOTE_THREADS),
-        (64, MAX_THREADS, MAX_THREADS),
-    ]:
+def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    for cores, remote in [(1, REMOTE_THREADS), (6, REMOTE_THREADS), (64, 64)]:
         monkeypatch.setattr(stream, "usable_cores", lambda c=cores: c)
-        assert (default_threads(), default_threads(remote=True)) == (local, remote), cores
+        assert (default_workers(), default_workers(remote=True)) == (cores, remote), cores
 
 
 def _reference_diff(master: np.ndarray[Any, Any], module: np.ndarray[Any, Any]) -> tuple[float, int]:
@@ -86,12 +88,12 @@ def test_a_change_with_nan_and_inf_summed_block_by_block() -> None:
     now = then + np.float32(1e-3) * rng.standard_normal(N).astype(np.float32)
     then[[3, 2 * EXACT_BLOCK]] = now[[3, 2 * EXACT_BLOCK]] = np.nan  # NaN before and after: no change
     now[EXACT_BLOCK + 1] = np.inf  # appeared since: an infinite change
-    got = Streamer._delta_sq(now, then, Scratch(N))
+    got = sum(stream._delta_sq(now, then, Scratch(N)))
     assert got == math.inf
     now[EXACT_BLOCK + 1] = then[EXACT_BLOCK + 1]
     d = now.astype(np.float64) - then.astype(np.float64)
     d[[3, 2 * EXACT_BLOCK]] = 0.0
-    assert Streamer._delta_sq(now, then, Scratch(N)) == pytest.approx(float(d @ d), rel=1e-5)
+    assert sum(stream._delta_sq(now, then, Scratch(N))) == pytest.approx(float(d @ d), rel=1e-5)
 
 
 def test_a_chunk_of_nan_allocates_no_more_than_a_block() -> None:
@@ -108,6 +110,35 @@ def test_a_chunk_of_nan_allocates_no_more_than_a_block() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 6 * EXACT_BLOCK, peak  # a few bytes per element of one block (1.5 MiB before)
+    assert peak < 12 * EXACT_BLOCK, peak  # a few bytes per element of one block, not of the chunk
     st = acc.result()
     assert st.nan == chunk + 1000 - st.finite and st.minimum == st.maximum == 1.5
+
+
+def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
+    """`_rounds_to` (integer passes that release the GIL) says a bf16 copy is its fp32 master rounded to
+    nearest even exactly when ml_dtypes' cast (torch's rounding for finite values) gives the same bits: ties
+    either way, a sign flipped at zero, a drifted value, an overflow to Inf."""
+    rng = np.random.default_rng(11)
+    n = 1 << 16
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    bits[::97] = (bits[::97] & 0xFFFF0000) | 0x8000  # ties, half of them rounding up
+    master = bits.view(np.float32).copy()
+    master[~np.isfinite(master)] = 1.5
+    master[:4] = [0.0, -0.0, np.finfo(np.float32).max, -np.finfo(np.float32).max]
+    good = master.astype(ml_dtypes.bfloat16)
+    buf = Buffers(n)
+
+    def check(module: np.ndarray[Any, Any]) -> bool:
+        np.left_shift(module.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
+        return stream._rounds_to(master, module, buf)
+
+    assert check(good)
+    for i, value in [(0, -0.0), (1, 0.0), (500, None), (97 * 3, None), (2, 0.0)]:
+        bad = good.copy()
+        if value is None:  # the neighbour: one ulp off, the other way at a tie
+            bad.view(np.uint16)[i] ^= 1
+        else:
+            bad[i] = value
+        assert not np.array_equal(bad.view(np.uint16), good.view(np.uint16))
+        assert not check(bad), i

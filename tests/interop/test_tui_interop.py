@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 import inspector.tui.screens.tensor_stats as tensors_screen  # where the statistics job draws its lines
 from inspector.convert.options import ConvertOptions
-from inspector.convert.stats import Difference, TensorStats
+from inspector.health.tensor import Difference, TensorStats
 from inspector.tui.app import make_app
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.widgets.tensor_detail import _num

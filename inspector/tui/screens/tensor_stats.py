@@ -13,8 +13,8 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.message import Message
 
-from inspector.convert.stats import Difference, StatsProgress, TensorStats
 from inspector.errors import CancelledError, InspectorError
+from inspector.health.tensor import Difference, StatsProgress, TensorStats
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.tui.widgets.tensor_detail import difference_line, stats_renderable
 
@@ -48,7 +48,7 @@ def stream_stats(
     from inspector.convert.reader import (
         FilePool,  # numpy's reader loads with the first statistics, not at launch
     )
-    from inspector.convert.stats import difference, module_copy_segments, tensor_stats
+    from inspector.health.tensor import difference, module_copy_segments, tensor_stats
 
     try:
         with FilePool(ckpt.source) as pool:
@@ -87,7 +87,7 @@ def other_tag(ckpt: Checkpoint) -> str | None:
 def _compare_tag(
     ckpt: Checkpoint, t: TensorInfo, other: str, pool: FilePool, cancel: threading.Event, post: Post
 ) -> None:
-    from inspector.convert.stats import difference
+    from inspector.health.tensor import difference
     from inspector.scan.scanner import scan
 
     try:

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from inspector.convert.stats import Difference, StatsProgress, TensorStats
+from inspector.health.tensor import Difference, StatsProgress, TensorStats
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.scan.summary import alignment_padding
 from inspector.tui.fmt import KIND_STYLE, bar, count, dtype, plural, shape, shown, size

@@ -1,8 +1,9 @@
-"""Statistics of one tensor, streamed from just its bytes: numpy (+ ml_dtypes for bf16/fp8), never torch.
+"""One tensor's statistics and how two copies of it differ, on the health pass's own engine (`numerics`).
 
-A tensor is read chunk by chunk with the converter's positioned reads, so memory stays at one chunk
-whatever the tensor's size; the generators yield progress (<= 4/s) and stop early when `cancel` is set.
-Used by the TUI's `s` key; the same functions work from a script.
+The app's `s` key asks for one tensor: it is read chunk by chunk with the converter's positioned reads (memory
+is one chunk whatever its size), folded into the same `Accumulator` the health pass uses (so both give the
+same figures, within the bounds numerics.py states), then read once more for a histogram of its finite
+values. The generators yield progress (<= 4/s) and stop when `cancel` is set. numpy (+ ml_dtypes), no torch.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from inspector.convert.reader import FilePool, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
+from inspector.format.dtypes import numpy_dtype
+from inspector.health.differences import compare_block
+from inspector.health.numerics import GROUP, Accumulator, Array, Buffers, exact_blocks
 from inspector.scan.model import Checkpoint, Segment, TensorInfo
 
-CHUNK_ELEMS = 1 << 20
+CHUNK_ELEMS = 4 * GROUP  # a multiple of GROUP: the figures are the health pass's bits
 BINS = 24
 _INTERVAL = 0.25
 
@@ -69,39 +73,23 @@ class Difference:
     relative_l2: float  # ||a - b|| / ||a||
 
 
-def numpy_dtype(name: str) -> np.dtype[Any]:
-    """The numpy dtype for a checkpoint dtype name (bfloat16 and float8 via ml_dtypes)."""
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes  # only needed for the 16/8-bit float formats numpy lacks
-
-        return np.dtype(getattr(ml_dtypes, name))
-
-
 def _chunks(
-    segments: Sequence[Segment], chunk_elems: int, cancel: threading.Event, pool: Any
-) -> Iterator[np.ndarray[Any, Any]]:
-    """The tensor's values as float64 chunks of at most `chunk_elems` elements (a complex tensor's moduli)."""
-    from inspector.convert.reader import iter_chunks  # pure helper beside FilePool
-
+    segments: Sequence[Segment], chunk_elems: int, cancel: threading.Event, pool: FilePool
+) -> Iterator[Array]:
+    """The tensor's values in their stored dtype (a complex tensor's moduli), `chunk_elems` at a time, in one
+    reused buffer."""
+    raw = np.empty(chunk_elems * 8, np.uint8)
     for batch in iter_chunks(segments, chunk_elems):
         if cancel.is_set():
             raise CancelledError("Statistics cancelled.")
-        dtype = numpy_dtype(batch[0].dtype)
-        raw = np.empty(sum(s.nbytes for s in batch), dtype=np.uint8)
-        view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
-        pos = 0
-        for seg in batch:
-            pool.read_into(seg.file, seg.offset, view[pos : pos + seg.nbytes])
-            pos += seg.nbytes
-        values = raw.view(dtype)
-        yield (np.abs(values) if dtype.kind == "c" else values).astype(np.float64)  # complex: by modulus |z|
+        n = read_segments_into(pool, batch, raw)
+        values = raw[:n].view(numpy_dtype(batch[0].dtype))
+        yield np.abs(values) if values.dtype.kind == "c" else values  # complex: by modulus |z|
 
 
 def tensor_stats(
     segments: Sequence[Segment],
-    pool: Any,
+    pool: FilePool,
     cancel: threading.Event | None = None,
     chunk_elems: int = CHUNK_ELEMS,
     bins: int = BINS,
@@ -110,52 +98,39 @@ def tensor_stats(
     cancel = cancel or threading.Event()
     start = time.monotonic()
     total = sum(s.numel for s in segments)
-    n = zeros = nans = infs = 0
-    mean = m2 = 0.0
-    lo, hi, absmax = math.inf, -math.inf, 0.0
+    acc, buf = Accumulator(), Buffers(chunk_elems)
     done, last = 0, 0.0
     for x in _chunks(segments, chunk_elems, cancel, pool):
-        done += x.size
-        nan = np.isnan(x)
-        inf = np.isinf(x)
-        nans += int(nan.sum())
-        infs += int(inf.sum())
-        zeros += int((x == 0).sum())
-        f = x[~(nan | inf)]
-        if f.size:
-            lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
-            absmax = max(absmax, float(np.abs(f).max()))
-            cm = float(f.mean())
-            cm2 = float(((f - cm) ** 2).sum())
-            tot = n + f.size
-            delta = cm - mean
-            mean += delta * f.size / tot  # Chan et al.: merge chunk moments without a second pass
-            m2 += cm2 + delta * delta * n * f.size / tot
-            n = tot
+        acc.add(x, buf)
+        done += x.shape[0]
         if time.monotonic() - last >= _INTERVAL:
             last = time.monotonic()
             yield StatsProgress(done, total * 2, "moments")
+    st = acc.result()
     hist = np.zeros(bins, dtype=np.int64)
-    if n:
+    if st.finite:
+        lo, hi = st.minimum, st.maximum
+        span = (lo, hi) if hi > lo else (lo - 0.5, lo + 0.5)
+        wide = np.empty(min(chunk_elems, max(total, 1)), np.float64)
         done = 0
         for x in _chunks(segments, chunk_elems, cancel, pool):
-            done += x.size
-            f = x[np.isfinite(x)]
-            h, _ = np.histogram(f, bins=bins, range=(lo, hi) if hi > lo else (lo - 0.5, lo + 0.5))
-            hist += h
+            f = wide[: x.shape[0]]
+            np.copyto(f, x, casting="unsafe")
+            hist += np.histogram(f[np.isfinite(f)], bins=bins, range=span)[0]
+            done += x.shape[0]
             if time.monotonic() - last >= _INTERVAL:
                 last = time.monotonic()
                 yield StatsProgress(total + done, total * 2, "histogram")
     yield TensorStats(
         numel=total,
-        minimum=lo if n else math.nan,
-        maximum=hi if n else math.nan,
-        mean=mean if n else math.nan,
-        std=math.sqrt(m2 / n) if n else math.nan,
-        absmax=absmax,
-        zeros=zeros,
-        nans=nans,
-        infs=infs,
+        minimum=st.minimum,
+        maximum=st.maximum,
+        mean=st.mean,
+        std=st.std,
+        absmax=st.absmax if st.finite else 0.0,
+        zeros=st.zeros,
+        nans=st.nan,
+        infs=st.inf,
         histogram=tuple(int(v) for v in hist),
         seconds=time.monotonic() - start,
     )
@@ -164,11 +139,13 @@ def tensor_stats(
 def difference(
     a: Sequence[Segment],
     b: Sequence[Segment],
-    pool: Any,
+    pool: FilePool,
     cancel: threading.Event | None = None,
     chunk_elems: int = CHUNK_ELEMS,
 ) -> Iterator[StatsProgress | Difference]:
-    """Yield progress, then how `b` differs from `a` (same element count; dtypes may differ)."""
+    """Yield progress, then how `b` differs from `a` (same element count; dtypes may differ): the health
+    pass's float64 comparison (`differences.compare_block`: NaN on both sides is no difference, on one side an
+    infinite one), a block at a time."""
     cancel = cancel or threading.Event()
     total = sum(s.numel for s in a)
     if sum(s.numel for s in b) != total:
@@ -176,20 +153,21 @@ def difference(
     differing = 0
     max_abs = sum_abs = sq_diff = sq_a = 0.0
     done, last = 0, 0.0
+    scratch = [np.empty(min(chunk_elems, max(total, 1)), np.float64) for _ in range(3)]
     for xa, xb in zip(
         _chunks(a, chunk_elems, cancel, pool), _chunks(b, chunk_elems, cancel, pool), strict=True
     ):
-        d = np.abs(xa - xb)
-        d = np.where(np.isnan(d), np.inf, d)  # a NaN on one side only is a difference
-        both_nan = np.isnan(xa) & np.isnan(xb)
-        d[both_nan] = 0.0
-        differing += int((d != 0).sum())
-        finite = d[np.isfinite(d)]
-        max_abs = max(max_abs, float(d.max()) if d.size else 0.0)
-        sum_abs += float(finite.sum())
-        sq_diff += float((finite**2).sum())
-        sq_a += float(np.square(xa[np.isfinite(xa)]).sum())
-        done += xa.size
+        for pa, pb in exact_blocks(xa, xb):
+            k = pa.shape[0]
+            fa, fb = scratch[0][:k], scratch[1][:k]
+            np.copyto(fa, pa, casting="unsafe")
+            np.copyto(fb, pb, casting="unsafe")
+            fin = fa[np.isfinite(fa)]  # a copy bounded by one block
+            sq_a += float(np.einsum("i,i->", fin, fin))
+            worst, count, abs_sum, sq = compare_block(fa, fb, scratch[2])
+            max_abs, differing = max(max_abs, worst), differing + count
+            sum_abs, sq_diff = sum_abs + abs_sum, sq_diff + sq
+        done += xa.shape[0]
         if time.monotonic() - last >= _INTERVAL:
             last = time.monotonic()
             yield StatsProgress(done, total, "compare")
@@ -198,8 +176,14 @@ def difference(
         differing=differing,
         max_abs=max_abs,
         mean_abs=sum_abs / total if total else 0.0,
-        relative_l2=math.sqrt(sq_diff) / math.sqrt(sq_a) if sq_a else (0.0 if sq_diff == 0 else math.inf),
+        relative_l2=_relative(sq_diff, sq_a),
     )
+
+
+def _relative(sq_diff: float, sq_a: float) -> float:
+    if sq_a:
+        return math.sqrt(sq_diff) / math.sqrt(sq_a)
+    return 0.0 if sq_diff == 0 else math.inf
 
 
 def module_copy_segments(ckpt: Checkpoint, tensor: TensorInfo) -> tuple[Segment, ...] | None:
@@ -222,3 +206,13 @@ def module_copy_segments(ckpt: Checkpoint, tensor: TensorInfo) -> tuple[Segment,
     if not isinstance(ref, TensorRef) or ref.numel != tensor.numel or ref.numel == 0:
         return None
     return tuple(Segment(ref.path, off, cnt, ref.dtype) for off, cnt in ref.runs())
+
+
+__all__ = [
+    "Difference",
+    "StatsProgress",
+    "TensorStats",
+    "difference",
+    "module_copy_segments",
+    "tensor_stats",
+]

@@ -1,0 +1,151 @@
+"""Preflight's time from this machine: a short probe of the checkpoint's own files, their pages' residency,
+and the cores, instead of constants.
+
+`calibrate` looks at where the bytes a plan reads are (`system.residency`: `mincore` over a few windows of
+each file, reading nothing), then times reads of a few 1 MiB windows that are in the page cache and a few
+that are not (those are dropped from the cache again afterwards, so the probe leaves the cache as it found
+it), and a cast of 256 Ki fp32 values to bf16. Its cost is bounded whatever the checkpoint: at most
+2 x PROBES MiB read, SAMPLES `mincore` windows per file, a few milliseconds of casting (stated in
+`Calibration.seconds`). `estimate_seconds` turns it into a conversion's time: the CPU's share (copying
+resident bytes, casting, writing) spread over min(workers, cores) cores, against what the disk serves for
+the bytes not in the cache, the cores shared with what else is running (the load average).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from inspector.convert.cast import cast_into
+from inspector.convert.reader import FilePool
+from inspector.format.dtypes import numpy_dtype
+from inspector.system.limits import usable_cores
+from inspector.system.residency import sample_windows
+
+PROBES = 12  # windows read per cache state (1 MiB each)
+# assumed when no window of a state can be probed (a fully warm or fully cold checkpoint), measured on the
+# 2-core reference machine: one thread copies 3 GB/s from the page cache, the disk serves 400 MB/s cold
+FALLBACK_WARM = 3e9
+FALLBACK_COLD = 4e8
+# fitted on the 2-core reference machine, relative to the probe's resident read (a 1 MiB pread that finds its
+# pages in the CPU's cache more often than a stream does): CPU per byte a run streams from the page cache,
+# writes into it with pwrite (page allocation and copy), and copies file to file in the kernel. Measured there:
+# the probe 24 GB/s; convert of a 200M ZeRO-2 demo, 0.91 GB read, one worker: bf16 (0.46 GB written, 228 M
+# casts) 0.98 CPU-s, fp32 (all kernel copies) 0.66 CPU-s, of which start-up 0.35
+READ_COST = 2.0
+WRITE_COST = 24.0
+COPY_COST = 10.0
+STARTUP_CPU = 0.35  # CPU-seconds of interpreter, imports and scan before the first byte
+CAST_ELEMS = 1 << 18
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What this machine does with this checkpoint's bytes, now."""
+
+    resident: float  # fraction of the bytes to read that are in the page cache
+    warm_rate: float  # bytes/s one thread reads from the page cache
+    cold_rate: float  # bytes/s one thread reads from the disk
+    cast_rate: float  # elements/s one core casts (the run's commonest cast)
+    cores: int
+    load: float  # runnable processes on the machine (1-minute load average), ours excluded
+    seconds: float  # what calibrating cost
+    probed: bool  # whether the rates were measured (else assumed)
+
+
+def calibrate(
+    pool: FilePool, reads: Mapping[str, int], cast: tuple[str, str] = ("float32", "bfloat16")
+) -> Calibration:
+    """Probe the files `reads` names (path -> bytes a run reads from it) through `pool` (the confined
+    sources), and the run's commonest `cast` (source, output dtype). Local files only: the caller uses the
+    network's model for a store."""
+    start = time.perf_counter()
+    warm: list[tuple[str, int, int, int]] = []
+    cold: list[tuple[str, int, int, int]] = []
+    resident, total = 0.0, 0
+    for path, nbytes in sorted(reads.items(), key=lambda kv: -kv[1]):
+        fd = pool.fd(path)
+        windows = sample_windows(fd) if fd is not None else None
+        if fd is None or windows is None:
+            resident += nbytes  # cannot tell: as the page cache usually holds a checkpoint just written
+            total += nbytes
+            continue
+        size = sum(n for _, n, _ in windows)
+        resident += nbytes * (sum(n * f for _, n, f in windows) / size if size else 1.0)
+        total += nbytes
+        warm += [(path, fd, o, n) for o, n, f in windows if f == 1.0][: PROBES - len(warm)]
+        cold += [(path, fd, o, n) for o, n, f in windows if f == 0.0][: PROBES - len(cold)]
+    warm_rate = _rate(pool, warm, evict=False) or FALLBACK_WARM
+    cold_rate = _rate(pool, cold, evict=True) or FALLBACK_COLD
+    return Calibration(
+        resident=resident / total if total else 1.0,
+        warm_rate=warm_rate,
+        cold_rate=cold_rate,
+        cast_rate=_cast_rate(*cast),
+        cores=usable_cores(),
+        load=max(0.0, os.getloadavg()[0] - 1.0),
+        seconds=time.perf_counter() - start,
+        probed=bool(warm or cold),
+    )
+
+
+def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool) -> float | None:
+    """Bytes/s reading `windows` once each (distinct pages: none is still in the CPU's cache from the one
+    before), the median window's (a busy machine preempts a few); with `evict`, their pages are dropped
+    again afterwards."""
+    if not windows:
+        return None
+    buf = np.zeros(max(n for *_, n in windows), np.uint8)
+    buf.fill(1)  # its pages faulted in before the clock starts
+    view = memoryview(buf)  # type: ignore[arg-type]  # numpy arrays are buffers
+    rates = []
+    for path, _, offset, n in windows:
+        start = time.perf_counter()
+        pool.handle(path).read_into(offset, view[:n])  # the confined handle; a short read is no error here
+        seconds = time.perf_counter() - start
+        if seconds > 0:
+            rates.append(n / seconds)
+    if evict:
+        for _, fd, offset, n in windows:
+            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+    return sorted(rates)[len(rates) // 2] if rates else None
+
+
+def _cast_rate(src_dtype: str, out_dtype: str) -> float:
+    """Elements/s one core casts `src_dtype` to `out_dtype` (best of three)."""
+    src = np.linspace(-2.0, 2.0, CAST_ELEMS, dtype=np.float64).astype(numpy_dtype(src_dtype))
+    out = np.empty(CAST_ELEMS, numpy_dtype(out_dtype))
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        cast_into(src, out, threads=1)
+        best = min(best, time.perf_counter() - t)
+    return CAST_ELEMS / best if best > 0 else 1e9
+
+
+def estimate_seconds(
+    cal: Calibration, workers: int, read: int, written: int, cast_elems: int, copied: int
+) -> float:
+    """Seconds a conversion takes here, start-up included: `read` bytes read, `written` written,
+    `cast_elems` elements cast by `workers` threads, `copied` bytes of them copied file to file by one
+    thread (the kernel's copy). Each part's CPU, from the calibration, runs on the cores the machine leaves
+    us: min(workers, cores), shared with what else is runnable (the load average); the bytes not in the
+    page cache come at the disk's pace, overlapped with the CPU's part."""
+    par = _share(min(workers, cal.cores), cal)
+    buffered_read, buffered_written = read - copied, written - copied
+    cpu = (READ_COST * buffered_read * cal.resident + WRITE_COST * buffered_written) / cal.warm_rate
+    cpu += cast_elems / cal.cast_rate
+    serial = COPY_COST * copied / cal.warm_rate / _share(1, cal)
+    disk = read * (1.0 - cal.resident) / cal.cold_rate
+    return STARTUP_CPU / _share(1, cal) + max(cpu / par + serial, disk)
+
+
+def _share(threads: int, cal: Calibration) -> float:
+    """Cores `threads` busy threads get: all of them, or on a busy machine their share of the cores."""
+    threads = max(1, threads)
+    runnable = cal.load + threads
+    return threads if runnable <= cal.cores else threads * cal.cores / runnable

@@ -1,0 +1,134 @@
+"""Preflight's time from this machine: page residency told without reading (mincore), a probe bounded
+whatever the checkpoint, the probe leaving the cache as it found it, and a model that follows the workers,
+the cores, the load and the cache state."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inspector.convert import calibrate as cal_mod
+from inspector.convert.calibrate import PROBES, Calibration, calibrate, estimate_seconds
+from inspector.convert.reader import FilePool
+from inspector.system.residency import resident_fraction
+from inspector.system.source import Source
+
+MiB = 1 << 20
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux only")
+
+
+def _file(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "rank.bin"
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(size))
+        fh.flush()
+        os.fsync(fh.fileno())  # clean pages: DONTNEED drops them at once
+    return path
+
+
+def _drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_residency_is_told_without_reading(tmp_path: Path) -> None:
+    path = _file(tmp_path, 80 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _drop(path)
+        assert resident_fraction(fd) == pytest.approx(0.0, abs=0.05)
+        assert resident_fraction(fd) == pytest.approx(0.0, abs=0.05)  # asking read nothing in
+        path.read_bytes()
+        assert resident_fraction(fd) == pytest.approx(1.0, abs=0.05)
+    finally:
+        os.close(fd)
+
+
+def test_the_probe_is_bounded_and_leaves_the_cache_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _file(tmp_path, 200 * MiB)
+    _drop(path)
+    with open(path, "rb") as fh:  # the first half warm, the second cold
+        fh.read(100 * MiB)
+    read: list[int] = []
+    real = FilePool.handle
+
+    def counting(self: FilePool, p: str) -> Any:
+        handle = real(self, p)
+
+        class Counted:
+            def fileno(self) -> int | None:
+                return handle.fileno()
+
+            def read_into(self, offset: int, view: memoryview) -> int:
+                read.append(len(view))
+                return handle.read_into(offset, view)
+
+        return Counted()
+
+    monkeypatch.setattr(FilePool, "handle", counting)
+    with FilePool(Source.at(tmp_path)) as pool:
+        cal = calibrate(pool, {str(path): 200 * MiB})
+        fd = pool.fd(str(path))
+        assert fd is not None
+        after = resident_fraction(fd)
+    assert cal.probed and 0.4 <= cal.resident <= 0.6
+    assert sum(read) <= 2 * PROBES * MiB
+    assert after == pytest.approx(cal.resident, abs=0.05)  # the cold windows it read were dropped again
+
+
+def _cal(**kw: float) -> Calibration:
+    base = Calibration(
+        resident=1.0,
+        warm_rate=2e10,
+        cold_rate=4e8,
+        cast_rate=2e9,
+        cores=16,
+        load=0.0,
+        seconds=0.0,
+        probed=True,
+    )
+    return replace(base, **kw)
+
+
+def test_the_model_follows_workers_cores_load_and_cache() -> None:
+    job = {"read": 4 << 30, "written": 2 << 30, "cast_elems": 1 << 30, "copied": 0}
+    one, four, sixteen = (estimate_seconds(_cal(), w, **job) for w in (1, 4, 16))
+    assert one > four > sixteen
+    assert estimate_seconds(_cal(cores=2), 16, **job) == estimate_seconds(_cal(cores=2), 2, **job)
+    assert estimate_seconds(_cal(load=30.0), 16, **job) > sixteen  # a busy machine shares its cores
+    assert estimate_seconds(_cal(resident=0.0), 16, **job) > sixteen  # from the disk
+    assert estimate_seconds(_cal(resident=0.0), 16, **job) >= (4 << 30) / 4e8
+
+
+def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """assess() asks calibrate() about the plan's own files (path -> bytes read from each)."""
+    from inspector.convert.options import ConvertOptions
+    from inspector.convert.plan import build_plan
+    from inspector.convert.preflight import assess
+    from inspector.demo.writer import DemoSpec, write_demo
+    from inspector.scan.scanner import scan
+
+    write_demo(str(tmp_path / "ck"), DemoSpec(params=300_000))
+    plan = build_plan(scan(str(tmp_path / "ck")), ConvertOptions(dtype="bf16"))
+    seen: list[Counter[str]] = []
+    real = cal_mod.calibrate
+
+    def spy(pool: FilePool, reads: Counter[str], cast: tuple[str, str]) -> Calibration:
+        seen.append(reads)
+        return real(pool, reads, cast)
+
+    monkeypatch.setattr(cal_mod, "calibrate", spy)
+    a = assess(plan, str(tmp_path / "out"))
+    assert seen and sum(seen[0].values()) == plan.read_bytes
+    assert a.estimated_seconds > 0
