@@ -30,11 +30,19 @@ from inspector.parse.names import escaped, name_problem
 from inspector.system.bytesource import ByteSource
 
 LOCK = ".zero-inspector.lock"
+PARTIAL = ".partial"  # a file (or a job's folder) that is not finished yet
+PART = ".part-"  # how a part's lock, journal and staging folder are named: PART + "I-of-N"
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _BLOCK = 8 << 20
-_LOCAL_ONLY = (".zero-inspector", ".zero_inspector")  # locks, journals, source stamps: never published
+_LOCAL_ONLY = (".zero-inspector",)  # the lock and the journal: never published
+
+
+class BusyError(OutputError):
+    """Another run holds the output (its lock, or a part's): decided on by type, never by its words."""
+
+    title = "Output folder in use"
 
 
 class Destination(Protocol):
@@ -56,7 +64,7 @@ class Destination(Protocol):
 def local_only(rel: str) -> bool:
     """Bookkeeping that stays in the staging folder: locks, journals, stamps, partial and temporary files."""
     parts = [p for p in rel.split("/") if p]
-    return any(p.startswith(_LOCAL_ONLY) or p.endswith((".partial", ".tmp")) for p in parts)
+    return any(p.startswith(_LOCAL_ONLY) or p.endswith((PARTIAL, ".tmp")) for p in parts)
 
 
 def _parts(rel: str) -> list[str]:
@@ -142,11 +150,10 @@ class OutputRoot:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
                 os.close(fd)
                 who = f" (process {holder})" if holder.isdigit() else ""
-                raise OutputError(
+                raise BusyError(
                     f"Another conversion{who} is writing to {self.path}.",
                     hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
                     "would overwrite each other's files.",
-                    title="Output folder in use",
                 ) from None
             except OSError as exc:
                 os.close(fd)
@@ -166,9 +173,7 @@ class OutputRoot:
                     os.write(fd, f"{os.getpid()}\n".encode())
                 return fd
             os.close(fd)
-        raise OutputError(
-            f"Could not lock {self.path}: the lock file keeps changing.", title="Output folder in use"
-        )
+        raise BusyError(f"Could not lock {self.path}: the lock file keeps changing.")
 
     def refuse_running(self, part: tuple[int, int] | None, family: str = LOCK) -> None:
         """Parts of one job run side by side, each under a lock of its own (`LOCK.part-i-of-n`); the run
@@ -178,7 +183,7 @@ class OutputRoot:
         import fcntl
 
         for name in self.listdir():
-            others = name.startswith(family + ".part-") if part is None else name == family
+            others = name.startswith(family + PART) if part is None else name == family
             if name == self.lock_name or not others:
                 continue
             try:
@@ -189,11 +194,10 @@ class OutputRoot:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 who = name[len(family) + 1 :].replace("-", " ") or "a run without --part"
-                raise OutputError(
+                raise BusyError(
                     f"Another conversion ({who}) is writing into {self.path}.",
                     hint="Parts run side by side; the finishing convert (without --part) runs once every part "
                     "has ended.",
-                    title="Output folder in use",
                 ) from None
             finally:
                 os.close(fd)

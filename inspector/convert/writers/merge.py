@@ -16,10 +16,10 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inspector.convert.engine import Progress, Report, ShardWriter, run
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
@@ -29,6 +29,9 @@ from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, rea
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
 from inspector.system.bytesource import source_at
+
+if TYPE_CHECKING:
+    from inspector.convert.kinds.safetensors import ShardWriter
 
 MERGED_KEY = "merged_adapter"
 BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
@@ -246,17 +249,3 @@ def merged_shards(mp: MergedPlan) -> ShardWriter:
             os.fsync(fd)
 
     return write
-
-
-def run_merged(
-    mp: MergedPlan,
-    out_dir: str,
-    *,
-    cancel: threading.Event | None = None,
-    overwrite: bool = False,
-    fsync: bool = False,
-) -> Iterator[Progress | Report]:
-    """Write the merged model through the engine: locked, journalled, resumable like every safetensors output."""
-    return run(
-        mp.plan, out_dir, cancel=cancel, overwrite=overwrite, fsync=fsync, shard_writer=merged_shards(mp)
-    )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from inspector.cli.convert import preflight_json
-from inspector.convert.engine import Report
+from inspector.convert.executor import Report
 from inspector.convert.kinds import KINDS, Job, Request, get, names, of_output, offers
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import assessment_json
