@@ -110,16 +110,16 @@ class UniversalJob(Job):
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[FileWriter]:
-        from inspector.convert.kinds.universal.tensors import chunk_elems, write_tensor
+        from inspector.convert.kinds.universal.tensors import Buffers, chunk_elems, write_tensor
         from inspector.convert.reader import FilePool
 
         plan, tensors = self.plan, len(self.plan.files)
-        chunk = chunk_elems(self.workers)
+        chunk, buffers = chunk_elems(self.workers), Buffers()  # one budget, shared by the workers
         with FilePool(*plan.sources) as pool:
 
             def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
                 if index < tensors:
-                    write_tensor(pool, plan.files[index], root, rel, w, chunk)
+                    write_tensor(pool, plan.files[index], root, rel, w, chunk, buffers)
                     return
                 src, _, _ = plan.copies[index - tensors]
                 w.progress(root.copy_in(_source_of(plan, src), src, rel, fsync=w.fsync), "")

@@ -85,9 +85,9 @@ def buffer_bytes(plan: UniversalPlan, workers: int) -> int:
 
 
 def _file_buffers(f: UniFile, chunk: int) -> int:
-    """What `tensors._producer` touches for `f`: an fp32 chunk buffer and, for a 16-bit source, a uint16
-    staging buffer plus `_widen`'s uint32 temporary; a file smaller than a chunk needs only its own size."""
+    """What `tensors._producer` touches for `f`: the worker's fp32 chunk buffer and, for a 16-bit source, its
+    uint16 staging buffer (widened in place); a file smaller than a chunk touches only its own size."""
     n = min(f.nbytes, chunk * 4)  # fp32 bytes of the largest chunk
     if f.source_dtype != "float32":
-        n += n // 2 + n
+        n += n // 2
     return n

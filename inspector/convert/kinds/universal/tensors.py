@@ -3,12 +3,15 @@ from the rank files' segments into a torch zip (`format.ptwriter`, fed raw bytes
 
 The files are independent, so the executor writes several side by side, one per worker; every worker's chunk
 buffers come out of one fixed budget (`chunk_elems`), the one the safetensors pipeline holds, so 64 workers
-cost no more memory than 2.
+cost no more memory than 2. A worker allocates its buffers once and keeps them for every file it writes
+(buffers allocated and freed per file, by many threads at once, fragment the heap: measured 57 MiB at 2
+workers, 111 MiB at 16).
 """
 
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -37,11 +40,25 @@ def chunk_elems(workers: int) -> int:
     return max(MIN_CHUNK, min(MAX_CHUNK, BUFFER_BUDGET // (max(1, workers) * BYTES_PER_ELEM)))
 
 
-def write_tensor(pool: Any, f: UniFile, root: OutputRoot, rel: str, w: Writing, chunk: int) -> None:
+class Buffers(threading.local):
+    """Each worker thread's chunk buffers, made on its first file and kept for the rest."""
+
+    out: np.ndarray | None = None
+    raw: np.ndarray | None = None
+
+    def get(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.out is None or self.raw is None:
+            self.out, self.raw = np.empty(chunk, dtype=np.float32), np.empty(chunk, dtype=np.uint16)
+        return self.out, self.raw
+
+
+def write_tensor(
+    pool: Any, f: UniFile, root: OutputRoot, rel: str, w: Writing, chunk: int, buffers: Buffers
+) -> None:
     """`f` at `rel`, in place all at once (written as `rel.tmp`, renamed when complete)."""
     from inspector.format import ptwriter as pw  # the torch-zip writer (lazily: plan/preflight stay light)
 
-    produce = _producer(pool, f, w, chunk)
+    produce = _producer(pool, f, w, *buffers.get(chunk))
     storage = pw.Storage("float32", numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
     archive = f.state  # torch names the archive folder after the file
@@ -55,18 +72,18 @@ def numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _producer(pool: Any, f: UniFile, w: Writing, chunk: int) -> Callable[[int, int], Any]:
-    """Elements [start, start+count) of the tensor as fp32 bytes, read from its segments into one buffer (at
-    most `chunk` elements, and only as large as the file needs: a small file makes only its own size resident)."""
+def _producer(
+    pool: Any, f: UniFile, w: Writing, buf: np.ndarray, staging: np.ndarray
+) -> Callable[[int, int], Any]:
+    """Elements [start, start+count) of the tensor as fp32 bytes, read from its segments into the worker's
+    buffer (a 16-bit source into `staging` first, then widened into it)."""
     src_size = itemsize(f.source_dtype)
     starts = []
     acc = 0
     for s in f.segments:
         starts.append(acc)
         acc += s.numel
-    n = min(chunk, max(1, numel(f.shape)))
-    buf = np.empty(n, dtype=np.float32)
-    raw = np.empty(n, dtype=np.uint16) if src_size == 2 else None
+    raw = staging if src_size == 2 else None
 
     def produce(start: int, count: int) -> Any:
         if w.cancel.is_set():
@@ -92,8 +109,11 @@ def _producer(pool: Any, f: UniFile, w: Writing, chunk: int) -> Callable[[int, i
 
 
 def _widen(src: np.ndarray, dtype: str, out: np.ndarray) -> None:
-    """16-bit to fp32 exactly (bf16 is the top half of an fp32; fp16 through numpy's exact upcast)."""
+    """16-bit to fp32 exactly, in place in `out` (bf16 is the top half of an fp32; fp16 through numpy's exact
+    upcast)."""
     if dtype == "bfloat16":
-        np.left_shift(src.astype(np.uint32), 16, out=out.view(np.uint32))
+        bits = out.view(np.uint32)
+        np.copyto(bits, src)
+        np.left_shift(bits, 16, out=bits)
     else:
         out[:] = src.view(np.float16)
