@@ -26,10 +26,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from inspector.convert.executor import Part, Progress, Report, part_suffix
+from inspector.convert.executor import Progress, Report
 from inspector.convert.kinds.base import Job, OutputKind, PlannedFile, Request
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import LOCK, BusyError, Destination, OutputRoot
+from inspector.convert.staging import Part, part_suffix
 from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import absolute, is_url

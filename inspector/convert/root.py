@@ -20,80 +20,41 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import queue
 import stat
-import threading
-import zlib
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
+from inspector.convert.checksum import fd_crc32
+from inspector.convert.outnames import (
+    LOCK,
+    PART,
+    PARTIAL,
+    BusyError,
+    Destination,
+    local_only,
+    missing_dirs,
+    parts_of,
+)
 from inspector.errors import OutputError
-from inspector.parse.names import escaped, name_problem
+from inspector.parse.names import escaped
 from inspector.system.bytesource import ByteSource
 
-LOCK = ".zero-inspector.lock"
-PARTIAL = ".partial"  # a file (or a job's folder) that is not finished yet
-PART = ".part-"  # how a part's lock, journal and staging folder are named: PART + "I-of-N"
+__all__ = [
+    "LOCK",
+    "PART",
+    "PARTIAL",
+    "BusyError",
+    "Destination",
+    "OutputRoot",
+    "fd_crc32",
+    "local_only",
+    "missing_dirs",
+    "remove_empty_dirs",
+]
+
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
-_LOCAL_ONLY = (".zero-inspector",)  # the lock and the journal: never published
-
-
-class BusyError(OutputError):
-    """Another run holds the output (its lock, or a part's): decided on by type, never by its words."""
-
-    title = "Output folder in use"
-
-
-class Destination(Protocol):
-    """Where finished files go when OUT is not this folder (an object-store prefix, `remote.upload`)."""
-
-    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
-        """Make the open staged file `fd` (`size` bytes, CRC-32 `crc`) the output file `rel`, all at once."""
-        ...
-
-    def size_of(self, rel: str) -> int | None:
-        """The size of `rel` once published (None when it was not)."""
-        ...
-
-    def holds(self, rel: str, size: int | None) -> bool:
-        """Whether an earlier run of the same job already published `rel` (with `size` bytes, when given)."""
-        ...
-
-
-def local_only(rel: str) -> bool:
-    """Bookkeeping that stays in the staging folder: locks, journals, stamps, partial and temporary files."""
-    parts = [p for p in rel.split("/") if p]
-    return any(p.startswith(_LOCAL_ONLY) or p.endswith((PARTIAL, ".tmp")) for p in parts)
-
-
-def _parts(rel: str) -> list[str]:
-    """`rel` as name components, each checked by the one name rule (refused, never repaired)."""
-    parts = [p for p in rel.split("/") if p]
-    if not parts:
-        raise OutputError("Internal error: an empty output path.")
-    for p in parts:
-        if problem := name_problem(p):
-            raise OutputError(
-                f"Refusing to write {escaped(rel)!r}: the name {escaped(p)[:80]!r} {problem}.",
-                hint="A name from the checkpoint or from --rename cannot become a path outside the output "
-                "folder; rename it with --rename.",
-                title="Unsafe output name",
-            )
-    return parts
-
-
-def missing_dirs(path: str) -> list[str]:
-    """The folders `os.makedirs(path)` would create, deepest first."""
-    missing = []
-    while path and not os.path.lexists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
 
 
 def remove_empty_dirs(paths: list[str]) -> None:
@@ -232,7 +193,7 @@ class OutputRoot:
     def _parent(self, rel: str, create: bool) -> tuple[int, str]:
         """A descriptor of `rel`'s folder (the caller closes it) and its last name; folders on the way are
         opened with O_NOFOLLOW (a link is refused) and, with `create`, made when missing."""
-        parts = _parts(rel)
+        parts = parts_of(rel)
         fd = os.dup(self.fd)
         try:
             for p in parts[:-1]:
@@ -422,7 +383,7 @@ class OutputRoot:
             os.close(sfd)
 
     def _publish(self, src: str, dst: str) -> None:
-        _parts(dst)  # the name rule, before a byte leaves
+        parts_of(dst)  # the name rule, before a byte leaves
         assert self.dest is not None
         fd = self.open_read(src)
         try:
@@ -487,33 +448,3 @@ def _rmtree_at(parent: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
-
-
-def fd_crc32(fd: int) -> int:
-    """CRC-32 of an open file from its start, read into one of a few shared blocks: however many writers
-    checksum at once, the blocks are the same few (a fresh 8 MiB block per call, from 16 writer threads,
-    kept 70 MiB more resident than from 2)."""
-    buf = _crc_block()
-    try:
-        view, crc, offset = memoryview(buf), 0, 0
-        while n := os.preadv(fd, [view], offset):
-            crc = zlib.crc32(view[:n], crc)
-            offset += n
-        return crc
-    finally:
-        _CRC_BLOCKS.put(buf)
-
-
-_CRC_BLOCKS: queue.Queue[bytearray] = queue.Queue()
-_CRC_MADE = [0]
-_CRC_LOCK = threading.Lock()
-CRC_AT_ONCE = 4  # checksums in flight at once: zlib's crc32 runs at GB/s and releases the GIL
-
-
-def _crc_block() -> bytearray:
-    """A free block (made on demand, at most CRC_AT_ONCE of them), else the next one returned."""
-    with _CRC_LOCK:
-        if _CRC_BLOCKS.empty() and _CRC_MADE[0] < CRC_AT_ONCE:
-            _CRC_MADE[0] += 1
-            return bytearray(1 << 20)
-    return _CRC_BLOCKS.get()

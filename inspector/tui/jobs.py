@@ -8,10 +8,9 @@ from typing import Any
 from rich.text import Text
 
 from inspector.convert.events import Failed, Finished, Started, Verified
-from inspector.convert.executor import PARTIAL
 from inspector.convert.journal import JOURNAL
 from inspector.convert.order import Order
-from inspector.convert.root import LOCK
+from inspector.convert.root import LOCK, PARTIAL
 from inspector.system.bytesource import is_url
 from inspector.tui.fmt import shown, size, took
 

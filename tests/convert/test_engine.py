@@ -26,12 +26,12 @@ import pytest
 import safetensors.torch
 import torch
 
-from inspector.convert.executor import PARTIAL, Progress, Report
+from inspector.convert.executor import Progress, Report
 from inspector.convert.journal import JOURNAL, Journal
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, build_plan
 from inspector.convert.reader import FilePool
-from inspector.convert.root import LOCK
+from inspector.convert.root import LOCK, PARTIAL
 from inspector.convert.verify import VerifyResult, run_verify
 from inspector.demo.writer import DemoSpec, expected
 from inspector.errors import CancelledError, CorruptFileError, OutputError

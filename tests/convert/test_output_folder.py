@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from inspector.convert.executor import PARTIAL
 from inspector.convert.journal import JOURNAL
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
-from inspector.convert.root import LOCK, OutputRoot
+from inspector.convert.root import LOCK, PARTIAL, OutputRoot
 from inspector.convert.verify import run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError

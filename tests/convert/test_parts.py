@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from inspector.convert.executor import PARTIAL, Report, part_indices
+from inspector.convert.executor import Report
 from inspector.convert.journal import JOURNAL
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
-from inspector.convert.root import LOCK, OutputRoot
+from inspector.convert.root import LOCK, PARTIAL, OutputRoot
+from inspector.convert.staging import part_indices
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError
 from inspector.scan.scanner import scan
@@ -81,7 +82,7 @@ def test_with_fsync_the_finishing_run_reads_no_shard_back(
     """Parts written with --fsync journal their shards as synced: the finishing run (one node) checks their
     size and header only; without --fsync it re-reads each to compare its CRC-32 (a crash may have torn it).
     A synced shard cut short is still caught (its size), and rewritten."""
-    import inspector.convert.executor as executor
+    import inspector.convert.staging as staging
 
     plan = build_plan(scan(str(demo(SPEC))), OPTS)
     execute(plan, str(tmp_path / "one"))
@@ -91,13 +92,13 @@ def test_with_fsync_the_finishing_run_reads_no_shard_back(
     victim = out / (plan.shards[1].filename + PARTIAL)
     victim.write_bytes(victim.read_bytes()[:-1])
     reads: list[int] = []
-    real = executor.fd_crc32
+    real = staging.fd_crc32
 
     def counted(fd: int) -> int:
         reads.append(fd)
         return real(fd)
 
-    monkeypatch.setattr(executor, "fd_crc32", counted)
+    monkeypatch.setattr(staging, "fd_crc32", counted)
     final = _report(run(plan, str(out)))
     assert final.resumed_shards == len(plan.shards) - 1  # the short one is rewritten either way
     assert len(reads) == (0 if fsync else len(plan.shards) - 1)
@@ -192,16 +193,16 @@ def test_universal_parts_with_fsync_are_not_read_back(
     job = get("universal").plan(ckpt, Request(), str(tmp_path / "out"))
     for i in range(2):
         _report(job.run(part=(i, 2), fsync=fsync))
-    import inspector.convert.executor as executor
+    import inspector.convert.staging as staging
 
     reads: list[int] = []
-    real = executor.fd_crc32
+    real = staging.fd_crc32
 
     def counted(fd: int) -> int:
         reads.append(fd)
         return real(fd)
 
-    monkeypatch.setattr(executor, "fd_crc32", counted)
+    monkeypatch.setattr(staging, "fd_crc32", counted)
     _report(job.run(fsync=fsync))
     assert len(reads) == (0 if fsync else len(job.streamed))  # tensor files and model-states copies
     assert _tree(tmp_path / "out") == _tree(tmp_path / "one")

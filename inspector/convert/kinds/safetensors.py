@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.executor import PARTIAL, FileWriter, Writing
+from inspector.convert.executor import FileWriter, Writing
 from inspector.convert.journal import JOURNAL, peek_job
 from inspector.convert.kinds.base import (
     Assessment,
@@ -23,7 +23,7 @@ from inspector.convert.kinds.base import (
 from inspector.convert.pipeline import shard_streamer
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.preflight import assess
-from inspector.convert.root import LOCK, OutputRoot
+from inspector.convert.root import LOCK, PARTIAL, OutputRoot
 from inspector.convert.verify import recorded_tag, run_verify
 from inspector.convert.writers.hf_folder import SideFile
 from inspector.errors import OutputError

@@ -186,8 +186,9 @@ def test_a_killed_merge_resumes_from_its_journal(demo: Any, tmp_path: Path, dama
     undisturbed merge byte for byte."""
     import zlib
 
-    from inspector.convert.executor import PARTIAL, Report
+    from inspector.convert.executor import Report
     from inspector.convert.journal import JOURNAL
+    from inspector.convert.root import PARTIAL
 
     ckpt = lora_checkpoint(demo, tmp_path)
     opts = ConvertOptions(dtype="bf16", shard_size=120)

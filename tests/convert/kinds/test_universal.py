@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from inspector.convert.executor import PARTIAL
 from inspector.convert.kinds.universal.plan import iter_rel_paths, plan_universal
 from inspector.convert.reader import read_ref, read_tensor
+from inspector.convert.root import PARTIAL
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError
 from inspector.format.records import ZeroStage
