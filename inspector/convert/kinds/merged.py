@@ -39,7 +39,9 @@ class Merged(SafetensorsKind):
                 "The checkpoint holds no LoRA parameters (no *.lora_A.* / *.lora_B.* tensors).",
                 hint="Convert it with --format model or weights.",
             )
-        mp = build_merged_plan(ckpt, request.options, adapter, request.base)
+        mp = build_merged_plan(
+            ckpt, request.options, adapter, request.base, allow_damaged=request.allow_damaged
+        )
         side: list[SideFile] = []
         notes = list(mp.notes)
         if request.side_files:

@@ -62,9 +62,16 @@ class MergedPlan:
 
 
 def build_merged_plan(
-    ckpt: Checkpoint, opts: ConvertOptions, adapter: Adapter, base: str | None = None
+    ckpt: Checkpoint,
+    opts: ConvertOptions,
+    adapter: Adapter,
+    base: str | None = None,
+    *,
+    allow_damaged: bool = False,
 ) -> MergedPlan:
-    """Plan the merged model. `base` (a folder) overrides adapter_config's base_model_name_or_path."""
+    """Plan the merged model. `base` (a folder) overrides adapter_config's base_model_name_or_path;
+    `allow_damaged` (--force) writes it from a checkpoint the scan found errors in, as every kind but
+    universal does."""
     require_mergeable(adapter)
     lora = {t.name for t in ckpt.tensors if is_lora(t.name)}
     names = {t.name for t in ckpt.tensors}
@@ -108,7 +115,8 @@ def build_merged_plan(
             )
         merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
     synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
-    plan = build_plan(synthetic, replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False))
+    opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
+    plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
     plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
     if folder is not None:
         plan = replace(plan, sources=(*plan.sources, base_source(folder)))

@@ -229,3 +229,18 @@ def test_a_merge_with_another_base_does_not_reuse_shards(demo: Any, tmp_path: Pa
     (other_base / "model.safetensors").write_bytes((tmp_path / "base" / "model.safetensors").read_bytes())
     two = plan_export(ckpt, ConvertOptions(), merge=True, base=str(other_base))
     assert one.plan.fingerprint != two.plan.fingerprint
+
+
+def test_force_reaches_the_merge(demo: Any, tmp_path: Path) -> None:
+    """--force (Request.allow_damaged) plans a merge of a checkpoint with error findings, as every other
+    safetensors kind does; without it the merge is refused."""
+    from inspector.convert.kinds import Request, get
+    from inspector.errors import DamagedCheckpointError
+    from inspector.scan.model import Finding, Severity
+
+    ckpt = lora_checkpoint(demo, tmp_path)
+    damaged = replace(ckpt, findings=(Finding(Severity.ERROR, "test", "a damaged rank file"),))
+    with pytest.raises(DamagedCheckpointError):
+        get("merged").plan(damaged, Request(ConvertOptions()), str(tmp_path / "out"))
+    job = get("merged").plan(damaged, Request(ConvertOptions(), allow_damaged=True), str(tmp_path / "out"))
+    assert job.files
