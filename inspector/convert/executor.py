@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,7 +34,7 @@ from inspector.convert.staging import Part, Staging, disk_error
 from inspector.errors import CancelledError
 
 if TYPE_CHECKING:
-    from inspector.convert.kinds.base import Job
+    from inspector.convert.kinds.base import Job, PlannedFile
 
 _EVENT_INTERVAL = 0.25
 
@@ -156,8 +156,7 @@ def _write_all(
 ) -> Iterator[Progress]:
     """Write the `todo` files, `job.workers` at once, yielding progress while they run; a bucket gets them in
     file order. An interrupt, or a consumer that stops listening, cancels the writers and waits for them."""
-    job, files = r.job, r.job.streamed
-    tally = _Tally(skipped, todo[0] if todo else 0, len(todo))
+    job, files, tally = r.job, r.job.streamed, _Tally(skipped, todo[0] if todo else 0, len(todo))
     news = threading.Event()  # bytes written, or a file ended
     turns = _Turns() if r.root.dest is not None else None
 
@@ -180,10 +179,6 @@ def _write_all(
             news.set()
             turns.hand_in(turn, cancel)
 
-    def put(turn: int) -> None:
-        k = todo[turn]
-        r.root.replace(r.staged[k], files[k].name)
-
     with (
         job.writer() as write,
         ThreadPoolExecutor(max(1, job.workers), thread_name_prefix="zi-write") as pool,
@@ -196,20 +191,16 @@ def _write_all(
             while not all(fut.done() for fut in futures):
                 news.wait(_EVENT_INTERVAL)  # bounded: an interrupt is seen within it
                 news.clear()
-                for fut in futures:
-                    if fut.done() and fut.exception() is not None:
-                        raise fut.exception()  # type: ignore[misc]
-                if turns is not None:
-                    turns.publish(put)
+                _raise_first_error(futures)
+                if (
+                    turns is not None
+                ):  # a bucket: up in file order, from this thread (an interrupt lands here)
+                    turns.publish(lambda t: r.root.replace(r.staged[todo[t]], files[todo[t]].name))
                 now = time.monotonic()
                 if now - last < _EVENT_INTERVAL or all(fut.done() for fut in futures):
                     continue  # at most ~4 a second, and none just before the run's last
                 last = now
-                with tally.lock:
-                    done, tensor, k = tally.done, tally.tensor, tally.file
-                yield Progress(
-                    min(done, total), total, tensor, files[k].name, k, len(files), now - start, skipped
-                )
+                yield tally.event(total, files, now - start, skipped)
             for fut in futures:
                 fut.result()
         except BaseException:
@@ -220,12 +211,23 @@ def _write_all(
             raise
 
 
+def _raise_first_error(futures: list[Future[None]]) -> None:
+    for fut in futures:
+        if fut.done() and (exc := fut.exception()) is not None:
+            raise exc
+
+
 class _Tally:
     """Bytes done, the tensor and file in hand, files left: shared by the writers, read by the events."""
 
     def __init__(self, done: int, file: int, left: int) -> None:
         self.done, self.tensor, self.file, self.left = done, "", file, left
         self.lock = threading.Lock()
+
+    def event(self, total: int, files: tuple[PlannedFile, ...], elapsed: float, skipped: int) -> Progress:
+        with self.lock:
+            done, tensor, k = self.done, self.tensor, self.file
+        return Progress(min(done, total), total, tensor, files[k].name, k, len(files), elapsed, skipped)
 
 
 def _finished(r: Staging, k: int, counted: int, tally: _Tally) -> None:
