@@ -4,7 +4,7 @@ Every import statement of every module is read with `ast` (function-local import
 import is still a dependency), so a rule cannot pass just because an import happens to be deferred.
 
     cli/  tui/          faces: each sits on the core, never on the other
-    convert/            options, plan, reader, pipeline, engine, writers, verify, preflight
+    convert/            options, plan, reader, pipeline, executor, kinds, writers, verify, preflight
     scan/               locate, layout, model, scanner
     parse/              the input boundary's typed records and the one name rule
     format/             on-disk formats (zip, pickle, safetensors bytes)
@@ -80,7 +80,7 @@ def _layer(module: str) -> str:
 def test_the_probe_sees_the_package() -> None:
     """Guards every rule below against passing on an empty or unparsed tree."""
     mods = _modules()
-    assert {"scan.scanner", "convert.engine", "format.torchzip", "cli.main"} <= set(mods)
+    assert {"scan.scanner", "convert.executor", "format.torchzip", "cli.main"} <= set(mods)
     assert "inspector.scan.model" in _imports(mods["scan.scanner"])
 
 

@@ -252,10 +252,10 @@ def _no_hang(work: Callable[[], object], fifo: Path) -> BaseException | None:
 
 def test_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, demo: DemoCache) -> None:
     """A rank file replaced by a FIFO between scan and convert: refused with its name, never a hang."""
-    from inspector.convert.engine import execute
     from inspector.convert.options import ConvertOptions
     from inspector.convert.plan import build_plan
     from inspector.scan.scanner import scan
+    from tests.convert.jobs import execute
 
     root = demo.copy(SPEC, tmp_path / "ckpt")
     plan = build_plan(scan(str(root)), ConvertOptions(dtype="fp32"))
@@ -268,8 +268,9 @@ def test_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, demo: Demo
 
 def test_universal_convert_refuses_a_fifo_swapped_in_after_scan(tmp_path: Path, demo: DemoCache) -> None:
     """The universal writer reads rank 0's optimizer state and every rank's partitions the same way."""
-    from inspector.convert.writers.universal import plan_universal, write_universal
+    from inspector.convert.kinds.universal.plan import plan_universal
     from inspector.scan.scanner import scan
+    from tests.convert.jobs import universal as write_universal
 
     for victim in ("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", OPTIM1):
         root = demo.copy(SPEC, tmp_path / victim / "ckpt")

@@ -15,7 +15,7 @@ import pytest
 CORE = [
     "inspector.scan.scanner",
     "inspector.convert.plan",
-    "inspector.convert.engine",
+    "inspector.convert.executor",
     "inspector.convert.verify",
     "inspector.convert.preflight",
     "inspector.demo.writer",
@@ -30,7 +30,7 @@ TORCH_FREE = [
     "inspector.scan.summary",
     "inspector.convert.plan",
     "inspector.convert.preflight",
-    "inspector.convert.engine",
+    "inspector.convert.executor",
     "inspector.convert.verify",
     "inspector.convert.cast",
     "inspector.format.ptwriter",
@@ -50,7 +50,7 @@ def _modules_after_import(mod: str) -> set[str]:
 
 def test_core_imports_no_ui() -> None:
     loaded = _modules_after_import(", ".join(CORE))
-    assert "inspector.convert.engine" in loaded  # the probe really imported the core
+    assert "inspector.convert.executor" in loaded  # the probe really imported the core
     assert not {"textual", "rich"} & loaded, f"the core pulls in {sorted({'textual', 'rich'} & loaded)}"
 
 

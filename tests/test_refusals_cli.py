@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from inspector.cli.jobs import parse_part
 from inspector.cli.main import main
+from inspector.convert.order import parse_part
 from inspector.convert.writers.hf_folder import config_dtype_fix
 from inspector.demo.writer import DemoSpec, write_demo
 from inspector.errors import InspectorError

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import inspector.convert.pipeline as pipeline
-from inspector.convert.engine import execute
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import SINGLE_NAME, build_plan
 from inspector.convert.verify import VerifyResult, run_verify
 from inspector.demo.writer import DemoSpec
 from inspector.errors import CancelledError
 from inspector.scan.scanner import scan
+from tests.convert.jobs import execute
 
 if TYPE_CHECKING:
     from conftest import DemoCache

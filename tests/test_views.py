@@ -21,13 +21,13 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from inspector.convert.engine import execute
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
 from inspector.errors import EXIT_DAMAGED, CorruptFileError, InspectorError
 from inspector.format.torchzip import StorageRef, TensorRef, load_tree, view_problem
 from inspector.scan.scanner import scan
+from tests.convert.jobs import execute
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache

@@ -16,13 +16,10 @@ from typing import Any
 
 from inspector.cli.console import literal as escape
 from inspector.cli.console import print_json
-from inspector.cli.jobs import byte_sources, job_events, parse_part, plan_job, ray_options, verify_job
-from inspector.cli.options import FORMAT_HELP, add_convert_options, options_from_args
+from inspector.cli.jobs import byte_sources, job_events, order_of, plan_job, ray_options, verify_job
+from inspector.cli.options import FORMAT_HELP, add_convert_options
 
 _LOG_INTERVAL = 5.0
-
-
-_opts = options_from_args  # the name the TUI launcher and tests import
 
 
 def _progress_line(ev: Any, mem: str, unit: str = "file") -> str:
@@ -65,16 +62,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return convert_json(args)
     from inspector.cli.console import console as _console
     from inspector.cli.render import print_assessment
-    from inspector.convert.engine import Report
+    from inspector.convert.executor import Report
 
     console = _console()
-    part = parse_part(args.part)
-    ckpt, job = plan_job(args, allow_damaged=args.force)
-    job.check_output(args.overwrite)  # a busy folder: refused before any figure
+    order = order_of(args)
+    ckpt, job = order.plan()
+    part = order.part
+    job.check_output(order.overwrite)  # a busy folder: refused before any figure
     verdict = job.assess()
     if not verdict.fits:
-        print_assessment(console, verdict, job, verdict=args.force)  # the figures; the error says why
-        if not args.force:
+        forced = order.request.allow_damaged
+        print_assessment(console, verdict, job, verdict=forced)  # the figures; the error says why
+        if not forced:
             from inspector.errors import DoesNotFitError
 
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
@@ -91,7 +90,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     tasks: list[Any] = []
     events: Any = None
     try:
-        events = job_events(args, job, part, tasks)
+        events = job_events(order, job, tasks)
         report = _drive(console, events, job.output_bytes, unit="part" if args.executor == "ray" else "file")
         if tasks:
             _print_tasks(console, tasks)
@@ -125,7 +124,7 @@ def _size(n: int) -> str:
 
 def _drive(console: Any, events: Any, total: int, unit: str = "file") -> Any:
     """Consume run() events with a live bar (terminal) or periodic log lines (CI)."""
-    from inspector.convert.engine import Progress, Report
+    from inspector.convert.executor import Progress, Report
 
     if not console.is_terminal:
         last = 0.0
@@ -274,7 +273,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
     if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
         _refuse_damaged(ckpt, args.json)
-    _, job = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())
+    _, job, _ = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())
     verdict = job.assess()
     if args.json:
         print_json(preflight_json(job, verdict))
@@ -379,6 +378,8 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         help="start even if preflight says it will not fit, or the checkpoint has error findings",
     )
     _add_progress(p)
+    # a front end's own order as JSON on stdin (the app's child converts exactly the plan it previewed)
+    p.add_argument("--order", choices=("-",), help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")

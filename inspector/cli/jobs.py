@@ -4,42 +4,41 @@
 from __future__ import annotations
 
 import argparse
-import re
+from dataclasses import replace
 from typing import Any
 
-from inspector.cli.options import apply_format, request_from_args
+from inspector.convert.order import Order, from_args
 
 
-def plan_job(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None) -> tuple[Any, Any]:
-    """Scan, pick the kind `--format` names, plan its job: shared by the rich and JSON-lines faces."""
-    from inspector.convert.bucket import plan_output
-    from inspector.convert.kinds import get
-    from inspector.scan.scanner import scan
-
-    split = tuple(getattr(args, "tp_split", ()))  # a tensor-parallel split the checkpoint does not record
-    ckpt = scan(args.path, args.tag, tp_split=split)  # a bad path fails here, before the converter loads
-    kind = get(apply_format(args))
-    request = request_from_args(args, allow_damaged=allow_damaged)
-    part = parse_part(getattr(args, "part", None))  # names an s3:// OUT's staging folder
-    job = plan_output(kind, ckpt, request, out or args.out, getattr(args, "staging", None), part)  # OUT may be s3://
-    return ckpt, job
+def plan_job(
+    args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None
+) -> tuple[Any, Any, Order]:
+    """The order the arguments describe, planned: the checkpoint, the kind's job (OUT may be s3://), and the
+    order (`allow_damaged`: preflight predicts for a damaged checkpoint too; convert takes --force)."""
+    order = from_args(args, out=out)
+    if allow_damaged and not order.request.allow_damaged:
+        order = replace(order, request=replace(order.request, allow_damaged=True))
+    ckpt, job = order.plan()
+    return ckpt, job, order
 
 
-def parse_part(text: str | None) -> tuple[int, int] | None:
-    """`--part I/N`: part I (0 <= I < N, as SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX count) of N."""
-    if text is None:
-        return None
-    i, sep, n = text.partition("/")
-    digits = re.compile(r"[0-9]{1,6}")  # ASCII only: str.isdigit() takes `²`, which int() then refuses
-    if not (sep and digits.fullmatch(i) and digits.fullmatch(n) and 0 <= int(i) < int(n) <= 100_000):
-        from inspector.errors import InspectorError
+def order_of(args: argparse.Namespace) -> Order:
+    """The order to carry out: the one a front end sent on stdin (`--order -`: the app's own plan, so the
+    child converts exactly what it previewed), else the one the arguments describe."""
+    import sys
 
+    from inspector.convert.order import from_json
+    from inspector.errors import InspectorError
+
+    if getattr(args, "order", None) != "-":
+        return from_args(args)
+    order = from_json(sys.stdin.read(1 << 20))
+    if (order.path, order.out) != (args.path, args.out):  # the command line shown in `ps` tells the truth
         raise InspectorError(
-            f"--part {text!r} is not I/N with 0 <= I < N.",
-            hint="For example --part $SLURM_ARRAY_TASK_ID/8 in a Slurm array of 8 tasks numbered from 0.",
+            "The conversion order names another checkpoint or output than the command line.",
             title="Invalid option",
         )
-    return int(i), int(n)
+    return order
 
 
 def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -74,25 +73,15 @@ def byte_sources(*roots: str) -> list[str]:
     return [f"Bytes {provenance(root)}." for root in roots]
 
 
-def job_events(args: argparse.Namespace, job: Any, part: tuple[int, int] | None, tasks: list[Any]) -> Any:
+def job_events(order: Order, job: Any, tasks: list[Any]) -> Any:
     """The run's events, from this process or (`--executor ray`) from Ray tasks and the finish here: the same
     Progress and Report types either way, so both faces drive them alike. `tasks` collects each Ray part's
     result as it ends."""
-    if getattr(args, "executor", "local") != "ray":
-        return job.run(overwrite=args.overwrite, fsync=args.fsync, part=part)
-    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    if order.executor != "ray":
+        return job.run(overwrite=order.overwrite, fsync=order.fsync, part=order.part)
+    from inspector.convert.ray_executor import run_on_ray
 
-    spec = JobSpec(
-        args.path,
-        args.tag,
-        args.format,
-        request_from_args(args, allow_damaged=args.force),
-        args.out,
-        args.overwrite,
-        args.fsync,
-        getattr(args, "staging", None),
-    )
-    return run_on_ray(spec, parts=args.parts, address=args.ray_address, on_part=tasks.append, job=job)
+    return run_on_ray(order, parts=order.parts, address=order.ray_address, on_part=tasks.append, job=job)
 
 
 def ray_options(args: argparse.Namespace) -> None:

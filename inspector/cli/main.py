@@ -164,7 +164,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_open(args: argparse.Namespace) -> int:
     """Open the terminal UI on PATH (or on a fresh demo checkpoint), presetting selection and export."""
-    from inspector.cli.options import options_from_args as _opts
+    from inspector.convert.order import options_from_args
 
     if not args.path and not args.demo:
         raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
@@ -178,7 +178,8 @@ def cmd_open(args: argparse.Namespace) -> int:
             hint="Check the path; `zero-inspector --help` lists the commands.",
             title="No such checkpoint",
         )
-    options = _opts(args)
+    _refuse_unapplied(args)
+    options = options_from_args(args)
     from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
 
     return run_app(
@@ -191,6 +192,28 @@ def cmd_open(args: argparse.Namespace) -> int:
             demo=args.demo,
         )
     )
+
+
+def _refuse_unapplied(args: argparse.Namespace) -> None:
+    """`open` presets the selection and the export options; the output kind is chosen in the export form, so
+    the flags that name a kind (or a merge's base) are refused rather than silently dropped."""
+    given = [flag for flag, dest in _KIND_ONLY if getattr(args, dest, None)]
+    if given:
+        raise InspectorError(
+            f"`open` does not take {' or '.join(given)}: the output kind is chosen in the app's export form (e).",
+            hint="Open the checkpoint and choose the format there, or run `zero-inspector convert` with "
+            + " ".join(given)
+            + ".",
+            title="Invalid option",
+        )
+
+
+_KIND_ONLY = (
+    ("--adapter", "adapter"),
+    ("--merge-adapter", "merge_adapter"),
+    ("--weights-only", "weights_only"),
+    ("--base", "base"),
+)
 
 
 def _add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

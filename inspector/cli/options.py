@@ -1,45 +1,9 @@
-"""The options `convert` and `export` share (selection, naming, dtype, shards, Hugging Face outputs) and
-their parsing into ConvertOptions; the TUI's launcher reuses both."""
+"""The options `convert`, `preflight` and `open` share (selection, naming, dtype, shards, Hugging Face
+outputs); `convert.order.from_args` turns the parsed arguments into the one Order, `to_argv` back."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from inspector.errors import InspectorError
-
-
-def options_from_args(args: argparse.Namespace) -> Any:
-    """ConvertOptions from the parsed `add_convert_options` arguments; InspectorError for bad values."""
-    from inspector.convert.options import ConvertOptions
-    from inspector.system.units import parse_size
-
-    try:
-        shard = parse_size(args.shard_size)
-    except ValueError as exc:
-        raise InspectorError(
-            str(exc), hint="Use sizes like 5GB, 500MB or 2GiB.", title="Invalid option"
-        ) from None
-    renames = []
-    for r in args.rename or []:
-        if "=" not in r:
-            raise InspectorError(f"--rename {r!r} needs the form REGEX=REPLACEMENT.", title="Invalid option")
-        pat, _, repl = r.partition("=")
-        renames.append((pat, repl))
-    return ConvertOptions(
-        dtype=args.dtype,
-        shard_size=shard,
-        include=tuple(args.include or ()),
-        exclude=tuple(args.exclude or ()),
-        strip_prefix=tuple(args.strip_prefix or ()),
-        renames=tuple(renames),
-        keep_fp32=tuple(args.keep_fp32 or ()),
-        exclude_frozen=args.exclude_frozen,
-        exclude_buffers=args.exclude_buffers,
-        dedupe_tied=args.dedupe_tied,
-        source=args.source,
-        workers=getattr(args, "workers", None),
-    )
 
 
 def workers_arg(text: str) -> int:
@@ -136,12 +100,6 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-# `--format KIND`: the output kinds by name (the registry's); `safetensors` (the old default) is `model`, and
-# the older flags --weights-only/--adapter/--merge-adapter stay as aliases of the kind they name
-FORMAT_ALIASES = {"safetensors": "model"}
-_KIND_FLAG = {"weights": "weights_only", "adapter": "adapter", "merged": "merge_adapter"}
-
-
 FORMAT_HELP = (
     "the output kind: model (the default: safetensors plus a Trainer checkpoint's config and tokenizer; "
     "`safetensors` is the same), weights (safetensors only), adapter (PEFT LoRA adapter), merged (the adapter "
@@ -149,35 +107,3 @@ FORMAT_HELP = (
     "OUT/<tag>_uni plus OUT/latest_universal: resume on any world size with load_universal; OUT may be the "
     "checkpoint root)"
 )
-
-
-def apply_format(args: argparse.Namespace) -> str:
-    """Fold `--format KIND` and the alias flags into one kind name (set as `args.format` and returned); two
-    different kinds asked at once are an error, before anything is read or written."""
-    from inspector.convert.kinds import DEFAULT, KINDS, get, names
-
-    chosen = {kind for kind, flag in _KIND_FLAG.items() if getattr(args, flag, False)}
-    fmt = getattr(args, "format", None) or DEFAULT
-    kind = get(FORMAT_ALIASES.get(fmt, fmt)).name  # an unknown name: a clear error naming the kinds
-    if kind != DEFAULT or not chosen:
-        chosen.add(kind)
-    if len(chosen) > 1:
-        raise InspectorError(
-            f"Asked for more than one output kind ({', '.join(sorted(chosen))}).",
-            hint="Pick one: --format " + "|".join(names()) + ".",
-            title="Invalid option",
-        )
-    args.format = chosen.pop()
-    if getattr(args, "base", None) and not get(args.format).takes_base:
-        takers = " or ".join(k.name for k in KINDS if k.takes_base)
-        raise InspectorError(f"--base is only used with --format {takers}.", title="Invalid option")
-    return str(args.format)
-
-
-def request_from_args(args: argparse.Namespace, *, allow_damaged: bool = False) -> Any:
-    """The kinds' Request from parsed `convert` / `preflight` arguments."""
-    from inspector.convert.kinds import Request
-
-    return Request(
-        options=options_from_args(args), base=getattr(args, "base", None), allow_damaged=allow_damaged
-    )

@@ -55,16 +55,16 @@ def convert_json(args: argparse.Namespace) -> int:
     events for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import job_events, parse_part, plan_job
-        from inspector.convert.engine import Progress, Report
+        from inspector.cli.jobs import job_events, order_of
+        from inspector.convert.executor import Progress, Report
         from inspector.errors import DoesNotFitError
         from inspector.system.rss import peak_rss
 
-        part = parse_part(getattr(args, "part", None))  # --executor ray's options: checked by cmd_convert
-        _, job = plan_job(args, allow_damaged=args.force)
-        job.check_output(args.overwrite)
+        order = order_of(args)  # --executor ray's options: checked by cmd_convert
+        _, job = order.plan()
+        job.check_output(order.overwrite)
         verdict = job.assess()
-        if not verdict.fits and not args.force:
+        if not verdict.fits and not order.request.allow_damaged:
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
         files = job.files
         starts, pos = [], 0
@@ -81,9 +81,10 @@ def convert_json(args: argparse.Namespace) -> int:
                 uses_selection=job.uses_selection,
                 keeps_on_cancel=job.keeps_on_cancel,
                 predicted_peak_rss=verdict.predicted_peak_rss,
+                plan=job.identity,
             )
         )
-        for ev in job_events(args, job, part, []):
+        for ev in job_events(order, job, []):
             if isinstance(ev, Progress):
                 i = min(ev.shard_index, len(files) - 1)
                 one = ev.shards == len(files) and files  # the event counts the listed files

@@ -26,12 +26,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from inspector.convert.engine import Progress, Report
+from inspector.convert.executor import Progress, Report
 from inspector.convert.kinds.base import Job, OutputKind, PlannedFile, Request
-from inspector.convert.output import Part, part_suffix
 from inspector.convert.preflight import Assessment
-from inspector.convert.root import LOCK, Destination, OutputRoot
-from inspector.errors import InspectorError, OutputError
+from inspector.convert.root import LOCK, BusyError, Destination, OutputRoot
+from inspector.convert.staging import Part, part_suffix
+from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import absolute, is_url
 from inspector.system.limits import MemoryBudget, free_disk_bytes
@@ -84,11 +84,11 @@ class BucketJob(Job):
         self.kind = inner.kind
         self.out_dir = url
         self.uses_selection = inner.uses_selection
-        self.takes_base = inner.takes_base
+        self.workers = inner.workers
         self.notes = (
             *inner.notes,
             f"Each file is uploaded to {url} as soon as it is written (multipart, nothing visible until "
-            f"complete); {staging} holds at most {inner.files_at_once} file(s) at a time.",
+            f"complete); {staging} holds at most {inner.workers} file(s) at a time.",
         )
 
     def __getattr__(self, name: str) -> Any:  # what a face reads of a particular kind (a plan's aliases)
@@ -116,6 +116,9 @@ class BucketJob(Job):
     def where(self) -> str:
         return self.public(self.inner.where)
 
+    def writer(self) -> Any:
+        return self.inner.writer()
+
     def public(self, path: str) -> str:
         """A staging path as the URL it stands for."""
         if path == self.staging or path.startswith(self.staging + os.sep):
@@ -139,7 +142,7 @@ class BucketJob(Job):
 
         free = free_disk if free_disk is not None else free_disk_bytes(self.staging)
         a = self.inner.assess(budget, free)
-        largest = sorted((f.nbytes for f in self.files), reverse=True)[: self.inner.files_at_once]
+        largest = sorted((f.nbytes for f in self.files), reverse=True)[: self.inner.workers]
         staged = sum(largest)
         buffers = upload_inflight() * base_part()  # parts read from the staged files, in flight
         return dataclasses.replace(
@@ -186,17 +189,16 @@ class BucketJob(Job):
         try:
             outer = OutputRoot(base, lock_name=lock)
             outer.refuse_running(part, lock.removesuffix(part_suffix(part)) if part else lock)
-        except OutputError as exc:
+        except BaseException as exc:
             if outer is not None:
                 outer.release(ok=True)
-            if exc.title != "Output folder in use":
-                raise
-            raise OutputError(
-                f"Another conversion on this machine is writing to {self.url}.",
-                hint="Wait for it to finish; two runs into one prefix would replace each other's objects "
-                "(the finishing run of --part goes once every part has ended).",
-                title="Output folder in use",
-            ) from None
+            if isinstance(exc, BusyError):
+                raise BusyError(
+                    f"Another conversion on this machine is writing to {self.url}.",
+                    hint="Wait for it to finish; two runs into one prefix would replace each other's objects "
+                    "(the finishing run of --part goes once every part has ended).",
+                ) from None
+            raise
         ok = False
         try:
             outer.remove_tree(name)  # a killed run's leftovers: the bucket says what is finished, not they

@@ -27,6 +27,7 @@ class Started:
     uses_selection: bool = True
     keeps_on_cancel: bool = False
     predicted_peak_rss: int = 0
+    plan: str = ""  # the job's identity as the child planned it: the app refuses to go on if it is not its own
 
 
 @dataclass(frozen=True)

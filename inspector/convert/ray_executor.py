@@ -30,25 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inspector.convert.engine import Progress, Report
-from inspector.convert.kinds.base import Request
+from inspector.convert.executor import Progress, Report
+from inspector.convert.order import Order
 from inspector.errors import CancelledError, InspectorError
 
 POLL = 0.25  # seconds between progress polls of the driver
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What every task needs to plan the same job: where the checkpoint is, which kind, what was asked."""
-
-    path: str
-    tag: str | None
-    kind: str
-    request: Request
-    out: str
-    overwrite: bool = False
-    fsync: bool = False
-    staging: str | None = None  # an s3:// OUT's staging folder, on each node (default: its temporary folder)
 
 
 @dataclass(frozen=True)
@@ -62,14 +48,10 @@ class PartResult:
     reused: int = 0  # files an earlier, interrupted run had finished and this task kept
 
 
-def plan(spec: JobSpec, part: tuple[int, int] | None = None) -> Any:
-    """The job, planned where this runs (driver or task) from the spec alone (`part`: the task's, which
+def plan(spec: Order, part: tuple[int, int] | None = None) -> Any:
+    """The job, planned where this runs (driver or task) from the order alone (`part`: the task's, which
     names a bucket output's staging folder)."""
-    from inspector.convert.bucket import plan_output
-    from inspector.convert.kinds import get
-    from inspector.scan.scanner import scan
-
-    return plan_output(get(spec.kind), scan(spec.path, spec.tag), spec.request, spec.out, spec.staging, part)
+    return spec.plan(part)[1]
 
 
 def _ray() -> Any:
@@ -126,7 +108,7 @@ def default_parts(ray: Any, files: int) -> int:
 
 
 def run_on_ray(
-    spec: JobSpec,
+    spec: Order,
     *,
     parts: int | None = None,
     address: str | None = None,
@@ -209,7 +191,7 @@ def _result(ray: Any, ref: Any) -> PartResult:
     return result
 
 
-def _run_part(spec: JobSpec, part: tuple[int, int], sink: Any) -> PartResult:
+def _run_part(spec: Order, part: tuple[int, int], sink: Any) -> PartResult:
     """One task: plan the same job, write part `part` into OUT, report bytes to the sink as they are written."""
     import ray
 

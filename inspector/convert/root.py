@@ -21,70 +21,40 @@ import contextlib
 import errno
 import os
 import stat
-import zlib
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
+from inspector.convert.checksum import fd_crc32
+from inspector.convert.outnames import (
+    LOCK,
+    PART,
+    PARTIAL,
+    BusyError,
+    Destination,
+    local_only,
+    missing_dirs,
+    parts_of,
+)
 from inspector.errors import OutputError
-from inspector.parse.names import escaped, name_problem
+from inspector.parse.names import escaped
 from inspector.system.bytesource import ByteSource
 
-LOCK = ".zero-inspector.lock"
+__all__ = [
+    "LOCK",
+    "PART",
+    "PARTIAL",
+    "BusyError",
+    "Destination",
+    "OutputRoot",
+    "fd_crc32",
+    "local_only",
+    "missing_dirs",
+    "remove_empty_dirs",
+]
+
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
-_BLOCK = 8 << 20
-_LOCAL_ONLY = (".zero-inspector", ".zero_inspector")  # locks, journals, source stamps: never published
-
-
-class Destination(Protocol):
-    """Where finished files go when OUT is not this folder (an object-store prefix, `remote.upload`)."""
-
-    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
-        """Make the open staged file `fd` (`size` bytes, CRC-32 `crc`) the output file `rel`, all at once."""
-        ...
-
-    def size_of(self, rel: str) -> int | None:
-        """The size of `rel` once published (None when it was not)."""
-        ...
-
-    def holds(self, rel: str, size: int | None) -> bool:
-        """Whether an earlier run of the same job already published `rel` (with `size` bytes, when given)."""
-        ...
-
-
-def local_only(rel: str) -> bool:
-    """Bookkeeping that stays in the staging folder: locks, journals, stamps, partial and temporary files."""
-    parts = [p for p in rel.split("/") if p]
-    return any(p.startswith(_LOCAL_ONLY) or p.endswith((".partial", ".tmp")) for p in parts)
-
-
-def _parts(rel: str) -> list[str]:
-    """`rel` as name components, each checked by the one name rule (refused, never repaired)."""
-    parts = [p for p in rel.split("/") if p]
-    if not parts:
-        raise OutputError("Internal error: an empty output path.")
-    for p in parts:
-        if problem := name_problem(p):
-            raise OutputError(
-                f"Refusing to write {escaped(rel)!r}: the name {escaped(p)[:80]!r} {problem}.",
-                hint="A name from the checkpoint or from --rename cannot become a path outside the output "
-                "folder; rename it with --rename.",
-                title="Unsafe output name",
-            )
-    return parts
-
-
-def missing_dirs(path: str) -> list[str]:
-    """The folders `os.makedirs(path)` would create, deepest first."""
-    missing = []
-    while path and not os.path.lexists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
 
 
 def remove_empty_dirs(paths: list[str]) -> None:
@@ -95,6 +65,36 @@ def remove_empty_dirs(paths: list[str]) -> None:
             os.rmdir(path)
         except OSError:
             break
+
+
+def busy(path: str, holder: str) -> BusyError:
+    """The refusal of a second run into a folder whose lock another process holds (`holder`: its pid)."""
+    who = f" (process {holder})" if holder.isdigit() else ""
+    return BusyError(
+        f"Another conversion{who} is writing to {path}.",
+        hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
+        "would overwrite each other's files.",
+    )
+
+
+def lock_holder(out_dir: str) -> str | None:
+    """Who holds OUT's lock now (its pid as written, or ""), or None when nobody does: read-only, so a folder
+    can be refused as busy before its contents are judged (a running job's partial files are not foreign)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(out_dir, LOCK), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
 
 
 class OutputRoot:
@@ -141,13 +141,7 @@ class OutputRoot:
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
                 os.close(fd)
-                who = f" (process {holder})" if holder.isdigit() else ""
-                raise OutputError(
-                    f"Another conversion{who} is writing to {self.path}.",
-                    hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
-                    "would overwrite each other's files.",
-                    title="Output folder in use",
-                ) from None
+                raise busy(self.path, holder) from None
             except OSError as exc:
                 os.close(fd)
                 raise OutputError(
@@ -166,9 +160,7 @@ class OutputRoot:
                     os.write(fd, f"{os.getpid()}\n".encode())
                 return fd
             os.close(fd)
-        raise OutputError(
-            f"Could not lock {self.path}: the lock file keeps changing.", title="Output folder in use"
-        )
+        raise BusyError(f"Could not lock {self.path}: the lock file keeps changing.")
 
     def refuse_running(self, part: tuple[int, int] | None, family: str = LOCK) -> None:
         """Parts of one job run side by side, each under a lock of its own (`LOCK.part-i-of-n`); the run
@@ -178,7 +170,7 @@ class OutputRoot:
         import fcntl
 
         for name in self.listdir():
-            others = name.startswith(family + ".part-") if part is None else name == family
+            others = name.startswith(family + PART) if part is None else name == family
             if name == self.lock_name or not others:
                 continue
             try:
@@ -189,11 +181,10 @@ class OutputRoot:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 who = name[len(family) + 1 :].replace("-", " ") or "a run without --part"
-                raise OutputError(
+                raise BusyError(
                     f"Another conversion ({who}) is writing into {self.path}.",
                     hint="Parts run side by side; the finishing convert (without --part) runs once every part "
                     "has ended.",
-                    title="Output folder in use",
                 ) from None
             finally:
                 os.close(fd)
@@ -227,7 +218,7 @@ class OutputRoot:
     def _parent(self, rel: str, create: bool) -> tuple[int, str]:
         """A descriptor of `rel`'s folder (the caller closes it) and its last name; folders on the way are
         opened with O_NOFOLLOW (a link is refused) and, with `create`, made when missing."""
-        parts = _parts(rel)
+        parts = parts_of(rel)
         fd = os.dup(self.fd)
         try:
             for p in parts[:-1]:
@@ -417,7 +408,7 @@ class OutputRoot:
             os.close(sfd)
 
     def _publish(self, src: str, dst: str) -> None:
-        _parts(dst)  # the name rule, before a byte leaves
+        parts_of(dst)  # the name rule, before a byte leaves
         assert self.dest is not None
         fd = self.open_read(src)
         try:
@@ -482,15 +473,3 @@ def _rmtree_at(parent: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
-
-
-def fd_crc32(fd: int) -> int:
-    """CRC-32 of an open file from its start, in fixed 8 MiB blocks."""
-    crc = 0
-    buf = bytearray(_BLOCK)
-    view = memoryview(buf)
-    offset = 0
-    while n := os.preadv(fd, [view], offset):
-        crc = zlib.crc32(view[:n], crc)
-        offset += n
-    return crc

@@ -42,8 +42,10 @@ class Child:
         args: Sequence[str],
         on_event: Callable[[dict[str, Any]], None],
         on_exit: Callable[[int, str], None],
+        stdin: str | None = None,
     ) -> None:
         self.args = [sys.executable, "-m", "inspector", *args]
+        self.stdin = stdin  # what the child reads first (the conversion order), then end of input
         self._on_event = on_event
         self._on_exit = on_exit
         self._stderr: deque[str] = deque(maxlen=40)
@@ -59,7 +61,7 @@ class Child:
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             self.args,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if self.stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -67,6 +69,11 @@ class Child:
             env=env,
             start_new_session=True,  # the terminal's signals are the UI's, not the child's
         )
+        if self.stdin is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):  # a child that died at once is explained by its exit
+                self.proc.stdin.write(self.stdin)
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         with contextlib.suppress(psutil.Error):
             self._ps = psutil.Process(self.proc.pid)
             # the UI is interactive and the converter is batch work: on a busy machine, keys win

@@ -1,14 +1,16 @@
-"""The conversion child's command line and how to explain its end: plain functions, no widgets."""
+"""The conversion child's order and command line, and how to explain its end: plain functions, no widgets."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from rich.text import Text
 
-from inspector.convert.events import Failed, Finished, Verified
-from inspector.convert.options import ConvertOptions
-from inspector.convert.output import JOURNAL, LOCK, PARTIAL
+from inspector.convert.events import Failed, Finished, Started, Verified
+from inspector.convert.journal import JOURNAL
+from inspector.convert.order import Order
+from inspector.convert.root import LOCK, PARTIAL
 from inspector.system.bytesource import is_url
 from inspector.tui.fmt import shown, size, took
 
@@ -23,44 +25,38 @@ def killed_by(signal_name: str) -> str:
     return _KILLED_BY.get(signal_name, f"stopped by {signal_name}")
 
 
-def convert_args(
-    root: str,
-    tag: str,
-    out_dir: str,
-    o: ConvertOptions,
-    *,
-    overwrite: bool,
-    force: bool,
-    kind: str = "",
-    executor: str = "",
-    ray_address: str = "",
-) -> list[str]:
-    """The `convert` command line for these options (the child re-plans exactly what we predicted; a kind
-    that does not use an option ignores it, as it did when we predicted)."""
-    args = ["convert", root, out_dir, "--tag", tag, "--format", kind or "model"]
-    args += ["--dtype", o.dtype, "--shard-size", str(o.shard_size)]
-    for flag, values in (
-        ("--include", o.include),
-        ("--exclude", o.exclude),
-        ("--strip-prefix", o.strip_prefix),
-        ("--keep-fp32", o.keep_fp32),
-    ):
-        for v in values:
-            args += [f"{flag}={v}"]
-    for pat, repl in o.renames:
-        args += [f"--rename={pat}={repl}"]
-    for flag, on_ in (
-        ("--exclude-frozen", o.exclude_frozen),
-        ("--exclude-buffers", o.exclude_buffers),
-        ("--dedupe-tied", o.dedupe_tied),
-        ("--overwrite", overwrite),
-        ("--force", force),
-    ):
-        if on_:
-            args.append(flag)
-    if executor == "ray":
-        args += ["--executor", "ray"] + (["--ray-address", ray_address] if ray_address else [])
-    return [*args, "--progress", "json"]
+def app_order(app: Any, out_dir: str, *, force: bool) -> Order:
+    """The conversion the app previews and the child carries out, as one frozen order: the selection as
+    convert's include/exclude, the export options, the chosen kind."""
+    from inspector.convert.kinds import DEFAULT, Request
+
+    ckpt = app.ckpt
+    return Order(
+        path=ckpt.root,
+        out=out_dir,
+        kind=app.export.format or DEFAULT,
+        tag=ckpt.tag,
+        request=Request(app.convert_options(), allow_damaged=force),
+        overwrite=app.export.overwrite,
+        executor=app.export.executor or "local",
+        ray_address=app.export.ray_address or None,
+    )
+
+
+def child_args(order: Order) -> list[str]:
+    """The child's command line: the order itself goes on its stdin (`to_json`), so it plans exactly what
+    the app planned; path and OUT are repeated so `ps` shows what it works on."""
+    return ["convert", order.path, order.out, "--order", "-", "--progress", "json"]
+
+
+def plan_mismatch(started: Started, job: Any) -> str:
+    """Why the child's plan is not the one the app previewed ("" when it is): the app does not go on."""
+    if started.plan == job.identity:
+        return ""
+    return (
+        f"The converter planned a different job ({started.plan or 'unknown'}) than the preview "
+        f"({job.identity}): the checkpoint or the output folder changed since."
+    )
 
 
 def _tree_size(path: str) -> int:

@@ -80,13 +80,14 @@ def test_a_cancelled_run_is_finished_by_the_next(driver: str, demo: DemoCache, t
 
     from inspector.convert.kinds.base import Request
     from inspector.convert.options import ConvertOptions
-    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    from inspector.convert.order import Order
+    from inspector.convert.ray_executor import run_on_ray
     from inspector.errors import CancelledError
 
     root = str(demo(SPEC))
     local, remote = tmp_path / "local", tmp_path / "ray"
     assert run_cli("convert", root, str(local), "--format", "weights", "--shard-size", "3MB").rc == 0
-    spec = JobSpec(root, None, "weights", Request(ConvertOptions(shard_size=3_000_000)), str(remote))
+    spec = Order(root, str(remote), "weights", request=Request(ConvertOptions(shard_size=3_000_000)))
     stop = threading.Event()
     stop.set()
     with pytest.raises(CancelledError):
@@ -101,12 +102,12 @@ def test_a_cancelled_run_is_finished_by_the_next(driver: str, demo: DemoCache, t
 def test_a_task_that_fails_reports_its_own_error(driver: str, demo: DemoCache, tmp_path: Path) -> None:
     """OUT below a regular file: the driver plans fine, every task fails to create OUT; the driver raises the
     task's own error (the output root's words), not a Ray traceback."""
-    from inspector.convert.kinds.base import Request
-    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    from inspector.convert.order import Order
+    from inspector.convert.ray_executor import run_on_ray
     from inspector.errors import InspectorError
 
     (tmp_path / "file").write_bytes(b"x")
-    spec = JobSpec(str(demo(SPEC)), None, "weights", Request(), str(tmp_path / "file" / "out"))
+    spec = Order(str(demo(SPEC)), str(tmp_path / "file" / "out"), "weights")
     with pytest.raises(InspectorError) as err:
         for _ in run_on_ray(spec, address=driver):
             pass

@@ -134,10 +134,11 @@ def test_a_cancelled_ray_run_into_a_bucket_leaves_no_index_and_the_next_finishes
     import ray
 
     from inspector.convert.bucket import staging_for
-    from inspector.convert.engine import Progress
+    from inspector.convert.executor import Progress
     from inspector.convert.kinds.base import Request
     from inspector.convert.options import ConvertOptions
-    from inspector.convert.ray_executor import JobSpec, run_on_ray
+    from inspector.convert.order import Order
+    from inspector.convert.ray_executor import run_on_ray
     from inspector.convert.root import LOCK
     from inspector.errors import CancelledError
     from tests.remote.test_upload import objects, open_uploads
@@ -145,7 +146,7 @@ def test_a_cancelled_ray_run_into_a_bucket_leaves_no_index_and_the_next_finishes
     url, _ = s3_demo
     assert run_cli("convert", url, tmp_path / "one", "--format", "weights", "--shard-size", "500KB").rc == 0
     out = f"s3://{remote.BUCKET}/ray-out/cancel-{uuid.uuid4().hex[:8]}"
-    spec = JobSpec(url, None, "weights", Request(ConvertOptions(shard_size=500_000)), out)
+    spec = Order(url, out, "weights", request=Request(ConvertOptions(shard_size=500_000)))
     stop = threading.Event()
     s3_proxy.throttle.latency_s = 0.05  # slow enough that the tasks are uploading when the cancel comes
     try:

@@ -40,9 +40,9 @@ def test_parts_are_16_mib_until_a_file_would_need_more_than_s3_allows(
         ("latest_universal", False),
         ("model.safetensors.partial", True),
         ("config.json.tmp", True),
-        (".zero-inspector-journal.json", True),
+        (".zero-inspector-journal.jsonl", True),
+        (".zero-inspector-journal.jsonl.part-0-of-2", True),
         (".zero-inspector.lock", True),
-        ("global_step3_uni/.zero_inspector_journal.jsonl", True),
         ("global_step3_uni.partial/zero/x/fp32.pt", True),
     ],
 )

@@ -26,22 +26,24 @@ import pytest
 import safetensors.torch
 import torch
 
-from inspector.convert.engine import JOURNAL, Progress, Report, execute, run
+from inspector.convert.executor import Progress, Report
+from inspector.convert.journal import JOURNAL, Journal
 from inspector.convert.options import ConvertOptions
-from inspector.convert.output import LOCK, PARTIAL, OutputFolder
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan, build_plan
 from inspector.convert.reader import FilePool
+from inspector.convert.root import LOCK, PARTIAL
 from inspector.convert.verify import VerifyResult, run_verify
 from inspector.demo.writer import DemoSpec, expected
 from inspector.errors import CancelledError, CorruptFileError, OutputError
 from inspector.format.dtypes import torch_dtype
 from inspector.scan.model import Checkpoint
 from inspector.scan.scanner import scan
+from tests.convert.jobs import execute, journalled, run
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BF16 = DemoSpec(stage=2, world_size=2, dtype="bf16", params=100_000)
 FINAL = re.compile(r"^model.*\.safetensors$|^model\.safetensors\.index\.json$")
 
@@ -364,7 +366,7 @@ def test_read_error_after_a_completed_shard(
     def flaky(self: FilePool, path: str, offset: int, view: memoryview) -> None:
         journal = out / JOURNAL
         if journal.exists():
-            done = json.loads(journal.read_text())["complete"]
+            done = journalled(journal)["complete"]
             if done:
                 at_failure["done"] = done
                 at_failure["files"] = os.listdir(out)
@@ -393,7 +395,7 @@ def test_disk_full(
     if where == "posix_fallocate":
         monkeypatch.setattr(os, "posix_fallocate", _enospc)
     elif where == "journal":
-        monkeypatch.setattr(OutputFolder, "record", lambda self: _enospc())
+        monkeypatch.setattr(Journal, "start", lambda self, kept: _enospc())
     else:
         real = os.pwrite
         calls = [0]
@@ -486,7 +488,8 @@ import os, sys, time
 from inspector.scan.scanner import scan
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
-from inspector.convert.engine import Progress, run
+from inspector.convert.executor import Progress
+from tests.convert.jobs import run
 
 delay = float(os.environ.get("ZI_TEST_READ_DELAY", "0"))
 if delay:  # the first run is slowed down so the kill surely lands mid-run
@@ -553,7 +556,7 @@ def test_sigkill_then_rerun_resumes(demo: DemoCache, tmp_path: Path, kill_when: 
     left = os.listdir(out)
     assert not [n for n in left if FINAL.match(n)], left
     assert all(n.endswith(PARTIAL) or n.startswith(JOURNAL) or n == LOCK for n in left), left  # flock died
-    journal = json.loads((out / JOURNAL).read_text())
+    journal = journalled(out / JOURNAL)
     if kill_when == "after-a-shard":
         assert journal["complete"], "a shard was finished before the kill"
 

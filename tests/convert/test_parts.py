@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 
-from inspector.convert.engine import Report, execute, run
+from inspector.convert.executor import Report
+from inspector.convert.journal import JOURNAL
 from inspector.convert.options import ConvertOptions
-from inspector.convert.output import JOURNAL, LOCK, PARTIAL, part_shards
 from inspector.convert.plan import build_plan
-from inspector.convert.root import OutputRoot
+from inspector.convert.root import LOCK, PARTIAL, OutputRoot
+from inspector.convert.staging import part_indices
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError
 from inspector.scan.scanner import scan
+from tests.convert.jobs import execute, run
 
 SPEC = DemoSpec(stage=3, world_size=2, dtype="bf16", params=300_000)
 OPTS = ConvertOptions(shard_size=60_000)
@@ -38,7 +40,7 @@ def _same_folders(a: Path, b: Path) -> None:
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 40])
 def test_every_shard_belongs_to_exactly_one_part(demo: Any, n: int) -> None:
     plan = build_plan(scan(str(demo(SPEC))), OPTS)
-    owned = [k for i in range(n) for k in part_shards(plan, (i, n))]
+    owned = [k for i in range(n) for k in part_indices([s.file_bytes for s in plan.shards], (i, n))]
     assert sorted(owned) == list(range(len(plan.shards)))
 
 
@@ -80,7 +82,7 @@ def test_with_fsync_the_finishing_run_reads_no_shard_back(
     """Parts written with --fsync journal their shards as synced: the finishing run (one node) checks their
     size and header only; without --fsync it re-reads each to compare its CRC-32 (a crash may have torn it).
     A synced shard cut short is still caught (its size), and rewritten."""
-    import inspector.convert.output as output
+    import inspector.convert.staging as staging
 
     plan = build_plan(scan(str(demo(SPEC))), OPTS)
     execute(plan, str(tmp_path / "one"))
@@ -90,13 +92,13 @@ def test_with_fsync_the_finishing_run_reads_no_shard_back(
     victim = out / (plan.shards[1].filename + PARTIAL)
     victim.write_bytes(victim.read_bytes()[:-1])
     reads: list[int] = []
-    real = output.fd_crc32
+    real = staging.fd_crc32
 
     def counted(fd: int) -> int:
         reads.append(fd)
         return real(fd)
 
-    monkeypatch.setattr(output, "fd_crc32", counted)
+    monkeypatch.setattr(staging, "fd_crc32", counted)
     final = _report(run(plan, str(out)))
     assert final.resumed_shards == len(plan.shards) - 1  # the short one is rewritten either way
     assert len(reads) == (0 if fsync else len(plan.shards) - 1)
@@ -181,7 +183,7 @@ def test_universal_parts_with_fsync_are_not_read_back(
     demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
 ) -> None:
     """The universal journal marks files written with --fsync as synced: the finishing run reuses the parts'
-    tensor files reading none back; without --fsync it re-reads each once (a crash may have torn it)."""
+    files reading none back; without --fsync it re-reads each once (a crash may have torn it)."""
     from inspector.convert.kinds import get
     from inspector.convert.kinds.base import Request
 
@@ -191,16 +193,16 @@ def test_universal_parts_with_fsync_are_not_read_back(
     job = get("universal").plan(ckpt, Request(), str(tmp_path / "out"))
     for i in range(2):
         _report(job.run(part=(i, 2), fsync=fsync))
-    tensor_files = {f.rel for f in job.plan.files}
-    reads: list[str] = []
-    real = OutputRoot.crc32
+    import inspector.convert.staging as staging
 
-    def counted(self: OutputRoot, rel: str) -> int:
-        reads.append(rel.split("/", 1)[1])  # below the staging folder
-        return real(self, rel)
+    reads: list[int] = []
+    real = staging.fd_crc32
 
-    monkeypatch.setattr(OutputRoot, "crc32", counted)
+    def counted(fd: int) -> int:
+        reads.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(staging, "fd_crc32", counted)
     _report(job.run(fsync=fsync))
-    read_back = [r for r in reads if r in tensor_files]
-    assert len(read_back) == (0 if fsync else len(tensor_files))
+    assert len(reads) == (0 if fsync else len(job.streamed))  # tensor files and model-states copies
     assert _tree(tmp_path / "out") == _tree(tmp_path / "one")

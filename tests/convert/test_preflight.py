@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import inspector.convert.preflight as preflight
-from inspector.convert.engine import execute
 from inspector.convert.options import CHUNK_ELEMS, ConvertOptions
 from inspector.convert.plan import INDEX_NAME, ConversionPlan, build_plan
 from inspector.convert.preflight import SAFETY_FRACTION, Assessment, assess, assessment_json
@@ -24,6 +23,7 @@ from inspector.demo.writer import DemoSpec
 from inspector.scan.model import Checkpoint
 from inspector.scan.scanner import scan
 from inspector.system.limits import MemoryBudget, MemoryLimit
+from tests.convert.jobs import execute
 
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache
@@ -304,9 +304,9 @@ def test_preflight_json_has_one_shape_for_every_kind(demo: Any, tmp_path: Path, 
 def test_universal_verdict_keeps_the_same_headroom(demo: Any, tmp_path: Path) -> None:
     """A peak within 5 % of the limit does not fit, for universal as for safetensors."""
 
+    from inspector.convert.kinds.universal.plan import plan_universal
+    from inspector.convert.kinds.universal.preflight import assess_universal
     from inspector.convert.preflight import SAFETY_FRACTION
-    from inspector.convert.writers.universal import plan_universal
-    from inspector.convert.writers.universal_preflight import assess_universal
     from inspector.demo.writer import DemoSpec
     from inspector.scan.scanner import scan
 

@@ -137,9 +137,9 @@ def test_a_failed_part_removes_only_its_objects_and_the_finish_writes_its_share(
     for i in (0, 2):
         _run(job((i, 3)), part=(i, 3))
     kept = objects_of(out)
-    from inspector.convert.output import part_shards
+    from inspector.convert.staging import part_indices
 
-    ones = [job(None).plan.shards[k].filename for k in part_shards(job(None).plan, (1, 3))]
+    ones = [job(None).plan.shards[k].filename for k in part_indices([s.file_bytes for s in job(None).plan.shards], (1, 3))]
     assert len(ones) >= 2 and not set(ones) & set(kept)
     prefix = "/" + out.removeprefix("s3://") + "/"
 

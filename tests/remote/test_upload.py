@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from inspector.convert.bucket import plan_output
-from inspector.convert.engine import Report
+from inspector.convert.executor import Report
 from inspector.convert.kinds import Job, Request, get, names, of_output
 from inspector.convert.options import ConvertOptions
 from inspector.convert.root import OutputRoot
@@ -150,7 +150,7 @@ def test_a_universal_export_goes_up_in_the_writers_order_with_latest_last(
         f"{folder}/zero/optimizer_state.pt",
         *(f"{folder}/zero/{name}/step.pt" for name, _ in plan.step_params),
         *(f"{folder}/{f.rel}" for f in plan.files),
-        *(f"{folder}/{name}" for _, name in plan.copies),
+        *(f"{folder}/{name}" for _, name, _ in plan.copies),
         "latest_universal",
     ]
     put = [unquote(p).removeprefix("/" + BUCKET + "/" + _prefix(url)) for p in _writes(seen)]

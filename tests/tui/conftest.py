@@ -118,8 +118,8 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     monkeypatch.setenv("ZI_NO_COPY_FILE_RANGE", "1")
     real_init = Child.__init__
 
-    def gated_init(self: Child, args, on_event, on_exit) -> None:  # type: ignore[no-untyped-def]
-        real_init(self, args, on_event, on_exit)
+    def gated_init(self: Child, args, on_event, on_exit, stdin=None) -> None:  # type: ignore[no-untyped-def]
+        real_init(self, args, on_event, on_exit, stdin)
         assert self.args[1:3] == ["-m", "inspector"], self.args
         self.args = [sys.executable, str(script), *self.args[3:]]
 

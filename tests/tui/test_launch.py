@@ -73,44 +73,28 @@ def test_no_torch_at_startup(small_demo: Path) -> None:
     assert out.split()[-2:] == ["False", "True"]
 
 
-def test_child_command_line_round_trips_the_options() -> None:
-    """The child re-plans exactly what the UI predicted: convert_args -> CLI parser -> the same options."""
-    from inspector.cli.convert import _opts
+def test_the_child_gets_the_apps_own_order() -> None:
+    """The child plans from the order the app previewed (JSON on its stdin), not from a flattened argv: every
+    option arrives, `--source module` and the executor included."""
+    from inspector.convert.kinds import Request
     from inspector.convert.options import ConvertOptions
-    from inspector.tui.jobs import convert_args
+    from inspector.convert.order import Order, from_json, to_json
+    from inspector.tui.jobs import child_args
 
     o = ConvertOptions(
         dtype="bf16",
         shard_size=123_456_789,
         include=("model.layers.1", "-odd*"),
-        exclude=("*.bias",),
-        strip_prefix=("module.",),
-        renames=((r"^model\.", "m."), ("x", "y=z")),  # REGEX=REPL splits at the first "="
+        renames=((r"^model\.", "m."), ("x", "y=z")),
         keep_fp32=("*norm*",),
         exclude_frozen=True,
-        dedupe_tied=True,
+        source="module",
     )
-    argv = convert_args("/ckpt", "global_step3", "/out", o, overwrite=True, force=False)
-    args = build_parser().parse_args(argv)
-    assert args.progress == "json" and args.overwrite and not args.force and args.tag == "global_step3"
-    assert _opts(args) == o
-
-
-def test_child_command_line_carries_the_output_kind() -> None:
-    from inspector.cli.options import apply_format
-    from inspector.convert.kinds import names
-    from inspector.convert.options import ConvertOptions
-    from inspector.tui.jobs import convert_args
-
-    for kind in names():
-        args = build_parser().parse_args(
-            convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False, kind=kind)
-        )
-        assert apply_format(args) == kind
-    plain = build_parser().parse_args(
-        convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False)
-    )
-    assert apply_format(plain) == "model"
+    order = Order("/ckpt", "/out", "universal", "global_step3", Request(o), overwrite=True, executor="ray",
+                  ray_address="head:6379")
+    args = build_parser().parse_args(child_args(order))
+    assert (args.path, args.out, args.order, args.progress) == ("/ckpt", "/out", "-", "json")
+    assert from_json(to_json(order)) == order
 
 
 @pytest.mark.asyncio
@@ -127,17 +111,3 @@ async def test_demo_is_written_in_a_child_and_opened() -> None:
     finally:
         app.cleanup()
     assert not os.path.exists(opened) and not os.path.exists(os.path.dirname(opened))  # gone with the app
-
-
-def test_child_command_line_carries_the_executor() -> None:
-    """The export form's "Run on: a Ray cluster" reaches the child as --executor ray (and its address)."""
-    from inspector.convert.options import ConvertOptions
-    from inspector.tui.jobs import convert_args
-
-    local = build_parser().parse_args(convert_args("/c", "t", "/o", ConvertOptions(), overwrite=False, force=False))
-    assert local.executor == "local" and local.ray_address is None
-    argv = convert_args(
-        "/c", "t", "/o", ConvertOptions(), overwrite=False, force=False, executor="ray", ray_address="head:6379"
-    )
-    ray = build_parser().parse_args(argv)
-    assert (ray.executor, ray.ray_address, ray.progress) == ("ray", "head:6379", "json")

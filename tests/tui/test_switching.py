@@ -21,7 +21,7 @@ pytestmark = pytest.mark.asyncio
 
 
 def _pipeline_copy(src: Path, dest: Path) -> Path:
-    """A copy of `src` with a pipeline × tensor-parallel layer file in its tag folder: a layout the scan
+    """A copy of `src` with a pipeline-by-tensor-parallel layer file in its tag folder: a layout the scan
     refuses (a plain `layer_01-model_states.pt` is now read as a pipeline checkpoint, damaged)."""
     shutil.copytree(src, dest)
     tag = (dest / "latest").read_text().strip()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from inspector.convert.kinds.base import Offer, Request
+from inspector.convert.kinds.base import Offer, Request, Why
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind, has_file
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import ADAPTER_FILE, build_plan
@@ -24,16 +24,16 @@ PEFT_RENAMES = (
 
 
 class Adapter(SafetensorsKind):
+    uses_selection = False  # every LoRA tensor, under PEFT's names, whatever is selected
     name = "adapter"
     label = "PEFT LoRA adapter"
-    help = "the LoRA adapter in PEFT's layout"
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         adapter = detect_adapter(ckpt)
         if adapter is None:
-            return self._unavailable(NO_LORA, quiet=True)
+            return self._unavailable(Why.NO_LORA, NO_LORA, quiet=True)
         if adapter.config_path is None:
-            return self._unavailable(f"no {ADAPTER_CONFIG} beside the checkpoint")
+            return self._unavailable(Why.NO_ADAPTER_CONFIG, f"no {ADAPTER_CONFIG} beside the checkpoint")
         return self._available()
 
     def owns(self, out_dir: str) -> bool:
@@ -74,4 +74,4 @@ class Adapter(SafetensorsKind):
                 "The adapter keeps PEFT's names and all its tensors: --rename, --include, --exclude and "
                 "--strip-prefix do not apply."
             )
-        return SafetensorsJob(self.name, out_dir, plan, tuple(side), tuple(notes))
+        return SafetensorsJob(self.name, out_dir, plan, tuple(side), tuple(notes), uses_selection=False)

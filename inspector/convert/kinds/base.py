@@ -9,6 +9,7 @@ ends in the one `VerifyResult`. The front ends hold a kind and a job and never a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,12 +17,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from inspector.convert.engine import Progress, Report
+from inspector.convert.executor import FileWriter, Progress, Report, run
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
-from inspector.convert.root import Destination
+from inspector.convert.root import Destination, OutputRoot
 from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.scan.model import Checkpoint
 from inspector.system.limits import MemoryBudget
@@ -36,18 +38,34 @@ __all__ = [
     "Request",
     "VerifyProgress",
     "VerifyResult",
+    "Why",
 ]
+
+
+class Why(Enum):
+    """Why a kind is not offered for a checkpoint: the code decisions are made on (the words are for people)."""
+
+    NO_OPTIMIZER = "no-optimizer"  # no ZeRO optimizer files
+    DAMAGED = "damaged"  # the scan found errors
+    BEFORE_FIRST_STEP = "before-first-step"  # an Adam with no moments yet
+    NOT_ADAM = "not-adam"
+    NO_CONFIG = "no-config"  # not a Trainer checkpoint (no config.json)
+    NO_LORA = "no-lora"
+    NO_ADAPTER_CONFIG = "no-adapter-config"
+    ADAPTER_PROBLEM = "adapter-problem"
+    LAYOUT = "layout"  # a parallel layout (pipeline, expert, tensor) this kind cannot write from yet
 
 
 @dataclass(frozen=True)
 class Offer:
-    """Whether a kind can be written for a checkpoint; `reason` says why not."""
+    """Whether a kind can be written for a checkpoint; `why` says why not, as a code, and `reason` in words."""
 
     name: str
     label: str
     available: bool
     reason: str = ""
     quiet: bool = False  # its absence is not worth a word (an adapter kind on a checkpoint without LoRA)
+    why: Why | None = None
 
 
 @dataclass(frozen=True)
@@ -63,21 +81,26 @@ class Request:
 
 @dataclass(frozen=True)
 class PlannedFile:
-    """One file a job writes, relative to its output folder, with its planned size."""
+    """One file a job writes, relative to its output folder, with its planned size (`exact`: to the byte;
+    else an estimate, such as a pickle's framing)."""
 
     name: str
     nbytes: int
+    exact: bool = True
 
 
 class Job(ABC):
-    """One planned output of one kind; nothing is written until `run`."""
+    """One planned output of one kind; nothing is written until `run`, which the one executor
+    (`convert.executor`) carries out from what the job offers: its `streamed` files and how to write file *i*
+    (`writer`), plus what it writes before and after them."""
 
     kind: str
-    out_dir: str  # the folder the user named (OUT)
+    out_dir: str  # the folder the user named (OUT): the executor's OutputRoot
     notes: tuple[str, ...] = ()
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
-    takes_base: bool = False  # it reads a base model folder (--base)
-    files_at_once: int = 1  # files written side by side (what a bucket output's staging folder holds at once)
+    workers: int = 1  # streamed files written side by side (what a bucket output's staging folder holds at once)
+    folder: str = ""  # "": each streamed file waits as NAME.partial; else they all live in FOLDER/, which
+    # waits as FOLDER.partial/ and is renamed whole
 
     @property
     def identity(self) -> str:
@@ -90,6 +113,38 @@ class Job(ABC):
     @abstractmethod
     def files(self) -> tuple[PlannedFile, ...]:
         """Every file written, in the order they are written."""
+
+    # -- what the executor asks ------------------------------------------------------------------------
+
+    @property
+    def streamed(self) -> tuple[PlannedFile, ...]:
+        """The files written one by one: journalled, split by `--part`, reused by a rerun, published in
+        this order."""
+        return self.files
+
+    @abstractmethod
+    def writer(self) -> contextlib.AbstractContextManager[FileWriter]:
+        """What writes streamed file *i* at the name the executor gives (through the root), for one run."""
+
+    def head(self, index: int) -> bytes:
+        """The first bytes a finished streamed file must have (a reused file is checked against them)."""
+        return b""
+
+    def tensors_in(self, indices: list[int]) -> int:
+        """Tensors the streamed files `indices` hold (a part's report)."""
+        return len(indices)
+
+    def leftovers(self, overwrite: bool) -> list[str]:
+        """Files of an earlier output that the published output replaces (removed once it is in place)."""
+        return []
+
+    def before(self, root: OutputRoot, area: str, fsync: bool) -> tuple[tuple[str, int], ...]:
+        """Files the finishing run writes first, on every run, into the staging `area` (small, never reused)."""
+        return ()
+
+    def after(self, root: OutputRoot, fsync: bool) -> tuple[tuple[str, int], ...]:
+        """Files written once the streamed files are in place (an index, side files, a pointer)."""
+        return ()
 
     @property
     @abstractmethod
@@ -124,7 +179,6 @@ class Job(ABC):
         """What `preflight --json` adds for this kind to the shared keys (figures DeepSpeed's tool would need)."""
         return {}
 
-    @abstractmethod
     def run(
         self,
         *,
@@ -144,6 +198,7 @@ class Job(ABC):
 
         `dest`: OUT is a bucket (`convert.bucket`): the job's folder is a staging folder and every finished file
         is published there through the OutputRoot."""
+        return run(self, cancel=cancel, overwrite=overwrite, fsync=fsync, part=part, dest=dest)
 
     keeps_on_cancel: bool = False  # cancel keeps the finished files for a rerun (else it removes them all)
 
@@ -161,9 +216,9 @@ class OutputKind(ABC):
 
     name: str  # `convert --format NAME`
     label: str
-    help: str
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
     takes_base: bool = False  # it reads a base model folder (--base)
+    converts_damaged: bool = True  # with --force it writes a checkpoint the scan found errors in
 
     @abstractmethod
     def offer(self, ckpt: Checkpoint) -> Offer:
@@ -199,8 +254,8 @@ class OutputKind(ABC):
     ) -> Iterator[VerifyProgress | VerifyResult]:
         """Check an output of this kind against `ckpt`, independently of the writer."""
 
-    def _unavailable(self, reason: str, *, quiet: bool = False) -> Offer:
-        return Offer(self.name, self.label, False, reason, quiet)
+    def _unavailable(self, why: Why, reason: str, *, quiet: bool = False) -> Offer:
+        return Offer(self.name, self.label, False, reason, quiet, why)
 
     def _available(self) -> Offer:
         return Offer(self.name, self.label, True)

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 
 from inspector.convert.kinds.adapter import NO_LORA
-from inspector.convert.kinds.base import Offer, Request, VerifyProgress, VerifyResult
+from inspector.convert.kinds.base import Offer, Request, VerifyProgress, VerifyResult, Why
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
 from inspector.convert.options import resolve_dtype
 from inspector.convert.writers.hf_folder import SideFile, config_dtype_fix, find_side_files
@@ -23,14 +23,13 @@ class Merged(SafetensorsKind):
     name = "merged"
     takes_base = True
     label = "model with the LoRA adapter merged"
-    help = "the adapter merged into its base (--base names the base folder)"
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         adapter = detect_adapter(ckpt)
         if adapter is None:
-            return self._unavailable(NO_LORA, quiet=True)
+            return self._unavailable(Why.NO_LORA, NO_LORA, quiet=True)
         if adapter.problems:
-            return self._unavailable("; ".join(adapter.problems))
+            return self._unavailable(Why.ADAPTER_PROBLEM, "; ".join(adapter.problems))
         return self._available()
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
@@ -40,7 +39,9 @@ class Merged(SafetensorsKind):
                 "The checkpoint holds no LoRA parameters (no *.lora_A.* / *.lora_B.* tensors).",
                 hint="Convert it with --format model or weights.",
             )
-        mp = build_merged_plan(ckpt, request.options, adapter, request.base)
+        mp = build_merged_plan(
+            ckpt, request.options, adapter, request.base, allow_damaged=request.allow_damaged
+        )
         side: list[SideFile] = []
         notes = list(mp.notes)
         if request.side_files:
@@ -67,4 +68,12 @@ class Merged(SafetensorsKind):
         against: str | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
+        if against is not None:
+            from inspector.errors import InspectorError
+
+            raise InspectorError(
+                "--against applies to weights, model and adapter outputs; a merged model is checked by "
+                "recomputing the merge from the fp32 masters.",
+                title="Invalid option",
+            )
         return verify_merged(ckpt, absolute(out_dir), cancel=cancel)

@@ -4,7 +4,7 @@ weights alone (and says so)."""
 
 from __future__ import annotations
 
-from inspector.convert.kinds.base import Offer, Request
+from inspector.convert.kinds.base import Offer, Request, Why
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind, has_file
 from inspector.convert.kinds.weights import ADAPTER_NOTE
 from inspector.convert.options import resolve_dtype
@@ -22,11 +22,10 @@ from inspector.scan.peft import detect_adapter
 class Model(SafetensorsKind):
     name = "model"
     label = "Hugging Face model folder (weights + config + tokenizer)"
-    help = "safetensors plus a Trainer checkpoint's config and tokenizer (the default)"
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         if not has_model_config(ckpt.root):
-            return self._unavailable("no config.json beside the checkpoint (not a Trainer checkpoint)")
+            return self._unavailable(Why.NO_CONFIG, "no config.json beside the checkpoint (not a Trainer checkpoint)")
         return self._available()
 
     def owns(self, out_dir: str) -> bool:

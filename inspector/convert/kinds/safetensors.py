@@ -3,13 +3,15 @@ the files written beside it, run by the engine, and the verify of a safetensors 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.engine import Progress, Report, ShardWriter, run
+from inspector.convert.executor import FileWriter, Writing
+from inspector.convert.journal import JOURNAL, peek_job
 from inspector.convert.kinds.base import (
     Assessment,
     Job,
@@ -18,10 +20,10 @@ from inspector.convert.kinds.base import (
     VerifyProgress,
     VerifyResult,
 )
-from inspector.convert.output import prepare_output
+from inspector.convert.pipeline import shard_streamer
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.preflight import assess
-from inspector.convert.root import Destination, OutputRoot
+from inspector.convert.root import LOCK, PARTIAL, OutputRoot, busy, lock_holder
 from inspector.convert.verify import recorded_tag, run_verify
 from inspector.convert.writers.hf_folder import SideFile
 from inspector.errors import OutputError
@@ -29,12 +31,15 @@ from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import absolute, is_file, is_url, source_at
 from inspector.system.limits import MemoryBudget
 
+# fills shard `index`'s open file (fd, cancel, fsync), yielding (bytes, tensor) as it goes
+ShardWriter = Callable[[int, int, threading.Event, bool], Iterator[tuple[int, str]]]
+
 
 @dataclass
 class SafetensorsJob(Job):
-    """Shards (and the index) from a ConversionPlan, then the side files, so a failed run never leaves a
-    config that looks loadable. `shard_writer` computes the bytes where they are not the checkpoint's own
-    (a merge); `extra_memory` is the working memory it needs beyond the chunk buffers."""
+    """Shards from a ConversionPlan (streamed by the executor), then the index and the side files, so a failed
+    run never leaves a config that looks loadable. `shard_writer` computes the bytes where they are not the
+    checkpoint's own (a merge); `extra_memory` is the working memory it needs beyond the chunk buffers."""
 
     kind: str
     out_dir: str
@@ -43,12 +48,16 @@ class SafetensorsJob(Job):
     notes: tuple[str, ...] = ()
     shard_writer: ShardWriter | None = None
     extra_memory: int = 0
+    uses_selection: bool = True
 
     @property
     def files(self) -> tuple[PlannedFile, ...]:
-        shards = [PlannedFile(s.filename, s.file_bytes) for s in self.plan.shards]
         index = [PlannedFile(INDEX_NAME, len(self.plan.index))] if self.plan.index else []
-        return (*shards, *index, *(PlannedFile(f.name, f.nbytes) for f in self.side_files))
+        return (*self.streamed, *index, *(PlannedFile(f.name, f.nbytes) for f in self.side_files))
+
+    @property
+    def streamed(self) -> tuple[PlannedFile, ...]:
+        return tuple(PlannedFile(s.filename, s.file_bytes) for s in self.plan.shards)
 
     @property
     def tensor_count(self) -> int:
@@ -59,7 +68,37 @@ class SafetensorsJob(Job):
         return f"{self.plan.fingerprint}-{super().identity}"  # the plan's sources and choices, and the side files
 
     def check_output(self, overwrite: bool) -> None:
-        prepare_output(self.plan, self.out_dir, overwrite)
+        prepare_output(self.plan, self.out_dir, overwrite, self.identity)
+
+    def leftovers(self, overwrite: bool) -> list[str]:
+        return prepare_output(self.plan, self.out_dir, overwrite, self.identity)
+
+    def head(self, index: int) -> bytes:
+        return self.plan.shards[index].header
+
+    def tensors_in(self, indices: list[int]) -> int:
+        return sum(len(self.plan.shards[i].tensors) for i in indices)
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[FileWriter]:
+        fill = self.shard_writer or shard_streamer(self.plan)
+
+        def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
+            fd = root.create(rel)
+            try:
+                for nbytes, tensor in fill(index, fd, w.cancel, w.fsync):
+                    w.progress(nbytes, tensor)
+            finally:
+                os.close(fd)
+
+        yield write
+
+    def after(self, root: OutputRoot, fsync: bool) -> tuple[tuple[str, int], ...]:
+        """The index, then the side files: in place only once the weights are."""
+        index: tuple[tuple[str, int], ...] = ()
+        if self.plan.index is not None:
+            index = ((INDEX_NAME, root.write_atomic(INDEX_NAME, self.plan.index, fsync=fsync)),)
+        return index + tuple((f.name, _write_side(root, f, fsync)) for f in self.side_files)
 
     def assess(self, budget: MemoryBudget | None = None, free_disk: int | None = None) -> Assessment:
         side = sum(f.nbytes for f in self.side_files)
@@ -98,29 +137,66 @@ class SafetensorsJob(Job):
             "shards": len(self.plan.shards),
         }
 
-    def run(
-        self,
-        *,
-        cancel: threading.Event | None = None,
-        overwrite: bool = False,
-        fsync: bool = False,
-        part: tuple[int, int] | None = None,
-        dest: Destination | None = None,
-    ) -> Iterator[Progress | Report]:
-        def side(root: OutputRoot) -> tuple[tuple[str, int], ...]:
-            return tuple((f.name, _write_side(root, f, fsync)) for f in self.side_files)
 
-        return run(
-            self.plan,
-            self.out_dir,
-            cancel=cancel,
-            overwrite=overwrite,
-            fsync=fsync,
-            shard_writer=self.shard_writer,
-            side_writer=side,
-            part=part,
-            dest=dest,
+def weights_job(plan: ConversionPlan, out_dir: str) -> SafetensorsJob:
+    """A plan's shards (and index) alone, as a job (scripts, tests)."""
+    return SafetensorsJob("weights", os.path.abspath(out_dir), plan)
+
+
+_OUR_NAMES = (SINGLE_NAME, INDEX_NAME)
+
+
+def ours(name: str) -> bool:
+    """Files a previous run of this tool may have left: shards, index, partials, journal, locks."""
+    base = name[: -len(PARTIAL)] if name.endswith(PARTIAL) else name
+    return (
+        base in _OUR_NAMES
+        or name.startswith((JOURNAL, LOCK))
+        or (base.startswith("model-") and base.endswith(".safetensors") and "-of-" in base)
+    )
+
+
+def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool, job: str) -> list[str]:
+    """Check the output folder; returns stale files of ours to remove once the new output is in place."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise OutputError(f"{out_dir} exists and is not a folder.", hint="Choose another output path.")
+    real_out = os.path.realpath(out_dir)
+    for f in plan.shards[0].tensors[:1]:
+        if f.segments and os.path.dirname(os.path.realpath(f.segments[0].file)) == real_out:
+            raise OutputError(
+                "The output folder is the checkpoint's tag folder.",
+                hint="Write the conversion to a separate folder.",
+            )
+    probe = out_dir
+    while not os.path.exists(probe):  # created only when the run starts, so a refusal leaves nothing
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK):
+        raise OutputError(f"{probe} is not writable.", hint="Choose a folder you can write to.")
+    existing = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    foreign = [n for n in existing if not ours(n)]
+    # partial files no run of this plan writes: another conversion's (another shard count), left by a kill or
+    # still being written; published beside ours they would be taken for part of this output
+    planned_partials = {n + PARTIAL for n in plan.filenames} | {INDEX_NAME + PARTIAL}
+    others = [n for n in existing if n.endswith(PARTIAL) and n not in planned_partials]
+    if others and (holder := lock_holder(out_dir)) is not None:
+        raise busy(out_dir, holder)  # a running job's partial files: the folder is busy, not foreign
+    foreign += others
+    finals = [
+        n for n in existing if ours(n) and not n.endswith(PARTIAL) and not n.startswith((JOURNAL, LOCK))
+    ]
+    planned = set(plan.filenames)
+    # a run of this very job killed while renaming its finished shards may have left some in place
+    resumable = peek_job(out_dir) == job and set(finals) <= planned
+    if (foreign or finals) and not overwrite and not (resumable and not foreign):
+        shown = ", ".join((foreign + finals)[:5]) + (" …" if len(foreign + finals) > 5 else "")
+        raise OutputError(
+            f"{out_dir} is not empty ({shown}).",
+            hint="Choose an empty folder, or pass --overwrite to replace the files this conversion writes "
+            "there (its safetensors and index; with --format model also config.json, generation_config.json "
+            "and the tokenizer files); other files are left alone.",
+            title="Output folder not empty",
         )
+    return [n for n in finals if n not in planned] + [n for n in foreign if n.endswith(PARTIAL)]
 
 
 def _write_side(root: OutputRoot, f: SideFile, fsync: bool) -> int:
@@ -147,7 +223,9 @@ class SafetensorsKind(OutputKind):
         """Plain safetensors weights (a merged model says so in its header, and is the merged kind's)."""
         from inspector.convert.writers.merge import is_merged_output
 
-        return (has_file(out_dir, SINGLE_NAME) or has_file(out_dir, INDEX_NAME)) and not is_merged_output(out_dir)
+        return (has_file(out_dir, SINGLE_NAME) or has_file(out_dir, INDEX_NAME)) and not is_merged_output(
+            out_dir
+        )
 
     def recorded_tag(self, out_dir: str) -> str | None:
         return recorded_tag(out_dir)

@@ -17,7 +17,6 @@ ADAPTER_NOTE = (
 class Weights(SafetensorsKind):
     name = "weights"
     label = "safetensors weights only"
-    help = "safetensors shards and index only"
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         return self._available()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from inspector.convert.options import ConvertOptions
 from inspector.errors import CorruptFileError, InspectorError
@@ -55,12 +55,11 @@ class SideFile:
     source: str | None
     content: bytes | None = None
     origin: ByteSource | None = None
+    nbytes: int = field(init=False, default=0)  # read once, when planned: a plan is frozen data
 
-    @property
-    def nbytes(self) -> int:
-        if self.content is not None:
-            return len(self.content)
-        return size_and_mtime(self.source)[0] if self.source else 0
+    def __post_init__(self) -> None:
+        n = len(self.content) if self.content is not None else size_and_mtime(self.source)[0] if self.source else 0
+        object.__setattr__(self, "nbytes", n)
 
 
 def _listed(src: ByteSource, patterns: tuple[str, ...]) -> list[str]:

@@ -16,10 +16,10 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inspector.convert.engine import Progress, Report, ShardWriter, run
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool, iter_chunks
@@ -29,6 +29,9 @@ from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, rea
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
 from inspector.system.bytesource import source_at
+
+if TYPE_CHECKING:
+    from inspector.convert.kinds.safetensors import ShardWriter
 
 MERGED_KEY = "merged_adapter"
 BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
@@ -59,9 +62,16 @@ class MergedPlan:
 
 
 def build_merged_plan(
-    ckpt: Checkpoint, opts: ConvertOptions, adapter: Adapter, base: str | None = None
+    ckpt: Checkpoint,
+    opts: ConvertOptions,
+    adapter: Adapter,
+    base: str | None = None,
+    *,
+    allow_damaged: bool = False,
 ) -> MergedPlan:
-    """Plan the merged model. `base` (a folder) overrides adapter_config's base_model_name_or_path."""
+    """Plan the merged model. `base` (a folder) overrides adapter_config's base_model_name_or_path;
+    `allow_damaged` (--force) writes it from a checkpoint the scan found errors in, as every kind but
+    universal does."""
     require_mergeable(adapter)
     lora = {t.name for t in ckpt.tensors if is_lora(t.name)}
     names = {t.name for t in ckpt.tensors}
@@ -105,7 +115,8 @@ def build_merged_plan(
             )
         merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
     synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
-    plan = build_plan(synthetic, replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False))
+    opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
+    plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
     plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
     if folder is not None:
         plan = replace(plan, sources=(*plan.sources, base_source(folder)))
@@ -246,17 +257,3 @@ def merged_shards(mp: MergedPlan) -> ShardWriter:
             os.fsync(fd)
 
     return write
-
-
-def run_merged(
-    mp: MergedPlan,
-    out_dir: str,
-    *,
-    cancel: threading.Event | None = None,
-    overwrite: bool = False,
-    fsync: bool = False,
-) -> Iterator[Progress | Report]:
-    """Write the merged model through the engine: locked, journalled, resumable like every safetensors output."""
-    return run(
-        mp.plan, out_dir, cancel=cancel, overwrite=overwrite, fsync=fsync, shard_writer=merged_shards(mp)
-    )

@@ -19,14 +19,23 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
-from inspector.convert.events import Failed, Finished, Progressed, Verified, from_doc
+from inspector.convert.events import Failed, Finished, Progressed, Started, Verified, from_doc
 from inspector.convert.kinds import Job, get
 from inspector.convert.options import ConvertOptions
+from inspector.convert.order import to_json
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.tui.child import Child
 from inspector.tui.fmt import shown, size, took
-from inspector.tui.jobs import convert_args, done_text, explain_exit, failure_text, verified_text
+from inspector.tui.jobs import (
+    app_order,
+    child_args,
+    done_text,
+    explain_exit,
+    failure_text,
+    plan_mismatch,
+    verified_text,
+)
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.typed import zi
@@ -207,20 +216,10 @@ class ConvertScreen(Screen[None]):
         ckpt, plan = app.ckpt, self.plan
         assert ckpt is not None and plan is not None and self.assessment is not None
         self.show_started(plan, self.assessment.predicted_peak_rss)
-        args = convert_args(
-            ckpt.root,
-            ckpt.tag,
-            self.out_dir,
-            app.convert_options(),  # the user's options: the child plans the output kind from them again
-            overwrite=app.export.overwrite,
-            force=self.force,
-            kind=app.export.format,
-            executor=app.export.executor,
-            ray_address=app.export.ray_address,
-        )
-        self._spawn(args)
+        order = app_order(app, self.out_dir, force=self.force)  # the child plans from it, not from argv
+        self._spawn(child_args(order), to_json(order))
 
-    def _spawn(self, args: list[str]) -> None:
+    def _spawn(self, args: list[str], stdin: str | None = None) -> None:
         job = self.job
 
         def on_event(doc: dict[str, Any]) -> None:
@@ -231,7 +230,7 @@ class ConvertScreen(Screen[None]):
         def on_exit(rc: int, err: str) -> None:
             self.post_message(ChildExited(job, rc, err))
 
-        self.child = Child(args, on_event, on_exit)
+        self.child = Child(args, on_event, on_exit, stdin)
         try:
             self.child.start()
         except OSError as exc:
@@ -248,7 +247,10 @@ class ConvertScreen(Screen[None]):
     @on(ChildEvent)
     def _child_event(self, msg: ChildEvent) -> None:
         ev = msg.event
-        if isinstance(ev, Progressed):
+        if isinstance(ev, Started) and self.plan is not None and (problem := plan_mismatch(ev, self.plan)):
+            self.stop_child()  # not the job the user was shown: it does not go on
+            self._fail("The converter planned something else", problem, "Go back (b) and convert again.")
+        elif isinstance(ev, Progressed):
             self.show_progress(ev)
         elif isinstance(ev, Finished | Verified):
             self.report = ev
@@ -268,6 +270,8 @@ class ConvertScreen(Screen[None]):
             self._verify_done(msg)
             return
         zi(self).converting = False
+        if self.phase is Phase.FAILED:  # stopped by the app (a plan that is not the preview): said already
+            return
         if msg.returncode == 0 and isinstance(self.report, Finished):
             self.phase = Phase.DONE
             progress = self.query_one(ConvertProgress)

@@ -113,8 +113,7 @@ def test_a_merge_takes_the_output_folder_like_every_writer(demo: Any, tmp_path: 
     """The merged model used to write without the folder lock: a second conversion into the same folder
     would have mixed its shards in. Now it is refused while another run holds the folder, and the folder is
     free again (no lock file left) after the merge."""
-    from inspector.convert.output import LOCK
-    from inspector.convert.root import OutputRoot
+    from inspector.convert.root import LOCK, OutputRoot
     from inspector.errors import OutputError
 
     ckpt = lora_checkpoint(demo, tmp_path)
@@ -185,8 +184,11 @@ def test_a_killed_merge_resumes_from_its_journal(demo: Any, tmp_path: Path, dama
     """What a SIGKILL after some shards leaves (finished `*.partial` files and the journal listing them with
     their CRC-32): the rerun reuses the intact ones, rewrites a damaged one, and the result equals an
     undisturbed merge byte for byte."""
-    from inspector.convert.engine import Report
-    from inspector.convert.output import JOURNAL, PARTIAL, file_crc32
+    import zlib
+
+    from inspector.convert.executor import Report
+    from inspector.convert.journal import JOURNAL
+    from inspector.convert.root import PARTIAL
 
     ckpt = lora_checkpoint(demo, tmp_path)
     opts = ConvertOptions(dtype="bf16", shard_size=120)
@@ -200,8 +202,11 @@ def test_a_killed_merge_resumes_from_its_journal(demo: Any, tmp_path: Path, dama
     for name in done:
         (out / (name + PARTIAL)).write_bytes((clean / name).read_bytes())
     (out / (shards[-1] + PARTIAL)).write_bytes((clean / shards[-1]).read_bytes()[:100])
-    sums = {n: file_crc32(str(out / (n + PARTIAL))) for n in done}
-    (out / JOURNAL).write_text(json.dumps({"job": job.plan.fingerprint, "complete": done, "crc32": sums}))
+    lines = [json.dumps({"job": job.identity})]
+    for n in done:
+        raw = (out / (n + PARTIAL)).read_bytes()
+        lines.append(json.dumps({"file": n, "size": len(raw), "crc32": zlib.crc32(raw)}))
+    (out / JOURNAL).write_text("\n".join(lines) + "\n")
     if damage:
         victim = out / (done[0] + PARTIAL)
         raw = bytearray(victim.read_bytes())
@@ -224,3 +229,18 @@ def test_a_merge_with_another_base_does_not_reuse_shards(demo: Any, tmp_path: Pa
     (other_base / "model.safetensors").write_bytes((tmp_path / "base" / "model.safetensors").read_bytes())
     two = plan_export(ckpt, ConvertOptions(), merge=True, base=str(other_base))
     assert one.plan.fingerprint != two.plan.fingerprint
+
+
+def test_force_reaches_the_merge(demo: Any, tmp_path: Path) -> None:
+    """--force (Request.allow_damaged) plans a merge of a checkpoint with error findings, as every other
+    safetensors kind does; without it the merge is refused."""
+    from inspector.convert.kinds import Request, get
+    from inspector.errors import DamagedCheckpointError
+    from inspector.scan.model import Finding, Severity
+
+    ckpt = lora_checkpoint(demo, tmp_path)
+    damaged = replace(ckpt, findings=(Finding(Severity.ERROR, "test", "a damaged rank file"),))
+    with pytest.raises(DamagedCheckpointError):
+        get("merged").plan(damaged, Request(ConvertOptions()), str(tmp_path / "out"))
+    job = get("merged").plan(damaged, Request(ConvertOptions(), allow_damaged=True), str(tmp_path / "out"))
+    assert job.files

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from inspector.cli.convert import preflight_json
-from inspector.convert.engine import Report
+from inspector.convert.executor import Report
 from inspector.convert.kinds import KINDS, Job, Request, get, names, of_output, offers
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import assessment_json
@@ -147,3 +147,23 @@ def test_the_adapter_kind_says_that_renames_do_not_apply(demo: Any, tmp_path: Pa
     assert any("--rename" in n and "do not apply" in n for n in job.notes)
     _run(job)
     assert _verify(tmp_path / "o", ckpt).ok
+
+
+def test_force_reaches_every_kind_or_its_offer_says_it_never_converts_damage(demo: Any) -> None:
+    """A kind either writes a damaged checkpoint with --force (converts_damaged) or says, as a code, that it
+    is not offered for one: --force never silently fails to reach a kind."""
+    from dataclasses import replace
+
+    from inspector.convert.kinds.base import Why
+    from inspector.scan.model import Finding, Severity
+
+    ckpt = scan(str(demo(DemoSpec(stage=2, params=200_000))))
+    damaged = replace(ckpt, findings=(Finding(Severity.ERROR, "test", "a damaged rank file"),))
+    planned = []
+    for kind in KINDS:
+        if not kind.converts_damaged:
+            assert kind.offer(damaged).why is Why.DAMAGED, kind.name
+        elif kind.offer(damaged).available:
+            assert kind.plan(damaged, Request(allow_damaged=True), "/nonexistent/out").files, kind.name
+            planned.append(kind.name)
+    assert "weights" in planned

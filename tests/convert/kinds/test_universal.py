@@ -10,13 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from inspector.convert.kinds.universal.plan import iter_rel_paths, plan_universal
 from inspector.convert.reader import read_ref, read_tensor
-from inspector.convert.writers.universal import (
-    PARTIAL,
-    iter_rel_paths,
-    plan_universal,
-    write_universal,
-)
+from inspector.convert.root import PARTIAL
 from inspector.demo.writer import DemoSpec
 from inspector.errors import OutputError
 from inspector.format.records import ZeroStage
@@ -24,6 +20,8 @@ from inspector.format.torchzip import load_tree
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
 from tests.conftest import pt_save
+from tests.convert.jobs import universal as write_universal
+from tests.convert.jobs import universal_job
 
 SPECS = {
     "s1": DemoSpec(stage=1, params=200_000),
@@ -62,7 +60,7 @@ def test_every_state_is_the_rebuilt_tensor(demo: Any, tmp_path: Path, name: str)
     assert not os.path.exists(plan.out_dir + PARTIAL)
     written = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert written == set(iter_rel_paths(plan))
-    assert report.files == len(plan.files)
+    assert report.tensors == len(plan.files)
     for t in ckpt.tensors:
         folder = out / "zero" / t.name
         if t.kind is Kind.TRAINABLE:
@@ -103,19 +101,20 @@ def test_optimizer_state_keeps_what_load_universal_reads(demo: Any, tmp_path: Pa
 
 
 def as_killed(plan: Any, staging: Path) -> None:
-    """What a run killed after finishing its files leaves in the staging folder: the source stamp and one
-    journal line (name, size, CRC-32) per finished file, as the writer appends them."""
+    """What a run killed after finishing its files leaves beside the staging folder: the journal naming the
+    job, then one line (name, size, CRC-32) per finished file, as the executor appends them."""
     import json
+    import zlib
 
-    from inspector.convert.output import file_crc32
-    from inspector.convert.writers.universal import JOURNAL, SOURCE_STAMP
+    from inspector.convert.journal import JOURNAL
 
-    (staging / SOURCE_STAMP).write_text(json.dumps([list(s) for s in plan.source]))
-    with open(staging / JOURNAL, "w") as fh:
-        for rel in [*(f.rel for f in plan.files), *(n for _, n in plan.copies)]:
+    with open(staging.parent / JOURNAL, "w") as fh:
+        fh.write(json.dumps({"job": universal_job(plan).identity}) + "\n")
+        for rel in [*(f.rel for f in plan.files), *(n for _, n, _ in plan.copies)]:
             if (staging / rel).is_file():
-                size, crc = (staging / rel).stat().st_size, file_crc32(str(staging / rel))
-                fh.write(json.dumps({"file": rel, "size": size, "crc32": crc}) + "\n")
+                data = (staging / rel).read_bytes()
+                line = {"file": f"{plan.folder}/{rel}", "size": len(data), "crc32": zlib.crc32(data)}
+                fh.write(json.dumps(line) + "\n")
 
 
 def test_refuses_existing_output_and_resumes_a_killed_run(demo: Any, tmp_path: Path) -> None:
@@ -132,7 +131,7 @@ def test_refuses_existing_output_and_resumes_a_killed_run(demo: Any, tmp_path: P
     os.remove(os.path.join(plan.out_dir + PARTIAL, plan.files[0].rel))
     as_killed(plan, Path(plan.out_dir + PARTIAL))  # the staging folder of this very job, journal included
     report = write_universal(plan, overwrite=True)
-    assert report.reused == len(plan.files) - 1
+    assert report.resumed_shards == len(plan.files) + len(plan.copies) - 1  # tensor files and copies
     assert (tmp_path / "latest_universal").read_text() == plan.folder
     assert _same(_param(Path(plan.out_dir) / plan.files[0].rel), read_tensor(ckpt, plan.files[0].name))
 
@@ -210,7 +209,7 @@ def test_planning_and_reading_universal_need_no_torch_or_ui() -> None:
     import sys
 
     code = (
-        "import sys, inspector.convert.writers.universal, inspector.convert.writers.universal_verify, "
+        "import sys, inspector.convert.kinds.universal.plan, inspector.convert.kinds.universal.verify, "
         "inspector.scan.universal; print(' '.join(sys.modules))"
     )
     loaded = set(
@@ -256,7 +255,7 @@ def test_preflight_predicts_a_fresh_converter_not_this_process(
     """The universal estimate follows preflight.converter_base (the same model as the safetensors path),
     so a process that already holds a lot (the TUI) gets the CLI's answer."""
     from inspector.convert import preflight
-    from inspector.convert.writers import universal_preflight as up
+    from inspector.convert.kinds.universal import preflight as up
     from inspector.system import rss
 
     plan = plan_universal(scan(str(demo(SPECS["s3"]))), str(tmp_path))
@@ -272,9 +271,10 @@ def test_preflight_predicts_a_fresh_converter_not_this_process(
 def test_preflight_counts_only_the_buffers_the_writer_touches(demo: Any, tmp_path: Path) -> None:
     """Buffers are np.empty and live for one file: small files make only their own size resident, and only
     `workers` files are in flight (the estimate used to charge every worker a full chunk)."""
-    from inspector.convert.writers.universal import CHUNK_BYTES
-    from inspector.convert.writers.universal_preflight import buffer_bytes
+    from inspector.convert.kinds.universal.preflight import buffer_bytes
+    from inspector.convert.kinds.universal.tensors import MAX_CHUNK
 
+    CHUNK_BYTES = MAX_CHUNK * 4
     plan = plan_universal(scan(str(demo(SPECS["fp16"]))), str(tmp_path))  # files well under one chunk
     largest = sorted((min(f.nbytes, CHUNK_BYTES) for f in plan.files), reverse=True)
     assert largest[0] < CHUNK_BYTES
@@ -342,7 +342,7 @@ def test_resume_rewrites_a_finished_file_damaged_since(demo: Any, tmp_path: Path
         raw[-100] ^= 0x10
         victim.write_bytes(bytes(raw))
     report = write_universal(plan)
-    assert report.reused == len(plan.files) - 1
+    assert report.resumed_shards == len(plan.files) + len(plan.copies) - 1  # tensor files and copies
     assert (Path(plan.out_dir) / plan.files[0].rel).read_bytes() == (
         Path(clean) / f"{ckpt.tag}_uni" / plan.files[0].rel
     ).read_bytes()

@@ -1,16 +1,20 @@
 """`--format universal`: a DeepSpeed universal checkpoint in OUT/<tag>_uni plus OUT/latest_universal, for
-`load_universal` on any world size (writer: `writers.universal`; files journalled with CRC-32, resumable)."""
+`load_universal` on any world size. The one module of the kind; what it alone uses sits beside it: `plan` (the
+files, pure), `tensors` (one tensor file, streamed), `state` (the small files), `preflight`, `verify`. The
+executor runs it like every kind: journalled, resumable, split by --part, published to a bucket."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.engine import Progress, Report
+from inspector.convert.executor import FileWriter, Writing
 from inspector.convert.kinds.base import (
     Assessment,
     Job,
@@ -20,52 +24,67 @@ from inspector.convert.kinds.base import (
     Request,
     VerifyProgress,
     VerifyResult,
+    Why,
 )
-from inspector.convert.root import Destination
-from inspector.convert.writers.universal import (
+from inspector.convert.kinds.universal.plan import (
+    LATEST,
     UniversalPlan,
     iter_rel_paths,
     plan_universal,
     prepare,
-    write_universal,
 )
-from inspector.convert.writers.universal_preflight import assess_universal
-from inspector.errors import DamagedCheckpointError
+from inspector.convert.root import OutputRoot
+from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.scan.model import Checkpoint, Kind
-from inspector.system.limits import MemoryBudget
+from inspector.system.bytesource import ByteSource, is_url, source_at
+from inspector.system.limits import MemoryBudget, usable_cores
 
 ADAM = {"exp_avg", "exp_avg_sq"}
-_EVENT_INTERVAL = 0.25
+
+
+def default_workers() -> int:
+    """Files written at once: every usable core (their chunk buffers share one budget, whatever the count)."""
+    return usable_cores()
 
 
 @dataclass
 class UniversalJob(Job):
+    """The tensor files and the model-states copies are streamed by the executor into `<tag>_uni.partial/`
+    (journalled, split by --part, reused by a rerun), `workers` at once; the small files are written again by
+    every finishing run; `latest_universal` goes last, once the folder is in place."""
+
     kind: str
     out_dir: str
     plan: UniversalPlan
     stage3_rank0_optim: int = 0
     notes: tuple[str, ...] = ()
+    workers: int = 1
     uses_selection: bool = False  # the whole checkpoint: selection, dtype, shards and renames do not apply
     keeps_on_cancel: bool = True  # finished files stay in <tag>_uni.partial/ for a rerun
 
+    def __post_init__(self) -> None:
+        self.folder = self.plan.folder
+        sizes = self.plan.planned_sizes()
+        self._files = tuple(
+            PlannedFile(f"{self.folder}/{rel}", sizes.get(rel, 0), exact=False)
+            for rel in iter_rel_paths(self.plan)
+        )
+        tensors = tuple(
+            PlannedFile(f"{self.folder}/{f.rel}", sizes[f.rel], exact=False) for f in self.plan.files
+        )
+        copies = tuple(PlannedFile(f"{self.folder}/{name}", size) for _, name, size in self.plan.copies)
+        self._streamed = tensors + copies
+
     @property
     def files(self) -> tuple[PlannedFile, ...]:
-        sizes = self.plan.planned_sizes()
-        return tuple(
-            PlannedFile(f"{self.plan.folder}/{rel}", sizes.get(rel, 0)) for rel in iter_rel_paths(self.plan)
-        )
+        return self._files
 
     @property
-    def files_at_once(self) -> int:  # type: ignore[override]
-        from inspector.convert.writers.universal import default_workers
-
-        return default_workers()
+    def streamed(self) -> tuple[PlannedFile, ...]:
+        return self._streamed
 
     @property
     def identity(self) -> str:
-        import hashlib
-        import json
-
         doc = [self.plan.folder, [list(s) for s in self.plan.source], super().identity]
         return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
 
@@ -85,11 +104,47 @@ class UniversalJob(Job):
     def check_output(self, overwrite: bool) -> None:
         prepare(self.plan, overwrite)
 
+    def leftovers(self, overwrite: bool) -> list[str]:
+        prepare(self.plan, overwrite)  # again, now that no one else writes here
+        return []
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[FileWriter]:
+        from inspector.convert.kinds.universal.tensors import Buffers, chunk_elems, write_tensor
+        from inspector.convert.reader import FilePool
+
+        plan, tensors = self.plan, len(self.plan.files)
+        chunk, buffers = chunk_elems(self.workers), Buffers()  # one budget, shared by the workers
+        with FilePool(*plan.sources) as pool:
+
+            def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
+                if index < tensors:
+                    write_tensor(pool, plan.files[index], root, rel, w, chunk, buffers)
+                    return
+                src, _, _ = plan.copies[index - tensors]
+                w.progress(root.copy_in(_source_of(plan, src), src, rel, fsync=w.fsync), "")
+
+            yield write
+
+    def before(self, root: OutputRoot, area: str, fsync: bool) -> tuple[tuple[str, int], ...]:
+        """`zero/optimizer_state.pt` and the step files: small, written again by every finishing run, so a
+        resumed export never trusts one a kill may have damaged."""
+        from inspector.convert.kinds.universal.state import write_small
+
+        return write_small(self.plan, root, area, fsync)
+
+    def after(self, root: OutputRoot, fsync: bool) -> tuple[tuple[str, int], ...]:
+        return ((LATEST, root.write_atomic(LATEST, self.plan.folder.encode(), fsync=fsync)),)
+
     def assess(self, budget: MemoryBudget | None = None, free_disk: int | None = None) -> Assessment:
-        return assess_universal(self.plan, budget, free_disk, stage3_rank0_optim=self.stage3_rank0_optim)
+        from inspector.convert.kinds.universal.preflight import assess_universal
+
+        return assess_universal(
+            self.plan, budget, free_disk, workers=self.workers, stage3_rank0_optim=self.stage3_rank0_optim
+        )
 
     def comparisons(self, verdict: Assessment) -> tuple[tuple[str, int, str], ...]:
-        from inspector.convert.writers.universal_preflight import deepspeed_peak_disk
+        from inspector.convert.kinds.universal.preflight import deepspeed_peak_disk
 
         disk = deepspeed_peak_disk(self.plan, self.stage3_rank0_optim)
         return (("ds_to_universal", disk, "DeepSpeed's own tool peaks near this on disk"),)
@@ -98,7 +153,7 @@ class UniversalJob(Job):
         return "fp32 masters, both Adam moments and the model-states files"
 
     def preflight_json(self) -> dict[str, Any]:
-        from inspector.convert.writers.universal_preflight import deepspeed_peak_disk
+        from inspector.convert.kinds.universal.preflight import deepspeed_peak_disk
 
         return {
             "deepspeed_ds_to_universal_peak_disk_bytes": deepspeed_peak_disk(
@@ -106,95 +161,29 @@ class UniversalJob(Job):
             )
         }
 
-    def run(
-        self,
-        *,
-        cancel: threading.Event | None = None,
-        overwrite: bool = False,
-        fsync: bool = False,
-        part: tuple[int, int] | None = None,
-        dest: Destination | None = None,
-    ) -> Iterator[Progress | Report]:
-        """The writer works on its own threads; this turns its byte count into Progress events. An interrupt
-        (Ctrl-C, SIGTERM) cancels it and waits for it to release OUT: finished files stay for a rerun."""
-        cancel = cancel or threading.Event()
-        if part is None:
-            total = self.plan.total_bytes
-        else:  # a part writes only its share of the tensor files
-            from inspector.convert.writers.universal import file_part
-
-            total = sum(self.plan.files[k].nbytes for k in file_part(self.plan, part))
-        done = [0]
-        lock = threading.Lock()
-        result: list[Any] = []
-        error: list[BaseException] = []
-        finished = threading.Event()
-
-        def progress(n: int) -> None:
-            with lock:
-                done[0] += n
-
-        def work() -> None:
-            try:
-                result.append(
-                    write_universal(
-                        self.plan,
-                        overwrite=overwrite,
-                        cancel=cancel,
-                        progress=progress,
-                        part=part,
-                        fsync=fsync,
-                        dest=dest,
-                    )
-                )
-            except BaseException as exc:
-                error.append(exc)
-            finally:
-                finished.set()
-
-        start = time.monotonic()
-        threading.Thread(target=work, name="zi-universal", daemon=True).start()
-        name = self.plan.folder
-        try:
-            # an Event, not join(timeout): a join interrupted by a signal may return while the thread runs
-            while not finished.wait(_EVENT_INTERVAL):
-                yield Progress(min(done[0], total), total, "", name, 0, 1, time.monotonic() - start)
-        except BaseException:  # interrupted, or the consumer closed us: stop the writer before going on
-            cancel.set()
-            finished.wait()
-            raise
-        if error:
-            raise error[0]
-        report = result[0]
-        elapsed = time.monotonic() - start
-        yield Progress(total, total, "", name, 0, 1, elapsed)
-        yield Report(
-            report.out_dir,  # a part's files stay in <tag>_uni.partial until the finishing run
-            ((os.path.basename(report.out_dir), report.bytes_written),),
-            report.files if part else self.tensor_count,
-            report.bytes_written,
-            elapsed,
-            report.reused,
-        )
-
     def cancelled_words(self) -> str:
         return f"the files finished so far are kept in {self.plan.out_dir}.partial; rerun the same command to resume"
 
-    def finished_words(self, report: Report) -> str:
+    def finished_words(self, report: Any) -> str:
         return (
-            f"{self.plan.out_dir} and {os.path.join(self.plan.out_root, 'latest_universal')} written. Resume with "
+            f"{self.plan.out_dir} and {os.path.join(self.plan.out_root, LATEST)} written. Resume with "
             f'DeepSpeed: "checkpoint": {{"load_universal": true}} and engine.load_checkpoint({self.plan.out_root!r}).'
         )
 
 
+def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
+    """The checkpoint folder a model-states file is read through (the input boundary opens it)."""
+    for src in plan.sources:
+        if src.contains(path):
+            return src
+    return source_at(os.path.dirname(path if is_url(path) else os.path.abspath(path)))
+
+
 class Universal(OutputKind):
     uses_selection = False
+    converts_damaged = False  # a universal checkpoint from a damaged source would resume wrong: never forced
     name = "universal"
     label = "DeepSpeed universal checkpoint (resume on any world size)"
-    help = (
-        "a DeepSpeed universal checkpoint in OUT/<tag>_uni plus OUT/latest_universal: resume on any world size "
-        "with load_universal; OUT may be the checkpoint root"
-    )
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
@@ -202,39 +191,37 @@ class Universal(OutputKind):
         words (not as "not an Adam-family optimizer")."""
         if ckpt.parallel is not None:  # DeepSpeed needs per-layout metadata this writer does not make yet
             return self._unavailable(
+                Why.LAYOUT,
                 f"a {ckpt.parallel.kind}-parallel checkpoint: writing a universal checkpoint "
                 "from this layout is not supported yet (export the weights instead)"
             )
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
-            return self._unavailable("no ZeRO optimizer files (already universal, or weights only)")
+            return self._unavailable(
+                Why.NO_OPTIMIZER, "no ZeRO optimizer files (already universal, or weights only)"
+            )
         if ckpt.errors:
-            return self._unavailable("the checkpoint has error findings")
+            return self._unavailable(
+                Why.DAMAGED,
+                "the checkpoint has error findings (a damaged checkpoint is never converted to it)",
+            )
         trainable = [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
         if trainable and all(not t.moments for t in trainable):
             return self._unavailable(
-                "saved before the first optimizer step: the optimizer has no exp_avg / exp_avg_sq yet"
+                Why.BEFORE_FIRST_STEP,
+                "saved before the first optimizer step: the optimizer has no exp_avg / exp_avg_sq yet",
             )
         if any({m for m, _ in t.moments} != ADAM for t in trainable):
-            return self._unavailable("not an Adam-family optimizer (no exp_avg / exp_avg_sq)")
+            return self._unavailable(Why.NOT_ADAM, "not an Adam-family optimizer (no exp_avg / exp_avg_sq)")
         return self._available()
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> UniversalJob:
-        if ckpt.errors and not request.allow_damaged:
-            raise DamagedCheckpointError(
-                f"{ckpt.tag_dir} has {len(ckpt.errors)} error finding(s); see `zero-inspector scan`.",
-                hint="A universal checkpoint from a damaged source would resume wrong.",
-            )
         offer = self.offer(ckpt)
-        if not offer.available and ckpt.parallel is not None:
-            from inspector.errors import UnsupportedCheckpointError
-
+        if offer.why is Why.LAYOUT:
             raise UnsupportedCheckpointError(
                 f"{ckpt.tag_dir} is {offer.reason}.",
                 hint="Export the weights (--format weights or model); they are exact for this layout.",
             )
-        if not offer.available and "first optimizer step" in offer.reason:
-            from inspector.errors import UnsupportedCheckpointError
-
+        if offer.why is Why.BEFORE_FIRST_STEP:
             raise UnsupportedCheckpointError(
                 f"{ckpt.tag_dir} was {offer.reason}.",
                 hint="Save a checkpoint after at least one optimizer step, or export the weights (--format model).",
@@ -245,7 +232,8 @@ class Universal(OutputKind):
             "The whole checkpoint (fp32 masters, both Adam moments, the step); selection, dtype, shard size "
             "and renames do not apply.",
         )
-        return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes)
+        workers = request.options.workers or default_workers()  # --workers: files written at once
+        return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers)
 
     def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
         """OUT may hold anything (the checkpoint root, say): only <tag>_uni must not exist yet."""
@@ -273,9 +261,15 @@ class Universal(OutputKind):
         against: str | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
-        from inspector.convert.writers.universal_verify import verify_universal
+        from inspector.convert.kinds.universal.verify import verify_universal
         from inspector.scan.universal import scan_universal
 
+        if against is not None:
+            raise InspectorError(
+                "--against applies to safetensors outputs; a universal checkpoint is checked against the fp32 "
+                "masters and both Adam moments.",
+                title="Invalid option",
+            )
         folder = self._folder(out_dir)
         assert folder is not None
-        return verify_universal(ckpt, scan_universal(folder))
+        return verify_universal(ckpt, scan_universal(folder), cancel=cancel)

@@ -19,15 +19,18 @@ from inspector.format.torchzip import TensorRef, load_tree
 from inspector.system.bytesource import open_handle_in
 
 if TYPE_CHECKING:
+    from inspector.convert.kinds.universal.plan import UniversalPlan
     from inspector.convert.root import OutputRoot
-    from inspector.convert.writers.universal import UniversalPlan
 
 # what the stage-1/2 optimizer_state.pt leaves out (ds_to_universal does the same): sharded state
 _SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
 
 
-def write_small(plan: UniversalPlan, root: OutputRoot, staging: str, fsync: bool = False) -> None:
-    """`zero/optimizer_state.pt` and the stage-1/2 `step.pt` files, from rank 0's optimizer state."""
+def write_small(
+    plan: UniversalPlan, root: OutputRoot, staging: str, fsync: bool = False
+) -> tuple[tuple[str, int], ...]:
+    """`zero/optimizer_state.pt` and the stage-1/2 `step.pt` files, from rank 0's optimizer state, into the
+    folder `staging`; returns each one's name in the output folder and size."""
     from inspector.format import ptwriter as pw
 
     tree = load_tree(plan.optim_file, plan.sources[0] if plan.sources else None)
@@ -51,9 +54,9 @@ def write_small(plan: UniversalPlan, root: OutputRoot, staging: str, fsync: bool
         out["param_groups"] = base.get("param_groups", [])
     # small: written again on every run, so a resumed export never trusts one a kill may have damaged
     obj = to_pickle(out, pw)
-    root.write_with(
-        f"{staging}/zero/optimizer_state.pt", lambda fh: pw.dump(obj, fh, "optimizer_state"), fsync=fsync
-    )
+    rel = "zero/optimizer_state.pt"
+    size = root.write_with(f"{staging}/{rel}", lambda fh: pw.dump(obj, fh, "optimizer_state"), fsync=fsync)
+    written = [(f"{plan.folder}/{rel}", size)]
     if plan.step_params:
         base = osd.get("base_optimizer_state") or {}
         groups = base.get("param_groups") or []
@@ -63,11 +66,12 @@ def write_small(plan: UniversalPlan, root: OutputRoot, staging: str, fsync: bool
             step = (state.get(key) or {}).get("step")
             if step is None:
                 continue
-            root.write_with(
-                f"{staging}/zero/{name}/step.pt",
-                partial(pw.dump, to_pickle(step, pw), archive="step"),
-                fsync=fsync,
+            rel = f"zero/{name}/step.pt"
+            size = root.write_with(
+                f"{staging}/{rel}", partial(pw.dump, to_pickle(step, pw), archive="step"), fsync=fsync
             )
+            written.append((f"{plan.folder}/{rel}", size))
+    return tuple(written)
 
 
 def to_pickle(obj: Any, pw: Any) -> Any:

@@ -4,6 +4,8 @@ its stage-3 `optimizer_state.pt` carries rank 0's whole flat optimizer state).""
 
 from __future__ import annotations
 
+from inspector.convert.kinds.universal.plan import UniFile, UniversalPlan
+from inspector.convert.kinds.universal.tensors import chunk_elems
 from inspector.convert.preflight import (
     RUNTIME_OVERHEAD,
     SAFETY_FRACTION,
@@ -12,8 +14,6 @@ from inspector.convert.preflight import (
     converter_base,
     read_seconds,
 )
-from inspector.convert.writers.universal import CHUNK_BYTES, UniFile, UniversalPlan, default_workers
-from inspector.system.bytesource import size_and_mtime
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 
 # calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second
@@ -45,13 +45,13 @@ def assess_universal(
     metadata, the chunk buffers of the files in flight, and the same runtime allowance."""
     out = plan.total_bytes
     read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
-    read += sum(size_and_mtime(src)[0] for src, _ in plan.copies)
+    read += sum(size for _, _, size in plan.copies)
     base, vms = converter_base(
         segments=sum(len(f.segments) for f in plan.files),
         tensors=len({f.name for f in plan.files}),
         files=len(plan.source),
     )
-    n = workers or default_workers()
+    n = workers or 1
     peak = base + buffer_bytes(plan, n) + RUNTIME_OVERHEAD + UNIVERSAL_RUNTIME
     vms_peak = vms + buffer_bytes(plan, n) + RUNTIME_OVERHEAD + UNIVERSAL_RUNTIME + (n + 1) * THREAD_STACK
     budget = budget or detect_memory_limits()
@@ -76,17 +76,18 @@ def assess_universal(
 
 
 def buffer_bytes(plan: UniversalPlan, workers: int) -> int:
-    """Resident chunk buffers at their peak: each worker streams one file at a time, and its buffers live
-    only as long as that file, so at most the `workers` largest per-file needs are resident together."""
-    needs = sorted((_file_buffers(f) for f in plan.files), reverse=True)
+    """Resident chunk buffers at their peak: each worker streams one file at a time with a share of the one
+    budget (`tensors.chunk_elems`), and its buffers live only as long as that file, so at most the `workers`
+    largest per-file needs are resident together, never more than the budget."""
+    chunk = chunk_elems(workers)
+    needs = sorted((_file_buffers(f, chunk) for f in plan.files), reverse=True)
     return sum(needs[:workers])
 
 
-def _file_buffers(f: UniFile) -> int:
-    """What `universal._producer` touches for `f`: an fp32 chunk buffer and, for a 16-bit source, a uint16
-    staging buffer plus `_widen`'s uint32 temporary. They are `np.empty`, so a file smaller than a chunk
-    makes only its own size resident, not CHUNK_BYTES."""
-    n = min(f.nbytes, CHUNK_BYTES)  # fp32 bytes of the largest chunk
+def _file_buffers(f: UniFile, chunk: int) -> int:
+    """What `tensors._producer` touches for `f`: the worker's fp32 chunk buffer and, for a 16-bit source, its
+    uint16 staging buffer (widened in place); a file smaller than a chunk touches only its own size."""
+    n = min(f.nbytes, chunk * 4)  # fp32 bytes of the largest chunk
     if f.source_dtype != "float32":
-        n += n // 2 + n
+        n += n // 2
     return n

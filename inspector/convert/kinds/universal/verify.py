@@ -7,13 +7,14 @@ Works on ours and on DeepSpeed's `ds_to_universal` output (which is how its roun
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inspector.convert.verify import VerifyProgress, VerifyResult
-from inspector.errors import InspectorError
+from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, Segment
 from inspector.system.bytesource import ByteSource
@@ -24,8 +25,11 @@ if TYPE_CHECKING:
 CHUNK_ELEMS = 1 << 20
 
 
-def verify_universal(src: Checkpoint, uni: Checkpoint) -> Iterator[VerifyProgress | VerifyResult]:
-    """Yield progress, then the result. `uni` is `scan_universal` of the output folder."""
+def verify_universal(
+    src: Checkpoint, uni: Checkpoint, cancel: threading.Event | None = None
+) -> Iterator[VerifyProgress | VerifyResult]:
+    """Yield progress, then the result. `uni` is `scan_universal` of the output folder; `cancel` stops it
+    between chunks (CancelledError)."""
     res = VerifyResult()
     jobs: list[tuple[str, tuple[Segment, ...], tuple[Segment, ...]]] = []
     have = {t.name: t for t in uni.tensors}
@@ -60,6 +64,8 @@ def verify_universal(src: Checkpoint, uni: Checkpoint) -> Iterator[VerifyProgres
         for label, a, b in jobs:
             same = True
             for x, y in zip(_chunks(pool, a), _chunks(pool, b), strict=True):
+                if cancel is not None and cancel.is_set():
+                    raise CancelledError("Verification cancelled.")
                 same = same and np.array_equal(x.view(np.uint32), y.view(np.uint32))
                 done += x.nbytes
             yield VerifyProgress(done, total, label)

@@ -1,0 +1,50 @@
+"""`zero-inspector open CKPT --source module` exports exactly what `convert --source module` writes: the app
+hands its child the order it previewed, so no option is lost on the way (the flattened argv dropped --source)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inspector.cli.main import build_parser
+from inspector.tui.app import LaunchOptions, make_app
+from tests.tui.conftest import converted, scanned
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder)) if not n.startswith(".")}
+
+
+def _launch(monkeypatch: pytest.MonkeyPatch, *argv: str) -> LaunchOptions:
+    """What `zero-inspector open ...` hands the app (the terminal run itself is left out)."""
+    seen: list[LaunchOptions] = []
+    monkeypatch.setattr("inspector.tui.app.run_app", lambda launch: seen.append(launch) or 0)
+    args = build_parser().parse_args(["open", *argv])
+    assert args.func(args) == 0
+    return seen[0]
+
+
+@pytest.mark.asyncio
+async def test_open_with_source_module_exports_what_convert_writes(
+    small_demo: Path, tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    by_app = tmp_path / "app"
+    app = make_app(_launch(monkeypatch, str(small_demo), "--source", "module", "--out", str(by_app)), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        fmt = app.export.format or "model"
+        assert await converted(pilot) == "done"
+    by_cli, masters = tmp_path / "cli", tmp_path / "masters"
+    assert cli("convert", small_demo, by_cli, "--format", fmt, "--source", "module").rc == 0
+    assert cli("convert", small_demo, masters, "--format", fmt).rc == 0
+    assert _files(by_app) == _files(by_cli)
+    assert _files(by_app) != _files(masters)  # the source reached the child (its header says module)
+
+
+@pytest.mark.parametrize("flag", [["--adapter"], ["--merge-adapter"], ["--weights-only"], ["--base", "/b"]])
+def test_open_refuses_the_flags_it_cannot_apply(small_demo: Path, flag: list[str], cli: Any) -> None:
+    res = cli("open", small_demo, *flag)
+    assert res.rc != 0 and "does not take" in res.output and "Traceback" not in res.output
