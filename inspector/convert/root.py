@@ -89,7 +89,8 @@ def lock_holder(out_dir: str) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return None if holder == str(os.getpid()) else holder  # this run's own lock, taken meanwhile
     except OSError:
         return None
     finally:

@@ -72,5 +72,7 @@ def test_memory_does_not_grow_with_the_workers(planted: Path) -> None:
         outs[w] = json.dumps(doc, sort_keys=True)
     assert outs[2] == outs[16] == outs[64]
     assert all(p <= 128 * MiB for p in peaks.values()), peaks
-    assert peaks[64] <= peaks[16] + 8 * MiB, peaks
+    # 64 asked run as the same threads as 16: equal but for allocator timing, which under a loaded machine
+    # was measured at up to 11 MiB (79 / 96 / 107 MiB for 2 / 16 / 64 in one full-suite run, equal alone)
+    assert peaks[64] <= peaks[16] + 16 * MiB, peaks
     assert peaks[16] <= peaks[2] + SCRATCH_BUDGET, peaks

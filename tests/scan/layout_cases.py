@@ -14,11 +14,11 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import load_file
 
-from inspector.convert.engine import run
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.convert.verify import VerifyResult, run_verify
 from inspector.scan.model import Checkpoint
+from tests.convert.jobs import run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}

@@ -21,9 +21,10 @@ from inspector.system.malloc import cap_malloc_arenas
 cap_malloc_arenas()  # as the CLI does, before any thread
 from inspector.convert.executor import execute
 from inspector.convert.kinds import Request, get
+from inspector.convert.options import ConvertOptions
 from inspector.scan.scanner import scan
 ckpt, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
-report = execute(get("universal").plan(scan(ckpt), Request(workers=workers), out))
+report = execute(get("universal").plan(scan(ckpt), Request(ConvertOptions(workers=workers)), out))
 status = open("/proc/self/status").read().split("VmHWM:")[1]
 print(report.tensors, int(status.split()[0]) * 1024)
 """
