@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 import inspector.tui.screens.tensor_stats as tensors_screen  # where the statistics job draws its lines
 from inspector.convert.options import ConvertOptions
+from inspector.health.numerics import MEAN_SPAN, STD_REL
 from inspector.health.tensor import Difference, TensorStats
 from inspector.tui.app import make_app
 from inspector.tui.screens.convert import ConvertScreen
@@ -157,8 +158,10 @@ def test_statistics_equal_torch_on_deepspeeds_reconstruction(
     assert st.numel == x.numel()  # no padding read as values
     assert st.minimum == finite.min().item() and st.maximum == finite.max().item()
     assert st.absmax == finite.abs().max().item()
-    assert math.isclose(st.mean, finite.mean().item(), rel_tol=1e-9, abs_tol=1e-12)
-    assert math.isclose(st.std, finite.std(unbiased=False).item(), rel_tol=1e-9)
+    # the one statistics engine's stated bounds (health/numerics.py), which `health` is held to as well
+    span = st.maximum - st.minimum
+    assert abs(st.mean - finite.mean().item()) <= MEAN_SPAN * span
+    assert math.isclose(st.std, finite.std(unbiased=False).item(), rel_tol=STD_REL)
     assert st.zeros == int((x == 0).sum())
     assert st.nans == int(torch.isnan(x).sum()) and st.infs == int(torch.isinf(x).sum())
     assert sum(st.histogram) == finite.numel()
