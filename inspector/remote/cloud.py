@@ -173,7 +173,7 @@ class CloudBackend:
         except InspectorError:
             raise
         except Exception as exc:  # the body broke off after the headers: the caller fetches the range again
-            if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+            if _timed_out(str(exc)):
                 raise self.error(exc, url) from None  # past the deadline: not retried into a multiple of it
             return err.broken_off(url, self.where)
         if pos != n:
@@ -200,7 +200,7 @@ class CloudBackend:
                 f"The credentials in use may not read this {_kind(self.scheme)}: check them and its access "
                 "policy; we need to list and read objects.",
             )
-        if "timed out" in text or "timeout" in text:
+        if _timed_out(text):
             return err.timed_out(url, "the store did not answer in full", deadline(), DEADLINE[0])
         if isinstance(exc, ValueError | ox.UnknownConfigurationKeyError):
             return err.misconfigured(url, _HINTS[self.scheme])
@@ -216,6 +216,14 @@ class CloudBackend:
         if "containernotfound" in text or ("bucket" in text and "not found" in text):
             return err.no_bucket(url, self.where, f"Check the {_kind(self.scheme)} name and the endpoint.")
         return err.client_failed(url, type(exc).__name__, self._check())
+
+
+def _timed_out(text: str) -> bool:
+    """Whether obstore's message says a bound ran out. Every retried error names its `retry_timeout`
+    setting ("max_retries: 10, retry_timeout: 120s"), which says nothing of why it failed: a refused
+    connection or a missing container is not a timeout."""
+    text = text.lower().replace("retry_timeout", "")
+    return "timed out" in text or "timeout" in text
 
 
 def _bare(etag: str) -> str:
