@@ -5,6 +5,7 @@ expected values make_tp.py records are its merge), and zero_to_fp32, which fails
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,21 +39,29 @@ def made(interop_cache: Path) -> dict[str, Path]:
         work = interop_cache / f"layout-{name}-{_sha((FIXTURES / script).read_bytes(), *opts)}"
         with _heavy_lock(interop_cache):
             if not (work / "expected.npz").exists():
-                torchrun = str(Path(sys.executable).with_name("torchrun"))
-                cmd = [
-                    torchrun,
-                    "--nproc_per_node",
-                    str(ranks),
-                    "--master_addr",
-                    "127.0.0.1",
-                    "--master_port",
-                    str(_free_port()),
-                    str(FIXTURES / script),
-                    str(work),
-                    *opts,
-                ]
-                work.mkdir(parents=True, exist_ok=True)
-                _run_logged(cmd, work.parent / f"{work.name}.log", f"torchrun build of {name}")
+                for attempt in (1, 2):  # a gloo rank on the CPU can abort at teardown ("terminate called
+                    # without an active exception", exit -6) after its work: once in one clean-clone CI run, not in the one before
+                    shutil.rmtree(work, ignore_errors=True)
+                    work.mkdir(parents=True, exist_ok=True)
+                    torchrun = str(Path(sys.executable).with_name("torchrun"))
+                    cmd = [
+                        torchrun,
+                        "--nproc_per_node",
+                        str(ranks),
+                        "--master_addr",
+                        "127.0.0.1",
+                        "--master_port",
+                        str(_free_port()),
+                        str(FIXTURES / script),
+                        str(work),
+                        *opts,
+                    ]
+                    try:
+                        _run_logged(cmd, work.parent / f"{work.name}.log", f"torchrun build of {name}")
+                        break
+                    except RuntimeError:
+                        if attempt == 2:
+                            raise
         out[name] = work
     return out
 
