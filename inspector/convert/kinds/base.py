@@ -54,6 +54,7 @@ class Why(Enum):
     NO_ADAPTER_CONFIG = "no-adapter-config"
     ADAPTER_PROBLEM = "adapter-problem"
     LAYOUT = "layout"  # a parallel layout (pipeline, expert, tensor) this kind cannot write from yet
+    NOT_RESUMABLE = "not-resumable"  # DeepSpeed cannot resume it from this layout (native MoE, ZeRO off)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,19 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
     return source_at(os.path.dirname(path if is_url(path) else os.path.abspath(path)))
 
 
+def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
+    """Pipeline (ZeRO 1/2) and tensor-parallel checkpoints are written like any other, with their layout's
+    metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint is refused."""
+    from inspector.convert.kinds.universal.layouts import MOE_REASON, ZERO_OFF_REASON
+
+    assert ckpt.parallel is not None
+    if ckpt.parallel.kind == "expert":
+        return Why.NOT_RESUMABLE, MOE_REASON
+    if ckpt.stage == 0:
+        return Why.NOT_RESUMABLE, f"a {ckpt.parallel.kind}-parallel checkpoint with {ZERO_OFF_REASON}"
+    return None
+
+
 class Universal(OutputKind):
     uses_selection = False
     converts_damaged = False  # a universal checkpoint from a damaged source would resume wrong: never forced
@@ -189,12 +202,8 @@ class Universal(OutputKind):
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
         checkpoint saved before its first optimizer step has an Adam with no moments yet: refused, in those
         words (not as "not an Adam-family optimizer")."""
-        if ckpt.parallel is not None:  # DeepSpeed needs per-layout metadata this writer does not make yet
-            return self._unavailable(
-                Why.LAYOUT,
-                f"a {ckpt.parallel.kind}-parallel checkpoint: writing a universal checkpoint "
-                "from this layout is not supported yet (export the weights instead)"
-            )
+        if ckpt.parallel is not None and (why := _layout_refusal(ckpt)) is not None:
+            return self._unavailable(*why)
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
             return self._unavailable(
                 Why.NO_OPTIMIZER, "no ZeRO optimizer files (already universal, or weights only)"
@@ -216,7 +225,7 @@ class Universal(OutputKind):
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> UniversalJob:
         offer = self.offer(ckpt)
-        if offer.why is Why.LAYOUT:
+        if offer.why in (Why.LAYOUT, Why.NOT_RESUMABLE):
             raise UnsupportedCheckpointError(
                 f"{ckpt.tag_dir} is {offer.reason}.",
                 hint="Export the weights (--format weights or model); they are exact for this layout.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.errors import DamagedCheckpointError, OutputError, UnsupportedCheckpointError
 from inspector.scan.model import Checkpoint, Kind, Segment
@@ -37,6 +38,7 @@ class UniFile:
     shape: tuple[int, ...]
     source_dtype: str
     segments: tuple[Segment, ...]
+    meta: tuple[tuple[str, Any], ...] = (("cat_dim", 0),)  # the keys beside `param` (layouts.py)
 
     @property
     def nbytes(self) -> int:
@@ -59,6 +61,8 @@ class UniversalPlan:
     optim_file: str  # rank 0's optimizer file: global state, hyperparameters and steps
     source: tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) of every source file
     sources: tuple[ByteSource, ...] = ()  # the folders (or prefixes) the source files are read through
+    # per step_params entry: the optimizer file holding that parameter (a pipeline stage's, not rank 0's)
+    step_files: tuple[str, ...] = ()
 
     @property
     def out_dir(self) -> str:
@@ -99,8 +103,13 @@ def plan_universal(ckpt: Checkpoint, out_root: str, folder: str | None = None) -
             hint="A universal checkpoint written from a damaged source would resume wrong; --force does not "
             "apply to --format universal.",
         )
+    from inspector.convert.kinds.universal.layouts import tp_metadata
+
+    meta = tp_metadata(ckpt)
     files: list[UniFile] = []
     steps: list[tuple[str, int]] = []
+    step_files: list[str] = []
+    optim0 = ckpt.ranks[0].optim_file if ckpt.ranks else None
     for t in ckpt.tensors:
         if t.kind is Kind.TRAINABLE:
             moments = dict(t.moments)
@@ -110,12 +119,12 @@ def plan_universal(ckpt: Checkpoint, out_root: str, folder: str | None = None) -
                     hint="Universal checkpoints are written for Adam-family optimizers only.",
                 )
             for state, segs in (("fp32", t.segments), *((m, moments[m]) for m in STATES[1:])):
-                files.append(_file(t.name, state, t.shape, segs))
+                files.append(_file(t.name, state, t.shape, segs, meta.get(t.name)))
             if ckpt.stage < 3:
                 steps.append((t.name, t.group or 0))
+                step_files.append(t.segments[0].file if t.segments else optim0 or "")
         elif t.kind is Kind.FROZEN:
-            files.append(_file(t.name, "fp32", t.shape, t.segments))
-    optim0 = ckpt.ranks[0].optim_file if ckpt.ranks else None
+            files.append(_file(t.name, "fp32", t.shape, t.segments, meta.get(t.name)))
     if optim0 is None:
         raise DamagedCheckpointError(f"{ckpt.tag_dir}: the rank-0 optimizer file is missing.")
     copies = tuple((f.path, os.path.basename(f.path), f.size) for f in ckpt.files if f.role == "model")
@@ -129,14 +138,23 @@ def plan_universal(ckpt: Checkpoint, out_root: str, folder: str | None = None) -
         optim_file=optim0,
         source=tuple((f.path, f.size, f.mtime_ns) for f in ckpt.files),
         sources=(ckpt.source,),
+        step_files=tuple(step_files),
     )
 
 
-def _file(name: str, state: str, shape: tuple[int, ...], segs: tuple[Segment, ...]) -> UniFile:
+def _file(
+    name: str,
+    state: str,
+    shape: tuple[int, ...],
+    segs: tuple[Segment, ...],
+    meta: tuple[tuple[str, Any], ...] | None = None,
+) -> UniFile:
     dtype = segs[0].dtype if segs else "float32"
     if dtype not in ("float32", "bfloat16", "float16"):
         raise UnsupportedCheckpointError(f"{name}: {state} is stored as {dtype}; expected a float dtype.")
-    return UniFile(f"zero/{name}/{state}.pt", name, state, shape, dtype, segs)
+    if meta is None:
+        return UniFile(f"zero/{name}/{state}.pt", name, state, shape, dtype, segs)
+    return UniFile(f"zero/{name}/{state}.pt", name, state, shape, dtype, segs, meta)
 
 
 def prepare(plan: UniversalPlan, overwrite: bool) -> None:

@@ -57,21 +57,51 @@ def write_small(
     rel = "zero/optimizer_state.pt"
     size = root.write_with(f"{staging}/{rel}", lambda fh: pw.dump(obj, fh, "optimizer_state"), fsync=fsync)
     written = [(f"{plan.folder}/{rel}", size)]
-    if plan.step_params:
-        base = osd.get("base_optimizer_state") or {}
-        groups = base.get("param_groups") or []
-        state = base.get("state") or {}
-        for name, g in plan.step_params:
-            key = groups[g]["params"][0] if g < len(groups) and groups[g].get("params") else g
-            step = (state.get(key) or {}).get("step")
-            if step is None:
-                continue
-            rel = f"zero/{name}/step.pt"
-            size = root.write_with(
-                f"{staging}/{rel}", partial(pw.dump, to_pickle(step, pw), archive="step"), fsync=fsync
-            )
-            written.append((f"{plan.folder}/{rel}", size))
+    steps = _steps(plan, osd)
+    for name, _ in plan.step_params:
+        step = steps.get(name)
+        if step is None:
+            continue
+        rel = f"zero/{name}/step.pt"
+        size = root.write_with(
+            f"{staging}/{rel}", partial(pw.dump, to_pickle(step, pw), archive="step"), fsync=fsync
+        )
+        written.append((f"{plan.folder}/{rel}", size))
     return tuple(written)
+
+
+def _steps(plan: UniversalPlan, osd: dict[str, Any]) -> dict[str, Any]:
+    """Each stage-1/2 parameter's optimizer step, from the group that holds it: rank 0's group `g`, or, where
+    another file holds the parameter (a later pipeline stage), the group of that file whose
+    `param_slice_mappings` names it."""
+    base = osd.get("base_optimizer_state") or {}
+    groups, state = base.get("param_groups") or [], base.get("state") or {}
+    out: dict[str, Any] = {}
+    others: dict[str, dict[str, Any]] = {}
+    files = plan.step_files or (plan.optim_file,) * len(plan.step_params)
+    for (name, g), file in zip(plan.step_params, files, strict=True):
+        if file and file != plan.optim_file:
+            if file not in others:
+                others[file] = _named_steps(file, plan)
+            if name in others[file]:
+                out[name] = others[file][name]
+                continue
+        key = groups[g]["params"][0] if g < len(groups) and groups[g].get("params") else g
+        out[name] = (state.get(key) or {}).get("step")
+    return out
+
+
+def _named_steps(file: str, plan: UniversalPlan) -> dict[str, Any]:
+    """Parameter name -> the step of its group in one stage-1/2 optimizer file (names from its
+    `param_slice_mappings`, through the typed parser)."""
+    from inspector.parse.states import OptimStates
+
+    parsed = OptimStates.parse(load_tree(file, _source(plan, file)), file, stage3=False)
+    return {name: g.step for g in parsed.groups for name, _, _ in g.slices or () if g.step is not None}
+
+
+def _source(plan: UniversalPlan, path: str) -> Any:
+    return next((s for s in plan.sources if s.contains(path)), plan.sources[0] if plan.sources else None)
 
 
 def to_pickle(obj: Any, pw: Any) -> Any:

@@ -60,7 +60,7 @@ def write_tensor(
 
     produce = _producer(pool, f, w, *buffers.get(chunk))
     storage = pw.Storage("float32", numel(f.shape), produce)
-    tree = {"param": pw.Tensor(storage, f.shape), "cat_dim": 0}
+    tree = {"param": pw.Tensor(storage, f.shape), **dict(f.meta)}
     archive = f.state  # torch names the archive folder after the file
     root.write_with(rel, lambda fh: pw.dump(tree, fh, archive, chunk_elems=chunk), fsync=w.fsync)
 
