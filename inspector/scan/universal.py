@@ -28,6 +28,7 @@ from inspector.system.bytesource import ByteSource, is_url, source_at
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
+_PARALLEL_RE = re.compile(r"^mp_rank_(0[1-9]|[1-9][0-9])_model_states\.pt$")  # other stages or TP shards
 
 
 def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> str | None:
@@ -86,6 +87,15 @@ def scan_universal(folder: str) -> Checkpoint:
     model_path = os.path.join(folder, models[0])
     model = ModelStates.parse(load_tree(model_path, source), model_path)
     shapes: dict[str, tuple[int, ...]] = {n: s for group in (model.param_shapes or ()) for n, s in group}
+    # a pipeline's later stages and a tensor-parallel run's other shards: their parameters (a shard's shape is
+    # its piece; the full shape is the one its fp32.pt holds)
+    parallel = sorted(n for n in source.listdir(folder) if _PARALLEL_RE.match(n))
+    for n in parallel:
+        path = os.path.join(folder, n)
+        more = ModelStates.parse(load_tree(path, source), path).param_shapes or ()
+        for group in more:
+            for name, shape in group:
+                shapes.setdefault(name, shape)
     module = model.module
     buffers = list(model.buffer_names)
     shared = model.shared_params
@@ -110,7 +120,9 @@ def scan_universal(folder: str) -> Checkpoint:
         except InspectorError as exc:
             findings.append(Finding(Severity.ERROR, "unreadable", exc.message, pdir, exc.hint))
             continue
-        info = _param_tensor(name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source)
+        info = _param_tensor(
+            name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source, bool(parallel)
+        )
         if info is not None:
             tensors[name] = info
     _add_module_tensors(tensors, zero, shapes, buffers, module, shared, findings)
@@ -159,13 +171,17 @@ def _param_tensor(
     files: list[FileInfo],
     findings: list[Finding],
     source: ByteSource,
+    sharded: bool = False,
 ) -> TensorInfo | None:
-    """One zero/<name>/ folder as a tensor (its files appended to `files`); None, with a finding, when unusable."""
+    """One zero/<name>/ folder as a tensor (its files appended to `files`); None, with a finding, when unusable.
+    `sharded`: the model states are a tensor-parallel shard's, so a joined parameter's shape is its fp32.pt's."""
     if fp32 is None:
         findings.append(Finding(Severity.ERROR, "no-fp32", f"{name} has no readable fp32.pt.", pdir))
         return None
     files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in source.listdir(pdir)]
     shape = shapes.get(name) or frozen_shapes.get(name) or fp32.shape
+    if sharded and fp32.shape and math.prod(shape) != fp32.numel:
+        shape = fp32.shape
     if math.prod(shape) != fp32.numel:
         findings.append(
             Finding(Severity.ERROR, "shape", f"{name}: {fp32.numel} elements, expected {shape}.", pdir)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inspector.errors import InspectorError, NotACheckpointError
+from inspector.errors import NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Kind, Severity
@@ -114,17 +114,6 @@ def test_a_fused_fp16_optimizer_stage_is_refused_with_its_own_reason(tmp_path: P
     assert ckpt.optimizer == "FP16_Optimizer"
     assert [f.code for f in ckpt.errors] == ["unnamed-params", "unnamed-params"]
     assert "one flat fp32 block" in ckpt.errors[0].message
-
-
-def test_universal_output_is_refused_for_a_pipeline(tmp_path: Path) -> None:
-    from inspector.convert.kinds.base import Request
-    from inspector.convert.kinds.universal import Universal
-
-    ckpt = scan(str(ckpt_dir("pp_z1_bf16")))
-    offer = Universal().offer(ckpt)
-    assert not offer.available and "pipeline-parallel" in offer.reason
-    with pytest.raises(InspectorError, match="pipeline-parallel"):
-        Universal().plan(ckpt, Request(), str(tmp_path / "out"))
 
 
 def test_a_crafted_layer_file_name_is_refused(tmp_path: Path) -> None:

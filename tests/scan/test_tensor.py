@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from inspector.convert.kinds.universal import Universal
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import FIXTURES, HALF, ckpt_dir, convert, expected, writable
 
@@ -84,11 +83,6 @@ def test_a_missing_shard_is_named(tmp_path: Path) -> None:
             os.remove(root / TAG / n)
     ckpt = scan(str(root))
     assert any(f.code == "missing-shard" and "tensor-parallel rank 1" in f.message for f in ckpt.errors)
-
-
-def test_universal_output_is_refused_for_tensor_parallel() -> None:
-    offer = Universal().offer(scan(str(ckpt_dir("tp_z1_bf16"))))
-    assert not offer.available and "tensor-parallel" in offer.reason
 
 
 SPLIT = (

@@ -1,0 +1,174 @@
+"""Universal checkpoints written from the model-parallel layout fixtures (real DeepSpeed 0.19.8 runs): every
+tensor and step bit-identical to DeepSpeed's own `ds_to_universal` output (tests/fixtures/universal_layouts,
+made once by its make_refs.py), the tensor-parallel keys DeepSpeed's loader splits by, verify, --part and the
+resume of a killed run; native MoE and ZeRO-off pipelines refused with the reason DeepSpeed cannot resume them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from inspector.convert.kinds.base import Request, Why
+from inspector.convert.kinds.universal import Universal
+from inspector.convert.kinds.universal.plan import plan_universal
+from inspector.convert.root import PARTIAL
+from inspector.errors import UnsupportedCheckpointError
+from inspector.scan.scanner import scan
+from tests.convert.jobs import universal as write_universal
+from tests.convert.kinds.test_universal import as_killed
+from tests.scan.layout_cases import ckpt_dir
+
+REFS = Path(__file__).resolve().parents[2] / "fixtures" / "universal_layouts"
+WRITTEN = ("tp_z1_bf16", "tp_z2_bf16", "tp_z2_bf16_dp2", "pp_z1_bf16", "pp_z1_fp16", "pp_z1_bf16_dp2")
+ROW = {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+REPLICATED = {
+    "model.embed_tokens.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.post_attention_layernorm.weight",
+    "model.norm.weight",
+}
+
+
+def _reference(config: str) -> dict[str, np.ndarray]:
+    with np.load(REFS / f"{config}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def _written(folder: Path) -> dict[str, Any]:
+    """Every `zero/<name>/<state>.pt` as loaded by torch (the way DeepSpeed's loader reads it)."""
+    out = {}
+    for path in sorted((folder / "zero").glob("*/*.pt")):
+        out[f"{path.stem}/{path.parent.name}"] = torch.load(path, weights_only=False)
+    return out
+
+
+@pytest.mark.parametrize("config", WRITTEN)
+def test_every_tensor_and_step_equals_ds_to_universal(config: str, tmp_path: Path) -> None:
+    ckpt = scan(str(ckpt_dir(config)))
+    assert Universal().offer(ckpt).available
+    plan = plan_universal(ckpt, str(tmp_path))
+    write_universal(plan)
+    got, want = _written(Path(plan.out_dir)), _reference(config)
+    assert sorted(got) == sorted(want)  # every parameter, state and step.pt; nothing else
+    for key, ref in want.items():
+        if key.startswith("step/"):
+            assert float(got[key]) == float(ref), key
+            continue
+        mine = got[key]["param"]
+        assert mine.dtype == torch.float32 and tuple(mine.shape) == ref.shape, key
+        assert np.array_equal(mine.numpy().view(np.uint32), ref.view(np.uint32)), key
+    assert (tmp_path / "latest_universal").read_text() == plan.folder
+    copies = sorted(p.name for p in Path(plan.out_dir).iterdir() if p.is_file())
+    assert copies == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
+
+
+def test_tensor_parallel_files_carry_the_keys_deepspeeds_loader_splits_by(tmp_path: Path) -> None:
+    """Row-parallel shards sat side by side (cat_dim 1), replicated ones carry no cat_dim (DeepSpeed's loader
+    then takes the whole tensor), the vocabulary-parallel head says so; the rest joined on dim 0."""
+    plan = plan_universal(scan(str(ckpt_dir("tp_z1_bf16"))), str(tmp_path))
+    write_universal(plan)
+    for key, value in _written(Path(plan.out_dir)).items():
+        state, name = key.split("/", 1)
+        if state == "step":
+            continue
+        meta = {k: v for k, v in value.items() if k != "param"}
+        if name in ROW:
+            assert meta == {"cat_dim": 1}, key
+        elif name in REPLICATED:
+            assert meta == {}, key
+        elif name == "lm_head.weight":
+            assert meta == {"cat_dim": 0, "vocab_tensor": True}, key
+        else:
+            assert meta == {"cat_dim": 0}, key
+
+
+def test_a_split_stated_with_tp_split_writes_the_same_keys(tmp_path: Path) -> None:
+    """Without universal_checkpoint_info the user states the split; the keys come from the shard shapes."""
+    from tests.scan.test_tensor import SPLIT, _resave_model_states
+
+    root = tmp_path / "ck"
+    shutil.copytree(ckpt_dir("tp_z1_bf16"), root)
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"))
+    plan = plan_universal(scan(str(root), tp_split=SPLIT), str(tmp_path / "out"))
+    write_universal(plan)
+    written = _written(Path(plan.out_dir))
+    assert {k: v for k, v in written["fp32/model.layers.0.mlp.down_proj.weight"].items() if k != "param"} == {
+        "cat_dim": 1
+    }
+    assert set(written["fp32/model.norm.weight"]) == {"param"}
+    ref = _reference("tp_z1_bf16")
+    assert all(np.array_equal(v["param"].numpy(), ref[k]) for k, v in written.items() if "step/" not in k)
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ("moe_z2_bf16", "loads a universal checkpoint's experts by their local names"),
+        ("moe_z1_bf16", "expert-parallel"),
+        ("pp_z0_bf16", "reads a universal checkpoint's zero/ folder only when ZeRO is on"),
+    ],
+)
+def test_what_deepspeed_cannot_resume_is_refused_with_the_reason(
+    config: str, words: str, tmp_path: Path
+) -> None:
+    ckpt = scan(str(ckpt_dir(config)))
+    offer = Universal().offer(ckpt)
+    assert not offer.available and offer.why is Why.NOT_RESUMABLE and words in offer.reason
+    with pytest.raises(UnsupportedCheckpointError, match=r"DeepSpeed 0\.19\.8") as err:
+        Universal().plan(ckpt, Request(), str(tmp_path / "out"))
+    assert "DeepSpeed 0.19.8" in err.value.message
+
+
+@pytest.mark.parametrize("config", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2"])
+def test_verify_parts_and_a_killed_run_work_as_for_any_checkpoint(
+    config: str, tmp_path: Path, cli: Any
+) -> None:
+    root = ckpt_dir(config)
+    one, out = tmp_path / "one", tmp_path / "out"
+    assert cli("convert", root, one, "--format", "universal").rc == 0
+    res = cli("verify", root, one)
+    assert res.rc == 0 and "universal" in res.output, res.output
+    for i in range(2):
+        assert cli("convert", root, out, "--format", "universal", "--part", f"{i}/2").rc == 0
+    res = cli("convert", root, out, "--format", "universal")
+    assert res.rc == 0 and "reused from an interrupted run" in res.output, res.output
+    assert _tree(out) == _tree(one)
+    # a run killed after some files: the rerun keeps them and writes the rest
+    plan = plan_universal(scan(str(root)), str(tmp_path / "killed"))
+    write_universal(plan)
+    staging = Path(plan.out_dir + PARTIAL)
+    os.rename(plan.out_dir, staging)
+    os.remove(tmp_path / "killed" / "latest_universal")
+    os.remove(staging / plan.files[0].rel)
+    as_killed(plan, staging)
+    report = write_universal(plan)
+    assert report.resumed_shards == len(plan.files) + len(plan.copies) - 1
+    assert _tree(tmp_path / "killed") == _tree(one)
+
+
+def test_verify_names_a_changed_moment_of_a_joined_parameter(tmp_path: Path, cli: Any) -> None:
+    root = ckpt_dir("tp_z1_bf16")
+    out = tmp_path / "out"
+    assert cli("convert", root, out, "--format", "universal").rc == 0
+    path = out / "global_step3_uni" / "zero" / "model.layers.0.mlp.down_proj.weight" / "exp_avg_sq.pt"
+    value = torch.load(path, weights_only=False)
+    value["param"][3, 17] += 1.0  # a column of shard 1: where the dim-1 join places it
+    torch.save(value, path)
+    res = cli("verify", root, out)
+    assert res.rc == 1 and "down_proj.weight/exp_avg_sq" in res.output, res.output
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    skip = (".zero-inspector",)
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.name.startswith(skip)
+    }
