@@ -174,13 +174,14 @@ def _param_tensor(
     sharded: bool = False,
 ) -> TensorInfo | None:
     """One zero/<name>/ folder as a tensor (its files appended to `files`); None, with a finding, when unusable.
-    `sharded`: the model states are a tensor-parallel shard's, so a joined parameter's shape is its fp32.pt's."""
+    `sharded`: the model states are a tensor-parallel shard's, so a joined parameter's shape is its fp32.pt's;
+    so is a native-MoE expert slot's, stacked on a new dim 0 (one entry per expert-parallel rank)."""
     if fp32 is None:
         findings.append(Finding(Severity.ERROR, "no-fp32", f"{name} has no readable fp32.pt.", pdir))
         return None
     files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in source.listdir(pdir)]
     shape = shapes.get(name) or frozen_shapes.get(name) or fp32.shape
-    if sharded and fp32.shape and math.prod(shape) != fp32.numel:
+    if fp32.shape and math.prod(shape) != fp32.numel and (sharded or tuple(fp32.shape[1:]) == tuple(shape)):
         shape = fp32.shape
     if math.prod(shape) != fp32.numel:
         findings.append(

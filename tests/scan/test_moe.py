@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from inspector.convert.kinds.universal import Universal
 from inspector.errors import InputError
 from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
@@ -69,11 +68,6 @@ def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert any(f.code == "missing-rank" and "rank 3" in f.message for f in ckpt.errors)
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
-
-
-def test_universal_output_is_refused_for_moe() -> None:
-    offer = Universal().offer(scan(str(ckpt_dir("moe_z2_bf16"))))
-    assert not offer.available and "expert-parallel" in offer.reason
 
 
 def _resave(path: Path, edit) -> None:  # type: ignore[no-untyped-def]

@@ -1,12 +1,14 @@
 """Universal checkpoints written from the model-parallel layout fixtures (real DeepSpeed 0.19.8 runs): every
 tensor and step bit-identical to DeepSpeed's own `ds_to_universal` output (tests/fixtures/universal_layouts,
-made once by its make_refs.py), the tensor-parallel keys DeepSpeed's loader splits by, verify, --part and the
-resume of a killed run; native MoE and ZeRO-off pipelines refused with the reason DeepSpeed cannot resume them.
+made once by its make_refs.py), the tensor-parallel keys DeepSpeed's loader splits by, native-MoE experts stacked
+per local slot as DeepSpeed's loader cuts them, verify, --part and the resume of a killed run; ZeRO-off pipelines
+refused with the reason DeepSpeed cannot resume them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,13 @@ import torch
 from inspector.convert.kinds.base import Request, Why
 from inspector.convert.kinds.universal import Universal
 from inspector.convert.kinds.universal.plan import plan_universal
+from inspector.convert.reader import read_tensor
 from inspector.convert.root import PARTIAL
 from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.scanner import scan
 from tests.convert.jobs import universal as write_universal
 from tests.convert.kinds.test_universal import as_killed
-from tests.scan.layout_cases import ckpt_dir
+from tests.scan.layout_cases import ckpt_dir, expected
 
 REFS = Path(__file__).resolve().parents[2] / "fixtures" / "universal_layouts"
 WRITTEN = ("tp_z1_bf16", "tp_z2_bf16", "tp_z2_bf16_dp2", "pp_z1_bf16", "pp_z1_fp16", "pp_z1_bf16_dp2")
@@ -107,26 +110,61 @@ def test_a_split_stated_with_tp_split_writes_the_same_keys(tmp_path: Path) -> No
     assert all(np.array_equal(v["param"].numpy(), ref[k]) for k, v in written.items() if "step/" not in k)
 
 
-@pytest.mark.parametrize(
-    ("config", "words"),
-    [
-        ("moe_z2_bf16", "loads a universal checkpoint's experts by their local names"),
-        ("moe_z1_bf16", "expert-parallel"),
-        ("pp_z0_bf16", "reads a universal checkpoint's zero/ folder only when ZeRO is on"),
-    ],
-)
-def test_what_deepspeed_cannot_resume_is_refused_with_the_reason(
-    config: str, words: str, tmp_path: Path
-) -> None:
+MOE = {  # fixture -> {layer prefix: (experts, expert-parallel size)}; the largest size is 2 in each
+    "moe_z2_bf16": {"moe": (4, 2)},
+    "moe_z2_fp16": {"moe": (4, 2)},
+    "moe_z1_bf16": {"moe": (4, 2), "moe2": (2, 1)},
+    "moe_z2_bf16_ws4": {"moe": (4, 2), "moe2": (2, 1)},
+}
+
+
+@pytest.mark.parametrize("config", sorted(MOE))
+def test_native_moe_experts_are_stacked_per_local_slot(config: str, tmp_path: Path, cli: Any) -> None:
+    """DeepSpeed's loader reads an expert under its local name and takes block r of a stacked file on
+    expert-parallel rank r: slot j's entry r is global expert (r mod ep) * n_local + j (the live fp32 master
+    make_moe.py recorded under its global name; the moments read from the source checkpoint)."""
     ckpt = scan(str(ckpt_dir(config)))
+    assert Universal().offer(ckpt).available
+    plan = plan_universal(ckpt, str(tmp_path / "out"))
+    write_universal(plan)
+    got = _written(Path(plan.out_dir))
+    live = expected(config)
+    stacked = 0
+    for key, value in got.items():
+        state, name = key.split("/", 1)
+        m = re.match(r"(\w+)\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)(\..+)$", name)
+        if state == "step" or m is None:
+            continue
+        experts, ep = MOE[config][m.group(1)]
+        local, j = experts // ep, int(m.group(2))
+        assert j < local and value["is_expert_param"] is True and value["ep_num_experts"] == 2, key
+        assert value["param"].shape[0] == 2
+        for r in range(2):
+            glob = f"{m.group(1)}.deepspeed_moe.experts.deepspeed_experts.{(r % ep) * local + j}{m.group(3)}"
+            want = live[f"fp32/{glob}"] if state == "fp32" else _f32(read_tensor(ckpt, glob, state))
+            assert np.array_equal(value["param"][r].numpy().view(np.uint32), want.view(np.uint32)), (key, r)
+        stacked += 1
+    assert stacked == 3 * 4 * sum(e // ep for e, ep in MOE[config].values())  # states x params x slots
+    assert float(got["step/head.weight"]) == ckpt.optimizer_step
+    res = cli("verify", ckpt_dir(config), tmp_path / "out")
+    assert res.rc == 0, res.output
+
+
+def _f32(x: Any) -> np.ndarray:
+    return x.float().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
+
+
+def test_a_pipeline_with_zero_off_is_refused_with_deepspeeds_reason(tmp_path: Path) -> None:
+    ckpt = scan(str(ckpt_dir("pp_z0_bf16")))
     offer = Universal().offer(ckpt)
-    assert not offer.available and offer.why is Why.NOT_RESUMABLE and words in offer.reason
-    with pytest.raises(UnsupportedCheckpointError, match=r"DeepSpeed 0\.19\.8") as err:
+    assert not offer.available and offer.why is Why.NOT_RESUMABLE
+    assert "never reads a universal checkpoint's zero/ folder at stage 0" in offer.reason
+    with pytest.raises(UnsupportedCheckpointError, match="KeyError: 0") as err:
         Universal().plan(ckpt, Request(), str(tmp_path / "out"))
     assert "DeepSpeed 0.19.8" in err.value.message
 
 
-@pytest.mark.parametrize("config", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2"])
+@pytest.mark.parametrize("config", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "moe_z2_bf16_ws4"])
 def test_verify_parts_and_a_killed_run_work_as_for_any_checkpoint(
     config: str, tmp_path: Path, cli: Any
 ) -> None:

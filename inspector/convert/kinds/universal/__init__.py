@@ -180,13 +180,12 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
 
 
 def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
-    """Pipeline (ZeRO 1/2) and tensor-parallel checkpoints are written like any other, with their layout's
-    metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint is refused."""
-    from inspector.convert.kinds.universal.layouts import MOE_REASON, ZERO_OFF_REASON
+    """Pipeline, native-MoE and tensor-parallel checkpoints (ZeRO 1/2) are written like any other, with their
+    layout's metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint (ZeRO off)
+    is refused."""
+    from inspector.convert.kinds.universal.layouts import ZERO_OFF_REASON
 
     assert ckpt.parallel is not None
-    if ckpt.parallel.kind == "expert":
-        return Why.NOT_RESUMABLE, MOE_REASON
     if ckpt.stage == 0:
         return Why.NOT_RESUMABLE, f"a {ckpt.parallel.kind}-parallel checkpoint with {ZERO_OFF_REASON}"
     return None

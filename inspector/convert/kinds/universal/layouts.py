@@ -8,20 +8,28 @@ already cut by the scan). Which is which is read from the shapes the shards reco
 shard 0) against the joined shape, so a split stated with `--tp-split` is written as faithfully as a recorded
 one; `vocab_tensor` only where the checkpoint itself names the parameter vocabulary-parallel.
 
-Native MoE is refused (`MOE_REASON`): DeepSpeed 0.19.8's loader reads every expert from
-`zero/<its local parameter name>/`, so one folder would have to serve the expert each expert-parallel rank
-holds in that slot (stacked, with `is_expert_param` and `ep_num_experts`), a layout no DeepSpeed tool writes
-and this writer does not write yet.
+Native MoE: DeepSpeed's loader reads every parameter from `zero/<its name on the resuming rank>/`, and an
+expert's name there is local (`deepspeed_experts.0` on every expert-parallel rank); a file that says
+`is_expert_param` with `ep_num_experts` N is cut into N / ep_size blocks on dim 0 and expert-parallel rank r
+takes block r (`universal_checkpoint.load_hp_checkpoint_state`, with the rank and size of the largest
+expert-parallel group, for every MoE layer). So each local slot j of a layer is written as one stacked tensor
+of N = the largest `ep_size` entries, entry r the expert that rank r holds in that slot (global expert
+(r mod ep) * n_local + j of a layer with expert-parallel size ep). DeepSpeed resumes it at the same
+expert-parallel sizes and any expert-data-parallel size (its own ds_to_universal fails on every native-MoE
+layout).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import Any
 
+from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import TpRecipe
 from inspector.parse.states import ModelStates
-from inspector.scan.model import Checkpoint
+from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 
 Meta = tuple[tuple[str, Any], ...]
 PLAIN: Meta = (("cat_dim", 0),)
@@ -29,16 +37,13 @@ ROW: Meta = (("cat_dim", 1),)
 REPLICATED: Meta = ()
 VOCAB: Meta = (("cat_dim", 0), ("vocab_tensor", True))
 
-MOE_REASON = (
-    "a native MoE (expert-parallel) checkpoint: DeepSpeed 0.19.8 loads a universal checkpoint's experts by "
-    "their local names (deepspeed_experts.0 on every expert-parallel rank), so each folder would have to stack "
-    "the experts all ranks hold in that slot; its own ds_to_universal fails on this layout, and writing that "
-    "stacked form is not supported yet (export the weights instead)"
-)
+_EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
+_EP_GROUP = re.compile(r"^ep_size_(\d+)$")
 
 ZERO_OFF_REASON = (
-    "ZeRO off (BF16_Optimizer at stage 0): DeepSpeed 0.19.8 reads a universal checkpoint's zero/ folder only "
-    "when ZeRO is on (engine.load_checkpoint skips it at stage 0), so nothing of it would be resumed"
+    "ZeRO off (BF16_Optimizer at stage 0): DeepSpeed 0.19.8 never reads a universal checkpoint's zero/ folder "
+    "at stage 0 (engine.load_checkpoint hands the model-states file's optimizer entry to BF16_Optimizer's "
+    "legacy loader, which fails with KeyError: 0), so it cannot resume one"
 )
 
 
@@ -69,3 +74,75 @@ def tp_metadata(ckpt: Checkpoint) -> dict[str, Meta]:
         else:
             out[t.name] = PLAIN
     return out
+
+
+def layout_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[str, Meta]:
+    """Per parameter of `universal_view`, the keys its files carry beside `param` (absent: `cat_dim` 0)."""
+    if ckpt.parallel is not None and ckpt.parallel.kind == "expert":
+        # a stacked expert: DeepSpeed's loader cuts it on dim 0 by expert-parallel rank
+        stacked = (("cat_dim", 0), ("is_expert_param", True), ("ep_num_experts", max(1, ckpt.parallel.ep)))
+        return {t.name: stacked for t in tensors if _EXPERT.match(t.name)}
+    return tp_metadata(ckpt)
+
+
+def universal_view(ckpt: Checkpoint) -> tuple[TensorInfo, ...]:
+    """The tensors as the universal folder holds them: a native-MoE checkpoint's experts as one stacked
+    tensor per layer and local slot (under the local name, group of its first entry), the rest unchanged."""
+    if ckpt.parallel is None or ckpt.parallel.kind != "expert":
+        return ckpt.tensors
+    ep_max = max(1, ckpt.parallel.ep)
+    experts = {t.name: t for t in ckpt.tensors if _EXPERT.match(t.name) and t.kind is Kind.TRAINABLE}
+    layers: dict[str, set[int]] = {}
+    for name in experts:
+        m = _EXPERT.match(name)
+        assert m is not None
+        layers.setdefault(m.group(1), set()).add(int(m.group(2)))
+    out, done = [], set()
+    for t in ckpt.tensors:
+        m = _EXPERT.match(t.name) if t.name in experts else None
+        if m is None:
+            out.append(t)
+            continue
+        ep = _layer_ep(ckpt, t, ep_max)
+        local = len(layers[m.group(1)]) // ep
+        slot = f"{m.group(1)}{int(m.group(2)) % local}{m.group(3)}"
+        if slot in done:
+            continue
+        done.add(slot)
+        j = int(m.group(2)) % local
+        members = [f"{m.group(1)}{(r % ep) * local + j}{m.group(3)}" for r in range(ep_max)]
+        missing = [n for n in members if n not in experts]
+        if missing:
+            raise UnsupportedCheckpointError(f"{slot}: expert {missing[0]} is not in the checkpoint.")
+        out.append(_stacked(slot, [experts[n] for n in members]))
+    return tuple(out)
+
+
+def _layer_ep(ckpt: Checkpoint, t: TensorInfo, ep_max: int) -> int:
+    """An expert's layer's expert-parallel size, from its optimizer group's name (`ep_size_E`)."""
+    group = ckpt.groups[t.group] if t.group is not None and t.group < len(ckpt.groups) else None
+    name = group.hyperparams.get("name") if group is not None else None
+    m = _EP_GROUP.match(name) if isinstance(name, str) else None
+    ep = int(m.group(1)) if m else 0
+    if ep < 1 or ep_max % ep:
+        raise UnsupportedCheckpointError(
+            f"{t.name}: its layer's expert-parallel size ({name!a}) does not divide the largest ({ep_max}); "
+            "DeepSpeed's loader cuts every expert file by the largest expert-parallel group."
+        )
+    return ep
+
+
+def _stacked(name: str, members: list[TensorInfo]) -> TensorInfo:
+    def cat(parts: list[tuple[Segment, ...]]) -> tuple[Segment, ...]:
+        return tuple(s for p in parts for s in p)
+
+    first = members[0]
+    moments = tuple((m, cat([dict(x.moments)[m] for x in members])) for m, _ in first.moments)
+    return replace(
+        first,
+        name=name,
+        shape=(len(members), *first.shape),
+        segments=cat([x.segments for x in members]),
+        moments=moments,
+        module_copy=(),
+    )

@@ -103,14 +103,15 @@ def plan_universal(ckpt: Checkpoint, out_root: str, folder: str | None = None) -
             hint="A universal checkpoint written from a damaged source would resume wrong; --force does not "
             "apply to --format universal.",
         )
-    from inspector.convert.kinds.universal.layouts import tp_metadata
+    from inspector.convert.kinds.universal.layouts import layout_metadata, universal_view
 
-    meta = tp_metadata(ckpt)
+    tensors = universal_view(ckpt)  # native MoE: one stacked tensor per layer and local expert slot
+    meta = layout_metadata(ckpt, tensors)
     files: list[UniFile] = []
     steps: list[tuple[str, int]] = []
     step_files: list[str] = []
     optim0 = ckpt.ranks[0].optim_file if ckpt.ranks else None
-    for t in ckpt.tensors:
+    for t in tensors:
         if t.kind is Kind.TRAINABLE:
             moments = dict(t.moments)
             if set(moments) != {"exp_avg", "exp_avg_sq"}:

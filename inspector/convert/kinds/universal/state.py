@@ -71,21 +71,21 @@ def write_small(
 
 
 def _steps(plan: UniversalPlan, osd: dict[str, Any]) -> dict[str, Any]:
-    """Each stage-1/2 parameter's optimizer step, from the group that holds it: rank 0's group `g`, or, where
-    another file holds the parameter (a later pipeline stage), the group of that file whose
-    `param_slice_mappings` names it."""
+    """Each stage-1/2 parameter's optimizer step, from the group that holds it: the group of the file holding
+    the parameter (a later pipeline stage's, an expert-parallel rank's) whose `param_slice_mappings` names
+    it, else rank 0's group `g` (the scan's group numbers are rank 0's own for a data-parallel run)."""
     base = osd.get("base_optimizer_state") or {}
     groups, state = base.get("param_groups") or [], base.get("state") or {}
     out: dict[str, Any] = {}
-    others: dict[str, dict[str, Any]] = {}
+    named: dict[str, dict[str, Any]] = {}
     files = plan.step_files or (plan.optim_file,) * len(plan.step_params)
     for (name, g), file in zip(plan.step_params, files, strict=True):
-        if file and file != plan.optim_file:
-            if file not in others:
-                others[file] = _named_steps(file, plan)
-            if name in others[file]:
-                out[name] = others[file][name]
-                continue
+        file = file or plan.optim_file
+        if file not in named:
+            named[file] = _named_steps(file, plan)
+        if name in named[file]:
+            out[name] = named[file][name]
+            continue
         key = groups[g]["params"][0] if g < len(groups) and groups[g].get("params") else g
         out[name] = (state.get(key) or {}).get("step")
     return out

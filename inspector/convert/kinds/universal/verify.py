@@ -30,10 +30,13 @@ def verify_universal(
 ) -> Iterator[VerifyProgress | VerifyResult]:
     """Yield progress, then the result. `uni` is `scan_universal` of the output folder; `cancel` stops it
     between chunks (CancelledError)."""
+    from inspector.convert.kinds.universal.layouts import universal_view
+
     res = VerifyResult()
     jobs: list[tuple[str, tuple[Segment, ...], tuple[Segment, ...]]] = []
     have = {t.name: t for t in uni.tensors}
-    for t in src.tensors:
+    expected = universal_view(src)  # the source as the folder holds it (native MoE: stacked expert slots)
+    for t in expected:
         if t.kind not in (Kind.TRAINABLE, Kind.FROZEN):
             continue
         u = have.get(t.name)
@@ -52,7 +55,7 @@ def verify_universal(
                     jobs.append((f"{t.name}/{m}", segs, got[m]))
                 else:
                     res.missing.append(f"{t.name}/{m}")
-    src_names = {t.name for t in src.tensors if t.kind in (Kind.TRAINABLE, Kind.FROZEN)}
+    src_names = {t.name for t in expected if t.kind in (Kind.TRAINABLE, Kind.FROZEN)}
     res.unexpected += [u.name for u in uni.tensors if u.kind is Kind.TRAINABLE and u.name not in src_names]
     if src.optimizer_step != uni.optimizer_step:
         res.mismatched.append(f"optimizer step ({uni.optimizer_step} != {src.optimizer_step})")

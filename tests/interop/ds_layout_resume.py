@@ -1,0 +1,160 @@
+"""Resume, in real DeepSpeed, a universal checkpoint written from a model-parallel layout fixture, at another
+layout, and record what the engine loaded.
+
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py tp   LOAD_DIR RESULT.pt --tp 1
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py pipe LOAD_DIR RESULT.pt --stages 1
+
+The model is the one the fixture's script trained (tests/fixtures/layouts/make_tp.py: a tiny Llama; make_pipe.py:
+the tied-embedding PipelineModule), built with `"checkpoint": {"load_universal": true}`. Rank 0 writes every
+trainable parameter's full fp32 master and Adam moments as DeepSpeed holds them after `load_checkpoint`
+(`fp32/NAME`, `exp_avg/NAME`, `exp_avg_sq/NAME`, gathered over the data-parallel ranks and the stages), the
+optimizer steps, `global_steps`, then the loss of one more training step and the steps after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import torch
+
+LAYOUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "layouts")
+sys.path.insert(0, LAYOUTS)
+
+
+def _tp_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
+    import deepspeed
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(  # make_tp.py's model
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg)
+    if args.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": args.tp}
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+def _pipe_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
+    import deepspeed
+    import deepspeed.comm as dist
+    from deepspeed.pipe import PipelineModule
+    from make_pipe import _loss, layers
+
+    dp = dist.get_world_size() // args.stages
+    model = PipelineModule(layers(), num_stages=args.stages, loss_fn=_loss, partition_method="uniform")
+    config.update(gradient_accumulation_steps=2, train_batch_size=4 * dp)
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    return engine
+
+
+def _moe_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from make_moe import Net
+
+    model = Net(args.ep, args.second_ep)
+    params = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "dense"}
+    )
+    config["train_micro_batch_size_per_gpu"] = 4
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    return engine
+
+
+def _train_one(kind: str, engine: Any) -> float:
+    g = torch.Generator().manual_seed(100)
+    if kind == "moe":
+        loss = engine(torch.randint(0, 37, (4, 5), generator=g))
+        engine.backward(loss)
+        engine.step()
+        return float(loss)
+    if kind == "pipe":
+
+        def batches() -> Any:
+            while True:
+                yield torch.randint(0, 37, (2, 5), generator=g), torch.zeros(2)
+
+        return float(engine.train_batch(data_iter=batches()))
+    x = torch.randint(0, 40, (2, 6), generator=g)
+    loss = engine(input_ids=x, labels=x).loss
+    engine.backward(loss)
+    engine.step()
+    return float(loss.detach())
+
+
+def _loaded(engine: Any) -> dict[str, Any]:
+    """This rank's view of every parameter it holds (full, gathered over its data-parallel group)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    from make_moe import global_name
+
+    out: dict[str, Any] = {}
+    for local, p in engine.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        n = global_name(local, engine.module)  # an expert under its global index
+        out[f"fp32/{n}"] = safe_get_full_fp32_param(p).detach().float().clone()
+        for m in ("exp_avg", "exp_avg_sq"):
+            out[f"{m}/{n}"] = safe_get_full_optimizer_state(p, m).detach().float().clone()
+    steps = {float(s["step"]) for s in engine.optimizer.optimizer.state.values() if "step" in s}
+    out["steps"] = sorted(steps)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=["tp", "pipe", "moe"])
+    ap.add_argument("load")
+    ap.add_argument("result")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=2)
+    ap.add_argument("--second-ep", type=int, default=0)
+    ap.add_argument("--zero", type=int, default=1)
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--steps", type=int, default=0)  # made.options' field; unused here
+    args = ap.parse_args()
+    import deepspeed.comm as dist
+    import made
+
+    made.start(args.dtype)
+    config = made.config(args, 2, checkpoint={"load_universal": True})
+    build = {"tp": _tp_engine, "pipe": _pipe_engine, "moe": _moe_engine}[args.kind]
+    engine = build(args, config)
+    path, _ = engine.load_checkpoint(args.load)
+    if path is None:
+        raise SystemExit(f"load_checkpoint found nothing under {args.load}")
+    mine = _loaded(engine)
+    mine["global_steps"] = int(engine.global_steps)
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, mine)
+    loss = _train_one(args.kind, engine)
+    if dist.get_rank() == 0:
+        state: dict[str, Any] = {}
+        for part in got:
+            for k, v in part.items():
+                if k == "steps":
+                    state.setdefault(k, set()).update(v)
+                else:
+                    state.setdefault(k, v)
+        state["steps"] = sorted(state["steps"])
+        state["loss_after"] = loss
+        state["global_steps_after"] = int(engine.global_steps)
+        torch.save(state, args.result)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
