@@ -97,7 +97,6 @@ def _train_one(kind: str, engine: Any) -> float:
 def _loaded(engine: Any) -> dict[str, Any]:
     """This rank's view of every parameter it holds (full, gathered over its data-parallel group)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
     from make_moe import global_name
 
     out: dict[str, Any] = {}

@@ -1,0 +1,107 @@
+"""Universal checkpoints written from the model-parallel layout fixtures, resumed by real DeepSpeed at another
+layout (one torchrun each, tests/interop/ds_layout_resume.py):
+
+    AutoTP, TP 2 (tp_z1_bf16)                    -> plain model, TP 1 x DP 2
+    pipeline, 2 stages, ZeRO-1 (pp_z1_bf16)      -> 1 stage x DP 2
+    native MoE, EP 2 + an ep_size-1 layer, 2 ranks (moe_z1_bf16) -> 4 ranks: EP 2 x expert-DP 2
+
+Every trainable parameter's fp32 master and both Adam moments as the resumed engine holds them
+(safe_get_full_fp32_param / safe_get_full_optimizer_state, gathered) equal, bit for bit, the source checkpoint's
+(and the fp32 master the training engine held at save time, recorded in the fixture's expected.npz); the
+optimizer step and global steps carry over, and one more training step runs. That ours is DeepSpeed's own
+conversion where DeepSpeed has one (AutoTP, pipeline + ZeRO-1) is checked in tox -e py against its committed
+output (tests/convert/kinds/test_universal_layouts.py).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from inspector.convert.reader import read_tensor
+from inspector.scan.model import Kind
+from inspector.scan.scanner import scan
+from tests.interop.conftest import _free_port, _heavy_lock, _run_logged
+from tests.scan.layout_cases import ckpt_dir, expected
+
+pytestmark = pytest.mark.interop
+
+RESUME = Path(__file__).resolve().parent / "ds_layout_resume.py"
+CASES = {  # fixture -> (ranks, ds_layout_resume.py options)
+    "tp_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "1"]),
+    "pp_z1_bf16": (2, ["pipe", "--stages", "1", "--zero", "1"]),
+    "moe_z1_bf16": (4, ["moe", "--ep", "2", "--second-ep", "1", "--zero", "1"]),
+}
+
+
+def _resume(config: str, out: Path, tmp_path: Path, interop_cache: Path) -> dict[str, Any]:
+    """Run the resume once, retried once in a clean folder on a fresh port (a gloo rank on the CPU can abort
+    at teardown after its work, as test_layouts_interop saw)."""
+    ranks, opts = CASES[config]
+    kind, *rest = opts
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    for attempt in (1, 2):
+        result = tmp_path / f"resumed-{attempt}.pt"
+        cmd = [torchrun, "--nproc_per_node", str(ranks), "--master_addr", "127.0.0.1"]
+        cmd += ["--master_port", str(_free_port()), str(RESUME), kind, str(out), str(result), *rest]
+        try:
+            with _heavy_lock(interop_cache):
+                _run_logged(cmd, tmp_path / f"resume-{attempt}.log", f"DeepSpeed resume of {config}", 300)
+            return dict(torch.load(result, weights_only=False))
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("layout", sorted(CASES))
+def test_deepspeed_resumes_it_at_another_layout(
+    layout: str,
+    tmp_path: Path,
+    interop_cache: Path,
+    inspector_cli: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DeepSpeed orders MoE groups from a set: every rank must hash alike, or their collectives disagree
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    root = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir(layout), root)
+    proc = inspector_cli("convert", str(root), str(root), "--format", "universal")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = _resume(layout, root, tmp_path, interop_cache)
+    ckpt = scan(str(ckpt_dir(layout)))
+    live = expected(layout)
+    checked = 0
+    for t in ckpt.tensors:
+        if t.kind is not Kind.TRAINABLE:
+            continue
+        for state in ("fp32", "exp_avg", "exp_avg_sq"):
+            want = _f32(read_tensor(ckpt, t.name) if state == "fp32" else read_tensor(ckpt, t.name, state))
+            mine = got[f"{state}/{t.name}"].numpy()
+            assert mine.shape == want.shape and np.array_equal(mine.view(np.uint32), want.view(np.uint32)), (
+                state,
+                t.name,
+            )
+            checked += 1
+        if f"fp32/{t.name}" in live:  # the training engine at save time
+            assert np.array_equal(
+                got[f"fp32/{t.name}"].numpy().view(np.uint32), live[f"fp32/{t.name}"].view(np.uint32)
+            )
+    assert checked == len(_tensors(got)) and checked >= 3 * 7
+    assert got["steps"] == [float(ckpt.optimizer_step)] and got["global_steps"] == ckpt.global_steps
+    assert math.isfinite(float(got["loss_after"])) and got["global_steps_after"] == got["global_steps"] + 1
+
+
+def _tensors(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if "/" in k}
+
+
+def _f32(x: Any) -> np.ndarray:
+    return x.float().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
