@@ -154,7 +154,7 @@ def _f32(x: Any) -> np.ndarray:
     return x.float().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
 
 
-def test_a_pipeline_with_zero_off_is_refused_with_deepspeeds_reason(tmp_path: Path) -> None:
+def test_a_pipeline_with_zero_off_is_refused_with_deepspeeds_reason(tmp_path: Path, cli: Any) -> None:
     ckpt = scan(str(ckpt_dir("pp_z0_bf16")))
     offer = Universal().offer(ckpt)
     assert not offer.available and offer.why is Why.NOT_RESUMABLE
@@ -162,6 +162,9 @@ def test_a_pipeline_with_zero_off_is_refused_with_deepspeeds_reason(tmp_path: Pa
     with pytest.raises(UnsupportedCheckpointError, match="KeyError: 0") as err:
         Universal().plan(ckpt, Request(), str(tmp_path / "out"))
     assert "DeepSpeed 0.19.8" in err.value.message
+    res = cli("convert", ckpt_dir("pp_z0_bf16"), tmp_path / "cli", "--format", "universal")
+    assert res.rc == 2 and "DeepSpeed cannot resume this layout" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "cli").exists() or not any((tmp_path / "cli").iterdir())
 
 
 @pytest.mark.parametrize("config", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "moe_z2_bf16_ws4"])

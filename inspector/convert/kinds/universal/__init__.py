@@ -228,6 +228,7 @@ class Universal(OutputKind):
             raise UnsupportedCheckpointError(
                 f"{ckpt.tag_dir} is {offer.reason}.",
                 hint="Export the weights (--format weights or model); they are exact for this layout.",
+                title="DeepSpeed cannot resume this layout" if offer.why is Why.NOT_RESUMABLE else None,
             )
         if offer.why is Why.BEFORE_FIRST_STEP:
             raise UnsupportedCheckpointError(
