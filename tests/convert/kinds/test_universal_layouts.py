@@ -163,7 +163,9 @@ def test_a_pipeline_with_zero_off_is_refused_with_deepspeeds_reason(tmp_path: Pa
         Universal().plan(ckpt, Request(), str(tmp_path / "out"))
     assert "DeepSpeed 0.19.8" in err.value.message
     res = cli("convert", ckpt_dir("pp_z0_bf16"), tmp_path / "cli", "--format", "universal")
-    assert res.rc == 2 and "DeepSpeed cannot resume this layout" in res.output and "Traceback" not in res.output
+    assert (
+        res.rc == 2 and "DeepSpeed cannot resume this layout" in res.output and "Traceback" not in res.output
+    )
     assert not (tmp_path / "cli").exists() or not any((tmp_path / "cli").iterdir())
 
 
@@ -213,3 +215,24 @@ def _tree(folder: Path) -> dict[str, bytes]:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and not p.name.startswith(skip)
     }
+
+
+def test_an_expert_layout_deepspeeds_loader_cannot_cut_is_refused_not_guessed(tmp_path: Path) -> None:
+    """DeepSpeed's loader cuts every expert file by the largest expert-parallel size: a layer whose size does
+    not divide it, or whose experts do not split over it, is refused with the reason (no traceback)."""
+    from dataclasses import replace
+
+    ckpt = scan(str(ckpt_dir("moe_z1_bf16")))
+    odd = tuple(
+        replace(g, hyperparams={**g.hyperparams, "name": "ep_size_3"})
+        if g.hyperparams.get("name") == "ep_size_1"
+        else g
+        for g in ckpt.groups
+    )
+    with pytest.raises(UnsupportedCheckpointError, match="does not divide the largest"):
+        plan_universal(replace(ckpt, groups=odd), str(tmp_path))
+    three = tuple(
+        t for t in ckpt.tensors if ".deepspeed_experts.3." not in t.name
+    )  # layer moe: 3 of 4 experts
+    with pytest.raises(UnsupportedCheckpointError, match="do not split over expert-parallel size 2"):
+        plan_universal(replace(ckpt, tensors=three), str(tmp_path))

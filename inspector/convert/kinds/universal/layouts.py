@@ -104,12 +104,17 @@ def universal_view(ckpt: Checkpoint) -> tuple[TensorInfo, ...]:
             out.append(t)
             continue
         ep = _layer_ep(ckpt, t, ep_max)
-        local = len(layers[m.group(1)]) // ep
-        slot = f"{m.group(1)}{int(m.group(2)) % local}{m.group(3)}"
+        count = len(layers[m.group(1)])
+        if count % ep:
+            raise UnsupportedCheckpointError(
+                f"{m.group(1).rstrip('.')}: {count} experts do not split over expert-parallel size {ep}."
+            )
+        local = count // ep
+        j = int(m.group(2)) % local
+        slot = f"{m.group(1)}{j}{m.group(3)}"
         if slot in done:
             continue
         done.add(slot)
-        j = int(m.group(2)) % local
         members = [f"{m.group(1)}{(r % ep) * local + j}{m.group(3)}" for r in range(ep_max)]
         missing = [n for n in members if n not in experts]
         if missing:
@@ -126,8 +131,8 @@ def _layer_ep(ckpt: Checkpoint, t: TensorInfo, ep_max: int) -> int:
     ep = int(m.group(1)) if m else 0
     if ep < 1 or ep_max % ep:
         raise UnsupportedCheckpointError(
-            f"{t.name}: its layer's expert-parallel size ({name!a}) does not divide the largest ({ep_max}); "
-            "DeepSpeed's loader cuts every expert file by the largest expert-parallel group."
+            f"{t.name}: its layer's expert-parallel size ({str(name)[:40]!a}) does not divide the largest "
+            f"({ep_max}); DeepSpeed's loader cuts every expert file by the largest expert-parallel group."
         )
     return ep
 
@@ -137,7 +142,9 @@ def _stacked(name: str, members: list[TensorInfo]) -> TensorInfo:
         return tuple(s for p in parts for s in p)
 
     first = members[0]
-    moments = tuple((m, cat([dict(x.moments)[m] for x in members])) for m, _ in first.moments)
+    names = [m for m, _ in first.moments]
+    same = all([m for m, _ in x.moments] == names for x in members)  # else: no moments, refused by the plan
+    moments = tuple((m, cat([dict(x.moments)[m] for x in members])) for m in names) if same else ()
     return replace(
         first,
         name=name,
