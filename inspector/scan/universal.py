@@ -86,16 +86,7 @@ def scan_universal(folder: str) -> Checkpoint:
         )
     model_path = os.path.join(folder, models[0])
     model = ModelStates.parse(load_tree(model_path, source), model_path)
-    shapes: dict[str, tuple[int, ...]] = {n: s for group in (model.param_shapes or ()) for n, s in group}
-    # a pipeline's later stages and a tensor-parallel run's other shards: their parameters (a shard's shape is
-    # its piece; the full shape is the one its fp32.pt holds)
-    parallel = sorted(n for n in source.listdir(folder) if _PARALLEL_RE.match(n))
-    for n in parallel:
-        path = os.path.join(folder, n)
-        more = ModelStates.parse(load_tree(path, source), path).param_shapes or ()
-        for group in more:
-            for name, shape in group:
-                shapes.setdefault(name, shape)
+    shapes, parallel = _shapes(source, folder, model)
     module = model.module
     buffers = list(model.buffer_names)
     shared = model.shared_params
@@ -120,9 +111,7 @@ def scan_universal(folder: str) -> Checkpoint:
         except InspectorError as exc:
             findings.append(Finding(Severity.ERROR, "unreadable", exc.message, pdir, exc.hint))
             continue
-        info = _param_tensor(
-            name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source, bool(parallel)
-        )
+        info = _param_tensor(name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source, parallel)
         if info is not None:
             tensors[name] = info
     _add_module_tensors(tensors, zero, shapes, buffers, module, shared, findings)
@@ -143,6 +132,20 @@ def scan_universal(folder: str) -> Checkpoint:
     if step is None and osd is not None:
         step = _int(osd.step)
     return _checkpoint(folder, model, osd, ordered, files, findings, step)
+
+
+def _shapes(source: ByteSource, folder: str, model: ModelStates) -> tuple[dict[str, tuple[int, ...]], bool]:
+    """Every trainable parameter's shape as the model states record it, and whether other model-states files
+    took part: a pipeline's later stages and a tensor-parallel run's other shards (a shard records its piece;
+    the full shape is the one its fp32.pt holds)."""
+    shapes: dict[str, tuple[int, ...]] = {n: s for group in (model.param_shapes or ()) for n, s in group}
+    parallel = sorted(n for n in source.listdir(folder) if _PARALLEL_RE.match(n))
+    for n in parallel:
+        path = os.path.join(folder, n)
+        for group in ModelStates.parse(load_tree(path, source), path).param_shapes or ():
+            for name, shape in group:
+                shapes.setdefault(name, shape)
+    return shapes, bool(parallel)
 
 
 def _unsafe_folder(name: str, zero: str) -> Finding:
