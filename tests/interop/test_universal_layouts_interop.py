@@ -10,7 +10,8 @@ Every trainable parameter's fp32 master and both Adam moments as the resumed eng
 (and the fp32 master the training engine held at save time, recorded in the fixture's expected.npz); the
 optimizer step and global steps carry over, and one more training step runs. That ours is DeepSpeed's own
 conversion where DeepSpeed has one (AutoTP, pipeline + ZeRO-1) is checked in tox -e py against its committed
-output (tests/convert/kinds/test_universal_layouts.py).
+output (tests/convert/kinds/test_universal_layouts.py); here ds_to_universal runs again to show that committed
+output is still what it writes.
 """
 
 from __future__ import annotations
@@ -105,3 +106,23 @@ def _tensors(state: dict[str, Any]) -> dict[str, Any]:
 
 def _f32(x: Any) -> np.ndarray:
     return x.float().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
+
+
+@pytest.mark.parametrize("layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2"])
+def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str) -> None:
+    """tox -e py compares ours with DeepSpeed's output committed once (tests/fixtures/universal_layouts); here
+    ds_to_universal runs again on the fixture, so a DeepSpeed that converts differently shows up."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "universal_layouts" / "make_refs.py"
+    spec = importlib.util.spec_from_file_location("make_refs", path)
+    assert spec is not None and spec.loader is not None
+    make_refs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_refs)
+    today = make_refs.reference(layout)
+    with np.load(path.parent / f"{layout}.npz") as z:
+        committed = {k: z[k] for k in z.files}
+    assert sorted(today) == sorted(committed)
+    for k, v in committed.items():
+        mine = np.asarray(today[k])
+        assert mine.dtype == v.dtype and mine.shape == v.shape and mine.tobytes() == v.tobytes(), k
