@@ -65,6 +65,9 @@ class ParallelDims:
         return cls(root.at("mp_world_size").opt_integer(1, MAX_DEGREE), pp, tp, num)
 
 
+_UNFUSED_HYPER = ("lr", "weight_decay", "betas", "eps", "name", "moe")  # name, moe: native MoE's group labels
+
+
 @dataclass(frozen=True)
 class UnfusedParam:
     """One parameter's fp32 master and Adam state in an FP16_UnfusedOptimizer (ZeRO off, fp16)."""
@@ -101,7 +104,7 @@ class UnfusedFp16:
         state = osd.at("state") if osd.is_mapping() else Node(None, file)
         pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
         hyper = tuple(
-            MappingProxyType({k: g.at(k).json() for k in ("lr", "weight_decay", "betas", "eps") if g.has(k)})
+            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
             for g in pgs
             if g.is_mapping()
         )

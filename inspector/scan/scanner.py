@@ -40,6 +40,10 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
 
     if len(tp_ranks(names)) > 1:
         return scan_tensor(loc, names, tp_split)
+    from inspector.scan.moe_zero0 import is_moe_zero0, scan_moe_zero0
+
+    if is_moe_zero0(names):
+        return scan_moe_zero0(loc, names)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
     if files.experts:
         from inspector.scan.moe import scan_moe
