@@ -381,7 +381,7 @@ class Pipeline:
             )
             if tied:
                 what += f" · tied {', '.join(tied)}"
-            ranks = ", ".join(str(s * dp + d) for d in sorted(st.optims)) or "–"
+            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in sorted(st.optims)) or "–"
             rows.append((f"stage {s}", f"{what} · ranks {ranks}"))
         return rows
 
