@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
+from inspector.errors import NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.scan.locate import Location
@@ -32,6 +33,14 @@ def scan_pipeline_tensor(
     dims = ParallelDims.parse(tree0, model0) if tree0 is not None else None
     held = tp_layer_ranks(list(names))
     tp = (dims.tp_degree if dims else None) or (max(held) + 1 if held else 1)
+    if held and max(held) >= tp:
+        raise NotACheckpointError(
+            f"{loc.tag_dir} holds pipeline layer files of tensor-parallel rank {max(held)} "
+            f"(layer_XX-model_{max(held):02d}-model_states.pt), but its model states say the run had {tp} "
+            "tensor-parallel rank(s): files of another run are mixed in, or the model states are damaged.",
+            hint="Restore the tag folder from one save.",
+            title="Pipeline files of another run",
+        )
     if tp == 1:
         return Pipeline(loc).build()
     findings: list[Finding] = []
