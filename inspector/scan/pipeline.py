@@ -34,7 +34,7 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.pipeline_files import Stage, classify, is_pipeline
+from inspector.scan.pipeline_files import Stage, classify, is_pipeline, missing_layers
 from inspector.scan.pipeline_names import (
     LAYER_NAME,
     TIED_PREFIX,
@@ -70,10 +70,10 @@ class Pipeline:
         self.findings.append(Finding(severity, code, message, file, hint))
 
     def _classify(self) -> int:
-        files = classify(self.loc, self.tp_rank, self.tp)
-        self.layers, self.stages = files.layers, files.stages
-        self.findings += files.findings
-        return files.present
+        self.files = classify(self.loc, self.tp_rank, self.tp)
+        self.layers, self.stages = self.files.layers, self.files.stages
+        self.findings += self.files.findings
+        return self.files.present
 
     # -- per stage -------------------------------------------------------------------------------------------
 
@@ -207,6 +207,7 @@ class Pipeline:
         }
         for s, st in sorted(self.stages.items()):
             self._stage_layout(st, dp, unfused.get(s), layer_files)
+        self.findings += missing_layers(self.files, self.loc.tag_dir, self.tp_rank)
         tensors, groups, ranks = self._merge(layer_files, dp)
         return self._checkpoint(tensors, groups, ranks, pp, dp, layer_files)
 

@@ -18,6 +18,7 @@ from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.layout import Layout
 from inspector.scan.locate import OPTIM_RE, Location
 from inspector.scan.model import Finding, Severity
+from inspector.scan.pipeline_names import LAYER_NAME
 
 LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
 LAYER_TP_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
@@ -53,6 +54,7 @@ class PipelineFiles:
     stages: dict[int, Stage]
     present: int
     findings: list[Finding]
+    tp_named: bool = False  # the layer files carry a model axis (layer_XX-model_TT-…)
 
 
 def classify(loc: Location, tp_rank: int = 0, tp: int = 1) -> PipelineFiles:
@@ -65,6 +67,7 @@ def classify(loc: Location, tp_rank: int = 0, tp: int = 1) -> PipelineFiles:
         path = os.path.join(loc.tag_dir, n)
         if (m := LAYER_FILE_RE.match(n)) or ((m := LAYER_TP_RE.match(n)) and int(m.group(2)) == tp_rank):
             out.layers[int(m.group(1))] = path
+            out.tp_named = out.tp_named or LAYER_TP_RE.match(n) is not None
         elif (m := STAGE_RE.match(n)) and int(m.group(1)) % tp == tp_rank:
             s = int(m.group(1)) // tp
             out.stages[s] = Stage(s, path)
@@ -99,4 +102,30 @@ def classify(loc: Location, tp_rank: int = 0, tp: int = 1) -> PipelineFiles:
                     "Copy the complete folder.",
                 )
             )
+    return out
+
+
+def missing_layers(files: PipelineFiles, tag_dir: str, tp_rank: int = 0) -> list[Finding]:
+    """One error per layer whose parameters or buffers a stage lists but whose layer file is gone (at most 8,
+    then a count): its 16-bit weights, buffers and frozen parameters are in that file alone."""
+    names = [n for st in files.stages.values() if st.layout for n in st.layout.params]
+    names += [n for st in files.stages.values() if st.model for n in st.model.buffer_names]
+    wanted = {int(m.group(1)) for n in names if (m := LAYER_NAME.match(n))}
+    missing = sorted(wanted - set(files.layers))
+    model = f"-model_{tp_rank:02d}" if files.tp_named else ""
+    hint = "Copy the complete checkpoint folder; every layer with parameters writes its own file."
+    out = [
+        Finding(
+            Severity.ERROR,
+            "missing-layer",
+            f"The file of pipeline layer {i} (layer_{i:02d}{model}-model_states.pt) is missing: its 16-bit "
+            "weights, buffers and frozen parameters are in that file alone.",
+            tag_dir,
+            hint,
+        )
+        for i in missing[:8]
+    ]
+    if len(missing) > 8:
+        more = f"{len(missing) - 8} more layer files are missing."
+        out.append(Finding(Severity.ERROR, "missing-layer", more, tag_dir, hint))
     return out

@@ -93,3 +93,11 @@ def test_a_replicated_parameter_that_differs_between_shards_is_an_error(tmp_path
         f.write(bytes([first[0] ^ 1]))
     ckpt = scan(str(root))
     assert any(f.code == "tp-mismatch" and "5.bias" in f.message for f in ckpt.errors), ckpt.errors
+
+
+def test_a_missing_layer_file_of_one_shard_is_named(tmp_path: Path) -> None:
+    root = writable(NAME, tmp_path / "ck")
+    os.remove(root / TAG / "layer_03-model_01-model_states.pt")
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["missing-layer"]
+    assert "layer_03-model_01-model_states.pt" in ckpt.errors[0].message
