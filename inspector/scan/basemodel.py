@@ -49,13 +49,7 @@ def read_safetensors(path: str, source: Source | None = None) -> list[TensorInfo
     except InspectorError as exc:
         raise BaseModelError(exc.message, hint=exc.hint or "Use a complete copy of the base model.") from None
     return [
-        TensorInfo(
-            e.name,
-            e.shape,
-            e.dtype,
-            Kind.FROZEN,
-            (Segment(path, header.data_start + e.begin, e.numel, e.dtype),),
-        )
+        TensorInfo(e.name, e.shape, e.dtype, Kind.FROZEN, (Segment(path, header.data_start + e.begin, e.numel, e.dtype),))
         for e in header.entries
     ]
 

@@ -148,9 +148,7 @@ def load_all(
     return {r: value for (r, _), (value, _) in zip(paths, done, strict=True)}
 
 
-def load_or_finding(
-    path: str, source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]
-) -> T | None:
+def load_or_finding(path: str, source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]) -> T | None:
     """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
     parsed becomes an error finding naming it (only the rank-0 model states are essential)."""
     try:

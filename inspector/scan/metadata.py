@@ -156,11 +156,7 @@ def copied_ranks(states: Sequence[OptimStates], source: ByteSource) -> list[Find
     return []
 
 
-def stage3_rank_proof(
-    param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]],
-    states: Sequence[OptimStates],
-    source: ByteSource,
-) -> list[Finding]:
+def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], states: Sequence[OptimStates], source: ByteSource) -> list[Finding]:
     """Which rank wrote the last stage-3 optimizer file, from the one thing that tells ranks apart.
 
     Stage 3 pads each parameter's last slice out to ceil(numel/ws) elements, on the last rank only; the

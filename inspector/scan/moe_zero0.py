@@ -39,7 +39,7 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.moe import EXPERT_NAME, holder_text, missing_experts
-from inspector.scan.parallel_checks import copy_is_not_cast
+from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
 from inspector.scan.pipeline_names import plain, with_copy
 
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
@@ -176,6 +176,8 @@ class _Zero0:
                 if named is None:
                     return [], []
                 out += named
+                if not moe:
+                    self._same_replicas(named, [o.groups[g] for o in opts.values() if o is not opts[0]])
                 numel = sum(t.numel for t in named)
                 info = {**hyper, "ep_rank": e} if moe else dict(hyper)
                 self.groups_rank[len(groups)] = e
@@ -188,6 +190,23 @@ class _Zero0:
             )
             return [], []
         return out, groups
+
+    def _same_replicas(self, named: Sequence[TensorInfo], others: Sequence[Sequence[UnfusedParam]]) -> None:
+        """Every other expert-parallel rank's copy of a dense group (a data-parallel replica DeepSpeed keeps
+        equal) holds rank 0's bytes; the output reads rank 0's, so a damaged copy is said, not hidden."""
+        for copy in others:
+            for t, p in zip(named, copy, strict=False):
+                other = TensorInfo(t.name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master))
+                if differing_copies(t, other, self.loc.source):
+                    self.add(
+                        "replica-differ",
+                        f"The fp32 master of {t.name} differs between expert-parallel ranks' optimizer files: "
+                        "DeepSpeed keeps these data-parallel copies equal, so a file is damaged or from "
+                        "another save.",
+                        p.master.path,
+                        "Restore the tag folder from one save.",
+                    )
+                    return
 
     def _matched(
         self, params: Sequence[UnfusedParam], names: Sequence[tuple[str, TensorRef]], group: int, file: str

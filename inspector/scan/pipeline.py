@@ -306,16 +306,7 @@ class Pipeline:
         st0 = self.stages[0]
         model0 = st0.model
         assert model0 is not None
-        files = [
-            FileInfo.stat(p, "optim", d, s * self.tp + self.tp_rank)
-            for s, st in sorted(self.stages.items())
-            for d, p in sorted(st.optims.items())
-        ]
-        files += [
-            FileInfo.stat(st.model_file, "model", None, s * self.tp + self.tp_rank)
-            for s, st in sorted(self.stages.items())
-        ]
-        files += [FileInfo.stat(p, "layer", None, self.tp_rank) for _, p in sorted(self.layers.items())]
+        files = self._file_infos()
         osd0 = st0.states[0] if st0.states else None
         step = osd0.steps[0] if osd0 and osd0.steps else None
         copies = [t.module_copy[0].dtype for t in tensors if t.kind is Kind.TRAINABLE and t.module_copy]
@@ -357,6 +348,17 @@ class Pipeline:
             module_copy_bytes=sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values()),
             parallel=parallel,
         )
+
+    def _file_infos(self) -> list[FileInfo]:
+        """Optimizer, stage and layer files, each with its model-parallel rank (stage x tp + tp rank)."""
+        mp = {s: s * self.tp + self.tp_rank for s in self.stages}
+        files = [
+            FileInfo.stat(p, "optim", d, mp[s])
+            for s, st in sorted(self.stages.items())
+            for d, p in sorted(st.optims.items())
+        ]
+        files += [FileInfo.stat(st.model_file, "model", None, mp[s]) for s, st in sorted(self.stages.items())]
+        return files + [FileInfo.stat(p, "layer", None, self.tp_rank) for _, p in sorted(self.layers.items())]
 
     def _holders(self, dp: int) -> list[tuple[str, str]]:
         rows = []

@@ -259,11 +259,7 @@ def _checkpoint(
         else (3 if "zero_pp_rank" in files[0].path else 2)
     )
     compute = next(
-        (
-            v
-            for k, v in (("bf16", "bfloat16"), ("fp16", "float16"))
-            if _section(cfg, k).get("enabled") is True
-        ),
+        (v for k, v in (("bf16", "bfloat16"), ("fp16", "float16")) if _section(cfg, k).get("enabled") is True),
         "float32",
     )
     root, tag = os.path.split(folder)

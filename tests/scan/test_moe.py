@@ -147,3 +147,23 @@ def test_zero_off_missing_expert_rank_and_expert_file_are_named(tmp_path: Path) 
     assert sorted(f.code for f in ckpt.errors) == ["missing-expert", "missing-rank"]
     assert any("expert-parallel rank 1" in f.message for f in ckpt.errors)
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_zero_off_dense_replicas_that_differ_are_an_error(tmp_path: Path) -> None:
+    """Each expp_rank file holds the dense masters too; the output reads rank 0's, so rank 1's copy is
+    compared and a damaged one reported."""
+    root = writable("moe_z0_bf16", tmp_path / "ck")
+    path = root / TAG / "expp_rank_1_mp_rank_00_optim_states.pt"
+    from inspector.parse.layers import UnfusedFp16
+
+    parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
+    assert parsed is not None
+    head = parsed.groups[0][2].master  # head.weight's master on rank 1
+    with open(path, "r+b") as f:
+        f.seek(head.offset)
+        first = f.read(1)
+        f.seek(head.offset)
+        f.write(bytes([first[0] ^ 1]))
+    ckpt = scan(str(root))
+    assert [(f.code, f.file) for f in ckpt.errors] == [("replica-differ", str(path))]
+    assert "head.weight" in ckpt.errors[0].message
