@@ -173,7 +173,7 @@ class Pipeline:
         d0 = dims[0]
         model0 = self.stages[0].model
         assert model0 is not None and d0 is not None
-        if (d0.tp_degree or 1) != self.tp:
+        if (d0.tp_degree or self.tp) != self.tp:  # older saves record no degree: the layer files say it
             raise UnsupportedCheckpointError(
                 f"{self.loc.tag_dir}: the model states say tp_degree {d0.tp_degree or 1}, but the layer files "
                 f"name {self.tp} tensor-parallel rank(s).",

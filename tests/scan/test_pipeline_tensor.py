@@ -45,7 +45,7 @@ def _drop_record(root: Path) -> None:
     torch.save(sd, path)
 
 
-def test_without_a_record_the_split_is_refused_until_the_user_states_it(tmp_path: Path) -> None:
+def test_without_a_record_the_split_is_refused_until_the_user_states_it(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
     """A pipeline's layers carry no split of their own: without universal_checkpoint_info the scan says what
     is missing; with --tp-split the join equals the live engines'."""
     root = writable(NAME, tmp_path / "ck")
@@ -59,6 +59,11 @@ def test_without_a_record_the_split_is_refused_until_the_user_states_it(tmp_path
     for n, v in expected(NAME).items():
         if n.startswith("fp32/"):
             assert np.array_equal(fp32[n[5:]].view(np.uint32), v.view(np.uint32)), n
+    args = [a for glob, rule in SPLIT for a in ("--tp-split", f"{glob}={rule}")]
+    assert cli("convert", root, tmp_path / "out", "--format", "weights", "--dtype", "fp32", *args).rc == 0
+    assert cli("verify", root, tmp_path / "out", *args).rc == 0
+    refused = cli("scan", root)
+    assert refused.rc != 0 and "--tp-split" in refused.stdout + refused.stderr
 
 
 def test_a_missing_tensor_parallel_shard_is_named(tmp_path: Path) -> None:
