@@ -111,15 +111,14 @@ class _Zero0:
             if (o := load_or_finding(p, self.loc.source, self.findings, _unfused)) is not None
         }
         ep = self._ep_size(opts)
-        for e in range(ep):
-            if e not in self.f.expp:
-                self.add(
-                    "missing-rank",
-                    f"The optimizer file of expert-parallel rank {e} (expp_rank_{e}_mp_rank_00_optim_states.pt) "
-                    "is missing.",
-                    self.loc.tag_dir,
-                    "Copy the complete checkpoint folder; every expert-parallel rank writes one.",
-                )
+        for e in [e for e in range(ep) if e not in self.f.expp][:8]:
+            self.add(
+                "missing-rank",
+                f"The optimizer file of expert-parallel rank {e} (expp_rank_{e}_mp_rank_00_optim_states.pt) "
+                "is missing.",
+                self.loc.tag_dir,
+                "Copy the complete checkpoint folder; every expert-parallel rank writes one.",
+            )
         tensors: list[TensorInfo] = []
         groups: list[GroupInfo] = []
         if len(opts) == ep and not any(f.severity is Severity.ERROR for f in self.findings):
@@ -128,6 +127,8 @@ class _Zero0:
         return self._checkpoint(model, opts, tensors, groups, ep)
 
     def _ep_size(self, opts: Mapping[int, UnfusedFp16]) -> int:
+        """The expert-parallel size the `ep_size_E` group names, bounded by the files present (one
+        `expp_rank` file per expert-parallel rank)."""
         sizes = {
             int(m.group(1))
             for o in opts.values()
@@ -141,10 +142,20 @@ class _Zero0:
                 "masters carry no names, and which MoE layer used which size is recorded nowhere.",
                 self.loc.tag_dir,
             )
-        return max(sizes, default=max(self.f.expp, default=0) + 1)
+        ep = max(sizes, default=max(self.f.expp, default=0) + 1)
+        if ep > self.f.present:
+            self.add(
+                "world-size",
+                f"The expert group is named ep_size_{ep:,}, but the tag folder holds only {self.f.present} files.",
+                self.loc.tag_dir,
+                "The optimizer files are damaged or crafted.",
+            )
+            return max(self.f.expp, default=0) + 1
+        return ep
 
     def _expert_copies(self) -> dict[int, list[dict[str, TensorRef]]]:
-        """Per MoE layer, each global expert's 16-bit tensors (None-free: an unreadable file is a finding)."""
+        """Per MoE layer, its global experts' 16-bit tensors in order, up to the first missing or unreadable
+        file (a finding says which)."""
         out: dict[int, list[dict[str, TensorRef]]] = {}
         for (layer, e), path in sorted(self.f.experts.items()):
             tf = load_or_finding(path, self.loc.source, self.findings, TensorFile.parse)

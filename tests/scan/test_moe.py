@@ -167,3 +167,16 @@ def test_zero_off_dense_replicas_that_differ_are_an_error(tmp_path: Path) -> Non
     ckpt = scan(str(root))
     assert [(f.code, f.file) for f in ckpt.errors] == [("replica-differ", str(path))]
     assert "head.weight" in ckpt.errors[0].message
+
+
+def test_zero_off_a_crafted_expert_parallel_size_costs_one_finding(tmp_path: Path) -> None:
+    root = writable("moe_z0_bf16", tmp_path / "ck")
+
+    def crafted(sd):  # type: ignore[no-untyped-def]
+        sd["optimizer"]["optimizer_state_dict"]["param_groups"][1]["name"] = "ep_size_1000000"
+        return sd
+
+    for e in (0, 1):
+        _resave(root / TAG / f"expp_rank_{e}_mp_rank_00_optim_states.pt", crafted)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["world-size"] and "ep_size_1,000,000" in ckpt.errors[0].message
