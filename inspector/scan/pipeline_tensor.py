@@ -84,11 +84,12 @@ def _joined(
     base = next(iter(scanned.values()))
     par = base.parallel or Parallel("pipeline")
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
-    holders = tuple(
-        (f"{part} · shard {t}", who)
-        for t, c in sorted(scanned.items())
-        for part, who in (c.parallel.holders if c.parallel else ())
-    )
+    rows = [
+        (i, t, part, who)
+        for t, c in scanned.items()
+        for i, (part, who) in enumerate(c.parallel.holders if c.parallel else ())
+    ]
+    holders = tuple((f"{part} · shard {t}", who) for _, t, part, who in sorted(rows))  # stage by stage
     return replace(
         base,
         tensors=tuple(tensors),
