@@ -251,15 +251,11 @@ def _sub_params(info: Node, regex: list[str]) -> dict[str, SubParams]:
         dim = entry.at("partition_dim").integer(0, 7)
         shape = entry.at("shape").seq(8)
         if dim >= len(shape):
-            raise (
-                shape[0].fail(f"has no dimension {dim} (partition_dim)")
-                if shape
-                else entry.fail("has no shape")
-            )
-        spec = shape[dim]
+            raise entry.at("shape").fail(f"has no dimension {dim} (the entry's partition_dim)")
+        spec = shape[dim]  # the sub-parameters' sizes (a tuple), or their count (an int, before UCP 0.4)
         sizes = (
             tuple(x.integer(1, 1 << 40) for x in spec.seq(_MAX_SUB))
-            if not spec.is_mapping() and isinstance(spec.value, list | tuple)
+            if isinstance(spec.value, list | tuple)
             else None
         )
         count = None if sizes is not None else spec.integer(1, _MAX_SUB)
