@@ -105,10 +105,11 @@ def join_shards(
     loc: Location,
 ) -> list[TensorInfo]:
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
-    none is recorded); nothing while a shard is missing or damaged (the findings say why)."""
+    none is recorded, or only as regular expressions); nothing while a shard is missing or damaged (the
+    findings say why)."""
     complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
-    if recipe is None and tp_split and complete:
+    if (recipe is None or recipe.regex) and tp_split and complete:  # a record we cannot read: the user's split
         recipe = _user_recipe(scanned[0], tp_split, findings, model0)
         complete = recipe is not None
     return _join(scanned, recipe, findings, loc) if complete else []
@@ -236,7 +237,8 @@ def _recipe_problem(recipe: TpRecipe | None, model0: str) -> Finding | None:
             f"{len(recipe.regex)} split rule(s) in universal_checkpoint_info are regular expressions (e.g. "
             f"{recipe.regex[0][:60]!a}), not parameter names; they are not evaluated.",
             model0,
-            "Only AutoTP's anchored parameter names are read so far.",
+            "Only anchored parameter names (as AutoTP writes them) are read; Megatron-DeepSpeed's patterns are "
+            "regular expressions. State the split: --tp-split PATTERN=0|1|replicated for every parameter.",
         )
     return None
 

@@ -76,6 +76,9 @@ def test_a_regex_split_rule_is_not_evaluated(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["tp-unrecorded"]
     assert "regular expressions" in ckpt.errors[0].message
+    assert "--tp-split" in ckpt.errors[0].hint
+    stated = scan(str(root), tp_split=SPLIT)  # a record only as regexes: the user's split is taken
+    assert not stated.errors and stated.tensor("model.layers.0.mlp.down_proj.weight").shape == (16, 24)
 
 
 def test_a_missing_shard_is_named(tmp_path: Path) -> None:
