@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
-from inspector.errors import NotACheckpointError
+from inspector.errors import InspectorError, NotACheckpointError, StoreError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.scan.locate import Location
@@ -66,14 +66,42 @@ def scan_pipeline_tensor(
                     "Copy the complete checkpoint folder; every tensor-parallel rank writes its own layer files.",
                 )
             )
-    scanned = {t: Pipeline(loc, t, tp).build() for t in range(tp) if t in held}
+    scanned = _shards(loc, tp, held, findings)
     if not scanned:  # layer files without a model axis, yet tp_degree > 1: refused there, with the reason
         return Pipeline(loc).build()
-    for c in scanned.values():
-        findings += [f for f in c.findings if f not in findings]
     recipe = TpRecipe.parse(tree0, model0) if tree0 is not None else None
     tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     return _joined(scanned, tp, tensors, findings)
+
+
+def _shards(loc: Location, tp: int, held: set[int], findings: list[Finding]) -> dict[int, Checkpoint]:
+    """Each tensor-parallel rank's pipeline; its findings added, naming the rank. A rank whose essential file
+    (its first stage's model states) is lost is a finding too: only rank 0's refuses the whole folder."""
+    out: dict[int, Checkpoint] = {}
+    for t in sorted(held):
+        try:
+            out[t] = Pipeline(loc, t, tp).build()
+        except StoreError:
+            raise  # the store refused (credentials, throttling): not a finding about the files
+        except InspectorError as exc:
+            if t == 0:
+                raise
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "missing-shard",
+                    f"Tensor-parallel rank {t}: {exc.message}",
+                    loc.tag_dir,
+                    exc.hint,
+                )
+            )
+            continue
+        for f in out[t].findings:
+            if f not in loc.findings:
+                f = replace(f, message=f"Tensor-parallel rank {t}: {f.message}")
+            if f not in findings:
+                findings.append(f)
+    return out
 
 
 def _joined(

@@ -106,3 +106,16 @@ def test_a_missing_layer_file_of_one_shard_is_named(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["missing-layer"]
     assert "layer_03-model_01-model_states.pt" in ckpt.errors[0].message
+
+
+def test_a_lost_first_stage_of_another_shard_is_a_finding(tmp_path: Path) -> None:
+    """mp_rank_01 is tensor-parallel rank 1's first stage: the folder is still scanned, the loss named."""
+    root = writable(NAME, tmp_path / "ck")
+    os.remove(root / TAG / "mp_rank_01_model_states.pt")
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["missing-shard"]
+    assert (
+        ckpt.errors[0].message.startswith("Tensor-parallel rank 1:")
+        and "mp_rank_01" in ckpt.errors[0].message
+    )
+    assert not ckpt.tensors
