@@ -317,16 +317,19 @@ class _Zero0:
             ds_config=model.ds_config,
             other_runs=self.loc.other_runs,
             module_copy_bytes=sum(s.nbytes for t in tensors for s in t.module_copy),
-            parallel=Parallel("expert", ep=ep, dp=max(dp, ep), holders=self._holders(tensors, ep)),
+            parallel=Parallel(
+                "expert", ep=ep, dp=max(dp, ep), holders=self._holders(tensors, ep, max(dp, ep))
+            ),
         )
 
-    def _holders(self, tensors: Sequence[TensorInfo], ep: int) -> tuple[tuple[str, str], ...]:
-        """Which rank holds which experts, per MoE layer, worded as the ZeRO-1/2 MoE scan words it."""
+    def _holders(self, tensors: Sequence[TensorInfo], ep: int, world: int) -> tuple[tuple[str, str], ...]:
+        """Which ranks hold which experts, per MoE layer, worded as the ZeRO-1/2 MoE scan words it: expert-
+        parallel rank e is every rank r with r mod ep = e (only expert-data-parallel rank 0 writes a file)."""
         by_layer: dict[str, dict[int, list[int]]] = {}
         for t in tensors:
             if (m := EXPERT_NAME.match(t.name)) and t.group is not None:
-                rank = self.groups_rank.get(t.group, 0)
-                by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), [rank])
+                ranks = list(range(self.groups_rank.get(t.group, 0), world, ep))
+                by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), ranks)
         return tuple((layer, holder_text(by_expert)) for layer, by_expert in sorted(by_layer.items()))
 
 

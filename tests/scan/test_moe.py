@@ -25,6 +25,7 @@ EXACT = {  # fixture -> (ranks, ZeRO stage, compute dtype, who holds the first l
     "moe_z2_bf16_ws4": (4, 2, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
     "moe_z0_bf16": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # expp_rank_* files
     "moe_z0_fp16": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z0_bf16_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),  # expert-DP 2
 }
 
 
