@@ -75,12 +75,15 @@ def copy_is_not_cast(master: TensorInfo, copy: Sequence[Segment], source: ByteSo
     first and last `_SAMPLE` elements. An optimizer that copies masters into the module after every step
     (ZeRO off) leaves them equal, so this proves a master was matched to the right name without a name in
     the file; two same-shaped parameters swapped differ here. NaNs compare equal to NaNs. Unreadable: True."""
-    import ml_dtypes
     import numpy as np
 
-    low = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(copy[0].dtype if copy else "")
-    if low is None or master.dtype != "float32" or sum(s.numel for s in copy) != master.numel:
+    from inspector.format.dtypes import numpy_dtype
+
+    if not copy or copy[0].dtype not in ("bfloat16", "float16") or master.dtype != "float32":
         return True
+    if sum(s.numel for s in copy) != master.numel:
+        return True
+    low = numpy_dtype(copy[0].dtype)
     n = master.numel
     spans = [(0, min(n, _SAMPLE))] + ([(n - _SAMPLE, _SAMPLE)] if n > 2 * _SAMPLE else [])
     if _SAMPLE < n <= 2 * _SAMPLE:
