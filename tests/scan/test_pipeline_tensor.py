@@ -119,3 +119,15 @@ def test_a_lost_first_stage_of_another_shard_is_a_finding(tmp_path: Path) -> Non
         and "mp_rank_01" in ckpt.errors[0].message
     )
     assert not ckpt.tensors
+
+
+def test_a_model_axis_of_one_rank_reads_as_a_plain_pipeline(tmp_path: Path) -> None:
+    """A PipeModelDataParallelTopology with num_mp=1 names its layer files layer_XX-model_00-…: the same
+    pipeline as layer_XX-…, read the same (it was refused as pipeline x tensor parallel before)."""
+    root = writable("pp_z1_bf16", tmp_path / "ck")
+    for n in os.listdir(root / TAG):
+        if n.startswith("layer_"):
+            os.rename(root / TAG / n, root / TAG / n.replace("-model_states", "-model_00-model_states"))
+    ckpt = scan(str(root))
+    assert not ckpt.errors and ckpt.parallel is not None and ckpt.parallel.tp == 1
+    assert_exact(ckpt, "pp_z1_bf16", tmp_path)
