@@ -9,7 +9,7 @@ number is bounded, as in `parse.states`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -65,6 +65,9 @@ class ParallelDims:
         return cls(root.at("mp_world_size").opt_integer(1, MAX_DEGREE), pp, tp, num)
 
 
+_UNFUSED_HYPER = ("lr", "weight_decay", "betas", "eps", "name", "moe")  # name, moe: native MoE's group labels
+
+
 @dataclass(frozen=True)
 class UnfusedParam:
     """One parameter's fp32 master and Adam state in an FP16_UnfusedOptimizer (ZeRO off, fp16)."""
@@ -101,7 +104,7 @@ class UnfusedFp16:
         state = osd.at("state") if osd.is_mapping() else Node(None, file)
         pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
         hyper = tuple(
-            MappingProxyType({k: g.at(k).json() for k in ("lr", "weight_decay", "betas", "eps") if g.has(k)})
+            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
             for g in pgs
             if g.is_mapping()
         )
@@ -133,8 +136,7 @@ _RECIPES = {  # universal_checkpoint_info key -> how the shards of a matching pa
     "tp_replicated_parameter_patterns": "replicated",
     "parameter_with_row_parallelism_patterns": "row",
     "vocabulary_parameter_patterns": "vocab",
-    "parameter_with_sub_params": "sub-params",
-    "parameter_with_2_sub_params_cat_dim_0": "sub-params",
+    "parameter_with_2_sub_params_cat_dim_0": "2-sub-params",  # [a; b] per shard, each half on dim 0
     "parameter_to_average_patterns": "average",
 }
 
@@ -164,6 +166,19 @@ def literal_pattern(pattern: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class SubParams:
+    """One `parameter_with_sub_params` entry: a fused parameter (`qkv_proj`, `gate_up_proj`) whose shards each
+    hold a piece of every sub-parameter along `partition_dim`. `sizes`: the sub-parameters' full sizes there
+    (UCP's tuple form), or None with `count` equal ones (the form before UCP 0.4); `widths[i][t]`: rows of
+    sub-parameter i on shard t (UCP 0.4 `sub_param_shard_widths`), None where not recorded."""
+
+    partition_dim: int
+    sizes: tuple[int, ...] | None
+    count: int | None
+    widths: tuple[tuple[int, ...], ...] | None
+
+
+@dataclass(frozen=True)
 class TpRecipe:
     """`universal_checkpoint_info` (AutoTP, Megatron-DeepSpeed): how each parameter's tensor-parallel shards
     join. `rules` maps a parameter name to replicated / row (dim 1) / vocab (dim 0, padding cut to
@@ -176,6 +191,8 @@ class TpRecipe:
     unsupported: frozenset[str]
     original_vocab_size: int | None
     regex: tuple[str, ...]
+    sub_params: Mapping[str, SubParams] = field(default_factory=lambda: MappingProxyType({}))
+    version: float = 0.0  # universal_checkpoint_version: from 0.4 sub-parameters must record their widths
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> TpRecipe | None:
@@ -199,6 +216,54 @@ class TpRecipe:
             name = literal_pattern(pattern[:1024])
             unsupported.add(name if name is not None else pattern[:1024])
         vocab = info.at("original_vocab_size")
+        subs = _sub_params(info, regex)
+        for name in subs:
+            rules.setdefault(name, "sub-params")
+        v = info.at("universal_checkpoint_version").value
+        version = float(v) if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e6 else 0.0
         return cls(
-            file, MappingProxyType(rules), frozenset(unsupported), vocab.opt_integer(1, 1 << 40), tuple(regex)
+            file,
+            MappingProxyType(rules),
+            frozenset(unsupported),
+            vocab.opt_integer(1, 1 << 40),
+            tuple(regex),
+            MappingProxyType(subs),
+            version,
         )
+
+
+_MAX_SUB = 64  # sub-parameters of one fused parameter (qkv: 3, gate_up: 2)
+
+
+def _sub_params(info: Node, regex: list[str]) -> dict[str, SubParams]:
+    """`parameter_with_sub_params` (with UCP 0.4's `sub_param_shard_widths`) by literal parameter name; a
+    pattern that is a regex joins `regex` (never evaluated)."""
+    widths_node = info.at("sub_param_shard_widths")
+    recorded: dict[str, tuple[tuple[int, ...], ...]] = {}
+    if not widths_node.is_none():
+        for pattern, w in widths_node.entries("pattern", names=False):
+            recorded[pattern] = tuple(
+                tuple(x.integer(0, 1 << 40) for x in row.seq(MAX_DEGREE)) for row in w.seq(_MAX_SUB)
+            )
+    out: dict[str, SubParams] = {}
+    entries = info.at("parameter_with_sub_params")
+    for entry in [] if entries.is_none() else entries.seq(1 << 20):
+        dim = entry.at("partition_dim").integer(0, 7)
+        shape = entry.at("shape").seq(8)
+        if dim >= len(shape):
+            raise entry.at("shape").fail(f"has no dimension {dim} (the entry's partition_dim)")
+        spec = shape[dim]  # the sub-parameters' sizes (a tuple), or their count (an int, before UCP 0.4)
+        sizes = (
+            tuple(x.integer(1, 1 << 40) for x in spec.seq(_MAX_SUB))
+            if isinstance(spec.value, list | tuple)
+            else None
+        )
+        count = None if sizes is not None else spec.integer(1, _MAX_SUB)
+        for p in entry.at("patterns").seq(1 << 20):
+            text = p.text(1024)
+            name = literal_pattern(text)
+            if name is None:
+                regex.append(text)
+            else:
+                out[name] = SubParams(dim, sizes, count, recorded.get(text))
+    return out

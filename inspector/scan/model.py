@@ -190,7 +190,10 @@ class Parallel:
         from inspector.system.units import plural
 
         if self.kind == "pipeline":
-            return f"pipeline parallel: {plural(self.pp, 'stage')} × {plural(self.dp, 'data-parallel rank')}"
+            tp = f" × {plural(self.tp, 'tensor-parallel shard')}" if self.tp > 1 else ""
+            return (
+                f"pipeline parallel: {plural(self.pp, 'stage')}{tp} × {plural(self.dp, 'data-parallel rank')}"
+            )
         if self.kind == "expert":
             return f"expert parallel: EP {self.ep} × expert-DP {self.dp // max(self.ep, 1) or 1} ({plural(self.dp, 'rank')})"
         return f"tensor parallel: {plural(self.tp, 'shard')} × {plural(self.dp, 'data-parallel rank')}"

@@ -37,7 +37,7 @@ from inspector.scan.model import (
 from inspector.scan.scanner import _Scanner
 from inspector.system.bytesource import ByteSource
 
-_EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
+EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
 
 
@@ -46,7 +46,7 @@ def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
     scanner = _MoEScanner(loc, files)
     ckpt = scanner.build()
     extra = tuple(FileInfo.stat(p, "expert", None) for _, p in sorted(files.experts.items()))
-    copies = sum(s.nbytes for t in ckpt.tensors if _EXPERT.match(t.name) for s in t.module_copy)
+    copies = sum(s.nbytes for t in ckpt.tensors if EXPERT_NAME.match(t.name) for s in t.module_copy)
     return replace(
         ckpt,
         files=ckpt.files + extra,
@@ -79,7 +79,7 @@ class _MoEScanner(_Scanner):
             return None
         self.parallel = parallel
         self.findings += lay.findings
-        self.findings += _missing_experts(model, self.files, self.loc.tag_dir, self.loc.source)
+        self.findings += missing_experts(model, self.files, self.loc.tag_dir, self.loc.source)
         return lay
 
 
@@ -157,13 +157,13 @@ def _moe_layout(
                 rank_groups[r] += [replace(rg, group=index) for rg in part.rank_groups[d]]
             _add_params(lay, part, e, index, _local_counts(shapes), experts)
             for name in part.params:
-                if m := _EXPERT.match(_global(name, e, _local_counts(shapes))):
+                if m := EXPERT_NAME.match(_global(name, e, _local_counts(shapes))):
                     holders.setdefault(m.group(1), {}).setdefault(int(m.group(2)), ranks)
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     ep_max = max(eps) if eps else 1
     rows = [
-        (f"{prefix.rstrip('.')}", _holder_text(by_expert)) for prefix, by_expert in sorted(holders.items())
+        (f"{prefix.rstrip('.')}", holder_text(by_expert)) for prefix, by_expert in sorted(holders.items())
     ]
     return lay, Parallel("expert", ep=ep_max, dp=ws, holders=tuple(rows))
 
@@ -209,13 +209,13 @@ def _local_counts(shapes: Sequence[tuple[str, tuple[int, ...]]]) -> dict[str, in
     """Local experts per MoE layer (name prefix) in one expert-parallel rank's group."""
     ids: dict[str, set[int]] = {}
     for name, _ in shapes:
-        if m := _EXPERT.match(name):
+        if m := EXPERT_NAME.match(name):
             ids.setdefault(m.group(1), set()).add(int(m.group(2)))
     return {p: len(v) for p, v in ids.items()}
 
 
 def _global(name: str, e: int, n_local: Mapping[str, int]) -> str:
-    m = _EXPERT.match(name)
+    m = EXPERT_NAME.match(name)
     if not m:
         return name
     return f"{m.group(1)}{e * n_local[m.group(1)] + int(m.group(2))}{m.group(3)}"
@@ -231,7 +231,7 @@ def _expert_copies(files: RankFiles, source: ByteSource, findings: list[Finding]
     return out
 
 
-def _holder_text(by_expert: Mapping[int, list[int]]) -> str:
+def holder_text(by_expert: Mapping[int, list[int]]) -> str:
     """`expert 0-1: ranks 0 · expert 2-3: ranks 1`, grouped by the ranks that hold them."""
     by_ranks: dict[tuple[int, ...], list[int]] = {}
     for expert, held in sorted(by_expert.items()):
@@ -243,7 +243,7 @@ def _holder_text(by_expert: Mapping[int, list[int]]) -> str:
     return " · ".join(parts)
 
 
-def _missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: ByteSource) -> list[Finding]:
+def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: ByteSource) -> list[Finding]:
     """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present)."""
     try:
         dims = ParallelDims.parse(load_tree(model.file, source), model.file)

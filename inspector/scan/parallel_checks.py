@@ -65,3 +65,41 @@ def differing_copies(a: TensorInfo, b: TensorInfo, source: ByteSource) -> bool:
     finally:
         for h in handles.values():
             h.close()
+
+
+_SAMPLE = 4096  # elements compared at each end of a tensor by `copy_is_not_cast`
+
+
+def copy_is_not_cast(master: TensorInfo, copy: Sequence[Segment], source: ByteSource) -> bool:
+    """Whether a 16-bit module copy is NOT the fp32 master cast to its dtype (round to nearest even), on the
+    first and last `_SAMPLE` elements. An optimizer that copies masters into the module after every step
+    (ZeRO off) leaves them equal, so this proves a master was matched to the right name without a name in
+    the file; two same-shaped parameters swapped differ here. NaNs compare equal to NaNs. Unreadable: True."""
+    import numpy as np
+
+    from inspector.format.dtypes import numpy_dtype
+
+    if not copy or copy[0].dtype not in ("bfloat16", "float16") or master.dtype != "float32":
+        return True
+    if sum(s.numel for s in copy) != master.numel:
+        return True
+    low = numpy_dtype(copy[0].dtype)
+    n = master.numel
+    spans = [(0, min(n, _SAMPLE))] + ([(n - _SAMPLE, _SAMPLE)] if n > 2 * _SAMPLE else [])
+    if _SAMPLE < n <= 2 * _SAMPLE:
+        spans = [(0, n)]
+    handles: dict[str, Handle] = {}
+    try:
+        for start, count in spans:
+            m = np.frombuffer(_read(master.segments, start * 4, count * 4, source, handles), np.float32)
+            c = np.frombuffer(_read(copy, start * 2, count * 2, source, handles), low)
+            cast = m.astype(low)
+            same = (cast.view(np.uint16) == c.view(np.uint16)) | (np.isnan(cast) & np.isnan(c))
+            if not bool(same.all()):
+                return True
+        return False
+    except (OSError, CorruptFileError, ValueError):
+        return True
+    finally:
+        for h in handles.values():
+            h.close()

@@ -11,17 +11,16 @@ the output holds one copy (the first stage's) and the other stages' copies are c
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.files import load_or_finding
-from inspector.scan.layout import Layout, stage12_layout
-from inspector.scan.locate import OPTIM_RE, Location
+from inspector.scan.layout import stage12_layout
+from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
     Checkpoint,
@@ -35,6 +34,7 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.parallel_checks import differing_copies
+from inspector.scan.pipeline_files import Stage, classify, is_pipeline, missing_layers
 from inspector.scan.pipeline_names import (
     LAYER_NAME,
     TIED_PREFIX,
@@ -47,100 +47,37 @@ from inspector.scan.pipeline_names import (
 )
 from inspector.system.bytesource import ByteSource
 
-LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
-LAYER_TP_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
-STAGE_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-
-
-def is_pipeline(names: list[str]) -> bool:
-    return any(LAYER_FILE_RE.match(n) or LAYER_TP_RE.match(n) for n in names)
-
-
-@dataclass
-class _Stage:
-    """One stage's records and the tensors rebuilt from them."""
-
-    index: int
-    model_file: str
-    model: ModelStates | None = None
-    optims: dict[int, str] = field(default_factory=dict)
-    states: list[OptimStates] = field(default_factory=list)
-    layout: Layout | None = None
-    optimizer: str = "DeepSpeedZeroOptimizer"
-    zero_stage: int = 1
-
 
 def scan_pipeline(loc: Location) -> Checkpoint:
     """Scan a pipeline-parallel tag folder into a `Checkpoint` whose tensors carry pipeline names."""
-    return _Pipeline(loc).build()
+    return Pipeline(loc).build()
 
 
-class _Pipeline:
-    def __init__(self, loc: Location) -> None:
+class Pipeline:
+    """One tensor-parallel rank's pipeline (all of it when tp is 1): its stages rebuilt and merged."""
+
+    def __init__(self, loc: Location, tp_rank: int = 0, tp: int = 1) -> None:
         self.loc = loc
         self.source: ByteSource = loc.source
         self.findings: list[Finding] = list(loc.findings)
+        self.tp_rank, self.tp = tp_rank, tp
         self.layers: dict[int, str] = {}
-        self.stages: dict[int, _Stage] = {}
+        self.stages: dict[int, Stage] = {}
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
     ) -> None:
         self.findings.append(Finding(severity, code, message, file, hint))
 
-    # -- files ------------------------------------------------------------------------------------------------
-
     def _classify(self) -> int:
-        tag_dir = self.loc.tag_dir
-        names = self.source.listdir(tag_dir)
-        present = len(names)
-        tp_layers = [n for n in names if LAYER_TP_RE.match(n)]
-        if tp_layers:
-            raise UnsupportedCheckpointError(
-                f"{tag_dir} is a pipeline × tensor-parallel checkpoint ({tp_layers[0]} and "
-                f"{len(tp_layers) - 1} more layer shards).",
-                hint="Pipeline checkpoints are read with one tensor-parallel rank; layer files split over "
-                "tensor-parallel ranks (layer_XX-model_TT-…) are not supported yet.",
-            )
-        optims: dict[tuple[int, int], str] = {}
-        for n in names:
-            path = os.path.join(tag_dir, n)
-            if m := LAYER_FILE_RE.match(n):
-                self.layers[int(m.group(1))] = path
-            elif m := STAGE_RE.match(n):
-                self.stages[int(m.group(1))] = _Stage(int(m.group(1)), path)
-            elif m := OPTIM_RE.match(n):
-                optims[(int(m.group(3)), int(m.group(2)))] = path
-        high = [s for s in self.stages if s >= present] + [r for pair in optims for r in pair if r >= present]
-        if high:
-            raise NotACheckpointError(
-                f"{tag_dir} holds a stage or rank file numbered {max(high):,} but only {present} files in all: "
-                "a stray or crafted file, since every stage and rank of a run writes its own file.",
-                hint="Remove the stray file (or restore the missing files) and try again.",
-                title="Impossible rank number",
-            )
-        if 0 not in self.stages:
-            raise NotACheckpointError(
-                f"{tag_dir}: the first stage's model file mp_rank_00_model_states.pt is missing.",
-                hint="Copy the complete checkpoint folder; each pipeline stage writes its own mp_rank_SS file.",
-            )
-        for (s, d), path in optims.items():
-            if s in self.stages:
-                self.stages[s].optims[d] = path
-            else:
-                self.add(
-                    Severity.ERROR,
-                    "missing-stage",
-                    f"Optimizer files for stage {s} exist but its model "
-                    f"file mp_rank_{s:02d}_model_states.pt is missing.",
-                    path,
-                    "Copy the complete folder.",
-                )
-        return present
+        self.files = classify(self.loc, self.tp_rank, self.tp)
+        self.layers, self.stages = self.files.layers, self.files.stages
+        self.findings += self.files.findings
+        return self.files.present
 
     # -- per stage -------------------------------------------------------------------------------------------
 
-    def _load_stage(self, st: _Stage) -> tuple[ParallelDims | None, UnfusedFp16 | None]:
+    def _load_stage(self, st: Stage) -> tuple[ParallelDims | None, UnfusedFp16 | None]:
         try:
             tree = load_tree(st.model_file, self.source)
             st.model = ModelStates.parse(tree, st.model_file)
@@ -151,39 +88,44 @@ class _Pipeline:
             self.add(Severity.ERROR, "unreadable", exc.message, st.model_file, exc.hint)
             return None, None
 
+    def _no_optimizer_files(self, st: Stage, unfused: UnfusedFp16 | None) -> None:
+        """A stage without optimizer files: ZeRO off in fp16 (masters that cannot be named), or files lost."""
+        if unfused is None:
+            self.add(
+                Severity.ERROR,
+                "missing-rank",
+                f"Stage {st.index} has no optimizer files.",
+                st.model_file,
+                "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.",
+            )
+            return
+        st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
+        st.zero_stage = 0
+        what = (
+            "one flat fp32 block per group, its parameter boundaries written nowhere but in the sizes"
+            if unfused.fused
+            else "fp32 masters without parameter names"
+        )
+        self.add(
+            Severity.ERROR,
+            "unnamed-params",
+            f"Stage {st.index} was saved with ZeRO off in fp16 ({st.optimizer}): it holds {what}, and "
+            "a tied module's key is written nowhere, so they cannot be matched to the pipeline's "
+            "parameters safely.",
+            st.model_file,
+            "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
+            "complete weights in the meantime.",
+        )
+
     def _stage_layout(
-        self, st: _Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
+        self, st: Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
     ) -> None:
+        """Stage `st`'s flat optimizer groups rebuilt into its parameters (`st.layout`), or a finding."""
         model = st.model
         if model is None:
             return
         if not st.optims:
-            if unfused is not None:
-                st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
-                st.zero_stage = 0
-                what = (
-                    "one flat fp32 block per group, its parameter boundaries written nowhere but in the sizes"
-                    if unfused.fused
-                    else "fp32 masters without parameter names"
-                )
-                self.add(
-                    Severity.ERROR,
-                    "unnamed-params",
-                    f"Stage {st.index} was saved with ZeRO off in fp16 ({st.optimizer}): it holds {what}, and "
-                    "a tied module's key is written nowhere, so they cannot be matched to the pipeline's "
-                    "parameters safely.",
-                    st.model_file,
-                    "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
-                    "complete weights in the meantime.",
-                )
-            else:
-                self.add(
-                    Severity.ERROR,
-                    "missing-rank",
-                    f"Stage {st.index} has no optimizer files.",
-                    st.model_file,
-                    "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.",
-                )
+            self._no_optimizer_files(st, unfused)
             return
         missing = [d for d in range(dp) if d not in st.optims]
         for d in missing[:8]:
@@ -231,12 +173,13 @@ class _Pipeline:
         d0 = dims[0]
         model0 = self.stages[0].model
         assert model0 is not None and d0 is not None
-        if d0.tp_degree is not None and d0.tp_degree > 1:
+        if (d0.tp_degree or self.tp) != self.tp:  # older saves record no degree: the layer files say it
             raise UnsupportedCheckpointError(
-                f"{self.loc.tag_dir} is a pipeline × tensor-parallel checkpoint (tp_degree {d0.tp_degree}).",
-                hint="Pipelines with tensor parallelism are not supported yet.",
+                f"{self.loc.tag_dir}: the model states say tp_degree {d0.tp_degree or 1}, but the layer files "
+                f"name {self.tp} tensor-parallel rank(s).",
+                hint="Files of different runs are mixed, or tensor-parallel layer files are missing.",
             )
-        pp = d0.pp_degree or d0.mp_world_size or len(self.stages)
+        pp = d0.pp_degree or (d0.mp_world_size or 0) // self.tp or len(self.stages)
         if pp > present:
             self.add(
                 Severity.ERROR,
@@ -251,7 +194,8 @@ class _Pipeline:
                 self.add(
                     Severity.ERROR,
                     "missing-stage",
-                    f"The model file of pipeline stage {s} (mp_rank_{s:02d}_model_states.pt) is missing.",
+                    f"The model file of pipeline stage {s} (mp_rank_{s * self.tp + self.tp_rank:02d}_model_"
+                    "states.pt) is missing.",
                     self.loc.tag_dir,
                     "Copy the complete checkpoint folder; every stage writes its own file.",
                 )
@@ -263,6 +207,7 @@ class _Pipeline:
         }
         for s, st in sorted(self.stages.items()):
             self._stage_layout(st, dp, unfused.get(s), layer_files)
+        self.findings += missing_layers(self.files, self.loc.tag_dir, self.tp_rank)
         tensors, groups, ranks = self._merge(layer_files, dp)
         return self._checkpoint(tensors, groups, ranks, pp, dp, layer_files)
 
@@ -361,13 +306,7 @@ class _Pipeline:
         st0 = self.stages[0]
         model0 = st0.model
         assert model0 is not None
-        files = [
-            FileInfo.stat(p, "optim", d, s)
-            for s, st in sorted(self.stages.items())
-            for d, p in sorted(st.optims.items())
-        ]
-        files += [FileInfo.stat(st.model_file, "model", None, s) for s, st in sorted(self.stages.items())]
-        files += [FileInfo.stat(p, "layer", None, 0) for _, p in sorted(self.layers.items())]
+        files = self._file_infos()
         osd0 = st0.states[0] if st0.states else None
         step = osd0.steps[0] if osd0 and osd0.steps else None
         copies = [t.module_copy[0].dtype for t in tensors if t.kind is Kind.TRAINABLE and t.module_copy]
@@ -410,6 +349,17 @@ class _Pipeline:
             parallel=parallel,
         )
 
+    def _file_infos(self) -> list[FileInfo]:
+        """Optimizer, stage and layer files, each with its model-parallel rank (stage x tp + tp rank)."""
+        mp = {s: s * self.tp + self.tp_rank for s in self.stages}
+        files = [
+            FileInfo.stat(p, "optim", d, mp[s])
+            for s, st in sorted(self.stages.items())
+            for d, p in sorted(st.optims.items())
+        ]
+        files += [FileInfo.stat(st.model_file, "model", None, mp[s]) for s, st in sorted(self.stages.items())]
+        return files + [FileInfo.stat(p, "layer", None, self.tp_rank) for _, p in sorted(self.layers.items())]
+
     def _holders(self, dp: int) -> list[tuple[str, str]]:
         rows = []
         for s, st in sorted(self.stages.items()):
@@ -434,12 +384,12 @@ class _Pipeline:
             )
             if tied:
                 what += f" · tied {', '.join(tied)}"
-            ranks = ", ".join(str(s * dp + d) for d in sorted(st.optims)) or "–"
+            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in sorted(st.optims)) or "–"
             rows.append((f"stage {s}", f"{what} · ranks {ranks}"))
         return rows
 
 
-def _stage_of(t: TensorInfo, stages: Mapping[int, _Stage]) -> int:
+def _stage_of(t: TensorInfo, stages: Mapping[int, Stage]) -> int:
     for s, st in sorted(stages.items()):
         if st.layout is not None and st.layout.params.get(t.name) is not None:
             return s

@@ -31,15 +31,20 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     if (uni := find_universal(path, tag)) is not None:
         return scan_universal(uni)
     loc = locate(path, tag)
-    from inspector.scan.pipeline import is_pipeline, scan_pipeline
+    from inspector.scan.pipeline_files import is_pipeline
+    from inspector.scan.pipeline_tensor import scan_pipeline_tensor
 
     names = loc.source.listdir(loc.tag_dir)
     if is_pipeline(names):
-        return scan_pipeline(loc)
+        return scan_pipeline_tensor(loc, names, tp_split)
     from inspector.scan.tensor import scan_tensor, tp_ranks
 
     if len(tp_ranks(names)) > 1:
         return scan_tensor(loc, names, tp_split)
+    from inspector.scan.moe_zero0 import is_moe_zero0, scan_moe_zero0
+
+    if is_moe_zero0(names):
+        return scan_moe_zero0(loc, names)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
     if files.experts:
         from inspector.scan.moe import scan_moe

@@ -5,28 +5,27 @@ tensor-parallel shard as it rebuilds any checkpoint. The shards join by what the
 `universal_checkpoint_info`: replicated parameters are taken once (every other shard's copy compared),
 row-parallel ones join on dim 1, vocabulary-parallel ones on dim 0 with the padding rows cut, the rest on dim 0.
 What the checkpoint does not record is refused with what is missing, never guessed: no recipe at all, a regex
-pattern instead of a name, fused sub-parameters, averaged or AutoTP-unsupported parameters.
+pattern instead of a name, averaged or AutoTP-unsupported parameters. Fused sub-parameters (`qkv_proj`,
+`gate_up_proj`) join each sub-parameter's pieces in turn, by the widths recorded (`scan/tensor_join.py`).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from inspector.errors import InspectorError, NotACheckpointError
-from inspector.format.dtypes import itemsize
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
+from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
 
 Segs = tuple[Segment, ...]
-_MAX_PIECES = 1 << 24  # row-parallel joins: rows x shards pieces (an 8192-row weight over 8 shards: 65,536)
 
 
 def tp_ranks(names: Sequence[str]) -> set[int]:
@@ -75,11 +74,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     for c in scanned.values():
         findings += [f for f in c.findings if f not in findings]
     base = scanned[0]
-    complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
-    if recipe is None and tp_split and complete:
-        recipe = _user_recipe(scanned[0], tp_split, findings, shards[0].model)
-        complete = recipe is not None
-    tensors = _join(scanned, recipe, findings, loc) if complete else []
+    tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
     holders = tuple(
@@ -99,6 +94,25 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
 
 
 SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
+
+
+def join_shards(
+    scanned: Mapping[int, Checkpoint],
+    tp: int,
+    recipe: TpRecipe | None,
+    tp_split: Sequence[tuple[str, str]],
+    findings: list[Finding],
+    loc: Location,
+) -> list[TensorInfo]:
+    """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
+    none is recorded, or only as regular expressions); nothing while a shard is missing or damaged (the
+    findings say why)."""
+    complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
+    model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
+    if (recipe is None or recipe.regex) and tp_split and complete:  # a record we cannot read: the user's split
+        recipe = _user_recipe(scanned[0], tp_split, findings, model0)
+        complete = recipe is not None
+    return _join(scanned, recipe, findings, loc) if complete else []
 
 
 def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
@@ -188,7 +202,7 @@ def _join(
             )
             continue
         rule = "alias" if t0.kind is Kind.TIED else recipe.rules.get(t0.name, "dim0")
-        if t0.name in recipe.unsupported or rule in ("sub-params", "average"):
+        if t0.name in recipe.unsupported or rule == "average":
             why = (
                 "AutoTP marked it unconvertible"
                 if t0.name in recipe.unsupported
@@ -223,7 +237,8 @@ def _recipe_problem(recipe: TpRecipe | None, model0: str) -> Finding | None:
             f"{len(recipe.regex)} split rule(s) in universal_checkpoint_info are regular expressions (e.g. "
             f"{recipe.regex[0][:60]!a}), not parameter names; they are not evaluated.",
             model0,
-            "Only AutoTP's anchored parameter names are read so far.",
+            "Only anchored parameter names (as AutoTP writes them) are read; Megatron-DeepSpeed's patterns are "
+            "regular expressions. State the split: --tp-split PATTERN=0|1|replicated for every parameter.",
         )
     return None
 
@@ -257,13 +272,26 @@ def _joined(
                     hint="The shards come from different saves.",
                 )
         return t0
+    shapes = [p.shape for p in pieces]
+    if rule in ("sub-params", "2-sub-params"):
+        sdim, widths = sub_param_widths(t0.name, rule, recipe.sub_params.get(t0.name), shapes, recipe.version)
+        return _with_joined(
+            t0,
+            pieces,
+            lambda segs: cat_sub_params(shapes, segs, sdim, widths),
+            sub_params_shape(shapes, sdim),
+        )
     dim = 1 if rule == "row" else 0
     keep = recipe.original_vocab_size if rule == "vocab" else None
+    return _with_joined(
+        t0, pieces, lambda segs: cat(shapes, segs, dim, keep), joined_shape(shapes, dim, keep, t0.name)
+    )
 
-    def join(segs: Sequence[Segs]) -> Segs:
-        return _cat([p.shape for p in pieces], segs, dim, keep)
 
-    shape = _shape([p.shape for p in pieces], dim, keep, t0.name)
+def _with_joined(
+    t0: TensorInfo, pieces: list[TensorInfo], join: Callable[[Sequence[Segs]], Segs], shape: tuple[int, ...]
+) -> TensorInfo:
+    """t0 with its shards' masters, moments and 16-bit copies joined alike."""
     moments: tuple[tuple[str, Segs], ...] = ()
     if all(p.moments for p in pieces):
         moments = tuple((m, join([dict(p.moments)[m] for p in pieces])) for m, _ in t0.moments)
@@ -273,67 +301,4 @@ def _joined(
     )
 
 
-def _shape(shapes: list[tuple[int, ...]], dim: int, keep: int | None, name: str) -> tuple[int, ...]:
-    s0 = shapes[0]
-    if len(s0) <= dim or any(
-        len(s) != len(s0) or s[:dim] + s[dim + 1 :] != s0[:dim] + s0[dim + 1 :] for s in shapes
-    ):
-        raise InspectorError(
-            f"{name}: shard shapes {sorted(set(shapes))} cannot join on dim {dim}.",
-            hint="The shards come from different runs, or the recorded split is wrong.",
-        )
-    full = sum(s[dim] for s in shapes)
-    if keep is not None and dim == 0:
-        if keep > full:
-            raise InspectorError(
-                f"{name}: original_vocab_size {keep:,} is larger than the {full:,} rows saved."
-            )
-        full = keep
-    return (*s0[:dim], full, *s0[dim + 1 :])
-
-
-def _cat(shapes: list[tuple[int, ...]], segs: Sequence[Segs], dim: int, keep: int | None) -> Segs:
-    """Segments of the shards joined on `dim` (0 or 1), the first `keep` rows only when given (dim 0)."""
-    if dim == 0:
-        flat = tuple(s for part in segs for s in part)
-        if keep is None:
-            return flat
-        return tuple(_sub(flat, 0, keep * math.prod(shapes[0][1:])))
-    rows = shapes[0][0]
-    if rows * len(segs) > _MAX_PIECES:  # one piece per row and shard: a shape no real model has
-        raise InspectorError(
-            f"Joining on dim 1 would take {rows * len(segs):,} pieces ({rows:,} rows).",
-            hint="The parameter shapes are damaged or crafted.",
-        )
-    inner = [math.prod(s[1:]) for s in shapes]
-    out: list[Segment] = []
-    for i in range(rows):
-        for part, w in zip(segs, inner, strict=True):
-            for s in _sub(part, i * w, w):
-                last = out[-1] if out else None
-                if (
-                    last
-                    and last.file == s.file
-                    and last.dtype == s.dtype
-                    and last.offset + last.nbytes == s.offset
-                ):
-                    out[-1] = Segment(last.file, last.offset, last.numel + s.numel, last.dtype)
-                else:
-                    out.append(s)
-    return tuple(out)
-
-
-def _sub(segs: Segs, start: int, count: int) -> list[Segment]:
-    """Segments for elements [start, start+count) of the tensor `segs` make up."""
-    out, pos, end = [], 0, start + count
-    for s in segs:
-        lo, hi = max(start, pos), min(end, pos + s.numel)
-        if lo < hi:
-            out.append(Segment(s.file, s.offset + (lo - pos) * itemsize(s.dtype), hi - lo, s.dtype))
-        pos += s.numel
-        if pos >= end:
-            break
-    return out
-
-
-__all__ = ["scan_tensor", "tp_ranks"]
+__all__ = ["join_shards", "scan_tensor", "tp_ranks"]

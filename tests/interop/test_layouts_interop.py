@@ -1,7 +1,10 @@
 """Pipeline-, expert- and tensor-parallel checkpoints made afresh with real DeepSpeed (the scripts that made the
 committed fixtures under tests/fixtures/layouts), read bit-exact, and set beside DeepSpeed's own tools:
-ds_to_universal on pipeline + ZeRO-1 (its fp32.pt per parameter equals our fp32 output) and on AutoTP (the
-expected values make_tp.py records are its merge), and zero_to_fp32, which fails on all three layouts (the README's feature table says so from these runs)."""
+ds_to_universal on pipeline + ZeRO-1 and on pipeline x tensor parallel (its fp32.pt per parameter equals our
+fp32 output) and on AutoTP, fused sub-parameters included (the expected values make_tp.py records are its
+merge), and zero_to_fp32, which fails on every one of these layouts (the README's feature table says so from
+these runs). One fresh build per layout: MoE without ZeRO, Phi-3's fused projections and pipeline x tensor
+parallel each have their own."""
 
 from __future__ import annotations
 
@@ -28,6 +31,13 @@ MADE = {  # name -> (ranks, script, its options)
         "make_tp.py",
         ["--zero", "1", "--dtype", "bf16", "--tp", "2"],
     ),  # expected: ds_to_universal
+    "moe_z0_bf16": (2, "make_moe.py", ["--zero", "0", "--dtype", "bf16", "--ep", "2"]),  # expp_rank_* files
+    "tp_phi3_z1_bf16": (  # fused qkv_proj / gate_up_proj; expected: ds_to_universal
+        2,
+        "make_tp.py",
+        ["--zero", "1", "--dtype", "bf16", "--tp", "2", "--model", "phi3", "--preset", "phi3"],
+    ),
+    "pptp_z1_bf16": (4, "make_pipe_tp.py", ["--zero", "1", "--dtype", "bf16", "--record", "1"]),  # layer_XX-model_TT
 }
 
 
@@ -73,8 +83,10 @@ def test_a_fresh_checkpoint_converts_bit_exact(name: str, made: dict[str, Path],
     assert_exact(ckpt, made[name], tmp_path)
 
 
-def test_ds_to_universal_agrees_on_pipeline_zero1(made: dict[str, Path], tmp_path: Path) -> None:
-    tag = made["pp_z1_bf16"] / "ckpt" / "global_step3"
+@pytest.mark.parametrize("name", ["pp_z1_bf16", "pptp_z1_bf16"])
+def test_ds_to_universal_agrees_on_pipelines(name: str, made: dict[str, Path], tmp_path: Path) -> None:
+    """Pipeline + ZeRO-1, and pipeline x tensor parallel with the split recorded in the client state."""
+    tag = made[name] / "ckpt" / "global_step3"
     uni = tmp_path / "uni"
     cmd = [
         sys.executable,
@@ -91,7 +103,7 @@ def test_ds_to_universal_agrees_on_pipeline_zero1(made: dict[str, Path], tmp_pat
         "--inject_missing_state",
     ]
     _run_logged(cmd, tmp_path / "ds_to_universal.log", "ds_to_universal")
-    ours = convert(scan(str(made["pp_z1_bf16"] / "ckpt")), tmp_path / "fp32", "fp32")
+    ours = convert(scan(str(made[name] / "ckpt")), tmp_path / "fp32", "fp32")
     theirs = {
         p.parent.name: torch.load(p, weights_only=False)["param"] for p in (uni / "zero").glob("*/fp32.pt")
     }

@@ -22,6 +22,9 @@ EXACT = {  # fixture -> (ranks, ZeRO stage, compute dtype, who holds the first l
     "moe_z2_fp16": (2, 2, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
     "moe_z1_bf16": (2, 1, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
     "moe_z2_bf16_ws4": (4, 2, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
+    "moe_z0_bf16": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # expp_rank_* files
+    "moe_z0_fp16": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z0_bf16_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),  # expert-DP 2
 }
 
 
@@ -96,3 +99,79 @@ def test_an_expert_file_that_is_not_a_state_dict_is_named(tmp_path: Path) -> Non
     _resave(path, lambda sd: {**sd, "moe.deepspeed_moe.experts.deepspeed_experts.2.0.weight": 3})
     ckpt = scan(str(root))
     assert [(f.code, f.file) for f in ckpt.errors] == [("unreadable", str(path))]
+
+
+def test_zero_off_masters_are_unnamed_per_parameter_tensors() -> None:
+    """What makes the ZeRO-off layout its own: DeepSpeed writes FP16_UnfusedOptimizer's per-parameter masters
+    (in bf16 too) in expp_rank_E files, and every trainable tensor is read from them, not from a flat group."""
+    folder = ckpt_dir("moe_z0_bf16") / TAG
+    assert sorted(p.name for p in folder.glob("expp_rank_*")) == [
+        "expp_rank_0_mp_rank_00_optim_states.pt",
+        "expp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    ckpt = scan(str(ckpt_dir("moe_z0_bf16")))
+    assert ckpt.optimizer == "FP16_UnfusedOptimizer"
+    held = {t.name: os.path.basename(t.segments[0].file) for t in ckpt.tensors}
+    assert held[f"{EXPERTS}.3.2.bias"] == "expp_rank_1_mp_rank_00_optim_states.pt"
+    assert held["head.weight"] == "expp_rank_0_mp_rank_00_optim_states.pt"
+    assert all(t.moments and t.module_copy for t in ckpt.tensors)
+
+
+def _swap_masters(sd: dict, a: int, b: int) -> dict:  # type: ignore[type-arg]
+    group = sd["optimizer"]["fp32_groups"][1]
+    group[a], group[b] = group[b], group[a]
+    return sd
+
+
+def test_zero_off_masters_in_another_order_are_refused_not_misnamed(tmp_path: Path) -> None:
+    """The masters carry no names: two same-shaped experts' masters swapped keep every shape in order, so only
+    the 16-bit copies can tell; the scan refuses rather than write expert 2's weights under expert 3's name."""
+    root = writable("moe_z0_bf16", tmp_path / "ck")
+    _resave(root / TAG / "expp_rank_1_mp_rank_00_optim_states.pt", lambda sd: _swap_masters(sd, 0, 4))
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert f"{EXPERTS}.2.0.weight" in ckpt.errors[0].message
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_zero_off_missing_expert_rank_and_expert_file_are_named(tmp_path: Path) -> None:
+    root = writable("moe_z0_fp16", tmp_path / "ck")
+    os.remove(root / TAG / "expp_rank_1_mp_rank_00_optim_states.pt")
+    os.remove(root / TAG / "layer_0_expert_0_mp_rank_00_model_states.pt")
+    ckpt = scan(str(root))
+    assert sorted(f.code for f in ckpt.errors) == ["missing-expert", "missing-rank"]
+    assert any("expert-parallel rank 1" in f.message for f in ckpt.errors)
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_zero_off_dense_replicas_that_differ_are_an_error(tmp_path: Path) -> None:
+    """Each expp_rank file holds the dense masters too; the output reads rank 0's, so rank 1's copy is
+    compared and a damaged one reported."""
+    root = writable("moe_z0_bf16", tmp_path / "ck")
+    path = root / TAG / "expp_rank_1_mp_rank_00_optim_states.pt"
+    from inspector.parse.layers import UnfusedFp16
+
+    parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
+    assert parsed is not None
+    head = parsed.groups[0][2].master  # head.weight's master on rank 1
+    with open(path, "r+b") as f:
+        f.seek(head.offset)
+        first = f.read(1)
+        f.seek(head.offset)
+        f.write(bytes([first[0] ^ 1]))
+    ckpt = scan(str(root))
+    assert [(f.code, f.file) for f in ckpt.errors] == [("replica-differ", str(path))]
+    assert "head.weight" in ckpt.errors[0].message
+
+
+def test_zero_off_a_crafted_expert_parallel_size_costs_one_finding(tmp_path: Path) -> None:
+    root = writable("moe_z0_bf16", tmp_path / "ck")
+
+    def crafted(sd):  # type: ignore[no-untyped-def]
+        sd["optimizer"]["optimizer_state_dict"]["param_groups"][1]["name"] = "ep_size_1000000"
+        return sd
+
+    for e in (0, 1):
+        _resave(root / TAG / f"expp_rank_{e}_mp_rank_00_optim_states.pt", crafted)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["world-size"] and "ep_size_1,000,000" in ckpt.errors[0].message

@@ -135,3 +135,13 @@ def test_a_crafted_layer_file_name_is_refused(tmp_path: Path) -> None:
     assert any(f.code == "unreadable" and f.file == str(path) for f in ckpt.findings)
     assert all("\x1b" not in t.name for t in ckpt.tensors)
     assert all(f.severity is not Severity.INFO or "\x1b" not in f.message for f in ckpt.findings)
+
+
+def test_a_missing_layer_file_is_named(tmp_path: Path) -> None:
+    """Layer 2's file holds its 16-bit weights and its buffer alone: without it the scan says so (before, only
+    a warning about the buffer told, and a frozen parameter of that layer would have vanished unnoticed)."""
+    root = writable("pp_z1_bf16", tmp_path / "ck")
+    os.remove(root / TAG / "layer_02-model_states.pt")
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["missing-layer"]
+    assert "layer 2 (layer_02-model_states.pt)" in ckpt.errors[0].message

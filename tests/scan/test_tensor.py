@@ -19,6 +19,7 @@ CASES = {
     "tp_z1_bf16": (1, 1),
     "tp_z2_bf16": (2, 1),
     "tp_z2_bf16_dp2": (2, 2),
+    "tp_phi3_z1_bf16": (1, 1),  # Phi-3: fused qkv_proj and gate_up_proj, split per sub-parameter
 }  # name -> (ZeRO stage, DP ranks)
 
 
@@ -74,6 +75,9 @@ def test_a_regex_split_rule_is_not_evaluated(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["tp-unrecorded"]
     assert "regular expressions" in ckpt.errors[0].message
+    assert "--tp-split" in ckpt.errors[0].hint
+    stated = scan(str(root), tp_split=SPLIT)  # a record only as regexes: the user's split is taken
+    assert not stated.errors and stated.tensor("model.layers.0.mlp.down_proj.weight").shape == (16, 24)
 
 
 def test_a_missing_shard_is_named(tmp_path: Path) -> None:
@@ -115,3 +119,62 @@ def test_the_user_states_an_unrecorded_split(tmp_path: Path, cli) -> None:  # ty
     refused = cli("scan", root)
     assert refused.rc != 0 and "--tp-split" in refused.stdout + refused.stderr
     assert cli("scan", root, "--tp-split", "nodim").rc == 2
+
+
+QKV = "model.layers.0.self_attn.qkv_proj.weight"
+GATE_UP = "model.layers.0.mlp.gate_up_proj.weight"
+
+
+def test_fused_sub_parameters_are_not_a_plain_concatenation() -> None:
+    """What the Phi-3 fixture proves: each shard holds a piece of q, k and v (gate and up), so the full
+    weight is not the shards stacked on dim 0; the join above equals ds_to_universal's only per sub-parameter."""
+    want = expected("tp_phi3_z1_bf16")
+    for name in (QKV, GATE_UP):
+        stacked = np.concatenate([want[f"shard/{t}/{name}"] for t in (0, 1)])
+        assert stacked.shape == want[f"fp32/{name}"].shape
+        assert not np.array_equal(stacked, want[f"fp32/{name}"]), name
+
+
+def _pattern(name: str) -> str:
+    return "^" + name.replace(".", "\\.") + "$"
+
+
+def _older_record(sd):  # type: ignore[no-untyped-def]
+    """The forms DeepSpeed wrote before UCP 0.4: no widths, qkv as a count of equal sub-parameters, and
+    gate_up under parameter_with_2_sub_params_cat_dim_0 (Megatron-DeepSpeed's GLU)."""
+    info = sd["universal_checkpoint_info"]
+    info["universal_checkpoint_version"] = 0.3
+    del info["sub_param_shard_widths"], info["affine_map"]
+    info["parameter_with_sub_params"] = [{"patterns": [_pattern(QKV)], "shape": [3, -1], "partition_dim": 0}]
+    info["parameter_with_2_sub_params_cat_dim_0"] = [_pattern(GATE_UP)]
+
+
+@pytest.mark.parametrize("edit", ["older-forms", "no-widths-at-0.4", "wrong-widths"])
+def test_sub_parameter_records(edit: str, tmp_path: Path) -> None:
+    """Every form of the record DeepSpeed's converter reads joins the same; one that cannot describe the
+    shards (UCP 0.4 without widths, widths that do not add up) is refused naming the parameter."""
+    root = writable("tp_phi3_z1_bf16", tmp_path / "ck")
+    if edit == "older-forms":
+        _resave_model_states(root, _older_record)
+    elif edit == "no-widths-at-0.4":
+        _resave_model_states(root, lambda sd: sd["universal_checkpoint_info"].pop("sub_param_shard_widths"))
+    else:
+        widths = [[9, 7], [8, 8], [8, 8]]  # q still 16 rows in all, but shard 0 would hold 25, not 24
+        _resave_model_states(
+            root,
+            lambda sd: sd["universal_checkpoint_info"]["sub_param_shard_widths"].update(
+                {_pattern(QKV): widths}
+            ),
+        )
+    ckpt = scan(str(root))
+    if edit != "older-forms":
+        assert {f.code for f in ckpt.errors} == {"tp-mismatch"} and QKV not in {t.name for t in ckpt.tensors}
+        qkv = next(f.message for f in ckpt.errors if QKV in f.message)
+        assert ("sub_param_shard_widths" if edit == "no-widths-at-0.4" else "do not describe") in qkv
+        return
+    assert not ckpt.errors, ckpt.errors
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    for n in (QKV, GATE_UP):
+        assert np.array_equal(
+            fp32[n].view(np.uint32), expected("tp_phi3_z1_bf16")[f"fp32/{n}"].view(np.uint32)
+        )

@@ -1,0 +1,364 @@
+"""Native MoE without ZeRO (`deepspeed.moe.layer.MoE`, `zero_optimization.stage` 0; FORMAT.md §3.7).
+
+DeepSpeed then wraps a torch optimizer in `FP16_UnfusedOptimizer` (for bf16 too): each expert-parallel rank
+E writes `expp_rank_E_mp_rank_00_optim_states.pt`, whose `fp32_groups` hold one full fp32 master per
+parameter, per optimizer group, in the group's parameter order, with the torch optimizer's moments keyed by
+the same running index. No names: the dense groups hold the module's parameters in module order (`module` of
+`mp_rank_00_model_states.pt`, buffers left out), the `ep_size_E` group the rank's local experts in order
+(global expert `E·n_local + j`, each expert's keys as its `layer_L_expert_G` file lists them). That match is
+proven, not assumed: every shape must agree in sequence, and every 16-bit module copy must be its matched
+master cast (the optimizer copies masters into the module after each step); otherwise the scan refuses with
+a finding rather than guess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from inspector.errors import NotACheckpointError, UnsupportedCheckpointError
+from inspector.format.torchzip import TensorRef, load_tree
+from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16, UnfusedParam
+from inspector.parse.states import ModelStates
+from inspector.scan.files import RankFiles, load_or_finding
+from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
+from inspector.scan.metadata import file_size, item
+from inspector.scan.model import (
+    Checkpoint,
+    FileInfo,
+    Finding,
+    GroupInfo,
+    Kind,
+    Parallel,
+    RankGroup,
+    RankInfo,
+    Segment,
+    Severity,
+    TensorInfo,
+)
+from inspector.scan.moe import EXPERT_NAME, holder_text, missing_experts
+from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
+from inspector.scan.pipeline_names import plain, with_copy
+
+_EP_NAME = re.compile(r"^ep_size_(\d+)$")
+_HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
+
+
+def is_moe_zero0(names: Sequence[str]) -> bool:
+    return any(EXPP_RE.match(n) for n in names)
+
+
+@dataclass
+class _Files:
+    model: str
+    expp: dict[int, str]
+    experts: dict[tuple[int, int], str]
+    present: int
+
+
+def _files(loc: Location, names: Sequence[str]) -> _Files:
+    """The model states, each expert-parallel rank's optimizer file and the expert files (ranks bounded)."""
+    model, expp, experts = None, {}, {}
+    for n in names:
+        path = os.path.join(loc.tag_dir, n)
+        if (m := EXPP_RE.match(n)) and int(m.group(2)) == 0 and int(m.group(1)) < len(names):
+            expp[int(m.group(1))] = path
+        elif (m := EXPERT_RE.match(n)) and m.group(2) is not None and int(m.group(4)) == 0:
+            experts[(int(m.group(2)), int(m.group(3)))] = path
+        elif (m := MODEL_RE.match(n)) and int(m.group(1)) == 0:
+            model = path
+        elif m is not None or EXPP_RE.match(n) or EXPERT_RE.match(n):
+            raise UnsupportedCheckpointError(
+                f"{loc.tag_dir}: {n} is a rank file this layout does not read (a second model-parallel rank, "
+                f"an expert-parallel rank beyond the {len(names)} files present, or an expert file without "
+                "its MoE layer, as DeepSpeed before 0.6 wrote).",
+                hint="MoE without ZeRO is read with one model-parallel rank; remove a stray file.",
+            )
+    if model is None:
+        raise NotACheckpointError(
+            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.", hint="Copy the complete checkpoint folder."
+        )
+    return _Files(model, expp, experts, len(names))
+
+
+def scan_moe_zero0(loc: Location, names: Sequence[str]) -> Checkpoint:
+    """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies."""
+    return _Zero0(loc, _files(loc, names)).build()
+
+
+class _Zero0:
+    def __init__(self, loc: Location, files: _Files) -> None:
+        self.loc = loc
+        self.f = files
+        self.findings: list[Finding] = list(loc.findings)
+        self.groups_rank: dict[int, int] = {}  # optimizer group -> the expert-parallel rank holding it
+
+    def add(self, code: str, message: str, file: str | None = None, hint: str = _HINT) -> None:
+        self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
+
+    def build(self) -> Checkpoint:
+        tree = load_tree(self.f.model, self.loc.source)
+        model = ModelStates.parse(tree, self.f.model)
+        dims = ParallelDims.parse(tree, self.f.model)
+        rf = RankFiles(experts=self.f.experts, present=self.f.present)
+        self.findings += missing_experts(model, rf, self.loc.tag_dir, self.loc.source)
+        copies = self._expert_copies()
+        opts = {
+            e: o
+            for e, p in sorted(self.f.expp.items())
+            if (o := load_or_finding(p, self.loc.source, self.findings, _unfused)) is not None
+        }
+        ep = self._ep_size(opts)
+        for e in [e for e in range(ep) if e not in self.f.expp][:8]:
+            self.add(
+                "missing-rank",
+                f"The optimizer file of expert-parallel rank {e} (expp_rank_{e}_mp_rank_00_optim_states.pt) "
+                "is missing.",
+                self.loc.tag_dir,
+                "Copy the complete checkpoint folder; every expert-parallel rank writes one.",
+            )
+        tensors: list[TensorInfo] = []
+        groups: list[GroupInfo] = []
+        if len(opts) == ep and not any(f.severity is Severity.ERROR for f in self.findings):
+            tensors, groups = self._tensors(model, dims, opts, copies, ep)
+        tensors += self._rest(model, {t.name for t in tensors})
+        return self._checkpoint(model, opts, tensors, groups, ep)
+
+    def _ep_size(self, opts: Mapping[int, UnfusedFp16]) -> int:
+        """The expert-parallel size the `ep_size_E` group names, bounded by the files present (one
+        `expp_rank` file per expert-parallel rank)."""
+        sizes = {
+            int(m.group(1))
+            for o in opts.values()
+            for h in o.hyperparams
+            if (m := _EP_NAME.match(str(h.get("name", ""))))
+        }
+        if len(sizes) > 1:
+            self.add(
+                "unnamed-params",
+                f"The expert groups have several expert-parallel sizes ({sorted(sizes)}): without ZeRO the "
+                "masters carry no names, and which MoE layer used which size is recorded nowhere.",
+                self.loc.tag_dir,
+            )
+        ep = max(sizes, default=max(self.f.expp, default=0) + 1)
+        if ep > self.f.present:
+            self.add(
+                "world-size",
+                f"The expert group is named ep_size_{ep:,}, but the tag folder holds only {self.f.present} files.",
+                self.loc.tag_dir,
+                "The optimizer files are damaged or crafted.",
+            )
+            return max(self.f.expp, default=0) + 1
+        return ep
+
+    def _expert_copies(self) -> dict[int, list[dict[str, TensorRef]]]:
+        """Per MoE layer, its global experts' 16-bit tensors in order, up to the first missing or unreadable
+        file (a finding says which)."""
+        out: dict[int, list[dict[str, TensorRef]]] = {}
+        for (layer, e), path in sorted(self.f.experts.items()):
+            tf = load_or_finding(path, self.loc.source, self.findings, TensorFile.parse)
+            experts = out.setdefault(layer, [])
+            if tf is not None and e == len(experts):
+                experts.append(dict(tf.tensors))
+        return out
+
+    def _tensors(
+        self,
+        model: ModelStates,
+        dims: ParallelDims,
+        opts: Mapping[int, UnfusedFp16],
+        copies: Mapping[int, list[dict[str, TensorRef]]],
+        ep: int,
+    ) -> tuple[list[TensorInfo], list[GroupInfo]]:
+        """Each master under its proven name: dense groups from rank 0, expert groups from every rank."""
+        dense_names = [(n, r) for n, r in model.module.items() if n not in model.buffer_names]
+        out: list[TensorInfo] = []
+        groups: list[GroupInfo] = []
+        for g, hyper in enumerate(opts[0].hyperparams):
+            moe = _EP_NAME.match(str(hyper.get("name", ""))) is not None or hyper.get("moe") is True
+            for e in range(ep) if moe else (0,):
+                params = opts[e].groups[g] if g < len(opts[e].groups) else ()
+                names = _expert_names(copies, dims, e, ep) if moe else dense_names[: len(params)]
+                if not moe:
+                    dense_names = dense_names[len(params) :]
+                named = self._matched(params, names, len(groups), opts[e].file)
+                if named is None:
+                    return [], []
+                out += named
+                if not moe:
+                    self._same_replicas(named, [o.groups[g] for o in opts.values() if o is not opts[0]])
+                numel = sum(t.numel for t in named)
+                info = {**hyper, "ep_rank": e} if moe else dict(hyper)
+                self.groups_rank[len(groups)] = e
+                groups.append(GroupInfo(len(groups), len(named), numel, numel, numel, info))
+        if dense_names:
+            self.add(
+                "unnamed-params",
+                f"{len(dense_names)} module parameter(s) (e.g. {dense_names[0][0]}) have no fp32 master.",
+                self.f.model,
+            )
+            return [], []
+        return out, groups
+
+    def _same_replicas(self, named: Sequence[TensorInfo], others: Sequence[Sequence[UnfusedParam]]) -> None:
+        """Every other expert-parallel rank's copy of a dense group (a data-parallel replica DeepSpeed keeps
+        equal) holds rank 0's bytes; the output reads rank 0's, so a damaged copy is said, not hidden."""
+        for copy in others:
+            for t, p in zip(named, copy, strict=False):
+                other = TensorInfo(t.name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master))
+                if differing_copies(t, other, self.loc.source):
+                    self.add(
+                        "replica-differ",
+                        f"The fp32 master of {t.name} differs between expert-parallel ranks' optimizer files: "
+                        "DeepSpeed keeps these data-parallel copies equal, so a file is damaged or from "
+                        "another save.",
+                        p.master.path,
+                        "Restore the tag folder from one save.",
+                    )
+                    return
+
+    def _matched(
+        self, params: Sequence[UnfusedParam], names: Sequence[tuple[str, TensorRef]], group: int, file: str
+    ) -> list[TensorInfo] | None:
+        if len(params) != len(names) or any(
+            p.master.shape != r.shape for p, (_, r) in zip(params, names, strict=False)
+        ):
+            self.add(
+                "unnamed-params",
+                f"Optimizer group {group} of {os.path.basename(file)} holds {len(params)} unnamed fp32 masters "
+                f"whose shapes do not follow the {len(names)} module parameters in order, so they cannot be "
+                "named safely.",
+                file,
+            )
+            return None
+        out = []
+        for p, (name, ref) in zip(params, names, strict=True):
+            moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
+            t = TensorInfo(
+                name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, group, moments
+            )
+            t = with_copy(t, ref)
+            if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.loc.source):
+                self.add(
+                    "unnamed-params",
+                    f"The fp32 master matched to {name} by order is not what its 16-bit copy holds: the "
+                    "optimizer's parameter order is not the module's, so the masters cannot be named safely.",
+                    file,
+                )
+                return None
+            out.append(t)
+        return out
+
+    def _rest(self, model: ModelStates, named: set[str]) -> list[TensorInfo]:
+        """Buffers, and (with every master named) frozen module tensors, from the model states."""
+        out = []
+        complete = not any(f.severity is Severity.ERROR for f in self.findings)
+        for n, ref in model.module.items():
+            if n in model.buffer_names:
+                out.append(plain(n, ref, Kind.BUFFER))
+            elif n not in named and complete:
+                out.append(plain(n, ref, Kind.FROZEN))
+        return out
+
+    def _checkpoint(
+        self,
+        model: ModelStates,
+        opts: Mapping[int, UnfusedFp16],
+        tensors: list[TensorInfo],
+        groups: list[GroupInfo],
+        ep: int,
+    ) -> Checkpoint:
+        files = [FileInfo.stat(p, "optim", e) for e, p in sorted(self.f.expp.items())]
+        files += [FileInfo.stat(self.f.model, "model", None)]
+        files += [FileInfo.stat(p, "expert", None) for _, p in sorted(self.f.experts.items())]
+        ranks = [
+            RankInfo(
+                e,
+                self.f.expp.get(e),
+                self.f.model if e == 0 else None,
+                file_size(self.f.expp.get(e)),
+                file_size(self.f.model) if e == 0 else 0,
+                tuple(
+                    RankGroup(g.index, g.numel, g.numel, 0)
+                    for g in groups
+                    if g.hyperparams.get("ep_rank", e) == e
+                ),
+            )
+            for e in range(ep)
+        ]
+        o0 = opts.get(0)
+        first = o0.groups[0][0] if o0 and o0.groups and o0.groups[0] else None
+        copies = [t.module_copy[0].dtype for t in tensors if t.module_copy]
+        dp = model.dp_world_size or ep
+        return Checkpoint(
+            root=self.loc.root,
+            tag=self.loc.tag,
+            tags=self.loc.tags,
+            tag_dir=self.loc.tag_dir,
+            layout=self.loc.layout,
+            stage=0,
+            world_size=max(dp, ep),
+            optimizer="FP16_UnfusedOptimizer",
+            compute_dtype=copies[0] if copies else "float32",
+            master_dtype="float32",
+            deepspeed_version=model.ds_version,
+            global_steps=model.global_steps,
+            global_samples=model.global_samples,
+            optimizer_step=item(first.step) if first else None,
+            loss_scale=o0.loss_scale if o0 else None,
+            dynamic_loss_scale=None,
+            files=tuple(files),
+            ranks=tuple(ranks),
+            groups=tuple(groups),
+            tensors=tuple(tensors),
+            findings=tuple(self.findings),
+            ds_config=model.ds_config,
+            other_runs=self.loc.other_runs,
+            module_copy_bytes=sum(s.nbytes for t in tensors for s in t.module_copy),
+            parallel=Parallel(
+                "expert", ep=ep, dp=max(dp, ep), holders=self._holders(tensors, ep, max(dp, ep))
+            ),
+        )
+
+    def _holders(self, tensors: Sequence[TensorInfo], ep: int, world: int) -> tuple[tuple[str, str], ...]:
+        """Which ranks hold which experts, per MoE layer, worded as the ZeRO-1/2 MoE scan words it: expert-
+        parallel rank e is every rank r with r mod ep = e (only expert-data-parallel rank 0 writes a file)."""
+        by_layer: dict[str, dict[int, list[int]]] = {}
+        for t in tensors:
+            if (m := EXPERT_NAME.match(t.name)) and t.group is not None:
+                ranks = list(range(self.groups_rank.get(t.group, 0), world, ep))
+                by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), ranks)
+        return tuple((layer, holder_text(by_expert)) for layer, by_expert in sorted(by_layer.items()))
+
+
+def _unfused(tree: object, path: str) -> UnfusedFp16:
+    got = UnfusedFp16.parse(tree, path)
+    if got is None or got.fused:
+        from inspector.errors import CorruptFileError
+
+        raise CorruptFileError(
+            f"{path}: no per-parameter fp32 masters (fp32_groups); not a ZeRO-off MoE optimizer file."
+        )
+    return got
+
+
+def _segs(ref: TensorRef) -> tuple[Segment, ...]:
+    return tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
+
+
+def _expert_names(
+    copies: Mapping[int, list[dict[str, TensorRef]]], dims: ParallelDims, e: int, ep: int
+) -> list[tuple[str, TensorRef]]:
+    """Expert-parallel rank e's local experts of every MoE layer, in order, with their 16-bit tensors."""
+    out: list[tuple[str, TensorRef]] = []
+    for layer, experts in sorted(copies.items()):
+        n = (dims.num_experts or ())[layer] if dims.num_experts and layer < len(dims.num_experts) else 0
+        local = n // ep if n and n % ep == 0 else 0
+        for expert in experts[e * local : (e + 1) * local]:
+            out += list(expert.items())
+    return out
+
+
+__all__ = ["is_moe_zero0", "scan_moe_zero0"]

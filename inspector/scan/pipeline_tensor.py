@@ -1,0 +1,133 @@
+"""Pipeline x tensor-parallel checkpoints (`layer_XX-model_TT-model_states.pt`, as GPT-NeoX and Megatron-
+DeepSpeed write them; FORMAT.md §1.2, §3.6, §4.2).
+
+Each tensor-parallel rank's files form a complete pipeline of shards (its own layer files, one
+`mp_rank_MM` per stage with MM = stage x tp + TT, its optimizer files): the pipeline scan rebuilds each, then
+the shards join as the tensor-parallel scan joins them, by what `universal_checkpoint_info` records (Megatron-
+DeepSpeed saves it in the client state) or, where nothing is recorded, by the user's `--tp-split`. Nothing is
+guessed: a pipeline's layers carry no split of their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+
+from inspector.errors import InspectorError, NotACheckpointError, StoreError
+from inspector.format.torchzip import load_tree
+from inspector.parse.layers import ParallelDims, TpRecipe
+from inspector.scan.locate import Location
+from inspector.scan.model import Checkpoint, Finding, Parallel, Severity, TensorInfo
+from inspector.scan.pipeline import Pipeline
+from inspector.scan.pipeline_files import tp_layer_ranks
+from inspector.scan.tensor import join_shards
+
+
+def scan_pipeline_tensor(
+    loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = ()
+) -> Checkpoint:
+    """Scan a pipeline tag folder: one pipeline per tensor-parallel rank, joined (tp 1: the pipeline itself)."""
+    model0 = os.path.join(loc.tag_dir, "mp_rank_00_model_states.pt")
+    tree0 = load_tree(model0, loc.source) if "mp_rank_00_model_states.pt" in names else None
+    dims = ParallelDims.parse(tree0, model0) if tree0 is not None else None
+    held = tp_layer_ranks(list(names))
+    tp = (dims.tp_degree if dims else None) or (max(held) + 1 if held else 1)
+    if held and max(held) >= tp:
+        raise NotACheckpointError(
+            f"{loc.tag_dir} holds pipeline layer files of tensor-parallel rank {max(held)} "
+            f"(layer_XX-model_{max(held):02d}-model_states.pt), but its model states say the run had {tp} "
+            "tensor-parallel rank(s): files of another run are mixed in, or the model states are damaged.",
+            hint="Restore the tag folder from one save.",
+            title="Pipeline files of another run",
+        )
+    if tp == 1:
+        return Pipeline(loc).build()
+    findings: list[Finding] = []
+    if tp > len(names):
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "world-size",
+                f"The model states say tp_degree={tp:,}, but the tag folder holds only {len(names)} files.",
+                model0,
+            )
+        )
+        tp = max(held) + 1 if held else 1
+    for t in range(tp):
+        if t not in held:
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "missing-shard",
+                    f"The layer files of tensor-parallel rank {t} (layer_XX-model_{t:02d}-model_states.pt) are "
+                    "missing.",
+                    loc.tag_dir,
+                    "Copy the complete checkpoint folder; every tensor-parallel rank writes its own layer files.",
+                )
+            )
+    scanned = _shards(loc, tp, held, findings)
+    if not scanned:  # layer files without a model axis, yet tp_degree > 1: refused there, with the reason
+        return Pipeline(loc).build()
+    recipe = TpRecipe.parse(tree0, model0) if tree0 is not None else None
+    tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    return _joined(scanned, tp, tensors, findings)
+
+
+def _shards(loc: Location, tp: int, held: set[int], findings: list[Finding]) -> dict[int, Checkpoint]:
+    """Each tensor-parallel rank's pipeline; its findings added, naming the rank. A rank whose essential file
+    (its first stage's model states) is lost is a finding too: only rank 0's refuses the whole folder."""
+    out: dict[int, Checkpoint] = {}
+    for t in sorted(held):
+        try:
+            out[t] = Pipeline(loc, t, tp).build()
+        except StoreError:
+            raise  # the store refused (credentials, throttling): not a finding about the files
+        except InspectorError as exc:
+            if t == 0:
+                raise
+            findings.append(
+                Finding(
+                    Severity.ERROR,
+                    "missing-shard",
+                    f"Tensor-parallel rank {t}: {exc.message}",
+                    loc.tag_dir,
+                    exc.hint,
+                )
+            )
+            continue
+        for f in out[t].findings:
+            if f not in loc.findings:
+                f = replace(f, message=f"Tensor-parallel rank {t}: {f.message}")
+            if f not in findings:
+                findings.append(f)
+    return out
+
+
+def _joined(
+    scanned: dict[int, Checkpoint], tp: int, tensors: list[TensorInfo], findings: list[Finding]
+) -> Checkpoint:
+    """The first shard's record with the joined tensors, every shard's files and ranks (global rank =
+    (stage x dp + data-parallel rank) x tp + tensor-parallel rank, as the topology numbers them)."""
+    base = next(iter(scanned.values()))
+    par = base.parallel or Parallel("pipeline")
+    ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
+    rows = [
+        (i, t, part, who)
+        for t, c in scanned.items()
+        for i, (part, who) in enumerate(c.parallel.holders if c.parallel else ())
+    ]
+    holders = tuple((f"{part} · shard {t}", who) for _, t, part, who in sorted(rows))  # stage by stage
+    return replace(
+        base,
+        tensors=tuple(tensors),
+        findings=tuple(findings),
+        world_size=base.world_size * tp,
+        files=tuple(f for c in scanned.values() for f in c.files),
+        ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+        module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
+        parallel=replace(par, tp=tp, holders=holders),
+    )
+
+
+__all__ = ["scan_pipeline_tensor"]

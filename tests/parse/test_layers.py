@@ -1,0 +1,52 @@
+"""parse/layers: universal_checkpoint_info's sub-parameter records, read as DeepSpeed 0.19.8 writes them
+(AutoTP's `parameter_with_sub_params` dicts, UCP 0.4's `sub_param_shard_widths`, the older count form), and
+refused field by field when damaged."""
+
+from __future__ import annotations
+
+import pytest
+
+from inspector.errors import InputError
+from inspector.parse.layers import SubParams, TpRecipe
+
+QKV = "^model\\.layers\\.0\\.self_attn\\.qkv_proj\\.weight$"
+
+
+def _info(**extra: object) -> dict[str, object]:
+    return {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4, **extra}}
+
+
+def test_autotp_sub_parameters_with_their_widths() -> None:
+    recipe = TpRecipe.parse(
+        _info(
+            parameter_with_sub_params=[{"patterns": [QKV], "shape": [(16, 16, 16), -1], "partition_dim": 0}],
+            sub_param_shard_widths={QKV: [[8, 8], [8, 8], [8, 8]]},
+        ),
+        "f",
+    )
+    assert recipe is not None and recipe.version == 0.4
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    assert recipe.rules[name] == "sub-params"
+    assert recipe.sub_params[name] == SubParams(0, (16, 16, 16), None, ((8, 8), (8, 8), (8, 8)))
+
+
+def test_the_older_count_form_and_a_regex_pattern() -> None:
+    recipe = TpRecipe.parse(
+        _info(parameter_with_sub_params=[{"patterns": [QKV, "qkv.*"], "shape": [3, -1], "partition_dim": 0}]),
+        "f",
+    )
+    assert recipe is not None and recipe.regex == ("qkv.*",)
+    assert recipe.sub_params["model.layers.0.self_attn.qkv_proj.weight"] == SubParams(0, None, 3, None)
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ({"patterns": [QKV], "shape": [3, -1], "partition_dim": 2}, "shape"),
+        ({"patterns": [QKV], "shape": [1000, -1], "partition_dim": 0}, "shape"),
+        ({"patterns": QKV, "shape": [3, -1], "partition_dim": 0}, "patterns"),
+    ],
+)
+def test_a_damaged_entry_is_refused_naming_its_field(entry: dict[str, object], field: str) -> None:
+    with pytest.raises(InputError, match=field):
+        TpRecipe.parse(_info(parameter_with_sub_params=[entry]), "f")
