@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from textual import work
@@ -33,44 +33,12 @@ from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.system.bytesource import absolute
 from inspector.system.text import shown
+from inspector.tui import actions
 from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
+from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
 from inspector.tui.session import ExportSettings, preset_selection, selection_options
-
-DEMO_PARAMS = "30M"
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """What the command line asked for: where to look and how to preset the selection and the export."""
-
-    path: str | None = None
-    tag: str | None = None
-    options: ConvertOptions | None = None  # convert's flags; include/exclude preset the selection
-    out_dir: str | None = None
-    overwrite: bool = False
-    demo: bool = False
-    demo_params: str = DEMO_PARAMS
-
-
-def newest_root(roots: tuple[str, ...]) -> str:
-    """The root saved last: Trainer's `checkpoint-N` folders by their step, others by their `latest` file's time
-    (else the folder's), so a folder of several runs opens on the newest whatever their names sort as; the last
-    one when no time is known (a bucket)."""
-    if all(os.path.basename(r).startswith("checkpoint-") for r in roots):
-        return roots[-1]  # discover_roots sorts them by step
-
-    def saved(i_root: tuple[int, str]) -> tuple[float, int]:
-        i, root = i_root
-        for path in (os.path.join(root, "latest"), root):
-            try:
-                return os.stat(path).st_mtime, i
-            except (OSError, ValueError):
-                continue
-        return 0.0, i
-
-    return max(enumerate(roots), key=saved)[1]
 
 
 class InspectorApp(App[int]):
@@ -361,51 +329,10 @@ class InspectorApp(App[int]):
 
         if isinstance(self.screen, HelpScreen):
             return
-        self.push_screen(HelpScreen(self._help_section()))
-
-    def _help_section(self) -> str:
-        """Which part of the help is about the screen (or tab) in front: it comes first."""
-        from inspector.tui.screens.convert import ConvertScreen
-        from inspector.tui.screens.export import ExportScreen
-
-        if isinstance(self.screen, ExportScreen):
-            return "Export options"
-        if isinstance(self.screen, ConvertScreen):
-            return "Convert"
-        if self.screen is self.screen_stack[0]:
-            return str(self.main.query_one("#tabs").active).capitalize()
-        return ""
+        self.push_screen(HelpScreen(actions.help_section(self)))
 
     def action_quit_app(self) -> None:
-        if not self.converting:
-            self.exit(0)
-            return
-        from inspector.tui.screens.convert import ConvertScreen
-        from inspector.tui.screens.dialogs import ConfirmDialog
-
-        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen) and s.busy]
-        words = "; ".join(s.cancel_words() for s in running)
-        held = " ".join(dict.fromkeys(s.held_words() for s in running)) or "It is paused while you decide."
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self.stop_children()
-                self.exit(0)
-            else:
-                for s in running:
-                    s.resume_child()
-
-        for s in running:
-            s.pause_child()
-        self.push_screen(
-            ConfirmDialog(
-                "Quit?",
-                f"A conversion is running. {held} Quitting cancels it: "
-                f"{words or 'its partial output is removed'}.",
-                yes="Quit",
-            ),
-            answer,
-        )
+        actions.quit_app(self)
 
     def stop_children(self) -> None:
         from inspector.tui.screens.convert import ConvertScreen
@@ -414,87 +341,26 @@ class InspectorApp(App[int]):
             if isinstance(screen, ConvertScreen):
                 screen.stop_child()
 
-    def _need_checkpoint(self) -> bool:
-        if self.ckpt is None and self.refused is not None:
-            self.notify(
-                f"{self.refused.title}: nothing to export. Choose another root (r) or tag ([, ]).",
-                title="No readable checkpoint",
-                severity="warning",
-                markup=False,
-            )
-            return False
-        if self.ckpt is None:
-            self.notify(
-                "Wait for the scan to finish (or open a checkpoint).",
-                title="No checkpoint yet",
-                severity="warning",
-            )
-            return False
-        return True
-
-    def _on_main(self, what: str) -> bool:
-        """Switching checkpoints happens on the main screen: the export form and a conversion belong to the
-        shown one."""
-        if self.screen is self.screen_stack[0]:
-            return True
-        self.notify(f"Go back to the checkpoint first (escape) to {what}.", severity="warning", timeout=4)
-        return False
-
     def action_export(self) -> None:
         from inspector.tui.screens.export import ExportScreen
 
-        if self._need_checkpoint() and not isinstance(self.screen, ExportScreen):
+        if actions.need_checkpoint(self) and not isinstance(self.screen, ExportScreen):
             self.push_screen(ExportScreen())
 
     def action_convert(self) -> None:
-        from inspector.tui.screens.convert import start_conversion
+        from inspector.tui.screens.convert_start import start_conversion
 
-        if self._need_checkpoint() and not self.converting:
+        if actions.need_checkpoint(self) and not self.converting:
             start_conversion(self)
 
     def action_yank(self) -> None:
-        """`y`: the equivalent `zero-inspector convert …` line, shown and copied (and the tensor under the
-        cursor on the Tensors tab)."""
-        from inspector.tui.command_line import convert_command
-        from inspector.tui.screens.dialogs import CopyDialog
-
-        if not self._need_checkpoint():
-            return
-        name = ""
-        if self.screen is self.screen_stack[0]:
-            node = self.main.tensors_pane.module_tree.cursor_node
-            data = node.data if node is not None else None
-            if self.main.query_one("#tabs").active == "tensors" and data is not None:
-                name = getattr(data, "name", "") if not hasattr(data, "path") else data.path
-        self.push_screen(CopyDialog(convert_command(self), name))
+        actions.yank(self)
 
     def action_tag(self, step: int) -> None:
-        if self.root is None or not self._on_main("switch tags"):
-            return
-        tags = list(self.ckpt.tags if self.ckpt is not None else self.tags)
-        if self.ckpt is None:  # the asked-for tag is missing or refused: step from it, or open the latest
-            if self.refused is None or not tags:
-                return  # still scanning: the next key waits for it
-            if self.asked_tag in tags:
-                i = tags.index(self.asked_tag)
-                j = min(max(i + step, 0), len(tags) - 1)
-            else:
-                i, j = -1, tags.index(self.latest_tag) if self.latest_tag in tags else len(tags) - 1
-            if j != i:
-                self.scan(self.root, tags[j])
-            return
-        i = tags.index(self.ckpt.tag) if self.ckpt.tag in tags else 0
-        j = min(max(i + step, 0), len(tags) - 1)
-        if j != i:
-            self.scan(self.root, tags[j])
-        elif len(tags) == 1:
-            self.notify("This checkpoint has one tag: there is no other to open.", timeout=3, markup=False)
-        else:
-            which = "oldest" if step < 0 else "newest"
-            self.notify(f"Already the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
+        actions.step_tag(self, step)
 
     def action_roots(self) -> None:
-        if self._on_main("switch roots"):
+        if actions.on_main(self, "switch roots"):
             self.main.focus_roots()
 
     def get_driver_class(self) -> type[Driver]:

@@ -115,7 +115,7 @@ def test_a_folder_of_runs_opens_on_the_newest(tmp_path: Path) -> None:
     """#28 item 15: not the first name in order, the root saved last (Trainer's checkpoint-N by step)."""
     import time
 
-    from inspector.tui.app import newest_root
+    from inspector.tui.launch import newest_root
 
     roots = []
     for i, name in enumerate(("run-b", "run-a", "run-c")):
