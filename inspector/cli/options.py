@@ -37,6 +37,20 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
         "auto (the training compute dtype; default). Integer buffers keep their dtype.",
     )
     p.add_argument("--shard-size", default="5GB", help="maximum shard size (default 5GB, HF naming)")
+    _add_selection_options(p)
+    p.add_argument(
+        "--source",
+        choices=("masters", "module"),
+        default="masters",
+        help="where trainable weights are read from: the fp32 optimizer masters (default), or the 16-bit "
+        "module copy in the model-states file (stage 1/2, output in the training dtype: half the bytes to "
+        "read, no cast; equal to the cast masters in every DeepSpeed run the interop suite trains)",
+    )
+    _add_hf_options(p)
+
+
+def _add_selection_options(p: argparse.ArgumentParser) -> None:
+    """Which tensors go out, under which names, in which dtype."""
     p.add_argument(
         "--include",
         action="append",
@@ -69,14 +83,10 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="store tied weights once; the alias is recorded in the header metadata",
     )
-    p.add_argument(
-        "--source",
-        choices=("masters", "module"),
-        default="masters",
-        help="where trainable weights are read from: the fp32 optimizer masters (default), or the 16-bit "
-        "module copy in the model-states file (stage 1/2, output in the training dtype: half the bytes to "
-        "read, no cast; equal to the cast masters in every DeepSpeed run the interop suite trains)",
-    )
+
+
+def _add_hf_options(p: argparse.ArgumentParser) -> None:
+    """The Hugging Face outputs' own options, in their own help group."""
     hf = p.add_argument_group("Hugging Face outputs")
     hf.add_argument(
         "--weights-only",
