@@ -42,7 +42,10 @@ def print_tasks(console: Any, tasks: list[Any]) -> None:
     nodes = sorted({t.node for t in tasks})
     console.print(
         f"Ray: {len(tasks)} part(s) on {len(nodes)} node(s); "
-        + ", ".join(f"part {t.part}: {format_bytes(t.bytes_written)} in {t.seconds:.1f} s" for t in sorted(tasks, key=lambda t: t.part))
+        + ", ".join(
+            f"part {t.part}: {format_bytes(t.bytes_written)} in {t.seconds:.1f} s"
+            for t in sorted(tasks, key=lambda t: t.part)
+        )
         + "; then finished here."
     )
 
