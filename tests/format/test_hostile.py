@@ -427,7 +427,8 @@ def test_loss_scaler_shadowing_get_does_not_crash_scan(
     tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A loss scaler pickled with a `get` attribute (BUILD state) must not hijack scaler.get() in scan."""
-    from inspector.demo import writer as demo_mod
+    from inspector.demo import ranks as demo_mod
+    from inspector.demo.writer import write_demo
     from inspector.format import ptwriter as pw
 
     original = demo_mod._loss_scaler
@@ -439,7 +440,7 @@ def test_loss_scaler_shadowing_get_does_not_crash_scan(
 
     monkeypatch.setattr(demo_mod, "_loss_scaler", evil_scaler)
     root = tmp_path / "ckpt"
-    demo_mod.write_demo(str(root), SPEC)
+    write_demo(str(root), SPEC)
     res = cli("scan", root, "--json")
     assert "Traceback" not in res.output, res.output
     assert res.rc == 0 and json.loads(res.stdout)["loss_scale"] == 1.0
