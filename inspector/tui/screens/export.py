@@ -107,81 +107,97 @@ class ExportScreen(Screen[None]):
         self.plan_error = ""  # the preflight's refusal of valid-looking options (a rename collision)
 
     def compose(self) -> ComposeResult:
-        app = zi(self)
-        o: ConvertOptions = app.base_options
-        ex = app.export
         yield Header()
         with Horizontal(id="export-body"):
             with VerticalScroll(id="export-form"):
                 with Grid(id="form-grid"):
-                    yield Label("Output folder")
-                    yield SafeInput(
-                        ex.out_dir,
-                        id="out",
-                        compact=True,
-                        placeholder="where the safetensors go",
-                        select_on_focus=False,
-                    )
-                    yield Label("Format")
-                    formats, default, missing = format_options(app.ckpt)
-                    chosen = ex.format if ex.format in {v for _, v in formats} else default
-                    yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
-                    if missing:
-                        yield Static("")
-                        yield Static("; ".join(missing), classes="dim-note", markup=False)
-                    yield Label("Dtype")
-                    yield Select(
-                        DTYPES,
-                        value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
-                        allow_blank=False,
-                        id="dtype",
-                        compact=True,
-                    )
-                    yield Label("Shard size")
-                    yield Input(
-                        human_size(o.shard_size),
-                        id="shard",
-                        compact=True,
-                        placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB",
-                    )
-                    yield Label("Strip prefix")
-                    yield Input(
-                        ", ".join(o.strip_prefix),
-                        id="strip",
-                        compact=True,
-                        placeholder="module., _forward_module.",
-                    )
-                    yield Label("Renames")
-                    yield Input(
-                        "; ".join(f"{p}={r}" for p, r in o.renames),
-                        id="renames",
-                        compact=True,
-                        placeholder=r"REGEX=REPL; ... e.g. ^model\.=",
-                    )
-                    yield Label("Keep fp32")
-                    yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
-                    yield Label("Run on")
-                    yield Select(RUN_ON, value=ex.executor, allow_blank=False, id="executor", compact=True)
-                    yield Label("Ray address")
-                    yield Input(
-                        ex.ray_address,
-                        id="ray-address",
-                        compact=True,
-                        placeholder="blank: RAY_ADDRESS, else a local Ray",
-                    )
-                    for sid, label, value in (
-                        ("frozen", "leave out frozen parameters", o.exclude_frozen),
-                        ("buffers", "leave out buffers", o.exclude_buffers),
-                        ("dedupe", "store tied weights once (alias recorded in the header)", o.dedupe_tied),
-                        ("overwrite", "replace an earlier conversion in the output folder", ex.overwrite),
-                    ):
-                        yield Checkbox(label, value, id=sid, compact=True, classes="wide")
+                    yield from self._output_fields()
+                    yield from self._naming_fields()
+                    yield from self._run_fields()
                 yield AutoHeightStatic("", id="form-errors")
             with Vertical(id="export-side"):
                 yield Static("Preflight", classes="section")
                 yield PreflightPanel(id="preflight")
                 yield AutoHeightStatic("", id="selection-summary")
         yield KeyBar()
+
+    def _output_fields(self) -> ComposeResult:
+        """Where, in which kind, dtype and shard size: the form's first rows."""
+        app = zi(self)
+        o: ConvertOptions = app.base_options
+        ex = app.export
+        yield Label("Output folder")
+        yield SafeInput(
+            ex.out_dir,
+            id="out",
+            compact=True,
+            placeholder="where the safetensors go",
+            select_on_focus=False,
+        )
+        yield Label("Format")
+        formats, default, missing = format_options(app.ckpt)
+        chosen = ex.format if ex.format in {v for _, v in formats} else default
+        yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
+        if missing:
+            yield Static("")
+            yield Static("; ".join(missing), classes="dim-note", markup=False)
+        yield Label("Dtype")
+        yield Select(
+            DTYPES,
+            value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
+            allow_blank=False,
+            id="dtype",
+            compact=True,
+        )
+        yield Label("Shard size")
+        yield Input(
+            human_size(o.shard_size),
+            id="shard",
+            compact=True,
+            placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB",
+        )
+
+    def _naming_fields(self) -> ComposeResult:
+        """What the tensors are called and which stay fp32."""
+        o: ConvertOptions = zi(self).base_options
+        yield Label("Strip prefix")
+        yield Input(
+            ", ".join(o.strip_prefix),
+            id="strip",
+            compact=True,
+            placeholder="module., _forward_module.",
+        )
+        yield Label("Renames")
+        yield Input(
+            "; ".join(f"{p}={r}" for p, r in o.renames),
+            id="renames",
+            compact=True,
+            placeholder=r"REGEX=REPL; ... e.g. ^model\.=",
+        )
+        yield Label("Keep fp32")
+        yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
+
+    def _run_fields(self) -> ComposeResult:
+        """Where the converter runs, and the yes/no choices."""
+        app = zi(self)
+        o: ConvertOptions = app.base_options
+        ex = app.export
+        yield Label("Run on")
+        yield Select(RUN_ON, value=ex.executor, allow_blank=False, id="executor", compact=True)
+        yield Label("Ray address")
+        yield Input(
+            ex.ray_address,
+            id="ray-address",
+            compact=True,
+            placeholder="blank: RAY_ADDRESS, else a local Ray",
+        )
+        for sid, label, value in (
+            ("frozen", "leave out frozen parameters", o.exclude_frozen),
+            ("buffers", "leave out buffers", o.exclude_buffers),
+            ("dedupe", "store tied weights once (alias recorded in the header)", o.dedupe_tied),
+            ("overwrite", "replace an earlier conversion in the output folder", ex.overwrite),
+        ):
+            yield Checkbox(label, value, id=sid, compact=True, classes="wide")
 
     def on_mount(self) -> None:
         self.sub_title = "Export options"
