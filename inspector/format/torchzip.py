@@ -33,7 +33,7 @@ from inspector.format.records import (
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource
-from inspector.system.units import printable
+from inspector.system.text import shown
 
 _INERT_RECORDS = {
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
@@ -257,7 +257,7 @@ def load(path: str | os.PathLike[str], source: ByteSource | None = None) -> tupl
         ) as exc:
             why = str(exc) if isinstance(exc, TreeError | pickle.UnpicklingError) else type(exc).__name__
             raise CorruptFileError(
-                f"{printable(archive.path)}: the pickle in this file cannot be read ({printable(why)[:200]}).",
+                f"{shown(archive.path)}: the pickle in this file cannot be read ({shown(why)[:200]}).",
                 hint="The file is damaged or not a DeepSpeed checkpoint.",
             ) from None
     except BaseException:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.system.bytesource import ByteSource, open_handle_in
-from inspector.system.units import printable
+from inspector.system.text import shown
 
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
@@ -36,7 +36,7 @@ class TorchZip:
 
     def __init__(self, path: str | os.PathLike[str], source: ByteSource | None = None) -> None:
         self.path = os.fspath(path)
-        self.shown = printable(self.path)  # for messages: control characters escaped
+        self.shown = shown(self.path)  # for messages: control characters escaped
         self.handle = open_handle_in(self.path, (source,) if source else ())
         self.file_size = self.handle.size
         try:
@@ -129,14 +129,14 @@ class TorchZip:
                 usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff)
             if method != 0 or csize != usize:
                 raise CorruptFileError(
-                    f"{self.shown}: entry {printable(name)} is compressed (method {method}).",
+                    f"{self.shown}: entry {shown(name)} is compressed (method {method}).",
                     hint="torch.save never compresses; the file was re-zipped. "
                     "Re-save it with torch.save or re-zip with `zip -0`.",
                 )
             if name in entries:
                 raise self._truncated("two entries have the same name")
             if hoff + 30 > cd_off or usize > self.file_size:
-                raise self._truncated(f"entry {printable(name)} lies outside the file")
+                raise self._truncated(f"entry {shown(name)} lies outside the file")
             entries[name] = ZipEntry(name, hoff, usize, method, crc)
             p += 46 + nlen + xlen + clen
         return entries
@@ -249,7 +249,7 @@ class TorchZip:
         data = self.pread(entry.size, self.data_offset(name))
         if zlib.crc32(data) != entry.crc:
             raise CorruptFileError(
-                f"{self.shown}: member {printable(name)} does not match its CRC-32 in the zip directory.",
+                f"{self.shown}: member {shown(name)} does not match its CRC-32 in the zip directory.",
                 hint="The file is damaged, or the store returned other bytes than the range asked for; "
                 "copy it again from the source.",
                 title="Checksum mismatch",
