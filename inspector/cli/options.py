@@ -28,6 +28,28 @@ def add_workers_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tp_split_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tp-split",
+        metavar="PATTERN=DIM",
+        action="append",
+        type=_tp_split,
+        default=[],
+        help="for a tensor-parallel checkpoint that does not record how its parameters were split: how the "
+        "shards of parameters matching the glob PATTERN join (0: stacked on dim 0, 1: side by side on dim 1, "
+        "replicated: one copy); repeatable, first match wins, every parameter must match one",
+    )
+
+
+def _tp_split(text: str) -> tuple[str, str]:
+    from inspector.scan.tp_rules import parse_rule  # the app's export form reads its rules with it too
+
+    try:
+        return parse_rule(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_convert_options(p: argparse.ArgumentParser) -> None:
     add_workers_option(p)
     p.add_argument(

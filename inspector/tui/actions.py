@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from inspector.errors import InspectorError
+
 if TYPE_CHECKING:
     from inspector.tui.app import InspectorApp
 
@@ -128,3 +130,15 @@ def step_tag(app: InspectorApp, step: int) -> None:
     else:
         which = "oldest" if step < 0 else "newest"
         app.notify(f"Already the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
+
+
+def worker_error(err: BaseException, description: str) -> InspectorError:
+    """A background task's failure as the error dialog shows it: our own error as it is, anything else as
+    the bug it is."""
+    if isinstance(err, InspectorError):
+        return err
+    return InspectorError(
+        f"{type(err).__name__}: {err}",
+        hint="This is a bug in zero-inspector; please report it with the checkpoint's `scan --json`.",
+        title=f"Unexpected error in {description or 'a background task'}",
+    )

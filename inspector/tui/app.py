@@ -31,6 +31,7 @@ from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
+from inspector.scan.tp_rules import Rules
 from inspector.system.bytesource import absolute
 from inspector.system.text import shown
 from inspector.tui import actions
@@ -38,7 +39,7 @@ from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
-from inspector.tui.session import ExportSettings, preset_selection, selection_options
+from inspector.tui.session import ExportSettings, carried_selection, preset_selection, selection_options
 
 
 class InspectorApp(App[int]):
@@ -83,6 +84,7 @@ class InspectorApp(App[int]):
         self.asked_tag: str | None = None  # the tag the last scan asked for (None: the latest)
         self.request = 0  # the last scan asked for: answers of older scans are dropped
         self.selected: set[str] = set()
+        self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
         self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
@@ -136,7 +138,14 @@ class InspectorApp(App[int]):
         if tag is None or new_root:
             self.latest_tag = None
         self.main.scanning(root, tag)
-        self._scan_worker(root, tag, self.request)
+        self._scan_worker(root, tag, self.request, self.tp_split)
+
+    def set_tp_split(self, rules: Rules) -> None:
+        """New TP-split rules (the export form): the shown tag is scanned again with them, as the converter
+        child will scan it; the form waits for that scan."""
+        self.tp_split = rules
+        if self.root is not None:
+            self.scan(self.root, self.ckpt.tag if self.ckpt is not None else self.asked_tag)
 
     def _forget_checkpoint(self, *, new_root: bool) -> None:
         """Every piece of state that belongs to the shown checkpoint, reset. Another tag of the same root
@@ -161,13 +170,13 @@ class InspectorApp(App[int]):
             self._default_out = ""
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
-    def _scan_worker(self, root: str, tag: str | None, request: int) -> None:
+    def _scan_worker(self, root: str, tag: str | None, request: int, tp_split: Rules) -> None:
         from inspector.scan.scanner import scan
 
         start = time.monotonic()
         try:
             self.post_message(Located(locate(root, tag), request=request))
-            ckpt = scan(root, tag)
+            ckpt = scan(root, tag, tp_split=tp_split)
         except InspectorError as exc:
             if tag is not None:  # a tag that is not there: the others stay choosable ([, ], the tag list)
                 with contextlib.suppress(InspectorError, OSError):
@@ -200,6 +209,10 @@ class InspectorApp(App[int]):
             self.export = replace(self.export, out_dir=default)  # proposed for this root and tag
         self._default_out = default
         self.main.scanned(msg.checkpoint, msg.seconds)
+        from inspector.tui.screens.export import ExportScreen
+
+        if isinstance(self.screen, ExportScreen):  # the form waits for a scan with new TP-split rules
+            self.screen.rescanned()
         if msg.checkpoint.errors:
             self.notify(
                 f"{len(msg.checkpoint.errors)} problem(s) found: see Findings on the overview.",
@@ -220,11 +233,7 @@ class InspectorApp(App[int]):
                 self.error(exc)
                 return names
         carried, self._carried = self._carried, None
-        if carried is None or carried[1]:
-            return names
-        kept = set(carried[0]) & names
-        if not kept:
-            return names
+        kept = carried_selection(names, carried)
         if kept != names:
             self.notify(
                 f"Kept your selection from the previous tag: {len(kept)} of {len(names)} tensors. "
@@ -247,17 +256,7 @@ class InspectorApp(App[int]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A worker that died of an unexpected error (our bug) becomes a dialog, not a silent stall."""
         if event.state is WorkerState.ERROR and event.worker.error is not None:
-            err = event.worker.error
-            exc = (
-                err
-                if isinstance(err, InspectorError)
-                else InspectorError(
-                    f"{type(err).__name__}: {err}",
-                    hint="This is a bug in zero-inspector; please report it with the checkpoint's `scan --json`.",
-                    title=f"Unexpected error in {event.worker.description or 'a background task'}",
-                )
-            )
-            self.error(exc)
+            self.error(actions.worker_error(event.worker.error, event.worker.description))
 
     def notify(self, message: str, *, title: str = "", **options: Any) -> None:
         """Every notification, from any screen, through the text-out rule (`system/text.shown`): controls
@@ -369,14 +368,9 @@ class InspectorApp(App[int]):
         return driver_class() or super().get_driver_class()
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
-        from inspector.tui.commands import app_commands
+        from inspector.tui.commands import app_commands, textual_commands
 
-        for cmd in super().get_system_commands(screen):
-            if (
-                cmd.title == "Keys"
-            ):  # Textual's side panel; ours below is the full list, both were called "Keys"
-                cmd = cmd._replace(title="Key panel")
-            yield cmd
+        yield from textual_commands(super().get_system_commands(screen))
         yield from app_commands(self)
 
 

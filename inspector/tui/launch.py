@@ -22,6 +22,7 @@ class LaunchOptions:
     overwrite: bool = False
     demo: bool = False
     demo_params: str = DEMO_PARAMS
+    tp_split: tuple[tuple[str, str], ...] = ()  # --tp-split: how an unrecorded tensor-parallel split joins
 
 
 def newest_root(roots: tuple[str, ...]) -> str:

@@ -310,6 +310,7 @@ class ConvertScreen(ChildScreen):
                 app.ckpt.tag,
                 "--progress",
                 "json",
+                *(f"--tp-split={glob}={rule}" for glob, rule in app.tp_split),  # scanned as it was converted
             ]
         )
 
