@@ -17,37 +17,9 @@ from typing import Any
 from inspector.cli.console import literal as escape
 from inspector.cli.console import print_json
 from inspector.cli.jobs import byte_sources, job_events, order_of, plan_job, ray_options, verify_job
+from inspector.cli.live import drive, print_report, print_tasks
 from inspector.cli.options import FORMAT_HELP, add_convert_options
-
-_LOG_INTERVAL = 5.0
-
-
-def _progress_line(ev: Any, mem: str, unit: str = "file") -> str:
-    from inspector.system.units import format_bytes
-
-    eta = (ev.bytes_total - ev.bytes_done) / ev.throughput if ev.throughput > 0 else 0.0
-    return (
-        f"[{ev.fraction * 100:5.1f}%] {format_bytes(ev.bytes_done)} / {format_bytes(ev.bytes_total)}  "
-        f"{format_bytes(ev.throughput)}/s  ETA {eta:.0f}s  {_where(ev, unit)}  {mem}"
-    )
-
-
-def _where(ev: Any, unit: str) -> str:
-    """`file 3/8` for a run here; a Ray run's events say themselves how many parts are done."""
-    return f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard
-
-
-def _memory_line() -> str:
-    import psutil
-
-    from inspector.system.rss import current_rss, peak_rss
-    from inspector.system.units import format_bytes
-
-    now = current_rss()
-    return (
-        f"RSS {format_bytes(now)} (peak {format_bytes(max(now, peak_rss()))}), "
-        f"available {format_bytes(psutil.virtual_memory().available)}"
-    )
+from inspector.system.units import format_bytes
 
 
 def _ranks(n: int) -> str:
@@ -81,7 +53,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     console.print(
         f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {_ranks(ckpt.world_size)}) → "
         f"[bold]{escape(job.where)}[/] ({job.kind}): {job.tensor_count} tensors, "
-        f"{len(job.files)} file(s), {_size(job.output_bytes)}"
+        f"{len(job.files)} file(s), {format_bytes(job.output_bytes)}"
     )
     for note in job.notes:
         console.print(f"[dim]{escape(note, newlines=True)}[/]")
@@ -91,9 +63,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     events: Any = None
     try:
         events = job_events(order, job, tasks)
-        report = _drive(console, events, job.output_bytes, unit="part" if args.executor == "ray" else "file")
+        report = drive(console, events, job.output_bytes, unit="part" if args.executor == "ray" else "file")
         if tasks:
-            _print_tasks(console, tasks)
+            print_tasks(console, tasks)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.main turns it into KeyboardInterrupt)
         from inspector.errors import CancelledError
 
@@ -103,102 +75,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
         raise RuntimeError("the conversion ended without a report")
-    _print_report(console, report, job, part)
+    print_report(console, report, job, part)
     return 0
-
-
-def _print_tasks(console: Any, tasks: list[Any]) -> None:
-    nodes = sorted({t.node for t in tasks})
-    console.print(
-        f"Ray: {len(tasks)} part(s) on {len(nodes)} node(s); "
-        + ", ".join(f"part {t.part}: {_size(t.bytes_written)} in {t.seconds:.1f} s" for t in sorted(tasks, key=lambda t: t.part))
-        + "; then finished here."
-    )
-
-
-def _size(n: int) -> str:
-    from inspector.system.units import format_bytes
-
-    return format_bytes(n)
-
-
-def _drive(console: Any, events: Any, total: int, unit: str = "file") -> Any:
-    """Consume run() events with a live bar (terminal) or periodic log lines (CI)."""
-    from inspector.convert.executor import Progress, Report
-
-    if not console.is_terminal:
-        last = 0.0
-        for ev in events:
-            if isinstance(ev, Report):
-                return ev
-            if isinstance(ev, Progress) and time.monotonic() - last >= _LOG_INTERVAL:
-                last = time.monotonic()
-                console.print(_progress_line(ev, _memory_line(), unit), soft_wrap=True)
-        return None
-    from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-    from rich.progress import Progress as Bar
-
-    with Bar(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[mem]}"),
-        console=console,
-        transient=False,
-    ) as bar:
-        task = bar.add_task("converting", total=total, mem="")
-        for ev in events:
-            if isinstance(ev, Report):
-                bar.refresh()
-                return ev
-            if isinstance(ev, Progress):
-                bar.update(
-                    task,
-                    completed=ev.bytes_done,
-                    total=ev.bytes_total,
-                    description=_where(ev, unit),
-                    mem=_memory_line(),
-                )
-    return None
-
-
-def _print_report(console: Any, report: Any, job: Any, part: tuple[int, int] | None = None) -> None:
-    from rich.table import Table
-
-    from inspector.system.rss import peak_rss
-
-    t = Table(title="Written", title_justify="left", show_edge=False)
-    t.add_column("file")
-    t.add_column("size", justify="right")
-    for name, size in report.files:
-        t.add_row(escape(name), _size(size))
-    console.print(t)
-    rate = report.bytes_written / report.seconds if report.seconds else 0.0
-    resumed = (
-        f", {report.resumed_shards} file(s) reused from an interrupted run" if report.resumed_shards else ""
-    )
-    console.print(
-        f"[green]Done[/] in {report.seconds:.1f} s: {report.tensors} tensors, "
-        f"{_size(report.bytes_written)} at {_size(int(rate))}/s, peak RSS {_size(peak_rss())}{resumed}."
-    )
-    aliases = getattr(getattr(job, "plan", None), "aliases", None)
-    if isinstance(aliases, dict) and aliases:
-        console.print(
-            escape(f"Tied weights stored once: {', '.join(f'{a} → {o}' for a, o in aliases.items())}.")
-        )
-    if report.removed_stale:
-        console.print(
-            escape(f"Removed stale files from an earlier conversion: {', '.join(report.removed_stale)}.")
-        )
-    if part is not None:
-        console.print(
-            f"Part {part[0]} of {part[1]} (numbered from 0) is written. Once all {part[1]} parts have ended, run "
-            "the same command without --part: it reuses every finished file and writes the rest."
-        )
-    elif words := job.finished_words(report):
-        console.print(escape(words, newlines=True))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -242,7 +120,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             )
     if result.ok:
         console.print(
-            f"[green]OK[/]: {kind.name} output, {result.checked} tensors, {_size(result.bytes_checked)} "
+            f"[green]OK[/]: {kind.name} output, {result.checked} tensors, {format_bytes(result.bytes_checked)} "
             f"agree with the checkpoint ({secs:.1f} s)."
         )
         return 0
@@ -323,6 +201,13 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`convert`, `verify` and `preflight`, each with the common path/tag options."""
+    _register_convert(sub, add_common)
+    _register_verify(sub, add_common)
+    _register_preflight(sub, add_common)
+
+
+def _register_convert(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser(
         "convert", help="stream a checkpoint into safetensors, a model folder or a universal checkpoint"
     )
@@ -341,6 +226,20 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         help="with an s3:// OUT: where files wait for their upload (default: the temporary folder; it holds "
         "the largest file or, for --format universal, a few at once)",
     )
+    _add_run_options(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="start even if preflight says it will not fit, or the checkpoint has error findings",
+    )
+    _add_progress(p)
+    # a front end's own order as JSON on stdin (the app's child converts exactly the plan it previewed)
+    p.add_argument("--order", choices=("-",), help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_convert)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How a conversion runs: a share of the files, on Ray, flushed to disk."""
     p.add_argument(
         "--part",
         metavar="I/N",
@@ -372,16 +271,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         help="flush every file to disk before renaming it (survives a power cut; slower). A killed run "
         "never leaves complete-looking files either way",
     )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="start even if preflight says it will not fit, or the checkpoint has error findings",
-    )
-    _add_progress(p)
-    # a front end's own order as JSON on stdin (the app's child converts exactly the plan it previewed)
-    p.add_argument("--order", choices=("-",), help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_convert)
 
+
+def _register_verify(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")
     add_common(p)
     for action in p._actions:  # verify reads the tag the output records, not `latest`
@@ -398,6 +290,8 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     _add_progress(p)
     p.set_defaults(func=cmd_verify)
 
+
+def _register_preflight(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
     add_common(p)
     p.add_argument(

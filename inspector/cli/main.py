@@ -20,6 +20,8 @@ from inspector.cli.console import console as _console
 from inspector.cli.console import literal as escape
 from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import print_json, stdout_closed
+from inspector.cli.launch import add_open
+from inspector.cli.options import add_tp_split_option
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.malloc import cap_malloc_arenas
 from inspector.system.text import shown
@@ -162,75 +164,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_open(args: argparse.Namespace) -> int:
-    """Open the terminal UI on PATH (or on a fresh demo checkpoint), presetting selection and export."""
-    from inspector.convert.order import options_from_args
-
-    if not args.path and not args.demo:
-        raise InspectorError("Give a checkpoint PATH to open, or --demo.", title="Nothing to open")
-    from inspector.system.bytesource import is_url
-
-    if (
-        args.path and not args.demo and not is_url(args.path) and not os.path.exists(args.path)
-    ):  # said here, not in a full-screen dialog (a bucket's answer comes from the scan, in the app)
-        raise InspectorError(
-            f"{args.path} does not exist.",
-            hint="Check the path; `zero-inspector --help` lists the commands.",
-            title="No such checkpoint",
-        )
-    _refuse_unapplied(args)
-    options = options_from_args(args)
-    from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
-
-    return run_app(
-        LaunchOptions(
-            path=args.path,
-            tag=args.tag,
-            options=options,
-            out_dir=os.path.abspath(args.out) if args.out else None,
-            overwrite=args.overwrite,
-            demo=args.demo,
-        )
-    )
-
-
-def _refuse_unapplied(args: argparse.Namespace) -> None:
-    """`open` presets the selection and the export options; the output kind is chosen in the export form, so
-    the flags that name a kind (or a merge's base) are refused rather than silently dropped."""
-    given = [flag for flag, dest in _KIND_ONLY if getattr(args, dest, None)]
-    if given:
-        raise InspectorError(
-            f"`open` does not take {' or '.join(given)}: the output kind is chosen in the app's export form (e).",
-            hint="Open the checkpoint and choose the format there, or run `zero-inspector convert` with "
-            + " ".join(given)
-            + ".",
-            title="Invalid option",
-        )
-
-
-_KIND_ONLY = (
-    ("--adapter", "adapter"),
-    ("--merge-adapter", "merge_adapter"),
-    ("--weights-only", "weights_only"),
-    ("--base", "base"),
-)
-
-
-def _add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from inspector.cli.options import add_convert_options
-
-    p = sub.add_parser("open", help="explore a checkpoint in the terminal UI (the default for a PATH)")
-    p.add_argument("path", nargs="?", help="checkpoint, Trainer run, or a folder holding several checkpoints")
-    p.add_argument("--tag", help="tag to open (default: the one named in `latest`)")
-    p.add_argument(
-        "--demo", action="store_true", help="write a demo checkpoint to a temporary folder and open it"
-    )
-    p.add_argument("--out", help="preset the export's output folder")
-    p.add_argument("--overwrite", action="store_true", help="preset: replace an earlier conversion in --out")
-    add_convert_options(p)
-    p.set_defaults(func=cmd_open)
-
-
 COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "health", "open")
 
 
@@ -257,25 +190,7 @@ def _route(argv: list[str]) -> list[str]:
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="checkpoint root (with `latest`), tag folder, Trainer run or Lightning .ckpt")
     p.add_argument("--tag", help="tag to read (default: the one named in `latest`)")
-    p.add_argument(
-        "--tp-split",
-        metavar="PATTERN=DIM",
-        action="append",
-        type=_tp_split,
-        default=[],
-        help="for a tensor-parallel checkpoint that does not record how its parameters were split: how the "
-        "shards of parameters matching the glob PATTERN join (0: stacked on dim 0, 1: side by side on dim 1, "
-        "replicated: one copy); repeatable, first match wins, every parameter must match one",
-    )
-
-
-def _tp_split(text: str) -> tuple[str, str]:
-    from inspector.scan.tensor import SPLIT_RULES
-
-    glob, sep, rule = text.rpartition("=")
-    if not sep or not glob or rule not in SPLIT_RULES:
-        raise argparse.ArgumentTypeError(f"expected PATTERN=0, PATTERN=1 or PATTERN=replicated, got {text!a}")
-    return glob, rule
+    add_tp_split_option(p)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -335,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     from inspector.cli import health as cli_health
 
     cli_health.register(sub, _add_common)
-    _add_open(sub)
+    add_open(sub)
     return parser
 
 

@@ -28,6 +28,28 @@ def add_workers_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tp_split_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tp-split",
+        metavar="PATTERN=DIM",
+        action="append",
+        type=_tp_split,
+        default=[],
+        help="for a tensor-parallel checkpoint that does not record how its parameters were split: how the "
+        "shards of parameters matching the glob PATTERN join (0: stacked on dim 0, 1: side by side on dim 1, "
+        "replicated: one copy); repeatable, first match wins, every parameter must match one",
+    )
+
+
+def _tp_split(text: str) -> tuple[str, str]:
+    from inspector.scan.tp_rules import parse_rule  # the app's export form reads its rules with it too
+
+    try:
+        return parse_rule(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_convert_options(p: argparse.ArgumentParser) -> None:
     add_workers_option(p)
     p.add_argument(
@@ -37,6 +59,20 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
         "auto (the training compute dtype; default). Integer buffers keep their dtype.",
     )
     p.add_argument("--shard-size", default="5GB", help="maximum shard size (default 5GB, HF naming)")
+    _add_selection_options(p)
+    p.add_argument(
+        "--source",
+        choices=("masters", "module"),
+        default="masters",
+        help="where trainable weights are read from: the fp32 optimizer masters (default), or the 16-bit "
+        "module copy in the model-states file (stage 1/2, output in the training dtype: half the bytes to "
+        "read, no cast; equal to the cast masters in every DeepSpeed run the interop suite trains)",
+    )
+    _add_hf_options(p)
+
+
+def _add_selection_options(p: argparse.ArgumentParser) -> None:
+    """Which tensors go out, under which names, in which dtype."""
     p.add_argument(
         "--include",
         action="append",
@@ -69,14 +105,10 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="store tied weights once; the alias is recorded in the header metadata",
     )
-    p.add_argument(
-        "--source",
-        choices=("masters", "module"),
-        default="masters",
-        help="where trainable weights are read from: the fp32 optimizer masters (default), or the 16-bit "
-        "module copy in the model-states file (stage 1/2, output in the training dtype: half the bytes to "
-        "read, no cast; equal to the cast masters in every DeepSpeed run the interop suite trains)",
-    )
+
+
+def _add_hf_options(p: argparse.ArgumentParser) -> None:
+    """The Hugging Face outputs' own options, in their own help group."""
     hf = p.add_argument_group("Hugging Face outputs")
     hf.add_argument(
         "--weights-only",

@@ -58,7 +58,6 @@ def convert_json(args: argparse.Namespace) -> int:
         from inspector.cli.jobs import job_events, order_of
         from inspector.convert.executor import Progress, Report
         from inspector.errors import DoesNotFitError
-        from inspector.system.rss import peak_rss
 
         order = order_of(args)  # --executor ray's options: checked by cmd_convert
         _, job = order.plan()
@@ -66,61 +65,71 @@ def convert_json(args: argparse.Namespace) -> int:
         verdict = job.assess()
         if not verdict.fits and not order.request.allow_damaged:
             raise DoesNotFitError(verdict.problem, hint=verdict.advice)
+        emit(_started(job, verdict))
         files = job.files
         starts, pos = [], 0
         for f in files:
             starts.append(pos)
             pos += f.nbytes
-        emit(
-            Started(
-                out_dir=job.where,
-                kind=job.kind,
-                tensors=job.tensor_count,
-                output_bytes=job.output_bytes,
-                files=[[f.name, f.nbytes] for f in files],
-                uses_selection=job.uses_selection,
-                keeps_on_cancel=job.keeps_on_cancel,
-                predicted_peak_rss=verdict.predicted_peak_rss,
-                plan=job.identity,
-            )
-        )
         for ev in job_events(order, job, []):
             if isinstance(ev, Progress):
-                i = min(ev.shard_index, len(files) - 1)
-                one = ev.shards == len(files) and files  # the event counts the listed files
-                emit(
-                    Progressed(
-                        bytes_done=ev.bytes_done,
-                        bytes_total=ev.bytes_total,
-                        tensor=ev.tensor,
-                        file=ev.shard,
-                        file_index=ev.shard_index,
-                        files=ev.shards,
-                        file_done=min(max(ev.bytes_done - starts[i], 0), files[i].nbytes)
-                        if one
-                        else ev.bytes_done,
-                        file_total=files[i].nbytes if one else ev.bytes_total,
-                        elapsed=round(ev.elapsed, 3),
-                        throughput=round(ev.throughput, 1),
-                    )
-                )
+                emit(_progressed(ev, files, starts))
             elif isinstance(ev, Report):
-                emit(
-                    Finished(
-                        out_dir=ev.out_dir,
-                        files=[list(f) for f in ev.files],
-                        tensors=ev.tensors,
-                        bytes_written=ev.bytes_written,
-                        seconds=round(ev.seconds, 3),
-                        resumed_files=ev.resumed_shards,
-                        removed_stale=list(ev.removed_stale),
-                        peak_rss=peak_rss(),
-                        words=job.finished_words(ev),
-                    )
-                )
+                emit(_finished(ev, job))
         return 0
 
     return _guard(body)
+
+
+def _started(job: Any, verdict: Any) -> Started:
+    """The `start` line: the plan the child runs, which the app checks against the one it showed."""
+    return Started(
+        out_dir=job.where,
+        kind=job.kind,
+        tensors=job.tensor_count,
+        output_bytes=job.output_bytes,
+        files=[[f.name, f.nbytes] for f in job.files],
+        uses_selection=job.uses_selection,
+        keeps_on_cancel=job.keeps_on_cancel,
+        predicted_peak_rss=verdict.predicted_peak_rss,
+        plan=job.identity,
+    )
+
+
+def _progressed(ev: Any, files: Any, starts: list[int]) -> Progressed:
+    """A `progress` line; the file's own bytes where the event counts the listed files (`starts`: where
+    each file begins in the run's bytes)."""
+    i = min(ev.shard_index, len(files) - 1)
+    one = ev.shards == len(files) and files  # the event counts the listed files
+    return Progressed(
+        bytes_done=ev.bytes_done,
+        bytes_total=ev.bytes_total,
+        tensor=ev.tensor,
+        file=ev.shard,
+        file_index=ev.shard_index,
+        files=ev.shards,
+        file_done=min(max(ev.bytes_done - starts[i], 0), files[i].nbytes) if one else ev.bytes_done,
+        file_total=files[i].nbytes if one else ev.bytes_total,
+        elapsed=round(ev.elapsed, 3),
+        throughput=round(ev.throughput, 1),
+    )
+
+
+def _finished(ev: Any, job: Any) -> Finished:
+    """The `report` line of a finished run."""
+    from inspector.system.rss import peak_rss
+
+    return Finished(
+        out_dir=ev.out_dir,
+        files=[list(f) for f in ev.files],
+        tensors=ev.tensors,
+        bytes_written=ev.bytes_written,
+        seconds=round(ev.seconds, 3),
+        resumed_files=ev.resumed_shards,
+        removed_stale=list(ev.removed_stale),
+        peak_rss=peak_rss(),
+        words=job.finished_words(ev),
+    )
 
 
 def verify_json(args: argparse.Namespace) -> int:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.format.dtypes import OUTPUT_ALIASES
-from inspector.parse.names import escaped, name_problem
+from inspector.parse.names import name_problem
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
+from inspector.system.text import shown
 
 DTYPE_ALIASES = OUTPUT_ALIASES
 CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,
@@ -138,7 +139,7 @@ def name_tensors(
         problem = name_problem(name)
         if problem:  # the same rule names from a file pass: `__metadata__` would make the file unloadable
             raise InspectorError(
-                f"Renaming {t.name} gives the output name {escaped(name)!r}, which {problem}.",
+                f"Renaming {t.name} gives the output name {shown(name)!r}, which {problem}.",
                 hint="Adjust --strip-prefix/--rename so every output name is a plain tensor name.",
                 title="Invalid option",
             )

@@ -7,7 +7,8 @@ import os
 from typing import Protocol
 
 from inspector.errors import OutputError
-from inspector.parse.names import escaped, name_problem
+from inspector.parse.names import name_problem
+from inspector.system.text import shown
 
 LOCK = ".zero-inspector.lock"
 PARTIAL = ".partial"  # a file (or a job's folder) that is not finished yet
@@ -51,7 +52,7 @@ def parts_of(rel: str) -> list[str]:
     for p in parts:
         if problem := name_problem(p):
             raise OutputError(
-                f"Refusing to write {escaped(rel)!r}: the name {escaped(p)[:80]!r} {problem}.",
+                f"Refusing to write {shown(rel)!r}: the name {shown(p)[:80]!r} {problem}.",
                 hint="A name from the checkpoint or from --rename cannot become a path outside the output "
                 "folder; rename it with --rename.",
                 title="Unsafe output name",

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -123,19 +123,43 @@ def run_on_ray(
     ray = connect(address)
     job = job or plan(spec)
     n = parts or default_parts(ray, len(job.files))
-    total = job.output_bytes
     sink = _sink_class(ray).remote(n)
+    refs = _launch(ray, spec, n, sink)
+    start = time.monotonic()
+    reused = yield from _watch(ray, job, list(refs), n, sink, cancel or threading.Event(), on_part, start)
+    # every part has ended: the driver alone finishes (reuses the parts' files by checksum) and publishes; its
+    # report counts the whole run (the parts' files are this run's work, not files reused from an earlier one)
+    for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=None):
+        if isinstance(ev, Report):
+            ev = replace(ev, seconds=time.monotonic() - start, resumed_shards=reused)
+        yield ev
+
+
+def _launch(ray: Any, spec: Order, n: int, sink: Any) -> list[Any]:
+    """Start the n part tasks; their references, in part order."""
     # SPREAD: the parts go to different nodes (their bandwidth is the point), not wherever a CPU frees first
     options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0, "scheduling_strategy": "SPREAD"}
     if env := store_env(spec.path, spec.out):
         options["runtime_env"] = {"env_vars": env}
     task = ray.remote(_run_part).options(**options)
-    refs = {task.remote(spec, (i, n), sink): i for i in range(n)}
-    start = time.monotonic()
-    cancel = cancel or threading.Event()
+    return [task.remote(spec, (i, n), sink) for i in range(n)]
+
+
+def _watch(
+    ray: Any,
+    job: Any,
+    pending: list[Any],
+    n: int,
+    sink: Any,
+    cancel: threading.Event,
+    on_part: Any,
+    start: float,
+) -> Generator[Progress, None, int]:
+    """The driver's view of the running tasks, until every one has ended; returns the files they reused.
+    A cancel, a failed task or an interrupt cancels the tasks still pending."""
+    total = job.output_bytes
     reused = 0
     ended = False
-    pending = list(refs)
     try:
         while pending:
             if cancel.is_set():
@@ -167,12 +191,7 @@ def run_on_ray(
         if not ended:
             for ref in pending:
                 ray.cancel(ref)
-    # every part has ended: the driver alone finishes (reuses the parts' files by checksum) and publishes; its
-    # report counts the whole run (the parts' files are this run's work, not files reused from an earlier one)
-    for ev in job.run(overwrite=spec.overwrite, fsync=spec.fsync, part=None):
-        if isinstance(ev, Report):
-            ev = replace(ev, seconds=time.monotonic() - start, resumed_shards=reused)
-        yield ev
+    return reused
 
 
 def _result(ray: Any, ref: Any) -> PartResult:

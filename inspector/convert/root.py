@@ -36,8 +36,8 @@ from inspector.convert.outnames import (
     parts_of,
 )
 from inspector.errors import OutputError
-from inspector.parse.names import escaped
 from inspector.system.bytesource import ByteSource
+from inspector.system.text import shown
 
 __all__ = [
     "LOCK",
@@ -214,7 +214,7 @@ class OutputRoot:
 
     def show(self, rel: str = "") -> str:
         """The path of `rel` for a message (escaped)."""
-        return escaped(os.path.join(self.path, rel) if rel else self.path)
+        return shown(os.path.join(self.path, rel) if rel else self.path)
 
     def _parent(self, rel: str, create: bool) -> tuple[int, str]:
         """A descriptor of `rel`'s folder (the caller closes it) and its last name; folders on the way are
@@ -244,7 +244,7 @@ class OutputRoot:
 
     def _link(self, rel: str, part: str) -> OutputError:
         return OutputError(
-            f"Refusing to write {self.show(rel)}: {escaped(part)!r} inside the output folder is a link or not "
+            f"Refusing to write {self.show(rel)}: {shown(part)!r} inside the output folder is a link or not "
             "a folder.",
             hint="Something other than this tool put it there; remove it or choose another output folder.",
             title="Unsafe output folder",

@@ -9,12 +9,10 @@ DeepSpeed's classes into inert records. A global that is not on the allowlist is
 from __future__ import annotations
 
 import io
-import math
 import os
 import pickle
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
@@ -32,165 +30,10 @@ from inspector.format.records import (
     _size,
     _Token,
 )
+from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource
-from inspector.system.units import printable
-
-
-@dataclass(frozen=True, slots=True)
-class StorageRef:
-    """A storage record in an archive: where its bytes start and how many there are."""
-
-    path: str
-    key: str
-    dtype: str
-    offset: int
-    nbytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class TensorRef:
-    """A tensor as a view onto a storage record; no data is loaded."""
-
-    storage: StorageRef
-    storage_offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: str
-    attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    @property
-    def path(self) -> str:
-        return self.storage.path
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return itemsize(self.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.itemsize
-
-    @property
-    def offset(self) -> int:
-        """Absolute byte offset of element 0 in the file."""
-        return self.storage.offset + self.storage_offset * self.itemsize
-
-    def is_contiguous(self) -> bool:
-        expected = 1
-        for d, s in zip(reversed(self.shape), reversed(self.stride), strict=True):
-            if d != 1 and s != expected:
-                return False
-            expected *= d
-        return True
-
-    def extent_bytes(self) -> int:
-        """Bytes from the storage start to the end of the last element this view touches."""
-        if self.numel == 0:
-            return 0
-        last = self.storage_offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride, strict=True))
-        return (last + 1) * self.itemsize
-
-    def runs(self) -> Iterator[tuple[int, int]]:
-        """Contiguous (absolute byte offset, element count) runs in row-major order."""
-        if self.numel == 0:
-            return
-        if self.is_contiguous():
-            yield self.offset, self.numel
-            return
-        inner = 1
-        dims = list(zip(self.shape, self.stride, strict=True))
-        expected = 1
-        while dims and dims[-1][1] == expected:  # fold contiguous trailing dims into one run
-            inner *= dims[-1][0]
-            expected *= dims[-1][0]
-            dims.pop()
-        idx = [0] * len(dims)
-        while True:
-            elem = self.storage_offset + sum(i * s for i, (_, s) in zip(idx, dims, strict=True))
-            yield self.storage.offset + elem * self.itemsize, inner
-            k = len(dims) - 1
-            while k >= 0:
-                idx[k] += 1
-                if idx[k] < dims[k][0]:
-                    break
-                idx[k] = 0
-                k -= 1
-            if k < 0:
-                return
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _dims(v: Any) -> tuple[int, ...] | None:
-    """A shape or stride as a tuple of ints, or None if a pickle put anything else there."""
-    if not isinstance(v, tuple | list) or len(v) > 64 or not all(_is_int(d) for d in v):
-        return None
-    return tuple(int(d) for d in v)
-
-
-_INT64_LIMIT = 2**63  # torch keeps sizes, strides and offsets as int64; a pickle may say anything
-
-
-def view_problem(ref: TensorRef) -> str:
-    """Why `ref` is not a view a real `torch.save` could have written, or "" if it is one.
-
-    The one check every reader relies on (scan, plan, convert, verify, statistics): a view starts at a
-    non-negative element offset, has non-negative sizes and strides, one stride per dimension, and every
-    element it touches lies inside its storage; the storage lies inside its zip record (checked when the
-    storage is loaded) and the record inside the file, clear of every other record (zipreader).
-    """
-    if ref.storage_offset < 0:
-        return f"negative storage offset {ref.storage_offset}"
-    if max((ref.storage_offset, *ref.shape, *ref.stride, ref.numel)) >= _INT64_LIMIT:
-        return "a size, stride or offset does not fit in 64 bits"
-    if len(ref.shape) != len(ref.stride):
-        return f"{len(ref.shape)} sizes but {len(ref.stride)} strides"
-    if any(d < 0 for d in ref.shape):
-        return f"negative size in shape {ref.shape}"
-    if any(s < 0 for s in ref.stride):
-        return f"negative stride in {ref.stride}"
-    if ref.dtype not in ITEMSIZE:
-        return f"unknown dtype {ref.dtype!r}"
-    size = ITEMSIZE[ref.dtype]
-    if ref.numel == 0:
-        return "" if ref.storage_offset * size <= ref.storage.nbytes else "offset past the end of its storage"
-    if ref.extent_bytes() > ref.storage.nbytes:
-        return (
-            f"it reaches byte {ref.extent_bytes()} of a {ref.storage.nbytes}-byte storage "
-            f"(offset {ref.storage_offset}, shape {ref.shape}, strides {ref.stride})"
-        )
-    runs = run_count(ref)
-    if runs > MAX_RUNS or runs > max(1, ref.storage.nbytes // size):
-        return (
-            f"it is a strided or expanded view of {runs:,} separate pieces of a {ref.storage.nbytes:,}-byte "
-            "storage; reading it piece by piece would cost out of proportion to the file "
-            "(re-save it with .contiguous())"
-        )
-    return ""
-
-
-MAX_RUNS = 1 << 20  # pieces one tensor view may have: each becomes a Segment (~100 bytes) in the scan
-
-
-def run_count(ref: TensorRef) -> int:
-    """How many contiguous runs `runs()` would yield, computed without yielding them."""
-    if ref.numel == 0:
-        return 0
-    inner, expected = 1, 1
-    dims = [(d, s) for d, s in zip(ref.shape, ref.stride, strict=True) if d != 1]
-    while dims and dims[-1][1] == expected:
-        inner *= dims[-1][0]
-        expected *= dims[-1][0]
-        dims.pop()
-    return ref.numel // inner
-
+from inspector.system.text import shown
 
 _INERT_RECORDS = {
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
@@ -300,7 +143,7 @@ class SafeUnpickler(pickle.Unpickler):
         ):
             raise pickle.UnpicklingError("a persistent id that is not a torch storage")
         _, dtype_tok, key, _location, numel = pid
-        if not _is_int(numel) or numel < 0 or dtype_tok.name not in ITEMSIZE:
+        if not is_int(numel) or numel < 0 or dtype_tok.name not in ITEMSIZE:
             raise pickle.UnpicklingError(f"bad storage size or dtype in persistent id {key!r}")
         key = str(key)
         ref = self._storages.get(key)
@@ -319,8 +162,8 @@ class SafeUnpickler(pickle.Unpickler):
     def _tensor(self, storage: StorageRef, offset: Any, size: Any, stride: Any, dtype: str) -> TensorRef:
         if not isinstance(storage, StorageRef):
             raise pickle.UnpicklingError("a tensor rebuilt from something that is not a storage")
-        shape, strides = _dims(size), _dims(stride)
-        if not _is_int(offset) or shape is None or strides is None:
+        shape, strides = dims(size), dims(stride)
+        if not is_int(offset) or shape is None or strides is None:
             raise self._bad_view(storage, "its offset, shape or strides are not whole numbers")
         ref = TensorRef(storage, int(offset), shape, strides, dtype)
         problem = view_problem(ref)
@@ -414,7 +257,7 @@ def load(path: str | os.PathLike[str], source: ByteSource | None = None) -> tupl
         ) as exc:
             why = str(exc) if isinstance(exc, TreeError | pickle.UnpicklingError) else type(exc).__name__
             raise CorruptFileError(
-                f"{printable(archive.path)}: the pickle in this file cannot be read ({printable(why)[:200]}).",
+                f"{shown(archive.path)}: the pickle in this file cannot be read ({shown(why)[:200]}).",
                 hint="The file is damaged or not a DeepSpeed checkpoint.",
             ) from None
     except BaseException:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.system.bytesource import ByteSource, open_handle_in
-from inspector.system.units import printable
+from inspector.system.text import shown
 
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
@@ -36,7 +36,7 @@ class TorchZip:
 
     def __init__(self, path: str | os.PathLike[str], source: ByteSource | None = None) -> None:
         self.path = os.fspath(path)
-        self.shown = printable(self.path)  # for messages: control characters escaped
+        self.shown = shown(self.path)  # for messages: control characters escaped
         self.handle = open_handle_in(self.path, (source,) if source else ())
         self.file_size = self.handle.size
         try:
@@ -69,6 +69,27 @@ class TorchZip:
         )
 
     def _read_directory(self) -> dict[str, ZipEntry]:
+        self._check_head()
+        count, cd_size, cd_off = self._end_record()
+        # a real directory entry is 46 bytes plus a name and extras; bound the read by what `count` entries
+        # can need and by the file, so a crafted size cannot make us read the whole rank file into memory
+        if cd_size > _MAX_DIRECTORY:
+            raise UnsupportedCheckpointError(
+                f"{self.shown}: its zip directory is {cd_size:,} bytes ({count:,} records), above the "
+                f"{_MAX_DIRECTORY >> 20} MiB this tool reads (about 600,000 tensors in one file).",
+                hint="A checkpoint this fragmented is not read here; save its small tensors in fewer records.",
+                title="Too many records",
+            )
+        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
+            raise self._truncated("the central directory's size and entry count disagree")
+        cd = self.pread(cd_size, cd_off)
+        entries = self._entries(cd, count, cd_off)
+        self._bounds = self._entry_bounds(entries, cd_off)
+        return entries
+
+    def _check_head(self) -> None:
+        """A torch zip archive, by its first bytes: an empty file, a legacy torch.save or anything else is
+        refused, each in its own words."""
         if self.file_size == 0:
             raise CorruptFileError(
                 f"{self.shown}: the file is empty (0 bytes).",
@@ -86,19 +107,9 @@ class TorchZip:
                 f"{self.shown}: not a torch.save archive (it does not start like a zip file).",
                 hint="Only DeepSpeed/torch .pt files can be read here.",
             )
-        count, cd_size, cd_off = self._end_record()
-        # a real directory entry is 46 bytes plus a name and extras; bound the read by what `count` entries
-        # can need and by the file, so a crafted size cannot make us read the whole rank file into memory
-        if cd_size > _MAX_DIRECTORY:
-            raise UnsupportedCheckpointError(
-                f"{self.shown}: its zip directory is {cd_size:,} bytes ({count:,} records), above the "
-                f"{_MAX_DIRECTORY >> 20} MiB this tool reads (about 600,000 tensors in one file).",
-                hint="A checkpoint this fragmented is not read here; save its small tensors in fewer records.",
-                title="Too many records",
-            )
-        if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
-            raise self._truncated("the central directory's size and entry count disagree")
-        cd = self.pread(cd_size, cd_off)
+
+    def _entries(self, cd: bytes, count: int, cd_off: int) -> dict[str, ZipEntry]:
+        """The central directory's `count` records, each checked against the file: stored, unique, inside."""
         entries: dict[str, ZipEntry] = {}
         p = 0
         for _ in range(count):
@@ -118,17 +129,16 @@ class TorchZip:
                 usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff)
             if method != 0 or csize != usize:
                 raise CorruptFileError(
-                    f"{self.shown}: entry {printable(name)} is compressed (method {method}).",
+                    f"{self.shown}: entry {shown(name)} is compressed (method {method}).",
                     hint="torch.save never compresses; the file was re-zipped. "
                     "Re-save it with torch.save or re-zip with `zip -0`.",
                 )
             if name in entries:
                 raise self._truncated("two entries have the same name")
             if hoff + 30 > cd_off or usize > self.file_size:
-                raise self._truncated(f"entry {printable(name)} lies outside the file")
+                raise self._truncated(f"entry {shown(name)} lies outside the file")
             entries[name] = ZipEntry(name, hoff, usize, method, crc)
             p += 46 + nlen + xlen + clen
-        self._bounds = self._entry_bounds(entries, cd_off)
         return entries
 
     def _entry_bounds(self, entries: dict[str, ZipEntry], cd_off: int) -> dict[str, int]:
@@ -239,7 +249,7 @@ class TorchZip:
         data = self.pread(entry.size, self.data_offset(name))
         if zlib.crc32(data) != entry.crc:
             raise CorruptFileError(
-                f"{self.shown}: member {printable(name)} does not match its CRC-32 in the zip directory.",
+                f"{self.shown}: member {shown(name)} does not match its CRC-32 in the zip directory.",
                 hint="The file is damaged, or the store returned other bytes than the range asked for; "
                 "copy it again from the source.",
                 title="Checksum mismatch",

@@ -8,60 +8,28 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from inspector.health.records import ORDER, WHERE, HealthFinding, Steps
+from inspector.health.since import missing_in_against, moments_grew, moved_most, shape_changed
 from inspector.health.stream import Row
 from inspector.scan.model import Severity
 
+NO_STEPS = Steps()  # step counts unknown (frozen: one shared default)
+
+# the findings' one face for `health.check` and the app: the records and the comparisons live beside it
+__all__ = [
+    "HealthFinding",
+    "Siblings",
+    "Steps",
+    "findings",
+    "missing_in_against",
+    "shape_changed",
+    "sibling_pattern",
+    "sibling_ratios",
+]
+
 SIBLING_RATIO = 10.0  # a norm this many times above (or below 1/x of) its siblings' median is reported
-GREW_RATIO = 1e4  # exp_avg_sq's norm grown this much since `--against`: more than its own accumulation
-# can explain (at a constant gradient it grows at most 1/(1 - beta2) = 1000x from the first step on)
 MIN_SIBLINGS = 3
-MOVED_SHOWN = 5
-_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-_WHERE = {
-    "master": "fp32 master",
-    "exp_avg": "Adam exp_avg",
-    "exp_avg_sq": "Adam exp_avg_sq",
-    "module": "16-bit module copy",
-    "frozen": "frozen parameter",
-    "buffer": "buffer",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class HealthFinding:
-    severity: Severity
-    code: str
-    message: str
-    hint: str = ""
-    tensor: str | None = None
-    source: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "severity": str(self.severity),
-            "code": self.code,
-            "message": self.message,
-            "hint": self.hint,
-            "tensor": self.tensor,
-            "source": self.source,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Steps:
-    """A tag's two step counts: the engine counts every step, the optimizer only those it took (DeepSpeed
-    skips a step whose gradients overflow), so the gap is the skipped steps."""
-
-    global_steps: int | None = None
-    optimizer_step: int | None = None
-
-    @property
-    def skipped(self) -> int | None:
-        if self.global_steps is None or self.optimizer_step is None:
-            return None
-        return max(self.global_steps - self.optimizer_step, 0)
 
 
 def sibling_pattern(name: str) -> str:
@@ -76,64 +44,60 @@ def _nonfinite(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
         st = r.stats
         if not (st.nan or st.inf) or (r.source == "module" and r.name in broken):
             continue  # a module copy is said once, as its master's error
-        parts = [
-            f"{n:,} {what}" for n, what in ((st.nan, "NaN"), (st.pos_inf, "+Inf"), (st.neg_inf, "−Inf")) if n
-        ]
-        what = f"{', '.join(parts)} of {st.numel:,} values in the {_WHERE[r.source]}"
-        if r.source in ("master", "frozen"):
-            first = (
-                f"; none in {against}: it broke after that tag"
-                if against and r.against_nonfinite == 0
-                else ""
-            )
-            out.append(
-                HealthFinding(
-                    Severity.ERROR,
-                    f"nonfinite-{r.source}",
-                    f"{r.name}: {what}{first}.",
-                    "These are the weights an export writes. Do not publish this tag: resume from an earlier "
-                    "one (compare with `--against TAG` to find the last sound tag) and lower the learning "
-                    "rate or enable gradient clipping.",
-                    r.name,
-                    r.source,
-                )
-            )
-        elif r.source in ("exp_avg", "exp_avg_sq"):
-            out.append(
-                HealthFinding(
-                    Severity.WARNING,
-                    "nonfinite-moment",
-                    f"{r.name}: {what}; the master is finite.",
-                    "The weights can still be exported. Resuming from this tag, a NaN moment makes its weights "
-                    "NaN at the next step and an Inf in exp_avg_sq freezes them for good (Adam's step "
-                    "m/sqrt(v) is 0): resume from an earlier tag or reset the optimizer state.",
-                    r.name,
-                    r.source,
-                )
-            )
-        elif r.source == "module":
-            out.append(
-                HealthFinding(
-                    Severity.WARNING,
-                    "nonfinite-module",
-                    f"{r.name}: {what}; the fp32 master is finite.",
-                    "Export from the masters (the default `--source masters`), not the module copy.",
-                    r.name,
-                    r.source,
-                )
-            )
-        else:
-            out.append(
-                HealthFinding(
-                    Severity.WARNING if st.nan else Severity.INFO,
-                    "nonfinite-buffer",
-                    f"{r.name}: {what}.",
-                    "Masks often hold −Inf on purpose; a NaN in a buffer is carried into the exported model.",
-                    r.name,
-                    r.source,
-                )
-            )
+        out.append(_nonfinite_finding(r, against))
     return out
+
+
+def _nonfinite_finding(r: Row, against: str | None) -> HealthFinding:
+    """One tensor's NaN/Inf, with what it means for its source: an error in what an export writes, a
+    warning in what resume reads, a note (or a warning for NaN) in a buffer."""
+    st = r.stats
+    parts = [
+        f"{n:,} {what}" for n, what in ((st.nan, "NaN"), (st.pos_inf, "+Inf"), (st.neg_inf, "−Inf")) if n
+    ]
+    what = f"{', '.join(parts)} of {st.numel:,} values in the {WHERE[r.source]}"
+    if r.source in ("master", "frozen"):
+        first = (
+            f"; none in {against}: it broke after that tag" if against and r.against_nonfinite == 0 else ""
+        )
+        return HealthFinding(
+            Severity.ERROR,
+            f"nonfinite-{r.source}",
+            f"{r.name}: {what}{first}.",
+            "These are the weights an export writes. Do not publish this tag: resume from an earlier "
+            "one (compare with `--against TAG` to find the last sound tag) and lower the learning "
+            "rate or enable gradient clipping.",
+            r.name,
+            r.source,
+        )
+    if r.source in ("exp_avg", "exp_avg_sq"):
+        return HealthFinding(
+            Severity.WARNING,
+            "nonfinite-moment",
+            f"{r.name}: {what}; the master is finite.",
+            "The weights can still be exported. Resuming from this tag, a NaN moment makes its weights "
+            "NaN at the next step and an Inf in exp_avg_sq freezes them for good (Adam's step "
+            "m/sqrt(v) is 0): resume from an earlier tag or reset the optimizer state.",
+            r.name,
+            r.source,
+        )
+    if r.source == "module":
+        return HealthFinding(
+            Severity.WARNING,
+            "nonfinite-module",
+            f"{r.name}: {what}; the fp32 master is finite.",
+            "Export from the masters (the default `--source masters`), not the module copy.",
+            r.name,
+            r.source,
+        )
+    return HealthFinding(
+        Severity.WARNING if st.nan else Severity.INFO,
+        "nonfinite-buffer",
+        f"{r.name}: {what}.",
+        "Masks often hold −Inf on purpose; a NaN in a buffer is carried into the exported model.",
+        r.name,
+        r.source,
+    )
 
 
 def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
@@ -155,7 +119,7 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
                 HealthFinding(
                     severity,
                     "all-zero",
-                    f"{r.name}: the {_WHERE[r.source]} is all zeros.",
+                    f"{r.name}: the {WHERE[r.source]} is all zeros.",
                     hint,
                     r.name,
                     r.source,
@@ -166,7 +130,7 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
                 HealthFinding(
                     severity,
                     "constant",
-                    f"{r.name}: every value of the {_WHERE[r.source]} is {st.minimum:.6g}.",
+                    f"{r.name}: every value of the {WHERE[r.source]} is {st.minimum:.6g}.",
                     "Every element got the same gradient: saturated outputs (a diverging run's softmax, a "
                     "dead layer) or a one-element batch."
                     if r.source in ("exp_avg", "exp_avg_sq")
@@ -243,7 +207,7 @@ def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
             HealthFinding(
                 Severity.WARNING,
                 "norm-outlier",
-                f"{name}: the {_WHERE[source]}'s L2 norm {norms[(name, source)]:.4g} is {how} "
+                f"{name}: the {WHERE[source]}'s L2 norm {norms[(name, source)]:.4g} is {how} "
                 f"({sib.median:.4g}) of the {sib.count} {sib.pattern} tensors.",
                 "A layer that diverged from its siblings: compare with an earlier tag (`--against`) "
                 "to see when it happened.",
@@ -275,81 +239,6 @@ def _out_of_sync(rows: Sequence[Row]) -> list[HealthFinding]:
     return out
 
 
-def _moved(rows: Sequence[Row], against: str | None, steps: Steps, then: Steps) -> list[HealthFinding]:
-    moved = [r for r in rows if r.source == "master" and r.delta_norm is not None]
-    if against is None or not moved:
-        return []
-    if all(r.delta_norm == 0 for r in moved):
-        g0, g = then.global_steps, steps.global_steps
-        if g is not None and g0 is not None and g > g0 and then.optimizer_step == steps.optimizer_step:
-            return [
-                HealthFinding(
-                    Severity.WARNING,
-                    "unchanged",
-                    f"No master changed since {against}: "
-                    + (
-                        "the step since was skipped"
-                        if g - g0 == 1
-                        else f"all {g - g0} steps since were skipped"
-                    )
-                    + f" (global step {g0} -> {g}, the optimizer's step {steps.optimizer_step} in both).",
-                    "DeepSpeed skips a step whose gradients overflow, so a run that diverged keeps saving "
-                    f"the same weights: it diverged by {against}. Resume from a tag before its gradients grew "
-                    "(`--against` earlier tags: exp_avg_sq that grew) with a lower learning rate or gradient "
-                    "clipping.",
-                )
-            ]
-        return [
-            HealthFinding(
-                Severity.INFO,
-                "unchanged",
-                f"No master changed since {against}.",
-                "The two tags hold the same weights: was the second saved before any step?",
-            )
-        ]
-    moved = [r for r in moved if math.isfinite(r.delta_norm or 0.0)]  # NaN/Inf masters: their errors say it
-    top = sorted(moved, key=lambda r: -_key(r.delta_rel))[:MOVED_SHOWN]
-    return [
-        HealthFinding(
-            Severity.INFO,
-            "moved-most",
-            f"{r.name}: moved {r.delta_norm or 0:.4g} since {against} ({_pct(r.delta_rel)} of its norm).",
-            "",
-            r.name,
-            "master",
-        )
-        for r in top
-        if r.delta_norm
-    ]
-
-
-def _grew(rows: Sequence[Row], against: str | None) -> list[HealthFinding]:
-    """exp_avg_sq that grew since `against` by more than Adam's own accumulation explains: the gradients
-    are exploding, usually a few tags before the loss overflows or the masters go NaN."""
-    if against is None:
-        return []
-    grown = []
-    for r in rows:
-        then, now = r.against_norm, r.stats.norm
-        if r.source == "exp_avg_sq" and then and math.isfinite(then) and now / then >= GREW_RATIO:
-            grown.append((now / then, r))
-    grown.sort(key=lambda p: -p[0])
-    return [
-        HealthFinding(
-            Severity.WARNING,
-            "moment-grew",
-            f"{r.name}: the Adam exp_avg_sq's L2 norm grew {ratio:.3g}× since {against} "
-            f"({r.against_norm:.4g} -> {r.stats.norm:.4g}): its gradients are exploding.",
-            "Within a few steps the loss overflows (DeepSpeed then skips every step) or the weights blow up. "
-            "Resume from an earlier tag with a lower learning rate or gradient clipping (DeepSpeed's "
-            "`gradient_clipping`, 1.0 unless set).",
-            r.name,
-            r.source,
-        )
-        for ratio, r in grown[:MOVED_SHOWN]
-    ]
-
-
 def _skipped(steps: Steps) -> list[HealthFinding]:
     if not steps.skipped:
         return []
@@ -366,62 +255,18 @@ def _skipped(steps: Steps) -> list[HealthFinding]:
     ]
 
 
-def _key(v: float | None) -> float:
-    return -1.0 if v is None or math.isnan(v) else v
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.3g} %"
-
-
-def shape_changed(
-    changes: Sequence[tuple[str, tuple[int, ...], tuple[int, ...]]], against: str
-) -> list[HealthFinding]:
-    """Masters whose shape differs in `against` (name, shape here, shape there): not compared element by
-    element, which would pair unrelated values and report a made-up change."""
-    return [
-        HealthFinding(
-            Severity.WARNING,
-            "shape-changed",
-            f"{name}: its shape is {_dims(now)} here and {_dims(then)} in {against}; the two are not compared.",
-            "A reshaped or transposed parameter between tags: the model changed, or the tags are of "
-            "different runs.",
-            tensor=name,
-        )
-        for name, now, then in changes
-    ]
-
-
-def _dims(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ")"
-
-
-def missing_in_against(names: Sequence[str], against: str) -> list[HealthFinding]:
-    if not names:
-        return []
-    shown = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
-    return [
-        HealthFinding(
-            Severity.INFO,
-            "not-in-against",
-            f"{len(names)} master(s) have no counterpart of the same size in {against}: {shown}.",
-            "Their change is left out.",
-        )
-    ]
-
-
 def findings(
-    rows: Sequence[Row], against: str | None, steps: Steps = Steps(), then: Steps = Steps()
+    rows: Sequence[Row], against: str | None, steps: Steps = NO_STEPS, then: Steps = NO_STEPS
 ) -> list[HealthFinding]:
     """Every finding, errors first; within a severity in checkpoint order. `steps` are this tag's step
     counts, `then` the `against` tag's."""
     found = (
         _nonfinite(rows, against)
-        + _grew(rows, against)
+        + moments_grew(rows, against)
         + _out_of_sync(rows)
         + _degenerate(rows)
         + _outliers(rows)
-        + _moved(rows, against, steps, then)
+        + moved_most(rows, against, steps, then)
         + _skipped(steps)
     )
-    return sorted(found, key=lambda f: _ORDER[f.severity])  # stable: keeps each kind's order
+    return sorted(found, key=lambda f: ORDER[f.severity])  # stable: keeps each kind's order

@@ -10,7 +10,6 @@ from inspector.system.text import has_unsafe, shown
 
 MAX_NAME_BYTES = 255  # a path component's limit on every common file system (universal: zero/<name>/)
 RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
-escaped = shown  # a name as a message may show it: the one text-out rule (system/text.py)
 
 
 def name_problem(name: object) -> str:

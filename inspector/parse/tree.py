@@ -119,9 +119,6 @@ class Node:
             raise self.fail(f"is {len(v):,} characters long, more than {max_len:,}")
         return v
 
-    def opt_text(self, max_len: int = MAX_TEXT) -> str | None:
-        return None if self.value is None else self.text(max_len)
-
     def name(self, what: str) -> str:
         return check_name(self.value, what, self.file, self.path)
 
@@ -136,9 +133,6 @@ class Node:
         if not isinstance(self.value, TensorRef):
             raise self.fail(f"is a {self._kind()}, not a tensor")
         return self.value
-
-    def opt_tensor(self) -> TensorRef | None:
-        return None if self.value is None else self.tensor()
 
     def shape(self) -> tuple[int, ...]:
         """A tensor shape: a torch.Size, tuple or list of non-negative ints with a bounded element count."""

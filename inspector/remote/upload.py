@@ -29,11 +29,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from inspector.errors import CancelledError, OutputError
-from inspector.parse.names import escaped, name_problem
+from inspector.parse.names import name_problem
 from inspector.remote.backend import int_env, normalise_url, scheme_row, split_url
 from inspector.remote.s3 import S3Backend
 from inspector.remote.store import Store, store_for
-from inspector.system.units import printable as shown
+from inspector.system.text import shown
 
 PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
 MAX_PARTS = 10_000  # S3's limit per upload
@@ -104,7 +104,7 @@ class BucketDestination:
         parts = [p for p in rel.split("/") if p]
         if not parts or any(name_problem(p) for p in parts):  # the root checked it already; checked again
             raise OutputError(
-                f"Refusing to upload {escaped(rel)!r}: not a plain name.", title="Unsafe output name"
+                f"Refusing to upload {shown(rel)!r}: not a plain name.", title="Unsafe output name"
             )
         return self.prefix + "/".join(parts)
 
@@ -156,7 +156,7 @@ class BucketDestination:
             else:
                 clash.append(planned[key])
         if clash:
-            listed = ", ".join(escaped(n) for n in clash[:5]) + (" …" if len(clash) > 5 else "")
+            listed = ", ".join(shown(n) for n in clash[:5]) + (" …" if len(clash) > 5 else "")
             raise OutputError(
                 f"{self.show()} already holds {listed}.",
                 hint="Choose another prefix, or pass --overwrite to replace the objects this conversion writes "

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.scan.model import Checkpoint, Kind
+from inspector.scan.model import Checkpoint, GroupInfo, Kind, RankInfo, TensorInfo
 from inspector.scan.peft import detect_adapter
 from inspector.scan.summary import read_bytes_by_source
 
@@ -28,16 +28,7 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
         "layout": ckpt.layout,
         "stage": ckpt.stage,
         "world_size": ckpt.world_size,
-        "parallel": None
-        if ckpt.parallel is None
-        else {
-            "kind": ckpt.parallel.kind,
-            "pp": ckpt.parallel.pp,
-            "ep": ckpt.parallel.ep,
-            "tp": ckpt.parallel.tp,
-            "dp": ckpt.parallel.dp,
-            "holders": [{"part": part, "holders": where} for part, where in ckpt.parallel.holders],
-        },
+        "parallel": _parallel_json(ckpt),
         "optimizer": ckpt.optimizer,
         "compute_dtype": ckpt.compute_dtype,
         "master_dtype": ckpt.master_dtype,
@@ -51,51 +42,69 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
         "module_copy_bytes": ckpt.module_copy_bytes,
         "read_bytes_by_source": read_bytes_by_source(ckpt),
         "kinds": kinds,
-        "groups": [
-            {
-                "index": g.index,
-                "params": g.param_count,
-                "numel": g.numel,
-                "padded_numel": g.padded_numel,
-                "partition_numel": g.partition_numel,
-                "hyperparams": _plain(g.hyperparams),
-            }
-            for g in ckpt.groups
-        ],
-        "ranks": [
-            {
-                "rank": r.rank,
-                "optim_file": r.optim_file,
-                "model_file": r.model_file,
-                "bytes": r.optim_bytes + r.model_bytes,
-                "groups": [
-                    {
-                        "group": g.group,
-                        "partition_numel": g.partition_numel,
-                        "stored_numel": g.stored_numel,
-                        "padding": g.padding,
-                    }
-                    for g in r.groups
-                ],
-            }
-            for r in ckpt.ranks
-        ],
-        "tensors": [
-            {
-                "name": t.name,
-                "shape": list(t.shape),
-                "dtype": t.dtype,
-                "kind": str(t.kind),
-                "numel": t.numel,
-                "bytes": t.nbytes,
-                **({"alias_of": t.alias_of} if t.alias_of else {}),
-                **({"group": t.group} if t.group is not None else {}),
-            }
-            for t in ckpt.tensors
-        ],
+        "groups": [_group_json(g) for g in ckpt.groups],
+        "ranks": [_rank_json(r) for r in ckpt.ranks],
+        "tensors": [_tensor_json(t) for t in ckpt.tensors],
         "findings": [f.as_dict() for f in ckpt.findings],
         "other_runs": list(ckpt.other_runs),
         "adapter": adapter_json(ckpt),
+    }
+
+
+def _parallel_json(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """The model-parallel layout: degrees and which ranks hold each part."""
+    p = ckpt.parallel
+    if p is None:
+        return None
+    return {
+        "kind": p.kind,
+        "pp": p.pp,
+        "ep": p.ep,
+        "tp": p.tp,
+        "dp": p.dp,
+        "holders": [{"part": part, "holders": where} for part, where in p.holders],
+    }
+
+
+def _group_json(g: GroupInfo) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "params": g.param_count,
+        "numel": g.numel,
+        "padded_numel": g.padded_numel,
+        "partition_numel": g.partition_numel,
+        "hyperparams": _plain(g.hyperparams),
+    }
+
+
+def _rank_json(r: RankInfo) -> dict[str, Any]:
+    return {
+        "rank": r.rank,
+        "optim_file": r.optim_file,
+        "model_file": r.model_file,
+        "bytes": r.optim_bytes + r.model_bytes,
+        "groups": [
+            {
+                "group": g.group,
+                "partition_numel": g.partition_numel,
+                "stored_numel": g.stored_numel,
+                "padding": g.padding,
+            }
+            for g in r.groups
+        ],
+    }
+
+
+def _tensor_json(t: TensorInfo) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "kind": str(t.kind),
+        "numel": t.numel,
+        "bytes": t.nbytes,
+        **({"alias_of": t.alias_of} if t.alias_of else {}),
+        **({"group": t.group} if t.group is not None else {}),
     }
 
 

@@ -22,7 +22,7 @@ from inspector.scan.model import Finding, Severity
 from inspector.system import bytesource as tree
 from inspector.system.bytesource import ByteSource
 from inspector.system.source import os_error
-from inspector.system.units import printable
+from inspector.system.text import shown
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -169,7 +169,7 @@ def locate(path: str, tag: str | None = None) -> Location:
         root, this = os.path.split(path.rstrip(os.sep))
         if tree.is_url(path) and root.endswith(":/"):
             raise NotACheckpointError(
-                f"{printable(path)} is a bucket whose top level is a tag folder.",
+                f"{shown(path)} is a bucket whose top level is a tag folder.",
                 hint="Move the checkpoint under a prefix (s3://bucket/run/global_step100/...).",
             )
         if tag is not None and tag != this:
@@ -276,9 +276,9 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
         return newest, [note]
     below = [os.path.relpath(r, path) for r in discover_roots(path) if r != path]
     if below:  # a Lightning run folder (`last.ckpt/`), an RLHF run: name what is inside
-        shown = ", ".join(printable(b) + "/" for b in below[:5]) + (" …" if len(below) > 5 else "")
+        listed = ", ".join(shown(b) + "/" for b in below[:5]) + (" …" if len(below) > 5 else "")
         raise NotACheckpointError(
-            f"{path} is not itself a DeepSpeed checkpoint, but it holds {len(below)}: {shown}",
+            f"{path} is not itself a DeepSpeed checkpoint, but it holds {len(below)}: {listed}",
             hint=f"Pass one of them, e.g. {os.path.join(path, below[0])}; `zero-inspector {path}` opens the "
             "app with all of them to choose from.",
         )

@@ -16,7 +16,7 @@ from typing import Any
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
 from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
-from inspector.system.units import has_control, printable
+from inspector.system.text import has_unsafe, shown
 
 
 class Kind(str, Enum):
@@ -265,9 +265,9 @@ def _refuse_control_characters(ckpt: Checkpoint) -> None:
     fields += [("tag", t) for t in (ckpt.tag, *ckpt.tags)]
     fields += [("DeepSpeed version", ckpt.deepspeed_version or ""), ("optimizer", ckpt.optimizer)]
     for what, value in fields:
-        if has_control(value):
+        if has_unsafe(value):
             raise UnsafePickleError(
-                f"{printable(ckpt.tag_dir)}: a {what}, {value!a}, holds "
+                f"{shown(ckpt.tag_dir)}: a {what}, {value!a}, holds "
                 "control characters (terminal escape codes). "
                 "No training run writes such a name. Nothing was executed or written.",
                 hint="Treat the checkpoint as crafted; copy it again from a source you trust.",

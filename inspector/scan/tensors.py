@@ -60,10 +60,17 @@ class TensorCollector:
                     f"Buffer {name} is listed in buffer_names but not saved in the module state.",
                     None,
                 )
+        self._aliases(out, shared, layout is not None)
+        pos = {n: i for i, n in enumerate(order)}
+        return sorted(out.values(), key=lambda t: pos.get(t.name, len(pos)))
+
+    def _aliases(self, out: dict[str, TensorInfo], shared: Mapping[str, str], say_dangling: bool) -> None:
+        """Each tied parameter as an alias of its owner's bytes, once the owners are known; one whose owner
+        is not in the checkpoint is left out (and said, where there is a layout to say it against)."""
         for alias, owner in shared.items():
             src = out.get(owner)
             if src is None:
-                if layout is not None:
+                if say_dangling:
                     self.add(
                         Severity.WARNING,
                         "dangling-alias",
@@ -82,8 +89,6 @@ class TensorCollector:
                 moments=src.moments,
                 module_copy=src.module_copy,
             )
-        pos = {n: i for i, n in enumerate(order)}
-        return sorted(out.values(), key=lambda t: pos.get(t.name, len(pos)))
 
     def _plain(self, name: str, ref: TensorRef, kind: Kind) -> TensorInfo:
         segs = tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())

@@ -17,7 +17,7 @@ from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.parse.names import escaped, name_problem
+from inspector.parse.names import name_problem
 from inspector.parse.states import ModelStates
 from inspector.parse.universal import UniversalOptimizer, param_tensor, step_value
 from inspector.scan.locate import read_tag_file, shown_tag
@@ -25,6 +25,7 @@ from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
 from inspector.system import bytesource as tree
 from inspector.system.bytesource import ByteSource, is_url, source_at
+from inspector.system.text import shown
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
@@ -152,7 +153,7 @@ def _unsafe_folder(name: str, zero: str) -> Finding:
     return Finding(
         Severity.ERROR,
         "unsafe-name",
-        f"zero/ holds a folder named {escaped(name)[:80]!r}, which is not a parameter name "
+        f"zero/ holds a folder named {shown(name)[:80]!r}, which is not a parameter name "
         f"({name_problem(name)}); it was not read.",
         zero,
         "Treat the checkpoint as crafted; copy it again from a source you trust.",

@@ -1,9 +1,9 @@
-"""Memory and disk budget of this machine, and cheap RSS measurement.
+"""Memory budget and usable cores of this machine.
 
 Before converting a checkpoint we must know how much memory a *new* process may really use: the OS-wide
 ``MemAvailable`` is not enough on clusters and in containers, where a cgroup or a Slurm allocation is
-usually the binding limit.  This module finds every such limit, picks the tightest one, (RSS probes live in
-`rss`.)
+usually the binding limit.  This module finds every such limit and picks the tightest one (the records are
+`budget`'s, the cgroup files are read by `cgroups`, the output folder's disk is `disk`'s, RSS probes `rss`'s).
 
 It only depends on the standard library and psutil so that the core never pulls in a UI toolkit.
 """
@@ -14,15 +14,21 @@ import functools
 import math
 import os
 import re
-import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal
 
 import psutil
 
+from inspector.system.budget import LimitSource, MemoryBudget, MemoryLimit
+from inspector.system.cgroups import (
+    cgroup_v1_limit,
+    cgroup_v2_limit,
+    cpu_quota,
+    read_text,
+    self_cgroup_paths,
+)
+from inspector.system.disk import free_disk_bytes, unwritable
 from inspector.system.units import format_bytes
 
 try:  # pragma: no cover - resource is missing only on Windows
@@ -31,85 +37,16 @@ except ImportError:  # pragma: no cover
     resource = None  # type: ignore[assignment]
 
 
-__all__ = ["LimitSource", "MemoryBudget", "MemoryLimit", "detect_memory_limits", "free_disk_bytes"]
-
-LimitSource = Literal[
-    "os-available", "cgroup-v2", "cgroup-v1", "rlimit-as", "slurm-mem-per-node", "slurm-mem-per-cpu"
+# the budget's types and the output folder's checks are defined beside this module and answered here too
+__all__ = [
+    "LimitSource",
+    "MemoryBudget",
+    "MemoryLimit",
+    "detect_memory_limits",
+    "free_disk_bytes",
+    "unwritable",
+    "usable_cores",
 ]
-
-# cgroup v1 reports "no limit" as LONG_MAX rounded down to a page (9223372036854771712); anything this big
-# can never be a real limit.
-_V1_UNLIMITED = 2**60
-
-# On a tie the more specific source wins: it explains better *why* memory is short.
-_TIE_ORDER: dict[str, int] = {
-    "cgroup-v2": 0,
-    "cgroup-v1": 1,
-    "slurm-mem-per-node": 2,
-    "slurm-mem-per-cpu": 3,
-    "os-available": 4,
-}
-
-
-@dataclass(frozen=True)
-class MemoryLimit:
-    """One memory ceiling; ``bytes`` is the headroom a new process gets under it, not the raw limit."""
-
-    bytes: int
-    source: LimitSource
-    detail: str
-    limit: int | None = None  # the configured ceiling (MemTotal for the OS), when known
-    in_use: int | None = None  # what is already charged against it, when known
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """Every limit found plus the tightest one, which is what the preflight must respect."""
-
-    limits: tuple[MemoryLimit, ...]
-    effective: MemoryLimit
-    # RLIMIT_AS caps *virtual* size, so it is compared against predicted VSZ, never against RSS headroom.
-    address_space_limit: int | None = None
-    total_ram: int | None = None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# small file helpers
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _read_text(path: Path) -> str | None:
-    """Read a small pseudo-file; any OS error means 'not available here'."""
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except (OSError, ValueError):
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read_text(path)
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _read_stat_value(path: Path, key: str) -> int | None:
-    """Value of ``key`` in a flat 'key value' file such as memory.stat."""
-    text = _read_text(path)
-    if text is None:
-        return None
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == key:
-            try:
-                return int(parts[1])
-            except ValueError:
-                return None
-    return None
-
 
 # --------------------------------------------------------------------------------------------------------------
 # OS
@@ -118,7 +55,7 @@ def _read_stat_value(path: Path, key: str) -> int | None:
 
 def _read_meminfo(proc_root: str) -> tuple[int, int, str]:
     """(available, total, origin) from /proc/meminfo; psutil only if the file can't be used."""
-    text = _read_text(Path(proc_root) / "meminfo")
+    text = read_text(Path(proc_root) / "meminfo")
     values: dict[str, int] = {}
     if text is not None:
         for line in text.splitlines():
@@ -144,108 +81,14 @@ def _os_limit(proc_root: str) -> MemoryLimit:
     return MemoryLimit(available, "os-available", detail, limit=total, in_use=max(0, total - available))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# cgroups
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _self_cgroup_paths(proc_root: str) -> tuple[str | None, dict[str, str]]:
-    """(v2 path, v1 path of each controller) of this process, from /proc/self/cgroup."""
-    text = _read_text(Path(proc_root) / "self" / "cgroup")
-    v2: str | None = None
-    v1: dict[str, str] = {}
-    for line in (text or "").splitlines():
-        parts = line.strip().split(":", 2)
-        if len(parts) != 3:
-            continue
-        hier_id, controllers, path = parts
-        path = path.removesuffix(" (deleted)")
-        if hier_id == "0" and controllers == "":
-            v2 = path
-        else:
-            v1.update(dict.fromkeys(controllers.split(","), path))
-    return v2, v1
-
-
-def _v2_root(sys_root: str) -> Path:
-    """Where the v2 hierarchy is mounted: `sys_root`, or on hybrid hosts <sys_root>/unified next to the v1
-    controllers."""
-    root = Path(sys_root)
-    if not (root / "cgroup.controllers").exists() and (root / "unified").is_dir():
-        return root / "unified"
-    return root
-
-
-def _levels(root: Path, cgroup_path: str) -> list[Path]:
-    """Directories from this cgroup up to the hierarchy root, leaf first.
-
-    Levels that don't exist are kept and simply yield no files: inside a container the path from
-    /proc/self/cgroup is often not visible because the container's own cgroup is mounted as the root, and
-    the walk then ends at that root, which is the right place to look.
-    """
-    rel = os.path.normpath("/" + cgroup_path.strip()).lstrip("/")  # normpath drops any ".."
-    leaf = root / rel if rel and rel != "." else root
-    levels = [leaf]
-    current = leaf
-    while current != root and current.parent != current:
-        current = current.parent
-        levels.append(current)
-    return levels
-
-
-def _cgroup_headroom(limit: int, charged: int | None, cache: int | None) -> tuple[int, int | None, str]:
-    """Headroom under one cgroup level, not counting reclaimable inactive page cache as used.
-
-    The kernel charges page cache to the cgroup; after reading a big checkpoint ``current`` sits near the
-    limit even though that cache is dropped on demand, so counting it would predict false OOMs.
-    """
-    if charged is None:
-        return limit, None, "usage unknown"
-    working = max(0, charged - (cache or 0))
-    usage = f"{format_bytes(working)} in use"
-    if cache:
-        usage += f" ({format_bytes(charged)} charged incl. {format_bytes(cache)} reclaimable inactive cache)"
-    return max(0, limit - working), working, usage
-
-
-def _cgroup_v2_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
-    best: MemoryLimit | None = None
-    for level in _levels(_v2_root(sys_root), cgroup_path):
-        raw = _read_text(level / "memory.max")
-        if raw is None or raw.strip() == "max":
-            continue
-        try:
-            limit = int(raw.strip())
-        except ValueError:
-            continue
-        charged = _read_int(level / "memory.current")
-        cache = _read_stat_value(level / "memory.stat", "inactive_file")
-        headroom, working, usage = _cgroup_headroom(limit, charged, cache)
-        detail = f"cgroup v2 memory.max = {format_bytes(limit)} at {level}, {usage}"
-        if best is None or headroom < best.bytes:
-            best = MemoryLimit(headroom, "cgroup-v2", detail, limit=limit, in_use=working)
-    return best
-
-
-def _cgroup_v1_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
-    root = Path(sys_root) / "memory"
-    if not root.is_dir():
-        return None
-    best: MemoryLimit | None = None
-    # Hierarchical accounting makes ancestors' limits apply too, so walk up like v2.
-    for level in _levels(root, cgroup_path):
-        limit = _read_int(level / "memory.limit_in_bytes")
-        if limit is None or limit <= 0 or limit >= _V1_UNLIMITED:
-            continue
-        charged = _read_int(level / "memory.usage_in_bytes")
-        cache = _read_stat_value(level / "memory.stat", "total_inactive_file")
-        if cache is None:
-            cache = _read_stat_value(level / "memory.stat", "inactive_file")
-        headroom, working, usage = _cgroup_headroom(limit, charged, cache)
-        detail = f"cgroup v1 memory.limit_in_bytes = {format_bytes(limit)} at {level}, {usage}"
-        if best is None or headroom < best.bytes:
-            best = MemoryLimit(headroom, "cgroup-v1", detail, limit=limit, in_use=working)
-    return best
+# On a tie the more specific source wins: it explains better *why* memory is short.
+_TIE_ORDER: dict[str, int] = {
+    "cgroup-v2": 0,
+    "cgroup-v1": 1,
+    "slurm-mem-per-node": 2,
+    "slurm-mem-per-cpu": 3,
+    "os-available": 4,
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -333,24 +176,6 @@ def _fmt_rlim(value: int) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _cpu_quota(sys_root: str, v2_path: str | None, v1_path: str | None) -> float | None:
-    """The tightest CPU bandwidth quota over this cgroup and its ancestors, in cores (v2 `cpu.max`, v1
-    `cpu.cfs_quota_us / cpu.cfs_period_us`), or None when there is none."""
-    quotas: list[float] = []
-    if v2_path is not None:
-        for level in _levels(_v2_root(sys_root), v2_path):
-            fields = (_read_text(level / "cpu.max") or "").split()  # "max 100000" or "150000 100000"
-            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
-                quotas.append(int(fields[0]) / int(fields[1]))
-    if v1_path is not None:
-        for name in ("cpu", "cpu,cpuacct"):
-            for level in _levels(Path(sys_root) / name, v1_path):
-                quota, period = _read_int(level / "cpu.cfs_quota_us"), _read_int(level / "cpu.cfs_period_us")
-                if quota is not None and period and quota > 0:
-                    quotas.append(quota / period)
-    return min(quotas) if quotas else None
-
-
 def usable_cores(*, proc_root: str = "/proc", sys_root: str = "/sys/fs/cgroup") -> int:
     """Cores this process may really run on: its CPU affinity (which a Slurm or container cpuset sets),
     lowered to a cgroup CPU quota (a container's `--cpus`), at least 1. Thread pools size from this, not
@@ -371,8 +196,8 @@ def _cores(proc_root: str, sys_root: str) -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    v2_path, v1_paths = _self_cgroup_paths(proc_root)
-    quota = _cpu_quota(sys_root, v2_path, v1_paths.get("cpu"))
+    v2_path, v1_paths = self_cgroup_paths(proc_root)
+    quota = cpu_quota(sys_root, v2_path, v1_paths.get("cpu"))
     if quota is not None:
         cores = min(cores, math.ceil(quota))
     return max(1, cores)
@@ -399,14 +224,14 @@ def detect_memory_limits(
     os_limit = _os_limit(proc_root)
     limits: list[MemoryLimit] = [os_limit]
 
-    v2_path, v1_paths = _self_cgroup_paths(proc_root)
+    v2_path, v1_paths = self_cgroup_paths(proc_root)
     v1_path = v1_paths.get("memory")
     if v2_path is not None:
-        v2 = _cgroup_v2_limit(sys_root, v2_path)
+        v2 = cgroup_v2_limit(sys_root, v2_path)
         if v2 is not None:
             limits.append(v2)
     if v1_path is not None:
-        v1 = _cgroup_v1_limit(sys_root, v1_path)
+        v1 = cgroup_v1_limit(sys_root, v1_path)
         if v1 is not None:
             limits.append(v1)
     limits.extend(_slurm_limits(env))
@@ -429,42 +254,7 @@ def detect_memory_limits(
     )
 
 
-def _existing(path: str | os.PathLike[str]) -> Path:
-    current = Path(os.path.abspath(os.fspath(path)))
-    while not current.exists() and current.parent != current:
-        current = current.parent
-    return current
-
-
-def unwritable(path: str | os.PathLike[str]) -> str:
-    """Why an output cannot be created at `path` ("" when it can): a read-only file system, or a folder
-    this user may not write to. Asks the kernel (statvfs, access); creates nothing."""
-    where = _existing(path)
-    try:
-        if os.statvfs(where).f_flag & os.ST_RDONLY:
-            return f"{where} is on a read-only file system"
-    except OSError:
-        return f"{where} cannot be examined"
-    folder = where if where.is_dir() else where.parent
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"{folder} is not writable by this user"
-    return ""
-
-
-def free_disk_bytes(path: str | os.PathLike[str]) -> int:
-    """Free space (for unprivileged users) where ``path`` will be created.
-
-    The output folder usually does not exist yet, so the nearest existing ancestor decides the filesystem.
-    """
-    current = Path(os.path.abspath(os.fspath(path)))
-    while not current.exists() and current.parent != current:
-        current = current.parent
-    return shutil.disk_usage(current).free  # f_bavail * f_frsize
-
-
-def _main() -> None:
-    from inspector.system.units import format_bytes
-  # pragma: no cover - manual check: python -m inspector.system.limits
+def _main() -> None:  # pragma: no cover - manual check: python -m inspector.system.limits
     budget = detect_memory_limits()
     for lim in budget.limits:
         print(f"{lim.source:20} {format_bytes(lim.bytes):>12}  {lim.detail}")
@@ -475,4 +265,3 @@ def _main() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     _main()
-

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError
-from inspector.system.units import printable as shown
+from inspector.system.text import shown
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),

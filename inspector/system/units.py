@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from inspector.system.text import has_unsafe, shown
-
 try:  # pragma: no cover - resource is missing only on Windows
     import resource
 except ImportError:  # pragma: no cover
@@ -100,9 +98,6 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
-# the one text-out rule lives in system/text.py; these names stay for the modules that import them from here
-printable = shown
-has_control = has_unsafe
 
 
 def plural(n: int, word: str) -> str:

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from textual import work
@@ -31,46 +31,15 @@ from inspector.errors import InspectorError
 from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
+from inspector.scan.tp_rules import Rules
 from inspector.system.bytesource import absolute
 from inspector.system.text import shown
+from inspector.tui import actions
 from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
+from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
-from inspector.tui.session import ExportSettings, preset_selection, selection_options
-
-DEMO_PARAMS = "30M"
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """What the command line asked for: where to look and how to preset the selection and the export."""
-
-    path: str | None = None
-    tag: str | None = None
-    options: ConvertOptions | None = None  # convert's flags; include/exclude preset the selection
-    out_dir: str | None = None
-    overwrite: bool = False
-    demo: bool = False
-    demo_params: str = DEMO_PARAMS
-
-
-def newest_root(roots: tuple[str, ...]) -> str:
-    """The root saved last: Trainer's `checkpoint-N` folders by their step, others by their `latest` file's time
-    (else the folder's), so a folder of several runs opens on the newest whatever their names sort as; the last
-    one when no time is known (a bucket)."""
-    if all(os.path.basename(r).startswith("checkpoint-") for r in roots):
-        return roots[-1]  # discover_roots sorts them by step
-
-    def saved(i_root: tuple[int, str]) -> tuple[float, int]:
-        i, root = i_root
-        for path in (os.path.join(root, "latest"), root):
-            try:
-                return os.stat(path).st_mtime, i
-            except (OSError, ValueError):
-                continue
-        return 0.0, i
-
-    return max(enumerate(roots), key=saved)[1]
+from inspector.tui.session import ExportSettings, carried_selection, preset_selection, selection_options
 
 
 class InspectorApp(App[int]):
@@ -115,6 +84,7 @@ class InspectorApp(App[int]):
         self.asked_tag: str | None = None  # the tag the last scan asked for (None: the latest)
         self.request = 0  # the last scan asked for: answers of older scans are dropped
         self.selected: set[str] = set()
+        self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
         self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
@@ -168,7 +138,14 @@ class InspectorApp(App[int]):
         if tag is None or new_root:
             self.latest_tag = None
         self.main.scanning(root, tag)
-        self._scan_worker(root, tag, self.request)
+        self._scan_worker(root, tag, self.request, self.tp_split)
+
+    def set_tp_split(self, rules: Rules) -> None:
+        """New TP-split rules (the export form): the shown tag is scanned again with them, as the converter
+        child will scan it; the form waits for that scan."""
+        self.tp_split = rules
+        if self.root is not None:
+            self.scan(self.root, self.ckpt.tag if self.ckpt is not None else self.asked_tag)
 
     def _forget_checkpoint(self, *, new_root: bool) -> None:
         """Every piece of state that belongs to the shown checkpoint, reset. Another tag of the same root
@@ -193,13 +170,13 @@ class InspectorApp(App[int]):
             self._default_out = ""
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
-    def _scan_worker(self, root: str, tag: str | None, request: int) -> None:
+    def _scan_worker(self, root: str, tag: str | None, request: int, tp_split: Rules) -> None:
         from inspector.scan.scanner import scan
 
         start = time.monotonic()
         try:
             self.post_message(Located(locate(root, tag), request=request))
-            ckpt = scan(root, tag)
+            ckpt = scan(root, tag, tp_split=tp_split)
         except InspectorError as exc:
             if tag is not None:  # a tag that is not there: the others stay choosable ([, ], the tag list)
                 with contextlib.suppress(InspectorError, OSError):
@@ -232,6 +209,10 @@ class InspectorApp(App[int]):
             self.export = replace(self.export, out_dir=default)  # proposed for this root and tag
         self._default_out = default
         self.main.scanned(msg.checkpoint, msg.seconds)
+        from inspector.tui.screens.export import ExportScreen
+
+        if isinstance(self.screen, ExportScreen):  # the form waits for a scan with new TP-split rules
+            self.screen.rescanned()
         if msg.checkpoint.errors:
             self.notify(
                 f"{len(msg.checkpoint.errors)} problem(s) found: see Findings on the overview.",
@@ -252,11 +233,7 @@ class InspectorApp(App[int]):
                 self.error(exc)
                 return names
         carried, self._carried = self._carried, None
-        if carried is None or carried[1]:
-            return names
-        kept = set(carried[0]) & names
-        if not kept:
-            return names
+        kept = carried_selection(names, carried)
         if kept != names:
             self.notify(
                 f"Kept your selection from the previous tag: {len(kept)} of {len(names)} tensors. "
@@ -279,17 +256,7 @@ class InspectorApp(App[int]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A worker that died of an unexpected error (our bug) becomes a dialog, not a silent stall."""
         if event.state is WorkerState.ERROR and event.worker.error is not None:
-            err = event.worker.error
-            exc = (
-                err
-                if isinstance(err, InspectorError)
-                else InspectorError(
-                    f"{type(err).__name__}: {err}",
-                    hint="This is a bug in zero-inspector; please report it with the checkpoint's `scan --json`.",
-                    title=f"Unexpected error in {event.worker.description or 'a background task'}",
-                )
-            )
-            self.error(exc)
+            self.error(actions.worker_error(event.worker.error, event.worker.description))
 
     def notify(self, message: str, *, title: str = "", **options: Any) -> None:
         """Every notification, from any screen, through the text-out rule (`system/text.shown`): controls
@@ -361,51 +328,10 @@ class InspectorApp(App[int]):
 
         if isinstance(self.screen, HelpScreen):
             return
-        self.push_screen(HelpScreen(self._help_section()))
-
-    def _help_section(self) -> str:
-        """Which part of the help is about the screen (or tab) in front: it comes first."""
-        from inspector.tui.screens.convert import ConvertScreen
-        from inspector.tui.screens.export import ExportScreen
-
-        if isinstance(self.screen, ExportScreen):
-            return "Export options"
-        if isinstance(self.screen, ConvertScreen):
-            return "Convert"
-        if self.screen is self.screen_stack[0]:
-            return str(self.main.query_one("#tabs").active).capitalize()
-        return ""
+        self.push_screen(HelpScreen(actions.help_section(self)))
 
     def action_quit_app(self) -> None:
-        if not self.converting:
-            self.exit(0)
-            return
-        from inspector.tui.screens.convert import ConvertScreen
-        from inspector.tui.screens.dialogs import ConfirmDialog
-
-        running = [s for s in self.screen_stack if isinstance(s, ConvertScreen) and s.busy]
-        words = "; ".join(s.cancel_words() for s in running)
-        held = " ".join(dict.fromkeys(s.held_words() for s in running)) or "It is paused while you decide."
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self.stop_children()
-                self.exit(0)
-            else:
-                for s in running:
-                    s.resume_child()
-
-        for s in running:
-            s.pause_child()
-        self.push_screen(
-            ConfirmDialog(
-                "Quit?",
-                f"A conversion is running. {held} Quitting cancels it: "
-                f"{words or 'its partial output is removed'}.",
-                yes="Quit",
-            ),
-            answer,
-        )
+        actions.quit_app(self)
 
     def stop_children(self) -> None:
         from inspector.tui.screens.convert import ConvertScreen
@@ -414,87 +340,26 @@ class InspectorApp(App[int]):
             if isinstance(screen, ConvertScreen):
                 screen.stop_child()
 
-    def _need_checkpoint(self) -> bool:
-        if self.ckpt is None and self.refused is not None:
-            self.notify(
-                f"{self.refused.title}: nothing to export. Choose another root (r) or tag ([, ]).",
-                title="No readable checkpoint",
-                severity="warning",
-                markup=False,
-            )
-            return False
-        if self.ckpt is None:
-            self.notify(
-                "Wait for the scan to finish (or open a checkpoint).",
-                title="No checkpoint yet",
-                severity="warning",
-            )
-            return False
-        return True
-
-    def _on_main(self, what: str) -> bool:
-        """Switching checkpoints happens on the main screen: the export form and a conversion belong to the
-        shown one."""
-        if self.screen is self.screen_stack[0]:
-            return True
-        self.notify(f"Go back to the checkpoint first (escape) to {what}.", severity="warning", timeout=4)
-        return False
-
     def action_export(self) -> None:
         from inspector.tui.screens.export import ExportScreen
 
-        if self._need_checkpoint() and not isinstance(self.screen, ExportScreen):
+        if actions.need_checkpoint(self) and not isinstance(self.screen, ExportScreen):
             self.push_screen(ExportScreen())
 
     def action_convert(self) -> None:
-        from inspector.tui.screens.convert import start_conversion
+        from inspector.tui.screens.convert_start import start_conversion
 
-        if self._need_checkpoint() and not self.converting:
+        if actions.need_checkpoint(self) and not self.converting:
             start_conversion(self)
 
     def action_yank(self) -> None:
-        """`y`: the equivalent `zero-inspector convert …` line, shown and copied (and the tensor under the
-        cursor on the Tensors tab)."""
-        from inspector.tui.command_line import convert_command
-        from inspector.tui.screens.dialogs import CopyDialog
-
-        if not self._need_checkpoint():
-            return
-        name = ""
-        if self.screen is self.screen_stack[0]:
-            node = self.main.tensors_pane.module_tree.cursor_node
-            data = node.data if node is not None else None
-            if self.main.query_one("#tabs").active == "tensors" and data is not None:
-                name = getattr(data, "name", "") if not hasattr(data, "path") else data.path
-        self.push_screen(CopyDialog(convert_command(self), name))
+        actions.yank(self)
 
     def action_tag(self, step: int) -> None:
-        if self.root is None or not self._on_main("switch tags"):
-            return
-        tags = list(self.ckpt.tags if self.ckpt is not None else self.tags)
-        if self.ckpt is None:  # the asked-for tag is missing or refused: step from it, or open the latest
-            if self.refused is None or not tags:
-                return  # still scanning: the next key waits for it
-            if self.asked_tag in tags:
-                i = tags.index(self.asked_tag)
-                j = min(max(i + step, 0), len(tags) - 1)
-            else:
-                i, j = -1, tags.index(self.latest_tag) if self.latest_tag in tags else len(tags) - 1
-            if j != i:
-                self.scan(self.root, tags[j])
-            return
-        i = tags.index(self.ckpt.tag) if self.ckpt.tag in tags else 0
-        j = min(max(i + step, 0), len(tags) - 1)
-        if j != i:
-            self.scan(self.root, tags[j])
-        elif len(tags) == 1:
-            self.notify("This checkpoint has one tag: there is no other to open.", timeout=3, markup=False)
-        else:
-            which = "oldest" if step < 0 else "newest"
-            self.notify(f"Already the {which} tag ({len(tags)} in all).", timeout=3, markup=False)
+        actions.step_tag(self, step)
 
     def action_roots(self) -> None:
-        if self._on_main("switch roots"):
+        if actions.on_main(self, "switch roots"):
             self.main.focus_roots()
 
     def get_driver_class(self) -> type[Driver]:
@@ -503,14 +368,9 @@ class InspectorApp(App[int]):
         return driver_class() or super().get_driver_class()
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
-        from inspector.tui.commands import app_commands
+        from inspector.tui.commands import app_commands, textual_commands
 
-        for cmd in super().get_system_commands(screen):
-            if (
-                cmd.title == "Keys"
-            ):  # Textual's side panel; ours below is the full list, both were called "Keys"
-                cmd = cmd._replace(title="Key panel")
-            yield cmd
+        yield from textual_commands(super().get_system_commands(screen))
         yield from app_commands(self)
 
 

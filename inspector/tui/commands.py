@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from textual.app import SystemCommand
+
+
+def textual_commands(commands: Iterable[SystemCommand]) -> Iterator[SystemCommand]:
+    """Textual's own entries; its side panel renamed, since ours (below) is the full list of keys and both
+    were called "Keys"."""
+    for cmd in commands:
+        yield cmd._replace(title="Key panel") if cmd.title == "Keys" else cmd
 
 
 def app_commands(app: Any) -> Iterator[SystemCommand]:

@@ -40,6 +40,7 @@ def app_order(app: Any, out_dir: str, *, force: bool) -> Order:
         overwrite=app.export.overwrite,
         executor=app.export.executor or "local",
         ray_address=app.export.ray_address or None,
+        tp_split=tuple(app.tp_split),  # the child scans as the app did
     )
 
 

@@ -155,6 +155,15 @@ class ExportSettings:
         return os.path.join(os.getcwd(), f"{base}-{tag}-safetensors")
 
 
+def carried_selection(names: set[str], carried: tuple[frozenset[str], bool] | None) -> set[str]:
+    """Another tag of the same root: the previous selection (names, was it everything) where its names exist
+    in this tag; everything when there is none to carry, it was everything, or none of it is here."""
+    if carried is None or carried[1]:
+        return names
+    kept = set(carried[0]) & names
+    return kept or names
+
+
 def rank_of_file(ckpt: Checkpoint) -> dict[str, str]:
     """File path -> a short owner label ("rank 3", "model states") for the detail panel."""
     out: dict[str, str] = {}

@@ -12,7 +12,8 @@ import pytest
 
 from inspector.demo.writer import DemoSpec
 from inspector.health import Row, run_check
-from inspector.health.findings import GREW_RATIO, Steps, findings
+from inspector.health.findings import Steps, findings
+from inspector.health.since import GREW_RATIO
 from inspector.scan.scanner import scan
 from tests.conftest import DemoCache
 

@@ -75,7 +75,7 @@ async def test_forced_conversion_says_what_it_left_out(small_demo: Path, tmp_pat
     """#28 item 12: the damaged-checkpoint question has real line breaks, and the green Done of a forced
     conversion says which tensors are not in the output."""
     from inspector.tui.screens.dialogs import ConfirmDialog
-    from tests.test_cli_messages import truncated_copy
+    from tests.cli.test_messages import truncated_copy
 
     root = truncated_copy(small_demo, tmp_path / "cut")
     app = make_app(path=str(root), out_dir=str(tmp_path / "out"), live_meters=False)

@@ -196,7 +196,7 @@ async def test_not_a_checkpoint_is_a_dialog(tmp_path: Path) -> None:
 async def test_terminal_escapes_in_a_tensor_name_are_a_dialog_not_output(demo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A crafted checkpoint whose tensor name holds ESC and BEL: refused with a dialog that shows them as
     `\\x1b`; no raw escape ever reaches the screen."""
-    from tests.test_hostile_files import SPEC, _crafted_names
+    from tests.system.test_hostile_files import SPEC, _crafted_names
 
     root = demo.copy(SPEC, tmp_path / "ckpt")
     _crafted_names(root, "model.x\x1b]0;owned\x07:x:", "0.19.8")

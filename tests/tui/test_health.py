@@ -246,7 +246,7 @@ async def test_a_file_that_went_bad_is_a_dialog_not_a_crash(demo: DemoCache, tmp
 @pytest.mark.asyncio
 async def test_the_pass_reads_at_a_lower_cpu_priority_than_the_ui(demo: DemoCache, held_reads: Gate) -> None:
     """The reader threads run niced, so on a busy machine the UI thread gets the cores first."""
-    from inspector.tui.screens.health import NICE
+    from inspector.tui.screens.health_pass import NICE
 
     def nice(tid: int) -> int:
         stat = Path(f"/proc/self/task/{tid}/stat").read_text()

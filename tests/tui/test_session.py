@@ -115,7 +115,7 @@ def test_a_folder_of_runs_opens_on_the_newest(tmp_path: Path) -> None:
     """#28 item 15: not the first name in order, the root saved last (Trainer's checkpoint-N by step)."""
     import time
 
-    from inspector.tui.app import newest_root
+    from inspector.tui.launch import newest_root
 
     roots = []
     for i, name in enumerate(("run-b", "run-a", "run-c")):
@@ -131,7 +131,7 @@ def test_a_folder_of_runs_opens_on_the_newest(tmp_path: Path) -> None:
 
 def test_shard_sizes_are_shown_as_typed() -> None:
     """#28 item 15: `--shard-size 10KB` is 10KB on the form, not 10000."""
-    from inspector.tui.screens.export import human_size
+    from inspector.tui.screens.export_fields import human_size
 
     assert [human_size(n) for n in (10_000, 4096, 5 * 10**9, 2 * 2**30, 1234)] == [
         "10KB",

@@ -18,13 +18,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 from inspector.convert.executor import FileWriter, Progress, Report, run
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import Destination, OutputRoot
 from inspector.convert.verify import VerifyProgress, VerifyResult
+from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
 from inspector.system.limits import MemoryBudget
 
@@ -254,6 +255,14 @@ class OutputKind(ABC):
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
         """Check an output of this kind against `ckpt`, independently of the writer."""
+
+    def refuse_against(self, words: str) -> NoReturn:
+        """`verify --against` for a kind whose check does not read one chosen source: the one refusal, with
+        `words` saying what the kind is checked against instead."""
+        raise InspectorError(
+            f"--against applies to safetensors outputs (weights, model, adapter); {words}",
+            title="Invalid option",
+        )
 
     def _unavailable(self, why: Why, reason: str, *, quiet: bool = False) -> Offer:
         return Offer(self.name, self.label, False, reason, quiet, why)

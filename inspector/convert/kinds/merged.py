@@ -69,11 +69,5 @@ class Merged(SafetensorsKind):
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
         if against is not None:
-            from inspector.errors import InspectorError
-
-            raise InspectorError(
-                "--against applies to weights, model and adapter outputs; a merged model is checked by "
-                "recomputing the merge from the fp32 masters.",
-                title="Invalid option",
-            )
+            self.refuse_against("a merged model is checked by recomputing the merge from the fp32 masters.")
         return verify_merged(ckpt, absolute(out_dir), cancel=cancel)

@@ -8,24 +8,20 @@ a failed or killed child is explained, with what it left on disk. At the end `v`
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
-import psutil
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import Screen
 from textual.widgets import Header, Static
 
-from inspector.convert.events import Failed, Finished, Progressed, Started, Verified, from_doc
-from inspector.convert.kinds import Job, get
+from inspector.convert.events import Failed, Finished, Progressed, Started, Verified
+from inspector.convert.kinds import Job
 from inspector.convert.options import ConvertOptions
 from inspector.convert.order import to_json
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.tui.child import Child
 from inspector.tui.fmt import shown, size, took
 from inspector.tui.jobs import (
     app_order,
@@ -37,54 +33,13 @@ from inspector.tui.jobs import (
     verified_text,
 )
 from inspector.tui.messages import ChildEvent, ChildExited, Preflighted
+from inspector.tui.screens.child_screen import ChildScreen
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
 from inspector.tui.widgets.meter import MemoryMeter
 from inspector.tui.widgets.progress import ConvertProgress
-
-
-def start_conversion(app: Any) -> None:
-    """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
-    kind = get(app.export.format or "model")
-    if not app.selected and kind.uses_selection:
-        app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
-        return
-    out = app.export.out_dir
-    if busy := kind.busy(app.ckpt, out, app.export.overwrite):
-        from inspector.tui.screens.export import (
-            ExportScreen,  # what the form already marks: said before starting
-        )
-
-        app.notify(
-            f"{shown(busy)}: tick 'replace an earlier conversion' in the export form, or choose another "
-            "folder.",
-            title="Output folder not empty",
-            severity="warning",
-            timeout=8,
-            markup=False,
-        )
-        if not isinstance(app.screen, ExportScreen):
-            app.push_screen(ExportScreen())
-        return
-    if app.ckpt.errors:
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                app.push_screen(ConvertScreen(force=True))
-
-        app.push_screen(
-            ConfirmDialog(
-                "Convert a damaged checkpoint?",
-                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {shown(app.ckpt.errors[0].message)}\n"
-                "Converting it would likely write wrong weights.",
-                yes="Convert anyway",
-            ),
-            answer,
-        )
-        return
-    app.push_screen(ConvertScreen())
 
 
 class Phase(str, Enum):
@@ -100,7 +55,7 @@ class Phase(str, Enum):
     VERIFIED = "verified"
 
 
-class ConvertScreen(Screen[None]):
+class ConvertScreen(ChildScreen):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel / back"),
         Binding("v", "verify", "Verify"),
@@ -111,8 +66,6 @@ class ConvertScreen(Screen[None]):
         super().__init__()
         self.force = force
         self.autostart = autostart
-        self.child: Child | None = None
-        self.job = "convert"
         self._phase = Phase.PREFLIGHT
         self.plan: Job | None = None
         self.assessment: Assessment | None = None
@@ -218,29 +171,6 @@ class ConvertScreen(Screen[None]):
         self.show_started(plan, self.assessment.predicted_peak_rss)
         order = app_order(app, self.out_dir, force=self.force)  # the child plans from it, not from argv
         self._spawn(child_args(order), to_json(order))
-
-    def _spawn(self, args: list[str], stdin: str | None = None) -> None:
-        job = self.job
-
-        def on_event(doc: dict[str, Any]) -> None:
-            ev = from_doc(doc)
-            if ev is not None:  # a line that is not one of our events (a library's warning) is dropped
-                self.post_message(ChildEvent(job, ev))
-
-        def on_exit(rc: int, err: str) -> None:
-            self.post_message(ChildExited(job, rc, err))
-
-        self.child = Child(args, on_event, on_exit, stdin)
-        try:
-            self.child.start()
-        except OSError as exc:
-            self._fail("Cannot start the converter", str(exc))
-
-    # --- meters -------------------------------------------------------------------------------------------
-
-    def _sample(self) -> None:
-        if self.child is not None and self.child.running:
-            self.query_one(MemoryMeter).add_sample(self.child.rss(), psutil.virtual_memory().available)
 
     # --- events from the child ----------------------------------------------------------------------------
 
@@ -380,6 +310,7 @@ class ConvertScreen(Screen[None]):
                 app.ckpt.tag,
                 "--progress",
                 "json",
+                *(f"--tp-split={glob}={rule}" for glob, rule in app.tp_split),  # scanned as it was converted
             ]
         )
 
@@ -436,37 +367,9 @@ class ConvertScreen(Screen[None]):
             answer,
         )
 
-    @property
-    def on_ray(self) -> bool:
-        return zi(self).export.executor == "ray"
-
-    def held_words(self) -> str:
-        """What a question holds while it is open: the child here; Ray's tasks run on (only their driver waits)."""
-        if self.on_ray:
-            return "The Ray tasks go on writing while you decide; only their driver here waits."
-        return "It is paused while you decide."
-
     def cancel_words(self) -> str:
         words = self.plan.cancelled_words() if self.plan is not None else "partial output is removed"
         return f"every Ray task is stopped; {words}" if self.on_ray else words
-
-    def pause_child(self) -> None:
-        """Hold the converter while a question about it is open (a dialog must not race the job)."""
-        if self.child is not None and self.child.running:
-            self.child.pause()
-            self.query_one(ConvertProgress).say(
-                "Waiting while you decide (the Ray tasks go on)…"
-                if self.on_ray
-                else "Paused while you decide…"
-            )
-
-    def resume_child(self) -> None:
-        if self.child is not None and self.child.running:
-            self.child.resume()
-
-    def _escalate(self) -> None:
-        if self.child is not None and self.child.running:
-            self.child.terminate()
 
     def action_back(self) -> None:
         if self.child is not None and self.child.running:
@@ -479,13 +382,3 @@ class ConvertScreen(Screen[None]):
             self.app.screen_stack[-1], ExportScreen
         ):  # back to the checkpoint, as help says, not the form
             self.app.pop_screen()
-
-    def stop_child(self) -> None:
-        if self.child is not None and self.child.running:
-            self.child.interrupt()
-            self.child.resume()  # a held child takes the interrupt once it runs again
-            try:
-                assert self.child.proc is not None
-                self.child.proc.wait(10)
-            except Exception:
-                self.child.kill()

@@ -17,13 +17,22 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Checkbox, Header, Input, Label, Select, Static
 
-from inspector.convert.kinds import DEFAULT, Job, Request, get, offers
+from inspector.convert.kinds import DEFAULT, Job, Request, get
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
+from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.bytesource import absolute
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
+from inspector.tui.screens.export_fields import (
+    format_options,
+    human_size,
+    parse_renames,
+    shows_tp_split,
+    split_list,
+    tp_split_note,
+)
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
@@ -33,47 +42,6 @@ from inspector.tui.widgets.safe_input import SafeInput
 DTYPES = [("auto (training compute dtype)", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
 # where the converter runs: this machine, or its parts as tasks on a Ray cluster (convert --executor ray)
 RUN_ON = [("this machine", ""), ("a Ray cluster (its parts as tasks)", "ray")]
-
-
-def format_options(ckpt: Any) -> tuple[list[tuple[str, str]], str, list[str]]:
-    """The output kinds this checkpoint allows (the registry's offers), the default, and why others are not
-    (a kind that is simply absent, an adapter on a checkpoint without LoRA, says nothing: `Offer.quiet`)."""
-    found = offers(ckpt)
-    options = [(o.label, o.name) for o in found if o.available]
-    missing = [f"{o.label}: {o.reason}" for o in found if not o.available and not o.quiet]
-    default = DEFAULT if any(v == DEFAULT for _, v in options) else options[0][1]
-    return options, default, missing
-
-
-def human_size(n: int) -> str:
-    units = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("GiB", 2**30), ("MiB", 2**20), ("KB", 10**3))
-    for unit, mult in (*units, ("KiB", 2**10)):  # --shard-size 10KB is shown as 10KB, not 10000
-        if n % mult == 0 and n >= mult:
-            return f"{n // mult}{unit}"
-    return str(n)
-
-
-def split_list(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.replace(";", ",").split(",") if p.strip())
-
-
-def parse_renames(text: str) -> tuple[tuple[str, str], ...]:
-    """`a=b; c=d` -> ((a, b), (c, d)); a part without `=` is an error."""
-    out = []
-    for part in (p.strip() for p in text.split(";")):
-        if not part:
-            continue
-        if "=" not in part:
-            raise ValueError(f"rename {part!r} needs the form REGEX=REPLACEMENT")
-        pat, _, repl = part.partition("=")
-        import re
-
-        try:
-            re.compile(pat)
-        except re.error as exc:
-            raise ValueError(f"bad rename regex {pat!r}: {exc}") from None
-        out.append((pat, repl))
-    return tuple(out)
 
 
 @dataclass
@@ -105,83 +73,117 @@ class ExportScreen(Screen[None]):
         super().__init__()
         self.generation = 0
         self.plan_error = ""  # the preflight's refusal of valid-looking options (a rename collision)
+        self.tp_error = ""  # why the TP-split rules as typed do not read
 
     def compose(self) -> ComposeResult:
-        app = zi(self)
-        o: ConvertOptions = app.base_options
-        ex = app.export
         yield Header()
         with Horizontal(id="export-body"):
             with VerticalScroll(id="export-form"):
                 with Grid(id="form-grid"):
-                    yield Label("Output folder")
-                    yield SafeInput(
-                        ex.out_dir,
-                        id="out",
-                        compact=True,
-                        placeholder="where the safetensors go",
-                        select_on_focus=False,
-                    )
-                    yield Label("Format")
-                    formats, default, missing = format_options(app.ckpt)
-                    chosen = ex.format if ex.format in {v for _, v in formats} else default
-                    yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
-                    if missing:
-                        yield Static("")
-                        yield Static("; ".join(missing), classes="dim-note", markup=False)
-                    yield Label("Dtype")
-                    yield Select(
-                        DTYPES,
-                        value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
-                        allow_blank=False,
-                        id="dtype",
-                        compact=True,
-                    )
-                    yield Label("Shard size")
-                    yield Input(
-                        human_size(o.shard_size),
-                        id="shard",
-                        compact=True,
-                        placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB",
-                    )
-                    yield Label("Strip prefix")
-                    yield Input(
-                        ", ".join(o.strip_prefix),
-                        id="strip",
-                        compact=True,
-                        placeholder="module., _forward_module.",
-                    )
-                    yield Label("Renames")
-                    yield Input(
-                        "; ".join(f"{p}={r}" for p, r in o.renames),
-                        id="renames",
-                        compact=True,
-                        placeholder=r"REGEX=REPL; ... e.g. ^model\.=",
-                    )
-                    yield Label("Keep fp32")
-                    yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
-                    yield Label("Run on")
-                    yield Select(RUN_ON, value=ex.executor, allow_blank=False, id="executor", compact=True)
-                    yield Label("Ray address")
-                    yield Input(
-                        ex.ray_address,
-                        id="ray-address",
-                        compact=True,
-                        placeholder="blank: RAY_ADDRESS, else a local Ray",
-                    )
-                    for sid, label, value in (
-                        ("frozen", "leave out frozen parameters", o.exclude_frozen),
-                        ("buffers", "leave out buffers", o.exclude_buffers),
-                        ("dedupe", "store tied weights once (alias recorded in the header)", o.dedupe_tied),
-                        ("overwrite", "replace an earlier conversion in the output folder", ex.overwrite),
-                    ):
-                        yield Checkbox(label, value, id=sid, compact=True, classes="wide")
+                    yield from self._output_fields()
+                    yield from self._tp_fields()
+                    yield from self._naming_fields()
+                    yield from self._run_fields()
                 yield AutoHeightStatic("", id="form-errors")
             with Vertical(id="export-side"):
                 yield Static("Preflight", classes="section")
                 yield PreflightPanel(id="preflight")
                 yield AutoHeightStatic("", id="selection-summary")
         yield KeyBar()
+
+    def _output_fields(self) -> ComposeResult:
+        """Where, in which kind, dtype and shard size: the form's first rows."""
+        app = zi(self)
+        o: ConvertOptions = app.base_options
+        ex = app.export
+        yield Label("Output folder")
+        yield SafeInput(
+            ex.out_dir,
+            id="out",
+            compact=True,
+            placeholder="where the safetensors go",
+            select_on_focus=False,
+        )
+        yield Label("Format")
+        formats, default, missing = format_options(app.ckpt)
+        chosen = ex.format if ex.format in {v for _, v in formats} else default
+        yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
+        if missing:
+            yield Static("")
+            yield Static("; ".join(missing), classes="dim-note", markup=False)
+        yield Label("Dtype")
+        yield Select(
+            DTYPES,
+            value=o.dtype if o.dtype in {v for _, v in DTYPES} else "auto",
+            allow_blank=False,
+            id="dtype",
+            compact=True,
+        )
+        yield Label("Shard size")
+        yield Input(
+            human_size(o.shard_size),
+            id="shard",
+            compact=True,
+            placeholder="5GB (=5·10⁹ B, as HF), 2GiB, 500MB",
+        )
+
+    def _tp_fields(self) -> ComposeResult:
+        """The TP-split rules in force (`--tp-split`), for a tensor-parallel checkpoint or when some are given:
+        editable, read as the CLI reads them, and the tag scanned again with them."""
+        app = zi(self)
+        if not shows_tp_split(app.ckpt, app.tp_split):
+            return
+        yield Label("TP splits")
+        yield Input(
+            rules_text(app.tp_split),
+            id="tp-split",
+            compact=True,
+            placeholder="PATTERN=0|1|replicated; … e.g. *.o_proj.weight=1; *=0",
+        )
+        yield Static("")
+        yield Static(tp_split_note(app.ckpt, app.tp_split), id="tp-note", classes="dim-note", markup=False)
+
+    def _naming_fields(self) -> ComposeResult:
+        """What the tensors are called and which stay fp32."""
+        o: ConvertOptions = zi(self).base_options
+        yield Label("Strip prefix")
+        yield Input(
+            ", ".join(o.strip_prefix),
+            id="strip",
+            compact=True,
+            placeholder="module., _forward_module.",
+        )
+        yield Label("Renames")
+        yield Input(
+            "; ".join(f"{p}={r}" for p, r in o.renames),
+            id="renames",
+            compact=True,
+            placeholder=r"REGEX=REPL; ... e.g. ^model\.=",
+        )
+        yield Label("Keep fp32")
+        yield Input(", ".join(o.keep_fp32), id="keep", compact=True, placeholder="*norm*, *.bias")
+
+    def _run_fields(self) -> ComposeResult:
+        """Where the converter runs, and the yes/no choices."""
+        app = zi(self)
+        o: ConvertOptions = app.base_options
+        ex = app.export
+        yield Label("Run on")
+        yield Select(RUN_ON, value=ex.executor, allow_blank=False, id="executor", compact=True)
+        yield Label("Ray address")
+        yield Input(
+            ex.ray_address,
+            id="ray-address",
+            compact=True,
+            placeholder="blank: RAY_ADDRESS, else a local Ray",
+        )
+        for sid, label, value in (
+            ("frozen", "leave out frozen parameters", o.exclude_frozen),
+            ("buffers", "leave out buffers", o.exclude_buffers),
+            ("dedupe", "store tied weights once (alias recorded in the header)", o.dedupe_tied),
+            ("overwrite", "replace an earlier conversion in the output folder", ex.overwrite),
+        ):
+            yield Checkbox(label, value, id=sid, compact=True, classes="wide")
 
     def on_mount(self) -> None:
         self.sub_title = "Export options"
@@ -223,6 +225,8 @@ class ExportScreen(Screen[None]):
         overwrite = self.query_one("#overwrite", Checkbox).value
         if self.query_one("#executor", Select).value == "ray" and importlib.util.find_spec("ray") is None:
             errors.append("Run on: Ray is not installed (pip install 'zero-inspector[ray]')")
+        if self.read_tp_split() is None:
+            errors.append(f"TP splits: {self.tp_error}")
         kind = get(str(self.query_one("#format", Select).value) or DEFAULT)
         if out and app.ckpt is not None and (busy := kind.busy(app.ckpt, out, overwrite)):
             errors.append(f"Output folder: {busy} (switch on overwrite to replace an earlier conversion)")
@@ -238,6 +242,26 @@ class ExportScreen(Screen[None]):
             dedupe_tied=self.query_one("#dedupe", Checkbox).value,
         )
         return opts, out, overwrite, errors
+
+    def read_tp_split(self) -> Rules | None:
+        """The TP-split rules as typed (the ones in force when the form has no such row); None when they do
+        not read (`tp_error` says why)."""
+        fields = self.query("#tp-split").results(Input)
+        field = next(fields, None)
+        if field is None:
+            return zi(self).tp_split
+        try:
+            return parse_rules(field.value)
+        except ValueError as exc:
+            self.tp_error = str(exc)
+            return None
+
+    def rescanned(self) -> None:
+        """The tag was scanned again (new TP-split rules): say what is in force, then check everything."""
+        app = zi(self)
+        for note in self.query("#tp-note").results(Static):
+            note.update(tp_split_note(app.ckpt, app.tp_split))
+        self._changed()
 
     def _show_errors(self, errors: list[str]) -> None:
         """✖ per problem (the form's and the preflight's), or ✔ when there is none."""
@@ -267,7 +291,11 @@ class ExportScreen(Screen[None]):
         if errors:  # a verdict on other options than those typed would be a lie (a green "Fits" for "lots")
             self.query_one(PreflightPanel).waiting("Preflight waits for valid options (✖ above).")
             return
-        if not app.selected and get(fmt or DEFAULT).uses_selection:
+        if app.ckpt is None:  # scanning again with new TP-split rules: no plan until it is done
+            self.query_one(PreflightPanel).waiting("Scanning the tag with the TP-split rules…")
+            return
+        new_rules = self.read_tp_split() != app.tp_split  # applied once typing pauses, selection or not
+        if not new_rules and not app.selected and get(fmt or DEFAULT).uses_selection:
             self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
             return
         self.query_one(PreflightPanel).pending()
@@ -276,7 +304,19 @@ class ExportScreen(Screen[None]):
     def _maybe_preflight(self, generation: int) -> None:
         if generation == self.generation:
             app = zi(self)
+            if self._apply_tp_split():
+                return  # the form is checked again once the tag is scanned with them (`rescanned`)
             self._preflight(generation, app.convert_options(), app.export.out_dir)
+
+    def _apply_tp_split(self) -> bool:
+        """New valid TP-split rules go to the app, which scans the tag again with them; True if they did."""
+        app = zi(self)
+        rules = self.read_tp_split()
+        if rules is None or rules == app.tp_split:
+            return False
+        self.query_one(PreflightPanel).waiting("Scanning the tag with the TP-split rules…")
+        app.set_tp_split(rules)
+        return True
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
     def _preflight(self, generation: int, opts: ConvertOptions, out_dir: str) -> None:
@@ -315,5 +355,8 @@ class ExportScreen(Screen[None]):
         errors += [self.plan_error] if self.plan_error else []
         if errors:
             self.notify(shown(errors[0]), title="Fix the options first", severity="error", markup=False)
+            return
+        if self._apply_tp_split():
+            self.notify("Scanning the tag with the new TP-split rules first.", title="Not yet", markup=False)
             return
         zi(self).action_convert()

@@ -8,19 +8,15 @@ while it reads (a worker thread; numpy releases the GIL), escape cancels it. Whe
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.widgets import DataTable, Input, ProgressBar, Select, Static
 
 from inspector.errors import CancelledError, InspectorError
@@ -28,6 +24,7 @@ from inspector.health import HealthProgress, HealthReport, Row
 from inspector.health.findings import sibling_ratios
 from inspector.scan.model import Checkpoint, Severity
 from inspector.tui.fmt import plural, shown, size
+from inspector.tui.screens.health_pass import FLUSH, HealthUpdate, lower_priority, planned
 from inspector.tui.screens.tensor_stats import other_tag
 from inspector.tui.session import name_filter
 from inspector.tui.typed import zi
@@ -36,69 +33,11 @@ from inspector.tui.widgets.findings import findings_renderable
 from inspector.tui.widgets.health_view import (
     SORTS,
     HealthTable,
-    layer_chart,
-    layer_rows,
     row_detail,
 )
+from inspector.tui.widgets.layer_chart import LayerChart
 
-_FLUSH = 0.1  # rows reach the table at most this often: a message per tiny tensor would flood the UI
 NO_COMPARISON = ""
-
-
-@dataclass
-class HealthUpdate(Message):
-    """From the health worker, for one run: finished rows, progress, the report, or how it ended."""
-
-    run: int
-    rows: list[Row] = field(default_factory=list)
-    progress: HealthProgress | None = None
-    report: HealthReport | None = None
-    error: InspectorError | None = None
-    cancelled: bool = False
-
-
-NICE = 10
-
-
-def _lower_priority() -> None:
-    """Lower this thread's CPU priority (Linux: per thread, inherited by the threads it starts), so the pass's
-    reductions yield the cores to the UI thread: keys answer as fast as when idle while it reads."""
-    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: the UI's own priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-
-
-def _planned(ckpt: Checkpoint, against: Checkpoint | None) -> HealthProgress:
-    """Nothing read yet of every stream the pass will read (`check`'s own plan): "0 of 129 streams" before
-    the first one finishes, so the count never grows under the reader's eyes."""
-    from inspector.convert.options import ConvertOptions, select
-    from inspector.health.stream import plan_jobs
-
-    jobs = plan_jobs(ckpt, select(ckpt, ConvertOptions()), against)
-    return HealthProgress(0, sum(j.nbytes for j in jobs), 0, len(jobs))
-
-
-class LayerChart(AutoHeightStatic):
-    """Norm and change by depth, redrawn to the width it gets."""
-
-    DEFAULT_CSS = "LayerChart { height: auto; }"
-
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__("", id=id)
-        self._report: HealthReport | None = None
-
-    def show(self, report: HealthReport | None) -> None:
-        self._report = report
-        self._draw()
-
-    def on_resize(self) -> None:
-        self._draw()
-
-    def _draw(self) -> None:
-        if self._report is None:
-            self.update("")
-            return
-        width = max(self.content_region.width or self.size.width, 40)
-        self.update(layer_chart(layer_rows(self._report.modules), width, self._report.against))
 
 
 class HealthPane(Vertical):
@@ -218,17 +157,17 @@ class HealthPane(Vertical):
         from inspector.health import check
         from inspector.scan.scanner import scan
 
-        _lower_priority()  # the pass's reader threads are created from this one and inherit it
+        lower_priority()  # the pass's reader threads are created from this one and inherit it
         post = self.post_message
         pending: list[Row] = []
         last = time.monotonic()
         try:
             against = scan(ckpt.root, against_tag) if against_tag else None
-            post(HealthUpdate(run, progress=_planned(ckpt, against)))  # the totals up front, not as found
+            post(HealthUpdate(run, progress=planned(ckpt, against)))  # the totals up front, not as found
             for item in check(ckpt, against, cancel=cancel):
                 if isinstance(item, list):
                     pending.extend(item)
-                    if time.monotonic() - last < _FLUSH:
+                    if time.monotonic() - last < FLUSH:
                         continue
                 elif isinstance(item, HealthReport):
                     post(HealthUpdate(run, rows=pending, report=item))

@@ -167,3 +167,14 @@ def test_force_reaches_every_kind_or_its_offer_says_it_never_converts_damage(dem
             assert kind.plan(damaged, Request(allow_damaged=True), "/nonexistent/out").files, kind.name
             planned.append(kind.name)
     assert "weights" in planned
+
+
+@pytest.mark.parametrize(("kind", "checked"), [("merged", "recomputing the merge"), ("universal", "Adam moments")])
+def test_verify_against_is_refused_the_same_way_by_kinds_without_a_source_to_choose(kind: str, checked: str) -> None:
+    """`verify --against` means nothing to a merged model or a universal checkpoint: both refuse it through the
+    protocol's one refusal, before anything is read, saying what they are checked against instead."""
+    with pytest.raises(InspectorError) as refused:
+        get(kind).verify(None, "/nonexistent", against="module")  # type: ignore[arg-type]
+    assert refused.value.title == "Invalid option"
+    assert refused.value.message.startswith("--against applies to safetensors outputs (weights, model, adapter); ")
+    assert checked in refused.value.message

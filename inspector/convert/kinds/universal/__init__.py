@@ -34,7 +34,7 @@ from inspector.convert.kinds.universal.plan import (
     prepare,
 )
 from inspector.convert.root import OutputRoot
-from inspector.errors import InspectorError, UnsupportedCheckpointError
+from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.bytesource import ByteSource, is_url, source_at
 from inspector.system.limits import MemoryBudget, usable_cores
@@ -274,10 +274,8 @@ class Universal(OutputKind):
         from inspector.scan.universal import scan_universal
 
         if against is not None:
-            raise InspectorError(
-                "--against applies to safetensors outputs; a universal checkpoint is checked against the fp32 "
-                "masters and both Adam moments.",
-                title="Invalid option",
+            self.refuse_against(
+                "a universal checkpoint is checked against the fp32 masters and both Adam moments."
             )
         folder = self._folder(out_dir)
         assert folder is not None

@@ -17,7 +17,7 @@ from inspector.demo.writer import DemoSpec
 if TYPE_CHECKING:
     from conftest import CliResult, DemoCache
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC = DemoSpec(stage=2, world_size=2, dtype="bf16", params=50_000)
 
 

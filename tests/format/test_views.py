@@ -25,7 +25,8 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
 from inspector.errors import EXIT_DAMAGED, CorruptFileError, InspectorError
-from inspector.format.torchzip import StorageRef, TensorRef, load_tree, view_problem
+from inspector.format.torchzip import load_tree
+from inspector.format.views import StorageRef, TensorRef, view_problem
 from inspector.scan.scanner import scan
 from tests.convert.jobs import execute
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize
-from inspector.format.torchzip import StorageRef, TensorRef
+from inspector.format.views import StorageRef, TensorRef
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.layout import Layout, split_flat, stage3_layout, stage12_layout
 from inspector.scan.model import Segment, Severity
