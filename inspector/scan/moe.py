@@ -34,7 +34,7 @@ from inspector.scan.model import (
     Segment,
     Severity,
 )
-from inspector.scan.scanner import _Scanner
+from inspector.scan.zero import ZeroScanner
 from inspector.system.bytesource import ByteSource
 
 EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
@@ -56,7 +56,7 @@ def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
     )
 
 
-class _MoEScanner(_Scanner):
+class _MoEScanner(ZeroScanner):
     parallel: Parallel | None = None
 
     def _layout(

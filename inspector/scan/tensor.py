@@ -170,9 +170,9 @@ def _user_recipe(
 
 
 def _shard(loc: Location, files: RankFiles) -> Checkpoint:
-    from inspector.scan.scanner import _Scanner
+    from inspector.scan.zero import ZeroScanner
 
-    scanner = _Scanner(loc, files)
+    scanner = ZeroScanner(loc, files)
     scanner.shard = True
     return scanner.build()
 

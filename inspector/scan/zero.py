@@ -1,0 +1,226 @@
+"""The data-parallel ZeRO scan: stage 1/2 flat groups partitioned by rank (rebuilt from `param_shapes`, never
+from `param_slice_mappings`), stage 3 per-parameter partitions, frozen parameters, tied aliases and buffers.
+Apart from `scanner`, which only decides which layout a tag holds, so the layout modules that build on this one
+(`moe`, `tensor`) import it without importing the dispatch that imports them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.format.torchzip import load_tree
+from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.assemble import Loaded, checkpoint
+from inspector.scan.files import RankFiles, load_all, missing_ranks
+from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
+from inspector.scan.locate import Location
+from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
+from inspector.scan.model import Checkpoint, Finding, Severity
+from inspector.scan.tensors import TensorCollector
+
+
+class ZeroScanner:
+    """One data-parallel ZeRO world (stage 0-3): the rank files of one tag become a `Checkpoint`. The model-
+    parallel layouts scan each of their worlds with it, or extend it (`moe`)."""
+
+    def __init__(self, loc: Location, files: RankFiles) -> None:
+        self.loc = loc
+        self.files = files
+        self.findings: list[Finding] = list(loc.findings) + files.findings
+
+    def add(
+        self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
+    ) -> None:
+        self.findings.append(Finding(severity, code, message, file, hint))
+
+    def build(self) -> Checkpoint:
+        f = self.files
+        stage3 = bool(f.zero3_model)
+        model = self._model(stage3)
+        ws = max(f.optim) + 1
+        if model.dp_world_size is not None and model.dp_world_size > ws:
+            if model.dp_world_size > f.present:  # a world size the folder cannot hold: say so once
+                self.add(
+                    Severity.ERROR,
+                    "world-size",
+                    f"The model states say dp_world_size={model.dp_world_size:,}, but the tag folder holds "
+                    f"only {f.present} files.",
+                    model.file,
+                    "Rank files are missing, or the model-states file is damaged or crafted.",
+                )
+            else:
+                ws = model.dp_world_size
+        self.findings += missing_ranks(f.optim, ws, "optimizer", self.loc.tag_dir)
+        if stage3:
+            self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
+        source = self.loc.source
+        optims: dict[int, OptimStates | None] = load_all(
+            sorted(f.optim.items()), source, self.findings, lambda t, p: OptimStates.parse(t, p, stage3)
+        )
+        models: dict[int, ModelStates | None] = {0: model}
+        if stage3:
+            rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
+            models.update(load_all(rest, source, self.findings, ModelStates.parse))
+        osd0 = next((o for o in optims.values() if o is not None), None)
+        self._check_consistency(model, models, optims)
+        param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
+        layout = self._layout(model, models, optims, osd0, ws, stage3, param_shapes)
+        if layout is not None and param_shapes and not self.findings_have_errors():
+            states = [o for o in optims.values() if o is not None]
+            self.findings += copied_ranks(states, self.loc.source)
+            if stage3 and not self.findings_have_errors():
+                self.findings += stage3_rank_proof(param_shapes, states, self.loc.source)
+        tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
+        got = Loaded(model, optims, osd0, layout, ws, stage3)
+        return checkpoint(self.loc, f, got, tensors, self.findings)
+
+    def findings_have_errors(self) -> bool:
+        return any(x.severity is Severity.ERROR for x in self.findings)
+
+    def _model(self, stage3: bool) -> ModelStates:
+        """The rank-0 model states: essential, so every problem with them is an error, not a finding."""
+        f = self.files
+        tag_dir = self.loc.tag_dir
+        model_path = f.zero3_model.get(0) if stage3 else f.model
+        if model_path is None:
+            if stage3:
+                raise NotACheckpointError(
+                    f"{tag_dir}: the rank-0 model file zero_pp_rank_0_mp_rank_00_model_states.pt is missing.",
+                    hint="Copy the complete checkpoint folder.",
+                )
+            raise NotACheckpointError(
+                f"{tag_dir}: no mp_rank_00_model_states.pt.",
+                hint="Copy the complete checkpoint folder; DP rank 0 writes this file.",
+            )
+        if not f.optim:
+            raise NotACheckpointError(
+                f"{tag_dir} has model files but no *_optim_states.pt files.",
+                hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
+                "file already holds the full weights.",
+            )
+        tree = load_tree(model_path, self.loc.source)
+        model = ModelStates.parse(tree, model_path)
+        self._check_model_parallel(tree, model_path)
+        if not model.has_module:
+            raise UnsupportedCheckpointError(
+                f"{model_path} has no module weights (pipeline-parallel run).",
+                hint="Pipeline-parallel checkpoints are not supported yet.",
+            )
+        return model
+
+    shard = False  # True while scan/tensor.py scans one tensor-parallel shard
+
+    def _check_model_parallel(self, tree: Any, model_path: str) -> None:
+        """A run with several model-parallel ranks whose other ranks' files are all missing: without this, the
+        one shard left would scan as a whole model with shard shapes."""
+        from inspector.parse.layers import ParallelDims
+
+        dims = ParallelDims.parse(tree, model_path)
+        mp = max(dims.tp_degree or 1, dims.mp_world_size or 1)
+        if mp > 1 and not self.shard:
+            self.add(
+                Severity.ERROR,
+                "missing-shard",
+                f"The model states say the run had {mp:,} model-parallel (tensor-parallel) ranks, but only "
+                "mp_rank_00's files are here: tensor-parallel rank 1 and the others are missing.",
+                model_path,
+                "Copy the complete checkpoint folder; every model-parallel rank writes its own files.",
+            )
+
+    def _layout(
+        self,
+        model: ModelStates,
+        models: dict[int, ModelStates | None],
+        optims: dict[int, OptimStates | None],
+        osd0: OptimStates | None,
+        ws: int,
+        stage3: bool,
+        param_shapes: ParamShapes | None,
+    ) -> Layout | None:
+        """Where every trainable parameter lives, if the rank files allow it; otherwise a finding says why."""
+        tag_dir = self.loc.tag_dir
+        complete = all(optims.get(r) is not None for r in range(ws)) and (
+            not stage3 or all(models.get(r) is not None for r in range(ws))
+        )
+        layout: Layout | None = None
+        if osd0 is not None and complete and param_shapes:
+            states = [o for r in range(ws) if (o := optims[r]) is not None]
+            build = stage3_layout if stage3 else stage12_layout
+            try:
+                layout = build(param_shapes, states)
+            except InspectorError as exc:
+                self.add(Severity.ERROR, "layout", exc.message, tag_dir, exc.hint)
+            if layout is not None:
+                self.findings += layout.findings
+        elif not param_shapes and osd0 is not None:
+            self.add(
+                Severity.ERROR,
+                "no-param-shapes",
+                "The model states hold no param_shapes, so the flat "
+                "optimizer partitions cannot be split into parameters.",
+                model.file,
+                "This checkpoint predates DeepSpeed 0.3.14 or was not written by a ZeRO engine.",
+            )
+        elif not complete:
+            names = [name for group in param_shapes or () for name, _ in group]
+            left = (
+                f"{len(names)} trainable tensors ({_some(names)}) cannot be rebuilt"
+                if names
+                else "Trainable parameters cannot be rebuilt"
+            )
+            self.add(
+                Severity.ERROR,
+                "incomplete",
+                f"{left} because rank files are missing or unreadable (see above); a forced conversion leaves "
+                "them out.",
+                tag_dir,
+            )
+        return layout
+
+    def _check_consistency(
+        self, model: ModelStates, models: dict[int, ModelStates | None], optims: dict[int, OptimStates | None]
+    ) -> None:
+        """Files of one checkpoint agree on version, config and step; mixed runs do not."""
+
+        def sig(o: OptimStates) -> tuple[Any, ...]:
+            return (o.ds_version, digest(dict(o.ds_config)), digest([step_value(s) for s in o.steps]))
+
+        sigs = {r: sig(o) for r, o in optims.items() if o is not None}
+        if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
+            base = sigs[min(sigs)]
+            odd = [r for r, s in sigs.items() if s != base]
+            self.add(
+                Severity.ERROR,
+                "mixed-runs",
+                f"Optimizer files disagree on DeepSpeed version, config or step (ranks {odd} differ from "
+                f"rank {min(sigs)}): files from different runs or tags are mixed together.",
+                self.loc.tag_dir,
+                "Restore the tag folder from one save; do not merge folders.",
+            )
+        model_sig = (model.ds_version, digest(dict(model.ds_config)))
+        if sigs and model_sig != sigs[min(sigs)][:2]:
+            self.add(
+                Severity.ERROR,
+                "mixed-runs",
+                "The model-states file and the optimizer files come from "
+                "different runs (version or config differ).",
+                self.loc.tag_dir,
+                "Restore the tag folder from one save; do not merge folders.",
+            )
+        steps = {r: m.global_steps for r, m in models.items() if m is not None}
+        shapes = {r: digest(m.param_shapes) for r, m in models.items() if m is not None}
+        if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
+            self.add(
+                Severity.ERROR,
+                "mixed-runs",
+                f"Stage-3 model files disagree on global_steps or parameter shapes ({steps}).",
+                self.loc.tag_dir,
+                "Restore the tag folder from one save.",
+            )
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """The first few names, and how many more: a finding names what it is about without listing thousands."""
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
