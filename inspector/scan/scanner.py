@@ -45,6 +45,10 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
         from inspector.scan.moe import scan_moe
 
         return scan_moe(loc, files)
+    from inspector.scan.autoep import is_autoep, scan_autoep
+
+    if files.zero3_model and is_autoep(loc, files):
+        return scan_autoep(loc, files)
     return _Scanner(loc, files).build()
 
 
@@ -95,13 +99,16 @@ class _Scanner:
             states = [o for o in optims.values() if o is not None]
             self.findings += copied_ranks(states, self.loc.source)
             if stage3 and not self.findings_have_errors():
-                self.findings += stage3_rank_proof(param_shapes, states, self.loc.source)
+                self.findings += self._stage3_proof(param_shapes, states)
         tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)
 
     def findings_have_errors(self) -> bool:
         return any(x.severity is Severity.ERROR for x in self.findings)
+
+    def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
+        return stage3_rank_proof(param_shapes, states, self.loc.source)  # scan/autoep.py narrows it
 
     def _model(self, stage3: bool) -> ModelStates:
         """The rank-0 model states: essential, so every problem with them is an error, not a finding."""
