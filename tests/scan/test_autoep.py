@@ -25,7 +25,7 @@ EXACT = {  # fixture -> (ranks, who holds the experts)
 }
 
 
-def _logical(name: str, dest: Path) -> Path:
+def logical_expected(name: str, dest: Path) -> Path:
     """The fixture's live values with each expert tensor's per-expert slices (`<name>/<global expert>`)
     stacked in global order, and the router's alias (one parameter under two names), in `dest`."""
     flat: dict[str, list[tuple[int, np.ndarray]]] = {}
@@ -57,7 +57,7 @@ def test_autoep_zero3_converts_bit_exact(name: str, tmp_path: Path) -> None:
     w1 = ckpt.tensor(f"{EXPERTS}.w1")
     assert w1.shape == (4, 24, 16) and w1.kind is Kind.TRAINABLE and w1.moments
     assert ckpt.tensor(ALIAS).alias_of == ROUTER
-    assert_exact(ckpt, _logical(name, tmp_path / "want"), tmp_path)
+    assert_exact(ckpt, logical_expected(name, tmp_path / "want"), tmp_path)
 
 
 def test_expert_moments_follow_the_experts() -> None:
