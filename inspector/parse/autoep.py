@@ -41,6 +41,7 @@ class AutoEPLayer:
     """One `ds_autoep_layers` entry as one rank wrote it."""
 
     file: str
+    layer_id: int  # moe_layer_id: the L of the per-expert files `layer_L_expert_K_…` (ZeRO-1/2)
     module_path: str
     num_experts: int
     ep_size: int
@@ -106,6 +107,7 @@ def _layer(n: Node, file: str) -> AutoEPLayer:
     params = tuple(_param(name, m) for name, m in maps.entries("parameter name"))
     return AutoEPLayer(
         file=file,
+        layer_id=n.at("moe_layer_id").integer(0, _MAX),
         module_path=n.at("module_path").name("module path"),
         num_experts=num,
         ep_size=ep,

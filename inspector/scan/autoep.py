@@ -31,6 +31,7 @@ from inspector.format.torchzip import load_tree
 from inspector.parse.autoep import AutoEPLayer, PartitionGroup, autoep_layers, partition_groups
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.autoep_place import place, ranks_text
+from inspector.scan.autoep_zero12 import zero12_layout
 from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout
 from inspector.scan.locate import Location
@@ -69,11 +70,6 @@ class _AutoEPScanner(_Scanner):
 
     def _model(self, stage3: bool) -> ModelStates:
         model = super()._model(stage3)
-        if not stage3:
-            raise UnsupportedCheckpointError(
-                f"{self.loc.tag_dir}: an AutoEP checkpoint saved under ZeRO stage 0-2.",
-                hint="Only AutoEP under ZeRO-3 (its expert-state format version 1) is read so far.",
-            )
         self.layers = autoep_layers(load_tree(model.file, self.loc.source), model.file) or ()
         return replace(model, shared_params={**model.shared_params, **_router_aliases(model, self.layers)})
 
@@ -95,12 +91,19 @@ class _AutoEPScanner(_Scanner):
         stage3: bool,
         param_shapes: ParamShapes | None,
     ) -> Layout | None:
-        complete = all(optims.get(r) is not None and models.get(r) is not None for r in range(ws))
+        complete = all(
+            optims.get(r) is not None and (not stage3 or models.get(r) is not None) for r in range(ws)
+        )
         if not complete or not param_shapes:
             return super()._layout(model, models, optims, osd0, ws, stage3, param_shapes)
+        states = [o for r in range(ws) if (o := optims[r]) is not None]
         try:
-            ranks = [self._rank(r, models, optims) for r in range(ws)]
-            lay = self._build(param_shapes, [o for r in range(ws) if (o := optims[r]) is not None], ranks)
+            if stage3:
+                lay = self._build(param_shapes, states, [self._rank(r, models, optims) for r in range(ws)])
+            else:
+                lay, self.parallel = zero12_layout(
+                    param_shapes, states, self.layers, self.files, self.loc.source
+                )
         except InspectorError as exc:
             self.add(Severity.ERROR, "layout", exc.message, self.loc.tag_dir, exc.hint)
             return None

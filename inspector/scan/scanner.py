@@ -41,14 +41,14 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     if len(tp_ranks(names)) > 1:
         return scan_tensor(loc, names, tp_split)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
+    from inspector.scan.autoep import is_autoep, scan_autoep
+
+    if is_autoep(loc, files):
+        return scan_autoep(loc, files)
     if files.experts:
         from inspector.scan.moe import scan_moe
 
         return scan_moe(loc, files)
-    from inspector.scan.autoep import is_autoep, scan_autoep
-
-    if files.zero3_model and is_autoep(loc, files):
-        return scan_autoep(loc, files)
     return _Scanner(loc, files).build()
 
 

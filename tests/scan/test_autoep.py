@@ -19,9 +19,11 @@ TAG = "global_step3"
 EXPERTS = "model.layers.0.mlp.experts"
 ROUTER = "model.layers.0.mlp.router.gate.weight"
 ALIAS = "model.layers.0.mlp.gate.gate.weight"
-EXACT = {  # fixture -> (ranks, who holds the experts)
-    "autoep_z3_bf16": (2, "experts 0-1: rank 0 · experts 2-3: rank 1"),
-    "autoep_z3_bf16_ws4": (4, "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
+EXACT = {  # fixture -> (ranks, ZeRO stage, who holds the experts)
+    "autoep_z3_bf16": (2, 3, "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "autoep_z3_bf16_ws4": (4, 3, "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
+    "autoep_z2_bf16": (2, 2, "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "autoep_z2_bf16_ws4": (4, 2, "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
 }
 
 
@@ -47,16 +49,18 @@ def logical_expected(name: str, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(EXACT))
-def test_autoep_zero3_converts_bit_exact(name: str, tmp_path: Path) -> None:
-    ranks, holders = EXACT[name]
+def test_autoep_converts_bit_exact(name: str, tmp_path: Path) -> None:
+    ranks, stage, holders = EXACT[name]
     ckpt = scan(str(ckpt_dir(name)))
     assert not ckpt.errors, ckpt.errors
-    assert (ckpt.world_size, ckpt.stage, ckpt.compute_dtype) == (ranks, 3, "bfloat16")
+    assert (ckpt.world_size, ckpt.stage, ckpt.compute_dtype) == (ranks, stage, "bfloat16")
     assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.ep) == ("expert", 2)
     assert dict(ckpt.parallel.holders)[EXPERTS] == holders
     w1 = ckpt.tensor(f"{EXPERTS}.w1")
     assert w1.shape == (4, 24, 16) and w1.kind is Kind.TRAINABLE and w1.moments
     assert ckpt.tensor(ALIAS).alias_of == ROUTER
+    # ZeRO-1/2: the 16-bit experts from the per-expert files, joined in global order; ZeRO-3 saves none
+    assert all(bool(t.module_copy) == (stage < 3) for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
     assert_exact(ckpt, logical_expected(name, tmp_path / "want"), tmp_path)
 
 
@@ -122,6 +126,15 @@ def test_an_unknown_format_version_is_refused_by_name(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["layout"]
     assert "format version" in ckpt.errors[0].message
+
+
+def test_a_missing_expert_file_is_named(tmp_path: Path) -> None:
+    root = writable("autoep_z2_bf16", tmp_path / "ck")
+    os.remove(root / TAG / "layer_0_expert_3_mp_rank_00_model_states.pt")
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["missing-expert"]
+    assert "expert 3 of AutoEP layer model.layers.0.mlp" in ckpt.errors[0].message
+    assert not ckpt.tensor(f"{EXPERTS}.w1").module_copy  # the masters are still whole
 
 
 def test_swapped_rank_files_are_caught(tmp_path: Path) -> None:
