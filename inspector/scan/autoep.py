@@ -135,6 +135,12 @@ class _AutoEPScanner(_Scanner):
         rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
         experts: set[int] = set()
         maps = {p.name: p for layer in ranks[0].layers for p in layer.params}
+        for r, rank in enumerate(ranks):
+            if [_shared(x) for x in rank.layers] != [_shared(x) for x in ranks[0].layers]:
+                raise UnsupportedCheckpointError(
+                    f"Rank {r} records other AutoEP layers, placements or affine maps than rank 0.",
+                    hint="The model-states files come from different runs, or one is damaged.",
+                )
         if any(len(rank.groups) != len(param_shapes) for rank in ranks):
             raise UnsupportedCheckpointError(
                 f"The optimizer files' partition groups do not match the {len(param_shapes)} parameter groups.",
@@ -191,6 +197,18 @@ def _partition(
     for d, r in enumerate(dp):
         rank_groups[r] += [replace(rg, group=index) for rg in part.rank_groups[d]]
     return part
+
+
+def _shared(layer: AutoEPLayer) -> tuple[object, ...]:
+    """What every rank records alike about a layer (the rest is the rank's own place)."""
+    return (
+        layer.layer_id,
+        layer.module_path,
+        layer.num_experts,
+        layer.ep_size,
+        layer.placement,
+        layer.params,
+    )
 
 
 def _dp_groups(g: int, ranks: Sequence[_Rank], ws: int) -> list[tuple[int, ...]]:

@@ -119,6 +119,29 @@ def test_a_truncated_model_states_file_is_a_finding(tmp_path: Path) -> None:
     assert ckpt.errors and not [t for t in ckpt.tensors if t.name.startswith(EXPERTS)]
 
 
+def _shift_piece(e: dict) -> dict:  # type: ignore[type-arg]
+    pieces = e["affine_maps"]["params"][f"{EXPERTS}.w1"]["ranks"][1]["pieces"]
+    pieces[0]["source"] = [700, pieces[0]["source"][1]]
+    return e
+
+
+def test_an_affine_map_that_leaves_a_gap_is_a_finding(tmp_path: Path) -> None:
+    """Rank 0's record of where expert-parallel rank 1's piece goes, moved: the pieces overlap and leave a
+    gap; the scan says which tensor and which ranks' records disagree, and does not raise."""
+    root = writable("autoep_z3_bf16", tmp_path / "ck")
+    _resave(root / TAG / "zero_pp_rank_0_mp_rank_00_model_states.pt", lambda sd: _layers(sd, _shift_piece))
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["layout"]
+    assert "Rank 1 records other AutoEP layers" in ckpt.errors[0].message
+    for r in (1,):  # every rank's record alike: the map itself is refused
+        _resave(
+            root / TAG / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt", lambda sd: _layers(sd, _shift_piece)
+        )
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["layout"]
+    assert f"{EXPERTS}.w1: the AutoEP affine map's pieces do not cover" in ckpt.errors[0].message
+
+
 def test_an_unknown_format_version_is_refused_by_name(tmp_path: Path) -> None:
     root = writable("autoep_z3_bf16", tmp_path / "ck")
     path = root / TAG / "zero_pp_rank_1_mp_rank_00_model_states.pt"
