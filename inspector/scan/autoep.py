@@ -100,6 +100,13 @@ class _AutoEPScanner(_Scanner):
         try:
             if stage3:
                 lay = self._build(param_shapes, states, [self._rank(r, models, optims) for r in range(ws)])
+            elif model.ds_config.get("use_data_before_expert_parallelism"):
+                raise UnsupportedCheckpointError(
+                    "This AutoEP run set use_data_before_expert_parallelism: its ZeRO-1/2 files do not say "
+                    "which ranks held which experts, and the usual rank rule does not apply.",
+                    hint="This grouping is not read yet; only DeepSpeed's default (rank R is expert-parallel "
+                    "rank R mod E) is.",
+                )
             else:
                 lay, self.parallel = zero12_layout(
                     param_shapes, states, self.layers, self.files, self.loc.source

@@ -39,14 +39,7 @@ def zero12_layout(
 ) -> tuple[Layout, Parallel]:
     """Dense groups over every rank, expert groups per expert-data-parallel group, experts placed whole."""
     ws = len(states)
-    for layer in layers:
-        if layer.ep_rank not in (None, 0) or layer.edp_rank not in (None, 0):
-            raise UnsupportedCheckpointError(
-                f"Rank 0 records expert-parallel rank {layer.ep_rank} and expert-data-parallel rank "
-                f"{layer.edp_rank} for {layer.module_path}; DeepSpeed's rank rule gives 0 and 0.",
-                hint="The run grouped its ranks another way (use_data_before_expert_parallel?), which this "
-                "reader cannot place from a ZeRO-1/2 checkpoint, or the model-states file is damaged.",
-            )
+    _check_rank0(layers)
     lay = Layout()
     groups: list[GroupInfo] = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
@@ -90,6 +83,18 @@ def zero12_layout(
         for layer in layers
     )
     return lay, Parallel("expert", ep=ep_max, dp=ws, holders=rows)
+
+
+def _check_rank0(layers: Sequence[AutoEPLayer]) -> None:
+    """Rank 0 is expert-parallel rank 0 and expert-data-parallel rank 0 under DeepSpeed's rule; say so if its
+    own record disagrees rather than place experts by a rule the run did not follow."""
+    for layer in layers:
+        if layer.ep_rank not in (None, 0) or layer.edp_rank not in (None, 0):
+            raise UnsupportedCheckpointError(
+                f"Rank 0 records expert-parallel rank {layer.ep_rank} and expert-data-parallel rank "
+                f"{layer.edp_rank} for {layer.module_path}; DeepSpeed's rank rule gives 0 and 0.",
+                hint="The model-states file is damaged or was not written by DeepSpeed's AutoEP.",
+            )
 
 
 def _ep_size(states: Sequence[OptimStates], g: int, ws: int) -> int:

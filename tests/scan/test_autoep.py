@@ -160,6 +160,20 @@ def test_a_missing_expert_file_is_named(tmp_path: Path) -> None:
     assert not ckpt.tensor(f"{EXPERTS}.w1").module_copy  # the masters are still whole
 
 
+def test_a_zero2_run_with_data_before_expert_parallelism_is_refused(tmp_path: Path) -> None:
+    """That option regroups the ranks and no ZeRO-1/2 file records how: refused by name, never placed by the
+    default rule."""
+    root = writable("autoep_z2_bf16", tmp_path / "ck")
+    flag = {"use_data_before_expert_parallelism": True}
+    _resave(
+        root / TAG / "mp_rank_00_model_states.pt", lambda sd: {**sd, "ds_config": {**sd["ds_config"], **flag}}
+    )
+    ckpt = scan(str(root))  # the optimizer files' config (left alone here) then differs too: mixed-runs
+    assert {f.code for f in ckpt.errors} == {"layout", "mixed-runs"}
+    assert any("use_data_before_expert_parallelism" in f.message for f in ckpt.errors)
+    assert not [t for t in ckpt.tensors if t.name.startswith(EXPERTS)]
+
+
 def test_swapped_rank_files_are_caught(tmp_path: Path) -> None:
     """Rank 0's and rank 1's expert shards differ: files swapped into each other's place are named, because
     each optimizer file records its own place in its partition group."""
