@@ -21,6 +21,7 @@ ROUTER = "model.layers.0.mlp.router.gate.weight"
 ALIAS = "model.layers.0.mlp.gate.gate.weight"
 EXACT = {  # fixture -> (ranks, ZeRO stage, who holds the experts)
     "autoep_z3_bf16": (2, 3, "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "autoep_z3_fp16": (2, 3, "experts 0-1: rank 0 · experts 2-3: rank 1"),
     "autoep_z3_bf16_ws4": (4, 3, "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
     "autoep_z2_bf16": (2, 2, "experts 0-1: rank 0 · experts 2-3: rank 1"),
     "autoep_z2_bf16_ws4": (4, 2, "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
@@ -53,7 +54,8 @@ def test_autoep_converts_bit_exact(name: str, tmp_path: Path) -> None:
     ranks, stage, holders = EXACT[name]
     ckpt = scan(str(ckpt_dir(name)))
     assert not ckpt.errors, ckpt.errors
-    assert (ckpt.world_size, ckpt.stage, ckpt.compute_dtype) == (ranks, stage, "bfloat16")
+    dtype = "float16" if name.endswith("fp16") else "bfloat16"
+    assert (ckpt.world_size, ckpt.stage, ckpt.compute_dtype) == (ranks, stage, dtype)
     assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.ep) == ("expert", 2)
     assert dict(ckpt.parallel.holders)[EXPERTS] == holders
     w1 = ckpt.tensor(f"{EXPERTS}.w1")
