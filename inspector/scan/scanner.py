@@ -38,6 +38,10 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     if is_moe_zero0(names):
         return scan_moe_zero0(loc, names)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
+    from inspector.scan.autoep import is_autoep, scan_autoep
+
+    if is_autoep(loc, files):
+        return scan_autoep(loc, files)
     if files.experts:
         from inspector.scan.moe import scan_moe
 

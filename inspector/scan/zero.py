@@ -70,13 +70,16 @@ class ZeroScanner:
             states = [o for o in optims.values() if o is not None]
             self.findings += copied_ranks(states, self.loc.source)
             if stage3 and not self.findings_have_errors():
-                self.findings += stage3_rank_proof(param_shapes, states, self.loc.source)
+                self.findings += self._stage3_proof(param_shapes, states)
         tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)
 
     def findings_have_errors(self) -> bool:
         return any(x.severity is Severity.ERROR for x in self.findings)
+
+    def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
+        return stage3_rank_proof(param_shapes, states, self.loc.source)  # scan/autoep.py narrows it
 
     def _model(self, stage3: bool) -> ModelStates:
         """The rank-0 model states: essential, so every problem with them is an error, not a finding."""
