@@ -32,8 +32,9 @@ from inspector.convert.preflight import Assessment
 from inspector.convert.root import LOCK, BusyError, Destination, OutputRoot
 from inspector.convert.staging import Part, part_suffix
 from inspector.errors import InspectorError
+from inspector.remote.roots import absolute
 from inspector.scan.model import Checkpoint
-from inspector.system.bytesource import absolute, is_url
+from inspector.system.bytesource import is_url
 from inspector.system.limits import MemoryBudget, free_disk_bytes
 
 STAGING = "zero-inspector-staging-"

@@ -21,7 +21,7 @@ from inspector.convert.kinds import DEFAULT, Job, Request, get, offers
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.system.bytesource import absolute
+from inspector.remote.roots import absolute
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
 from inspector.tui.typed import zi
