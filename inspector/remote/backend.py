@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from inspector.errors import InspectorError, NotACheckpointError
@@ -40,20 +40,29 @@ class Scheme:
     extra: str  # pip install 'zero-inspector[extra]'
     label: str  # the store's name in messages
     readable: bool = True
-    writable: bool = False  # an OUT may be a prefix here (remote.upload)
+    writable: bool = False  # an OUT may be a prefix here
+    destination: str = ""  # "module:Class" of its output Destination (remote.upload.destination_for)
     proof: str | None = None  # what shows a ranged read returned the range asked; None: refused
 
 
 _FS = "inspector.remote.fs:FsspecBackend"
 _CLOUD = "inspector.remote.cloud:CloudBackend"
+_CLOUD_OUT = "inspector.remote.cloud_upload:CloudDestination"
 _LISTED_ETAG = "ranges proven by the answer's range and the listed ETag"
 SCHEMES: dict[str, Scheme] = {
     "s3": Scheme(
         "inspector.remote.s3:S3Backend", "boto3", "s3", "S3", writable=True,
+        destination="inspector.remote.upload:BucketDestination",
         proof="ranges proven by Content-Range and the listed ETag",
     ),
-    "gs": Scheme(_CLOUD, "obstore", "gcs", "Google Cloud Storage", proof=_LISTED_ETAG),
-    "az": Scheme(_CLOUD, "obstore", "azure", "Azure Blob Storage", proof=_LISTED_ETAG),
+    "gs": Scheme(
+        _CLOUD, "obstore", "gcs", "Google Cloud Storage", writable=True, destination=_CLOUD_OUT,
+        proof=_LISTED_ETAG,
+    ),
+    "az": Scheme(
+        _CLOUD, "obstore", "azure", "Azure Blob Storage", writable=True, destination=_CLOUD_OUT,
+        proof=_LISTED_ETAG,
+    ),
     "http": Scheme(_FS, "aiohttp", "fsspec", "HTTP", proof="ranges proven by Content-Range"),
     "https": Scheme(_FS, "aiohttp", "fsspec", "HTTPS", proof="ranges proven by Content-Range"),
     "memory": Scheme(_FS, "fsspec", "fsspec", "fsspec memory", proof="in this process"),
@@ -71,7 +80,10 @@ FSSPEC = Scheme(_FS, "fsspec", "fsspec", "fsspec")  # any other protocol: listed
 
 
 def scheme_row(name: str) -> Scheme:
-    """The table's row for a scheme, or the fsspec row for one it does not name."""
+    """The table's row for a scheme, or the fsspec row for one it does not name. ZI_S3_CLIENT=obstore reads
+    and writes `s3://` through obstore, as gs:// and az:// (the client the paired measurement compares)."""
+    if name == "s3" and os.environ.get("ZI_S3_CLIENT") == "obstore":
+        return replace(SCHEMES["s3"], backend=_CLOUD, package="obstore", destination=_CLOUD_OUT)
     return SCHEMES.get(name, FSSPEC)
 
 
