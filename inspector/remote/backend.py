@@ -10,8 +10,8 @@ A backend turns its client's failures into user errors (`remote.errors`) and imp
 `int_env`, the time bounds) live here, at the bottom, so no backend imports the store that holds it.
 
 Everything the tool knows about a scheme is one row of `SCHEMES` (as fsspec's `known_implementations`): the
-backend class, the package and extra to install, the label for messages, whether it is read and written, and
-what proves its ranged reads. A scheme not in the table is tried as an fsspec protocol (`FSSPEC`), whose
+backend class, the package and extra to install, the label for messages, whether it is read and written (and
+by which output `Destination`: `remote.destination.destination_for`), and what proves its ranged reads. A scheme not in the table is tried as an fsspec protocol (`FSSPEC`), whose
 ranged reads are refused: its client hides what the server answered.
 """
 
@@ -199,8 +199,9 @@ def float_env(name: str, default: float, low: float, high: float) -> float:
 
 
 # Every store request is bounded three ways, for every backend (s3: botocore's connect and read timeouts and
-# a watchdog on the body; gs/az: obstore's connect timeout and per-request timeout; http(s): aiohttp's
-# sock_connect, sock_read and total): a silent or dripping server ends in a clear error naming the URL.
+# a timer on the headers and the body, remote.s3_deadline; gs/az: obstore's connect timeout and per-request
+# timeout; http(s): aiohttp's sock_connect, sock_read and total): a silent or dripping server ends in a clear
+# error naming the URL.
 CONNECT_TIMEOUT = ("ZI_REMOTE_CONNECT_TIMEOUT", 10.0)  # to open a connection
 STALL_TIMEOUT = ("ZI_REMOTE_STALL_TIMEOUT", 60.0)  # between two bytes of an answer
 DEADLINE = ("ZI_REMOTE_DEADLINE", 300.0)  # one request, first byte sent to last byte read
