@@ -70,11 +70,7 @@ class Location:
     findings: tuple[Finding, ...] = ()
     other_runs: tuple[str, ...] = field(default=())
     # the folder (or bucket prefix) every file of this checkpoint is read through, of the kind chosen once
-    source: ByteSource = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.source is None:
-            object.__setattr__(self, "source", chosen_source(self.root))
+    source: ByteSource = field(kw_only=True, compare=False, repr=False)
 
     @property
     def tag_dir(self) -> str:
