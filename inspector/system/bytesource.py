@@ -119,7 +119,7 @@ def is_url(path: str | os.PathLike[str]) -> bool:
 def any_remote(sources: Iterable[ByteSource]) -> bool:
     """Whether any of `sources` is on an object store, where a read is a round trip: the plan's chunks, the
     reader's read-ahead and preflight's time all follow from it."""
-    return any(src.remote for src in sources)
+    return any(is_url(src.root) for src in sources)  # a source's root is a URL exactly when it is a store's
 
 
 def open_handle_in(path: str, sources: tuple[ByteSource, ...]) -> Handle:
