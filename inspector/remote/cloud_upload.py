@@ -4,7 +4,8 @@ The bucket's own client (`remote.cloud`'s obstore store, with its time bounds an
 at most one part is one request, conditional (`mode="create"`: GCS's `ifGenerationMatch=0`, Azure's
 `If-None-Match: *`) unless this job or --overwrite may replace the object. A larger file goes up as a
 multipart upload (GCS's XML multipart, Azure's blocks), parts of 16 MiB read from the staged file, up to
-ZI_S3_UPLOAD_INFLIGHT of them in flight, one large file at a time; nothing is visible until the upload is
+ZI_S3_UPLOAD_INFLIGHT of them in flight, one large file at a time and holding every slot the single puts
+share (so the parts in memory are ZI_S3_UPLOAD_INFLIGHT for the whole run, as on s3://); nothing is visible until the upload is
 completed, and a cancel, an error or an interrupt raised while its parts are read aborts it (obstore aborts
 the upload when the stream of parts fails). obstore 0.12.1 applies a put mode to single-request uploads
 only, so a multipart upload is conditional only as far as the check just before it: the key is looked up
@@ -140,14 +141,24 @@ class CloudDestination(PrefixDestination):
             finally:
                 self._slots.release()
         else:
-            with self._large:
-                if key not in self._replaceable and self._exists(key, what):
-                    raise err.appeared(what)
-                step = part_size(size)
-                parts = self._parts(fd, size, step)
-                self._put(key, what, parts, meta, use_multipart=True, chunk_size=step,
-                          max_concurrency=upload_inflight())  # fmt: skip
+            with self._large:  # one at a time, holding every slot: its parts are all the memory in flight
+                held = 0
+                try:
+                    for _ in range(upload_inflight()):
+                        self._take_slot([])
+                        held += 1
+                    self._multipart(fd, size, key, what, meta)
+                finally:
+                    for _ in range(held):
+                        self._slots.release()
         self._made(key, rel, size)
+
+    def _multipart(self, fd: int, size: int, key: str, what: str, meta: dict[str, str]) -> None:
+        if key not in self._replaceable and self._exists(key, what):
+            raise err.appeared(what)
+        step = part_size(size)
+        parts = self._parts(fd, size, step)
+        self._put(key, what, parts, meta, use_multipart=True, chunk_size=step, max_concurrency=upload_inflight())
 
     def _parts(self, fd: int, size: int, step: int) -> Iterator[bytes]:
         """The staged file in parts, read as obstore asks for them; a cancel stops the stream, which aborts
