@@ -245,3 +245,22 @@ def test_a_rerun_reuses_only_what_it_proves(az_bucket: Bucket, demo: Any, tmp_pa
     assert written == sorted([shards[1], shards[-1], "model.safetensors.index.json"])
     assert report.resumed_shards == len(shards) - 2
     assert bucket.objects(url) == first
+
+
+def test_parts_then_the_finishing_run_equal_one_local_run(az_bucket: Bucket, demo: Any, tmp_path: Path) -> None:
+    """`--part I/N` into az://: each part publishes its share; the finishing run reuses them (proven by
+    reading them back) and writes the rest, the index last; the prefix then holds one local run's bytes."""
+    bucket = az_bucket
+    ckpt = scan(str(demo(SMALL)))
+    opts = ConvertOptions(shard_size=50_000)
+    want = _local("weights", ckpt, tmp_path / "local", opts)
+    url = bucket.url("parts")
+    for i in (0, 1):
+        job = plan_output(get("weights"), ckpt, Request(opts), url, str(tmp_path / "staging"), part=(i, 2))
+        _run(job, part=(i, 2))
+    staged = bucket.objects(url)
+    assert staged and set(staged) < set(want) and "model.safetensors.index.json" not in staged
+    assert all(staged[name] == want[name] for name in staged)
+    report = _run(plan_output(get("weights"), ckpt, Request(opts), url, str(tmp_path / "staging")))
+    assert report.resumed_shards == len(staged)
+    assert bucket.objects(url) == want
