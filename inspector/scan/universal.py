@@ -71,11 +71,9 @@ def _int(value: int | float | TensorRef | None) -> int | None:
 
 
 def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
-    """The universal checkpoint in `folder`; `source`, when given, the byte source chosen for it (any root
-    of the right kind: it is re-rooted at the folder)."""
-    chosen = source if source is not None else chosen_source(folder)
-    folder = chosen.absolute(folder)
-    source = chosen.rooted(folder, "universal checkpoint")
+    """The universal checkpoint in `folder`, through `source` (of the kind chosen for it) re-rooted there."""
+    folder = (source or chosen_source(folder)).absolute(folder)
+    source = (source or chosen_source(folder)).rooted(folder, "universal checkpoint")
     zero = os.path.join(folder, "zero")
     findings: list[Finding] = []
     models = [n for n in source.listdir(folder) if _MODEL_RE.match(n)]
