@@ -8,9 +8,11 @@ import is still a dependency), so a rule cannot pass just because an import happ
     scan/               locate, layout, model, scanner
     parse/              the input boundary's typed records and the one name rule
     format/             on-disk formats (zip, pickle, safetensors bytes)
-    system/  remote/    the machine (memory limits, RSS, units) and the confined byte sources: a local
-                        folder (system/source) or an object-store prefix (remote/, reached from
-                        system/bytesource for URLs only); both apply the one name rule (parse/names)
+    remote/             object-store byte sources and destinations, and `remote/roots`, the one place a
+                        root the user named becomes a local or a store source; it applies the one name
+                        rule (parse/names) and sits on system/, never the reverse
+    system/             the machine (memory limits, RSS, units), the byte-source protocol and the
+                        confined local folder (system/source); it never imports remote/
     errors              shared by all
 """
 
@@ -26,8 +28,10 @@ PKG = Path(__file__).resolve().parents[1] / "inspector"
 # layer -> inspector layers it must never import (the demo writer is a tool of its own on top of the core)
 FORBIDDEN: dict[str, set[str]] = {
     "format": {"parse", "scan", "convert", "cli", "tui", "demo", "health"},
-    "system": {"format", "parse", "scan", "convert", "cli", "tui", "demo", "health"},
-    # the object-store byte sources: beside system/, which dispatches URLs to them; of parse/ only the name rule
+    # the bottom layer: the local source and the protocol; which kind of source a root is, is decided above it
+    # (remote/roots), so no arrow goes from system/ back up to remote/
+    "system": {"remote", "format", "parse", "scan", "convert", "cli", "tui", "demo", "health"},
+    # the object-store byte sources, on top of system/; of parse/ only the name rule
     "remote": {"format", "scan", "convert", "cli", "tui", "demo", "health"},
     "parse": {"scan", "convert", "cli", "tui", "demo", "health"},
     "scan": {"convert", "cli", "tui", "demo", "health"},
@@ -101,9 +105,9 @@ def test_layer_rules(module: str) -> None:
 
 
 def test_remote_takes_only_the_name_rule_from_parse() -> None:
-    """remote/ sits with system/ below format/: the one name rule is all it may take from parse/, and that
+    """remote/ sits on system/, below format/: the one name rule is all it may take from parse/, and that
     rule depends on nothing but the errors and the text-out rule (system/text.py, which imports nothing of
-    ours), so system/ -> remote/ reaches no higher layer."""
+    ours), so remote/ reaches no higher layer."""
     mods = _modules()
     remote = [m for m in mods if _layer(m) == "remote"]
     assert "remote.s3" in remote
@@ -114,6 +118,18 @@ def test_remote_takes_only_the_name_rule_from_parse() -> None:
     deps |= {i.split(".")[1] for i in _imports(mods["errors"]) if i.startswith("inspector.")}
     assert deps <= {"errors", "system"}, deps  # system: only the text-out rule, which imports nothing of ours
     assert not {i for i in _imports(mods["system.text"]) if i.startswith("inspector.")}
+
+
+def test_system_never_reaches_up_to_remote() -> None:
+    """The byte source is chosen above system/ (remote/roots) and passed down; system/ asks no path string
+    whether it is a URL's and never imports remote/ to answer, not even lazily (the layer rule reads lazy
+    imports too; this names the rule so it cannot be dropped from FORBIDDEN unnoticed)."""
+    mods = _modules()
+    assert "remote" in FORBIDDEN["system"]
+    system = [m for m in mods if _layer(m) == "system"]
+    assert "system.bytesource" in system
+    for m in system:
+        assert not [i for i in _imports(mods[m]) if i.startswith("inspector.remote")], m
 
 
 def test_no_import_cycles() -> None:

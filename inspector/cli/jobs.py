@@ -45,8 +45,8 @@ def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """The kind of the output in OUT, the checkpoint scanned at the tag the output records (or --tag), OUT."""
     from inspector.convert.kinds import of_output
     from inspector.errors import InspectorError, NoSuchTagError
+    from inspector.remote.roots import absolute
     from inspector.scan.scanner import scan
-    from inspector.system.bytesource import absolute
 
     out = absolute(args.out)  # a folder, or an s3:// prefix read through the object-store source
     kind = of_output(out)

@@ -1,9 +1,10 @@
-"""OUT on an object store (`s3://bucket/prefix`), for every output kind, without the kinds knowing.
+"""OUT on an object store (`s3://`, `gs://` or `az://bucket/prefix`), for every output kind, without the kinds
+knowing.
 
 The kind plans its job into a private staging folder (below `--staging DIR`, or the system's temporary
 folder), and `BucketJob` wraps that job: the writers write there through their OutputRoot as always, and the
-root publishes every finished file to the bucket through a `remote.upload.BucketDestination` (multipart,
-conditional, aborted on failure) and drops the staged copy, so the local disk holds a file or a few, never the
+root publishes every finished file to the bucket through the scheme's `Destination`
+(`remote.upload.destination_for`: multipart, conditional, aborted on failure) and drops the staged copy, so the local disk holds a file or a few, never the
 model. Around the run it checks the prefix (no object of someone else's at a planned key without
 --overwrite), aborts uploads a killed run of ours left open, and after a failure, cancel or interrupt removes
 what it uploaded, so a half-written output is never visible. After a hard kill, the same command resumes:
@@ -12,8 +13,9 @@ objects this job completed (their metadata names the job) are kept, not written 
 With `--part I/N` (N runs, on one machine or many; `--executor ray`'s tasks) each part stages in a folder of
 its own (the part in its name, so parts on one machine neither share a lock nor a folder), uploads only its
 share and, on failure, removes only the objects it made. The finishing run (no part) is an ordinary resume:
-the bucket's listing and each object's metadata (job, size, CRC-32) say which files the parts completed, so
-they are neither downloaded nor uploaded again; it writes what is missing, then the index and side files.
+the bucket's listing and each object's metadata (job, size, CRC-32, proven by the store's checksum on s3://,
+by reading the object back on gs:// and az://) say which files the parts completed, so they are not uploaded
+again; it writes what is missing, then the index and side files.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from inspector.convert.preflight import Assessment
 from inspector.convert.root import LOCK, BusyError, Destination, OutputRoot
 from inspector.convert.staging import Part, part_suffix
 from inspector.errors import InspectorError
+from inspector.remote.roots import absolute
 from inspector.scan.model import Checkpoint
-from inspector.system.bytesource import absolute, is_url
+from inspector.system.bytesource import is_url
 from inspector.system.limits import MemoryBudget, free_disk_bytes
 
 STAGING = "zero-inspector-staging-"
@@ -65,10 +68,10 @@ def plan_output(
                 title="Invalid option",
             )
         return kind.plan(ckpt, request, os.path.abspath(os.path.expanduser(out)))
-    from inspector.remote.upload import require_writable
+    from inspector.remote.destination import require_writable
 
     url = absolute(out)
-    require_writable(url)  # gs://, az:// and fsspec URLs are read, not yet written
+    require_writable(url)  # fsspec URLs are read, never written
     folder = staging_for(url, staging, part)
     return BucketJob(kind.plan(ckpt, request, folder), url, folder, part)
 
@@ -129,16 +132,16 @@ class BucketJob(Job):
         return [f.name for f in self.files]
 
     def destination(self, overwrite: bool, cancel: threading.Event | None = None) -> Any:
-        from inspector.remote.upload import BucketDestination
+        from inspector.remote.destination import destination_for
 
-        return BucketDestination(self.url, self.identity, overwrite, cancel)
+        return destination_for(self.url, self.identity, overwrite, cancel)
 
     def check_output(self, overwrite: bool) -> None:
         """No object of anyone else's at a planned key (without --overwrite); reads the bucket, writes nothing."""
         self.destination(overwrite).check(self._names())
 
     def assess(self, budget: MemoryBudget | None = None, free_disk: int | None = None) -> Assessment:
-        from inspector.remote.upload import base_part, upload_inflight
+        from inspector.remote.destination import base_part, upload_inflight
 
         free = free_disk if free_disk is not None else free_disk_bytes(self.staging)
         a = self.inner.assess(budget, free)
@@ -233,6 +236,12 @@ class BucketJob(Job):
         if not words:
             return f"Uploaded to {self.where}."
         # what the kind says about loading it names local paths: the copy a user makes of the prefix
-        return f"Uploaded to {self.where}. Copied down (aws s3 sync {self.url} DIR): " + words.replace(
+        return f"Uploaded to {self.where}. Copied down ({_sync(self.url)} DIR): " + words.replace(
             self.staging, "DIR"
         )
+
+
+def _sync(url: str) -> str:
+    """The store's own command that copies the prefix down."""
+    tool = {"gs": "gcloud storage rsync -r", "az": "azcopy sync"}.get(url.partition(":")[0], "aws s3 sync")
+    return f"{tool} {url}"

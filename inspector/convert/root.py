@@ -21,7 +21,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import BinaryIO
 
 from inspector.convert.checksum import fd_crc32
@@ -35,6 +35,7 @@ from inspector.convert.outnames import (
     missing_dirs,
     parts_of,
 )
+from inspector.convert.rootread import CLOEXEC, DIR_FLAGS, NOFOLLOW, ReadsBelow, busy, lock_holder
 from inspector.errors import OutputError
 from inspector.system.bytesource import ByteSource
 from inspector.system.text import shown
@@ -46,15 +47,14 @@ __all__ = [
     "BusyError",
     "Destination",
     "OutputRoot",
+    "busy",
     "fd_crc32",
     "local_only",
+    "lock_holder",
     "missing_dirs",
     "remove_empty_dirs",
 ]
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 
 
 def remove_empty_dirs(paths: list[str]) -> None:
@@ -67,38 +67,7 @@ def remove_empty_dirs(paths: list[str]) -> None:
             break
 
 
-def busy(path: str, holder: str) -> BusyError:
-    """The refusal of a second run into a folder whose lock another process holds (`holder`: its pid)."""
-    who = f" (process {holder})" if holder.isdigit() else ""
-    return BusyError(
-        f"Another conversion{who} is writing to {path}.",
-        hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
-        "would overwrite each other's files.",
-    )
-
-
-def lock_holder(out_dir: str) -> str | None:
-    """Who holds OUT's lock now (its pid as written, or ""), or None when nobody does: read-only, so a folder
-    can be refused as busy before its contents are judged (a running job's partial files are not foreign)."""
-    import fcntl
-
-    try:
-        fd = os.open(os.path.join(out_dir, LOCK), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        return None if holder == str(os.getpid()) else holder  # this run's own lock, taken meanwhile
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return None
-
-
-class OutputRoot:
+class OutputRoot(ReadsBelow):
     """One run's output folder: created, locked, held open; the only code that changes files in it."""
 
     def __init__(
@@ -109,7 +78,7 @@ class OutputRoot:
         self.created = missing_dirs(self.path)
         try:
             os.makedirs(self.path, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+            self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | CLOEXEC)
         except OSError as exc:
             raise OutputError(
                 f"Cannot create the output folder {self.path}: {exc.strerror}.",
@@ -134,7 +103,7 @@ class OutputRoot:
 
         for _ in range(5):
             try:
-                fd = os.open(self.lock_name, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=self.fd)
+                fd = os.open(self.lock_name, os.O_RDWR | os.O_CREAT | NOFOLLOW | CLOEXEC, 0o644, dir_fd=self.fd)
             except OSError as exc:
                 raise OutputError(f"Cannot create the lock file in {self.path}: {exc.strerror}.") from None
             try:
@@ -212,10 +181,6 @@ class OutputRoot:
 
     # -- walking ----------------------------------------------------------------------------------------
 
-    def show(self, rel: str = "") -> str:
-        """The path of `rel` for a message (escaped)."""
-        return shown(os.path.join(self.path, rel) if rel else self.path)
-
     def _parent(self, rel: str, create: bool) -> tuple[int, str]:
         """A descriptor of `rel`'s folder (the caller closes it) and its last name; folders on the way are
         opened with O_NOFOLLOW (a link is refused) and, with `create`, made when missing."""
@@ -224,13 +189,13 @@ class OutputRoot:
         try:
             for p in parts[:-1]:
                 try:
-                    nxt = os.open(p, _DIR, dir_fd=fd)
+                    nxt = os.open(p, DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(p, 0o755, dir_fd=fd)
-                    nxt = os.open(p, _DIR, dir_fd=fd)
+                    nxt = os.open(p, DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise self._link(rel, p) from None
@@ -250,75 +215,6 @@ class OutputRoot:
             title="Unsafe output folder",
         )
 
-    # -- reading what is there --------------------------------------------------------------------------
-
-    def lstat(self, rel: str) -> os.stat_result | None:
-        """The entry itself (a link is reported as a link), or None when it is missing."""
-        try:
-            fd, name = self._parent(rel, create=False)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        finally:
-            os.close(fd)
-
-    def is_file(self, rel: str) -> bool:
-        st = self.lstat(rel)
-        return st is not None and stat.S_ISREG(st.st_mode)
-
-    def size(self, rel: str) -> int:
-        if self.dest is not None and (published := self.dest.size_of(rel)) is not None:
-            return published
-        st = self.lstat(rel)
-        return st.st_size if st is not None else 0
-
-    def listdir(self, rel: str = "") -> list[str]:
-        if not rel:
-            return sorted(os.listdir(self.fd))
-        fd, name = self._parent(rel, create=False)
-        try:
-            sub = os.open(name, _DIR, dir_fd=fd)
-        finally:
-            os.close(fd)
-        try:
-            return sorted(os.listdir(sub))
-        finally:
-            os.close(sub)
-
-    def open_read(self, rel: str) -> int:
-        """A regular file below OUT for reading (our own journal, a finished file to checksum)."""
-        fd, name = self._parent(rel, create=False)
-        try:
-            f = os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
-        finally:
-            os.close(fd)
-        if not stat.S_ISREG(os.fstat(f).st_mode):
-            os.close(f)
-            raise OutputError(f"{self.show(rel)} is not a regular file.", title="Unsafe output folder")
-        return f
-
-    def read_small(self, rel: str, limit: int = 64 << 20) -> bytes | None:
-        """A bookkeeping file's bytes (at most `limit`), or None when it is missing or not a regular file."""
-        try:
-            fd = self.open_read(rel)
-        except (OSError, OutputError):
-            return None
-        try:
-            return os.pread(fd, limit, 0)
-        finally:
-            os.close(fd)
-
-    def crc32(self, rel: str) -> int:
-        """CRC-32 of a whole file, read in fixed 8 MiB blocks (flat memory; zlib releases the GIL)."""
-        fd = self.open_read(rel)
-        try:
-            return fd_crc32(fd)
-        finally:
-            os.close(fd)
-
     # -- changing it ------------------------------------------------------------------------------------
 
     def mkdirs(self, rel: str) -> None:
@@ -330,7 +226,7 @@ class OutputRoot:
         writing; folders on the way are made."""
         fd, name = self._parent(rel, create=True)
         try:
-            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=fd)
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | NOFOLLOW | CLOEXEC, 0o644, dir_fd=fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise self._link(rel, name) from None
@@ -346,7 +242,7 @@ class OutputRoot:
         """Append to a bookkeeping file (a journal line), creating it."""
         fd, name = self._parent(rel, create=True)
         try:
-            f = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=fd)
+            f = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | CLOEXEC, 0o644, dir_fd=fd)
         finally:
             os.close(fd)
         try:
@@ -445,18 +341,6 @@ class OutputRoot:
         finally:
             os.close(fd)
 
-    def walk_files(self, rel: str) -> Iterator[str]:
-        """Every regular file below the folder `rel`, as paths relative to OUT (links are not entered)."""
-        for name in self.listdir(rel):
-            sub = f"{rel}/{name}"
-            st = self.lstat(sub)
-            if st is None:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                yield from self.walk_files(sub)
-            elif stat.S_ISREG(st.st_mode):
-                yield sub
-
     def fsync_dir(self) -> None:
         with contextlib.suppress(OSError):
             os.fsync(self.fd)
@@ -467,7 +351,7 @@ def _rmtree_at(parent: int, name: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=parent)
         return
-    fd = os.open(name, _DIR, dir_fd=parent)
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
     try:
         for child in os.listdir(fd):
             _rmtree_at(fd, child)

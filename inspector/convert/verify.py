@@ -32,8 +32,9 @@ from inspector.errors import CancelledError, CorruptFileError, InputError, Inspe
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import Entry, Header, read_header, read_index
 from inspector.parse.tree import Node
+from inspector.remote.roots import source_at
 from inspector.scan.model import Checkpoint, Segment
-from inspector.system.bytesource import ByteSource, source_at
+from inspector.system.bytesource import ByteSource
 
 
 @dataclass

@@ -198,7 +198,7 @@ def module_copy_segments(ckpt: Checkpoint, tensor: TensorInfo) -> tuple[Segment,
     model_file = next((f.path for f in ckpt.files if f.role == "model"), None)
     if model_file is None:
         return None
-    tree = load_tree(model_file)
+    tree = load_tree(model_file, ckpt.source)
     module = tree.get("module") if hasattr(tree, "get") else None
     if module is None or not hasattr(module, "get"):
         return None

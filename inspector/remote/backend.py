@@ -10,8 +10,8 @@ A backend turns its client's failures into user errors (`remote.errors`) and imp
 `int_env`, the time bounds) live here, at the bottom, so no backend imports the store that holds it.
 
 Everything the tool knows about a scheme is one row of `SCHEMES` (as fsspec's `known_implementations`): the
-backend class, the package and extra to install, the label for messages, whether it is read and written, and
-what proves its ranged reads. A scheme not in the table is tried as an fsspec protocol (`FSSPEC`), whose
+backend class, the package and extra to install, the label for messages, whether it is read and written (and
+by which output `Destination`: `remote.destination.destination_for`), and what proves its ranged reads. A scheme not in the table is tried as an fsspec protocol (`FSSPEC`), whose
 ranged reads are refused: its client hides what the server answered.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from inspector.errors import InspectorError, NotACheckpointError
@@ -40,20 +40,29 @@ class Scheme:
     extra: str  # pip install 'zero-inspector[extra]'
     label: str  # the store's name in messages
     readable: bool = True
-    writable: bool = False  # an OUT may be a prefix here (remote.upload)
+    writable: bool = False  # an OUT may be a prefix here
+    destination: str = ""  # "module:Class" of its output Destination (remote.upload.destination_for)
     proof: str | None = None  # what shows a ranged read returned the range asked; None: refused
 
 
 _FS = "inspector.remote.fs:FsspecBackend"
 _CLOUD = "inspector.remote.cloud:CloudBackend"
+_CLOUD_OUT = "inspector.remote.cloud_upload:CloudDestination"
 _LISTED_ETAG = "ranges proven by the answer's range and the listed ETag"
 SCHEMES: dict[str, Scheme] = {
     "s3": Scheme(
         "inspector.remote.s3:S3Backend", "boto3", "s3", "S3", writable=True,
+        destination="inspector.remote.upload:BucketDestination",
         proof="ranges proven by Content-Range and the listed ETag",
     ),
-    "gs": Scheme(_CLOUD, "obstore", "gcs", "Google Cloud Storage", proof=_LISTED_ETAG),
-    "az": Scheme(_CLOUD, "obstore", "azure", "Azure Blob Storage", proof=_LISTED_ETAG),
+    "gs": Scheme(
+        _CLOUD, "obstore", "gcs", "Google Cloud Storage", writable=True, destination=_CLOUD_OUT,
+        proof=_LISTED_ETAG,
+    ),
+    "az": Scheme(
+        _CLOUD, "obstore", "azure", "Azure Blob Storage", writable=True, destination=_CLOUD_OUT,
+        proof=_LISTED_ETAG,
+    ),
     "http": Scheme(_FS, "aiohttp", "fsspec", "HTTP", proof="ranges proven by Content-Range"),
     "https": Scheme(_FS, "aiohttp", "fsspec", "HTTPS", proof="ranges proven by Content-Range"),
     "memory": Scheme(_FS, "fsspec", "fsspec", "fsspec memory", proof="in this process"),
@@ -71,7 +80,10 @@ FSSPEC = Scheme(_FS, "fsspec", "fsspec", "fsspec")  # any other protocol: listed
 
 
 def scheme_row(name: str) -> Scheme:
-    """The table's row for a scheme, or the fsspec row for one it does not name."""
+    """The table's row for a scheme, or the fsspec row for one it does not name. ZI_S3_CLIENT=obstore reads
+    and writes `s3://` through obstore, as gs:// and az:// (the client the paired measurement compares)."""
+    if name == "s3" and os.environ.get("ZI_S3_CLIENT") == "obstore":
+        return replace(SCHEMES["s3"], backend=_CLOUD, package="obstore", destination=_CLOUD_OUT)
     return SCHEMES.get(name, FSSPEC)
 
 
@@ -187,8 +199,9 @@ def float_env(name: str, default: float, low: float, high: float) -> float:
 
 
 # Every store request is bounded three ways, for every backend (s3: botocore's connect and read timeouts and
-# a watchdog on the body; gs/az: obstore's connect timeout and per-request timeout; http(s): aiohttp's
-# sock_connect, sock_read and total): a silent or dripping server ends in a clear error naming the URL.
+# a timer on the headers and the body, remote.s3_deadline; gs/az: obstore's connect timeout and per-request
+# timeout; http(s): aiohttp's sock_connect, sock_read and total): a silent or dripping server ends in a clear
+# error naming the URL.
 CONNECT_TIMEOUT = ("ZI_REMOTE_CONNECT_TIMEOUT", 10.0)  # to open a connection
 STALL_TIMEOUT = ("ZI_REMOTE_STALL_TIMEOUT", 60.0)  # between two bytes of an answer
 DEADLINE = ("ZI_REMOTE_DEADLINE", 300.0)  # one request, first byte sent to last byte read

@@ -38,11 +38,14 @@ _HINTS = {
     "GOOGLE_SERVICE_ACCOUNT_KEY or GOOGLE_BEARER_TOKEN; GOOGLE_SKIP_SIGNATURE=true for a public bucket.",
     "az": "Set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_TOKEN, or "
     "AZURE_CLIENT_ID/AZURE_CLIENT_SECRET/AZURE_TENANT_ID), or AZURE_STORAGE_CONNECTION_STRING.",
+    "s3": "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile, a role).",
 }
 _ENDPOINT = {
     "gs": "GOOGLE_BASE_URL",
     "az": "AZURE_STORAGE_ENDPOINT (or the connection string's BlobEndpoint)",
+    "s3": "AWS_ENDPOINT_URL",
 }
+_ENDPOINT_ENV = {"gs": "GOOGLE_BASE_URL", "az": "AZURE_STORAGE_ENDPOINT", "s3": "AWS_ENDPOINT_URL"}
 _CONN_KEYS = {
     "accountname": "account_name",
     "accountkey": "account_key",
@@ -74,7 +77,7 @@ class CloudBackend:
 
     def __init__(self, scheme: str, bucket: str) -> None:
         try:
-            from obstore.store import AzureStore, GCSStore
+            from obstore.store import AzureStore, GCSStore, S3Store
         except ImportError:
             row = scheme_row(scheme)
             raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
@@ -84,9 +87,7 @@ class CloudBackend:
         config: dict[str, Any] = {}
         if scheme == "az" and env.get("AZURE_STORAGE_CONNECTION_STRING"):
             config = connection_string(env["AZURE_STORAGE_CONNECTION_STRING"])
-        where = config.get("endpoint") or env.get(
-            "GOOGLE_BASE_URL" if scheme == "gs" else "AZURE_STORAGE_ENDPOINT"
-        )
+        where = config.get("endpoint") or env.get(_ENDPOINT_ENV[scheme])
         self.where = _shown_endpoint(where, scheme)
         client: dict[str, Any] = {
             # object_store bounds a request from connecting to its body's last byte: a dripping or silent
@@ -110,7 +111,7 @@ class CloudBackend:
         }
         url = f"{scheme}://{bucket}"
         try:
-            cls: Any = GCSStore if scheme == "gs" else AzureStore
+            cls: Any = {"gs": GCSStore, "az": AzureStore, "s3": S3Store}[scheme]
             self.store = cls(bucket, config=config or None, client_options=client, retry_config=retry)
         except Exception as exc:  # obstore raises ValueError / its own errors for missing configuration
             raise self.error(exc, url) from None
@@ -231,7 +232,7 @@ def _bare(etag: str) -> str:
 
 
 def _kind(scheme: str) -> str:
-    return "bucket" if scheme == "gs" else "container"
+    return "container" if scheme == "az" else "bucket"
 
 
 def _shown_endpoint(where: object, scheme: str) -> str:

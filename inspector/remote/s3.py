@@ -8,9 +8,7 @@ Content-Range. botocore's exceptions carry request details in their text; only t
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -32,6 +30,7 @@ from inspector.remote.backend import (
     scheme_row,
     stall_timeout,
 )
+from inspector.remote.s3_deadline import Timer, bound_headers, headers_timed_out, started_at
 
 T = TypeVar("T")
 
@@ -92,6 +91,7 @@ class S3Backend:
             user_agent_extra="zero-inspector",
         )
         self.client: Any = session.client("s3", region_name=session.region_name or "us-east-1", config=config)
+        bound_headers(self.client)  # botocore bounds each read only: a dripped status line ends at the deadline
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
@@ -111,6 +111,8 @@ class S3Backend:
         try:
             return fn(**kwargs)
         except (BotoCoreError, ClientError) as exc:
+            if headers_timed_out():
+                raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0]) from None
             raise store_error(exc, url, writing=writing) from None
 
     def keys_below(self, prefix: str, url: str) -> dict[str, int]:
@@ -206,27 +208,15 @@ class S3Backend:
         return None
 
 
-class Watchdog:
+class Watchdog(Timer):
     """Shuts the connection under a streaming body when the request outlives its deadline: a body that drips
-    a byte at a time never trips botocore's read timeout (it bounds each read, not the answer)."""
+    a byte at a time never trips botocore's read timeout (it bounds each read, not the answer). It counts
+    from when the request began waiting for its headers (`remote.s3_deadline`): one deadline for both."""
 
     def __init__(self, body: Any, seconds: float) -> None:
-        self.fired = False
         raw = getattr(body, "_raw_stream", None)
         conn = getattr(raw, "_connection", None) or getattr(raw, "connection", None)
-        self._sock: Any = getattr(conn, "sock", None)
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        if self._sock is not None:
-            self._timer.start()
-
-    def _fire(self) -> None:
-        self.fired = True
-        with contextlib.suppress(OSError, AttributeError):  # already closed: the read ended meanwhile
-            self._sock.shutdown(socket.SHUT_RDWR)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
+        super().__init__(getattr(conn, "sock", None), seconds, started_at(conn))
 
 
 def _raw(obj: dict[str, Any]) -> RawObject:

@@ -104,6 +104,38 @@ class StoreSource:
             raise FileNotFoundError(path)
         return info.size, info.mtime_ns
 
+    # -- what it is, and the locating logic's tree questions: answered from the listings of the whole bucket
+    # (`locate` looks at a root's parent), under the same name rule; a store has no links
+
+    @property
+    def remote(self) -> bool:
+        return True
+
+    def rooted(self, root: str, label: str = "folder") -> StoreSource:
+        return StoreSource.at(root, label)
+
+    def absolute(self, path: str) -> str:
+        return normalise_url(path)
+
+    def entry(self, path: str) -> str:
+        kind = StoreSource.for_path(path).kind(path)
+        return "missing" if kind == "outside" else kind
+
+    def lexists(self, path: str) -> bool:
+        return self.entry(path) != "missing"
+
+    def names_in(self, path: str) -> list[str]:
+        whole = StoreSource.for_path(path)
+        if whole.kind(path) != "dir":
+            raise FileNotFoundError(path)
+        return whole.listdir(path)
+
+    def subdirs(self, path: str) -> list[str]:
+        return [n for n in self.names_in(path) if self.entry(self.join(path, n)) == "dir"]
+
+    def size_and_mtime(self, path: str) -> tuple[int, int]:
+        return StoreSource.for_path(path).stat(path)
+
     def open_handle(self, path: str | os.PathLike[str]) -> Any:
         from inspector.remote.ranged import RangedHandle
 

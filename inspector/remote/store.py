@@ -28,7 +28,7 @@ LISTING_TTL_S = 10.0
 MAX_ETAG = 200
 CACHE_BLOCKS = 64  # of remote.ranged.BLOCK (64 KiB): the scan's small reads, 4 MiB per bucket
 # the environment a store's client reads: a change of endpoint or identity is another store
-_IDENTITY = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "FSSPEC_", "HF_", "STORAGE_EMULATOR_HOST")
+_IDENTITY = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_", "FSSPEC_", "HF_", "STORAGE_EMULATOR_HOST", "ZI_S3_CLIENT")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""Output files uploaded to an `s3://bucket/prefix`: the `Destination` an OutputRoot publishes through.
+"""Output files uploaded to a bucket prefix: the `Destination` an OutputRoot publishes through.
+
+`destination_for` builds the one for a URL's scheme, from the scheme table (`remote.backend.SCHEMES`, its
+`destination` column): `s3://` here (boto3), `gs://` and `az://` in `remote.cloud_upload` (obstore). What every
+store shares (the prefix, the names under the one name rule, the clash refusal, what a rerun reuses) is
+`PrefixDestination`. What follows is the S3 one.
 
 Each finished file is uploaded as soon as the writer puts it in place (the engine's shards one by one, in file
 order; the index, configs and `latest_universal` after what they name). A file larger than one part goes up
@@ -23,93 +28,40 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from inspector.errors import CancelledError, OutputError
-from inspector.parse.names import name_problem
-from inspector.remote.backend import int_env, normalise_url, scheme_row, split_url
+from inspector.remote.destination import (  # noqa: F401  (the names convert/bucket and the tests use)
+    MAX_PARTS,
+    PART,
+    PrefixDestination,
+    base_part,
+    destination_for,
+    part_size,
+    pread_all,
+    require_writable,
+    upload_inflight,
+)
 from inspector.remote.s3 import S3Backend
-from inspector.remote.store import Store, store_for
-from inspector.system.text import shown
 
-PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
-MAX_PARTS = 10_000  # S3's limit per upload
 META_JOB = "zi-job"
 META_CRC = "zi-crc32"
 
 
-def require_writable(url: str) -> None:
-    """Refuse an OUT on a store this module does not write (the scheme table's `writable`: gs://, az:// and
-    fsspec URLs are read only)."""
-    name, _, _ = url.partition("://")
-    if not scheme_row(name).writable or "://" not in url:
-        raise OutputError(
-            f"{shown(url)}: an output can be a local folder or an s3:// prefix.",
-            hint="Convert into a local folder and copy it with the store's own tool (gsutil, azcopy), or "
-            "write to an S3-compatible endpoint (AWS_ENDPOINT_URL).",
-            title="Unsupported output",
-        )
-
-
-def upload_inflight() -> int:
-    """Parts uploaded (and held in memory) at once for the whole run (ZI_S3_UPLOAD_INFLIGHT, 1..32, default 4)."""
-    return int_env("ZI_S3_UPLOAD_INFLIGHT", 4, 1, 32)
-
-
-def base_part() -> int:
-    return int_env("ZI_S3_PART_MIB", PART >> 20, 5, 512) << 20
-
-
-def part_size(size: int) -> int:
-    """The part size (16 MiB), or the next MiB above size / 10,000 for a file that would need more parts than
-    S3 allows."""
-    need = -(-size // MAX_PARTS)
-    return max(base_part(), -(-need // (1 << 20)) << 20)
-
-
-class BucketDestination:
-    """One run's output prefix: checked before the run, then written file by file; `abandon` undoes a failed
-    run (open uploads aborted, objects it made removed). Thread-safe: the universal writer publishes from
-    several threads, which share the parts in flight."""
+class BucketDestination(PrefixDestination):
+    """One run's `s3://` output prefix: checked before the run, then written file by file by conditional
+    multipart uploads through boto3; `abandon` undoes a failed run (open uploads aborted, objects it made
+    removed)."""
 
     def __init__(self, url: str, job: str, overwrite: bool, cancel: threading.Event | None = None) -> None:
-        self.url = normalise_url(url)
-        require_writable(self.url)
-        _, bucket, parts = split_url(self.url)
-        self.bucket = bucket
-        self.prefix = "".join(p + "/" for p in parts)
-        self.job = job
-        self.overwrite = overwrite
-        self.cancel = cancel or threading.Event()
-        self.store: Store = store_for("s3", bucket)  # the one writable row of the scheme table
+        super().__init__(url, job, overwrite, cancel)
         backend = self.store.backend
         assert isinstance(backend, S3Backend)
         self.s3: S3Backend = backend
-        self.created: list[str] = []  # keys this run made visible, in order
-        self.reused: list[str] = []  # names an earlier run of this job had already completed
-        self.sizes: dict[str, int] = {}
-        self._ours: dict[str, tuple[int, str]] = {}  # key -> (size, crc) of objects this job wrote before
-        self._replaceable: set[str] = set()
         self._open: dict[str, str] = {}  # key -> UploadId in progress
-        self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(upload_inflight())
         self._pool: ThreadPoolExecutor | None = None
-
-    # -- names ------------------------------------------------------------------------------------------
-
-    def key(self, rel: str) -> str:
-        parts = [p for p in rel.split("/") if p]
-        if not parts or any(name_problem(p) for p in parts):  # the root checked it already; checked again
-            raise OutputError(
-                f"Refusing to upload {shown(rel)!r}: not a plain name.", title="Unsafe output name"
-            )
-        return self.prefix + "/".join(parts)
-
-    def show(self, rel: str = "") -> str:
-        return shown(f"{self.url}/{rel}" if rel else self.url)
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         """One request of this upload; a failure is the store's user error (a refused condition: an object
@@ -155,38 +107,9 @@ class BucketDestination:
                 self._replaceable.add(key)
             else:
                 clash.append(planned[key])
-        if clash:
-            listed = ", ".join(shown(n) for n in clash[:5]) + (" …" if len(clash) > 5 else "")
-            raise OutputError(
-                f"{self.show()} already holds {listed}.",
-                hint="Choose another prefix, or pass --overwrite to replace the objects this conversion writes "
-                "(others under the prefix are left alone).",
-                title="Output not empty",
-            )
-
-    def holds(self, rel: str, size: int | None) -> bool:
-        """Whether an earlier run of this very job completed `rel` (with `size` bytes, when given): a writer
-        may skip it, since an object exists whole or not at all and this job's bytes are fixed by its plan.
-        That run may be a `--part` of the job (the identity has no part in it): its objects are what the
-        finishing run reuses. Told by the listing's size and the HEAD's metadata (job, CRC-32) only: nothing
-        is downloaded, and the size a writer reports for it is the listing's."""
-        found = self._ours.get(self.key(rel))
-        if found is None or (size is not None and found[0] != size) or not found[1].isdigit():
-            return False  # an object of ours without its CRC-32 was not finished by this code: rewritten
-        self._reuse(rel, found[0])
-        return True
-
-    def _reuse(self, rel: str, size: int) -> None:
-        """`rel` stays as an earlier run of this job left it (`size` bytes): counted, not uploaded."""
-        with self._lock:
-            self.reused.append(rel)
-            self.sizes[rel] = size
+        self.refuse(clash)
 
     # -- the Destination protocol -----------------------------------------------------------------------
-
-    def size_of(self, rel: str) -> int | None:
-        with self._lock:
-            return self.sizes.get(rel)
 
     def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
         key = self.key(rel)
@@ -202,7 +125,7 @@ class BucketDestination:
         if size <= base_part():  # one request; its bytes count against the parts in memory too
             self._take_slot([])
             try:
-                body = _pread_all(fd, size, 0)
+                body = pread_all(fd, size, 0)
                 self._call(
                     what,
                     client.put_object,
@@ -218,9 +141,7 @@ class BucketDestination:
                 self._slots.release()
         else:
             self._multipart(fd, size, key, what, meta, cond | {"ChecksumCRC32": crc_b64(crc)})
-        with self._lock:
-            self.created.append(key)
-            self.sizes[rel] = size
+        self._made(key, rel, size)
 
     def _multipart(
         self, fd: int, size: int, key: str, what: str, meta: dict[str, str], cond: dict[str, str]
@@ -247,7 +168,7 @@ class BucketDestination:
                 self._take_slot(futures)
                 try:
                     self._check(futures)
-                    data = _pread_all(fd, min(step, size - offset), offset)
+                    data = pread_all(fd, min(step, size - offset), offset)
                 except BaseException:
                     self._slots.release()
                     raise
@@ -269,18 +190,6 @@ class BucketDestination:
             raise
         with self._lock:
             self._open.pop(key, None)
-
-    def _take_slot(self, futures: list[Future[dict[str, Any]]]) -> None:
-        """Wait for room: at most `upload_inflight()` parts are held in memory, for all files together."""
-        while not self._slots.acquire(timeout=0.1):
-            self._check(futures)
-
-    def _check(self, futures: list[Future[dict[str, Any]]]) -> None:
-        if self.cancel.is_set():
-            raise CancelledError("Conversion cancelled.")
-        for f in futures:
-            if f.done() and (exc := f.exception()) is not None:
-                raise exc
 
     def _part(self, what: str, key: str, uid: str, number: int, data: bytes) -> dict[str, Any]:
         try:
@@ -363,16 +272,3 @@ def proven_crc(head: dict[str, Any], recorded: object) -> int | None:
     except (binascii.Error, ValueError):
         return None
     return value if value == int(recorded) else None
-
-
-def _pread_all(fd: int, n: int, offset: int) -> bytes:
-    """Exactly `n` bytes of the staged file at `offset` (it is ours and complete: short is our bug)."""
-    chunks, got = [], 0
-    while got < n:
-        data = os.pread(fd, n - got, offset + got)
-        if not data:
-            raise OutputError("Internal error: a staged file is shorter than it was a moment ago.")
-        chunks.append(data)
-        got += len(data)
-    return b"".join(chunks)
-

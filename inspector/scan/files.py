@@ -15,7 +15,7 @@ from inspector.errors import InspectorError, NotACheckpointError, StoreError, Un
 from inspector.format.torchzip import load_tree
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource, is_url
+from inspector.system.bytesource import ByteSource
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ def load_all(
     """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
     loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
     read one file after another would spend minutes waiting."""
-    if len(paths) < 2 or not is_url(source.root):
+    if len(paths) < 2 or not source.remote:
         return {r: load_or_finding(p, source, findings, parse) for r, p in paths}
     from inspector.remote.backend import inflight
 

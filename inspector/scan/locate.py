@@ -1,6 +1,8 @@
 """Find the checkpoint a user means: a root with `latest`, a tag folder, an HF Trainer run, a Lightning .ckpt.
 
-Pure path logic and file classification; nothing is unpickled here.
+Pure path logic and file classification; nothing is unpickled here. Every question about the tree is asked
+of one byte source, chosen once from what the user named (`remote.roots.source_at`, by the caller or, when
+none is given, here): a local folder and a bucket prefix answer the same questions.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from inspector.errors import (
 )
 from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
-from inspector.system import bytesource as tree
 from inspector.system.bytesource import ByteSource
 from inspector.system.source import os_error
 from inspector.system.text import shown
@@ -38,23 +39,23 @@ def _step_key(name: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else -1, name)
 
 
-def is_tag_dir(path: str) -> bool:
+def is_tag_dir(src: ByteSource, path: str) -> bool:
     """A folder holding DeepSpeed rank files."""
     try:
-        names = tree.names_in(path)
+        names = src.names_in(path)
     except OSError:
         return False
     return any(OPTIM_RE.match(n) or MODEL_RE.match(n) or ZERO3_MODEL_RE.match(n) for n in names)
 
 
-def list_tags(root: str) -> list[str]:
+def list_tags(src: ByteSource, root: str) -> list[str]:
     """Tag folders under a root, oldest first (numeric order of the trailing step)."""
     try:
-        subdirs = tree.subdirs(root)
+        subdirs = src.subdirs(root)
     except OSError:
         return []
     return sorted(
-        (d for d in subdirs if not name_problem(d) and is_tag_dir(os.path.join(root, d))), key=_step_key
+        (d for d in subdirs if not name_problem(d) and is_tag_dir(src, os.path.join(root, d))), key=_step_key
     )
 
 
@@ -68,15 +69,12 @@ class Location:
     layout: str
     findings: tuple[Finding, ...] = ()
     other_runs: tuple[str, ...] = field(default=())
+    # the folder (or bucket prefix) every file of this checkpoint is read through, of the kind chosen once
+    source: ByteSource = field(kw_only=True, compare=False, repr=False)
 
     @property
     def tag_dir(self) -> str:
         return os.path.join(self.root, self.tag)
-
-    @property
-    def source(self) -> ByteSource:
-        """The folder (or bucket prefix) every file of this checkpoint is read through."""
-        return tree.source_at(self.root, "checkpoint")
 
 
 # A tag DeepSpeed or a user would write (global_step100, step-5_final, v1.2). Anything else in `latest` is
@@ -105,13 +103,13 @@ def _unsafe_latest(path: str, why: str) -> NotACheckpointError:
     )
 
 
-def read_tag_file(root: str, name: str) -> str | None:
+def read_tag_file(src: ByteSource, root: str, name: str) -> str | None:
     """The tag named by `root/<name>` (`latest`, `latest_universal`), read through the confined source only
     if it is a small regular file inside the root; its content is never shown (it may be a link to
     /proc/self/environ), only whether it is a plain tag name."""
     path = os.path.join(root, name)
-    source = tree.source_at(root, "checkpoint")
-    if tree.is_url(root):
+    source = src.rooted(root, "checkpoint")
+    if source.remote:
         kind = source.kind(path)  # a store has no links: an object, a prefix or nothing
         if kind in ("missing", "dir"):
             return None
@@ -142,13 +140,13 @@ def read_tag_file(root: str, name: str) -> str | None:
     return tag
 
 
-def _read_latest(root: str) -> str | None:
-    return read_tag_file(root, "latest")
+def _read_latest(src: ByteSource, root: str) -> str | None:
+    return read_tag_file(src, root, "latest")
 
 
-def _check_tag_name(root: str, tag: str, source: str) -> None:
+def _check_tag_name(src: ByteSource, root: str, tag: str, source: str) -> None:
     bad = bool(name_problem(tag))
-    if not bad and not tree.is_url(root):  # a store has no links to follow out; the name rule is the check
+    if not bad and not src.remote:  # a store has no links to follow out; the name rule is the check
         real_root = os.path.realpath(root)
         real_tag = os.path.realpath(os.path.join(root, tag))
         bad = os.path.dirname(real_tag) != real_root
@@ -161,13 +159,15 @@ def _check_tag_name(root: str, tag: str, source: str) -> None:
         )
 
 
-def locate(path: str, tag: str | None = None) -> Location:
-    """Resolve a user path (and optional tag) to one tag folder, listing the alternatives."""
-    path = tree.absolute(path)
-    _check_folder(path)
-    if is_tag_dir(path) and not tree.is_file(os.path.join(path, "latest")):
+def locate(path: str, tag: str | None = None, source: ByteSource | None = None) -> Location:
+    """Resolve a user path (and optional tag) to one tag folder, listing the alternatives. `source`: the byte
+    source chosen for what the user named (`remote.roots.source_at`); chosen here from `path` when None."""
+    src = source if source is not None else chosen_source(path)
+    path = src.absolute(path)
+    _check_folder(src, path)
+    if is_tag_dir(src, path) and src.entry(os.path.join(path, "latest")) != "file":
         root, this = os.path.split(path.rstrip(os.sep))
-        if tree.is_url(path) and root.endswith(":/"):
+        if src.remote and root.endswith(":/"):
             raise NotACheckpointError(
                 f"{shown(path)} is a bucket whose top level is a tag folder.",
                 hint="Move the checkpoint under a prefix (s3://bucket/run/global_step100/...).",
@@ -177,14 +177,14 @@ def locate(path: str, tag: str | None = None) -> Location:
                 f"{path} is itself the tag folder {shown_tag(this)}; --tag {shown_tag(tag)} does not apply.",
                 hint=f"Pass the parent folder {root} to choose another tag.",
             )
-        tags = list_tags(root) or [this]
-        return Location(root, this, tuple(tags), "tag-dir")
-    trainer = _trainer_run(path, tag)
+        tags = list_tags(src, root) or [this]
+        return Location(root, this, tuple(tags), "tag-dir", source=src.rooted(root, "checkpoint"))
+    trainer = _trainer_run(src, path, tag)
     if trainer is not None:
         return trainer
-    tags = list_tags(path)
-    tag, findings = _choose_tag(path, tag, tags)
-    if not is_tag_dir(os.path.join(path, tag)):
+    tags = list_tags(src, path)
+    tag, findings = _choose_tag(src, path, tag, tags)
+    if not is_tag_dir(src, os.path.join(path, tag)):
         raise NotACheckpointError(
             f"The tag folder {os.path.join(path, tag)} holds no DeepSpeed rank files.",
             hint="The checkpoint was probably not saved completely.",
@@ -192,72 +192,77 @@ def locate(path: str, tag: str | None = None) -> Location:
     if tag not in tags:
         tags.append(tag)
     layout = "lightning" if path.rstrip(os.sep).endswith(".ckpt") else "deepspeed"
-    return Location(path, tag, tuple(tags), layout, tuple(findings))
+    source = src.rooted(path, "checkpoint")
+    return Location(path, tag, tuple(tags), layout, tuple(findings), source=source)
 
 
-def _check_folder(path: str) -> None:
+def _check_folder(src: ByteSource, path: str) -> None:
     """An existing folder that is not a universal checkpoint."""
-    if not tree.exists(path):
+    kind = src.entry(path)
+    if kind == "missing":
         raise NotACheckpointError(f"{path} does not exist.", hint="Check the path.")
-    if not tree.is_dir(path):
+    if kind != "dir":
         parent = os.path.dirname(path)
-        hint = f"Pass the folder instead: {parent}" if is_tag_dir(parent) else "Pass a checkpoint folder."
+        hint = f"Pass the folder instead: {parent}" if is_tag_dir(src, parent) else "Pass a checkpoint folder."
         raise NotACheckpointError(f"{path} is a file, not a checkpoint folder.", hint=hint)
-    has_latest = tree.is_file(os.path.join(path, "latest"))  # beside latest_universal: the ZeRO one is read
-    if (tree.is_file(os.path.join(path, "latest_universal")) and not has_latest) or tree.is_dir(
+    has_latest = src.entry(os.path.join(path, "latest")) == "file"  # beside latest_universal: ZeRO's is read
+    if (src.entry(os.path.join(path, "latest_universal")) == "file" and not has_latest) or src.entry(
         os.path.join(path, "zero")
-    ):
+    ) == "dir":
         raise UnsupportedCheckpointError(
             f"{path} is a DeepSpeed universal checkpoint.",
             hint="Reading universal checkpoints is not supported yet; point at the ZeRO checkpoint it came from.",
         )
 
 
-def _trainer_run(path: str, tag: str | None) -> Location | None:
+def _trainer_run(src: ByteSource, path: str, tag: str | None) -> Location | None:
     """A Hugging Face Trainer output folder: its newest checkpoint-N with DeepSpeed files (None if not one)."""
     try:
         runs = sorted(
-            (name for name in tree.subdirs(path) if HF_CHECKPOINT_RE.match(name)),
+            (name for name in src.subdirs(path) if HF_CHECKPOINT_RE.match(name)),
             key=_step_key,
             reverse=True,
         )
     except OSError as exc:
         raise os_error(path, exc) from None
-    if not runs or tree.is_file(os.path.join(path, "latest")) or list_tags(path):
+    if not runs or _has_latest(src, path) or list_tags(src, path):
         return None
-    ds_runs = [
-        r for r in runs if tree.is_file(os.path.join(path, r, "latest")) or list_tags(os.path.join(path, r))
-    ]
+    ds_runs = [r for r in runs if _has_latest(src, os.path.join(path, r)) or list_tags(src, os.path.join(path, r))]
     if not ds_runs:
         raise NotACheckpointError(
             f"{path} holds Trainer checkpoints ({', '.join(runs[:5])}) but none has DeepSpeed ZeRO files.",
             hint="They were probably saved without DeepSpeed; their weights are already plain files.",
         )
     chosen = ds_runs[0]
-    loc = locate(os.path.join(path, chosen), tag)
+    loc = locate(os.path.join(path, chosen), tag, src)
     note = Finding(
         Severity.INFO,
         "hf-run",
         f"Hugging Face Trainer run with {len(ds_runs)} DeepSpeed checkpoint(s); using the newest, {chosen}.",
         hint="Point at another checkpoint-N folder to use it instead.",
     )
-    return Location(loc.root, loc.tag, loc.tags, "hf-trainer", (*loc.findings, note), tuple(ds_runs))
+    findings = (*loc.findings, note)
+    return Location(loc.root, loc.tag, loc.tags, "hf-trainer", findings, tuple(ds_runs), source=loc.source)
 
 
-def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[Finding]]:
+def _has_latest(src: ByteSource, folder: str) -> bool:
+    return src.entry(os.path.join(folder, "latest")) == "file"
+
+
+def _choose_tag(src: ByteSource, path: str, tag: str | None, tags: list[str]) -> tuple[str, list[Finding]]:
     """The tag to read under a root: --tag, else the one `latest` names, else the newest (with a warning)."""
     if tag is not None:
-        _check_tag_name(path, tag, "--tag")
-        if not tree.is_dir(os.path.join(path, tag)):
+        _check_tag_name(src, path, tag, "--tag")
+        if src.entry(os.path.join(path, tag)) != "dir":
             raise NoSuchTagError(
                 f"There is no tag {shown_tag(tag)} in {path}.",
                 hint=("Available tags: " + ", ".join(tags)) if tags else "",
             )
         return tag, []
-    latest = _read_latest(path)
+    latest = _read_latest(src, path)
     if latest is not None:
-        _check_tag_name(path, latest, f"{os.path.join(path, 'latest')}")
-        if not tree.is_dir(os.path.join(path, latest)):
+        _check_tag_name(src, path, latest, f"{os.path.join(path, 'latest')}")
+        if src.entry(os.path.join(path, latest)) != "dir":
             raise NoSuchTagError(
                 f"`latest` in {path} names the tag {latest}, but there is no such folder.",
                 hint=("Available tags: " + ", ".join(tags) + ". Pass one with --tag.")
@@ -274,7 +279,7 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
             hint="Pass --tag to choose another.",
         )
         return newest, [note]
-    below = [os.path.relpath(r, path) for r in discover_roots(path) if r != path]
+    below = [os.path.relpath(r, path) for r in discover_roots(path, source=src) if r != path]
     if below:  # a Lightning run folder (`last.ckpt/`), an RLHF run: name what is inside
         listed = ", ".join(shown(b) + "/" for b in below[:5]) + (" …" if len(below) > 5 else "")
         raise NotACheckpointError(
@@ -290,20 +295,21 @@ def _choose_tag(path: str, tag: str | None, tags: list[str]) -> tuple[str, list[
     )
 
 
-def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
+def discover_roots(path: str, max_depth: int = 2, source: ByteSource | None = None) -> tuple[str, ...]:
     """Checkpoint roots in a folder that holds several (an RLHF run's `_actor/` and `_critic/`, a Trainer
     run's `checkpoint-N/` folders), in natural order; `(path,)` when `path` is one checkpoint by itself and
     `()` when nothing below it looks like a checkpoint. Pure path logic, additive to `locate`."""
-    path = tree.absolute(path)
-    if not tree.is_dir(path):
+    src = source if source is not None else chosen_source(path)
+    path = src.absolute(path)
+    if src.entry(path) != "dir":
         return ()
-    if tree.is_file(os.path.join(path, "latest")) or is_tag_dir(path) or list_tags(path):
+    if _has_latest(src, path) or is_tag_dir(src, path) or list_tags(src, path):
         return (path,)
     found: list[str] = []
 
     def walk(folder: str, depth: int) -> None:
         try:
-            subdirs = sorted(tree.subdirs(folder), key=_natural_key)
+            subdirs = sorted(src.subdirs(folder), key=_natural_key)
         except OSError:
             return
         for name in subdirs:
@@ -311,12 +317,12 @@ def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
                 continue
             sub = os.path.join(folder, name)
             if (
-                tree.is_file(os.path.join(sub, "latest"))
-                or list_tags(sub)
-                or (HF_CHECKPOINT_RE.match(name) and is_tag_dir(sub))
+                _has_latest(src, sub)
+                or list_tags(src, sub)
+                or (HF_CHECKPOINT_RE.match(name) and is_tag_dir(src, sub))
             ):
                 found.append(sub)
-            elif depth > 1 and not is_tag_dir(sub):
+            elif depth > 1 and not is_tag_dir(src, sub):
                 walk(sub, depth - 1)
 
     walk(path, max_depth)
@@ -326,3 +332,11 @@ def discover_roots(path: str, max_depth: int = 2) -> tuple[str, ...]:
 def _natural_key(name: str) -> list[tuple[int, int | str]]:
     """`layers.2` before `layers.10`: digit runs compare as numbers."""
     return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p]
+
+
+def chosen_source(path: str) -> ByteSource:
+    """The byte source for what the user named, when the caller chose none (lazily: a local scan loads no
+    store code)."""
+    from inspector.remote.roots import source_at
+
+    return source_at(path, "checkpoint")

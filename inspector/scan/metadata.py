@@ -14,7 +14,7 @@ from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource, open_handle_in, size_and_mtime
+from inspector.system.bytesource import ByteSource, open_handle_in
 
 
 def dtype_of(tensors: Mapping[str, Any]) -> str | None:
@@ -42,7 +42,9 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
     if fmt is None:
         return None
     ((offset, _count),) = ref.runs()
-    handle = open_handle_in(ref.path)
+    from inspector.remote.roots import open_file  # lazily: a local scan loads no store code
+
+    handle = open_file(ref.path)
     try:
         raw = handle.pread(ref.itemsize, offset)
     finally:
@@ -57,7 +59,9 @@ def _read_scalar(ref: TensorRef) -> float | int | None:
 
 def file_size(path: str | None) -> int:
     try:
-        return size_and_mtime(path)[0] if path else 0
+        from inspector.remote.roots import parent_source  # lazily: a local scan loads no store code
+
+        return parent_source(path).size_and_mtime(path)[0] if path else 0
     except (OSError, InspectorError):
         return 0
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
-from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
+from inspector.system.bytesource import ByteSource
 from inspector.system.text import has_unsafe, shown
 
 
@@ -118,9 +118,12 @@ class FileInfo:
     mtime_ns: int = 0  # with size, identifies this save of the file (a resumed conversion checks both)
 
     @classmethod
-    def stat(cls, path: str, role: str, dp_rank: int | None, mp_rank: int = 0) -> FileInfo:
+    def stat(
+        cls, path: str, role: str, dp_rank: int | None, mp_rank: int = 0, source: ByteSource | None = None
+    ) -> FileInfo:
+        """The file's size and save time, asked of `source` (the checkpoint's; its folder's when None)."""
         try:
-            size, mtime_ns = size_and_mtime(path)
+            size, mtime_ns = (source or _folder_of(path)).size_and_mtime(path)
         except OSError:  # dangling link or vanished file: reported by the scan as unreadable
             return cls(path, role, 0, dp_rank, mp_rank, 0)
         return cls(path, role, size, dp_rank, mp_rank, mtime_ns)
@@ -237,6 +240,8 @@ class Checkpoint:
     def source(self) -> ByteSource:
         """The folder (or bucket prefix) every file of this checkpoint is read through (links and `..` out
         of it refused)."""
+        from inspector.remote.roots import source_at  # lazily: a local scan loads no store code
+
         return source_at(self.root, "checkpoint")
 
     def tensor(self, name: str) -> TensorInfo:
@@ -272,3 +277,10 @@ def _refuse_control_characters(ckpt: Checkpoint) -> None:
                 "No training run writes such a name. Nothing was executed or written.",
                 hint="Treat the checkpoint as crafted; copy it again from a source you trust.",
             )
+
+
+def _folder_of(path: str) -> ByteSource:
+    """The byte source of a file's own folder or prefix, for a caller that named no source."""
+    from inspector.remote.roots import parent_source  # lazily: a local scan loads no store code
+
+    return parent_source(path)

@@ -21,7 +21,6 @@ from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.parse.config import adapter_config
 from inspector.parse.pattern import compile_pattern
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.system.bytesource import source_at
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
@@ -134,6 +133,8 @@ def peft_key(name: str, adapter: str) -> str:
 
 def read_adapter_config(folder: str) -> tuple[dict[str, Any], str] | None:
     """adapter_config.json beside the checkpoint, read through its Source and typed (the fields we use)."""
+    from inspector.remote.roots import source_at  # lazily: a local scan loads no store code
+
     source = source_at(folder, "checkpoint")
     path = os.path.join(source.root, ADAPTER_CONFIG)
     kind = source.kind(path)

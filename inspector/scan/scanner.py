@@ -18,11 +18,13 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`.
     `tp_split`: (glob, rule) pairs saying how a tensor-parallel checkpoint that records no split joins its
     shards (rule `0`, `1` or `replicated`); the first glob a parameter name matches applies."""
+    from inspector.remote.roots import source_at
     from inspector.scan.universal import find_universal, scan_universal
 
-    if (uni := find_universal(path, tag)) is not None:
-        return scan_universal(uni)
-    loc = locate(path, tag)
+    source = source_at(path, "checkpoint")  # local folder or bucket prefix: decided once, here
+    if (uni := find_universal(path, tag, source=source)) is not None:
+        return scan_universal(uni, source)
+    loc = locate(path, tag, source)
     from inspector.scan.pipeline_files import is_pipeline
     from inspector.scan.pipeline_tensor import scan_pipeline_tensor
 

@@ -20,11 +20,10 @@ from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.names import name_problem
 from inspector.parse.states import ModelStates
 from inspector.parse.universal import UniversalOptimizer, param_tensor, step_value
-from inspector.scan.locate import read_tag_file, shown_tag
+from inspector.scan.locate import chosen_source, read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
-from inspector.system import bytesource as tree
-from inspector.system.bytesource import ByteSource, is_url, source_at
+from inspector.system.bytesource import ByteSource
 from inspector.system.text import shown
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -32,26 +31,30 @@ _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.p
 _PARALLEL_RE = re.compile(r"^mp_rank_(0[1-9]|[1-9][0-9])_model_states\.pt$")  # other stages or TP shards
 
 
-def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> str | None:
+def find_universal(
+    path: str, tag: str | None = None, prefer: bool = False, source: ByteSource | None = None
+) -> str | None:
     """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
     `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there).
-    `latest_universal` is read like `latest`: through the confined source, its content never shown."""
-    path = tree.absolute(path)  # a bucket prefix is asked the same questions, answered from its listings
+    `latest_universal` is read like `latest`: through the confined source, its content never shown. `source`:
+    the byte source chosen for what the user named; chosen here from `path` when None."""
+    src = source if source is not None else chosen_source(path)
+    path = src.absolute(path)  # a bucket prefix is asked the same questions, answered from its listings
     if tag is not None:
         if name_problem(tag):
             return None
         cand = os.path.join(path, tag)
-        return cand if source_at(path).is_dir(os.path.join(cand, "zero")) else None
-    if tree.is_dir(os.path.join(path, "zero")):
+        return cand if src.rooted(path).is_dir(os.path.join(cand, "zero")) else None
+    if src.entry(os.path.join(path, "zero")) == "dir":
         return path
-    if _lexists(os.path.join(path, "latest_universal")) and (
-        prefer or not _lexists(os.path.join(path, "latest"))
+    if src.lexists(os.path.join(path, "latest_universal")) and (
+        prefer or not src.lexists(os.path.join(path, "latest"))
     ):
-        name = read_tag_file(path, "latest_universal")
+        name = read_tag_file(src, path, "latest_universal")
         if name is None:
             return None
         cand = os.path.join(path, name)
-        if source_at(path).is_dir(os.path.join(cand, "zero")):
+        if src.rooted(path).is_dir(os.path.join(cand, "zero")):
             return cand
         raise NotACheckpointError(
             f"`latest_universal` in {path} names the tag {shown_tag(name)}, which is not a universal "
@@ -59,11 +62,6 @@ def find_universal(path: str, tag: str | None = None, prefer: bool = False) -> s
             hint="Point at the universal folder itself.",
         )
     return None
-
-
-def _lexists(path: str) -> bool:
-    """Whether anything, a dangling link included, has this name (a store has no links)."""
-    return tree.exists(path) if is_url(path) else os.path.lexists(path)
 
 
 def _segments(ref: TensorRef) -> tuple[Segment, ...]:
@@ -74,9 +72,10 @@ def _int(value: int | float | TensorRef | None) -> int | None:
     return item(value) if value is not None else None
 
 
-def scan_universal(folder: str) -> Checkpoint:
-    folder = tree.absolute(folder)
-    source = source_at(folder, "universal checkpoint")
+def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
+    """The universal checkpoint in `folder`, through `source` (of the kind chosen for it) re-rooted there."""
+    folder = (source or chosen_source(folder)).absolute(folder)
+    source = (source or chosen_source(folder)).rooted(folder, "universal checkpoint")
     zero = os.path.join(folder, "zero")
     findings: list[Finding] = []
     models = [n for n in source.listdir(folder) if _MODEL_RE.match(n)]
@@ -93,7 +92,7 @@ def scan_universal(folder: str) -> Checkpoint:
     shared = model.shared_params
     frozen_shapes: Mapping[str, tuple[int, ...]] = model.frozen_param_shapes or {}
     names = source.listdir(zero) if source.is_dir(zero) else []
-    files = [FileInfo.stat(os.path.join(folder, n), "model", None) for n in models]
+    files = [FileInfo.stat(os.path.join(folder, n), "model", None, 0, source) for n in models]
     tensors: dict[str, TensorInfo] = {}
     step: int | None = None
     for name in names:
@@ -183,7 +182,7 @@ def _param_tensor(
     if fp32 is None:
         findings.append(Finding(Severity.ERROR, "no-fp32", f"{name} has no readable fp32.pt.", pdir))
         return None
-    files += [FileInfo.stat(os.path.join(pdir, f), "param", None) for f in source.listdir(pdir)]
+    files += [FileInfo.stat(os.path.join(pdir, f), "param", None, 0, source) for f in source.listdir(pdir)]
     shape = shapes.get(name) or frozen_shapes.get(name) or fp32.shape
     if fp32.shape and math.prod(shape) != fp32.numel and (sharded or tuple(fp32.shape[1:]) == tuple(shape)):
         shape = fp32.shape
@@ -250,7 +249,7 @@ def _optimizer_state(
             Finding(Severity.ERROR, "no-optimizer-state", "zero/optimizer_state.pt is missing.", zero)
         )
         return None
-    files.append(FileInfo.stat(opt_path, "optim", None))
+    files.append(FileInfo.stat(opt_path, "optim", None, 0, source))
     return UniversalOptimizer.parse(load_tree(opt_path, source), opt_path)
 
 

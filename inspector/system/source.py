@@ -240,6 +240,48 @@ class Source:
             raise os_error(full, exc) from None
 
 
+    # -- what it is, and the locating logic's tree questions --------------------------------------------
+    # Exactly the os calls the locating logic always made: links followed (a tag folder may be a link a user
+    # made; `locate` checks a tag's real path itself) and not confined to the root (it looks at a root's
+    # parent). Every file is still opened through `open`, which refuses a link out of the root.
+
+    @property
+    def remote(self) -> bool:
+        return False
+
+    def rooted(self, root: str, label: str = "folder") -> Source:
+        return Source.at(root, label)
+
+    def absolute(self, path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path))
+
+    def _full(self, path: str | os.PathLike[str]) -> str:
+        raw = os.fspath(path)
+        return raw if os.path.isabs(raw) else os.path.join(self.root, raw)
+
+    def entry(self, path: str) -> str:
+        try:
+            mode = os.stat(self._full(path)).st_mode
+        except (OSError, ValueError):
+            return "missing"
+        if stat.S_ISREG(mode):
+            return "file"
+        return "dir" if stat.S_ISDIR(mode) else "other"
+
+    def lexists(self, path: str) -> bool:
+        return os.path.lexists(self._full(path))
+
+    def names_in(self, path: str) -> list[str]:
+        return os.listdir(self._full(path))
+
+    def subdirs(self, path: str) -> list[str]:
+        return [e.name for e in os.scandir(self._full(path)) if e.is_dir()]
+
+    def size_and_mtime(self, path: str) -> tuple[int, int]:
+        st = os.stat(self._full(path))
+        return st.st_size, st.st_mtime_ns
+
+
 class LocalHandle:
     """A descriptor opened by `Source.open`, as a byte-source handle: pread, never mapped (RSS stays honest)."""
 

@@ -28,11 +28,11 @@ from inspector.convert.kinds import Job
 from inspector.convert.options import ConvertOptions, resolve_dtype
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
+from inspector.remote.roots import absolute
 from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.scan.tp_rules import Rules
-from inspector.system.bytesource import absolute
 from inspector.system.text import shown
 from inspector.tui import actions
 from inspector.tui.fmt import ago

@@ -26,9 +26,10 @@ from inspector.convert.options import CHUNK_ELEMS  # noqa: E402
 from inspector.convert.plan import PIPELINE_DEPTH, REMOTE_DEPTH, REMOTE_SPLIT  # noqa: E402
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into  # noqa: E402
 from inspector.format.dtypes import itemsize  # noqa: E402
+from inspector.remote.roots import source_at  # noqa: E402
 from inspector.scan.model import Kind  # noqa: E402
 from inspector.scan.scanner import scan  # noqa: E402
-from inspector.system.bytesource import is_url, source_at  # noqa: E402
+from inspector.system.bytesource import is_url  # noqa: E402
 
 
 def main() -> None:

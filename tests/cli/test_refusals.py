@@ -24,7 +24,7 @@ from inspector.convert.order import parse_part
 from inspector.convert.writers.hf_folder import config_dtype_fix
 from inspector.demo.writer import DemoSpec, write_demo
 from inspector.errors import InspectorError
-from inspector.system.bytesource import source_at
+from inspector.remote.roots import source_at
 from tests.hostile_text import raw_controls
 
 if TYPE_CHECKING:

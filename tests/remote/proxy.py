@@ -44,6 +44,7 @@ class Throttle:
     serve_from: dict[str, str] = field(default_factory=dict)
     cut: Callable[[str, str], bool] | None = None  # (method, path) -> send half the body, then hang up
     drip: Callable[[str, str], bool] | None = None  # (method, path) -> send the body a byte a second
+    drip_headers: Callable[[str, str], bool] | None = None  # (method, path) -> the status line and headers too
     requests: int = 0
     bytes_out: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -57,7 +58,7 @@ class Throttle:
             self.serve_from = {}
             self.fault_at = None
             self.serve_ranges = False
-            self.cut = self.drip = None
+            self.cut = self.drip = self.drip_headers = None
             self.requests = self.bytes_out = 0
 
     def count(self, nbytes: int) -> None:
@@ -245,6 +246,12 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
                 self.send_header(k, v)
             if self.command != "HEAD" or not any(k.lower() == "content-length" for k, _ in headers):
                 self.send_header("Content-Length", str(len(data)))
+            if t.drip_headers is not None and t.drip_headers(self.command, self.path):
+                self._headers_buffer.append(b"\r\n")  # type: ignore[attr-defined]
+                head, self._headers_buffer = b"".join(self._headers_buffer), []  # type: ignore[attr-defined]
+                self._drip(head)
+                self.close_connection = True
+                return
             self.end_headers()
             if self.command != "HEAD" and t.cut is not None and t.cut(self.command, self.path):
                 self.wfile.write(data[: len(data) // 2])  # the declared length never arrives
@@ -253,15 +260,19 @@ def _handler(upstream_port: int, t: Throttle) -> type[BaseHTTPRequestHandler]:
                 self._write(data)
             t.count(len(data))
 
+        def _drip(self, data: bytes) -> None:
+            """`data` a byte a second, until the client gives up."""
+            try:
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(1.0)
+            except OSError:  # the client gave up, as it should
+                self.close_connection = True
+
         def _write(self, data: bytes) -> None:
             if t.drip is not None and t.drip(self.command, self.path):
-                try:
-                    for i in range(len(data)):
-                        self.wfile.write(data[i : i + 1])
-                        self.wfile.flush()
-                        time.sleep(1.0)
-                except OSError:  # the client gave up, as it should
-                    self.close_connection = True
+                self._drip(data)
                 return
             if not t.bytes_per_s and not t.node_bytes_per_s:
                 self.wfile.write(data)

@@ -1,4 +1,4 @@
-"""Time bounded on s3://: a store that drips its answer a byte a second, or never answers, ends in a clear
+"""Time bounded on s3://: a store that drips its answer (body or headers) a byte a second, or never answers, ends in a clear
 error naming the URL within the bounds set through the environment (ZI_REMOTE_STALL_TIMEOUT,
 ZI_REMOTE_DEADLINE, ZI_REMOTE_CONNECT_TIMEOUT), not after botocore's defaults or never."""
 
@@ -37,6 +37,24 @@ def test_a_store_dripping_its_answer_ends_at_the_deadline(
     assert url in result.output
     assert "Traceback" not in result.output
     print(f"\ndrip: ended after {took:.1f} s")
+
+
+def test_a_store_dripping_its_headers_ends_at_the_deadline(
+    proxy: S3Proxy, s3_demo: tuple[str, Path], cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status line and headers a byte a second, each within the 2 s stall timeout: botocore would wait
+    for ever (no hook before the body); the connection's own timer ends it at the 4 s deadline."""
+    url, _ = s3_demo
+    _bounded(monkeypatch)
+    proxy.throttle.drip_headers = lambda method, path: method == "GET" and "list-type" not in path
+    start = time.monotonic()
+    result = cli("scan", url, timeout=120)
+    took = time.monotonic() - start
+    assert result.rc != 0, result.output
+    assert "did not end within 4 s" in result.output, result.output
+    assert url in result.output
+    assert "Traceback" not in result.output
+    print(f"\nheader drip: ended after {took:.1f} s")
 
 
 def test_a_silent_store_ends_at_the_stall_timeout(

@@ -92,3 +92,27 @@ def test_control_characters_in_paths_are_escaped(tree: tuple[Source, Path, Path]
     with pytest.raises(CorruptFileError) as err:
         src.read_bytes("tag/\x1b]2;pwned\x07", 10)
     assert "\x1b" not in str(err.value) and "\\x1b" in str(err.value)
+
+
+def test_tree_questions_are_the_sources_own(tree: tuple[Source, Path, Path], tmp_path: Path) -> None:
+    """`locate` asks the source it was given: the local answers are the os calls it always made (links
+    followed, a root's parent reachable), while opening stays confined."""
+    src, root, outside = tree
+    (root / "out").symlink_to(outside)
+    (root / "gone").symlink_to(tmp_path / "nothing")
+    assert not src.remote
+    assert src.entry(str(root / "tag")) == "dir" and src.entry("tag/ok.txt") == "file"
+    assert src.entry(str(root / "out")) == "file"  # followed, as locate expects; opening it is refused
+    assert src.kind(str(root / "out")) == "outside"
+    assert src.entry(str(root / "gone")) == "missing" and src.lexists(str(root / "gone"))
+    assert src.entry(str(tmp_path)) == "dir"  # a tag folder's parent: locate looks at it
+    assert sorted(src.names_in(str(root))) == ["gone", "out", "tag"]
+    assert src.subdirs(str(root)) == ["tag"]
+    assert src.size_and_mtime("tag/ok.txt")[0] == len("global_step3")
+    with pytest.raises(OSError):
+        src.names_in(str(root / "missing"))
+    with pytest.raises(OSError):
+        src.size_and_mtime(str(root / "gone"))
+    parent = src.rooted(str(tmp_path), "checkpoint")
+    assert isinstance(parent, Source) and parent.root == os.path.realpath(tmp_path)
+    assert src.absolute("~") == os.path.expanduser("~")

@@ -13,10 +13,10 @@ from inspector.convert.options import resolve_dtype
 from inspector.convert.writers.hf_folder import SideFile, config_dtype_fix, find_side_files
 from inspector.convert.writers.merge import build_merged_plan, is_merged_output, merged_shards
 from inspector.convert.writers.merge_verify import verify_merged
+from inspector.remote.roots import absolute
 from inspector.scan.basemodel import base_source
 from inspector.scan.model import Checkpoint
 from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
-from inspector.system.bytesource import absolute
 
 
 class Merged(SafetensorsKind):

@@ -27,8 +27,8 @@ from inspector.convert.root import LOCK, PARTIAL, OutputRoot, busy, lock_holder
 from inspector.convert.verify import recorded_tag, run_verify
 from inspector.convert.writers.hf_folder import SideFile
 from inspector.errors import OutputError
+from inspector.remote.roots import absolute, parent_source, source_at
 from inspector.scan.model import Checkpoint
-from inspector.system.bytesource import absolute, is_file, is_url, source_at
 from inspector.system.limits import MemoryBudget
 
 # fills shard `index`'s open file (fd, cancel, fsync), yielding (bytes, tensor) as it goes
@@ -206,14 +206,15 @@ def _write_side(root: OutputRoot, f: SideFile, fsync: bool) -> int:
         if f.content is not None:
             return root.write_atomic(f.name, f.content, fsync=fsync)
         assert f.source is not None
-        return root.copy_in(f.origin or source_at(os.path.dirname(f.source)), f.source, f.name, fsync=fsync)
+        return root.copy_in(f.origin or parent_source(f.source), f.source, f.name, fsync=fsync)
     except OSError as exc:
         raise OutputError(f"Writing {root.show(f.name)} failed: {exc.strerror}.") from None
 
 
 def has_file(out_dir: str, name: str) -> bool:
     """Whether OUT (a folder or an s3:// prefix) holds the file `name`."""
-    return is_file(f"{out_dir.rstrip('/')}/{name}" if is_url(out_dir) else os.path.join(out_dir, name))
+    out = source_at(out_dir, "output folder")
+    return out.entry(out.absolute(f"{out_dir.rstrip('/')}/{name}")) == "file"
 
 
 class SafetensorsKind(OutputKind):

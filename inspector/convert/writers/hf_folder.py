@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, replace
 
 from inspector.convert.options import ConvertOptions
 from inspector.errors import CorruptFileError, InspectorError
+from inspector.remote.roots import parent_source, source_at
 from inspector.scan.model import Checkpoint, Kind
-from inspector.system.bytesource import ByteSource, size_and_mtime, source_at
+from inspector.system.bytesource import ByteSource
 
 CONFIG = "config.json"
 # what from_pretrained / AutoTokenizer / AutoProcessor read; transformers 5 writes the chat template apart
@@ -58,7 +59,10 @@ class SideFile:
     nbytes: int = field(init=False, default=0)  # read once, when planned: a plan is frozen data
 
     def __post_init__(self) -> None:
-        n = len(self.content) if self.content is not None else size_and_mtime(self.source)[0] if self.source else 0
+        if self.content is not None:
+            n = len(self.content)
+        else:
+            n = (self.origin or parent_source(self.source)).size_and_mtime(self.source)[0] if self.source else 0
         object.__setattr__(self, "nbytes", n)
 
 
@@ -110,7 +114,7 @@ def config_dtype_fix(side: list[SideFile], out_dtype: str) -> tuple[list[SideFil
             out.append(f)
             continue
         try:
-            cfg = (f.origin or source_at(os.path.dirname(f.source))).read_json(f.source, _CONFIG_MAX, "config")
+            cfg = (f.origin or parent_source(f.source)).read_json(f.source, _CONFIG_MAX, "config")
         except InspectorError:
             out.append(f)  # copied as is; from_pretrained will say what is wrong with it
             continue

@@ -25,10 +25,10 @@ from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, buil
 from inspector.convert.reader import FilePool, iter_chunks
 from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
+from inspector.remote.roots import source_at
 from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
-from inspector.system.bytesource import source_at
 
 if TYPE_CHECKING:
     from inspector.convert.kinds.safetensors import ShardWriter

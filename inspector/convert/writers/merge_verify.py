@@ -26,9 +26,10 @@ from inspector.convert.writers.merge import BASE_KEY, Merge, build_merged_plan
 from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import read_header
+from inspector.remote.roots import source_at
 from inspector.scan.model import Checkpoint, Segment
 from inspector.scan.peft import detect_adapter
-from inspector.system.bytesource import ByteSource, source_at
+from inspector.system.bytesource import ByteSource
 
 _ROWS_ELEMS = 1 << 20  # elements per row block: float64 temporaries stay a few MiB
 

@@ -21,8 +21,8 @@ from inspector.convert.kinds import DEFAULT, Job, Request, get
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
+from inspector.remote.roots import absolute
 from inspector.scan.tp_rules import Rules, parse_rules, rules_text
-from inspector.system.bytesource import absolute
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
 from inspector.tui.screens.export_fields import (

@@ -35,8 +35,9 @@ from inspector.convert.kinds.universal.plan import (
 )
 from inspector.convert.root import OutputRoot
 from inspector.errors import UnsupportedCheckpointError
+from inspector.remote.roots import parent_source
 from inspector.scan.model import Checkpoint, Kind
-from inspector.system.bytesource import ByteSource, is_url, source_at
+from inspector.system.bytesource import ByteSource
 from inspector.system.limits import MemoryBudget, usable_cores
 
 ADAM = {"exp_avg", "exp_avg_sq"}
@@ -176,7 +177,7 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
     for src in plan.sources:
         if src.contains(path):
             return src
-    return source_at(os.path.dirname(path if is_url(path) else os.path.abspath(path)))
+    return parent_source(path)
 
 
 def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:

@@ -16,7 +16,7 @@ from inspector.errors import DamagedCheckpointError, UnsupportedCheckpointError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.system.bytesource import open_handle_in
+from inspector.remote.roots import open_file
 
 if TYPE_CHECKING:
     from inspector.convert.kinds.universal.plan import UniversalPlan
@@ -139,7 +139,7 @@ def _ref_producer(path: str, runs: list[tuple[int, int]], dtype: str) -> Callabl
     def produce(start: int, count: int) -> Any:
         out = bytearray()
         pos = 0
-        handle = open_handle_in(path)  # as scan opens it: never a FIFO swapped in since
+        handle = open_file(path)  # as scan opens it: never a FIFO swapped in since
         try:
             for off, n in runs:
                 lo, hi = max(start, pos), min(start + count, pos + n)

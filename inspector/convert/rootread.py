@@ -1,0 +1,150 @@
+"""What the output root reads below OUT, apart from what changes it (`convert/root.py`, the only code that
+changes files): entries, sizes, listings, bookkeeping files and CRC-32s, each reached from the held folder
+descriptor one plain name at a time without following a link; and who holds OUT's lock, asked read-only."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from inspector.convert.checksum import fd_crc32
+from inspector.convert.outnames import LOCK, BusyError
+from inspector.errors import OutputError
+from inspector.system.text import shown
+
+if TYPE_CHECKING:
+    from inspector.convert.outnames import Destination
+
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | CLOEXEC
+
+
+def busy(path: str, holder: str) -> BusyError:
+    """The refusal of a second run into a folder whose lock another process holds (`holder`: its pid)."""
+    who = f" (process {holder})" if holder.isdigit() else ""
+    return BusyError(
+        f"Another conversion{who} is writing to {path}.",
+        hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
+        "would overwrite each other's files.",
+    )
+
+
+def lock_holder(out_dir: str) -> str | None:
+    """Who holds OUT's lock now (its pid as written, or ""), or None when nobody does: read-only, so a folder
+    can be refused as busy before its contents are judged (a running job's partial files are not foreign)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(out_dir, LOCK), os.O_RDONLY | NOFOLLOW | CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return None if holder == str(os.getpid()) else holder  # this run's own lock, taken meanwhile
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+class ReadsBelow:
+    """The reading half of an `OutputRoot`: it holds `fd` (OUT, open), `path` and, for a bucket OUT, the
+    `dest` that knows the sizes of published files; `_parent` walks to a file's folder."""
+
+    fd: int
+    path: str
+    dest: Destination | None
+
+    def _parent(self, rel: str, create: bool) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def show(self, rel: str = "") -> str:
+        """The path of `rel` for a message (escaped)."""
+        return shown(os.path.join(self.path, rel) if rel else self.path)
+
+    # -- reading what is there --------------------------------------------------------------------------
+
+    def lstat(self, rel: str) -> os.stat_result | None:
+        """The entry itself (a link is reported as a link), or None when it is missing."""
+        try:
+            fd, name = self._parent(rel, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(fd)
+
+    def is_file(self, rel: str) -> bool:
+        st = self.lstat(rel)
+        return st is not None and stat.S_ISREG(st.st_mode)
+
+    def size(self, rel: str) -> int:
+        if self.dest is not None and (published := self.dest.size_of(rel)) is not None:
+            return published
+        st = self.lstat(rel)
+        return st.st_size if st is not None else 0
+
+    def listdir(self, rel: str = "") -> list[str]:
+        if not rel:
+            return sorted(os.listdir(self.fd))
+        fd, name = self._parent(rel, create=False)
+        try:
+            sub = os.open(name, DIR_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            return sorted(os.listdir(sub))
+        finally:
+            os.close(sub)
+
+    def open_read(self, rel: str) -> int:
+        """A regular file below OUT for reading (our own journal, a finished file to checksum)."""
+        fd, name = self._parent(rel, create=False)
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW | CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(os.fstat(f).st_mode):
+            os.close(f)
+            raise OutputError(f"{self.show(rel)} is not a regular file.", title="Unsafe output folder")
+        return f
+
+    def read_small(self, rel: str, limit: int = 64 << 20) -> bytes | None:
+        """A bookkeeping file's bytes (at most `limit`), or None when it is missing or not a regular file."""
+        try:
+            fd = self.open_read(rel)
+        except (OSError, OutputError):
+            return None
+        try:
+            return os.pread(fd, limit, 0)
+        finally:
+            os.close(fd)
+
+    def crc32(self, rel: str) -> int:
+        """CRC-32 of a whole file, read in fixed 8 MiB blocks (flat memory; zlib releases the GIL)."""
+        fd = self.open_read(rel)
+        try:
+            return fd_crc32(fd)
+        finally:
+            os.close(fd)
+
+    def walk_files(self, rel: str) -> Iterator[str]:
+        """Every regular file below the folder `rel`, as paths relative to OUT (links are not entered)."""
+        for name in self.listdir(rel):
+            sub = f"{rel}/{name}"
+            st = self.lstat(sub)
+            if st is None:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                yield from self.walk_files(sub)
+            elif stat.S_ISREG(st.st_mode):
+                yield sub
