@@ -4,6 +4,10 @@ layout (one torchrun each, tests/interop/ds_layout_resume.py):
     AutoTP, TP 2 (tp_z1_bf16)                    -> plain model, TP 1 x DP 2
     pipeline, 2 stages, ZeRO-1 (pp_z1_bf16)      -> 1 stage x DP 2
     native MoE, EP 2 + an ep_size-1 layer, 2 ranks (moe_z1_bf16) -> 4 ranks: EP 2 x expert-DP 2
+    AutoTP Phi-3, fused qkv_proj / gate_up_proj, TP 2 (tp_phi3_z1_bf16) -> plain model, TP 1 x DP 2
+    pipeline 2 stages x TP 2, 4 ranks (pptp_z1_bf16) -> 1 stage x TP 2 on 2 ranks: DeepSpeed's loader cuts
+        every file again by its keys (the row-parallel weight by cat_dim 1; with cat_dim 0, as written before
+        the keys came from the record, it resumed that weight silently wrong)
 
 Every trainable parameter's fp32 master and both Adam moments as the resumed engine holds them
 (safe_get_full_fp32_param / safe_get_full_optimizer_state, gathered) equal, bit for bit, the source checkpoint's
@@ -39,6 +43,8 @@ CASES = {  # fixture -> (ranks, ds_layout_resume.py options)
     "tp_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "1"]),
     "pp_z1_bf16": (2, ["pipe", "--stages", "1", "--zero", "1"]),
     "moe_z1_bf16": (4, ["moe", "--ep", "2", "--second-ep", "1", "--zero", "1"]),
+    "tp_phi3_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "1", "--model", "phi3"]),
+    "pptp_z1_bf16": (2, ["pptp", "--stages", "1", "--tp", "2", "--zero", "1"]),
 }
 
 
@@ -108,7 +114,9 @@ def _f32(x: Any) -> np.ndarray:
     return x.float().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
 
 
-@pytest.mark.parametrize("layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2"])
+@pytest.mark.parametrize(
+    "layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "pptp_z1_bf16", "tp_phi3_z1_bf16_ucp03"]
+)
 def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str) -> None:
     """tox -e py compares ours with DeepSpeed's output committed once (tests/fixtures/universal_layouts); here
     ds_to_universal runs again on the fixture, so a DeepSpeed that converts differently shows up."""
