@@ -300,3 +300,20 @@ def test_an_expert_layout_deepspeeds_loader_cannot_cut_is_refused_not_guessed(tm
     )  # layer moe: 3 of 4 experts
     with pytest.raises(UnsupportedCheckpointError, match="do not split over expert-parallel size 2"):
         plan_universal(replace(ckpt, tensors=three), str(tmp_path))
+
+
+@pytest.mark.parametrize("config", ["pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine"])
+def test_verify_checks_the_tensor_parallel_keys_too(config: str, tmp_path: Path, cli: Any) -> None:
+    """Every byte right and a row-parallel weight's cat_dim wrong resumes that weight wrong (the pptp interop
+    case showed it): verify names the file. A SubparamShape read back compares equal to the record's."""
+    root, out = _source(config, tmp_path), tmp_path / "out"
+    assert cli("convert", root, out, "--format", "universal").rc == 0
+    res = cli("verify", root, out)
+    assert res.rc == 0, res.output
+    name = "3.weight" if config.startswith("pptp") else "model.layers.0.mlp.down_proj.weight"
+    path = out / "global_step3_uni" / "zero" / name / "exp_avg.pt"
+    value = torch.load(path, weights_only=False)
+    value["cat_dim"] = 0
+    torch.save(value, path)
+    res = cli("verify", root, out)
+    assert res.rc == 1 and f"{name}/exp_avg (its tensor-parallel keys" in res.output, res.output
