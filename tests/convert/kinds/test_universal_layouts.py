@@ -317,3 +317,22 @@ def test_verify_checks_the_tensor_parallel_keys_too(config: str, tmp_path: Path,
     torch.save(value, path)
     res = cli("verify", root, out)
     assert res.rc == 1 and f"{name}/exp_avg (its tensor-parallel keys" in res.output, res.output
+
+
+@pytest.mark.parametrize("config", ["moe_z0_bf16", "moe_z0_fp16", "moe_z0_bf16_ws4"])
+def test_native_moe_with_zero_off_is_refused_with_deepspeeds_reason(
+    config: str, tmp_path: Path, cli: Any
+) -> None:
+    """DeepSpeed's stage-0 MoE loader opens the expert-parallel ranks' ZeRO-off optimizer files in the universal
+    folder, never zero/ (the interop test shows its FileNotFoundError): refused as not resumable, nothing
+    written."""
+    ckpt = scan(str(ckpt_dir(config)))
+    offer = Universal().offer(ckpt)
+    assert not offer.available and offer.why is Why.NOT_RESUMABLE
+    assert offer.reason.startswith("an expert-parallel checkpoint with ZeRO off (FP16_UnfusedOptimizer")
+    assert "expp_rank_R_mp_rank_00_optim_states.pt" in offer.reason
+    res = cli("convert", ckpt_dir(config), tmp_path / "cli", "--format", "universal")
+    assert (
+        res.rc == 2 and "DeepSpeed cannot resume this layout" in res.output and "Traceback" not in res.output
+    )
+    assert not (tmp_path / "cli").exists() or not any((tmp_path / "cli").iterdir())

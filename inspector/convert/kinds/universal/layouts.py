@@ -31,6 +31,19 @@ ZERO_OFF_REASON = (
     "at stage 0 (engine.load_checkpoint hands the model-states file's optimizer entry to BF16_Optimizer's "
     "legacy loader, which fails with KeyError: 0), so it cannot resume one"
 )
+# seen with the native-MoE fixtures' model, bf16 and fp16 (tests/interop/test_universal_layouts_interop.py)
+MOE_ZERO_OFF_REASON = (
+    "ZeRO off (FP16_UnfusedOptimizer at stage 0, in bf16 as in fp16): DeepSpeed 0.19.8 never reads a universal "
+    "checkpoint's zero/ folder at stage 0 with MoE (engine.load_checkpoint opens each expert-parallel rank's "
+    "ZeRO-off optimizer file, expp_rank_R_mp_rank_00_optim_states.pt, in the universal folder and fails with "
+    "FileNotFoundError), so it cannot resume one"
+)
+
+
+def zero_off_reason(kind: str) -> str:
+    """Why DeepSpeed cannot resume a universal checkpoint of a ZeRO-off layout of this kind."""
+    words = MOE_ZERO_OFF_REASON if kind == "expert" else ZERO_OFF_REASON
+    return f"{'an' if kind == 'expert' else 'a'} {kind}-parallel checkpoint with {words}"
 
 
 def layout_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[str, Meta]:
