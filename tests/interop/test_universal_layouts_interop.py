@@ -136,3 +136,43 @@ def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: 
     for k, v in committed.items():
         mine = np.asarray(today[k])
         assert mine.dtype == v.dtype and mine.shape == v.shape and mine.tobytes() == v.tobytes(), k
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_deepspeed_at_zero_off_with_moe_never_reads_the_universal_folders_zero(
+    dtype: str, tmp_path: Path, interop_cache: Path, inspector_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why a native-MoE checkpoint with ZeRO off is refused (layouts.MOE_ZERO_OFF_REASON): a stage-0 MoE engine
+    with load_universal, given a universal checkpoint we wrote (from the ZeRO-2 fixture), opens the
+    expert-parallel ranks' ZeRO-off optimizer files in the universal folder instead of zero/, and fails."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    config = f"moe_z2_{dtype}"  # one MoE layer, EP 2
+    root = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir(config), root)
+    assert inspector_cli("convert", str(root), str(root), "--format", "universal").returncode == 0
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    cmd = [
+        torchrun,
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+    ]
+    cmd += [
+        str(RESUME),
+        "moe",
+        str(root),
+        str(tmp_path / "r.pt"),
+        "--ep",
+        "2",
+        "--zero",
+        "0",
+        "--dtype",
+        dtype,
+    ]
+    with _heavy_lock(interop_cache), pytest.raises(RuntimeError):
+        _run_logged(cmd, tmp_path / "resume.log", "DeepSpeed stage-0 MoE resume", 300)
+    log = (tmp_path / "resume.log").read_text(errors="replace")
+    assert "FileNotFoundError" in log and "global_step3_uni/expp_rank_0_mp_rank_00_optim_states.pt" in log
