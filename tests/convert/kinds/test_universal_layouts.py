@@ -336,3 +336,26 @@ def test_native_moe_with_zero_off_is_refused_with_deepspeeds_reason(
         res.rc == 2 and "DeepSpeed cannot resume this layout" in res.output and "Traceback" not in res.output
     )
     assert not (tmp_path / "cli").exists() or not any((tmp_path / "cli").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda m: m.update(version=2), "affine map of format version 2"),
+        (lambda m: m["params"].update({"o_.*": {}}), "affine-map pattern(s) are regular expressions"),
+    ],
+)
+def test_an_affine_map_that_leaves_the_keys_unknown_is_refused(
+    edit: Any, words: str, tmp_path: Path, cli: Any
+) -> None:
+    """The affine map decides which files carry no keys: one DeepSpeed 0.19.8 cannot read, or whose patterns
+    are not plain names, is refused with the reason (exit 2, no traceback), never written with guessed keys."""
+    from tests.scan.test_tensor import _resave_model_states
+
+    root = tmp_path / "ck"
+    shutil.copytree(ckpt_dir("tp_phi3_z1_bf16"), root)
+    _resave_model_states(root, lambda sd: edit(sd["universal_checkpoint_info"]["affine_map"]))
+    with pytest.raises(UnsupportedCheckpointError, match=re.escape(words)):
+        plan_universal(scan(str(root)), str(tmp_path / "out"))
+    res = cli("convert", root, tmp_path / "cli", "--format", "universal")
+    assert res.rc == 2 and "Traceback" not in res.output and "--format weights or model" in res.output
