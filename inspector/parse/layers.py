@@ -176,6 +176,12 @@ class SubParams:
     sizes: tuple[int, ...] | None
     count: int | None
     widths: tuple[tuple[int, ...], ...] | None
+    # the entry as recorded, for a universal file's `sub_param_shape` (DeepSpeed's SubparamShape(**entry)):
+    # every pattern of the entry, the shape's dims (a tuple for the partition dim's sizes) and whether the
+    # shape was pickled as a list
+    patterns: tuple[str, ...] = field(default=(), compare=False)
+    shape: tuple[int | tuple[int, ...], ...] = field(default=(), compare=False)
+    shape_listed: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,11 @@ class TpRecipe:
     regex: tuple[str, ...]
     sub_params: Mapping[str, SubParams] = field(default_factory=lambda: MappingProxyType({}))
     version: float = 0.0  # universal_checkpoint_version: from 0.4 sub-parameters must record their widths
+    # parameters an `affine_map` (AutoTP, UCP 0.4) describes: DeepSpeed's converter rebuilds them from it and
+    # writes no category keys; `affine_regex`: its patterns that are not plain names (never evaluated)
+    affine: frozenset[str] = frozenset()
+    affine_regex: tuple[str, ...] = ()
+    affine_version: int = 1
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> TpRecipe | None:
@@ -221,6 +232,7 @@ class TpRecipe:
             rules.setdefault(name, "sub-params")
         v = info.at("universal_checkpoint_version").value
         version = float(v) if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e6 else 0.0
+        affine, affine_regex, affine_version = _affine(info)
         return cls(
             file,
             MappingProxyType(rules),
@@ -229,10 +241,37 @@ class TpRecipe:
             tuple(regex),
             MappingProxyType(subs),
             version,
+            affine,
+            affine_regex,
+            affine_version,
         )
 
 
+def _affine(info: Node) -> tuple[frozenset[str], tuple[str, ...], int]:
+    """The parameters `affine_map.params` names (literal patterns), its other patterns, its format version."""
+    node = info.at("affine_map")
+    if not node.is_mapping():
+        return frozenset(), (), 1
+    version = node.at("version").opt_integer(0, 1 << 20)
+    names, regex = set(), []
+    params = node.at("params")
+    for pattern, _ in [] if params.is_none() else params.entries("pattern", names=False):
+        name = literal_pattern(pattern[:1024])
+        if name is None:
+            regex.append(pattern[:1024])
+        else:
+            names.add(name)
+    return frozenset(names), tuple(regex), 1 if version is None else version
+
+
 _MAX_SUB = 64  # sub-parameters of one fused parameter (qkv: 3, gate_up: 2)
+
+
+def _dim(d: Node) -> int | tuple[int, ...]:
+    """One dim of a sub-parameter shape as recorded: a size (-1: the rest), or the sub-parameters' sizes."""
+    if isinstance(d.value, list | tuple):
+        return tuple(x.integer(1, 1 << 40) for x in d.seq(_MAX_SUB))
+    return d.integer(-1, 1 << 40)
 
 
 def _sub_params(info: Node, regex: list[str]) -> dict[str, SubParams]:
@@ -259,11 +298,13 @@ def _sub_params(info: Node, regex: list[str]) -> dict[str, SubParams]:
             else None
         )
         count = None if sizes is not None else spec.integer(1, _MAX_SUB)
-        for p in entry.at("patterns").seq(1 << 20):
-            text = p.text(1024)
+        form = tuple(_dim(d) for d in shape)
+        patterns = tuple(p.text(1024) for p in entry.at("patterns").seq(1 << 20))
+        listed = isinstance(entry.at("shape").value, list)
+        for text in patterns:
             name = literal_pattern(text)
             if name is None:
                 regex.append(text)
             else:
-                out[name] = SubParams(dim, sizes, count, recorded.get(text))
+                out[name] = SubParams(dim, sizes, count, recorded.get(text), patterns, form, listed)
     return out

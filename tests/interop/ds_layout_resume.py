@@ -3,9 +3,13 @@ layout, and record what the engine loaded.
 
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py tp   LOAD_DIR RESULT.pt --tp 1
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py pipe LOAD_DIR RESULT.pt --stages 1
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py tp   LOAD_DIR RESULT.pt --model phi3
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py pptp LOAD_DIR RESULT.pt --stages 1 --tp 2
 
-The model is the one the fixture's script trained (tests/fixtures/layouts/make_tp.py: a tiny Llama; make_pipe.py:
-the tied-embedding PipelineModule), built with `"checkpoint": {"load_universal": true}`. Rank 0 writes every
+The model is the one the fixture's script trained (tests/fixtures/layouts/make_tp.py: a tiny Llama or Phi-3;
+make_pipe.py: the tied-embedding PipelineModule; make_pipe_tp.py: the PipelineModule with hand-made tensor-parallel
+layers, over a topology of --stages x --tp), built with `"checkpoint": {"load_universal": true}`. A tensor-parallel
+target's shards are put together again on rank 0 by the layer that split them (make_pipe_tp's ROW / REPLICATED). Rank 0 writes every
 trainable parameter's full fp32 master and Adam moments as DeepSpeed holds them after `load_checkpoint`
 (`fp32/NAME`, `exp_avg/NAME`, `exp_avg_sq/NAME`, gathered over the data-parallel ranks and the stages), the
 optimizer steps, `global_steps`, then the loss of one more training step and the steps after it.
@@ -26,19 +30,9 @@ sys.path.insert(0, LAYOUTS)
 
 def _tp_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
     import deepspeed
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from make_tp import _model
 
-    cfg = LlamaConfig(  # make_tp.py's model
-        vocab_size=40,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=16,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
+    model = _model(args.model)  # make_tp.py's model
     if args.tp > 1:
         config["tensor_parallel"] = {"autotp_size": args.tp}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -57,6 +51,42 @@ def _pipe_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
     params = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     return engine
+
+
+def _pptp_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
+    import deepspeed
+    import deepspeed.comm as dist
+    import make_pipe_tp
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    dp = dist.get_world_size() // (args.stages * args.tp)
+    topo = PipeModelDataParallelTopology(num_pp=args.stages, num_mp=args.tp, num_dp=dp)
+    os.environ["ZI_TP_RANK"], os.environ["ZI_TP"] = str(topo.get_coord(dist.get_rank()).model), str(args.tp)
+    model = PipelineModule(
+        make_pipe_tp.layers(), topology=topo, loss_fn=make_pipe_tp._loss, partition_method="uniform"
+    )
+    make_pipe_tp.TP_GROUP = model._grid.get_slice_parallel_group()
+    config.update(gradient_accumulation_steps=2, train_batch_size=4 * dp)
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    return engine
+
+
+def _joined(state: dict[str, Any], tp: int) -> None:
+    """A tensor-parallel target's `STATE/shard/T/NAME` entries joined into `STATE/NAME` on rank 0, as
+    make_pipe_tp.py's layers split them (replicated shards must agree)."""
+    from make_pipe_tp import REPLICATED, ROW
+
+    for key in sorted(k for k in state if "/shard/0/" in k):
+        kind, name = key.split("/shard/0/")
+        parts = [state.pop(f"{kind}/shard/{t}/{name}") for t in range(tp)]
+        if name in REPLICATED:
+            if any(not torch.equal(parts[0], p) for p in parts[1:]):
+                raise SystemExit(f"replicated {name} ({kind}) differs between tensor-parallel ranks")
+            state[f"{kind}/{name}"] = parts[0]
+        else:
+            state[f"{kind}/{name}"] = torch.cat(parts, dim=1 if name in ROW else 0)
 
 
 def _moe_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
@@ -80,7 +110,7 @@ def _train_one(kind: str, engine: Any) -> float:
         engine.backward(loss)
         engine.step()
         return float(loss)
-    if kind == "pipe":
+    if kind in ("pipe", "pptp"):
 
         def batches() -> Any:
             while True:
@@ -94,8 +124,9 @@ def _train_one(kind: str, engine: Any) -> float:
     return float(loss.detach())
 
 
-def _loaded(engine: Any) -> dict[str, Any]:
-    """This rank's view of every parameter it holds (full, gathered over its data-parallel group)."""
+def _loaded(engine: Any, shard: str = "") -> dict[str, Any]:
+    """This rank's view of every parameter it holds (full, gathered over its data-parallel group); `shard`
+    (`shard/T/`) marks a tensor-parallel rank's pieces."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     from make_moe import global_name
 
@@ -103,7 +134,7 @@ def _loaded(engine: Any) -> dict[str, Any]:
     for local, p in engine.module.named_parameters():
         if not p.requires_grad:
             continue
-        n = global_name(local, engine.module)  # an expert under its global index
+        n = shard + global_name(local, engine.module)  # an expert under its global index
         out[f"fp32/{n}"] = safe_get_full_fp32_param(p).detach().float().clone()
         for m in ("exp_avg", "exp_avg_sq"):
             out[f"{m}/{n}"] = safe_get_full_optimizer_state(p, m).detach().float().clone()
@@ -114,10 +145,11 @@ def _loaded(engine: Any) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["tp", "pipe", "moe"])
+    ap.add_argument("kind", choices=["tp", "pipe", "pptp", "moe"])
     ap.add_argument("load")
     ap.add_argument("result")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--model", choices=["llama", "phi3"], default="llama")
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--ep", type=int, default=2)
     ap.add_argument("--second-ep", type=int, default=0)
@@ -130,12 +162,13 @@ def main() -> None:
 
     made.start(args.dtype)
     config = made.config(args, 2, checkpoint={"load_universal": True})
-    build = {"tp": _tp_engine, "pipe": _pipe_engine, "moe": _moe_engine}[args.kind]
+    build = {"tp": _tp_engine, "pipe": _pipe_engine, "pptp": _pptp_engine, "moe": _moe_engine}[args.kind]
     engine = build(args, config)
     path, _ = engine.load_checkpoint(args.load)
     if path is None:
         raise SystemExit(f"load_checkpoint found nothing under {args.load}")
-    mine = _loaded(engine)
+    shard = f"shard/{os.environ['ZI_TP_RANK']}/" if args.kind == "pptp" and args.tp > 1 else ""
+    mine = _loaded(engine, shard)
     mine["global_steps"] = int(engine.global_steps)
     got: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(got, mine)
@@ -149,6 +182,8 @@ def main() -> None:
                 else:
                     state.setdefault(k, v)
         state["steps"] = sorted(state["steps"])
+        if args.kind == "pptp" and args.tp > 1:
+            _joined(state, args.tp)
         state["loss_after"] = loss
         state["global_steps_after"] = int(engine.global_steps)
         torch.save(state, args.result)

@@ -4,6 +4,10 @@ layout (one torchrun each, tests/interop/ds_layout_resume.py):
     AutoTP, TP 2 (tp_z1_bf16)                    -> plain model, TP 1 x DP 2
     pipeline, 2 stages, ZeRO-1 (pp_z1_bf16)      -> 1 stage x DP 2
     native MoE, EP 2 + an ep_size-1 layer, 2 ranks (moe_z1_bf16) -> 4 ranks: EP 2 x expert-DP 2
+    AutoTP Phi-3, fused qkv_proj / gate_up_proj, TP 2 (tp_phi3_z1_bf16) -> plain model, TP 1 x DP 2
+    pipeline 2 stages x TP 2, 4 ranks (pptp_z1_bf16) -> 1 stage x TP 2 on 2 ranks: DeepSpeed's loader cuts
+        every file again by its keys (the row-parallel weight by cat_dim 1; with cat_dim 0, as written before
+        the keys came from the record, it resumed that weight silently wrong)
 
 Every trainable parameter's fp32 master and both Adam moments as the resumed engine holds them
 (safe_get_full_fp32_param / safe_get_full_optimizer_state, gathered) equal, bit for bit, the source checkpoint's
@@ -39,6 +43,8 @@ CASES = {  # fixture -> (ranks, ds_layout_resume.py options)
     "tp_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "1"]),
     "pp_z1_bf16": (2, ["pipe", "--stages", "1", "--zero", "1"]),
     "moe_z1_bf16": (4, ["moe", "--ep", "2", "--second-ep", "1", "--zero", "1"]),
+    "tp_phi3_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "1", "--model", "phi3"]),
+    "pptp_z1_bf16": (2, ["pptp", "--stages", "1", "--tp", "2", "--zero", "1"]),
 }
 
 
@@ -108,21 +114,65 @@ def _f32(x: Any) -> np.ndarray:
     return x.float().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float32)
 
 
-@pytest.mark.parametrize("layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2"])
-def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str) -> None:
+@pytest.mark.parametrize(
+    "layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "pptp_z1_bf16", "tp_phi3_z1_bf16_ucp03"]
+)
+def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str, tmp_path: Path) -> None:
     """tox -e py compares ours with DeepSpeed's output committed once (tests/fixtures/universal_layouts); here
     ds_to_universal runs again on the fixture, so a DeepSpeed that converts differently shows up."""
-    import importlib.util
+    import subprocess
 
     path = Path(__file__).resolve().parents[1] / "fixtures" / "universal_layouts" / "make_refs.py"
-    spec = importlib.util.spec_from_file_location("make_refs", path)
-    assert spec is not None and spec.loader is not None
-    make_refs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_refs)
-    today = make_refs.reference(layout)
+    out = tmp_path / "today.npz"
+    # a subprocess: loading DeepSpeed's files (a SubparamShape) imports deepspeed, never done in-process
+    subprocess.run(
+        [sys.executable, str(path), layout, str(out)], check=True, capture_output=True, timeout=300
+    )
+    with np.load(out) as z:
+        today = {k: z[k] for k in z.files}
     with np.load(path.parent / f"{layout}.npz") as z:
         committed = {k: z[k] for k in z.files}
     assert sorted(today) == sorted(committed)
     for k, v in committed.items():
         mine = np.asarray(today[k])
         assert mine.dtype == v.dtype and mine.shape == v.shape and mine.tobytes() == v.tobytes(), k
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_deepspeed_at_zero_off_with_moe_never_reads_the_universal_folders_zero(
+    dtype: str, tmp_path: Path, interop_cache: Path, inspector_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Why a native-MoE checkpoint with ZeRO off is refused (layouts.MOE_ZERO_OFF_REASON): a stage-0 MoE engine
+    with load_universal, given a universal checkpoint we wrote (from the ZeRO-2 fixture), opens the
+    expert-parallel ranks' ZeRO-off optimizer files in the universal folder instead of zero/, and fails."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    config = f"moe_z2_{dtype}"  # one MoE layer, EP 2
+    root = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir(config), root)
+    assert inspector_cli("convert", str(root), str(root), "--format", "universal").returncode == 0
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    cmd = [
+        torchrun,
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+    ]
+    cmd += [
+        str(RESUME),
+        "moe",
+        str(root),
+        str(tmp_path / "r.pt"),
+        "--ep",
+        "2",
+        "--zero",
+        "0",
+        "--dtype",
+        dtype,
+    ]
+    with _heavy_lock(interop_cache), pytest.raises(RuntimeError):
+        _run_logged(cmd, tmp_path / "resume.log", "DeepSpeed stage-0 MoE resume", 300)
+    log = (tmp_path / "resume.log").read_text(errors="replace")
+    assert "FileNotFoundError" in log and "global_step3_uni/expp_rank_0_mp_rank_00_optim_states.pt" in log

@@ -50,3 +50,24 @@ def test_the_older_count_form_and_a_regex_pattern() -> None:
 def test_a_damaged_entry_is_refused_naming_its_field(entry: dict[str, object], field: str) -> None:
     with pytest.raises(InputError, match=field):
         TpRecipe.parse(_info(parameter_with_sub_params=[entry]), "f")
+
+
+def test_the_entry_as_recorded_and_the_affine_maps_names() -> None:
+    """What a universal file's `sub_param_shape` repeats (every pattern of the entry, the shape with its sizes
+    as a tuple, list or tuple as pickled) and the parameters an affine map covers (a regex kept apart)."""
+    recipe = TpRecipe.parse(
+        _info(
+            parameter_with_sub_params=[
+                {"patterns": [QKV, "qkv.*"], "shape": [(16, 16, 16), -1], "partition_dim": 0}
+            ],
+            sub_param_shard_widths={QKV: [[8, 8], [8, 8], [8, 8]]},
+            affine_map={"version": 1, "params": {QKV: {}, "^norm$": {}, "o_.*": {}}},
+        ),
+        "f",
+    )
+    assert recipe is not None
+    sub = recipe.sub_params["model.layers.0.self_attn.qkv_proj.weight"]
+    assert (sub.patterns, sub.shape, sub.shape_listed) == ((QKV, "qkv.*"), ((16, 16, 16), -1), True)
+    assert recipe.affine == {"model.layers.0.self_attn.qkv_proj.weight", "norm"}
+    assert recipe.affine_regex == ("o_.*",) and recipe.affine_version == 1
+    assert TpRecipe.parse(_info(), "f").affine == frozenset()  # type: ignore[union-attr]

@@ -8,8 +8,11 @@ refused with the reason DeepSpeed cannot resume them.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
+import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,9 @@ from tests.scan.layout_cases import ckpt_dir, expected
 
 REFS = Path(__file__).resolve().parents[2] / "fixtures" / "universal_layouts"
 WRITTEN = ("tp_z1_bf16", "tp_z2_bf16", "tp_z2_bf16_dp2", "pp_z1_bf16", "pp_z1_fp16", "pp_z1_bf16_dp2")
+# the layouts scan/pipeline_tensor.py and the sub-parameter records added: pipeline x TP 2, AutoTP Phi-3 (fused
+# qkv_proj / gate_up_proj) with its affine map, without it (UCP 0.4 widths), and as UCP 0.3 records it
+NEW_LAYOUTS = ("pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_phi3_z1_bf16_ucp03")
 ROW = {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"}
 REPLICATED = {
     "model.embed_tokens.weight",
@@ -39,57 +45,117 @@ REPLICATED = {
 }
 
 
+def _make_refs() -> Any:
+    """tests/fixtures/universal_layouts/make_refs.py: its variants' edits are applied here as there."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_refs", REFS / "make_refs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _source(config: str, tmp_path: Path) -> Path:
+    """The fixture's checkpoint root (a make_refs variant: an edited copy under tmp_path)."""
+    if config not in _make_refs().VARIANTS:
+        return ckpt_dir(config)
+    _make_refs().prepared(config, str(tmp_path / "src"))
+    return tmp_path / "src"
+
+
 def _reference(config: str) -> dict[str, np.ndarray]:
     with np.load(REFS / f"{config}.npz") as z:
         return {k: z[k] for k in z.files}
+
+
+@dataclass
+class SubparamShape:
+    """DeepSpeed's `universal_checkpoint.SubparamShape` (same fields, same repr): the unit suite never imports
+    deepspeed, so the files are unpickled with this in its place."""
+
+    patterns: list[str]
+    shape: Any
+    partition_dim: int
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"):
+            return SubparamShape
+        return super().find_class(module, name)
+
+
+_PICKLE = types.SimpleNamespace(**{**vars(pickle), "Unpickler": _Unpickler})
 
 
 def _written(folder: Path) -> dict[str, Any]:
     """Every `zero/<name>/<state>.pt` as loaded by torch (the way DeepSpeed's loader reads it)."""
     out = {}
     for path in sorted((folder / "zero").glob("*/*.pt")):
-        out[f"{path.stem}/{path.parent.name}"] = torch.load(path, weights_only=False)
+        out[f"{path.stem}/{path.parent.name}"] = torch.load(path, weights_only=False, pickle_module=_PICKLE)
     return out
 
 
-@pytest.mark.parametrize("config", WRITTEN)
-def test_every_tensor_and_step_equals_ds_to_universal(config: str, tmp_path: Path) -> None:
-    ckpt = scan(str(ckpt_dir(config)))
+@pytest.mark.parametrize("config", WRITTEN + NEW_LAYOUTS)
+def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path: Path) -> None:
+    """Every tensor bit for bit, and the keys beside it exactly (names, types, values: a SubparamShape
+    included), as DeepSpeed's ds_to_universal wrote them for the same checkpoint."""
+    ckpt = scan(str(_source(config, tmp_path)))
     assert Universal().offer(ckpt).available
-    plan = plan_universal(ckpt, str(tmp_path))
+    plan = plan_universal(ckpt, str(tmp_path / "out"))
     write_universal(plan)
     got, want = _written(Path(plan.out_dir)), _reference(config)
-    assert sorted(got) == sorted(want)  # every parameter, state and step.pt; nothing else
+    meta_repr = _make_refs().meta_repr
+    assert sorted(got) == sorted(k for k in want if not k.startswith("meta/"))  # nothing else written
     for key, ref in want.items():
-        if key.startswith("step/"):
+        if key.startswith("meta/"):
+            assert meta_repr(got[key[len("meta/") :]]) == str(ref), key
+        elif key.startswith("step/"):
             assert float(got[key]) == float(ref), key
-            continue
-        mine = got[key]["param"]
-        assert mine.dtype == torch.float32 and tuple(mine.shape) == ref.shape, key
-        assert np.array_equal(mine.numpy().view(np.uint32), ref.view(np.uint32)), key
-    assert (tmp_path / "latest_universal").read_text() == plan.folder
+        else:
+            mine = got[key]["param"]
+            assert mine.dtype == torch.float32 and tuple(mine.shape) == ref.shape, key
+            assert np.array_equal(mine.numpy().view(np.uint32), ref.view(np.uint32)), key
+    assert (tmp_path / "out" / "latest_universal").read_text() == plan.folder
     copies = sorted(p.name for p in Path(plan.out_dir).iterdir() if p.is_file())
-    assert copies == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
+    assert copies == sorted(os.path.basename(f.path) for f in ckpt.files if f.role == "model")
+    assert copies[:2] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
 
 
-def test_tensor_parallel_files_carry_the_keys_deepspeeds_loader_splits_by(tmp_path: Path) -> None:
+def _keys(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if k != "param"}
+
+
+def test_a_record_without_an_affine_map_gives_the_keys_deepspeeds_loader_splits_by(tmp_path: Path) -> None:
     """Row-parallel shards sat side by side (cat_dim 1), replicated ones carry no cat_dim (DeepSpeed's loader
-    then takes the whole tensor), the vocabulary-parallel head says so; the rest joined on dim 0."""
-    plan = plan_universal(scan(str(ckpt_dir("tp_z1_bf16"))), str(tmp_path))
+    then takes the whole tensor), fused sub-parameters their recorded SubparamShape; the rest joined on dim 0.
+    (AutoTP's affine map, where recorded, supersedes these: DeepSpeed writes no keys for what it covers.)"""
+    ckpt = scan(str(_source("tp_phi3_z1_bf16_noaffine", tmp_path)))
+    plan = plan_universal(ckpt, str(tmp_path / "out"))
     write_universal(plan)
     for key, value in _written(Path(plan.out_dir)).items():
         state, name = key.split("/", 1)
         if state == "step":
             continue
-        meta = {k: v for k, v in value.items() if k != "param"}
         if name in ROW:
-            assert meta == {"cat_dim": 1}, key
-        elif name in REPLICATED:
-            assert meta == {}, key
-        elif name == "lm_head.weight":
-            assert meta == {"cat_dim": 0, "vocab_tensor": True}, key
+            assert _keys(value) == {"cat_dim": 1}, key
+        elif name in REPLICATED or name == "lm_head.weight":
+            assert _keys(value) == {}, key
         else:
-            assert meta == {"cat_dim": 0}, key
+            sub = value["sub_param_shape"]
+            assert set(value) == {"param", "sub_param_shape"} and sub.partition_dim == 0, key
+            assert sub.shape[0] == ((16, 16, 16) if "qkv" in name else (24, 24)), key
+
+
+def test_a_pipeline_with_tensor_parallel_layers_is_split_by_its_record(tmp_path: Path) -> None:
+    """Pipeline x TP 2 (kind "pipeline"): the record's row-parallel weight gets cat_dim 1, its replicated
+    parameters none, the column-parallel layer cat_dim 0 (before: cat_dim 0 for every one)."""
+    plan = plan_universal(scan(str(ckpt_dir("pptp_z1_bf16"))), str(tmp_path))
+    write_universal(plan)
+    got = {k: _keys(v) for k, v in _written(Path(plan.out_dir)).items() if not k.startswith("step/")}
+    assert got["fp32/3.weight"] == {"cat_dim": 1} and got["exp_avg_sq/1.weight"] == {"cat_dim": 0}
+    assert all(got[f"{s}/{n}"] == {} for s in ("fp32", "exp_avg") for n in ("0.weight", "3.bias", "5.weight"))
 
 
 def test_a_split_stated_with_tp_split_writes_the_same_keys(tmp_path: Path) -> None:
@@ -102,9 +168,7 @@ def test_a_split_stated_with_tp_split_writes_the_same_keys(tmp_path: Path) -> No
     plan = plan_universal(scan(str(root), tp_split=SPLIT), str(tmp_path / "out"))
     write_universal(plan)
     written = _written(Path(plan.out_dir))
-    assert {k: v for k, v in written["fp32/model.layers.0.mlp.down_proj.weight"].items() if k != "param"} == {
-        "cat_dim": 1
-    }
+    assert _keys(written["fp32/model.layers.0.mlp.down_proj.weight"]) == {"cat_dim": 1}
     assert set(written["fp32/model.norm.weight"]) == {"param"}
     ref = _reference("tp_z1_bf16")
     assert all(np.array_equal(v["param"].numpy(), ref[k]) for k, v in written.items() if "step/" not in k)
@@ -236,3 +300,62 @@ def test_an_expert_layout_deepspeeds_loader_cannot_cut_is_refused_not_guessed(tm
     )  # layer moe: 3 of 4 experts
     with pytest.raises(UnsupportedCheckpointError, match="do not split over expert-parallel size 2"):
         plan_universal(replace(ckpt, tensors=three), str(tmp_path))
+
+
+@pytest.mark.parametrize("config", ["pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine"])
+def test_verify_checks_the_tensor_parallel_keys_too(config: str, tmp_path: Path, cli: Any) -> None:
+    """Every byte right and a row-parallel weight's cat_dim wrong resumes that weight wrong (the pptp interop
+    case showed it): verify names the file. A SubparamShape read back compares equal to the record's."""
+    root, out = _source(config, tmp_path), tmp_path / "out"
+    assert cli("convert", root, out, "--format", "universal").rc == 0
+    res = cli("verify", root, out)
+    assert res.rc == 0, res.output
+    name = "3.weight" if config.startswith("pptp") else "model.layers.0.mlp.down_proj.weight"
+    path = out / "global_step3_uni" / "zero" / name / "exp_avg.pt"
+    value = torch.load(path, weights_only=False)
+    value["cat_dim"] = 0
+    torch.save(value, path)
+    res = cli("verify", root, out)
+    assert res.rc == 1 and f"{name}/exp_avg (its tensor-parallel keys" in res.output, res.output
+
+
+@pytest.mark.parametrize("config", ["moe_z0_bf16", "moe_z0_fp16", "moe_z0_bf16_ws4"])
+def test_native_moe_with_zero_off_is_refused_with_deepspeeds_reason(
+    config: str, tmp_path: Path, cli: Any
+) -> None:
+    """DeepSpeed's stage-0 MoE loader opens the expert-parallel ranks' ZeRO-off optimizer files in the universal
+    folder, never zero/ (the interop test shows its FileNotFoundError): refused as not resumable, nothing
+    written."""
+    ckpt = scan(str(ckpt_dir(config)))
+    offer = Universal().offer(ckpt)
+    assert not offer.available and offer.why is Why.NOT_RESUMABLE
+    assert offer.reason.startswith("an expert-parallel checkpoint with ZeRO off (FP16_UnfusedOptimizer")
+    assert "expp_rank_R_mp_rank_00_optim_states.pt" in offer.reason
+    res = cli("convert", ckpt_dir(config), tmp_path / "cli", "--format", "universal")
+    assert (
+        res.rc == 2 and "DeepSpeed cannot resume this layout" in res.output and "Traceback" not in res.output
+    )
+    assert not (tmp_path / "cli").exists() or not any((tmp_path / "cli").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda m: m.update(version=2), "affine map of format version 2"),
+        (lambda m: m["params"].update({"o_.*": {}}), "affine-map pattern(s) are regular expressions"),
+    ],
+)
+def test_an_affine_map_that_leaves_the_keys_unknown_is_refused(
+    edit: Any, words: str, tmp_path: Path, cli: Any
+) -> None:
+    """The affine map decides which files carry no keys: one DeepSpeed 0.19.8 cannot read, or whose patterns
+    are not plain names, is refused with the reason (exit 2, no traceback), never written with guessed keys."""
+    from tests.scan.test_tensor import _resave_model_states
+
+    root = tmp_path / "ck"
+    shutil.copytree(ckpt_dir("tp_phi3_z1_bf16"), root)
+    _resave_model_states(root, lambda sd: edit(sd["universal_checkpoint_info"]["affine_map"]))
+    with pytest.raises(UnsupportedCheckpointError, match=re.escape(words)):
+        plan_universal(scan(str(root)), str(tmp_path / "out"))
+    res = cli("convert", root, tmp_path / "cli", "--format", "universal")
+    assert res.rc == 2 and "Traceback" not in res.output and "--format weights or model" in res.output

@@ -184,11 +184,11 @@ def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
     """Pipeline, native-MoE and tensor-parallel checkpoints (ZeRO 1/2) are written like any other, with their
     layout's metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint (ZeRO off)
     is refused."""
-    from inspector.convert.kinds.universal.layouts import ZERO_OFF_REASON
+    from inspector.convert.kinds.universal.layouts import zero_off_reason
 
     assert ckpt.parallel is not None
     if ckpt.stage == 0:
-        return Why.NOT_RESUMABLE, f"a {ckpt.parallel.kind}-parallel checkpoint with {ZERO_OFF_REASON}"
+        return Why.NOT_RESUMABLE, zero_off_reason(ckpt.parallel.kind)
     return None
 
 

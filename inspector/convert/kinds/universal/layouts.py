@@ -1,12 +1,7 @@
 """What a universal checkpoint needs from a model-parallel layout beyond the joined tensors (FORMAT.md §4).
 
-Tensor parallel: each parameter's file carries the keys DeepSpeed's loader splits it by again for a
-tensor-parallel target without AutoTP metadata of its own (`universal_checkpoint.load_hp_checkpoint_state`),
-the ones `ds_to_universal`'s category path writes: `cat_dim` 0 or 1 (1 when the shards sit side by side),
-nothing for a replicated parameter, and `vocab_tensor` for a vocabulary-parallel one (its padding rows are
-already cut by the scan). Which is which is read from the shapes the shards recorded (`param_shapes` of
-shard 0) against the joined shape, so a split stated with `--tp-split` is written as faithfully as a recorded
-one; `vocab_tensor` only where the checkpoint itself names the parameter vocabulary-parallel.
+Tensor parallel (AutoTP, pipeline x tensor parallel): the keys DeepSpeed's loader splits each file by again,
+from the recorded split (`tp_meta.py`).
 
 Native MoE: DeepSpeed's loader reads every parameter from `zero/<its name on the resuming rank>/`, and an
 expert's name there is local (`deepspeed_experts.0` on every expert-parallel rank); a file that says
@@ -23,19 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
 
+from inspector.convert.kinds.universal.tp_meta import Meta, tp_metadata
 from inspector.errors import UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
-from inspector.parse.layers import TpRecipe
-from inspector.parse.states import ModelStates
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
-
-Meta = tuple[tuple[str, Any], ...]
-PLAIN: Meta = (("cat_dim", 0),)
-ROW: Meta = (("cat_dim", 1),)
-REPLICATED: Meta = ()
-VOCAB: Meta = (("cat_dim", 0), ("vocab_tensor", True))
 
 _EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_GROUP = re.compile(r"^ep_size_(\d+)$")
@@ -45,35 +31,19 @@ ZERO_OFF_REASON = (
     "at stage 0 (engine.load_checkpoint hands the model-states file's optimizer entry to BF16_Optimizer's "
     "legacy loader, which fails with KeyError: 0), so it cannot resume one"
 )
+# seen with the native-MoE fixtures' model, bf16 and fp16 (tests/interop/test_universal_layouts_interop.py)
+MOE_ZERO_OFF_REASON = (
+    "ZeRO off (FP16_UnfusedOptimizer at stage 0, in bf16 as in fp16): DeepSpeed 0.19.8 never reads a universal "
+    "checkpoint's zero/ folder at stage 0 with MoE (engine.load_checkpoint opens each expert-parallel rank's "
+    "ZeRO-off optimizer file, expp_rank_R_mp_rank_00_optim_states.pt, in the universal folder and fails with "
+    "FileNotFoundError), so it cannot resume one"
+)
 
 
-def tp_metadata(ckpt: Checkpoint) -> dict[str, Meta]:
-    """Per joined parameter, the keys its universal files carry (empty for a layout that is not tensor
-    parallel: every file then gets `cat_dim` 0, as for a data-parallel checkpoint)."""
-    if ckpt.parallel is None or ckpt.parallel.kind != "tensor":
-        return {}
-    model0 = next((f.path for f in ckpt.files if f.role == "model" and f.mp_rank == 0), None)
-    if model0 is None:
-        return {}
-    tree = load_tree(model0, ckpt.source)
-    states = ModelStates.parse(tree, model0)
-    recipe = TpRecipe.parse(tree, model0)
-    vocab = {n for n, rule in (recipe.rules.items() if recipe else ()) if rule == "vocab"}
-    shard = {name: shape for group in states.param_shapes or () for name, shape in group}
-    out: dict[str, Meta] = {}
-    for t in ckpt.tensors:
-        piece = shard.get(t.name)
-        if piece is None:
-            continue
-        if t.name in vocab:
-            out[t.name] = VOCAB
-        elif tuple(piece) == tuple(t.shape):
-            out[t.name] = REPLICATED
-        elif len(piece) > 1 and len(t.shape) > 1 and piece[1] != t.shape[1]:
-            out[t.name] = ROW
-        else:
-            out[t.name] = PLAIN
-    return out
+def zero_off_reason(kind: str) -> str:
+    """Why DeepSpeed cannot resume a universal checkpoint of a ZeRO-off layout of this kind."""
+    words = MOE_ZERO_OFF_REASON if kind == "expert" else ZERO_OFF_REASON
+    return f"{'an' if kind == 'expert' else 'a'} {kind}-parallel checkpoint with {words}"
 
 
 def layout_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[str, Meta]:

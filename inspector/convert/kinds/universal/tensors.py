@@ -19,6 +19,7 @@ import numpy as np
 
 from inspector.convert.executor import Writing
 from inspector.convert.kinds.universal.plan import UniFile
+from inspector.convert.kinds.universal.tp_meta import SubparamShape
 from inspector.convert.options import CHUNK_ELEMS
 from inspector.convert.plan import PIPELINE_DEPTH
 from inspector.convert.root import OutputRoot
@@ -60,9 +61,16 @@ def write_tensor(
 
     produce = _producer(pool, f, w, *buffers.get(chunk))
     storage = pw.Storage("float32", numel(f.shape), produce)
-    tree = {"param": pw.Tensor(storage, f.shape), **dict(f.meta)}
+    tree = {"param": pw.Tensor(storage, f.shape), **{k: _pickled(v, pw) for k, v in f.meta}}
     archive = f.state  # torch names the archive folder after the file
     root.write_with(rel, lambda fh: pw.dump(tree, fh, archive, chunk_elems=chunk), fsync=w.fsync)
+
+
+def _pickled(value: Any, pw: Any) -> Any:
+    """A metadata value as DeepSpeed pickles it: a SubparamShape as its own class, the rest as is."""
+    if isinstance(value, SubparamShape):
+        return pw.Obj(pw.Global("deepspeed.checkpoint.universal_checkpoint", "SubparamShape"), value.state())
+    return value
 
 
 def numel(shape: tuple[int, ...]) -> int:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize
-from inspector.scan.model import Checkpoint, Kind, Segment
+from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.system.bytesource import ByteSource
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ def verify_universal(
                     jobs.append((f"{t.name}/{m}", segs, got[m]))
                 else:
                     res.missing.append(f"{t.name}/{m}")
+    res.mismatched += _wrong_keys(src, expected, have, uni.source)
     src_names = {t.name for t in expected if t.kind in (Kind.TRAINABLE, Kind.FROZEN)}
     res.unexpected += [u.name for u in uni.tensors if u.kind is Kind.TRAINABLE and u.name not in src_names]
     if src.optimizer_step != uni.optimizer_step:
@@ -84,6 +85,49 @@ def verify_universal(
             elif not _same_file(src.source, f.path, uni.source, copy):
                 res.mismatched.append(os.path.basename(f.path))
     yield res
+
+
+def _wrong_keys(
+    src: Checkpoint, expected: tuple[TensorInfo, ...], have: dict[str, TensorInfo], source: ByteSource
+) -> list[str]:
+    """Files of a tensor- or expert-parallel layout whose keys beside `param` are not the ones its record gives
+    (`layouts.layout_metadata`): DeepSpeed's loader cuts a file by them, so a wrong one resumes wrong with
+    every byte right. (A data-parallel checkpoint's files need none: not checked, as DeepSpeed's own ZeRO-3
+    output carries none.)"""
+    from inspector.convert.kinds.universal.layouts import layout_metadata
+    from inspector.format.torchzip import load_tree
+
+    meta = layout_metadata(src, expected)
+    if not meta:
+        return []
+    out = []
+    for t in expected:
+        u = have.get(t.name)
+        if t.kind not in (Kind.TRAINABLE, Kind.FROZEN) or u is None or u.kind is Kind.TIED:
+            continue
+        want = {k: _plain(v) for k, v in meta.get(t.name, (("cat_dim", 0),))}
+        files = [("fp32", u.segments), *((m, segs) for m, segs in u.moments)]
+        for state, segs in files:
+            if not segs:
+                continue
+            tree = load_tree(segs[0].file, source)
+            got = {k: _plain(v) for k, v in tree.items() if k != "param"} if isinstance(tree, dict) else None
+            if got != want:
+                out.append(f"{t.name}/{state} (its tensor-parallel keys are not those of the recorded split)")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A key's value for comparison: a SubparamShape (ours, or the inert record read back) as its fields."""
+    from inspector.convert.kinds.universal.tp_meta import SubparamShape
+    from inspector.format.records import Record
+
+    if isinstance(value, SubparamShape):
+        return ("SubparamShape", repr(value.state()))
+    if isinstance(value, Record):
+        fields = {k: value.__dict__[k] for k in ("patterns", "shape", "partition_dim") if k in value.__dict__}
+        return (value._qualname.rpartition(".")[2], repr(fields))
+    return (type(value).__name__, value)
 
 
 def _chunks(pool: FilePool, segs: tuple[Segment, ...]) -> Iterator[np.ndarray]:
