@@ -36,7 +36,7 @@ from inspector.system.bytesource import source_at
 if TYPE_CHECKING:
     from inspector.convert.kinds.safetensors import ShardWriter
 
-MERGE_BLOCK = 1 << 16  # elements of fp32 a worker computes at once (two 256 KiB blocks: W and the delta)
+MERGE_BLOCK = 1 << 14  # elements of fp32 a worker computes at once (three 64 KiB blocks: W, delta, product)
 MERGED_KEY = "merged_adapter"
 BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
 
@@ -67,7 +67,9 @@ class MergedPlan:
 
         depth, _ = pool_plan(self.plan, plan_workers(self.plan))
         ab = sorted((8 * (m.a.numel + m.b.numel) for m in self.merges.values()), reverse=True)
-        return sum(ab[: depth + 1]) + min(depth, plan_workers(self.plan)) * 2 * 4 * MERGE_BLOCK
+        cols = max((m.b.shape[0] if m.transposed else m.a.shape[1] for m in self.merges.values()), default=0)
+        blocks = 3 * 4 * max(MERGE_BLOCK, cols)  # a worker's W, delta and product blocks (whole rows)
+        return sum(ab[: depth + 1]) + min(depth, plan_workers(self.plan)) * blocks
 
 
 def build_merged_plan(
@@ -222,38 +224,42 @@ class _MergeMath:
 
     def apply(self, ctx: object, t: PlannedTensor, start: int, src: np.ndarray, out: np.ndarray) -> None:
         left, right, scale = cast(tuple[np.ndarray, np.ndarray, np.float32], ctx)  # what `prepare` made
-        w, d = self._blocks()
-        for e in range(0, src.shape[0], MERGE_BLOCK):
-            k = min(MERGE_BLOCK, src.shape[0] - e)
+        cols = right.shape[1]
+        group = max(1, MERGE_BLOCK // cols)  # rows of the delta per block: fixed by the shape alone
+        w, d, p = self._blocks(group * cols)
+        e, n = 0, src.shape[0]
+        while e < n:
+            r0 = (start + e) // cols // group * group  # the block of rows holding element start + e
+            rows = min(group, left.shape[0] - r0)
+            _delta(left[r0 : r0 + rows], right, d[: rows * cols], p[: rows * cols])
+            lo = start + e - r0 * cols
+            k = min(n - e, rows * cols - lo)
+            delta = d[lo : lo + k]
             cast_into(src[e : e + k], w[:k], threads=1)  # exact: fp32, or a 16-bit source widened
-            _delta_into(left, right, start + e, d[:k])
-            np.multiply(d[:k], scale, out=d[:k])
-            np.add(w[:k], d[:k], out=w[:k])
-            cast_into(w[:k], out[e : e + k], threads=1)  # may be `src` itself: its block e is read already
+            np.multiply(delta, scale, out=delta)
+            np.add(w[:k], delta, out=w[:k])
+            cast_into(w[:k], out[e : e + k], threads=1)  # may be `src` itself: its elements e.. are read
+            e += k
 
-    def _blocks(self) -> tuple[np.ndarray, np.ndarray]:
-        if getattr(self.scratch, "w", None) is None:
-            self.scratch.w = np.empty(MERGE_BLOCK, np.float32)
-            self.scratch.d = np.empty(MERGE_BLOCK, np.float32)
-        return self.scratch.w, self.scratch.d
+    def _blocks(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This worker's three fp32 blocks, at least `size` elements (made once, grown for a wider row)."""
+        w = getattr(self.scratch, "w", None)
+        if w is None or w.shape[0] < size:
+            self.scratch.w, self.scratch.d, self.scratch.p = (np.empty(size, np.float32) for _ in range(3))
+        return self.scratch.w, self.scratch.d, self.scratch.p
 
 
-def _delta_into(left: np.ndarray, right: np.ndarray, start: int, out: np.ndarray) -> None:
-    """`out` = elements [start, start + len(out)) of (left @ right) in row-major order, computing only those:
-    a partial first or last row as a vector-matrix product over its columns, whole rows in one matmul."""
-    cols = right.shape[1]
-    pos, e, end = 0, start, start + out.shape[0]
-    while e < end:
-        r, c = divmod(e, cols)
-        if c or end - e < cols:
-            c1 = min(cols, c + end - e)
-            np.matmul(left[r], right[:, c:c1], out=out[pos : pos + c1 - c])
-            step = c1 - c
-        else:
-            rows = (end - e) // cols
-            np.matmul(left[r : r + rows], right, out=out[pos : pos + rows * cols].reshape(rows, cols))
-            step = rows * cols
-        pos, e = pos + step, e + step
+def _delta(left: np.ndarray, right: np.ndarray, d: np.ndarray, p: np.ndarray) -> None:
+    """`d` = left @ right for a block of whole rows, summed over the rank in a fixed order with elementwise
+    ufuncs: every element's bits are the same whatever block it is computed in (BLAS picks its kernel and
+    its order by the shape, and keeps a buffer for each calling thread: 64 workers held ~19 MiB more than 2),
+    and the GIL is released for each ufunc on the block. Within verify's bound of r + 2 roundings."""
+    rows, cols = left.shape[0], right.shape[1]
+    out, part = d.reshape(rows, cols), p.reshape(rows, cols)
+    np.multiply(left[:, :1], right[0], out=out)
+    for j in range(1, right.shape[0]):
+        np.multiply(left[:, j : j + 1], right[j], out=part)
+        np.add(out, part, out=out)
 
 
 def merged_shards(mp: MergedPlan) -> ShardWriter:
