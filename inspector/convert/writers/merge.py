@@ -107,6 +107,27 @@ def build_merged_plan(
                 hint="The base model is not the one this adapter was trained on; pass the right one with --base.",
             )
         entries[name] = replace(t, name=name, kind=Kind.FROZEN if t.kind is Kind.TRAINABLE else t.kind)
+    merges = _merges(ckpt, adapter, entries, folder)
+    synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
+    opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
+    plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
+    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
+    if folder is not None:
+        plan = replace(plan, sources=(*plan.sources, base_source(folder)))
+    plan = replace(plan, fingerprint=_fingerprint(plan, merges, model if needs_base else None))
+    kept = {t.name for s in plan.shards for t in s.tensors}
+    merges = {n: m for n, m in merges.items() if n in kept}
+    for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
+        if pt.out_dtype not in DTYPES or pt.src_dtype not in DTYPES:
+            raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
+    notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
+    return MergedPlan(plan, merges, folder, tuple(notes))
+
+
+def _merges(
+    ckpt: Checkpoint, adapter: Adapter, entries: dict[str, TensorInfo], folder: str | None
+) -> dict[str, Merge]:
+    """Each adapted weight's merge, checked against the weight it changes (present, 2-D, B·A's shape)."""
     merges: dict[str, Merge] = {}
     for ly in adapter.layers:
         w = entries.get(ly.base_weight)
@@ -125,20 +146,7 @@ def build_merged_plan(
                 title="Adapter problem",
             )
         merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
-    synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
-    opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
-    plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
-    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
-    if folder is not None:
-        plan = replace(plan, sources=(*plan.sources, base_source(folder)))
-    plan = replace(plan, fingerprint=_fingerprint(plan, merges, model if needs_base else None))
-    kept = {t.name for s in plan.shards for t in s.tensors}
-    merges = {n: m for n, m in merges.items() if n in kept}
-    for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
-        if pt.out_dtype not in DTYPES or pt.src_dtype not in DTYPES:
-            raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
-    notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
-    return MergedPlan(plan, merges, folder, tuple(notes))
+    return merges
 
 
 def _fingerprint(plan: ConversionPlan, merges: dict[str, Merge], model: BaseModel | None) -> str:
