@@ -52,6 +52,7 @@ CAST_ELEMS = 1 << 18
 # fitted there: a run streams whole ranges from the disk with the kernel's readahead, about twice what the
 # probe's isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s)
 STREAM_GAIN = 2.0
+RUNNABLE_SAMPLES, RUNNABLE_EVERY = 20, 0.005  # /proc/stat read 20 times over 100 ms
 
 
 @dataclass(frozen=True)
@@ -126,10 +127,11 @@ def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool)
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
-def _others_runnable(samples: int = 5) -> float:
+def _others_runnable(samples: int = RUNNABLE_SAMPLES) -> float:
     """Processes runnable besides ours, now: /proc/stat's procs_running (which counts us) over a few
     milliseconds. The load average would do elsewhere, but it trails by a minute: right after other work of
-    ours it counts that work too (a benchmark's previous run doubled its prediction)."""
+    ours it counts that work too (a benchmark's previous run doubled its prediction). Sampled over 100 ms
+    rather than 10: on a machine shared by bursty jobs a short window catches a burst or a lull."""
     seen = []
     for _ in range(samples):
         try:
@@ -138,7 +140,7 @@ def _others_runnable(samples: int = 5) -> float:
             seen.append(int(line.split()[1]))
         except (OSError, ValueError, IndexError):
             return max(0.0, os.getloadavg()[0] - 1.0)
-        time.sleep(0.002)
+        time.sleep(RUNNABLE_EVERY)
     return max(0.0, sum(seen) / len(seen) - 1.0)
 
 
