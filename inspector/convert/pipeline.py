@@ -9,8 +9,10 @@ to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release 
 `pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
 at once, as many as there are workers, and the order they finish in changes no byte. The buffers are the
 plan's one budget (`plan.buffer_bytes`) whatever the worker count: more workers get more, smaller buffers
-(`pool_plan`), never more memory. From an object store each worker's read is a round trip, so at least
-`plan.depth` are in flight.
+(`pool_plan`), never more memory, and shards written side by side take their chunks from the same pools.
+From an object store each worker's read is a round trip, so at least `plan.depth` are in flight. A tensor
+whose output is computed rather than cast (a LoRA merge: `ChunkMath`) goes the same way, its chunks computed
+on the workers.
 
 This is the part of a conversion that moves bytes; `engine` decides which shards to write and owns
 everything around them (output folder, journal, renames, progress events, cancel).
