@@ -192,3 +192,16 @@ def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_pat
     a = assess(plan, str(tmp_path / "out"))
     assert seen and sum(seen[0].values()) == plan.read_bytes
     assert a.estimated_seconds > 0
+
+
+def test_the_load_is_what_runs_now_besides_us(monkeypatch: pytest.MonkeyPatch) -> None:
+    """procs_running (which counts us) sampled at the probe's steps, topped up to RUNNABLE_SAMPLES; the
+    one-minute load average only where /proc/stat cannot be read."""
+    r = cal_mod._Runnable()
+    r.seen = [3, 5]
+    monkeypatch.setattr(cal_mod._Runnable, "sample", lambda self: self.seen.append(4))
+    assert r.others() == pytest.approx(3.0) and len(r.seen) == cal_mod.RUNNABLE_SAMPLES
+    gone = cal_mod._Runnable()
+    gone.failed = True
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
+    assert gone.others() == 6.5
