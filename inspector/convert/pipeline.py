@@ -229,7 +229,9 @@ def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: Thr
             for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
                 if io.cancel.is_set() or io.stop.is_set():
                     return
-                src = _take(io.pools[0], io.stop)  # a kernel copy holds one too: the fallback's, and the bound
+                src = _take(
+                    io.pools[0], io.stop
+                )  # a kernel copy holds one too: the fallback's, and the bound
                 out = _take(io.pools[1], io.stop) if cast else None
                 if src is None or (cast and out is None):
                     return

@@ -115,7 +115,9 @@ def test_merged_weights_are_computed_on_the_workers(
 
     monkeypatch.setattr(pipeline, "_work", spy)
     ckpt = lora_checkpoint(demo, tmp_path)
-    write(plan_export(ckpt, ConvertOptions(dtype="fp32", chunk_elems=4, workers=4), merge=True), tmp_path / "o")
+    write(
+        plan_export(ckpt, ConvertOptions(dtype="fp32", chunk_elems=4, workers=4), merge=True), tmp_path / "o"
+    )
     q = "model.layers.0.self_attn.q_proj.weight"
     assert [n for n, _ in seen].count(q) > 1  # several chunks of the 8 x 6 weight
     assert all(thread.startswith("zi-convert") for _, thread in seen)
