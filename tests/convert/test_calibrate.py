@@ -136,17 +136,13 @@ def test_the_model_is_its_arithmetic() -> None:
     )
 
 
-def test_health_and_universal_use_the_same_calibration(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """health's estimate and universal's preflight hand the one model the bytes they read and what they do
-    with them (read and reduced; read and zipped, `workers` files at once)."""
+def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Universal's preflight hands the one model the bytes it reads and what it does with them: read and
+    zipped, the model-states files copied, `workers` files at once."""
     from inspector.convert.kinds import get
     from inspector.convert.kinds.base import Request
-    from inspector.convert.options import ConvertOptions, select
+    from inspector.convert.options import ConvertOptions
     from inspector.demo.writer import DemoSpec, write_demo
-    from inspector.health.estimate import health_seconds
-    from inspector.health.jobs import plan_jobs
     from inspector.scan.scanner import scan
 
     write_demo(str(tmp_path / "ck"), DemoSpec(params=300_000))
@@ -159,11 +155,6 @@ def test_health_and_universal_use_the_same_calibration(
         return real(sources, reads, work, workers, *a)
 
     monkeypatch.setattr(cal_mod, "calibrated_seconds", spy)
-    tensors = select(ckpt, ConvertOptions())
-    assert health_seconds(ckpt, tensors, None, 3) > 0
-    reads, work, workers = seen[-1]
-    total = sum(j.nbytes for j in plan_jobs(ckpt, tensors, None))
-    assert sum(reads.values()) == work.read == work.reduced == total and workers == 3
     job = get("universal").plan(ckpt, Request(ConvertOptions(workers=5)), str(tmp_path / "out"))
     assert job.assess().estimated_seconds > 0
     reads, work, workers = seen[-1]
