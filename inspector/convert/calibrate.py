@@ -52,9 +52,6 @@ CAST_ELEMS = 1 << 18
 # fitted there: a run streams whole ranges from the disk with the kernel's readahead, about twice what the
 # probe's isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s)
 STREAM_GAIN = 2.0
-# /proc/stat read at least 12 times: at the probe's steps (each file, window and cast), topped up (spread
-# over what is left of 100 ms since the probe began) when it had fewer
-RUNNABLE_SAMPLES, RUNNABLE_SPAN = 12, 0.1
 
 
 @dataclass(frozen=True)
@@ -78,12 +75,10 @@ def calibrate(
     sources), and the run's commonest `cast` (source, output dtype). Local files only: the caller uses the
     network's model for a store."""
     start = time.perf_counter()
-    runnable = _Runnable()
     warm: list[tuple[str, int, int, int]] = []
     cold: list[tuple[str, int, int, int]] = []
     resident, total = 0.0, 0
     for path, nbytes in sorted(reads.items(), key=lambda kv: -kv[1]):
-        runnable.sample()
         fd = pool.fd(path)
         windows = sample_windows(fd) if fd is not None else None
         if fd is None or windows is None:
@@ -95,23 +90,21 @@ def calibrate(
         total += nbytes
         warm += [(path, fd, o, n) for o, n, f in windows if f == 1.0][: PROBES - len(warm)]
         cold += [(path, fd, o, n) for o, n, f in windows if f == 0.0][: PROBES - len(cold)]
-    warm_rate = _rate(pool, warm, False, runnable) or FALLBACK_WARM
-    cold_rate = _rate(pool, cold, True, runnable) or FALLBACK_COLD
+    warm_rate = _rate(pool, warm, evict=False) or FALLBACK_WARM
+    cold_rate = _rate(pool, cold, evict=True) or FALLBACK_COLD
     return Calibration(
         resident=resident / total if total else 1.0,
         warm_rate=warm_rate,
         cold_rate=cold_rate,
-        cast_rate=_cast_rate(*cast, runnable),
+        cast_rate=_cast_rate(*cast),
         cores=usable_cores(),
-        load=runnable.others(),
+        load=_others_runnable(),
         seconds=time.perf_counter() - start,
         probed=bool(warm or cold),
     )
 
 
-def _rate(
-    pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool, runnable: _Runnable
-) -> float | None:
+def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool) -> float | None:
     """Bytes/s reading `windows` once each (distinct pages: none is still in the CPU's cache from the one
     before), the median window's (a busy machine preempts a few); with `evict`, their pages are dropped
     again afterwards."""
@@ -122,7 +115,6 @@ def _rate(
     view = memoryview(buf)  # type: ignore[arg-type]  # numpy arrays are buffers
     rates = []
     for path, _, offset, n in windows:
-        runnable.sample()
         start = time.perf_counter()
         pool.handle(path).read_into(offset, view[:n])  # the confined handle; a short read is no error here
         seconds = time.perf_counter() - start
@@ -134,46 +126,30 @@ def _rate(
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
-class _Runnable:
-    """Processes runnable besides ours, now: /proc/stat's procs_running (which counts us), sampled between the
-    probe's own steps and topped up to RUNNABLE_SAMPLES within RUNNABLE_SPAN. The load average would do
-    elsewhere, but it trails by a minute: right after other work of ours it counts that work too (a
-    benchmark's previous run doubled its prediction); and on a machine shared by bursty jobs a few
-    milliseconds catch a burst or a lull, so the samples are spread over the probe."""
-
-    def __init__(self) -> None:
-        self.seen: list[int] = []
-        self.start = time.perf_counter()
-        self.failed = False
-
-    def sample(self) -> None:
-        if self.failed:
-            return
+def _others_runnable(samples: int = 5) -> float:
+    """Processes runnable besides ours, now: /proc/stat's procs_running (which counts us) over a few
+    milliseconds. The load average would do elsewhere, but it trails by a minute: right after other work of
+    ours it counts that work too (a benchmark's previous run doubled its prediction). Sampled after the
+    probe, not during it: samples taken between its reads counted more (the sweep's predictions went from
+    21 of 40 rows within 25 % to 4 of 24, over-predicting, in results.md)."""
+    seen = []
+    for _ in range(samples):
         try:
             with open("/proc/stat", "rb") as fh:
                 line = next((ln for ln in fh if ln.startswith(b"procs_running")), b"")
-            self.seen.append(int(line.split()[1]))
+            seen.append(int(line.split()[1]))
         except (OSError, ValueError, IndexError):
-            self.failed = True
-
-    def others(self) -> float:
-        """The mean over the samples, ours excluded (the load average where /proc/stat cannot be read)."""
-        while not self.failed and len(self.seen) < RUNNABLE_SAMPLES:
-            left = RUNNABLE_SPAN - (time.perf_counter() - self.start)
-            time.sleep(max(0.0, left) / (RUNNABLE_SAMPLES - len(self.seen)))
-            self.sample()
-        if self.failed or not self.seen:
             return max(0.0, os.getloadavg()[0] - 1.0)
-        return max(0.0, sum(self.seen) / len(self.seen) - 1.0)
+        time.sleep(0.002)
+    return max(0.0, sum(seen) / len(seen) - 1.0)
 
 
-def _cast_rate(src_dtype: str, out_dtype: str, runnable: _Runnable) -> float:
+def _cast_rate(src_dtype: str, out_dtype: str) -> float:
     """Elements/s one core casts `src_dtype` to `out_dtype` (best of three)."""
     src = np.linspace(-2.0, 2.0, CAST_ELEMS, dtype=np.float64).astype(numpy_dtype(src_dtype))
     out = np.empty(CAST_ELEMS, numpy_dtype(out_dtype))
     best = float("inf")
     for _ in range(3):
-        runnable.sample()
         t = time.perf_counter()
         cast_into(src, out, threads=1)
         best = min(best, time.perf_counter() - t)

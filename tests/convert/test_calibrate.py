@@ -186,13 +186,24 @@ def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 
 def test_the_load_is_what_runs_now_besides_us(monkeypatch: pytest.MonkeyPatch) -> None:
-    """procs_running (which counts us) sampled at the probe's steps, topped up to RUNNABLE_SAMPLES; the
-    one-minute load average only where /proc/stat cannot be read."""
-    r = cal_mod._Runnable()
-    r.seen = [3, 5]
-    monkeypatch.setattr(cal_mod._Runnable, "sample", lambda self: self.seen.append(4))
-    assert r.others() == pytest.approx(3.0) and len(r.seen) == cal_mod.RUNNABLE_SAMPLES
-    gone = cal_mod._Runnable()
-    gone.failed = True
+    """procs_running (which counts us) averaged over a few samples; the one-minute load average only where
+    /proc/stat cannot be read."""
+    import io
+
+    counts = iter([3, 5, 4, 4, 4])
+    real_open = open
+
+    def fake_open(path: Any, *a: Any, **kw: Any) -> Any:
+        if path == "/proc/stat":
+            return io.BytesIO(b"cpu 1 2 3\nprocs_running %d\nprocs_blocked 0\n" % next(counts))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert cal_mod._others_runnable() == pytest.approx(3.0)
+
+    def refused(path: Any, *a: Any, **kw: Any) -> Any:
+        raise OSError("no /proc")
+
+    monkeypatch.setattr("builtins.open", refused)
     monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
-    assert gone.others() == 6.5
+    assert cal_mod._others_runnable() == 6.5
