@@ -130,8 +130,8 @@ def _others_runnable(samples: int = 5) -> float:
     """Processes runnable besides ours, now: /proc/stat's procs_running (which counts us) over a few
     milliseconds. The load average would do elsewhere, but it trails by a minute: right after other work of
     ours it counts that work too (a benchmark's previous run doubled its prediction). Sampled after the
-    probe, not during it: samples taken between its reads counted more (the sweep's predictions went from
-    21 of 40 rows within 25 % to 4 of 24, over-predicting, in results.md)."""
+    probe: sampled between its reads, the sweep's predictions fell from 21 of 40 rows within 25 % to 4 of
+    24, over-predicting (results.md; the load differed between those runs too)."""
     seen = []
     for _ in range(samples):
         try:
