@@ -6,8 +6,9 @@ each file, reading nothing), then times reads of a few 1 MiB windows that are in
 that are not (those are dropped from the cache again afterwards, so the probe leaves the cache as it found
 it), and a cast of 256 Ki fp32 values to bf16. Its cost is bounded whatever the checkpoint: at most
 2 x PROBES MiB read, SAMPLES `mincore` windows per file, a few milliseconds of casting (stated in
-`Calibration.seconds`). `estimate_seconds` turns it into a conversion's time: the CPU's share (copying
-resident bytes, casting, writing) spread over min(workers, cores) cores, against what the disk serves for
+`Calibration.seconds`). `estimate_seconds` turns it into a run's time from what the run does with its bytes
+(`Work`, one shape for convert, universal and health): the CPU's share (copying resident bytes, casting,
+writing, zipping, reducing) spread over min(workers, cores, pieces) cores, against what the disk serves for
 the bytes not in the cache, the cores shared with what else is running (the load average).
 """
 
@@ -17,6 +18,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,19 +30,28 @@ from inspector.system.residency import sample_windows
 
 PROBES = 12  # windows read per cache state (1 MiB each)
 # assumed when no window of a state can be probed (a fully warm or fully cold checkpoint), measured on the
-# 2-core reference machine: one thread copies 3 GB/s from the page cache, the disk serves 400 MB/s cold
-FALLBACK_WARM = 3e9
+# 2-core reference machine: the probe's 1 MiB preads copy 25-35 GB/s from pages long in the page cache (a
+# window read twice, the second time just after the disk's, gave 9-12 GB/s: no stand-in for it), the disk
+# serves 400 MB/s cold
+FALLBACK_WARM = 25e9
 FALLBACK_COLD = 4e8
 # fitted on the 2-core reference machine, relative to the probe's resident read (a 1 MiB pread that finds its
 # pages in the CPU's cache more often than a stream does): CPU per byte a run streams from the page cache,
-# writes into it with pwrite (page allocation and copy), and copies file to file in the kernel. Measured there:
-# the probe 24 GB/s; convert of a 200M ZeRO-2 demo, 0.91 GB read, one worker: bf16 (0.46 GB written, 228 M
-# casts) 0.98 CPU-s, fp32 (all kernel copies) 0.66 CPU-s, of which start-up 0.35
+# writes into it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a
+# torch zip (universal's `.pt`: CRC-32 and a buffered write) and reduces (health's statistics). Measured there
+# on a 200M ZeRO-2 demo, one worker, page cache warm, probe 27.8 GB/s, CPU-seconds (user + sys) whole process:
+# bf16 0.72 (0.91 GB read, 0.46 GB written, 228 M casts), fp32 0.68 (0.91 GB kernel copies), universal 5.23
+# (2.40 GB read and zipped, 0.40 GB copied), health 0.88 (2.80 GB read and reduced); `scan` alone 0.30
 READ_COST = 2.0
-WRITE_COST = 24.0
+WRITE_COST = 12.0
 COPY_COST = 10.0
+ZIP_COST = 53.0
+REDUCE_COST = 3.5
 STARTUP_CPU = 0.35  # CPU-seconds of interpreter, imports and scan before the first byte
 CAST_ELEMS = 1 << 18
+# fitted there: a run streams whole ranges from the disk with the kernel's readahead, about twice what the
+# probe's isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s)
+STREAM_GAIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,7 @@ class Calibration:
     cold_rate: float  # bytes/s one thread reads from the disk
     cast_rate: float  # elements/s one core casts (the run's commonest cast)
     cores: int
-    load: float  # runnable processes on the machine (1-minute load average), ours excluded
+    load: float  # processes runnable on the machine now, ours excluded
     seconds: float  # what calibrating cost
     probed: bool  # whether the rates were measured (else assumed)
 
@@ -87,7 +98,7 @@ def calibrate(
         cold_rate=cold_rate,
         cast_rate=_cast_rate(*cast),
         cores=usable_cores(),
-        load=max(0.0, os.getloadavg()[0] - 1.0),
+        load=_others_runnable(),
         seconds=time.perf_counter() - start,
         probed=bool(warm or cold),
     )
@@ -115,6 +126,24 @@ def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool)
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
+def _others_runnable(samples: int = 5) -> float:
+    """Processes runnable besides ours, now: /proc/stat's procs_running (which counts us) over a few
+    milliseconds. The load average would do elsewhere, but it trails by a minute: right after other work of
+    ours it counts that work too (a benchmark's previous run doubled its prediction). Sampled after the
+    probe: sampled between its reads, the sweep's predictions fell from 21 of 40 rows within 25 % to 4 of
+    24, over-predicting (results.md; the load differed between those runs too)."""
+    seen = []
+    for _ in range(samples):
+        try:
+            with open("/proc/stat", "rb") as fh:
+                line = next((ln for ln in fh if ln.startswith(b"procs_running")), b"")
+            seen.append(int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            return max(0.0, os.getloadavg()[0] - 1.0)
+        time.sleep(0.002)
+    return max(0.0, sum(seen) / len(seen) - 1.0)
+
+
 def _cast_rate(src_dtype: str, out_dtype: str) -> float:
     """Elements/s one core casts `src_dtype` to `out_dtype` (best of three)."""
     src = np.linspace(-2.0, 2.0, CAST_ELEMS, dtype=np.float64).astype(numpy_dtype(src_dtype))
@@ -127,21 +156,52 @@ def _cast_rate(src_dtype: str, out_dtype: str) -> float:
     return CAST_ELEMS / best if best > 0 else 1e9
 
 
-def estimate_seconds(
-    cal: Calibration, workers: int, read: int, written: int, cast_elems: int, copied: int
+@dataclass(frozen=True)
+class Work:
+    """What a run does with its bytes: the one shape the time model takes, for convert, universal and health.
+
+    `read` is every byte read (`copied` included: the disk serves both); the rest say what the CPU does with
+    them, each at its own cost per byte relative to the probe's resident read."""
+
+    read: int
+    written: int = 0  # bytes written with pwrite from a buffer
+    cast_elems: int = 0  # elements cast (the calibrated cast)
+    copied: int = 0  # bytes copied file to file in the kernel (never read into Python)
+    zipped: int = 0  # bytes written into a torch zip with their CRC-32 (universal's `.pt` files)
+    reduced: int = 0  # bytes whose statistics are computed (health)
+    pieces: int = 0  # independent pieces (files, streams) the workers share: no more run at once (0: any)
+
+
+def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
+    """Seconds a run takes here, start-up included. Each part's CPU, from the calibration, runs on the cores
+    the machine leaves us: min(workers, cores, pieces), shared with what else is runnable (the load
+    average); the bytes not in the page cache come at the disk's pace, overlapped with the CPU's part."""
+    threads = min(workers, cal.cores, work.pieces or workers)
+    buffered = work.read - work.copied
+    per_byte = (
+        READ_COST * buffered * cal.resident
+        + WRITE_COST * work.written
+        + COPY_COST * work.copied
+        + ZIP_COST * work.zipped
+        + REDUCE_COST * work.reduced
+    )
+    cpu = per_byte / cal.warm_rate + work.cast_elems / cal.cast_rate
+    disk = work.read * (1.0 - cal.resident) / (cal.cold_rate * STREAM_GAIN)
+    return STARTUP_CPU / _share(1, cal) + max(cpu / _share(threads, cal), disk)
+
+
+def calibrated_seconds(
+    sources: tuple[Any, ...],
+    reads: Mapping[str, int],
+    work: Work,
+    workers: int,
+    cast: tuple[str, str] = ("float32", "bfloat16"),
 ) -> float:
-    """Seconds a conversion takes here, start-up included: `read` bytes read, `written` written,
-    `cast_elems` elements cast by `workers` threads, `copied` bytes of them copied file to file by one
-    thread (the kernel's copy). Each part's CPU, from the calibration, runs on the cores the machine leaves
-    us: min(workers, cores), shared with what else is runnable (the load average); the bytes not in the
-    page cache come at the disk's pace, overlapped with the CPU's part."""
-    par = _share(min(workers, cal.cores), cal)
-    buffered_read, buffered_written = read - copied, written - copied
-    cpu = (READ_COST * buffered_read * cal.resident + WRITE_COST * buffered_written) / cal.warm_rate
-    cpu += cast_elems / cal.cast_rate
-    serial = COPY_COST * copied / cal.warm_rate / _share(1, cal)
-    disk = read * (1.0 - cal.resident) / cal.cold_rate
-    return STARTUP_CPU / _share(1, cal) + max(cpu / par + serial, disk)
+    """`work`'s time on this machine now: calibrated on the files `reads` names (path -> bytes read from
+    each), opened through `sources` (the run's confined sources), for `workers` threads."""
+    with FilePool(*sources) as pool:
+        cal = calibrate(pool, reads, cast)
+    return estimate_seconds(cal, workers, work)
 
 
 def _share(threads: int, cal: Calibration) -> float:

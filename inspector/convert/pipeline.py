@@ -9,8 +9,10 @@ to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release 
 `pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
 at once, as many as there are workers, and the order they finish in changes no byte. The buffers are the
 plan's one budget (`plan.buffer_bytes`) whatever the worker count: more workers get more, smaller buffers
-(`pool_plan`), never more memory. From an object store each worker's read is a round trip, so at least
-`plan.depth` are in flight.
+(`pool_plan`), never more memory, and shards written side by side take their chunks from the same pools.
+From an object store each worker's read is a round trip, so at least `plan.depth` are in flight. A tensor
+whose output is computed rather than cast (a LoRA merge: `ChunkMath`) goes the same way, its chunks computed
+on the workers.
 
 This is the part of a conversion that moves bytes; `engine` decides which shards to write and owns
 everything around them (output folder, journal, renames, progress events, cancel).
@@ -25,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -35,6 +38,18 @@ from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Segment
 from inspector.system.limits import usable_cores
+
+
+class ChunkMath(Protocol):
+    """Computes the output of tensors that are not their source bytes cast (a LoRA merge), chunk by chunk on
+    the workers: `prepare` (on the producer, once per tensor) returns what its chunks need, or None for a
+    plain tensor; `apply` writes elements [start, start + len(src)) of the output into `out` (which may be
+    `src` itself: the same buffer when the dtype does not change)."""
+
+    def prepare(self, pool: FilePool, t: PlannedTensor) -> object | None: ...
+
+    def apply(self, ctx: object, t: PlannedTensor, start: int, src: np.ndarray, out: np.ndarray) -> None: ...
+
 
 MIN_CHUNK = 1 << 18  # elements: a worker's chunk never shrinks below 1 MiB of fp32 (syscalls stay noise)
 PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]  # (source, output) buffers
@@ -145,6 +160,7 @@ class _ShardIO:
     written: int = 0
     tensor: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    math: ChunkMath | None = None
 
     def count(self, nbytes: int, tensor: str) -> None:
         with self.lock:
@@ -156,32 +172,40 @@ class _ShardIO:
         self.stop.set()
 
 
+@dataclass(frozen=True)
+class _Chunk:
+    """One worker's piece of a tensor: its segments, where its bytes go, its first element in the tensor,
+    and what `ChunkMath.prepare` gave for the tensor (None: its bytes, cast)."""
+
+    t: PlannedTensor
+    segs: list[Segment]
+    pos: int
+    start: int
+    ctx: object | None = None
+
+
 def _work(
-    io: _ShardIO,
-    t: PlannedTensor,
-    segs: list[Segment],
-    pos: int,
-    src: np.ndarray,
-    out: np.ndarray | None,
-    kernel: _KernelCopy | None,
+    io: _ShardIO, c: _Chunk, src: np.ndarray, out: np.ndarray | None, kernel: _KernelCopy | None
 ) -> None:
     """One worker's chunk: copied file to file in the kernel when it needs no cast (`kernel`) and the kernel
-    takes it; else read into `src`, cast into `out` if the dtype changes, and written at `pos`. The buffers
-    go back to their pools whatever happens."""
-    n = sum(s.numel for s in segs)
+    takes it; else read into `src`, cast into `out` if the dtype changes (or computed, with `c.ctx`), and
+    written at `c.pos`. The buffers go back to their pools whatever happens."""
+    t = c.t
+    n = sum(s.numel for s in c.segs)
     try:
         if io.stop.is_set() or io.cancel.is_set():
             return
-        if kernel is not None and _kernel_copy(kernel, io.files, io.fd, segs, pos):
+        if kernel is not None and _kernel_copy(kernel, io.files, io.fd, c.segs, c.pos):
             io.count(n * itemsize(t.out_dtype), t.name)
             return
-        read_segments_into(io.files, segs, src)
-        data = src
-        if out is not None:
+        read_segments_into(io.files, c.segs, src)
+        data = src if out is None else out
+        if c.ctx is not None and io.math is not None:
+            io.math.apply(c.ctx, t, c.start, typed(src, t.src_dtype, n), typed(data, t.out_dtype, n))
+        elif out is not None:
             cast_into(typed(src, t.src_dtype, n), typed(out, t.out_dtype, n), threads=1)
-            data = out
         nbytes = n * itemsize(t.out_dtype)
-        _pwrite_all(io.fd, memoryview(data)[:nbytes], pos)  # type: ignore[arg-type]  # a uint8 array
+        _pwrite_all(io.fd, memoryview(data)[:nbytes], c.pos)  # type: ignore[arg-type]  # a uint8 array
         io.count(nbytes, t.name)
     except BaseException as exc:
         io.fail(exc)
@@ -196,24 +220,25 @@ def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: Thr
     what is in flight)."""
     shard = plan.shards[index]
     kernel = _KernelCopy()
-    pos = len(shard.header)
     try:
         for t in shard.tensors:
-            pos = len(shard.header) + t.offset
+            pos, start = len(shard.header) + t.offset, 0
             osz = itemsize(t.out_dtype)
             cast = t.src_dtype != t.out_dtype
+            ctx = io.math.prepare(io.files, t) if io.math is not None else None
             for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
                 if io.cancel.is_set() or io.stop.is_set():
                     return
-                n = sum(s.numel for s in segs)
                 src = _take(
                     io.pools[0], io.stop
                 )  # a kernel copy holds one too: the fallback's, and the bound
                 out = _take(io.pools[1], io.stop) if cast else None
                 if src is None or (cast and out is None):
                     return
-                ex.submit(_work, io, t, segs, pos, src, out, None if cast else kernel)
-                pos += n * osz
+                copy = None if cast or ctx is not None else kernel
+                ex.submit(_work, io, _Chunk(t, segs, pos, start, ctx), src, out, copy)
+                n = sum(s.numel for s in segs)
+                pos, start = pos + n * osz, start + n
     except BaseException as exc:
         io.fail(exc)
 
@@ -230,18 +255,22 @@ def _allocate(fd: int, shard: PlannedShard) -> None:
 
 
 def shard_streamer(
-    plan: ConversionPlan,
+    plan: ConversionPlan, math: ChunkMath | None = None
 ) -> Callable[[int, int, threading.Event, bool], Iterator[tuple[int, str]]]:
-    """The engine's default shard writer for `plan`: checkpoint bytes, cast, written. The buffer pools are
-    made on the first shard (a run that reuses every shard allocates nothing) and kept for the rest."""
+    """The executor's shard writer for `plan`: checkpoint bytes, cast (or computed by `math`), written. The
+    buffer pools are made on the first shard (a run that reuses every shard allocates nothing) and kept for
+    the rest, shared by shards written side by side: the one budget whatever runs at once."""
     pools: list[PoolPair] = []
-    workers = plan_workers(plan)
-    depth, limit = pool_plan(plan, workers)
+    made = threading.Lock()  # shards written side by side: one pool, made once
+    depth, limit = pool_plan(plan, plan_workers(plan))
+    # no more threads than buffers: at most that many chunks are in flight, and each keeps a cast block
+    threads = min(max(plan_workers(plan), plan.depth) if plan.remote else plan_workers(plan), depth)
 
     def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
-        if not pools:
-            pools.append(make_pools(plan, depth, limit))
-        return write_shard(plan, index, fd, cancel, fsync, pools[0], workers, limit)
+        with made:
+            if not pools:
+                pools.append(make_pools(plan, depth, limit))
+        return write_shard(plan, index, fd, cancel, fsync, pools[0], threads, limit, math)
 
     return write
 
@@ -255,14 +284,14 @@ def write_shard(
     pools: PoolPair,
     workers: int = 1,
     limit: int | None = None,
+    math: ChunkMath | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Fill one shard's open file: header, then every chunk read, cast and written by `workers` threads
-    (at least `plan.depth` from an object store). Yields (bytes, tensor) about 10 times a second."""
+    (`shard_streamer` chooses them). Yields (bytes, tensor) about 10 times a second."""
     shard = plan.shards[index]
     limit = limit or plan.chunk_limit
-    # no more threads than buffers: at most that many chunks are in flight, and each thread keeps a cast block
-    threads = min(max(workers, plan.depth) if plan.remote else workers, pools[0].qsize())
-    io = _ShardIO(fd, cancel, pools, FilePool(*plan.sources))
+    threads = max(1, workers)
+    io = _ShardIO(fd, cancel, pools, FilePool(*plan.sources), math=math)
     ex = ThreadPoolExecutor(threads, thread_name_prefix="zi-convert")
     producer = threading.Thread(
         target=_produce, args=(io, plan, index, limit, ex), name="zi-chunks", daemon=True

@@ -156,9 +156,8 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
         )
     from collections import Counter
 
-    from inspector.convert.calibrate import calibrate, estimate_seconds
+    from inspector.convert.calibrate import Work, calibrated_seconds
     from inspector.convert.pipeline import plan_workers
-    from inspector.convert.reader import FilePool
 
     tensors = [t for s in plan.shards for t in s.tensors]
     reads: Counter[str] = Counter()
@@ -167,11 +166,14 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
             reads[seg.file] += seg.nbytes
     casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
     pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
-    with FilePool(*plan.sources) as pool:
-        cal = calibrate(pool, reads, pair)
     copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)
-    cast_elems = sum(t.numel for t in tensors if t.src_dtype != t.out_dtype)
-    return estimate_seconds(cal, plan_workers(plan), plan.read_bytes, output_bytes, cast_elems, copied)
+    work = Work(
+        read=plan.read_bytes,
+        written=output_bytes - copied,
+        cast_elems=sum(t.numel for t in tensors if t.src_dtype != t.out_dtype),
+        copied=copied,
+    )
+    return calibrated_seconds(plan.sources, reads, work, plan_workers(plan), pair)
 
 
 def converter_base(segments: int, tensors: int, files: int, extra: int = 0) -> tuple[int, int]:

@@ -10,9 +10,10 @@ from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
+from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
 from inspector.health.stream import Row, Streamer, default_workers, plan_jobs, plan_workers, run_jobs
-from inspector.scan.model import Checkpoint, Severity
+from inspector.scan.model import Checkpoint, Severity, TensorInfo
 from inspector.system.bytesource import any_remote
 
 _INTERVAL = 0.25
@@ -39,7 +40,28 @@ def check(
     sources = (ckpt.source, *((against.source,) if against else ()))
     asked = workers or threads or default_workers(any_remote(sources))
     threads, chunk = plan_workers(asked, against is not None)
-    chunk_elems = chunk_elems or chunk
+    jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
+    rows: list[Row] = []
+    with FilePool(*set(sources)) as pool:
+        streamer = Streamer(pool, cancel, chunk_elems or chunk)
+        yield from _stream(jobs, streamer, threads, rows)
+        read = streamer.done_bytes
+    order = {t.name: i for i, t in enumerate(ckpt.tensors)}
+    rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
+    yield HealthReport(
+        tag=ckpt.tag,
+        against=against.tag if against else None,
+        stage=ckpt.stage,
+        rows=tuple(rows),
+        modules=tuple(rollup(rows)),
+        findings=tuple(_findings(ckpt, against, rows, jobs)),
+        bytes_read=read,
+        seconds=time.monotonic() - start,
+        threads=threads,
+    )
+
+
+def _selected(ckpt: Checkpoint, include: Sequence[str], exclude: Sequence[str]) -> list[TensorInfo]:
     tensors = select(ckpt, ConvertOptions(include=tuple(include), exclude=tuple(exclude)))
     if not tensors:
         raise InspectorError(
@@ -47,52 +69,49 @@ def check(
             hint="Patterns are globs or module prefixes, e.g. 'model.layers.0' or '*.mlp.*'.",
             title="Nothing selected",
         )
-    jobs = plan_jobs(ckpt, tensors, against)
+    return tensors
+
+
+def _stream(
+    jobs: list[Job], streamer: Streamer, threads: int, rows: list[Row]
+) -> Iterator[HealthProgress | list[Row]]:
+    """Run the jobs on `threads` workers: each finished tensor's rows (also gathered into `rows`) and
+    progress at most every _INTERVAL seconds; a worker's error is raised here."""
     total = sum(j.nbytes for j in jobs)
-    rows: list[Row] = []
-    with FilePool(*set(sources)) as pool:
-        streamer = Streamer(pool, cancel, chunk_elems)
-        last = 0.0
-        done = 0
-        for item in run_jobs(jobs, streamer, threads):
-            if item is not None:
-                _job, result = item
-                if isinstance(result, BaseException):
-                    raise result
-                rows.extend(result)
-                done += 1
-                yield result
-            now = time.monotonic()
-            if now - last >= _INTERVAL:
-                last = now
-                yield HealthProgress(streamer.done_bytes, total, done, len(jobs))
-        read = streamer.done_bytes
-    order = {t.name: i for i, t in enumerate(ckpt.tensors)}
-    rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
+    last, done = 0.0, 0
+    for item in run_jobs(jobs, streamer, threads):
+        if item is not None:
+            _job, result = item
+            if isinstance(result, BaseException):
+                raise result
+            rows.extend(result)
+            done += 1
+            yield result
+        now = time.monotonic()
+        if now - last >= _INTERVAL:
+            last = now
+            yield HealthProgress(streamer.done_bytes, total, done, len(jobs))
+
+
+def _findings(
+    ckpt: Checkpoint, against: Checkpoint | None, rows: list[Row], jobs: list[Job]
+) -> list[HealthFinding]:
+    """The scan's errors first, then what the numbers show; with `against`, the masters it lacks or holds
+    in another shape."""
     steps = Steps(ckpt.global_steps, ckpt.optimizer_step)
     then = Steps(against.global_steps, against.optimizer_step) if against else Steps()
     found = _scan_errors(ckpt) + findings(rows, against.tag if against else None, steps, then)
-    if against is not None:
-        lacking = [j for j in jobs if j.source == "master" and not j.against]
-        changed = [
-            (j.name, tuple(j.shape), there)
-            for j in lacking
-            if (there := _shape_in(against, j.name)) not in (None, tuple(j.shape))
-        ]
-        found += shape_changed(changed, against.tag)
-        reshaped = {c[0] for c in changed}
-        found += missing_in_against([j.name for j in lacking if j.name not in reshaped], against.tag)
-    yield HealthReport(
-        tag=ckpt.tag,
-        against=against.tag if against else None,
-        stage=ckpt.stage,
-        rows=tuple(rows),
-        modules=tuple(rollup(rows)),
-        findings=tuple(found),
-        bytes_read=read,
-        seconds=time.monotonic() - start,
-        threads=threads,
-    )
+    if against is None:
+        return found
+    lacking = [j for j in jobs if j.source == "master" and not j.against]
+    changed = [
+        (j.name, tuple(j.shape), there)
+        for j in lacking
+        if (there := _shape_in(against, j.name)) not in (None, tuple(j.shape))
+    ]
+    found += shape_changed(changed, against.tag)
+    reshaped = {c[0] for c in changed}
+    return found + missing_in_against([j.name for j in lacking if j.name not in reshaped], against.tag)
 
 
 def _shape_in(ckpt: Checkpoint, name: str) -> tuple[int, ...] | None:

@@ -17,6 +17,8 @@ the targets of issue 30 (FAIL where one is missed):
 * health: its pass <= 1.5 x the N-thread floor warm, <= 1.2 x cold; never slower with more workers (10 % noise);
 * convert: conversion phase <= 1.3 x the floor, whole process <= 1.5 x;
 * every command <= 128 MiB peak RSS at every worker count;
+* preflight's time (convert's and universal's `assess`, health's `health.estimate`, the one calibrated model,
+  asked in a child just before the run, in the same cache state) within 25 % of the run's whole-process wall;
 * CPU busy >= 0.8 x min(N, cores) during health and the casting conversion (bf16).
 
     python tests/benchmarks/sweep.py --workdir /tmp/zi-sweep --append         # a 500M ZeRO-2 demo, ~7 GB
@@ -93,6 +95,25 @@ def _ranges(root: str, what: str) -> tuple[list[tuple[str, int, int]], int]:
     plan = build_plan(ckpt, ConvertOptions(dtype=what))
     segs = [s for sh in plan.shards for t in sh.tensors for s in t.segments]
     return [(s.file, s.offset, s.nbytes) for s in segs], plan.output_bytes
+
+
+def child_predict(root: str, what: str, workers: int, out_dir: str) -> None:
+    """Print preflight's time for the command on `workers` (the calibrated model, this machine, now)."""
+    sys.path.insert(0, str(REPO))
+    from inspector.convert.kinds import get
+    from inspector.convert.kinds.base import Request
+    from inspector.convert.options import ConvertOptions, select
+    from inspector.health.estimate import health_seconds
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(root)
+    if what == "health":
+        seconds = health_seconds(ckpt, select(ckpt, ConvertOptions()), None, workers)
+    else:
+        kind, dtype = ("universal", None) if what == "universal" else ("weights", what)
+        request = Request(ConvertOptions(dtype=dtype, workers=workers))
+        seconds = get(kind).plan(ckpt, request, out_dir).assess().estimated_seconds
+    print(json.dumps({"seconds": seconds}))
 
 
 def child_floor(root: str, what: str, threads: int, out_dir: str) -> None:
@@ -174,6 +195,14 @@ def _command(what: str, root: str, out: str, n: int) -> list[str]:
     return [*py, "convert", root, out, *fmt, "--workers", str(n), "--progress", "json"]
 
 
+def _seconds(out: str) -> float:
+    """A child's printed seconds; NaN when it failed (the row says so, the sweep goes on)."""
+    try:
+        return float(json.loads(out)["seconds"])
+    except (ValueError, KeyError):
+        return float("nan")
+
+
 def _phase(what: str, out: str) -> float | None:
     """The pass's own time: health's `seconds`, a convert's JSON report's (the engine's run)."""
     if what == "health":
@@ -199,14 +228,12 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 floor = _measure([sys.executable, __file__, "--child", args.root, what, str(n), out])
                 shutil.rmtree(out, ignore_errors=True)
                 _cache(args.root, state)
+                guess = _measure([sys.executable, __file__, "--predict", args.root, what, str(n), out])
                 run = _measure(_command(what, args.root, out, n))
-                try:
-                    seconds = float(json.loads(floor["out"])["seconds"])
-                except (ValueError, KeyError):  # a failed floor child: the row says so, the sweep goes on
-                    seconds = float("nan")
-                row = {"n": n, "cache": state, "what": what, "floor": seconds}
+                row = {"n": n, "cache": state, "what": what, "floor": _seconds(floor["out"])}
                 row |= {k: run[k] for k in ("wall", "cpu", "rss", "code")}
                 row["phase"] = _phase(what, run["out"])
+                row["predicted"] = _seconds(guess["out"])
                 rows.append(row)
                 print(_line(row, rows, args.cores), flush=True)
     shutil.rmtree(out, ignore_errors=True)
@@ -237,6 +264,9 @@ def _verdict(row: dict[str, Any], rows: list[dict[str, Any]], cores: int) -> str
         misses.append(f"exit {row['code']}")
     if row["floor"] != row["floor"]:
         misses.append("the floor failed")
+    error = row["predicted"] / row["wall"] - 1
+    if not abs(error) <= 0.25:  # NaN: the prediction failed
+        misses.append(f"preflight {error:+.0%}")
     return "FAIL: " + "; ".join(misses) if misses else "ok"
 
 
@@ -246,7 +276,7 @@ def _line(row: dict[str, Any], rows: list[dict[str, Any]], cores: int) -> str:
     return (
         f"| {row['what']} | {row['cache']} | {row['n']} | {row['wall']:.2f} | {phase} | {row['cpu']:.2f} "
         f"| {row['cpu'] / row['wall']:.2f} | {row['rss'] / MiB:.0f} MiB | {row['floor']:.2f} | {ratio:.2f}x "
-        f"| {_verdict(row, rows, cores)} |"
+        f"| {row['predicted']:.2f} ({row['predicted'] / row['wall'] - 1:+.0%}) | {_verdict(row, rows, cores)} |"
     )
 
 
@@ -258,15 +288,16 @@ def _section(
         f"## Worker sweep (`tests/benchmarks/sweep.py`, issue 30), {started}",
         "",
         f"- Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
-        f"{args.cores} usable; load average at start {load}",
+        f"{args.cores} usable; load average at start {load}, at the end "
+        + ", ".join(f"{v:.2f}" for v in os.getloadavg()),
         f"- Checkpoint: {args.root} ({size / 1e9:.2f} GB on disk); commit {commit} when the sweep started",
         "- Each run a fresh process; wall, CPU (user + sys) and peak RSS from wait4. Phase: the engine's own "
         "time (health's `seconds`, a convert's JSON report). × floor: phase over the N-thread floor (scan and floor "
         "setup excluded from both).",
         "",
         "| command | cache | workers | wall s | phase s | CPU s | CPU busy (cores) | peak RSS | floor s | × floor "
-        "| verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| preflight s (vs wall) | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     return "\n".join(head + [_line(r, rows[: i + 1], args.cores) for i, r in enumerate(rows)]) + "\n"
 
@@ -290,7 +321,12 @@ def main() -> int:
     ap.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     ap.add_argument("--append", action="store_true", help="add the section to tests/benchmarks/results.md")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--predict", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.predict:
+        root, what, n, out = args.predict
+        child_predict(root, what, int(n), out)
+        return 0
     if args.child:
         root, what, n, out = args.child
         child_floor(root, what, int(n), out)

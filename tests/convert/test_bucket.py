@@ -4,6 +4,7 @@ preflight a bucket job answers with, and the options it refuses."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def test_each_destination_stages_in_a_folder_of_its_own(tmp_path: Path) -> None:
 
 def test_a_bucket_job_reads_as_its_url_and_needs_disk_for_one_file(demo: Any, tmp_path: Path) -> None:
     ckpt = scan(str(demo(DEMO)))
-    opts = ConvertOptions(shard_size=100_000)
+    opts = ConvertOptions(shard_size=100_000, workers=1)  # one shard at a time (more: two side by side)
     job = plan_output(get("weights"), ckpt, Request(opts), "s3://bucket/run/out/", str(tmp_path))
     assert isinstance(job, BucketJob)
     assert job.where == job.out_dir == "s3://bucket/run/out"
@@ -68,6 +69,9 @@ def test_a_bucket_job_reads_as_its_url_and_needs_disk_for_one_file(demo: Any, tm
     assert verdict.upload_to == "s3://bucket/run/out" and verdict.output_bytes == job.output_bytes
     assert verdict.staged_bytes == max(f.nbytes for f in job.files) < verdict.output_bytes
     assert verdict.disk_need == verdict.staged_bytes
+    two = plan_output(get("weights"), ckpt, Request(replace(opts, workers=4)), "s3://bucket/x", str(tmp_path))
+    sizes = sorted((f.nbytes for f in two.files), reverse=True)
+    assert two.assess(free_disk=1 << 40).staged_bytes == sizes[0] + sizes[1]  # two shards staged at once
     tight = job.assess(free_disk=verdict.staged_bytes - 1)
     assert not tight.fits_disk and "staging" in tight.problem and "--staging" in tight.advice
     local = plan_output(get("weights"), ckpt, Request(opts), str(tmp_path / "out"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from inspector.convert import calibrate as cal_mod
-from inspector.convert.calibrate import PROBES, Calibration, calibrate, estimate_seconds
+from inspector.convert.calibrate import PROBES, Calibration, Work, calibrate, estimate_seconds
 from inspector.convert.reader import FilePool
 from inspector.system.residency import resident_fraction
 from inspector.system.source import Source
@@ -102,13 +103,63 @@ def _cal(**kw: float) -> Calibration:
 
 
 def test_the_model_follows_workers_cores_load_and_cache() -> None:
-    job = {"read": 4 << 30, "written": 2 << 30, "cast_elems": 1 << 30, "copied": 0}
-    one, four, sixteen = (estimate_seconds(_cal(), w, **job) for w in (1, 4, 16))
+    job = Work(read=4 << 30, written=2 << 30, cast_elems=1 << 30)
+    one, four, sixteen = (estimate_seconds(_cal(), w, job) for w in (1, 4, 16))
     assert one > four > sixteen
-    assert estimate_seconds(_cal(cores=2), 16, **job) == estimate_seconds(_cal(cores=2), 2, **job)
-    assert estimate_seconds(_cal(load=30.0), 16, **job) > sixteen  # a busy machine shares its cores
-    assert estimate_seconds(_cal(resident=0.0), 16, **job) > sixteen  # from the disk
-    assert estimate_seconds(_cal(resident=0.0), 16, **job) >= (4 << 30) / 4e8
+    assert estimate_seconds(_cal(cores=2), 16, job) == estimate_seconds(_cal(cores=2), 2, job)
+    assert estimate_seconds(_cal(load=30.0), 16, job) > sixteen  # a busy machine shares its cores
+    assert estimate_seconds(_cal(resident=0.0), 16, job) > sixteen  # from the disk
+    assert estimate_seconds(_cal(resident=0.0), 16, job) >= (4 << 30) / (4e8 * cal_mod.STREAM_GAIN)
+
+
+def test_the_model_is_its_arithmetic() -> None:
+    """Each kind of work at its cost per byte relative to the probe's resident read, cast at the cast rate,
+    over the threads the pieces allow; the disk's part overlapped, start-up serial."""
+    cal = _cal(cores=4, warm_rate=1e10, cast_rate=1e9)
+    work = Work(read=10**9, written=10**8, cast_elems=10**8, copied=2 * 10**8, zipped=10**8, reduced=10**9)
+    cpu = (
+        cal_mod.READ_COST * 8 * 10**8
+        + cal_mod.WRITE_COST * 10**8
+        + cal_mod.COPY_COST * 2 * 10**8
+        + cal_mod.ZIP_COST * 10**8
+        + cal_mod.REDUCE_COST * 10**9
+    ) / 1e10 + 0.1
+    assert estimate_seconds(cal, 1, work) == pytest.approx(cal_mod.STARTUP_CPU + cpu)
+    assert estimate_seconds(cal, 8, work) == pytest.approx(cal_mod.STARTUP_CPU + cpu / 4)  # 4 cores
+    pieces = replace(work, pieces=2)  # two files: two of the eight workers have work
+    assert estimate_seconds(cal, 8, pieces) == pytest.approx(cal_mod.STARTUP_CPU + cpu / 2)
+    cold = replace(cal, resident=0.0, cold_rate=1e8 / cal_mod.STREAM_GAIN)  # the disk's 10 s outlast the CPU
+    assert estimate_seconds(cold, 8, work) == pytest.approx(cal_mod.STARTUP_CPU + 10.0)
+    busy = replace(cal, load=6.0)  # 6 others runnable on 4 cores: our 4 busy threads get 4 * 4 / 10 of them
+    assert estimate_seconds(busy, 8, work) == pytest.approx(
+        cal_mod.STARTUP_CPU / (4 / 7) + cpu / (4 * 4 / 10)
+    )
+
+
+def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Universal's preflight hands the one model the bytes it reads and what it does with them: read and
+    zipped, the model-states files copied, `workers` files at once."""
+    from inspector.convert.kinds import get
+    from inspector.convert.kinds.base import Request
+    from inspector.convert.options import ConvertOptions
+    from inspector.demo.writer import DemoSpec, write_demo
+    from inspector.scan.scanner import scan
+
+    write_demo(str(tmp_path / "ck"), DemoSpec(params=300_000))
+    ckpt = scan(str(tmp_path / "ck"))
+    seen: list[tuple[Mapping[str, int], Work, int]] = []
+    real = cal_mod.calibrated_seconds
+
+    def spy(sources: Any, reads: Mapping[str, int], work: Work, workers: int, *a: Any) -> float:
+        seen.append((reads, work, workers))
+        return real(sources, reads, work, workers, *a)
+
+    monkeypatch.setattr(cal_mod, "calibrated_seconds", spy)
+    job = get("universal").plan(ckpt, Request(ConvertOptions(workers=5)), str(tmp_path / "out"))
+    assert job.assess().estimated_seconds > 0
+    reads, work, workers = seen[-1]
+    assert work.zipped == job.plan.tensor_bytes and work.pieces == len(job.plan.files) and workers == 5
+    assert work.read == sum(reads.values()) + work.copied
 
 
 def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -132,3 +183,27 @@ def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_pat
     a = assess(plan, str(tmp_path / "out"))
     assert seen and sum(seen[0].values()) == plan.read_bytes
     assert a.estimated_seconds > 0
+
+
+def test_the_load_is_what_runs_now_besides_us(monkeypatch: pytest.MonkeyPatch) -> None:
+    """procs_running (which counts us) averaged over a few samples; the one-minute load average only where
+    /proc/stat cannot be read."""
+    import io
+
+    counts = iter([3, 5, 4, 4, 4])
+    real_open = open
+
+    def fake_open(path: Any, *a: Any, **kw: Any) -> Any:
+        if path == "/proc/stat":
+            return io.BytesIO(b"cpu 1 2 3\nprocs_running %d\nprocs_blocked 0\n" % next(counts))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert cal_mod._others_runnable() == pytest.approx(3.0)
+
+    def refused(path: Any, *a: Any, **kw: Any) -> Any:
+        raise OSError("no /proc")
+
+    monkeypatch.setattr("builtins.open", refused)
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
+    assert cal_mod._others_runnable() == 6.5

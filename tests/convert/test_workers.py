@@ -1,20 +1,33 @@
 """The worker count changes no output byte and no memory: a conversion at 2, 16 and 64 workers writes the
-same files, each run's peak RSS under 128 MiB and 64 workers no larger than 2 (one buffer budget, divided)."""
+same files, each run's peak RSS under 128 MiB and 64 workers no larger than 2 (one buffer budget, divided);
+the same for `--source module`, `--format model` and `--format merged` (whose adapted weights are computed on
+the pipeline's workers), and shards written side by side share that budget."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from inspector.convert import pipeline
+from inspector.convert.executor import execute
 from inspector.convert.options import ConvertOptions
 from inspector.convert.pipeline import pool_plan
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
 from inspector.scan.scanner import scan
-from tests.child_rss import run_cli
+from tests.child_rss import _LAUNCH, run_cli
 from tests.conftest import DemoCache
+
+REPO = Path(__file__).resolve().parents[2]
 
 MiB = 1 << 20
 SPEC = DemoSpec(stage=2, world_size=2, dtype="bf16", params=12_000_000)
@@ -47,3 +60,132 @@ def test_more_workers_get_smaller_buffers_in_the_same_budget(demo: DemoCache) ->
         out = max(s.out_buffer_size(limit) for s in plan.shards)
         assert depth * (src + out) <= budget, workers
         assert depth >= plan.depth
+
+
+def _child_peak(argv: list[str]) -> int:
+    """Peak RSS of `python ARGV` in a child, through the launcher `run_cli` uses (pytest's own high-water mark
+    is not inherited)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    )
+    kib, code = done.stderr.split()[-2:]
+    assert int(code) == 0, done.stderr
+    return int(kib) * 1024
+
+
+def test_a_merge_changes_no_byte_and_no_memory_with_workers(demo: DemoCache, tmp_path: Path) -> None:
+    """The merged kind runs on the pipeline's workers in its one budget: a 48 MiB fp32 weight with a LoRA
+    pair merged at 2, 16 and 64 workers gives the same bytes, under 128 MiB, 64 workers no larger than 2."""
+    from tests.convert.merge_child import write_lora
+
+    lora = tmp_path / "lora"
+    write_lora(lora, rows=3072, cols=4096, rank=16)
+    child = str(Path(__file__).with_name("merge_child.py"))
+    peaks, files = {}, {}
+    for w in (2, 16, 64):
+        out = tmp_path / f"out{w}"
+        peaks[w] = _child_peak([child, str(demo(SPEC)), str(lora), str(out), str(w)])
+        files[w] = _digests(out)
+    assert files[2] == files[16] == files[64]
+    assert all(p <= 128 * MiB for p in peaks.values()), peaks
+    assert peaks[64] <= peaks[2] + 8 * MiB, peaks
+
+
+def test_merged_weights_are_computed_on_the_workers(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every chunk of an adapted weight is computed by the pipeline's workers (not a serial writer of its
+    own), chunks of it in flight at once, and the result is the merge numpy computes."""
+    from safetensors.numpy import load_file
+
+    from tests.convert.kinds.hf import expected, lora_checkpoint, plan_export, write
+
+    seen: list[tuple[str, str]] = []
+    real = pipeline._work
+
+    def spy(io: Any, c: Any, *a: Any) -> None:
+        seen.append((c.t.name, threading.current_thread().name))
+        real(io, c, *a)
+
+    monkeypatch.setattr(pipeline, "_work", spy)
+    ckpt = lora_checkpoint(demo, tmp_path)
+    write(
+        plan_export(ckpt, ConvertOptions(dtype="fp32", chunk_elems=4, workers=4), merge=True), tmp_path / "o"
+    )
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert [n for n, _ in seen].count(q) > 1  # several chunks of the 8 x 6 weight
+    assert all(thread.startswith("zi-convert") for _, thread in seen)
+    got = load_file(tmp_path / "o" / "model.safetensors")
+    np.testing.assert_allclose(got[q], expected(ckpt, 2.0, 2.0)[q], rtol=1e-6, atol=1e-6)
+
+
+def test_source_module_and_model_folders_change_no_byte_and_no_memory(
+    demo: DemoCache, tmp_path: Path
+) -> None:
+    """`--source module` (kernel copies of the 16-bit copies) and `--format model` run on the same workers
+    in the same budget: the same bytes at 2, 16 and 64 workers, peak RSS flat."""
+    from tests.convert.kinds.hf import trainer_run
+
+    run = trainer_run(demo, tmp_path)
+    for args in (
+        ["convert", str(demo(SPEC)), "--format", "weights", "--source", "module"],
+        ["convert", str(run), "--format", "model", "--dtype", "bf16"],
+    ):
+        peaks, files = {}, {}
+        for w in (2, 16, 64):
+            out = tmp_path / f"{args[3]}{w}"
+            peaks[w], _ = run_cli([*args[:2], str(out), *args[2:], "--workers", str(w)])
+            files[w] = _digests(out)
+        assert files[2] == files[16] == files[64], args
+        assert all(p <= 128 * MiB for p in peaks.values()), (args, peaks)
+        assert peaks[64] <= peaks[2] + 8 * MiB, (args, peaks)
+
+
+def test_shards_are_written_side_by_side_in_one_pool(
+    demo: DemoCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several shards and workers, two shards are written at once, from one pool of buffers made once,
+    and the files are the bytes one worker writes."""
+    from inspector.convert.kinds.safetensors import weights_job
+
+    made: list[int] = []
+    real_pools = pipeline.make_pools
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        made.append(1)
+        return real_pools(*a, **kw)
+
+    active, most = [0], [0]
+    lock = threading.Lock()
+    real_shard = pipeline.write_shard
+
+    def tracked(*a: Any, **kw: Any) -> Any:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.05)  # both writers get going before either can finish
+            yield from real_shard(*a, **kw)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(pipeline, "make_pools", counting)
+    monkeypatch.setattr(pipeline, "write_shard", tracked)
+    ckpt = scan(str(demo(SPEC)))
+    digests = {}
+    for w in (1, 4):
+        plan = build_plan(ckpt, ConvertOptions(dtype="bf16", shard_size=4_000_000, workers=w))
+        job = weights_job(plan, str(tmp_path / f"out{w}"))
+        assert len(plan.shards) > 2 and job.workers == min(2, w)
+        most[0], made[:] = 0, []
+        execute(job)
+        assert most[0] == job.workers and len(made) == 1
+        digests[w] = _digests(tmp_path / f"out{w}")
+    assert digests[1] == digests[4]

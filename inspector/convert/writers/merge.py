@@ -2,10 +2,12 @@
 
 The plan is an ordinary ConversionPlan over a synthetic tensor list: the base weights (from the checkpoint when
 it holds them, else from the base model's safetensors), overlaid by what training changed (modules_to_save,
-trained biases), under the plain model's names. Execution streams each tensor in row blocks of at most
-`chunk_elems` elements: positioned reads, numpy fp32 arithmetic for the adapted layers (A and B, r by n, are
-small and read once per layer), a cast (ml_dtypes for bf16, round to nearest even like torch), a positioned
-write. Memory stays a few row blocks whatever the model. No torch.
+trained biases), under the plain model's names. It runs through the safetensors pipeline like any
+conversion (its producer and workers, the one buffer budget, shards side by side): a chunk of an adapted
+weight is read, widened to fp32, given scale times the same elements of B·A (A and B, r by n, small, read
+once per layer by the producer), cast (round to nearest even, as torch) and written at its offset, on the
+workers, chunks of different tensors at once. Memory stays the pipeline's buffers plus two small fp32 blocks
+per worker whatever the model. No torch.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from inspector.convert.cast import cast_into
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
-from inspector.convert.reader import FilePool, iter_chunks
-from inspector.errors import CancelledError, InspectorError
+from inspector.convert.reader import FilePool
+from inspector.errors import InspectorError
 from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
 from inspector.remote.roots import source_at
 from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
@@ -33,6 +36,7 @@ from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
 if TYPE_CHECKING:
     from inspector.convert.kinds.safetensors import ShardWriter
 
+MERGE_BLOCK = 1 << 14  # elements of fp32 a worker computes at once (three 64 KiB blocks: W, delta, product)
 MERGED_KEY = "merged_adapter"
 BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
 
@@ -56,9 +60,16 @@ class MergedPlan:
 
     @property
     def work_bytes(self) -> int:
-        """Memory beyond the plan's chunk buffers: the largest A and B in fp32, and fp32 row blocks."""
-        ab = max((4 * (m.a.numel + m.b.numel) for m in self.merges.values()), default=0)
-        return ab + 3 * 4 * self.plan.options.chunk_elems
+        """Memory beyond the plan's chunk buffers: A and B in fp32 (twice: the transposed copies) of every
+        layer in flight (one per chunk in flight, at most), and each worker's two fp32 blocks. Bounded by the
+        buffers, not the worker count: no more threads run than the pool has buffers (`pipeline.pool_plan`)."""
+        from inspector.convert.pipeline import plan_workers, pool_plan
+
+        depth, _ = pool_plan(self.plan, plan_workers(self.plan))
+        ab = sorted((8 * (m.a.numel + m.b.numel) for m in self.merges.values()), reverse=True)
+        cols = max((m.b.shape[0] if m.transposed else m.a.shape[1] for m in self.merges.values()), default=0)
+        blocks = 3 * 4 * max(MERGE_BLOCK, cols)  # a worker's W, delta and product blocks (whole rows)
+        return sum(ab[: depth + 1]) + min(depth, plan_workers(self.plan)) * blocks
 
 
 def build_merged_plan(
@@ -96,6 +107,27 @@ def build_merged_plan(
                 hint="The base model is not the one this adapter was trained on; pass the right one with --base.",
             )
         entries[name] = replace(t, name=name, kind=Kind.FROZEN if t.kind is Kind.TRAINABLE else t.kind)
+    merges = _merges(ckpt, adapter, entries, folder)
+    synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
+    opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
+    plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
+    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
+    if folder is not None:
+        plan = replace(plan, sources=(*plan.sources, base_source(folder)))
+    plan = replace(plan, fingerprint=_fingerprint(plan, merges, model if needs_base else None))
+    kept = {t.name for s in plan.shards for t in s.tensors}
+    merges = {n: m for n, m in merges.items() if n in kept}
+    for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
+        if pt.out_dtype not in DTYPES or pt.src_dtype not in DTYPES:
+            raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
+    notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
+    return MergedPlan(plan, merges, folder, tuple(notes))
+
+
+def _merges(
+    ckpt: Checkpoint, adapter: Adapter, entries: dict[str, TensorInfo], folder: str | None
+) -> dict[str, Merge]:
+    """Each adapted weight's merge, checked against the weight it changes (present, 2-D, B·A's shape)."""
     merges: dict[str, Merge] = {}
     for ly in adapter.layers:
         w = entries.get(ly.base_weight)
@@ -114,20 +146,7 @@ def build_merged_plan(
                 title="Adapter problem",
             )
         merges[ly.base_weight] = Merge(a, b, ly.scale, ly.transposed)
-    synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
-    opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
-    plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
-    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
-    if folder is not None:
-        plan = replace(plan, sources=(*plan.sources, base_source(folder)))
-    plan = replace(plan, fingerprint=_fingerprint(plan, merges, model if needs_base else None))
-    kept = {t.name for s in plan.shards for t in s.tensors}
-    merges = {n: m for n, m in merges.items() if n in kept}
-    for pt in (pt for s in plan.shards for pt in s.tensors if pt.name in merges):
-        if pt.out_dtype not in DTYPES or pt.src_dtype not in DTYPES:
-            raise InspectorError(f"Cannot merge into {pt.name} ({pt.src_dtype} → {pt.out_dtype}).")
-    notes.append(f"{len(merges)} LoRA layer(s) merged (scale {_scales(adapter)}).")
-    return MergedPlan(plan, merges, folder, tuple(notes))
+    return merges
 
 
 def _fingerprint(plan: ConversionPlan, merges: dict[str, Merge], model: BaseModel | None) -> str:
@@ -193,67 +212,68 @@ def _as_f32(pool: FilePool, t: TensorInfo) -> np.ndarray:
     )
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data = data[n:]
-        offset += n
+class _MergeMath:
+    """The merged weights' output, computed on the pipeline's workers: a chunk's W (any rows, any columns)
+    plus scale times the same elements of B·A, in fp32 blocks of MERGE_BLOCK elements (each worker's scratch,
+    made once), cast into the chunk's output buffer. The producer reads each layer's A and B once."""
+
+    def __init__(self, merges: dict[str, Merge]) -> None:
+        self.merges = merges
+        self.scratch = threading.local()
+
+    def prepare(self, pool: FilePool, t: PlannedTensor) -> object | None:
+        m = self.merges.get(t.name)
+        if m is None:
+            return None
+        a, b = _as_f32(pool, m.a), _as_f32(pool, m.b)
+        # the delta is left @ right: B·A, or (B·A)ᵀ = Aᵀ·Bᵀ for embeddings and fan_in_fan_out
+        left, right = (np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)) if m.transposed else (b, a)
+        return left, right, np.float32(m.scale)
+
+    def apply(self, ctx: object, t: PlannedTensor, start: int, src: np.ndarray, out: np.ndarray) -> None:
+        left, right, scale = cast(tuple[np.ndarray, np.ndarray, np.float32], ctx)  # what `prepare` made
+        cols = right.shape[1]
+        group = max(1, MERGE_BLOCK // cols)  # rows of the delta per block: fixed by the shape alone
+        w, d, p = self._blocks(group * cols)
+        e, n = 0, src.shape[0]
+        while e < n:
+            r0 = (start + e) // cols // group * group  # the block of rows holding element start + e
+            rows = min(group, left.shape[0] - r0)
+            _delta(left[r0 : r0 + rows], right, d[: rows * cols], p[: rows * cols])
+            lo = start + e - r0 * cols
+            k = min(n - e, rows * cols - lo)
+            delta = d[lo : lo + k]
+            cast_into(src[e : e + k], w[:k], threads=1)  # exact: fp32, or a 16-bit source widened
+            np.multiply(delta, scale, out=delta)
+            np.add(w[:k], delta, out=w[:k])
+            cast_into(w[:k], out[e : e + k], threads=1)  # may be `src` itself: its elements e.. are read
+            e += k
+
+    def _blocks(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This worker's three fp32 blocks, at least `size` elements (made once, grown for a wider row)."""
+        w = getattr(self.scratch, "w", None)
+        if w is None or w.shape[0] < size:
+            self.scratch.w, self.scratch.d, self.scratch.p = (np.empty(size, np.float32) for _ in range(3))
+        return self.scratch.w, self.scratch.d, self.scratch.p
 
 
-def _bytes(a: np.ndarray) -> memoryview:
-    """Raw bytes of an array (bf16 / fp8 have no buffer-protocol format, so go through uint8)."""
-    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
-
-
-def _blocks(
-    pool: FilePool, t: PlannedTensor, merge: Merge | None, limit: int
-) -> Iterator[bytes | memoryview]:
-    """The output bytes of one tensor, block by block (whole rows for merged weights)."""
-    if merge is None:
-        for segs in iter_chunks(t.segments, limit):
-            src = _read(pool, segs, t.src_dtype)
-            yield _bytes(src if t.src_dtype == t.out_dtype else src.astype(numpy_dtype(t.out_dtype)))
-        return
-    a, b = _as_f32(pool, merge.a), _as_f32(pool, merge.b)
-    cols = t.shape[1]
-    rows = max(1, limit // max(cols, 1))
-    scale = np.float32(merge.scale)
-    row = 0
-    for segs in iter_chunks(t.segments, rows * cols):
-        w = _read(pool, segs, t.src_dtype).astype(np.float32).reshape(-1, cols)
-        end = row + w.shape[0]
-        delta = (a[:, row:end].T @ b.T) if merge.transposed else (b[row:end] @ a)
-        out = w + delta * scale
-        row = end
-        yield _bytes(out.astype(numpy_dtype(t.out_dtype)))
+def _delta(left: np.ndarray, right: np.ndarray, d: np.ndarray, p: np.ndarray) -> None:
+    """`d` = left @ right for a block of whole rows, summed over the rank in a fixed order with elementwise
+    ufuncs: every element's bits are the same whatever block it is computed in (BLAS picks its kernel and
+    its order by the shape, and keeps a buffer for each calling thread: 64 workers held ~19 MiB more than 2),
+    and the GIL is released for each ufunc on the block. Within verify's bound of r + 2 roundings."""
+    rows, cols = left.shape[0], right.shape[1]
+    out, part = d.reshape(rows, cols), p.reshape(rows, cols)
+    np.multiply(left[:, :1], right[0], out=out)
+    for j in range(1, right.shape[0]):
+        np.multiply(left[:, j : j + 1], right[j], out=part)
+        np.add(out, part, out=out)
 
 
 def merged_shards(mp: MergedPlan) -> ShardWriter:
-    """The engine's shard writer for a merged model: each tensor's bytes computed block by block (`_blocks`)
-    and written at its planned offset. The engine owns the run around it (lock, journal, resume, renames)."""
-    plan = mp.plan
+    """The executor's shard writer for a merged model: the safetensors pipeline (its producer, workers and
+    one buffer budget, kernel copies for what needs no cast), with the adapted weights computed on the
+    workers (`_MergeMath`). The executor owns the run around it (lock, journal, resume, renames)."""
+    from inspector.convert.pipeline import shard_streamer
 
-    def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
-        with FilePool(*plan.sources) as pool:
-            yield from _fill(pool, index, fd, cancel, fsync)
-
-    def _fill(
-        pool: FilePool, index: int, fd: int, cancel: threading.Event, fsync: bool
-    ) -> Iterator[tuple[int, str]]:
-        shard = plan.shards[index]
-        _pwrite_all(fd, memoryview(shard.header), 0)
-        yield len(shard.header), ""
-        for t in shard.tensors:
-            pos = len(shard.header) + t.offset
-            for block in _blocks(pool, t, mp.merges.get(t.name), plan.options.chunk_elems):
-                if cancel.is_set():
-                    raise CancelledError("Conversion cancelled; partial files were removed.")
-                _pwrite_all(fd, memoryview(block), pos)
-                pos += len(block)
-                yield len(block), t.name
-            if pos != len(shard.header) + t.offset + t.nbytes:
-                raise InspectorError(f"Internal error: {t.name} wrote {pos} bytes, planned otherwise.")
-        if fsync:
-            os.fsync(fd)
-
-    return write
+    return shard_streamer(mp.plan, _MergeMath(mp.merges))

@@ -14,6 +14,7 @@ from inspector.convert.preflight import (
     converter_base,
     read_seconds,
 )
+from inspector.system.bytesource import any_remote
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 
 # calibrated on the 0.5B ZeRO-3 demo (README "Universal checkpoints"): bytes written per second
@@ -63,7 +64,7 @@ def assess_universal(
         predicted_vms=vms_peak,
         output_bytes=out,
         read_bytes=read,
-        estimated_seconds=STARTUP_SECONDS + max(out / UNI_BYTES_PER_S, read_seconds(read, plan.sources)),
+        estimated_seconds=universal_seconds(plan, n, read),
         deepspeed_peak_rss=0,  # not modelled for ds_to_universal; its disk is (deepspeed_peak_disk)
         budget=budget,
         free_disk=free,
@@ -72,7 +73,33 @@ def assess_universal(
         fits_disk=out <= free and not blocked,
         fits_address_space=budget.address_space_limit is None or vms_peak <= budget.address_space_limit,
         unwritable=blocked,
+        calibrated=not any_remote(plan.sources),
     )
+
+
+def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
+    """The export's time: from an object store the network's model; locally the one calibrated model
+    (`convert.calibrate`, as convert and health use) for what it does: every tensor file's bytes read and
+    zipped (a 16-bit source's widening, a shift, is in the zip's cost), the model-states files copied, `workers` files at once."""
+    if any_remote(plan.sources):
+        return STARTUP_SECONDS + max(plan.total_bytes / UNI_BYTES_PER_S, read_seconds(read, plan.sources))
+    from collections import Counter
+
+    from inspector.convert.calibrate import Work, calibrated_seconds
+
+    reads: Counter[str] = Counter()
+    for f in plan.files:
+        for seg in f.segments:
+            reads[seg.file] += seg.nbytes
+    copied = sum(size for *_, size in plan.copies)
+    work = Work(
+        read=read,
+        copied=copied,
+        zipped=plan.tensor_bytes,
+        written=plan.total_bytes - plan.tensor_bytes - copied,
+        pieces=len(plan.files),
+    )
+    return calibrated_seconds(plan.sources, reads, work, workers)
 
 
 def buffer_bytes(plan: UniversalPlan, workers: int) -> int:

@@ -1,0 +1,39 @@
+"""How long the health pass will take on this machine, before it runs: the one calibrated time model that
+convert's and universal's preflight use (`convert.calibrate`: residency by mincore, a bounded read probe of
+the checkpoint's own files, the cores and the load), fed with what the pass does (every stream it reads is
+reduced once, a stream being the most one worker holds at a time)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import inspector.convert.calibrate as calibration
+from inspector.convert.preflight import STARTUP_SECONDS, read_seconds
+from inspector.health.jobs import plan_jobs
+from inspector.health.stream import default_workers, plan_workers
+from inspector.scan.model import Checkpoint, TensorInfo
+from inspector.system.bytesource import any_remote
+
+
+def health_seconds(
+    ckpt: Checkpoint,
+    tensors: Sequence[TensorInfo],
+    against: Checkpoint | None = None,
+    workers: int | None = None,
+) -> float:
+    """Seconds `health` takes over `tensors` (with `against`: the second tag read in step) on `workers`
+    (default: as the pass itself chooses). From an object store the network's model, as convert's."""
+    sources = (ckpt.source, *((against.source,) if against else ()))
+    jobs = plan_jobs(ckpt, tensors, against)
+    total = sum(j.nbytes for j in jobs)
+    remote = any_remote(sources)
+    if remote:
+        return STARTUP_SECONDS + read_seconds(total, sources)
+    threads, _ = plan_workers(workers or default_workers(remote), against is not None)
+    reads: Counter[str] = Counter()
+    for j in jobs:
+        for seg in (*j.segments, *j.module, *j.against):
+            reads[seg.file] += seg.nbytes
+    work = calibration.Work(read=total, reduced=total, pieces=len(jobs))
+    return calibration.calibrated_seconds(tuple(set(sources)), reads, work, threads)
