@@ -229,12 +229,9 @@ class SafetensorsKind(OutputKind):
     """Verify and the recorded tag of a safetensors output (the output's header says what it was made from)."""
 
     def owns(self, out_dir: str) -> bool:
-        """Plain safetensors weights (a merged model says so in its header, and is the merged kind's)."""
-        from inspector.convert.writers.merge import is_merged_output
-
-        return (has_file(out_dir, SINGLE_NAME) or has_file(out_dir, INDEX_NAME)) and not is_merged_output(
-            out_dir
-        )
+        """Safetensors weights. A merged model is safetensors weights too: the registry asks the merged kind
+        first (`kinds.of_output`, most specific first), so this kind need not know it."""
+        return has_file(out_dir, SINGLE_NAME) or has_file(out_dir, INDEX_NAME)
 
     def recorded_tag(self, out_dir: str) -> str | None:
         return recorded_tag(out_dir)
