@@ -12,7 +12,9 @@ Constants marked "calibrated" come from `tox -e bench` on the reference machine 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from inspector.convert.plan import ConversionPlan
@@ -70,7 +72,7 @@ class Assessment:
     predicted_vms: int
     output_bytes: int
     read_bytes: int
-    estimated_seconds: float
+    timer: Callable[[], float] = field(compare=False, repr=False)  # the run's time, asked only when shown
     deepspeed_peak_rss: int
     budget: MemoryBudget
     free_disk: int
@@ -82,6 +84,12 @@ class Assessment:
     upload_to: str = ""  # OUT is this bucket URL: `out_dir` is the staging folder, which holds only
     staged_bytes: int = 0  # this much at once (the largest files written side by side)
     calibrated: bool = False  # the time was calibrated on this machine (not from fixed rates)
+
+    @cached_property
+    def estimated_seconds(self) -> float:
+        """The run's predicted time. Computed when first asked, not when assessed: the calibration behind it
+        reads and casts a probe of the checkpoint, and `convert` asks only whether the run fits."""
+        return self.timer()
 
     @property
     def disk_need(self) -> int:
@@ -239,7 +247,6 @@ def assess(
     chosen = {id(t) for t in masters}  # by identity: `t not in masters` compared dataclasses, n^2
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if id(t) not in chosen)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
-    seconds = convert_seconds(plan, output_bytes)
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     blocked = unwritable(out_dir)
     return Assessment(
@@ -247,7 +254,7 @@ def assess(
         predicted_vms=vms_peak,
         output_bytes=output_bytes,
         read_bytes=plan.read_bytes,
-        estimated_seconds=seconds,
+        timer=lambda: convert_seconds(plan, output_bytes),
         deepspeed_peak_rss=ds_peak,
         budget=budget,
         free_disk=free,

@@ -37,7 +37,7 @@ def frozen_assess(available: int = 24 * 2**30, free_disk: int = 400 * 2**30) -> 
         a = job.assess(MemoryBudget((limit,), limit), free_disk)
         if a.calibrated:  # the pretend machine's rates, not this machine's calibrated time
             seconds = PRETEND_STARTUP + max(a.output_bytes / PRETEND_WRITE, a.read_bytes / PRETEND_READ)
-            a = replace(a, estimated_seconds=seconds)
+            a = replace(a, timer=lambda: seconds)
         return replace(a, unwritable="", fits_disk=a.output_bytes <= free_disk)
 
     return assess

@@ -181,8 +181,10 @@ def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
     monkeypatch.setattr(cal_mod, "calibrate", spy)
     a = assess(plan, str(tmp_path / "out"))
-    assert seen and sum(seen[0].values()) == plan.read_bytes
+    assert not seen  # nothing probed until the time is asked: convert asks only whether the run fits
     assert a.estimated_seconds > 0
+    assert len(seen) == 1 and sum(seen[0].values()) == plan.read_bytes
+    assert a.estimated_seconds > 0 and len(seen) == 1  # asked once, kept
 
 
 def test_the_load_is_what_runs_now_besides_us(monkeypatch: pytest.MonkeyPatch) -> None:

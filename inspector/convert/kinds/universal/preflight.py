@@ -64,7 +64,7 @@ def assess_universal(
         predicted_vms=vms_peak,
         output_bytes=out,
         read_bytes=read,
-        estimated_seconds=universal_seconds(plan, n, read),
+        timer=lambda: universal_seconds(plan, n, read),
         deepspeed_peak_rss=0,  # not modelled for ds_to_universal; its disk is (deepspeed_peak_disk)
         budget=budget,
         free_disk=free,
