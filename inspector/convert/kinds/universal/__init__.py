@@ -179,27 +179,13 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
     return source_at(os.path.dirname(path if is_url(path) else os.path.abspath(path)))
 
 
-AUTOEP_REASON = (
-    "an AutoEP (expert_parallel) checkpoint: its universal form is not written yet. DeepSpeed 0.19.8's loader "
-    "cuts an AutoEP expert file only when it says is_expert_param with ep_num_experts (as ds_to_universal "
-    "writes them); without them it does not cut the whole [num_experts, ...] tensor by expert-parallel rank"
-)
-AUTOEP_HINT = (
-    "Use DeepSpeed's own tool for now: python -m deepspeed.checkpoint.ds_to_universal --input_folder TAG_DIR "
-    "--output_folder TAG_DIR_uni; or export the weights (--format weights or model), which are exact for AutoEP."
-)
-
-
 def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
     """Pipeline, native-MoE and tensor-parallel checkpoints (ZeRO 1/2) are written like any other, with their
     layout's metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint (ZeRO off)
-    is refused, and so is AutoEP, whose expert metadata this writer does not produce (ours would not resume as
-    DeepSpeed's own conversion does)."""
+    is refused."""
     from inspector.convert.kinds.universal.layouts import ZERO_OFF_REASON
 
     assert ckpt.parallel is not None
-    if ckpt.parallel.autoep:
-        return Why.LAYOUT, AUTOEP_REASON
     if ckpt.stage == 0:
         return Why.NOT_RESUMABLE, f"a {ckpt.parallel.kind}-parallel checkpoint with {ZERO_OFF_REASON}"
     return None
@@ -241,9 +227,7 @@ class Universal(OutputKind):
         if offer.why in (Why.LAYOUT, Why.NOT_RESUMABLE):
             raise UnsupportedCheckpointError(
                 f"{ckpt.tag_dir} is {offer.reason}.",
-                hint=AUTOEP_HINT
-                if ckpt.parallel is not None and ckpt.parallel.autoep
-                else "Export the weights (--format weights or model); they are exact for this layout.",
+                hint="Export the weights (--format weights or model); they are exact for this layout.",
                 title="DeepSpeed cannot resume this layout" if offer.why is Why.NOT_RESUMABLE else None,
             )
         if offer.why is Why.BEFORE_FIRST_STEP:
