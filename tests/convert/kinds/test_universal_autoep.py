@@ -78,3 +78,21 @@ def test_every_expert_file_says_it_is_one_whole_expert_tensor(config: str, tmp_p
             }
     dense = [k for k in got if "experts" not in k and not k.startswith("step/")]
     assert dense and all("is_expert_param" not in got[k] for k in dense)
+
+
+@pytest.mark.parametrize("config", ["autoep_z3_bf16_ws4", "autoep_z2_bf16"])
+def test_verify_reads_the_whole_experts_back_and_names_a_changed_one(
+    config: str, tmp_path: Path, cli: Any
+) -> None:
+    """The model states record each expert weight's local shard; the scan of the universal folder takes the
+    logical `[num_experts, ...]` shape from the AutoEP records, so verify agrees, and finds a changed expert."""
+    root, out = ckpt_dir(config), tmp_path / "out"
+    assert cli("convert", root, out, "--format", "universal").rc == 0
+    ok = cli("verify", root, out)
+    assert ok.rc == 0 and "OK: universal output" in ok.output, ok.output
+    path = out / "global_step3_uni" / "zero" / "model.layers.0.mlp.experts.w2" / "exp_avg.pt"
+    value = torch.load(path, weights_only=False)
+    value["param"][3, 5, 7] += 1.0  # the last expert: held by expert-parallel rank 1
+    torch.save(value, path)
+    res = cli("verify", root, out)
+    assert res.rc == 1 and "experts.w2/exp_avg" in res.output, res.output
