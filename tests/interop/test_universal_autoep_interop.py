@@ -84,3 +84,23 @@ def test_deepspeed_resumes_it_on_fewer_ranks(
     assert experts == 3 * 3  # w1, w2, w3: each cut into its experts
     assert checked == len([k for k in got if "/" in k]) and checked >= 3 * 10
     assert got["steps"] == [float(ckpt.optimizer_step)] and got["global_steps"] == ckpt.global_steps
+
+
+@pytest.mark.parametrize("layout", ["autoep_z3_bf16", "autoep_z2_bf16"])
+def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str) -> None:
+    """tox -e py compares ours with DeepSpeed's output committed once (tests/fixtures/universal_layouts/
+    autoep_*.npz); here ds_to_universal runs again, so a DeepSpeed that converts AutoEP differently shows up."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "universal_layouts" / "make_autoep_refs.py"
+    spec = importlib.util.spec_from_file_location("make_autoep_refs", path)
+    assert spec is not None and spec.loader is not None
+    make_refs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_refs)
+    today = make_refs.reference(layout)
+    with np.load(path.parent / f"{layout}.npz") as z:
+        committed = {k: z[k] for k in z.files}
+    assert sorted(today) == sorted(committed)
+    for k, v in committed.items():
+        mine = np.asarray(today[k])
+        assert mine.dtype == v.dtype and mine.shape == v.shape and mine.tobytes() == v.tobytes(), k
