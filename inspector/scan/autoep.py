@@ -280,7 +280,7 @@ def _parallel(ranks: Sequence[_Rank], ws: int) -> Parallel:
             if mine is not None and mine.ep_rank is not None:
                 by_ep.setdefault(mine.ep_rank, []).append(r)
         rows.append((layer.expert_prefix, ranks_text(layer.placement, by_ep)))
-    return Parallel("expert", ep=ep, dp=ws, holders=tuple(rows))
+    return Parallel("expert", ep=ep, dp=ws, holders=tuple(rows), autoep=True)
 
 
 __all__ = ["is_autoep", "scan_autoep"]

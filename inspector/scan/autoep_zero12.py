@@ -82,7 +82,7 @@ def zero12_layout(
         )
         for layer in layers
     )
-    return lay, Parallel("expert", ep=ep_max, dp=ws, holders=rows)
+    return lay, Parallel("expert", ep=ep_max, dp=ws, holders=rows, autoep=True)
 
 
 def _check_rank0(layers: Sequence[AutoEPLayer]) -> None:

@@ -186,6 +186,7 @@ class Parallel:
     tp: int = 1
     dp: int = 1
     holders: tuple[tuple[str, str], ...] = ()
+    autoep: bool = False  # experts fused by DeepSpeed's AutoEP (`ds_autoep_layers`), not native MoE modules
 
     @property
     def words(self) -> str:

@@ -85,8 +85,10 @@ def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
             hint="Copy the complete universal checkpoint folder.",
         )
     model_path = os.path.join(folder, models[0])
-    model = ModelStates.parse(load_tree(model_path, source), model_path)
+    model_tree = load_tree(model_path, source)
+    model = ModelStates.parse(model_tree, model_path)
     shapes, parallel = _shapes(source, folder, model)
+    shapes.update(_autoep_shapes(model_tree, model_path))
     module = model.module
     buffers = list(model.buffer_names)
     shared = model.shared_params
@@ -146,6 +148,14 @@ def _shapes(source: ByteSource, folder: str, model: ModelStates) -> tuple[dict[s
             for name, shape in group:
                 shapes.setdefault(name, shape)
     return shapes, bool(parallel)
+
+
+def _autoep_shapes(model_tree: Any, path: str) -> dict[str, tuple[int, ...]]:
+    """AutoEP: the model states record each expert weight's local shard (`[n_local, ...]`), while its universal
+    files hold the whole `[num_experts, ...]` tensor: the logical shape its affine map records."""
+    from inspector.parse.autoep import autoep_layers
+
+    return {p.name: p.logical_shape for layer in autoep_layers(model_tree, path) or () for p in layer.params}
 
 
 def _unsafe_folder(name: str, zero: str) -> Finding:

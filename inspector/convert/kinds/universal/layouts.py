@@ -48,6 +48,8 @@ def zero_off_reason(kind: str) -> str:
 
 def layout_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[str, Meta]:
     """Per parameter of `universal_view`, the keys its files carry beside `param` (absent: `cat_dim` 0)."""
+    if ckpt.parallel is not None and ckpt.parallel.autoep:
+        return autoep_metadata(ckpt, tensors)
     if ckpt.parallel is not None and ckpt.parallel.kind == "expert":
         # a stacked expert: DeepSpeed's loader cuts it on dim 0 by expert-parallel rank
         stacked = (("cat_dim", 0), ("is_expert_param", True), ("ep_num_experts", max(1, ckpt.parallel.ep)))
@@ -55,10 +57,23 @@ def layout_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[s
     return tp_metadata(ckpt)
 
 
+def autoep_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[str, Meta]:
+    """AutoEP: each expert weight is one `[num_experts, ...]` tensor (the scan places the experts whole), and
+    its files say so as `ds_to_universal` writes them; DeepSpeed's loader cuts the rank's experts out by them
+    (`stage3._slice_autoep_universal_expert_param`, `universal_checkpoint._resolve_autoep_partition`)."""
+    out: dict[str, Meta] = {}
+    for t in tensors:
+        group = ckpt.groups[t.group] if t.group is not None and t.group < len(ckpt.groups) else None
+        name = group.hyperparams.get("name") if group is not None else None
+        if isinstance(name, str) and _EP_GROUP.match(name) and t.shape:
+            out[t.name] = (("cat_dim", 0), ("is_expert_param", True), ("ep_num_experts", int(t.shape[0])))
+    return out
+
+
 def universal_view(ckpt: Checkpoint) -> tuple[TensorInfo, ...]:
     """The tensors as the universal folder holds them: a native-MoE checkpoint's experts as one stacked
     tensor per layer and local slot (under the local name, group of its first entry), the rest unchanged."""
-    if ckpt.parallel is None or ckpt.parallel.kind != "expert":
+    if ckpt.parallel is None or ckpt.parallel.kind != "expert" or ckpt.parallel.autoep:
         return ckpt.tensors
     ep_max = max(1, ckpt.parallel.ep)
     experts = {t.name: t for t in ckpt.tensors if _EXPERT.match(t.name) and t.kind is Kind.TRAINABLE}
