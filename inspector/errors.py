@@ -5,7 +5,7 @@ The CLI prints these without a traceback and exits non-zero; anything else is ou
 
 from __future__ import annotations
 
-from inspector.system.text import shown
+from inspector.text import shown
 
 # Exit codes, the one definition (README lists them): 0 ok; 1 damaged checkpoint or failed verification;
 # 2 bad input or usage; 3 preflight says the job does not fit; 130 interrupted.

@@ -26,7 +26,11 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "inspector"
 
 # layer -> inspector layers it must never import (the demo writer is a tool of its own on top of the core)
+_EVERY_LAYER = {"system", "remote", "format", "parse", "scan", "convert", "health", "demo", "cli", "tui"}
 FORBIDDEN: dict[str, set[str]] = {
+    # the ground: the text-out rule imports nothing of ours, and the error types only it
+    "text": _EVERY_LAYER | {"errors"},
+    "errors": _EVERY_LAYER,
     "format": {"parse", "scan", "convert", "cli", "tui", "demo", "health"},
     # the bottom layer: the local source and the protocol; which kind of source a root is, is decided above it
     # (remote/roots), so no arrow goes from system/ back up to remote/
@@ -106,7 +110,7 @@ def test_layer_rules(module: str) -> None:
 
 def test_remote_takes_only_the_name_rule_from_parse() -> None:
     """remote/ sits on system/, below format/: the one name rule is all it may take from parse/, and that
-    rule depends on nothing but the errors and the text-out rule (system/text.py, which imports nothing of
+    rule depends on nothing but the errors and the text-out rule (text.py, which imports nothing of
     ours), so remote/ reaches no higher layer."""
     mods = _modules()
     remote = [m for m in mods if _layer(m) == "remote"]
@@ -116,8 +120,8 @@ def test_remote_takes_only_the_name_rule_from_parse() -> None:
         assert from_parse <= {"inspector.parse.names", "inspector.parse.names.name_problem"}, (m, from_parse)
     deps = {i.split(".")[1] for i in _imports(mods["parse.names"]) if i.startswith("inspector.")}
     deps |= {i.split(".")[1] for i in _imports(mods["errors"]) if i.startswith("inspector.")}
-    assert deps <= {"errors", "system"}, deps  # system: only the text-out rule, which imports nothing of ours
-    assert not {i for i in _imports(mods["system.text"]) if i.startswith("inspector.")}
+    assert deps <= {"errors", "text"}, deps  # text: the text-out rule, which imports nothing of ours
+    assert not {i for i in _imports(mods["text"]) if i.startswith("inspector.")}
 
 
 def test_system_never_reaches_up_to_remote() -> None:

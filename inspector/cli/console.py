@@ -1,6 +1,6 @@
 """The CLI's exits: its Rich consoles, its JSON printer and the one way a user error is printed.
 
-Every string reaches the terminal through `system/text.shown` (secrets redacted, controls escaped) by
+Every string reaches the terminal through `text.shown` (secrets redacted, controls escaped) by
 construction: the console applies it to every string before Rich parses it (`render_str`: tables, panels,
 status lines, progress bars), and escapes every segment it writes (`_render_buffer`: `Text` built directly,
 which the renderers also build from `shown` text), so no command can print a raw control character. Rich markup in data is escaped where it is interpolated into
@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from inspector.errors import InspectorError
-from inspector.system.text import escape, has_unsafe, shown, shown_doc
+from inspector.text import escape, has_unsafe, shown, shown_doc
 
 
 def console(stderr: bool = False) -> Any:

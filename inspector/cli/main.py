@@ -24,7 +24,7 @@ from inspector.cli.launch import add_open
 from inspector.cli.options import add_tp_split_option
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.malloc import cap_malloc_arenas
-from inspector.system.text import shown
+from inspector.text import shown
 
 
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:

@@ -23,8 +23,8 @@ from inspector.scan.summary import (
     rank_row,
     summary_rows,
 )
-from inspector.system.text import shown
 from inspector.system.units import format_bytes, format_count, plural
+from inspector.text import shown
 
 _KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "blue", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 

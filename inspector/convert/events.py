@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from inspector.system.text import shown_doc
+from inspector.text import shown_doc
 
 
 @dataclass(frozen=True)

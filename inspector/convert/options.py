@@ -18,7 +18,7 @@ from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.format.dtypes import OUTPUT_ALIASES
 from inspector.parse.names import name_problem
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.system.text import shown
+from inspector.text import shown
 
 DTYPE_ALIASES = OUTPUT_ALIASES
 CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from inspector.errors import OutputError
 from inspector.parse.names import name_problem
-from inspector.system.text import shown
+from inspector.text import shown
 
 LOCK = ".zero-inspector.lock"
 PARTIAL = ".partial"  # a file (or a job's folder) that is not finished yet

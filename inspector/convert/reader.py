@@ -18,7 +18,7 @@ from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
 from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
-from inspector.system.text import shown
+from inspector.text import shown
 
 if TYPE_CHECKING:
     from inspector.remote.ranged import RangedHandle

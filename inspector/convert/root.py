@@ -38,7 +38,7 @@ from inspector.convert.outnames import (
 from inspector.convert.rootread import CLOEXEC, DIR_FLAGS, NOFOLLOW, ReadsBelow, busy, lock_holder
 from inspector.errors import OutputError
 from inspector.system.bytesource import ByteSource
-from inspector.system.text import shown
+from inspector.text import shown
 
 __all__ = [
     "LOCK",

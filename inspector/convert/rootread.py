@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from inspector.convert.checksum import fd_crc32
 from inspector.convert.outnames import LOCK, BusyError
 from inspector.errors import OutputError
-from inspector.system.text import shown
+from inspector.text import shown
 
 if TYPE_CHECKING:
     from inspector.convert.outnames import Destination

@@ -33,7 +33,7 @@ from inspector.format.records import (
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource
-from inspector.system.text import shown
+from inspector.text import shown
 
 _INERT_RECORDS = {
     ("deepspeed.utils.tensor_fragment", "fragment_address"),

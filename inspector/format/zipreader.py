@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.system.bytesource import ByteSource, open_handle_in
-from inspector.system.text import shown
+from inspector.text import shown
 
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"

@@ -6,7 +6,7 @@ checkpoints, a folder under the output root, so it must be safe in all three pla
 from __future__ import annotations
 
 from inspector.errors import InputError
-from inspector.system.text import has_unsafe, shown
+from inspector.text import has_unsafe, shown
 
 MAX_NAME_BYTES = 255  # a path component's limit on every common file system (universal: zero/<name>/)
 RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
@@ -22,7 +22,7 @@ def name_problem(name: object) -> str:
         return "is `.` or `..`"
     if "/" in name or "\\" in name:
         return "holds a path separator (`/` or `\\`)"
-    if has_unsafe(name):  # the text-out rule's own character class (system/text.py)
+    if has_unsafe(name):  # the text-out rule's own character class (text.py)
         return "holds control characters (terminal escapes) or invisible formatting characters"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.parse.names import name_problem
-from inspector.system.text import shown
+from inspector.text import shown
 
 _SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]")  # S3, GCS and Azure container names alike

@@ -30,7 +30,7 @@ from inspector.remote.backend import (
     int_env,
     scheme_row,
 )
-from inspector.system.text import shown
+from inspector.text import shown
 
 _PIECE = 1 << 20
 _HINTS = {

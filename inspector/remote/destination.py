@@ -21,7 +21,7 @@ from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import name_problem
 from inspector.remote.backend import int_env, normalise_url, scheme_row, split_url
 from inspector.remote.store import Store, store_for
-from inspector.system.text import shown
+from inspector.text import shown
 
 PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
 MAX_PARTS = 10_000  # S3's limit per upload

@@ -9,7 +9,7 @@ at most a short error code.
 from __future__ import annotations
 
 from inspector.errors import CorruptFileError, InspectorError, OutputError, StoreError
-from inspector.system.text import shown
+from inspector.text import shown
 
 
 def code_of(text: object) -> str:

@@ -17,7 +17,7 @@ from inspector.errors import CorruptFileError, InspectorError
 from inspector.remote.backend import normalise_url, split_url
 from inspector.remote.store import ObjectInfo, Store, store_for
 from inspector.system.source import not_regular, os_error, outside, parse_json, resolves
-from inspector.system.text import shown
+from inspector.text import shown
 
 
 @dataclass(frozen=True)

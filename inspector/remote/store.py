@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from inspector.errors import CorruptFileError
 from inspector.parse.names import name_problem
 from inspector.remote.backend import MAX_LISTING, Backend, RawObject, inflight, scheme_row
-from inspector.system.text import shown
+from inspector.text import shown
 
 MAX_OBJECT_BYTES = 1 << 46  # 64 TiB: above any store's object limit (S3: 50 TB); a larger size is a lie
 LISTING_TTL_S = 10.0

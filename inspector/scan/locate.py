@@ -23,7 +23,7 @@ from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
 from inspector.system.bytesource import ByteSource
 from inspector.system.source import os_error
-from inspector.system.text import shown
+from inspector.text import shown
 
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")

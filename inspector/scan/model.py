@@ -16,7 +16,7 @@ from typing import Any
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
 from inspector.system.bytesource import ByteSource
-from inspector.system.text import has_unsafe, shown
+from inspector.text import has_unsafe, shown
 
 
 class Kind(str, Enum):

@@ -24,7 +24,7 @@ from inspector.scan.locate import chosen_source, read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
 from inspector.system.bytesource import ByteSource
-from inspector.system.text import shown
+from inspector.text import shown
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError
-from inspector.system.text import shown
+from inspector.text import shown
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),

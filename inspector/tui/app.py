@@ -33,7 +33,7 @@ from inspector.scan.locate import discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.scan.tp_rules import Rules
-from inspector.system.text import shown
+from inspector.text import shown
 from inspector.tui import actions
 from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
@@ -259,7 +259,7 @@ class InspectorApp(App[int]):
             self.error(actions.worker_error(event.worker.error, event.worker.description))
 
     def notify(self, message: str, *, title: str = "", **options: Any) -> None:
-        """Every notification, from any screen, through the text-out rule (`system/text.shown`): controls
+        """Every notification, from any screen, through the text-out rule (`text.shown`): controls
         escaped and secrets redacted here, so no caller can forget it."""
         super().notify(shown(message, newlines=True), title=shown(title), **options)
 

@@ -15,15 +15,15 @@ from rich.markup import escape
 
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Kind
-from inspector.system.text import shown as _shown
 from inspector.system.units import format_bytes, format_count, plural
+from inspector.text import shown as _shown
 
 KIND_STYLE = {Kind.TRAINABLE: "green", Kind.FROZEN: "cyan", Kind.BUFFER: "magenta", Kind.TIED: "yellow"}
 
 
 def shown(text: object) -> str:
     """The one way a string from a file or a folder name reaches the screen: the core's text-out rule
-    (`system/text.shown`: secrets redacted; ESC, BEL, C1 and bidi controls shown as `\\x1b`, since Textual
+    (`text.shown`: secrets redacted; ESC, BEL, C1 and bidi controls shown as `\\x1b`, since Textual
     writes them raw and a folder named `ESC ] 2 ; ... BEL` would otherwise set the terminal's title). For Rich
     `Text`, Select options, titles and dialogs (no markup parsed there)."""
     return _shown(text)

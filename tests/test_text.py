@@ -1,4 +1,4 @@
-"""The one text-out rule (`system/text.py`): every control class escaped, every secret form redacted."""
+"""The one text-out rule (`text.py`): every control class escaped, every secret form redacted."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inspector.errors import InputError, InspectorError
-from inspector.system.text import escape, has_unsafe, redact, shown, shown_doc
+from inspector.text import escape, has_unsafe, redact, shown, shown_doc
 from tests.hostile_text import CONTROLS, raw_controls
 
 
@@ -114,7 +114,7 @@ def test_the_character_class_covers_every_unsafe_category_of_this_python() -> No
     import sys
     import unicodedata
 
-    from inspector.system.text import UNSAFE_CATEGORIES, unsafe_char
+    from inspector.text import UNSAFE_CATEGORIES, unsafe_char
 
     missed = [
         hex(cp)
