@@ -17,6 +17,15 @@ from inspector.format.dtypes import numpy_dtype
 
 torch = pytest.importorskip("torch")
 
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["integer-rounding", "ml-dtypes-cast"])
+def rounding_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every cast test runs with each fp32 -> bf16 path (the one in use depends on the machine's cores)."""
+    import inspector.convert.cast as cast_mod
+
+    monkeypatch.setattr(cast_mod, "_integer", request.param)
+    return bool(request.param)
+
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 VECTOR_KERNELS = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
