@@ -5,8 +5,8 @@ A producer thread walks the shard's chunks in file order; each takes a source bu
 when its dtype changes) from fixed pools and goes to a worker. A chunk that needs no cast is copied file to
 file in the kernel (`os.copy_file_range`; its buffer is the fallback where the file systems refuse) and never
 enters Python; any other the worker reads exactly its bytes, casts them (numpy + ml_dtypes, bit-identical
-to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release the GIL, see cast.py) and
-`pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
+to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release the GIL where more than 2
+cores are usable, see cast.py) and `pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
 at once, as many as there are workers, and the order they finish in changes no byte. The buffers are the
 plan's one budget (`plan.buffer_bytes`) whatever the worker count: more workers get more, smaller buffers
 (`pool_plan`), never more memory, and shards written side by side take their chunks from the same pools.
