@@ -124,15 +124,8 @@ class CloudDestination(PrefixDestination):
 
     # -- the Destination protocol -----------------------------------------------------------------------
 
-    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
-        key = self.key(rel)
-        if self._ours.get(key) == (size, str(crc)):  # an earlier run of this job uploaded these bytes
-            self._reuse(rel, size)
-            return
-        if self.cancel.is_set():
-            raise CancelledError("Conversion cancelled.")
+    def _upload(self, fd: int, size: int, crc: int, key: str, what: str) -> None:
         meta = {META_JOB: self.job, META_CRC: str(crc)}
-        what = self.show(rel)
         if size <= base_part():  # one request; its bytes count against the parts in memory too
             self._take_slot([])
             try:
@@ -151,7 +144,6 @@ class CloudDestination(PrefixDestination):
                 finally:
                     for _ in range(held):
                         self._slots.release()
-        self._made(key, rel, size)
 
     def _multipart(self, fd: int, size: int, key: str, what: str, meta: dict[str, str]) -> None:
         if key not in self._replaceable and self._exists(key, what):

@@ -128,6 +128,22 @@ class PrefixDestination:
             self.reused.append(rel)
             self.sizes[rel] = size
 
+    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
+        """Upload the finished file `rel` (`size` bytes, CRC-32 `crc`, open at `fd`) under its key; an object
+        an earlier run of this job uploaded with these very bytes is kept, not sent again."""
+        key = self.key(rel)
+        if self._ours.get(key) == (size, str(crc)):
+            self._reuse(rel, size)
+            return
+        if self.cancel.is_set():
+            raise CancelledError("Conversion cancelled.")
+        self._upload(fd, size, crc, key, self.show(rel))
+        self._made(key, rel, size)
+
+    def _upload(self, fd: int, size: int, crc: int, key: str, what: str) -> None:
+        """The store's own upload of one file (its client, conditions and metadata)."""
+        raise NotImplementedError
+
     def _made(self, key: str, rel: str, size: int) -> None:
         with self._lock:
             self.created.append(key)

@@ -111,16 +111,9 @@ class BucketDestination(PrefixDestination):
 
     # -- the Destination protocol -----------------------------------------------------------------------
 
-    def publish(self, fd: int, size: int, crc: int, rel: str) -> None:
-        key = self.key(rel)
-        if self._ours.get(key) == (size, str(crc)):  # an earlier run of this job uploaded these bytes
-            self._reuse(rel, size)
-            return
-        if self.cancel.is_set():
-            raise CancelledError("Conversion cancelled.")
+    def _upload(self, fd: int, size: int, crc: int, key: str, what: str) -> None:
         meta = {META_JOB: self.job, META_CRC: str(crc)}
         cond = {} if key in self._replaceable else {"IfNoneMatch": "*"}
-        what = self.show(rel)
         client = self.s3.client
         if size <= base_part():  # one request; its bytes count against the parts in memory too
             self._take_slot([])
@@ -141,7 +134,6 @@ class BucketDestination(PrefixDestination):
                 self._slots.release()
         else:
             self._multipart(fd, size, key, what, meta, cond | {"ChecksumCRC32": crc_b64(crc)})
-        self._made(key, rel, size)
 
     def _multipart(
         self, fd: int, size: int, key: str, what: str, meta: dict[str, str], cond: dict[str, str]
