@@ -19,10 +19,9 @@ from dataclasses import replace
 from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef
 from inspector.parse.autoep import AutoEPLayer
-from inspector.parse.layers import TensorFile
 from inspector.parse.states import OptimStates
 from inspector.scan.autoep_place import place, ranks_text
-from inspector.scan.files import RankFiles, load_or_finding
+from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.model import Finding, GroupInfo, Parallel, RankGroup, Segment, Severity
 from inspector.system.bytesource import ByteSource
@@ -44,7 +43,7 @@ def zero12_layout(
     groups: list[GroupInfo] = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
     maps = {p.name: p for layer in layers for p in layer.params}
-    copies = _expert_copies(files, source, lay.findings)
+    copies = expert_copies(files, source, lay.findings)
     ep_max = 1
     for g, shapes in enumerate(param_shapes):
         ep = _ep_size(states, g, ws)
@@ -116,15 +115,6 @@ def _ep_size(states: Sequence[OptimStates], g: int, ws: int) -> int:
         )
     return int(m.group(1))
 
-
-def _expert_copies(files: RankFiles, source: ByteSource, findings: list[Finding]) -> dict[str, TensorRef]:
-    """Every per-expert file's 16-bit slices by name (`<prefix>.w1.K`); an unreadable file is a finding."""
-    out: dict[str, TensorRef] = {}
-    for _, path in sorted(files.experts.items()):
-        tf = load_or_finding(path, source, findings, TensorFile.parse)
-        if tf is not None:
-            out.update(tf.tensors)
-    return out
 
 
 def _module_copy(name: str, numel: int, copies: Mapping[str, TensorRef]) -> tuple[Segment, ...]:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inspector.errors import InspectorError, NotACheckpointError, StoreError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
+from inspector.format.torchzip import TensorRef, load_tree
+from inspector.parse.layers import TensorFile
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
 from inspector.system.bytesource import ByteSource
@@ -158,3 +159,14 @@ def load_or_finding(path: str, source: ByteSource, findings: list[Finding], pars
     except InspectorError as exc:
         findings.append(Finding(Severity.ERROR, "unreadable", exc.message, path, exc.hint))
         return None
+
+
+def expert_copies(files: RankFiles, source: ByteSource, findings: list[Finding]) -> dict[str, TensorRef]:
+    """The 16-bit slices of every per-expert file (`layer_L_expert_E`), by the name each file gives them (an
+    unreadable file: a finding); native MoE and AutoEP at ZeRO-1/2 both write them."""
+    out: dict[str, TensorRef] = {}
+    for _, path in sorted(files.experts.items()):
+        tf = load_or_finding(path, source, findings, TensorFile.parse)
+        if tf is not None:
+            out.update(tf.tensors)
+    return out

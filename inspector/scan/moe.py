@@ -19,9 +19,9 @@ from dataclasses import replace
 
 from inspector.errors import InspectorError
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.parse.layers import ParallelDims, TensorFile
+from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates, OptimStates
-from inspector.scan.files import RankFiles, load_or_finding
+from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.locate import Location
 from inspector.scan.model import (
@@ -121,7 +121,7 @@ def _moe_layout(
     lay = Layout()
     groups: list[GroupInfo] = []
     rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
-    experts = _expert_copies(files, source, lay.findings)
+    experts = expert_copies(files, source, lay.findings)
     holders: dict[str, dict[int, list[int]]] = {}  # layer prefix -> global expert -> ranks
     eps = set()
     for g, shapes in enumerate(param_shapes):
@@ -220,15 +220,6 @@ def _global(name: str, e: int, n_local: Mapping[str, int]) -> str:
         return name
     return f"{m.group(1)}{e * n_local[m.group(1)] + int(m.group(2))}{m.group(3)}"
 
-
-def _expert_copies(files: RankFiles, source: ByteSource, findings: list[Finding]) -> dict[str, TensorRef]:
-    """The 16-bit experts of every `layer_L_expert_E` file, by global name (an unreadable file: a finding)."""
-    out: dict[str, TensorRef] = {}
-    for _, path in sorted(files.experts.items()):
-        tf = load_or_finding(path, source, findings, TensorFile.parse)
-        if tf is not None:
-            out.update(tf.tensors)
-    return out
 
 
 def holder_text(by_expert: Mapping[int, list[int]]) -> str:
