@@ -108,6 +108,7 @@ class ConversionPlan:
     fingerprint: str = ""
     read_bytes_by_source: dict[str, int] = field(default_factory=dict)  # what each --source would read
     sources: tuple[ByteSource, ...] = ()  # the folders every segment is read through (checkpoint, base model)
+    model_parallel: str = ""  # the checkpoint's model-parallel layout ("pipeline", "expert", "tensor"), if any
 
     @property
     def output_bytes(self) -> int:
@@ -290,4 +291,5 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         fingerprint,
         by_source,
         (ckpt.source,),
+        ckpt.parallel.kind if ckpt.parallel else "",
     )
