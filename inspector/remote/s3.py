@@ -241,36 +241,7 @@ def store_error(exc: BaseException, url: str, *, writing: bool = False) -> Inspe
     if isinstance(exc, bx.NoRegionError):
         return err.misconfigured(url, "No region: set AWS_REGION (or AWS_DEFAULT_REGION).")
     if isinstance(exc, bx.ClientError):
-        e = exc.response.get("Error", {})
-        code = err.code_of(
-            str(e.get("Code", "")) or str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        )
-        if code == "NoSuchBucket":
-            return err.no_bucket(
-                url, endpoint(), "Check the bucket name, and AWS_ENDPOINT_URL if the store is not AWS."
-            )
-        if code in _DENIED:
-            need = _WRITE_PERMISSIONS if writing else "s3:ListBucket and s3:GetObject"
-            return err.denied(
-                url,
-                code,
-                f"The credentials in use may not {verb} this bucket: check them (AWS_PROFILE, "
-                f"AWS_ACCESS_KEY_ID) and the bucket's policy; we need {need}.",
-            )
-        if code in _MISSING:
-            return err.gone(url)
-        if code in _BUSY:
-            return err.busy(
-                url,
-                code,
-                "It is throttling or unavailable: try again later, or read with fewer requests in "
-                "flight (ZI_REMOTE_INFLIGHT=2); AWS_MAX_ATTEMPTS raises the retries.",
-            )
-        if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") and writing:
-            return err.appeared(url)
-        if code in ("PreconditionFailed", "412"):
-            return err.changed(url)
-        return err.refused(url, code, "Check the URL, the credentials and the endpoint.")
+        return _client_error(exc, url, verb, writing)
     if isinstance(exc, bx.ConnectTimeoutError):
         return err.timed_out(
             url, f"no connection to {endpoint()} opened", connect_timeout(), CONNECT_TIMEOUT[0]
@@ -289,3 +260,37 @@ def store_error(exc: BaseException, url: str, *, writing: bool = False) -> Inspe
     if isinstance(exc, bx.BotoCoreError):
         return err.client_failed(url, type(exc).__name__, _CHECK)
     raise exc
+
+
+def _client_error(exc: Any, url: str, verb: str, writing: bool) -> InspectorError:
+    """A request the store answered with an error code, by what the code means."""
+    e = exc.response.get("Error", {})
+    code = err.code_of(
+        str(e.get("Code", "")) or str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    )
+    if code == "NoSuchBucket":
+        return err.no_bucket(
+            url, endpoint(), "Check the bucket name, and AWS_ENDPOINT_URL if the store is not AWS."
+        )
+    if code in _DENIED:
+        need = _WRITE_PERMISSIONS if writing else "s3:ListBucket and s3:GetObject"
+        return err.denied(
+            url,
+            code,
+            f"The credentials in use may not {verb} this bucket: check them (AWS_PROFILE, "
+            f"AWS_ACCESS_KEY_ID) and the bucket's policy; we need {need}.",
+        )
+    if code in _MISSING:
+        return err.gone(url)
+    if code in _BUSY:
+        return err.busy(
+            url,
+            code,
+            "It is throttling or unavailable: try again later, or read with fewer requests in "
+            "flight (ZI_REMOTE_INFLIGHT=2); AWS_MAX_ATTEMPTS raises the retries.",
+        )
+    if code in ("PreconditionFailed", "412", "ConditionalRequestConflict") and writing:
+        return err.appeared(url)
+    if code in ("PreconditionFailed", "412"):
+        return err.changed(url)
+    return err.refused(url, code, "Check the URL, the credentials and the endpoint.")

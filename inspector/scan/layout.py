@@ -9,7 +9,7 @@ concatenates its slices per sub-group. Pure arithmetic on metadata; the results 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from inspector.errors import CorruptFileError
@@ -78,90 +78,121 @@ def stage12_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> 
     """Stage 1/2 and BF16_Optimizer: rebuild from `param_shapes`, never from `param_slice_mappings` (§3.2);
     the mappings only prove which rank wrote which file (`_check_slices`)."""
     lay = Layout()
-    ws = len(states)
-    paths = [st.file for st in states]
-    trimmed = states[0].zero_stage is not None  # BF16_Optimizer keeps full partitions
-    groups = []
-    rank_groups: list[list[RankGroup]] = [[] for _ in range(ws)]
+    rank_groups: list[list[RankGroup]] = [[] for _ in states]
     _groups_of(states, len(param_shapes))
-    for g, shapes in enumerate(param_shapes):
-        names = [n for n, _ in shapes]
-        numels = [_numel(s) for _, s in shapes]
-        g0 = states[0].groups[g]
-        pads = list(g0.alignment) if g0.alignment is not None else [0] * len(names)
-        if len(pads) != len(names):
-            lay.findings.append(
-                Finding(
-                    Severity.ERROR,
-                    "alignment",
-                    f"Group {g}: {len(pads)} alignment paddings for {len(names)} parameters.",
-                    paths[0],
-                )
-            )
-            pads = [0] * len(names)
-        raw = sum(numels) + sum(pads)
-        w = g0.partition_count
-        if w is not None and w != ws:
-            lay.findings.append(
-                Finding(
-                    Severity.ERROR,
-                    "partition-count",
-                    f"Group {g} was partitioned over {plural(w, 'rank')} but there are {plural(ws, 'optimizer file')}.",
-                    paths[0],
-                    "Rank files are missing or come from another run.",
-                )
-            )
-        refs = [_ref(st.groups[g].master, f"fp32 partition of group {g}", st.file) for st in states]
-        moments = [st.groups[g].moments for st in states]
-        align = 2 * ws
-        formula = _ceil(raw, align) * align // ws
-        m0 = moments[0]
-        part = m0["exp_avg"].numel if m0 else (refs[0].numel if not trimmed else formula)
-        if part != formula:
-            lay.findings.append(
-                Finding(
-                    Severity.WARNING,
-                    "partition-size",
-                    f"Group {g}: partitions hold {part} elements; the DeepSpeed formula gives {formula}.",
-                    paths[0],
-                )
-            )
-        if part * ws < raw or part <= 0:
-            raise CorruptFileError(
-                f"Group {g}: {ws} partitions of {part} elements cannot hold {raw} elements.",
-                hint="Rank files are missing or come from another run.",
-            )
-        for r, ref in enumerate(refs):
-            need = min(part, max(0, raw - r * part))
-            if ref.numel < need or ref.numel > part:
-                raise CorruptFileError(
-                    f"{paths[r]}: group {g} partition has {ref.numel} elements; expected {need}..{part}.",
-                    hint="Files from different runs are mixed, or the file is damaged.",
-                )
-            pad = states[r].groups[g].padding
-            gaps = _overlap(alignment_spans(numels, pads), r * part, (r + 1) * part)
-            rank_groups[r].append(RankGroup(g, part, ref.numel, part - need if pad is None else pad, gaps))
-        if refs[0].dtype != "float32":
-            lay.master_dtype = refs[0].dtype
-        have_moments = all(
-            m is not None and all(t.numel >= min(part, max(0, raw - r * part)) for t in m.values())
-            for r, m in enumerate(moments)
-        )
-        off = 0
-        for (name, shape), n, pad in zip(shapes, numels, pads, strict=True):
-            segs = split_flat(off, n, part, refs)
-            mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
-            if have_moments:
-                mom = tuple((m, split_flat(off, n, part, [mm[m] for mm in moments if mm])) for m in MOMENTS)
-            lay.params[name] = TensorInfo(
-                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom, pad_after=pad
-            )
-            off += n + pad
-        lay.findings += _check_slices(g, dict(zip(names, numels, strict=True)), part, states)
-        groups.append(GroupInfo(g, len(names), sum(numels), part * ws, part, g0.hyperparams, sum(pads)))
-    lay.groups = tuple(groups)
+    lay.groups = tuple(
+        _stage12_group(lay, g, shapes, states, rank_groups) for g, shapes in enumerate(param_shapes)
+    )
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     return lay
+
+
+def _stage12_group(
+    lay: Layout,
+    g: int,
+    shapes: tuple[tuple[str, Shape], ...],
+    states: Sequence[OptimStates],
+    rank_groups: list[list[RankGroup]],
+) -> GroupInfo:
+    """One flat group: its partition size checked, each rank's share recorded, its parameters placed."""
+    ws, paths = len(states), [st.file for st in states]
+    names = [n for n, _ in shapes]
+    numels = [_numel(s) for _, s in shapes]
+    g0 = states[0].groups[g]
+    pads = _paddings(lay, g, g0.alignment, len(names), paths[0])
+    raw = sum(numels) + sum(pads)
+    w = g0.partition_count
+    if w is not None and w != ws:
+        lay.findings.append(
+            Finding(
+                Severity.ERROR,
+                "partition-count",
+                f"Group {g} was partitioned over {plural(w, 'rank')} but there are {plural(ws, 'optimizer file')}.",
+                paths[0],
+                "Rank files are missing or come from another run.",
+            )
+        )
+    refs = [_ref(st.groups[g].master, f"fp32 partition of group {g}", st.file) for st in states]
+    moments = [st.groups[g].moments for st in states]
+    part = _partition(lay, g, raw, states, refs, moments)
+    for r, ref in enumerate(refs):
+        need = min(part, max(0, raw - r * part))
+        if ref.numel < need or ref.numel > part:
+            raise CorruptFileError(
+                f"{paths[r]}: group {g} partition has {ref.numel} elements; expected {need}..{part}.",
+                hint="Files from different runs are mixed, or the file is damaged.",
+            )
+        pad = states[r].groups[g].padding
+        gaps = _overlap(alignment_spans(numels, pads), r * part, (r + 1) * part)
+        rank_groups[r].append(RankGroup(g, part, ref.numel, part - need if pad is None else pad, gaps))
+    if refs[0].dtype != "float32":
+        lay.master_dtype = refs[0].dtype
+    have_moments = all(
+        m is not None and all(t.numel >= min(part, max(0, raw - r * part)) for t in m.values())
+        for r, m in enumerate(moments)
+    )
+    off = 0
+    for (name, shape), n, pad in zip(shapes, numels, pads, strict=True):
+        segs = split_flat(off, n, part, refs)
+        mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
+        if have_moments:
+            mom = tuple((m, split_flat(off, n, part, [mm[m] for mm in moments if mm])) for m in MOMENTS)
+        lay.params[name] = TensorInfo(
+            name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom, pad_after=pad
+        )
+        off += n + pad
+    lay.findings += _check_slices(g, dict(zip(names, numels, strict=True)), part, states)
+    return GroupInfo(g, len(names), sum(numels), part * ws, part, g0.hyperparams, sum(pads))
+
+
+def _paddings(lay: Layout, g: int, alignment: Sequence[int] | None, n: int, path: str) -> list[int]:
+    """The padding after each of a group's `n` parameters (none recorded: none); a count that does not match
+    the parameters is an error finding, and the group is read unpadded."""
+    pads = list(alignment) if alignment is not None else [0] * n
+    if len(pads) != n:
+        lay.findings.append(
+            Finding(
+                Severity.ERROR,
+                "alignment",
+                f"Group {g}: {len(pads)} alignment paddings for {n} parameters.",
+                path,
+            )
+        )
+        pads = [0] * n
+    return pads
+
+
+def _partition(
+    lay: Layout,
+    g: int,
+    raw: int,
+    states: Sequence[OptimStates],
+    refs: Sequence[TensorRef],
+    moments: Sequence[Mapping[str, TensorRef] | None],
+) -> int:
+    """Elements per rank in group `g` (what the moments or the masters hold), checked against DeepSpeed's
+    formula; a size that cannot hold the group's `raw` elements is corrupt."""
+    ws = len(states)
+    trimmed = states[0].zero_stage is not None  # BF16_Optimizer keeps full partitions
+    align = 2 * ws
+    formula = _ceil(raw, align) * align // ws
+    m0 = moments[0]
+    part: int = m0["exp_avg"].numel if m0 else (refs[0].numel if not trimmed else formula)
+    if part != formula:
+        lay.findings.append(
+            Finding(
+                Severity.WARNING,
+                "partition-size",
+                f"Group {g}: partitions hold {part} elements; the DeepSpeed formula gives {formula}.",
+                states[0].file,
+            )
+        )
+    if part * ws < raw or part <= 0:
+        raise CorruptFileError(
+            f"Group {g}: {ws} partitions of {part} elements cannot hold {raw} elements.",
+            hint="Rank files are missing or come from another run.",
+        )
+    return part
 
 
 def alignment_spans(numels: Sequence[int], pads: Sequence[int]) -> list[tuple[int, int]]:

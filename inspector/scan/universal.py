@@ -72,6 +72,22 @@ def _int(value: int | float | TensorRef | None) -> int | None:
     return item(value) if value is not None else None
 
 
+def _frozen_missing(missing: list[str], folder: str) -> list[Finding]:
+    """A warning naming frozen parameters the folder has no data for (DeepSpeed's stage-3 conversion writes
+    none), or nothing."""
+    if not missing:
+        return []
+    return [
+        Finding(
+            Severity.WARNING,
+            "frozen-missing",
+            f"{len(missing)} frozen parameter(s) have no data in this universal checkpoint "
+            f"({', '.join(missing[:3])}); DeepSpeed's stage-3 conversion does not write them.",
+            folder,
+        )
+    ]
+
+
 def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
     """The universal checkpoint in `folder`, through `source` (of the kind chosen for it) re-rooted there."""
     folder = (source or chosen_source(folder)).absolute(folder)
@@ -117,17 +133,7 @@ def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
         if info is not None:
             tensors[name] = info
     _add_module_tensors(tensors, zero, shapes, buffers, module, shared, findings)
-    missing_frozen = [n for n in frozen_shapes if n not in tensors]
-    if missing_frozen:
-        findings.append(
-            Finding(
-                Severity.WARNING,
-                "frozen-missing",
-                f"{len(missing_frozen)} frozen parameter(s) have no data in this universal checkpoint "
-                f"({', '.join(missing_frozen[:3])}); DeepSpeed's stage-3 conversion does not write them.",
-                folder,
-            )
-        )
+    findings += _frozen_missing([n for n in frozen_shapes if n not in tensors], folder)
     order = {n: i for i, n in enumerate([*module, *shapes])}
     ordered = sorted(tensors.values(), key=lambda t: (order.get(t.name, len(order)), t.name))
     osd = _optimizer_state(source, zero, files, findings)
