@@ -1,7 +1,7 @@
 """The one executor: every output kind's job runs here, from the locked output folder to the last rename.
 
-A job offers its files (`Job.streamed`: written one by one, in publish order) and how to write file *i* into
-the OutputRoot (`Job.writer`); this owns everything around them, for every kind:
+A job offers its files (`OutputJob.streamed`, `convert/job.py`: written one by one, in publish order) and how to write file *i* into
+the OutputRoot (`OutputJob.writer`); this owns everything around them, for every kind:
 
 - the lock: OUT is held by one run (`--part I/N`: one lock per part; the finishing run refuses while a part
   runs, and a part while it does);
@@ -14,7 +14,7 @@ the OutputRoot (`Job.writer`); this owns everything around them, for every kind:
 - publishing to a bucket (`dest`): each file goes up the moment it is finished, in file order, and a file the
   bucket already holds for this job is not written again;
 - progress: one `Progress` shape at most ~4 times a second, then one `Report`; cancel and errors remove what
-  the run wrote (or keep the finished files for a rerun: `Job.keeps_on_cancel`).
+  the run wrote (or keep the finished files for a rerun: `OutputJob.keeps_on_cancel`).
 
 torch is not imported: it would cost seconds and ~300-600 MiB.
 """
@@ -27,14 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from inspector.convert.root import PARTIAL, Destination, OutputRoot
+from inspector.convert.job import FileWriter, OutputJob, PlannedFile, Writing
+from inspector.convert.root import PARTIAL, Destination
 from inspector.convert.staging import Part, Staging, disk_error
 from inspector.errors import CancelledError
-
-if TYPE_CHECKING:
-    from inspector.convert.kinds.base import Job, PlannedFile
 
 _EVENT_INTERVAL = 0.25
 
@@ -76,20 +73,10 @@ class Report:
     removed_stale: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True)
-class Writing:
-    """What a file writer is handed besides the root and the name: cancel, fsync and where to count bytes."""
-
-    cancel: threading.Event
-    fsync: bool
-    progress: Callable[[int, str], None]  # (bytes written since the last call, the tensor in hand)
-
-
-FileWriter = Callable[[int, OutputRoot, str, Writing], None]  # (file index, root, where to write it, ...)
 
 
 def run(
-    job: Job,
+    job: OutputJob,
     *,
     cancel: threading.Event | None = None,
     overwrite: bool = False,
@@ -147,7 +134,7 @@ def run(
         root.release(ok)
 
 
-def _words(job: Job) -> str:
+def _words(job: OutputJob) -> str:
     return "rerun the same command to resume" if job.keeps_on_cancel else "partial files were removed"
 
 
@@ -318,7 +305,7 @@ class _Turns:
                 self.cond.notify_all()
 
 
-def execute(job: Job, **kw: object) -> Report:
+def execute(job: OutputJob, **kw: object) -> Report:
     """Run to completion without progress events (scripts, tests)."""
     report = None
     for ev in run(job, **kw):  # type: ignore[arg-type]

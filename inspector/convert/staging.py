@@ -17,7 +17,7 @@ from inspector.convert.root import LOCK, PART, PARTIAL, BusyError, Destination, 
 from inspector.errors import InspectorError, OutputError
 
 if TYPE_CHECKING:
-    from inspector.convert.kinds.base import Job
+    from inspector.convert.job import OutputJob
 
 Part = tuple[int, int]  # (i, n): part i of n, 0 <= i < n
 
@@ -57,7 +57,7 @@ class Staging:
     """One run's hold on OUT: the locked root, which files are this run's, where each waits until it is
     published, which an earlier run of the same job left reusable, and the journal it keeps."""
 
-    def __init__(self, job: Job, overwrite: bool, part: Part | None, fsync: bool, dest: Destination | None):
+    def __init__(self, job: OutputJob, overwrite: bool, part: Part | None, fsync: bool, dest: Destination | None):
         self.job, self.part, self.fsync = job, part, fsync
         suffix = part_suffix(part) if part else ""
         job.check_output(overwrite)  # refused before the folder is even created

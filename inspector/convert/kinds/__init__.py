@@ -1,7 +1,7 @@
 """The output kinds, one module each, and the one registry the front ends go through.
 
-    base.py         the protocol: OutputKind (offer, plan, owns, verify) and Job (files, check_output,
-                    assess, run); Offer, Request, PlannedFile
+    base.py         the protocol: OutputKind (offer, plan, owns, verify) and Job (assess, comparisons, run,
+                    on top of convert/job.py's OutputJob: files, check_output, writer); Offer, Request
     safetensors.py  what the four safetensors kinds share: SafetensorsJob (engine + side files) and verify
     weights.py  model.py  adapter.py  merged.py  universal.py
 

@@ -9,9 +9,6 @@ ends in the one `VerifyResult`. The front ends hold a kind and a job and never a
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -20,10 +17,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NoReturn
 
-from inspector.convert.executor import FileWriter, Progress, Report, run
+from inspector.convert.executor import Progress, Report, run
+from inspector.convert.job import FileWriter, OutputJob, PlannedFile, Writing
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
-from inspector.convert.root import Destination, OutputRoot
+from inspector.convert.root import Destination
 from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
@@ -31,15 +29,19 @@ from inspector.system.limits import MemoryBudget
 
 __all__ = [
     "Assessment",
+    "FileWriter",
     "Job",
     "Offer",
+    "OutputJob",
     "OutputKind",
+    "PlannedFile",
     "Progress",
     "Report",
     "Request",
     "VerifyProgress",
     "VerifyResult",
     "Why",
+    "Writing",
 ]
 
 
@@ -81,89 +83,14 @@ class Request:
     allow_damaged: bool = False
 
 
-@dataclass(frozen=True)
-class PlannedFile:
-    """One file a job writes, relative to its output folder, with its planned size (`exact`: to the byte;
-    else an estimate, such as a pickle's framing)."""
-
-    name: str
-    nbytes: int
-    exact: bool = True
 
 
-class Job(ABC):
-    """One planned output of one kind; nothing is written until `run`, which the one executor
-    (`convert.executor`) carries out from what the job offers: its `streamed` files and how to write file *i*
-    (`writer`), plus what it writes before and after them."""
+class Job(OutputJob):
+    """One planned output of one kind: what the executor writes (`convert.job.OutputJob`), plus what the
+    front ends ask of it: its preflight verdict, its comparison with DeepSpeed's tools, and `run`."""
 
-    kind: str
-    out_dir: str  # the folder the user named (OUT): the executor's OutputRoot
     notes: tuple[str, ...] = ()
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
-    workers: int = 1  # streamed files written side by side (what a bucket output's staging folder holds at once)
-    folder: str = ""  # "": each streamed file waits as NAME.partial; else they all live in FOLDER/, which
-    # waits as FOLDER.partial/ and is renamed whole
-
-    @property
-    def identity(self) -> str:
-        """What fixes every output byte (sources, choices), hashed: a rerun of the same job has the same one,
-        so a bucket output can tell this job's finished objects from anyone else's."""
-        doc = [self.kind, [(f.name, f.nbytes) for f in self.files]]
-        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
-
-    @property
-    @abstractmethod
-    def files(self) -> tuple[PlannedFile, ...]:
-        """Every file written, in the order they are written."""
-
-    # -- what the executor asks ------------------------------------------------------------------------
-
-    @property
-    def streamed(self) -> tuple[PlannedFile, ...]:
-        """The files written one by one: journalled, split by `--part`, reused by a rerun, published in
-        this order."""
-        return self.files
-
-    @abstractmethod
-    def writer(self) -> contextlib.AbstractContextManager[FileWriter]:
-        """What writes streamed file *i* at the name the executor gives (through the root), for one run."""
-
-    def head(self, index: int) -> bytes:
-        """The first bytes a finished streamed file must have (a reused file is checked against them)."""
-        return b""
-
-    def tensors_in(self, indices: list[int]) -> int:
-        """Tensors the streamed files `indices` hold (a part's report)."""
-        return len(indices)
-
-    def leftovers(self, overwrite: bool) -> list[str]:
-        """Files of an earlier output that the published output replaces (removed once it is in place)."""
-        return []
-
-    def before(self, root: OutputRoot, area: str, fsync: bool) -> tuple[tuple[str, int], ...]:
-        """Files the finishing run writes first, on every run, into the staging `area` (small, never reused)."""
-        return ()
-
-    def after(self, root: OutputRoot, fsync: bool) -> tuple[tuple[str, int], ...]:
-        """Files written once the streamed files are in place (an index, side files, a pointer)."""
-        return ()
-
-    @property
-    @abstractmethod
-    def tensor_count(self) -> int: ...
-
-    @property
-    def output_bytes(self) -> int:
-        return sum(f.nbytes for f in self.files)
-
-    @property
-    def where(self) -> str:
-        """The folder the output lands in (OUT, or a folder the kind makes inside it)."""
-        return self.out_dir
-
-    @abstractmethod
-    def check_output(self, overwrite: bool) -> None:
-        """Refuse an output folder this job may not write into, before any work or prediction."""
 
     @abstractmethod
     def assess(self, budget: MemoryBudget | None = None, free_disk: int | None = None) -> Assessment:
@@ -201,12 +128,6 @@ class Job(ABC):
         `dest`: OUT is a bucket (`convert.bucket`): the job's folder is a staging folder and every finished file
         is published there through the OutputRoot."""
         return run(self, cancel=cancel, overwrite=overwrite, fsync=fsync, part=part, dest=dest)
-
-    keeps_on_cancel: bool = False  # cancel keeps the finished files for a rerun (else it removes them all)
-
-    def cancelled_words(self) -> str:
-        """What an interrupted run left, in words."""
-        return "partial output was removed"
 
     def finished_words(self, report: Report) -> str:
         """What to tell the user once it is written (how to load or resume it); "" for nothing more."""

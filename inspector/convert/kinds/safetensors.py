@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.executor import FileWriter, Writing
+from inspector.convert.job import FileWriter, Writing
 from inspector.convert.journal import JOURNAL, peek_job
 from inspector.convert.kinds.base import (
     Assessment,

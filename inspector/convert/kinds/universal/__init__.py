@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.convert.executor import FileWriter, Writing
+from inspector.convert.job import FileWriter, Writing
 from inspector.convert.kinds.base import (
     Assessment,
     Job,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.convert.executor import Writing
+from inspector.convert.job import Writing
 from inspector.convert.kinds.universal.plan import UniFile
 from inspector.convert.kinds.universal.tp_meta import SubparamShape
 from inspector.convert.options import CHUNK_ELEMS
