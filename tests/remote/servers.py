@@ -34,6 +34,10 @@ from tests.remote.moto_s3 import moto_s3, upload_folder
 from tests.remote.proxy import S3Proxy
 
 CONTAINER = "ckpt"
+# moto keeps its buckets per process, not per server: every moto server a test process starts shares them, so
+# the GCS stand-in's bucket must not be the S3 tests' "ckpt" (their private uploads of the same keys, made after
+# ours, made unsigned GCS reads 403 in one xdist ordering). No "-": object_store quotes it in a GCS bucket name.
+GS_BUCKET = "gsckpt"
 PREFIX = "stage2/demo"
 SPEC = DemoSpec()  # the same demo as the S3 tests
 # Azurite's fixed development account and key (public, in Azure's documentation): no secret
@@ -149,8 +153,8 @@ def gs_server() -> Iterator[tuple[S3Proxy, Any]]:
 def gs_demo(gs_server: tuple[S3Proxy, Any], demo: Any) -> tuple[str, Path]:
     _, client = gs_server
     local = demo(SPEC)
-    upload_folder(client, local, CONTAINER, PREFIX, ACL="public-read")  # read unsigned, as a public bucket
-    return f"gs://{CONTAINER}/{PREFIX}", local
+    upload_folder(client, local, GS_BUCKET, PREFIX, ACL="public-read")  # read unsigned, as a public bucket
+    return f"gs://{GS_BUCKET}/{PREFIX}", local
 
 
 class _Ranges(SimpleHTTPRequestHandler):
