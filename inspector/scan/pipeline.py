@@ -5,7 +5,8 @@ without the layer prefix), one `mp_rank_SS_model_states.pt` per stage with `modu
 optimizer state: `*_optim_states.pt` per data-parallel rank (ZeRO-1, or BF16_Optimizer with ZeRO off) whose
 flat groups are rebuilt exactly as a data-parallel run's (`layout.stage12_layout`), named as the pipeline
 module names them (`2.weight`, `tied_modules.embed.weight`). A tied module lives on every stage that uses it:
-the output holds one copy (the first stage's) and the other stages' copies are checked equal to it.
+the output holds one copy (the first stage's) and the other stages' copies are checked equal to it. With ZeRO
+off in fp16 the stage file itself holds unnamed per-parameter masters, named by proof (`pipeline_zero0`).
 """
 
 from __future__ import annotations
