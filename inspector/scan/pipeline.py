@@ -383,7 +383,8 @@ class Pipeline:
             )
             if tied:
                 what += f" · tied {', '.join(tied)}"
-            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in sorted(st.held())) or "–"
+            held = sorted(st.optims) or (range(dp) if st.held() else [])  # ZeRO off: every replica holds it
+            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in held) or "–"
             rows.append((f"stage {s}", f"{what} · ranks {ranks}"))
         return rows
 
