@@ -5,7 +5,8 @@ without the layer prefix), one `mp_rank_SS_model_states.pt` per stage with `modu
 optimizer state: `*_optim_states.pt` per data-parallel rank (ZeRO-1, or BF16_Optimizer with ZeRO off) whose
 flat groups are rebuilt exactly as a data-parallel run's (`layout.stage12_layout`), named as the pipeline
 module names them (`2.weight`, `tied_modules.embed.weight`). A tied module lives on every stage that uses it:
-the output holds one copy (the first stage's) and the other stages' copies are checked equal to it.
+the output holds one copy (the first stage's) and the other stages' copies are checked equal to it. With ZeRO
+off in fp16 the stage file itself holds unnamed per-parameter masters, named by proof (`pipeline_zero0`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from inspector.scan.pipeline_names import (
     tied_layer_files,
     with_copy,
 )
+from inspector.scan.pipeline_zero0 import StageMasters, fused_refusal
 from inspector.system.bytesource import ByteSource
 
 
@@ -63,6 +65,7 @@ class Pipeline:
         self.tp_rank, self.tp = tp_rank, tp
         self.layers: dict[int, str] = {}
         self.stages: dict[int, Stage] = {}
+        self.masters: StageMasters | None = None  # ZeRO-off fp16 stages' masters, named stage by stage
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
@@ -88,8 +91,10 @@ class Pipeline:
             self.add(Severity.ERROR, "unreadable", exc.message, st.model_file, exc.hint)
             return None, None
 
-    def _no_optimizer_files(self, st: Stage, unfused: UnfusedFp16 | None) -> None:
-        """A stage without optimizer files: ZeRO off in fp16 (masters that cannot be named), or files lost."""
+    def _no_optimizer_files(
+        self, st: Stage, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
+    ) -> None:
+        """A stage without optimizer files: ZeRO off in fp16 (masters in the stage file), or files lost."""
         if unfused is None:
             self.add(
                 Severity.ERROR,
@@ -100,22 +105,14 @@ class Pipeline:
             )
             return
         st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
-        st.zero_stage = 0
-        what = (
-            "one flat fp32 block per group, its parameter boundaries written nowhere but in the sizes"
-            if unfused.fused
-            else "fp32 masters without parameter names"
-        )
-        self.add(
-            Severity.ERROR,
-            "unnamed-params",
-            f"Stage {st.index} was saved with ZeRO off in fp16 ({st.optimizer}): it holds {what}, and "
-            "a tied module's key is written nowhere, so they cannot be matched to the pipeline's "
-            "parameters safely.",
-            st.model_file,
-            "Save with ZeRO stage 1 (or bf16) to convert the fp32 masters; the 16-bit layer files are "
-            "complete weights in the meantime.",
-        )
+        st.zero_stage, st.loss_scale = 0, unfused.loss_scale
+        if not unfused.fused:  # per-parameter masters: named by order, each proven by its 16-bit copy
+            if self.masters is None:
+                buffers = {n for s in self.stages.values() if s.model for n in s.model.buffer_names}
+                self.masters = StageMasters(layer_files, buffers, self.source)
+            st.layout = self.masters.stage(st.index, unfused)
+            return
+        self.findings.append(fused_refusal(st.index, st.model_file))
 
     def _stage_layout(
         self, st: Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
@@ -125,7 +122,7 @@ class Pipeline:
         if model is None:
             return
         if not st.optims:
-            self._no_optimizer_files(st, unfused)
+            self._no_optimizer_files(st, unfused, layer_files)
             return
         missing = [d for d in range(dp) if d not in st.optims]
         for d in missing[:8]:
@@ -207,6 +204,8 @@ class Pipeline:
         }
         for s, st in sorted(self.stages.items()):
             self._stage_layout(st, dp, unfused.get(s), layer_files)
+        if self.masters is not None:
+            self.findings += self.masters.finish(self.stages, self.stages[0].model_file)
         self.findings += missing_layers(self.files, self.loc.tag_dir, self.tp_rank)
         tensors, groups, ranks = self._merge(layer_files, dp)
         return self._checkpoint(tensors, groups, ranks, pp, dp, layer_files)
@@ -234,7 +233,7 @@ class Pipeline:
                         copies.setdefault(name, []).append((s, t))
                     else:
                         trainable[name] = t
-            for d, path in sorted(st.optims.items()):
+            for d, path in sorted(st.held().items()):
                 rgs = lay.rank_groups[d] if lay is not None and d < len(lay.rank_groups) else ()
                 rgs = tuple(replace(g, group=base + g.group) for g in rgs)
                 ranks.append(
@@ -336,7 +335,7 @@ class Pipeline:
             global_steps=model0.global_steps,
             global_samples=model0.global_samples,
             optimizer_step=item(step),
-            loss_scale=osd0.loss_scale if osd0 else None,
+            loss_scale=osd0.loss_scale if osd0 else st0.loss_scale,
             dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
             files=tuple(files),
             ranks=tuple(ranks),
@@ -384,7 +383,8 @@ class Pipeline:
             )
             if tied:
                 what += f" · tied {', '.join(tied)}"
-            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in sorted(st.optims)) or "–"
+            held = sorted(st.optims) or (range(dp) if st.held() else [])  # ZeRO off: every replica holds it
+            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in held) or "–"
             rows.append((f"stage {s}", f"{what} · ranks {ranks}"))
         return rows
 

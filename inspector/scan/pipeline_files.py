@@ -46,6 +46,11 @@ class Stage:
     layout: Layout | None = None
     optimizer: str = "DeepSpeedZeroOptimizer"
     zero_stage: int = 1
+    loss_scale: float | None = None  # ZeRO off in fp16: the stage file's optimizer record says it
+
+    def held(self) -> dict[int, str | None]:
+        """Data-parallel rank -> its optimizer file; ZeRO off in fp16 keeps the masters in the stage file."""
+        return dict(self.optims) or ({0: None} if self.layout and self.zero_stage == 0 else {})
 
 
 @dataclass

@@ -88,15 +88,6 @@ def test_a_stage_number_beyond_the_files_present_is_refused(tmp_path: Path) -> N
         scan(str(root))
 
 
-def test_zero_off_fp16_pipeline_is_refused_with_the_reason(tmp_path: Path) -> None:
-    """FP16_UnfusedOptimizer keeps per-parameter fp32 masters without names; a tied module's key is written
-    nowhere, so the masters are never matched to names by guessing."""
-    ckpt = scan(str(ckpt_dir("pp_z0_fp16")))
-    assert ckpt.optimizer == "FP16_UnfusedOptimizer"
-    assert {f.code for f in ckpt.errors} == {"unnamed-params"}
-    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
-
-
 def test_a_fused_fp16_optimizer_stage_is_refused_with_its_own_reason(tmp_path: Path) -> None:
     """FP16_Optimizer (a fused Adam, not available on the CPU) keeps one flat fp32 block per group: the same
     refusal as the unfused one, naming it, not "optimizer files missing". Made from the real ZeRO-off fp16

@@ -1,0 +1,105 @@
+"""Pipelines saved with ZeRO off in fp16 (FP16_UnfusedOptimizer, 2 stages, real DeepSpeed 0.19.8 fixture
+pp_z0_fp16): the stages' unnamed fp32 masters named by layer-file order, each proven by its 16-bit copy, and
+converted bit-exact; masters out of order are refused, never misnamed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inspector.scan.model import Checkpoint, Kind, Severity
+from inspector.scan.scanner import scan
+from tests.scan.layout_cases import HALF, ckpt_dir, convert, expected, writable
+
+TAG = "global_step3"
+TIED = "tied_modules.embed.weight"  # the live name; the save writes the key nowhere: named by its layer file
+
+
+def _edit_stage(root: Path, stage: int, edit: object) -> None:
+    """Rewrite one stage file's fp32_groups with `edit(groups)` (torch only to damage a copy)."""
+    import torch
+
+    path = root / TAG / f"mp_rank_{stage:02d}_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    edit(sd["optimizer"]["fp32_groups"])  # type: ignore[operator]
+    torch.save(sd, path)
+
+
+def _no_trainable(ckpt: Checkpoint) -> bool:
+    return not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_zero_off_fp16_pipeline_converts_bit_exact(tmp_path: Path) -> None:
+    ckpt = scan(str(ckpt_dir("pp_z0_fp16")))
+    assert not ckpt.errors, ckpt.errors
+    assert (ckpt.optimizer, ckpt.stage, ckpt.compute_dtype, ckpt.master_dtype) == (
+        "FP16_UnfusedOptimizer",
+        0,
+        "float16",
+        "float32",
+    )
+    assert [t.name for t in ckpt.tensors] == [
+        "0.weight",
+        "1.weight",
+        "1.bias",
+        "2.scale",
+        "2.norm.weight",
+        "2.norm.bias",
+        "4.weight",
+        "4.bias",
+    ]
+    assert [f.code for f in ckpt.findings if f.severity is Severity.WARNING] == [
+        "tied-unnamed"
+    ]  # stage 1's tied copy, proven, key unknown
+    holders = dict(ckpt.parallel.holders) if ckpt.parallel else {}
+    assert holders == {"stage 0": "layers 0-2 · ranks 0", "stage 1": "layers 0, 4 · ranks 1"}
+    want = expected("pp_z0_fp16")
+    rename = {TIED: "0.weight"}
+    masters = {rename.get(k[5:], k[5:]): v for k, v in want.items() if k.startswith("fp32/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    assert set(fp32) == set(masters) | {"2.scale"}
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    assert np.array_equal(fp32["2.scale"], want["buffer/2.scale"])
+    half = convert(ckpt, tmp_path / "half", "auto")
+    for n, v in masters.items():
+        cast = v.astype(HALF["float16"]).view(np.uint16)
+        assert np.array_equal(half[n].view(np.uint16), cast), n
+    for s in (0, 1):  # the live tied copy of each stage equals the master written
+        assert np.array_equal(want[f"tied/{TIED}/{s}"].view(np.uint32), fp32["0.weight"].view(np.uint32))
+
+
+@pytest.mark.parametrize("stage, a, b", [(0, 2, 3), (1, 1, 2)])
+def test_swapped_masters_are_refused_not_misnamed(stage: int, a: int, b: int, tmp_path: Path) -> None:
+    """Stage 0's 1.bias and 2.norm.weight masters share a shape; stage 1's 4.weight and 4.bias do not."""
+    root = writable("pp_z0_fp16", tmp_path / "ck")
+
+    def swap(groups: list) -> None:  # type: ignore[type-arg]
+        groups[0][a], groups[0][b] = groups[0][b], groups[0][a]
+
+    _edit_stage(root, stage, swap)
+    ckpt = scan(str(root))
+    assert {f.code for f in ckpt.errors} == {"unnamed-params"}
+    assert f"Stage {stage}'s fp32 master {a}" in ckpt.errors[0].message
+    assert _no_trainable(ckpt)
+
+
+def test_a_tied_master_that_proves_nothing_is_refused(tmp_path: Path) -> None:
+    """Stage 1's leading master is the tied embedding; damaged, it equals no layer parameter's copy."""
+    root = writable("pp_z0_fp16", tmp_path / "ck")
+    _edit_stage(root, 1, lambda groups: groups[0][0].data.mul_(2))
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert "proves equal to no layer parameter" in ckpt.errors[0].message
+    assert _no_trainable(ckpt)
+
+
+def test_a_layer_parameter_without_a_master_is_refused(tmp_path: Path) -> None:
+    root = writable("pp_z0_fp16", tmp_path / "ck")
+    _edit_stage(root, 1, lambda groups: groups[0].pop())
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert "4.bias" in ckpt.errors[0].message and ckpt.errors[0].severity is Severity.ERROR
+    assert _no_trainable(ckpt)
