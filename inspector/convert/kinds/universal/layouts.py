@@ -27,9 +27,9 @@ _EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_GROUP = re.compile(r"^ep_size_(\d+)$")
 
 ZERO_OFF_REASON = (
-    "ZeRO off (BF16_Optimizer at stage 0): DeepSpeed 0.19.8 never reads a universal checkpoint's zero/ folder "
-    "at stage 0 (engine.load_checkpoint hands the model-states file's optimizer entry to BF16_Optimizer's "
-    "legacy loader, which fails with KeyError: 0), so it cannot resume one"
+    "ZeRO off (stage 0): DeepSpeed 0.19.8 never reads a universal checkpoint's zero/ folder at stage 0 (tried "
+    "with a bf16 pipeline: engine.load_checkpoint hands the model-states file's optimizer entry to "
+    "BF16_Optimizer's legacy loader, which fails with KeyError: 0), so it cannot resume one"
 )
 # seen with the native-MoE fixtures' model, bf16 and fp16 (tests/interop/test_universal_layouts_interop.py)
 MOE_ZERO_OFF_REASON = (
