@@ -23,12 +23,16 @@ def _bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
 
 
-def test_a_store_dripping_its_answer_ends_at_the_deadline(
-    proxy: S3Proxy, s3_demo: tuple[str, Path], cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("where", ["drip", "drip_headers"], ids=["body", "headers"])
+def test_a_store_dripping_ends_at_the_deadline(
+    where: str, proxy: S3Proxy, s3_demo: tuple[str, Path], cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The body, or the status line and headers, a byte a second, each within the 2 s stall timeout: the
+    body's watchdog, or for the headers the connection's own timer (botocore has no hook before the body),
+    ends it at the 4 s deadline."""
     url, _ = s3_demo
     _bounded(monkeypatch)
-    proxy.throttle.drip = lambda method, path: method == "GET" and "list-type" not in path
+    setattr(proxy.throttle, where, lambda method, path: method == "GET" and "list-type" not in path)
     start = time.monotonic()
     result = cli("scan", url, timeout=120)
     took = time.monotonic() - start
@@ -36,25 +40,7 @@ def test_a_store_dripping_its_answer_ends_at_the_deadline(
     assert "did not end within 4 s" in result.output, result.output
     assert url in result.output
     assert "Traceback" not in result.output
-    print(f"\ndrip: ended after {took:.1f} s")
-
-
-def test_a_store_dripping_its_headers_ends_at_the_deadline(
-    proxy: S3Proxy, s3_demo: tuple[str, Path], cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The status line and headers a byte a second, each within the 2 s stall timeout: botocore would wait
-    for ever (no hook before the body); the connection's own timer ends it at the 4 s deadline."""
-    url, _ = s3_demo
-    _bounded(monkeypatch)
-    proxy.throttle.drip_headers = lambda method, path: method == "GET" and "list-type" not in path
-    start = time.monotonic()
-    result = cli("scan", url, timeout=120)
-    took = time.monotonic() - start
-    assert result.rc != 0, result.output
-    assert "did not end within 4 s" in result.output, result.output
-    assert url in result.output
-    assert "Traceback" not in result.output
-    print(f"\nheader drip: ended after {took:.1f} s")
+    print(f"\n{where}: ended after {took:.1f} s")
 
 
 def test_a_silent_store_ends_at_the_stall_timeout(
