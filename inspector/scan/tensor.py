@@ -20,7 +20,7 @@ from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
-from inspector.scan.locate import MODEL_RE, OPTIM_RE, Location
+from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
 from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
@@ -36,6 +36,8 @@ def tp_ranks(names: Sequence[str]) -> set[int]:
             out.add(int(m.group(1)))
         elif m := OPTIM_RE.match(n):
             out.add(int(m.group(3)))
+        elif m := ZERO3_MODEL_RE.match(n):
+            out.add(int(m.group(2)))
     return out
 
 
@@ -43,10 +45,11 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors."""
     present = len(names)
     shards = _shard_files(loc, names)
-    assert shards[0].model is not None
-    tree0 = load_tree(shards[0].model, loc.source)
-    dims = ParallelDims.parse(tree0, shards[0].model)
-    recipe = TpRecipe.parse(tree0, shards[0].model)
+    model0 = _model_file(shards[0])
+    assert model0 is not None
+    tree0 = load_tree(model0, loc.source)
+    dims = ParallelDims.parse(tree0, model0)
+    recipe = TpRecipe.parse(tree0, model0)
     tp = dims.tp_degree or dims.mp_world_size or len(shards)
     findings: list[Finding] = []
     if tp > present:
@@ -55,12 +58,12 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
                 Severity.ERROR,
                 "world-size",
                 f"The model states say tp_degree={tp:,}, but the tag folder holds only {present} files.",
-                shards[0].model,
+                model0,
             )
         )
         tp = len(shards)
     for t in range(tp):
-        if t not in shards or shards[t].model is None:
+        if t not in shards or _model_file(shards[t]) is None:
             findings.append(
                 Finding(
                     Severity.ERROR,
@@ -70,7 +73,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
                     "Copy the complete checkpoint folder; every tensor-parallel rank writes its own.",
                 )
             )
-    scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if f.model is not None and t < tp}
+    scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
     for c in scanned.values():
         findings += [f for f in c.findings if f not in findings]
     base = scanned[0]
@@ -115,8 +118,14 @@ def join_shards(
     return _join(scanned, recipe, findings, loc) if complete else []
 
 
+def _model_file(files: RankFiles) -> str | None:
+    """A shard's rank-0 model states: `mp_rank_TT_…` (ZeRO-1/2) or `zero_pp_rank_0_mp_rank_TT_…` (ZeRO-3)."""
+    return files.model if files.model is not None else files.zero3_model.get(0)
+
+
 def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
-    """Each tensor-parallel rank's model and optimizer files; rank numbers bounded by the files present."""
+    """Each tensor-parallel rank's model and optimizer files (under ZeRO-3 every data-parallel rank of a shard
+    writes its own model states); rank numbers bounded by the files present."""
     present = len(names)
     shards: dict[int, RankFiles] = {}
     for n in names:
@@ -125,7 +134,9 @@ def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
             shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
         elif m := OPTIM_RE.match(n):
             shards.setdefault(int(m.group(3)), RankFiles(present=present)).optim[int(m.group(2))] = path
-    high = [r for t, f in shards.items() for r in (t, *f.optim) if r >= present]
+        elif m := ZERO3_MODEL_RE.match(n):
+            shards.setdefault(int(m.group(2)), RankFiles(present=present)).zero3_model[int(m.group(1))] = path
+    high = [r for t, f in shards.items() for r in (t, *f.optim, *f.zero3_model) if r >= present]
     if high:
         raise NotACheckpointError(
             f"{loc.tag_dir} holds a rank file numbered {max(high):,} but only {present} files in all: a stray or "
@@ -133,9 +144,11 @@ def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
             hint="Remove the stray file (or restore the missing rank files) and try again.",
             title="Impossible rank number",
         )
-    if 0 not in shards or shards[0].model is None:
+    if 0 not in shards or _model_file(shards[0]) is None:
+        zero3 = any(f.zero3_model for f in shards.values())
+        first = "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero3 else "mp_rank_00_model_states.pt"
         raise NotACheckpointError(
-            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.",
+            f"{loc.tag_dir}: no {first}.",
             hint="Copy the complete checkpoint folder; each tensor-parallel rank writes one.",
         )
     return shards

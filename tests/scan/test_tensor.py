@@ -20,6 +20,9 @@ CASES = {
     "tp_z2_bf16": (2, 1),
     "tp_z2_bf16_dp2": (2, 2),
     "tp_phi3_z1_bf16": (1, 1),  # Phi-3: fused qkv_proj and gate_up_proj, split per sub-parameter
+    "tp_z3_bf16": (3, 1),  # ZeRO-3: every shard's parameters partitioned per parameter (FORMAT.md §3.4)
+    "tp_z3_fp16": (3, 1),
+    "tp_z3_bf16_dp2": (3, 2),
 }  # name -> (ZeRO stage, DP ranks)
 
 
@@ -42,11 +45,32 @@ def test_tensor_parallel_joins_bit_exact(name: str, tmp_path: Path) -> None:
     assert set(fp32) == set(masters) == {t.name for t in ckpt.tensors}
     for n, v in masters.items():
         assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+        if "qkv_proj" not in n and "gate_up_proj" not in n:
+            live = _live_join(want, n, v.shape, tp=2)
+            assert np.array_equal(fp32[n].view(np.uint32), live.view(np.uint32)), n
     half = convert(ckpt, tmp_path / "half", "auto")
     for n, v in masters.items():
         cast = v.astype(HALF[ckpt.compute_dtype]).view(np.uint16)
         assert np.array_equal(half[n].view(np.uint16), cast), n
         assert np.array_equal(want[f"half/{n}"], cast), n  # DeepSpeed's own gather of the 16-bit weights
+
+
+def _live_join(want: dict[str, np.ndarray], name: str, shape: tuple[int, ...], tp: int) -> np.ndarray:
+    """The fp32 masters the engines held (`safe_get_full_fp32_param` on each global rank r, TP rank r mod tp;
+    data-parallel replicas equal) put side by side the way their shapes show: a full-shape shard is a
+    replica (every copy equal), else the shards stack on the dimension that is short (vocabulary rows cut to
+    the full count). Fused sub-parameters are not covered."""
+    ranks = {
+        int(k.split("/")[1]): v for k, v in want.items() if k.startswith("shard/") and k.endswith(f"/{name}")
+    }
+    for r, v in ranks.items():
+        assert np.array_equal(v.view(np.uint32), ranks[r % tp].view(np.uint32)), (name, r)
+    shards = [ranks[t] for t in range(tp)]
+    if shards[0].shape == shape:
+        assert all(np.array_equal(s.view(np.uint32), shards[0].view(np.uint32)) for s in shards), name
+        return shards[0]
+    dim = 1 if len(shape) > 1 and shards[0].shape[1] != shape[1] else 0
+    return np.concatenate(shards, axis=dim)[: shape[0]]
 
 
 def _resave_model_states(root: Path, edit) -> None:  # type: ignore[no-untyped-def]
