@@ -15,6 +15,7 @@ import fnmatch
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
@@ -62,20 +63,10 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
             )
         )
         tp = len(shards)
-    for t in range(tp):
-        if t not in shards or _model_file(shards[t]) is None:
-            findings.append(
-                Finding(
-                    Severity.ERROR,
-                    "missing-shard",
-                    f"The files of tensor-parallel rank {t} (mp_rank_{t:02d}_…) are missing.",
-                    loc.tag_dir,
-                    "Copy the complete checkpoint folder; every tensor-parallel rank writes its own.",
-                )
-            )
+    findings += _missing_shards(shards, tp, loc)
     scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
-    for c in scanned.values():
-        findings += [f for f in c.findings if f not in findings]
+    for t, c in scanned.items():
+        findings += [f for f in map(partial(_in_shard, t), c.findings) if f not in findings]
     base = scanned[0]
     tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     dp = base.world_size
@@ -94,6 +85,33 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
         parallel=Parallel("tensor", tp=tp, dp=dp, holders=holders),
     )
+
+
+def _missing_shards(shards: Mapping[int, RankFiles], tp: int, loc: Location) -> list[Finding]:
+    """A finding per tensor-parallel rank that cannot be scanned: all its files gone, or (ZeRO-3) the
+    rank-0 model states its scan starts from."""
+    out = []
+    for t in range(tp):
+        files = shards.get(t)
+        if files is not None and _model_file(files) is not None:
+            continue
+        what = f"The files of tensor-parallel rank {t} (mp_rank_{t:02d}_…) are missing."
+        if files is not None and files.zero3_model:  # ZeRO-3: other data-parallel ranks' files are here
+            first = f"zero_pp_rank_0_mp_rank_{t:02d}_model_states.pt"
+            what = f"The model states of tensor-parallel rank {t}, {first}, are missing."
+        hint = "Copy the complete checkpoint folder; every tensor-parallel rank writes its own."
+        out.append(Finding(Severity.ERROR, "missing-shard", what, loc.tag_dir, hint))
+    return out
+
+
+_PER_SHARD = ("missing-rank", "incomplete")  # findings that are about one shard's data-parallel world
+
+
+def _in_shard(t: int, f: Finding) -> Finding:
+    """A shard's finding about its own data-parallel ranks, saying which shard (DP rank 1 of which?)."""
+    if f.code not in _PER_SHARD:
+        return f
+    return replace(f, message=f"Tensor-parallel shard {t} (mp_rank_{t:02d}): {f.message}")
 
 
 SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}

@@ -73,8 +73,8 @@ def _live_join(want: dict[str, np.ndarray], name: str, shape: tuple[int, ...], t
     return np.concatenate(shards, axis=dim)[: shape[0]]
 
 
-def _resave_model_states(root: Path, edit) -> None:  # type: ignore[no-untyped-def]
-    path = root / TAG / "mp_rank_00_model_states.pt"
+def _resave_model_states(root: Path, edit, name: str = "mp_rank_00_model_states.pt") -> None:  # type: ignore[no-untyped-def]
+    path = root / TAG / name
     sd = torch.load(path, weights_only=False)
     edit(sd)
     torch.save(sd, path)
@@ -111,6 +111,48 @@ def test_a_missing_shard_is_named(tmp_path: Path) -> None:
             os.remove(root / TAG / n)
     ckpt = scan(str(root))
     assert any(f.code == "missing-shard" and "tensor-parallel rank 1" in f.message for f in ckpt.errors)
+
+
+Z3_MODEL0 = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+
+
+@pytest.mark.parametrize(
+    ("gone", "code", "words"),
+    [
+        ("zero_pp_rank_1_mp_rank_01_model_states.pt", "missing-rank", "Tensor-parallel shard 1 (mp_rank_01)"),
+        ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing-rank", "shard 0 (mp_rank_00): The optimizer"),
+        ("zero_pp_rank_0_mp_rank_01_model_states.pt", "missing-shard", "zero_pp_rank_0_mp_rank_01_model_states"),
+    ],
+)
+def test_a_missing_zero3_rank_file_is_named(gone: str, code: str, words: str, tmp_path: Path) -> None:
+    """ZeRO-3 under TP: every data-parallel rank of every shard writes model and optimizer states; one gone is
+    a finding that says which shard, and nothing is joined (no traceback, no half-built tensor)."""
+    root = writable("tp_z3_bf16_dp2", tmp_path / "ck")
+    os.remove(root / TAG / gone)
+    ckpt = scan(str(root))
+    assert any(f.code == code and words in f.message for f in ckpt.errors), ckpt.errors
+    assert not ckpt.tensors
+
+
+def test_a_zero3_checkpoint_without_its_first_model_states_is_refused(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    root = writable("tp_z3_bf16", tmp_path / "ck")
+    os.remove(root / TAG / Z3_MODEL0)
+    got = cli("scan", root)
+    assert got.rc != 0 and f"no {Z3_MODEL0}" in got.stdout + got.stderr
+    assert "Traceback" not in got.stdout + got.stderr
+
+
+def test_an_unrecorded_split_under_zero3_takes_the_users(tmp_path: Path) -> None:
+    """The --tp-split path is the same under ZeRO-3: refused without it, DeepSpeed's merge with it."""
+    root = writable("tp_z3_bf16_dp2", tmp_path / "ck")
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"), Z3_MODEL0)
+    assert [f.code for f in scan(str(root)).errors] == ["tp-unrecorded"]
+    ckpt = scan(str(root), tp_split=SPLIT)
+    assert not ckpt.errors
+    masters = {k[5:]: v for k, v in expected("tp_z3_bf16_dp2").items() if k.startswith("fp32/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
 
 
 SPLIT = (
