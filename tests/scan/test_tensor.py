@@ -23,6 +23,7 @@ CASES = {
     "tp_z3_bf16": (3, 1),  # ZeRO-3: every shard's parameters partitioned per parameter (FORMAT.md §3.4)
     "tp_z3_fp16": (3, 1),
     "tp_z3_bf16_dp2": (3, 2),
+    "tp_z3_bf16_dp3": (3, 3),  # 6 ranks: a 16-element norm over 3 ranks leaves padding on the last
 }  # name -> (ZeRO stage, DP ranks)
 
 

@@ -36,7 +36,7 @@ WRITTEN = ("tp_z1_bf16", "tp_z2_bf16", "tp_z2_bf16_dp2", "pp_z1_bf16", "pp_z1_fp
 # the layouts scan/pipeline_tensor.py and the sub-parameter records added: pipeline x TP 2, AutoTP Phi-3 (fused
 # qkv_proj / gate_up_proj) with its affine map, without it (UCP 0.4 widths), and as UCP 0.3 records it
 NEW_LAYOUTS = ("pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_phi3_z1_bf16_ucp03")
-ZERO3 = ("tp_z3_bf16", "tp_z3_fp16", "tp_z3_bf16_dp2")  # AutoTP under ZeRO-3
+ZERO3 = ("tp_z3_bf16", "tp_z3_fp16", "tp_z3_bf16_dp2", "tp_z3_bf16_dp3")  # AutoTP under ZeRO-3
 ROW = {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"}
 REPLICATED = {
     "model.embed_tokens.weight",
@@ -122,7 +122,7 @@ def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path:
     copies = sorted(p.name for p in Path(plan.out_dir).iterdir() if p.is_file())
     assert copies == sorted(os.path.basename(f.path) for f in ckpt.files if f.role == "model")
     if config in ZERO3:  # as ds_to_universal: every data-parallel rank's model states of every shard
-        dp = 2 if config.endswith("_dp2") else 1
+        dp = int(config[-1]) if "_dp" in config else 1
         assert copies == [f"zero_pp_rank_{d}_mp_rank_0{t}_model_states.pt" for d in range(dp) for t in (0, 1)]
     else:
         assert copies[:2] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
