@@ -1,7 +1,8 @@
 """Tensor-parallel checkpoints (AutoTP training, Megatron-style runs; FORMAT.md §3.6, §4.2).
 
-Each `mp_rank_TT` is its own ZeRO world with its own optimizer files: the data-parallel scan rebuilds every
-tensor-parallel shard as it rebuilds any checkpoint. The shards join by what the checkpoint records in
+Each `mp_rank_TT` is its own ZeRO world with its own optimizer files (under ZeRO-3 also one model-states file
+per data-parallel rank, `zero_pp_rank_D_mp_rank_TT_…`, whose `param_shapes` are the shard's shapes): the
+data-parallel scan rebuilds every tensor-parallel shard as it rebuilds any checkpoint. The shards join by what the checkpoint records in
 `universal_checkpoint_info`: replicated parameters are taken once (every other shard's copy compared),
 row-parallel ones join on dim 1, vocabulary-parallel ones on dim 0 with the padding rows cut, the rest on dim 0.
 What the checkpoint does not record is refused with what is missing, never guessed: no recipe at all, a regex
