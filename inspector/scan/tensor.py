@@ -1,7 +1,8 @@
 """Tensor-parallel checkpoints (AutoTP training, Megatron-style runs; FORMAT.md §3.6, §4.2).
 
-Each `mp_rank_TT` is its own ZeRO world with its own optimizer files: the data-parallel scan rebuilds every
-tensor-parallel shard as it rebuilds any checkpoint. The shards join by what the checkpoint records in
+Each `mp_rank_TT` is its own ZeRO world with its own optimizer files (under ZeRO-3 also one model-states file
+per data-parallel rank, `zero_pp_rank_D_mp_rank_TT_…`, whose `param_shapes` are the shard's shapes): the
+data-parallel scan rebuilds every tensor-parallel shard as it rebuilds any checkpoint. The shards join by what the checkpoint records in
 `universal_checkpoint_info`: replicated parameters are taken once (every other shard's copy compared),
 row-parallel ones join on dim 1, vocabulary-parallel ones on dim 0 with the padding rows cut, the rest on dim 0.
 What the checkpoint does not record is refused with what is missing, never guessed: no recipe at all, a regex
@@ -15,12 +16,13 @@ import fnmatch
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
-from inspector.scan.locate import MODEL_RE, OPTIM_RE, Location
+from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
 from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
@@ -36,6 +38,8 @@ def tp_ranks(names: Sequence[str]) -> set[int]:
             out.add(int(m.group(1)))
         elif m := OPTIM_RE.match(n):
             out.add(int(m.group(3)))
+        elif m := ZERO3_MODEL_RE.match(n):
+            out.add(int(m.group(2)))
     return out
 
 
@@ -43,10 +47,11 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors."""
     present = len(names)
     shards = _shard_files(loc, names)
-    assert shards[0].model is not None
-    tree0 = load_tree(shards[0].model, loc.source)
-    dims = ParallelDims.parse(tree0, shards[0].model)
-    recipe = TpRecipe.parse(tree0, shards[0].model)
+    model0 = _model_file(shards[0])
+    assert model0 is not None
+    tree0 = load_tree(model0, loc.source)
+    dims = ParallelDims.parse(tree0, model0)
+    recipe = TpRecipe.parse(tree0, model0)
     tp = dims.tp_degree or dims.mp_world_size or len(shards)
     findings: list[Finding] = []
     if tp > present:
@@ -55,24 +60,14 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
                 Severity.ERROR,
                 "world-size",
                 f"The model states say tp_degree={tp:,}, but the tag folder holds only {present} files.",
-                shards[0].model,
+                model0,
             )
         )
         tp = len(shards)
-    for t in range(tp):
-        if t not in shards or shards[t].model is None:
-            findings.append(
-                Finding(
-                    Severity.ERROR,
-                    "missing-shard",
-                    f"The files of tensor-parallel rank {t} (mp_rank_{t:02d}_…) are missing.",
-                    loc.tag_dir,
-                    "Copy the complete checkpoint folder; every tensor-parallel rank writes its own.",
-                )
-            )
-    scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if f.model is not None and t < tp}
-    for c in scanned.values():
-        findings += [f for f in c.findings if f not in findings]
+    findings += _missing_shards(shards, tp, loc)
+    scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
+    for t, c in scanned.items():
+        findings += [f for f in map(partial(_in_shard, t), c.findings) if f not in findings]
     base = scanned[0]
     tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     dp = base.world_size
@@ -91,6 +86,33 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
         parallel=Parallel("tensor", tp=tp, dp=dp, holders=holders),
     )
+
+
+def _missing_shards(shards: Mapping[int, RankFiles], tp: int, loc: Location) -> list[Finding]:
+    """A finding per tensor-parallel rank that cannot be scanned: all its files gone, or (ZeRO-3) the
+    rank-0 model states its scan starts from."""
+    out = []
+    for t in range(tp):
+        files = shards.get(t)
+        if files is not None and _model_file(files) is not None:
+            continue
+        what = f"The files of tensor-parallel rank {t} (mp_rank_{t:02d}_…) are missing."
+        if files is not None and files.zero3_model:  # ZeRO-3: other data-parallel ranks' files are here
+            first = f"zero_pp_rank_0_mp_rank_{t:02d}_model_states.pt"
+            what = f"The model states of tensor-parallel rank {t}, {first}, are missing."
+        hint = "Copy the complete checkpoint folder; every tensor-parallel rank writes its own."
+        out.append(Finding(Severity.ERROR, "missing-shard", what, loc.tag_dir, hint))
+    return out
+
+
+_PER_SHARD = ("missing-rank", "incomplete")  # findings that are about one shard's data-parallel world
+
+
+def _in_shard(t: int, f: Finding) -> Finding:
+    """A shard's finding about its own data-parallel ranks, saying which shard (DP rank 1 of which?)."""
+    if f.code not in _PER_SHARD:
+        return f
+    return replace(f, message=f"Tensor-parallel shard {t} (mp_rank_{t:02d}): {f.message}")
 
 
 SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
@@ -115,8 +137,14 @@ def join_shards(
     return _join(scanned, recipe, findings, loc) if complete else []
 
 
+def _model_file(files: RankFiles) -> str | None:
+    """A shard's rank-0 model states: `mp_rank_TT_…` (ZeRO-1/2) or `zero_pp_rank_0_mp_rank_TT_…` (ZeRO-3)."""
+    return files.model if files.model is not None else files.zero3_model.get(0)
+
+
 def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
-    """Each tensor-parallel rank's model and optimizer files; rank numbers bounded by the files present."""
+    """Each tensor-parallel rank's model and optimizer files (under ZeRO-3 every data-parallel rank of a shard
+    writes its own model states); rank numbers bounded by the files present."""
     present = len(names)
     shards: dict[int, RankFiles] = {}
     for n in names:
@@ -125,7 +153,9 @@ def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
             shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
         elif m := OPTIM_RE.match(n):
             shards.setdefault(int(m.group(3)), RankFiles(present=present)).optim[int(m.group(2))] = path
-    high = [r for t, f in shards.items() for r in (t, *f.optim) if r >= present]
+        elif m := ZERO3_MODEL_RE.match(n):
+            shards.setdefault(int(m.group(2)), RankFiles(present=present)).zero3_model[int(m.group(1))] = path
+    high = [r for t, f in shards.items() for r in (t, *f.optim, *f.zero3_model) if r >= present]
     if high:
         raise NotACheckpointError(
             f"{loc.tag_dir} holds a rank file numbered {max(high):,} but only {present} files in all: a stray or "
@@ -133,9 +163,11 @@ def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
             hint="Remove the stray file (or restore the missing rank files) and try again.",
             title="Impossible rank number",
         )
-    if 0 not in shards or shards[0].model is None:
+    if 0 not in shards or _model_file(shards[0]) is None:
+        zero3 = any(f.zero3_model for f in shards.values())
+        first = "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero3 else "mp_rank_00_model_states.pt"
         raise NotACheckpointError(
-            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.",
+            f"{loc.tag_dir}: no {first}.",
             hint="Copy the complete checkpoint folder; each tensor-parallel rank writes one.",
         )
     return shards

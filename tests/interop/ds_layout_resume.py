@@ -4,12 +4,14 @@ layout, and record what the engine loaded.
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py tp   LOAD_DIR RESULT.pt --tp 1
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py pipe LOAD_DIR RESULT.pt --stages 1
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py tp   LOAD_DIR RESULT.pt --model phi3
+    DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py tp   LOAD_DIR RESULT.pt --tp 2 --zero 3
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 ds_layout_resume.py pptp LOAD_DIR RESULT.pt --stages 1 --tp 2
 
 The model is the one the fixture's script trained (tests/fixtures/layouts/make_tp.py: a tiny Llama or Phi-3;
 make_pipe.py: the tied-embedding PipelineModule; make_pipe_tp.py: the PipelineModule with hand-made tensor-parallel
 layers, over a topology of --stages x --tp), built with `"checkpoint": {"load_universal": true}`. A tensor-parallel
-target's shards are put together again on rank 0 by the layer that split them (make_pipe_tp's ROW / REPLICATED). Rank 0 writes every
+target's shards are put together again on rank 0 by the layer that split them (make_pipe_tp's ROW / REPLICATED, or
+AutoTP's split of make_tp's Llama). Rank 0 writes every
 trainable parameter's full fp32 master and Adam moments as DeepSpeed holds them after `load_checkpoint`
 (`fp32/NAME`, `exp_avg/NAME`, `exp_avg_sq/NAME`, gathered over the data-parallel ranks and the stages), the
 optimizer steps, `global_steps`, then the loss of one more training step and the steps after it.
@@ -73,20 +75,28 @@ def _pptp_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
     return engine
 
 
-def _joined(state: dict[str, Any], tp: int) -> None:
+# how AutoTP splits make_tp.py's Llama (its universal_checkpoint_info): row-parallel on dim 1, replicated, the
+# rest (lm_head's 40 vocabulary rows: no padding over 2 ranks) on dim 0
+AUTOTP_ROW = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+AUTOTP_REPLICATED = ("embed_tokens.weight", "norm.weight")
+
+
+def _joined(state: dict[str, Any], tp: int, autotp: bool = False) -> None:
     """A tensor-parallel target's `STATE/shard/T/NAME` entries joined into `STATE/NAME` on rank 0, as
-    make_pipe_tp.py's layers split them (replicated shards must agree)."""
+    make_pipe_tp.py's layers split them, or AutoTP splits make_tp.py's Llama (replicated shards must agree)."""
     from make_pipe_tp import REPLICATED, ROW
 
     for key in sorted(k for k in state if "/shard/0/" in k):
         kind, name = key.split("/shard/0/")
         parts = [state.pop(f"{kind}/shard/{t}/{name}") for t in range(tp)]
-        if name in REPLICATED:
+        replicated = name.endswith(AUTOTP_REPLICATED) if autotp else name in REPLICATED
+        row = name.endswith(AUTOTP_ROW) if autotp else name in ROW
+        if replicated:
             if any(not torch.equal(parts[0], p) for p in parts[1:]):
                 raise SystemExit(f"replicated {name} ({kind}) differs between tensor-parallel ranks")
             state[f"{kind}/{name}"] = parts[0]
         else:
-            state[f"{kind}/{name}"] = torch.cat(parts, dim=1 if name in ROW else 0)
+            state[f"{kind}/{name}"] = torch.cat(parts, dim=1 if row else 0)
 
 
 def _moe_engine(args: argparse.Namespace, config: dict[str, Any]) -> Any:
@@ -168,6 +178,10 @@ def main() -> None:
     if path is None:
         raise SystemExit(f"load_checkpoint found nothing under {args.load}")
     shard = f"shard/{os.environ['ZI_TP_RANK']}/" if args.kind == "pptp" and args.tp > 1 else ""
+    if args.kind == "tp" and args.tp > 1:  # AutoTP: each rank holds its shard of the split parameters
+        from deepspeed.utils import groups
+
+        shard = f"shard/{groups.get_tensor_model_parallel_rank()}/"
     mine = _loaded(engine, shard)
     mine["global_steps"] = int(engine.global_steps)
     got: list[Any] = [None] * dist.get_world_size()
@@ -182,8 +196,8 @@ def main() -> None:
                 else:
                     state.setdefault(k, v)
         state["steps"] = sorted(state["steps"])
-        if args.kind == "pptp" and args.tp > 1:
-            _joined(state, args.tp)
+        if args.kind in ("pptp", "tp") and args.tp > 1:
+            _joined(state, args.tp, autotp=args.kind == "tp")
         state["loss_after"] = loss
         state["global_steps_after"] = int(engine.global_steps)
         torch.save(state, args.result)

@@ -1,10 +1,10 @@
 """Pipeline-, expert- and tensor-parallel checkpoints made afresh with real DeepSpeed (the scripts that made the
 committed fixtures under tests/fixtures/layouts), read bit-exact, and set beside DeepSpeed's own tools:
 ds_to_universal on pipeline + ZeRO-1 and on pipeline x tensor parallel (its fp32.pt per parameter equals our
-fp32 output) and on AutoTP, fused sub-parameters included (the expected values make_tp.py records are its
-merge), and zero_to_fp32, which fails on every one of these layouts (the README's feature table says so from
+fp32 output) and on AutoTP, fused sub-parameters and ZeRO-3 included (the expected values make_tp.py records
+are its merge), and zero_to_fp32, which fails on every one of these layouts (the README's feature table says so from
 these runs). One fresh build per layout: MoE without ZeRO, Phi-3's fused projections and pipeline x tensor
-parallel each have their own."""
+parallel each have their own, and so does AutoTP under ZeRO-3."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ MADE = {  # name -> (ranks, script, its options)
         ["--zero", "1", "--dtype", "bf16", "--tp", "2", "--model", "phi3", "--preset", "phi3"],
     ),
     "pptp_z1_bf16": (4, "make_pipe_tp.py", ["--zero", "1", "--dtype", "bf16", "--record", "1"]),  # layer_XX-model_TT
+    # AutoTP under ZeRO-3: zero_pp_rank_D_mp_rank_TT model files, no mp_rank_TT_model_states.pt
+    "tp_z3_bf16": (2, "make_tp.py", ["--zero", "3", "--dtype", "bf16", "--tp", "2"]),  # expected: ds_to_universal
 }
 
 

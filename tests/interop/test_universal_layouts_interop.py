@@ -8,6 +8,8 @@ layout (one torchrun each, tests/interop/ds_layout_resume.py):
     pipeline 2 stages x TP 2, 4 ranks (pptp_z1_bf16) -> 1 stage x TP 2 on 2 ranks: DeepSpeed's loader cuts
         every file again by its keys (the row-parallel weight by cat_dim 1; with cat_dim 0, as written before
         the keys came from the record, it resumed that weight silently wrong)
+    AutoTP under ZeRO-3, TP 2 (tp_z3_bf16; tp_z3_fp16 in fp16) -> the same layout, TP 2 ZeRO-3
+    AutoTP under ZeRO-3, TP 2 x DP 2, 4 ranks (tp_z3_bf16_dp2) -> plain model, ZeRO-3 over DP 2
 
 Every trainable parameter's fp32 master and both Adam moments as the resumed engine holds them
 (safe_get_full_fp32_param / safe_get_full_optimizer_state, gathered) equal, bit for bit, the source checkpoint's
@@ -45,6 +47,9 @@ CASES = {  # fixture -> (ranks, ds_layout_resume.py options)
     "moe_z1_bf16": (4, ["moe", "--ep", "2", "--second-ep", "1", "--zero", "1"]),
     "tp_phi3_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "1", "--model", "phi3"]),
     "pptp_z1_bf16": (2, ["pptp", "--stages", "1", "--tp", "2", "--zero", "1"]),
+    "tp_z3_bf16": (2, ["tp", "--tp", "2", "--zero", "3"]),
+    "tp_z3_fp16": (2, ["tp", "--tp", "2", "--zero", "3", "--dtype", "fp16"]),
+    "tp_z3_bf16_dp2": (2, ["tp", "--tp", "1", "--zero", "3"]),
 }
 
 
@@ -115,7 +120,7 @@ def _f32(x: Any) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "pptp_z1_bf16", "tp_phi3_z1_bf16_ucp03"]
+    "layout", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "pptp_z1_bf16", "tp_phi3_z1_bf16_ucp03", "tp_z3_bf16_dp2"]
 )
 def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str, tmp_path: Path) -> None:
     """tox -e py compares ours with DeepSpeed's output committed once (tests/fixtures/universal_layouts); here

@@ -20,6 +20,10 @@ CASES = {
     "tp_z2_bf16": (2, 1),
     "tp_z2_bf16_dp2": (2, 2),
     "tp_phi3_z1_bf16": (1, 1),  # Phi-3: fused qkv_proj and gate_up_proj, split per sub-parameter
+    "tp_z3_bf16": (3, 1),  # ZeRO-3: every shard's parameters partitioned per parameter (FORMAT.md §3.4)
+    "tp_z3_fp16": (3, 1),
+    "tp_z3_bf16_dp2": (3, 2),
+    "tp_z3_bf16_dp3": (3, 3),  # 6 ranks: a 16-element norm over 3 ranks leaves padding on the last
 }  # name -> (ZeRO stage, DP ranks)
 
 
@@ -42,6 +46,9 @@ def test_tensor_parallel_joins_bit_exact(name: str, tmp_path: Path) -> None:
     assert set(fp32) == set(masters) == {t.name for t in ckpt.tensors}
     for n, v in masters.items():
         assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+        if "qkv_proj" not in n and "gate_up_proj" not in n:
+            live = _live_join(want, n, v.shape, tp=2)
+            assert np.array_equal(fp32[n].view(np.uint32), live.view(np.uint32)), n
     half = convert(ckpt, tmp_path / "half", "auto")
     for n, v in masters.items():
         cast = v.astype(HALF[ckpt.compute_dtype]).view(np.uint16)
@@ -49,8 +56,26 @@ def test_tensor_parallel_joins_bit_exact(name: str, tmp_path: Path) -> None:
         assert np.array_equal(want[f"half/{n}"], cast), n  # DeepSpeed's own gather of the 16-bit weights
 
 
-def _resave_model_states(root: Path, edit) -> None:  # type: ignore[no-untyped-def]
-    path = root / TAG / "mp_rank_00_model_states.pt"
+def _live_join(want: dict[str, np.ndarray], name: str, shape: tuple[int, ...], tp: int) -> np.ndarray:
+    """The fp32 masters the engines held (`safe_get_full_fp32_param` on each global rank r, TP rank r mod tp;
+    data-parallel replicas equal) put side by side the way their shapes show: a full-shape shard is a
+    replica (every copy equal), else the shards stack on the dimension that is short (vocabulary rows cut to
+    the full count). Fused sub-parameters are not covered."""
+    ranks = {
+        int(k.split("/")[1]): v for k, v in want.items() if k.startswith("shard/") and k.endswith(f"/{name}")
+    }
+    for r, v in ranks.items():
+        assert np.array_equal(v.view(np.uint32), ranks[r % tp].view(np.uint32)), (name, r)
+    shards = [ranks[t] for t in range(tp)]
+    if shards[0].shape == shape:
+        assert all(np.array_equal(s.view(np.uint32), shards[0].view(np.uint32)) for s in shards), name
+        return shards[0]
+    dim = 1 if len(shape) > 1 and shards[0].shape[1] != shape[1] else 0
+    return np.concatenate(shards, axis=dim)[: shape[0]]
+
+
+def _resave_model_states(root: Path, edit, name: str = "mp_rank_00_model_states.pt") -> None:  # type: ignore[no-untyped-def]
+    path = root / TAG / name
     sd = torch.load(path, weights_only=False)
     edit(sd)
     torch.save(sd, path)
@@ -87,6 +112,48 @@ def test_a_missing_shard_is_named(tmp_path: Path) -> None:
             os.remove(root / TAG / n)
     ckpt = scan(str(root))
     assert any(f.code == "missing-shard" and "tensor-parallel rank 1" in f.message for f in ckpt.errors)
+
+
+Z3_MODEL0 = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+
+
+@pytest.mark.parametrize(
+    ("gone", "code", "words"),
+    [
+        ("zero_pp_rank_1_mp_rank_01_model_states.pt", "missing-rank", "Tensor-parallel shard 1 (mp_rank_01)"),
+        ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing-rank", "shard 0 (mp_rank_00): The optimizer"),
+        ("zero_pp_rank_0_mp_rank_01_model_states.pt", "missing-shard", "zero_pp_rank_0_mp_rank_01_model_states"),
+    ],
+)
+def test_a_missing_zero3_rank_file_is_named(gone: str, code: str, words: str, tmp_path: Path) -> None:
+    """ZeRO-3 under TP: every data-parallel rank of every shard writes model and optimizer states; one gone is
+    a finding that says which shard, and nothing is joined (no traceback, no half-built tensor)."""
+    root = writable("tp_z3_bf16_dp2", tmp_path / "ck")
+    os.remove(root / TAG / gone)
+    ckpt = scan(str(root))
+    assert any(f.code == code and words in f.message for f in ckpt.errors), ckpt.errors
+    assert not ckpt.tensors
+
+
+def test_a_zero3_checkpoint_without_its_first_model_states_is_refused(tmp_path: Path, cli) -> None:  # type: ignore[no-untyped-def]
+    root = writable("tp_z3_bf16", tmp_path / "ck")
+    os.remove(root / TAG / Z3_MODEL0)
+    got = cli("scan", root)
+    assert got.rc != 0 and f"no {Z3_MODEL0}" in got.stdout + got.stderr
+    assert "Traceback" not in got.stdout + got.stderr
+
+
+def test_an_unrecorded_split_under_zero3_takes_the_users(tmp_path: Path) -> None:
+    """The --tp-split path is the same under ZeRO-3: refused without it, DeepSpeed's merge with it."""
+    root = writable("tp_z3_bf16_dp2", tmp_path / "ck")
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"), Z3_MODEL0)
+    assert [f.code for f in scan(str(root)).errors] == ["tp-unrecorded"]
+    ckpt = scan(str(root), tp_split=SPLIT)
+    assert not ckpt.errors
+    masters = {k[5:]: v for k, v in expected("tp_z3_bf16_dp2").items() if k.startswith("fp32/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
 
 
 SPLIT = (

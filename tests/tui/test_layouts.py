@@ -1,13 +1,23 @@
 """The app on model-parallel checkpoints saved by real DeepSpeed (tests/fixtures/layouts): the overview says
-the layout and the tensor tree shows the model's own modules (pipeline layers, tied modules, experts)."""
+the layout and the tensor tree shows the model's own modules (pipeline layers, tied modules, experts); the
+export form converts AutoTP under ZeRO-3 through the same plan as `convert`."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import pytest
+from safetensors.numpy import load_file
+from textual.widgets import Select
 
 from inspector.tui.app import make_app
-from tests.scan.layout_cases import ckpt_dir
-from tests.tui.conftest import plain, scanned
+from inspector.tui.screens.convert import ConvertScreen
+from inspector.tui.screens.export import ExportScreen
+from tests.scan.layout_cases import ckpt_dir, expected
+from tests.tui.conftest import plain, scanned, wait_for
 
 
 @pytest.mark.asyncio
@@ -28,6 +38,11 @@ from tests.tui.conftest import plain, scanned
         (
             "tp_z2_bf16_dp2",
             "tensor parallel: 2 shards",
+            ["model.layers.0.mlp.down_proj.weight", "lm_head.weight"],
+        ),
+        (
+            "tp_z3_bf16_dp2",
+            "tensor parallel: 2 shards × 2 data-parallel ranks",
             ["model.layers.0.mlp.down_proj.weight", "lm_head.weight"],
         ),
     ],
@@ -56,3 +71,34 @@ def test_the_tensor_detail_counts_the_ways_a_layout_split_a_group() -> None:
     )
     tp = scan(str(ckpt_dir("tp_z2_bf16_dp2")))
     assert padding_note(tp, tp.tensor("lm_head.weight")).startswith("Joined from 2 tensor-parallel shards")
+
+
+@pytest.mark.asyncio
+async def test_the_app_exports_autotp_under_zero3_bit_exact(tmp_path: Path) -> None:
+    """The export form on AutoTP under ZeRO-3 (TP 2 x DP 2) runs the same plan as `convert`: the joined
+    fp32 masters equal ds_to_universal's merge of the same checkpoint, bit for bit."""
+    out = tmp_path / "out"
+    app = make_app(path=str(ckpt_dir("tp_z3_bf16_dp2")), out_dir=str(out), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        assert app.ckpt is not None and not app.ckpt.errors and app.ckpt.stage == 3
+        await pilot.press("e")
+        screen = app.screen
+        assert isinstance(screen, ExportScreen)
+        screen.query_one("#dtype", Select).value = "fp32"
+        await wait_for(pilot, lambda: "Fits" in plain(screen.query_one("#preflight")), "the preflight")
+        await pilot.press("ctrl+s")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
+            "convert",
+        )
+        assert isinstance(app.screen, ConvertScreen) and app.screen.phase == "done"
+    written: dict[str, Any] = {}
+    for name in os.listdir(out):
+        if name.endswith(".safetensors"):
+            written.update(load_file(str(out / name)))
+    masters = {k[5:]: v for k, v in expected("tp_z3_bf16_dp2").items() if k.startswith("fp32/")}
+    assert masters and set(masters) == set(written)
+    for name, want in masters.items():
+        assert np.array_equal(written[name].view(np.uint32), want.view(np.uint32)), name

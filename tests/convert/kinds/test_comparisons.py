@@ -27,6 +27,6 @@ def test_a_data_parallel_checkpoint_is_set_beside_zero_to_fp32(tmp_path: Path) -
     assert _rows(str(tmp_path / "ck"), tmp_path / "out") == ["zero_to_fp32"]
 
 
-@pytest.mark.parametrize("fixture", ["pp_z1_bf16", "moe_z2_bf16", "tp_z1_bf16", "autoep_z3_bf16"])
+@pytest.mark.parametrize("fixture", ["pp_z1_bf16", "moe_z2_bf16", "tp_z1_bf16", "autoep_z3_bf16", "tp_z3_bf16"])
 def test_a_model_parallel_checkpoint_is_not(fixture: str, tmp_path: Path) -> None:
     assert _rows(str(LAYOUTS / fixture / "ckpt"), tmp_path / "out") == []

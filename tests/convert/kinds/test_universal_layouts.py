@@ -36,6 +36,7 @@ WRITTEN = ("tp_z1_bf16", "tp_z2_bf16", "tp_z2_bf16_dp2", "pp_z1_bf16", "pp_z1_fp
 # the layouts scan/pipeline_tensor.py and the sub-parameter records added: pipeline x TP 2, AutoTP Phi-3 (fused
 # qkv_proj / gate_up_proj) with its affine map, without it (UCP 0.4 widths), and as UCP 0.3 records it
 NEW_LAYOUTS = ("pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_phi3_z1_bf16_ucp03")
+ZERO3 = ("tp_z3_bf16", "tp_z3_fp16", "tp_z3_bf16_dp2", "tp_z3_bf16_dp3")  # AutoTP under ZeRO-3
 ROW = {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"}
 REPLICATED = {
     "model.embed_tokens.weight",
@@ -97,7 +98,7 @@ def _written(folder: Path) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("config", WRITTEN + NEW_LAYOUTS)
+@pytest.mark.parametrize("config", WRITTEN + NEW_LAYOUTS + ZERO3)
 def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path: Path) -> None:
     """Every tensor bit for bit, and the keys beside it exactly (names, types, values: a SubparamShape
     included), as DeepSpeed's ds_to_universal wrote them for the same checkpoint."""
@@ -120,7 +121,11 @@ def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path:
     assert (tmp_path / "out" / "latest_universal").read_text() == plan.folder
     copies = sorted(p.name for p in Path(plan.out_dir).iterdir() if p.is_file())
     assert copies == sorted(os.path.basename(f.path) for f in ckpt.files if f.role == "model")
-    assert copies[:2] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
+    if config in ZERO3:  # as ds_to_universal: every data-parallel rank's model states of every shard
+        dp = int(config[-1]) if "_dp" in config else 1
+        assert copies == [f"zero_pp_rank_{d}_mp_rank_0{t}_model_states.pt" for d in range(dp) for t in (0, 1)]
+    else:
+        assert copies[:2] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
 
 
 def _keys(value: dict[str, Any]) -> dict[str, Any]:
@@ -158,19 +163,23 @@ def test_a_pipeline_with_tensor_parallel_layers_is_split_by_its_record(tmp_path:
     assert all(got[f"{s}/{n}"] == {} for s in ("fp32", "exp_avg") for n in ("0.weight", "3.bias", "5.weight"))
 
 
-def test_a_split_stated_with_tp_split_writes_the_same_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("config", "model0"),
+    [("tp_z1_bf16", "mp_rank_00_model_states.pt"), ("tp_z3_bf16_dp2", "zero_pp_rank_0_mp_rank_00_model_states.pt")],
+)
+def test_a_split_stated_with_tp_split_writes_the_same_keys(config: str, model0: str, tmp_path: Path) -> None:
     """Without universal_checkpoint_info the user states the split; the keys come from the shard shapes."""
     from tests.scan.test_tensor import SPLIT, _resave_model_states
 
     root = tmp_path / "ck"
-    shutil.copytree(ckpt_dir("tp_z1_bf16"), root)
-    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"))
+    shutil.copytree(ckpt_dir(config), root)
+    _resave_model_states(root, lambda sd: sd.pop("universal_checkpoint_info"), model0)
     plan = plan_universal(scan(str(root), tp_split=SPLIT), str(tmp_path / "out"))
     write_universal(plan)
     written = _written(Path(plan.out_dir))
     assert _keys(written["fp32/model.layers.0.mlp.down_proj.weight"]) == {"cat_dim": 1}
     assert set(written["fp32/model.norm.weight"]) == {"param"}
-    ref = _reference("tp_z1_bf16")
+    ref = _reference(config)
     assert all(np.array_equal(v["param"].numpy(), ref[k]) for k, v in written.items() if "step/" not in k)
 
 
@@ -233,7 +242,7 @@ def test_a_pipeline_with_zero_off_is_refused_with_deepspeeds_reason(tmp_path: Pa
     assert not (tmp_path / "cli").exists() or not any((tmp_path / "cli").iterdir())
 
 
-@pytest.mark.parametrize("config", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "moe_z2_bf16_ws4"])
+@pytest.mark.parametrize("config", ["tp_z2_bf16_dp2", "pp_z1_bf16_dp2", "moe_z2_bf16_ws4", "tp_z3_bf16_dp2"])
 def test_verify_parts_and_a_killed_run_work_as_for_any_checkpoint(
     config: str, tmp_path: Path, cli: Any
 ) -> None:
@@ -302,7 +311,7 @@ def test_an_expert_layout_deepspeeds_loader_cannot_cut_is_refused_not_guessed(tm
         plan_universal(replace(ckpt, tensors=three), str(tmp_path))
 
 
-@pytest.mark.parametrize("config", ["pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine"])
+@pytest.mark.parametrize("config", ["pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_z3_bf16_dp2"])
 def test_verify_checks_the_tensor_parallel_keys_too(config: str, tmp_path: Path, cli: Any) -> None:
     """Every byte right and a row-parallel weight's cat_dim wrong resumes that weight wrong (the pptp interop
     case showed it): verify names the file. A SubparamShape read back compares equal to the record's."""

@@ -123,8 +123,9 @@ def _params(ckpt: Checkpoint) -> list[TensorInfo]:
 
 
 def _tp_rank0_models(ckpt: Checkpoint, tp: int) -> list[str]:
-    """Tensor-parallel rank 0's model-states files, stage by stage (`mp_rank_MM` with MM = stage x tp + 0);
-    the first is `mp_rank_00`, whose record the scan joined by."""
+    """Tensor-parallel rank 0's model-states files, stage by stage (`mp_rank_MM` with MM = stage x tp + 0;
+    under ZeRO-3 every data-parallel rank's `zero_pp_rank_D_mp_rank_MM` copy, which record the same); the
+    first is `mp_rank_00` (`zero_pp_rank_0_mp_rank_00`), whose record the scan joined by."""
     found = []
     for f in ckpt.files:
         m = _MODEL.search(f.path) if f.role == "model" else None
