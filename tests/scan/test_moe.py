@@ -225,3 +225,22 @@ def test_zero_off_expert_groups_under_each_others_size_are_refused_not_misnamed(
     assert [f.code for f in ckpt.errors] == ["unnamed-params"]
     assert "is not what its 16-bit copy holds" in ckpt.errors[0].message
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_moe_with_expert_tensor_parallelism_is_read_bit_exact_once_the_split_is_said(tmp_path: Path) -> None:
+    """MoE(enable_expert_tensor_parallelism=True) under a TP-2 mpu (make_moe_tp.py): one file set and one set
+    of expert files per tensor-parallel rank, no recorded split, every parameter whole on each rank (plain
+    torch layers; the script checked the ranks agree). Refused without --tp-split, exact with `*=replicated`."""
+    from inspector.scan.tp_rules import parse_rule
+
+    folder = ckpt_dir("moe_tp_z1_bf16")
+    names = os.listdir(folder / TAG)
+    assert {f"layer_0_expert_{e}_mp_rank_{t:02d}_model_states.pt" for e in range(4) for t in (0, 1)} <= set(
+        names
+    )
+    assert [f.code for f in scan(str(folder)).errors] == ["tp-unrecorded"]
+    ckpt = scan(str(folder), tp_split=(parse_rule("*=replicated"),))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and (ckpt.parallel.tp, ckpt.world_size) == (2, 2)
+    assert {f"{EXPERTS}.{e}.0.weight" for e in range(4)} <= {t.name for t in ckpt.tensors}
+    assert_exact(ckpt, "moe_tp_z1_bf16", tmp_path)
