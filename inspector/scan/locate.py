@@ -25,12 +25,20 @@ from inspector.system.bytesource import ByteSource
 from inspector.system.source import os_error
 from inspector.text import shown
 
-OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
-ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-LAYER_RE = re.compile(r"^layer_(\d+)-model_.*\.pt$")
-EXPERT_RE = re.compile(r"^(layer_(\d+)_)?expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-EXPP_RE = re.compile(r"^expp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+# Numbers in rank-file names as DeepSpeed spells them: `{:02d}` (mp_rank_MM, layer_XX, model_TT) is two digits
+# or more (`mp_rank_100`, `layer_100`), `{}` (zero_pp_rank_R, expp_rank_E, expert_E, layer_L_) has no padding.
+# One spelling per number, so `mp_rank_000` cannot stand in for (and silently replace) `mp_rank_00`; at most 18
+# digits, so a crafted name's number stays a cheap machine-sized int, which the scans then bound by the files
+# present. A longer number is not a rank file at all, nor are other scripts' digits (`\d` takes Arabic-Indic
+# `00`, which int() reads as 0: a second spelling of rank 0).
+PADDED = r"([0-9]{2}|[1-9][0-9]{2,17})"
+PLAIN = r"(0|[1-9][0-9]{0,17})"
+OPTIM_RE = re.compile(rf"^(bf16_|fp16_)?zero_pp_rank_{PLAIN}_mp_rank_{PADDED}_?optim_states\.pt$")
+ZERO3_MODEL_RE = re.compile(rf"^zero_pp_rank_{PLAIN}_mp_rank_{PADDED}_model_states\.pt$")
+MODEL_RE = re.compile(rf"^mp_rank_{PADDED}_model_states\.pt$")
+LAYER_RE = re.compile(rf"^layer_{PADDED}-model_.*\.pt$")
+EXPERT_RE = re.compile(rf"^(layer_{PLAIN}_)?expert_{PLAIN}_mp_rank_{PADDED}_model_states\.pt$")
+EXPP_RE = re.compile(rf"^expp_rank_{PLAIN}_mp_rank_{PADDED}_optim_states\.pt$")
 HF_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 

@@ -39,6 +39,7 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.moe import EXPERT_NAME, holder_text, missing_experts
+from inspector.scan.moe_zero0_sizes import expert_names, first_hyper, layer_sizes, named_groups, size_of
 from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
 from inspector.scan.pipeline_names import plain, with_copy
 
@@ -94,6 +95,8 @@ class _Zero0:
         self.f = files
         self.findings: list[Finding] = list(loc.findings)
         self.groups_rank: dict[int, int] = {}  # optimizer group -> the expert-parallel rank holding it
+        self.group_size: dict[int, int] = {}  # expert group -> its expert-parallel size
+        self.sizes: set[int] = set()  # the expert-parallel sizes the groups name
 
     def add(self, code: str, message: str, file: str | None = None, hint: str = _HINT) -> None:
         self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
@@ -129,20 +132,13 @@ class _Zero0:
     def _ep_size(self, opts: Mapping[int, UnfusedFp16]) -> int:
         """The expert-parallel size the `ep_size_E` group names, bounded by the files present (one
         `expp_rank` file per expert-parallel rank)."""
-        sizes = {
+        self.sizes = {
             int(m.group(1))
             for o in opts.values()
             for h in o.hyperparams
             if (m := _EP_NAME.match(str(h.get("name", ""))))
         }
-        if len(sizes) > 1:
-            self.add(
-                "unnamed-params",
-                f"The expert groups have several expert-parallel sizes ({sorted(sizes)}): without ZeRO the "
-                "masters carry no names, and which MoE layer used which size is recorded nowhere.",
-                self.loc.tag_dir,
-            )
-        ep = max(sizes, default=max(self.f.expp, default=0) + 1)
+        ep = max(self.sizes, default=max(self.f.expp, default=0) + 1)
         if ep > self.f.present:
             self.add(
                 "world-size",
@@ -172,28 +168,43 @@ class _Zero0:
         copies: Mapping[int, list[dict[str, TensorRef]]],
         ep: int,
     ) -> tuple[list[TensorInfo], list[GroupInfo]]:
-        """Each master under its proven name: dense groups from rank 0, expert groups from every rank."""
+        """Each master under its proven name: dense groups from rank 0, each `ep_size_E` group from the first E
+        ranks (the others hold replicas), every group found by name in each rank's own list."""
         dense_names = [(n, r) for n, r in model.module.items() if n not in model.buffer_names]
+        by_rank = {e: named_groups(o) for e, o in opts.items()}
+        sizes = self._layer_sizes(dims, by_rank[0], copies, ep)
         out: list[TensorInfo] = []
         groups: list[GroupInfo] = []
-        for g, hyper in enumerate(opts[0].hyperparams):
-            moe = _EP_NAME.match(str(hyper.get("name", ""))) is not None or hyper.get("moe") is True
-            for e in range(ep) if moe else (0,):
-                params = opts[e].groups[g] if g < len(opts[e].groups) else ()
-                names = _expert_names(copies, dims, e, ep) if moe else dense_names[: len(params)]
-                if not moe:
+        for name, hyper in (first_hyper(opts[0]) if sizes is not None else {}).items():
+            size = size_of(hyper, ep)
+            for e in range(size or 1):
+                params = by_rank[e].get(name, [])
+                names = (
+                    expert_names(copies, dims, sizes or {}, size, e) if size else dense_names[: len(params)]
+                )
+                if not size:
                     dense_names = dense_names[len(params) :]
                 named = self._matched(params, names, len(groups), opts[e].file)
                 if named is None:
                     return [], []
                 out += named
-                if not moe:
-                    self._same_replicas(named, [o.groups[g] for o in opts.values() if o is not opts[0]])
+                self._same_replicas(
+                    named, [g.get(name, []) for r, g in by_rank.items() if r != e and r % (size or 1) == e]
+                )
                 numel = sum(t.numel for t in named)
-                info = {**hyper, "ep_rank": e} if moe else dict(hyper)
                 self.groups_rank[len(groups)] = e
-                groups.append(GroupInfo(len(groups), len(named), numel, numel, numel, info))
-        if dense_names:
+                self.group_size[len(groups)] = size or 0
+                groups.append(
+                    GroupInfo(
+                        len(groups),
+                        len(named),
+                        numel,
+                        numel,
+                        numel,
+                        {**hyper, "ep_rank": e} if size else dict(hyper),
+                    )
+                )
+        if dense_names and sizes is not None:
             self.add(
                 "unnamed-params",
                 f"{len(dense_names)} module parameter(s) (e.g. {dense_names[0][0]}) have no fp32 master.",
@@ -201,6 +212,31 @@ class _Zero0:
             )
             return [], []
         return out, groups
+
+    def _layer_sizes(
+        self,
+        dims: ParallelDims,
+        groups0: Mapping[str, Sequence[UnfusedParam]],
+        copies: Mapping[int, list[dict[str, TensorRef]]],
+        ep: int,
+    ) -> dict[int, int] | None:
+        """MoE layer -> its expert-parallel size: the one size there is, or (several) what rank 0's groups
+        prove (`moe_zero0_sizes`); None after a finding when they cannot."""
+        if len(self.sizes) < 2:
+            return dict.fromkeys(copies, ep)
+        by_size = {s: groups0.get(f"ep_size_{s}", []) for s in sorted(self.sizes)}
+        got, why = layer_sizes(copies, dims.num_experts or (), by_size, self._casts)
+        if got is None:
+            self.add(
+                "unnamed-params",
+                f"The expert groups have several expert-parallel sizes ({sorted(self.sizes)}), which DeepSpeed "
+                f"records nowhere per MoE layer, and the masters do not tell them apart: {why}.",
+                self.loc.tag_dir,
+            )
+        return got
+
+    def _casts(self, params: Sequence[UnfusedParam], names: Sequence[tuple[str, TensorRef]]) -> bool:
+        return all(self._proved(p, n, r, None) is not None for p, (n, r) in zip(params, names, strict=True))
 
     def _same_replicas(self, named: Sequence[TensorInfo], others: Sequence[Sequence[UnfusedParam]]) -> None:
         """Every other expert-parallel rank's copy of a dense group (a data-parallel replica DeepSpeed keeps
@@ -235,12 +271,8 @@ class _Zero0:
             return None
         out = []
         for p, (name, ref) in zip(params, names, strict=True):
-            moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
-            t = TensorInfo(
-                name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, group, moments
-            )
-            t = with_copy(t, ref)
-            if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.loc.source):
+            t = self._proved(p, name, ref, group)
+            if t is None:
                 self.add(
                     "unnamed-params",
                     f"The fp32 master matched to {name} by order is not what its 16-bit copy holds: the "
@@ -250,6 +282,13 @@ class _Zero0:
                 return None
             out.append(t)
         return out
+
+    def _proved(self, p: UnfusedParam, name: str, ref: TensorRef, group: int | None) -> TensorInfo | None:
+        """The master as `name`, when its 16-bit module copy `ref` is the master cast (else None)."""
+        moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
+        t = TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, group, moments)
+        t = with_copy(t, ref)
+        return None if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.loc.source) else t
 
     def _rest(self, model: ModelStates, named: set[str]) -> list[TensorInfo]:
         """Buffers, and (with every master named) frozen module tensors, from the model states."""
@@ -328,7 +367,8 @@ class _Zero0:
         by_layer: dict[str, dict[int, list[int]]] = {}
         for t in tensors:
             if (m := EXPERT_NAME.match(t.name)) and t.group is not None:
-                ranks = list(range(self.groups_rank.get(t.group, 0), world, ep))
+                step = self.group_size.get(t.group) or ep
+                ranks = list(range(self.groups_rank.get(t.group, 0), world, step))
                 by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), ranks)
         return tuple((layer, holder_text(by_expert)) for layer, by_expert in sorted(by_layer.items()))
 
@@ -346,19 +386,6 @@ def _unfused(tree: object, path: str) -> UnfusedFp16:
 
 def _segs(ref: TensorRef) -> tuple[Segment, ...]:
     return tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
-
-
-def _expert_names(
-    copies: Mapping[int, list[dict[str, TensorRef]]], dims: ParallelDims, e: int, ep: int
-) -> list[tuple[str, TensorRef]]:
-    """Expert-parallel rank e's local experts of every MoE layer, in order, with their 16-bit tensors."""
-    out: list[tuple[str, TensorRef]] = []
-    for layer, experts in sorted(copies.items()):
-        n = (dims.num_experts or ())[layer] if dims.num_experts and layer < len(dims.num_experts) else 0
-        local = n // ep if n and n % ep == 0 else 0
-        for expert in experts[e * local : (e + 1) * local]:
-            out += list(expert.items())
-    return out
 
 
 __all__ = ["is_moe_zero0", "scan_moe_zero0"]

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from inspector.errors import NotACheckpointError
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.layout import Layout
-from inspector.scan.locate import OPTIM_RE, Location
+from inspector.scan.locate import MODEL_RE, OPTIM_RE, PADDED, Location
 from inspector.scan.model import Finding, Severity
 from inspector.scan.pipeline_names import LAYER_NAME
 
-LAYER_FILE_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
-LAYER_TP_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
-STAGE_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+LAYER_FILE_RE = re.compile(rf"^layer_{PADDED}-model_states\.pt$")
+LAYER_TP_RE = re.compile(rf"^layer_{PADDED}-model_{PADDED}-model_states\.pt$")
+STAGE_RE = MODEL_RE
 
 
 def is_pipeline(names: list[str]) -> bool:

@@ -29,7 +29,7 @@ from inspector.text import shown
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
 # other stages or TP shards (under ZeRO-3 each shard's data-parallel ranks write zero_pp_rank_D_mp_rank_TT)
-_PARALLEL_RE = re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_(0[1-9]|[1-9][0-9])_model_states\.pt$")
+_PARALLEL_RE = re.compile(r"^(zero_pp_rank_(0|[1-9][0-9]{0,17})_)?mp_rank_(0[1-9]|[1-9][0-9]{1,17})_model_states\.pt$")
 
 
 def find_universal(

@@ -4,7 +4,8 @@ ds_to_universal on pipeline + ZeRO-1 and on pipeline x tensor parallel (its fp32
 fp32 output) and on AutoTP, fused sub-parameters and ZeRO-3 included (the expected values make_tp.py records
 are its merge), and zero_to_fp32, which fails on every one of these layouts (the README's feature table says so from
 these runs). One fresh build per layout: MoE without ZeRO, Phi-3's fused projections and pipeline x tensor
-parallel each have their own, and so does AutoTP under ZeRO-3."""
+parallel each have their own, as do AutoTP under ZeRO-3, a pipeline of 105 layers (files past
+layer_99) and MoE without ZeRO at two expert-parallel sizes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
 from tests.interop.conftest import _free_port, _heavy_lock, _run_logged, _sha, ds_env
 from tests.scan.layout_cases import FIXTURES, assert_exact, convert
@@ -40,6 +42,12 @@ MADE = {  # name -> (ranks, script, its options)
     "pptp_z1_bf16": (4, "make_pipe_tp.py", ["--zero", "1", "--dtype", "bf16", "--record", "1"]),  # layer_XX-model_TT
     # AutoTP under ZeRO-3: zero_pp_rank_D_mp_rank_TT model files, no mp_rank_TT_model_states.pt
     "tp_z3_bf16": (2, "make_tp.py", ["--zero", "3", "--dtype", "bf16", "--tp", "2"]),  # expected: ds_to_universal
+    "pp_z1_bf16_deep": (2, "make_pipe.py", ["--zero", "1", "--dtype", "bf16", "--deep", "100"]),  # layer_100+
+    "moe_z0_bf16_ep21": (  # ZeRO off, ep_size 2 + 1: unnamed groups, listed in another order on rank 1
+        2,
+        "make_moe.py",
+        ["--zero", "0", "--dtype", "bf16", "--ep", "2", "--second-ep", "1", "--hash-seeds", "1,2"],
+    ),
 }
 
 
@@ -85,7 +93,7 @@ def test_a_fresh_checkpoint_converts_bit_exact(name: str, made: dict[str, Path],
     assert_exact(ckpt, made[name], tmp_path)
 
 
-@pytest.mark.parametrize("name", ["pp_z1_bf16", "pptp_z1_bf16"])
+@pytest.mark.parametrize("name", ["pp_z1_bf16", "pptp_z1_bf16", "pp_z1_bf16_deep"])
 def test_ds_to_universal_agrees_on_pipelines(name: str, made: dict[str, Path], tmp_path: Path) -> None:
     """Pipeline + ZeRO-1, and pipeline x tensor parallel with the split recorded in the client state."""
     tag = made[name] / "ckpt" / "global_step3"
@@ -105,11 +113,12 @@ def test_ds_to_universal_agrees_on_pipelines(name: str, made: dict[str, Path], t
         "--inject_missing_state",
     ]
     _run_logged(cmd, tmp_path / "ds_to_universal.log", "ds_to_universal")
-    ours = convert(scan(str(made[name] / "ckpt")), tmp_path / "fp32", "fp32")
+    ckpt = scan(str(made[name] / "ckpt"))
+    ours = convert(ckpt, tmp_path / "fp32", "fp32")
     theirs = {
         p.parent.name: torch.load(p, weights_only=False)["param"] for p in (uni / "zero").glob("*/fp32.pt")
     }
-    trainable = {n for n in ours if n != "2.scale"}
+    trainable = {t.name for t in ckpt.tensors if t.kind is Kind.TRAINABLE}  # not the buffer (2.scale)
     assert set(theirs) == trainable
     for n in trainable:
         assert np.array_equal(ours[n].view(np.uint32), theirs[n].detach().numpy().view(np.uint32)), n

@@ -25,6 +25,14 @@ EXACT = {  # fixture -> (ranks, ZeRO stage, compute dtype, who holds the first l
     "moe_z0_bf16": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # expp_rank_* files
     "moe_z0_fp16": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
     "moe_z0_bf16_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),  # expert-DP 2
+    "moe_z0_bf16_ep21": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # + a layer at ep 1
+    "moe_z0_bf16_ep21_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
+}
+SECOND = {  # fixtures with a second MoE layer at ep_size 1 -> who holds its 2 experts
+    "moe_z1_bf16": "experts 0-1: ranks 0, 1",
+    "moe_z2_bf16_ws4": "experts 0-1: ranks 0, 1, 2, 3",
+    "moe_z0_bf16_ep21": "experts 0-1: ranks 0, 1",
+    "moe_z0_bf16_ep21_ws4": "experts 0-1: ranks 0, 1, 2, 3",
 }
 
 
@@ -36,6 +44,8 @@ def test_moe_converts_bit_exact(name: str, tmp_path: Path) -> None:
     assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.ep) == ("expert", 2)
     assert (ckpt.world_size, ckpt.stage, ckpt.compute_dtype) == (ranks, stage, compute)
     assert dict(ckpt.parallel.holders)[EXPERTS] == holders
+    if name in SECOND:
+        assert dict(ckpt.parallel.holders)["moe2" + EXPERTS[3:]] == SECOND[name]
     want = {k[5:] for k in expected(name) if k.startswith("fp32/")}
     assert {t.name for t in ckpt.tensors} == want
     assert {f"{EXPERTS}.{e}.0.weight" for e in range(4)} <= want  # global expert ids
@@ -175,3 +185,62 @@ def test_zero_off_a_crafted_expert_parallel_size_costs_one_finding(tmp_path: Pat
         _resave(root / TAG / f"expp_rank_{e}_mp_rank_00_optim_states.pt", crafted)
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["world-size"] and "ep_size_1,000,000" in ckpt.errors[0].message
+
+
+def _expp_group_names(path: Path) -> list[str]:
+    from inspector.parse.layers import UnfusedFp16
+
+    parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
+    assert parsed is not None
+    return [str(h.get("name")) for h in parsed.hyperparams]
+
+
+@pytest.mark.parametrize("name", ["moe_z0_bf16_ep21", "moe_z0_bf16_ep21_ws4"])
+def test_zero_off_with_two_expert_parallel_sizes_is_the_layout_the_fixture_claims(name: str) -> None:
+    """Two sizes without ZeRO: each expp_rank file has an ep_size_2 and an ep_size_1 group of the same length
+    and shapes (MoE layer 0: 4 experts / 2, layer 1: 2 experts / 1), listed in another order on rank 1 (saved
+    with PYTHONHASHSEED differing per rank): neither position nor shape says which layer each group holds."""
+    folder = ckpt_dir(name) / TAG
+    assert sorted(p.name for p in folder.glob("expp_rank_*")) == [
+        "expp_rank_0_mp_rank_00_optim_states.pt",
+        "expp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    r0, r1 = (_expp_group_names(folder / f"expp_rank_{e}_mp_rank_00_optim_states.pt") for e in (0, 1))
+    assert sorted(r0) == sorted(r1) == ["dense", "ep_size_1", "ep_size_2"] and r0 != r1
+
+
+def _rename_expert_groups(sd: dict) -> dict:  # type: ignore[type-arg]
+    for g in sd["optimizer"]["optimizer_state_dict"]["param_groups"]:
+        g["name"] = {"ep_size_1": "ep_size_2", "ep_size_2": "ep_size_1"}.get(g["name"], g["name"])
+    return sd
+
+
+def test_zero_off_expert_groups_under_each_others_size_are_refused_not_misnamed(tmp_path: Path) -> None:
+    """The two groups' names swapped in every file: each group's shapes still fit a layer in order, so only
+    the values can tell; the scan refuses rather than name layer 1's experts as layer 0's."""
+    root = writable("moe_z0_bf16_ep21", tmp_path / "ck")
+    for e in (0, 1):
+        _resave(root / TAG / f"expp_rank_{e}_mp_rank_00_optim_states.pt", _rename_expert_groups)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert "is not what its 16-bit copy holds" in ckpt.errors[0].message
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_moe_with_expert_tensor_parallelism_is_read_bit_exact_once_the_split_is_said(tmp_path: Path) -> None:
+    """MoE(enable_expert_tensor_parallelism=True) under a TP-2 mpu (make_moe_tp.py): one file set and one set
+    of expert files per tensor-parallel rank, no recorded split, every parameter whole on each rank (plain
+    torch layers; the script checked the ranks agree). Refused without --tp-split, exact with `*=replicated`."""
+    from inspector.scan.tp_rules import parse_rule
+
+    folder = ckpt_dir("moe_tp_z1_bf16")
+    names = os.listdir(folder / TAG)
+    assert {f"layer_0_expert_{e}_mp_rank_{t:02d}_model_states.pt" for e in range(4) for t in (0, 1)} <= set(
+        names
+    )
+    assert [f.code for f in scan(str(folder)).errors] == ["tp-unrecorded"]
+    ckpt = scan(str(folder), tp_split=(parse_rule("*=replicated"),))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and (ckpt.parallel.tp, ckpt.world_size) == (2, 2)
+    assert {f"{EXPERTS}.{e}.0.weight" for e in range(4)} <= {t.name for t in ckpt.tensors}
+    assert_exact(ckpt, "moe_tp_z1_bf16", tmp_path)

@@ -136,3 +136,25 @@ def test_a_missing_layer_file_is_named(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["missing-layer"]
     assert "layer 2 (layer_02-model_states.pt)" in ckpt.errors[0].message
+
+
+def test_a_pipeline_with_layer_files_past_99_converts_bit_exact(tmp_path: Path) -> None:
+    """105 layers (100 LayerNorms after the embedding, make_pipe.py --deep 100): DeepSpeed's `layer_{:02d}`
+    writes `layer_100-model_states.pt` .. `layer_104-…`; each is read by its global index, in number order."""
+    names = os.listdir(ckpt_dir("pp_z1_bf16_deep") / TAG)
+    assert {"layer_99-model_states.pt", "layer_100-model_states.pt", "layer_104-model_states.pt"} <= set(
+        names
+    )
+    assert sum(n.startswith("layer_") for n in names) == 104  # every layer but the function (103)
+    ckpt = scan(str(ckpt_dir("pp_z1_bf16_deep")))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and (ckpt.parallel.pp, ckpt.world_size) == (2, 2)
+    holders = dict(ckpt.parallel.holders)
+    assert holders["stage 0"].startswith("layers 1-52 · tied embed")
+    assert holders["stage 1"].startswith("layers 53-102, 104 · tied embed")
+    names = [t.name for t in ckpt.tensors]
+    assert names[:3] == ["tied_modules.embed.weight", "1.weight", "1.bias"]
+    tail = ["100.bias", "101.weight", "101.bias", "102.scale", "102.norm.weight", "102.norm.bias", "104.weight"]
+    assert names[-8:] == [*tail, "104.bias"]
+    assert all(t.module_copy for t in ckpt.tensors if t.kind is Kind.TRAINABLE)
+    assert_exact(ckpt, "pp_z1_bf16_deep", tmp_path)

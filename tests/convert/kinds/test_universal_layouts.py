@@ -328,7 +328,7 @@ def test_verify_checks_the_tensor_parallel_keys_too(config: str, tmp_path: Path,
     assert res.rc == 1 and f"{name}/exp_avg (its tensor-parallel keys" in res.output, res.output
 
 
-@pytest.mark.parametrize("config", ["moe_z0_bf16", "moe_z0_fp16", "moe_z0_bf16_ws4"])
+@pytest.mark.parametrize("config", ["moe_z0_bf16", "moe_z0_fp16", "moe_z0_bf16_ws4", "moe_z0_bf16_ep21"])
 def test_native_moe_with_zero_off_is_refused_with_deepspeeds_reason(
     config: str, tmp_path: Path, cli: Any
 ) -> None:

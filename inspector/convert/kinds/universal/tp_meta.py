@@ -22,7 +22,7 @@ shapes the model states record tell apart exactly: those keys are read from them
 
 from __future__ import annotations
 
-import re
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import SubParams, TpRecipe
 from inspector.parse.states import ModelStates
+from inspector.scan.locate import MODEL_RE
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 Meta = tuple[tuple[str, Any], ...]
@@ -39,7 +40,6 @@ REPLICATED: Meta = ()
 TWO_SUB_PARAMS: Meta = (("cat_dim", 0), ("param_n_sub_params", 2))
 VOCAB_FLAG = ("vocab_tensor", True)
 AFFINE_MAP_VERSION = 1  # the affine-map format DeepSpeed 0.19.8 reads (a later one it refuses)
-_MODEL = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _tp_rank0_models(ckpt: Checkpoint, tp: int) -> list[str]:
     first is `mp_rank_00` (`zero_pp_rank_0_mp_rank_00`), whose record the scan joined by."""
     found = []
     for f in ckpt.files:
-        m = _MODEL.search(f.path) if f.role == "model" else None
+        m = MODEL_RE.match(os.path.basename(f.path)) if f.role == "model" else None
         if m is not None and int(m.group(1)) % tp == 0:
             found.append((int(m.group(1)), f.path))
     return [path for _, path in sorted(found)]
