@@ -30,7 +30,7 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import SubParams, TpRecipe
 from inspector.parse.states import ModelStates
-from inspector.scan.locate import MODEL_RE
+from inspector.scan.locate import MODEL_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 Meta = tuple[tuple[str, Any], ...]
@@ -122,15 +122,24 @@ def _params(ckpt: Checkpoint) -> list[TensorInfo]:
     return [t for t in ckpt.tensors if t.kind in (Kind.TRAINABLE, Kind.FROZEN)]
 
 
+def _model_rank(name: str) -> int | None:
+    """The model-parallel rank MM of a model-states file, `mp_rank_MM` or ZeRO-3's `zero_pp_rank_D_mp_rank_MM`."""
+    m = MODEL_RE.match(name)
+    if m is not None:
+        return int(m.group(1))
+    m = ZERO3_MODEL_RE.match(name)
+    return int(m.group(2)) if m is not None else None
+
+
 def _tp_rank0_models(ckpt: Checkpoint, tp: int) -> list[str]:
     """Tensor-parallel rank 0's model-states files, stage by stage (`mp_rank_MM` with MM = stage x tp + 0;
     under ZeRO-3 every data-parallel rank's `zero_pp_rank_D_mp_rank_MM` copy, which record the same); the
     first is `mp_rank_00` (`zero_pp_rank_0_mp_rank_00`), whose record the scan joined by."""
     found = []
     for f in ckpt.files:
-        m = MODEL_RE.match(os.path.basename(f.path)) if f.role == "model" else None
-        if m is not None and int(m.group(1)) % tp == 0:
-            found.append((int(m.group(1)), f.path))
+        mm = _model_rank(os.path.basename(f.path)) if f.role == "model" else None
+        if mm is not None and mm % tp == 0:
+            found.append((mm, f.path))
     return [path for _, path in sorted(found)]
 
 
