@@ -27,7 +27,7 @@ from inspector.errors import EXIT_USAGE, CancelledError, InspectorError, OutputE
 from inspector.remote.upload import BucketDestination
 from inspector.scan.scanner import scan
 from tests.conftest import REPO_ROOT
-from tests.convert.kinds.hf import lora_checkpoint, trainer_run
+from tests.convert.kinds.hf import offered_checkpoint
 from tests.remote.conftest import BUCKET, SECRET
 from tests.remote.proxy import Fault, S3Proxy
 
@@ -88,13 +88,6 @@ def hold_second_complete(holding: threading.Event, release: threading.Event) -> 
 
     return fault
 
-def _checkpoint(kind: str, demo: Any, tmp_path: Path) -> Any:
-    if kind in ("adapter", "merged"):
-        return lora_checkpoint(demo, tmp_path)
-    if kind == "model":
-        return scan(str(trainer_run(demo, tmp_path)))
-    return scan(str(demo(SMALL)))
-
 
 def _run(job: Job, **kwargs: Any) -> Report:
     reports = [ev for ev in job.run(**kwargs) if isinstance(ev, Report)]
@@ -126,7 +119,7 @@ def _writes(seen: list[tuple[str, str]]) -> list[str]:
 def test_every_kind_uploads_the_bytes_a_local_conversion_writes(
     kind: str, demo: Any, tmp_path: Path, s3_client: Any, proxy: S3Proxy
 ) -> None:
-    ckpt = _checkpoint(kind, demo, tmp_path)
+    ckpt = offered_checkpoint(kind, demo, tmp_path, SMALL)
     local = tmp_path / "local"
     _run(get(kind).plan(ckpt, Request(ConvertOptions()), str(local)))
     url = _url(kind)
