@@ -1,5 +1,6 @@
-"""Run the CLI in a child and read its peak RSS from wait4, through a small launcher: a child forked straight
-from pytest would inherit pytest's own high-water mark (the kernel carries it across exec)."""
+"""Run the CLI (or any Python command) in a child and read its peak RSS from wait4, through a small launcher:
+a child forked straight from pytest would inherit pytest's own high-water mark (the kernel carries it across
+exec)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ _LAUNCH = (
 )
 
 
-def run_cli(args: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, str]:
-    """(peak RSS in bytes, stdout) of `python -m inspector ARGS`; its exit code must be one of `ok`."""
+def run_child(argv: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, str]:
+    """(peak RSS in bytes, stdout) of `python ARGV` in a child; its exit code must be one of `ok`."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     done = subprocess.run(
-        [sys.executable, "-c", _LAUNCH, sys.executable, "-m", "inspector", *args],
+        [sys.executable, "-c", _LAUNCH, sys.executable, *argv],
         capture_output=True,
         text=True,
         env=env,
@@ -30,3 +31,8 @@ def run_cli(args: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, str]:
     kib, code = done.stderr.split()[-2:]
     assert int(code) in ok, done.stderr
     return int(kib) * 1024, done.stdout
+
+
+def run_cli(args: list[str], ok: tuple[int, ...] = (0,)) -> tuple[int, str]:
+    """(peak RSS in bytes, stdout) of `python -m inspector ARGS`; its exit code must be one of `ok`."""
+    return run_child(["-m", "inspector", *args], ok)

@@ -58,6 +58,14 @@ def _address_space_limit(nbytes: int) -> Callable[[], None]:
     return limit
 
 
+def cli_env() -> dict[str, str]:
+    """The environment a CLI child runs in: this repository first on its path; wide, colourless, UTF-8
+    output, so no message is wrapped or styled."""
+    env = dict(os.environ, COLUMNS="400", LINES="200", NO_COLOR="1", TERM="dumb", PYTHONUTF8="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def run_cli(
     *args: str | os.PathLike[str],
     timeout: float = CLI_TIMEOUT,
@@ -73,9 +81,7 @@ def run_cli(
     preexec = _address_space_limit(memory_limit) if memory_limit else None
     if file_modes_bind and os.geteuid() == 0:
         preexec = _without_root_file_access if preexec is None else _both(preexec, _without_root_file_access)
-    env = dict(os.environ)
-    env.update({"COLUMNS": "400", "LINES": "200", "NO_COLOR": "1", "TERM": "dumb", "PYTHONUTF8": "1"})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env = cli_env()
     proc = subprocess.run(
         [sys.executable, "-m", "inspector", *(os.fspath(a) for a in args)],
         capture_output=True,

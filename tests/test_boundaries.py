@@ -4,6 +4,7 @@ Every import statement of every module is read with `ast` (function-local import
 import is still a dependency), so a rule cannot pass just because an import happens to be deferred.
 
     cli/  tui/          faces: each sits on the core, never on the other
+    faces/              what both faces draw alike (Rich): under both faces, on the core, never on a face
     convert/            options, plan, reader, pipeline, executor, kinds, writers, verify, preflight
     scan/               locate, layout, model, scanner
     parse/              the input boundary's typed records and the one name rule
@@ -26,28 +27,31 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "inspector"
 
 # layer -> inspector layers it must never import (the demo writer is a tool of its own on top of the core)
-_EVERY_LAYER = {"system", "remote", "format", "parse", "scan", "convert", "health", "demo", "cli", "tui"}
+_EVERY_LAYER = {"system", "remote", "format", "parse", "scan", "convert", "health", "demo"}
+_EVERY_LAYER |= {"faces", "cli", "tui"}
 FORBIDDEN: dict[str, set[str]] = {
     # the ground: the text-out rule imports nothing of ours, and the error types only it
     "text": _EVERY_LAYER | {"errors"},
     "errors": _EVERY_LAYER,
-    "format": {"parse", "scan", "convert", "cli", "tui", "demo", "health"},
+    "format": {"parse", "scan", "convert", "faces", "cli", "tui", "demo", "health"},
     # the bottom layer: the local source and the protocol; which kind of source a root is, is decided above it
     # (remote/roots), so no arrow goes from system/ back up to remote/
-    "system": {"remote", "format", "parse", "scan", "convert", "cli", "tui", "demo", "health"},
+    "system": {"remote", "format", "parse", "scan", "convert", "faces", "cli", "tui", "demo", "health"},
     # the object-store byte sources, on top of system/; of parse/ only the name rule
-    "remote": {"format", "scan", "convert", "cli", "tui", "demo", "health"},
-    "parse": {"scan", "convert", "cli", "tui", "demo", "health"},
-    "scan": {"convert", "cli", "tui", "demo", "health"},
-    "convert": {"cli", "tui", "demo", "health"},
-    "health": {"cli", "tui", "demo"},  # reads through convert's reader and casts; the faces sit on it
-    "demo": {"cli", "tui"},  # it casts with convert.cast, exactly as the converter does
+    "remote": {"format", "scan", "convert", "faces", "cli", "tui", "demo", "health"},
+    "parse": {"scan", "convert", "faces", "cli", "tui", "demo", "health"},
+    "scan": {"convert", "faces", "cli", "tui", "demo", "health"},
+    "convert": {"faces", "cli", "tui", "demo", "health"},
+    # health reads through convert's reader and casts; the faces sit on it
+    "health": {"faces", "cli", "tui", "demo"},
+    "demo": {"faces", "cli", "tui"},  # it casts with convert.cast, exactly as the converter does
     "cli": {"tui"},
     "tui": {"cli"},
+    "faces": {"cli", "tui"},  # drawn alike for both, so it knows neither
 }
 # humanize too: words for people are the faces' (sizes and counts the JSON and both faces share are units.py's)
 UI_TOOLKITS = {"textual", "rich", "humanize"}
-FACES = {"cli", "tui"}
+FACES = {"cli", "tui", "faces"}
 # The one sanctioned crossing: the console entry point opens the app when given a PATH, importing it lazily.
 ENTRY_EXCEPTIONS = {("cli.launch", "tui")}  # `open` starts the app: the one place a face reaches the other
 

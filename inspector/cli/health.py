@@ -13,7 +13,7 @@ from typing import Any
 
 from inspector.cli.console import console as _console
 from inspector.cli.console import literal, print_json, stdout_closed
-from inspector.cli.options import add_workers_option
+from inspector.cli.options import add_filter_options, add_workers_option
 from inspector.errors import EXIT_DAMAGED, EXIT_OK
 
 _SHOWN = 40  # findings printed (errors first) before "… and N more"
@@ -158,15 +158,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     )
     add_common(p)
     p.add_argument("--against", metavar="TAG", help="also measure how far each master moved since TAG")
-    p.add_argument(
-        "--include",
-        action="append",
-        metavar="GLOB",
-        help="only tensors matching a glob or module prefix (repeatable)",
-    )
-    p.add_argument(
-        "--exclude", action="append", metavar="GLOB", help="leave out matching tensors (repeatable)"
-    )
+    add_filter_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     add_workers_option(p)
     p.add_argument(

@@ -71,8 +71,9 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     _add_hf_options(p)
 
 
-def _add_selection_options(p: argparse.ArgumentParser) -> None:
-    """Which tensors go out, under which names, in which dtype."""
+def add_filter_options(p: argparse.ArgumentParser) -> None:
+    """Which tensors a command works on (`--include`, `--exclude`): the same words for convert and health,
+    both read by `convert.options.select`."""
     p.add_argument(
         "--include",
         action="append",
@@ -83,6 +84,11 @@ def _add_selection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--exclude", action="append", metavar="GLOB", help="leave out matching tensors (repeatable)"
     )
+
+
+def _add_selection_options(p: argparse.ArgumentParser) -> None:
+    """Which tensors go out, under which names, in which dtype."""
+    add_filter_options(p)
     p.add_argument(
         "--strip-prefix",
         action="append",

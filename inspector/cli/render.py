@@ -12,12 +12,12 @@ from rich.text import Text
 
 from inspector.cli.console import literal as escape
 from inspector.convert.preflight import Assessment
+from inspector.faces.findings import findings_grid
 from inspector.scan.json_view import adapter_json
-from inspector.scan.model import Checkpoint, Kind, Severity
+from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.summary import (
     FindingLike,
     alignment_padding,
-    finding_lines,
     kind_totals,
     module_rows,
     rank_row,
@@ -122,35 +122,12 @@ def tensors_table(ckpt: Checkpoint) -> Table:
     return t
 
 
-SEVERITY_LABEL = {
-    Severity.ERROR: ("✖ error", "bold red"),
-    Severity.WARNING: ("▲ warning", "yellow"),
-    Severity.INFO: ("● info", "cyan"),
-}
-
-
 def findings(
     items: Sequence[FindingLike], ok: str = "No problems found.", shown_max: int = 40, more: str = ""
 ) -> RenderableType:
-    """Scan's and health's findings (`summary.finding_lines`), the message wrapped under its own column;
-    `more` says where the ones past `shown_max` are."""
-    lines, rest = finding_lines(items, shown_max)
-    if not lines:
-        return Text(f"✔ {ok}", style="green")
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(ratio=1)
-    for f in lines:
-        label, style = SEVERITY_LABEL[f.severity]
-        what = Text(shown(f.message))
-        if f.file:
-            what.append(f"\n{shown(f.file)}", style="dim")
-        if f.hint:
-            what.append(f"\n→ {shown(f.hint)}", style="italic")
-        grid.add_row(Text(label, style=style), what)
-    if rest:
-        grid.add_row("", Text(f"… and {rest} more{more}", style="dim"))
-    return grid
+    """Scan's and health's findings, drawn as the app draws them (`faces.findings`); `more` says where the
+    ones past `shown_max` are."""
+    return findings_grid(items, ok, shown_max, more)
 
 
 def print_scan(console: Console, ckpt: Checkpoint, all_tensors: bool = False) -> None:

@@ -23,8 +23,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from inspector.errors import InspectorError, NotACheckpointError
+from inspector.errors import InspectorError, NotACheckpointError, StoreError
 from inspector.parse.names import name_problem
+from inspector.remote.errors import missing_client
 from inspector.text import shown
 
 _SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://")
@@ -85,6 +86,13 @@ def scheme_row(name: str) -> Scheme:
     if name == "s3" and os.environ.get("ZI_S3_CLIENT") == "obstore":
         return replace(SCHEMES["s3"], backend=_CLOUD, package="obstore", destination=_CLOUD_OUT)
     return SCHEMES.get(name, FSSPEC)
+
+
+def client_missing(scheme: str) -> StoreError:
+    """The refusal when a scheme's client library is not installed, naming the package and the extra its row
+    gives (the S3 and obstore backends both raise it from their lazy import)."""
+    row = scheme_row(scheme)
+    return missing_client(f"{scheme}://", row.package, row.extra)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from inspector.remote.backend import (
     DEADLINE,
     Page,
     RawObject,
+    client_missing,
     connect_timeout,
     deadline,
     inflight,
@@ -79,8 +80,7 @@ class CloudBackend:
         try:
             from obstore.store import AzureStore, GCSStore, S3Store
         except ImportError:
-            row = scheme_row(scheme)
-            raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
+            raise client_missing(scheme) from None
         self.scheme, self.bucket = scheme, bucket
         self._if_match = True  # dropped if the store says it does not support If-Match
         env = os.environ

@@ -77,21 +77,15 @@ class CloudDestination(PrefixDestination):
         except Exception as exc:
             raise self._fail(exc, self.show()) from None
         self.store.count(requests=1)
-        clash = []
+        clash: list[str] = []
         for obj in listed:
             key, size = obj.get("path"), obj.get("size")
             if key not in planned or not isinstance(size, int):
                 continue
             meta = self._attributes(key, planned[key])
-            if meta.get(META_JOB) == self.job:
-                crc = meta.get(META_CRC, "")
-                if crc.isdigit() and self._crc_of(key, planned[key]) == int(crc):
-                    self._ours[key] = (size, crc)  # else: rewritten, never reused
-                self._replaceable.add(key)
-            elif self.overwrite:
-                self._replaceable.add(key)
-            else:
-                clash.append(planned[key])
+            mine, crc = meta.get(META_JOB) == self.job, meta.get(META_CRC, "")
+            proven = mine and crc.isdigit() and self._crc_of(key, planned[key]) == int(crc)  # else: rewritten
+            self.found(key, planned[key], size, mine, crc if proven else None, clash)
         self.refuse(clash)
 
     def _attributes(self, key: str, rel: str) -> dict[str, str]:

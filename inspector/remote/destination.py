@@ -110,6 +110,19 @@ class PrefixDestination:
                 title="Output not empty",
             )
 
+    def found(self, key: str, rel: str, size: int, mine: bool, proven: str | None, clash: list[str]) -> None:
+        """`check`'s verdict on an object already at a planned key: this job's (`mine`) may be replaced and is
+        reused only with its CRC-32 `proven` (else rewritten); someone else's is replaced with --overwrite
+        and otherwise joins `clash` (named by `rel`), which `refuse` turns down."""
+        if mine:
+            if proven is not None:
+                self._ours[key] = (size, proven)
+            self._replaceable.add(key)
+        elif self.overwrite:
+            self._replaceable.add(key)
+        else:
+            clash.append(rel)
+
     def holds(self, rel: str, size: int | None) -> bool:
         """Whether an earlier run of this very job completed `rel` (with `size` bytes, when given): a writer
         may skip it, since an object exists whole or not at all and this job's bytes are fixed by its plan.

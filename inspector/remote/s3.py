@@ -23,11 +23,11 @@ from inspector.remote.backend import (
     STALL_TIMEOUT,
     Page,
     RawObject,
+    client_missing,
     connect_timeout,
     deadline,
     inflight,
     int_env,
-    scheme_row,
     stall_timeout,
 )
 from inspector.remote.s3_deadline import Timer, bound_headers, headers_timed_out, started_at
@@ -78,8 +78,7 @@ class S3Backend:
             import boto3
             from botocore.config import Config
         except ImportError:
-            row = scheme_row(scheme)
-            raise err.missing_client(f"{scheme}://", row.package, row.extra) from None
+            raise client_missing(scheme) from None
         self.bucket = bucket
         self._lock = threading.Lock()
         session = boto3.session.Session()

@@ -87,7 +87,7 @@ class BucketDestination(PrefixDestination):
                         Key=key,
                         UploadId=upload,
                     )
-        clash = []
+        clash: list[str] = []
         for key, size in self.s3.keys_below(self.prefix, self.show()).items():
             if key not in planned:
                 continue
@@ -99,14 +99,9 @@ class BucketDestination(PrefixDestination):
                 ChecksumMode="ENABLED",
             )
             meta = head.get("Metadata") or {}
-            if meta.get(META_JOB) == self.job:
-                if proven_crc(head, meta.get(META_CRC)) is not None:  # else: rewritten, never reused
-                    self._ours[key] = (size, str(meta.get(META_CRC, "")))
-                self._replaceable.add(key)
-            elif self.overwrite:
-                self._replaceable.add(key)
-            else:
-                clash.append(planned[key])
+            mine = meta.get(META_JOB) == self.job
+            proven = mine and proven_crc(head, meta.get(META_CRC)) is not None  # else: rewritten, never reused
+            self.found(key, planned[key], size, mine, str(meta.get(META_CRC, "")) if proven else None, clash)
         self.refuse(clash)
 
     # -- the Destination protocol -----------------------------------------------------------------------

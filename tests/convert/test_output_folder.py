@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -107,20 +108,24 @@ def verify_ok(root: Path, out: Path) -> None:
     assert result is not None and getattr(result, "ok", False), result
 
 
-def test_second_convert_into_a_busy_folder_is_refused(tmp_path: Path, demo: DemoCache) -> None:
-    """While one convert runs, a second into the same folder is refused at once and touches nothing; the
-    first completes with correct output."""
-    root = demo(SPEC)
-    out = tmp_path / "out"
+def second_is_refused_while_held(
+    tmp_path: Path,
+    args: tuple[str, ...],
+    second_args: tuple[str, ...],
+    snapshot: Callable[[Path], list[Any]],
+) -> None:
+    """Runs `args` held mid-run, then `second_args` into the same OUT: the second is refused at once (exit 2,
+    who holds it, no traceback) and changes nothing `snapshot` sees; the first then completes."""
+    out = Path(args[2])
     gate = tmp_path / "gate"
     gate.touch()
-    first = slow_cli(tmp_path, *convert_args(root, out), gate=gate)
+    first = slow_cli(tmp_path, *args, gate=gate)
     try:
         wait_for_reads(first, 3)
         assert (out / LOCK).exists()
-        before = sorted(os.listdir(out))
+        before = snapshot(out)
         second = subprocess.run(
-            [sys.executable, "-m", "inspector", *convert_args(root, out), "--dtype", "bf16"],
+            [sys.executable, "-m", "inspector", *second_args],
             capture_output=True,
             text=True,
             env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), COLUMNS="300"),
@@ -131,7 +136,7 @@ def test_second_convert_into_a_busy_folder_is_refused(tmp_path: Path, demo: Demo
         assert second.returncode == 2, second.stdout + second.stderr
         assert "Output folder in use" in second.stderr and f"process {first.pid}" in second.stderr
         assert "Traceback" not in second.stderr
-        assert sorted(os.listdir(out)) == before  # the first run is held still: nothing changed
+        assert snapshot(out) == before  # the first run is held still: nothing changed, nothing removed
         gate.unlink()
         _, err = first.communicate(timeout=300)
         assert first.returncode == 0, err
@@ -140,6 +145,27 @@ def test_second_convert_into_a_busy_folder_is_refused(tmp_path: Path, demo: Demo
             first.kill()
             first.wait()
     assert LOCK not in os.listdir(out)
+
+
+def sigterm_mid_run(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM once the child has read 5 times; its stdout and stderr (it is killed if it does not end)."""
+    try:
+        wait_for_reads(proc, 5)
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_second_convert_into_a_busy_folder_is_refused(tmp_path: Path, demo: DemoCache) -> None:
+    """While one convert runs, a second into the same folder is refused at once and touches nothing; the
+    first completes with correct output."""
+    root = demo(SPEC)
+    out = tmp_path / "out"
+    args = convert_args(root, out)
+    second_is_refused_while_held(tmp_path, args, (*args, "--dtype", "bf16"), lambda p: sorted(os.listdir(p)))
     verify_ok(root, out)
 
 
@@ -164,14 +190,7 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, demo: DemoCache) -> None:
     root = demo(SPEC)
     out = tmp_path / "deep" / "out"
     proc = slow_cli(tmp_path, *convert_args(root, out))
-    try:
-        wait_for_reads(proc, 5)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    stdout, stderr = sigterm_mid_run(proc)
     assert proc.returncode == 130, stdout + stderr
     assert "Interrupted" in stdout + stderr and "Traceback" not in stderr
     assert not (tmp_path / "deep").exists()
@@ -270,34 +289,8 @@ def test_second_universal_convert_into_a_busy_folder_is_refused(tmp_path: Path, 
     and leaves the first's staging folder alone; the first completes and verifies."""
     root = demo(SPEC)
     out = tmp_path / "out"
-    gate = tmp_path / "gate"
-    gate.touch()
-    first = slow_cli(tmp_path, *_universal_args(root, out), gate=gate)
-    try:
-        wait_for_reads(first, 3)
-        assert (out / LOCK).exists()
-        before = _tree(out)
-        second = subprocess.run(
-            [sys.executable, "-m", "inspector", *_universal_args(root, out)],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), COLUMNS="300"),
-            cwd=REPO_ROOT,
-            timeout=120,
-            check=False,
-        )
-        assert second.returncode == 2, second.stdout + second.stderr
-        assert "Output folder in use" in second.stderr and f"process {first.pid}" in second.stderr
-        assert "Traceback" not in second.stderr
-        assert _tree(out) == before  # the first run is held still: nothing changed, nothing removed
-        gate.unlink()
-        _, err = first.communicate(timeout=300)
-        assert first.returncode == 0, err
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-    assert LOCK not in os.listdir(out)
+    args = _universal_args(root, out)
+    second_is_refused_while_held(tmp_path, args, args, _tree)
     from inspector.cli.main import main
 
     assert main(["verify", str(root), str(out)]) == 0
@@ -327,14 +320,7 @@ def test_sigterm_stops_a_universal_convert_like_ctrl_c(tmp_path: Path, demo: Dem
     root = demo(SPEC)
     out = tmp_path / "out"
     proc = slow_cli(tmp_path, *_universal_args(root, out))
-    try:
-        wait_for_reads(proc, 5)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    stdout, stderr = sigterm_mid_run(proc)
     assert proc.returncode == 130, stdout + stderr
     assert "Interrupted" in stdout + stderr and "resume" in stdout + stderr
     assert "Traceback" not in stderr

@@ -31,6 +31,21 @@ def _report(events: Any) -> Report:
     return [ev for ev in events if isinstance(ev, Report)][-1]
 
 
+def crc_reads_from_now(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every file the executor reads back for its CRC-32 from here on (`staging.fd_crc32`, counted)."""
+    import inspector.convert.staging as staging
+
+    reads: list[int] = []
+    real = staging.fd_crc32
+
+    def counted(fd: int) -> int:
+        reads.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(staging, "fd_crc32", counted)
+    return reads
+
+
 def _same_folders(a: Path, b: Path) -> None:
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
@@ -82,8 +97,6 @@ def test_with_fsync_the_finishing_run_reads_no_shard_back(
     """Parts written with --fsync journal their shards as synced: the finishing run (one node) checks their
     size and header only; without --fsync it re-reads each to compare its CRC-32 (a crash may have torn it).
     A synced shard cut short is still caught (its size), and rewritten."""
-    import inspector.convert.staging as staging
-
     plan = build_plan(scan(str(demo(SPEC))), OPTS)
     execute(plan, str(tmp_path / "one"))
     out = tmp_path / "parts"
@@ -91,14 +104,7 @@ def test_with_fsync_the_finishing_run_reads_no_shard_back(
         _report(run(plan, str(out), part=(i, 2), fsync=fsync))
     victim = out / (plan.shards[1].filename + PARTIAL)
     victim.write_bytes(victim.read_bytes()[:-1])
-    reads: list[int] = []
-    real = staging.fd_crc32
-
-    def counted(fd: int) -> int:
-        reads.append(fd)
-        return real(fd)
-
-    monkeypatch.setattr(staging, "fd_crc32", counted)
+    reads = crc_reads_from_now(monkeypatch)
     final = _report(run(plan, str(out)))
     assert final.resumed_shards == len(plan.shards) - 1  # the short one is rewritten either way
     assert len(reads) == (0 if fsync else len(plan.shards) - 1)
@@ -193,16 +199,7 @@ def test_universal_parts_with_fsync_are_not_read_back(
     job = get("universal").plan(ckpt, Request(), str(tmp_path / "out"))
     for i in range(2):
         _report(job.run(part=(i, 2), fsync=fsync))
-    import inspector.convert.staging as staging
-
-    reads: list[int] = []
-    real = staging.fd_crc32
-
-    def counted(fd: int) -> int:
-        reads.append(fd)
-        return real(fd)
-
-    monkeypatch.setattr(staging, "fd_crc32", counted)
+    reads = crc_reads_from_now(monkeypatch)
     _report(job.run(fsync=fsync))
     assert len(reads) == (0 if fsync else len(job.streamed))  # tensor files and model-states copies
     assert _tree(tmp_path / "out") == _tree(tmp_path / "one")

@@ -6,9 +6,6 @@ the pipeline's workers), and shards written side by side share that budget."""
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +21,7 @@ from inspector.convert.pipeline import pool_plan
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
 from inspector.scan.scanner import scan
-from tests.child_rss import _LAUNCH, run_cli
+from tests.child_rss import run_child, run_cli
 from tests.conftest import DemoCache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,23 +59,6 @@ def test_more_workers_get_smaller_buffers_in_the_same_budget(demo: DemoCache) ->
         assert depth >= plan.depth
 
 
-def _child_peak(argv: list[str]) -> int:
-    """Peak RSS of `python ARGV` in a child, through the launcher `run_cli` uses (pytest's own high-water mark
-    is not inherited)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run(
-        [sys.executable, "-c", _LAUNCH, sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=300,
-    )
-    kib, code = done.stderr.split()[-2:]
-    assert int(code) == 0, done.stderr
-    return int(kib) * 1024
-
-
 def test_a_merge_changes_no_byte_and_no_memory_with_workers(demo: DemoCache, tmp_path: Path) -> None:
     """The merged kind runs on the pipeline's workers in its one budget: a 48 MiB fp32 weight with a LoRA
     pair merged at 2, 16 and 64 workers gives the same bytes, under 128 MiB, 64 workers no larger than 2."""
@@ -90,7 +70,7 @@ def test_a_merge_changes_no_byte_and_no_memory_with_workers(demo: DemoCache, tmp
     peaks, files = {}, {}
     for w in (2, 16, 64):
         out = tmp_path / f"out{w}"
-        peaks[w] = _child_peak([child, str(demo(SPEC)), str(lora), str(out), str(w)])
+        peaks[w] = run_child([child, str(demo(SPEC)), str(lora), str(out), str(w)])[0]
         files[w] = _digests(out)
     assert files[2] == files[16] == files[64]
     assert all(p <= 128 * MiB for p in peaks.values()), peaks

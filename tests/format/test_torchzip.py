@@ -520,40 +520,45 @@ def test_ptwriter_deepspeed_globals_read_by_our_reader(tmp_path: Path) -> None:
 # --- error surface of the reader itself ---------------------------------------------------------------------------
 
 
-def test_compressed_entry_is_rejected(tmp_path: Path) -> None:
-    """A re-zipped (deflated) archive gets a clear error rather than garbage tensors."""
-    src = save(tmp_path, {"x": torch.zeros(1000)})
-    out = tmp_path / "deflated.pt"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+def _is_storage(name: str) -> bool:
+    return name.endswith("/data/0")
+
+
+@pytest.mark.parametrize(
+    ("compression", "edit", "match"),
+    [
+        # a re-zipped (deflated) archive gets a clear error rather than garbage tensors
+        pytest.param(zipfile.ZIP_DEFLATED, lambda n, d: d, "compressed", id="compressed-entry"),
+        # a pickle naming a storage record that the archive lacks
+        pytest.param(
+            zipfile.ZIP_STORED,
+            lambda n, d: None if _is_storage(n) else d,
+            "not in the archive",
+            id="storage-record-missing",
+        ),
+        # a tensor whose size/stride reaches past its record: the record shrinks to 2 floats, the pickle still
+        # says 4 (no out-of-bounds reads)
+        pytest.param(
+            zipfile.ZIP_STORED,
+            lambda n, d: d[:8] if _is_storage(n) else d,
+            r"should hold|past the end",
+            id="view-past-end-of-storage",
+        ),
+    ],
+)
+def test_an_archive_rewritten_wrong_is_a_clear_corrupt_file_error(
+    tmp_path: Path, compression: int, edit: Callable[[str, bytes], bytes | None], match: str
+) -> None:
+    """torch's own archive, written again entry by entry with one thing changed: a CorruptFileError saying
+    what is wrong, never garbage tensors or a read past a record."""
+    src = save(tmp_path, {"x": torch.ones(1000)})
+    out = tmp_path / "rewritten.pt"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", compression) as zout:
         for name in zin.namelist():
-            zout.writestr(name, zin.read(name))
-    with pytest.raises(CorruptFileError, match="compressed"):
-        load_tree(out)
-
-
-def test_storage_key_missing_from_archive(tmp_path: Path) -> None:
-    """A pickle naming a storage record that the archive lacks is a clear CorruptFileError."""
-    src = save(tmp_path, {"x": torch.ones(4)})
-    out = tmp_path / "missing_record.pt"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
-        for name in zin.namelist():
-            if not name.endswith("/data/0"):
-                zout.writestr(name, zin.read(name))
-    with pytest.raises(CorruptFileError, match="not in the archive"):
-        load_tree(out)
-
-
-def test_view_past_end_of_storage(tmp_path: Path) -> None:
-    """A tensor whose size/stride reaches past its record is refused (no out-of-bounds reads)."""
-    src = save(tmp_path, {"x": torch.ones(4)})
-    out = tmp_path / "overrun.pt"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
-        for name in zin.namelist():
-            data = zin.read(name)
-            if name.endswith("/data/0"):
-                data = data[:8]  # record shrinks to 2 floats; the pickle still says 4
-            zout.writestr(name, data)
-    with pytest.raises(CorruptFileError, match=r"should hold|past the end"):
+            data = edit(name, zin.read(name))
+            if data is not None:
+                zout.writestr(name, data)
+    with pytest.raises(CorruptFileError, match=match):
         load_tree(out)
 
 

@@ -36,6 +36,8 @@ REPO_ROOT = HERE.parents[1]
 if str(REPO_ROOT) not in sys.path:  # so `import inspector` works however pytest was started
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.conftest import cli_env  # noqa: E402  (the repository is on the path only from here)
+
 BUILD_TIMEOUT = 600
 STRICT = os.environ.get("ZI_INTEROP_STRICT", "") not in ("", "0")
 
@@ -455,14 +457,12 @@ def zero_to_torch(_factory: _Factory) -> Callable[[str, str], Path]:
 
 def run_inspector(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`python -m inspector ARGS` from the repo under test; wide, colourless output so nothing wraps."""
-    env = dict(os.environ, COLUMNS="400", LINES="200", NO_COLOR="1", TERM="dumb", PYTHONUTF8="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return subprocess.run(
         [sys.executable, "-m", "inspector", *args],
         check=False,
         capture_output=True,
         text=True,
-        env=env,
+        env=cli_env(),
         timeout=timeout,
         cwd=REPO_ROOT,
     )

@@ -24,12 +24,7 @@ LIE_ABOVE = (
 class _Hostile(_Ranges):
     mode = "honest"  # set on the subclass a server is built with
 
-    def do_GET(self) -> None:
-        asked = self.ranged()
-        if asked is None:
-            super().do_GET()
-            return
-        path, size, lo, hi = asked
+    def answer(self, path: str, size: int, lo: int, hi: int) -> None:
         n = hi - lo + 1
         mode = self.mode if n > LIE_ABOVE else "honest"
         if mode == "silent":

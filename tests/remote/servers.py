@@ -176,8 +176,12 @@ class _Ranges(SimpleHTTPRequestHandler):
         asked = self.ranged()
         if asked is None:
             super().do_GET()
-            return
-        path, size, lo, hi = asked
+        else:
+            self.answer(*asked)
+
+    def answer(self, path: str, size: int, lo: int, hi: int) -> None:
+        """A ranged GET of bytes lo..hi of `path` (`size` bytes): exactly those, as a 206 (a hostile server
+        answers otherwise)."""
         with open(path, "rb") as f:
             f.seek(lo)
             data = f.read(hi - lo + 1)

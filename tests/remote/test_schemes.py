@@ -5,10 +5,11 @@ rules, the backend choice, the output check and `verify`'s wording all read it."
 from __future__ import annotations
 
 import importlib
+import sys
 
 import pytest
 
-from inspector.errors import InspectorError, OutputError
+from inspector.errors import InspectorError, OutputError, StoreError
 from inspector.remote.backend import FSSPEC, SCHEMES, provenance, scheme_row, split_url
 from inspector.remote.upload import require_writable
 
@@ -41,3 +42,24 @@ def test_an_output_on_a_read_only_scheme_is_refused(url: str) -> None:
 def test_schemes_that_are_no_store_are_refused(name: str) -> None:
     with pytest.raises(InspectorError, match=r"read as a local path or not at all|not a store URL"):
         split_url(f"{name}://bucket/run")
+
+
+@pytest.mark.parametrize(
+    ("scheme", "modules", "extra"),
+    [
+        ("s3", ("boto3",), "s3"),
+        ("gs", ("obstore", "obstore.store"), "gcs"),
+        ("az", ("obstore", "obstore.store"), "azure"),
+    ],
+)
+def test_a_missing_client_library_names_the_rows_package_and_extra(
+    monkeypatch: pytest.MonkeyPatch, scheme: str, modules: tuple[str, ...], extra: str
+) -> None:
+    """Each bucket backend's lazy import, failing, refuses with what its row says to install."""
+    row = scheme_row(scheme)
+    module, _, cls = row.backend.partition(":")
+    backend = getattr(importlib.import_module(module), cls)
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)  # import -> ImportError, also once imported
+    with pytest.raises(StoreError, match=rf"(?s)needs {row.package}, .*zero-inspector\[{extra}\]"):
+        backend(scheme, "zi-no-client")

@@ -27,9 +27,9 @@ from inspector.errors import EXIT_USAGE, CancelledError, InspectorError, OutputE
 from inspector.remote.upload import BucketDestination
 from inspector.scan.scanner import scan
 from tests.conftest import REPO_ROOT
-from tests.convert.kinds.hf import lora_checkpoint, trainer_run
+from tests.convert.kinds.hf import offered_checkpoint
 from tests.remote.conftest import BUCKET, SECRET
-from tests.remote.proxy import S3Proxy
+from tests.remote.proxy import Fault, S3Proxy
 
 pytestmark = pytest.mark.s3
 
@@ -71,12 +71,22 @@ def local_files(out: Path) -> dict[str, bytes]:
     }
 
 
-def _checkpoint(kind: str, demo: Any, tmp_path: Path) -> Any:
-    if kind in ("adapter", "merged"):
-        return lora_checkpoint(demo, tmp_path)
-    if kind == "model":
-        return scan(str(trainer_run(demo, tmp_path)))
-    return scan(str(demo(SMALL)))
+def hold_second_complete(holding: threading.Event, release: threading.Event) -> Fault:
+    """A proxy fault: the second shard's CompleteMultipartUpload is held until `release` is set, then refused,
+    so a run is caught between that shard's parts and its completion, deterministically (`holding` says
+    it is)."""
+    completes: list[str] = []
+
+    def fault(method: str, path: str) -> tuple[int, str] | None:
+        if method == "POST" and "uploadId" in path:
+            completes.append(path)
+            if len(completes) == 2:
+                holding.set()
+                release.wait(60)
+                return (500, "InternalError")
+        return None
+
+    return fault
 
 
 def _run(job: Job, **kwargs: Any) -> Report:
@@ -109,7 +119,7 @@ def _writes(seen: list[tuple[str, str]]) -> list[str]:
 def test_every_kind_uploads_the_bytes_a_local_conversion_writes(
     kind: str, demo: Any, tmp_path: Path, s3_client: Any, proxy: S3Proxy
 ) -> None:
-    ckpt = _checkpoint(kind, demo, tmp_path)
+    ckpt = offered_checkpoint(kind, demo, tmp_path, SMALL)
     local = tmp_path / "local"
     _run(get(kind).plan(ckpt, Request(ConvertOptions()), str(local)))
     url = _url(kind)
@@ -400,20 +410,7 @@ def test_a_killed_run_leaves_an_open_upload_that_the_rerun_aborts(
     url = _url("killed")
     args = ["--format", "weights", "--dtype", "fp32", "--shard-size", "6MB"]
     holding, killed = threading.Event(), threading.Event()
-    completes: list[str] = []
-
-    def hold_second_complete(method: str, path: str) -> tuple[int, str] | None:
-        """The second shard's CompleteMultipartUpload is held until the process is dead, then refused: the
-        kill lands between its parts and its completion, deterministically."""
-        if method == "POST" and "uploadId" in path:
-            completes.append(path)
-            if len(completes) == 2:
-                holding.set()
-                killed.wait(60)
-                return (500, "InternalError")
-        return None
-
-    proxy.throttle.fault = hold_second_complete
+    proxy.throttle.fault = hold_second_complete(holding, killed)  # held until the process is dead
     env = dict(os.environ, ZI_S3_PART_MIB="5", AWS_MAX_ATTEMPTS="1")
     cmd = [sys.executable, "-m", "inspector", "convert", str(local), url, *args]
     child = subprocess.Popen(
@@ -445,18 +442,7 @@ def test_ctrl_c_in_the_cli_aborts_the_open_upload_and_removes_the_finished_shard
     """SIGINT while the second shard's upload is completing: exit 130, no object, no open upload."""
     url = _url("sigint")
     holding, released = threading.Event(), threading.Event()
-    completes: list[str] = []
-
-    def hold_second_complete(method: str, path: str) -> tuple[int, str] | None:
-        if method == "POST" and "uploadId" in path:
-            completes.append(path)
-            if len(completes) == 2:
-                holding.set()
-                released.wait(60)
-                return (500, "InternalError")
-        return None
-
-    proxy.throttle.fault = hold_second_complete
+    proxy.throttle.fault = hold_second_complete(holding, released)
     env = dict(os.environ, ZI_S3_PART_MIB="5", AWS_MAX_ATTEMPTS="1")
     args = ["--format", "weights", "--dtype", "fp32", "--shard-size", "6MB"]
     cmd = [sys.executable, "-m", "inspector", "convert", str(demo(BIG)), url, *args]

@@ -109,6 +109,18 @@ async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: 
         assert not app.converting
 
 
+async def asked_and_held(pilot, screen, key: str):  # type: ignore[no-untyped-def]
+    """Presses `key` while `screen`'s converter runs: the question says the job is paused, and it is (the
+    child stopped until the question is answered). Returns the child's process."""
+    import psutil
+
+    proc = psutil.Process(screen.child.pid)
+    await pilot.press(key)
+    assert isinstance(pilot.app.screen, ConfirmDialog) and "paused" in pilot.app.screen.question
+    await wait_for(pilot, lambda: proc.status() == psutil.STATUS_STOPPED, "the converter held")
+    return proc
+
+
 async def test_the_cancel_question_holds_the_job_until_answered(
     small_demo: Path, tmp_path: Path, gate: Gate
 ) -> None:
@@ -122,10 +134,7 @@ async def test_the_cancel_question_holds_the_job_until_answered(
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
         screen = await start_held(pilot, gate)
-        proc = psutil.Process(screen.child.pid)  # type: ignore[union-attr, arg-type]
-        await pilot.press("escape")
-        assert isinstance(app.screen, ConfirmDialog) and "paused" in app.screen.question
-        await wait_for(pilot, lambda: proc.status() == psutil.STATUS_STOPPED, "the converter held")
+        proc = await asked_and_held(pilot, screen, "escape")
         gate.open()  # it could run to the end now, but it is held while the question is open
         await pilot.pause(0.5)
         assert proc.status() == psutil.STATUS_STOPPED and screen.phase == "running"
@@ -141,10 +150,7 @@ async def test_the_quit_question_holds_the_job_too(small_demo: Path, tmp_path: P
     async with app.run_test(size=(100, 30)) as pilot:
         await scanned(pilot)
         screen = await start_held(pilot, gate)
-        proc = psutil.Process(screen.child.pid)  # type: ignore[union-attr, arg-type]
-        await pilot.press("q")
-        assert isinstance(app.screen, ConfirmDialog) and "paused" in app.screen.question
-        await wait_for(pilot, lambda: proc.status() == psutil.STATUS_STOPPED, "the converter held")
+        proc = await asked_and_held(pilot, screen, "q")
         await pilot.press("n")
         await wait_for(pilot, lambda: proc.status() != psutil.STATUS_STOPPED, "the converter running again")
         assert screen.phase == "running"

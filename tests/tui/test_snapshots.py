@@ -98,33 +98,25 @@ def test_health(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> Non
     assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
 
 
+async def _export_open(pilot: Pilot[object]) -> None:
+    """The export form open on the scanned checkpoint, its preflight answered."""
+    await _scanned(pilot)
+    await pilot.press("e")
+    await wait_for(pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight")
+    await _settled(pilot)
+
+
 @SIZES
 def test_export(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
-    async def run(pilot: Pilot[object]) -> None:
-        await _scanned(pilot)
-        await pilot.press("e")
-        await wait_for(
-            pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight"
-        )
-        await _settled(pilot)
-
     app = _app(snapshot_demo, options=ConvertOptions(include=("model.layers.0",), dtype="bf16"))
-    assert snap_compare(app, terminal_size=size, run_before=run)
+    assert snap_compare(app, terminal_size=size, run_before=_export_open)
 
 
 @SIZES
 def test_export_does_not_fit(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
-    async def run(pilot: Pilot[object]) -> None:
-        await _scanned(pilot)
-        await pilot.press("e")
-        await wait_for(
-            pilot, lambda: pilot.app.screen.query_one("#preflight").assessment is not None, "preflight"
-        )
-        await _settled(pilot)
-
     app = _app(snapshot_demo)
     app.frozen_assess = frozen_assess(available=200 * 2**20, free_disk=10 * 2**20)
-    assert snap_compare(app, terminal_size=size, run_before=run)
+    assert snap_compare(app, terminal_size=size, run_before=_export_open)
 
 
 @SIZES

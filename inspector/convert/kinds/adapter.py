@@ -13,6 +13,7 @@ from inspector.convert.plan import ADAPTER_FILE, build_plan
 from inspector.convert.writers.hf_folder import SideFile, find_side_files
 from inspector.scan.model import Checkpoint
 from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
+from inspector.scan.peft import Adapter as LoraAdapter
 
 NO_LORA = "no LoRA parameters in the checkpoint"
 PEFT_RENAMES = (
@@ -21,6 +22,18 @@ PEFT_RENAMES = (
     (r"\.modules_to_save\.{name}\.", "."),
     (r"\.lora_magnitude_vector\.{name}\.weight$", ".lora_magnitude_vector"),  # DoRA keeps its old key
 )
+
+
+def lora_adapter(ckpt: Checkpoint) -> LoraAdapter:
+    """The checkpoint's LoRA adapter, or the one refusal when it holds none: what the adapter and merged kinds
+    plan from."""
+    adapter = detect_adapter(ckpt)
+    if adapter is None:
+        raise AdapterError(
+            "The checkpoint holds no LoRA parameters (no *.lora_A.* / *.lora_B.* tensors).",
+            hint="Convert it with --format model or weights.",
+        )
+    return adapter
 
 
 class Adapter(SafetensorsKind):
@@ -40,12 +53,7 @@ class Adapter(SafetensorsKind):
         return has_file(out_dir, ADAPTER_FILE)
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
-        adapter = detect_adapter(ckpt)
-        if adapter is None:
-            raise AdapterError(
-                "The checkpoint holds no LoRA parameters (no *.lora_A.* / *.lora_B.* tensors).",
-                hint="Convert it with --format model or weights.",
-            )
+        adapter = lora_adapter(ckpt)
         if adapter.config_path is None:
             raise AdapterError(
                 f"The checkpoint has LoRA parameters but no {ADAPTER_CONFIG} beside it ({ckpt.root}).",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from inspector.convert.kinds.adapter import NO_LORA
+from inspector.convert.kinds.adapter import NO_LORA, lora_adapter
 from inspector.convert.kinds.base import Offer, Request, VerifyProgress, VerifyResult, Why
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
 from inspector.convert.options import resolve_dtype
@@ -16,7 +16,7 @@ from inspector.convert.writers.merge_verify import verify_merged
 from inspector.remote.roots import absolute
 from inspector.scan.basemodel import base_source
 from inspector.scan.model import Checkpoint
-from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
+from inspector.scan.peft import ADAPTER_CONFIG, detect_adapter
 
 
 class Merged(SafetensorsKind):
@@ -33,12 +33,7 @@ class Merged(SafetensorsKind):
         return self._available()
 
     def plan(self, ckpt: Checkpoint, request: Request, out_dir: str) -> SafetensorsJob:
-        adapter = detect_adapter(ckpt)
-        if adapter is None:
-            raise AdapterError(
-                "The checkpoint holds no LoRA parameters (no *.lora_A.* / *.lora_B.* tensors).",
-                hint="Convert it with --format model or weights.",
-            )
+        adapter = lora_adapter(ckpt)
         mp = build_merged_plan(
             ckpt, request.options, adapter, request.base, allow_damaged=request.allow_damaged
         )

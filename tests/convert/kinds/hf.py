@@ -110,6 +110,16 @@ def lora_checkpoint(demo: Any, tmp_path: Path, *, with_base: bool = True, **conf
     return replace(ckpt, root=str(root), tensors=tuple(tensors), findings=())
 
 
+def offered_checkpoint(kind: str, demo: Any, tmp_path: Path, spec: DemoSpec) -> Checkpoint:
+    """A checkpoint `kind` is offered for: a Trainer run for `model`, a LoRA run for the adapter kinds, the
+    `spec` demo for the rest."""
+    if kind in ("adapter", "merged"):
+        return lora_checkpoint(demo, tmp_path)
+    if kind == "model":
+        return scan(str(trainer_run(demo, tmp_path)))
+    return scan(str(demo(spec)))
+
+
 def expected(ckpt: Checkpoint, q_scale: float, e_scale: float, fan: bool = False) -> dict[str, np.ndarray]:
     t = {**load_file(Path(ckpt.root) / "trained.safetensors"), **base_arrays(ckpt)}
     q_delta = t[f"{Q}.lora_B.default.weight"] @ t[f"{Q}.lora_A.default.weight"]

@@ -19,18 +19,9 @@ from inspector.convert.verify import VerifyResult
 from inspector.demo.writer import DemoSpec
 from inspector.errors import InspectorError
 from inspector.scan.scanner import scan
-from tests.convert.kinds.hf import lora_checkpoint, trainer_run
+from tests.convert.kinds.hf import lora_checkpoint, offered_checkpoint
 
 DEMO = DemoSpec(stage=2, world_size=2, dtype="bf16", params=60_000)
-
-
-def _checkpoint(kind: str, demo: Any, tmp_path: Path) -> Any:
-    """A checkpoint the kind is offered for: a Trainer run for `model`, a LoRA run for the adapter kinds."""
-    if kind in ("adapter", "merged"):
-        return lora_checkpoint(demo, tmp_path)
-    if kind == "model":
-        return scan(str(trainer_run(demo, tmp_path)))
-    return scan(str(demo(DEMO)))
 
 
 def _run(job: Job) -> Report:
@@ -57,7 +48,7 @@ def test_the_registry_holds_five_kinds_one_module_each() -> None:
 def test_every_kind_plans_assesses_writes_and_verifies_through_the_protocol(
     kind: str, demo: Any, tmp_path: Path
 ) -> None:
-    ckpt = _checkpoint(kind, demo, tmp_path)
+    ckpt = offered_checkpoint(kind, demo, tmp_path, DEMO)
     offer = {o.name: o for o in offers(ckpt)}[kind]
     assert offer.available, offer.reason
     out = tmp_path / "out"
@@ -87,7 +78,7 @@ def test_a_hostile_output_name_is_refused_by_every_kind(
 ) -> None:
     """`--rename` can make any name; each kind that renames refuses one that is not a plain, loadable name
     before anything is written (the adapter kind keeps PEFT's names and says --rename does not apply)."""
-    ckpt = _checkpoint(kind, demo, tmp_path)
+    ckpt = offered_checkpoint(kind, demo, tmp_path, DEMO)
     victim = tmp_path / "victim"
     out = tmp_path / "deep" / "out"
     opts = ConvertOptions(renames=((r"^.*$", name),))
@@ -102,7 +93,7 @@ def test_a_hostile_output_name_is_refused_by_every_kind(
 def test_a_linked_side_file_is_never_copied(kind: str, demo: Any, tmp_path: Path) -> None:
     """A tokenizer file that links out of the checkpoint (to a secret): the kind refuses or leaves it out,
     and the secret's bytes never reach OUT."""
-    ckpt = _checkpoint(kind, demo, tmp_path)
+    ckpt = offered_checkpoint(kind, demo, tmp_path, DEMO)
     secret = tmp_path / "secret.txt"
     secret.write_text("AWS_SECRET_ACCESS_KEY=do-not-copy")
     link = Path(ckpt.root) / "tokenizer.json"
