@@ -67,7 +67,9 @@ def write_tensor(
     storage = pw.Storage("float32", numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), **{k: _pickled(v, pw) for k, v in f.meta}}
     archive = f.state  # torch names the archive folder after the file
-    root.write_with(rel, lambda fh: pw.dump(tree, fh, archive, chunk_elems=chunk), fsync=w.fsync)
+    sums: list[tuple[int, int]] = []
+    root.write_with(rel, lambda fh: sums.append(pw.dump_crc(tree, fh, archive, chunk)), fsync=w.fsync)
+    w.checksummed(*sums[0])  # the journal's CRC, from the zip's own checksums: the file is not read back
 
 
 def _pickled(value: Any, pw: Any) -> Any:
