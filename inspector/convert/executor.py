@@ -144,7 +144,9 @@ def _write_all(
     """Write the `todo` files, `job.workers` at once, yielding progress while they run; a bucket gets them in
     file order. An interrupt, or a consumer that stops listening, cancels the writers and waits for them."""
     job, files, tally = r.job, r.job.streamed, _Tally(skipped, todo[0] if todo else 0, len(todo))
-    news = threading.Event()  # bytes written, or a file ended
+    news = threading.Event()  # a file ended (bytes written are only tallied: the loop reports them on its
+    # tick; waking it for every chunk had it scan every file's future ~400,000 times in a 2.8 GB universal
+    # export, a few tenths of a CPU-second taken from the writers)
     turns = _Turns() if r.root.dest is not None else None
 
     def one(turn: int, k: int, write: FileWriter) -> None:
@@ -157,7 +159,6 @@ def _write_all(
             with tally.lock:
                 tally.done += n
                 tally.tensor, tally.file = tensor, k
-            news.set()
 
         writing = Writing(cancel, r.fsync, progress)
         write(k, r.root, r.staged[k], writing)
