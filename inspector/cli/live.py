@@ -27,14 +27,13 @@ def _where(ev: Any, unit: str) -> str:
 
 
 def _memory_line() -> str:
-    import psutil
-
+    from inspector.system.limits import available_memory  # /proc/meminfo: psutil's import costs start-up
     from inspector.system.rss import current_rss, peak_rss
 
     now = current_rss()
     return (
         f"RSS {format_bytes(now)} (peak {format_bytes(max(now, peak_rss()))}), "
-        f"available {format_bytes(psutil.virtual_memory().available)}"
+        f"available {format_bytes(available_memory())}"
     )
 
 

@@ -45,7 +45,10 @@ FALLBACK_COLD = 4e8
 READ_COST = 2.0
 WRITE_COST = 12.0
 COPY_COST = 10.0
-ZIP_COST = 53.0
+# universal's `.pt` files since its chunks fit the caches and its journal no longer reads each file back for
+# its CRC-32: the quiet sweep's 16-worker run (chunks as small as now) took 2.38 CPU-s, and dropping the
+# read-back cut a run's CPU by a further 25 % (paired runs): ~1.8 CPU-s, 13 per byte (53 before both)
+ZIP_COST = 13.0
 REDUCE_COST = 3.5
 STARTUP_CPU = 0.35  # CPU-seconds of interpreter, imports and scan before the first byte
 CAST_ELEMS = 1 << 18
@@ -170,12 +173,17 @@ class Work:
     zipped: int = 0  # bytes written into a torch zip with their CRC-32 (universal's `.pt` files)
     reduced: int = 0  # bytes whose statistics are computed (health)
     pieces: int = 0  # independent pieces (files, streams) the workers share: no more run at once (0: any)
+    # whether the disk's part overlaps the CPU's: not where each worker reads a chunk, then works on it and
+    # writes it before reading the next (universal's zip): there a cold page cache adds the disk's time
+    # (quiet sweep: 1 worker 5.52 s warm, 7.10 s cold, the cold one-thread floor 1.32 s)
+    overlapped: bool = True
 
 
 def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     """Seconds a run takes here, start-up included. Each part's CPU, from the calibration, runs on the cores
     the machine leaves us: min(workers, cores, pieces), shared with what else is runnable (the load
-    average); the bytes not in the page cache come at the disk's pace, overlapped with the CPU's part."""
+    average); the bytes not in the page cache come at the disk's pace, overlapped with the CPU's part
+    unless `work.overlapped` says not."""
     threads = min(workers, cal.cores, work.pieces or workers)
     buffered = work.read - work.copied
     per_byte = (
@@ -187,7 +195,8 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     )
     cpu = per_byte / cal.warm_rate + work.cast_elems / cal.cast_rate
     disk = work.read * (1.0 - cal.resident) / (cal.cold_rate * STREAM_GAIN)
-    return STARTUP_CPU / _share(1, cal) + max(cpu / _share(threads, cal), disk)
+    busy = cpu / _share(threads, cal)
+    return STARTUP_CPU / _share(1, cal) + (max(busy, disk) if work.overlapped else busy + disk)
 
 
 def calibrated_seconds(

@@ -13,7 +13,7 @@ import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inspector.convert.root import OutputRoot
 
@@ -35,6 +35,13 @@ class Writing:
     cancel: threading.Event
     fsync: bool
     progress: Callable[[int, str], None]  # (bytes written since the last call, the tensor in hand)
+    # (size, CRC-32) of the whole file, where the writer checksummed the bytes as it wrote them: the executor
+    # journals that instead of reading the file back (a second pass over every byte written)
+    known: list[tuple[int, int]] = field(default_factory=list)
+
+    def checksummed(self, size: int, crc: int) -> None:
+        """The file just written has `size` bytes with CRC-32 `crc` (computed on the bytes in hand)."""
+        self.known[:] = [(size, crc)]
 
 
 FileWriter = Callable[[int, OutputRoot, str, Writing], None]  # (file index, root, where to write it, ...)

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from inspector.format.crc import crc32_combine
 from inspector.format.dtypes import STORAGE_CLASSES, numpy_dtype
 
 ALIGN = 64
@@ -148,13 +149,19 @@ class _ZipOut:
     def __init__(self, fh: BinaryIO) -> None:
         self.fh = fh
         self.central: list[bytes] = []
+        self.crc = 0  # of every byte written so far: the file's CRC-32 in hand, never read back
+
+    def _put(self, data: bytes) -> None:
+        """Small bytes (headers, records): written and checksummed as they go."""
+        self.crc = zlib.crc32(data, self.crc)
+        self.fh.write(data)
 
     def entry(self, name: str, chunks: Iterator[bytes | memoryview]) -> None:
         offset = self.fh.tell()
         raw = name.encode()
         pad = (-(offset + 30 + len(raw) + 4)) % ALIGN
         extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
-        self.fh.write(
+        self._put(
             struct.pack("<4s5H3L2H", b"PK\x03\x04", 45, 0x0808, 0, 0, 0x21, 0, 0, 0, len(raw), len(extra))
             + raw
             + extra
@@ -162,10 +169,11 @@ class _ZipOut:
         crc = 0
         n = 0
         for chunk in chunks:
-            crc = zlib.crc32(chunk, crc)
+            crc = zlib.crc32(chunk, crc)  # the one pass over the bytes: the file's CRC is combined from it
             n += len(chunk)
             self.fh.write(chunk)
-        self.fh.write(struct.pack("<4sLQQ", b"PK\x07\x08", crc, n, n))
+        self.crc = crc32_combine(self.crc, crc, n)
+        self._put(struct.pack("<4sLQQ", b"PK\x07\x08", crc, n, n))
         z64 = struct.pack("<HHQQQ", 1, 24, n, n, offset)
         self.central.append(
             struct.pack(
@@ -195,15 +203,13 @@ class _ZipOut:
     def finish(self) -> None:
         cd_off = self.fh.tell()
         for rec in self.central:
-            self.fh.write(rec)
+            self._put(rec)
         cd_size = self.fh.tell() - cd_off
         eocd64 = self.fh.tell()
         count = len(self.central)
-        self.fh.write(
-            struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, cd_size, cd_off)
-        )
-        self.fh.write(struct.pack("<4sLQL", b"PK\x06\x07", 0, eocd64, 1))
-        self.fh.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
+        self._put(struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, cd_size, cd_off))
+        self._put(struct.pack("<4sLQL", b"PK\x06\x07", 0, eocd64, 1))
+        self._put(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0))
 
 
 def _storage_chunks(st: Storage, chunk_elems: int) -> Iterator[memoryview]:
@@ -224,6 +230,18 @@ def dump(obj: Any, fh: BinaryIO, archive: str, chunk_elems: int = 1 << 22) -> in
     """Write `obj` to the open file `fh` as `torch.save` would (the archive folder named `archive`, as torch
     names it after the file), streaming storages; returns bytes written. Creating, naming and renaming the file
     is the caller's (through its OutputRoot)."""
+    return _dump(obj, fh, archive, chunk_elems)[0]
+
+
+def dump_crc(obj: Any, fh: BinaryIO, archive: str, chunk_elems: int = 1 << 22) -> tuple[int, int]:
+    """`dump`, returning (bytes written, the CRC-32 of the whole file): the entries' checksums the zip needs
+    anyway, combined, so a caller that journals the file's CRC never reads it back. `fh` must start empty."""
+    if fh.tell() != 0:
+        raise ValueError("dump_crc: the file must start empty (its CRC covers the whole file)")
+    return _dump(obj, fh, archive, chunk_elems)
+
+
+def _dump(obj: Any, fh: BinaryIO, archive: str, chunk_elems: int) -> tuple[int, int]:
     buf = io.BytesIO()
     pickler = _Pickler(buf)
     pickler.dump(obj)
@@ -237,4 +255,4 @@ def dump(obj: Any, fh: BinaryIO, archive: str, chunk_elems: int = 1 << 22) -> in
     z.entry(f"{archive}/version", iter([b"3\n"]))
     z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
     z.finish()
-    return fh.tell()
+    return fh.tell(), z.crc

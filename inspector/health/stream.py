@@ -106,6 +106,10 @@ class Streamer:
         self.done_bytes = 0
         self._lock = threading.Lock()
         self._local = threading.local()
+        # chunks reduced at once: one per usable core. More workers than cores may still overlap their reads
+        # (an object store's or a cold disk's latency), but reducing on more threads than cores only thrashed
+        # the caches: measured warm (200M demo, 2 cores) 0.36 s at 2 workers, 0.61 s at 8, 0.88 s at 16
+        self._computing = threading.Semaphore(usable_cores())
 
     def _scratch(self) -> Scratch:
         s: Scratch | None = getattr(self._local, "scratch", None)
@@ -153,22 +157,23 @@ class Streamer:
             if self.cancel.is_set() or self.stop.is_set():
                 raise CancelledError("Health check cancelled.")
             chunks = self._read(batches, raws, dtypes)
-            x = chunks[0]
-            finite = acc.add(x, s.buf)
-            if mod_acc is not None:
-                m = chunks[1]
-                mod_acc.add(m, s.buf)  # leaves a 16-bit copy widened in s.buf.wide
-                d, c = self._module_diff(x, m, s, finite)
-                diff, differing = max(diff, d), differing + c
-            if job.against:
-                o = chunks[-1]
-                if job.source == "master":
-                    for v in _delta_sq(x, o, s):
-                        delta_sq += v
-                    then_bad += _nonfinite(o)
-                else:  # a moment: only its size then (NaN there stays NaN)
-                    for v in _sum_sq(o, s):
-                        then_sq += v
+            with self._computing:
+                x = chunks[0]
+                finite = acc.add(x, s.buf)
+                if mod_acc is not None:
+                    m = chunks[1]
+                    mod_acc.add(m, s.buf)  # leaves a 16-bit copy widened in s.buf.wide
+                    d, c = self._module_diff(x, m, s, finite)
+                    diff, differing = max(diff, d), differing + c
+                if job.against:
+                    o = chunks[-1]
+                    if job.source == "master":
+                        for v in _delta_sq(x, o, s):
+                            delta_sq += v
+                        then_bad += _nonfinite(o)
+                    else:  # a moment: only its size then (NaN there stays NaN)
+                        for v in _sum_sq(o, s):
+                            then_sq += v
         dtype = job.segments[0].dtype if job.segments else "float32"
         delta = _sqrt(delta_sq) if job.against and job.source == "master" else None
         then = _sqrt(then_sq) if job.against and job.source != "master" else None

@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 
-import psutil
-
 from inspector.system.budget import LimitSource, MemoryBudget, MemoryLimit
 from inspector.system.cgroups import (
     cgroup_v1_limit,
@@ -71,8 +69,15 @@ def _read_meminfo(proc_root: str) -> tuple[int, int, str]:
             values[key.strip()] = number * 1024 if unit == "kb" else number
     if "MemAvailable" in values and "MemTotal" in values:
         return values["MemAvailable"], values["MemTotal"], f"{proc_root}/meminfo"
+    import psutil  # the fallback only: importing it costs every command's start-up ~25-50 ms
+
     vm = psutil.virtual_memory()
     return int(vm.available), int(vm.total), "psutil.virtual_memory()"
+
+
+def available_memory(proc_root: str = "/proc") -> int:
+    """Bytes of memory available now (MemAvailable; psutil's figure where /proc/meminfo cannot be read)."""
+    return _read_meminfo(proc_root)[0]
 
 
 def _os_limit(proc_root: str) -> MemoryLimit:

@@ -11,7 +11,6 @@ explicit MALLOC_ARENA_MAX) nothing is changed.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -25,7 +24,9 @@ def cap_malloc_arenas(arenas: int = ARENAS) -> bool:
     if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the symbols already loaded into this process, libc's among them: `ctypes.util.find_library` would
+        # import subprocess and tempfile and run `ldconfig -p`, ~0.1 s of every command's start-up here
+        libc = ctypes.CDLL(None, use_errno=True)
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and others: no mallopt, and no per-thread arena growth to cap
         return False

@@ -130,6 +130,10 @@ def test_the_model_is_its_arithmetic() -> None:
     assert estimate_seconds(cal, 8, pieces) == pytest.approx(cal_mod.STARTUP_CPU + cpu / 2)
     cold = replace(cal, resident=0.0, cold_rate=1e8 / cal_mod.STREAM_GAIN)  # the disk's 10 s outlast the CPU
     assert estimate_seconds(cold, 8, work) == pytest.approx(cal_mod.STARTUP_CPU + 10.0)
+    serial = replace(work, overlapped=False)  # each worker reads, then works: the disk's time adds
+    cold_cpu = cpu - cal_mod.READ_COST * 8 * 10**8 / 1e10  # nothing copied from the page cache
+    assert estimate_seconds(cold, 8, serial) == pytest.approx(cal_mod.STARTUP_CPU + cold_cpu / 4 + 10.0)
+    assert estimate_seconds(cal, 8, serial) == estimate_seconds(cal, 8, work)  # warm: nothing to add
     busy = replace(cal, load=6.0)  # 6 others runnable on 4 cores: our 4 busy threads get 4 * 4 / 10 of them
     assert estimate_seconds(busy, 8, work) == pytest.approx(
         cal_mod.STARTUP_CPU / (4 / 7) + cpu / (4 * 4 / 10)
@@ -159,6 +163,7 @@ def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tm
     assert job.assess().estimated_seconds > 0
     reads, work, workers = seen[-1]
     assert work.zipped == job.plan.tensor_bytes and work.pieces == len(job.plan.files) and workers == 5
+    assert not work.overlapped  # a worker reads a chunk, then zips and writes it
     assert work.read == sum(reads.values()) + work.copied
 
 

@@ -142,3 +142,39 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
             bad[i] = value
         assert not np.array_equal(bad.view(np.uint16), good.view(np.uint16))
         assert not check(bad), i
+
+
+def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight workers on one usable core read side by side but reduce one chunk at a time (reducing on more
+    threads than cores only thrashed the caches), and give the figures one worker gives."""
+    import threading
+    import time
+
+    from inspector.demo.writer import DemoSpec
+    from inspector.health import run_check
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(str(demo(DemoSpec(stage=2, world_size=2, params=400_000))))
+    one = run_check(ckpt, workers=1).as_json()
+    monkeypatch.setattr(stream, "usable_cores", lambda: 1)
+    busy, most, lock = [0], [0], threading.Lock()
+    add = Accumulator.add
+
+    def counted(self: Accumulator, x: Any, buf: Buffers) -> bool:
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.002)  # long enough for another worker to arrive if it may
+        try:
+            return add(self, x, buf)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(Accumulator, "add", counted)
+    eight = run_check(ckpt, workers=8)
+    assert eight.threads == 8 and most[0] == 1
+    doc = eight.as_json()
+    for d in (doc, one):
+        d.pop("seconds"), d.pop("threads")
+    assert doc == one

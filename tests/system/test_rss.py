@@ -37,6 +37,20 @@ def test_peak_is_at_least_what_is_resident_now() -> None:
     assert peak_rss() >= psutil.Process().memory_info().rss * 0.9
 
 
+def test_current_rss_is_psutils_figure_without_importing_it() -> None:
+    """On Linux /proc/self/statm, the file psutil reads there, so a convert's start-up skips psutil."""
+    code = (
+        "import sys; from inspector.system.rss import current_rss, peak_rss; now = current_rss(); "
+        "peak_rss(); print('psutil' in sys.modules); import psutil; "
+        "print(abs(now - psutil.Process().memory_info().rss) < 8 << 20)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    loaded, close = out.stdout.split()
+    assert close == "True"
+    if sys.platform.startswith("linux"):
+        assert loaded == "False"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # RSS
 # --------------------------------------------------------------------------------------------------------------

@@ -346,3 +346,39 @@ def test_resume_rewrites_a_finished_file_damaged_since(demo: Any, tmp_path: Path
     assert (Path(plan.out_dir) / plan.files[0].rel).read_bytes() == (
         Path(clean) / f"{ckpt.tag}_uni" / plan.files[0].rel
     ).read_bytes()
+
+
+def test_journal_holds_each_files_crc_computed_while_writing(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part journals every tensor file it finishes with the CRC-32 the zip writer computed on the bytes in
+    hand (no read back: the root's crc32 is not called); each is the file's true CRC, so the finishing run
+    reuses them all."""
+    import zlib
+
+    from inspector.convert.executor import execute
+    from inspector.convert.journal import JOURNAL
+    from inspector.convert.root import OutputRoot
+    from inspector.convert.staging import part_suffix
+    from tests.convert.jobs import journalled
+
+    plan = plan_universal(scan(str(demo(SPECS["s2"]))), str(tmp_path))
+    read_back: list[str] = []
+    crc32 = OutputRoot.crc32
+
+    def counted(self: Any, rel: str) -> int:
+        read_back.append(rel)
+        return crc32(self, rel)
+
+    with monkeypatch.context() as m:
+        m.setattr(OutputRoot, "crc32", counted)
+        execute(universal_job(plan), part=(0, 1))
+    assert read_back and not [r for r in read_back if "/zero/" in r]  # the model-states copies only
+    sums = journalled(tmp_path / (JOURNAL + part_suffix((0, 1))))["crc32"]
+    tensors = {f"{plan.folder}/{f.rel}" for f in plan.files}
+    assert tensors <= set(sums)
+    staging = Path(plan.out_dir + PARTIAL)
+    for name in tensors:
+        assert sums[name] == zlib.crc32((staging / name.split("/", 1)[1]).read_bytes()), name
+    report = execute(universal_job(plan))
+    assert report.resumed_shards == len(plan.files) + len(plan.copies)

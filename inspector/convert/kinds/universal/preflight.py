@@ -98,6 +98,7 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
         zipped=plan.tensor_bytes,
         written=plan.total_bytes - plan.tensor_bytes - copied,
         pieces=len(plan.files),
+        overlapped=False,  # a worker reads a chunk, then checksums and writes it, then reads the next
     )
     return calibrated_seconds(plan.sources, reads, work, workers)
 
