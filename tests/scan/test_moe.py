@@ -13,7 +13,7 @@ from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, scan_without, writable
+from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, flip_bit, scan_without, writable
 
 TAG = "global_step3"
 EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
@@ -162,11 +162,7 @@ def test_zero_off_dense_replicas_that_differ_are_an_error(tmp_path: Path) -> Non
     parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
     assert parsed is not None
     head = parsed.groups[0][2].master  # head.weight's master on rank 1
-    with open(path, "r+b") as f:
-        f.seek(head.offset)
-        first = f.read(1)
-        f.seek(head.offset)
-        f.write(bytes([first[0] ^ 1]))
+    flip_bit(path, head.offset)
     ckpt = scan(str(root))
     assert [(f.code, f.file) for f in ckpt.errors] == [("replica-differ", str(path))]
     assert "head.weight" in ckpt.errors[0].message

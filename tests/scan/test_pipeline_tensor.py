@@ -15,7 +15,15 @@ from inspector.scan.locate import locate
 from inspector.scan.model import Kind
 from inspector.scan.pipeline import Pipeline
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, convert, expected, scan_without, writable
+from tests.scan.layout_cases import (
+    assert_exact,
+    ckpt_dir,
+    convert,
+    expected,
+    flip_bit,
+    scan_without,
+    writable,
+)
 
 NAME = "pptp_z1_bf16"
 TAG = "global_step3"
@@ -89,11 +97,7 @@ def test_a_replicated_parameter_that_differs_between_shards_is_an_error(tmp_path
     root = writable(NAME, tmp_path / "ck")
     shard1 = Pipeline(locate(str(root)), 1, 2).build()  # tensor-parallel rank 1's pipeline alone
     seg = shard1.tensor("5.bias").segments[0]
-    with open(seg.file, "r+b") as f:  # one bit of its fp32 master flipped
-        f.seek(seg.offset)
-        first = f.read(1)
-        f.seek(seg.offset)
-        f.write(bytes([first[0] ^ 1]))
+    flip_bit(seg.file, seg.offset)  # one bit of its fp32 master flipped
     ckpt = scan(str(root))
     assert any(f.code == "tp-mismatch" and "5.bias" in f.message for f in ckpt.errors), ckpt.errors
 
