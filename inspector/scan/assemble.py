@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.files import RankFiles
@@ -106,25 +106,23 @@ def checkpoint(
     )
 
 
-class Located(Protocol):
-    """Where a scanned tag lives: a `Location`, or what a universal folder's path says of itself."""
+@dataclass(frozen=True)
+class Folder:
+    """A folder that is its own one tag (a universal checkpoint), where `record` otherwise takes a `Location`."""
+
+    root: str
+    tag: str
+    tag_dir: str
+    layout: str
+    other_runs: tuple[str, ...] = ()
 
     @property
-    def root(self) -> str: ...
-    @property
-    def tag(self) -> str: ...
-    @property
-    def tags(self) -> tuple[str, ...]: ...
-    @property
-    def tag_dir(self) -> str: ...
-    @property
-    def layout(self) -> str: ...
-    @property
-    def other_runs(self) -> tuple[str, ...]: ...
+    def tags(self) -> tuple[str, ...]:
+        return (self.tag,)
 
 
 def record(
-    loc: Located,
+    loc: Location | Folder,
     model: ModelStates,
     *,
     stage: int,

@@ -12,7 +12,6 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError
@@ -20,7 +19,7 @@ from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.names import name_problem
 from inspector.parse.states import ModelStates
 from inspector.parse.universal import UniversalOptimizer, param_tensor, step_value
-from inspector.scan.assemble import record
+from inspector.scan.assemble import Folder, record
 from inspector.scan.locate import chosen_source, read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
@@ -310,7 +309,7 @@ def _checkpoint(
     )
     root, tag = os.path.split(folder)
     return record(
-        _Folder(root, tag, folder),
+        Folder(root, tag, folder, "universal"),
         model,
         stage=stage,
         world_size=model.dp_world_size or 0,
@@ -326,18 +325,3 @@ def _checkpoint(
         tensors=tensors,
         findings=findings,
     )
-
-
-@dataclass(frozen=True)
-class _Folder:
-    """A universal folder where `record` asks for the located tag: the folder is its own one tag."""
-
-    root: str
-    tag: str
-    tag_dir: str
-    layout: str = "universal"
-    other_runs: tuple[str, ...] = ()
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        return (self.tag,)
