@@ -12,7 +12,6 @@ ds_to_universal's is checked in tox -e py (tests/convert/kinds/test_universal_au
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 from inspector.convert.reader import read_tensor
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.interop.universal_resume import assert_committed, resumed
+from tests.interop.universal_resume import assert_committed, resumed, with_universal
 from tests.scan.layout_cases import ckpt_dir, expected
 
 pytestmark = pytest.mark.interop
@@ -52,10 +51,7 @@ def test_deepspeed_resumes_it_on_fewer_ranks(
 ) -> None:
     # DeepSpeed orders MoE groups from a set: every rank must hash alike, or their collectives disagree
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    root = tmp_path / "ckpt"
-    shutil.copytree(ckpt_dir(FIXTURE), root)
-    proc = inspector_cli("convert", str(root), str(root), "--format", "universal")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = with_universal(FIXTURE, tmp_path, inspector_cli)
     got = _resume(root, tmp_path, interop_cache)
     ckpt, live = scan(str(ckpt_dir(FIXTURE))), expected(FIXTURE)
     checked, experts = 0, 0

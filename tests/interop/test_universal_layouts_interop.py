@@ -23,7 +23,6 @@ output is still what it writes.
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from inspector.convert.reader import read_tensor
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
 from tests.interop.conftest import _heavy_lock, _run_logged
-from tests.interop.universal_resume import assert_committed, resumed, torchrun
+from tests.interop.universal_resume import assert_committed, resumed, torchrun, with_universal
 from tests.scan.layout_cases import ckpt_dir, expected
 
 pytestmark = pytest.mark.interop
@@ -76,10 +75,7 @@ def test_deepspeed_resumes_it_at_another_layout(
 ) -> None:
     # DeepSpeed orders MoE groups from a set: every rank must hash alike, or their collectives disagree
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    root = tmp_path / "ckpt"
-    shutil.copytree(ckpt_dir(layout), root)
-    proc = inspector_cli("convert", str(root), str(root), "--format", "universal")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = with_universal(layout, tmp_path, inspector_cli)
     got = _resume(layout, root, tmp_path, interop_cache)
     ckpt = scan(str(ckpt_dir(layout)))
     live = expected(layout)
@@ -140,9 +136,7 @@ def test_deepspeed_at_zero_off_with_moe_never_reads_the_universal_folders_zero(
     expert-parallel ranks' ZeRO-off optimizer files in the universal folder instead of zero/, and fails."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     config = f"moe_z2_{dtype}"  # one MoE layer, EP 2
-    root = tmp_path / "ckpt"
-    shutil.copytree(ckpt_dir(config), root)
-    assert inspector_cli("convert", str(root), str(root), "--format", "universal").returncode == 0
+    root = with_universal(config, tmp_path, inspector_cli)
     cmd = [*torchrun(2), str(RESUME), "moe", str(root), str(tmp_path / "r.pt")]
     cmd += ["--ep", "2", "--zero", "0", "--dtype", dtype]
     with _heavy_lock(interop_cache), pytest.raises(RuntimeError):

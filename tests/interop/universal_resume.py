@@ -3,6 +3,7 @@ once in a clean folder, and the check that a reference DeepSpeed wrote today is 
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -12,6 +13,17 @@ import numpy as np
 import torch
 
 from tests.interop.conftest import _free_port, _heavy_lock, _run_logged
+from tests.scan.layout_cases import ckpt_dir
+
+
+def with_universal(fixture: str, tmp_path: Path, inspector_cli: Any) -> Path:
+    """Layout fixture `fixture` copied to tmp_path/ckpt with our universal checkpoint written beside its tag
+    (`convert --format universal`): the folder a resume loads."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir(fixture), root)
+    proc = inspector_cli("convert", str(root), str(root), "--format", "universal")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
 
 
 def torchrun(ranks: int) -> list[str]:
