@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -13,7 +13,7 @@ from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout
 from inspector.scan.locate import Location
 from inspector.scan.metadata import dtype_of, file_size, item
-from inspector.scan.model import Checkpoint, FileInfo, Finding, GroupInfo, RankInfo, TensorInfo
+from inspector.scan.model import Checkpoint, FileInfo, Finding, GroupInfo, Parallel, RankInfo, TensorInfo
 
 
 @dataclass(frozen=True)
@@ -85,31 +85,88 @@ def checkpoint(
 ) -> Checkpoint:
     """Assemble the scan's result."""
     model, osd0, layout = got.model, got.osd0, got.layout
-    groups: tuple[GroupInfo, ...] = layout.groups if layout else ()
     step = osd0.steps[0] if osd0 and osd0.steps else None
+    return record(
+        loc,
+        model,
+        stage=_stage(model.ds_config, osd0, got.stage3),
+        world_size=got.ws,
+        optimizer=_optimizer(osd0, got.stage3),
+        compute_dtype=_compute_dtype(model, files),
+        master_dtype=layout.master_dtype if layout else "float32",
+        optimizer_step=item(step),
+        loss_scale=osd0.loss_scale if osd0 else None,
+        dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
+        files=_files(files, got.stage3),
+        ranks=_ranks(files, layout, got.ws, got.stage3),
+        groups=layout.groups if layout else (),
+        tensors=tensors,
+        findings=findings,
+        module_copy_bytes=_module_copy_bytes(model),
+    )
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A folder that is its own one tag (a universal checkpoint), where `record` otherwise takes a `Location`."""
+
+    root: str
+    tag: str
+    tag_dir: str
+    layout: str
+    other_runs: tuple[str, ...] = ()
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return (self.tag,)
+
+
+def record(
+    loc: Location | Folder,
+    model: ModelStates,
+    *,
+    stage: int,
+    world_size: int,
+    optimizer: str,
+    compute_dtype: str,
+    master_dtype: str,
+    optimizer_step: int | None,
+    loss_scale: float | None,
+    dynamic_loss_scale: bool | None,
+    files: Iterable[FileInfo],
+    ranks: Iterable[RankInfo],
+    groups: Iterable[GroupInfo],
+    tensors: Iterable[TensorInfo],
+    findings: Iterable[Finding],
+    module_copy_bytes: int = 0,
+    parallel: Parallel | None = None,
+) -> Checkpoint:
+    """The one place every scanner (ZeRO, pipeline, ZeRO-off MoE, universal) builds its `Checkpoint`: where
+    the tag is and what the first model-states record says are filled the same way for all of them."""
     return Checkpoint(
         root=loc.root,
         tag=loc.tag,
         tags=loc.tags,
         tag_dir=loc.tag_dir,
         layout=loc.layout,
-        stage=_stage(model.ds_config, osd0, got.stage3),
-        world_size=got.ws,
-        optimizer=_optimizer(osd0, got.stage3),
-        compute_dtype=_compute_dtype(model, files),
-        module_copy_bytes=_module_copy_bytes(model),
-        master_dtype=layout.master_dtype if layout else "float32",
+        stage=stage,
+        world_size=world_size,
+        optimizer=optimizer,
+        compute_dtype=compute_dtype,
+        master_dtype=master_dtype,
         deepspeed_version=model.ds_version,
         global_steps=model.global_steps,
         global_samples=model.global_samples,
-        optimizer_step=item(step),
-        loss_scale=osd0.loss_scale if osd0 else None,
-        dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
-        files=tuple(_files(files, got.stage3)),
-        ranks=tuple(_ranks(files, layout, got.ws, got.stage3)),
-        groups=groups,
+        optimizer_step=optimizer_step,
+        loss_scale=loss_scale,
+        dynamic_loss_scale=dynamic_loss_scale,
+        files=tuple(files),
+        ranks=tuple(ranks),
+        groups=tuple(groups),
         tensors=tuple(tensors),
         findings=tuple(findings),
         ds_config=MappingProxyType(dict(model.ds_config)),
         other_runs=loc.other_runs,
+        module_copy_bytes=module_copy_bytes,
+        parallel=parallel,
     )

@@ -37,7 +37,7 @@ from inspector.scan.layout import Layout, ParamShapes, stage3_layout
 from inspector.scan.locate import Location
 from inspector.scan.metadata import stage3_rank_proof
 from inspector.scan.model import Checkpoint, Finding, GroupInfo, Parallel, RankGroup, Severity
-from inspector.scan.zero import ZeroScanner
+from inspector.scan.zero import Read, ZeroScanner
 
 
 def is_autoep(loc: Location, files: RankFiles) -> bool:
@@ -81,26 +81,15 @@ class _AutoEPScanner(ZeroScanner):
     expert_groups: frozenset[int] = frozenset()
     layers: tuple[AutoEPLayer, ...] = ()
 
-    def _layout(
-        self,
-        model: ModelStates,
-        models: dict[int, ModelStates | None],
-        optims: dict[int, OptimStates | None],
-        osd0: OptimStates | None,
-        ws: int,
-        stage3: bool,
-        param_shapes: ParamShapes | None,
-    ) -> Layout | None:
-        complete = all(
-            optims.get(r) is not None and (not stage3 or models.get(r) is not None) for r in range(ws)
-        )
-        if not complete or not param_shapes:
-            return super()._layout(model, models, optims, osd0, ws, stage3, param_shapes)
-        states = [o for r in range(ws) if (o := optims[r]) is not None]
+    def _layout(self, read: Read) -> Layout | None:
+        param_shapes, states = read.param_shapes, read.states()
+        if not read.complete or not param_shapes:
+            return super()._layout(read)
         try:
-            if stage3:
-                lay = self._build(param_shapes, states, [self._rank(r, models, optims) for r in range(ws)])
-            elif model.ds_config.get("use_data_before_expert_parallelism"):
+            if read.stage3:
+                ranks = [self._rank(r, read.models, read.optims) for r in range(read.ws)]
+                lay = self._build(param_shapes, states, ranks)
+            elif read.model.ds_config.get("use_data_before_expert_parallelism"):
                 raise UnsupportedCheckpointError(
                     "This AutoEP run set use_data_before_expert_parallelism: its ZeRO-1/2 files do not say "
                     "which ranks held which experts, and the usual rank rule does not apply.",

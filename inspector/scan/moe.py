@@ -34,7 +34,7 @@ from inspector.scan.model import (
     Segment,
     Severity,
 )
-from inspector.scan.zero import ZeroScanner
+from inspector.scan.zero import Read, ZeroScanner
 from inspector.system.bytesource import ByteSource
 
 EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
@@ -59,27 +59,18 @@ def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
 class _MoEScanner(ZeroScanner):
     parallel: Parallel | None = None
 
-    def _layout(
-        self,
-        model: ModelStates,
-        models: dict[int, ModelStates | None],
-        optims: dict[int, OptimStates | None],
-        osd0: OptimStates | None,
-        ws: int,
-        stage3: bool,
-        param_shapes: ParamShapes | None,
-    ) -> Layout | None:
-        if stage3 or not param_shapes or any(optims.get(r) is None for r in range(ws)):
-            return super()._layout(model, models, optims, osd0, ws, stage3, param_shapes)
-        states = [o for r in range(ws) if (o := optims[r]) is not None]
+    def _layout(self, read: Read) -> Layout | None:
+        param_shapes = read.param_shapes
+        if read.stage3 or not param_shapes or not read.complete:
+            return super()._layout(read)
         try:
-            lay, parallel = _moe_layout(param_shapes, states, self.files, self.loc.source)
+            lay, parallel = _moe_layout(param_shapes, read.states(), self.files, self.loc.source)
         except InspectorError as exc:
             self.add(Severity.ERROR, "layout", exc.message, self.loc.tag_dir, exc.hint)
             return None
         self.parallel = parallel
         self.findings += lay.findings
-        self.findings += missing_experts(model, self.files, self.loc.tag_dir, self.loc.source)
+        self.findings += missing_experts(read.model, self.files, self.loc.tag_dir, self.loc.source)
         return lay
 
 

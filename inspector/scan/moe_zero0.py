@@ -22,6 +22,7 @@ from inspector.errors import NotACheckpointError, UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16, UnfusedParam
 from inspector.parse.states import ModelStates
+from inspector.scan.assemble import record
 from inspector.scan.files import RankFiles, load_or_finding
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
 from inspector.scan.metadata import file_size, item
@@ -331,30 +332,22 @@ class _Zero0:
         first = o0.groups[0][0] if o0 and o0.groups and o0.groups[0] else None
         copies = [t.module_copy[0].dtype for t in tensors if t.module_copy]
         dp = model.dp_world_size or ep
-        return Checkpoint(
-            root=self.loc.root,
-            tag=self.loc.tag,
-            tags=self.loc.tags,
-            tag_dir=self.loc.tag_dir,
-            layout=self.loc.layout,
+        return record(
+            self.loc,
+            model,
             stage=0,
             world_size=max(dp, ep),
             optimizer="FP16_UnfusedOptimizer",
             compute_dtype=copies[0] if copies else "float32",
             master_dtype="float32",
-            deepspeed_version=model.ds_version,
-            global_steps=model.global_steps,
-            global_samples=model.global_samples,
             optimizer_step=item(first.step) if first else None,
             loss_scale=o0.loss_scale if o0 else None,
             dynamic_loss_scale=None,
-            files=tuple(files),
-            ranks=tuple(ranks),
-            groups=tuple(groups),
-            tensors=tuple(tensors),
-            findings=tuple(self.findings),
-            ds_config=model.ds_config,
-            other_runs=self.loc.other_runs,
+            files=files,
+            ranks=ranks,
+            groups=groups,
+            tensors=tensors,
+            findings=self.findings,
             module_copy_bytes=sum(s.nbytes for t in tensors for s in t.module_copy),
             parallel=Parallel(
                 "expert", ep=ep, dp=max(dp, ep), holders=self._holders(tensors, ep, max(dp, ep))

@@ -19,6 +19,7 @@ from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
 from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.assemble import record
 from inspector.scan.files import load_or_finding
 from inspector.scan.layout import stage12_layout
 from inspector.scan.locate import Location
@@ -320,30 +321,22 @@ class Pipeline:
         )
         master = next((st.layout.master_dtype for st in self.stages.values() if st.layout), "float32")
         parallel = Parallel("pipeline", pp=pp, dp=dp, holders=tuple(self._holders(dp)))
-        return Checkpoint(
-            root=self.loc.root,
-            tag=self.loc.tag,
-            tags=self.loc.tags,
-            tag_dir=self.loc.tag_dir,
-            layout=self.loc.layout,
+        return record(
+            self.loc,
+            model0,
             stage=st0.zero_stage,
             world_size=pp * dp,
             optimizer=st0.optimizer,
             compute_dtype=compute,
             master_dtype=master,
-            deepspeed_version=model0.ds_version,
-            global_steps=model0.global_steps,
-            global_samples=model0.global_samples,
             optimizer_step=item(step),
             loss_scale=osd0.loss_scale if osd0 else st0.loss_scale,
             dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
-            files=tuple(files),
-            ranks=tuple(ranks),
-            groups=tuple(groups),
-            tensors=tuple(tensors),
-            findings=tuple(self.findings),
-            ds_config=model0.ds_config,
-            other_runs=self.loc.other_runs,
+            files=files,
+            ranks=ranks,
+            groups=groups,
+            tensors=tensors,
+            findings=self.findings,
             module_copy_bytes=sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values()),
             parallel=parallel,
         )

@@ -12,7 +12,6 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError
@@ -20,6 +19,7 @@ from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.names import name_problem
 from inspector.parse.states import ModelStates
 from inspector.parse.universal import UniversalOptimizer, param_tensor, step_value
+from inspector.scan.assemble import Folder, record
 from inspector.scan.locate import chosen_source, read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
@@ -29,7 +29,9 @@ from inspector.text import shown
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
 # other stages or TP shards (under ZeRO-3 each shard's data-parallel ranks write zero_pp_rank_D_mp_rank_TT)
-_PARALLEL_RE = re.compile(r"^(zero_pp_rank_(0|[1-9][0-9]{0,17})_)?mp_rank_(0[1-9]|[1-9][0-9]{1,17})_model_states\.pt$")
+_PARALLEL_RE = re.compile(
+    r"^(zero_pp_rank_(0|[1-9][0-9]{0,17})_)?mp_rank_(0[1-9]|[1-9][0-9]{1,17})_model_states\.pt$"
+)
 
 
 def find_universal(
@@ -130,7 +132,9 @@ def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
         except InspectorError as exc:
             findings.append(Finding(Severity.ERROR, "unreadable", exc.message, pdir, exc.hint))
             continue
-        info = _param_tensor(name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source, parallel)
+        info = _param_tensor(
+            name, pdir, fp32, moments, shapes, frozen_shapes, files, findings, source, parallel
+        )
         if info is not None:
             tensors[name] = info
     _add_module_tensors(tensors, zero, shapes, buffers, module, shared, findings)
@@ -296,32 +300,28 @@ def _checkpoint(
         else (3 if "zero_pp_rank" in files[0].path else 2)
     )
     compute = next(
-        (v for k, v in (("bf16", "bfloat16"), ("fp16", "float16")) if _section(cfg, k).get("enabled") is True),
+        (
+            v
+            for k, v in (("bf16", "bfloat16"), ("fp16", "float16"))
+            if _section(cfg, k).get("enabled") is True
+        ),
         "float32",
     )
     root, tag = os.path.split(folder)
-    ws = model.dp_world_size
-    return Checkpoint(
-        root=root,
-        tag=tag,
-        tags=(tag,),
-        tag_dir=folder,
-        layout="universal",
+    return record(
+        Folder(root, tag, folder, "universal"),
+        model,
         stage=stage,
-        world_size=ws or 0,
+        world_size=model.dp_world_size or 0,
         optimizer="universal",
         compute_dtype=compute,
         master_dtype="float32",
-        deepspeed_version=model.ds_version,
-        global_steps=model.global_steps,
-        global_samples=model.global_samples,
         optimizer_step=step,
         loss_scale=osd.loss_scale if osd else None,
         dynamic_loss_scale=osd.dynamic_loss_scale if osd else None,
-        files=tuple(files),
+        files=files,
         ranks=(),
         groups=(),
-        tensors=tuple(tensors),
-        findings=tuple(findings),
-        ds_config=MappingProxyType(dict(cfg)),
+        tensors=tensors,
+        findings=findings,
     )

@@ -6,6 +6,7 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
@@ -18,6 +19,31 @@ from inspector.scan.locate import Location
 from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
+
+
+@dataclass(frozen=True)
+class Read:
+    """What a ZeRO scan has read when it lays the flat groups out: the `_layout` hook's one argument."""
+
+    model: ModelStates  # rank 0's model states
+    models: dict[int, ModelStates | None]  # every rank's (stage 3), rank 0's alone otherwise
+    optims: dict[int, OptimStates | None]
+    osd0: OptimStates | None  # the first optimizer states that parsed
+    ws: int
+    stage3: bool
+    param_shapes: ParamShapes | None
+
+    @property
+    def complete(self) -> bool:
+        """Every rank's optimizer states parsed, and under stage 3 its model states too."""
+        return all(
+            self.optims.get(r) is not None and (not self.stage3 or self.models.get(r) is not None)
+            for r in range(self.ws)
+        )
+
+    def states(self) -> list[OptimStates]:
+        """The ranks' optimizer states that parsed, in rank order."""
+        return [o for r in range(self.ws) if (o := self.optims.get(r)) is not None]
 
 
 class ZeroScanner:
@@ -65,7 +91,7 @@ class ZeroScanner:
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
         param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
-        layout = self._layout(model, models, optims, osd0, ws, stage3, param_shapes)
+        layout = self._layout(Read(model, models, optims, osd0, ws, stage3, param_shapes))
         if layout is not None and param_shapes and not self.findings_have_errors():
             states = [o for o in optims.values() if o is not None]
             self.findings += copied_ranks(states, self.loc.source)
@@ -131,27 +157,15 @@ class ZeroScanner:
                 "Copy the complete checkpoint folder; every model-parallel rank writes its own files.",
             )
 
-    def _layout(
-        self,
-        model: ModelStates,
-        models: dict[int, ModelStates | None],
-        optims: dict[int, OptimStates | None],
-        osd0: OptimStates | None,
-        ws: int,
-        stage3: bool,
-        param_shapes: ParamShapes | None,
-    ) -> Layout | None:
+    def _layout(self, read: Read) -> Layout | None:
         """Where every trainable parameter lives, if the rank files allow it; otherwise a finding says why."""
         tag_dir = self.loc.tag_dir
-        complete = all(optims.get(r) is not None for r in range(ws)) and (
-            not stage3 or all(models.get(r) is not None for r in range(ws))
-        )
+        complete, param_shapes, osd0 = read.complete, read.param_shapes, read.osd0
         layout: Layout | None = None
         if osd0 is not None and complete and param_shapes:
-            states = [o for r in range(ws) if (o := optims[r]) is not None]
-            build = stage3_layout if stage3 else stage12_layout
+            build = stage3_layout if read.stage3 else stage12_layout
             try:
-                layout = build(param_shapes, states)
+                layout = build(param_shapes, read.states())
             except InspectorError as exc:
                 self.add(Severity.ERROR, "layout", exc.message, tag_dir, exc.hint)
             if layout is not None:
@@ -162,7 +176,7 @@ class ZeroScanner:
                 "no-param-shapes",
                 "The model states hold no param_shapes, so the flat "
                 "optimizer partitions cannot be split into parameters.",
-                model.file,
+                read.model.file,
                 "This checkpoint predates DeepSpeed 0.3.14 or was not written by a ZeRO engine.",
             )
         elif not complete:

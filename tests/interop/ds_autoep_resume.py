@@ -82,17 +82,12 @@ def main() -> None:
     if args.zero == 3:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    path, _ = engine.load_checkpoint(args.load)
-    if path is None:
-        raise SystemExit(f"load_checkpoint found nothing under {args.load}")
+    made.resume(engine, args.load)
     mine = _loaded(engine)
     got: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(got, mine)
     if dist.get_rank() == 0:
-        state: dict[str, Any] = {"steps": sorted({s for part in got for s in part.pop("steps")})}
-        for part in got:
-            for k, v in part.items():
-                state.setdefault(k, v)
+        state = made.merged(got)
         state["global_steps"] = int(engine.global_steps)
         torch.save(state, args.result)
     dist.barrier()

@@ -174,9 +174,7 @@ def main() -> None:
     config = made.config(args, 2, checkpoint={"load_universal": True})
     build = {"tp": _tp_engine, "pipe": _pipe_engine, "pptp": _pptp_engine, "moe": _moe_engine}[args.kind]
     engine = build(args, config)
-    path, _ = engine.load_checkpoint(args.load)
-    if path is None:
-        raise SystemExit(f"load_checkpoint found nothing under {args.load}")
+    made.resume(engine, args.load)
     shard = f"shard/{os.environ['ZI_TP_RANK']}/" if args.kind == "pptp" and args.tp > 1 else ""
     if args.kind == "tp" and args.tp > 1:  # AutoTP: each rank holds its shard of the split parameters
         from deepspeed.utils import groups
@@ -188,14 +186,7 @@ def main() -> None:
     dist.all_gather_object(got, mine)
     loss = _train_one(args.kind, engine)
     if dist.get_rank() == 0:
-        state: dict[str, Any] = {}
-        for part in got:
-            for k, v in part.items():
-                if k == "steps":
-                    state.setdefault(k, set()).update(v)
-                else:
-                    state.setdefault(k, v)
-        state["steps"] = sorted(state["steps"])
+        state = made.merged(got)
         if args.kind in ("pptp", "tp") and args.tp > 1:
             _joined(state, args.tp, autotp=args.kind == "tp")
         state["loss_after"] = loss

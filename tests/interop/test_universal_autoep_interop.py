@@ -12,19 +12,16 @@ ds_to_universal's is checked in tox -e py (tests/convert/kinds/test_universal_au
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from inspector.convert.reader import read_tensor
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.interop.conftest import _free_port, _heavy_lock, _run_logged
+from tests.interop.universal_resume import assert_committed, resumed, with_universal
 from tests.scan.layout_cases import ckpt_dir, expected
 
 pytestmark = pytest.mark.interop
@@ -34,21 +31,12 @@ FIXTURE = "autoep_z3_bf16_ws4"
 
 
 def _resume(out: Path, tmp_path: Path, interop_cache: Path) -> dict[str, Any]:
-    """Run the resume once, retried once in a clean folder on a fresh port (a gloo rank on the CPU can abort
-    at teardown after its work, as test_layouts_interop saw)."""
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    for attempt in (1, 2):
-        result = tmp_path / f"resumed-{attempt}.pt"
-        cmd = [torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port"]
-        cmd += [str(_free_port()), str(RESUME), str(out), str(result), "--zero", "3", "--ep", "2"]
-        try:
-            with _heavy_lock(interop_cache):
-                _run_logged(cmd, tmp_path / f"resume-{attempt}.log", f"DeepSpeed resume of {FIXTURE}", 300)
-            return dict(torch.load(result, weights_only=False))
-        except RuntimeError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    """The resume on 2 ranks, EP 2, ZeRO-3."""
+
+    def args(result: Path) -> list[str]:
+        return [str(out), str(result), "--zero", "3", "--ep", "2"]
+
+    return resumed(2, RESUME, args, FIXTURE, tmp_path, interop_cache)
 
 
 def _pairs(got: dict[str, Any], state: str, name: str, whole: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -63,10 +51,7 @@ def test_deepspeed_resumes_it_on_fewer_ranks(
 ) -> None:
     # DeepSpeed orders MoE groups from a set: every rank must hash alike, or their collectives disagree
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    root = tmp_path / "ckpt"
-    shutil.copytree(ckpt_dir(FIXTURE), root)
-    proc = inspector_cli("convert", str(root), str(root), "--format", "universal")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = with_universal(FIXTURE, tmp_path, inspector_cli)
     got = _resume(root, tmp_path, interop_cache)
     ckpt, live = scan(str(ckpt_dir(FIXTURE))), expected(FIXTURE)
     checked, experts = 0, 0
@@ -97,10 +82,4 @@ def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: 
     assert spec is not None and spec.loader is not None
     make_refs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_refs)
-    today = make_refs.reference(layout)
-    with np.load(path.parent / f"{layout}.npz") as z:
-        committed = {k: z[k] for k in z.files}
-    assert sorted(today) == sorted(committed)
-    for k, v in committed.items():
-        mine = np.asarray(today[k])
-        assert mine.dtype == v.dtype and mine.shape == v.shape and mine.tobytes() == v.tobytes(), k
+    assert_committed(make_refs.reference(layout), path.parent / f"{layout}.npz")

@@ -23,7 +23,6 @@ output is still what it writes.
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,8 @@ import torch
 from inspector.convert.reader import read_tensor
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.interop.conftest import _free_port, _heavy_lock, _run_logged
+from tests.interop.conftest import _heavy_lock, _run_logged
+from tests.interop.universal_resume import assert_committed, resumed, torchrun, with_universal
 from tests.scan.layout_cases import ckpt_dir, expected
 
 pytestmark = pytest.mark.interop
@@ -58,19 +58,11 @@ def _resume(config: str, out: Path, tmp_path: Path, interop_cache: Path) -> dict
     at teardown after its work, as test_layouts_interop saw)."""
     ranks, opts = CASES[config]
     kind, *rest = opts
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    for attempt in (1, 2):
-        result = tmp_path / f"resumed-{attempt}.pt"
-        cmd = [torchrun, "--nproc_per_node", str(ranks), "--master_addr", "127.0.0.1"]
-        cmd += ["--master_port", str(_free_port()), str(RESUME), kind, str(out), str(result), *rest]
-        try:
-            with _heavy_lock(interop_cache):
-                _run_logged(cmd, tmp_path / f"resume-{attempt}.log", f"DeepSpeed resume of {config}", 300)
-            return dict(torch.load(result, weights_only=False))
-        except RuntimeError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+
+    def args(result: Path) -> list[str]:
+        return [kind, str(out), str(result), *rest]
+
+    return resumed(ranks, RESUME, args, config, tmp_path, interop_cache)
 
 
 @pytest.mark.parametrize("layout", sorted(CASES))
@@ -83,10 +75,7 @@ def test_deepspeed_resumes_it_at_another_layout(
 ) -> None:
     # DeepSpeed orders MoE groups from a set: every rank must hash alike, or their collectives disagree
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    root = tmp_path / "ckpt"
-    shutil.copytree(ckpt_dir(layout), root)
-    proc = inspector_cli("convert", str(root), str(root), "--format", "universal")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    root = with_universal(layout, tmp_path, inspector_cli)
     got = _resume(layout, root, tmp_path, interop_cache)
     ckpt = scan(str(ckpt_dir(layout)))
     live = expected(layout)
@@ -135,12 +124,7 @@ def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: 
     )
     with np.load(out) as z:
         today = {k: z[k] for k in z.files}
-    with np.load(path.parent / f"{layout}.npz") as z:
-        committed = {k: z[k] for k in z.files}
-    assert sorted(today) == sorted(committed)
-    for k, v in committed.items():
-        mine = np.asarray(today[k])
-        assert mine.dtype == v.dtype and mine.shape == v.shape and mine.tobytes() == v.tobytes(), k
+    assert_committed(today, path.parent / f"{layout}.npz")
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -152,31 +136,9 @@ def test_deepspeed_at_zero_off_with_moe_never_reads_the_universal_folders_zero(
     expert-parallel ranks' ZeRO-off optimizer files in the universal folder instead of zero/, and fails."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     config = f"moe_z2_{dtype}"  # one MoE layer, EP 2
-    root = tmp_path / "ckpt"
-    shutil.copytree(ckpt_dir(config), root)
-    assert inspector_cli("convert", str(root), str(root), "--format", "universal").returncode == 0
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    cmd = [
-        torchrun,
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-    ]
-    cmd += [
-        str(RESUME),
-        "moe",
-        str(root),
-        str(tmp_path / "r.pt"),
-        "--ep",
-        "2",
-        "--zero",
-        "0",
-        "--dtype",
-        dtype,
-    ]
+    root = with_universal(config, tmp_path, inspector_cli)
+    cmd = [*torchrun(2), str(RESUME), "moe", str(root), str(tmp_path / "r.pt")]
+    cmd += ["--ep", "2", "--zero", "0", "--dtype", dtype]
     with _heavy_lock(interop_cache), pytest.raises(RuntimeError):
         _run_logged(cmd, tmp_path / "resume.log", "DeepSpeed stage-0 MoE resume", 300)
     log = (tmp_path / "resume.log").read_text(errors="replace")

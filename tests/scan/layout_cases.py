@@ -34,6 +34,26 @@ def writable(name: str, dest: Path) -> Path:
     return dest
 
 
+def flip_bit(path: str | Path, offset: int) -> None:
+    """The lowest bit of the byte at `offset` of `path` flipped: one value damaged, the file still parses."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        first = f.read(1)
+        f.seek(offset)
+        f.write(bytes([first[0] ^ 1]))
+
+
+def scan_without(name: str, tmp_path: Path, *files: str, tag: str = "global_step3") -> Checkpoint:
+    """Fixture `name` copied under tmp_path, `files` removed from its tag folder, then scanned: the damage
+    tests' one setup."""
+    from inspector.scan.scanner import scan
+
+    root = writable(name, tmp_path / "ck")
+    for f in files:
+        os.remove(root / tag / f)
+    return scan(str(root))
+
+
 def expected(name: str | Path) -> dict[str, np.ndarray]:
     """The live engines' values: a committed fixture's (by name) or a freshly made one's (its folder)."""
     folder = name if isinstance(name, Path) else FIXTURES / name

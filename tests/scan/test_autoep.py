@@ -5,7 +5,6 @@ as findings."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, writable
+from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, scan_without, writable
 
 TAG = "global_step3"
 EXPERTS = "model.layers.0.mlp.experts"
@@ -76,17 +75,13 @@ def test_expert_moments_follow_the_experts() -> None:
 
 
 def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
-    root = writable("autoep_z3_bf16_ws4", tmp_path / "ck")
-    os.remove(root / TAG / "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without("autoep_z3_bf16_ws4", tmp_path, "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt")
     assert any(f.code == "missing-rank" and "rank 3" in f.message for f in ckpt.errors)
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
 
 
 def test_a_missing_model_states_file_is_named(tmp_path: Path) -> None:
-    root = writable("autoep_z3_bf16", tmp_path / "ck")
-    os.remove(root / TAG / "zero_pp_rank_1_mp_rank_00_model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without("autoep_z3_bf16", tmp_path, "zero_pp_rank_1_mp_rank_00_model_states.pt")
     assert any(f.code == "missing-rank" and "rank 1" in f.message for f in ckpt.errors)
 
 
@@ -154,9 +149,7 @@ def test_an_unknown_format_version_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_a_missing_expert_file_is_named(tmp_path: Path) -> None:
-    root = writable("autoep_z2_bf16", tmp_path / "ck")
-    os.remove(root / TAG / "layer_0_expert_3_mp_rank_00_model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without("autoep_z2_bf16", tmp_path, "layer_0_expert_3_mp_rank_00_model_states.pt")
     assert [f.code for f in ckpt.errors] == ["missing-expert"]
     assert "expert 3 of AutoEP layer model.layers.0.mlp" in ckpt.errors[0].message
     assert not ckpt.tensor(f"{EXPERTS}.w1").module_copy  # the masters are still whole

@@ -13,7 +13,7 @@ from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, writable
+from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, flip_bit, scan_without, writable
 
 TAG = "global_step3"
 EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
@@ -68,17 +68,13 @@ def test_the_fixture_lists_expert_groups_in_another_order_on_another_rank(name: 
 
 
 def test_a_missing_expert_file_is_named(tmp_path: Path) -> None:
-    root = writable("moe_z2_bf16", tmp_path / "ck")
-    os.remove(root / TAG / "layer_0_expert_3_mp_rank_00_model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without("moe_z2_bf16", tmp_path, "layer_0_expert_3_mp_rank_00_model_states.pt")
     assert [f.code for f in ckpt.errors] == ["missing-expert"]
     assert "expert 3 of MoE layer 0" in ckpt.errors[0].message
 
 
 def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
-    root = writable("moe_z2_bf16_ws4", tmp_path / "ck")
-    os.remove(root / TAG / "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without("moe_z2_bf16_ws4", tmp_path, "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt")
     assert any(f.code == "missing-rank" and "rank 3" in f.message for f in ckpt.errors)
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
 
@@ -145,10 +141,12 @@ def test_zero_off_masters_in_another_order_are_refused_not_misnamed(tmp_path: Pa
 
 
 def test_zero_off_missing_expert_rank_and_expert_file_are_named(tmp_path: Path) -> None:
-    root = writable("moe_z0_fp16", tmp_path / "ck")
-    os.remove(root / TAG / "expp_rank_1_mp_rank_00_optim_states.pt")
-    os.remove(root / TAG / "layer_0_expert_0_mp_rank_00_model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without(
+        "moe_z0_fp16",
+        tmp_path,
+        "expp_rank_1_mp_rank_00_optim_states.pt",
+        "layer_0_expert_0_mp_rank_00_model_states.pt",
+    )
     assert sorted(f.code for f in ckpt.errors) == ["missing-expert", "missing-rank"]
     assert any("expert-parallel rank 1" in f.message for f in ckpt.errors)
     assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
@@ -164,11 +162,7 @@ def test_zero_off_dense_replicas_that_differ_are_an_error(tmp_path: Path) -> Non
     parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
     assert parsed is not None
     head = parsed.groups[0][2].master  # head.weight's master on rank 1
-    with open(path, "r+b") as f:
-        f.seek(head.offset)
-        first = f.read(1)
-        f.seek(head.offset)
-        f.write(bytes([first[0] ^ 1]))
+    flip_bit(path, head.offset)
     ckpt = scan(str(root))
     assert [(f.code, f.file) for f in ckpt.errors] == [("replica-differ", str(path))]
     assert "head.weight" in ckpt.errors[0].message

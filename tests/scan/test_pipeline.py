@@ -13,7 +13,7 @@ from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Kind, Severity
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, writable
+from tests.scan.layout_cases import assert_exact, ckpt_dir, flip_bit, scan_without, writable
 
 TAG = "global_step3"
 EXACT = {  # fixture -> (data-parallel ranks per stage, optimizer, compute dtype)
@@ -59,11 +59,7 @@ def test_a_tied_weight_that_differs_between_stages_is_an_error(tmp_path: Path) -
     root = writable("pp_z1_bf16", tmp_path / "ck")
     path = _stage1_optim(root)
     master = OptimStates.parse(load_tree(path), path, False).groups[0].master  # tied weight comes first
-    with open(path, "r+b") as f:
-        f.seek(master.offset)
-        byte = f.read(1)
-        f.seek(master.offset)
-        f.write(bytes([byte[0] ^ 0x01]))
+    flip_bit(path, master.offset)
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["tied-differ"]
     assert "tied_modules.embed.weight" in ckpt.errors[0].message
@@ -131,9 +127,7 @@ def test_a_crafted_layer_file_name_is_refused(tmp_path: Path) -> None:
 def test_a_missing_layer_file_is_named(tmp_path: Path) -> None:
     """Layer 2's file holds its 16-bit weights and its buffer alone: without it the scan says so (before, only
     a warning about the buffer told, and a frozen parameter of that layer would have vanished unnoticed)."""
-    root = writable("pp_z1_bf16", tmp_path / "ck")
-    os.remove(root / TAG / "layer_02-model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without("pp_z1_bf16", tmp_path, "layer_02-model_states.pt")
     assert [f.code for f in ckpt.errors] == ["missing-layer"]
     assert "layer 2 (layer_02-model_states.pt)" in ckpt.errors[0].message
 

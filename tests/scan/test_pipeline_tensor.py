@@ -15,7 +15,15 @@ from inspector.scan.locate import locate
 from inspector.scan.model import Kind
 from inspector.scan.pipeline import Pipeline
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, convert, expected, writable
+from tests.scan.layout_cases import (
+    assert_exact,
+    ckpt_dir,
+    convert,
+    expected,
+    flip_bit,
+    scan_without,
+    writable,
+)
 
 NAME = "pptp_z1_bf16"
 TAG = "global_step3"
@@ -78,9 +86,7 @@ def test_a_missing_tensor_parallel_shard_is_named(tmp_path: Path) -> None:
 
 def test_a_missing_stage_of_one_shard_is_named(tmp_path: Path) -> None:
     """Stage 1 of tensor-parallel rank 1 is mp_rank_03 (stage x tp + rank)."""
-    root = writable(NAME, tmp_path / "ck")
-    os.remove(root / TAG / "mp_rank_03_model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without(NAME, tmp_path, "mp_rank_03_model_states.pt")
     codes = {f.code for f in ckpt.errors}
     assert "missing-stage" in codes, ckpt.errors
     assert any("mp_rank_03" in f.message for f in ckpt.errors)
@@ -91,28 +97,20 @@ def test_a_replicated_parameter_that_differs_between_shards_is_an_error(tmp_path
     root = writable(NAME, tmp_path / "ck")
     shard1 = Pipeline(locate(str(root)), 1, 2).build()  # tensor-parallel rank 1's pipeline alone
     seg = shard1.tensor("5.bias").segments[0]
-    with open(seg.file, "r+b") as f:  # one bit of its fp32 master flipped
-        f.seek(seg.offset)
-        first = f.read(1)
-        f.seek(seg.offset)
-        f.write(bytes([first[0] ^ 1]))
+    flip_bit(seg.file, seg.offset)  # one bit of its fp32 master flipped
     ckpt = scan(str(root))
     assert any(f.code == "tp-mismatch" and "5.bias" in f.message for f in ckpt.errors), ckpt.errors
 
 
 def test_a_missing_layer_file_of_one_shard_is_named(tmp_path: Path) -> None:
-    root = writable(NAME, tmp_path / "ck")
-    os.remove(root / TAG / "layer_03-model_01-model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without(NAME, tmp_path, "layer_03-model_01-model_states.pt")
     assert [f.code for f in ckpt.errors] == ["missing-layer"]
     assert "layer_03-model_01-model_states.pt" in ckpt.errors[0].message
 
 
 def test_a_lost_first_stage_of_another_shard_is_a_finding(tmp_path: Path) -> None:
     """mp_rank_01 is tensor-parallel rank 1's first stage: the folder is still scanned, the loss named."""
-    root = writable(NAME, tmp_path / "ck")
-    os.remove(root / TAG / "mp_rank_01_model_states.pt")
-    ckpt = scan(str(root))
+    ckpt = scan_without(NAME, tmp_path, "mp_rank_01_model_states.pt")
     assert [f.code for f in ckpt.errors] == ["missing-shard"]
     assert (
         ckpt.errors[0].message.startswith("Tensor-parallel rank 1:")

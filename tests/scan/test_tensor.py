@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from inspector.scan.model import Checkpoint
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import FIXTURES, HALF, ckpt_dir, convert, expected, writable
 
@@ -150,7 +151,12 @@ def test_an_unrecorded_split_under_zero3_takes_the_users(tmp_path: Path) -> None
     assert [f.code for f in scan(str(root)).errors] == ["tp-unrecorded"]
     ckpt = scan(str(root), tp_split=SPLIT)
     assert not ckpt.errors
-    masters = {k[5:]: v for k, v in expected("tp_z3_bf16_dp2").items() if k.startswith("fp32/")}
+    _assert_fp32_masters(ckpt, "tp_z3_bf16_dp2", tmp_path)
+
+
+def _assert_fp32_masters(ckpt: Checkpoint, name: str, tmp_path: Path) -> None:
+    """The fp32 conversion holds, bit for bit, every fp32 master fixture `name` recorded (DeepSpeed's merge)."""
+    masters = {k[5:]: v for k, v in expected(name).items() if k.startswith("fp32/")}
     fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
     for n, v in masters.items():
         assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
@@ -175,10 +181,7 @@ def test_the_user_states_an_unrecorded_split(tmp_path: Path, cli) -> None:  # ty
     ].message
     ckpt = scan(str(root), tp_split=SPLIT)
     assert not ckpt.errors
-    masters = {k[5:]: v for k, v in expected("tp_z1_bf16").items() if k.startswith("fp32/")}
-    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
-    for n, v in masters.items():
-        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    _assert_fp32_masters(ckpt, "tp_z1_bf16", tmp_path)
     args = [a for glob, rule in SPLIT for a in ("--tp-split", f"{glob}={rule}")]
     assert cli("convert", root, tmp_path / "out", "--format", "weights", "--dtype", "fp32", *args).rc == 0
     verified = cli("verify", root, tmp_path / "out", *args)
