@@ -150,3 +150,17 @@ async def test_a_stage_tensor_is_marked_with_its_global_rank() -> None:
     files = {Path(s.file).name for s in ckpt.tensor("4.weight").segments}
     assert files == {"bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt"}
     assert rows["4.weight"].endswith(" r3")
+
+
+async def test_the_detail_of_an_expert_says_who_holds_it() -> None:
+    """The cursor on expert 3 of the first MoE layer: the detail panel names its holders too."""
+    app = make_app(path=str(ckpt_dir("moe_z2_bf16_ws4")), live_meters=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        assert tree.reveal(f"{EXPERTS}.3")
+        await pilot.pause()
+        await pilot.pause()
+        detail = plain(app.main.tensors_pane.detail)
+        assert "held by: expert 3 · ranks 1, 3" in detail, detail

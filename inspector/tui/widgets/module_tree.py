@@ -107,6 +107,10 @@ class ModuleTree(Tree[Data]):
         """The data-parallel ranks whose files hold part of tensor `name`."""
         return self._ranks.get(name, [])
 
+    def holders_of(self, path: str) -> str:
+        """Who holds module `path` of a model-parallel checkpoint (`expert 3 · ranks 1, 3`), or ""."""
+        return self._holders.get(path, "")
+
     def unload(self) -> None:
         """No checkpoint: an empty tree (the next `load` fills it)."""
         self.ckpt, self.selected, self.pattern, self._ranks, self._holders = None, set(), None, {}, {}
