@@ -164,3 +164,32 @@ async def test_the_detail_of_an_expert_says_who_holds_it() -> None:
         await pilot.pause()
         detail = plain(app.main.tensors_pane.detail)
         assert "held by: expert 3 · ranks 1, 3" in detail, detail
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor"),
+    [
+        ("moe_z2_bf16_ws4", f"{EXPERTS}.3.0.weight"),  # an expert's master, on expert-DP rank 1 of EP rank 1
+        # AutoEP's fused experts, each expert-parallel rank's slice placed at its global experts
+        ("autoep_z2_bf16_ws4", "model.layers.0.mlp.experts.w1"),
+        ("pp_z1_bf16_dp2", "4.weight"),  # a stage-1 layer
+        ("tp_z2_bf16_dp2", "model.layers.0.mlp.down_proj.weight"),  # joined from two shards along dim 1
+    ],
+)
+async def test_statistics_of_a_model_parallel_tensor(name: str, tensor: str) -> None:
+    """`s` on a tensor that the layout split (an expert, a stage's layer, a TP shard): its statistics, with the
+    16-bit module copy compared against the joined master."""
+    from tests.tui.conftest import wait_for
+
+    app = make_app(path=str(ckpt_dir(name)), live_meters=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        pane = app.main.tensors_pane
+        assert pane.module_tree.reveal(tensor)
+        await pilot.pause()
+        await pilot.pause()
+        await pilot.press("s")
+        await wait_for(pilot, lambda: "module copy vs master" in plain(pane.detail), "statistics")
+        text = plain(pane.detail)
+        assert tensor in text and "abs max" in text and "module copy vs master" in text, text
