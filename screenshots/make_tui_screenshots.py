@@ -115,7 +115,11 @@ def write_moved_run(root: str) -> None:
     for t in ckpt.tensors:
         if t.segments and t.kind is Kind.TRAINABLE:
             values = np.asarray(expected(spec, t.name), dtype=np.float32).reshape(-1)
-            step = 0.02 * (1 + t.name.count("layers.3")) * rng.standard_normal(values.shape[0]).astype(np.float32)
+            step = (
+                0.02
+                * (1 + t.name.count("layers.3"))
+                * rng.standard_normal(values.shape[0]).astype(np.float32)
+            )
             moved = values * (30.0 if t.name == BLOWN else 1.0) + step * np.abs(values).mean()
             overwrite(t.segments, moved)
             if t.module_copy:  # the 16-bit copy follows its master, as after a real step
@@ -138,8 +142,30 @@ async def shoot_health(root: str) -> None:
         print("wrote", os.path.join(HERE, "tui-health.svg"))
 
 
+EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
+
+
+async def shoot_layout(root: str) -> None:
+    """An MoE checkpoint saved by real DeepSpeed (tests/fixtures/layouts/moe_z2_bf16_ws4: ZeRO-2, 4 ranks,
+    EP 2): the Tensors tab with its experts under their global index and the ranks holding each."""
+    app = make_app(path=root, live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _until(pilot, lambda: app.ckpt is not None)
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        tree.reveal(f"moe2.{EXPERTS[4:]}.1")  # the second MoE layer: ep_size 1, each expert on all four ranks
+        await pilot.pause()
+        tree.reveal(f"{EXPERTS}.3")
+        await pilot.pause()
+        await pilot.pause()
+        app.save_screenshot(os.path.join(HERE, "tui-moe-tree.svg"))
+        print("wrote", os.path.join(HERE, "tui-moe-tree.svg"))
+
+
 def main() -> int:
-    tmp = os.path.join(tempfile.gettempdir(), "zero-inspector-screenshots")  # a fixed path: the header shows it
+    tmp = os.path.join(
+        tempfile.gettempdir(), "zero-inspector-screenshots"
+    )  # a fixed path: the header shows it
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         root = os.path.join(tmp, "demo-checkpoint")
@@ -148,6 +174,12 @@ def main() -> int:
         run = os.path.join(tmp, "run")
         write_moved_run(run)
         asyncio.run(shoot_health(run))
+        moe = os.path.join(tmp, "moe-checkpoint")
+        shutil.copytree(
+            os.path.join(os.path.dirname(HERE), "tests", "fixtures", "layouts", "moe_z2_bf16_ws4", "ckpt"),
+            moe,
+        )
+        asyncio.run(shoot_layout(moe))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
