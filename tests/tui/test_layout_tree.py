@@ -152,6 +152,19 @@ async def test_a_stage_tensor_is_marked_with_its_global_rank() -> None:
     assert rows["4.weight"].endswith(" r3")
 
 
+async def test_the_detail_names_a_stage_file_by_its_global_rank() -> None:
+    """The detail panel's "where the bytes live" says rank 3 beside stage 1's `pp_rank_1` file (it said rank 1)."""
+    app = make_app(path=str(ckpt_dir("pp_z1_bf16_dp2")), live_meters=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t")
+        assert app.main.tensors_pane.module_tree.reveal("4.weight")
+        await pilot.pause()
+        await pilot.pause()
+        detail = plain(app.main.tensors_pane.detail)
+        assert "rank 3 bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt" in " ".join(detail.split()), detail
+
+
 async def test_the_detail_of_an_expert_says_who_holds_it() -> None:
     """The cursor on expert 3 of the first MoE layer: the detail panel names its holders too."""
     app = make_app(path=str(ckpt_dir("moe_z2_bf16_ws4")), live_meters=False)
