@@ -115,11 +115,7 @@ def write_moved_run(root: str) -> None:
     for t in ckpt.tensors:
         if t.segments and t.kind is Kind.TRAINABLE:
             values = np.asarray(expected(spec, t.name), dtype=np.float32).reshape(-1)
-            step = (
-                0.02
-                * (1 + t.name.count("layers.3"))
-                * rng.standard_normal(values.shape[0]).astype(np.float32)
-            )
+            step = 0.02 * (1 + t.name.count("layers.3")) * rng.standard_normal(values.shape[0]).astype(np.float32)
             moved = values * (30.0 if t.name == BLOWN else 1.0) + step * np.abs(values).mean()
             overwrite(t.segments, moved)
             if t.module_copy:  # the 16-bit copy follows its master, as after a real step
@@ -163,9 +159,7 @@ async def shoot_layout(root: str) -> None:
 
 
 def main() -> int:
-    tmp = os.path.join(
-        tempfile.gettempdir(), "zero-inspector-screenshots"
-    )  # a fixed path: the header shows it
+    tmp = os.path.join(tempfile.gettempdir(), "zero-inspector-screenshots")  # a fixed path: the header shows it
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         root = os.path.join(tmp, "demo-checkpoint")
@@ -175,10 +169,8 @@ def main() -> int:
         write_moved_run(run)
         asyncio.run(shoot_health(run))
         moe = os.path.join(tmp, "moe-checkpoint")
-        shutil.copytree(
-            os.path.join(os.path.dirname(HERE), "tests", "fixtures", "layouts", "moe_z2_bf16_ws4", "ckpt"),
-            moe,
-        )
+        fixture = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "layouts", "moe_z2_bf16_ws4", "ckpt")
+        shutil.copytree(fixture, moe)  # a real DeepSpeed MoE checkpoint, at a fixed path as the demo
         asyncio.run(shoot_layout(moe))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
