@@ -138,6 +138,26 @@ async def shoot_health(root: str) -> None:
         print("wrote", os.path.join(HERE, "tui-health.svg"))
 
 
+EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
+
+
+async def shoot_layout(root: str) -> None:
+    """An MoE checkpoint saved by real DeepSpeed (tests/fixtures/layouts/moe_z2_bf16_ws4: ZeRO-2, 4 ranks,
+    EP 2): the Tensors tab with its experts under their global index and the ranks holding each."""
+    app = make_app(path=root, live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _until(pilot, lambda: app.ckpt is not None)
+        await pilot.press("t")
+        tree = app.main.tensors_pane.module_tree
+        tree.reveal(f"moe2.{EXPERTS[4:]}.1")  # the second MoE layer: ep_size 1, each expert on all four ranks
+        await pilot.pause()
+        tree.reveal(f"{EXPERTS}.3")
+        await pilot.pause()
+        await pilot.pause()
+        app.save_screenshot(os.path.join(HERE, "tui-moe-tree.svg"))
+        print("wrote", os.path.join(HERE, "tui-moe-tree.svg"))
+
+
 def main() -> int:
     tmp = os.path.join(tempfile.gettempdir(), "zero-inspector-screenshots")  # a fixed path: the header shows it
     shutil.rmtree(tmp, ignore_errors=True)
@@ -148,6 +168,10 @@ def main() -> int:
         run = os.path.join(tmp, "run")
         write_moved_run(run)
         asyncio.run(shoot_health(run))
+        moe = os.path.join(tmp, "moe-checkpoint")
+        fixture = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "layouts", "moe_z2_bf16_ws4", "ckpt")
+        shutil.copytree(fixture, moe)  # a real DeepSpeed MoE checkpoint, at a fixed path as the demo
+        asyncio.run(shoot_layout(moe))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

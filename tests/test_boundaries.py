@@ -173,6 +173,50 @@ def test_no_import_cycles() -> None:
             visit(node)
 
 
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (module -> modules it imports), or [] when it is a DAG."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_no_import_cycles_counting_every_import() -> None:
+    """No circle even counting `if TYPE_CHECKING:` and function-local imports: a circle of type-only or lazy
+    imports still makes two modules one unit (each needs the other to be read or checked); deferring an import
+    into a function hides a circle from the rule above without removing it."""
+    mods = _modules()
+    graph = {
+        m: {i.removeprefix("inspector.") for i in _imports(p) if i.startswith("inspector.")} & set(mods)
+        for m, p in mods.items()
+    }
+    assert "tui.screens.main" in graph["tui.app"], "the probe must see function-local imports"
+    assert "tui.shell" in graph["tui.typed"], "the probe must see TYPE_CHECKING imports"
+    cycle = _cycle(graph)
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_probe_finds_a_cycle() -> None:
+    """Guards the rule above against a probe that never reports."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
 # The output boundary: only the output root changes files. Calls that create, rename, copy or remove a file or
 # folder, by name (module attribute or method), and `open` / `os.open` asking to create or write.
 _FILE_CHANGING = {

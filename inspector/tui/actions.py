@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from inspector.errors import InspectorError
 
 if TYPE_CHECKING:
-    from inspector.tui.app import InspectorApp
+    from inspector.tui.shell import Shell
 
 
-def help_section(app: InspectorApp) -> str:
+def help_section(app: Shell) -> str:
     """Which part of the help is about the screen (or tab) in front: it comes first."""
     from inspector.tui.screens.convert import ConvertScreen
     from inspector.tui.screens.export import ExportScreen
@@ -26,7 +26,7 @@ def help_section(app: InspectorApp) -> str:
     return ""
 
 
-def quit_app(app: InspectorApp) -> None:
+def quit_app(app: Shell) -> None:
     """Quit at once, or, with a conversion running, pause it and ask (it resumes on "no")."""
     if not app.converting:
         app.exit(0)
@@ -59,7 +59,7 @@ def quit_app(app: InspectorApp) -> None:
     )
 
 
-def need_checkpoint(app: InspectorApp) -> bool:
+def need_checkpoint(app: Shell) -> bool:
     """True when a checkpoint is shown; else say why there is nothing to export yet."""
     if app.ckpt is None and app.refused is not None:
         app.notify(
@@ -79,7 +79,7 @@ def need_checkpoint(app: InspectorApp) -> bool:
     return True
 
 
-def on_main(app: InspectorApp, what: str) -> bool:
+def on_main(app: Shell, what: str) -> bool:
     """Switching checkpoints happens on the main screen: the export form and a conversion belong to the
     shown one."""
     if app.screen is app.screen_stack[0]:
@@ -88,7 +88,7 @@ def on_main(app: InspectorApp, what: str) -> bool:
     return False
 
 
-def yank(app: InspectorApp) -> None:
+def yank(app: Shell) -> None:
     """`y`: the equivalent `zero-inspector convert …` line, shown and copied (and the tensor under the
     cursor on the Tensors tab)."""
     from inspector.tui.command_line import convert_command
@@ -105,7 +105,7 @@ def yank(app: InspectorApp) -> None:
     app.push_screen(CopyDialog(convert_command(app), name))
 
 
-def step_tag(app: InspectorApp, step: int) -> None:
+def step_tag(app: Shell, step: int) -> None:
     """`[` and `]`: the previous or next tag of the shown root (from a missing or refused tag too)."""
     if app.root is None or not on_main(app, "switch tags"):
         return

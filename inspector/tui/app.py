@@ -17,10 +17,9 @@ from dataclasses import replace
 from typing import Any
 
 from textual import work
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.driver import Driver
-from textual.reactive import reactive
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -40,14 +39,11 @@ from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
 from inspector.tui.session import ExportSettings, carried_selection, preset_selection, selection_options
+from inspector.tui.shell import Shell
 
 
-class InspectorApp(App[int]):
+class InspectorApp(Shell):
     """zero-inspector's terminal UI."""
-
-    # the export options: views that depend on them (the Tensors tab's output dtype and tied weights) watch
-    # this instead of being told by the export screen
-    base_options: reactive[ConvertOptions] = reactive(ConvertOptions, always_update=False, init=False)
 
     CSS_PATH = "app.tcss"
     TITLE = "zero-inspector"
@@ -107,7 +103,7 @@ class InspectorApp(App[int]):
         return MainScreen()
 
     @property
-    def main(self):  # type: ignore[no-untyped-def]
+    def main(self):  # type: ignore[no-untyped-def]  # the MainScreen, imported when first asked for
         from inspector.tui.screens.main import MainScreen
 
         screen = self.screen_stack[0]

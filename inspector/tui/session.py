@@ -165,8 +165,15 @@ def carried_selection(names: set[str], carried: tuple[frozenset[str], bool] | No
 
 
 def rank_of_file(ckpt: Checkpoint) -> dict[str, str]:
-    """File path -> a short owner label ("rank 3", "model states") for the detail panel."""
+    """File path -> a short owner label ("rank 3", "model states") for the detail panel and the tree. The rank
+    is the global one the scan's rank table gives: a pipeline stage's or a tensor-parallel shard's optimizer
+    file carries only its data-parallel rank in its name (stage 1's `pp_rank_0` file is rank 2's)."""
     out: dict[str, str] = {}
     for f in ckpt.files:
         out[f.path] = f"rank {f.dp_rank}" if f.dp_rank is not None else "model states"
+    for r in ckpt.ranks:
+        if r.optim_file is not None:
+            out[r.optim_file] = f"rank {r.rank}"
+        elif r.model_file is not None:  # ZeRO off: each rank's model-states file holds its masters
+            out[r.model_file] = f"rank {r.rank}"
     return out

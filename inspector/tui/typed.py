@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:
     from textual.dom import DOMNode
 
-    from inspector.tui.app import InspectorApp
+    from inspector.tui.shell import Shell
 
 
-def zi(node: DOMNode) -> InspectorApp:
+def zi(node: DOMNode) -> Shell:
     """The zero-inspector app `node` belongs to."""
-    return cast("InspectorApp", node.app)
+    return cast("Shell", node.app)

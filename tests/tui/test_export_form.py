@@ -160,3 +160,26 @@ async def test_universal_progress_and_result_count_its_files(small_demo: Path, t
         assert "1 of 1" not in label, label
         result = plain(screen.query_one("#result"))
         assert "1 file(s)" not in result and f"{planned} files" in result, result
+
+
+@pytest.mark.parametrize("name", ["tp_z1_bf16", "moe_z2_bf16_ws4"])
+async def test_the_errors_are_on_screen_at_80x24(name: str, tmp_path: Path) -> None:
+    """At 80x24 the form scrolls; its ✖ list once sat below the form's end, under the fold, while the preflight
+    said "waits for valid options (✖ above)". Every line of it is on screen now, the widget seen there."""
+    from tests.scan.layout_cases import ckpt_dir
+
+    app = make_app(path=str(ckpt_dir(name)), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        form = app.screen
+        await wait_for(pilot, lambda: "Fits" in plain(form.query_one("#preflight")), "the first verdict")
+        form.query_one("#shard", Input).focus()
+        form.query_one("#shard", Input).value = "lots"
+        await pilot.pause(0.5)
+        box = form.query_one("#form-errors")
+        assert "✖ Shard size" in plain(box)
+        region = box.region  # where it is drawn (clipped to what its container shows)
+        assert region.height >= len(box.render_lines(box.content_region)) >= 1 and region.bottom <= 23
+        for y in range(region.y, region.bottom):  # every row of it, above the key bar, is it that is seen there
+            assert form.get_widget_at(region.x + 1, y)[0] is box, y

@@ -192,6 +192,24 @@ def test_layer_rows_take_only_the_outermost_numbered_blocks() -> None:
     assert [r.module for r in rows] == ["model.layers.2", "model.layers.10"]
 
 
+def test_two_moe_layers_experts_are_told_apart_in_the_chart() -> None:
+    """Two MoE layers' experts are blocks with the same last two parts (`deepspeed_experts.0`): each bar's label
+    says which layer it is (the moe_z2_bf16_ws4 fixture's names)."""
+    from inspector.health.report import ModuleRollup
+
+    def m(name: str) -> ModuleRollup:
+        return ModuleRollup(name, "master", name.count(".") + 1, True, 1, 1, 0, 0, 0, 1.0, 1.0, None)
+
+    names = [f"{layer}.deepspeed_moe.experts.deepspeed_experts.{e}" for layer in ("moe", "moe2") for e in (0, 1)]
+    labels = [line.split()[0] for line in layer_chart([m(n) for n in names], 80, None).plain.splitlines()[1:]]
+    assert labels == [
+        "moe…deepspeed_experts.0",
+        "moe…deepspeed_experts.1",
+        "moe2…deepspeed_experts.0",
+        "moe2…deepspeed_experts.1",
+    ]
+
+
 def test_long_names_keep_their_layer_numbers_when_narrow() -> None:
     from inspector.tui.widgets.health_view import _elide
 

@@ -78,14 +78,15 @@ class ExportScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="export-body"):
-            with VerticalScroll(id="export-form"):
-                with Grid(id="form-grid"):
-                    yield from self._output_fields()
-                    yield from self._tp_fields()
-                    yield from self._naming_fields()
-                    yield from self._run_fields()
-                yield AutoHeightStatic("", id="form-errors")
+            with VerticalScroll(id="export-form"), Grid(id="form-grid"):
+                yield from self._output_fields()
+                yield from self._tp_fields()
+                yield from self._naming_fields()
+                yield from self._run_fields()
             with Vertical(id="export-side"):
+                # above the preflight, not below the fields: at 80x24 the form scrolls and its end is below the
+                # fold, where a ✖ was never seen; here it shows beside or under the form at every size
+                yield AutoHeightStatic("", id="form-errors")
                 yield Static("Preflight", classes="section")
                 yield PreflightPanel(id="preflight")
                 yield AutoHeightStatic("", id="selection-summary")

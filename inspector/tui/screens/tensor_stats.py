@@ -48,7 +48,7 @@ def stream_stats(
     from inspector.convert.reader import (
         FilePool,  # numpy's reader loads with the first statistics, not at launch
     )
-    from inspector.health.tensor import difference, module_copy_segments, tensor_stats
+    from inspector.health.tensor import difference, tensor_stats
 
     try:
         with FilePool(ckpt.source) as pool:
@@ -57,7 +57,10 @@ def stream_stats(
                     post(StatsUpdate(t.name, result=stats_renderable(ev, timed)))
                 else:
                     post(StatsUpdate(t.name, progress=ev, what="reading values"))
-            copy = module_copy_segments(ckpt, t)
+            # the scan's own record of the 16-bit copy, as the health pass reads it: an expert's sits in its
+            # expert file, a stage's layer in its layer file, a TP tensor in every shard's model states (the
+            # first model-states file's `module`, read here before, had none of them)
+            copy = t.module_copy if sum(s.numel for s in t.module_copy) == t.numel else ()
             if copy:
                 for d in difference(t.segments, copy, pool, cancel):
                     if isinstance(d, Difference):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -324,7 +325,8 @@ def layer_chart(layers: Sequence[ModuleRollup], width: int, against: str | None)
     it is read. Bars scale to the largest finite value of their column; the figure follows the bar."""
     if not layers:
         return Text("No numbered layers (model.layers.N…) to chart.", style="dim")
-    label_w = min(max(len(_label(m.module)) for m in layers), 24)
+    labels = _labels([m.module for m in layers])
+    label_w = min(max(len(v) for v in labels.values()), 28)
     with_delta = against is not None
     cols = 2 if with_delta else 1
     bad_w = max((len(f"  {m.nan + m.inf:,} NaN/Inf") for m in layers if m.nan + m.inf), default=0)
@@ -340,7 +342,7 @@ def layer_chart(layers: Sequence[ModuleRollup], width: int, against: str | None)
     out.append(" " * (label_w + 1) + head + "\n", style="bold")
     for m in layers:
         bad = m.nan + m.inf
-        out.append(_label(m.module)[-label_w:].rjust(label_w) + " ", style="bold red" if bad else "")
+        out.append(labels[m.module][-label_w:].rjust(label_w) + " ", style="bold red" if bad else "")
         out.append_text(_bar(m.norm, top_n, bar_w))
         out.append(f" {short(m.norm):>8} ")
         if with_delta:
@@ -357,3 +359,13 @@ def _label(module: str) -> str:
     """`model.layers.7` -> `layers.7`: the stack's name and the depth are what tell bars apart."""
     parts = shown(module).split(".")
     return ".".join(parts[-2:])
+
+
+def _labels(modules: Sequence[str]) -> dict[str, str]:
+    """Each module's `_label`, told apart where two blocks share one: two MoE layers' `deepspeed_experts.0` become
+    `moe…deepspeed_experts.0` and `moe2…deepspeed_experts.0`; the whole name when even that is shared."""
+    short = {m: _label(m) for m in modules}
+    seen = Counter(short.values())
+    out = {m: s if seen[s] == 1 else f"{shown(m).split('.')[0]}…{s}" for m, s in short.items()}
+    again = Counter(out.values())
+    return {m: s if again[s] == 1 else shown(m) for m, s in out.items()}

@@ -21,6 +21,7 @@ from textual.widgets.tree import TreeNode
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.tui.fmt import KIND_STYLE, count, dtype, plural, shape, shown, size
+from inspector.tui.holders import module_holders
 from inspector.tui.session import ModuleNode, build_tree, rank_of_file
 
 Data = ModuleNode | TensorInfo
@@ -83,6 +84,7 @@ class ModuleTree(Tree[Data]):
         self.out_dtype = "float32"
         self.dedupe_tied = False  # convert writes a tied alias under its own name too unless --dedupe-tied
         self._ranks: dict[str, list[int]] = {}
+        self._holders: dict[str, str] = {}  # module path -> who holds it (experts, pipeline layers)
         self._typing_filter = (
             False  # `/` was pressed here: keys still queued for the tree belong to the filter
         )
@@ -94,6 +96,7 @@ class ModuleTree(Tree[Data]):
     def load(self, ckpt: Checkpoint, selected: set[str], out_dtype: str) -> None:
         self.ckpt, self.selected, self.out_dtype = ckpt, set(selected), out_dtype
         owner = rank_of_file(ckpt)
+        self._holders = module_holders(ckpt.parallel)
         self._ranks = {}
         for t in ckpt.tensors:
             rs = {owner.get(s.file, "") for s in t.segments}
@@ -104,9 +107,13 @@ class ModuleTree(Tree[Data]):
         """The data-parallel ranks whose files hold part of tensor `name`."""
         return self._ranks.get(name, [])
 
+    def holders_of(self, path: str) -> str:
+        """Who holds module `path` of a model-parallel checkpoint (`expert 3 · ranks 1, 3`), or ""."""
+        return self._holders.get(path, "")
+
     def unload(self) -> None:
         """No checkpoint: an empty tree (the next `load` fills it)."""
-        self.ckpt, self.selected, self.pattern, self._ranks = None, set(), None, {}
+        self.ckpt, self.selected, self.pattern, self._ranks, self._holders = None, set(), None, {}, {}
         self.clear()
 
     def shown_tensors(self) -> list[TensorInfo]:
@@ -175,6 +182,8 @@ class ModuleTree(Tree[Data]):
                 f"  {plural(len(ts), 'tensor')} · {params} · {size(sum(self.out_bytes(t) for t in ts))}",
                 style="dim",
             )
+            if data.path in self._holders:
+                text.append(f"  {self._holders[data.path]}", style="cyan")
         elif isinstance(data, TensorInfo):
             mark, style = self._mark([data.name])
             self._append_mark(text, mark, style)
