@@ -32,19 +32,30 @@ HANG_GUARD = 60.0  # seconds; only stops a hung test
 # waits (announcing itself by touching `<gate>.held`), so a test can cancel or kill a conversion that is
 # surely unfinished. SIGINT still raises KeyboardInterrupt as usual; it also lets the held reads go, so the
 # converter's own clean-up (which joins its reader threads) runs exactly as it would without the gate.
+# With ZI_GATE_JOURNAL set (a journal's path), reads are held only once it records a finished file: a test of
+# what a cancel keeps then holds a run that surely has something to keep, whatever the chunk size.
 GATED_CHILD = """
 import os, signal, sys, threading, time
 from inspector.convert.reader import FilePool
 gate = os.environ["ZI_GATE"]
+journal = os.environ.get("ZI_GATE_JOURNAL")
 real = FilePool.read_into
 reads = [0]
 count = threading.Lock()
 interrupted = threading.Event()
+def kept():
+    if not journal:
+        return True
+    try:
+        with open(journal) as f:
+            return len(f.read().splitlines()) > 1  # the first line names the job
+    except OSError:
+        return False
 def held(self, *a):
     with count:
         reads[0] += 1
         n = reads[0]
-    while n >= 3 and os.path.exists(gate) and not interrupted.is_set():
+    while n >= 3 and os.path.exists(gate) and not interrupted.is_set() and kept():
         open(gate + ".held", "a").close()
         time.sleep(0.01)
     return real(self, *a)

@@ -60,12 +60,13 @@ def test_a_cancelled_universal_conversion_says_it_resumes(tmp_path: Path) -> Non
 
 @pytest.mark.asyncio
 async def test_cancelled_universal_conversion_resumes_from_the_ui(
-    small_demo: Path, tmp_path: Path, gate: Gate
+    small_demo: Path, tmp_path: Path, gate: Gate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancel a universal conversion held mid-run: the UI says the finished files are kept and converting
     again resumes; `c` again finishes it, reusing those files, and the output verifies."""
     out = tmp_path / "out"
     uni, staging = out / "global_step3_uni", out / "global_step3_uni.partial"
+    monkeypatch.setenv("ZI_GATE_JOURNAL", str(out / JOURNAL))  # held once a file is finished and journalled
     app = make_app(path=str(small_demo), out_dir=str(out), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
