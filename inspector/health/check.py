@@ -63,6 +63,13 @@ def check(
 
 def _selected(ckpt: Checkpoint, include: Sequence[str], exclude: Sequence[str]) -> list[TensorInfo]:
     tensors = select(ckpt, ConvertOptions(include=tuple(include), exclude=tuple(exclude)))
+    if not ckpt.tensors:  # not the patterns: the scan could name no tensor (ZeRO-off order unproven, ...)
+        e = f" ({ckpt.errors[0].message.rstrip('.')})" if ckpt.errors else ""
+        raise InspectorError(
+            f"The scan named no tensor to measure{e}.",
+            hint="Run `zero-inspector scan` to see every finding.",
+            title="Nothing to measure",
+        )
     if not tensors:
         raise InspectorError(
             "No tensor matches the --include/--exclude patterns.",
