@@ -1,8 +1,8 @@
 """`health` on every model-parallel layout fixture (real DeepSpeed 0.19.8 runs): a NaN planted as a diverged
 step leaves it (in the fp32 master and the 16-bit module copy the optimizer copies it into; the last element,
 so in the last rank's partition) in one expert (native MoE: under its global index), one AutoEP expert bank,
-one pipeline layer on the last stage, one tensor-parallel joined weight, is reported on that tensor and
-nowhere else; the untouched fixture has no NaN anywhere."""
+one pipeline layer on the last stage (the finding names that stage), one tensor-parallel joined weight, is
+reported on that tensor and nowhere else; the untouched fixture has no NaN anywhere."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ def test_a_nan_in_one_part_is_reported_there_and_nowhere_else(
     ]
     nan = [f for f in report["findings"] if f["severity"] == "error"]
     assert nan and {f["tensor"] for f in nan} == {victim.name}, nan
+    ckpt = scan(str(ckpt_dir(layout)))
+    if ckpt.parallel is not None and ckpt.parallel.kind == "pipeline":  # the last layer: the last stage's
+        assert f"{victim.name} (pipeline stage {ckpt.parallel.pp - 1}): " in nan[0]["message"], nan
     if m := EXPERT.search(victim.name):  # native MoE: the global expert index, past the first rank's experts
         assert int(m.group(1)) >= 1 and victim.name in nan[0]["message"]
 
