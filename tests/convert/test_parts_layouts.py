@@ -62,11 +62,11 @@ def test_weights_parts_then_finish_equal_one_run(layout: str, dtype: str, tmp_pa
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_universal_parts_then_finish_equal_one_run(layout: str, tmp_path: Path) -> None:
     ckpt = scan(str(ckpt_dir(layout)))
-    try:
-        _last(get("universal").plan(ckpt, Request(), str(tmp_path / "one")).run())
-    except InspectorError as exc:  # ZeRO-off pipelines and experts: DeepSpeed cannot resume them
-        assert "universal" in str(exc).lower() or exc.hint, exc
-        pytest.skip(f"no universal checkpoint for {layout}: {exc}")
+    if layout.split("_")[1] == "z0":  # ZeRO-off pipelines and experts: DeepSpeed cannot resume them
+        with pytest.raises(InspectorError, match="cannot resume"):
+            get("universal").plan(ckpt, Request(), str(tmp_path / "one"))
+        return
+    _last(get("universal").plan(ckpt, Request(), str(tmp_path / "one")).run())
     for n in (2, 3):
         out = tmp_path / f"parts{n}"
         job = get("universal").plan(ckpt, Request(), str(out))
