@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
@@ -14,6 +15,7 @@ from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
 from inspector.health.stream import Row, Streamer, default_workers, plan_jobs, plan_workers, run_jobs
 from inspector.scan.model import Checkpoint, Severity, TensorInfo
+from inspector.scan.placement import stage_of
 from inspector.system.bytesource import any_remote
 
 _INTERVAL = 0.25
@@ -63,6 +65,13 @@ def check(
 
 def _selected(ckpt: Checkpoint, include: Sequence[str], exclude: Sequence[str]) -> list[TensorInfo]:
     tensors = select(ckpt, ConvertOptions(include=tuple(include), exclude=tuple(exclude)))
+    if not ckpt.tensors:  # not the patterns: the scan could name no tensor (ZeRO-off order unproven, ...)
+        e = f" ({ckpt.errors[0].message.rstrip('.')})" if ckpt.errors else ""
+        raise InspectorError(
+            f"The scan named no tensor to measure{e}.",
+            hint="Run `zero-inspector scan` to see every finding.",
+            title="Nothing to measure",
+        )
     if not tensors:
         raise InspectorError(
             "No tensor matches the --include/--exclude patterns.",
@@ -100,7 +109,7 @@ def _findings(
     in another shape."""
     steps = Steps(ckpt.global_steps, ckpt.optimizer_step)
     then = Steps(against.global_steps, against.optimizer_step) if against else Steps()
-    found = _scan_errors(ckpt) + findings(rows, against.tag if against else None, steps, then)
+    found = _scan_errors(ckpt) + _placed(ckpt, findings(rows, against.tag if against else None, steps, then))
     if against is None:
         return found
     lacking = [j for j in jobs if j.source == "master" and not j.against]
@@ -112,6 +121,20 @@ def _findings(
     found += shape_changed(changed, against.tag)
     reshaped = {c[0] for c in changed}
     return found + missing_in_against([j.name for j in lacking if j.name not in reshaped], against.tag)
+
+
+def _placed(ckpt: Checkpoint, found: list[HealthFinding]) -> list[HealthFinding]:
+    """A pipeline tensor's findings say its stage (`4.weight (pipeline stage 1): ...`): layer numbers alone
+    do not tell which stage's files, and so which ranks, to look at."""
+    out = []
+    for f in found:
+        stage = stage_of(ckpt, f.tensor) if f.tensor else None
+        if stage is not None and f.message.startswith(f"{f.tensor}: "):
+            f = replace(
+                f, message=f"{f.tensor} (pipeline stage {stage}): {f.message[len(f.tensor or '') + 2 :]}"
+            )
+        out.append(f)
+    return out
 
 
 def _shape_in(ckpt: Checkpoint, name: str) -> tuple[int, ...] | None:

@@ -40,6 +40,7 @@ from inspector.scan.pipeline_files import Stage, classify, is_pipeline, missing_
 from inspector.scan.pipeline_names import (
     LAYER_NAME,
     TIED_PREFIX,
+    lost_tied_files,
     order_key,
     plain,
     ranges,
@@ -290,9 +291,9 @@ class Pipeline:
                 f"{len(missing)} buffer(s) listed by the stages are in no layer file (e.g. {missing[0]}).",
                 self.loc.tag_dir,
             )
+        self.findings += lost_tied_files(trainable, tied_files, self.loc.tag_dir)
         in_file = {f"{idx}.{key}": i for idx, lf in layer_files.items() for i, key in enumerate(lf.tensors)}
-        ordered = sorted(out.values(), key=lambda t: (*order_key(t.name), in_file.get(t.name, 0)))
-        return ordered
+        return sorted(out.values(), key=lambda t: (*order_key(t.name), in_file.get(t.name, 0)))
 
     def _checkpoint(
         self,

@@ -12,7 +12,7 @@ from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import TensorFile
 from inspector.parse.states import OptimStates
 from inspector.scan.layout import ParamShapes
-from inspector.scan.model import Kind, Segment, TensorInfo
+from inspector.scan.model import Finding, Kind, Segment, Severity, TensorInfo
 
 LAYER_NAME = re.compile(r"^(\d+)\.(.+)$")
 TIED_PREFIX = "tied_modules."
@@ -87,6 +87,32 @@ def tied_layer_files(
                 out[idx] = module
                 break
     return out
+
+
+def lost_tied_files(
+    trainable: Mapping[str, TensorInfo], found: Mapping[int, str], tag_dir: str
+) -> list[Finding]:
+    """An error per tied module no layer file holds: its file is gone (it has no `<index>.` name, so
+    `missing_layers` cannot tell), and with it the module's 16-bit copy, which --source module reads."""
+    tied = sorted(
+        {
+            TIED_PREFIX + n[len(TIED_PREFIX) :].partition(".")[0]
+            for n in trainable
+            if n.startswith(TIED_PREFIX)
+        }
+    )
+    return [
+        Finding(
+            Severity.ERROR,
+            "missing-layer",
+            f"The layer file holding the tied module {module} is missing: its 16-bit weights are in that file "
+            "alone.",
+            tag_dir,
+            "Copy the complete checkpoint folder; every layer with parameters writes its own file.",
+        )
+        for module in tied
+        if module not in found.values()
+    ]
 
 
 def with_copy(t: TensorInfo, ref: TensorRef) -> TensorInfo:
