@@ -16,11 +16,9 @@ from inspector.convert.kinds import Request, get
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.errors import InspectorError
-from inspector.scan.scanner import scan
 from tests.convert.jobs import execute, run
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
+from tests.scan.layout_cases import LAYOUTS, NO_UNIVERSAL, scan_layout
 
-LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
 SHARD = 2_000  # small enough that every fixture writes several shards, so each part owns some
 
 
@@ -47,7 +45,7 @@ def test_every_layout_fixture_is_covered() -> None:
 @pytest.mark.parametrize("dtype", ["fp32", "auto"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_weights_parts_then_finish_equal_one_run(layout: str, dtype: str, tmp_path: Path) -> None:
-    plan = build_plan(scan(str(ckpt_dir(layout))), ConvertOptions(dtype=dtype, shard_size=SHARD))
+    plan = build_plan(scan_layout(layout), ConvertOptions(dtype=dtype, shard_size=SHARD))
     assert len(plan.shards) >= 3, len(plan.shards)
     execute(plan, str(tmp_path / "one"))
     for n in (2, 3):
@@ -61,8 +59,8 @@ def test_weights_parts_then_finish_equal_one_run(layout: str, dtype: str, tmp_pa
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_universal_parts_then_finish_equal_one_run(layout: str, tmp_path: Path) -> None:
-    ckpt = scan(str(ckpt_dir(layout)))
-    if layout.split("_")[1] == "z0":  # ZeRO-off pipelines and experts: DeepSpeed cannot resume them
+    ckpt = scan_layout(layout)
+    if layout in NO_UNIVERSAL:  # ZeRO-off pipelines and experts: DeepSpeed cannot resume them
         with pytest.raises(InspectorError, match="cannot resume"):
             get("universal").plan(ckpt, Request(), str(tmp_path / "one"))
         return

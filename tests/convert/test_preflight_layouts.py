@@ -12,10 +12,7 @@ import pytest
 
 from inspector.cli.main import main
 from tests.child_rss import run_cli
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
-
-LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
-NO_UNIVERSAL = {"moe_z0_bf16", "moe_z0_bf16_ws4", "moe_z0_fp16", "pp_z0_bf16", "pp_z0_fp16"}  # ZeRO off
+from tests.scan.layout_cases import LAYOUTS, NO_UNIVERSAL, ckpt_dir, split_args
 
 
 def _written(folder: Path) -> int:
@@ -28,7 +25,7 @@ def test_the_real_run_stays_within_the_preflight(
     layout: str, kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    args = [str(ckpt_dir(layout)), "--format", kind]
+    args = [str(ckpt_dir(layout)), "--format", kind, *split_args(layout)]
     rc = main(["preflight", *args, "--out", str(out), "--json"])
     said = capsys.readouterr()
     if (

@@ -17,9 +17,8 @@ from inspector.cli.main import main
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.scan.scanner import scan
 from tests.health.planting import plant
-from tests.scan.layout_cases import FIXTURES, ckpt_dir, writable
+from tests.scan.layout_cases import LAYOUTS, TP_SPLIT, ckpt_dir, scan_layout, split_args, writable
 
-LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
 EXPERT = re.compile(r"deepspeed_experts\.(\d+)\.")
 LAYER = re.compile(r"^(\d+)\.")
 
@@ -40,8 +39,8 @@ def _victim(ckpt: Checkpoint) -> TensorInfo:
     return picks[0]
 
 
-def _health(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    rc = main(["health", str(root), "--json"])
+def _health(root: Path, capsys: pytest.CaptureFixture[str], layout: str = "") -> tuple[int, dict[str, Any]]:
+    rc = main(["health", str(root), "--json", *split_args(layout)])
     return rc, json.loads(capsys.readouterr().out)
 
 
@@ -49,14 +48,19 @@ def _health(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[s
 def test_a_nan_in_one_part_is_reported_there_and_nowhere_else(
     layout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc, clean = _health(ckpt_dir(layout), capsys)
+    rc, clean = _health(ckpt_dir(layout), capsys, layout)
     assert not [t for t in clean["tensors"] if t["nan"]]
     root = writable(layout, tmp_path / "ckpt")
-    victim = _victim(scan(str(root)))
+    victim = _victim(scan_layout(layout, root))
     for segments in (victim.segments, victim.module_copy):
         if segments:
             plant(segments, [victim.numel - 1], [float("nan")])
-    rc, report = _health(root, capsys)
+    if layout in TP_SPLIT:  # every parameter replicated: a NaN in shard 0's copy alone is a damaged replica
+        damaged = scan_layout(layout, root)
+        assert [(f.code, victim.name in f.message) for f in damaged.errors] == [("tp-mismatch", True)]
+        assert main(["health", str(root), *split_args(layout)]) != 0
+        return
+    rc, report = _health(root, capsys, layout)
     assert rc != 0
     sources = ["master", *(["module"] if victim.module_copy else [])]
     assert [(t["name"], t["source"], t["nan"]) for t in report["tensors"] if t["nan"]] == [
@@ -64,7 +68,7 @@ def test_a_nan_in_one_part_is_reported_there_and_nowhere_else(
     ]
     nan = [f for f in report["findings"] if f["severity"] == "error"]
     assert nan and {f["tensor"] for f in nan} == {victim.name}, nan
-    ckpt = scan(str(ckpt_dir(layout)))
+    ckpt = scan_layout(layout)
     if ckpt.parallel is not None and ckpt.parallel.kind == "pipeline":  # the last layer: the last stage's
         assert f"{victim.name} (pipeline stage {ckpt.parallel.pp - 1}): " in nan[0]["message"], nan
     if m := EXPERT.search(victim.name):  # native MoE: the global expert index, past the first rank's experts

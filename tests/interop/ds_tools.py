@@ -21,14 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
+from tests.scan.layout_cases import FIXTURES, TP_SPLIT, ckpt_dir
 
 TOOLS = ("zero_to_fp32", "ds_to_universal")
 RECORD = FIXTURES / "ds_tools.txt"
 TIMEOUT = 600
-SPLIT = {
-    "moe_tp_z1_bf16": ("*=replicated",)
-}  # what we are told (--tp-split) where the checkpoint records no split
+SPLIT = TP_SPLIT  # what we are told (--tp-split) where the checkpoint records no split
 
 
 def fixtures() -> list[str]:

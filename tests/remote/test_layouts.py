@@ -18,13 +18,11 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.errors import InspectorError
 from inspector.scan.json_view import checkpoint_json
-from inspector.scan.scanner import scan
 from tests.convert.jobs import execute
 from tests.remote.compare import without_job
 from tests.remote.moto_s3 import upload_folder
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
+from tests.scan.layout_cases import LAYOUTS, NO_UNIVERSAL, ckpt_dir, scan_layout
 
-LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
 BUCKET = "zi-layouts"
 
 
@@ -44,12 +42,12 @@ def _last(events: Iterable[Any]) -> Report:
 def _same_as_local(url: str, layout: str, tmp_path: Path) -> None:
     """Scan, fp32 safetensors and (where offered) universal from `url` equal those from the fixture's folder."""
     local = ckpt_dir(layout)
-    there, here = scan(url), scan(str(local))
+    there, here = scan_layout(layout, url), scan_layout(layout)
     assert json.loads(json.dumps(checkpoint_json(there)).replace(url, str(local))) == checkpoint_json(here)
     for where, ckpt in (("remote", there), ("local", here)):
         execute(build_plan(ckpt, ConvertOptions(dtype="fp32")), str(tmp_path / where))
     assert _tree(tmp_path / "remote") == _tree(tmp_path / "local")
-    if layout.split("_")[1] == "z0":  # ZeRO-off pipelines and experts: no universal checkpoint, either way
+    if layout in NO_UNIVERSAL:  # ZeRO-off pipelines and experts: no universal checkpoint, either way
         for ckpt in (here, there):
             with pytest.raises(InspectorError, match="cannot resume"):
                 get("universal").plan(ckpt, Request(), str(tmp_path / "uni"))

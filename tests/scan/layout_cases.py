@@ -18,14 +18,35 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.convert.verify import VerifyResult, run_verify
 from inspector.scan.model import Checkpoint
+from inspector.scan.scanner import scan
+from inspector.scan.tp_rules import parse_rule
 from tests.convert.jobs import run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
+# what the user must say (--tp-split) where a fixture records no tensor-parallel split: the one its script knew
+TP_SPLIT: dict[str, tuple[str, ...]] = {"moe_tp_z1_bf16": ("*=replicated",)}
+# ZeRO off (pipelines and native MoE): DeepSpeed cannot resume a universal checkpoint of them, so it is refused
+NO_UNIVERSAL = frozenset(name for name in LAYOUTS if name.split("_")[1] == "z0")
 
 
 def ckpt_dir(name: str) -> Path:
     return FIXTURES / name / "ckpt"
+
+
+def split_args(name: str) -> list[str]:
+    """The command line's `--tp-split` options a fixture needs (none where its split is recorded)."""
+    return [a for rule in TP_SPLIT.get(name, ()) for a in ("--tp-split", rule)]
+
+
+def split_rules(name: str) -> tuple[tuple[str, str], ...]:
+    return tuple(parse_rule(r) for r in TP_SPLIT.get(name, ()))
+
+
+def scan_layout(name: str, root: str | Path | None = None) -> Checkpoint:
+    """A fixture scanned as a user who knows its split would (`root`: a copy of it, a URL)."""
+    return scan(str(root if root is not None else ckpt_dir(name)), tp_split=split_rules(name))
 
 
 def writable(name: str, dest: Path) -> Path:

@@ -10,10 +10,8 @@ import re
 import pytest
 
 from inspector.cli.main import main
-from inspector.scan.scanner import scan
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
+from tests.scan.layout_cases import FIXTURES, LAYOUTS, ckpt_dir, scan_layout, split_args
 
-LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
 RANKS = re.compile(r"ranks? ([\d, ]+)")
 
 
@@ -29,7 +27,7 @@ def _ranks(text: str) -> list[set[int]]:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_overview_accounts_for_every_rank(layout: str, capsys: pytest.CaptureFixture[str]) -> None:
-    ckpt = scan(str(ckpt_dir(layout)))
+    ckpt = scan_layout(layout)
     world, p = _made_with(layout), ckpt.parallel
     assert p is not None and ckpt.world_size == world and not ckpt.errors
     if p.kind == "expert":
@@ -43,7 +41,7 @@ def test_the_overview_accounts_for_every_rank(layout: str, capsys: pytest.Captur
         assert len(rows) == p.pp * p.tp and sorted(r for s in rows for r in s) == list(range(world)), (
             p.holders
         )
-    assert main(["scan", str(ckpt_dir(layout))]) == 0
+    assert main(["scan", str(ckpt_dir(layout)), *split_args(layout)]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert " ".join(p.words.split()) in shown or p.words.split(":")[0] in shown
     for part, _ in p.holders:

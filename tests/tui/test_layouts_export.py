@@ -11,22 +11,21 @@ from textual.widgets import Select
 
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
-from inspector.scan.scanner import scan
 from inspector.tui.app import make_app
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.export import ExportScreen
 from tests.convert.jobs import execute
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
+from tests.scan.layout_cases import LAYOUTS, ckpt_dir, scan_layout, split_rules
 from tests.tui.conftest import plain, scanned, wait_for
-
-LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("layout", LAYOUTS)
 async def test_the_app_says_the_layout_and_exports_what_convert_writes(layout: str, tmp_path: Path) -> None:
     out = tmp_path / "app"
-    app = make_app(path=str(ckpt_dir(layout)), out_dir=str(out), live_meters=False)
+    app = make_app(
+        path=str(ckpt_dir(layout)), out_dir=str(out), tp_split=split_rules(layout), live_meters=False
+    )
     async with app.run_test(size=(140, 44)) as pilot:
         await scanned(pilot)
         assert app.ckpt is not None and app.ckpt.parallel is not None and not app.ckpt.errors
@@ -44,7 +43,7 @@ async def test_the_app_says_the_layout_and_exports_what_convert_writes(layout: s
             "convert",
         )
         assert isinstance(app.screen, ConvertScreen) and app.screen.phase == "done"
-    execute(build_plan(scan(str(ckpt_dir(layout))), ConvertOptions(dtype="fp32")), str(tmp_path / "cli"))
+    execute(build_plan(scan_layout(layout), ConvertOptions(dtype="fp32")), str(tmp_path / "cli"))
     names = sorted(p.name for p in (tmp_path / "cli").iterdir())
     assert names == sorted(p.name for p in out.iterdir())
     assert all(filecmp.cmp(out / n, tmp_path / "cli" / n, shallow=False) for n in names), names
