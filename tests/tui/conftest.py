@@ -255,3 +255,27 @@ def saved_last(root: Path) -> None:
 
     later = time.time() + 3600
     os.utime(root / "latest", (later, later))
+
+
+async def exported_fp32(pilot: Pilot[object]) -> str:
+    """From the main screen: the export form (`e`) set to fp32, its preflight awaited, the conversion started
+    (ctrl+s) and run to its end; returns the phase it ended in ("done" or "failed")."""
+    from textual.widgets import Select
+
+    from inspector.tui.screens.convert import ConvertScreen
+    from inspector.tui.screens.export import ExportScreen
+
+    app = pilot.app
+    await pilot.press("e")
+    screen = app.screen
+    assert isinstance(screen, ExportScreen)
+    screen.query_one("#dtype", Select).value = "fp32"
+    await wait_for(pilot, lambda: "Fits" in plain(screen.query_one("#preflight")), "the preflight")
+    await pilot.press("ctrl+s")
+    await wait_for(
+        pilot,
+        lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
+        "convert",
+    )
+    assert isinstance(app.screen, ConvertScreen)
+    return app.screen.phase

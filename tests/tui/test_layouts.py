@@ -11,13 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from textual.widgets import Select
 
 from inspector.tui.app import make_app
-from inspector.tui.screens.convert import ConvertScreen
-from inspector.tui.screens.export import ExportScreen
 from tests.scan.layout_cases import ckpt_dir, expected
-from tests.tui.conftest import plain, scanned, wait_for
+from tests.tui.conftest import exported_fp32, plain, scanned
 
 
 @pytest.mark.asyncio
@@ -82,18 +79,7 @@ async def test_the_app_exports_autotp_under_zero3_bit_exact(tmp_path: Path) -> N
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         assert app.ckpt is not None and not app.ckpt.errors and app.ckpt.stage == 3
-        await pilot.press("e")
-        screen = app.screen
-        assert isinstance(screen, ExportScreen)
-        screen.query_one("#dtype", Select).value = "fp32"
-        await wait_for(pilot, lambda: "Fits" in plain(screen.query_one("#preflight")), "the preflight")
-        await pilot.press("ctrl+s")
-        await wait_for(
-            pilot,
-            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
-            "convert",
-        )
-        assert isinstance(app.screen, ConvertScreen) and app.screen.phase == "done"
+        assert await exported_fp32(pilot) == "done"
     written: dict[str, Any] = {}
     for name in os.listdir(out):
         if name.endswith(".safetensors"):

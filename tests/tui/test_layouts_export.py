@@ -7,16 +7,13 @@ import filecmp
 from pathlib import Path
 
 import pytest
-from textual.widgets import Select
 
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.tui.app import make_app
-from inspector.tui.screens.convert import ConvertScreen
-from inspector.tui.screens.export import ExportScreen
 from tests.convert.jobs import execute
 from tests.scan.layout_cases import LAYOUTS, ckpt_dir, scan_layout, split_rules
-from tests.tui.conftest import plain, scanned, wait_for
+from tests.tui.conftest import exported_fp32, plain, scanned
 
 
 @pytest.mark.asyncio
@@ -31,18 +28,7 @@ async def test_the_app_says_the_layout_and_exports_what_convert_writes(layout: s
         assert app.ckpt is not None and app.ckpt.parallel is not None and not app.ckpt.errors
         shown = " ".join(plain(w) for w in app.main.query("*"))
         assert app.ckpt.parallel.words.split(" × ")[0] in shown
-        await pilot.press("e")
-        screen = app.screen
-        assert isinstance(screen, ExportScreen)
-        screen.query_one("#dtype", Select).value = "fp32"
-        await wait_for(pilot, lambda: "Fits" in plain(screen.query_one("#preflight")), "the preflight")
-        await pilot.press("ctrl+s")
-        await wait_for(
-            pilot,
-            lambda: isinstance(app.screen, ConvertScreen) and app.screen.phase in ("done", "failed"),
-            "convert",
-        )
-        assert isinstance(app.screen, ConvertScreen) and app.screen.phase == "done"
+        assert await exported_fp32(pilot) == "done"
     execute(build_plan(scan_layout(layout), ConvertOptions(dtype="fp32")), str(tmp_path / "cli"))
     names = sorted(p.name for p in (tmp_path / "cli").iterdir())
     assert names == sorted(p.name for p in out.iterdir())
