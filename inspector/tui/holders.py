@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from inspector.scan.model import Parallel
+from inspector.scan.pipeline_names import ranges
 
 _EXPERTS = re.compile(r"experts? (?P<which>[\d, -]+): ranks? (?P<who>[\d, ]+|none)$")
 _LAYERS = re.compile(r"layers? (?P<which>[\d, -]+)$")
@@ -30,14 +31,9 @@ def numbers(text: str) -> list[int]:
 
 
 def span(values: list[int]) -> str:
-    """[0, 1, 2, 5] -> `0-2, 5` (the scan's own way of writing ranks and layers)."""
-    runs: list[list[int]] = []
-    for v in sorted(set(values)):
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
+    """[0, 1, 2, 5] in any order, repeats allowed -> `0-2, 5`: the scan's own `ranges`, so the tree writes
+    ranks and layers as the overview does."""
+    return ranges(sorted(set(values)))
 
 
 def _expert_rows(par: Parallel) -> dict[str, str]:
