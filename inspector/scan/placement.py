@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import re
 
+from inspector.scan.locate import PADDED
 from inspector.scan.model import Checkpoint
 
-_MP_RANK = re.compile(r"mp_rank_(\d+)")
+_MP_RANK = re.compile(rf"mp_rank_{PADDED}_")  # the number as the scan accepted it (locate's one spelling)
 
 
 def stage_of(ckpt: Checkpoint, name: str) -> int | None:
