@@ -37,7 +37,7 @@ from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segment
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Segment
-from inspector.system.limits import usable_cores
+from inspector.system.limits import busy_threads, usable_cores
 
 
 class ChunkMath(Protocol):
@@ -56,8 +56,9 @@ PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]  # (sourc
 
 
 def plan_workers(plan: ConversionPlan) -> int:
-    """Workers for `plan`: the option's, else every usable core."""
-    return max(1, plan.options.workers or usable_cores())
+    """Workers for `plan`: the option's, else every usable core; locally never more than those
+    (`limits.busy_threads`: a worker beyond them only reads ahead of a free core)."""
+    return busy_threads(plan.options.workers or usable_cores(), plan.remote)
 
 
 def _sizes(plan: ConversionPlan, limit: int) -> tuple[int, int]:

@@ -33,20 +33,20 @@ def check(
 ) -> Iterator[HealthProgress | list[Row] | HealthReport]:
     """Yield progress (at most 4/s), each tensor's rows as they finish, then the HealthReport.
 
-    Workers default to every usable core (more from an object store); they share one buffer budget, which
-    sets their chunk (`stream.plan_workers`): the figures are the same bits whatever their number.
-    `threads` is the older name of `workers`. Raises CancelledError when `cancel` is set, InspectorError
-    for unreadable bytes."""
+    Workers default to every usable core (more from an object store; locally never more than those,
+    `limits.busy_threads`); they share one buffer budget, which sets their chunk (`stream.plan_workers`):
+    the figures are the same bits whatever their number. `threads` is the older name of `workers`. Raises
+    CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))
     asked = workers or threads or default_workers(any_remote(sources))
-    threads, chunk = plan_workers(asked, against is not None)
+    plan = plan_workers(asked, against is not None, any_remote(sources))
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     rows: list[Row] = []
     with FilePool(*set(sources)) as pool:
-        streamer = Streamer(pool, cancel, chunk_elems or chunk)
-        yield from _stream(jobs, streamer, threads, rows)
+        streamer = Streamer(pool, cancel, chunk_elems or plan.chunk)
+        yield from _stream(jobs, streamer, plan.threads, rows)
         read = streamer.done_bytes
     order = {t.name: i for i, t in enumerate(ckpt.tensors)}
     rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
@@ -59,7 +59,7 @@ def check(
         findings=tuple(_findings(ckpt, against, rows, jobs)),
         bytes_read=read,
         seconds=time.monotonic() - start,
-        threads=threads,
+        threads=plan.threads,
     )
 
 

@@ -30,7 +30,7 @@ def health_seconds(
     remote = any_remote(sources)
     if remote:
         return STARTUP_SECONDS + read_seconds(total, sources)
-    threads, _ = plan_workers(workers or default_workers(remote), against is not None)
+    threads = plan_workers(workers or default_workers(remote), against is not None).threads
     reads: Counter[str] = Counter()
     for j in jobs:
         for seg in (*j.segments, *j.module, *j.against):

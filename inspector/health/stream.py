@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from inspector.health.numerics import (
     groups,
 )
 from inspector.scan.model import Segment
-from inspector.system.limits import usable_cores
+from inspector.system.limits import busy_threads, usable_cores
 
 MIN_CHUNK = GROUP  # 1 MiB of fp32: a worker's numpy calls are long enough that the interpreter between them
 # is noise (the GIL is held a few microseconds per call, released for the whole block)
@@ -66,15 +67,25 @@ def _worker_bytes(chunk: int, against: bool) -> int:
     return chunk * (SCRATCH_PER_ELEM + (AGAINST_PER_ELEM if against else 0)) + SCRATCH_FIXED
 
 
-def plan_workers(workers: int, against: bool = False) -> tuple[int, int]:
-    """(threads, elements per chunk) for `workers` asked: threads up to what the budget holds, and the
-    budget divided among them (chunks a power-of-two multiple of MIN_CHUNK, at most CHUNK_ELEMS), so that
-    2, 16 or 96 workers cost the same memory and read the same streams in the same groups."""
-    threads = max(1, min(workers, max_threads(against)))
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How a pass is spread: `threads` jobs in progress at once (`busy_threads`: locally no more than the
+    usable cores, from an object store as many as asked) and `chunk` elements each, the budget divided among
+    them, a power-of-two multiple of MIN_CHUNK so the figures' groups never move."""
+
+    threads: int
+    chunk: int
+
+
+def plan_workers(workers: int, against: bool = False, remote: bool = False) -> WorkerPlan:
+    """The plan for `workers` asked: threads up to what the cores and the budget allow, the budget divided
+    among them (at most CHUNK_ELEMS), so that 2, 16 or 96 workers cost the same memory and read the same
+    streams in the same groups."""
+    threads = max(1, min(busy_threads(workers, remote), max_threads(against)))
     chunk = CHUNK_ELEMS
     while chunk > MIN_CHUNK and threads * _worker_bytes(chunk, against) > SCRATCH_BUDGET:
         chunk //= 2
-    return threads, chunk
+    return WorkerPlan(threads, chunk)
 
 
 class Scratch:
@@ -106,9 +117,9 @@ class Streamer:
         self.done_bytes = 0
         self._lock = threading.Lock()
         self._local = threading.local()
-        # chunks reduced at once: one per usable core. More workers than cores may still overlap their reads
-        # (an object store's or a cold disk's latency), but reducing on more threads than cores only thrashed
-        # the caches: measured warm (200M demo, 2 cores) 0.36 s at 2 workers, 0.61 s at 8, 0.88 s at 16
+        # chunks reduced at once: one per usable core. From an object store more threads than cores overlap
+        # their requests (locally there are no more threads than cores: `limits.busy_threads`), but reducing
+        # on more threads than cores only thrashed the caches
         self._computing = threading.Semaphore(usable_cores())
 
     def _scratch(self) -> Scratch:
@@ -350,6 +361,7 @@ __all__ = [  # the jobs are planned in jobs.py; the pass's callers take them fro
     "Job",
     "Row",
     "Streamer",
+    "WorkerPlan",
     "default_workers",
     "plan_jobs",
     "plan_workers",

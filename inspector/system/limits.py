@@ -191,6 +191,15 @@ def usable_cores(*, proc_root: str = "/proc", sys_root: str = "/sys/fs/cgroup") 
     return _cores(proc_root, sys_root)
 
 
+def busy_threads(workers: int, remote: bool = False) -> int:
+    """Threads that read and work at once for `workers` asked (`--workers`): from an object store all of
+    them, each waiting on its own round trip; locally no more than the usable cores, since a thread beyond
+    them only reads ahead of a free core, and its chunk leaves the caches before it is worked on (measured on
+    2 cores, 200M demo, page cache warm: health 0.41 s at 2 workers, 0.70 s at 16; bf16 0.16 s and 0.21 s).
+    Health, convert and universal all size their threads here, and their one buffer budget among them."""
+    return max(1, workers if remote else min(workers, usable_cores()))
+
+
 @functools.cache
 def _this_machine_cores() -> int:
     return _cores("/proc", "/sys/fs/cgroup")

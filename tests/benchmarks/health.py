@@ -180,7 +180,7 @@ def main() -> int:
     if args.child == "floor_n":
         from inspector.health.stream import default_workers, plan_workers
 
-        print(json.dumps(child_floor(args.root, plan_workers(default_workers())[0])))
+        print(json.dumps(child_floor(args.root, plan_workers(default_workers()).threads)))
         return 0
     if args.child:
         fn = child_floor if args.child == "floor" else child_torch

@@ -21,11 +21,14 @@ from inspector.health.stream import (
     SCRATCH_BUDGET,
     Scratch,
     Streamer,
+    WorkerPlan,
     _worker_bytes,
     default_workers,
     max_threads,
     plan_workers,
 )
+from inspector.system import limits
+from inspector.system.limits import busy_threads
 
 N = 3 * EXACT_BLOCK + 1234  # several of the slow paths' blocks and a tail
 
@@ -36,17 +39,28 @@ def test_more_workers_never_mean_more_memory(workers: int, against: bool) -> Non
     """One budget divided among the workers: whatever their number, their buffers fit it, chunks stay a
     power-of-two multiple of MIN_CHUNK (so the figures' groups never move), and more workers than the
     budget holds at MIN_CHUNK run as that many."""
-    threads, chunk = plan_workers(workers, against)
-    assert threads == min(workers, max_threads(against))
-    assert MIN_CHUNK <= chunk <= CHUNK_ELEMS and chunk % MIN_CHUNK == 0 and chunk & (chunk - 1) == 0
-    assert threads * _worker_bytes(chunk, against) <= SCRATCH_BUDGET
-    if chunk < CHUNK_ELEMS:  # halved only as far as needed
-        assert threads * _worker_bytes(2 * chunk, against) > SCRATCH_BUDGET
+    for remote in (False, True):
+        plan = plan_workers(workers, against, remote)
+        assert plan.threads == min(busy_threads(workers, remote), max_threads(against))
+        chunk, threads = plan.chunk, plan.threads
+        assert MIN_CHUNK <= chunk <= CHUNK_ELEMS and chunk % MIN_CHUNK == 0 and chunk & (chunk - 1) == 0
+        assert threads * _worker_bytes(chunk, against) <= SCRATCH_BUDGET
+        if chunk < CHUNK_ELEMS:  # halved only as far as needed
+            assert threads * _worker_bytes(2 * chunk, against) > SCRATCH_BUDGET
 
 
-def test_the_budget_holds_sixteen_workers_at_a_mebibyte() -> None:
+def test_the_budget_holds_sixteen_workers_at_a_mebibyte(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)  # as on a 64-core node
     assert max_threads() >= 16
-    assert plan_workers(16) == (16, MIN_CHUNK)
+    assert plan_workers(16) == WorkerPlan(16, MIN_CHUNK)
+
+
+def test_locally_no_more_threads_than_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread beyond the cores only reads ahead of a free one (its chunk leaves the caches first): 16
+    workers on 2 cores run as 2, with 2's chunk; from a store every thread waits on its own request."""
+    monkeypatch.setattr(limits, "usable_cores", lambda: 2)
+    assert plan_workers(16) == plan_workers(2) == WorkerPlan(2, plan_workers(2).chunk)
+    assert plan_workers(16, remote=True).threads == 16
 
 
 def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,8 +159,9 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
 
 
 def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight workers on one usable core read side by side but reduce one chunk at a time (reducing on more
-    threads than cores only thrashed the caches), and give the figures one worker gives."""
+    """Eight threads on one usable core (as from an object store, where each waits on its own requests)
+    read side by side but reduce one chunk at a time (reducing on more threads than cores only thrashed the
+    caches), and give the figures one worker gives."""
     import threading
     import time
 
@@ -157,6 +172,7 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     ckpt = scan(str(demo(DemoSpec(stage=2, world_size=2, params=400_000))))
     one = run_check(ckpt, workers=1).as_json()
     monkeypatch.setattr(stream, "usable_cores", lambda: 1)
+    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)
     busy, most, lock = [0], [0], threading.Lock()
     add = Accumulator.add
 

@@ -37,8 +37,8 @@ from inspector.convert.root import OutputRoot
 from inspector.errors import UnsupportedCheckpointError
 from inspector.remote.roots import parent_source
 from inspector.scan.model import Checkpoint, Kind
-from inspector.system.bytesource import ByteSource
-from inspector.system.limits import MemoryBudget, usable_cores
+from inspector.system.bytesource import ByteSource, any_remote
+from inspector.system.limits import MemoryBudget, busy_threads, usable_cores
 
 ADAM = {"exp_avg", "exp_avg_sq"}
 
@@ -242,7 +242,8 @@ class Universal(OutputKind):
             "The whole checkpoint (fp32 masters, both Adam moments, the step); selection, dtype, shard size "
             "and renames do not apply.",
         )
-        workers = request.options.workers or default_workers()  # --workers: files written at once
+        # --workers: files written at once; locally no more than the usable cores (`limits.busy_threads`)
+        workers = busy_threads(request.options.workers or default_workers(), any_remote(plan.sources))
         return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers)
 
     def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
