@@ -14,6 +14,7 @@ the bytes not in the cache, the cores shared with what else is running (the load
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -35,26 +36,37 @@ PROBES = 12  # windows read per cache state (1 MiB each)
 # serves 400 MB/s cold
 FALLBACK_WARM = 25e9
 FALLBACK_COLD = 4e8
-# fitted on the 2-core reference machine, relative to the probe's resident read (a 1 MiB pread that finds its
-# pages in the CPU's cache more often than a stream does): CPU per byte a run streams from the page cache,
-# writes into it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a
-# torch zip (universal's `.pt`: CRC-32 and a buffered write) and reduces (health's statistics). Measured there
-# on a 200M ZeRO-2 demo, one worker, page cache warm, probe 27.8 GB/s, CPU-seconds (user + sys) whole process:
-# bf16 0.72 (0.91 GB read, 0.46 GB written, 228 M casts), fp32 0.68 (0.91 GB kernel copies), universal 5.23
-# (2.40 GB read and zipped, 0.40 GB copied), health 0.88 (2.80 GB read and reduced); `scan` alone 0.30
-READ_COST = 2.0
-WRITE_COST = 12.0
-COPY_COST = 10.0
-# universal's `.pt` files since its chunks fit the caches and its journal no longer reads each file back for
-# its CRC-32: the quiet sweep's 16-worker run (chunks as small as now) took 2.38 CPU-s, and dropping the
-# read-back cut a run's CPU by a further 25 % (paired runs): ~1.8 CPU-s, 13 per byte (53 before both)
-ZIP_COST = 13.0
-REDUCE_COST = 3.5
-STARTUP_CPU = 0.35  # CPU-seconds of interpreter, imports and scan before the first byte
+# CPU per byte, relative to the copy probe's in-memory rate, a run streams from the page cache, writes into
+# it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a torch zip
+# (universal's `.pt`: CRC-32 and a buffered write) and reduces (health's statistics); the CPU-seconds before
+# the first byte (interpreter, imports, scan); what each thread beyond the first adds, and what each doubling
+# of workers beyond the cores costs. FITTED by tests/benchmarks/fit_preflight.py (see below for the fit).
+READ_COST = 4.0
+WRITE_COST = 24.0
+COPY_COST = 20.0
+ZIP_COST = 26.0
+REDUCE_COST = 7.0
+STARTUP_CPU = 0.35
+PARALLEL = 0.7
+OVERSUBSCRIBED = 0.1
+LOAD_WEIGHT = 1.0  # how much of what runs besides us at the probe keeps running through the run
 CAST_ELEMS = 1 << 18
+MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 # fitted there: a run streams whole ranges from the disk with the kernel's readahead, about twice what the
 # probe's isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s)
 STREAM_GAIN = 2.0
+FITTED = (
+    "READ_COST",
+    "WRITE_COST",
+    "COPY_COST",
+    "ZIP_COST",
+    "REDUCE_COST",
+    "STARTUP_CPU",
+    "PARALLEL",
+    "OVERSUBSCRIBED",
+    "STREAM_GAIN",
+    "LOAD_WEIGHT",
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class Calibration:
     warm_rate: float  # bytes/s one thread reads from the page cache
     cold_rate: float  # bytes/s one thread reads from the disk
     cast_rate: float  # elements/s one core casts (the run's commonest cast)
+    copy_rate: float  # bytes/s one core copies between two MEM_PROBE buffers: the CPU and its caches
     cores: int
     load: float  # processes runnable on the machine now, ours excluded
     seconds: float  # what calibrating cost
@@ -100,6 +113,7 @@ def calibrate(
         warm_rate=warm_rate,
         cold_rate=cold_rate,
         cast_rate=_cast_rate(*cast),
+        copy_rate=_copy_rate(),
         cores=usable_cores(),
         load=_others_runnable(),
         seconds=time.perf_counter() - start,
@@ -147,6 +161,20 @@ def _others_runnable(samples: int = 5) -> float:
     return max(0.0, sum(seen) / len(seen) - 1.0)
 
 
+def _copy_rate() -> float:
+    """Bytes/s one core copies MEM_PROBE bytes from one buffer to another (best of five): what the CPU and
+    its caches do with bytes in memory, whatever state the page cache is in."""
+    src = np.ones(MEM_PROBE, np.uint8)
+    dst = np.zeros(MEM_PROBE, np.uint8)
+    dst.fill(1)  # faulted in before the clock starts
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return MEM_PROBE / best if best > 0 else 5e10
+
+
 def _cast_rate(src_dtype: str, out_dtype: str) -> float:
     """Elements/s one core casts `src_dtype` to `out_dtype` (best of three)."""
     src = np.linspace(-2.0, 2.0, CAST_ELEMS, dtype=np.float64).astype(numpy_dtype(src_dtype))
@@ -173,6 +201,8 @@ class Work:
     zipped: int = 0  # bytes written into a torch zip with their CRC-32 (universal's `.pt` files)
     reduced: int = 0  # bytes whose statistics are computed (health)
     pieces: int = 0  # independent pieces (files, streams) the workers share: no more run at once (0: any)
+    outputs: int = 0  # files written at once (0: as many as the workers): writes into one file take its
+    # inode's lock in turn, so `written` and `copied` go no faster with more threads than files
     # whether the disk's part overlaps the CPU's: not where each worker reads a chunk, then works on it and
     # writes it before reading the next (universal's zip): there a cold page cache adds the disk's time
     # (quiet sweep: 1 worker 5.52 s warm, 7.10 s cold, the cold one-thread floor 1.32 s)
@@ -180,23 +210,32 @@ class Work:
 
 
 def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
-    """Seconds a run takes here, start-up included. Each part's CPU, from the calibration, runs on the cores
-    the machine leaves us: min(workers, cores, pieces), shared with what else is runnable (the load
-    average); the bytes not in the page cache come at the disk's pace, overlapped with the CPU's part
-    unless `work.overlapped` says not."""
+    """Seconds a run takes here, start-up included. The CPU's part, in units of the copy probe's rate (a
+    faster CPU or memory is a faster run), runs on min(workers, cores, pieces) threads, each beyond the
+    first adding PARALLEL of a core (they share the memory bus), shared with what else is runnable; the
+    writes into a file, on no more threads than files written at once (its inode's lock); workers beyond
+    the cores cost OVERSUBSCRIBED more per doubling (they contend for the same cores and caches); the bytes
+    not in the page cache come at the disk's pace, overlapped with the CPU's part unless `work.overlapped`
+    says not."""
     threads = min(workers, cal.cores, work.pieces or workers)
-    buffered = work.read - work.copied
-    per_byte = (
-        READ_COST * buffered * cal.resident
-        + WRITE_COST * work.written
-        + COPY_COST * work.copied
-        + ZIP_COST * work.zipped
-        + REDUCE_COST * work.reduced
-    )
-    cpu = per_byte / cal.warm_rate + work.cast_elems / cal.cast_rate
+    writers = min(threads, work.outputs or threads)
+    compute, writing = cpu_seconds(cal, workers, work)
+    busy = compute / _share(threads, cal) + writing / _share(writers, cal)
     disk = work.read * (1.0 - cal.resident) / (cal.cold_rate * STREAM_GAIN)
-    busy = cpu / _share(threads, cal)
     return STARTUP_CPU / _share(1, cal) + (max(busy, disk) if work.overlapped else busy + disk)
+
+
+def cpu_seconds(cal: Calibration, workers: int, work: Work) -> tuple[float, float]:
+    """CPU-seconds of the run's work after start-up: (what spreads over the threads, the writes into its
+    files), each at its cost per byte in units of the copy probe's rate, workers beyond the cores costing
+    OVERSUBSCRIBED more per doubling (they contend for the same cores and caches)."""
+    buffered = work.read - work.copied
+    compute = READ_COST * buffered * cal.resident + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
+    compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
+    writing = (WRITE_COST * work.written + COPY_COST * work.copied) / cal.copy_rate
+    crowd = min(workers, work.pieces or workers) / max(1, cal.cores)
+    extra = 1.0 + OVERSUBSCRIBED * math.log2(crowd) if crowd > 1.0 else 1.0
+    return compute * extra, writing * extra
 
 
 def calibrated_seconds(
@@ -214,7 +253,9 @@ def calibrated_seconds(
 
 
 def _share(threads: int, cal: Calibration) -> float:
-    """Cores `threads` busy threads get: all of them, or on a busy machine their share of the cores."""
+    """Cores' worth of work `threads` busy threads do: each beyond the first PARALLEL of a core, and on a
+    busy machine their share of the cores."""
     threads = max(1, threads)
-    runnable = cal.load + threads
-    return threads if runnable <= cal.cores else threads * cal.cores / runnable
+    runnable = LOAD_WEIGHT * cal.load + threads
+    cores = threads if runnable <= cal.cores else threads * cal.cores / runnable
+    return 1.0 + (cores - 1.0) * PARALLEL if cores > 1.0 else cores

@@ -175,11 +175,14 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
     casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
     pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
     copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)
+    from inspector.convert.kinds.safetensors import SIDE_BY_SIDE
+
     work = Work(
         read=plan.read_bytes,
         written=output_bytes - copied,
         cast_elems=sum(t.numel for t in tensors if t.src_dtype != t.out_dtype),
         copied=copied,
+        outputs=min(SIDE_BY_SIDE, len(plan.shards)),
     )
     return calibrated_seconds(plan.sources, reads, work, plan_workers(plan), pair)
 

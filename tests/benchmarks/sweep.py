@@ -31,6 +31,7 @@ the high-water mark across exec), so the figures are the commands' own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -100,12 +101,21 @@ def _ranges(root: str, what: str) -> tuple[list[tuple[str, int, int]], int]:
 def child_predict(root: str, what: str, workers: int, out_dir: str) -> None:
     """Print preflight's time for the command on `workers` (the calibrated model, this machine, now)."""
     sys.path.insert(0, str(REPO))
+    import inspector.convert.calibrate as calibration
     from inspector.convert.kinds import get
     from inspector.convert.kinds.base import Request
     from inspector.convert.options import ConvertOptions, select
     from inspector.health.estimate import health_seconds
     from inspector.scan.scanner import scan
 
+    model: dict[str, Any] = {}  # what the model was given, for tests/benchmarks/fit_preflight.py
+    real = calibration.estimate_seconds
+
+    def spy(cal: Any, n: int, work: Any) -> float:
+        model.update(cal=dataclasses.asdict(cal), workers=n, work=dataclasses.asdict(work))
+        return real(cal, n, work)
+
+    calibration.estimate_seconds = spy  # type: ignore[assignment]
     ckpt = scan(root)
     if what == "health":
         seconds = health_seconds(ckpt, select(ckpt, ConvertOptions()), None, workers)
@@ -113,7 +123,7 @@ def child_predict(root: str, what: str, workers: int, out_dir: str) -> None:
         kind, dtype = ("universal", None) if what == "universal" else ("weights", what)
         request = Request(ConvertOptions(dtype=dtype, workers=workers))
         seconds = get(kind).plan(ckpt, request, out_dir).assess().estimated_seconds
-    print(json.dumps({"seconds": seconds}))
+    print(json.dumps({"seconds": seconds, "model": model}))
 
 
 def child_floor(root: str, what: str, threads: int, out_dir: str) -> None:
@@ -203,6 +213,15 @@ def _seconds(out: str) -> float:
         return float("nan")
 
 
+def _model(out: str) -> dict[str, Any] | None:
+    """The time model's inputs the prediction child saw (calibration, workers, work), for the refit."""
+    try:
+        model = json.loads(out).get("model")
+    except ValueError:
+        return None
+    return model if isinstance(model, dict) else None
+
+
 def _phase(what: str, out: str) -> float | None:
     """The pass's own time: health's `seconds`, a convert's JSON report's (the engine's run)."""
     if what == "health":
@@ -234,6 +253,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row |= {k: run[k] for k in ("wall", "cpu", "rss", "code")}
                 row["phase"] = _phase(what, run["out"])
                 row["predicted"] = _seconds(guess["out"])
+                row["model"] = _model(guess["out"])
                 rows.append(row)
                 print(_line(row, rows, args.cores), flush=True)
     shutil.rmtree(out, ignore_errors=True)
@@ -320,6 +340,9 @@ def main() -> int:
     ap.add_argument("--cache", nargs="+", choices=("warm", "cold"), default=["warm", "cold"])
     ap.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     ap.add_argument("--append", action="store_true", help="add the section to tests/benchmarks/results.md")
+    ap.add_argument(
+        "--rows-json", help="also write the rows (with the model's inputs) here, for fit_preflight.py"
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--predict", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -343,6 +366,9 @@ def main() -> int:
     commit = _commit()
     rows = run_sweep(args)
     text = _section(args, rows, started, load, commit)
+    if args.rows_json:
+        with open(args.rows_json, "w") as fh:
+            json.dump({"cores": args.cores, "started": started, "commit": commit, "rows": rows}, fh, indent=1)
     print(text)
     if args.append:
         with open(HERE / "results.md", "a") as fh:

@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Refit preflight's time model (`inspector/convert/calibrate.py`) to what runs on this machine took.
+
+Input: the rows `sweep.py --rows-json` writes (each with the model's inputs as the prediction child saw
+them: the calibration, the workers, the work) and the run's measured whole-process wall. The fit minimises
+the squared log error of the prediction over every row (Nelder-Mead on the logarithm of each constant, from
+the current values), then prints the current and the refitted constants and, for each, how many rows fall
+within 25 % of the wall. Nothing is written: the constants are copied into calibrate.py by hand, with the
+figures, so a refit is reviewed like any other change.
+
+    python tests/benchmarks/fit_preflight.py /tmp/fit/rows-*.json
+    python tests/benchmarks/fit_preflight.py --check ROWS.json   # the current constants only
+    python tests/benchmarks/fit_preflight.py --fix PARALLEL=0.6 ROWS.json   # hold one
+
+Fit on one set of sweeps and `--check` on another (another demo, another hour) before trusting a refit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import inspector.convert.calibrate as calibration
+from inspector.convert.calibrate import Calibration, Work
+
+FITTED = calibration.FITTED  # the constants the fit may move
+# fitted to the warm runs' CPU-seconds (user + sys: what a busy machine changes least), then the rest to the
+# walls with those held: a shared machine shows the CPU each byte costs far better than how threads overlap
+CPU_FITTED = (
+    "READ_COST",
+    "WRITE_COST",
+    "COPY_COST",
+    "ZIP_COST",
+    "REDUCE_COST",
+    "STARTUP_CPU",
+    "OVERSUBSCRIBED",
+)
+
+
+def load(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """Every row with a model and a wall, from the sweep files."""
+    rows = []
+    for p in paths:
+        with open(p) as fh:
+            data = json.load(fh)
+        for r in data["rows"]:
+            if r.get("model") and r.get("code") == 0 and r["wall"] > 0:
+                rows.append(r | {"file": Path(p).name})
+    return rows
+
+
+def _parse(row: dict[str, Any]) -> tuple[Calibration, int, Work]:
+    m = row["model"]
+    names = {f.name for f in fields(Calibration)}
+    return Calibration(**{k: v for k, v in m["cal"].items() if k in names}), m["workers"], Work(**m["work"])
+
+
+def predict(row: dict[str, Any], constants: dict[str, float]) -> float:
+    """The model's seconds for `row` with `constants` in place of calibrate.py's."""
+    saved = {k: getattr(calibration, k) for k in constants}
+    try:
+        for k, v in constants.items():
+            setattr(calibration, k, v)
+        cal, workers, work = _parse(row)
+        return calibration.estimate_seconds(cal, workers, work)
+    finally:
+        for k, v in saved.items():
+            setattr(calibration, k, v)
+
+
+def predict_cpu(row: dict[str, Any], constants: dict[str, float]) -> float:
+    """The model's CPU-seconds for `row` (start-up and work) with `constants` in place of calibrate.py's."""
+    saved = {k: getattr(calibration, k) for k in constants}
+    try:
+        for k, v in constants.items():
+            setattr(calibration, k, v)
+        cal, workers, work = _parse(row)
+        return calibration.STARTUP_CPU + sum(calibration.cpu_seconds(cal, workers, work))
+    finally:
+        for k, v in saved.items():
+            setattr(calibration, k, v)
+
+
+def loss(rows: list[dict[str, Any]], constants: dict[str, float], cpu: bool = False) -> float:
+    if cpu:
+        return sum(math.log(predict_cpu(r, constants) / r["cpu"]) ** 2 for r in rows) / len(rows)
+    return sum(math.log(predict(r, constants) / r["wall"]) ** 2 for r in rows) / len(rows)
+
+
+def within(rows: list[dict[str, Any]], constants: dict[str, float], bound: float = 0.25) -> int:
+    return sum(abs(predict(r, constants) / r["wall"] - 1.0) <= bound for r in rows)
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: list[float], steps: int = 3000) -> list[float]:
+    """A plain Nelder-Mead (no scipy in the test environment): good enough for a handful of constants."""
+    n = len(x0)
+    simplex = [x0] + [[x + (0.3 if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    scores = [f(x) for x in simplex]
+    for _ in range(steps):
+        order = sorted(range(n + 1), key=scores.__getitem__)
+        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+        centre = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+
+        def toward(t: float, worst: list[float] = worst, centre: list[float] = centre) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centre, worst, strict=True)]
+
+        refl = toward(-1.0)
+        fr = f(refl)
+        if fr < scores[0]:
+            exp = toward(-2.0)
+            fe = f(exp)
+            simplex[-1], scores[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < scores[-2]:
+            simplex[-1], scores[-1] = refl, fr
+        else:
+            con = toward(0.5)
+            fc = f(con)
+            if fc < scores[-1]:
+                simplex[-1], scores[-1] = con, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [
+                    [b + 0.5 * (x - b) for b, x in zip(best, s, strict=True)] for s in simplex[1:]
+                ]
+                scores = [scores[0]] + [f(s) for s in simplex[1:]]
+        if max(scores) - min(scores) < 1e-10:
+            break
+    return simplex[min(range(n + 1), key=scores.__getitem__)]
+
+
+def fit(rows: list[dict[str, Any]], fixed: dict[str, float]) -> dict[str, float]:
+    """The constants that minimise the log error, those in `fixed` held: first the CPU_FITTED ones against
+    the warm rows' CPU-seconds, then the others against every row's wall."""
+    current = {k: float(getattr(calibration, k)) for k in FITTED}
+    warm = [r for r in rows if r["cache"] == "warm"]
+    held = dict(fixed)
+    for keys, sample, cpu in ((CPU_FITTED, warm, True), (FITTED, rows, False)):
+        free = [k for k in keys if k not in held]
+        if free and sample:
+            held |= _fit_stage(sample, current | held, free, cpu)
+    return current | held
+
+
+def _fit_stage(
+    sample: list[dict[str, Any]], base: dict[str, float], free: list[str], cpu: bool
+) -> dict[str, float]:
+    """The `free` constants that minimise the log error over `sample` (CPU-seconds or walls), the rest as
+    `base` has them."""
+
+    def f(logs: list[float]) -> float:
+        return loss(sample, base | {k: math.exp(v) for k, v in zip(free, logs, strict=True)}, cpu)
+
+    best = nelder_mead(f, [math.log(base[k]) for k in free])
+    return {k: math.exp(v) for k, v in zip(free, best, strict=True)}
+
+
+def report(rows: list[dict[str, Any]], constants: dict[str, float], title: str) -> None:
+    warm = [r for r in rows if r["cache"] == "warm"]
+    print(
+        f"{title}: {within(rows, constants)} of {len(rows)} rows within 25 %, rms log error "
+        f"{math.sqrt(loss(rows, constants)):.3f} (warm CPU-seconds: {math.sqrt(loss(warm, constants, True)):.3f})"
+    )
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(f"{r['what']} {r['cache']}", []).append(predict(r, constants) / r["wall"] - 1.0)
+    for k, errs in sorted(by.items()):
+        print(f"  {k:16} " + " ".join(f"{e:+.0%}" for e in errs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rows", nargs="+", help="files written by sweep.py --rows-json")
+    ap.add_argument("--check", action="store_true", help="report the current constants only")
+    ap.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="hold a constant (e.g. PARALLEL, which a machine other work shares cannot show)",
+    )
+    args = ap.parse_args()
+    rows = load(args.rows)
+    if not rows:
+        print("no rows with the model's inputs (run sweep.py --rows-json)", file=sys.stderr)
+        return 2
+    current = {k: float(getattr(calibration, k)) for k in FITTED}
+    report(rows, current, "current")
+    if args.check:
+        return 0
+    fixed = {k: float(v) for k, _, v in (f.partition("=") for f in args.fix)}
+    unknown = set(fixed) - set(FITTED)
+    if unknown:
+        print(f"not a fitted constant: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    new = fit(rows, fixed)
+    report(rows, new, "refitted")
+    for k in FITTED:
+        print(f"{k} = {new[k]:.4g}  # was {current[k]:.4g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
