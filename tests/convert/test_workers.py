@@ -169,3 +169,43 @@ def test_shards_are_written_side_by_side_in_one_pool(
         assert most[0] == job.workers and len(made) == 1
         digests[w] = _digests(tmp_path / f"out{w}")
     assert digests[1] == digests[4]
+
+
+def test_locally_no_more_workers_than_cores(demo: DemoCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker beyond the usable cores would only read ahead of a free core: locally 16 asked run as the
+    cores (`limits.busy_threads`), with the buffers those get; the default is every usable core."""
+    from inspector.system import limits
+
+    monkeypatch.setattr(limits, "usable_cores", lambda: 3)
+    monkeypatch.setattr(pipeline, "usable_cores", lambda: 3)
+    ckpt = scan(str(demo(SPEC)))
+    for asked, runs in ((16, 3), (2, 2), (None, 3)):
+        plan = build_plan(ckpt, ConvertOptions(dtype="bf16", workers=asked))
+        assert pipeline.plan_workers(plan) == runs, asked
+
+
+def test_threads_beyond_the_cores_change_no_byte(
+    demo: DemoCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on a node of many cores (busy_threads lets every worker run): 1, 5 and 16 threads, chunks small
+    enough that every tensor is cut many times, write the same bytes, and 16 do run side by side."""
+    from inspector.convert.kinds.safetensors import weights_job
+
+    monkeypatch.setattr(pipeline, "busy_threads", lambda w, remote=False: w)
+    seen: set[str] = set()
+    real = pipeline._work
+
+    def spy(io: Any, c: Any, *a: Any) -> None:
+        seen.add(threading.current_thread().name)
+        real(io, c, *a)
+
+    monkeypatch.setattr(pipeline, "_work", spy)
+    ckpt = scan(str(demo(SPEC)))
+    digests = {}
+    for w in (1, 5, 16):
+        seen.clear()
+        plan = build_plan(ckpt, ConvertOptions(dtype="bf16", workers=w, chunk_elems=40_000))
+        execute(weights_job(plan, str(tmp_path / f"out{w}")))
+        digests[w] = _digests(tmp_path / f"out{w}")
+        assert len(seen) > 2 if w == 16 else len(seen) <= w, (w, seen)
+    assert digests[1] == digests[5] == digests[16]
