@@ -9,6 +9,7 @@ memory is one budget (SCRATCH_BUDGET) divided among the workers, whatever the mo
 from __future__ import annotations
 
 import math
+import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -334,26 +335,34 @@ def run_jobs(
     jobs: Sequence[Job], streamer: Streamer, threads: int, tick: float = 0.25
 ) -> Iterator[tuple[Job, list[Row] | BaseException] | None]:
     """Run jobs on `threads` workers, largest first; yield (job, rows or its error) as each finishes and
-    None every `tick` seconds in between (for progress). Leaving the loop early stops the other jobs at
-    their next chunk."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    None every `tick` seconds in between (for progress). Each job is handed back once, as it ends (waiting
+    on every pending future each time cost O(jobs²) lock round trips: 0.3 s of the main thread's time on
+    249 jobs under a profiler). Leaving the loop early stops the other jobs at their next chunk."""
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     order = sorted(jobs, key=lambda j: -j.nbytes)
+    ended: queue.SimpleQueue[Future[list[Row]]] = queue.SimpleQueue()
     with ThreadPoolExecutor(threads, thread_name_prefix="zi-health") as ex:
-        futures = {ex.submit(streamer.run, j): j for j in order}
-        pending = set(futures)
+        futures: dict[Future[list[Row]], Job] = {}
+        for j in order:
+            f = ex.submit(streamer.run, j)
+            futures[f] = j
+            f.add_done_callback(ended.put)
+        left = len(futures)
         try:
-            while pending:
-                finished, pending = wait(pending, timeout=tick, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    exc = f.exception()
-                    yield futures[f], (exc if exc is not None else f.result())
-                if not finished:
+            while left:
+                try:
+                    f = ended.get(timeout=tick)
+                except queue.Empty:
                     yield None
+                    continue
+                left -= 1
+                exc = f.exception()
+                yield futures[f], (exc if exc is not None else f.result())
         finally:
-            if pending:
+            if left:
                 streamer.stop.set()
-                for f in pending:
+                for f in futures:
                     f.cancel()
 
 
