@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+TIED_PREFIX = "tied_modules."  # where DeepSpeed's PipelineModule registers tied modules (FORMAT.md §3.6)
+
 
 @dataclass(frozen=True, slots=True)
 class ExpertSpan:
@@ -34,6 +36,12 @@ class Holding:
     layers: tuple[int, ...] = ()
     tied: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
+
+    @property
+    def stage_modules(self) -> tuple[str, ...]:
+        """The module paths a pipeline stage's row covers, as the pipeline module names them: each layer by its
+        index (`4`), each tied module under `tied_modules.` (`tied_modules.embed`)."""
+        return tuple(str(i) for i in self.layers) + tuple(TIED_PREFIX + k for k in self.tied)
 
 
 def expert_spans(by_expert: Mapping[int, Sequence[int]]) -> tuple[ExpertSpan, ...]:
@@ -86,4 +94,4 @@ def _span_words(s: ExpertSpan, autoep: bool) -> str:
     return f"{noun} {which}: rank{'s' if len(s.ranks) > 1 else ''} {who}"
 
 
-__all__ = ["ExpertSpan", "Holding", "expert_spans", "holder_row", "ranges"]
+__all__ = ["TIED_PREFIX", "ExpertSpan", "Holding", "expert_spans", "holder_row", "ranges"]

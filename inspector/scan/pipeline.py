@@ -21,7 +21,7 @@ from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import record
 from inspector.scan.files import load_or_finding
-from inspector.scan.holding import Holding
+from inspector.scan.holding import TIED_PREFIX, Holding
 from inspector.scan.layout import stage12_layout
 from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
@@ -40,7 +40,6 @@ from inspector.scan.parallel_checks import differing_copies
 from inspector.scan.pipeline_files import Stage, classify, is_pipeline, missing_layers
 from inspector.scan.pipeline_names import (
     LAYER_NAME,
-    TIED_PREFIX,
     lost_tied_files,
     order_key,
     plain,

@@ -11,11 +11,11 @@ from dataclasses import replace
 from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import TensorFile
 from inspector.parse.states import OptimStates
+from inspector.scan.holding import TIED_PREFIX
 from inspector.scan.layout import ParamShapes
 from inspector.scan.model import Finding, Kind, Segment, Severity, TensorInfo
 
 LAYER_NAME = re.compile(r"^(\d+)\.(.+)$")
-TIED_PREFIX = "tied_modules."
 
 
 def shapes_from_slices(states: list[OptimStates], layer_files: Mapping[int, TensorFile]) -> ParamShapes:

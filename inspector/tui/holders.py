@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from inspector.scan.holding import Holding, holder_row, ranges
+from inspector.scan.holding import holder_row, ranges
 from inspector.scan.model import Parallel
 
 
@@ -36,11 +36,6 @@ def _expert_rows(par: Parallel) -> dict[str, str]:
     return out
 
 
-def _paths(h: Holding) -> list[str]:
-    """The module paths a pipeline stage holds: its layers by index, its tied modules under `tied_modules`."""
-    return [str(i) for i in h.layers] + [f"tied_modules.{k}" for k in h.tied]
-
-
 def _stage_rows(par: Parallel) -> dict[str, str]:
     """Each pipeline layer and tied module -> the stages (a tied module is on several) and their ranks,
     every tensor-parallel shard of a stage counted."""
@@ -49,7 +44,7 @@ def _stage_rows(par: Parallel) -> dict[str, str]:
     for h in par.placement:
         if h.stage is None:
             continue
-        for p in _paths(h):
+        for p in h.stage_modules:
             stages.setdefault(p, set()).add(h.stage)
             ranks.setdefault(p, set()).update(h.ranks)
     return {

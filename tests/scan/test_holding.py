@@ -61,7 +61,7 @@ def _stages_check(ckpt: Checkpoint) -> None:
     stages: dict[str, set[int]] = {}
     for h in par.placement:
         assert h.stage is not None and not h.experts and not h.module
-        for p in [str(i) for i in h.layers] + [f"tied_modules.{k}" for k in h.tied]:
+        for p in h.stage_modules:
             stages.setdefault(p, set()).add(h.stage)
     seen = set()
     for t in ckpt.tensors:
@@ -179,3 +179,8 @@ def test_native_experts_group_by_the_ranks_that_hold_them() -> None:
         ExpertSpan((0, 1), (0,)),
         ExpertSpan((2, 3), (1,)),
     )
+
+
+def test_a_stage_row_names_its_modules_as_the_pipeline_module_does() -> None:
+    h = Holding(stage=0, layers=(1, 2), tied=("embed",), ranks=(0,))
+    assert h.stage_modules == ("1", "2", "tied_modules.embed")

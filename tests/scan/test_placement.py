@@ -21,7 +21,7 @@ def _placed(ckpt: Checkpoint) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for h in ckpt.parallel.placement:
         assert h.stage is not None
-        for p in [str(i) for i in h.layers] + [f"tied_modules.{k}" for k in h.tied]:
+        for p in h.stage_modules:
             out.setdefault(p, set()).add(h.stage)
     return out
 
