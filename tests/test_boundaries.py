@@ -140,6 +140,22 @@ def test_system_never_reaches_up_to_remote() -> None:
         assert not [i for i in _imports(mods[m]) if i.startswith("inspector.remote")], m
 
 
+def test_the_tree_reads_the_placement_not_the_scans_words() -> None:
+    """The app's tensor tree learns who holds each expert and pipeline layer from the scan's structured rows
+    (`Parallel.placement`), never by matching the overview's wording (`Parallel.holders`) with patterns: a
+    change of wording must not change what the tree believes."""
+    mods = _modules()
+    assert "re" in _imports(mods["scan.placement"]), "the probe must see a plain `import re`"
+    path = mods["tui.holders"]
+    assert not {i for i in _imports(path) if i.split(".")[0] in {"re", "fnmatch", "parse"}}
+    words = [
+        n.lineno
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Attribute) and n.attr == "holders"
+    ]
+    assert not words, f"inspector/tui/holders.py reads Parallel.holders (the words) at lines {words}"
+
+
 def test_no_import_cycles() -> None:
     """Module-level imports form a DAG (function-local imports are how a face defers cost, not cycles)."""
     mods = _modules()

@@ -30,7 +30,7 @@ from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.autoep import AutoEPLayer, PartitionGroup, autoep_layers, partition_groups
 from inspector.parse.states import ModelStates, OptimStates
-from inspector.scan.autoep_place import place, ranks_text
+from inspector.scan.autoep_place import holding, place
 from inspector.scan.autoep_zero12 import zero12_layout
 from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout
@@ -268,8 +268,8 @@ def _parallel(ranks: Sequence[_Rank], ws: int) -> Parallel:
             mine = rank.layers[i] if i < len(rank.layers) else None
             if mine is not None and mine.ep_rank is not None:
                 by_ep.setdefault(mine.ep_rank, []).append(r)
-        rows.append((layer.expert_prefix, ranks_text(layer.placement, by_ep)))
-    return Parallel("expert", ep=ep, dp=ws, holders=tuple(rows), autoep=True)
+        rows.append(holding(layer.expert_prefix, layer.placement, by_ep))
+    return Parallel("expert", ep=ep, dp=ws, placement=tuple(rows), autoep=True)
 
 
 __all__ = ["is_autoep", "scan_autoep"]

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from inspector.errors import UnsupportedCheckpointError
 from inspector.parse.autoep import ParamMap
+from inspector.scan.holding import ExpertSpan, Holding
 from inspector.scan.model import Segment, TensorInfo
 
 
@@ -73,21 +74,15 @@ def cut(segs: Sequence[Segment], start: int, numel: int) -> list[Segment]:
     return out
 
 
-def ranks_text(placement: Mapping[int, Sequence[int]], by_ep: Mapping[int, Sequence[int]]) -> str:
-    """`experts 0-1: rank 0 · experts 2-3: rank 1`: each expert-parallel rank's global experts and the ranks
-    (its expert-data-parallel group) that hold them."""
-    parts = []
-    for ep in sorted(placement):
-        experts = sorted(placement[ep])
-        ranks = sorted(by_ep.get(ep, ()))
-        runs = experts == list(range(experts[0], experts[-1] + 1)) if experts else False
-        span = (
-            (f"{experts[0]}-{experts[-1]}" if len(experts) > 1 else f"{experts[0]}")
-            if runs
-            else ", ".join(map(str, experts))
-        )
-        who = ", ".join(map(str, ranks)) if ranks else "none"
-        parts.append(
-            f"expert{'s' if len(experts) > 1 else ''} {span}: rank{'s' if len(ranks) > 1 else ''} {who}"
-        )
-    return " · ".join(parts)
+def holding(
+    module: str, placement: Mapping[int, Sequence[int]], by_ep: Mapping[int, Sequence[int]]
+) -> Holding:
+    """One AutoEP layer's row: each expert-parallel rank's global experts (AutoEP may place them apart) and the
+    ranks (its expert-data-parallel group) that hold them."""
+    return Holding(
+        module,
+        tuple(
+            ExpertSpan(tuple(sorted(placement[ep])), tuple(sorted(by_ep.get(ep, ()))))
+            for ep in sorted(placement)
+        ),
+    )

@@ -20,7 +20,7 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef
 from inspector.parse.autoep import AutoEPLayer
 from inspector.parse.states import OptimStates
-from inspector.scan.autoep_place import place, ranks_text
+from inspector.scan.autoep_place import holding, place
 from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.model import Finding, GroupInfo, Parallel, RankGroup, Segment, Severity
@@ -75,13 +75,10 @@ def zero12_layout(
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     lay.findings += _missing(layers, files)
     rows = tuple(
-        (
-            layer.expert_prefix,
-            ranks_text(layer.placement, {e: list(range(e, ws, layer.ep_size)) for e in layer.placement}),
-        )
+        holding(layer.expert_prefix, layer.placement, {e: range(e, ws, layer.ep_size) for e in layer.placement})
         for layer in layers
     )
-    return lay, Parallel("expert", ep=ep_max, dp=ws, holders=rows, autoep=True)
+    return lay, Parallel("expert", ep=ep_max, dp=ws, placement=rows, autoep=True)
 
 
 def _check_rank0(layers: Sequence[AutoEPLayer]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
+from inspector.scan.holding import Holding, holder_row
 from inspector.system.bytesource import ByteSource
 from inspector.text import has_unsafe, shown
 
@@ -177,16 +178,22 @@ class RankInfo:
 @dataclass(frozen=True, slots=True)
 class Parallel:
     """How a model-parallel run split the model (FORMAT.md §3.6, §3.7): its degrees and which ranks hold
-    what, as (part, holders) rows such as ("stage 1", "layers 3-5 · ranks 1, 3"). Data-parallel-only
-    checkpoints have none. Everything after the scan works on the tensors' segments and never needs this."""
+    what (`placement`, one `Holding` per stage, shard or MoE layer). Data-parallel-only checkpoints have none.
+    Everything after the scan works on the tensors' segments and never needs this."""
 
     kind: str  # "pipeline" | "expert" | "tensor"
     pp: int = 1
     ep: int = 1
     tp: int = 1
     dp: int = 1
-    holders: tuple[tuple[str, str], ...] = ()
+    placement: tuple[Holding, ...] = ()
     autoep: bool = False  # experts fused by DeepSpeed's AutoEP (`ds_autoep_layers`), not native MoE modules
+
+    @property
+    def holders(self) -> tuple[tuple[str, str], ...]:
+        """The placement in words, as (part, who holds it) rows such as ("stage 1", "layers 3-5 · ranks 1, 3"):
+        the overview's rows and `scan --json`'s `holders`."""
+        return tuple(holder_row(h, autoep=self.autoep) for h in self.placement)
 
     @property
     def words(self) -> str:

@@ -22,6 +22,7 @@ from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.files import RankFiles, expert_copies
+from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.locate import Location
 from inspector.scan.model import (
@@ -153,10 +154,10 @@ def _moe_layout(
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     ep_max = max(eps) if eps else 1
-    rows = [
-        (f"{prefix.rstrip('.')}", holder_text(by_expert)) for prefix, by_expert in sorted(holders.items())
-    ]
-    return lay, Parallel("expert", ep=ep_max, dp=ws, holders=tuple(rows))
+    rows = tuple(
+        Holding(prefix.rstrip("."), expert_spans(by_expert)) for prefix, by_expert in sorted(holders.items())
+    )
+    return lay, Parallel("expert", ep=ep_max, dp=ws, placement=rows)
 
 
 def _add_params(
@@ -210,19 +211,6 @@ def _global(name: str, e: int, n_local: Mapping[str, int]) -> str:
     if not m:
         return name
     return f"{m.group(1)}{e * n_local[m.group(1)] + int(m.group(2))}{m.group(3)}"
-
-
-
-def holder_text(by_expert: Mapping[int, list[int]]) -> str:
-    """`expert 0-1: ranks 0 · expert 2-3: ranks 1`, grouped by the ranks that hold them."""
-    by_ranks: dict[tuple[int, ...], list[int]] = {}
-    for expert, held in sorted(by_expert.items()):
-        by_ranks.setdefault(tuple(held), []).append(expert)
-    parts = []
-    for ranks, experts in by_ranks.items():
-        span = f"{experts[0]}-{experts[-1]}" if len(experts) > 1 else f"{experts[0]}"
-        parts.append(f"experts {span}: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
-    return " · ".join(parts)
 
 
 def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: ByteSource) -> list[Finding]:

@@ -24,6 +24,7 @@ from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16, Unfuse
 from inspector.parse.states import ModelStates
 from inspector.scan.assemble import record
 from inspector.scan.files import RankFiles, load_or_finding
+from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
@@ -39,7 +40,7 @@ from inspector.scan.model import (
     Severity,
     TensorInfo,
 )
-from inspector.scan.moe import EXPERT_NAME, holder_text, missing_experts
+from inspector.scan.moe import EXPERT_NAME, missing_experts
 from inspector.scan.moe_zero0_sizes import expert_names, first_hyper, layer_sizes, named_groups, size_of
 from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
 from inspector.scan.pipeline_names import plain, with_copy
@@ -350,20 +351,20 @@ class _Zero0:
             findings=self.findings,
             module_copy_bytes=sum(s.nbytes for t in tensors for s in t.module_copy),
             parallel=Parallel(
-                "expert", ep=ep, dp=max(dp, ep), holders=self._holders(tensors, ep, max(dp, ep))
+                "expert", ep=ep, dp=max(dp, ep), placement=self._placement(tensors, ep, max(dp, ep))
             ),
         )
 
-    def _holders(self, tensors: Sequence[TensorInfo], ep: int, world: int) -> tuple[tuple[str, str], ...]:
-        """Which ranks hold which experts, per MoE layer, worded as the ZeRO-1/2 MoE scan words it: expert-
-        parallel rank e is every rank r with r mod ep = e (only expert-data-parallel rank 0 writes a file)."""
+    def _placement(self, tensors: Sequence[TensorInfo], ep: int, world: int) -> tuple[Holding, ...]:
+        """Which ranks hold which experts, per MoE layer, as the ZeRO-1/2 MoE scan records it: expert-parallel
+        rank e is every rank r with r mod ep = e (only expert-data-parallel rank 0 writes a file)."""
         by_layer: dict[str, dict[int, list[int]]] = {}
         for t in tensors:
             if (m := EXPERT_NAME.match(t.name)) and t.group is not None:
                 step = self.group_size.get(t.group) or ep
                 ranks = list(range(self.groups_rank.get(t.group, 0), world, step))
                 by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), ranks)
-        return tuple((layer, holder_text(by_expert)) for layer, by_expert in sorted(by_layer.items()))
+        return tuple(Holding(layer, expert_spans(by_expert)) for layer, by_expert in sorted(by_layer.items()))
 
 
 def _unfused(tree: object, path: str) -> UnfusedFp16:

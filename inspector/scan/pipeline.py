@@ -21,6 +21,7 @@ from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import record
 from inspector.scan.files import load_or_finding
+from inspector.scan.holding import TIED_PREFIX, Holding
 from inspector.scan.layout import stage12_layout
 from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
@@ -39,11 +40,9 @@ from inspector.scan.parallel_checks import differing_copies
 from inspector.scan.pipeline_files import Stage, classify, is_pipeline, missing_layers
 from inspector.scan.pipeline_names import (
     LAYER_NAME,
-    TIED_PREFIX,
     lost_tied_files,
     order_key,
     plain,
-    ranges,
     shapes_from_slices,
     tied_layer_files,
     with_copy,
@@ -321,7 +320,7 @@ class Pipeline:
             else (copies[0] if copies else "float32")
         )
         master = next((st.layout.master_dtype for st in self.stages.values() if st.layout), "float32")
-        parallel = Parallel("pipeline", pp=pp, dp=dp, holders=tuple(self._holders(dp)))
+        parallel = Parallel("pipeline", pp=pp, dp=dp, placement=self._placement(dp))
         return record(
             self.loc,
             model0,
@@ -353,34 +352,18 @@ class Pipeline:
         files += [FileInfo.stat(st.model_file, "model", None, mp[s]) for s, st in sorted(self.stages.items())]
         return files + [FileInfo.stat(p, "layer", None, self.tp_rank) for _, p in sorted(self.layers.items())]
 
-    def _holders(self, dp: int) -> list[tuple[str, str]]:
+    def _placement(self, dp: int) -> tuple[Holding, ...]:
+        """Per stage: the parameter layers and tied modules whose masters its optimizer files hold, and its
+        global ranks ((stage x dp + data-parallel rank) x tp + tensor-parallel rank)."""
         rows = []
         for s, st in sorted(self.stages.items()):
-            layers = sorted(
-                {
-                    int(m.group(1))
-                    for n in (st.layout.params if st.layout else {})
-                    if (m := LAYER_NAME.match(n))
-                }
-            )
-            tied = sorted(
-                {
-                    n.split(".")[1]
-                    for n in (st.layout.params if st.layout else {})
-                    if n.startswith(TIED_PREFIX)
-                }
-            )
-            what = (
-                f"{'layer' if len(layers) == 1 else 'layers'} {ranges(layers)}"
-                if layers
-                else "no parameter layers"
-            )
-            if tied:
-                what += f" · tied {', '.join(tied)}"
+            params = st.layout.params if st.layout else {}
+            layers = sorted({int(m.group(1)) for n in params if (m := LAYER_NAME.match(n))})
+            tied = sorted({n.split(".")[1] for n in params if n.startswith(TIED_PREFIX)})
             held = sorted(st.optims) or (range(dp) if st.held() else [])  # ZeRO off: every replica holds it
-            ranks = ", ".join(str((s * dp + d) * self.tp + self.tp_rank) for d in held) or "–"
-            rows.append((f"stage {s}", f"{what} · ranks {ranks}"))
-        return rows
+            ranks = tuple((s * dp + d) * self.tp + self.tp_rank for d in held)
+            rows.append(Holding(stage=s, layers=tuple(layers), tied=tuple(tied), ranks=ranks))
+        return tuple(rows)
 
 
 def _stage_of(t: TensorInfo, stages: Mapping[int, Stage]) -> int:

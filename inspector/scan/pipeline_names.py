@@ -11,11 +11,11 @@ from dataclasses import replace
 from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import TensorFile
 from inspector.parse.states import OptimStates
+from inspector.scan.holding import TIED_PREFIX
 from inspector.scan.layout import ParamShapes
 from inspector.scan.model import Finding, Kind, Segment, Severity, TensorInfo
 
 LAYER_NAME = re.compile(r"^(\d+)\.(.+)$")
-TIED_PREFIX = "tied_modules."
 
 
 def shapes_from_slices(states: list[OptimStates], layer_files: Mapping[int, TensorFile]) -> ParamShapes:
@@ -133,14 +133,3 @@ def order_key(name: str) -> tuple[int, int]:
     if m := LAYER_NAME.match(name):
         return (1, int(m.group(1)))
     return (0, 0)
-
-
-def ranges(values: list[int]) -> str:
-    """`0-2, 5` for [0, 1, 2, 5] (sorted input)."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)

@@ -113,11 +113,11 @@ def _joined(
     par = base.parallel or Parallel("pipeline")
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
     rows = [
-        (i, t, part, who)
+        (i, t, replace(h, shard=t))
         for t, c in scanned.items()
-        for i, (part, who) in enumerate(c.parallel.holders if c.parallel else ())
+        for i, h in enumerate(c.parallel.placement if c.parallel else ())
     ]
-    holders = tuple((f"{part} · shard {t}", who) for _, t, part, who in sorted(rows))  # stage by stage
+    placement = tuple(h for _, _, h in sorted(rows, key=lambda row: row[:2]))  # stage by stage
     return replace(
         base,
         tensors=tuple(tensors),
@@ -126,7 +126,7 @@ def _joined(
         files=tuple(f for c in scanned.values() for f in c.files),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
-        parallel=replace(par, tp=tp, holders=holders),
+        parallel=replace(par, tp=tp, placement=placement),
     )
 
 

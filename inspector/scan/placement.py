@@ -1,6 +1,12 @@
 """Where a tensor lives in a pipeline-parallel layout, for reports that name a tensor: the stage whose
 optimizer files hold its fp32 master. DeepSpeed names each stage's files `..._mp_rank_MM_...` with
-MM = stage x tp + tensor-parallel rank (FORMAT.md §3.6), so the segments already say it."""
+MM = stage x tp + tensor-parallel rank (FORMAT.md §3.6), so the segments already say it.
+
+This is not `Parallel.placement` read backwards. The placement says which layers and tied modules each stage
+holds, so a tied module is on every stage that uses it; this says which file the scan reads one tensor's bytes
+from, so a tied weight has one answer (the copy read), and a buffer or frozen parameter read from a layer file
+(`layer_NN-model_00`, no stage in its name) has none. Health names that stage so a reader knows which
+files to open; the segments are the bytes actually read, so they are the source of truth for it."""
 
 from __future__ import annotations
 

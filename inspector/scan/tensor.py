@@ -22,6 +22,7 @@ from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
+from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
@@ -72,8 +73,8 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
-    holders = tuple(
-        (f"shard {t}", "ranks " + ", ".join(str(d * tp + t) for d in range(c.world_size)))
+    placement = tuple(
+        Holding(shard=t, ranks=tuple(d * tp + t for d in range(c.world_size)))
         for t, c in sorted(scanned.items())
     )
     return replace(
@@ -84,7 +85,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
         files=tuple(f for c in scanned.values() for f in c.files),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
-        parallel=Parallel("tensor", tp=tp, dp=dp, holders=holders),
+        parallel=Parallel("tensor", tp=tp, dp=dp, placement=placement),
     )
 
 
@@ -131,7 +132,9 @@ def join_shards(
     findings say why)."""
     complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
-    if (recipe is None or recipe.regex) and tp_split and complete:  # a record we cannot read: the user's split
+    if (
+        (recipe is None or recipe.regex) and tp_split and complete
+    ):  # a record we cannot read: the user's split
         recipe = _user_recipe(scanned[0], tp_split, findings, model0)
         complete = recipe is not None
     return _join(scanned, recipe, findings, loc) if complete else []

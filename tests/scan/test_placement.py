@@ -1,49 +1,62 @@
 """`stage_of` on the pipeline layout fixtures (real DeepSpeed 0.19.8 runs): every trainable tensor's stage is
-the one the scan's overview lists its layer under (`stage S…: layers A-B, C`; a layer listed on two stages, as a ZeRO-off tied copy, on the first), tied
-modules on the first stage."""
+the first one whose placement (`Parallel.placement`) lists its layer or tied module (a layer listed on two
+stages, as a ZeRO-off tied copy, or a tied module on every stage using it: the first), and a tensor read from
+a layer file (a buffer) has none, though its layer is placed."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
+from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.placement import stage_of
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import FIXTURES, ckpt_dir
 
 PIPELINES = sorted(p.parent.name for p in FIXTURES.glob("p*/ckpt"))
-ROW = re.compile(r"^stage (\d+)")
-LAYERS = re.compile(r"layers? ([\d, -]+)")
 
 
-def _numbers(text: str) -> set[int]:
-    """`0-2`, `0, 4`, `3` -> the layer numbers."""
-    out: set[int] = set()
-    for part in text.strip(" ,").split(","):
-        lo, _, hi = part.strip().partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
+def _placed(ckpt: Checkpoint) -> dict[str, set[int]]:
+    """Module path (`4`, `tied_modules.embed`) -> the stages whose placement lists it."""
+    assert ckpt.parallel is not None
+    out: dict[str, set[int]] = {}
+    for h in ckpt.parallel.placement:
+        assert h.stage is not None
+        for p in h.stage_modules:
+            out.setdefault(p, set()).add(h.stage)
     return out
 
 
+def _module(name: str) -> str:
+    head, _, rest = name.partition(".")
+    return f"{head}.{rest.split('.')[0]}" if head == "tied_modules" else head
+
+
 @pytest.mark.parametrize("layout", PIPELINES)
-def test_every_trainable_tensor_is_on_the_stage_the_overview_lists(layout: str) -> None:
+def test_every_trainable_tensor_is_on_the_first_stage_placing_it(layout: str) -> None:
     ckpt = scan(str(ckpt_dir(layout)))
     assert ckpt.parallel is not None and ckpt.parallel.pp > 1
-    spans: dict[int, set[int]] = {}
-    for part, held in ckpt.parallel.holders:
-        if (s := ROW.match(part)) and (m := LAYERS.search(held)):
-            spans[int(s.group(1))] = _numbers(m.group(1))
-    assert sorted(spans) == list(range(ckpt.parallel.pp)), ckpt.parallel.holders
+    placed = _placed(ckpt)
+    assert {s for stages in placed.values() for s in stages} == set(range(ckpt.parallel.pp))
     seen = set()
     for t in ckpt.tensors:
-        if t.kind.value != "trainable":
+        if t.kind is not Kind.TRAINABLE:
             continue
-        layer = t.name.split(".")[0]
-        want = 0 if layer == "tied_modules" else min(s for s, r in spans.items() if int(layer) in r)
+        want = min(placed[_module(t.name)])
         assert stage_of(ckpt, t.name) == want, t.name
         seen.add(want)
-    assert seen == set(spans)  # every stage holds some tensor: the test reached past stage 0
+    assert seen == set(
+        range(ckpt.parallel.pp)
+    )  # every stage holds some tensor: the test reached past stage 0
+
+
+def test_a_buffer_has_no_stage_though_its_layer_is_placed() -> None:
+    """Layer 2's `scale` buffer is read from its layer file, which names no stage: stage_of answers where the
+    bytes are read, not which stage's module holds the layer (that is the placement's: stage 0)."""
+    ckpt = scan(str(ckpt_dir("pp_z1_bf16_dp2")))
+    assert ckpt.tensor("2.scale").kind is Kind.BUFFER
+    assert _placed(ckpt)["2"] == {0}
+    assert stage_of(ckpt, "2.scale") is None
+    assert stage_of(ckpt, "2.norm.weight") == 0
 
 
 def test_outside_a_pipeline_there_is_no_stage() -> None:
