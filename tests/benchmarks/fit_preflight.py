@@ -10,7 +10,7 @@ figures, so a refit is reviewed like any other change.
 
     python tests/benchmarks/fit_preflight.py /tmp/fit/rows-*.json
     python tests/benchmarks/fit_preflight.py --check ROWS.json   # the current constants only
-    python tests/benchmarks/fit_preflight.py --fix PARALLEL=0.6 ROWS.json   # hold one
+    python tests/benchmarks/fit_preflight.py --fix READ_COST=3.5 ROWS.json   # hold one
 
 Fit on one set of sweeps and `--check` on another (another demo, another hour) before trusting a refit.
 """
@@ -32,17 +32,6 @@ import inspector.convert.calibrate as calibration
 from inspector.convert.calibrate import Calibration, Work
 
 FITTED = calibration.FITTED  # the constants the fit may move
-# fitted to the warm runs' CPU-seconds (user + sys: what a busy machine changes least), then the rest to the
-# walls with those held: a shared machine shows the CPU each byte costs far better than how threads overlap
-CPU_FITTED = (
-    "READ_COST",
-    "WRITE_COST",
-    "COPY_COST",
-    "ZIP_COST",
-    "REDUCE_COST",
-    "STARTUP_CPU",
-    "OVERSUBSCRIBED",
-)
 
 
 def load(paths: Sequence[str]) -> list[dict[str, Any]]:
@@ -76,22 +65,7 @@ def predict(row: dict[str, Any], constants: dict[str, float]) -> float:
             setattr(calibration, k, v)
 
 
-def predict_cpu(row: dict[str, Any], constants: dict[str, float]) -> float:
-    """The model's CPU-seconds for `row` (start-up and work) with `constants` in place of calibrate.py's."""
-    saved = {k: getattr(calibration, k) for k in constants}
-    try:
-        for k, v in constants.items():
-            setattr(calibration, k, v)
-        cal, workers, work = _parse(row)
-        return calibration.STARTUP_CPU + sum(calibration.cpu_seconds(cal, workers, work))
-    finally:
-        for k, v in saved.items():
-            setattr(calibration, k, v)
-
-
-def loss(rows: list[dict[str, Any]], constants: dict[str, float], cpu: bool = False) -> float:
-    if cpu:
-        return sum(math.log(predict_cpu(r, constants) / r["cpu"]) ** 2 for r in rows) / len(rows)
+def loss(rows: list[dict[str, Any]], constants: dict[str, float]) -> float:
     return sum(math.log(predict(r, constants) / r["wall"]) ** 2 for r in rows) / len(rows)
 
 
@@ -138,36 +112,22 @@ def nelder_mead(f: Callable[[list[float]], float], x0: list[float], steps: int =
 
 
 def fit(rows: list[dict[str, Any]], fixed: dict[str, float]) -> dict[str, float]:
-    """The constants that minimise the log error, those in `fixed` held: first the CPU_FITTED ones against
-    the warm rows' CPU-seconds, then the others against every row's wall."""
+    """The constants that minimise the squared log error of the walls, those in `fixed` held (each fitted
+    through its logarithm: all are positive)."""
     current = {k: float(getattr(calibration, k)) for k in FITTED}
-    warm = [r for r in rows if r["cache"] == "warm"]
-    held = dict(fixed)
-    for keys, sample, cpu in ((CPU_FITTED, warm, True), (FITTED, rows, False)):
-        free = [k for k in keys if k not in held]
-        if free and sample:
-            held |= _fit_stage(sample, current | held, free, cpu)
-    return current | held
+    free = [k for k in FITTED if k not in fixed]
 
+    def f(xs: list[float]) -> float:
+        return loss(rows, current | fixed | {k: math.exp(x) for k, x in zip(free, xs, strict=True)})
 
-def _fit_stage(
-    sample: list[dict[str, Any]], base: dict[str, float], free: list[str], cpu: bool
-) -> dict[str, float]:
-    """The `free` constants that minimise the log error over `sample` (CPU-seconds or walls), the rest as
-    `base` has them."""
-
-    def f(logs: list[float]) -> float:
-        return loss(sample, base | {k: math.exp(v) for k, v in zip(free, logs, strict=True)}, cpu)
-
-    best = nelder_mead(f, [math.log(base[k]) for k in free])
-    return {k: math.exp(v) for k, v in zip(free, best, strict=True)}
+    best = nelder_mead(f, [math.log(current[k]) for k in free])
+    return current | fixed | {k: math.exp(x) for k, x in zip(free, best, strict=True)}
 
 
 def report(rows: list[dict[str, Any]], constants: dict[str, float], title: str) -> None:
-    warm = [r for r in rows if r["cache"] == "warm"]
     print(
         f"{title}: {within(rows, constants)} of {len(rows)} rows within 25 %, rms log error "
-        f"{math.sqrt(loss(rows, constants)):.3f} (warm CPU-seconds: {math.sqrt(loss(warm, constants, True)):.3f})"
+        f"{math.sqrt(loss(rows, constants)):.3f}"
     )
     by: dict[str, list[float]] = {}
     for r in rows:
@@ -185,7 +145,7 @@ def main() -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="hold a constant (e.g. PARALLEL, which a machine other work shares cannot show)",
+        help="hold a constant at a value measured elsewhere (READ_COST from the read floor, say)",
     )
     args = ap.parse_args()
     rows = load(args.rows)

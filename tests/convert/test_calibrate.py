@@ -107,20 +107,16 @@ def test_the_model_follows_workers_cores_load_and_cache() -> None:
     job = Work(read=4 << 30, written=2 << 30, cast_elems=1 << 30)
     one, four, sixteen = (estimate_seconds(_cal(), w, job) for w in (1, 4, 16))
     assert one > four > sixteen
-    assert estimate_seconds(_cal(cores=2), 16, job) >= estimate_seconds(_cal(cores=2), 2, job)
+    assert estimate_seconds(_cal(cores=2), 16, job) == estimate_seconds(_cal(cores=2), 2, job)
     assert estimate_seconds(_cal(load=30.0), 16, job) > sixteen  # a busy machine shares its cores
     assert estimate_seconds(_cal(resident=0.0), 16, job) > sixteen  # from the disk
     assert estimate_seconds(_cal(resident=0.0), 16, job) >= (4 << 30) / (4e8 * cal_mod.STREAM_GAIN)
 
 
-def test_the_model_is_its_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_model_is_its_arithmetic() -> None:
     """Each kind of work at its cost per byte in units of the copy probe's rate, cast at the cast rate; the
-    compute over the threads the pieces allow, the writes over the files written at once, each thread beyond
-    the first worth PARALLEL of a core; workers beyond the cores dearer by OVERSUBSCRIBED per doubling; the
-    disk's part overlapped, start-up serial; what else runs takes its share of the cores."""
-    monkeypatch.setattr(cal_mod, "PARALLEL", 0.5)
-    monkeypatch.setattr(cal_mod, "OVERSUBSCRIBED", 0.25)
-    monkeypatch.setattr(cal_mod, "LOAD_WEIGHT", 1.0)
+    compute over the threads the pieces allow, the writes over the files written at once; the disk's part
+    overlapped, start-up serial; what else runs takes its share of the cores."""
     cal = _cal(cores=4, copy_rate=1e10, cast_rate=1e9)
     work = Work(read=10**9, written=10**8, cast_elems=10**8, copied=2 * 10**8, zipped=10**8, reduced=10**9)
     compute = (
@@ -129,24 +125,21 @@ def test_the_model_is_its_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
     writing = (cal_mod.WRITE_COST * 10**8 + cal_mod.COPY_COST * 2 * 10**8) / 1e10
     start = cal_mod.STARTUP_CPU
     assert estimate_seconds(cal, 1, work) == pytest.approx(start + compute + writing)
-    four = 1 + 3 * 0.5  # four threads on 4 cores: 2.5 cores' worth
-    assert estimate_seconds(cal, 4, work) == pytest.approx(start + (compute + writing) / four)
-    crowded = 1 + 0.25 * 1  # 8 workers on 4 cores: one doubling beyond them
-    assert estimate_seconds(cal, 8, work) == pytest.approx(start + (compute + writing) / four * crowded)
+    assert estimate_seconds(cal, 8, work) == pytest.approx(start + (compute + writing) / 4)  # 4 cores
     pieces = replace(work, pieces=2)  # two files: two of the eight workers have work
-    assert estimate_seconds(cal, 8, pieces) == pytest.approx(start + (compute + writing) / 1.5)
+    assert estimate_seconds(cal, 8, pieces) == pytest.approx(start + (compute + writing) / 2)
     one_file = replace(work, outputs=1)  # its writes take the file's lock in turn
-    assert estimate_seconds(cal, 4, one_file) == pytest.approx(start + compute / four + writing)
+    assert estimate_seconds(cal, 4, one_file) == pytest.approx(start + compute / 4 + writing)
     cold = replace(cal, resident=0.0, cold_rate=1e8 / cal_mod.STREAM_GAIN)  # the disk's 10 s outlast the CPU
     assert estimate_seconds(cold, 4, work) == pytest.approx(start + 10.0)
     serial = replace(work, overlapped=False)  # each worker reads, then works: the disk's time adds
     cold_compute = compute - cal_mod.READ_COST * 8 * 10**8 / 1e10  # nothing copied from the page cache
-    assert estimate_seconds(cold, 4, serial) == pytest.approx(start + (cold_compute + writing) / four + 10.0)
+    assert estimate_seconds(cold, 4, serial) == pytest.approx(start + (cold_compute + writing) / 4 + 10.0)
     assert estimate_seconds(cal, 4, serial) == estimate_seconds(cal, 4, work)  # warm: nothing to add
     busy = replace(cal, load=6.0)  # 6 others runnable on 4 cores: our 4 busy threads get 4 * 4 / 10 of them
-    share = 1 + (4 * 4 / 10 - 1) * 0.5
-    alone = 4 / 7  # start-up: one thread among 7 runnable on 4 cores
-    assert estimate_seconds(busy, 4, work) == pytest.approx(start / alone + (compute + writing) / share)
+    assert estimate_seconds(busy, 8, work) == pytest.approx(
+        start / (4 / 7) + (compute + writing) / (4 * 4 / 10)
+    )
 
 
 def test_the_copy_probe_is_bounded_and_sane() -> None:
