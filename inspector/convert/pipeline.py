@@ -51,6 +51,7 @@ class ChunkMath(Protocol):
     def apply(self, ctx: object, t: PlannedTensor, start: int, src: np.ndarray, out: np.ndarray) -> None: ...
 
 
+SIDE_BY_SIDE = 2  # shards in flight at once (one pool of buffers: more would only split it further)
 MIN_CHUNK = 1 << 18  # elements: a worker's chunk never shrinks below 1 MiB of fp32 (syscalls stay noise)
 PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]  # (source, output) buffers
 
@@ -59,6 +60,12 @@ def plan_workers(plan: ConversionPlan) -> int:
     """Workers for `plan`: the option's, else every usable core; locally never more than those
     (`limits.busy_threads`: a worker beyond them only reads ahead of a free core)."""
     return busy_threads(plan.options.workers or usable_cores(), plan.remote)
+
+
+def shards_at_once(plan: ConversionPlan) -> int:
+    """Shards written side by side: SIDE_BY_SIDE when there are that many and more than one worker, from
+    the one pool of buffers (`shard_streamer`)."""
+    return min(SIDE_BY_SIDE, len(plan.shards)) if plan_workers(plan) > 1 else 1
 
 
 def _sizes(plan: ConversionPlan, limit: int) -> tuple[int, int]:

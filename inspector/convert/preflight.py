@@ -165,7 +165,7 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
     from collections import Counter
 
     from inspector.convert.calibrate import Work, calibrated_seconds
-    from inspector.convert.pipeline import plan_workers
+    from inspector.convert.pipeline import plan_workers, shards_at_once
 
     tensors = [t for s in plan.shards for t in s.tensors]
     reads: Counter[str] = Counter()
@@ -175,14 +175,12 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
     casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
     pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
     copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)
-    from inspector.convert.kinds.safetensors import SIDE_BY_SIDE
-
     work = Work(
         read=plan.read_bytes,
         written=output_bytes - copied,
         cast_elems=sum(t.numel for t in tensors if t.src_dtype != t.out_dtype),
         copied=copied,
-        outputs=min(SIDE_BY_SIDE, len(plan.shards)),
+        outputs=shards_at_once(plan),
     )
     return calibrated_seconds(plan.sources, reads, work, plan_workers(plan), pair)
 

@@ -20,7 +20,7 @@ from inspector.convert.kinds.base import (
     VerifyProgress,
     VerifyResult,
 )
-from inspector.convert.pipeline import plan_workers, shard_streamer
+from inspector.convert.pipeline import shard_streamer, shards_at_once
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.preflight import assess
 from inspector.convert.root import LOCK, PARTIAL, OutputRoot, busy, lock_holder
@@ -31,7 +31,6 @@ from inspector.remote.roots import absolute, parent_source, source_at
 from inspector.scan.model import Checkpoint
 from inspector.system.limits import MemoryBudget
 
-SIDE_BY_SIDE = 2  # shards in flight at once (one pool of buffers: more would only split it further)
 # fills shard `index`'s open file (fd, cancel, fsync), yielding (bytes, tensor) as it goes
 ShardWriter = Callable[[int, int, threading.Event, bool], Iterator[tuple[int, str]]]
 
@@ -56,7 +55,7 @@ class SafetensorsJob(Job):
         """Shards written side by side: two when there are two and more than one worker, so the next shard's
         chunks start while the last one's tail, fsync and checksum finish. Both take their chunks' buffers from
         the pipeline's one pool (`shard_streamer`), so this costs no memory."""
-        return min(SIDE_BY_SIDE, len(self.plan.shards)) if plan_workers(self.plan) > 1 else 1
+        return shards_at_once(self.plan)
 
     @property
     def files(self) -> tuple[PlannedFile, ...]:
