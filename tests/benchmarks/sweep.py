@@ -3,7 +3,8 @@
 many threads, page cache warm and cold, each run a fresh process measured by wait4 (wall, CPU, peak RSS).
 
 For N in 1, 2, 4, 8, 16 workers and both cache states (cold: the checkpoint's pages dropped with
-POSIX_FADV_DONTNEED before the run; warm: every file read once before it):
+POSIX_FADV_DONTNEED before the run; warm: every file read once before it), each command run once unmeasured
+first (`--warmup`), so that the floor and the run find the machine's memory alike:
 
 * floor:   N threads read exactly the byte ranges the command reads (whole ranges, largest first, 1 MiB
            buffers) and, for a conversion, pwrite as many bytes as it writes: the I/O alone;
@@ -241,6 +242,9 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     for state in args.cache:
         for n in args.workers:
             for what in args.commands:
+                for _ in range(args.warmup):  # unmeasured: the floor and the run then find memory alike
+                    shutil.rmtree(out, ignore_errors=True)
+                    _measure(_command(what, args.root, out, n))
                 shutil.rmtree(out, ignore_errors=True)
                 os.makedirs(out)
                 _cache(args.root, state)
@@ -340,6 +344,14 @@ def main() -> int:
     ap.add_argument("--cache", nargs="+", choices=("warm", "cold"), default=["warm", "cold"])
     ap.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     ap.add_argument("--append", action="store_true", help="add the section to tests/benchmarks/results.md")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unmeasured runs of each command first (a first write after idle paid 2.1-2.5 s of system time "
+        "for 1 GB here, the same run repeated 0.37-0.45 s: fresh guest pages on this VM; whichever of the "
+        "floor and the run came first paid it)",
+    )
     ap.add_argument(
         "--rows-json", help="also write the rows (with the model's inputs) here, for fit_preflight.py"
     )
