@@ -3,8 +3,9 @@
 many threads, page cache warm and cold, each run a fresh process measured by wait4 (wall, CPU, peak RSS).
 
 For N in 1, 2, 4, 8, 16 workers and both cache states (cold: the checkpoint's pages dropped with
-POSIX_FADV_DONTNEED before the run; warm: every file read once before it), each command run once unmeasured
-first (`--warmup`), so that the floor and the run find the machine's memory alike:
+POSIX_FADV_DONTNEED before the run; warm: every file read once before it), preflight asked first, then each
+command run once unmeasured (`--warmup`) just before the floor and the run, each following the last within a
+second, so that they find the machine's memory alike:
 
 * floor:   N threads read exactly the byte ranges the command reads (whole ranges, largest first, 1 MiB
            buffers) and, for a conversion, pwrite as many bytes as it writes: the I/O alone;
@@ -198,6 +199,15 @@ def _cache(root: str, state: str) -> None:
             os.close(fd)
 
 
+def _fresh(out: str, root: str, state: str) -> None:
+    """An empty output folder again, and a cold checkpoint dropped again (a warm one stays as the last run
+    left it): quick, so the next run follows the last one's freed pages within a second."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    if state == "cold":
+        _cache(root, state)
+
+
 def _command(what: str, root: str, out: str, n: int) -> list[str]:
     py = [sys.executable, "-m", "inspector"]
     if what == "health":
@@ -242,16 +252,16 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     for state in args.cache:
         for n in args.workers:
             for what in args.commands:
-                for _ in range(args.warmup):  # unmeasured: the floor and the run then find memory alike
-                    shutil.rmtree(out, ignore_errors=True)
-                    _measure(_command(what, args.root, out, n))
                 shutil.rmtree(out, ignore_errors=True)
                 os.makedirs(out)
                 _cache(args.root, state)
-                floor = _measure([sys.executable, __file__, "--child", args.root, what, str(n), out])
-                shutil.rmtree(out, ignore_errors=True)
-                _cache(args.root, state)
                 guess = _measure([sys.executable, __file__, "--predict", args.root, what, str(n), out])
+                # unmeasured, just before: the floor and the run find memory alike
+                for _ in range(args.warmup):
+                    _measure(_command(what, args.root, out, n))
+                    _fresh(out, args.root, state)
+                floor = _measure([sys.executable, __file__, "--child", args.root, what, str(n), out])
+                _fresh(out, args.root, state)
                 run = _measure(_command(what, args.root, out, n))
                 row = {"n": n, "cache": state, "what": what, "floor": _seconds(floor["out"])}
                 row |= {k: run[k] for k in ("wall", "cpu", "rss", "code")}
@@ -348,9 +358,10 @@ def main() -> int:
         "--warmup",
         type=int,
         default=1,
-        help="unmeasured runs of each command first (a first write after idle paid 2.1-2.5 s of system time "
-        "for 1 GB here, the same run repeated 0.37-0.45 s: fresh guest pages on this VM; whichever of the "
-        "floor and the run came first paid it)",
+        help="unmeasured runs of each command just before its floor and its run (a first write after a "
+        "pause paid 1.4-2.5 s of system time for 1 GB of page cache here, the same run repeated within a "
+        "second 0.15-0.45 s: this VM hands free pages back to its host after a moment and faults them in "
+        "again on first touch; whichever of the floor and the run came first paid it)",
     )
     ap.add_argument(
         "--rows-json", help="also write the rows (with the model's inputs) here, for fit_preflight.py"
