@@ -14,6 +14,7 @@ the bytes not in the cache, the cores shared with what else is running (the load
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from inspector.convert.reader import FilePool
 from inspector.format.dtypes import numpy_dtype
 from inspector.system.limits import usable_cores
 from inspector.system.residency import sample_windows
+from inspector.system.writeback import freerun_bytes
 
 PROBES = 12  # windows read per cache state (1 MiB each)
 # assumed when no window of a state can be probed (a fully warm or fully cold checkpoint), measured on the
@@ -43,9 +45,9 @@ FALLBACK_COLD = 4e8
 # workers, warm and cold: 80 runs, each after a warm-up run within a second, see sweep.py), READ_COST held
 # at what the one-thread floor's page-cache read gives (14 GB/s against the probe's ~50): 67 of 80 runs
 # within 25 %, rms log error 0.17 (54 with the constants fitted before the warm-up, whose WRITE_COST of 57
-# had absorbed this VM's first-touch cost of fresh pages). Checked on a 500M demo, warm: 6 of 16 within
-# 25 %, 9 of the 10 misses under: universal's 6 GB outran the kernel's dirty-page limits there, and bf16
-# still met fresh pages in some runs. Each extra thread was worth a whole core and the load sampled at the
+# had absorbed this VM's first-touch cost of fresh pages). Checked on a 500M demo, warm: 9 of 16 within
+# 25 % with the write-back term of `estimate_seconds` (6 without it: universal's 6 GB passed the kernel's
+# freerun point there); the misses under (health and fp32 by 14-31 %, bf16 meeting fresh pages again). Each extra thread was worth a whole core and the load sampled at the
 # probe counted in full (those terms, offered to an earlier fit, came out at their bounds and were dropped).
 READ_COST = 3.5
 WRITE_COST = 6.4
@@ -82,6 +84,7 @@ class Calibration:
     load: float  # processes runnable on the machine now, ours excluded
     seconds: float  # what calibrating cost
     probed: bool  # whether the rates were measured (else assumed)
+    freerun: float = math.inf  # bytes a run writes before the kernel paces it to the disk (`writeback`)
 
 
 def calibrate(
@@ -114,6 +117,7 @@ def calibrate(
         cold_rate=cold_rate,
         cast_rate=_cast_rate(*cast),
         copy_rate=_copy_rate(),
+        freerun=freerun_bytes(),
         cores=usable_cores(),
         load=_others_runnable(),
         seconds=time.perf_counter() - start,
@@ -212,16 +216,22 @@ class Work:
 def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     """Seconds a run takes here, start-up included. The CPU's part, in units of the copy probe's rate (a
     faster CPU or memory is a faster run), runs on min(workers, cores, pieces) threads, shared with what
-    else is runnable; the
-    writes into a file, on no more threads than files written at once (its inode's lock); the bytes not in
-    the page cache come at the disk's pace, overlapped with the CPU's part unless `work.overlapped` says
-    not. (Locally no run has more busy threads than cores: `limits.busy_threads`.)"""
+    else is runnable, the writes into a file on no more threads than files written at once (its inode's
+    lock). The disk's part: the bytes not in the page cache, overlapped with the CPU's unless
+    `work.overlapped` says not, and the bytes written past the kernel's freerun point
+    (`system.writeback`), which go back to the disk as the run writes; the disk's streaming read rate
+    stands in for its write-back rate (no write probe: it would dirty the disk; fitted on the 500M demo's
+    universal runs, whose 6 GB pass that point here, the write-back rate came out at 1.17 times it).
+    Locally no run has more busy threads than cores (`limits.busy_threads`)."""
     threads = min(workers, cal.cores, work.pieces or workers)
     writers = min(threads, work.outputs or threads)
     compute, writing = cpu_seconds(cal, work)
     busy = compute / _share(threads, cal) + writing / _share(writers, cal)
-    disk = work.read * (1.0 - cal.resident) / (cal.cold_rate * STREAM_GAIN)
-    return STARTUP_CPU / _share(1, cal) + (max(busy, disk) if work.overlapped else busy + disk)
+    stream = cal.cold_rate * STREAM_GAIN  # the disk's streaming rate
+    disk = work.read * (1.0 - cal.resident) / stream
+    dirty = work.written + work.copied + work.zipped
+    drain = max(0.0, dirty - cal.freerun) / stream  # past the freerun point, as fast as the disk streams
+    return STARTUP_CPU / _share(1, cal) + max(busy + (0.0 if work.overlapped else disk), disk + drain)
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:

@@ -4,6 +4,7 @@ the cores, the load and the cache state."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections import Counter
@@ -140,6 +141,20 @@ def test_the_model_is_its_arithmetic() -> None:
     assert estimate_seconds(busy, 8, work) == pytest.approx(
         start / (4 / 7) + (compute + writing) / (4 * 4 / 10)
     )
+
+
+def test_writes_past_the_freerun_point_go_at_the_disks_pace() -> None:
+    """Output beyond the dirty pages the kernel lets a writer run free with is paced by the disk: the run
+    takes at least (read from disk + written past that point) / the disk's streaming rate, and nothing
+    changes while the output stays below it."""
+    stream = 1e9
+    cal = _cal(cores=16, copy_rate=1e12, cold_rate=stream / cal_mod.STREAM_GAIN, freerun=2e9)
+    small, big = Work(read=10**9, written=10**9), Work(read=10**9, written=6 * 10**9, zipped=2 * 10**9)
+    start = cal_mod.STARTUP_CPU
+    assert estimate_seconds(cal, 16, small) == estimate_seconds(replace(cal, freerun=math.inf), 16, small)
+    assert estimate_seconds(cal, 16, big) == pytest.approx(start + (8e9 - 2e9) / stream)
+    cold = replace(cal, resident=0.0)  # the disk reads the input too
+    assert estimate_seconds(cold, 16, big) == pytest.approx(start + (1e9 + 6e9) / stream)
 
 
 def test_the_copy_probe_is_bounded_and_sane() -> None:
