@@ -1,16 +1,17 @@
 """Preflight's time from this machine: a short probe of the checkpoint's own files, their pages' residency,
-and the cores, instead of constants.
+the CPU and the cores, instead of constants.
 
 `calibrate` looks at where the bytes a plan reads are (`system.residency`: `mincore` over a few windows of
 each file, reading nothing), then times reads of a few 1 MiB windows that are in the page cache and a few
 that are not (those are dropped from the cache again afterwards, so the probe leaves the cache as it found
-it), and a cast of 256 Ki fp32 values to bf16. Its cost is bounded whatever the checkpoint: at most
-2 x PROBES MiB read, SAMPLES `mincore` windows per file, a few milliseconds of casting (stated in
-`Calibration.seconds`). `estimate_seconds` turns it into a run's time from what the run does with its bytes
-(`Work`, one shape for convert, universal and health): the CPU's share (copying resident bytes, casting,
-writing, zipping, reducing) spread over min(workers, cores, pieces) cores, against what the disk serves for
-the bytes not in the cache, the cores shared with what else is running (the load average).
-"""
+it: the disk's rate), a 4 MiB copy in memory (the CPU's rate, the unit of every per-byte cost), a cast of
+256 Ki fp32 values to bf16, and reads the kernel's freerun point of dirty pages (`system.writeback`). Its
+cost is bounded whatever the checkpoint: at most 2 x PROBES MiB read, SAMPLES `mincore` windows per file, a
+few milliseconds of copying and casting (stated in `Calibration.seconds`). `estimate_seconds` turns it into
+a run's time from what the run does with its bytes (`Work`, one shape for convert, universal and health):
+the CPU's share (copying resident bytes, casting, writing, zipping, reducing) spread over min(workers,
+cores, pieces) cores, against what the disk serves for the bytes not in the cache and takes back past the
+freerun point, the cores shared with what else is running."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ FALLBACK_COLD = 4e8
 # within 25 %, rms log error 0.17 (54 with the constants fitted before the warm-up, whose WRITE_COST of 57
 # had absorbed this VM's first-touch cost of fresh pages). Checked on a 500M demo, warm: 9 of 16 within
 # 25 % with the write-back term of `estimate_seconds` (6 without it: universal's 6 GB passed the kernel's
-# freerun point there); the misses under (health and fp32 by 14-31 %, bf16 meeting fresh pages again). Each extra thread was worth a whole core and the load sampled at the
-# probe counted in full (those terms, offered to an earlier fit, came out at their bounds and were dropped).
+# freerun point there); the misses under (health and fp32 by 14-31 %, bf16 meeting fresh pages again).
+# Each extra thread was worth a whole core and the load sampled at the probe counted in full (those terms,
+# offered to an earlier fit, came out at their bounds and were dropped).
 READ_COST = 3.5
 WRITE_COST = 6.4
 COPY_COST = 9.5
