@@ -23,7 +23,8 @@ def read_text(path: Path) -> str | None:
         return None
 
 
-def _read_int(path: Path) -> int | None:
+def read_int(path: Path) -> int | None:
+    """A small pseudo-file's one integer; None where it cannot be read or is not one."""
     text = read_text(path)
     if text is None:
         return None
@@ -117,7 +118,7 @@ def cgroup_v2_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
             limit = int(raw.strip())
         except ValueError:
             continue
-        charged = _read_int(level / "memory.current")
+        charged = read_int(level / "memory.current")
         cache = _read_stat_value(level / "memory.stat", "inactive_file")
         headroom, working, usage = _cgroup_headroom(limit, charged, cache)
         detail = f"cgroup v2 memory.max = {format_bytes(limit)} at {level}, {usage}"
@@ -133,10 +134,10 @@ def cgroup_v1_limit(sys_root: str, cgroup_path: str) -> MemoryLimit | None:
     best: MemoryLimit | None = None
     # Hierarchical accounting makes ancestors' limits apply too, so walk up like v2.
     for level in _levels(root, cgroup_path):
-        limit = _read_int(level / "memory.limit_in_bytes")
+        limit = read_int(level / "memory.limit_in_bytes")
         if limit is None or limit <= 0 or limit >= _V1_UNLIMITED:
             continue
-        charged = _read_int(level / "memory.usage_in_bytes")
+        charged = read_int(level / "memory.usage_in_bytes")
         cache = _read_stat_value(level / "memory.stat", "total_inactive_file")
         if cache is None:
             cache = _read_stat_value(level / "memory.stat", "inactive_file")
@@ -159,7 +160,7 @@ def cpu_quota(sys_root: str, v2_path: str | None, v1_path: str | None) -> float 
     if v1_path is not None:
         for name in ("cpu", "cpu,cpuacct"):
             for level in _levels(Path(sys_root) / name, v1_path):
-                quota, period = _read_int(level / "cpu.cfs_quota_us"), _read_int(level / "cpu.cfs_period_us")
+                quota, period = read_int(level / "cpu.cfs_quota_us"), read_int(level / "cpu.cfs_period_us")
                 if quota is not None and period and quota > 0:
                     quotas.append(quota / period)
     return min(quotas) if quotas else None

@@ -14,14 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from inspector.system.cgroups import read_int
 from inspector.system.limits import available_memory
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def freerun_bytes(proc_root: str = "/proc", dirtyable: int | None = None) -> float:
@@ -32,7 +26,7 @@ def freerun_bytes(proc_root: str = "/proc", dirtyable: int | None = None) -> flo
     memory = available_memory(proc_root) if dirtyable is None else dirtyable
     limits = []
     for name in ("dirty_background", "dirty"):
-        nbytes, ratio = _read_int(vm / f"{name}_bytes"), _read_int(vm / f"{name}_ratio")
+        nbytes, ratio = read_int(vm / f"{name}_bytes"), read_int(vm / f"{name}_ratio")
         if nbytes:
             limits.append(float(nbytes))
         elif ratio is not None:
