@@ -2,16 +2,16 @@
 the CPU and the cores, instead of constants.
 
 `calibrate` looks at where the bytes a plan reads are (`system.residency`: `mincore` over a few windows of
-each file, reading nothing), then times reads of a few 1 MiB windows that are in the page cache and a few
-that are not (those are dropped from the cache again afterwards, so the probe leaves the cache as it found
-it: the disk's rate), a 4 MiB copy in memory (the CPU's rate, the unit of every per-byte cost), a cast of
-256 Ki fp32 values to bf16, and reads the kernel's freerun point of dirty pages (`system.writeback`). Its
-cost is bounded whatever the checkpoint: at most 2 x PROBES MiB read, SAMPLES `mincore` windows per file, a
-few milliseconds of copying and casting (stated in `Calibration.seconds`). `estimate_seconds` turns it into
-a run's time from what the run does with its bytes (`Work`, one shape for convert, universal and health):
-the CPU's share (copying resident bytes, casting, writing, zipping, reducing) spread over min(workers,
-cores, pieces) cores, against what the disk serves for the bytes not in the cache and takes back past the
-freerun point, the cores shared with what else is running."""
+each file, reading nothing), then times reads of a few 1 MiB windows that are not in the page cache (dropped
+from it again afterwards, so the probe leaves the cache as it found it: the disk's rate), a 4 MiB copy in
+memory (the CPU's rate, the unit of every per-byte cost: reads of resident windows ran at 7-30 GB/s by how the
+kernel held each one, so they no longer set it), a cast of 256 Ki fp32 values to bf16, and reads the kernel's
+freerun point of dirty pages (`system.writeback`). Its cost is bounded whatever the checkpoint: at most PROBES
+MiB read, SAMPLES `mincore` windows per file, a few milliseconds of copying and casting (stated in
+`Calibration.seconds`). `estimate_seconds` turns it into a run's time from what the run does with its bytes
+(`Work`, one shape for convert, universal and health): the CPU's share (copying resident bytes, casting,
+writing, zipping, reducing) spread over min(workers, cores, pieces) cores, against what the disk serves for
+the bytes not in the cache and takes back past the freerun point, the cores shared with what else is running."""
 
 from __future__ import annotations
 
@@ -31,12 +31,9 @@ from inspector.system.limits import usable_cores
 from inspector.system.residency import sample_windows
 from inspector.system.writeback import freerun_bytes
 
-PROBES = 12  # windows read per cache state (1 MiB each)
-# assumed when no window of a state can be probed (a fully warm or fully cold checkpoint), measured on the
-# 2-core reference machine: the probe's 1 MiB preads copy 25-35 GB/s from pages long in the page cache (a
-# window read twice, the second time just after the disk's, gave 9-12 GB/s: no stand-in for it), the disk
-# serves 400 MB/s cold
-FALLBACK_WARM = 25e9
+PROBES = 12  # windows not in the page cache read for the disk's rate (1 MiB each)
+# assumed when no window can be probed (a fully warm checkpoint), measured on the 2-core reference machine:
+# the disk serves 400 MB/s cold
 FALLBACK_COLD = 4e8
 # CPU per byte, in units of the copy probe's in-memory rate, a run streams from the page cache, writes into
 # it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a torch zip
@@ -78,7 +75,6 @@ class Calibration:
     """What this machine does with this checkpoint's bytes, now."""
 
     resident: float  # fraction of the bytes to read that are in the page cache
-    warm_rate: float  # bytes/s one thread reads from the page cache
     cold_rate: float  # bytes/s one thread reads from the disk
     cast_rate: float  # elements/s one core casts (the run's commonest cast)
     copy_rate: float  # bytes/s one core copies between two MEM_PROBE buffers: the CPU and its caches
@@ -96,7 +92,6 @@ def calibrate(
     sources), and the run's commonest `cast` (source, output dtype). Local files only: the caller uses the
     network's model for a store."""
     start = time.perf_counter()
-    warm: list[tuple[str, int, int, int]] = []
     cold: list[tuple[str, int, int, int]] = []
     resident, total = 0.0, 0
     for path, nbytes in sorted(reads.items(), key=lambda kv: -kv[1]):
@@ -109,13 +104,10 @@ def calibrate(
         size = sum(n for _, n, _ in windows)
         resident += nbytes * (sum(n * f for _, n, f in windows) / size if size else 1.0)
         total += nbytes
-        warm += [(path, fd, o, n) for o, n, f in windows if f == 1.0][: PROBES - len(warm)]
         cold += [(path, fd, o, n) for o, n, f in windows if f == 0.0][: PROBES - len(cold)]
-    warm_rate = _rate(pool, warm, evict=False) or FALLBACK_WARM
-    cold_rate = _rate(pool, cold, evict=True) or FALLBACK_COLD
+    cold_rate = _rate(pool, cold) or FALLBACK_COLD
     return Calibration(
         resident=resident / total if total else 1.0,
-        warm_rate=warm_rate,
         cold_rate=cold_rate,
         cast_rate=_cast_rate(*cast),
         copy_rate=_copy_rate(),
@@ -123,14 +115,13 @@ def calibrate(
         cores=usable_cores(),
         load=_others_runnable(),
         seconds=time.perf_counter() - start,
-        probed=bool(warm or cold),
+        probed=bool(cold),
     )
 
 
-def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool) -> float | None:
-    """Bytes/s reading `windows` once each (distinct pages: none is still in the CPU's cache from the one
-    before), the median window's (a busy machine preempts a few); with `evict`, their pages are dropped
-    again afterwards."""
+def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]]) -> float | None:
+    """Bytes/s reading `windows` (not in the page cache) once each, the median window's (a busy machine
+    preempts a few); their pages are dropped again afterwards, so the probe leaves the cache as it was."""
     if not windows:
         return None
     buf = np.zeros(max(n for *_, n in windows), np.uint8)
@@ -143,9 +134,8 @@ def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]], evict: bool)
         seconds = time.perf_counter() - start
         if seconds > 0:
             rates.append(n / seconds)
-    if evict:
-        for _, fd, offset, n in windows:
-            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+    for _, fd, offset, n in windows:
+        os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
