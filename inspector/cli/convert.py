@@ -18,7 +18,8 @@ from inspector.cli.console import literal as escape
 from inspector.cli.console import print_json
 from inspector.cli.jobs import byte_sources, job_events, order_of, plan_job, ray_options, verify_job
 from inspector.cli.live import drive, print_report, print_tasks
-from inspector.cli.options import FORMAT_HELP, add_convert_options
+from inspector.cli.options import add_convert_options, format_help
+from inspector.convert.kinds import DEFAULT
 from inspector.system.units import format_bytes
 
 
@@ -217,7 +218,7 @@ def _register_convert(sub: Any, add_common: Callable[[argparse.ArgumentParser], 
         help="output folder (must be empty, or pass --overwrite), or s3://bucket/prefix: each file is "
         "uploaded as soon as it is written",
     )
-    p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP)
+    p.add_argument("--format", metavar="KIND", default=DEFAULT, help=format_help())
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace this tool's earlier output in OUT")
     p.add_argument(
@@ -298,7 +299,7 @@ def _register_preflight(sub: Any, add_common: Callable[[argparse.ArgumentParser]
         "--out", help="where the output would go, a folder or s3://bucket/prefix (for free disk; default: current folder)"
     )
     p.add_argument("--staging", metavar="DIR", help="as for convert: the staging folder of an s3:// output")
-    p.add_argument("--format", metavar="KIND", default="model", help=FORMAT_HELP + "; as for convert")
+    p.add_argument("--format", metavar="KIND", default=DEFAULT, help=format_help() + "; as for convert")
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

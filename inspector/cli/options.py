@@ -138,10 +138,10 @@ def _add_hf_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-FORMAT_HELP = (
-    "the output kind: model (the default: safetensors plus a Trainer checkpoint's config and tokenizer; "
-    "`safetensors` is the same), weights (safetensors only), adapter (PEFT LoRA adapter), merged (the adapter "
-    "merged into its base; --base names the base folder), universal (a DeepSpeed universal checkpoint in "
-    "OUT/<tag>_uni plus OUT/latest_universal: resume on any world size with load_universal; OUT may be the "
-    "checkpoint root)"
-)
+def format_help() -> str:
+    """`--format`'s help, from the kinds themselves (the default first): a new kind needs no line here."""
+    from inspector.convert.kinds import DEFAULT, KINDS
+
+    kinds = sorted(KINDS, key=lambda k: k.name != DEFAULT)
+    said = [f"{k.name} ({'the default: ' if k.name == DEFAULT else ''}{k.help})" for k in kinds]
+    return "the output kind: " + ", ".join(said)

@@ -40,6 +40,7 @@ class Adapter(SafetensorsKind):
     uses_selection = False  # every LoRA tensor, under PEFT's names, whatever is selected
     name = "adapter"
     label = "PEFT LoRA adapter"
+    help = "PEFT LoRA adapter"  # `--format` help
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         adapter = detect_adapter(ckpt)

@@ -139,6 +139,7 @@ class OutputKind(ABC):
 
     name: str  # `convert --format NAME`
     label: str
+    help: str  # what `--format NAME` writes, for the command line's help
     uses_selection: bool = True  # False: the whole checkpoint is written, whatever is selected
     takes_base: bool = False  # it reads a base model folder (--base)
     converts_damaged: bool = True  # with --force it writes a checkpoint the scan found errors in

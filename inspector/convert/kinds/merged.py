@@ -23,6 +23,7 @@ class Merged(SafetensorsKind):
     name = "merged"
     takes_base = True
     label = "model with the LoRA adapter merged"
+    help = "the adapter merged into its base; --base names the base folder"  # `--format` help
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         adapter = detect_adapter(ckpt)

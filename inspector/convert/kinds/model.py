@@ -22,6 +22,9 @@ from inspector.scan.peft import detect_adapter
 class Model(SafetensorsKind):
     name = "model"
     label = "Hugging Face model folder (weights + config + tokenizer)"
+    help = (  # `--format` help
+        "safetensors plus a Trainer checkpoint's config and tokenizer; `safetensors` is the same"
+    )
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         if not has_model_config(ckpt.root):

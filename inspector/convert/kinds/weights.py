@@ -17,6 +17,7 @@ ADAPTER_NOTE = (
 class Weights(SafetensorsKind):
     name = "weights"
     label = "safetensors weights only"
+    help = "safetensors only"  # `--format` help
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         return self._available()

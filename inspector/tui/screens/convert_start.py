@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspector.convert.kinds import get
+from inspector.convert.kinds import DEFAULT, get
 from inspector.tui.fmt import shown
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog
@@ -14,7 +14,7 @@ from inspector.tui.screens.dialogs import ConfirmDialog
 
 def start_conversion(app: Any) -> None:
     """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
-    kind = get(app.export.format or "model")
+    kind = get(app.export.format or DEFAULT)
     if not app.selected and kind.uses_selection:
         app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
         return

@@ -197,6 +197,10 @@ class Universal(OutputKind):
     converts_damaged = False  # a universal checkpoint from a damaged source would resume wrong: never forced
     name = "universal"
     label = "DeepSpeed universal checkpoint (resume on any world size)"
+    help = (  # `--format` help
+        "a DeepSpeed universal checkpoint in OUT/<tag>_uni plus OUT/latest_universal: resume on any world "
+        "size with load_universal; OUT may be the checkpoint root"
+    )
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
