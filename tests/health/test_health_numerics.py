@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from inspector.health import numerics
 from inspector.health.numerics import BLOCK, STD_REL, Accumulator, Buffers, Stats, block_sums
 from tests.health.helpers import assert_matches, torch_stats
 
@@ -97,3 +98,25 @@ def test_block_sums_tail_and_overflow() -> None:
     n = v.shape[0]
     assert (s1, s2) == (n * (n + 1) / 2, n * (n + 1) * (2 * n + 1) / 6)  # small integers: exact
     assert not math.isfinite(block_sums(np.full(BLOCK, 1e20, np.float32), buf)[1])
+
+
+@pytest.mark.skipif(not hasattr(np, "vecdot"), reason="numpy 1.x has only the matmul form")
+def test_both_row_dot_forms_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy 2's vecdot and numpy 1's batched matmul: the same figures whichever numpy a user has (each row
+    checked against a float64 sum too, within the block bound)."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(64 * BLOCK) * rng.lognormal(0, 3, 64 * BLOCK)).astype(np.float32)
+    rows = x.reshape(-1, BLOCK)
+    a, b = np.empty(64, np.float32), np.empty(64, np.float32)
+    numerics._vecdot_rows(rows, a)
+    numerics._matmul_rows(rows, b)
+    assert a.tobytes() == b.tobytes()
+    exact = np.einsum("ij,ij->i", rows.astype(np.float64), rows.astype(np.float64))
+    assert np.all(np.abs(a - exact) <= numerics.GAMMA * exact)
+    whole = []
+    for form in (numerics._vecdot_rows, numerics._matmul_rows):
+        monkeypatch.setattr(numerics, "row_dots", form)
+        acc = Accumulator()
+        acc.add(x, Buffers(x.shape[0]))
+        whole.append(acc.result())
+    assert whole[0] == whole[1]
