@@ -38,27 +38,28 @@ FALLBACK_COLD = 4e8
 # CPU per byte, in units of the copy probe's in-memory rate, a run streams from the page cache, writes into
 # it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a torch zip
 # (universal's `.pt`: CRC-32 and a buffered write) and reduces (health's statistics); the CPU-seconds before
-# the first byte (interpreter, imports, scan). Refitted by tests/benchmarks/fit_preflight.py (2026-11-26,
-# 22:50-22:56 UTC) to two quiet sweeps on the 2-core reference machine (200M ZeRO-2 and ZeRO-3 demos, 1-16
-# workers, warm and cold: 80 runs, each after a warm-up run within a second, see sweep.py), READ_COST held
-# at what the one-thread floor's page-cache read gives (14 GB/s against the probe's ~50): 67 of 80 runs
-# within 25 %, rms log error 0.17 (54 with the constants fitted before the warm-up, whose WRITE_COST of 57
-# had absorbed this VM's first-touch cost of fresh pages). Checked on a 500M demo, warm: 9 of 16 within
-# 25 % with the write-back term of `estimate_seconds` (6 without it: universal's 6 GB passed the kernel's
-# freerun point there); the misses under (health and fp32 by 14-31 %, bf16 meeting fresh pages again).
+# the first byte (interpreter, imports, scan). Refitted by tests/benchmarks/fit_preflight.py (2026-11-27,
+# 00:27-00:44 UTC) to three quiet sweeps on the 2-core reference machine, the 200M ZeRO-2 and ZeRO-3 demos
+# and the 500M ZeRO-2 demo together (1-16 workers, warm and cold, each run after a warm-up within a second,
+# see sweep.py: 120 runs), READ_COST held at what the one-thread floor's page-cache read gives (14 GB/s
+# against the probe's ~50): 95 of 120 within 25 %, rms log error 0.21. Checked on the 96 runs of the
+# evening before (the constants' previous fit set, 200M, and a 500M sweep): 77 of 96 (the constants fitted
+# on 200M alone: 76, and 9 of the 16 at 500M against 13 now; sizes together part the start-up from the
+# per-byte costs). The misses are the VM's first touch of fresh pages (bf16 warm, up to -48 %) and cold
+# rows whose disk rate moved between the probe and the run (up to +82 %).
 # Each extra thread was worth a whole core and the load sampled at the probe counted in full (those terms,
 # offered to an earlier fit, came out at their bounds and were dropped).
 READ_COST = 3.5
-WRITE_COST = 6.4
-COPY_COST = 9.5
-ZIP_COST = 29.7
-REDUCE_COST = 5.1
-STARTUP_CPU = 0.37
+WRITE_COST = 11.8
+COPY_COST = 14.2
+ZIP_COST = 34.3
+REDUCE_COST = 7.54
+STARTUP_CPU = 0.353
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 # a run streams whole ranges from the disk with the kernel's readahead, about twice what the probe's
 # isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s); refitted
-STREAM_GAIN = 2.42
+STREAM_GAIN = 2.37
 FITTED = (
     "READ_COST",
     "WRITE_COST",
