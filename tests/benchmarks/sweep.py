@@ -337,11 +337,20 @@ def _section(
 
 
 def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "inspector"], capture_output=True, text=True, cwd=REPO
-    )
-    return (done.stdout.strip() or "unknown") + (" (inspector/ modified)" if dirty.stdout.strip() else "")
+    """The checkout's commit, or ZI_COMMIT where the tree is a copy without git (a lent machine's)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "inspector"], capture_output=True, text=True, cwd=REPO
+        )
+    except OSError:
+        return os.environ.get("ZI_COMMIT", "unknown")
+    head = done.stdout.strip() if done.returncode == 0 else ""
+    if not head:
+        return os.environ.get("ZI_COMMIT", "unknown")
+    return head + (" (inspector/ modified)" if dirty.stdout.strip() else "")
 
 
 def main() -> int:
