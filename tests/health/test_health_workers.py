@@ -156,6 +156,14 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
             bad[i] = value
         assert not np.array_equal(bad.view(np.uint16), good.view(np.uint16))
         assert not check(bad), i
+    # a chunk without a tie (the first tie left is at 97): a zero whose sign flipped is the wrapped -2**31
+    k = 90
+    head = master[:k]
+    flipped = good[:k].copy()
+    flipped[1] = 0.0  # -0.0 in the master
+    for module, expect in [(good[:k], True), (flipped, False)]:
+        np.left_shift(module.view(np.uint16), 16, out=buf.wide[:k].view(np.uint32), dtype=np.uint32)
+        assert stream._rounds_to(head, module, buf) is expect
 
 
 def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
