@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inspector.errors import InspectorError
+from inspector.scan.holding import Holding
 from inspector.scan.model import Checkpoint, GroupInfo, Kind, RankInfo, TensorInfo
 from inspector.scan.peft import detect_adapter
 from inspector.scan.summary import read_bytes_by_source
@@ -52,7 +53,8 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def _parallel_json(ckpt: Checkpoint) -> dict[str, Any] | None:
-    """The model-parallel layout: degrees and which ranks hold each part."""
+    """The model-parallel layout: degrees and which ranks hold each part, in words (`holders`, as the overview
+    prints them) and as data (`placement`)."""
     p = ckpt.parallel
     if p is None:
         return None
@@ -63,6 +65,22 @@ def _parallel_json(ckpt: Checkpoint) -> dict[str, Any] | None:
         "tp": p.tp,
         "dp": p.dp,
         "holders": [{"part": part, "holders": where} for part, where in p.holders],
+        "placement": [_holding_json(h) for h in p.placement],
+    }
+
+
+def _holding_json(h: Holding) -> dict[str, Any]:
+    """One `Holding` as data, for scripts that want the ranks without reading `holders`' words: an MoE layer
+    (`module`, `experts` spans), a pipeline stage (`stage`, `layers`, `tied`), a tensor-parallel shard
+    (`shard`), or a stage's shard; `ranks` are global ranks (an MoE layer's are in its spans)."""
+    return {
+        "module": h.module or None,
+        "experts": [{"experts": list(e.experts), "ranks": list(e.ranks)} for e in h.experts],
+        "stage": h.stage,
+        "shard": h.shard,
+        "layers": list(h.layers),
+        "tied": list(h.tied),
+        "ranks": list(h.ranks),
     }
 
 

@@ -184,3 +184,26 @@ def test_native_experts_group_by_the_ranks_that_hold_them() -> None:
 def test_a_stage_row_names_its_modules_as_the_pipeline_module_does() -> None:
     h = Holding(stage=0, layers=(1, 2), tied=("embed",), ranks=(0,))
     assert h.stage_modules == ("1", "2", "tied_modules.embed")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scan_json_carries_the_placement_as_data(layout: str) -> None:
+    """`scan --json`'s `placement` is the structure the words are rendered from, row for row: each row's
+    words rebuilt from its JSON are the `holders` row beside it (plain types only: it went through json)."""
+    from inspector.scan.json_view import checkpoint_json
+
+    ckpt = scan_layout(layout)
+    par = json.loads(json.dumps(checkpoint_json(ckpt)))["parallel"]
+    assert len(par["placement"]) == len(par["holders"]) == len(GOLDEN[layout])
+    for row, words in zip(par["placement"], par["holders"], strict=True):
+        h = Holding(
+            module=row["module"] or "",
+            experts=tuple(ExpertSpan(tuple(e["experts"]), tuple(e["ranks"])) for e in row["experts"]),
+            stage=row["stage"],
+            shard=row["shard"],
+            layers=tuple(row["layers"]),
+            tied=tuple(row["tied"]),
+            ranks=tuple(row["ranks"]),
+        )
+        assert ckpt.parallel is not None
+        assert list(holder_row(h, autoep=ckpt.parallel.autoep)) == [words["part"], words["holders"]]
