@@ -10,7 +10,9 @@
 # the demo (500M: ~30 s; 1B: ~61 s), health and bf16 at 1, 2, 4, 8 and 16 workers warm and cold, then fp32
 # and universal at 1 and 16 workers warm. Each part writes its rows and its results.md section into $OUT as
 # it ends, so a call stopped at its limit still brings back what finished. Append the sections to
-# tests/benchmarks/results.md by hand, saying which machine gave them.
+# tests/benchmarks/results.md by hand, saying which machine gave them. machine.txt records the kernel: a
+# sandboxed one (gVisor reports 4.4.0) may not honour POSIX_FADV_DONTNEED, and then the "cold" rows read warm
+# pages; compare their floors with the warm rows' before quoting them as cold.
 set -eu
 OUT=${OUT:-/tmp/zi-device-out}
 WORK=${WORK:-/tmp/zi-device}
