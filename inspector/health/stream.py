@@ -32,6 +32,7 @@ from inspector.health.numerics import (
     exact_blocks,
     group_sums,
     groups,
+    widened,
 )
 from inspector.scan.model import Segment
 from inspector.system.limits import busy_threads, usable_cores
@@ -173,10 +174,17 @@ class Streamer:
                 x = chunks[0]
                 finite = acc.add(x, s.buf)
                 if mod_acc is not None:
-                    m = chunks[1]
-                    mod_acc.add(m, s.buf)  # leaves a 16-bit copy widened in s.buf.wide
-                    d, c = self._module_diff(x, m, s, finite)
-                    diff, differing = max(diff, d), differing + c
+                    copy = chunks[1]
+                    bf16 = finite and x.dtype == _F32 and copy.dtype == _BF16  # the common case
+                    wide = widened(copy, s.buf) if bf16 else None  # into s.buf.wide once, for both
+                    exact = wide is not None and _rounds_to(x, copy, s.buf)
+                    # a copy that is its master rounded has the master's bounds rounded: two passes fewer
+                    mod_acc.add(
+                        copy if wide is None else wide, s.buf, _rounded_bounds(acc.last) if exact else None
+                    )
+                    if not exact:  # (any other copy is left widened in s.buf.wide by its statistics)
+                        d, c = self._module_diff(x, copy, s, finite, inexact=bf16)
+                        diff, differing = max(diff, d), differing + c
                 if job.against:
                     o = chunks[-1]
                     if job.source == "master":
@@ -209,7 +217,9 @@ class Streamer:
         return rows
 
     @staticmethod
-    def _module_diff(master: Array, module: Array, s: Scratch, finite: bool) -> tuple[float, int]:
+    def _module_diff(
+        master: Array, module: Array, s: Scratch, finite: bool, inexact: bool = False
+    ) -> tuple[float, int]:
         """(largest difference, differing elements) of the module copy from the master cast to its dtype,
         as DeepSpeed casts it after each step (bit-exact torch rounding, convert/cast.py).
 
@@ -219,12 +229,13 @@ class Streamer:
         exactly when their bits, as int32, differ by less than 0x8000 everywhere, or by exactly 0x8000 (a
         tie) where the copy's last bit is even. Other chunks are cast whole (numpy's rounding of finite
         fp32 is torch's) into free scratch and their bits compared; only blocks that differ, and chunks
-        holding NaN (whose bits need torch's fix-ups), go block by block through float64 copies."""
+        holding NaN (whose bits need torch's fix-ups), go block by block through float64 copies. `inexact`:
+        the check without a cast has already failed."""
         n = master.shape[0]
         size = module.dtype.itemsize
         uint = np.dtype(f"u{size}") if size in (2, 4, 8) else None
         plain = finite and master.dtype == _F32 and module.dtype in _PLAIN_CAST and uint is not None
-        if plain and module.dtype == _BF16 and _rounds_to(master, module, s.buf):
+        if plain and module.dtype == _BF16 and not inexact and _rounds_to(master, module, s.buf):
             return 0.0, 0
         whole: Array | None = None
         if plain and uint is not None:
@@ -252,6 +263,23 @@ class Streamer:
             d, count = max_abs_difference(a, b, s.tmp)
             worst, differing = max(worst, d), differing + count
         return worst, differing
+
+
+def _rounded_bounds(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+    """A finite fp32 chunk's (min, max) rounded to bf16 (to nearest even, as the copy is): the copy's own
+    (min, max) exactly where the copy is that chunk rounded, rounding being monotone. None where either
+    rounds to Inf, or to zero (whose sign the copy's own minimum would choose)."""
+    if bounds is None:
+        return None
+    out = []
+    for v in bounds:
+        bits = int(np.float32(v).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        r = float(np.uint32(bits).view(np.float32))
+        if not math.isfinite(r) or r == 0.0:
+            return None
+        out.append(r)
+    return out[0], out[1]
 
 
 def _rounds_to(master: Array, module: Array, buf: Buffers) -> bool:

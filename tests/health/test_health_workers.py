@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from inspector.health import stream
+from inspector.health import numerics, stream
 from inspector.health.numerics import EXACT_BLOCK, Accumulator, Buffers
 from inspector.health.stream import (
     CHUNK_ELEMS,
@@ -184,13 +184,13 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     busy, most, lock = [0], [0], threading.Lock()
     add = Accumulator.add
 
-    def counted(self: Accumulator, x: Any, buf: Buffers) -> bool:
+    def counted(self: Accumulator, x: Any, buf: Buffers, bounds: Any = None) -> bool:
         with lock:
             busy[0] += 1
             most[0] = max(most[0], busy[0])
         time.sleep(0.002)  # long enough for another worker to arrive if it may
         try:
-            return add(self, x, buf)
+            return add(self, x, buf, bounds)
         finally:
             with lock:
                 busy[0] -= 1
@@ -202,3 +202,37 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     for d in (doc, one):
         d.pop("seconds"), d.pop("threads")
     assert doc == one
+
+
+def test_a_proven_copy_is_measured_from_its_masters_bounds() -> None:
+    """A bf16 copy proven to be its master rounded is given the master's (min, max) rounded instead of two
+    passes of its own: the figures are the same bits as the copy measured alone; a bound that rounds to Inf
+    or to zero is not handed over (the copy's own passes choose a zero's sign)."""
+    rng = np.random.default_rng(5)
+    n = 1 << 16
+    cases = {
+        "normal": rng.standard_normal(n).astype(np.float32),
+        "ties": ((rng.integers(1, 2**15, n).astype(np.uint32) << 16) | 0x8000).view(np.float32),
+        "near max": np.full(n, np.finfo(np.float32).max, np.float32)
+        * rng.uniform(0.5, 1.0, n).astype(np.float32),
+        "tiny": (rng.standard_normal(n) * 1e-41).astype(np.float32),
+        "positive": np.abs(rng.standard_normal(n)).astype(np.float32) + 1.0,
+    }
+    for name, master in cases.items():
+        copy = master.astype(ml_dtypes.bfloat16)
+        lo, hi = float(master.min()), float(master.max())
+        bounds = stream._rounded_bounds((lo, hi))
+        own_lo, own_hi = float(copy.astype(np.float32).min()), float(copy.astype(np.float32).max())
+        if bounds is None:
+            assert not (np.isfinite(own_lo) and np.isfinite(own_hi)) or own_lo == 0.0 or own_hi == 0.0, name
+            continue
+        assert bounds == (own_lo, own_hi), name
+        alone, given = Accumulator(), Accumulator()
+        alone.add(copy, Buffers(n))
+        buf = Buffers(n)
+        wide = numerics.widened(copy, buf)
+        assert wide is not None
+        given.add(wide, buf, bounds)
+        assert alone.result() == given.result(), name
+    assert stream._rounded_bounds((0.0, 1.0)) is None  # zero: the copy's own passes
+    assert stream._rounded_bounds((1.0, float(np.finfo(np.float32).max))) is None  # rounds to Inf
