@@ -6,7 +6,8 @@ key): NaN/Inf counted apart, min/max/mean/std over the finite values, at the spe
 the cache the read just filled:
 
 * min and max, once each, in the stored values: they are exact, and finite exactly when the chunk holds no
-  NaN or Inf (numpy's min/max propagate NaN), so the NaN/Inf counting runs only on chunks that hold one;
+  NaN or Inf (numpy's min/max propagate NaN), so the NaN/Inf counting runs only on chunks that hold one (a
+  16-bit copy proven to be its master rounded is handed the master's, rounded: `add`'s `bounds`);
 * zeros only where min <= 0 <= max (never for `exp_avg_sq`, whose zero rows are then skipped too);
 * the sum and the sum of squares as float32 inner products over blocks of `BLOCK` elements (the sums
   einsum's row sums, the squares one BLAS inner product per block, `row_dots`, pieces too small to start
