@@ -7,6 +7,8 @@ modified, nothing is mapped into our address space (RSS stays honest), and threa
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -62,6 +64,17 @@ class FilePool:
         handle = self.handle(path)
         if handle.read_into(offset, view) < len(view):
             raise _short(path, offset + len(view))
+
+    def advise(self, path: str, offset: int, nbytes: int) -> None:
+        """Ask the kernel to start reading `nbytes` of `path` at `offset` into the page cache now
+        (`POSIX_FADV_WILLNEED`: the I/O is queued, nothing is copied to us, RSS does not grow), so that a
+        cold read later finds it there. Advice only: a remote object, a platform without it, or a refusal
+        changes nothing."""
+        fd = self.handle(path).fileno()
+        if fd is None or not hasattr(os, "posix_fadvise"):
+            return
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
 
     def read_runs(self, runs: Sequence[tuple[str, int, memoryview]]) -> None:
         """Fill every (path, offset, view): local runs one by one, runs on an object store together, several

@@ -13,7 +13,15 @@ from inspector.errors import InspectorError
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
-from inspector.health.stream import Row, Streamer, default_workers, plan_jobs, plan_workers, run_jobs
+from inspector.health.stream import (
+    Row,
+    Streamer,
+    default_workers,
+    plan_jobs,
+    plan_workers,
+    read_ahead,
+    run_jobs,
+)
 from inspector.scan.model import Checkpoint, Severity, TensorInfo
 from inspector.scan.placement import stage_of
 from inspector.system.bytesource import any_remote
@@ -35,7 +43,9 @@ def check(
 
     Workers default to every usable core (more from an object store; locally never more than those,
     `limits.busy_threads`); they share one buffer budget, which sets their chunk (`stream.plan_workers`):
-    the figures are the same bits whatever their number. `threads` is the older name of `workers`. Raises
+    the figures are the same bits whatever their number; from a cold page cache each worker has the kernel
+    read its next chunk while it reduces this one (`stream.read_ahead`). `threads` is the older name of
+    `workers`. Raises
     CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
@@ -45,7 +55,7 @@ def check(
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     rows: list[Row] = []
     with FilePool(*set(sources)) as pool:
-        streamer = Streamer(pool, cancel, chunk_elems or plan.chunk)
+        streamer = Streamer(pool, cancel, chunk_elems or plan.chunk, read_ahead(pool, jobs))
         yield from _stream(jobs, streamer, plan.threads, rows)
         read = streamer.done_bytes
     order = {t.name: i for i, t in enumerate(ckpt.tensors)}

@@ -5,6 +5,7 @@ bounded block at a time, so a chunk full of NaN (a diverged run) costs no more m
 from __future__ import annotations
 
 import math
+import threading
 import tracemalloc
 from typing import Any
 
@@ -236,3 +237,80 @@ def test_a_proven_copy_is_measured_from_its_masters_bounds() -> None:
         assert alone.result() == given.result(), name
     assert stream._rounded_bounds((0.0, 1.0)) is None  # zero: the copy's own passes
     assert stream._rounded_bounds((1.0, float(np.finfo(np.float32).max))) is None  # rounds to Inf
+
+
+class _Advised:
+    """A FilePool stand-in that records advice."""
+
+    remote = False
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+
+    def advise(self, path: str, offset: int, nbytes: int) -> None:
+        self.calls.append((path, offset, nbytes))
+
+
+def test_each_chunk_is_advised_ahead_of_its_read() -> None:
+    """With `ahead` chunks, a chunk's ranges (every stream's) are handed to the kernel before the chunk
+    `ahead` places earlier is yielded to be read; the chunks come out in order, none lost; without it,
+    no advice at all."""
+    from inspector.scan.model import Segment
+
+    chunks = [([Segment("m", 4 * k, 1, "float32")], [Segment("c", 2 * k, 1, "bfloat16")]) for k in range(5)]
+    for ahead in (0, 1, 3):
+        pool = _Advised()
+        streamer = Streamer(pool, threading.Event(), ahead=ahead)  # type: ignore[arg-type]
+        seen = []
+        for item in streamer._ahead_of(iter(chunks)):
+            k = len(seen)
+            # every chunk up to `ahead` past this one was advised (fewer near the end), both streams
+            assert len(pool.calls) == 2 * min(len(chunks), k + 1 + ahead) if ahead else not pool.calls
+            seen.append(item)
+        assert seen == chunks
+        if ahead:
+            assert pool.calls[:2] == [("m", 0, 4), ("c", 0, 2)]
+
+
+def test_read_ahead_only_for_a_cold_local_pass(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Advice is asked for when most of what the pass reads is not in the page cache, never for cached
+    files (it only costs there) nor from an object store; either way the figures are the same bits."""
+    import os
+    import sys
+
+    from inspector.convert.reader import FilePool
+    from inspector.demo.writer import DemoSpec
+    from inspector.health import run_check
+    from inspector.health.check import _selected
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(str(demo(DemoSpec(stage=2, world_size=2, params=400_000))))
+    jobs = stream.plan_jobs(ckpt, _selected(ckpt, (), ()), None)
+    files = {s.file for j in jobs for s in (*j.segments, *j.module)}
+    for f in files:  # cached: read every byte
+        with open(f, "rb") as fh:
+            while fh.read(1 << 20):
+                pass
+    with FilePool(ckpt.source) as pool:
+        assert stream.read_ahead(pool, jobs) == 0
+        for f in files:  # written back first: the kernel drops only clean pages
+            fd = os.open(f, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        fd = pool.fd(max(files, key=os.path.getsize))
+        windows = stream.sample_windows(fd) if fd is not None else None
+        if windows is None or sum(f for _, _, f in windows) / len(windows) > 0.5:
+            pytest.skip("this file system keeps the pages (tmpfs, say): nothing to read ahead")
+        assert stream.read_ahead(pool, jobs) == stream.READ_AHEAD
+        monkeypatch.setattr(type(pool), "remote", property(lambda self: True))
+        assert stream.read_ahead(pool, jobs) == 0
+    monkeypatch.undo()
+    runs = []
+    for ahead in (0, 2):
+        checking = sys.modules["inspector.health.check"]  # the package's `check` is the function
+        monkeypatch.setattr(checking, "read_ahead", lambda pool, jobs, a=ahead: a)
+        doc = run_check(ckpt, workers=2).as_json()
+        doc.pop("seconds")
+        runs.append(doc)
+    assert runs[0] == runs[1]
