@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -20,10 +20,15 @@ from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
 from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
+from inspector.system.residency import sample_windows
 from inspector.text import shown
 
 if TYPE_CHECKING:
     from inspector.remote.ranged import RangedHandle
+
+
+COLD_FILES = 4  # files whose residency says whether a run reads from the disk (those it reads most of)
+COLD_SAMPLES = 16  # `mincore` windows of each
 
 
 class FilePool:
@@ -75,6 +80,25 @@ class FilePool:
             return
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+
+    def mostly_cold(self, by_file: Mapping[str, int]) -> bool:
+        """Whether most of the bytes a run reads (`by_file`: path -> bytes) are not in the page cache, judged on
+        the COLD_FILES files it reads most of (`mincore` over COLD_SAMPLES windows each: a millisecond or
+        two whatever the checkpoint). False from an object store, or where residency cannot be told: read
+        advice (`advise`) pays only for bytes the disk must still serve, and costs on cached ones."""
+        if self.remote:
+            return False
+        largest = sorted(by_file.items(), key=lambda kv: -kv[1])[:COLD_FILES]
+        cached = total = 0.0
+        for path, nbytes in largest:
+            fd = self.fd(path)
+            windows = sample_windows(fd, COLD_SAMPLES) if fd is not None else None
+            if windows is None:
+                return False
+            size = sum(n for _, n, _ in windows)
+            cached += nbytes * (sum(n * f for _, n, f in windows) / size if size else 1.0)
+            total += nbytes
+        return bool(total) and cached / total < 0.5
 
     def read_runs(self, runs: Sequence[tuple[str, int, memoryview]]) -> None:
         """Fill every (path, offset, view): local runs one by one, runs on an object store together, several

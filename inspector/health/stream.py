@@ -37,7 +37,6 @@ from inspector.health.numerics import (
 )
 from inspector.scan.model import Segment
 from inspector.system.limits import busy_threads, usable_cores
-from inspector.system.residency import sample_windows
 
 MIN_CHUNK = GROUP  # 1 MiB of fp32: a worker's numpy calls are long enough that the interpreter between them
 # is noise (the GIL is held a few microseconds per call, released for the whole block)
@@ -54,8 +53,6 @@ SCRATCH_FIXED = 5 * EXACT_BLOCK * 8  # the float64 blocks of the slow comparison
 READ_AHEAD = 1  # chunks per stream asked of the kernel ahead of a cold pass's reads. Health of the 200M
 # ZeRO-2 demo from dropped pages, 2 workers, 8 alternating pairs: 1.40 s against 1.62 s (median; every pair
 # faster, 0.71-0.96x). Two or four ahead were no better (3 runs each); a warm pass asked it only lost (5 %)
-RESIDENCY_FILES = 4  # files whose residency decides it (the ones the pass reads most of), RESIDENCY_SAMPLES
-RESIDENCY_SAMPLES = 16  # `mincore` windows each: a millisecond or two, whatever the checkpoint
 _F32 = np.dtype(np.float32)
 _BF16 = numpy_dtype("bfloat16")
 _PLAIN_CAST = (_BF16, np.dtype(np.float16), _F32)  # numpy's cast of finite fp32 is torch's
@@ -78,26 +75,13 @@ def _worker_bytes(chunk: int, against: bool) -> int:
 
 def read_ahead(pool: FilePool, jobs: Sequence[Job]) -> int:
     """Chunks of each stream to ask the kernel for ahead of their reads: READ_AHEAD when most of what the
-    pass reads is not in the page cache (`system.residency` over the RESIDENCY_FILES files it reads most
-    of), else none (advice on cached pages only costs: 5 % of a warm pass here). Locally only: from an
-    object store the workers' own requests are in flight already."""
-    if pool.remote:
-        return 0
+    pass reads is not in the page cache (`FilePool.mostly_cold`), else none (advice on cached pages only
+    costs: 5 % of a warm pass here). From an object store the workers' own requests are in flight already."""
     by_file: dict[str, int] = {}
     for j in jobs:
         for seg in (*j.segments, *j.module, *j.against):
             by_file[seg.file] = by_file.get(seg.file, 0) + seg.nbytes
-    largest = sorted(by_file.items(), key=lambda kv: -kv[1])[:RESIDENCY_FILES]
-    cached = total = 0.0
-    for path, nbytes in largest:
-        fd = pool.fd(path)
-        windows = sample_windows(fd, RESIDENCY_SAMPLES) if fd is not None else None
-        if windows is None:
-            return 0  # cannot tell: as before
-        size = sum(n for _, n, _ in windows)
-        cached += nbytes * (sum(n * f for _, n, f in windows) / size if size else 1.0)
-        total += nbytes
-    return READ_AHEAD if total and cached / total < 0.5 else 0
+    return READ_AHEAD if pool.mostly_cold(by_file) else 0
 
 
 @dataclass(frozen=True)

@@ -283,6 +283,7 @@ def test_read_ahead_only_for_a_cold_local_pass(demo: Any, monkeypatch: pytest.Mo
     from inspector.health import run_check
     from inspector.health.check import _selected
     from inspector.scan.scanner import scan
+    from inspector.system.residency import sample_windows
 
     ckpt = scan(str(demo(DemoSpec(stage=2, world_size=2, params=400_000))))
     jobs = stream.plan_jobs(ckpt, _selected(ckpt, (), ()), None)
@@ -299,7 +300,7 @@ def test_read_ahead_only_for_a_cold_local_pass(demo: Any, monkeypatch: pytest.Mo
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
         fd = pool.fd(max(files, key=os.path.getsize))
-        windows = stream.sample_windows(fd) if fd is not None else None
+        windows = sample_windows(fd) if fd is not None else None
         if windows is None or sum(f for _, _, f in windows) / len(windows) > 0.5:
             pytest.skip("this file system keeps the pages (tmpfs, say): nothing to read ahead")
         assert stream.read_ahead(pool, jobs) == stream.READ_AHEAD

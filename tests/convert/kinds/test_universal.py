@@ -382,3 +382,42 @@ def test_journal_holds_each_files_crc_computed_while_writing(
         assert sums[name] == zlib.crc32((staging / name.split("/", 1)[1]).read_bytes()), name
     report = execute(universal_job(plan))
     assert report.resumed_shards == len(plan.files) + len(plan.copies)
+
+
+def test_a_cold_export_asks_ahead_and_writes_the_same_bytes(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a cold page cache each tensor's next READ_AHEAD bytes are asked of the kernel ahead of its reads,
+    every source byte once and in order, and the export is byte for byte the one written without it; from a
+    cached one, nothing is asked."""
+    from inspector.convert import reader
+    from inspector.convert.kinds.universal import tensors
+
+    ckpt = scan(str(demo(DemoSpec(stage=3, world_size=2, dtype="bf16", params=400_000))))
+    monkeypatch.setattr(tensors, "READ_AHEAD", 64 << 10)  # several windows per tensor at this size
+    outs, asked = {}, {}
+    for cold in (False, True):
+        calls: list[tuple[str, int, int]] = []
+        monkeypatch.setattr(reader.FilePool, "mostly_cold", lambda self, by_file, c=cold: c)
+        monkeypatch.setattr(reader.FilePool, "advise", lambda self, p, o, n, c=calls: c.append((p, o, n)))
+        out = tmp_path / f"cold{cold}"
+        plan = plan_universal(ckpt, str(out))
+        write_universal(plan, workers=2)
+        outs[cold] = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        asked[cold] = calls
+    assert outs[True] == outs[False] and outs[True]
+    assert not asked[False]
+    wanted = {(s.file, s.offset, s.nbytes) for f in plan.files for s in f.segments}
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, n in asked[True]:
+        pieces.setdefault(path, []).append((offset, offset + n))
+    for path, offset, n in wanted:  # every segment covered by the pieces asked, end to end
+        pos = offset
+        for a, b in sorted(pieces.get(path, [])):
+            if a <= pos < b:
+                pos = b
+        assert pos >= offset + n, (path, offset, n, pos)
+    spans = sorted((p, o, o + n) for p, o, n in wanted)  # and nothing asked outside them
+    for path, ranges in pieces.items():
+        for a, b in ranges:
+            assert any(p == path and o <= a and b <= e for p, o, e in spans), (path, a, b)

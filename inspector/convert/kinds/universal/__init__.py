@@ -111,16 +111,26 @@ class UniversalJob(Job):
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[FileWriter]:
-        from inspector.convert.kinds.universal.tensors import Buffers, chunk_elems, write_tensor
+        from inspector.convert.kinds.universal.tensors import (
+            READ_AHEAD,
+            Buffers,
+            chunk_elems,
+            write_tensor,
+        )
         from inspector.convert.reader import FilePool
 
         plan, tensors = self.plan, len(self.plan.files)
         chunk, buffers = chunk_elems(self.workers), Buffers()  # one budget, shared by the workers
         with FilePool(*plan.sources) as pool:
+            by_file: dict[str, int] = {}
+            for f in plan.files:
+                for seg in f.segments:
+                    by_file[seg.file] = by_file.get(seg.file, 0) + seg.nbytes
+            ahead = READ_AHEAD if pool.mostly_cold(by_file) else 0  # advice on cached pages only costs
 
             def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
                 if index < tensors:
-                    write_tensor(pool, plan.files[index], root, rel, w, chunk, buffers)
+                    write_tensor(pool, plan.files[index], root, rel, w, chunk, buffers, ahead)
                     return
                 src, _, _ = plan.copies[index - tensors]
                 w.progress(root.copy_in(_source_of(plan, src), src, rel, fsync=w.fsync), "")

@@ -38,6 +38,9 @@ BYTES_PER_ELEM = (
 # 0.4 s; CPU-s for the conversion 5.6-5.9 at 15 MiB, 3.7-4.9 at 1-4 MiB, 2.6-3.8 at 128-512 KiB.
 MAX_CHUNK = 1 << 17
 MIN_CHUNK = 1 << 14  # elements: below 64 KiB syscalls and the zip writer's per-chunk work dominate
+READ_AHEAD = 16 << 20  # bytes of a tensor's source asked of the kernel ahead of its reads, from a cold page
+# cache. 200M ZeRO-2 demo, pages dropped and the last output flushed before each run, 2 workers, 6
+# alternating pairs: 1.66 s against 2.08 s (median; every pair faster, 0.40-0.84x)
 
 
 def chunk_elems(workers: int) -> int:
@@ -58,12 +61,20 @@ class Buffers(threading.local):
 
 
 def write_tensor(
-    pool: Any, f: UniFile, root: OutputRoot, rel: str, w: Writing, chunk: int, buffers: Buffers
+    pool: Any,
+    f: UniFile,
+    root: OutputRoot,
+    rel: str,
+    w: Writing,
+    chunk: int,
+    buffers: Buffers,
+    ahead: int = 0,
 ) -> None:
-    """`f` at `rel`, in place all at once (written as `rel.tmp`, renamed when complete)."""
+    """`f` at `rel`, in place all at once (written as `rel.tmp`, renamed when complete). `ahead`: bytes of
+    its source to keep asked of the kernel before they are read (`READ_AHEAD` from a cold page cache)."""
     from inspector.format import ptwriter as pw  # the torch-zip writer (lazily: plan/preflight stay light)
 
-    produce = _producer(pool, f, w, *buffers.get(chunk))
+    produce = _producer(pool, f, w, *buffers.get(chunk), ahead=ahead)
     storage = pw.Storage("float32", numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), **{k: _pickled(v, pw) for k, v in f.meta}}
     archive = f.state  # torch names the archive folder after the file
@@ -87,10 +98,12 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 def _producer(
-    pool: Any, f: UniFile, w: Writing, buf: np.ndarray, staging: np.ndarray
+    pool: Any, f: UniFile, w: Writing, buf: np.ndarray, staging: np.ndarray, ahead: int = 0
 ) -> Callable[[int, int], Any]:
     """Elements [start, start+count) of the tensor as fp32 bytes, read from its segments into the worker's
-    buffer (a 16-bit source into `staging` first, then widened into it)."""
+    buffer (a 16-bit source into `staging` first, then widened into it). With `ahead`, the `ahead` bytes of
+    its source past the chunk being read are kept asked of the kernel (`FilePool.advise`), half a window at
+    a time, so a cold disk reads them while this worker checksums and writes."""
     src_size = itemsize(f.source_dtype)
     starts = []
     acc = 0
@@ -98,10 +111,26 @@ def _producer(
         starts.append(acc)
         acc += s.numel
     raw = staging if src_size == 2 else None
+    window = ahead // src_size  # elements
+    advised = [0]  # elements of the tensor asked for so far
+
+    def advise(upto: int) -> None:
+        pos = advised[0]
+        i = bisect.bisect_right(starts, pos) - 1
+        while pos < upto and i < len(f.segments):
+            seg = f.segments[i]
+            local = pos - starts[i]
+            take = min(upto - pos, seg.numel - local)
+            pool.advise(seg.file, seg.offset + local * src_size, take * src_size)
+            pos += take
+            i += 1
+        advised[0] = pos
 
     def produce(start: int, count: int) -> Any:
         if w.cancel.is_set():
             raise CancelledError("Conversion cancelled.")
+        if window and advised[0] < start + count + window // 2:
+            advise(min(acc, start + count + window))  # this chunk (if not yet) and a window past it
         out = buf[:count]
         target = out.view(np.uint8) if raw is None else raw[:count].view(np.uint8)
         i = bisect.bisect_right(starts, start) - 1
