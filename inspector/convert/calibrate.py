@@ -28,7 +28,7 @@ from inspector.convert.cast import cast_into
 from inspector.convert.reader import FilePool
 from inspector.format.dtypes import numpy_dtype
 from inspector.system.limits import usable_cores
-from inspector.system.residency import sample_windows
+from inspector.system.residency import resident_share, sample_windows
 from inspector.system.writeback import freerun_bytes
 
 PROBES = 12  # windows not in the page cache read for the disk's rate (1 MiB each)
@@ -102,8 +102,7 @@ def calibrate(
             resident += nbytes  # cannot tell: as the page cache usually holds a checkpoint just written
             total += nbytes
             continue
-        size = sum(n for _, n, _ in windows)
-        resident += nbytes * (sum(n * f for _, n, f in windows) / size if size else 1.0)
+        resident += nbytes * resident_share(windows)
         total += nbytes
         cold += [(path, fd, o, n) for o, n, f in windows if f == 0.0][: PROBES - len(cold)]
     cold_rate = _rate(pool, cold) or FALLBACK_COLD

@@ -166,12 +166,10 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
 
     from inspector.convert.calibrate import Work, calibrated_seconds
     from inspector.convert.pipeline import plan_workers, shards_at_once
+    from inspector.convert.reader import bytes_by_file
 
     tensors = [t for s in plan.shards for t in s.tensors]
-    reads: Counter[str] = Counter()
-    for t in tensors:
-        for seg in t.segments:
-            reads[seg.file] += seg.nbytes
+    reads = bytes_by_file(seg for t in tensors for seg in t.segments)
     casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
     pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
     copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)

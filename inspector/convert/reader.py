@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,7 +21,7 @@ from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
 from inspector.scan.model import Checkpoint, Segment
 from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
-from inspector.system.residency import sample_windows
+from inspector.system.residency import resident_fraction
 from inspector.text import shown
 
 if TYPE_CHECKING:
@@ -92,11 +93,10 @@ class FilePool:
         cached = total = 0.0
         for path, nbytes in largest:
             fd = self.fd(path)
-            windows = sample_windows(fd, COLD_SAMPLES) if fd is not None else None
-            if windows is None:
+            share = resident_fraction(fd, COLD_SAMPLES) if fd is not None else None
+            if share is None:
                 return False
-            size = sum(n for _, n, _ in windows)
-            cached += nbytes * (sum(n * f for _, n, f in windows) / size if size else 1.0)
+            cached += nbytes * share
             total += nbytes
         return bool(total) and cached / total < 0.5
 
@@ -135,6 +135,14 @@ def _short(path: str, end: int) -> CorruptFileError:
         f"{shown(path)}: the file ends before byte {end}; it is truncated.",
         hint="Copy the checkpoint again from its source.",
     )
+
+
+def bytes_by_file(segments: Iterable[Segment]) -> Counter[str]:
+    """Bytes a run reads from each file (path -> bytes), for residency and preflight's calibration."""
+    reads: Counter[str] = Counter()
+    for seg in segments:
+        reads[seg.file] += seg.nbytes
+    return reads
 
 
 def byte_view(a: np.ndarray[Any, Any]) -> memoryview:

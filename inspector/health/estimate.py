@@ -5,13 +5,12 @@ reduced once, a stream being the most one worker holds at a time)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import inspector.convert.calibrate as calibration
 from inspector.convert.preflight import STARTUP_SECONDS, read_seconds
 from inspector.health.jobs import plan_jobs
-from inspector.health.stream import default_workers, plan_workers
+from inspector.health.stream import default_workers, job_reads, plan_workers
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.system.bytesource import any_remote
 
@@ -31,9 +30,6 @@ def health_seconds(
     if remote:
         return STARTUP_SECONDS + read_seconds(total, sources)
     threads = plan_workers(workers or default_workers(remote), against is not None).threads
-    reads: Counter[str] = Counter()
-    for j in jobs:
-        for seg in (*j.segments, *j.module, *j.against):
-            reads[seg.file] += seg.nbytes
+    reads = job_reads(jobs)
     work = calibration.Work(read=total, reduced=total, pieces=len(jobs))
     return calibration.calibrated_seconds(tuple(set(sources)), reads, work, threads)

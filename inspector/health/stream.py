@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.cast import cast_into
-from inspector.convert.reader import FilePool, iter_chunks
+from inspector.convert.reader import FilePool, bytes_by_file, iter_chunks
 from inspector.errors import CancelledError
 from inspector.format.dtypes import numpy_dtype
 from inspector.health.differences import max_abs_difference
@@ -77,11 +77,12 @@ def read_ahead(pool: FilePool, jobs: Sequence[Job]) -> int:
     """Chunks of each stream to ask the kernel for ahead of their reads: READ_AHEAD when most of what the
     pass reads is not in the page cache (`FilePool.mostly_cold`), else none (advice on cached pages only
     costs: 5 % of a warm pass here). From an object store the workers' own requests are in flight already."""
-    by_file: dict[str, int] = {}
-    for j in jobs:
-        for seg in (*j.segments, *j.module, *j.against):
-            by_file[seg.file] = by_file.get(seg.file, 0) + seg.nbytes
-    return READ_AHEAD if pool.mostly_cold(by_file) else 0
+    return READ_AHEAD if pool.mostly_cold(job_reads(jobs)) else 0
+
+
+def job_reads(jobs: Sequence[Job]) -> Counter[str]:
+    """Bytes the pass reads from each file: the masters or moments, module copies and `against`'s."""
+    return bytes_by_file(seg for j in jobs for seg in (*j.segments, *j.module, *j.against))
 
 
 @dataclass(frozen=True)

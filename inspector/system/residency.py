@@ -77,10 +77,13 @@ def sample_windows(
     return out
 
 
-def resident_fraction(fd: int) -> float | None:
-    """The fraction of `fd`'s pages in the page cache, from `sample_windows` (None when it cannot be told)."""
-    windows = sample_windows(fd)
-    if windows is None:
-        return None
+def resident_share(windows: list[tuple[int, int, float]]) -> float:
+    """The fraction of the bytes `sample_windows` looked at that are in the page cache (1.0 for none)."""
     total = sum(n for _, n, _ in windows)
     return sum(n * f for _, n, f in windows) / total if total else 1.0
+
+
+def resident_fraction(fd: int, samples: int = SAMPLES) -> float | None:
+    """The fraction of `fd`'s pages in the page cache, from `samples` windows (None when it cannot be told)."""
+    windows = sample_windows(fd, samples)
+    return None if windows is None else resident_share(windows)

@@ -117,16 +117,13 @@ class UniversalJob(Job):
             chunk_elems,
             write_tensor,
         )
-        from inspector.convert.reader import FilePool
+        from inspector.convert.reader import FilePool, bytes_by_file
 
         plan, tensors = self.plan, len(self.plan.files)
         chunk, buffers = chunk_elems(self.workers), Buffers()  # one budget, shared by the workers
         with FilePool(*plan.sources) as pool:
-            by_file: dict[str, int] = {}
-            for f in plan.files:
-                for seg in f.segments:
-                    by_file[seg.file] = by_file.get(seg.file, 0) + seg.nbytes
-            ahead = READ_AHEAD if pool.mostly_cold(by_file) else 0  # advice on cached pages only costs
+            reads = bytes_by_file(seg for f in plan.files for seg in f.segments)
+            ahead = READ_AHEAD if pool.mostly_cold(reads) else 0  # advice on cached pages only costs
 
             def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
                 if index < tensors:

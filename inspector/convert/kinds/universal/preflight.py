@@ -83,14 +83,10 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
     zipped (a 16-bit source's widening, a shift, is in the zip's cost), the model-states files copied, `workers` files at once."""
     if any_remote(plan.sources):
         return STARTUP_SECONDS + max(plan.total_bytes / UNI_BYTES_PER_S, read_seconds(read, plan.sources))
-    from collections import Counter
-
     from inspector.convert.calibrate import Work, calibrated_seconds
+    from inspector.convert.reader import bytes_by_file
 
-    reads: Counter[str] = Counter()
-    for f in plan.files:
-        for seg in f.segments:
-            reads[seg.file] += seg.nbytes
+    reads = bytes_by_file(seg for f in plan.files for seg in f.segments)
     copied = sum(size for *_, size in plan.copies)
     work = Work(
         read=read,
