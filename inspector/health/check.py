@@ -45,8 +45,7 @@ def check(
     `limits.busy_threads`); they share one buffer budget, which sets their chunk (`stream.plan_workers`):
     the figures are the same bits whatever their number; from a cold page cache each worker has the kernel
     read its next chunk while it reduces this one (`stream.read_ahead`). `threads` is the older name of
-    `workers`. Raises
-    CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
+    `workers`. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
     start = time.monotonic()
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))

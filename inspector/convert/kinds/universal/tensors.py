@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from inspector.convert.plan import PIPELINE_DEPTH
 from inspector.convert.root import OutputRoot
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
+from inspector.scan.model import Segment
 
 # every worker's chunk buffers together: the safetensors pipeline's pool at its default chunk (PIPELINE_DEPTH
 # fp32 source and 16-bit output buffers of CHUNK_ELEMS elements)
@@ -114,35 +115,30 @@ def _producer(
     window = ahead // src_size  # elements
     advised = [0]  # elements of the tensor asked for so far
 
-    def advise(upto: int) -> None:
-        pos = advised[0]
+    def runs(pos: int, end: int) -> Iterator[tuple[int, Segment, int, int]]:
+        """(element, its segment, the first element there, how many) of elements [pos, end)."""
         i = bisect.bisect_right(starts, pos) - 1
-        while pos < upto and i < len(f.segments):
-            seg = f.segments[i]
-            local = pos - starts[i]
-            take = min(upto - pos, seg.numel - local)
-            pool.advise(seg.file, seg.offset + local * src_size, take * src_size)
-            pos += take
-            i += 1
-        advised[0] = pos
-
-    def produce(start: int, count: int) -> Any:
-        if w.cancel.is_set():
-            raise CancelledError("Conversion cancelled.")
-        if window and advised[0] < start + count + window // 2:
-            advise(min(acc, start + count + window))  # this chunk (if not yet) and a window past it
-        out = buf[:count]
-        target = out.view(np.uint8) if raw is None else raw[:count].view(np.uint8)
-        i = bisect.bisect_right(starts, start) - 1
-        pos, end = start, start + count
         while pos < end:
             seg = f.segments[i]
             local = pos - starts[i]
             take = min(end - pos, seg.numel - local)
-            a = (pos - start) * src_size
-            pool.read_into(seg.file, seg.offset + local * src_size, target.data[a : a + take * src_size])
+            yield pos, seg, local, take
             pos += take
             i += 1
+
+    def produce(start: int, count: int) -> Any:
+        if w.cancel.is_set():
+            raise CancelledError("Conversion cancelled.")
+        if window and advised[0] < start + count + window // 2:  # this chunk, if not yet, and a window on
+            upto = min(acc, start + count + window)
+            for _, seg, local, take in runs(advised[0], upto):
+                pool.advise(seg.file, seg.offset + local * src_size, take * src_size)
+            advised[0] = upto
+        out = buf[:count]
+        target = out.view(np.uint8) if raw is None else raw[:count].view(np.uint8)
+        for pos, seg, local, take in runs(start, start + count):
+            a = (pos - start) * src_size
+            pool.read_into(seg.file, seg.offset + local * src_size, target.data[a : a + take * src_size])
         if raw is not None:
             _widen(raw[:count], f.source_dtype, out)
         w.progress(count * 4, f.name)
