@@ -195,8 +195,8 @@ class S3Backend:
                 pace.got(len(chunk))
             if pos != n and watchdog.fired:  # read1 sees the socket the watchdog shut as an early end
                 raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0])
-            if pos != n:
-                raise err.truncated(url, f"the object ends before byte {start + n}")
+            if pos != n:  # the headers promised n bytes: a body cut short is a broken connection, fetched again
+                return err.broken_off(url, endpoint())
         except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
             if watchdog.fired:
                 raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0]) from None
