@@ -195,3 +195,60 @@ def shown_doc(doc: Any) -> Any:
     if isinstance(doc, (list, tuple)):
         return [shown_doc(v) for v in doc]
     return doc
+
+
+# --------------------------------------------------------------------------------------------------------------
+# text meant for a shell
+# --------------------------------------------------------------------------------------------------------------
+
+_SHELL_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")  # shlex's set: no quoting needed
+_SURROGATE_ESCAPED = re.compile("[\udc80-\udcff]")  # an undecodable byte, as os.fsdecode keeps it
+# `!` too: an interactive bash may expand history inside `$'…'`
+_SHELL_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "!": "\\x21"}
+
+
+class ShellTextError(ValueError):
+    """An argument no shell line can carry as it is (a lone surrogate that stands for no byte)."""
+
+
+def _shell_char(c: str) -> str:
+    if c in "\\'":
+        return "\\" + c
+    if c in _SHELL_NAMED:
+        return _SHELL_NAMED[c]
+    if not unsafe_char(c):
+        return c
+    if _SURROGATE_ESCAPED.match(c):
+        return f"\\x{ord(c) - 0xDC00:02x}"  # the file name's own byte
+    try:  # a control, bidi or separator character: its UTF-8 bytes, the same in every locale
+        data = c.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ShellTextError("it holds a lone surrogate that stands for no byte") from None
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+def shell_quote(arg: str) -> str:
+    """`arg` as one word of a bash command that pastes safely: bare when it needs no quoting, in single
+    quotes when it holds no control character, else as `$'…'` with every control, bidi and separator
+    character and every undecodable byte written as `\\xHH` (the pasted line never holds a raw ESC or
+    newline, and the shell hands the program the original bytes). ShellTextError for a lone surrogate."""
+    if _SHELL_PLAIN.fullmatch(arg):
+        return arg
+    if not has_unsafe(arg):
+        return "'" + arg.replace("'", "'\"'\"'") + "'"
+    return "$'" + "".join(_shell_char(c) for c in arg) + "'"
+
+
+def shell_command(argv: list[str] | tuple[str, ...]) -> str:
+    """The one builder of a command line meant to be pasted into a shell (the app's `y`, hints that name a
+    command): each argument `shell_quote`d."""
+    return " ".join(shell_quote(a) for a in argv)
+
+
+def command_hint(*argv: str) -> str:
+    """A `zero-inspector …` command named in a message or hint, quoted as `shell_command` quotes it (where no
+    shell line can carry an argument, its words as they are: every exit escapes them)."""
+    try:
+        return shell_command(("zero-inspector", *argv))
+    except ShellTextError:
+        return " ".join(("zero-inspector", *argv))
