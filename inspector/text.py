@@ -81,16 +81,24 @@ _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|_KEY$|ACCOUNT_KEY|CONNE
 _MIN_SECRET = 6  # shorter values ("1", "true") are settings, and hiding them would garble every message
 # scheme://user:password@: up to the authority's last `@` (a password may hold an unencoded one), never
 # past a `/` or whitespace
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/\s]*)?@")
-# the query of an http(s) URL: presigned URLs carry their signature (and SAS tokens) there
-_HTTP_QUERY = re.compile(r"(?P<head>\bhttps?://[^\s?#]*\?)(?P<query>[^\s#'\"]*)", re.IGNORECASE)
+_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/\s]*)?@"
+)
+# a URL of any scheme: its authority, then the rest (path, query, fragment) up to whitespace or a quote
+_URL = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^/?#;\s'\"]*)(?P<rest>[^\s'\"]*)")
+# the URL's key=value parameters, wherever they are: the query (`?`, `&`), the fragment (`#`) and path
+# parameters (`;`). Presigned URLs carry their signature in the query, SAS tokens too, and a fragment or a
+# path parameter carries `api_key=` as well; a value runs to the next separator (a path parameter's to `/`)
+_URL_PAIR = re.compile(r"(?P<key>[?#&;][^?#&;=]*=)(?P<value>[^?#&;]*)")
+_PATH_PAIR = re.compile(r"(?P<key>;[^?#&;=/]*=)(?P<value>[^?#&;/]*)")
 # key=value pairs that are credentials wherever they appear (a connection string, a query echoed in an error)
-_SECRET_PAIR = re.compile(
+_SECRET_KEYS = (
     r"(?P<key>\b(?:AccountKey|SharedAccessSignature|SharedAccessKey|sig|signature|X-Amz-Signature|"
     r"X-Amz-Security-Token|X-Amz-Credential|X-Goog-Signature|X-Goog-Credential|access_token|client_secret|"
-    r"password|token)=)(?P<value>[^&;\s'\"]+)",
-    re.IGNORECASE,
+    r"password|token|api[_-]?key|access[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|private[_-]?key)=)"
 )
+_SECRET_PAIR = re.compile(_SECRET_KEYS + r"(?P<value>[^&;\s'\"]+)", re.IGNORECASE)
+_SECRET_SEGMENT = re.compile(_SECRET_KEYS + r"(?P<value>[^&;/?#\s'\"]+)", re.IGNORECASE)  # in a URL's path
 _BEARER = re.compile(r"(?P<key>\bBearer\s+)(?P<value>[A-Za-z0-9._~+/=\-]+)", re.IGNORECASE)
 
 
@@ -137,8 +145,9 @@ def _hider(keep_length: bool) -> Any:
 
 
 def redact(text: str, environ: dict[str, str] | None = None, *, keep_length: bool = False) -> str:
-    """`text` with every secret replaced by `***`: a URL's password (and an http URL's userinfo), an http(s)
-    URL's query values (a presigned URL's signature), credential `key=value` pairs, bearer tokens, and any
+    """`text` with every secret replaced by `***`: a URL's password (and an http URL's userinfo), the value of
+    every `key=value` parameter of a URL of any scheme (query, fragment and path parameters: a presigned
+    URL's signature, an `#api_key=`), credential `key=value` pairs, bearer tokens, and any
     value of the store's credential variables wherever it appears. `keep_length`: one `*` per character
     instead, for a field whose positions must not move (`masked`)."""
     hide = _hider(keep_length)
@@ -152,16 +161,26 @@ def redact(text: str, environ: dict[str, str] | None = None, *, keep_length: boo
             return f"{scheme}{user}:{hide(password[1:])}@"
         return f"{scheme}{hide(user)}@" if scheme.lower().startswith("http") else m.group()
 
-    def query(m: re.Match[str]) -> str:
-        pairs = [p.split("=", 1) for p in m.group("query").split("&")]
-        return m.group("head") + "&".join(f"{p[0]}={hide(p[1])}" if len(p) == 2 else p[0] for p in pairs)
+    def pair(m: re.Match[str]) -> str:
+        return m.group("key") + hide(m.group("value"))
+
+    def url(m: re.Match[str]) -> str:
+        rest = m.group("rest")
+        cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+        path = _SECRET_SEGMENT.sub(pair, _PATH_PAIR.sub(pair, rest[:cut]))
+        return m.group("head") + path + _URL_PAIR.sub(pair, rest[cut:])
+
+    def elsewhere(part: str) -> str:  # the text between URLs: credential pairs (a connection string)
+        return _SECRET_PAIR.sub(pair, part) if "=" in part else part
 
     if "@" in text:
         text = _USERINFO.sub(userinfo, text)
-    if "?" in text:
-        text = _HTTP_QUERY.sub(query, text)
-    if "=" in text:
-        text = _SECRET_PAIR.sub(lambda m: m.group("key") + hide(m.group("value")), text)
+    if "=" in text:  # one pass: each URL by the URL rule, the text between by the pair rule
+        last, parts = 0, []
+        for m in _URL.finditer(text) if "://" in text else ():
+            parts += [elsewhere(text[last : m.start()]), url(m)]
+            last = m.end()
+        text = "".join([*parts, elsewhere(text[last:])])
     if "earer" in text:
         text = _BEARER.sub(lambda m: m.group("key") + hide(m.group("value")), text)
     return text
