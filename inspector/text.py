@@ -81,9 +81,7 @@ _SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|_KEY$|ACCOUNT_KEY|CONNE
 _MIN_SECRET = 6  # shorter values ("1", "true") are settings, and hiding them would garble every message
 # scheme://user:password@: up to the authority's last `@` (a password may hold an unencoded one), never
 # past a `/` or whitespace
-_USERINFO = re.compile(
-    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/\s]*)?@"
-)
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/\s]*)?@")
 # a URL of any scheme: its authority, then the rest (path, query, fragment) up to whitespace or a quote
 _URL = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^/?#;\s'\"]*)(?P<rest>[^\s'\"]*)")
 # the URL's key=value parameters, wherever they are: the query (`?`, `&`), the fragment (`#`) and path

@@ -45,10 +45,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG"
         ("endpoint http://user:p@" + SECRET + "@127.0.0.1:1/b@c", SECRET),  # an unencoded `@` in the password
         ("s3://b/k via https://AKIA:" + SECRET + "@minio:9000", SECRET),
         ("https://" + SECRET + "@example.com/x", SECRET),  # a token as the whole userinfo of an http URL
-        (
-            "GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AK&X-Amz-Signature=" + SECRET + " failed",
-            SECRET,
-        ),
+        ("GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AK&X-Amz-Signature=" + SECRET + " failed", SECRET),
         ("https://acct.blob.core.windows.net/c/k?sv=2022&sig=" + SECRET, SECRET),
         ("AccountName=dev;AccountKey=" + SECRET + ";BlobEndpoint=http://127.0.0.1:10000/dev", SECRET),
         ("Authorization: Bearer " + SECRET, SECRET),
@@ -67,9 +64,7 @@ def test_secret_forms_are_redacted(text: str, hidden: str) -> None:
     assert hidden not in out and "***" in out, out
 
 
-def test_the_store_credential_variables_are_redacted_wherever_they_appear(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_store_credential_variables_are_redacted_wherever_they_appear(monkeypatch: pytest.MonkeyPatch) -> None:
     values = {
         "AWS_SECRET_ACCESS_KEY": "aws-secret-1234",
         "AWS_SESSION_TOKEN": "aws-session-5678",

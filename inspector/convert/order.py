@@ -49,9 +49,7 @@ class Order:
         from inspector.convert.kinds import get
         from inspector.scan.scanner import scan
 
-        ckpt = scan(
-            self.path, self.tag, tp_split=self.tp_split
-        )  # a bad path fails here, before the converter loads
+        ckpt = scan(self.path, self.tag, tp_split=self.tp_split)  # a bad path fails here, before the converter loads
         job = plan_output(
             get(self.kind), ckpt, self.request, out or self.out, self.staging, part or self.part
         )

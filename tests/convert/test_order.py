@@ -21,9 +21,7 @@ from inspector.errors import InspectorError
 
 # option values as a shell would pass them: no NUL, and not starting with "-" where argparse would take
 # a value for a flag
-text = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=12
-)
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=12)
 value = text.filter(lambda v: not v.startswith("-"))
 names_ = st.lists(text, max_size=3).map(tuple)
 
@@ -34,9 +32,7 @@ options = st.builds(
     include=names_,
     exclude=names_,
     strip_prefix=names_,
-    renames=st.lists(st.tuples(text.filter(lambda p: "=" not in p), st.text(max_size=8)), max_size=3).map(
-        tuple
-    ),
+    renames=st.lists(st.tuples(text.filter(lambda p: "=" not in p), st.text(max_size=8)), max_size=3).map(tuple),
     keep_fp32=names_,
     exclude_frozen=st.booleans(),
     exclude_buffers=st.booleans(),

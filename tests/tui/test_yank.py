@@ -58,9 +58,7 @@ async def test_the_copied_command_writes_what_the_app_writes(small_demo: Path, t
     assert argv[3] == str(app_out)
     argv[3] = str(cli_out)
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-    run = subprocess.run(
-        [sys.executable, "-m", "inspector", *argv[1:]], capture_output=True, text=True, env=env
-    )
+    run = subprocess.run([sys.executable, "-m", "inspector", *argv[1:]], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     ours, theirs = _files(app_out), _files(cli_out)
     assert len(ours) > 1 and ours == theirs  # several shards, every byte the same
