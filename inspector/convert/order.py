@@ -137,15 +137,18 @@ def _pairs(node: Any) -> tuple[tuple[str, str], ...]:
 
 def _options(node: Any) -> ConvertOptions:
     f, d = _fields(node, ConvertOptions), ConvertOptions()
+    texts = ("include", "exclude", "strip_prefix", "keep_fp32")
+    flags = ("exclude_frozen", "exclude_buffers", "dedupe_tied")
+    given: dict[str, Any] = {k: _texts(f[k]) for k in texts if k in f}
+    given |= {k: f[k].flag() for k in flags if k in f}
     return ConvertOptions(
         dtype=f["dtype"].text(32) if "dtype" in f else d.dtype,
         shard_size=f["shard_size"].integer(1, 1 << 60) if "shard_size" in f else d.shard_size,
-        **{k: _texts(f[k]) for k in ("include", "exclude", "strip_prefix", "keep_fp32") if k in f},
         renames=_pairs(f["renames"]) if "renames" in f else d.renames,
-        **{k: f[k].flag() for k in ("exclude_frozen", "exclude_buffers", "dedupe_tied") if k in f},
         chunk_elems=f["chunk_elems"].integer(1, 1 << 30) if "chunk_elems" in f else d.chunk_elems,
         source=f["source"].text(16) if "source" in f else d.source,
         workers=f["workers"].opt_integer(1, MAX_WORKERS) if "workers" in f else d.workers,
+        **given,
     )
 
 

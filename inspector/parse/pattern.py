@@ -29,7 +29,7 @@ _COUNT = re.compile("[0-9]{1,6}")  # ASCII digits: str.isdigit() takes `²`, whi
 
 Pred = Callable[[str], bool]
 _SPECIAL = set("()[]{}*+?|^$\\.")
-_equal: Callable[[str], Pred] = lambda c: lambda ch: ch == c  # noqa: E731
+_within: Callable[[str, str], Pred] = lambda lo, hi: lambda ch: lo <= ch <= hi  # noqa: E731
 _ESCAPES: dict[str, Pred] = {
     "d": str.isdecimal,
     "D": lambda c: not c.isdecimal(),
@@ -88,7 +88,7 @@ class PatternSet:
         self.states: list[_State] = []
         self.literals: dict[str, int] = {}
         self.accepts: dict[int, int] = {}  # accept state -> key index
-        free, anchored = set(), set()
+        free, anchored = set[int](), set[int]()
         for i, key in enumerate(keys):
             limit = min(len(self.states) + MAX_STATES, max_states)
             try:
@@ -164,7 +164,7 @@ def _compile_into(key: str, states: list[_State], limit: int) -> tuple[int, int,
     builder = _Builder(states, limit)
     for token in _postfix(_tokens(body)):
         builder.apply(token)
-    start, end = builder.result()
+    start, end, _ = builder.stack.pop()
     accept = builder.new()
     builder.link(end, accept)
     return start, accept, anchored, None
@@ -247,10 +247,6 @@ class _Builder:
 
     def link(self, a: int, b: int) -> None:
         self.states[a].out.append(b)
-
-    def result(self) -> tuple[int, int]:
-        entry, exit_, _ = self.stack.pop()
-        return entry, exit_
 
     def apply(self, token: Token) -> None:
         kind = token[0]
@@ -358,7 +354,7 @@ class _Reader:
         if c in ("^", "$"):
             raise PatternError(f"an anchor inside the pattern at character {self.pos}")
         self.pos += 1
-        return (lambda ch: ch != "\n") if c == "." else _equal(c)
+        return (lambda ch: ch != "\n") if c == "." else _within(c, c)
 
     def escape(self) -> Pred:
         self.pos += 1
@@ -367,7 +363,7 @@ class _Reader:
         if c in _ESCAPES:
             return _ESCAPES[c]
         if c and not c.isalnum():
-            return _equal(c)
+            return _within(c, c)
         raise PatternError(
             f"the escape \\{c} (a back-reference, boundary or unknown class), not matched here"
         )
@@ -396,9 +392,9 @@ class _Reader:
                 if hi == "\\" or hi < c:
                     raise PatternError("a character range it does not read")
                 self.pos += 2
-                tests.append(lambda ch, lo=c, hi=hi: lo <= ch <= hi)
+                tests.append(_within(c, hi))
             else:
-                tests.append(_equal(c))
+                tests.append(_within(c, c))
         return (
             (lambda ch: not any(t(ch) for t in tests)) if negate else (lambda ch: any(t(ch) for t in tests))
         )
