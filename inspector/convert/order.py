@@ -214,10 +214,16 @@ def check(order: Order) -> Order:
         raise bad(f"--parts {order.parts}: at least 1.")
     if order.executor not in ("local", "ray") or (order.executor == "ray" and order.part is not None):
         raise bad(f"--executor {order.executor!r}: local, or ray without --part.")
-    if o.source not in SOURCES or not (o.dtype == "auto" or o.dtype.lower() in DTYPE_ALIASES):
-        raise bad(f"--source {o.source!r} / --dtype {o.dtype!r}: not one of the choices.")
-    if o.shard_size < 1 or any("=" in pat for pat, _ in o.renames):
-        raise bad("--shard-size below one byte, or a --rename pattern holding `=`.")
+    if o.source not in SOURCES:
+        raise bad(f"--source {o.source!r}: one of {', '.join(SOURCES)}.")
+    if o.dtype != "auto" and o.dtype.lower() not in DTYPE_ALIASES:
+        raise InspectorError(
+            f"Unknown output dtype {o.dtype!r}.", hint="Use fp32, bf16, fp16 or auto.", title="Invalid option"
+        )
+    if o.shard_size < 1:
+        raise bad(f"--shard-size {o.shard_size}: at least one byte.")
+    if any("=" in pat for pat, _ in o.renames):
+        raise bad("A --rename pattern holds `=`, which REGEX=REPLACEMENT cannot carry.")
     for glob, rule in order.tp_split:
         try:
             same = parse_rule(f"{glob}={rule}") == (glob, rule)

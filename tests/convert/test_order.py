@@ -116,6 +116,9 @@ ATTACKS = {
     "an unknown field": _doc(order__request__options__evil=1),
     "an unknown kind": _doc(order__kind="pickle"),
     "an unknown executor": _doc(order__executor="fork"),
+    "an unknown dtype": _doc(order__request__options__dtype="int4"),
+    "an unknown source": _doc(order__request__options__source="optimizer"),
+    "a rename pattern with =": _doc(order__request__options__renames=[["a=b", "c"]]),
     "a base for a kind without one": _doc(order__request__base="/b"),
     "part and ray at once": _doc(order__part=[0, 2], order__executor="ray"),
     "a bad TP-split rule": _doc(order__tp_split=[["*", "7"]]),
@@ -126,7 +129,7 @@ ATTACKS = {
 
 @pytest.mark.parametrize("doc", ATTACKS.values(), ids=ATTACKS.keys())
 def test_a_wrong_type_or_range_in_the_order_is_one_clear_refusal(doc: dict) -> None:
-    with pytest.raises(InspectorError, match=r"not one this version reads|--|Unknown output kind") as err:
+    with pytest.raises(InspectorError, match=r"not one this version reads|--|Unknown output") as err:
         from_json(json.dumps(doc))
     assert err.value.title == "Invalid option"
 
