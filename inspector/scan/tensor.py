@@ -20,13 +20,15 @@ from functools import partial
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
-from inspector.parse.layers import ParallelDims, TpRecipe
+from inspector.parse.affine import Layout
+from inspector.parse.layers import AFFINE_FORMAT, ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
+from inspector.scan.tensor_join import category_layout, vocab_cut
+from inspector.scan.tensor_lay import lay
 
 Segs = tuple[Segment, ...]
 
@@ -249,7 +251,8 @@ def _join(
         try:
             out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, loc))
         except InspectorError as exc:
-            findings.append(Finding(Severity.ERROR, "tp-mismatch", exc.message, model0, exc.hint))
+            code = exc.code if isinstance(exc, _Refused) else "tp-mismatch"
+            findings.append(Finding(Severity.ERROR, code, exc.message, model0, exc.hint))
     return _resolve_aliases(out)
 
 
@@ -275,6 +278,23 @@ def _recipe_problem(recipe: TpRecipe | None, model0: str) -> Finding | None:
             "Only anchored parameter names (as AutoTP writes them) are read; Megatron-DeepSpeed's patterns are "
             "regular expressions. State the split: --tp-split PATTERN=0|1|replicated for every parameter.",
         )
+    if recipe.affine_version > AFFINE_FORMAT or recipe.affine_regex:
+        why = (
+            f"is of format version {recipe.affine_version}; DeepSpeed 0.19.8 reads up to {AFFINE_FORMAT} and "
+            "refuses it"
+            if recipe.affine_version > AFFINE_FORMAT
+            else f"names parameters by {len(recipe.affine_regex)} regular expression(s) (e.g. "
+            f"{recipe.affine_regex[0][:60]!a}), which are not evaluated"
+        )
+        return Finding(
+            Severity.ERROR,
+            "tp-unreadable",
+            f"universal_checkpoint_info's affine map {why}. DeepSpeed joins the parameters it covers by it, "
+            "ahead of the category lists, so which parameters it covers and how cannot be known.",
+            model0,
+            "Re-save the checkpoint with this DeepSpeed version, or remove the affine map if the category lists "
+            "describe every parameter.",
+        )
     return None
 
 
@@ -298,29 +318,78 @@ def _resolve_aliases(out: list[TensorInfo]) -> list[TensorInfo]:
 def _joined(
     t0: TensorInfo, pieces: list[TensorInfo], rule: str, recipe: TpRecipe, loc: Location
 ) -> TensorInfo:
-    if rule in ("alias", "replicated") or t0.kind is Kind.BUFFER:
+    if rule == "alias" or t0.kind is Kind.BUFFER:
+        return t0
+    shapes = [p.shape for p in pieces]
+    layout = _layout(t0.name, rule, recipe, shapes)
+    if layout.scaled:
+        raise _Refused(
+            "tp-scaled",
+            f"{t0.name}: the affine map records pieces held at scale {', '.join(map(str, layout.scaled))} "
+            "(shard = full x scale). DeepSpeed's converter divides the weights by it and refuses to carry "
+            "the optimizer moments; this tool does not rescale, so it refuses rather than write the stored "
+            "values as the weights.",
+            "Convert with DeepSpeed's ds_to_universal (weights only), or save the run without scaled pieces.",
+        )
+    if (
+        len(_distinct_places(layout)) == 1 and len(pieces) > 1
+    ):  # held whole by every shard: compare the copies
         for i, p in enumerate(pieces[1:], 1):
-            if rule == "replicated" and differing_copies(t0, p, loc.source):
+            if differing_copies(t0, p, loc.source):
                 raise InspectorError(
                     f"{t0.name} is recorded as replicated, but tensor-parallel shard {i}'s copy "
                     "differs from shard 0's.",
                     hint="The shards come from different saves.",
                 )
         return t0
-    shapes = [p.shape for p in pieces]
-    if rule in ("sub-params", "2-sub-params"):
-        sdim, widths = sub_param_widths(t0.name, rule, recipe.sub_params.get(t0.name), shapes, recipe.version)
-        return _with_joined(
-            t0,
-            pieces,
-            lambda segs: cat_sub_params(shapes, segs, sdim, widths),
-            sub_params_shape(shapes, sdim),
-        )
-    dim = 1 if rule == "row" else 0
+    return _with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), layout.logical)
+
+
+class _Refused(InspectorError):
+    """A join refused with its own finding code."""
+
+    def __init__(self, code: str, message: str, hint: str) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+def _distinct_places(layout: Layout) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
+    return {(b.start, b.shape) for b in layout.blocks}
+
+
+def _layout(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ...]]) -> Layout:
+    """One parameter's layout: the affine map's where it has one (DeepSpeed follows it), checked against
+    the stored shard shapes and against any category rule that also names it; else the category rule's."""
+    amap = recipe.maps.get(name)
     keep = recipe.original_vocab_size if rule == "vocab" else None
-    return _with_joined(
-        t0, pieces, lambda segs: cat(shapes, segs, dim, keep), joined_shape(shapes, dim, keep, t0.name)
-    )
+    if amap is None:
+        return vocab_cut(name, category_layout(name, rule, recipe, shapes), keep)
+    if list(amap.shards) != shapes:
+        raise _Refused(
+            "tp-records-disagree",
+            f"{name}: the affine map says its {len(amap.shards)} shards have shapes "
+            f"{[list(s) for s in amap.shards]}; the model states record {[list(s) for s in shapes]}.",
+            "The record and the shards come from different runs or were edited; nothing is converted.",
+        )
+    spec = recipe.sub_params.get(name)
+    unwritten = rule == "sub-params" and spec is not None and spec.widths is None and recipe.version >= 0.4
+    if name in recipe.rules and not unwritten:  # (UCP 0.4 needs no widths where a map says where rows go)
+        try:
+            listed = category_layout(name, rule, recipe, shapes)
+        except InspectorError as exc:
+            listed, why = None, exc.message
+        if listed is None or not listed.same_as(amap):
+            what = (
+                f"cannot describe these shards ({why})" if listed is None else "puts its elements elsewhere"
+            )
+            raise _Refused(
+                "tp-records-disagree",
+                f"{name}: universal_checkpoint_info's affine map and its {rule} rule disagree: the rule "
+                f"{what}. DeepSpeed's converter would follow the map.",
+                "The records were edited or come from different runs: nothing is converted, since either could "
+                "be wrong. Re-save the checkpoint, or remove the record you know is wrong.",
+            )
+    return vocab_cut(name, amap, keep)
 
 
 def _with_joined(

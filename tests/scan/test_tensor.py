@@ -122,8 +122,16 @@ Z3_MODEL0 = "zero_pp_rank_0_mp_rank_00_model_states.pt"
     ("gone", "code", "words"),
     [
         ("zero_pp_rank_1_mp_rank_01_model_states.pt", "missing-rank", "Tensor-parallel shard 1 (mp_rank_01)"),
-        ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing-rank", "shard 0 (mp_rank_00): The optimizer"),
-        ("zero_pp_rank_0_mp_rank_01_model_states.pt", "missing-shard", "zero_pp_rank_0_mp_rank_01_model_states"),
+        (
+            "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            "missing-rank",
+            "shard 0 (mp_rank_00): The optimizer",
+        ),
+        (
+            "zero_pp_rank_0_mp_rank_01_model_states.pt",
+            "missing-shard",
+            "zero_pp_rank_0_mp_rank_01_model_states",
+        ),
     ],
 )
 def test_a_missing_zero3_rank_file_is_named(gone: str, code: str, words: str, tmp_path: Path) -> None:
@@ -224,6 +232,8 @@ def test_sub_parameter_records(edit: str, tmp_path: Path) -> None:
     """Every form of the record DeepSpeed's converter reads joins the same; one that cannot describe the
     shards (UCP 0.4 without widths, widths that do not add up) is refused naming the parameter."""
     root = writable("tp_phi3_z1_bf16", tmp_path / "ck")
+    if edit != "older-forms":  # without the map, which DeepSpeed would follow ahead of the lists
+        _resave_model_states(root, lambda sd: sd["universal_checkpoint_info"].pop("affine_map"))
     if edit == "older-forms":
         _resave_model_states(root, _older_record)
     elif edit == "no-widths-at-0.4":
