@@ -152,7 +152,7 @@ def test_a_scaled_piece_is_refused_not_written_as_stored(tmp_path: Path) -> None
     for r in (0, 1):
         path = root / TAG / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"
         _resave(path, lambda sd: _layers(sd, _scaled_piece))
-    with pytest.raises(InputError, match="pieces\\[0\\].scale: is a scale other than 1"):
+    with pytest.raises(InputError, match="is a scale other than 1"):
         scan(str(root))
 
 
