@@ -20,15 +20,15 @@ from functools import partial
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
-from inspector.parse.affine import Layout
 from inspector.parse.layers import AFFINE_FORMAT, ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import category_layout, vocab_cut
+from inspector.scan.tensor_join import Refused, layout_of, records_differ
 from inspector.scan.tensor_lay import lay
+from inspector.text import shown
 
 Segs = tuple[Segment, ...]
 
@@ -134,6 +134,18 @@ def join_shards(
     findings say why)."""
     complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
+    if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source)):
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "tp-records-disagree",
+                f"{shown(other)} records another universal_checkpoint_info than {shown(model0)}: the shards "
+                "would be joined by records that disagree.",
+                other,
+                "The shards come from different runs or a record was edited; copy the checkpoint again.",
+            )
+        )
+        return []
     if (
         (recipe is None or recipe.regex) and tp_split and complete
     ):  # a record we cannot read: the user's split
@@ -251,7 +263,7 @@ def _join(
         try:
             out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, loc))
         except InspectorError as exc:
-            code = exc.code if isinstance(exc, _Refused) else "tp-mismatch"
+            code = exc.code if isinstance(exc, Refused) else "tp-mismatch"
             findings.append(Finding(Severity.ERROR, code, exc.message, model0, exc.hint))
     return _resolve_aliases(out)
 
@@ -321,19 +333,17 @@ def _joined(
     if rule == "alias" or t0.kind is Kind.BUFFER:
         return t0
     shapes = [p.shape for p in pieces]
-    layout = _layout(t0.name, rule, recipe, shapes)
+    layout = layout_of(t0.name, rule, recipe, shapes)
     if layout.scaled:
-        raise _Refused(
+        raise Refused(
             "tp-scaled",
             f"{t0.name}: the affine map records pieces held at scale {', '.join(map(str, layout.scaled))} "
             "(shard = full x scale). DeepSpeed's converter divides the weights by it and refuses to carry "
             "the optimizer moments; this tool does not rescale, so it refuses rather than write the stored "
             "values as the weights.",
-            "Convert with DeepSpeed's ds_to_universal (weights only), or save the run without scaled pieces.",
+            "DeepSpeed's ds_to_universal refuses it too (the moments cannot pass a scaled piece); nothing is converted.",
         )
-    if (
-        len(_distinct_places(layout)) == 1 and len(pieces) > 1
-    ):  # held whole by every shard: compare the copies
+    if len({(b.start, b.shape) for b in layout.blocks}) == 1 and len(pieces) > 1:  # whole on every shard
         for i, p in enumerate(pieces[1:], 1):
             if differing_copies(t0, p, loc.source):
                 raise InspectorError(
@@ -343,53 +353,6 @@ def _joined(
                 )
         return t0
     return _with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), layout.logical)
-
-
-class _Refused(InspectorError):
-    """A join refused with its own finding code."""
-
-    def __init__(self, code: str, message: str, hint: str) -> None:
-        super().__init__(message, hint=hint)
-        self.code = code
-
-
-def _distinct_places(layout: Layout) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
-    return {(b.start, b.shape) for b in layout.blocks}
-
-
-def _layout(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ...]]) -> Layout:
-    """One parameter's layout: the affine map's where it has one (DeepSpeed follows it), checked against
-    the stored shard shapes and against any category rule that also names it; else the category rule's."""
-    amap = recipe.maps.get(name)
-    keep = recipe.original_vocab_size if rule == "vocab" else None
-    if amap is None:
-        return vocab_cut(name, category_layout(name, rule, recipe, shapes), keep)
-    if list(amap.shards) != shapes:
-        raise _Refused(
-            "tp-records-disagree",
-            f"{name}: the affine map says its {len(amap.shards)} shards have shapes "
-            f"{[list(s) for s in amap.shards]}; the model states record {[list(s) for s in shapes]}.",
-            "The record and the shards come from different runs or were edited; nothing is converted.",
-        )
-    spec = recipe.sub_params.get(name)
-    unwritten = rule == "sub-params" and spec is not None and spec.widths is None and recipe.version >= 0.4
-    if name in recipe.rules and not unwritten:  # (UCP 0.4 needs no widths where a map says where rows go)
-        try:
-            listed = category_layout(name, rule, recipe, shapes)
-        except InspectorError as exc:
-            listed, why = None, exc.message
-        if listed is None or not listed.same_as(amap):
-            what = (
-                f"cannot describe these shards ({why})" if listed is None else "puts its elements elsewhere"
-            )
-            raise _Refused(
-                "tp-records-disagree",
-                f"{name}: universal_checkpoint_info's affine map and its {rule} rule disagree: the rule "
-                f"{what}. DeepSpeed's converter would follow the map.",
-                "The records were edited or come from different runs: nothing is converted, since either could "
-                "be wrong. Re-save the checkpoint, or remove the record you know is wrong.",
-            )
-    return vocab_cut(name, amap, keep)
 
 
 def _with_joined(

@@ -11,13 +11,16 @@ equal halves of every shard on dim 0. Nothing is guessed: widths that do not add
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from inspector.errors import InspectorError
 from inspector.format.dtypes import itemsize
+from inspector.format.torchzip import load_tree
 from inspector.parse.affine import Layout, cut_rows, replicated, split, sub_params
 from inspector.parse.layers import SubParams, TpRecipe
-from inspector.scan.model import Segment
+from inspector.scan.model import Checkpoint, Segment
+from inspector.system.bytesource import ByteSource
 
 Segs = tuple[Segment, ...]
 Widths = tuple[tuple[int, ...], ...]
@@ -125,3 +128,57 @@ def vocab_cut(name: str, layout: Layout, keep: int | None) -> Layout:
             f"{name}: original_vocab_size {keep:,} is larger than the {layout.logical[0]:,} rows saved."
         )
     return cut_rows(layout, keep)
+
+
+class Refused(InspectorError):
+    """A join refused with its own finding code."""
+
+    def __init__(self, code: str, message: str, hint: str) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+def layout_of(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ...]]) -> Layout:
+    """One parameter's layout: the affine map's where it has one (DeepSpeed follows it), checked against
+    the stored shard shapes and against any category rule that also names it; else the category rule's."""
+    amap = recipe.maps.get(name)
+    keep = recipe.original_vocab_size if rule == "vocab" else None
+    if amap is None:
+        return vocab_cut(name, category_layout(name, rule, recipe, shapes), keep)
+    if list(amap.shards) != shapes:
+        raise Refused(
+            "tp-records-disagree",
+            f"{name}: the affine map says its {len(amap.shards)} shards have shapes "
+            f"{[list(s) for s in amap.shards]}; the model states record {[list(s) for s in shapes]}.",
+            "The record and the shards come from different runs or were edited; nothing is converted.",
+        )
+    spec = recipe.sub_params.get(name)
+    unwritten = rule == "sub-params" and spec is not None and spec.widths is None and recipe.version >= 0.4
+    if name in recipe.rules and not unwritten:  # (UCP 0.4 needs no widths where a map says where rows go)
+        try:
+            listed = category_layout(name, rule, recipe, shapes)
+        except InspectorError as exc:
+            listed, why = None, exc.message
+        if listed is None or not listed.same_as(amap):
+            what = (
+                f"cannot describe these shards ({why})" if listed is None else "puts its elements elsewhere"
+            )
+            raise Refused(
+                "tp-records-disagree",
+                f"{name}: universal_checkpoint_info's affine map and its {rule} rule disagree: the rule "
+                f"{what}. DeepSpeed's converter would follow the map.",
+                "The records were edited or come from different runs: nothing is converted, since either could "
+                "be wrong. Re-save the checkpoint, or remove the record you know is wrong.",
+            )
+    return vocab_cut(name, amap, keep)
+
+
+def records_differ(scanned: Mapping[int, Checkpoint], recipe: TpRecipe, source: ByteSource) -> str | None:
+    """The first other shard whose own model states record another split than shard 0's (each carries the
+    whole model's `universal_checkpoint_info`); None when all agree or a shard records none."""
+    for t in sorted(scanned)[1:]:
+        path = next((f.path for f in scanned[t].files if f.role == "model"), None)
+        other = TpRecipe.parse(load_tree(path, source), path) if path is not None else None
+        if other is not None and replace(other, file=recipe.file) != recipe:
+            return path
+    return None

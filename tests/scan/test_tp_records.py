@@ -112,3 +112,44 @@ def test_a_scaled_piece_is_refused_not_written_as_stored(tmp_path: Path, cli: An
     assert EMBED not in {t.name for t in ckpt.tensors}
     res = cli("convert", root, tmp_path / "out")
     assert res.rc != 0 and "Traceback" not in res.output
+
+
+def test_shards_whose_own_records_disagree_are_refused(tmp_path: Path) -> None:
+    """Each shard's model states carry the whole split; shard 1's saying otherwise than shard 0's is an error
+    finding naming its file, and nothing is joined."""
+    root = writable("tp_z1_bf16", tmp_path / "ck")
+    path = root / "global_step3" / "mp_rank_01_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    _row_called_replicated(sd["universal_checkpoint_info"])
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["tp-records-disagree"] and not ckpt.tensors
+    assert "mp_rank_01_model_states.pt" in ckpt.errors[0].message
+
+
+def test_a_million_row_parallel_rows_scan_as_records_not_segments() -> None:
+    """Issue 38's memory attack at the join the scan runs: a 1,048,576 x 1 row-parallel shard pair with fp32
+    masters, both moments and the bf16 module copy. Each joins to one `Strided` record (the old join made
+    one Segment per row per shard: 2,097,152 objects for each of the four)."""
+    from inspector.parse.layers import TpRecipe
+    from inspector.scan.model import Kind, Runs, Segment, TensorInfo
+    from inspector.scan.tensor import _joined
+
+    rows = 1 << 20
+
+    def piece(t: int) -> TensorInfo:
+        def seg(kind: str, dtype: str = "float32") -> tuple[Segment, ...]:
+            return (Segment(f"{kind}{t}", 64, rows, dtype),)
+
+        moments = (("exp_avg", seg("m")), ("exp_avg_sq", seg("v")))
+        return TensorInfo(
+            "w", (rows, 1), "float32", Kind.TRAINABLE, seg("p"), None, 0, moments, seg("c", "bfloat16")
+        )
+
+    recipe = TpRecipe("f", {"w": "row"}, frozenset(), None, ())
+    joined = _joined(piece(0), [piece(0), piece(1)], "row", recipe, None)  # type: ignore[arg-type]
+    assert joined.shape == (rows, 2)
+    for segs in (joined.segments, joined.module_copy, *(m for _, m in joined.moments)):
+        assert isinstance(segs, Runs) and len(segs.blocks) == 1 and len(segs) == 2 * rows
+    assert joined.module_copy[3] == Segment("c1", 64 + 2, 1, "bfloat16")
+    assert joined.segments[2 * rows - 2] == Segment("p0", 64 + 4 * (rows - 1), 1, "float32")
