@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from itertools import accumulate, islice
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
 from inspector.scan.holding import Holding, holder_row
 from inspector.system.bytesource import ByteSource
 from inspector.text import has_unsafe, shown
+
+if TYPE_CHECKING:
+    from inspector.parse.layers import TpRecipe
 
 
 class Kind(str, Enum):
@@ -253,6 +256,9 @@ class Parallel:
     dp: int = 1
     placement: tuple[Holding, ...] = ()
     autoep: bool = False  # experts fused by DeepSpeed's AutoEP (`ds_autoep_layers`), not native MoE modules
+    # tensor parallel: the split the shards were joined by (the checkpoint's record, or the user's --tp-split),
+    # read once by the scan; the universal kind writes its keys from it
+    tp_recipe: TpRecipe | None = None
 
     @property
     def holders(self) -> tuple[tuple[str, str], ...]:

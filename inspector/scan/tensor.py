@@ -72,7 +72,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     for t, c in scanned.items():
         findings += [f for f in map(partial(_in_shard, t), c.findings) if f not in findings]
     base = scanned[0]
-    tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
     placement = tuple(
@@ -87,7 +87,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
         files=tuple(f for c in scanned.values() for f in c.files),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
-        parallel=Parallel("tensor", tp=tp, dp=dp, placement=placement),
+        parallel=Parallel("tensor", tp=tp, dp=dp, placement=placement, tp_recipe=used),
     )
 
 
@@ -128,10 +128,10 @@ def join_shards(
     tp_split: Sequence[tuple[str, str]],
     findings: list[Finding],
     loc: Location,
-) -> list[TensorInfo]:
+) -> tuple[list[TensorInfo], TpRecipe | None]:
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
-    none is recorded, or only as regular expressions); nothing while a shard is missing or damaged (the
-    findings say why)."""
+    none is recorded, or only as regular expressions), and the split used; nothing while a shard is missing
+    or damaged (the findings say why)."""
     complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
     if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source)):
@@ -145,13 +145,13 @@ def join_shards(
                 "The shards come from different runs or a record was edited; copy the checkpoint again.",
             )
         )
-        return []
+        return [], None
     if (
         (recipe is None or recipe.regex) and tp_split and complete
     ):  # a record we cannot read: the user's split
         recipe = _user_recipe(scanned[0], tp_split, findings, model0)
         complete = recipe is not None
-    return _join(scanned, recipe, findings, loc) if complete else []
+    return (_join(scanned, recipe, findings, loc), recipe) if complete else ([], None)
 
 
 def _model_file(files: RankFiles) -> str | None:

@@ -75,11 +75,13 @@ def _live_join(want: dict[str, np.ndarray], name: str, shape: tuple[int, ...], t
     return np.concatenate(shards, axis=dim)[: shape[0]]
 
 
-def _resave_model_states(root: Path, edit, name: str = "mp_rank_00_model_states.pt") -> None:  # type: ignore[no-untyped-def]
-    path = root / TAG / name
-    sd = torch.load(path, weights_only=False)
-    edit(sd)
-    torch.save(sd, path)
+def _resave_model_states(root: Path, edit, name: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """`edit` applied to one model-states file, or to every shard's (each carries the whole record, and the
+    scan refuses shards whose records disagree)."""
+    for path in [root / TAG / name] if name else sorted((root / TAG).glob("*model_states.pt")):
+        sd = torch.load(path, weights_only=False)
+        edit(sd)
+        torch.save(sd, path)
 
 
 def test_a_checkpoint_that_does_not_record_the_split_is_refused(tmp_path: Path) -> None:
