@@ -155,9 +155,9 @@ def tiling_problem(layout: Layout) -> str | None:
     if sum(math.prod(s) for _, s in boxes) != math.prod(layout.logical):
         return f"its pieces do not cover the {math.prod(layout.logical):,} elements of {layout.logical} once"
     for i, (a, sa) in enumerate(boxes):
-        for b, sb in boxes[i + 1 :]:
-            if all(x < y + m and y < x + n for x, n, y, m in zip(a, sa, b, sb, strict=True)):
-                return f"pieces at {list(a)} and {list(b)} overlap"
+        for c, sc in boxes[i + 1 :]:
+            if all(x < y + m and y < x + n for x, n, y, m in zip(a, sa, c, sc, strict=True)):
+                return f"pieces at {list(a)} and {list(c)} overlap"
     return None
 
 

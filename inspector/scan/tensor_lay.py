@@ -135,7 +135,8 @@ class _Shard:
     ) -> list[tuple[int, int, tuple[tuple[Segment, int], ...]]]:
         """Rows i of [start + i*stride, +length) as (first row, end row, parts): a run of rows inside one
         segment is one chunk; a row across a segment boundary is a chunk of its own."""
-        out, i = [], 0
+        out: list[tuple[int, int, tuple[tuple[Segment, int], ...]]] = []
+        i = 0
         while i < count:
             lo = start + i * stride
             j = self.at(lo)
