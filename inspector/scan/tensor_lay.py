@@ -25,6 +25,7 @@ Segs = tuple[Segment, ...]
 SMALL = 1 << 12  # segments kept as a plain tuple (merged where adjacent); more become `Runs`
 MAX_RECORDS = 1 << 20  # Strided records of one tensor: far more than any layout and file split gives
 MAX_OUTER = 1 << 16  # indices of the dims before the strided one that are walked one by one
+MAX_WORK = 1 << 22  # outer indices x block edges x blocks: the walk's cost, bounded whatever the record says
 Spec = tuple[int, int, int, int]  # (shard, first element, elements per row, elements from row to row)
 
 
@@ -61,6 +62,8 @@ def _blocks(
     if math.prod(full[:s]) > MAX_OUTER:
         raise _odd(name, f"its pieces are cut on {cut + 1} dims over {math.prod(full[:s]):,} outer indices")
     edges = sorted({0, full[s], *(b.start[s] for b in blocks), *(b.start[s] + b.shape[s] for b in blocks)})
+    if math.prod(full[:s]) * len(edges) * len(blocks) > MAX_WORK:
+        raise _odd(name, f"its {len(blocks)} pieces cut {math.prod(full[:s]):,} outer indices too finely")
     out = []
     for outer in product(*(range(d) for d in full[:s])):
         for lo, hi in pairwise(edges):

@@ -96,3 +96,15 @@ def test_a_million_rows_per_shard_join_as_one_record() -> None:
 def test_small_results_stay_plain_tuples_with_adjacent_ranges_merged() -> None:
     got = lay(split([(4, 6), (3, 6)], 0, "t"), [_shard(0, 24), _shard(1, 18)], "w")
     assert got == (Segment("s0.0", 0, 24, "float32"), Segment("s1.0", 0, 18, "float32"))
+
+
+def test_blocks_cut_over_too_many_outer_indices_are_refused_not_walked() -> None:
+    """2-D blocks under 70,000 outer indices: the walk would be one step per index, so it is refused with
+    the parameter's name (a bound on the work, whatever the record says)."""
+    from inspector.errors import InspectorError
+
+    n = 70_000
+    blocks = tuple(Block((0, r, c), (n, 1, 1), 2 * r + c, (0, 0, 0)) for r in (0, 1) for c in (0, 1))
+    layout = Layout((n, 2, 2), ((n, 1, 1),) * 4, blocks, "t")
+    with pytest.raises(InspectorError, match="w: its tensor-parallel layout cannot be read"):
+        lay(layout, [_shard(t, n) for t in range(4)], "w")
