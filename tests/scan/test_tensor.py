@@ -124,16 +124,8 @@ Z3_MODEL0 = "zero_pp_rank_0_mp_rank_00_model_states.pt"
     ("gone", "code", "words"),
     [
         ("zero_pp_rank_1_mp_rank_01_model_states.pt", "missing-rank", "Tensor-parallel shard 1 (mp_rank_01)"),
-        (
-            "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
-            "missing-rank",
-            "shard 0 (mp_rank_00): The optimizer",
-        ),
-        (
-            "zero_pp_rank_0_mp_rank_01_model_states.pt",
-            "missing-shard",
-            "zero_pp_rank_0_mp_rank_01_model_states",
-        ),
+        ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "missing-rank", "shard 0 (mp_rank_00): The optimizer"),
+        ("zero_pp_rank_0_mp_rank_01_model_states.pt", "missing-shard", "zero_pp_rank_0_mp_rank_01_model_states"),
     ],
 )
 def test_a_missing_zero3_rank_file_is_named(gone: str, code: str, words: str, tmp_path: Path) -> None:

@@ -125,10 +125,7 @@ def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path:
         dp = int(config[-1]) if "_dp" in config else 1
         assert copies == [f"zero_pp_rank_{d}_mp_rank_0{t}_model_states.pt" for d in range(dp) for t in (0, 1)]
     else:
-        assert copies[:2] == [
-            "mp_rank_00_model_states.pt",
-            "mp_rank_01_model_states.pt",
-        ]  # as ds_to_universal
+        assert copies[:2] == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # as ds_to_universal
 
 
 def _keys(value: dict[str, Any]) -> dict[str, Any]:
@@ -168,13 +165,10 @@ def test_a_pipeline_with_tensor_parallel_layers_is_split_by_its_record(tmp_path:
 
 @pytest.mark.parametrize(
     ("config", "model0"),
-    [
-        ("tp_z1_bf16", "mp_rank_00_model_states.pt"),
-        ("tp_z3_bf16_dp2", "zero_pp_rank_0_mp_rank_00_model_states.pt"),
-    ],
+    [("tp_z1_bf16", "mp_rank_00_model_states.pt"), ("tp_z3_bf16_dp2", "zero_pp_rank_0_mp_rank_00_model_states.pt")],
 )
 def test_a_split_stated_with_tp_split_writes_the_same_keys(config: str, model0: str, tmp_path: Path) -> None:
-    """Without universal_checkpoint_info the user states the split; the keys come from the shard shapes."""
+    """Without universal_checkpoint_info the user states the split; the keys come from the rules stated."""
     from tests.scan.test_tensor import SPLIT, _resave_model_states
 
     root = tmp_path / "ck"
@@ -317,9 +311,7 @@ def test_an_expert_layout_deepspeeds_loader_cannot_cut_is_refused_not_guessed(tm
         plan_universal(replace(ckpt, tensors=three), str(tmp_path))
 
 
-@pytest.mark.parametrize(
-    "config", ["pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_z3_bf16_dp2"]
-)
+@pytest.mark.parametrize("config", ["pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_z3_bf16_dp2"])
 def test_verify_checks_the_tensor_parallel_keys_too(config: str, tmp_path: Path, cli: Any) -> None:
     """Every byte right and a row-parallel weight's cat_dim wrong resumes that weight wrong (the pptp interop
     case showed it): verify names the file. A SubparamShape read back compares equal to the record's."""
@@ -362,9 +354,7 @@ def test_native_moe_with_zero_off_is_refused_with_deepspeeds_reason(
         (lambda m: m["params"].update({"o_.*": {}}), "names parameters by 1 regular expression(s)"),
     ],
 )
-def test_an_affine_map_that_cannot_be_read_is_refused(
-    edit: Any, words: str, tmp_path: Path, cli: Any
-) -> None:
+def test_an_affine_map_that_cannot_be_read_is_refused(edit: Any, words: str, tmp_path: Path, cli: Any) -> None:
     """DeepSpeed joins what an affine map covers by the map, ahead of the category lists: one DeepSpeed 0.19.8
     cannot read, or whose patterns are not plain names, leaves every parameter's layout unknown, so the scan
     refuses (an error finding naming why) and no format is written (a non-zero exit, no traceback)."""
