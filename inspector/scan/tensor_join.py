@@ -1,5 +1,7 @@
-"""Sub-parameter widths of a fused tensor-parallel parameter, from its record (FORMAT.md §4.2); the shards
-are then laid by `scan/tensor_lay.py` like any other `Layout`.
+"""Each tensor-parallel parameter's `Layout` from the records (FORMAT.md §4.2), checked against each other:
+the affine map where it names the parameter (DeepSpeed follows it), compared with any category rule that
+names it too and with the stored shard shapes; else the category rule's. The shards are then laid by
+`scan/tensor_lay.py`, whatever record the layout came from.
 
 A fused parameter (`qkv_proj`, `gate_up_proj`) is cut per sub-parameter: shard t holds rows
 [off_i(t), off_i(t) + widths[i][t]) of sub-parameter i along the partition dim, its sub-parameters one after
@@ -15,28 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from inspector.errors import InspectorError
-from inspector.format.dtypes import itemsize
 from inspector.format.torchzip import load_tree
 from inspector.parse.affine import Layout, cut_rows, replicated, split, sub_params
 from inspector.parse.layers import SubParams, TpRecipe
-from inspector.scan.model import Checkpoint, Segment
+from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import ByteSource
 
-Segs = tuple[Segment, ...]
 Widths = tuple[tuple[int, ...], ...]
-
-
-def sub(segs: Segs, start: int, count: int) -> list[Segment]:
-    """Segments for elements [start, start+count) of the tensor `segs` make up."""
-    out, pos, end = [], 0, start + count
-    for s in segs:
-        lo, hi = max(start, pos), min(end, pos + s.numel)
-        if lo < hi:
-            out.append(Segment(s.file, s.offset + (lo - pos) * itemsize(s.dtype), hi - lo, s.dtype))
-        pos += s.numel
-        if pos >= end:
-            break
-    return out
 
 
 def sub_param_widths(
