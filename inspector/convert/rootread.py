@@ -75,6 +75,7 @@ class ReadsBelow:
     fd: int
     path: str
     dest: Destination | None
+    lock_name: str  # this run's own lock, which `refuse_running` passes over
 
     def _parent(self, rel: str, create: bool) -> tuple[int, str]:
         raise NotImplementedError
