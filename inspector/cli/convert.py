@@ -88,7 +88,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from inspector.cli.jobs import byte_sources, verify_job
+    from inspector.cli.jobs import byte_sources, verify_job, verify_options
 
     if args.progress == "json":
         from inspector.cli.progress import verify_json
@@ -103,7 +103,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     start = time.monotonic()
     with console.status("Verifying…") as status:
         last = 0.0
-        for ev in kind.verify(ckpt, out, against=args.against):
+        for ev in kind.verify(ckpt, out, **verify_options(kind, args)):
             if isinstance(ev, VerifyResult):
                 result = ev
             elif time.monotonic() - last > 0.25:
@@ -329,6 +329,12 @@ def _verify_options(
         default=None,
         help="check against the fp32 masters or the 16-bit module copy (default: the source the output "
         "was converted from; the other one makes an independent check)",
+    )
+    p.add_argument(
+        "--base",
+        metavar="DIR",
+        help="for a merged output: the base model folder it was merged into (default: as convert finds it, "
+        "base_model_name_or_path in adapter_config.json); checked against the hash the output records",
     )
     _add_progress(p)
     _add_json(p, "print the result as one JSON object on stdout (the messages go to stderr)")

@@ -136,12 +136,12 @@ def verify_json(args: argparse.Namespace) -> int:
     """`verify ... --progress json`, for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import byte_sources, verify_job
+        from inspector.cli.jobs import byte_sources, verify_job, verify_options
         from inspector.convert.verify import VerifyResult
 
         kind, ckpt, out = verify_job(args)
         trusted = byte_sources(ckpt.root, out)
-        return _stream_verify(kind.verify(ckpt, out, against=args.against), VerifyResult, trusted)
+        return _stream_verify(kind.verify(ckpt, out, **verify_options(kind, args)), VerifyResult, trusted)
 
     return _guard(body)
 
