@@ -26,6 +26,7 @@ def _ranks(n: int) -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     from inspector.cli.jobs import job_events, order_of, ray_options
     from inspector.cli.live import drive, print_report, print_tasks
 
@@ -77,7 +78,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
         raise RuntimeError("the conversion ended without a report")
-    print_report(console, report, job, part)
+    print_report(console, report, job, part, total=time.monotonic() - started)
     if args.json:
         from dataclasses import asdict
 
@@ -95,6 +96,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         return verify_json(args)
     from inspector.cli.console import console as _console
+    from inspector.cli.live import duration
     from inspector.convert.verify import VerifyResult
 
     console = _console(stderr=args.json)  # --json: stdout holds the one result object
@@ -138,7 +140,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if result.ok:
         console.print(
             f"[green]OK[/]: {kind.name} output, {result.checked} tensors, {format_bytes(result.bytes_checked)} "
-            f"agree with the checkpoint ({secs:.1f} s)."
+            f"agree with the checkpoint ({duration(secs)})."
         )
         return 0
     console.print("[bold red]Verification failed.[/]")

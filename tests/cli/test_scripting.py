@@ -177,3 +177,26 @@ def test_completion_answers_from_the_parser(tmp_path: Path) -> None:
     )
     subprocess.run([sys.executable, "-m", "inspector"], env=env, timeout=120, check=False)
     assert "--json" in (tmp_path / "answer").read_text().split()
+
+
+def test_a_logged_conversion_ends_at_100_percent_in_one_unit_family(
+    demo: DemoCache, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """Off a terminal: the last progress line is where the run ended, sizes and rates are both binary
+    (MiB with MiB/s), and "Done in" is the command's own duration, never a rounded-away "0.0 s"."""
+    res = cli("convert", demo(SPEC), tmp_path / "out", "--dtype", "bf16")
+    assert res.rc == 0, res.output
+    progress = [line for line in res.stdout.splitlines() if line.startswith("[")]
+    assert progress and progress[-1].startswith("[100.0%]"), progress
+    assert "MB/s" not in res.stdout and "iB/s" in res.stdout
+    done = next(line for line in res.stdout.splitlines() if line.startswith("Done in"))
+    assert "0.0 s" not in done and " written at " in done
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs sysfs")
+def test_preflight_probes_writability_truthfully(demo: DemoCache, cli: Callable[..., CliResult]) -> None:
+    """sysfs refuses new folders whatever its modes say (and root passes every mode check)."""
+    res = cli("preflight", demo(SPEC), "--out", "/sys/kernel/zi-probe", "--json")
+    doc = _one_object(res.stdout)
+    assert res.rc == 3 and doc["output_writable"] is False, doc
+    assert "does not accept new files" in str(doc["problem"]) or "not writable" in str(doc["problem"])

@@ -25,7 +25,9 @@ def _checkpoint(kind: str, demo: Any, home: Path) -> tuple[Any, str | None]:
     if kind in ("adapter", "merged"):
         ckpt = lora_checkpoint(demo, home, with_base=False)
         config = Path(ckpt.root) / "adapter_config.json"  # a hub name: the planted path is only in --base
-        config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": "org/base"}))
+        config.write_text(
+            json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": "org/base"})
+        )
         return ckpt, str(home / "base") if kind == "merged" else None
     if kind == "model":
         return scan(str(trainer_run(demo, home))), None
