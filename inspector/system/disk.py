@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 
@@ -17,10 +16,8 @@ def _existing(path: str | os.PathLike[str]) -> Path:
 
 
 def unwritable(path: str | os.PathLike[str]) -> str:
-    """Why an output cannot be created at `path` ("" when it can): a read-only file system, a folder this
-    user may not write to, or one that refuses new entries anyway. The kernel's flags and modes first
-    (statvfs, access); then, since root passes `access` everywhere and pseudo file systems (/sys, /proc)
-    refuse what their modes allow, an empty folder made and removed at once in the nearest existing one."""
+    """Why an output cannot be created at `path` ("" when it can): a read-only file system, or a folder
+    this user may not write to. Asks the kernel (statvfs, access); creates nothing."""
     where = _existing(path)
     try:
         if os.statvfs(where).f_flag & os.ST_RDONLY:
@@ -30,10 +27,6 @@ def unwritable(path: str | os.PathLike[str]) -> str:
     folder = where if where.is_dir() else where.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{folder} is not writable by this user"
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".zero-inspector-probe-", dir=folder))
-    except OSError as exc:
-        return f"{folder} does not accept new files ({exc.strerror or exc})"
     return ""
 
 
