@@ -31,6 +31,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.cli.live import drive, print_report, print_tasks
 
     ray_options(args)
+    _one_json_kind(args)
     if args.progress == "json":  # for a front end running us as a child (the TUI)
         from inspector.cli.progress import convert_json
 
@@ -91,6 +92,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from inspector.cli.jobs import byte_sources, verify_job, verify_options
 
+    _one_json_kind(args)
     if args.progress == "json":
         from inspector.cli.progress import verify_json
 
@@ -145,6 +147,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 0
     console.print("[bold red]Verification failed.[/]")
     return 1
+
+
+def _one_json_kind(args: argparse.Namespace) -> None:
+    """`--json` (one object at the end) and `--progress json` (a stream of lines) cannot share stdout."""
+    if args.json and args.progress == "json":
+        from inspector.errors import InspectorError
+
+        raise InspectorError(
+            "--json and --progress json both print on stdout: one summary object, or a stream of JSON lines.",
+            hint="Choose one of them.",
+            title="Invalid option",
+        )
 
 
 def preflight_json(job: Any, verdict: Any) -> dict[str, Any]:

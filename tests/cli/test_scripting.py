@@ -106,6 +106,7 @@ def test_convert_and_verify_json_print_one_object(
         ["convert", "{root}", "--json"],  # OUT is missing
         ["health", "{root}", "--json", "--workers", "0"],
         ["scna", "--json"],
+        ["verify", "{root}", "out", "--json", "--progress", "json"],  # two JSON shapes on one stdout
     ],
 )
 def test_usage_errors_under_json_are_one_object(
