@@ -57,7 +57,9 @@ def readme_commands() -> list[str]:
 
 def test_readme_shows_every_command() -> None:
     shown = {shlex.split(c)[1] for c in readme_commands() if len(shlex.split(c)) > 1}
-    assert {"scan", "preflight", "convert", "verify", "health", "demo", "completion", "--demo"} <= shown, shown
+    assert {"scan", "preflight", "convert", "verify", "health", "demo", "completion", "--demo"} <= shown, (
+        shown
+    )
 
 
 @pytest.mark.parametrize("command", readme_commands())
