@@ -153,9 +153,17 @@ def _print_tensors(con: Any, report: Any) -> None:
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser(
-        "health", help="every tensor's NaN/Inf, zeros, range, mean, std and norm, streamed; findings first"
+    from inspector.cli.parser import add_command
+
+    add_command(
+        sub,
+        "health",
+        "every tensor's NaN/Inf, zeros, range, mean, std and norm, streamed; findings first",
+        lambda p: _options(p, add_common),
     )
+
+
+def _options(p: argparse.ArgumentParser, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     add_common(p)
     p.add_argument("--against", metavar="TAG", help="also measure how far each master moved since TAG")
     add_filter_options(p)
