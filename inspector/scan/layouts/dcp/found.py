@@ -65,18 +65,39 @@ def locate(path: str, source: ByteSource) -> Found | None:
     if is_dcp(names):
         return _found(source, _root_of(path, source), path, names)
     _refuse_lookalikes(path, names)
-    subs = [n for n in names if source.is_dir(os.path.join(path, n))]
+    subs = sorted(n for n in names if source.is_dir(os.path.join(path, n)))
     accel = sorted((int(m.group(1)), n) for n in subs if (m := _ACCELERATE.match(n)))
-    steps = sorted((int(m.group(1)), n) for n in subs if (m := _STEP.match(n)))
-    for _, sub in accel[:1] or steps[::-1]:
+    if accel:
+        inner = os.path.join(path, accel[0][1])
+        return _found(source, path, inner, source.listdir(inner)) if is_dcp(source.listdir(inner)) else None
+    runs = []
+    for sub in subs:
         inner = os.path.join(path, sub)
         inner_names = source.listdir(inner)
         if is_dcp(inner_names):
-            others = tuple(n for _, n in steps if n != sub) if not accel else ()
-            return _found(source, path, inner, inner_names, others)
-        if _ACCELERATE.match(sub) is None and any(_ACCELERATE.match(n) for n in inner_names):
-            return locate(inner, source)  # a Trainer run: checkpoint-N/pytorch_model_fsdp_0
-    return None
+            runs.append((_order(source, inner, sub), sub, inner_names))
+        elif any(_ACCELERATE.match(n) for n in inner_names) and _STEP.match(sub):
+            runs.append((_order(source, inner, sub), sub, []))  # a Trainer run's checkpoint-N
+    if not runs:
+        return None
+    runs.sort(reverse=True)
+    _, latest, inner_names = runs[0]
+    inner = os.path.join(path, latest)
+    if not inner_names:
+        return locate(inner, source)
+    return _found(source, path, inner, inner_names, tuple(n for _, n, _ in runs[1:]))
+
+
+def _order(source: ByteSource, folder: str, name: str) -> tuple[int, int]:
+    """Which of several saves is the latest: the step in its name (`step-N`, `checkpoint-N`, Lightning's
+    `…step=N…`), else the time it was saved."""
+    m = _STEP.match(name) or re.search(r"step=(\d+)", name)
+    if m:
+        return (1, int(m.group(1)))
+    try:
+        return (0, source.size_and_mtime(os.path.join(folder, METADATA))[1])
+    except OSError:
+        return (0, 0)
 
 
 def _root_of(folder: str, source: ByteSource) -> str:
