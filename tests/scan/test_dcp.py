@@ -220,3 +220,26 @@ def test_cli_refusal_has_no_traceback(tmp_path: Path) -> None:
     res = run_cli("scan", str(root))
     assert res.rc != 0 and "Traceback" not in res.stderr + res.stdout
     assert "metadata pickle cannot be read" in res.stderr + res.stdout
+
+
+def test_universal_output_is_refused_for_a_dcp_folder(tmp_path: Path) -> None:
+    res = __import__("tests.conftest", fromlist=["run_cli"]).run_cli(
+        "convert", str(FIXTURES / "fsdp2_fp32"), str(tmp_path / "out"), "--format", "universal"
+    )
+    assert res.rc != 0 and "PyTorch Distributed Checkpoint, not a DeepSpeed run" in res.stdout + res.stderr
+
+
+def test_a_relative_path_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(FIXTURES)
+    assert scan("hsdp").tag == "ckpt"
+
+
+def test_verify_and_health_read_a_dcp_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert (
+        main(["convert", str(FIXTURES / "tp_fsdp"), str(out), "--dtype", "bfloat16", "--shard-size", "20KB"])
+        == 0
+    )
+    assert len(list(out.glob("*.safetensors"))) > 1
+    assert main(["verify", str(FIXTURES / "tp_fsdp"), str(out)]) == 0
+    assert main(["health", str(FIXTURES / "tp_fsdp")]) == 0

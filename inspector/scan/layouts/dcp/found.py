@@ -58,9 +58,9 @@ def rank_of(name: str) -> int | None:
 
 def locate(path: str, source: ByteSource) -> Found | None:
     """The DCP folder at `path` (or one level below it), or None when `path` is not a DCP checkpoint."""
+    path = source.absolute(path)
     if not source.is_dir(path):
         return None
-    path = source.absolute(path)
     names = source.listdir(path)
     if is_dcp(names):
         return _found(source, _root_of(path, source), path, names)
