@@ -16,41 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError
-from inspector.format.dtypes import DTYPES, TORCH_ALIASES
+from inspector.format.dcpops import KEPT, TABLE, Rec, Row, Token, intern, ints, nat
 
-_DCP = "torch.distributed.checkpoint.metadata"
-_RECORDS = {
-    (_DCP, n)
-    for n in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "BytesStorageMetadata",
-        "MetadataIndex",
-        "StorageMeta",
-    )
-} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+__all__ = ["MetadataParser", "RawMetadata", "Rec", "Row", "Token"]
+
 _BLOCK = 1 << 20
 _MAX_RETAINED = 64 << 20  # bytes of strings kept for back-references
 _MAX_LOOSE = 4_000_000  # elements of containers not compacted (keys, planner paths, small records)
-
-
-class Rec:
-    """An inert stand-in for one of DCP's dataclasses: its class name and the state BUILD gave it."""
-
-    __slots__ = ("kind", "state")
-
-    def __init__(self, kind: str) -> None:
-        self.kind, self.state = kind, None
-
-
-class Token(str):
-    """A dtype, layout or memory format, by name."""
-
-
-class Row(int):
-    """A chunk, once built: its row in the chunk arrays."""
 
 
 @dataclass
@@ -78,25 +50,30 @@ class RawMetadata:
 
 
 class _Reader:
-    """The pickle's bytes in blocks from `pread(n, offset)`."""
+    """The pickle's bytes in blocks from `pread(n, offset)`; `buf[at:]` is what is not consumed yet."""
 
     def __init__(self, pread: Callable[[int, int], bytes], size: int) -> None:
         self.pread, self.size, self.pos, self.buf, self.at = pread, size, 0, b"", 0
 
     def read(self, n: int) -> bytes:
-        if self.at + n > len(self.buf):
-            if self.pos + n - (len(self.buf) - self.at) > self.size:
-                raise EOFError
-            rest = self.buf[self.at :]
-            want = max(n - len(rest), _BLOCK)
-            more = self.pread(min(want, self.size - self.pos), self.pos)
-            self.pos += len(more)
-            self.buf, self.at = rest + more, 0
-            if len(self.buf) < n:
-                raise EOFError
-        out = self.buf[self.at : self.at + n]
-        self.at += n
-        return out
+        at = self.at
+        end = at + n
+        if end <= len(self.buf):
+            self.at = end
+            return self.buf[at:end]
+        self.fill(n)
+        return self.read(n)
+
+    def fill(self, n: int) -> None:
+        """At least `n` bytes buffered from `at` on, or EOFError."""
+        rest = self.buf[self.at :]
+        if self.pos + n - len(rest) > self.size:
+            raise EOFError
+        more = self.pread(min(max(n - len(rest), _BLOCK), self.size - self.pos), self.pos)
+        self.pos += len(more)
+        self.buf, self.at = rest + more, 0
+        if len(self.buf) < n:
+            raise EOFError
 
     def line(self) -> bytes:
         out = b""
@@ -157,13 +134,15 @@ class MetadataParser:
         self.out.version = str(version) if version is not None else None
 
     def _run(self) -> Any:
-        ops = _OPS
-        read = self.r.read
+        table, r = TABLE, self.r
         while True:
-            op = read(1)
-            handler = ops.get(op)
+            if r.at >= len(r.buf):
+                r.fill(1)
+            op = r.buf[r.at]
+            r.at += 1
+            handler = table[op]
             if handler is None:
-                raise ValueError(f"opcode {op!r} is not one a DCP metadata pickle uses")
+                raise ValueError(f"opcode {bytes([op])!r} is not one a DCP metadata pickle uses")
             if handler(self) is True:
                 return self.stack.pop()
 
@@ -174,11 +153,12 @@ class MetadataParser:
     def put(self, idx: int) -> None:
         self.next_memo = max(self.next_memo, idx + 1)
         value = self.stack[-1]
-        if isinstance(value, str):
+        kind = type(value)
+        if kind is str:
             self.retained += len(value)
             if self.retained > _MAX_RETAINED:
                 raise ValueError("more distinct strings than any real metadata holds")
-        elif not isinstance(value, _Stand | Token | bool) and value is not None:
+        elif kind not in KEPT:
             return  # per-item objects: never referred back to by a real pickler; not kept
         self.memo[idx] = value
 
@@ -213,7 +193,8 @@ class MetadataParser:
                 continue
             if not isinstance(k, str | int | tuple) or isinstance(k, Row):
                 raise TypeError("a dict key of an unexpected type")
-            self.grow(1)
+            if len(target) >= 16:  # a record's few fields are not counted: it is consumed at BUILD
+                self.grow(1)
             target[k] = v
 
     # ---- records ------------------------------------------------------------------------------------
@@ -231,7 +212,7 @@ class MetadataParser:
             self.stack[-1] = ("bytes",)
 
     def _chunk(self, state: Any) -> Row:
-        offsets, sizes = _ints(state, "offsets"), _ints(state, "sizes")
+        offsets, sizes = ints(state, "offsets"), ints(state, "sizes")
         if len(offsets) != len(sizes):
             raise ValueError("a chunk's offsets and sizes differ in rank")
         out = self.out
@@ -243,7 +224,7 @@ class MetadataParser:
     def _tensor(self, state: Any) -> tuple[Any, ...]:
         if not isinstance(state, dict):
             raise TypeError("a tensor record without a state dict")
-        props, size, chunks = state.get("properties"), _ints(state, "size"), state.get("chunks")
+        props, size, chunks = state.get("properties"), ints(state, "size"), state.get("chunks")
         dtype = props.state[0] if isinstance(props, Rec) and isinstance(props.state, tuple) else None
         if isinstance(props, Rec) and isinstance(props.state, dict):
             dtype = props.state.get("dtype")
@@ -258,18 +239,18 @@ class MetadataParser:
         st = index.state
         if not isinstance(st, dict) or not isinstance(info, Rec) or info.kind != "_StorageInfo":
             raise TypeError("a storage entry that is not MetadataIndex -> _StorageInfo")
-        fqn, hint, offsets = st.get("fqn"), st.get("index"), _ints(st, "offset", optional=True)
+        fqn, hint, offsets = st.get("fqn"), st.get("index"), ints(st, "offset", optional=True)
         si = info.state
         if not isinstance(fqn, str) or not isinstance(si, dict):
             raise TypeError("a storage entry without a key name")
         path, off, length = si.get("relative_path"), si.get("offset"), si.get("length")
-        if not isinstance(path, str) or not _nat(off) or not _nat(length):
+        if not isinstance(path, str) or not nat(off) or not nat(length):
             raise TypeError("a storage entry without a file, offset or length")
-        if hint is not None and not _nat(hint):
+        if hint is not None and not nat(hint):
             raise TypeError("a storage entry with a bad chunk index")
         out = self.out
-        out.st_key.append(_intern(self._key_ids, out.key_names, fqn))
-        out.st_file.append(_intern(self._file_ids, out.file_names, path))
+        out.st_key.append(intern(self._key_ids, out.key_names, fqn))
+        out.st_file.append(intern(self._file_ids, out.file_names, path))
         tds = si.get("transform_descriptors") or ()
         tds = tuple(str(t) for t in tds) if isinstance(tds, list | tuple) else ("?",)
         if tds not in self._transform_ids:
@@ -281,178 +262,3 @@ class MetadataParser:
         out.st_dims.extend(offsets)
         out.st_offset.append(off)
         out.st_length.append(length)
-
-
-class _Stand:
-    """A global from the allowlist: calling it (NEWOBJ, REDUCE) makes an inert value, never runs code."""
-
-    __slots__ = ("make",)
-
-    def __init__(self, make: Callable[..., Any]) -> None:
-        self.make = make
-
-
-def _nat(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool | Row) and 0 <= v < 1 << 62
-
-
-def _ints(state: Any, key: str, optional: bool = False) -> tuple[int, ...]:
-    v = state.get(key) if isinstance(state, dict) else None
-    if v is None and optional:
-        return ()
-    if not isinstance(v, tuple) or not all(_nat(x) for x in v) or len(v) > 16:
-        raise TypeError(f"{key} is not a tuple of whole numbers")
-    return v
-
-
-def _intern(ids: dict[str, int], names: list[str], value: str) -> int:
-    got = ids.get(value)
-    if got is None:
-        got = ids[value] = len(names)
-        names.append(value)
-    return got
-
-
-def _global(p: MetadataParser, module: str, name: str) -> _Stand | Token:
-    if (module, name) in _RECORDS:
-        return _Stand(lambda *a: Rec(name))
-    if module == "torch" and name == "Size":
-        return _Stand(lambda dims=(): tuple(dims))
-    if module == "torch" and TORCH_ALIASES.get(name, name) in DTYPES:
-        return Token(TORCH_ALIASES.get(name, name))  # a dtype is pickled as the global itself
-    if (module, name) in (("torch.serialization", "_get_layout"), (_DCP, "_MEM_FORMAT_ENCODING")):
-        return _Stand(lambda v=None: Token(f"{name}:{v}"))
-    if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "Path"):
-        return _Stand(lambda *parts: "/".join(str(x) for x in parts))
-    if (module, name) == ("collections", "OrderedDict"):
-        return _Stand(dict)
-    shown_name = f"{module}.{name}"
-    raise UnsafePickleError(
-        f"{p.name}: the metadata pickle asks for `{ascii(shown_name)[1:-1][:120]}`, which is not one of the "
-        "classes a PyTorch Distributed Checkpoint's metadata uses. Nothing was executed.",
-        hint="If you wrote this checkpoint yourself and trust it, load it with torch; otherwise treat it as hostile.",
-    )
-
-
-def _call(p: MetadataParser, fn: Any, args: Any) -> None:
-    if not isinstance(fn, _Stand) or not isinstance(args, tuple):
-        raise TypeError("a call of something that is not an allowed class")
-    p.stack.append(fn.make(*args))
-
-
-def _u(fmt: str, n: int) -> Callable[[MetadataParser], int]:
-    return lambda p: struct.unpack(fmt, p.r.read(n))[0]  # type: ignore[no-any-return]
-
-
-_U1, _U2, _U4, _I4, _U8 = _u("<B", 1), _u("<H", 2), _u("<I", 4), _u("<i", 4), _u("<Q", 8)
-
-
-def _string(n: int, p: MetadataParser, text: bool) -> None:
-    if n > 1 << 20:
-        raise ValueError("a string longer than any name in real metadata")
-    raw = p.r.read(n)
-    p.stack.append(raw.decode("utf-8") if text else raw)
-
-
-def _stack_global(p: MetadataParser) -> None:
-    name, module = p.stack.pop(), p.stack.pop()
-    if not isinstance(name, str) or not isinstance(module, str):
-        raise TypeError("STACK_GLOBAL of names that are not strings")
-    p.stack.append(_global(p, module, name))
-
-
-def _text_global(p: MetadataParser) -> None:
-    module, name = p.r.line().decode("ascii"), p.r.line().decode("ascii")
-    p.stack.append(_global(p, module, name))
-
-
-def _tuple(p: MetadataParser, n: int) -> None:
-    items = tuple(p.stack[-n:]) if n else ()
-    if n:
-        del p.stack[-n:]
-    p.stack.append(items)
-
-
-def _appends(p: MetadataParser) -> None:
-    items = p.pop_mark()
-    target = p.stack[-1]
-    if not isinstance(target, list):
-        raise TypeError("APPENDS on something that is not a list")
-    p.grow(sum(1 for i in items if not isinstance(i, Row)))
-    target.extend(items)
-
-
-def _append(p: MetadataParser) -> None:
-    item = p.stack.pop()
-    if not isinstance(p.stack[-1], list):
-        raise TypeError("APPEND on something that is not a list")
-    p.grow(0 if isinstance(item, Row) else 1)
-    p.stack[-1].append(item)
-
-
-def _newobj(p: MetadataParser) -> None:
-    args, cls = p.stack.pop(), p.stack.pop()
-    _call(p, cls, args)
-
-
-def _reduce(p: MetadataParser) -> None:
-    args, fn = p.stack.pop(), p.stack.pop()
-    _call(p, fn, args)
-
-
-def _setitem(p: MetadataParser) -> None:
-    v, k = p.stack.pop(), p.stack.pop()
-    p.setitems(p.stack[-1], [k, v])
-
-
-def _setitems(p: MetadataParser) -> None:
-    items = p.pop_mark()
-    p.setitems(p.stack[-1], items)
-
-
-def _proto(p: MetadataParser) -> None:
-    if _U1(p) > 5:
-        raise ValueError("an unknown pickle protocol")
-
-
-_OPS: dict[bytes, Callable[[MetadataParser], Any]] = {
-    b"\x80": _proto,
-    b"\x95": lambda p: p.r.read(8) and None,
-    b".": lambda p: True,
-    b"(": lambda p: p.marks.append(len(p.stack)),
-    b"}": lambda p: p.stack.append({}),
-    b"]": lambda p: p.stack.append([]),
-    b")": lambda p: p.stack.append(()),
-    b"t": lambda p: p.stack.append(tuple(p.pop_mark())),
-    b"\x85": lambda p: _tuple(p, 1),
-    b"\x86": lambda p: _tuple(p, 2),
-    b"\x87": lambda p: _tuple(p, 3),
-    b"l": lambda p: p.stack.append(p.pop_mark()),
-    b"\x94": lambda p: p.memoize(),
-    b"q": lambda p: p.put(_U1(p)),
-    b"r": lambda p: p.put(_U4(p)),
-    b"h": lambda p: p.get(_U1(p)),
-    b"j": lambda p: p.get(_U4(p)),
-    b"\x8c": lambda p: _string(_U1(p), p, True),
-    b"X": lambda p: _string(_U4(p), p, True),
-    b"\x8d": lambda p: _string(_U8(p), p, True),
-    b"C": lambda p: _string(_U1(p), p, False),
-    b"B": lambda p: _string(_U4(p), p, False),
-    b"K": lambda p: p.stack.append(_U1(p)),
-    b"M": lambda p: p.stack.append(_U2(p)),
-    b"J": lambda p: p.stack.append(_I4(p)),
-    b"\x8a": lambda p: p.stack.append(int.from_bytes(p.r.read(_U1(p)), "little", signed=True)),
-    b"N": lambda p: p.stack.append(None),
-    b"\x88": lambda p: p.stack.append(True),
-    b"\x89": lambda p: p.stack.append(False),
-    b"G": lambda p: p.stack.append(struct.unpack(">d", p.r.read(8))[0]),
-    b"\x93": _stack_global,
-    b"c": _text_global,
-    b"\x81": _newobj,
-    b"R": _reduce,
-    b"b": lambda p: p.build(),
-    b"s": _setitem,
-    b"u": _setitems,
-    b"a": _append,
-    b"e": _appends,
-}
