@@ -101,6 +101,18 @@ def test_uneven_shards_follow_torch_chunk() -> None:
     assert [s.numel // 24 for s in ckpt.tensor("layers.0.fc1.weight").segments] == [33, 33, 31]
 
 
+def test_fsdp2_empty_chunk_is_recorded_and_skipped() -> None:
+    """`gate` has 2 rows on 3 ranks: FSDP2 records rank 2's chunk with size 0 at offset 2 (an item too)."""
+    from inspector.parse.dcp import read_metadata
+    from inspector.system.source import Source
+
+    folder = str(FIXTURES / "uneven3" / "ckpt")
+    meta = read_metadata(folder, Source(folder))
+    assert [meta.chunk(r) for r in meta.rows("model.gate")][-1] == ((2, 0), (0, 24))
+    gate = scan(str(FIXTURES / "uneven3")).tensor("gate")
+    assert gate.kind is Kind.TRAINABLE and sum(s.numel for s in gate.segments) == 48
+
+
 def test_accelerate_folder_found_from_its_checkpoint_and_gets_the_model_folder(tmp_path: Path) -> None:
     ckpt = scan(str(FIXTURES / "accelerate_fsdp2"))
     assert ckpt.tag == "pytorch_model_fsdp_0" and ckpt.root.endswith("checkpoint-2")
