@@ -22,6 +22,7 @@ __all__ = ["MetadataParser", "RawMetadata", "Rec", "Row", "Token"]
 
 _BLOCK = 1 << 20
 _MAX_RETAINED = 64 << 20  # bytes of strings kept for back-references
+_MAX_STACK = 1_000_000  # real metadata stacks a few thousand values at most (SETITEMS batches of 1000)
 _MAX_LOOSE = 4_000_000  # elements of containers not compacted (keys, planner paths, small records)
 
 
@@ -39,6 +40,13 @@ class RawMetadata:
     key_names: list[str] = field(default_factory=list)  # storage rows name keys by index
     file_names: list[str] = field(default_factory=list)
     transforms: list[tuple[str, ...]] = field(default_factory=lambda: [()])
+    # per chunk, its item, filled when a storage entry names the chunk by its index (torch always does)
+    item_file: array = field(default_factory=lambda: array("i"))  # -1: no entry named it yet
+    item_offset: array = field(default_factory=lambda: array("q"))
+    item_length: array = field(default_factory=lambda: array("q"))
+    item_transform: array = field(default_factory=lambda: array("h"))
+    duplicates: int = 0  # entries naming a chunk another entry already named
+    # the other storage entries (bytes items; no index, or a wrong one), matched by offsets in parse/dcp.py
     st_key: array = field(default_factory=lambda: array("i"))
     st_index: array = field(default_factory=lambda: array("q"))  # the chunk index hint, -1 when None
     st_dims: array = field(default_factory=lambda: array("q"))  # per storage row: the chunk's offsets
@@ -54,6 +62,7 @@ class _Reader:
 
     def __init__(self, pread: Callable[[int, int], bytes], size: int) -> None:
         self.pread, self.size, self.pos, self.buf, self.at = pread, size, 0, b"", 0
+        self.on_fill: Callable[[], None] = lambda: None
 
     def read(self, n: int) -> bytes:
         at = self.at
@@ -74,6 +83,7 @@ class _Reader:
         self.buf, self.at = rest + more, 0
         if len(self.buf) < n:
             raise EOFError
+        self.on_fill()
 
     def line(self) -> bytes:
         out = b""
@@ -91,7 +101,9 @@ class MetadataParser:
     """The opcode machine. `parse()` returns the compacted record or raises a `CorruptFileError`."""
 
     def __init__(self, pread: Callable[[int, int], bytes], size: int, name: str) -> None:
-        self.r, self.name = _Reader(pread, size), name
+        self.r: _Reader = _Reader(pread, size)
+        self.name = name
+        self.r.on_fill = self._bound_stack  # a block holds at most a million pushes: checked once per block
         self.stack: list[Any] = []
         self.marks: list[int] = []
         self.memo: dict[int, Any] = {}
@@ -102,6 +114,7 @@ class MetadataParser:
         self._key_ids: dict[str, int] = {}
         self._file_ids: dict[str, int] = {}
         self._transform_ids: dict[tuple[str, ...], int] = {(): 0}
+        self._tensors: dict[str, tuple[Any, ...]] = {}
 
     def parse(self) -> RawMetadata:
         try:
@@ -145,6 +158,10 @@ class MetadataParser:
                 raise ValueError(f"opcode {bytes([op])!r} is not one a DCP metadata pickle uses")
             if handler(self) is True:
                 return self.stack.pop()
+
+    def _bound_stack(self) -> None:
+        if len(self.stack) > _MAX_STACK:
+            raise ValueError("a deeper pickle stack than any real metadata builds")
 
     # ---- memo and containers -------------------------------------------------------------------------
     def memoize(self) -> None:
@@ -195,6 +212,8 @@ class MetadataParser:
                 raise TypeError("a dict key of an unexpected type")
             if len(target) >= 16:  # a record's few fields are not counted: it is consumed at BUILD
                 self.grow(1)
+            if type(k) is str and type(v) is tuple and v[:1] == ("tensor",):
+                self._tensors[k] = v  # state_dict_metadata: each key's chunk rows, for its storage entries
             target[k] = v
 
     # ---- records ------------------------------------------------------------------------------------
@@ -249,16 +268,43 @@ class MetadataParser:
         if hint is not None and not nat(hint):
             raise TypeError("a storage entry with a bad chunk index")
         out = self.out
-        out.st_key.append(intern(self._key_ids, out.key_names, fqn))
-        out.st_file.append(intern(self._file_ids, out.file_names, path))
+        file = intern(self._file_ids, out.file_names, path)
         tds = si.get("transform_descriptors") or ()
         tds = tuple(str(t) for t in tds) if isinstance(tds, list | tuple) else ("?",)
         if tds not in self._transform_ids:
             self._transform_ids[tds] = len(out.transforms)
             out.transforms.append(tds)
-        out.st_transform.append(self._transform_ids[tds])
+        transform = self._transform_ids[tds]
+        row = self._named_chunk(fqn, hint, offsets)
+        if row >= 0:
+            if out.item_file[row] >= 0:
+                out.duplicates += 1
+                return
+            out.item_file[row], out.item_offset[row], out.item_length[row] = file, off, length
+            out.item_transform[row] = transform
+            return
+        out.st_key.append(intern(self._key_ids, out.key_names, fqn))
+        out.st_file.append(file)
+        out.st_transform.append(transform)
         out.st_index.append(-1 if hint is None else hint)
         out.st_dim_start.append(len(out.st_dims))
         out.st_dims.extend(offsets)
         out.st_offset.append(off)
         out.st_length.append(length)
+
+    def _named_chunk(self, fqn: str, hint: int | None, offsets: tuple[int, ...]) -> int:
+        """The chunk row a storage entry names by its key and index, when its offsets agree; else -1."""
+        t = self._tensors.get(fqn)
+        if t is None or hint is None or not 0 <= hint < t[4]:
+            return -1
+        out, row = self.out, t[3] + hint
+        start = out.chunk_start[row]
+        if tuple(out.chunk_dims[start : start + len(offsets)]) != offsets or len(offsets) != len(t[2]):
+            return -1
+        if len(out.item_file) < len(out.chunk_start):  # chunks parsed since: no item yet
+            grow = len(out.chunk_start) - len(out.item_file)
+            out.item_file.extend([-1] * grow)
+            out.item_offset.extend([0] * grow)
+            out.item_length.extend([0] * grow)
+            out.item_transform.extend([0] * grow)
+        return row

@@ -75,14 +75,34 @@ class DcpMetadata:
         self.file_names = tuple(raw.file_names)
         self.transforms = tuple(raw.transforms)
         self._keys(raw)
-        n = len(self.starts)
-        self.item_file = np.full(n, -1, np.int32)  # -1: no storage entry names this chunk
+        n, have = len(self.starts), len(raw.item_file)
+        if have == n and n:  # every chunk named by index as it was parsed: the parse's arrays, not copied
+            self.item_file = np.frombuffer(raw.item_file, dtype=np.int32)
+            self.item_offset = np.frombuffer(raw.item_offset, dtype=np.int64)
+            self.item_length = np.frombuffer(raw.item_length, dtype=np.int64)
+            self.item_transform = np.frombuffer(raw.item_transform, dtype=np.int16)
+        else:
+            self._items_copied(raw, n, have)
+        self.duplicates = raw.duplicates  # storage entries naming a chunk another entry already named
+        self.strays = 0  # storage entries naming no chunk of their key
+        self._match(raw)
+
+    def _items_copied(self, raw: RawMetadata, n: int, have: int) -> None:
+        """Each chunk's item as far as the parse matched them (the rest: -1, no item yet)."""
+        import numpy as np
+
+        self.item_file = np.full(n, -1, np.int32)
         self.item_offset = np.zeros(n, np.int64)
         self.item_length = np.zeros(n, np.int64)
         self.item_transform = np.zeros(n, np.int16)
-        self.duplicates = 0  # storage entries naming a chunk another entry already named
-        self.strays = 0  # storage entries naming no chunk of their key
-        self._match(raw)
+        for mine, theirs, kind in (
+            (self.item_file, raw.item_file, np.int32),
+            (self.item_offset, raw.item_offset, np.int64),
+            (self.item_length, raw.item_length, np.int64),
+            (self.item_transform, raw.item_transform, np.int16),
+        ):
+            if have:
+                mine[:have] = np.frombuffer(theirs, dtype=kind)
 
     def _keys(self, raw: RawMetadata) -> None:
         for key, value in raw.keys.items():

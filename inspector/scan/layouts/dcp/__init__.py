@@ -17,7 +17,7 @@ class DcpLayout:
     recognises = "a `.metadata` file beside `__<rank>_<n>.distcp` files"
 
     def locate(self, path: str, tag: str | None, source: ByteSource) -> Found | None:
-        return locate(path, source)
+        return locate(path, source, tag)
 
     def claims(self, found: Found) -> bool:
         return is_dcp(found.names)

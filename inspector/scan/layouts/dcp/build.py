@@ -62,25 +62,27 @@ class Store:
             item = meta.item(row)
             if item is None or not self.present(item.file):
                 if item is None and 0 not in sizes:
-                    return self._bad(key, f"its chunk at {list(offsets)} has no stored item")
+                    self._bad(key, f"its chunk at {list(offsets)} has no stored item")
+                    return None
                 if item is None:
                     chunks.append(Chunk(offsets, sizes, "", 0))
                     continue
                 return None
             placed = try_place(self.folder, self.source, item, tensor.dtype, sizes)
             if isinstance(placed, InspectorError):
-                return self._bad(key, placed.message)
+                self._bad(key, placed.message)
+                return None
             chunks.append(Chunk(offsets, sizes, placed.file, placed.offset))
         try:
             return tuple(runs(tensor.shape, tensor.dtype, chunks))
         except TilingError as exc:
-            return self._bad(key, f"its chunks do not tile its shape {list(tensor.shape)}: {exc}")
+            self._bad(key, f"its chunks do not tile its shape {list(tensor.shape)}: {exc}")
+            return None
 
     def _bad(self, key: str, why: str) -> None:
         self.findings.append(
             Finding(Severity.ERROR, "bad-chunks", f"{shown(key)}: {why}.", self.folder, _DAMAGED)
         )
-        return None
 
     def step(self, key: str) -> int | None:
         """A 0-d `step` tensor's value."""

@@ -56,7 +56,7 @@ def rank_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def locate(path: str, source: ByteSource) -> Found | None:
+def locate(path: str, source: ByteSource, tag: str | None = None) -> Found | None:
     """The DCP folder at `path` (or one level below it), or None when `path` is not a DCP checkpoint."""
     path = source.absolute(path)
     if not source.is_dir(path):
@@ -64,6 +64,9 @@ def locate(path: str, source: ByteSource) -> Found | None:
     names = source.listdir(path)
     if is_dcp(names):
         return _found(source, _root_of(path, source), path, names)
+    if tag and tag in names and source.is_dir(inner := os.path.join(path, tag)):  # a save the user named
+        inner_names = source.listdir(inner)
+        return _found(source, path, inner, inner_names) if is_dcp(inner_names) else None
     _refuse_lookalikes(path, names)
     subs = sorted(n for n in names if source.is_dir(os.path.join(path, n)))
     accel = sorted((int(m.group(1)), n) for n in subs if (m := _ACCELERATE.match(n)))
