@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import DTYPES, TORCH_ALIASES
 
-if TYPE_CHECKING:
-    from inspector.format.dcpmeta import MetadataParser
+MetadataParser = Any  # dcpmeta's parser, whose stack, memo and reader the handlers use (no import: a cycle)
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _RECORDS = {
