@@ -195,6 +195,11 @@ def test_metadata_pickle_refuses_back_references_to_per_item_objects() -> None:
         _parse(pickle.dumps([shared, shared], protocol=4))
 
 
+def test_metadata_pickle_cannot_grow_the_stack_out_of_proportion() -> None:
+    with pytest.raises(CorruptFileError, match="deeper pickle stack"):
+        _parse(b"\x80\x04" + b"N" * 3_000_000 + b".")
+
+
 @pytest.mark.parametrize("data", [b"", b"\x80\x04", b"\x80\x04}\x94.", b"\x80\x04\xff", b"garbage"])
 def test_damaged_metadata_is_a_clear_error(data: bytes) -> None:
     with pytest.raises(CorruptFileError):
