@@ -22,6 +22,11 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     from inspector.scan.universal import find_universal, scan_universal
 
     source = source_at(path, "checkpoint")  # local folder or bucket prefix: decided once, here
+    from inspector.scan.layouts.dcp import LAYOUT as DCP  # until the layout registry: one early check
+    from inspector.scan.layouts.dcp.found import ScanOptions
+
+    if (found := DCP.locate(path, tag, source)) is not None:
+        return DCP.scan(found, ScanOptions(tp_split))
     if (uni := find_universal(path, tag, source=source)) is not None:
         return scan_universal(uni, source)
     loc = locate(path, tag, source)

@@ -28,7 +28,7 @@ from inspector.convert.options import ConvertOptions, resolve_dtype
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.remote.roots import absolute
-from inspector.scan.locate import discover_roots, locate
+from inspector.scan.locate import Location, discover_roots, locate
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.scan.tp_rules import Rules
@@ -171,8 +171,15 @@ class InspectorApp(Shell):
 
         start = time.monotonic()
         try:
-            self.post_message(Located(locate(root, tag), request=request))
+            try:
+                self.post_message(Located(locate(root, tag), request=request))
+                own_folder = False
+            except InspectorError:  # a layout with a folder of its own (DCP) is found by the scan itself
+                own_folder = True
             ckpt = scan(root, tag, tp_split=tp_split)
+            if own_folder:
+                where = Location(ckpt.root, ckpt.tag, ckpt.tags, ckpt.layout, source=ckpt.source)
+                self.post_message(Located(where, request=request))
         except InspectorError as exc:
             if tag is not None:  # a tag that is not there: the others stay choosable ([, ], the tag list)
                 with contextlib.suppress(InspectorError, OSError):
