@@ -21,6 +21,16 @@ from functools import partial
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
+from inspector.parse.states import ModelStates
+from inspector.scan.claims import (
+    Claims,
+    bounded,
+    claim,
+    expert_role,
+    model_role,
+    optim_role,
+    zero3_model_role,
+)
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
@@ -65,6 +75,9 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
             )
         )
         tp = len(shards)
+    claims = _claims(loc, names, tp, ModelStates.parse(tree0, model0).dp_world_size, dims.num_experts, shards)
+    findings += claims.findings
+    shards = _shard_files(loc, names, frozenset(claims.names()))
     findings += _missing_shards(shards, tp, loc)
     scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
     for t, c in scanned.items():
@@ -145,12 +158,31 @@ def _model_file(files: RankFiles) -> str | None:
     return files.model if files.model is not None else files.zero3_model.get(0)
 
 
-def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
+def _claims(
+    loc: Location,
+    names: Sequence[str],
+    tp: int,
+    dp: int | None,
+    experts: Sequence[int] | None,
+    shards: Mapping[int, RankFiles],
+) -> Claims:
+    """Every file of the folder claimed (scan/claims.py): per tensor-parallel rank its model states (under
+    ZeRO-3 one per data-parallel rank) and optimizer files, and with MoE its expert files."""
+    dp = bounded(dp, len(names))
+    zero3 = any(f.zero3_model for f in shards.values())
+    roles = [optim_role(dp, tp), zero3_model_role(dp, tp) if zero3 else model_role(tp)]
+    roles += [expert_role(dict(enumerate(experts)), tp)] if experts is not None else []
+    return claim(loc.tag_dir, names, roles, "this tensor-parallel checkpoint")
+
+
+def _shard_files(
+    loc: Location, names: Sequence[str], only: frozenset[str] | None = None
+) -> dict[int, RankFiles]:
     """Each tensor-parallel rank's model and optimizer files (under ZeRO-3 every data-parallel rank of a shard
-    writes its own model states); rank numbers bounded by the files present."""
+    writes its own model states); rank numbers bounded by the files present. `only`: the claimed names."""
     present = len(names)
     shards: dict[int, RankFiles] = {}
-    for n in names:
+    for n in names if only is None else [n for n in names if n in only]:
         path = os.path.join(loc.tag_dir, n)
         if m := MODEL_RE.match(n):
             shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
