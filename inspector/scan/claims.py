@@ -47,6 +47,7 @@ KNOWN: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("expert file", EXPERT_RE),
     ("expert-parallel optimizer file", EXPP_RE),
 )
+STRAY = "stray-file"  # the finding's code
 _SHOWN = 8  # stray files named one by one; the rest counted
 _HINT = (
     "Remove the file, or restore the tag folder from one save: files of another run or topology may "
@@ -133,13 +134,19 @@ def _duplicates(tag_dir: str, twice: list[tuple[str, str]]) -> list[Finding]:
     ]
 
 
+def damaging(findings: Iterable[Finding]) -> bool:
+    """Whether error findings stop a layout from rebuilding: a stray file is set aside and never read, so the
+    rest still rebuilds (convert still refuses it without --force, as any error finding)."""
+    return any(f.severity is Severity.ERROR and f.code != STRAY for f in findings)
+
+
 def _findings(tag_dir: str, stray: list[tuple[str, str]]) -> list[Finding]:
     """An error per stray file (at most `_SHOWN`, then a count): bounded output for a crafted folder."""
     out = [
         Finding(
             Severity.ERROR,
-            "stray-file",
-            f"{shown(name)} does not belong to this checkpoint: {why}. It was not read.",
+            STRAY,
+            f"{shown(name)} does not belong to this checkpoint: {why}. Nothing is taken from it.",
             os.path.join(tag_dir, name),
             _HINT,
         )
@@ -149,9 +156,9 @@ def _findings(tag_dir: str, stray: list[tuple[str, str]]) -> list[Finding]:
         out.append(
             Finding(
                 Severity.ERROR,
-                "stray-file",
+                STRAY,
                 f"{len(stray) - _SHOWN:,} more files of known checkpoint patterns do not belong to this "
-                "checkpoint. They were not read.",
+                "checkpoint. Nothing is taken from them.",
                 tag_dir,
                 _HINT,
             )

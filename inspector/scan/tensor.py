@@ -26,6 +26,7 @@ from inspector.scan.claims import (
     Claims,
     bounded,
     claim,
+    damaging,
     expert_role,
     model_role,
     optim_role,
@@ -143,7 +144,7 @@ def join_shards(
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
     none is recorded, or only as regular expressions); nothing while a shard is missing or damaged (the
     findings say why)."""
-    complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
+    complete = len(scanned) == tp and not damaging(findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
     if (
         (recipe is None or recipe.regex) and tp_split and complete

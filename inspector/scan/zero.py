@@ -13,7 +13,7 @@ from inspector.errors import InspectorError, NotACheckpointError, UnsupportedChe
 from inspector.format.torchzip import load_tree
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
-from inspector.scan.claims import Role, bounded, claim, model_role, optim_role, zero3_model_role
+from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.locate import Location
@@ -133,7 +133,7 @@ class ZeroScanner:
         return None
 
     def findings_have_errors(self) -> bool:
-        return any(x.severity is Severity.ERROR for x in self.findings)
+        return damaging(self.findings)  # a stray file was set aside: the proofs still run
 
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
         return stage3_rank_proof(param_shapes, states, self.loc.source)  # scan/autoep.py narrows it
