@@ -121,7 +121,8 @@ def claim(tag_dir: str, names: Iterable[str], roles: Sequence[Role], layout: str
 
 
 def _duplicates(tag_dir: str, twice: list[tuple[str, str]]) -> list[Finding]:
-    """Two files for one place (`bf16_zero_pp_rank_0_…` beside `zero_pp_rank_0_…`): neither is trusted."""
+    """Two files for one place (`bf16_zero_pp_rank_0_…` beside `zero_pp_rank_0_…`): the first by name is the
+    one claimed, and the error (which `damaging` counts) stops the rebuild's proofs and convert."""
     return [
         Finding(
             Severity.ERROR,
@@ -196,9 +197,11 @@ def zero3_model_role(dp: int | None, mp: int | None) -> Role:
     )
 
 
-def model_role(mp: int | None, label: str = "model-parallel rank") -> Role:
+def model_role(mp: int | None) -> Role:
     """`mp_rank_MM_model_states.pt`: one per model-parallel rank (pipeline: per stage and TP rank)."""
-    return Role("model-states file", MODEL_RE, lambda m: (int(m.group(1)),), below((label, mp)))
+    return Role(
+        "model-states file", MODEL_RE, lambda m: (int(m.group(1)),), below(("model-parallel rank", mp))
+    )
 
 
 def expert_role(counts: Mapping[int, int] | None, mp: int | None, source: str = "the model states") -> Role:
