@@ -47,6 +47,7 @@ from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
 from inspector.scan.pipeline_names import plain, with_copy
 
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
+_WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_…)"
 _HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
 
 
@@ -136,7 +137,7 @@ class _Zero0:
         expp = expp_role(ep, 1)
         counts = dict(enumerate(dims.num_experts)) if dims.num_experts is not None else None
         experts = expert_role(counts, 1)
-        claims = claim(self.loc.tag_dir, self.f.names, [model_role(1), expp, experts], "this MoE checkpoint")
+        claims = claim(self.loc.tag_dir, self.f.names, [model_role(1), expp, experts], _WORDS)
         self.findings += claims.findings
         self.f.expp = {k[0]: p for k, p in claims.of(expp).items()}
         self.f.experts = {(k[0], k[1]): p for k, p in claims.of(experts).items()}
