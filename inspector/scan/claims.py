@@ -116,8 +116,28 @@ def claim(tag_dir: str, names: Iterable[str], roles: Sequence[Role], layout: str
             twice.append((name, f"{role.what}s for one place: {os.path.basename(held)} and {name}"))
         else:
             out.files[role.what][key] = os.path.join(tag_dir, name)
-    out.findings = _findings(tag_dir, stray) + _duplicates(tag_dir, twice)
+    out.findings = _findings(tag_dir, stray) + _duplicates(tag_dir, twice) + _unread(tag_dir, out.ignored)
     return out
+
+
+def _unread(tag_dir: str, ignored: list[str]) -> list[Finding]:
+    """One note for `.pt` files of no rank-file name (`mp_rank_0_model_states.pt`, `model.pt`): torch files a
+    user may expect to be read, left alone. Other side files (`zero_to_fp32.py`, configs) go unmentioned."""
+    pts = [n for n in ignored if n.endswith(".pt")]
+    if not pts:
+        return []
+    more = f" and {len(pts) - 3:,} more" if len(pts) > 3 else ""
+    return [
+        Finding(
+            Severity.INFO,
+            "not-read",
+            f"{plural(len(pts), 'file')} ending in .pt match no DeepSpeed rank-file name and were not read: "
+            f"{', '.join(shown(n) for n in pts[:3])}{more}.",
+            tag_dir,
+            "DeepSpeed names every rank file by a fixed pattern (mp_rank_00_model_states.pt, "
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt, ...); a renamed file is not part of the checkpoint.",
+        )
+    ]
 
 
 def _duplicates(tag_dir: str, twice: list[tuple[str, str]]) -> list[Finding]:

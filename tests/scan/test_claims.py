@@ -256,13 +256,19 @@ def test_convert_refuses_a_folder_with_a_stray_file_and_writes_nothing(
 
 
 def test_files_of_no_checkpoint_pattern_are_left_alone(tmp_path: Path) -> None:
-    """Notes, configs and scripts beside the rank files are not checkpoint files: no finding, nothing read."""
+    """Notes, configs and scripts beside the rank files are not checkpoint files: no error, nothing read; a
+    `.pt` file of no rank-file name (a one-digit `mp_rank_0`) is one info note naming it."""
     root = writable("tp_z2_bf16", tmp_path / "ck")
-    for side in ("zero_to_fp32.py", "notes.txt", "ds_config.json", "mp_rank_00_model_states.pt.bak"):
+    for side in ("zero_to_fp32.py", "notes.txt", "ds_config.json", "mp_rank_0_model_states.pt"):
         (root / TAG / side).write_text("{}")
     ckpt = scan_layout("tp_z2_bf16", root)
     assert not ckpt.errors
-    assert not {"zero_to_fp32.py", "notes.txt", "ds_config.json"} & _read_files(ckpt)
+    assert not {"zero_to_fp32.py", "notes.txt", "ds_config.json", "mp_rank_0_model_states.pt"} & _read_files(
+        ckpt
+    )
+    notes = [f for f in ckpt.findings if f.code == "not-read"]
+    assert len(notes) == 1 and "mp_rank_0_model_states.pt" in notes[0].message
+    assert "zero_to_fp32.py" not in notes[0].message
 
 
 def test_two_files_for_one_role_are_both_named_and_many_strays_are_counted() -> None:
