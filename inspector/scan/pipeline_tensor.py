@@ -82,7 +82,7 @@ def _claims(loc: Location, names: Sequence[str], tp: int, tree0: object, dims: P
     if pp is None and dims is not None and dims.mp_world_size is not None:
         pp = bounded(dims.mp_world_size // tp or None, present)
     dp = bounded(model.dp_world_size if model else None, present)
-    return claim_files(loc, list(names), tp, pp, dp)
+    return claim_files(loc, list(names), tp, pp, dp, model.ds_config if model else {})
 
 
 def _shards(

@@ -123,6 +123,12 @@ STRAYS = [
         "data-parallel rank is 1, but the run has 1",
     ),
     (
+        "pp_z0_fp16",
+        "mp_rank_01_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "ZeRO off in fp16",
+    ),
+    (
         "tp_z2_bf16_dp2",
         "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt",
         "bf16_zero_pp_rank_2_mp_rank_01_optim_states.pt",
