@@ -23,8 +23,9 @@ def cmd_health(args: argparse.Namespace) -> int:
     from inspector.health import HealthProgress, HealthReport, check
     from inspector.scan.scanner import scan
 
-    ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
-    against = scan(args.path, args.against) if args.against else None
+    split = tuple(getattr(args, "tp_split", ()))
+    ckpt = scan(args.path, args.tag, tp_split=split)
+    against = scan(args.path, args.against, tp_split=split) if args.against else None  # scanned alike
     report: HealthReport | None = None
     err = _console(stderr=True)
     cancel = threading.Event()
