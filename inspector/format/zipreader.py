@@ -8,7 +8,9 @@ import zlib
 from dataclasses import dataclass
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.system.bytesource import ByteSource, open_handle_in
+from inspector.format.dtypes import itemsize
+from inspector.format.views import StorageRef
+from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
 _EOCD = b"PK\x05\x06"
@@ -34,10 +36,12 @@ class TorchZip:
     """A `torch.save` archive opened read-only through the confined source (a folder or a bucket prefix);
     entries are located, never extracted."""
 
-    def __init__(self, path: str | os.PathLike[str], source: ByteSource | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], source: ByteSource | None = None, handle: Handle | None = None
+    ) -> None:
         self.path = os.fspath(path)
         self.shown = shown(self.path)  # for messages: control characters escaped
-        self.handle = open_handle_in(self.path, (source,) if source else ())
+        self.handle = handle if handle is not None else open_handle_in(self.path, (source,) if source else ())
         self.file_size = self.handle.size
         try:
             self.entries = self._read_directory()
@@ -46,6 +50,7 @@ class TorchZip:
             self.handle.close()
             raise
         self._data_offsets: dict[str, int] = {}
+        self._storages: dict[str, StorageRef] = {}
 
     def close(self) -> None:
         self.handle.close()
@@ -265,6 +270,27 @@ class TorchZip:
                 hint="The file is damaged; copy it again from the source.",
             )
         return self.data_offset(name), self.entries[name].size
+
+    def storage(self, key: str, dtype: str, numel: int, view: tuple[str, int, int] | None) -> StorageRef:
+        """The storage a persistent id names: its record, which must hold `numel` elements of `dtype` (the
+        first id naming a key decides its dtype, as in torch). The zip form never writes storage views."""
+        if view is not None:
+            raise CorruptFileError(
+                f"{self.shown}: storage {shown(key)} is a storage view, which the zip form never writes.",
+                hint="The file is damaged or crafted; copy it again from the source.",
+            )
+        ref = self._storages.get(key)
+        if ref is None:
+            offset, size = self.record(key)
+            need = numel * itemsize(dtype)
+            if need > size:
+                raise CorruptFileError(
+                    f"{self.shown}: storage {shown(key)} should hold {need} bytes but the record has {size}.",
+                    hint="The file is damaged; copy it again from the source.",
+                )
+            ref = StorageRef(self.path, key, dtype, offset, need)
+            self._storages[key] = ref
+        return ref
 
     def byteorder(self) -> str:
         name = f"{self.prefix}byteorder"
