@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,10 @@ from tests.convert.jobs import run
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
+# plain data parallel, no model axis (ZeRO off, legacy serialization, Ulysses sequence parallel): named dp_* or
+# spN_* (make_plain.py); the others are model-parallel layouts, whose scans carry a `Parallel`
+DATA_PARALLEL = frozenset(n for n in LAYOUTS if re.fullmatch(r"dp|sp\d+", n.split("_")[0]))
+MODEL_PARALLEL = [n for n in LAYOUTS if n not in DATA_PARALLEL]
 # what the user must say (--tp-split) where a fixture records no tensor-parallel split: the one its script knew
 TP_SPLIT: dict[str, tuple[str, ...]] = {"moe_tp_z1_bf16": ("*=replicated",)}
 # ZeRO off (pipelines and native MoE): DeepSpeed cannot resume a universal checkpoint of them, so it is refused
