@@ -47,6 +47,24 @@ class ParallelDims:
     pp_degree: int | None
     tp_degree: int | None
     num_experts: tuple[int, ...] | None  # per MoE layer, in module order (native MoE only)
+    dp_world_size: int | None = None
+
+    @property
+    def sequence_parallel(self) -> int:
+        """The Ulysses sequence-parallel size, or 1. DeepSpeed's SP mpu (ALST, HF's Ulysses integration) makes
+        the engine record the SP size as `tp_degree` while `mp_world_size` stays 1 (no real model-parallel
+        run has that: TP and PP runs record their degree in `mp_world_size` too): weights are replicated over
+        the SP ranks and ZeRO partitions over all ranks, so the files are a plain ZeRO run's."""
+        if self.mp_world_size == 1 and self.tp_degree is not None and self.tp_degree > 1:
+            return self.tp_degree
+        return 1
+
+    @property
+    def model_parallel(self) -> int:
+        """How many model-parallel ranks write files of their own (mp_rank_MM): 1 under Ulysses SP."""
+        if self.sequence_parallel > 1:
+            return 1
+        return max(self.tp_degree or 1, self.mp_world_size or 1)
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> ParallelDims:
@@ -62,7 +80,13 @@ class ParallelDims:
         num = None
         if not experts.is_none():
             num = tuple(e.integer(1, MAX_DEGREE) for e in experts.seq(MAX_DEGREE))
-        return cls(root.at("mp_world_size").opt_integer(1, MAX_DEGREE), pp, tp, num)
+        return cls(
+            root.at("mp_world_size").opt_integer(1, MAX_DEGREE),
+            pp,
+            tp,
+            num,
+            root.at("dp_world_size").opt_integer(1, MAX_DEGREE),
+        )
 
 
 _UNFUSED_HYPER = ("lr", "weight_decay", "betas", "eps", "name", "moe")  # name, moe: native MoE's group labels
