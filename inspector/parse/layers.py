@@ -155,6 +155,39 @@ class UnfusedFp16:
         )
 
 
+@dataclass(frozen=True)
+class TorchOptimizer:
+    """`model_states['optimizer']` of a ZeRO-off fp32 run: the torch optimizer's own state dict (the module's
+    fp32 weights are the masters). `groups` are each group's parameter indices (running over the module's
+    parameters in order); `moments[i]` parameter i's Adam moments and step."""
+
+    file: str
+    groups: tuple[tuple[int, ...], ...]
+    moments: Mapping[int, tuple[Mapping[str, TensorRef] | None, Scalar]]
+    hyperparams: tuple[Mapping[str, Any], ...]
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> TorchOptimizer | None:
+        """The record, or None when `optimizer` is not a torch optimizer's state dict."""
+        root = Node(tree, file)
+        opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
+        if not opt.is_mapping() or not opt.has("state") or not opt.has("param_groups"):
+            return None
+        state = opt.at("state")
+        groups, hyper = [], []
+        for g in opt.at("param_groups").seq(4096):
+            if not g.is_mapping():
+                raise g.fail("is not an optimizer parameter group")
+            groups.append(tuple(p.integer(0, 1 << 40) for p in g.at("params").seq()))
+            hyper.append(MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)}))
+        moments = {
+            i: _moments(Node(state.value.get(i), file, f"{state.path}[{i}]") if state.is_mapping() else None)
+            for group in groups
+            for i in group
+        }
+        return cls(file, tuple(groups), MappingProxyType(moments), tuple(hyper))
+
+
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")
 _RECIPES = {  # universal_checkpoint_info key -> how the shards of a matching parameter join (FORMAT.md §4.2)
     "tp_replicated_parameter_patterns": "replicated",

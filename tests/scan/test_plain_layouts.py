@@ -1,6 +1,6 @@
 """Plain data-parallel runs that earlier rounds refused or called damaged (real DeepSpeed 0.19.8 runs made by
-tests/fixtures/layouts/make_plain.py; each fixture's versions.txt says how): legacy (non-zip) serialization
-and Ulysses sequence parallel. Each scans without a false finding in the right words, converts bit for bit
+tests/fixtures/layouts/make_plain.py; each fixture's versions.txt says how): ZeRO off in fp16, bf16 and fp32,
+legacy (non-zip) serialization and Ulysses sequence parallel. Each scans without a false finding in the right words, converts bit for bit
 to the live engines' fp32 masters and their 16-bit cast, and verifies (`assert_exact` runs verify)."""
 
 from __future__ import annotations
@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 
 from inspector.scan.model import Severity
-from tests.scan.layout_cases import FIXTURES, assert_exact, ckpt_dir, scan_layout
+from tests.scan.layout_cases import DATA_PARALLEL, FIXTURES, assert_exact, ckpt_dir, scan_layout
 
 LEGACY = "dp_z2_bf16_legacy"
 ULYSSES = sorted(p.name for p in FIXTURES.glob("sp2_z*_bf16"))
-PLAIN = [LEGACY, *ULYSSES]
+ZERO_OFF = sorted(p.name for p in FIXTURES.glob("dp_z0_*"))
+PLAIN = sorted(DATA_PARALLEL)
+
+
+def test_every_row_has_its_fixtures() -> None:
+    assert {LEGACY, *ULYSSES, *ZERO_OFF} <= set(PLAIN) and len(ULYSSES) == 3 and len(ZERO_OFF) == 3
 
 
 def test_the_legacy_fixture_is_legacy() -> None:
@@ -41,3 +46,41 @@ def test_ulysses_is_named_in_the_scan(name: str) -> None:
 @pytest.mark.parametrize("name", PLAIN)
 def test_converts_bit_exact(name: str, tmp_path: Path) -> None:
     assert_exact(scan_layout(name), name, tmp_path)
+
+
+@pytest.mark.parametrize("name", ZERO_OFF)
+def test_zero_off_names_its_optimizer_and_reads_the_masters(name: str) -> None:
+    """fp16/bf16: FP16_UnfusedOptimizer's per-parameter masters (the module holds the 16-bit copies); fp32:
+    the module's weights are the masters, the torch optimizer's moments keyed by index; every parameter has
+    both Adam moments."""
+    ckpt = scan_layout(name)
+    assert ckpt.stage == 0 and ckpt.master_dtype == "float32"
+    trainable = [t for t in ckpt.tensors if t.kind.value == "trainable"]
+    assert trainable and all(dict(t.moments).keys() == {"exp_avg", "exp_avg_sq"} for t in trainable)
+    if name.endswith("fp32"):
+        assert ckpt.compute_dtype == "float32" and not any(t.module_copy for t in trainable)
+    else:
+        assert ckpt.optimizer == "FP16_UnfusedOptimizer" and all(t.module_copy for t in trainable)
+
+
+def test_zero_off_with_a_swapped_master_is_refused_not_misnamed(tmp_path: Path) -> None:
+    """Two same-shaped masters swapped (k_proj and v_proj): their 16-bit copies prove the order wrong, so the
+    scan refuses with a finding rather than name them by order."""
+    import shutil
+
+    from inspector.format.torchzip import load_tree
+    from inspector.scan.scanner import scan
+
+    root = tmp_path / "ck"
+    shutil.copytree(ckpt_dir("dp_z0_fp16"), root)
+    path = root / "global_step3" / "mp_rank_00_model_states.pt"
+    masters = load_tree(path)["optimizer"]["fp32_groups"][0]
+    k, v = masters[2], masters[3]
+    assert k.shape == v.shape
+    raw = bytearray(path.read_bytes())
+    kb, vb = bytes(raw[k.offset : k.offset + k.nbytes]), bytes(raw[v.offset : v.offset + v.nbytes])
+    assert kb != vb
+    raw[k.offset : k.offset + k.nbytes], raw[v.offset : v.offset + v.nbytes] = vb, kb
+    path.write_bytes(bytes(raw))
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"] and "k_proj" in ckpt.errors[0].message
