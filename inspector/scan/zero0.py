@@ -50,12 +50,13 @@ def is_zero0(files: RankFiles) -> bool:
     return files.model is not None and not files.optim and not files.zero3_model and not files.experts
 
 
-def scan_zero0(loc: Location, files: RankFiles) -> Checkpoint | None:
-    """The checkpoint, or None when the model states hold no ZeRO-off optimizer this reads (weights only, or
-    a model-parallel run missing its other ranks): the caller's plain ZeRO scan then says why."""
+def scan_zero0(loc: Location, files: RankFiles, *, shard: bool = False) -> Checkpoint | None:
+    """The checkpoint (with `shard`, one tensor-parallel rank's, which `scan.tensor` joins), or None when the
+    model states hold no ZeRO-off optimizer this reads (weights only, or a model-parallel run missing its
+    other ranks): the caller's ZeRO scan then says why."""
     assert files.model is not None
     tree = load_tree(files.model, loc.source)
-    if ParallelDims.parse(tree, files.model).model_parallel > 1:
+    if ParallelDims.parse(tree, files.model).model_parallel > 1 and not shard:
         return None
     model = ModelStates.parse(tree, files.model)
     unfused = UnfusedFp16.parse(tree, files.model)

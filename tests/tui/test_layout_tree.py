@@ -96,7 +96,10 @@ async def test_every_layout_shows_who_holds_what(name: str) -> None:
         assert not ckpt.tensors  # no split recorded (moe_tp_z1_bf16): nothing is joined until --tp-split says it
     elif par.kind == "tensor":
         shards = [_holder_ranks(f" · {who}") for _, who in par.holders]
-        shard_of = {r.optim_file: i for r in ckpt.ranks for i, s in enumerate(shards) if r.rank in s}
+        # the file holding a rank's masters: its optimizer file, or with ZeRO off its model states
+        shard_of = {
+            r.optim_file or r.model_file: i for r in ckpt.ranks for i, s in enumerate(shards) if r.rank in s
+        }
         joined = [
             t
             for t in ckpt.tensors
