@@ -242,9 +242,10 @@ def load(
     handle = open_handle_in(path, (source,) if source else ())
     try:
         if handle.size > 0 and handle.pread(1, 0) == b"\x80":
-            archive: TorchZip | LegacyTorchFile = LegacyTorchFile(path, handle)
-            with _unreadable_pickle(archive.shown):
-                tree, nbytes = _legacy_tree(archive)
+            legacy = LegacyTorchFile(path, handle)
+            archive: TorchZip | LegacyTorchFile = legacy
+            with _unreadable_pickle(legacy.shown):
+                tree, nbytes = _legacy_tree(legacy)
         else:
             archive = TorchZip(path, source, handle)
             if archive.byteorder() != "little":

@@ -20,7 +20,11 @@ NAME = "tp_z0_bf16"
 def test_autotp_at_zero_off_joins_bit_exact(tmp_path: Path) -> None:
     ckpt = scan(str(ckpt_dir(NAME)))
     assert not ckpt.errors, ckpt.errors
-    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.tp, ckpt.stage) == ("tensor", 2, 0)
+    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.tp, ckpt.stage) == (
+        "tensor",
+        2,
+        0,
+    )
     assert ckpt.tensor("model.layers.0.mlp.down_proj.weight").shape == (16, 24)  # row-parallel: dim 1
     assert ckpt.tensor("lm_head.weight").shape == (40, 16)  # vocabulary-parallel
     want = expected(NAME)
