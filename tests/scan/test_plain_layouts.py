@@ -6,6 +6,7 @@ to the live engines' fp32 masters and their 16-bit cast, and verifies (`assert_e
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,46 @@ def test_zero_off_with_a_swapped_master_is_refused_not_misnamed(tmp_path: Path) 
     path.write_bytes(bytes(raw))
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["unnamed-params"] and "k_proj" in ckpt.errors[0].message
+
+
+def _resaved(tmp_path: Path, edit: Any) -> Path:
+    """dp_z0_fp16 copied with its model states re-saved by torch after `edit(state_dict)`."""
+    import shutil
+
+    import torch
+
+    root = tmp_path / "ck"
+    shutil.copytree(ckpt_dir("dp_z0_fp16"), root)
+    path = root / "global_step3" / "mp_rank_00_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    edit(sd)
+    torch.save(sd, path)
+    return root
+
+
+def test_zero_off_with_fused_flat_masters_is_not_supported_yet(tmp_path: Path) -> None:
+    """FP16_Optimizer (a fused Adam) keeps one flat fp32 block per group: refused in those words, not as
+    damage and not as 'not a DeepSpeed checkpoint'."""
+    import torch
+
+    from inspector.errors import UnsupportedCheckpointError
+    from inspector.scan.scanner import scan
+
+    def fused(sd: dict[str, Any]) -> None:
+        masters = sd["optimizer"].pop("fp32_groups")
+        sd["optimizer"]["fp32_groups_flat"] = [torch.cat([m.reshape(-1) for m in g]) for g in masters]
+
+    with pytest.raises(UnsupportedCheckpointError, match=r"FP16_Optimizer .* not supported yet"):
+        scan(str(_resaved(tmp_path, fused)))
+
+
+def test_model_states_without_an_optimizer_keep_their_message(tmp_path: Path) -> None:
+    """Weights only (no optimizer state saved): still 'not a ZeRO checkpoint … holds the full weights'."""
+    from inspector.errors import NotACheckpointError
+    from inspector.scan.scanner import scan
+
+    def drop(sd: dict[str, Any]) -> None:
+        sd["optimizer"] = None
+
+    with pytest.raises(NotACheckpointError, match=r"no \*_optim_states\.pt"):
+        scan(str(_resaved(tmp_path, drop)))
