@@ -113,7 +113,8 @@ class UnfusedFp16:
     loss_scale: float | None
     hyperparams: tuple[Mapping[str, Any], ...]
     fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
-    # boundaries are written nowhere but in the sizes; groups are then not read
+    # boundaries are written nowhere but in the sizes; `groups` are then empty and `flat` holds the blocks
+    flat: tuple[UnfusedParam, ...] = ()  # fused: per group its flat fp32 block and flat moments (state[g])
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
@@ -121,7 +122,7 @@ class UnfusedFp16:
         root = Node(tree, file)
         opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
         if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
-            return cls(file, (), None, (), fused=True)  # FP16_Optimizer: one flat block per group, no names
+            return cls._fused(opt, file)  # FP16_Optimizer: one flat block per group, no names
         if not opt.is_mapping() or not opt.has("fp32_groups"):
             return None
         osd = opt.at("optimizer_state_dict")
@@ -146,13 +147,30 @@ class UnfusedFp16:
                 params.append(UnfusedParam(p.tensor(), moments, step))
                 index += 1
             groups.append(tuple(params))
-        scale = opt.at("cur_scale").value
-        return cls(
-            file,
-            tuple(groups),
-            float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None,
-            hyper,
+        return cls(file, tuple(groups), _scale(opt), hyper)
+
+    @classmethod
+    def _fused(cls, opt: Node, file: str) -> UnfusedFp16:
+        """FP16_Optimizer's flat blocks, each with the torch optimizer's state for it (keyed by group)."""
+        osd = opt.at("optimizer_state_dict")
+        state = osd.at("state") if osd.is_mapping() else Node(None, file)
+        flat = []
+        for g, block in enumerate(opt.at("fp32_groups_flat").seq(4096)):
+            st = Node(state.value.get(g), file, f"{state.path}[{g}]") if state.is_mapping() else None
+            moments, step = _moments(st)
+            flat.append(UnfusedParam(block.tensor(), moments, step))
+        pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
+        hyper = tuple(
+            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
+            for g in pgs
+            if g.is_mapping()
         )
+        return cls(file, (), _scale(opt), hyper, fused=True, flat=tuple(flat))
+
+
+def _scale(opt: Node) -> float | None:
+    scale = opt.at("cur_scale").value
+    return float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None
 
 
 @dataclass(frozen=True)

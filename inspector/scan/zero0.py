@@ -8,17 +8,20 @@ weights are the masters and `optimizer` is the torch optimizer's own state dict 
 
 Names come from the order and are proven, never assumed: every shape must follow the module's parameters in
 sequence and, in 16 bits, every module copy must be its matched master cast (the optimizer copies masters
-into the module after each step). FP16_Optimizer's fused flat groups are refused as not supported yet.
+into the module after each step). FP16_Optimizer (DeepSpeed's FusedAdam) keeps one flat fp32 block per group
+instead, with flat moments: it is cut at the module's parameter sizes and proven the same way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.parse.layers import ParallelDims, TorchOptimizer, UnfusedFp16
+from inspector.parse.layers import ParallelDims, TorchOptimizer, UnfusedFp16, UnfusedParam
 from inspector.parse.states import ModelStates
 from inspector.scan.assemble import record
 from inspector.scan.files import RankFiles
@@ -63,14 +66,10 @@ def scan_zero0(loc: Location, files: RankFiles, *, shard: bool = False) -> Check
     torch_opt = TorchOptimizer.parse(tree, files.model) if unfused is None else None
     if unfused is None and torch_opt is None:
         return None
-    if unfused is not None and unfused.fused:
-        raise UnsupportedCheckpointError(
-            f"{loc.tag_dir}: saved with ZeRO off by FP16_Optimizer (a fused Adam), whose fp32 masters are one "
-            "flat block per group: this layout is not supported yet.",
-            hint="The module in mp_rank_00_model_states.pt holds the 16-bit weights; " + _HINT,
-        )
     findings: list[Finding] = [*loc.findings, *files.findings]
     params: Named = [(n, r) for n, r in model.module.items() if n not in model.buffer_names]
+    if unfused is not None and unfused.fused:
+        unfused = _cut(unfused, params, loc)
     if unfused is not None:
         tensors, groups = _unfused(unfused, params, findings, loc)
     else:
@@ -81,6 +80,43 @@ def scan_zero0(loc: Location, files: RankFiles, *, shard: bool = False) -> Check
     if tensors and not any(f.severity is Severity.ERROR for f in findings):
         tensors += [plain(n, r, Kind.FROZEN) for n, r in params if n not in named]
     return _record(loc, files.model, model, unfused, torch_opt, tensors, groups, findings)
+
+
+def _cut(opt: UnfusedFp16, params: Named, loc: Location) -> UnfusedFp16:
+    """FP16_Optimizer's flat blocks (and their flat moments) cut into one view per module parameter, in
+    order: the sizes are the only boundaries written, so each block must end exactly where a parameter does;
+    the names are then proven like the unfused masters' (by their 16-bit copies)."""
+    groups: list[tuple[UnfusedParam, ...]] = []
+    rest = list(params)
+    for block in opt.flat:
+        cut: list[UnfusedParam] = []
+        at = 0
+        while rest and at < block.master.numel and at + rest[0][1].numel <= block.master.numel:
+            shape = rest.pop(0)[1].shape
+            cut.append(
+                UnfusedParam(_view(block.master, at, shape), _views(block.moments, at, shape), block.step)
+            )
+            at += cut[-1].master.numel
+        if at != block.master.numel or len(block.master.shape) != 1 or not block.master.is_contiguous():
+            raise UnsupportedCheckpointError(
+                f"{loc.tag_dir}: ZeRO off with FP16_Optimizer: a flat fp32 block of {block.master.numel:,} "
+                "elements does not end where the module's parameters do, so it cannot be cut into them safely.",
+                hint=_HINT,
+            )
+        groups.append(tuple(cut))
+    return replace(opt, groups=tuple(groups))
+
+
+def _view(flat: TensorRef, at: int, shape: tuple[int, ...]) -> TensorRef:
+    """Elements [at, at + numel) of a contiguous 1-D block, as a contiguous tensor of `shape`."""
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    return TensorRef(flat.storage, flat.storage_offset + at, shape, strides, flat.dtype)
+
+
+def _views(
+    moments: Mapping[str, TensorRef] | None, at: int, shape: tuple[int, ...]
+) -> Mapping[str, TensorRef] | None:
+    return None if moments is None else {m: _view(v, at, shape) for m, v in moments.items()}
 
 
 def _refuse(findings: list[Finding], file: str, message: str) -> tuple[list[TensorInfo], list[GroupInfo]]:
@@ -185,7 +221,13 @@ def _record(
         model,
         stage=0,
         world_size=model.dp_world_size or 1,
-        optimizer="FP16_UnfusedOptimizer" if unfused is not None else "torch optimizer (ZeRO off)",
+        optimizer=(
+            "torch optimizer (ZeRO off)"
+            if unfused is None
+            else "FP16_Optimizer"
+            if unfused.fused
+            else "FP16_UnfusedOptimizer"
+        ),
         compute_dtype=copies[0] if copies else "float32",
         master_dtype="float32",
         optimizer_step=step,

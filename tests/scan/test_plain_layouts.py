@@ -20,7 +20,7 @@ PLAIN = sorted(DATA_PARALLEL)
 
 
 def test_every_row_has_its_fixtures() -> None:
-    assert {LEGACY, *ULYSSES, *ZERO_OFF} <= set(PLAIN) and len(ULYSSES) == 3 and len(ZERO_OFF) == 3
+    assert {LEGACY, *ULYSSES, *ZERO_OFF} <= set(PLAIN) and len(ULYSSES) == 3 and len(ZERO_OFF) == 4
 
 
 def test_the_legacy_fixture_is_legacy() -> None:
@@ -61,7 +61,9 @@ def test_zero_off_names_its_optimizer_and_reads_the_masters(name: str) -> None:
     if name.endswith("fp32"):
         assert ckpt.compute_dtype == "float32" and not any(t.module_copy for t in trainable)
     else:
-        assert ckpt.optimizer == "FP16_UnfusedOptimizer" and all(t.module_copy for t in trainable)
+        fused = name.endswith("fused")  # DeepSpeed's FusedAdam: FP16_Optimizer's flat blocks, cut and proven
+        assert ckpt.optimizer == ("FP16_Optimizer" if fused else "FP16_UnfusedOptimizer")
+        assert all(t.module_copy for t in trainable)
 
 
 def test_zero_off_with_a_swapped_master_is_refused_not_misnamed(tmp_path: Path) -> None:
@@ -87,14 +89,14 @@ def test_zero_off_with_a_swapped_master_is_refused_not_misnamed(tmp_path: Path) 
     assert [f.code for f in ckpt.errors] == ["unnamed-params"] and "k_proj" in ckpt.errors[0].message
 
 
-def _resaved(tmp_path: Path, edit: Any) -> Path:
-    """dp_z0_fp16 copied with its model states re-saved by torch after `edit(state_dict)`."""
+def _resaved(tmp_path: Path, edit: Any, name: str = "dp_z0_fp16") -> Path:
+    """A fixture copied with its model states re-saved by torch after `edit(state_dict)`."""
     import shutil
 
     import torch
 
     root = tmp_path / "ck"
-    shutil.copytree(ckpt_dir("dp_z0_fp16"), root)
+    shutil.copytree(ckpt_dir(name), root)
     path = root / "global_step3" / "mp_rank_00_model_states.pt"
     sd = torch.load(path, weights_only=False)
     edit(sd)
@@ -102,20 +104,23 @@ def _resaved(tmp_path: Path, edit: Any) -> Path:
     return root
 
 
-def test_zero_off_with_fused_flat_masters_is_not_supported_yet(tmp_path: Path) -> None:
-    """FP16_Optimizer (a fused Adam) keeps one flat fp32 block per group: refused in those words, not as
-    damage and not as 'not a DeepSpeed checkpoint'."""
+def test_a_fused_block_that_does_not_end_at_a_parameter_is_refused(tmp_path: Path) -> None:
+    """FP16_Optimizer's flat block is cut at the module's parameter sizes: one element too many (or a block
+    that ends inside a parameter) is refused, never cut by guess."""
     import torch
 
     from inspector.errors import UnsupportedCheckpointError
     from inspector.scan.scanner import scan
 
-    def fused(sd: dict[str, Any]) -> None:
-        masters = sd["optimizer"].pop("fp32_groups")
-        sd["optimizer"]["fp32_groups_flat"] = [torch.cat([m.reshape(-1) for m in g]) for g in masters]
+    def longer(sd: dict[str, Any]) -> None:
+        opt = sd["optimizer"]
+        opt["fp32_groups_flat"] = [torch.cat([f, torch.zeros(1)]) for f in opt["fp32_groups_flat"]]
+        for st in opt["optimizer_state_dict"]["state"].values():
+            for m in ("exp_avg", "exp_avg_sq"):
+                st[m] = torch.cat([st[m], torch.zeros(1)])
 
-    with pytest.raises(UnsupportedCheckpointError, match=r"FP16_Optimizer .* not supported yet"):
-        scan(str(_resaved(tmp_path, fused)))
+    with pytest.raises(UnsupportedCheckpointError, match="does not end where the module's parameters do"):
+        scan(str(_resaved(tmp_path, longer, "dp_z0_fp16_fused")))
 
 
 def test_model_states_without_an_optimizer_keep_their_message(tmp_path: Path) -> None:

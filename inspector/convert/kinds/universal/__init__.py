@@ -212,7 +212,8 @@ class Universal(OutputKind):
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
         checkpoint saved before its first optimizer step has an Adam with no moments yet: refused, in those
         words (not as "not an Adam-family optimizer")."""
-        if (ckpt.parallel is not None or ckpt.stage == 0) and (why := _layout_refusal(ckpt)) is not None:
+        zero_off = ckpt.stage == 0 and bool(ckpt.ranks)  # a universal checkpoint's scan has no rank files
+        if (ckpt.parallel is not None or zero_off) and (why := _layout_refusal(ckpt)) is not None:
             return self._unavailable(*why)
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
             return self._unavailable(
