@@ -45,6 +45,10 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     if is_moe_zero0(names):
         return scan_moe_zero0(loc, names)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
+    from inspector.scan.zero0 import is_zero0, scan_zero0
+
+    if is_zero0(files) and (ckpt := scan_zero0(loc, files)) is not None:
+        return ckpt
     from inspector.scan.autoep import is_autoep, scan_autoep
 
     if is_autoep(loc, files):
