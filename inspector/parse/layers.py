@@ -70,11 +70,18 @@ _UNFUSED_HYPER = ("lr", "weight_decay", "betas", "eps", "name", "moe")  # name, 
 
 @dataclass(frozen=True)
 class UnfusedParam:
-    """One parameter's fp32 master and Adam state in an FP16_UnfusedOptimizer (ZeRO off, fp16)."""
+    """One parameter's fp32 master and Adam state in an FP16_UnfusedOptimizer (ZeRO off, fp16); `master`
+    None in a plain torch optimizer's state (ZeRO off in fp32: the module's own weight is the master)."""
 
-    master: TensorRef
+    master: TensorRef | None
     moments: Mapping[str, TensorRef] | None
     step: Scalar
+
+    def shape(self) -> tuple[int, ...] | None:
+        """The parameter's shape as this entry records it: its master's, else its moments' (None: neither)."""
+        if self.master is not None:
+            return self.master.shape
+        return next(iter(self.moments.values())).shape if self.moments else None
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,7 @@ class UnfusedFp16:
     hyperparams: tuple[Mapping[str, Any], ...]
     fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
     # boundaries are written nowhere but in the sizes; groups are then not read
+    plain: bool = False  # ZeRO off in fp32: the torch optimizer's own state_dict, no masters (`master` None)
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
@@ -98,6 +106,8 @@ class UnfusedFp16:
         opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
         if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
             return cls(file, (), None, (), fused=True)  # FP16_Optimizer: one flat block per group, no names
+        if opt.is_mapping() and opt.has("state") and opt.has("param_groups") and not opt.has("fp32_groups"):
+            return _plain(opt, file)
         if not opt.is_mapping() or not opt.has("fp32_groups"):
             return None
         osd = opt.at("optimizer_state_dict")
@@ -129,6 +139,25 @@ class UnfusedFp16:
             float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None,
             hyper,
         )
+
+
+def _plain(opt: Node, file: str) -> UnfusedFp16:
+    """A torch optimizer's own state_dict (ZeRO off in fp32): each group lists its parameters' running
+    indices, `state` holds their moments under the same index; no masters (the module's weights are)."""
+    state = opt.at("state")
+    hyper, groups = [], []
+    for g in opt.at("param_groups").seq(4096):
+        if not g.is_mapping():
+            raise g.fail("is not an optimizer parameter group")
+        hyper.append(MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)}))
+        params = []
+        for i in g.at("params").seq():
+            index = i.integer(0, 1 << 40)
+            st = Node(state.value.get(index), file, f"{state.path}[{index}]") if state.is_mapping() else None
+            moments, step = _moments(st)
+            params.append(UnfusedParam(None, moments, step))
+        groups.append(tuple(params))
+    return UnfusedFp16(file, tuple(groups), None, tuple(hyper), plain=True)
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")

@@ -8,7 +8,8 @@ the same running index. No names: the dense groups hold the module's parameters 
 (global expert `E·n_local + j`, each expert's keys as its `layer_L_expert_G` file lists them). That match is
 proven, not assumed: every shape must agree in sequence, and every 16-bit module copy must be its matched
 master cast (the optimizer copies masters into the module after each step); otherwise the scan refuses with
-a finding rather than guess.
+a finding rather than guess. In fp32 the expp files hold the torch optimizer's own state (moments only): the
+fp32 module and expert weights are the masters, matched to those moments by the same order and their shapes.
 """
 
 from __future__ import annotations
@@ -245,6 +246,8 @@ class _Zero0:
         equal) holds rank 0's bytes; the output reads rank 0's, so a damaged copy is said, not hidden."""
         for copy in others:
             for t, p in zip(named, copy, strict=False):
+                if p.master is None:
+                    return  # fp32: the replicas keep moments only; the weights are written once
                 other = TensorInfo(t.name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master))
                 if differing_copies(t, other, self.loc.source):
                     self.add(
@@ -261,7 +264,7 @@ class _Zero0:
         self, params: Sequence[UnfusedParam], names: Sequence[tuple[str, TensorRef]], group: int, file: str
     ) -> list[TensorInfo] | None:
         if len(params) != len(names) or any(
-            p.master.shape != r.shape for p, (_, r) in zip(params, names, strict=False)
+            p.shape() != r.shape for p, (_, r) in zip(params, names, strict=False)
         ):
             self.add(
                 "unnamed-params",
@@ -286,8 +289,16 @@ class _Zero0:
         return out
 
     def _proved(self, p: UnfusedParam, name: str, ref: TensorRef, group: int | None) -> TensorInfo | None:
-        """The master as `name`, when its 16-bit module copy `ref` is the master cast (else None)."""
+        """The master as `name`, when its 16-bit module copy `ref` is the master cast (else None); in fp32
+        (no master) the module's own weight, when its moments have its shape."""
         moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
+        if p.master is None:
+            fits = ref.dtype == "float32" and all(v.shape == ref.shape for v in (p.moments or {}).values())
+            return (
+                TensorInfo(name, ref.shape, "float32", Kind.TRAINABLE, _segs(ref), None, group, moments)
+                if fits
+                else None
+            )
         t = TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, group, moments)
         t = with_copy(t, ref)
         return None if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.loc.source) else t
@@ -338,7 +349,7 @@ class _Zero0:
             model,
             stage=0,
             world_size=max(dp, ep),
-            optimizer="FP16_UnfusedOptimizer",
+            optimizer="torch optimizer" if o0 and o0.plain else "FP16_UnfusedOptimizer",
             compute_dtype=copies[0] if copies else "float32",
             master_dtype="float32",
             optimizer_step=item(first.step) if first else None,

@@ -52,7 +52,7 @@ def layer_sizes(
             if (
                 named
                 and len(seg) == len(named)
-                and all(p.master.shape == r.shape for p, (_, r) in zip(seg, named, strict=True))
+                and all(p.shape() == r.shape for p, (_, r) in zip(seg, named, strict=True))
             ):
                 fits.append((size, seg, named))
         if len(fits) > 1:

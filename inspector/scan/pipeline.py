@@ -105,9 +105,15 @@ class Pipeline:
                 "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.",
             )
             return
-        st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
+        st.optimizer = (
+            "torch optimizer"
+            if unfused.plain
+            else "FP16_Optimizer"
+            if unfused.fused
+            else "FP16_UnfusedOptimizer"
+        )
         st.zero_stage, st.loss_scale = 0, unfused.loss_scale
-        if not unfused.fused:  # per-parameter masters: named by order, each proven by its 16-bit copy
+        if not unfused.fused:  # per-parameter masters (fp32: the weights) named by order, each proven
             if self.masters is None:
                 buffers = {n for s in self.stages.values() if s.model for n in s.model.buffer_names}
                 self.masters = StageMasters(layer_files, buffers, self.source)
@@ -337,7 +343,11 @@ class Pipeline:
             groups=groups,
             tensors=tensors,
             findings=self.findings,
-            module_copy_bytes=sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values()),
+            module_copy_bytes=(  # ZeRO off in fp32: the layer files' weights are the masters, not copies
+                0
+                if st0.optimizer == "torch optimizer"
+                else sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values())
+            ),
             parallel=parallel,
         )
 

@@ -51,18 +51,23 @@ class StageMasters:
         self.pending = list(self.params)  # layer parameters no stage has claimed yet, in index order
         self.findings: list[Finding] = []
         self.failed = False  # after one stage fails, later stages' starting point is unknown
-        self.tied: list[tuple[str, int]] = []  # (name, stage) of each tied copy a later stage holds
+        self.tied: list[tuple[str, int, bool]] = []  # (name, stage, by shape only) per later tied copy
 
     def refuse(self, file: str, message: str) -> None:
         self.failed = True
         self.findings.append(Finding(Severity.ERROR, "unnamed-params", message, file, _HINT))
 
     def _proves(self, p: UnfusedParam, name: str, ref: TensorRef) -> TensorInfo | None:
-        """The master under `name` if its shape is the layer parameter's and its copy is the master cast."""
-        if p.master.shape != ref.shape or p.master.dtype != "float32":
-            return None
+        """The master under `name` if its shape is the layer parameter's and its copy is the master cast;
+        in fp32 (no master: the layer file's weight is it, stepped in place) the weight itself when the
+        moments, keyed by the stage's running index as torch's own loader reads them back, have its shape."""
         if any(m.shape != ref.shape for m in (p.moments or {}).values()):
             return None  # the moments are keyed by the same index: theirs must be the parameter's shape
+        if p.master is None:
+            plain = p.moments is not None and ref.dtype == "float32"
+            return TensorInfo(name, ref.shape, "float32", Kind.TRAINABLE, _segs(ref)) if plain else None
+        if p.master.shape != ref.shape or p.master.dtype != "float32":
+            return None
         t = with_copy(TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master)), ref)
         if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.source):
             return None
@@ -83,15 +88,17 @@ class StageMasters:
     ) -> TensorInfo | None:
         """Master `i` of stage `s` under its proven name, or None (with a finding)."""
         nxt = self.pending[0] if self.pending else None
+        entry = "optimizer entry" if p.master is None else "fp32 master"  # fp32: moments only, no master
         if not leading:
             t = self._proves(p, *nxt) if nxt else None
             if t is None:
                 what = f"the next layer parameter, {nxt[0]} {nxt[1].shape}," if nxt else "no layer parameter"
                 self.refuse(
                     file,
-                    f"Stage {s}'s fp32 master {i} (shape {p.master.shape}) is not {what} whose 16-bit copy it "
-                    "must equal cast: the stage's parameter order is not its layer files' order (or a file is "
-                    "damaged), so the masters cannot be named safely.",
+                    f"Stage {s}'s {entry} {i} (shape {p.shape()}) is not {what} whose "
+                    f"{'moments must have its shape' if p.master is None else '16-bit copy it must equal cast'}"
+                    ": the stage's parameter order is not its layer files' order (or a file is damaged), so "
+                    "the masters cannot be named safely.",
                 )
             return t
         found = self._tied(p, taken)
@@ -99,8 +106,9 @@ class StageMasters:
             many = f"{len(found)} layer parameters" if found else "no layer parameter"
             self.refuse(
                 file,
-                f"Stage {s}'s fp32 master {i} (shape {p.master.shape}) proves equal to {many} "
-                f"({', '.join(t.name for t in found[:4]) or 'shape and 16-bit copy compared'}), so it cannot be "
+                f"Stage {s}'s {entry} {i} (shape {p.shape()}) proves equal to {many} ("
+                f"{', '.join(t.name for t in found[:4]) or 'shape' + ('' if p.master is None else ' and 16-bit copy')}"
+                " compared), so it cannot be "
                 "attributed to one parameter with proof.",
             )
             return None
@@ -124,7 +132,7 @@ class StageMasters:
                 if self.pending and t.name == self.pending[0][0]:
                     self.pending.pop(0)
                 else:
-                    self.tied.append((t.name, s))  # claimed by an earlier stage: a tied module's copy
+                    self.tied.append((t.name, s, p.master is None))  # an earlier stage's: a tied copy
                 moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
                 out[t.name] = TensorInfo(
                     t.name, t.shape, "float32", Kind.TRAINABLE, t.segments, None, g, moments, t.module_copy
@@ -152,12 +160,13 @@ class StageMasters:
                 if not st.optims:
                     st.layout = None
             return self.findings
-        for name, s in self.tied:
+        for name, s, plain in self.tied:
+            how = "its optimizer state has that shape" if plain else "proven equal to its layer file's copy"
             self.findings.append(
                 Finding(
                     Severity.WARNING,
                     "tied-unnamed",
-                    f"Stage {s} holds a tied copy of {name} (proven equal to its layer file's copy); ZeRO off "
+                    f"Stage {s} holds a tied copy of {name} ({how}); ZeRO off "
                     "writes the tied module's key (tied_modules.<key>) nowhere, so it keeps its layer file's "
                     "name.",
                     file,
