@@ -26,7 +26,15 @@ from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
+from inspector.scan.tensor_join import (
+    cat,
+    cat_sub_params,
+    joined_shape,
+    stored_shape,
+    sub_param_views,
+    sub_param_widths,
+    sub_params_shape,
+)
 
 Segs = tuple[Segment, ...]
 
@@ -309,12 +317,14 @@ def _joined(
         return t0
     shapes = [p.shape for p in pieces]
     if rule in ("sub-params", "2-sub-params"):
-        sdim, widths = sub_param_widths(t0.name, rule, recipe.sub_params.get(t0.name), shapes, recipe.version)
+        spec = recipe.sub_params.get(t0.name)
+        views = sub_param_views(t0.name, spec, shapes) if rule == "sub-params" else shapes  # a 3-D split
+        sdim, widths = sub_param_widths(t0.name, rule, spec, views, recipe.version)
         return _with_joined(
             t0,
             pieces,
-            lambda segs: cat_sub_params(shapes, segs, sdim, widths),
-            sub_params_shape(shapes, sdim),
+            lambda segs: cat_sub_params(views, segs, sdim, widths),
+            stored_shape(sub_params_shape(views, sdim), shapes),
         )
     dim = 1 if rule == "row" else 0
     keep = recipe.original_vocab_size if rule == "vocab" else None

@@ -137,6 +137,55 @@ def sub_param_widths(
     return dim, widths
 
 
+def sub_param_views(
+    name: str, spec: SubParams | None, shapes: Sequence[tuple[int, ...]]
+) -> list[tuple[int, ...]]:
+    """Each shard as the record's view sees it. AutoTP may split a fused weight along a view of higher rank
+    (experts `[E, [rows], H]` of a stored `[E*rows, H]`, partition dim 1): shard t `[E*w, H]` is then
+    `[E, w, H]` flattened, w its widths' sum. A view of the shards' own rank (qkv's `[(q, k, v), -1]`) is
+    the shards themselves; a view that does not fit a shard's size is an error, never a guess."""
+    form = spec.shape if spec is not None else ()
+    if spec is None or spec.widths is None or len(form) <= len(shapes[0]):
+        return list(shapes)
+    dim, tp = spec.partition_dim, len(shapes)
+    if any(len(w) != tp for w in spec.widths):
+        return list(shapes)  # sub_param_widths says the widths do not fit
+    out = []
+    for t, s in enumerate(shapes):
+        dims = [sum(w[t] for w in spec.widths) if i == dim else d for i, d in enumerate(form)]
+        free = [i for i, d in enumerate(dims) if d == -1]
+        known = math.prod(d for d in dims if isinstance(d, int) and d != -1)
+        numel = math.prod(s)
+        if len(free) > 1 or known <= 0 or numel % known or any(not isinstance(d, int) for d in dims):
+            raise _no_view(name, form, shapes)
+        for i in free:
+            dims[i] = numel // known
+        view = tuple(int(d) for d in dims)
+        tail = s[1:]  # kept whole after the partition dim, so the leading dims fold back into dim 0
+        if math.prod(view) != numel or len(tail) >= len(view) - dim or view[len(view) - len(tail) :] != tail:
+            raise _no_view(name, form, shapes)
+        out.append(view)
+    return out
+
+
+def stored_shape(joined: tuple[int, ...], shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The full tensor in the shards' own rank: a joined view folded back (`[E, rows, H]` -> `[E*rows, H]`,
+    as DeepSpeed's gather reshapes it to the original weight's shape)."""
+    rank = len(shapes[0])
+    if len(joined) <= rank:
+        return joined
+    tail = shapes[0][1:]
+    return (math.prod(joined) // max(1, math.prod(tail)), *tail)
+
+
+def _no_view(name: str, form: Sequence[object], shapes: Sequence[tuple[int, ...]]) -> InspectorError:
+    return InspectorError(
+        f"{name}: the recorded sub-parameter view {list(form)} does not fit shards of shapes "
+        f"{[list(s) for s in shapes]}.",
+        hint="The record or the shards are damaged, or come from different runs.",
+    )
+
+
 def sub_params_shape(shapes: Sequence[tuple[int, ...]], dim: int) -> tuple[int, ...]:
     s0 = shapes[0]
     if any(len(s) != len(s0) or s[:dim] + s[dim + 1 :] != s0[:dim] + s0[dim + 1 :] for s in shapes):
