@@ -8,8 +8,9 @@ number is bounded, as in `parse.states`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -83,6 +84,28 @@ class UnfusedParam:
             return self.master.shape
         return next(iter(self.moments.values())).shape if self.moments else None
 
+    def flat_numel(self) -> int:
+        """Elements of a flat group block (FP16_Optimizer's `fp32_groups_flat` entry); 0 if it is not one."""
+        m = self.master
+        return m.numel if m is not None and len(m.shape) == 1 and m.is_contiguous() else 0
+
+    def piece(self, off: int, shape: tuple[int, ...]) -> UnfusedParam | None:
+        """The piece of a flat group block (master and flat moments alike) at element `off`, in `shape`;
+        None past its end. Moments of another size than the block are left out (not this block's)."""
+        n, total = math.prod(shape), self.flat_numel()
+        if self.master is None or not total or off + n > total:
+            return None
+        moments = (
+            self.moments if self.moments and all(v.numel == total for v in self.moments.values()) else {}
+        )
+        cut = {k: _piece(v, off, shape) for k, v in moments.items()}
+        return UnfusedParam(_piece(self.master, off, shape), cut or None, self.step)
+
+
+def _piece(ref: TensorRef, off: int, shape: tuple[int, ...]) -> TensorRef:
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    return replace(ref, storage_offset=ref.storage_offset + off, shape=shape, stride=strides)
+
 
 @dataclass(frozen=True)
 class UnfusedFp16:
@@ -98,6 +121,7 @@ class UnfusedFp16:
     fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
     # boundaries are written nowhere but in the sizes; groups are then not read
     plain: bool = False  # ZeRO off in fp32: the torch optimizer's own state_dict, no masters (`master` None)
+    flats: tuple[UnfusedParam, ...] = ()  # FP16_Optimizer: per group its flat fp32 master and flat moments
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
@@ -105,7 +129,7 @@ class UnfusedFp16:
         root = Node(tree, file)
         opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
         if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
-            return cls(file, (), None, (), fused=True)  # FP16_Optimizer: one flat block per group, no names
+            return _fused(opt, file)  # FP16_Optimizer: one flat block per group, no names
         if opt.is_mapping() and opt.has("state") and opt.has("param_groups") and not opt.has("fp32_groups"):
             return _plain(opt, file)
         if not opt.is_mapping() or not opt.has("fp32_groups"):
@@ -139,6 +163,28 @@ class UnfusedFp16:
             float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None,
             hyper,
         )
+
+
+def _fused(opt: Node, file: str) -> UnfusedFp16:
+    """FP16_Optimizer's state: `fp32_groups_flat[g]` is group g's parameters' fp32 masters end to end
+    (unpadded, in the optimizer's order), its Adam moments equally flat under the group's one index."""
+    osd = opt.at("optimizer_state_dict")
+    state = osd.at("state") if osd.is_mapping() else Node(None, file)
+    pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
+    hyper = tuple(
+        MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
+        for g in pgs
+        if g.is_mapping()
+    )
+    flats = []
+    for g, flat in enumerate(opt.at("fp32_groups_flat").seq(4096)):
+        index = g  # each group holds its one flat tensor, numbered in group order
+        st = Node(state.value.get(index), file, f"{state.path}[{index}]") if state.is_mapping() else None
+        moments, step = _moments(st)
+        flats.append(UnfusedParam(flat.tensor(), moments, step))
+    scale = opt.at("cur_scale").value
+    number = isinstance(scale, int | float) and not isinstance(scale, bool)
+    return UnfusedFp16(file, (), float(scale) if number else None, hyper, fused=True, flats=tuple(flats))
 
 
 def _plain(opt: Node, file: str) -> UnfusedFp16:

@@ -10,6 +10,7 @@ proven, not assumed: every shape must agree in sequence, and every 16-bit module
 master cast (the optimizer copies masters into the module after each step); otherwise the scan refuses with
 a finding rather than guess. In fp32 the expp files hold the torch optimizer's own state (moments only): the
 fp32 module and expert weights are the masters, matched to those moments by the same order and their shapes.
+A fused Adam in fp16 (FP16_Optimizer) keeps each group as one flat block: it is cut name by name, in order.
 """
 
 from __future__ import annotations
@@ -42,7 +43,16 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.moe import EXPERT_NAME, missing_experts
-from inspector.scan.moe_zero0_sizes import expert_names, first_hyper, layer_sizes, named_groups, size_of
+from inspector.scan.moe_zero0_sizes import (
+    expert_names,
+    first_hyper,
+    layer_sizes,
+    load_optimizer,
+    named_groups,
+    pieces,
+    size_of,
+    wrapper_name,
+)
 from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
 from inspector.scan.pipeline_names import plain, with_copy
 
@@ -114,7 +124,7 @@ class _Zero0:
         opts = {
             e: o
             for e, p in sorted(self.f.expp.items())
-            if (o := load_or_finding(p, self.loc.source, self.findings, _unfused)) is not None
+            if (o := load_or_finding(p, self.loc.source, self.findings, load_optimizer)) is not None
         }
         ep = self._ep_size(opts)
         for e in [e for e in range(ep) if e not in self.f.expp][:8]:
@@ -181,18 +191,17 @@ class _Zero0:
         for name, hyper in (first_hyper(opts[0]) if sizes is not None else {}).items():
             size = size_of(hyper, ep)
             for e in range(size or 1):
-                params = by_rank[e].get(name, [])
-                names = (
-                    expert_names(copies, dims, sizes or {}, size, e) if size else dense_names[: len(params)]
-                )
+                wanted = expert_names(copies, dims, sizes or {}, size, e) if size else dense_names
+                params, names = pieces(opts[e], by_rank[e].get(name, []), wanted, not size)
                 if not size:
-                    dense_names = dense_names[len(params) :]
+                    dense_names = dense_names[len(names) :]
                 named = self._matched(params, names, len(groups), opts[e].file)
                 if named is None:
                     return [], []
                 out += named
+                replicas = [(r, g) for r, g in by_rank.items() if r != e and r % (size or 1) == e]
                 self._same_replicas(
-                    named, [g.get(name, []) for r, g in by_rank.items() if r != e and r % (size or 1) == e]
+                    named, [pieces(opts[r], g.get(name, []), names, False)[0] for r, g in replicas]
                 )
                 numel = sum(t.numel for t in named)
                 self.groups_rank[len(groups)] = e
@@ -349,7 +358,7 @@ class _Zero0:
             model,
             stage=0,
             world_size=max(dp, ep),
-            optimizer="torch optimizer" if o0 and o0.plain else "FP16_UnfusedOptimizer",
+            optimizer=wrapper_name(o0),
             compute_dtype=copies[0] if copies else "float32",
             master_dtype="float32",
             optimizer_step=item(first.step) if first else None,
@@ -376,17 +385,6 @@ class _Zero0:
                 ranks = list(range(self.groups_rank.get(t.group, 0), world, step))
                 by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), ranks)
         return tuple(Holding(layer, expert_spans(by_expert)) for layer, by_expert in sorted(by_layer.items()))
-
-
-def _unfused(tree: object, path: str) -> UnfusedFp16:
-    got = UnfusedFp16.parse(tree, path)
-    if got is None or got.fused:
-        from inspector.errors import CorruptFileError
-
-        raise CorruptFileError(
-            f"{path}: no per-parameter fp32 masters (fp32_groups); not a ZeRO-off MoE optimizer file."
-        )
-    return got
 
 
 def _segs(ref: TensorRef) -> tuple[Segment, ...]:

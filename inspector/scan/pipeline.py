@@ -47,7 +47,7 @@ from inspector.scan.pipeline_names import (
     tied_layer_files,
     with_copy,
 )
-from inspector.scan.pipeline_zero0 import StageMasters, fused_refusal
+from inspector.scan.pipeline_zero0 import StageMasters
 from inspector.system.bytesource import ByteSource
 
 
@@ -113,13 +113,10 @@ class Pipeline:
             else "FP16_UnfusedOptimizer"
         )
         st.zero_stage, st.loss_scale = 0, unfused.loss_scale
-        if not unfused.fused:  # per-parameter masters (fp32: the weights) named by order, each proven
-            if self.masters is None:
-                buffers = {n for s in self.stages.values() if s.model for n in s.model.buffer_names}
-                self.masters = StageMasters(layer_files, buffers, self.source)
-            st.layout = self.masters.stage(st.index, unfused)
-            return
-        self.findings.append(fused_refusal(st.index, st.model_file))
+        if self.masters is None:  # masters (fp32: the weights; fused: cut from a flat block) named in order
+            buffers = {n for s in self.stages.values() if s.model for n in s.model.buffer_names}
+            self.masters = StageMasters(layer_files, buffers, self.source)
+        st.layout = self.masters.stage(st.index, unfused)
 
     def _stage_layout(
         self, st: Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]

@@ -33,6 +33,7 @@ EXACT = {  # fixture -> (ranks, ZeRO stage, compute dtype, who holds the first l
     "moe_z2_bf16_ws4": (4, 2, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
     "moe_z0_bf16": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # expp_rank_* files
     "moe_z0_fp16": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z0_fp16_fused": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # flat groups
     "moe_z0_bf16_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),  # expert-DP 2
     "moe_z0_bf16_ep21": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # + a layer at ep 1
     "moe_z0_bf16_ep21_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
@@ -283,6 +284,22 @@ def test_zero_off_fp32_moments_of_another_shape_are_refused(tmp_path: Path) -> N
     sd = torch.load(path, weights_only=False)
     params = sd["optimizer"]["param_groups"][0]["params"]
     params[1], params[2] = params[2], params[1]
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_zero_off_fused_flat_blocks_that_do_not_fill_are_refused(tmp_path: Path) -> None:
+    """FP16_Optimizer's dense block one element longer than the module's parameters: its rest is explained by
+    no name, so the group is refused, never cut at a guess."""
+    import torch
+
+    root = writable("moe_z0_fp16_fused", tmp_path / "ck")
+    path = root / TAG / "expp_rank_0_mp_rank_00_optim_states.pt"
+    sd = torch.load(path, weights_only=False)
+    flat = sd["optimizer"]["fp32_groups_flat"]
+    flat[0] = torch.cat([flat[0].detach(), torch.zeros(1)])
     torch.save(sd, path)
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["unnamed-params"]

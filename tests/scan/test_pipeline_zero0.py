@@ -31,11 +31,15 @@ def _no_trainable(ckpt: Checkpoint) -> bool:
     return not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
 
 
-def test_zero_off_fp16_pipeline_converts_bit_exact(tmp_path: Path) -> None:
-    ckpt = scan(str(ckpt_dir("pp_z0_fp16")))
+@pytest.mark.parametrize(
+    "name, optimizer",
+    [("pp_z0_fp16", "FP16_UnfusedOptimizer"), ("pp_z0_fp16_fused", "FP16_Optimizer")],  # --fused-adam: flat
+)
+def test_zero_off_fp16_pipeline_converts_bit_exact(name: str, optimizer: str, tmp_path: Path) -> None:
+    ckpt = scan(str(ckpt_dir(name)))
     assert not ckpt.errors, ckpt.errors
     assert (ckpt.optimizer, ckpt.stage, ckpt.compute_dtype, ckpt.master_dtype) == (
-        "FP16_UnfusedOptimizer",
+        optimizer,
         0,
         "float16",
         "float32",
@@ -55,7 +59,7 @@ def test_zero_off_fp16_pipeline_converts_bit_exact(tmp_path: Path) -> None:
     ]  # stage 1's tied copy, proven, key unknown
     holders = dict(ckpt.parallel.holders) if ckpt.parallel else {}
     assert holders == {"stage 0": "layers 0-2 · ranks 0", "stage 1": "layers 0, 4 · ranks 1"}
-    want = expected("pp_z0_fp16")
+    want = expected(name)
     rename = {TIED: "0.weight"}
     masters = {rename.get(k[5:], k[5:]): v for k, v in want.items() if k.startswith("fp32/")}
     fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
@@ -159,4 +163,20 @@ def test_zero_off_fp32_moments_out_of_order_are_refused(tmp_path: Path) -> None:
         "Stage 1's optimizer entry 1 (shape (16,)) proves equal to no layer parameter (shape compared)"
         in (ckpt.errors[0].message)
     )
+    assert _no_trainable(ckpt)
+
+
+def test_a_fused_stage_whose_flat_block_proves_nothing_is_refused(tmp_path: Path) -> None:
+    """FP16_Optimizer's flat block of stage 1 altered where the tied embedding's piece lies: no layer
+    parameter's 16-bit copy proves it, so the stage is refused, never cut at a guessed boundary."""
+    import torch
+
+    root = writable("pp_z0_fp16_fused", tmp_path / "ck")
+    path = root / TAG / "mp_rank_01_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    sd["optimizer"]["fp32_groups_flat"][0].data[:592].mul_(2)
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert "fp32 master 0 (at element 0 of group 0's flat block) proves equal to no layer" in ckpt.errors[0].message
     assert _no_trainable(ckpt)
