@@ -153,7 +153,7 @@ class StageMasters:
                 continue
             for p in unfused.groups[g]:
                 what = f"{'optimizer entry' if p.master is None else 'fp32 master'} {i} (shape {p.shape()})"
-                got = self._one(s, what, lambda _shape, p=p: p, unfused.plain, set(out), unfused.file)
+                got = self._one(s, what, partial(_whole, p), unfused.plain, set(out), unfused.file)
                 if got is None:
                     return None
                 self._take(s, g, got, out)
@@ -189,6 +189,11 @@ class StageMasters:
                 )
             )
         return self.findings
+
+
+def _whole(p: UnfusedParam, _shape: tuple[int, ...]) -> UnfusedParam:
+    """A per-parameter master is offered whole to every candidate (its own shape is part of the proof)."""
+    return p
 
 
 def _layout(out: Mapping[str, TensorInfo], unfused: UnfusedFp16) -> Layout:

@@ -153,14 +153,12 @@ def sub_param_views(
     out = []
     for t, s in enumerate(shapes):
         dims = [sum(w[t] for w in spec.widths) if i == dim else d for i, d in enumerate(form)]
-        free = [i for i, d in enumerate(dims) if d == -1]
-        known = math.prod(d for d in dims if isinstance(d, int) and d != -1)
+        ints = [d for d in dims if isinstance(d, int)]
+        known = math.prod(d for d in ints if d != -1)
         numel = math.prod(s)
-        if len(free) > 1 or known <= 0 or numel % known or any(not isinstance(d, int) for d in dims):
+        if ints.count(-1) > 1 or len(ints) != len(dims) or known <= 0 or numel % known:
             raise _no_view(name, form, shapes)
-        for i in free:
-            dims[i] = numel // known
-        view = tuple(int(d) for d in dims)
+        view = tuple(numel // known if d == -1 else d for d in ints)
         tail = s[1:]  # kept whole after the partition dim, so the leading dims fold back into dim 0
         if math.prod(view) != numel or len(tail) >= len(view) - dim or view[len(view) - len(tail) :] != tail:
             raise _no_view(name, form, shapes)
