@@ -180,3 +180,20 @@ def test_a_fused_stage_whose_flat_block_proves_nothing_is_refused(tmp_path: Path
     assert [f.code for f in ckpt.errors] == ["unnamed-params"]
     assert "fp32 master 0 (at element 0 of group 0's flat block) proves equal to no layer" in ckpt.errors[0].message
     assert _no_trainable(ckpt)
+
+
+def test_a_zero_off_stage_optimizer_of_an_unknown_form_is_not_supported_yet(tmp_path: Path) -> None:
+    """ZeRO off writes no optimizer files: a stage file whose optimizer record has no known form is "not
+    supported yet", never "damaged ... copy the complete checkpoint folder"."""
+    import torch
+
+    from inspector.errors import UnsupportedCheckpointError
+
+    root = writable("pp_z0_fp32", tmp_path / "ck")
+    path = root / TAG / "mp_rank_01_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    sd["optimizer"] = {"some_future_optimizer": [1, 2]}
+    torch.save(sd, path)
+    with pytest.raises(UnsupportedCheckpointError, match="pipeline stage 1 was saved with ZeRO off") as err:
+        scan(str(root))
+    assert "not supported yet" in err.value.message and "Copy" not in err.value.message + err.value.hint
