@@ -116,12 +116,35 @@ def check_inputs(ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool) ->
         )
     chosen = select(ckpt, opts)
     if not chosen:
-        raise InspectorError(
+        raise _empty(ckpt, opts)
+    return out_dtype, chosen
+
+
+def _empty(ckpt: Checkpoint, opts: ConvertOptions) -> InspectorError:
+    """Why nothing would be written: the flags the user passed, or (none passed) the scan's own findings, so
+    a forced conversion never blames options nobody gave."""
+    flags = [
+        f
+        for f, on in (
+            ("--include", opts.include),
+            ("--exclude", opts.exclude),
+            ("--exclude-frozen", opts.exclude_frozen),
+            ("--exclude-buffers", opts.exclude_buffers),
+        )
+        if on
+    ]
+    if flags:
+        return InspectorError(
             "No tensors match the selection.",
-            hint="Check --include/--exclude against the names `zero-inspector scan --tensors` lists.",
+            hint=f"Check {'/'.join(flags)} against the names `zero-inspector scan --tensors` lists.",
             title="Empty selection",
         )
-    return out_dtype, chosen
+    found = f" ({len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message})" if ckpt.errors else ""
+    return InspectorError(
+        f"The scan found no tensor it can write in this checkpoint{found}.",
+        hint="Run `zero-inspector scan` to see what it recognised and why nothing could be read.",
+        title="Nothing to convert",
+    )
 
 
 def name_tensors(

@@ -36,7 +36,10 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     names = loc.source.listdir(loc.tag_dir)
     if is_pipeline(names):
         return scan_pipeline_tensor(loc, names, tp_split)
+    from inspector.scan.moe import refuse_pipeline_moe
     from inspector.scan.tensor import scan_tensor, tp_ranks
+
+    refuse_pipeline_moe(loc, names)  # not supported yet: said so, not read as damaged TP shards
 
     if len(tp_ranks(names)) > 1:
         return scan_tensor(loc, names, tp_split)
