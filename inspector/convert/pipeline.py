@@ -24,7 +24,7 @@ import errno
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -145,7 +145,7 @@ class _KernelCopy:
         return True
 
 
-def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: list[Segment], pos: int) -> bool:
+def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: Sequence[Segment], pos: int) -> bool:
     """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
     for seg in segs:
         src = pool.fd(seg.file)
@@ -186,7 +186,7 @@ class _Chunk:
     and what `ChunkMath.prepare` gave for the tensor (None: its bytes, cast)."""
 
     t: PlannedTensor
-    segs: list[Segment]
+    segs: Sequence[Segment]
     pos: int
     start: int
     ctx: object | None = None

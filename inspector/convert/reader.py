@@ -19,7 +19,7 @@ import numpy as np
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
-from inspector.scan.model import Checkpoint, Segment
+from inspector.scan.model import Checkpoint, Runs, Segment
 from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
 from inspector.system.residency import resident_fraction
 from inspector.text import shown
@@ -145,6 +145,9 @@ def bytes_by_file(segments: Iterable[Segment]) -> Counter[str]:
     return reads
 
 
+_RUNS_AT_ONCE = 4096  # runs listed before they are read (a store reads them together, several in flight)
+
+
 def byte_view(a: np.ndarray[Any, Any]) -> memoryview:
     """A writable byte memoryview over a contiguous array (bf16 and fp8 arrays included)."""
     return a.reshape(-1).view(np.uint8).data
@@ -155,8 +158,52 @@ def buffer(nbytes: int) -> np.ndarray[Any, Any]:
     return np.empty(nbytes, dtype=np.uint8)
 
 
-def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[list[Segment]]:
+class Window(Sequence[Segment]):
+    """Elements [skip, skip + numel) of a `Runs` from its segment `first` on, cut into segments as they are
+    walked: a chunk of a join of a million rows is one small object, not a list of its rows."""
+
+    __slots__ = ("first", "numel", "runs", "skip")
+
+    def __init__(self, runs: Runs, first: int, skip: int, numel: int) -> None:
+        self.runs, self.first, self.skip, self.numel = runs, first, skip, numel
+
+    def __iter__(self) -> Iterator[Segment]:
+        left, skip = self.numel, self.skip
+        for seg in self.runs.iter_from(self.first):
+            take = min(seg.numel - skip, left)
+            if take > 0:
+                yield Segment(seg.file, seg.offset + skip * itemsize(seg.dtype), take, seg.dtype)
+            left, skip = left - max(take, 0), 0
+            if not left:
+                return
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(self)[i]
+
+
+def _windows(runs: Runs, chunk_elems: int) -> Iterator[Window]:
+    """`iter_chunks` of a `Runs`: each chunk a `Window`, the segments walked once, none kept."""
+    first, skip, room = 0, 0, chunk_elems
+    for i, seg in enumerate(runs):
+        at = 0
+        while seg.numel - at >= room:  # a chunk ends in (or at the end of) this segment
+            yield Window(runs, first, skip, chunk_elems)
+            at += room
+            first, skip = (i + 1, 0) if at == seg.numel else (i, at)
+            room = chunk_elems
+        room -= seg.numel - at
+    if room < chunk_elems:
+        yield Window(runs, first, skip, chunk_elems - room)
+
+
+def iter_chunks(segments: Sequence[Segment], chunk_elems: int) -> Iterator[Sequence[Segment]]:
     """Cut a tensor's segments into pieces of at most `chunk_elems` elements, in order."""
+    if isinstance(segments, Runs):
+        yield from _windows(segments, chunk_elems)
+        return
     batch: list[Segment] = []
     room = chunk_elems
     for seg in segments:
@@ -186,6 +233,9 @@ def read_segments_into(pool: FilePool, segments: Iterable[Segment], out: np.ndar
             path, offset, _ = runs[-1]
             runs[-1] = (path, offset, view[pos - (seg.offset - offset) : pos + n])
         else:
+            if len(runs) >= _RUNS_AT_ONCE:  # a chunk of a million rows: read in batches, never all listed
+                pool.read_runs(runs)
+                runs.clear()
             runs.append((seg.file, seg.offset, view[pos : pos + n]))
         pos += n
     pool.read_runs(runs)

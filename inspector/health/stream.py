@@ -166,7 +166,7 @@ class Streamer:
         yield from window
 
     def _read(
-        self, batches: Sequence[list[Segment]], raws: list[Array], dtypes: list[np.dtype[Any]]
+        self, batches: Sequence[Sequence[Segment]], raws: list[Array], dtypes: list[np.dtype[Any]]
     ) -> list[Array]:
         """Read one chunk of each stream read in step (into `raws`, as one set of runs: from an object store
         they are in flight together); returns them viewed as their stored dtypes."""

@@ -87,9 +87,20 @@ class Runs(Sequence[Segment]):
         return self._ends[-1] if self._ends else 0
 
     def __iter__(self) -> Iterator[Segment]:
-        for b in self.blocks:
-            for i in range(b.count):
-                yield from b.segments(i)
+        return self.iter_from(0)
+
+    def iter_from(self, i: int) -> Iterator[Segment]:
+        """The segments from index `i` on, found without walking the ones before it (a reader's chunk)."""
+        if not 0 <= i < len(self):
+            return
+        k = bisect_right(self._ends, i)
+        row, part = divmod(i - (self._ends[k - 1] if k else 0), len(self.blocks[k].parts))
+        for b in self.blocks[k:]:
+            for r in range(row, b.count):
+                for seg, stride in b.parts[part:]:
+                    yield Segment(seg.file, seg.offset + r * stride, seg.numel, seg.dtype) if r else seg
+                part = 0
+            row = 0
 
     def __getitem__(self, i: int | slice) -> Any:
         if isinstance(i, slice):
