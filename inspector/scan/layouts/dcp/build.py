@@ -15,7 +15,17 @@ from inspector.scan.layouts.dcp.found import METADATA, Found, rank_of, refuse_hf
 from inspector.scan.layouts.dcp.items import Placed, read_scalar, refuse_transforms, try_place
 from inspector.scan.layouts.dcp.keys import MOMENTS, Roles, optimizer_roles, roles_of
 from inspector.scan.layouts.dcp.placement import Chunk, TilingError, runs
-from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, RankInfo, Segment, Severity, TensorInfo
+from inspector.scan.model import (
+    Checkpoint,
+    FileInfo,
+    Finding,
+    Kind,
+    RankInfo,
+    Runs,
+    Segment,
+    Severity,
+    TensorInfo,
+)
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
 
@@ -74,7 +84,9 @@ class Store:
                 return None
             chunks.append(Chunk(offsets, sizes, placed.file, placed.offset))
         try:
-            return tuple(runs(tensor.shape, tensor.dtype, chunks))
+            laid = runs(tensor.shape, tensor.dtype, chunks)
+            # Runs: a Sequence[Segment] every consumer reads as the tuple it stands for (scan.tensor_lay)
+            return laid if isinstance(laid, Runs) else tuple(laid)  # type: ignore[return-value]
         except TilingError as exc:
             self._bad(key, f"its chunks do not tile its shape {list(tensor.shape)}: {exc}")
             return None

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from itertools import pairwise, product
 
 from inspector.format.dtypes import itemsize
-from inspector.scan.model import Segment
+from inspector.scan.model import Runs, Segment, Strided
+from inspector.scan.tensor_lay import SMALL
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def _tile_line(row: Sequence[Chunk], k: int, length: int, where: str) -> None:
         raise TilingError(f"the chunks {where}cover {pos} of the {length} indices of dimension {k}")
 
 
-def runs(shape: tuple[int, ...], dtype: str, chunks: Sequence[Chunk]) -> list[Segment]:
+def runs(shape: tuple[int, ...], dtype: str, chunks: Sequence[Chunk]) -> Sequence[Segment]:
     """The tensor's bytes in row-major order as segments, adjacent ones merged; `TilingError` when the
     chunks do not tile it exactly."""
     live = [c for c in chunks if c.numel > 0]  # FSDP2 records empty chunks (size 0, offset at the edge)
@@ -78,6 +79,8 @@ def runs(shape: tuple[int, ...], dtype: str, chunks: Sequence[Chunk]) -> list[Se
     if math.prod(shape) == 0:
         return []
     k = _split_dim(shape, live)
+    if k == 1 and len(shape) == 2:  # 2-D blocks (TP+FSDP): one strided record per band of rows
+        return _blocks(shape, dtype, live)
     inner = math.prod(shape[k + 1 :])
     size = itemsize(dtype)
     out: list[Segment] = []
@@ -89,6 +92,28 @@ def runs(shape: tuple[int, ...], dtype: str, chunks: Sequence[Chunk]) -> list[Se
             line = _ravel(local, c.sizes[:k])
             start = c.offset + line * c.sizes[k] * inner * size
             _append(out, Segment(c.file, start, c.sizes[k] * inner, dtype))
+    return out
+
+
+def _blocks(shape: tuple[int, ...], dtype: str, live: Sequence[Chunk]) -> Sequence[Segment]:
+    """A matrix cut in column blocks as well as rows: each band of rows held by the same chunks is one
+    `Strided` record (row r is each chunk's row r in column order), however many rows it has."""
+    size, bands = itemsize(dtype), []
+    cuts = sorted({0, shape[0], *(c.offsets[0] for c in live), *(c.offsets[0] + c.sizes[0] for c in live)})
+    for lo, hi in pairwise(cuts):
+        row = sorted((c for c in live if c.offsets[0] <= lo < c.offsets[0] + c.sizes[0]), key=lambda c: c.offsets[1])
+        _tile_line(row, 1, shape[1], f"at [{lo}] ")
+        parts = tuple(
+            (Segment(c.file, c.offset + (lo - c.offsets[0]) * c.sizes[1] * size, c.sizes[1], dtype), c.sizes[1] * size)
+            for c in row
+        )
+        bands.append(Strided(hi - lo, parts))
+    every = Runs(bands)
+    if len(every) > SMALL:  # as the tensor-parallel joins: short ones stay plain, merged
+        return every
+    out: list[Segment] = []
+    for seg in every:
+        _append(out, seg)
     return out
 
 
