@@ -15,6 +15,7 @@ from typing import Any
 
 from inspector.format.torchzip import TensorRef
 from inspector.parse.affine import Layout, parse_map
+from inspector.parse.states import MAX_WORLD
 from inspector.parse.tree import Node
 
 MAX_DEGREE = 1 << 16  # pipeline stages, tensor shards or experts: bounded again by the files present
@@ -85,7 +86,7 @@ class ParallelDims:
             pp,
             tp,
             num,
-            root.at("dp_world_size").opt_integer(1, MAX_DEGREE),
+            root.at("dp_world_size").opt_integer(1, MAX_WORLD)  # as ModelStates reads it: one rule,
         )
 
 

@@ -17,6 +17,8 @@ from typing import Any
 from inspector.format.torchzip import TensorRef
 from inspector.parse.tree import Node
 
+MAX_WORLD = 1 << 24  # data-parallel ranks a record may claim; the files present bound it again, with a finding
+
 Shape = tuple[int, ...]
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _HYPER = ("lr", "weight_decay", "betas", "eps", "momentum", "name")
@@ -99,7 +101,7 @@ class ModelStates:
             )
             if not shared.is_none()
             else _frozen({}),
-            dp_world_size=root.at("dp_world_size").opt_integer(1, 1 << 24),
+            dp_world_size=root.at("dp_world_size").opt_integer(1, MAX_WORLD),
             global_steps=_counter(root.at("global_steps")),
             global_samples=_counter(root.at("global_samples")),
             ds_version=_version(root.at("ds_version")),
