@@ -20,12 +20,12 @@ from tests.tui.conftest import plain, record_notes, saved_last, scanned, wait_fo
 pytestmark = pytest.mark.asyncio
 
 
-def _pipeline_copy(src: Path, dest: Path) -> Path:
-    """A copy of `src` with a pipeline-by-tensor-parallel layer file in its tag folder: a layout the scan
-    refuses (a plain `layer_01-model_states.pt` is now read as a pipeline checkpoint, damaged)."""
+def _refused_copy(src: Path, dest: Path) -> Path:
+    """A copy of `src` whose model states are not a torch.save archive: a root the scan refuses outright
+    (a stray layer file no longer does: it is read, and named in a finding)."""
     shutil.copytree(src, dest)
     tag = (dest / "latest").read_text().strip()
-    (dest / tag / "layer_01-model_01-model_states.pt").write_bytes(b"")
+    (dest / tag / "mp_rank_00_model_states.pt").write_bytes(b"not a zip archive\n")
     return dest
 
 
@@ -97,7 +97,7 @@ async def test_refused_root_clears_every_view(small_demo: Path, tmp_path: Path) 
     run = tmp_path / "run"
     run.mkdir()
     os.symlink(small_demo, run / "a")
-    _pipeline_copy(small_demo, run / "p")
+    _refused_copy(small_demo, run / "p")
     saved_last(run / "a")
     app = make_app(path=str(run), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
@@ -108,7 +108,7 @@ async def test_refused_root_clears_every_view(small_demo: Path, tmp_path: Path) 
         app.main.query_one("#roots", Select).value = str(run / "p")
         await _dismiss(pilot)
         assert app.ckpt is None and app.selected == set()
-        assert "pipeline" in plain(app.main.query_one("#banner"))
+        assert "mp_rank_00_model_states.pt" in plain(app.main.query_one("#banner"))
         assert plain(app.main.query_one("SummaryCard")).strip() == ""
         assert plain(app.main.query_one("RanksView")).strip() == ""
         assert plain(app.main.query_one("#tag-list")).strip() == ""
