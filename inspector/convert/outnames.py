@@ -13,6 +13,7 @@ from inspector.text import shown
 LOCK = ".zero-inspector.lock"
 PARTIAL = ".partial"  # a file (or a job's folder) that is not finished yet
 PART = ".part-"  # how a part's lock, journal and staging folder are named: PART + "I-of-N"
+PROBE = ".zero-inspector-probe-"  # an empty folder made and removed at once: can a new entry be made here?
 _LOCAL_ONLY = (".zero-inspector",)  # the lock and the journal: never published
 
 
@@ -70,3 +71,11 @@ def missing_dirs(path: str) -> list[str]:
             break
         path = parent
     return missing
+
+
+def entries(out_dir: str) -> list[str]:
+    """The names in `out_dir` (sorted; none when it is not a folder) less the write probes of a run starting
+    beside this one (the parts of a Slurm array): a probe lives for two system calls and is never output."""
+    if not os.path.isdir(out_dir):
+        return []
+    return sorted(n for n in os.listdir(out_dir) if not n.startswith(PROBE))

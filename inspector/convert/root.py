@@ -29,6 +29,7 @@ from inspector.convert.outnames import (
     LOCK,
     PART,
     PARTIAL,
+    PROBE,
     BusyError,
     Destination,
     local_only,
@@ -88,7 +89,7 @@ def refuses_new_entries(path: str) -> str:
     if not os.path.isdir(folder):
         folder = os.path.dirname(folder)
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".zero-inspector-probe-", dir=folder))
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE, dir=folder))
     except OSError as exc:
         return f"{folder} does not accept new files ({exc.strerror or exc})"
     return ""

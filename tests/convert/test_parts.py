@@ -15,6 +15,7 @@ import pytest
 from inspector.convert.executor import Report
 from inspector.convert.journal import JOURNAL
 from inspector.convert.options import ConvertOptions
+from inspector.convert.outnames import PROBE
 from inspector.convert.plan import build_plan
 from inspector.convert.root import LOCK, PARTIAL, OutputRoot
 from inspector.convert.staging import part_indices
@@ -162,6 +163,19 @@ def test_parts_as_separate_processes_at_once(demo: Any, tmp_path: Path) -> None:
         timeout=300,
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_another_parts_write_probe_is_not_taken_for_output(demo: Any, tmp_path: Path) -> None:
+    """A part starting beside this one makes and removes an empty probe folder in OUT (can it write there?):
+    seen between the two calls, it is neither foreign content nor output, so this part is not refused."""
+    plan = build_plan(scan(str(demo(SPEC))), OPTS)
+    out = tmp_path / "out"
+    (out / (PROBE + "x1y2z3")).mkdir(parents=True)
+    _report(run(plan, str(out), part=(0, 2)))
+    assert (out / (PROBE + "x1y2z3")).is_dir()  # not ours to remove: its run takes it away
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(OutputError, match="not empty"):
+        _report(run(plan, str(out), part=(1, 2)))
 
 
 @pytest.mark.parametrize("bad", ["3/3", "-1/2", "a/b", "2", "1/0"])

@@ -9,7 +9,6 @@ ends in the one `VerifyResult`. The front ends hold a kind and a job and never a
 
 from __future__ import annotations
 
-import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any, NoReturn
 from inspector.convert.executor import Progress, Report, run
 from inspector.convert.job import FileWriter, OutputJob, PlannedFile, Writing
 from inspector.convert.options import ConvertOptions
+from inspector.convert.outnames import entries
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import Destination
 from inspector.convert.verify import VerifyProgress, VerifyResult
@@ -159,7 +159,7 @@ class OutputKind(ABC):
     def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
         """A quick look, before planning, at whether `out_dir` would refuse this kind: the problem in words
         ("" when it would not). The job's `check_output` is the full check."""
-        if overwrite or not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        if overwrite or not entries(out_dir):
             return ""
         return f"{out_dir} is not empty"
 

@@ -20,6 +20,7 @@ from inspector.convert.kinds.base import (
     VerifyProgress,
     VerifyResult,
 )
+from inspector.convert.outnames import entries
 from inspector.convert.pipeline import shard_streamer, shards_at_once
 from inspector.convert.plan import INDEX_NAME, SINGLE_NAME, ConversionPlan
 from inspector.convert.preflight import assess
@@ -181,7 +182,7 @@ def prepare_output(plan: ConversionPlan, out_dir: str, overwrite: bool, job: str
         probe = os.path.dirname(probe)
     if not os.access(probe, os.W_OK):
         raise OutputError(f"{probe} is not writable.", hint="Choose a folder you can write to.")
-    existing = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    existing = entries(out_dir)
     foreign = [n for n in existing if not ours(n)]
     # partial files no run of this plan writes: another conversion's (another shard count), left by a kill or
     # still being written; published beside ours they would be taken for part of this output
