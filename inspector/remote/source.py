@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from inspector.errors import CorruptFileError, InspectorError
+from inspector.errors import CorruptFileError, InspectorError, StoreError
 from inspector.remote.backend import normalise_url, split_url
 from inspector.remote.store import ObjectInfo, Store, store_for
 from inspector.system.source import not_regular, os_error, outside, parse_json, resolves
@@ -69,7 +69,10 @@ class StoreSource:
         if not parts:
             store.listing("")  # the bucket must exist and be readable
             return "dir", None
-        listing = store.listing("".join(p + "/" for p in parts[:-1]))
+        try:
+            listing = store.listing("".join(p + "/" for p in parts[:-1]))
+        except StoreError as exc:  # the folder was listed to learn what `url` is: name what was asked for too
+            raise StoreError(f"Looking up {url}: {exc.message}", hint=exc.hint, title=exc.title) from None
         info = listing.files.get(parts[-1])
         if info is not None:
             return ("file" if info.size >= 0 else "other"), info
