@@ -1,0 +1,1 @@
+"""Checkpoint layouts, one package each, behind `LAYOUTS` (the protocol: `base.py`)."""
