@@ -9,9 +9,9 @@ are), tensors (the tensor list), assemble (the record), with the findings collec
 from __future__ import annotations
 
 from inspector.scan.files import classify
+from inspector.scan.layouts.zero.scanner import ZeroScanner
 from inspector.scan.locate import locate
 from inspector.scan.model import Checkpoint
-from inspector.scan.zero import ZeroScanner
 
 
 def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], ...] = ()) -> Checkpoint:
@@ -19,33 +19,33 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     `tp_split`: (glob, rule) pairs saying how a tensor-parallel checkpoint that records no split joins its
     shards (rule `0`, `1` or `replicated`); the first glob a parameter name matches applies."""
     from inspector.remote.roots import source_at
-    from inspector.scan.universal import find_universal, scan_universal
+    from inspector.scan.layouts.universal.scanner import find_universal, scan_universal
 
     source = source_at(path, "checkpoint")  # local folder or bucket prefix: decided once, here
     if (uni := find_universal(path, tag, source=source)) is not None:
         return scan_universal(uni, source)
     loc = locate(path, tag, source)
-    from inspector.scan.pipeline_files import is_pipeline
-    from inspector.scan.pipeline_tensor import scan_pipeline_tensor
+    from inspector.scan.layouts.pipeline.files import is_pipeline
+    from inspector.scan.layouts.pipeline.tensor import scan_pipeline_tensor
 
     names = loc.source.listdir(loc.tag_dir)
     if is_pipeline(names):
         return scan_pipeline_tensor(loc, names, tp_split)
-    from inspector.scan.tensor import scan_tensor, tp_ranks
+    from inspector.scan.layouts.tensor.scanner import scan_tensor, tp_ranks
 
     if len(tp_ranks(names)) > 1:
         return scan_tensor(loc, names, tp_split)
-    from inspector.scan.moe_zero0 import is_moe_zero0, scan_moe_zero0
+    from inspector.scan.layouts.moe.zero0 import is_moe_zero0, scan_moe_zero0
 
     if is_moe_zero0(names):
         return scan_moe_zero0(loc, names)
     files = classify(loc.tag_dir, loc.source, experts_ok=True)
-    from inspector.scan.autoep import is_autoep, scan_autoep
+    from inspector.scan.layouts.autoep.scanner import is_autoep, scan_autoep
 
     if is_autoep(loc, files):
         return scan_autoep(loc, files)
     if files.experts:
-        from inspector.scan.moe import scan_moe
+        from inspector.scan.layouts.moe.scanner import scan_moe
 
         return scan_moe(loc, files)
     return ZeroScanner(loc, files).build()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from inspector.scan.tensor import SPLIT_RULES
+from inspector.scan.layouts.tensor.scanner import SPLIT_RULES
 
 Rules = tuple[tuple[str, str], ...]  # (glob on parameter names, "0" | "1" | "replicated"); first match wins
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inspector.scan.layouts.pipeline.scanner import Pipeline
 from inspector.scan.locate import locate
 from inspector.scan.model import Kind
-from inspector.scan.pipeline import Pipeline
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import (
     assert_exact,

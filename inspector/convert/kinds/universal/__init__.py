@@ -263,7 +263,7 @@ class Universal(OutputKind):
         return f"{folder} exists" if os.path.lexists(folder) and not overwrite else ""
 
     def _folder(self, out_dir: str) -> str | None:
-        from inspector.scan.universal import find_universal
+        from inspector.scan.layouts.universal.scanner import find_universal
 
         return find_universal(out_dir, prefer=True)
 
@@ -284,7 +284,7 @@ class Universal(OutputKind):
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
         from inspector.convert.kinds.universal.verify import verify_universal
-        from inspector.scan.universal import scan_universal
+        from inspector.scan.layouts.universal.scanner import scan_universal
 
         if against is not None:
             self.refuse_against(

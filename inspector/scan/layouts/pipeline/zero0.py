@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import TensorFile, UnfusedFp16, UnfusedParam
 from inspector.scan.layout import Layout
+from inspector.scan.layouts.pipeline.files import Stage
+from inspector.scan.layouts.pipeline.names import with_copy
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import copy_is_not_cast
-from inspector.scan.pipeline_files import Stage
-from inspector.scan.pipeline_names import with_copy
 from inspector.system.bytesource import ByteSource
 
 _HINT = (

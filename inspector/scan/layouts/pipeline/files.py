@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from inspector.errors import NotACheckpointError
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.layout import Layout
+from inspector.scan.layouts.pipeline.names import LAYER_NAME
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, PADDED, Location
 from inspector.scan.model import Finding, Severity
-from inspector.scan.pipeline_names import LAYER_NAME
 
 LAYER_FILE_RE = re.compile(rf"^layer_{PADDED}-model_states\.pt$")
 LAYER_TP_RE = re.compile(rf"^layer_{PADDED}-model_{PADDED}-model_states\.pt$")

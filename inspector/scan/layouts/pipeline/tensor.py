@@ -17,11 +17,11 @@ from dataclasses import replace
 from inspector.errors import InspectorError, NotACheckpointError, StoreError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
+from inspector.scan.layouts.pipeline.files import tp_layer_ranks
+from inspector.scan.layouts.pipeline.scanner import Pipeline
+from inspector.scan.layouts.tensor.scanner import join_shards
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint, Finding, Parallel, Severity, TensorInfo
-from inspector.scan.pipeline import Pipeline
-from inspector.scan.pipeline_files import tp_layer_ranks
-from inspector.scan.tensor import join_shards
 
 
 def scan_pipeline_tensor(

@@ -205,7 +205,7 @@ def _user_recipe(
 
 
 def _shard(loc: Location, files: RankFiles) -> Checkpoint:
-    from inspector.scan.zero import ZeroScanner
+    from inspector.scan.layouts.zero.scanner import ZeroScanner
 
     scanner = ZeroScanner(loc, files)
     scanner.shard = True
