@@ -116,12 +116,28 @@ def check_inputs(ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool) ->
         )
     chosen = select(ckpt, opts)
     if not chosen:
-        raise InspectorError(
+        raise _empty(ckpt, opts)
+    return out_dtype, chosen
+
+
+def _empty(ckpt: Checkpoint, opts: ConvertOptions) -> InspectorError:
+    """Nothing to write: blame the selection only when the user made one; a checkpoint whose scan found no
+    tensor (a damaged one converted with --force) says so, never names a flag the user did not pass."""
+    flags = [f for f, on in (("--include", opts.include), ("--exclude", opts.exclude)) if on]
+    kinds = (("--exclude-frozen", opts.exclude_frozen), ("--exclude-buffers", opts.exclude_buffers))
+    flags += [f for f, on in kinds if on]
+    if ckpt.tensors and flags:
+        return InspectorError(
             "No tensors match the selection.",
-            hint="Check --include/--exclude against the names `zero-inspector scan --tensors` lists.",
+            hint=f"Check {', '.join(flags)} against the names `zero-inspector scan --tensors` lists.",
             title="Empty selection",
         )
-    return out_dtype, chosen
+    why = f" ({len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message})" if ckpt.errors else ""
+    return InspectorError(
+        f"The scan found no tensor it could write in this checkpoint{why}; nothing was written.",
+        hint="Run `zero-inspector scan` to see its findings.",
+        title="Nothing to write",
+    )
 
 
 def name_tensors(

@@ -228,6 +228,16 @@ def test_empty_selection_is_an_error(ckpt: Checkpoint) -> None:
     assert "--include" in exc.value.hint
 
 
+def test_a_checkpoint_with_no_tensor_names_no_flag_the_user_did_not_pass(ckpt: Checkpoint) -> None:
+    """A damaged checkpoint forced through whose scan kept no tensor: not "no tensors match --include"."""
+    from dataclasses import replace
+
+    with pytest.raises(InspectorError, match="found no tensor") as exc:
+        build_plan(replace(ckpt, tensors=()), ConvertOptions())
+    assert exc.value.title == "Nothing to write"
+    assert "--include" not in exc.value.hint + str(exc.value)
+
+
 # --- names ----------------------------------------------------------------------------------------------------
 
 

@@ -263,9 +263,9 @@ class Universal(OutputKind):
         return f"{folder} exists" if os.path.lexists(folder) and not overwrite else ""
 
     def _folder(self, out_dir: str) -> str | None:
-        from inspector.scan.layouts.universal.scanner import find_universal
+        from inspector.scan.layouts import universal_folder
 
-        return find_universal(out_dir, prefer=True)
+        return universal_folder(out_dir, prefer=True)
 
     def owns(self, out_dir: str) -> bool:
         return self._folder(out_dir) is not None
@@ -284,7 +284,7 @@ class Universal(OutputKind):
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
         from inspector.convert.kinds.universal.verify import verify_universal
-        from inspector.scan.layouts.universal.scanner import scan_universal
+        from inspector.scan.scanner import scan
 
         if against is not None:
             self.refuse_against(
@@ -292,4 +292,4 @@ class Universal(OutputKind):
             )
         folder = self._folder(out_dir)
         assert folder is not None
-        return verify_universal(ckpt, scan_universal(folder), cancel=cancel)
+        return verify_universal(ckpt, scan(folder), cancel=cancel)

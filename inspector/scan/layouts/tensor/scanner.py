@@ -27,6 +27,7 @@ from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
 from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
+from inspector.scan.tp_rules import SPLIT_RULES
 
 Segs = tuple[Segment, ...]
 
@@ -114,9 +115,6 @@ def _in_shard(t: int, f: Finding) -> Finding:
     if f.code not in _PER_SHARD:
         return f
     return replace(f, message=f"Tensor-parallel shard {t} (mp_rank_{t:02d}): {f.message}")
-
-
-SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
 
 
 def join_shards(
