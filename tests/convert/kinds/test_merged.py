@@ -92,7 +92,7 @@ def test_merged_output_shards_with_an_index(demo: Any, tmp_path: Path) -> None:
 
 
 def test_cli_refusals_and_verify_of_a_merge(demo: Any, tmp_path: Path, cli: Any) -> None:
-    from inspector.convert.writers.merge import is_merged_output
+    from inspector.convert.kinds.merged.merge import is_merged_output
 
     root = demo(SPEC)
     rc, _, stderr = cli("convert", root, tmp_path / "a", "--adapter")
