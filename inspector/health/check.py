@@ -16,7 +16,6 @@ from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollu
 from inspector.health.stream import (
     Row,
     Streamer,
-    default_workers,
     plan_jobs,
     plan_workers,
     read_ahead,
@@ -48,8 +47,7 @@ def check(
     start = time.monotonic()
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))
-    asked = workers or threads or default_workers(any_remote(sources))
-    plan = plan_workers(asked, against is not None, any_remote(sources))
+    plan = plan_workers(workers or threads, against is not None, any_remote(sources))
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     rows: list[Row] = []
     with FilePool(*set(sources)) as pool:

@@ -36,15 +36,12 @@ from inspector.health.numerics import (
     widened,
 )
 from inspector.scan.model import Segment
-from inspector.system.limits import busy_threads, usable_cores
+from inspector.system.limits import usable_cores, workers
 
 MIN_CHUNK = GROUP  # 1 MiB of fp32: a worker's numpy calls are long enough that the interpreter between them
 # is noise (the GIL is held a few microseconds per call, released for the whole block)
 CHUNK_ELEMS = 4 * GROUP  # the most one worker reads at once (4 MiB of fp32; 8 MiB cost 10 % more CPU here:
 # the passes after the read no longer find the chunk in the cache)
-REMOTE_THREADS = 6  # from an object store a worker mostly waits on its requests (a master's two or three
-# streams fetched together): 6 keep the store's 8 in flight; measured on S3 with --against, 8 were no faster
-# and 11 MiB larger (124 against 113 MiB)
 SCRATCH_BUDGET = 64 << 20  # all workers' buffers together, whatever their number: one budget, divided
 SCRATCH_PER_ELEM = 14  # bytes a worker touches per chunk element, at most: the raw master 4 and module 2,
 # the widened module (4), the shifted values, change or mask (4); `--against` adds its master (4)
@@ -56,12 +53,6 @@ READ_AHEAD = 1  # chunks per stream asked of the kernel ahead of a cold pass's r
 _F32 = np.dtype(np.float32)
 _BF16 = numpy_dtype("bfloat16")
 _PLAIN_CAST = (_BF16, np.dtype(np.float16), _F32)  # numpy's cast of finite fp32 is torch's
-
-
-def default_workers(remote: bool = False) -> int:
-    """Every usable core; from an object store at least REMOTE_THREADS, so that many requests are in flight."""
-    cores = usable_cores()
-    return max(cores, REMOTE_THREADS) if remote else cores
 
 
 def max_threads(against: bool = False) -> int:
@@ -95,11 +86,11 @@ class WorkerPlan:
     chunk: int
 
 
-def plan_workers(workers: int, against: bool = False, remote: bool = False) -> WorkerPlan:
-    """The plan for `workers` asked: threads up to what the cores and the budget allow, the budget divided
-    among them (at most CHUNK_ELEMS), so that 2, 16 or 96 workers cost the same memory and read the same
-    streams in the same groups."""
-    threads = max(1, min(busy_threads(workers, remote), max_threads(against)))
+def plan_workers(asked: int | None = None, against: bool = False, remote: bool = False) -> WorkerPlan:
+    """The plan for `asked` workers (None: the one rule's default, `limits.workers`): threads up to what the
+    cores and the budget allow, the budget divided among them (at most CHUNK_ELEMS), so that 2, 16 or 96
+    workers cost the same memory and read the same streams in the same groups."""
+    threads = max(1, min(workers(asked, remote), max_threads(against)))
     chunk = CHUNK_ELEMS
     while chunk > MIN_CHUNK and threads * _worker_bytes(chunk, against) > SCRATCH_BUDGET:
         chunk //= 2
@@ -433,7 +424,6 @@ __all__ = [  # the jobs are planned in jobs.py; the pass's callers take them fro
     "Row",
     "Streamer",
     "WorkerPlan",
-    "default_workers",
     "plan_jobs",
     "plan_workers",
     "run_jobs",

@@ -177,11 +177,10 @@ def test_locally_no_more_workers_than_cores(demo: DemoCache, monkeypatch: pytest
     from inspector.system import limits
 
     monkeypatch.setattr(limits, "usable_cores", lambda: 3)
-    monkeypatch.setattr(pipeline, "usable_cores", lambda: 3)
     ckpt = scan(str(demo(SPEC)))
     for asked, runs in ((16, 3), (2, 2), (None, 3)):
         plan = build_plan(ckpt, ConvertOptions(dtype="bf16", workers=asked))
-        assert pipeline.plan_workers(plan) == runs, asked
+        assert pipeline.plan_threads(plan) == runs, asked
 
 
 def test_threads_beyond_the_cores_change_no_byte(

@@ -18,18 +18,16 @@ from inspector.health.numerics import EXACT_BLOCK, Accumulator, Buffers
 from inspector.health.stream import (
     CHUNK_ELEMS,
     MIN_CHUNK,
-    REMOTE_THREADS,
     SCRATCH_BUDGET,
     Scratch,
     Streamer,
     WorkerPlan,
     _worker_bytes,
-    default_workers,
     max_threads,
     plan_workers,
 )
 from inspector.system import limits
-from inspector.system.limits import busy_threads
+from inspector.system.limits import REMOTE_THREADS, busy_threads
 
 N = 3 * EXACT_BLOCK + 1234  # several of the slow paths' blocks and a tail
 
@@ -51,7 +49,7 @@ def test_more_workers_never_mean_more_memory(workers: int, against: bool) -> Non
 
 
 def test_the_budget_holds_sixteen_workers_at_a_mebibyte(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)  # as on a 64-core node
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a 64-core node  # as on a 64-core node
     assert max_threads() >= 16
     assert plan_workers(16) == WorkerPlan(16, MIN_CHUNK)
 
@@ -66,8 +64,8 @@ def test_locally_no_more_threads_than_cores(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     for cores, remote in [(1, REMOTE_THREADS), (6, REMOTE_THREADS), (64, 64)]:
-        monkeypatch.setattr(stream, "usable_cores", lambda c=cores: c)
-        assert (default_workers(), default_workers(remote=True)) == (cores, remote), cores
+        monkeypatch.setattr(limits, "usable_cores", lambda c=cores: c)
+        assert (limits.workers(), limits.workers(remote=True)) == (cores, remote), cores
 
 
 def _reference_diff(master: np.ndarray[Any, Any], module: np.ndarray[Any, Any]) -> tuple[float, int]:
@@ -181,7 +179,7 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     ckpt = scan(str(demo(DemoSpec(stage=2, world_size=2, params=400_000))))
     one = run_check(ckpt, workers=1).as_json()
     monkeypatch.setattr(stream, "usable_cores", lambda: 1)
-    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)
     busy, most, lock = [0], [0], threading.Lock()
     add = Accumulator.add
 

@@ -3,7 +3,7 @@
 An OutputKind says whether it is offered for a checkpoint (and why not), plans a Job (pure: which files, from
 which bytes), and verifies an output of its kind independently of its writer. A Job answers preflight with the
 one verdict type (`preflight.Assessment`), refuses a busy output before any work, and runs as a stream of the
-one progress shape (`engine.Progress`) ending in the one `engine.Report`; verify streams `VerifyProgress` and
+one progress shape (`executor.Progress`) ending in the one `executor.Report`; verify streams `VerifyProgress` and
 ends in the one `VerifyResult`. The front ends hold a kind and a job and never ask which kind it is.
 """
 

@@ -38,14 +38,10 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.remote.roots import parent_source
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.bytesource import ByteSource, any_remote
-from inspector.system.limits import MemoryBudget, busy_threads, usable_cores
+from inspector.system.limits import MemoryBudget
+from inspector.system.limits import workers as limits_workers
 
 ADAM = {"exp_avg", "exp_avg_sq"}
-
-
-def default_workers() -> int:
-    """Files written at once: every usable core (their chunk buffers share one budget, whatever the count)."""
-    return usable_cores()
 
 
 @dataclass
@@ -253,8 +249,8 @@ class Universal(OutputKind):
             "The whole checkpoint (fp32 masters, both Adam moments, the step); selection, dtype, shard size "
             "and renames do not apply.",
         )
-        # --workers: files written at once; locally no more than the usable cores (`limits.busy_threads`)
-        workers = busy_threads(request.options.workers or default_workers(), any_remote(plan.sources))
+        # --workers: files written at once, by the one rule (`limits.workers`)
+        workers = limits_workers(request.options.workers, any_remote(plan.sources))
         return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers)
 
     def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
