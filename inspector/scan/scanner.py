@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inspector.errors import UnsupportedCheckpointError
-from inspector.scan.layouts import LAYOUTS, Found, ScanOptions
+from inspector.scan.layouts import LAYOUTS, Found, Layout, ScanOptions
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, locate
 from inspector.scan.model import Checkpoint
 
@@ -20,18 +20,29 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`.
     `tp_split`: (glob, rule) pairs saying how a tensor-parallel checkpoint that records no split joins its
     shards (rule `0`, `1` or `replicated`); the first glob a parameter name matches applies."""
+    layout, found = _find(path, tag)
+    layout = layout or next((x for x in LAYOUTS if x.claims(found)), None)
+    if layout is None:
+        raise refusal(found)
+    return layout.scan(found, ScanOptions(tp_split))
+
+
+def find(path: str, tag: str | None = None) -> Found:
+    """Which folder (and tag) `path` means, and its names, without reading a rank file: what the app shows
+    while the scan runs (the tags to choose from)."""
+    return _find(path, tag)[1]
+
+
+def _find(path: str, tag: str | None) -> tuple[Layout | None, Found]:
+    """A layout's own folder (universal, DCP) and that layout, else the tag folder the DeepSpeed walk picks
+    (no layout yet: the layouts' claims decide)."""
     from inspector.remote.roots import source_at
 
     source = source_at(path, "checkpoint")  # local folder or bucket prefix: decided once, here
-    options = ScanOptions(tp_split)
     for layout in LAYOUTS:
         if (own := layout.locate(path, tag, source)) is not None:
-            return layout.scan(own, options)
-    found = Found.of(locate(path, tag, source))
-    for layout in LAYOUTS:
-        if layout.claims(found):
-            return layout.scan(found, options)
-    raise refusal(found)
+            return layout, own
+    return None, Found.of(locate(path, tag, source))
 
 
 # what a rank file's name says it is, for the refusal (the first pattern a name matches)

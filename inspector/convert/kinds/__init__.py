@@ -3,7 +3,7 @@
     base.py         the protocol: OutputKind (offer, plan, owns, verify) and Job (assess, comparisons, run,
                     on top of convert/job.py's OutputJob: files, check_output, writer); Offer, Request
     safetensors.py  what the four safetensors kinds share: SafetensorsJob (engine + side files) and verify
-    weights.py  model.py  adapter.py  merged.py  universal.py
+    weights.py  model.py  adapter.py  merged/  universal/
 
 A sixth kind is a module with an OutputKind subclass and a line in KINDS.
 """

@@ -35,6 +35,7 @@ def names() -> tuple[str, ...]:
 def universal_folder(path: str, prefer: bool = False) -> str | None:
     """The universal checkpoint folder `path` means, or None; `prefer`: its `latest_universal` even beside
     `latest` (verify's OUT, where it was written)."""
+    from inspector.remote.roots import source_at
     from inspector.scan.layouts.universal.scanner import find_universal
 
-    return find_universal(path, prefer=prefer)
+    return find_universal(path, None, prefer, source_at(path, "checkpoint"))

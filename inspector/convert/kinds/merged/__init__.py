@@ -1,5 +1,5 @@
 """`--format merged`: a plain model folder with every LoRA delta folded in, W + scale·B·A, computed block by
-block by `writers.merge` and run by the engine (locked, journalled, resumable), verified by recomputing."""
+block by `merge.py` and run by the engine (locked, journalled, resumable), verified by recomputing."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ class Universal:
     def locate(self, path: str, tag: str | None, source: ByteSource) -> Found | None:
         from inspector.scan.layouts.universal.scanner import find_universal
 
-        folder = find_universal(path, tag, source=source)
+        folder = find_universal(path, tag, False, source)
         if folder is None:
             return None
         return Found(source, os.path.dirname(folder.rstrip(os.sep)), "", folder, (), how="universal")
