@@ -14,7 +14,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
-from inspector.errors import DamagedCheckpointError, InspectorError
+from inspector.errors import DamagedCheckpointError, InspectorError, InvalidOptionError
 from inspector.format.dtypes import OUTPUT_ALIASES
 from inspector.parse.names import name_problem
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
@@ -53,8 +53,8 @@ def resolve_dtype(name: str, ckpt: Checkpoint) -> str:
     try:
         return DTYPE_ALIASES[name.lower()]
     except KeyError:
-        raise InspectorError(
-            f"Unknown output dtype {name!r}.", hint="Use fp32, bf16, fp16 or auto.", title="Invalid option"
+        raise InvalidOptionError(
+            f"Unknown output dtype {name!r}.", hint="Use fp32, bf16, fp16 or auto."
         ) from None
 
 
@@ -74,8 +74,8 @@ def rename(name: str, opts: ConvertOptions) -> str:
         try:
             name = re.sub(pattern, repl, name)
         except re.error as exc:
-            raise InspectorError(
-                f"Bad --rename pattern {pattern!r}: {exc}.", title="Invalid option"
+            raise InvalidOptionError(
+                f"Bad --rename pattern {pattern!r}: {exc}."
             ) from None
     return name
 
@@ -108,11 +108,11 @@ def check_inputs(ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool) ->
             "wrong weights.",
         )
     if opts.shard_size <= 0:
-        raise InspectorError("--shard-size must be positive.", title="Invalid option")
+        raise InvalidOptionError("--shard-size must be positive.")
     out_dtype = resolve_dtype(opts.dtype, ckpt)
     if opts.source not in SOURCES:
-        raise InspectorError(
-            f"Unknown source {opts.source!r}.", hint="Use masters or module.", title="Invalid option"
+        raise InvalidOptionError(
+            f"Unknown source {opts.source!r}.", hint="Use masters or module."
         )
     chosen = select(ckpt, opts)
     if not chosen:
@@ -154,10 +154,9 @@ def name_tensors(
         name = rename(t.name, opts)
         problem = name_problem(name)
         if problem:  # the same rule names from a file pass: `__metadata__` would make the file unloadable
-            raise InspectorError(
+            raise InvalidOptionError(
                 f"Renaming {t.name} gives the output name {shown(name)!r}, which {problem}.",
                 hint="Adjust --strip-prefix/--rename so every output name is a plain tensor name.",
-                title="Invalid option",
             )
         if name in seen:
             raise InspectorError(

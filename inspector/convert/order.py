@@ -16,7 +16,7 @@ from typing import Any
 
 from inspector.convert.kinds.base import Request
 from inspector.convert.options import ConvertOptions
-from inspector.errors import InspectorError
+from inspector.errors import InvalidOptionError
 
 ORDER_VERSION = 1
 # `--format KIND`: `safetensors` (the old default) is `model`; the older flags name the kind they stand for
@@ -80,10 +80,9 @@ def from_json(text: str) -> Order:
             part=tuple(part) if part is not None else None,  # type: ignore[arg-type]
         )
     except (ValueError, TypeError, KeyError) as exc:
-        raise InspectorError(
+        raise InvalidOptionError(
             f"The conversion order is not one this version reads ({exc}).",
             hint="The app and the converter come from different versions; start the app again.",
-            title="Invalid option",
         ) from None
     return order
 
@@ -135,10 +134,9 @@ def parse_part(text: str | None) -> tuple[int, int] | None:
     i, sep, n = text.partition("/")
     digits = re.compile(r"[0-9]{1,6}")  # ASCII only: str.isdigit() takes `²`, which int() then refuses
     if not (sep and digits.fullmatch(i) and digits.fullmatch(n) and 0 <= int(i) < int(n) <= 100_000):
-        raise InspectorError(
+        raise InvalidOptionError(
             f"--part {text!r} is not I/N with 0 <= I < N.",
             hint="For example --part $SLURM_ARRAY_TASK_ID/8 in a Slurm array of 8 tasks numbered from 0.",
-            title="Invalid option",
         )
     return int(i), int(n)
 
@@ -150,13 +148,13 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
     try:
         shard = parse_size(str(args.shard_size))
     except ValueError as exc:
-        raise InspectorError(
-            str(exc), hint="Use sizes like 5GB, 500MB or 2GiB.", title="Invalid option"
+        raise InvalidOptionError(
+            str(exc), hint="Use sizes like 5GB, 500MB or 2GiB."
         ) from None
     renames = []
     for r in args.rename or []:
         if "=" not in r:
-            raise InspectorError(f"--rename {r!r} needs the form REGEX=REPLACEMENT.", title="Invalid option")
+            raise InvalidOptionError(f"--rename {r!r} needs the form REGEX=REPLACEMENT.")
         pat, _, repl = r.partition("=")
         renames.append((pat, repl))
     return ConvertOptions(
@@ -186,15 +184,14 @@ def kind_from_args(args: argparse.Namespace) -> str:
     if kind != DEFAULT or not chosen:
         chosen.add(kind)
     if len(chosen) > 1:
-        raise InspectorError(
+        raise InvalidOptionError(
             f"Asked for more than one output kind ({', '.join(sorted(chosen))}).",
             hint="Pick one: --format " + "|".join(names()) + ".",
-            title="Invalid option",
         )
     name = chosen.pop()
     if getattr(args, "base", None) and not get(name).takes_base:
         takers = " or ".join(k.name for k in KINDS if k.takes_base)
-        raise InspectorError(f"--base is only used with --format {takers}.", title="Invalid option")
+        raise InvalidOptionError(f"--base is only used with --format {takers}.")
     return name
 
 
@@ -202,7 +199,7 @@ def from_args(args: argparse.Namespace, *, out: str | None = None) -> Order:
     """The order the parsed `convert` (or `preflight`) arguments describe."""
     workers = getattr(args, "workers", None)
     if workers is not None and workers < 1:
-        raise InspectorError(f"--workers {workers}: at least 1.", title="Invalid option")
+        raise InvalidOptionError(f"--workers {workers}: at least 1.")
     request = Request(
         options=options_from_args(args),
         base=getattr(args, "base", None),

@@ -23,7 +23,7 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import Destination
 from inspector.convert.verify import VerifyProgress, VerifyResult
-from inspector.errors import InspectorError
+from inspector.errors import InvalidOptionError
 from inspector.scan.model import Checkpoint
 from inspector.system.limits import MemoryBudget
 
@@ -181,9 +181,8 @@ class OutputKind(ABC):
     def refuse_against(self, words: str) -> NoReturn:
         """`verify --against` for a kind whose check does not read one chosen source: the one refusal, with
         `words` saying what the kind is checked against instead."""
-        raise InspectorError(
+        raise InvalidOptionError(
             f"--against applies to safetensors outputs (weights, model, adapter); {words}",
-            title="Invalid option",
         )
 
     def _unavailable(self, why: Why, reason: str, *, quiet: bool = False) -> Offer:
