@@ -14,9 +14,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from inspector.convert.kinds.base import Request
+from inspector.convert.kinds.base import Job, Request
 from inspector.convert.options import ConvertOptions
 from inspector.errors import InvalidOptionError
+from inspector.scan.model import Checkpoint
 
 ORDER_VERSION = 1
 # `--format KIND`: `safetensors` (the old default) is `model`; the older flags name the kind they stand for
@@ -42,7 +43,7 @@ class Order:
     parts: int | None = None  # --executor ray: how many tasks
     tp_split: tuple[tuple[str, str], ...] = ()  # --tp-split: how an unrecorded tensor-parallel split joins
 
-    def plan(self, part: tuple[int, int] | None = None, out: str | None = None) -> tuple[Any, Any]:
+    def plan(self, part: tuple[int, int] | None = None, out: str | None = None) -> tuple[Checkpoint, Job]:
         """Scan, pick the kind, plan its job (a bucket OUT wrapped): the checkpoint and the job. `part` names
         an s3:// OUT's staging folder (default: this order's); `out`: plan for another OUT (preflight)."""
         from inspector.convert.bucket import plan_output
