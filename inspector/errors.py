@@ -19,7 +19,9 @@ class InspectorError(Exception):
     exit_code = EXIT_USAGE
 
     def __init__(self, message: str, *, hint: str = "", title: str | None = None) -> None:
-        message, hint = shown(message, newlines=True), shown(hint, newlines=True)  # escape ∘ redact, once here
+        # escape ∘ redact, once here; a newline too: a message is one line, and a name's newline must not
+        # start a line that looks like the tool's own (`__str__` puts the hint on the next)
+        message, hint = shown(message), shown(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -82,15 +82,21 @@ _MIN_SECRET = 6  # shorter values ("1", "true") are settings, and hiding them wo
 # scheme://user:password@: up to the authority's last `@` (a password may hold an unencoded one), never
 # past a `/` or whitespace
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/@\s:]*)(?P<password>:[^/\s]*)?@")
-# the query of an http(s) URL: presigned URLs carry their signature (and SAS tokens) there
-_HTTP_QUERY = re.compile(r"(?P<head>\bhttps?://[^\s?#]*\?)(?P<query>[^\s#'\"]*)", re.IGNORECASE)
+# a URL of any scheme: its authority, then the rest (path, query, fragment) up to whitespace or a quote
+_URL = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^/?#;\s'\"]*)(?P<rest>[^\s'\"]*)")
+# the URL's key=value parameters, wherever they are: the query (`?`, `&`), the fragment (`#`) and path
+# parameters (`;`). Presigned URLs carry their signature in the query, SAS tokens too, and a fragment or a
+# path parameter carries `api_key=` as well; a value runs to the next separator (a path parameter's to `/`)
+_URL_PAIR = re.compile(r"(?P<key>[?#&;][^?#&;=]*=)(?P<value>[^?#&;]*)")
+_PATH_PAIR = re.compile(r"(?P<key>;[^?#&;=/]*=)(?P<value>[^?#&;/]*)")
 # key=value pairs that are credentials wherever they appear (a connection string, a query echoed in an error)
-_SECRET_PAIR = re.compile(
+_SECRET_KEYS = (
     r"(?P<key>\b(?:AccountKey|SharedAccessSignature|SharedAccessKey|sig|signature|X-Amz-Signature|"
     r"X-Amz-Security-Token|X-Amz-Credential|X-Goog-Signature|X-Goog-Credential|access_token|client_secret|"
-    r"password|token)=)(?P<value>[^&;\s'\"]+)",
-    re.IGNORECASE,
+    r"password|token|api[_-]?key|access[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|private[_-]?key)=)"
 )
+_SECRET_PAIR = re.compile(_SECRET_KEYS + r"(?P<value>[^&;\s'\"]+)", re.IGNORECASE)
+_SECRET_SEGMENT = re.compile(_SECRET_KEYS + r"(?P<value>[^&;/?#\s'\"]+)", re.IGNORECASE)  # in a URL's path
 _BEARER = re.compile(r"(?P<key>\bBearer\s+)(?P<value>[A-Za-z0-9._~+/=\-]+)", re.IGNORECASE)
 
 
@@ -137,8 +143,9 @@ def _hider(keep_length: bool) -> Any:
 
 
 def redact(text: str, environ: dict[str, str] | None = None, *, keep_length: bool = False) -> str:
-    """`text` with every secret replaced by `***`: a URL's password (and an http URL's userinfo), an http(s)
-    URL's query values (a presigned URL's signature), credential `key=value` pairs, bearer tokens, and any
+    """`text` with every secret replaced by `***`: a URL's password (and an http URL's userinfo), the value of
+    every `key=value` parameter of a URL of any scheme (query, fragment and path parameters: a presigned
+    URL's signature, an `#api_key=`), credential `key=value` pairs, bearer tokens, and any
     value of the store's credential variables wherever it appears. `keep_length`: one `*` per character
     instead, for a field whose positions must not move (`masked`)."""
     hide = _hider(keep_length)
@@ -152,16 +159,26 @@ def redact(text: str, environ: dict[str, str] | None = None, *, keep_length: boo
             return f"{scheme}{user}:{hide(password[1:])}@"
         return f"{scheme}{hide(user)}@" if scheme.lower().startswith("http") else m.group()
 
-    def query(m: re.Match[str]) -> str:
-        pairs = [p.split("=", 1) for p in m.group("query").split("&")]
-        return m.group("head") + "&".join(f"{p[0]}={hide(p[1])}" if len(p) == 2 else p[0] for p in pairs)
+    def pair(m: re.Match[str]) -> str:
+        return m.group("key") + hide(m.group("value"))
+
+    def url(m: re.Match[str]) -> str:
+        rest = m.group("rest")
+        cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+        path = _SECRET_SEGMENT.sub(pair, _PATH_PAIR.sub(pair, rest[:cut]))
+        return m.group("head") + path + _URL_PAIR.sub(pair, rest[cut:])
+
+    def elsewhere(part: str) -> str:  # the text between URLs: credential pairs (a connection string)
+        return _SECRET_PAIR.sub(pair, part) if "=" in part else part
 
     if "@" in text:
         text = _USERINFO.sub(userinfo, text)
-    if "?" in text:
-        text = _HTTP_QUERY.sub(query, text)
-    if "=" in text:
-        text = _SECRET_PAIR.sub(lambda m: m.group("key") + hide(m.group("value")), text)
+    if "=" in text:  # one pass: each URL by the URL rule, the text between by the pair rule
+        last, parts = 0, []
+        for m in _URL.finditer(text) if "://" in text else ():
+            parts += [elsewhere(text[last : m.start()]), url(m)]
+            last = m.end()
+        text = "".join([*parts, elsewhere(text[last:])])
     if "earer" in text:
         text = _BEARER.sub(lambda m: m.group("key") + hide(m.group("value")), text)
     return text
@@ -195,3 +212,60 @@ def shown_doc(doc: Any) -> Any:
     if isinstance(doc, (list, tuple)):
         return [shown_doc(v) for v in doc]
     return doc
+
+
+# --------------------------------------------------------------------------------------------------------------
+# text meant for a shell
+# --------------------------------------------------------------------------------------------------------------
+
+_SHELL_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")  # shlex's set: no quoting needed
+_SURROGATE_ESCAPED = re.compile("[\udc80-\udcff]")  # an undecodable byte, as os.fsdecode keeps it
+# `!` too: an interactive bash may expand history inside `$'…'`
+_SHELL_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "!": "\\x21"}
+
+
+class ShellTextError(ValueError):
+    """An argument no shell line can carry as it is (a lone surrogate that stands for no byte)."""
+
+
+def _shell_char(c: str) -> str:
+    if c in "\\'":
+        return "\\" + c
+    if c in _SHELL_NAMED:
+        return _SHELL_NAMED[c]
+    if not unsafe_char(c):
+        return c
+    if _SURROGATE_ESCAPED.match(c):
+        return f"\\x{ord(c) - 0xDC00:02x}"  # the file name's own byte
+    try:  # a control, bidi or separator character: its UTF-8 bytes, the same in every locale
+        data = c.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ShellTextError("it holds a lone surrogate that stands for no byte") from None
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+def shell_quote(arg: str) -> str:
+    """`arg` as one word of a bash command that pastes safely: bare when it needs no quoting, in single
+    quotes when it holds no control character, else as `$'…'` with every control, bidi and separator
+    character and every undecodable byte written as `\\xHH` (the pasted line never holds a raw ESC or
+    newline, and the shell hands the program the original bytes). ShellTextError for a lone surrogate."""
+    if _SHELL_PLAIN.fullmatch(arg):
+        return arg
+    if not has_unsafe(arg):
+        return "'" + arg.replace("'", "'\"'\"'") + "'"
+    return "$'" + "".join(_shell_char(c) for c in arg) + "'"
+
+
+def shell_command(argv: list[str] | tuple[str, ...]) -> str:
+    """The one builder of a command line meant to be pasted into a shell (the app's `y`, hints that name a
+    command): each argument `shell_quote`d."""
+    return " ".join(shell_quote(a) for a in argv)
+
+
+def command_hint(*argv: str) -> str:
+    """A `zero-inspector …` command named in a message or hint, quoted as `shell_command` quotes it (where no
+    shell line can carry an argument, its words as they are: every exit escapes them)."""
+    try:
+        return shell_command(("zero-inspector", *argv))
+    except ShellTextError:
+        return " ".join(("zero-inspector", *argv))

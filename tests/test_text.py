@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inspector.errors import InputError, InspectorError
-from inspector.text import escape, has_unsafe, redact, shown, shown_doc
+from inspector.text import escape, has_unsafe, masked, redact, shown, shown_doc
 from tests.hostile_text import CONTROLS, raw_controls
 
 
@@ -49,6 +49,14 @@ SECRET = "wJalrXUtnFEMI-K7MDENG"
         ("https://acct.blob.core.windows.net/c/k?sv=2022&sig=" + SECRET, SECRET),
         ("AccountName=dev;AccountKey=" + SECRET + ";BlobEndpoint=http://127.0.0.1:10000/dev", SECRET),
         ("Authorization: Bearer " + SECRET, SECRET),
+        # #38 C.2: a fragment, a path parameter, any scheme, as a query is
+        ("https://minio:9000/#api_key=" + SECRET, SECRET),
+        ("endpoint http://127.0.0.1:9000/#access_key=AK&secret=" + SECRET + " refused", SECRET),
+        ("s3://bucket/run#secret=" + SECRET, SECRET),
+        ("https://h/p;sig=" + SECRET + "/x", SECRET),
+        ("gs://b/k?X-Goog-Signature=" + SECRET, SECRET),
+        ("BlobEndpoint=http://127.0.0.1:10000;AccountKey=" + SECRET, SECRET),
+        ("api_key=" + SECRET, SECRET),
     ],
 )
 def test_secret_forms_are_redacted(text: str, hidden: str) -> None:
@@ -79,6 +87,23 @@ def test_the_store_credential_variables_are_redacted_wherever_they_appear(monkey
     assert shown("aws-secret-1234") == "aws-secret-1234"  # the old one is no longer a secret of this process
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    scheme=st.sampled_from(["http", "https", "s3", "gs", "az", "abfs", "hf"]),
+    path=st.text("abc/-_.0", max_size=8),
+    where=st.sampled_from(["?", "#", ";", "?a=1&", "#x=y&", "?q=1#", ";p=2?"]),
+    key=st.text("abcdefgh_-XYZ", min_size=1, max_size=10),
+    after=st.sampled_from(["", "&n=1", " and more", "'", '"', "\n"]),
+)
+def test_every_url_parameter_value_is_hidden(
+    scheme: str, path: str, where: str, key: str, after: str
+) -> None:
+    """One rule for a URL's query, fragment and path parameters, whatever the scheme and the key's name."""
+    text = f"at {scheme}://host:1/{path}{where}{key}={SECRET}{after}"
+    assert SECRET not in shown(text) and SECRET not in shown(text, newlines=True), shown(text)
+    assert SECRET not in json.dumps(shown_doc({"u": text})) and SECRET not in masked(text)
+
+
 def test_settings_and_plain_urls_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE1")  # an identity, not a secret
     monkeypatch.setenv("ZI_S3_TOKEN_LIMIT", "1")  # too short to be a secret: hiding it would garble messages
@@ -87,6 +112,7 @@ def test_settings_and_plain_urls_are_left_alone(monkeypatch: pytest.MonkeyPatch)
         "abfs://container@account.dfs.core.windows.net/run",  # a container, not a user
         "AKIDEXAMPLE1 read 1 file",
         "https://huggingface.co/org/model",
+        "s3://bucket/lr=0.1/run#1/global_step6",  # `=` and `#` in object keys, no parameter
     ):
         assert redact(text) == text
 

@@ -24,7 +24,7 @@ from inspector.cli.launch import add_open
 from inspector.cli.options import add_tp_split_option
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.malloc import cap_malloc_arenas
-from inspector.text import shown
+from inspector.text import command_hint, shown
 
 
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
@@ -41,7 +41,7 @@ def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
     names = ", ".join(os.path.relpath(r, path) for r in roots[:5]) + (" …" if len(roots) > 5 else "")
     exc.hint = (
         f"It holds {len(roots)} checkpoint(s): {names}. Scan one of them, e.g. "
-        f"`zero-inspector scan {roots[-1]}`, or open the folder in the app to choose."
+        f"`{command_hint('scan', roots[-1])}`, or open the folder in the app to choose."
     )
     return exc
 
@@ -160,7 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not done:
             discard_demo(out, fresh, created)
     console.print(
-        f"Wrote [bold]{escape(tag_dir)}[/] ({n:,} parameters). Try: [bold]zero-inspector scan {escape(out)}[/]"
+        f"Wrote [bold]{escape(tag_dir)}[/] ({n:,} parameters). Try: [bold]{escape(command_hint('scan', out))}[/]"
     )
     return EXIT_OK
 

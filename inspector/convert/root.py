@@ -35,7 +35,16 @@ from inspector.convert.outnames import (
     missing_dirs,
     parts_of,
 )
-from inspector.convert.rootread import CLOEXEC, DIR_FLAGS, NOFOLLOW, ReadsBelow, busy, lock_holder
+from inspector.convert.rootread import (
+    CLOEXEC,
+    DIR_FLAGS,
+    NOFOLLOW,
+    ReadsBelow,
+    busy,
+    lock_holder,
+    only_name,
+    planted,
+)
 from inspector.errors import OutputError
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
@@ -54,7 +63,6 @@ __all__ = [
     "missing_dirs",
     "remove_empty_dirs",
 ]
-
 
 
 def remove_empty_dirs(paths: list[str]) -> None:
@@ -103,9 +111,14 @@ class OutputRoot(ReadsBelow):
 
         for _ in range(5):
             try:
-                fd = os.open(self.lock_name, os.O_RDWR | os.O_CREAT | NOFOLLOW | CLOEXEC, 0o644, dir_fd=self.fd)
+                fd = _open_own(self.lock_name, os.O_RDWR, self.fd)
+            except FileExistsError:  # another run made it between our two opens: look again
+                continue
             except OSError as exc:
                 raise OutputError(f"Cannot create the lock file in {self.path}: {exc.strerror}.") from None
+            if not only_name(fd):
+                os.close(fd)
+                raise planted(self.show(self.lock_name))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -131,33 +144,6 @@ class OutputRoot(ReadsBelow):
                 return fd
             os.close(fd)
         raise BusyError(f"Could not lock {self.path}: the lock file keeps changing.")
-
-    def refuse_running(self, part: tuple[int, int] | None, family: str = LOCK) -> None:
-        """Parts of one job run side by side, each under a lock of its own (`LOCK.part-i-of-n`); the run
-        without a part finishes their folder. Neither may race the other: the finishing run refuses while a
-        part holds its lock, a part while a finishing run holds the plain lock. `family`: the plain lock's
-        name where it is not LOCK (a bucket output's lock beside its staging folders)."""
-        import fcntl
-
-        for name in self.listdir():
-            others = name.startswith(family + PART) if part is None else name == family
-            if name == self.lock_name or not others:
-                continue
-            try:
-                fd = self.open_read(name)
-            except (OSError, OutputError):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                who = name[len(family) + 1 :].replace("-", " ") or "a run without --part"
-                raise BusyError(
-                    f"Another conversion ({who}) is writing into {self.path}.",
-                    hint="Parts run side by side; the finishing convert (without --part) runs once every part "
-                    "has ended.",
-                ) from None
-            finally:
-                os.close(fd)
 
     def release(self, ok: bool) -> None:
         """Unlock and close; after a failure also remove the folders this run created, if they are empty."""
@@ -222,11 +208,11 @@ class OutputRoot(ReadsBelow):
         os.close(fd)
 
     def create(self, rel: str) -> int:
-        """A new, empty regular file at `rel` (truncating one there; never following a link), open for
-        writing; folders on the way are made."""
+        """A new, empty regular file at `rel`, open for writing (folders on the way made): one already there is
+        unlinked and a new inode made, never truncated in place, so a planted hard link is never written through."""
         fd, name = self._parent(rel, create=True)
         try:
-            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC | NOFOLLOW | CLOEXEC, 0o644, dir_fd=fd)
+            return _fresh(name, fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise self._link(rel, name) from None
@@ -239,12 +225,22 @@ class OutputRoot(ReadsBelow):
         return os.fdopen(self.create(rel), "wb")
 
     def append(self, rel: str, data: bytes) -> None:
-        """Append to a bookkeeping file (a journal line), creating it."""
+        """Append to a bookkeeping file (a journal line), made exclusively when missing; one that is not a
+        regular file of one name (a FIFO, a planted hard link) is refused before a byte is written."""
         fd, name = self._parent(rel, create=True)
         try:
-            f = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | CLOEXEC, 0o644, dir_fd=fd)
+            f = _open_own(name, os.O_WRONLY | os.O_APPEND, fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise self._link(rel, name) from None
+            if exc.errno == errno.ENXIO:  # a FIFO (or socket) with no reader: never ours
+                raise planted(self.show(rel)) from None
+            raise
         finally:
             os.close(fd)
+        if not only_name(f):
+            os.close(f)
+            raise planted(self.show(rel))
         try:
             os.write(f, data)
         finally:
@@ -344,6 +340,30 @@ class OutputRoot(ReadsBelow):
     def fsync_dir(self) -> None:
         with contextlib.suppress(OSError):
             os.fsync(self.fd)
+
+
+_NEW = os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC
+
+
+def _open_own(name: str, flags: int, dir_fd: int) -> int:
+    """`name` opened with `flags` if there (no link followed, no FIFO waited on), else made new, exclusively."""
+    try:
+        return os.open(name, flags | os.O_NONBLOCK | NOFOLLOW | CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return os.open(name, flags | _NEW, 0o644, dir_fd=dir_fd)
+
+
+def _fresh(name: str, dir_fd: int) -> int:
+    """A new inode under `name`, open for writing: a file there is unlinked (the name only) and never truncated
+    in place, where a planted hard link would be written through; a link there is refused (ELOOP)."""
+    for _ in range(5):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            os.unlink(name, dir_fd=dir_fd)
+        with contextlib.suppress(FileExistsError):  # made again between the unlink and the open: once more
+            return os.open(name, _NEW | os.O_RDWR, 0o644, dir_fd=dir_fd)
+    raise OSError(errno.EEXIST, os.strerror(errno.EEXIST))
 
 
 def _rmtree_at(parent: int, name: str) -> None:

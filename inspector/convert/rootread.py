@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from inspector.convert.checksum import fd_crc32
-from inspector.convert.outnames import LOCK, BusyError
+from inspector.convert.outnames import LOCK, PART, BusyError
 from inspector.errors import OutputError
 from inspector.text import shown
 
@@ -29,6 +29,21 @@ def busy(path: str, holder: str) -> BusyError:
         f"Another conversion{who} is writing to {path}.",
         hint="Wait for it to finish, or choose another output folder. Two runs in one folder "
         "would overwrite each other's files.",
+    )
+
+
+def only_name(fd: int) -> bool:
+    """A regular file with no name but the one we opened: bookkeeping this tool made, safe to write."""
+    st = os.fstat(fd)
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def planted(shown_path: str) -> OutputError:
+    """The refusal to write to a bookkeeping name that holds something this tool never makes there."""
+    return OutputError(
+        f"{shown_path} is not a file this tool made: it is not a regular file, or it has other names (a hard "
+        "link), so writing to it could change a file outside the output folder. Nothing was written to it.",
+        hint=f"Remove {shown_path} (removing the name leaves any other copy alone), then run again.",
     )
 
 
@@ -60,6 +75,7 @@ class ReadsBelow:
     fd: int
     path: str
     dest: Destination | None
+    lock_name: str  # this run's own lock, which `refuse_running` passes over
 
     def _parent(self, rel: str, create: bool) -> tuple[int, str]:
         raise NotImplementedError
@@ -136,6 +152,33 @@ class ReadsBelow:
             return fd_crc32(fd)
         finally:
             os.close(fd)
+
+    def refuse_running(self, part: tuple[int, int] | None, family: str = LOCK) -> None:
+        """Parts of one job run side by side, each under a lock of its own (`LOCK.part-i-of-n`); the run
+        without a part finishes their folder. Neither may race the other: the finishing run refuses while a
+        part holds its lock, a part while a finishing run holds the plain lock. `family`: the plain lock's
+        name where it is not LOCK (a bucket output's lock beside its staging folders)."""
+        import fcntl
+
+        for name in self.listdir():
+            others = name.startswith(family + PART) if part is None else name == family
+            if name == self.lock_name or not others:
+                continue
+            try:
+                fd = self.open_read(name)
+            except (OSError, OutputError):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                who = name[len(family) + 1 :].replace("-", " ") or "a run without --part"
+                raise BusyError(
+                    f"Another conversion ({who}) is writing into {self.path}.",
+                    hint="Parts run side by side; the finishing convert (without --part) runs once every part "
+                    "has ended.",
+                ) from None
+            finally:
+                os.close(fd)
 
     def walk_files(self, rel: str) -> Iterator[str]:
         """Every regular file below the folder `rel`, as paths relative to OUT (links are not entered)."""

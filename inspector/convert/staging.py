@@ -136,11 +136,11 @@ class Staging:
         return reuse, kept
 
     def _intact(self, k: int, entry: Entry) -> bool:
-        """A regular file (not a link) with the size, first bytes and (unless it was fsynced before it was
-        journalled) the CRC-32 it was finished with: a crash before the page cache reached the disk, or a disk
-        error, changes bytes but neither size nor header."""
+        """A regular file (not a link) with the size, first bytes and CRC-32 it was finished with. The CRC is
+        read back even for a file fsynced before it was journalled: between its part and this run anything may
+        have changed it (a disk error, a hand, another tool), and a changed byte keeps size and header."""
         f, rel, head = self.job.streamed[k], self.staged[k], self.job.head(k)
-        size, crc, synced = entry
+        size, crc, _synced = entry
         try:
             fd = self.root.open_read(rel)
         except (OSError, OutputError):
@@ -150,7 +150,7 @@ class Staging:
                 return False
             if head and os.pread(fd, len(head), 0) != head:
                 return False
-            return synced or fd_crc32(fd) == crc
+            return fd_crc32(fd) == crc
         except OSError:
             return False
         finally:

@@ -161,6 +161,12 @@ def _piece(p: Node, total: int, shard: int) -> Piece:
         if not _dense(shape, strides) or offset + numel > bound:
             raise node.fail("is not a dense block inside its tensor (a strided AutoEP map is not supported)")
         ends.append(offset)
+    scale = p.at("scale")
+    if not scale.is_none() and scale.number() != 1.0:
+        raise scale.fail(
+            "is a scale other than 1 (shard = full x scale): DeepSpeed divides the weights by it and refuses "
+            "the optimizer moments; it is refused here rather than the stored values written as the weights"
+        )
     return Piece(ends[0], ends[1], numel)
 
 

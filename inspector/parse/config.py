@@ -8,29 +8,36 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from inspector.parse.pattern import PatternError, compile_pattern
+from inspector.parse.pattern import PatternError, PatternSet
 from inspector.parse.tree import Node
 
 _QUANTIFIED_GROUP = re.compile(r"\)[*+?{]")  # nested repetition: the shape of catastrophic backtracking
 _BIAS = ("none", "all", "lora_only")
 
 
-def _pattern(node: Node, key: str) -> str:
-    """A `rank_pattern` / `alpha_pattern` key: a regex PEFT matches against module names. Bounded, compiled
-    once here, and without quantified groups, so a crafted config cannot stall the scan."""
-    if len(key) > 512 or _QUANTIFIED_GROUP.search(key):
-        raise node.fail(f"has a pattern {key[:40]!r}… that is too long or repeats a group")
-    try:
-        re.compile(key)
-    except (re.error, RecursionError):
-        raise node.fail(f"has a pattern {key[:40]!r} that is not a valid regex") from None
+def _patterns(node: Node) -> list[tuple[str, Node]]:
+    """`rank_pattern` / `alpha_pattern`: regexes PEFT matches against module names. Each key bounded and
+    without quantified groups, all of them compiled together for the linear matcher (`PatternSet`: one
+    budget of states for every key, so a crafted config cannot stall the scan or fill memory), and each one
+    a regex PEFT's own engine compiles."""
+    entries = node.entries("pattern", names=False)
+    for key, _ in entries:
+        if len(key) > 512 or _QUANTIFIED_GROUP.search(key):
+            raise node.fail(f"has a pattern {key[:40]!r}… that is too long or repeats a group")
     try:  # matched in linear time (parse.pattern), never by the backtracking engine
-        compile_pattern(key)
+        PatternSet(key for key, _ in entries)
     except PatternError as exc:
+        if exc.key is None:
+            raise node.fail(f"has patterns that {exc}: name the modules literally instead") from None
         raise node.fail(
-            f"has a pattern {key[:40]!r} with {exc} (PEFT's patterns are module-name suffixes)"
+            f"has a pattern {exc.key[:40]!r} with {exc} (PEFT's patterns are module-name suffixes)"
         ) from None
-    return key
+    for key, _ in entries:
+        try:
+            re.compile(key)
+        except (re.error, RecursionError):
+            raise node.fail(f"has a pattern {key[:40]!r} that is not a valid regex") from None
+    return entries
 
 
 def adapter_config(data: Any, file: str) -> dict[str, Any]:
@@ -58,5 +65,5 @@ def adapter_config(data: Any, file: str) -> dict[str, Any]:
     for key, value in patterns:
         sub = node.at(key) if node.has(key) else None
         if sub is not None and not sub.is_none():
-            out[key] = {_pattern(sub, k): value(v) for k, v in sub.entries("pattern", names=False)}
+            out[key] = {k: value(v) for k, v in _patterns(sub)}
     return out

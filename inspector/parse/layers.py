@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from inspector.format.torchzip import TensorRef
+from inspector.parse.affine import Layout, parse_map
 from inspector.parse.states import Scalar, _moments
 from inspector.parse.tree import Node
 
@@ -204,6 +205,7 @@ class TpRecipe:
     affine: frozenset[str] = frozenset()
     affine_regex: tuple[str, ...] = ()
     affine_version: int = 1
+    maps: Mapping[str, Layout] = field(default_factory=lambda: MappingProxyType({}))  # by parameter name
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> TpRecipe | None:
@@ -232,7 +234,7 @@ class TpRecipe:
             rules.setdefault(name, "sub-params")
         v = info.at("universal_checkpoint_version").value
         version = float(v) if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e6 else 0.0
-        affine, affine_regex, affine_version = _affine(info)
+        affine, affine_regex, affine_version, maps = _affine(info)
         return cls(
             file,
             MappingProxyType(rules),
@@ -244,24 +246,32 @@ class TpRecipe:
             affine,
             affine_regex,
             affine_version,
+            MappingProxyType(maps),
         )
 
 
-def _affine(info: Node) -> tuple[frozenset[str], tuple[str, ...], int]:
-    """The parameters `affine_map.params` names (literal patterns), its other patterns, its format version."""
+AFFINE_FORMAT = 1  # the affine-map format DeepSpeed 0.19.8 reads (`AFFINE_MAP_FORMAT_VERSION`)
+
+
+def _affine(info: Node) -> tuple[frozenset[str], tuple[str, ...], int, dict[str, Layout]]:
+    """The parameters `affine_map.params` names (literal patterns), its other patterns, its format version
+    and, where DeepSpeed 0.19.8 can read the format, each named parameter's map as a `Layout`."""
     node = info.at("affine_map")
     if not node.is_mapping():
-        return frozenset(), (), 1
+        return frozenset(), (), 1, {}
     version = node.at("version").opt_integer(0, 1 << 20)
-    names, regex = set(), []
+    version = AFFINE_FORMAT if version is None else version
+    names, regex, maps = set(), [], {}
     params = node.at("params")
-    for pattern, _ in [] if params.is_none() else params.entries("pattern", names=False):
+    for pattern, entry in [] if params.is_none() else params.entries("pattern", names=False):
         name = literal_pattern(pattern[:1024])
         if name is None:
             regex.append(pattern[:1024])
-        else:
-            names.add(name)
-    return frozenset(names), tuple(regex), 1 if version is None else version
+            continue
+        names.add(name)
+        if version <= AFFINE_FORMAT:
+            maps[name] = parse_map(entry)
+    return frozenset(names), tuple(regex), version, maps
 
 
 _MAX_SUB = 64  # sub-parameters of one fused parameter (qkv: 3, gate_up: 2)

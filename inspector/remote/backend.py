@@ -213,6 +213,11 @@ def float_env(name: str, default: float, low: float, high: float) -> float:
 CONNECT_TIMEOUT = ("ZI_REMOTE_CONNECT_TIMEOUT", 10.0)  # to open a connection
 STALL_TIMEOUT = ("ZI_REMOTE_STALL_TIMEOUT", 60.0)  # between two bytes of an answer
 DEADLINE = ("ZI_REMOTE_DEADLINE", 300.0)  # one request, first byte sent to last byte read
+# curl's --speed-limit / --speed-time: a body that arrives slower than this many bytes a second over any
+# window this long is ended (s3:// and http(s)://, whose bodies are read as they arrive), however it paces
+# its bytes inside the stall timeout
+LOW_SPEED = ("ZI_REMOTE_LOW_SPEED", 1024.0)
+LOW_SPEED_TIME = ("ZI_REMOTE_LOW_SPEED_TIME", 30.0)
 
 
 def connect_timeout() -> float:
@@ -225,6 +230,35 @@ def stall_timeout() -> float:
 
 def deadline() -> float:
     return float_env(*DEADLINE, 0.05, 86400.0)
+
+
+class LowSpeed:
+    """Counts one answer's body as it arrives and ends it, as a timed-out request naming `url`, once a whole
+    window (`LOW_SPEED_TIME`) has brought fewer than `LOW_SPEED` bytes a second: a server that drips a byte
+    now and then never trips the stall timeout (it bounds the silence between two reads, not the rate)."""
+
+    def __init__(self, url: str) -> None:
+        import time
+
+        self.url, self.clock = url, time.monotonic
+        self.rate = float_env(*LOW_SPEED, 0.0, 1e12)
+        self.window = float_env(*LOW_SPEED_TIME, 0.05, 3600.0)
+        self.since, self.count = self.clock(), 0
+
+    def got(self, n: int) -> None:
+        """`n` more bytes arrived; raises when the window that just ended was too slow."""
+        self.count += n
+        now = self.clock()
+        if now - self.since < self.window:
+            return
+        if self.count < self.rate * (now - self.since):
+            from inspector.remote import errors as err
+
+            raise err.timed_out(
+                self.url, f"the answer came slower than {self.rate:g} bytes a second", self.window,
+                f"{LOW_SPEED[0]} (or lower {LOW_SPEED_TIME[0]})",
+            )
+        self.since, self.count = now, 0
 
 
 def inflight() -> int:

@@ -21,6 +21,7 @@ from inspector.remote.backend import (
     CONNECT_TIMEOUT,
     DEADLINE,
     STALL_TIMEOUT,
+    LowSpeed,
     connect_timeout,
     deadline,
     stall_timeout,
@@ -83,8 +84,9 @@ class HttpRanges:
                 self.fs.encode_url(url), headers=headers, timeout=client_timeout(), **kw
             ) as r:
                 _check_answer(url, r.status, r.headers, start, n, size)
-                pos = 0
-                async for piece in r.content.iter_chunked(_PIECE):
+                pos, pace = 0, LowSpeed(url)
+                async for piece in r.content.iter_chunked(_PIECE):  # each piece as it arrives (≤ _PIECE)
+                    pace.got(len(piece))
                     m = len(piece)
                     if pos + m > n:
                         raise err.truncated(

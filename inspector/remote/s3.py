@@ -21,6 +21,7 @@ from inspector.remote.backend import (
     DEADLINE,
     MAX_LISTING,
     STALL_TIMEOUT,
+    LowSpeed,
     Page,
     RawObject,
     client_missing,
@@ -184,15 +185,18 @@ class S3Backend:
                 or resp.get("ContentRange") != f"bytes {start}-{start + n - 1}/{size}"
             ):
                 raise err.truncated(url, f"the store did not return the {n} bytes asked for at {start}")
-            pos = 0
+            pos, pace, read = 0, LowSpeed(url), _arriving(body)
             while pos < n:
-                chunk = body.read(min(1 << 20, n - pos))
+                chunk = read(min(1 << 20, n - pos))
                 if not chunk:
                     break
                 view[pos : pos + len(chunk)] = chunk
                 pos += len(chunk)
-            if pos != n:
-                raise err.truncated(url, f"the object ends before byte {start + n}")
+                pace.got(len(chunk))
+            if pos != n and watchdog.fired:  # read1 sees the socket the watchdog shut as an early end
+                raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0])
+            if pos != n:  # the headers promised n bytes: a body cut short is a broken connection, fetched again
+                return err.broken_off(url, endpoint())
         except (ConnectionClosedError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError) as exc:
             if watchdog.fired:
                 raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0]) from None
@@ -205,6 +209,14 @@ class S3Backend:
         if watchdog.fired:
             raise err.timed_out(url, "the answer did not end", deadline(), DEADLINE[0])
         return None
+
+
+def _arriving(body: Any) -> Callable[[int], bytes]:
+    """A read that returns what has arrived (urllib3's `read1`), so the pace of a body is seen as it comes;
+    StreamingBody's own `read(n)` waits for all n bytes."""
+    raw = getattr(body, "_raw_stream", None)
+    read1 = getattr(raw, "read1", None)
+    return read1 if callable(read1) else body.read  # type: ignore[no-any-return]
 
 
 class Watchdog(Timer):

@@ -22,7 +22,7 @@ from inspector.parse.names import name_problem
 from inspector.scan.model import Finding, Severity
 from inspector.system.bytesource import ByteSource
 from inspector.system.source import os_error
-from inspector.text import shown
+from inspector.text import command_hint, shown
 
 # Numbers in rank-file names as DeepSpeed spells them: `{:02d}` (mp_rank_MM, layer_XX, model_TT) is two digits
 # or more (`mp_rank_100`, `layer_100`), `{}` (zero_pp_rank_R, expp_rank_E, expert_E, layer_L_) has no padding.
@@ -275,7 +275,7 @@ def _choose_tag(src: ByteSource, path: str, tag: str | None, tags: list[str]) ->
         listed = ", ".join(shown(b) + "/" for b in below[:5]) + (" …" if len(below) > 5 else "")
         raise NotACheckpointError(
             f"{path} is not itself a DeepSpeed checkpoint, but it holds {len(below)}: {listed}",
-            hint=f"Pass one of them, e.g. {os.path.join(path, below[0])}; `zero-inspector {path}` opens the "
+            hint=f"Pass one of them, e.g. {os.path.join(path, below[0])}; `{command_hint(path)}` opens the "
             "app with all of them to choose from.",
         )
     raise NotACheckpointError(

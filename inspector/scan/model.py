@@ -7,17 +7,22 @@ torch, so the model is cheap to build, pickle and hand to a UI thread.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import accumulate, islice
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
 from inspector.scan.holding import Holding, holder_row
 from inspector.system.bytesource import ByteSource
 from inspector.text import has_unsafe, shown
+
+if TYPE_CHECKING:
+    from inspector.parse.layers import TpRecipe
 
 
 class Kind(str, Enum):
@@ -53,6 +58,69 @@ class Segment:
     @property
     def nbytes(self) -> int:
         return self.numel * itemsize(self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class Strided:
+    """`count` rows of a tensor in one record: row i is each part in turn, a part being its row-0 segment
+    moved `stride` bytes on per row (a column-split shard's rows, a 2-D block's rows)."""
+
+    count: int
+    parts: tuple[tuple[Segment, int], ...]  # (row 0's segment, bytes from one row to the next)
+
+    def segments(self, i: int) -> Iterator[Segment]:
+        for seg, stride in self.parts:
+            yield Segment(seg.file, seg.offset + i * stride, seg.numel, seg.dtype) if i else seg
+
+
+class Runs(Sequence[Segment]):
+    """A tensor's segments kept as `Strided` records, read as the segments they stand for: a join of a
+    million one-element rows is one record at rest, and every consumer walks it as it walks a tuple."""
+
+    __slots__ = ("_ends", "blocks")
+
+    def __init__(self, blocks: Sequence[Strided]) -> None:
+        self.blocks = tuple(blocks)
+        self._ends = tuple(accumulate(b.count * len(b.parts) for b in self.blocks))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __iter__(self) -> Iterator[Segment]:
+        for b in self.blocks:
+            for i in range(b.count):
+                yield from b.segments(i)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            r = range(len(self))[i]
+            if r.step == 1:
+                return tuple(islice(self, r.start, r.stop))
+            return tuple(self[j] for j in r)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        k = bisect_right(self._ends, i)
+        b = self.blocks[k]
+        j = i - (self._ends[k - 1] if k else 0)
+        row, part = divmod(j, len(b.parts))
+        seg, stride = b.parts[part]
+        return Segment(seg.file, seg.offset + row * stride, seg.numel, seg.dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:  # equal to the tuple of its segments, so hashed as that tuple
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Runs({len(self.blocks)} records, {len(self):,} segments)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Runs, (self.blocks,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +258,9 @@ class Parallel:
     dp: int = 1
     placement: tuple[Holding, ...] = ()
     autoep: bool = False  # experts fused by DeepSpeed's AutoEP (`ds_autoep_layers`), not native MoE modules
+    # tensor parallel: the split the shards were joined by (the checkpoint's record, or the user's --tp-split),
+    # read once by the scan; the universal kind writes its keys from it
+    tp_recipe: TpRecipe | None = None
     words: str = ""
 
     @property

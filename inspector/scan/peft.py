@@ -19,7 +19,7 @@ from typing import Any
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.parse.config import adapter_config
-from inspector.parse.pattern import compile_pattern
+from inspector.parse.pattern import PatternError, PatternSet
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -147,22 +147,37 @@ def read_adapter_config(folder: str) -> tuple[dict[str, Any], str] | None:
     return adapter_config(data, path), path
 
 
-def _pattern_value(patterns: Mapping[str, Any], key: str, default: Any) -> Any:
-    r"""PEFT's get_pattern_key: the first pattern that matches the end of the module key (`re.match(
-    rf"(.*\.)?({pattern})$", key)` there; the same answer in linear time here, `parse.pattern`)."""
-    for pattern, value in patterns.items():
-        if compile_pattern(pattern).matches(key):
-            return value
-    return default
+class _Scales:
+    """Each layer's rank and scale from the config, as PEFT's get_pattern_key picks a `rank_pattern` /
+    `alpha_pattern` value: the first key matching the end of the module key (`re.match(rf"(.*\\.)?({key})$",
+    key)` there; the same answer in linear time here, all keys in one run per name: `parse.pattern`)."""
 
+    def __init__(self, config: Mapping[str, Any], modules: list[str]) -> None:
+        self.config = config
+        self.tables = []
+        for field_ in ("rank_pattern", "alpha_pattern"):
+            patterns = config.get(field_) or {}
+            table = PatternSet(patterns)
+            try:  # the work in proportion to the config and the names, refused past the budget
+                table.check_steps(sum(len(m) for m in modules))
+            except PatternError as exc:
+                raise AdapterError(
+                    f"{ADAPTER_CONFIG}'s {field_}: {exc}.", hint="Name the modules literally instead."
+                ) from None
+            self.tables.append((table, list(patterns.values())))
 
-def _scale(config: Mapping[str, Any], module: str, r_shape: int) -> tuple[int, float]:
-    key = module.removeprefix(PEFT_PREFIX)
-    if not config:
-        return r_shape, math.nan
-    r = int(_pattern_value(config.get("rank_pattern") or {}, key, config.get("r", r_shape)))
-    alpha = float(_pattern_value(config.get("alpha_pattern") or {}, key, config.get("lora_alpha", r)))
-    return r, alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+    def _value(self, which: int, key: str, default: Any) -> Any:
+        table, values = self.tables[which]
+        i = table.first(key)
+        return default if i is None else values[i]
+
+    def of(self, module: str, r_shape: int) -> tuple[int, float]:
+        key = module.removeprefix(PEFT_PREFIX)
+        if not self.config:
+            return r_shape, math.nan
+        r = int(self._value(0, key, self.config.get("r", r_shape)))
+        alpha = float(self._value(1, key, self.config.get("lora_alpha", r)))
+        return r, alpha / math.sqrt(r) if self.config.get("use_rslora") else alpha / r
 
 
 def detect_adapter(ckpt: Checkpoint) -> Adapter | None:
@@ -195,6 +210,7 @@ def detect_adapter(ckpt: Checkpoint) -> Adapter | None:
         problems.append(f"no {ADAPTER_CONFIG} beside the checkpoint, so lora_alpha is unknown")
     fan = bool(config.get("fan_in_fan_out", False))
     layers = []
+    scales = _Scales(config, [m.removeprefix(PEFT_PREFIX) for m, a in parts if a == name])
     for (module, adapter), p in parts.items():
         if adapter != name:
             continue
@@ -204,7 +220,7 @@ def detect_adapter(ckpt: Checkpoint) -> Adapter | None:
         if a is None or b is None:
             problems.append(f"{module} has only one of lora_A / lora_B")
             continue
-        r, scale = _scale(config, module, a.shape[0])
+        r, scale = scales.of(module, a.shape[0])
         bias = p.get("lora_B.bias")
         if bias is not None:
             problems.append("lora_bias (a bias on lora_B) is not supported when merging")

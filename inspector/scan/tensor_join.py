@@ -1,5 +1,7 @@
-"""Tensor-parallel shards joined as lists of byte ranges (FORMAT.md §4.2): on dim 0 (vocabulary rows cut to
-their original count), on dim 1 (row-parallel), or, for a fused parameter, sub-parameter by sub-parameter.
+"""Each tensor-parallel parameter's `Layout` from the records (FORMAT.md §4.2), checked against each other:
+the affine map where it names the parameter (DeepSpeed follows it), compared with any category rule that
+names it too and with the stored shard shapes; else the category rule's. The shards are then laid by
+`scan/tensor_lay.py`, whatever record the layout came from.
 
 A fused parameter (`qkv_proj`, `gate_up_proj`) is cut per sub-parameter: shard t holds rows
 [off_i(t), off_i(t) + widths[i][t]) of sub-parameter i along the partition dim, its sub-parameters one after
@@ -11,82 +13,17 @@ equal halves of every shard on dim 0. Nothing is guessed: widths that do not add
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from inspector.errors import InspectorError
-from inspector.format.dtypes import itemsize
-from inspector.parse.layers import SubParams
-from inspector.scan.model import Segment
+from inspector.format.torchzip import load_tree
+from inspector.parse.affine import Layout, cut_rows, replicated, split, sub_params
+from inspector.parse.layers import SubParams, TpRecipe
+from inspector.scan.model import Checkpoint
+from inspector.system.bytesource import ByteSource
 
-Segs = tuple[Segment, ...]
 Widths = tuple[tuple[int, ...], ...]
-_MAX_PIECES = (
-    1 << 24
-)  # joins across a dim > 0: outer rows x pieces (an 8192-row weight over 8 shards: 65,536)
-
-
-def joined_shape(shapes: list[tuple[int, ...]], dim: int, keep: int | None, name: str) -> tuple[int, ...]:
-    s0 = shapes[0]
-    if len(s0) <= dim or any(
-        len(s) != len(s0) or s[:dim] + s[dim + 1 :] != s0[:dim] + s0[dim + 1 :] for s in shapes
-    ):
-        raise InspectorError(
-            f"{name}: shard shapes {sorted(set(shapes))} cannot join on dim {dim}.",
-            hint="The shards come from different runs, or the recorded split is wrong.",
-        )
-    full = sum(s[dim] for s in shapes)
-    if keep is not None and dim == 0:
-        if keep > full:
-            raise InspectorError(
-                f"{name}: original_vocab_size {keep:,} is larger than the {full:,} rows saved."
-            )
-        full = keep
-    return (*s0[:dim], full, *s0[dim + 1 :])
-
-
-def cat(shapes: list[tuple[int, ...]], segs: Sequence[Segs], dim: int, keep: int | None) -> Segs:
-    """Segments of the shards joined on `dim` (0 or 1), the first `keep` rows only when given (dim 0)."""
-    if dim == 0:
-        flat = tuple(s for part in segs for s in part)
-        if keep is None:
-            return flat
-        return tuple(sub(flat, 0, keep * math.prod(shapes[0][1:])))
-    rows = shapes[0][0]
-    if rows * len(segs) > _MAX_PIECES:  # one piece per row and shard: a shape no real model has
-        raise InspectorError(
-            f"Joining on dim 1 would take {rows * len(segs):,} pieces ({rows:,} rows).",
-            hint="The parameter shapes are damaged or crafted.",
-        )
-    inner = [math.prod(s[1:]) for s in shapes]
-    out: list[Segment] = []
-    for i in range(rows):
-        for part, w in zip(segs, inner, strict=True):
-            for s in sub(part, i * w, w):
-                last = out[-1] if out else None
-                if (
-                    last
-                    and last.file == s.file
-                    and last.dtype == s.dtype
-                    and last.offset + last.nbytes == s.offset
-                ):
-                    out[-1] = Segment(last.file, last.offset, last.numel + s.numel, last.dtype)
-                else:
-                    out.append(s)
-    return tuple(out)
-
-
-def sub(segs: Segs, start: int, count: int) -> list[Segment]:
-    """Segments for elements [start, start+count) of the tensor `segs` make up."""
-    out, pos, end = [], 0, start + count
-    for s in segs:
-        lo, hi = max(start, pos), min(end, pos + s.numel)
-        if lo < hi:
-            out.append(Segment(s.file, s.offset + (lo - pos) * itemsize(s.dtype), hi - lo, s.dtype))
-        pos += s.numel
-        if pos >= end:
-            break
-    return out
 
 
 def sub_param_widths(
@@ -137,42 +74,98 @@ def sub_param_widths(
     return dim, widths
 
 
-def sub_params_shape(shapes: Sequence[tuple[int, ...]], dim: int) -> tuple[int, ...]:
+def category_layout(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ...]]) -> Layout:
+    """The `Layout` a category rule gives shards of these shapes (`merge_tp_slices`' branches): replicated,
+    `row` on dim 1, fused sub-parameters by their widths, anything else on dim 0 (a vocabulary's padding
+    is cut afterwards, from the map's layout as from this one: `vocab_cut`)."""
+    source = f"{rule} rule of universal_checkpoint_info"
+    if rule == "replicated":
+        if len(set(shapes)) != 1:
+            raise InspectorError(
+                f"{name} is recorded as replicated, but its shards have shapes {sorted(set(shapes))}.",
+                hint="The shards come from different runs, or the recorded split is wrong.",
+            )
+        return replicated(shapes, source)
+    if rule in ("sub-params", "2-sub-params"):
+        dim, widths = sub_param_widths(name, rule, recipe.sub_params.get(name), shapes, recipe.version)
+        _same_outside(name, shapes, dim)
+        return sub_params(shapes, dim, widths, source)
+    dim = 1 if rule == "row" else 0
+    _same_outside(name, shapes, dim)
+    return split(shapes, dim, source)
+
+
+def _same_outside(name: str, shapes: list[tuple[int, ...]], dim: int) -> None:
     s0 = shapes[0]
-    if any(len(s) != len(s0) or s[:dim] + s[dim + 1 :] != s0[:dim] + s0[dim + 1 :] for s in shapes):
+    if len(s0) <= dim or any(
+        len(s) != len(s0) or s[:dim] + s[dim + 1 :] != s0[:dim] + s0[dim + 1 :] for s in shapes
+    ):
         raise InspectorError(
-            f"Shard shapes {sorted(set(shapes))} differ outside the partition dim {dim}.",
+            f"{name}: shard shapes {sorted(set(shapes))} cannot join on dim {dim}.",
             hint="The shards come from different runs, or the recorded split is wrong.",
         )
-    return (*s0[:dim], sum(s[dim] for s in shapes), *s0[dim + 1 :])
 
 
-def cat_sub_params(shapes: Sequence[tuple[int, ...]], segs: Sequence[Segs], dim: int, widths: Widths) -> Segs:
-    """Segments of a fused parameter: for each outer index (the dims before `dim`), sub-parameter i's piece
-    of every shard in turn, for i in order."""
-    outer = math.prod(shapes[0][:dim])
-    inner = math.prod(shapes[0][dim + 1 :])
-    if outer * len(widths) * len(segs) > _MAX_PIECES:
+def vocab_cut(name: str, layout: Layout, keep: int | None) -> Layout:
+    """A vocabulary-parallel parameter's first `original_vocab_size` rows, as DeepSpeed keeps them."""
+    if keep is None or not layout.logical:
+        return layout
+    if keep > layout.logical[0]:
         raise InspectorError(
-            f"Joining sub-parameters on dim {dim} would take {outer * len(widths) * len(segs):,} pieces.",
-            hint="The parameter shapes are damaged or crafted.",
+            f"{name}: original_vocab_size {keep:,} is larger than the {layout.logical[0]:,} rows saved."
         )
-    out: list[Segment] = []
-    for o in range(outer):
-        offsets = [0] * len(segs)
-        for w in widths:
-            for t, part in enumerate(segs):
-                start = (o * shapes[t][dim] + offsets[t]) * inner
-                _append(out, sub(part, start, w[t] * inner))
-                offsets[t] += w[t]
-    return tuple(out)
+    return cut_rows(layout, keep)
 
 
-def _append(out: list[Segment], segs: Sequence[Segment]) -> None:
-    """Append, merging a segment with the previous one when they are adjacent in one file."""
-    for s in segs:
-        last = out[-1] if out else None
-        if last and last.file == s.file and last.dtype == s.dtype and last.offset + last.nbytes == s.offset:
-            out[-1] = Segment(last.file, last.offset, last.numel + s.numel, last.dtype)
-        else:
-            out.append(s)
+class Refused(InspectorError):
+    """A join refused with its own finding code."""
+
+    def __init__(self, code: str, message: str, hint: str) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+def layout_of(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ...]]) -> Layout:
+    """One parameter's layout: the affine map's where it has one (DeepSpeed follows it), checked against
+    the stored shard shapes and against any category rule that also names it; else the category rule's."""
+    amap = recipe.maps.get(name)
+    keep = recipe.original_vocab_size if rule == "vocab" else None
+    if amap is None:
+        return vocab_cut(name, category_layout(name, rule, recipe, shapes), keep)
+    if list(amap.shards) != shapes:
+        raise Refused(
+            "tp-records-disagree",
+            f"{name}: the affine map says its {len(amap.shards)} shards have shapes "
+            f"{[list(s) for s in amap.shards]}; the model states record {[list(s) for s in shapes]}.",
+            "The record and the shards come from different runs or were edited; nothing is converted.",
+        )
+    spec = recipe.sub_params.get(name)
+    unwritten = rule == "sub-params" and spec is not None and spec.widths is None and recipe.version >= 0.4
+    if name in recipe.rules and not unwritten:  # (UCP 0.4 needs no widths where a map says where rows go)
+        try:
+            listed = category_layout(name, rule, recipe, shapes)
+        except InspectorError as exc:
+            listed, why = None, exc.message
+        if listed is None or not listed.same_as(amap):
+            what = (
+                f"cannot describe these shards ({why})" if listed is None else "puts its elements elsewhere"
+            )
+            raise Refused(
+                "tp-records-disagree",
+                f"{name}: universal_checkpoint_info's affine map and its {rule} rule disagree: the rule "
+                f"{what}. DeepSpeed's converter would follow the map.",
+                "The records were edited or come from different runs: nothing is converted, since either could "
+                "be wrong. Re-save the checkpoint, or remove the record you know is wrong.",
+            )
+    return vocab_cut(name, amap, keep)
+
+
+def records_differ(scanned: Mapping[int, Checkpoint], recipe: TpRecipe, source: ByteSource) -> str | None:
+    """The first other shard whose own model states record another split than shard 0's (each carries the
+    whole model's `universal_checkpoint_info`); None when all agree or a shard records none."""
+    for t in sorted(scanned)[1:]:
+        path = next((f.path for f in scanned[t].files if f.role == "model"), None)
+        other = TpRecipe.parse(load_tree(path, source), path) if path is not None else None
+        if other is not None and replace(other, file=recipe.file) != recipe:
+            return path
+    return None

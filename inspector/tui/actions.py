@@ -91,6 +91,7 @@ def on_main(app: Shell, what: str) -> bool:
 def yank(app: Shell) -> None:
     """`y`: the equivalent `zero-inspector convert …` line, shown and copied (and the tensor under the
     cursor on the Tensors tab)."""
+    from inspector.text import ShellTextError
     from inspector.tui.command_line import convert_command
     from inspector.tui.screens.dialogs import CopyDialog
 
@@ -102,7 +103,12 @@ def yank(app: Shell) -> None:
         data = node.data if node is not None else None
         if app.main.query_one("#tabs").active == "tensors" and data is not None:
             name = getattr(data, "name", "") if not hasattr(data, "path") else data.path
-    app.push_screen(CopyDialog(convert_command(app), name))
+    try:
+        command = convert_command(app)
+    except ShellTextError as exc:
+        app.notify(f"No shell line can name this path: {exc}.", title="Cannot copy", severity="error")
+        return
+    app.push_screen(CopyDialog(command, name))
 
 
 def step_tag(app: Shell, step: int) -> None:

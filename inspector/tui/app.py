@@ -32,7 +32,7 @@ from inspector.scan.locate import discover_roots
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.scan.tp_rules import Rules
-from inspector.text import shown
+from inspector.text import escape, has_unsafe, shown
 from inspector.tui import actions
 from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
@@ -258,6 +258,11 @@ class InspectorApp(Shell):
         """Every notification, from any screen, through the text-out rule (`text.shown`): controls
         escaped and secrets redacted here, so no caller can forget it."""
         super().notify(shown(message, newlines=True), title=shown(title), **options)
+
+    def copy_to_clipboard(self, text: str) -> None:
+        """The clipboard is pasted into terminals: never a raw control (nor a surrogate, which OSC 52's UTF-8
+        could not carry). A command arrives already `text.shell_command`-quoted; anything else is escaped."""
+        super().copy_to_clipboard(escape(text) if has_unsafe(text) else text)
 
     def error(self, exc: InspectorError) -> None:
         from inspector.tui.screens.dialogs import MessageDialog

@@ -5,10 +5,10 @@ apart."""
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from inspector.convert.order import to_argv
+from inspector.text import shell_command
 from inspector.tui.jobs import app_order
 
 PROGRAM = "zero-inspector"
@@ -20,6 +20,8 @@ def convert_argv(app: Any, *, force: bool = False) -> list[str]:
 
 
 def convert_command(app: Any) -> str:
-    """The command line as a shell would take it (every argument quoted where it needs to be). A damaged
-    checkpoint gets --force: the app converts one only after asking, and so does this line, by its flag."""
-    return shlex.join([PROGRAM, *convert_argv(app, force=bool(app.ckpt.errors))])
+    """The command line as a shell would take it (`text.shell_command`: every argument quoted, controls and
+    undecodable bytes as `$'\\x1b'` escapes, so a crafted folder name cannot run code when pasted). A damaged
+    checkpoint gets --force: the app converts one only after asking, and so does this line, by its flag.
+    ShellTextError for a name no shell line can carry."""
+    return shell_command([PROGRAM, *convert_argv(app, force=bool(app.ckpt.errors))])

@@ -90,3 +90,67 @@ def test_universal_verify_never_reads_a_linked_model_states_copy(
     copy.symlink_to(original)
     res = cli("verify", root, tmp_path)
     assert res.rc == 1 and copy.name in res.output, res.output
+
+
+# bookkeeping and output names a weights conversion (whole, or one --part) opens for writing, each planted as
+# a hard link to a file outside OUT: O_NOFOLLOW does not stop a hard link, so every write must make a new
+# inode (create) or check the link count first (the lock, the journal's appends)
+HARD_LINKED = (
+    ".zero-inspector.lock",
+    ".zero-inspector.lock.part-1-of-2",
+    ".zero-inspector-journal.jsonl",
+    ".zero-inspector-journal.jsonl.tmp",
+    ".zero-inspector-journal.jsonl.part-1-of-2",
+    ".zero-inspector-journal.jsonl.part-1-of-2.tmp",
+    "model.safetensors",
+    "model.safetensors.partial",
+    "model.safetensors.tmp",
+    "model.safetensors.index.json",
+    "model.safetensors.index.json.tmp",
+)
+
+
+@pytest.mark.parametrize("name", HARD_LINKED)
+@pytest.mark.parametrize("part", [False, True])
+def test_hard_links_planted_in_out_are_never_written_through(
+    tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult], name: str, part: bool
+) -> None:
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "file"
+    victim.write_bytes(b"the user's own bytes\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(victim, out / name)
+    before = _snapshot(outside)
+    res = cli("convert", demo(SPEC), out, "--overwrite", *(["--part", "1/2"] if part else []))
+    assert "Traceback" not in res.stderr
+    assert _snapshot(outside) == before, res.stdout + res.stderr
+    assert victim.stat().st_nlink in (1, 2)
+    if res.rc != 0:  # refused before a byte went through the link: said why, naming the file
+        assert res.rc in (1, 2) and "not a file this tool made" in res.stderr, res.stderr
+
+
+def test_the_journal_appends_never_through_a_hard_link(tmp_path: Path) -> None:
+    """The journal's line-by-line appends check the name's link count before each write."""
+    import os
+
+    from inspector.convert.root import OutputRoot
+    from inspector.errors import OutputError
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"mine\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    with OutputRoot(str(out)) as root:
+        root.append("j.jsonl", b"one\n")
+        os.link(victim, out / "k.jsonl")
+        with pytest.raises(OutputError, match="not a file this tool made"):
+            root.append("k.jsonl", b"two\n")
+        os.mkfifo(out / "f.jsonl")
+        with pytest.raises(OutputError, match="not a file this tool made"):
+            root.append("f.jsonl", b"three\n")  # never waits on a FIFO either
+    assert victim.read_bytes() == b"mine\n"
+    assert (out / "j.jsonl").read_bytes() == b"one\n"

@@ -91,23 +91,30 @@ def test_a_damaged_part_shard_is_rewritten_by_the_finishing_run(demo: Any, tmp_p
 
 
 @pytest.mark.parametrize("fsync", [False, True])
-def test_with_fsync_the_finishing_run_reads_no_shard_back(
-    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+@pytest.mark.parametrize("damage", ["cut", "flip"])
+def test_the_finishing_run_checks_every_staged_shard(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool, damage: str
 ) -> None:
-    """Parts written with --fsync journal their shards as synced: the finishing run (one node) checks their
-    size and header only; without --fsync it re-reads each to compare its CRC-32 (a crash may have torn it).
-    A synced shard cut short is still caught (its size), and rewritten."""
+    """The finishing run (one node) compares every staged shard with the CRC-32 its part journalled before
+    publishing it, with or without --fsync: a shard changed after its part finished (one byte flipped in the
+    middle keeps its size and header) is caught and rewritten, never published with exit 0."""
     plan = build_plan(scan(str(demo(SPEC))), OPTS)
     execute(plan, str(tmp_path / "one"))
     out = tmp_path / "parts"
     for i in range(2):
         _report(run(plan, str(out), part=(i, 2), fsync=fsync))
     victim = out / (plan.shards[1].filename + PARTIAL)
-    victim.write_bytes(victim.read_bytes()[:-1])
+    raw = bytearray(victim.read_bytes())
+    if damage == "cut":
+        del raw[-1]
+    else:
+        raw[len(raw) // 2 + 1] ^= 0x40
+    victim.write_bytes(bytes(raw))
     reads = crc_reads_from_now(monkeypatch)
     final = _report(run(plan, str(out)))
-    assert final.resumed_shards == len(plan.shards) - 1  # the short one is rewritten either way
-    assert len(reads) == (0 if fsync else len(plan.shards) - 1)
+    assert final.resumed_shards == len(plan.shards) - 1  # the changed one is rewritten either way
+    # every intact-looking shard is read back; the cut one fails on its size before its CRC is read
+    assert len(reads) == len(plan.shards) - (1 if damage == "cut" else 0)
     _same_folders(out, tmp_path / "one")
 
 
@@ -185,11 +192,11 @@ def test_universal_parts_then_finish_equal_one_run(demo: Any, tmp_path: Path, cl
 
 
 @pytest.mark.parametrize("fsync", [False, True])
-def test_universal_parts_with_fsync_are_not_read_back(
+def test_universal_parts_are_read_back_before_they_are_published(
     demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
 ) -> None:
-    """The universal journal marks files written with --fsync as synced: the finishing run reuses the parts'
-    files reading none back; without --fsync it re-reads each once (a crash may have torn it)."""
+    """The finishing run reuses the universal parts' files after reading each back once against its
+    journalled CRC-32, with or without --fsync (a file can change after its part finished)."""
     from inspector.convert.kinds import get
     from inspector.convert.kinds.base import Request
 
@@ -201,5 +208,5 @@ def test_universal_parts_with_fsync_are_not_read_back(
         _report(job.run(part=(i, 2), fsync=fsync))
     reads = crc_reads_from_now(monkeypatch)
     _report(job.run(fsync=fsync))
-    assert len(reads) == (0 if fsync else len(job.streamed))  # tensor files and model-states copies
+    assert len(reads) == len(job.streamed)  # tensor files and model-states copies
     assert _tree(tmp_path / "out") == _tree(tmp_path / "one")

@@ -4,6 +4,8 @@ refused field by field when damaged."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from inspector.errors import InputError
@@ -52,6 +54,13 @@ def test_a_damaged_entry_is_refused_naming_its_field(entry: dict[str, object], f
         TpRecipe.parse(_info(parameter_with_sub_params=[entry]), "f")
 
 
+def _whole(shape: list[int]) -> dict[str, Any]:
+    """DeepSpeed's `replicated_map(shape, 2).to_dict()`."""
+    strides = [4, 1][-len(shape) :]
+    piece = {"shape": shape, "source": [0, strides], "dest": [0, strides], "locations": [0, 1]}
+    return {"logical_shape": shape, "ranks": {r: {"shard_shape": shape, "pieces": [piece]} for r in (0, 1)}}
+
+
 def test_the_entry_as_recorded_and_the_affine_maps_names() -> None:
     """What a universal file's `sub_param_shape` repeats (every pattern of the entry, the shape with its sizes
     as a tuple, list or tuple as pickled) and the parameters an affine map covers (a regex kept apart)."""
@@ -61,7 +70,7 @@ def test_the_entry_as_recorded_and_the_affine_maps_names() -> None:
                 {"patterns": [QKV, "qkv.*"], "shape": [(16, 16, 16), -1], "partition_dim": 0}
             ],
             sub_param_shard_widths={QKV: [[8, 8], [8, 8], [8, 8]]},
-            affine_map={"version": 1, "params": {QKV: {}, "^norm$": {}, "o_.*": {}}},
+            affine_map={"version": 1, "params": {QKV: _whole([48, 4]), "^norm$": _whole([4]), "o_.*": {}}},
         ),
         "f",
     )
@@ -70,4 +79,5 @@ def test_the_entry_as_recorded_and_the_affine_maps_names() -> None:
     assert (sub.patterns, sub.shape, sub.shape_listed) == ((QKV, "qkv.*"), ((16, 16, 16), -1), True)
     assert recipe.affine == {"model.layers.0.self_attn.qkv_proj.weight", "norm"}
     assert recipe.affine_regex == ("o_.*",) and recipe.affine_version == 1
+    assert recipe.maps["norm"].logical == (4,) and recipe.maps["norm"].shards == ((4,), (4,))
     assert TpRecipe.parse(_info(), "f").affine == frozenset()  # type: ignore[union-attr]

@@ -104,3 +104,20 @@ def test_a_gs_or_az_store_dripping_its_answer_ends_at_the_deadline(
     assert url in result.output
     assert "Traceback" not in result.output
     print(f"\n{scheme} drip: ended after {took:.1f} s")
+
+
+def test_an_http_server_pacing_its_body_ends_at_the_low_speed_bound(
+    served: tuple[Path, Path], cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte a second, each within the stall timeout, the deadline an hour away: the low-speed bound ends
+    it (the URL named, no traceback)."""
+    root, _ = served
+    monkeypatch.setenv("ZI_REMOTE_STALL_TIMEOUT", "2")
+    monkeypatch.setenv("ZI_REMOTE_DEADLINE", "3600")
+    monkeypatch.setenv("ZI_REMOTE_LOW_SPEED_TIME", "2")
+    with hostile_http(root, "drip") as base:
+        result = cli("convert", f"{base}/{PREFIX}", tmp_path / "out", timeout=120)
+    assert result.rc != 0, result.output
+    assert "slower than 1024 bytes a second" in result.output, result.output
+    assert base.split("//")[1] in result.output
+    assert "Traceback" not in result.output

@@ -57,3 +57,17 @@ def test_a_silent_store_ends_at_the_stall_timeout(
     with silent_endpoint() as dead:
         monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
         _scan_ends_saying(cli, url, "sent nothing within 2 s", "silent")
+
+
+def test_a_store_pacing_its_body_under_the_stall_timeout_ends_at_the_low_speed_bound(
+    proxy: S3Proxy, s3_demo: tuple[str, Path], cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body a byte a second never trips the stall timeout (each byte comes within it) and the deadline is
+    set far away (an hour): the low-speed bound (curl's --speed-limit/--speed-time) ends it once a 2 s window
+    has brought less than 1,024 bytes a second."""
+    url, _ = s3_demo
+    _bounded(monkeypatch)
+    monkeypatch.setenv("ZI_REMOTE_DEADLINE", "3600")
+    monkeypatch.setenv("ZI_REMOTE_LOW_SPEED_TIME", "2")
+    proxy.throttle.drip = lambda method, path: method == "GET" and "list-type" not in path
+    _scan_ends_saying(cli, url, "slower than 1024 bytes a second", "slow body")

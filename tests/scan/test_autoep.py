@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inspector.errors import InputError
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, scan_without, writable
@@ -137,6 +138,22 @@ def test_an_affine_map_that_leaves_a_gap_is_a_finding(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["layout"]
     assert f"{EXPERTS}.w1: the AutoEP affine map's pieces do not cover" in ckpt.errors[0].message
+
+
+def _scaled_piece(e: dict) -> dict:  # type: ignore[type-arg]
+    e["affine_maps"]["params"][f"{EXPERTS}.w1"]["ranks"][1]["pieces"][0]["scale"] = 0.5
+    return e
+
+
+def test_a_scaled_piece_is_refused_not_written_as_stored(tmp_path: Path) -> None:
+    """A piece held at scale 0.5 (issue 38): the stored values are not the weights, so the record is refused
+    naming the field (an input error: exit non-zero, no traceback), as the tensor-parallel map's are."""
+    root = writable("autoep_z3_bf16", tmp_path / "ck")
+    for r in (0, 1):
+        path = root / TAG / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"
+        _resave(path, lambda sd: _layers(sd, _scaled_piece))
+    with pytest.raises(InputError, match="is a scale other than 1"):
+        scan(str(root))
 
 
 def test_an_unknown_format_version_is_refused_by_name(tmp_path: Path) -> None:

@@ -75,11 +75,13 @@ def _live_join(want: dict[str, np.ndarray], name: str, shape: tuple[int, ...], t
     return np.concatenate(shards, axis=dim)[: shape[0]]
 
 
-def _resave_model_states(root: Path, edit, name: str = "mp_rank_00_model_states.pt") -> None:  # type: ignore[no-untyped-def]
-    path = root / TAG / name
-    sd = torch.load(path, weights_only=False)
-    edit(sd)
-    torch.save(sd, path)
+def _resave_model_states(root: Path, edit, name: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """`edit` applied to one model-states file, or to every shard's (each carries the whole record, and the
+    scan refuses shards whose records disagree)."""
+    for path in [root / TAG / name] if name else sorted((root / TAG).glob("*model_states.pt")):
+        sd = torch.load(path, weights_only=False)
+        edit(sd)
+        torch.save(sd, path)
 
 
 def test_a_checkpoint_that_does_not_record_the_split_is_refused(tmp_path: Path) -> None:
@@ -224,6 +226,8 @@ def test_sub_parameter_records(edit: str, tmp_path: Path) -> None:
     """Every form of the record DeepSpeed's converter reads joins the same; one that cannot describe the
     shards (UCP 0.4 without widths, widths that do not add up) is refused naming the parameter."""
     root = writable("tp_phi3_z1_bf16", tmp_path / "ck")
+    if edit != "older-forms":  # without the map, which DeepSpeed would follow ahead of the lists
+        _resave_model_states(root, lambda sd: sd["universal_checkpoint_info"].pop("affine_map"))
     if edit == "older-forms":
         _resave_model_states(root, _older_record)
     elif edit == "no-widths-at-0.4":

@@ -78,3 +78,35 @@ async def test_y_names_the_tensor_under_the_cursor(small_demo: Path, tmp_path: P
         await wait_for(pilot, lambda: isinstance(app.screen, CopyDialog), "the dialog")
         assert app.screen.name_text == name
         assert name in plain(app.screen.query_one("#copy-name"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ck\x1b#\ntouch PWNED\n", os.fsdecode(b"ck\xff\xfe")],
+    ids=["esc-hash-newline", "undecodable-bytes"],
+)
+async def test_y_on_a_crafted_folder_name_copies_a_line_that_pastes_as_the_name(
+    small_demo: Path, tmp_path: Path, name: str
+) -> None:
+    """#38 C.1: readline obeys a pasted ESC-# and runs a line at each raw newline; an undecodable byte killed
+    the app in OSC 52's UTF-8 encoding. The real clipboard path runs here (the headless driver encodes it)."""
+    import shutil
+
+    folder = tmp_path / name
+    shutil.copytree(small_demo, folder)
+    app = make_app(path=str(folder), out_dir=str(tmp_path / "o"), live_meters=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await scanned(pilot)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: isinstance(app.screen, CopyDialog), "the command")
+        line = app.clipboard
+        assert line == app.screen.command and line.isascii() and line.isprintable(), ascii(line)
+        await pilot.press("n")  # the tensor-name copy goes through the same exit
+        await pilot.pause()
+        assert app.is_running
+    run = subprocess.run(
+        ["bash", "-c", f"printf '%s\\0' {line.removeprefix('zero-inspector ')}"], capture_output=True
+    )
+    argv = run.stdout.split(b"\0")[:-1]
+    assert argv[0] == b"convert" and argv[1] == os.fsencode(str(folder)), argv
+    assert not (Path.cwd() / "PWNED").exists()

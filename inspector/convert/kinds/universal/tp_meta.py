@@ -16,21 +16,16 @@ tensor-parallel target without AutoTP metadata of its own:
     anything else                   cat_dim 0
     vocabulary-parallel             vocab_tensor True as well (its padding rows already cut by the scan)
 
-A split stated with `--tp-split` (no usable record) has only the 0 / 1 / replicated rules, which the shard
-shapes the model states record tell apart exactly: those keys are read from them.
+A split stated with `--tp-split` (no usable record) has only the 0 / 1 / replicated rules: cat_dim 0,
+cat_dim 1, nothing. The scan reads the record once (`Parallel.tp_recipe`); nothing here opens a file.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from inspector.errors import UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
-from inspector.parse.layers import SubParams, TpRecipe
-from inspector.parse.states import ModelStates
-from inspector.scan.locate import MODEL_RE, ZERO3_MODEL_RE
+from inspector.parse.layers import SubParams
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 
 Meta = tuple[tuple[str, Any], ...]
@@ -39,7 +34,6 @@ ROW: Meta = (("cat_dim", 1),)
 REPLICATED: Meta = ()
 TWO_SUB_PARAMS: Meta = (("cat_dim", 0), ("param_n_sub_params", 2))
 VOCAB_FLAG = ("vocab_tensor", True)
-AFFINE_MAP_VERSION = 1  # the affine-map format DeepSpeed 0.19.8 reads (a later one it refuses)
 
 
 @dataclass(frozen=True)
@@ -58,17 +52,13 @@ class SubparamShape:
 
 def tp_metadata(ckpt: Checkpoint) -> dict[str, Meta]:
     """Per joined parameter, the keys its universal files carry (empty below TP 2: every file then gets
-    `cat_dim` 0, as for a data-parallel checkpoint)."""
+    `cat_dim` 0, as for a data-parallel checkpoint), from the split the scan joined the shards by."""
     par = ckpt.parallel
     if par is None or par.tp < 2 or par.kind not in ("tensor", "pipeline"):
         return {}
-    model0 = _tp_rank0_models(ckpt, par.tp)
-    if not model0:
+    recipe = par.tp_recipe
+    if recipe is None:
         return {}
-    recipe = TpRecipe.parse(load_tree(model0[0], ckpt.source), model0[0])
-    if recipe is None or recipe.regex:  # the scan joined by the user's --tp-split
-        return _from_shapes(ckpt, model0)
-    _check_affine(recipe, model0[0])
     out: dict[str, Meta] = {}
     for t in _params(ckpt):
         rule = recipe.rules.get(t.name, "dim0")
@@ -100,65 +90,5 @@ def _subparam_shape(t: TensorInfo, sub: SubParams) -> SubparamShape:
     return SubparamShape(sub.patterns, shape, dim, shape_listed=False)
 
 
-def _check_affine(recipe: TpRecipe, file: str) -> None:
-    """An affine map decides which parameters carry no keys: one DeepSpeed could not read, or whose patterns
-    are not plain names, leaves that unknown, so the export is refused rather than guessed."""
-    if recipe.affine_version > AFFINE_MAP_VERSION:
-        raise UnsupportedCheckpointError(
-            f"{file} records an affine map of format version {recipe.affine_version}; DeepSpeed 0.19.8 reads "
-            f"up to {AFFINE_MAP_VERSION}, so it could not resume a universal checkpoint written from it.",
-            hint="Export the weights (--format weights or model); they are exact for this layout.",
-        )
-    if recipe.affine_regex:
-        raise UnsupportedCheckpointError(
-            f"{file}: {len(recipe.affine_regex)} affine-map pattern(s) are regular expressions (e.g. "
-            f"{recipe.affine_regex[0][:60]!a}), not parameter names; which parameters they cover is not known "
-            "without evaluating them.",
-            hint="Export the weights (--format weights or model); they are exact for this layout.",
-        )
-
-
 def _params(ckpt: Checkpoint) -> list[TensorInfo]:
     return [t for t in ckpt.tensors if t.kind in (Kind.TRAINABLE, Kind.FROZEN)]
-
-
-def _model_rank(name: str) -> int | None:
-    """The model-parallel rank MM of a model-states file, `mp_rank_MM` or ZeRO-3's `zero_pp_rank_D_mp_rank_MM`."""
-    m = MODEL_RE.match(name)
-    if m is not None:
-        return int(m.group(1))
-    m = ZERO3_MODEL_RE.match(name)
-    return int(m.group(2)) if m is not None else None
-
-
-def _tp_rank0_models(ckpt: Checkpoint, tp: int) -> list[str]:
-    """Tensor-parallel rank 0's model-states files, stage by stage (`mp_rank_MM` with MM = stage x tp + 0;
-    under ZeRO-3 every data-parallel rank's `zero_pp_rank_D_mp_rank_MM` copy, which record the same); the
-    first is `mp_rank_00` (`zero_pp_rank_0_mp_rank_00`), whose record the scan joined by."""
-    found = []
-    for f in ckpt.files:
-        mm = _model_rank(os.path.basename(f.path)) if f.role == "model" else None
-        if mm is not None and mm % tp == 0:
-            found.append((mm, f.path))
-    return [path for _, path in sorted(found)]
-
-
-def _from_shapes(ckpt: Checkpoint, models: list[str]) -> dict[str, Meta]:
-    """--tp-split: replicated where shard 0's recorded shape is the joined one, row where dim 1 differs, else
-    dim 0 (the three rules --tp-split has, told apart exactly by the shapes)."""
-    shard: dict[str, tuple[int, ...]] = {}
-    for path in models:
-        states = ModelStates.parse(load_tree(path, ckpt.source), path)
-        shard |= {name: tuple(shape) for group in states.param_shapes or () for name, shape in group}
-    out: dict[str, Meta] = {}
-    for t in _params(ckpt):
-        piece = shard.get(t.name)
-        if piece is None:
-            continue
-        if piece == tuple(t.shape):
-            out[t.name] = REPLICATED
-        elif len(piece) > 1 and len(t.shape) > 1 and piece[1] != t.shape[1]:
-            out[t.name] = ROW
-        else:
-            out[t.name] = PLAIN
-    return out

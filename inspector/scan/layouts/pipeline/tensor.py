@@ -70,8 +70,8 @@ def scan_pipeline_tensor(
     if not scanned:  # layer files without a model axis, yet tp_degree > 1: refused there, with the reason
         return Pipeline(loc).build()
     recipe = TpRecipe.parse(tree0, model0) if tree0 is not None else None
-    tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
-    return _joined(scanned, tp, tensors, findings)
+    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    return _joined(scanned, tp, tensors, findings, used)
 
 
 def _shards(loc: Location, tp: int, held: set[int], findings: list[Finding]) -> dict[int, Checkpoint]:
@@ -105,7 +105,11 @@ def _shards(loc: Location, tp: int, held: set[int], findings: list[Finding]) -> 
 
 
 def _joined(
-    scanned: dict[int, Checkpoint], tp: int, tensors: list[TensorInfo], findings: list[Finding]
+    scanned: dict[int, Checkpoint],
+    tp: int,
+    tensors: list[TensorInfo],
+    findings: list[Finding],
+    recipe: TpRecipe | None,
 ) -> Checkpoint:
     """The first shard's record with the joined tensors, every shard's files and ranks (global rank =
     (stage x dp + data-parallel rank) x tp + tensor-parallel rank, as the topology numbers them)."""
@@ -126,7 +130,7 @@ def _joined(
         files=tuple(f for c in scanned.values() for f in c.files),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
-        parallel=replace(par, tp=tp, placement=placement),
+        parallel=replace(par, tp=tp, placement=placement, tp_recipe=recipe),
     )
 
 

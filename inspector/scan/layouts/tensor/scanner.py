@@ -20,14 +20,16 @@ from functools import partial
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
-from inspector.parse.layers import ParallelDims, TpRecipe
+from inspector.parse.layers import AFFINE_FORMAT, ParallelDims, TpRecipe
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import cat, cat_sub_params, joined_shape, sub_param_widths, sub_params_shape
+from inspector.scan.tensor_join import Refused, layout_of, records_differ
+from inspector.scan.tensor_lay import lay
 from inspector.scan.tp_rules import SPLIT_RULES
+from inspector.text import shown
 
 Segs = tuple[Segment, ...]
 
@@ -71,7 +73,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     for t, c in scanned.items():
         findings += [f for f in map(partial(_in_shard, t), c.findings) if f not in findings]
     base = scanned[0]
-    tensors = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc)
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
     placement = tuple(
@@ -86,7 +88,7 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
         files=tuple(f for c in scanned.values() for f in c.files),
         ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
         module_copy_bytes=sum(c.module_copy_bytes for c in scanned.values()),
-        parallel=Parallel("tensor", tp=tp, dp=dp, placement=placement),
+        parallel=Parallel("tensor", tp=tp, dp=dp, placement=placement, tp_recipe=used),
     )
 
 
@@ -124,18 +126,30 @@ def join_shards(
     tp_split: Sequence[tuple[str, str]],
     findings: list[Finding],
     loc: Location,
-) -> list[TensorInfo]:
+) -> tuple[list[TensorInfo], TpRecipe | None]:
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
-    none is recorded, or only as regular expressions); nothing while a shard is missing or damaged (the
-    findings say why)."""
+    none is recorded, or only as regular expressions), and the split used; nothing while a shard is missing
+    or damaged (the findings say why)."""
     complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
+    if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source)):
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "tp-records-disagree",
+                f"{shown(other)} records another universal_checkpoint_info than {shown(model0)}: the shards "
+                "would be joined by records that disagree.",
+                other,
+                "The shards come from different runs or a record was edited; copy the checkpoint again.",
+            )
+        )
+        return [], None
     if (
         (recipe is None or recipe.regex) and tp_split and complete
     ):  # a record we cannot read: the user's split
         recipe = _user_recipe(scanned[0], tp_split, findings, model0)
         complete = recipe is not None
-    return _join(scanned, recipe, findings, loc) if complete else []
+    return (_join(scanned, recipe, findings, loc), recipe) if complete else ([], None)
 
 
 def _model_file(files: RankFiles) -> str | None:
@@ -247,7 +261,8 @@ def _join(
         try:
             out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, loc))
         except InspectorError as exc:
-            findings.append(Finding(Severity.ERROR, "tp-mismatch", exc.message, model0, exc.hint))
+            code = exc.code if isinstance(exc, Refused) else "tp-mismatch"
+            findings.append(Finding(Severity.ERROR, code, exc.message, model0, exc.hint))
     return _resolve_aliases(out)
 
 
@@ -273,6 +288,23 @@ def _recipe_problem(recipe: TpRecipe | None, model0: str) -> Finding | None:
             "Only anchored parameter names (as AutoTP writes them) are read; Megatron-DeepSpeed's patterns are "
             "regular expressions. State the split: --tp-split PATTERN=0|1|replicated for every parameter.",
         )
+    if recipe.affine_version > AFFINE_FORMAT or recipe.affine_regex:
+        why = (
+            f"is of format version {recipe.affine_version}; DeepSpeed 0.19.8 reads up to {AFFINE_FORMAT} and "
+            "refuses it"
+            if recipe.affine_version > AFFINE_FORMAT
+            else f"names parameters by {len(recipe.affine_regex)} regular expression(s) (e.g. "
+            f"{recipe.affine_regex[0][:60]!a}), which are not evaluated"
+        )
+        return Finding(
+            Severity.ERROR,
+            "tp-unreadable",
+            f"universal_checkpoint_info's affine map {why}. DeepSpeed joins the parameters it covers by it, "
+            "ahead of the category lists, so which parameters it covers and how cannot be known.",
+            model0,
+            "Re-save the checkpoint with this DeepSpeed version, or remove the affine map if the category lists "
+            "describe every parameter.",
+        )
     return None
 
 
@@ -296,29 +328,29 @@ def _resolve_aliases(out: list[TensorInfo]) -> list[TensorInfo]:
 def _joined(
     t0: TensorInfo, pieces: list[TensorInfo], rule: str, recipe: TpRecipe, loc: Location
 ) -> TensorInfo:
-    if rule in ("alias", "replicated") or t0.kind is Kind.BUFFER:
+    if rule == "alias" or t0.kind is Kind.BUFFER:
+        return t0
+    shapes = [p.shape for p in pieces]
+    layout = layout_of(t0.name, rule, recipe, shapes)
+    if layout.scaled:
+        raise Refused(
+            "tp-scaled",
+            f"{t0.name}: the affine map records pieces held at scale {', '.join(map(str, layout.scaled))} "
+            "(shard = full x scale). DeepSpeed's converter divides the weights by it and refuses to carry "
+            "the optimizer moments; this tool does not rescale, so it refuses rather than write the stored "
+            "values as the weights.",
+            "DeepSpeed's ds_to_universal refuses it too (the moments cannot pass a scaled piece); nothing is converted.",
+        )
+    if len({(b.start, b.shape) for b in layout.blocks}) == 1 and len(pieces) > 1:  # whole on every shard
         for i, p in enumerate(pieces[1:], 1):
-            if rule == "replicated" and differing_copies(t0, p, loc.source):
+            if differing_copies(t0, p, loc.source):
                 raise InspectorError(
                     f"{t0.name} is recorded as replicated, but tensor-parallel shard {i}'s copy "
                     "differs from shard 0's.",
                     hint="The shards come from different saves.",
                 )
         return t0
-    shapes = [p.shape for p in pieces]
-    if rule in ("sub-params", "2-sub-params"):
-        sdim, widths = sub_param_widths(t0.name, rule, recipe.sub_params.get(t0.name), shapes, recipe.version)
-        return _with_joined(
-            t0,
-            pieces,
-            lambda segs: cat_sub_params(shapes, segs, sdim, widths),
-            sub_params_shape(shapes, sdim),
-        )
-    dim = 1 if rule == "row" else 0
-    keep = recipe.original_vocab_size if rule == "vocab" else None
-    return _with_joined(
-        t0, pieces, lambda segs: cat(shapes, segs, dim, keep), joined_shape(shapes, dim, keep, t0.name)
-    )
+    return _with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), layout.logical)
 
 
 def _with_joined(
