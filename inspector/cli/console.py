@@ -44,6 +44,18 @@ def _safe_console_class() -> Any:
         def _render_buffer(self, buffer: Any) -> str:
             return str(super()._render_buffer(_escaped(buffer)))
 
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            """Off a terminal (a pipe, a CI log) nobody resizes the window: each print gets the width it
+            needs, so no name is cut with "…" or folded across lines (Rich would assume 80 columns)."""
+            if self.is_terminal or not objects:
+                return super().print(*objects, **kwargs)
+            own = self._width
+            self.width = max(self.width, _needed_width(self, objects))
+            try:
+                super().print(*objects, **kwargs)
+            finally:
+                self._width = own
+
     def _escaped(buffer: Any) -> Any:
         for seg in buffer:
             if not seg.control and has_unsafe(seg.text.replace("\n", "")):
@@ -51,6 +63,22 @@ def _safe_console_class() -> Any:
             yield seg
 
     return SafeConsole
+
+
+def _needed_width(console: Any, objects: tuple[Any, ...]) -> int:
+    """The widest natural width of what is about to be printed (tables: every column unwrapped)."""
+    from rich.errors import NotRenderableError
+    from rich.measure import Measurement
+
+    options = console.options.update_width(1 << 20)
+    need = 0
+    for obj in objects:
+        try:
+            renderable = console.render_str(obj) if isinstance(obj, str) else obj
+            need = max(need, Measurement.get(console, options, renderable).maximum)
+        except NotRenderableError:
+            continue
+    return min(need, 1 << 16)  # a guard, not a layout choice: no real name is this long
 
 
 def print_json(doc: Any) -> None:

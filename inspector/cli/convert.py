@@ -16,10 +16,8 @@ from typing import Any
 
 from inspector.cli.console import literal as escape
 from inspector.cli.console import print_json
-from inspector.cli.jobs import byte_sources, job_events, order_of, plan_job, ray_options, verify_job
-from inspector.cli.live import drive, print_report, print_tasks
 from inspector.cli.options import add_convert_options, format_help
-from inspector.convert.kinds import DEFAULT
+from inspector.cli.parser import add_command
 from inspector.system.units import format_bytes
 
 
@@ -28,7 +26,12 @@ def _ranks(n: int) -> str:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    from inspector.cli.jobs import job_events, order_of, ray_options
+    from inspector.cli.live import drive, print_report, print_tasks
+
     ray_options(args)
+    _one_json_kind(args)
     if args.progress == "json":  # for a front end running us as a child (the TUI)
         from inspector.cli.progress import convert_json
 
@@ -37,7 +40,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.cli.render import print_assessment
     from inspector.convert.executor import Report
 
-    console = _console()
+    console = _console(stderr=args.json)  # --json: stdout holds the one summary object, people read stderr
     order = order_of(args)
     ckpt, job = order.plan()
     part = order.part
@@ -76,25 +79,35 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise CancelledError(f"Interrupted; {words}.") from None
     if not isinstance(report, Report):  # run() raises on cancel and errors; this is our bug, not the user's
         raise RuntimeError("the conversion ended without a report")
-    print_report(console, report, job, part)
+    print_report(console, report, job, part, total=time.monotonic() - started)
+    if args.json:
+        from dataclasses import asdict
+
+        from inspector.cli.progress import finished
+
+        print_json(asdict(finished(report, job)))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from inspector.cli.jobs import byte_sources, verify_job, verify_options
+
+    _one_json_kind(args)
     if args.progress == "json":
         from inspector.cli.progress import verify_json
 
         return verify_json(args)
     from inspector.cli.console import console as _console
+    from inspector.cli.live import duration
     from inspector.convert.verify import VerifyResult
 
-    console = _console()
+    console = _console(stderr=args.json)  # --json: stdout holds the one result object
     kind, ckpt, out = verify_job(args)
     result = None
     start = time.monotonic()
     with console.status("Verifying…") as status:
         last = 0.0
-        for ev in kind.verify(ckpt, out, against=args.against):
+        for ev in kind.verify(ckpt, out, **verify_options(kind, args)):
             if isinstance(ev, VerifyResult):
                 result = ev
             elif time.monotonic() - last > 0.25:
@@ -105,7 +118,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if result is None:  # verify raises CancelledError on cancel; no result otherwise is our bug
         raise RuntimeError("verify ended without a result")
     secs = time.monotonic() - start
-    for note in [*result.notes, *byte_sources(ckpt.root, out)]:
+    trusted = byte_sources(ckpt.root, out)
+    if args.json:
+        from dataclasses import asdict
+
+        from inspector.cli.progress import verified
+
+        print_json(asdict(verified(result, trusted, secs)))
+    for note in [*result.notes, *trusted]:
         console.print(f"[dim]{escape(note, newlines=True)}[/]")
     for label, names in (
         ("Mismatched", result.mismatched),
@@ -122,11 +142,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if result.ok:
         console.print(
             f"[green]OK[/]: {kind.name} output, {result.checked} tensors, {format_bytes(result.bytes_checked)} "
-            f"agree with the checkpoint ({secs:.1f} s)."
+            f"agree with the checkpoint ({duration(secs)})."
         )
         return 0
     console.print("[bold red]Verification failed.[/]")
     return 1
+
+
+def _one_json_kind(args: argparse.Namespace) -> None:
+    """`--json` (one object at the end) and `--progress json` (a stream of lines) cannot share stdout."""
+    if args.json and args.progress == "json":
+        from inspector.errors import InspectorError
+
+        raise InspectorError(
+            "--json and --progress json both print on stdout: one summary object, or a stream of JSON lines.",
+            hint="Choose one of them.",
+            title="Invalid option",
+        )
 
 
 def preflight_json(job: Any, verdict: Any) -> dict[str, Any]:
@@ -145,6 +177,7 @@ def preflight_json(job: Any, verdict: Any) -> dict[str, Any]:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from inspector.cli.console import console as _console
+    from inspector.cli.jobs import plan_job
     from inspector.cli.render import print_assessment
     from inspector.errors import EXIT_DOES_NOT_FIT
     from inspector.scan.scanner import scan
@@ -201,6 +234,10 @@ def _add_progress(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_json(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--json", action="store_true", help=help)
+
+
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """`convert`, `verify` and `preflight`, each with the common path/tag options."""
     _register_convert(sub, add_common)
@@ -209,15 +246,25 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
 
 def _register_convert(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser(
-        "convert", help="stream a checkpoint into safetensors, a model folder or a universal checkpoint"
+    add_command(
+        sub,
+        "convert",
+        "stream a checkpoint into safetensors, a model folder or a universal checkpoint",
+        lambda p: _convert_options(p, add_common),
     )
+
+
+def _convert_options(
+    p: argparse.ArgumentParser, add_common: Callable[[argparse.ArgumentParser], None]
+) -> None:
     add_common(p)
     p.add_argument(
         "out",
         help="output folder (must be empty, or pass --overwrite), or s3://bucket/prefix: each file is "
         "uploaded as soon as it is written",
     )
+    from inspector.convert.kinds import DEFAULT  # the kinds load numpy: only when convert's options are read
+
     p.add_argument("--format", metavar="KIND", default=DEFAULT, help=format_help())
     add_convert_options(p)
     p.add_argument("--overwrite", action="store_true", help="replace this tool's earlier output in OUT")
@@ -234,6 +281,7 @@ def _register_convert(sub: Any, add_common: Callable[[argparse.ArgumentParser], 
         help="start even if preflight says it will not fit, or the checkpoint has error findings",
     )
     _add_progress(p)
+    _add_json(p, "print the summary as one JSON object on stdout (the progress and the tables go to stderr)")
     # a front end's own order as JSON on stdin (the app's child converts exactly the plan it previewed)
     p.add_argument("--order", choices=("-",), help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_convert)
@@ -275,7 +323,17 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _register_verify(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("verify", help="check an output against the checkpoint it was converted from")
+    add_command(
+        sub,
+        "verify",
+        "check an output against the checkpoint it was converted from",
+        lambda p: _verify_options(p, add_common),
+    )
+
+
+def _verify_options(
+    p: argparse.ArgumentParser, add_common: Callable[[argparse.ArgumentParser], None]
+) -> None:
     add_common(p)
     for action in p._actions:  # verify reads the tag the output records, not `latest`
         if "--tag" in action.option_strings:
@@ -288,17 +346,37 @@ def _register_verify(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
         help="check against the fp32 masters or the 16-bit module copy (default: the source the output "
         "was converted from; the other one makes an independent check)",
     )
+    p.add_argument(
+        "--base",
+        metavar="DIR",
+        help="for a merged output: the base model folder it was merged into (default: as convert finds it, "
+        "base_model_name_or_path in adapter_config.json); checked against the hash the output records",
+    )
     _add_progress(p)
+    _add_json(p, "print the result as one JSON object on stdout (the messages go to stderr)")
     p.set_defaults(func=cmd_verify)
 
 
 def _register_preflight(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("preflight", help="predict peak RAM, disk and time of a conversion before running it")
+    add_command(
+        sub,
+        "preflight",
+        "predict peak RAM, disk and time of a conversion before running it",
+        lambda p: _preflight_options(p, add_common),
+    )
+
+
+def _preflight_options(
+    p: argparse.ArgumentParser, add_common: Callable[[argparse.ArgumentParser], None]
+) -> None:
     add_common(p)
     p.add_argument(
-        "--out", help="where the output would go, a folder or s3://bucket/prefix (for free disk; default: current folder)"
+        "--out",
+        help="where the output would go, a folder or s3://bucket/prefix (for free disk; default: current folder)",
     )
     p.add_argument("--staging", metavar="DIR", help="as for convert: the staging folder of an s3:// output")
+    from inspector.convert.kinds import DEFAULT
+
     p.add_argument("--format", metavar="KIND", default=DEFAULT, help=format_help() + "; as for convert")
     add_convert_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -23,8 +23,9 @@ def cmd_health(args: argparse.Namespace) -> int:
     from inspector.health import HealthProgress, HealthReport, check
     from inspector.scan.scanner import scan
 
-    ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
-    against = scan(args.path, args.against) if args.against else None
+    split = tuple(getattr(args, "tp_split", ()))
+    ckpt = scan(args.path, args.tag, tp_split=split)
+    against = scan(args.path, args.against, tp_split=split) if args.against else None  # scanned alike
     report: HealthReport | None = None
     err = _console(stderr=True)
     cancel = threading.Event()
@@ -153,9 +154,17 @@ def _print_tensors(con: Any, report: Any) -> None:
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser(
-        "health", help="every tensor's NaN/Inf, zeros, range, mean, std and norm, streamed; findings first"
+    from inspector.cli.parser import add_command
+
+    add_command(
+        sub,
+        "health",
+        "every tensor's NaN/Inf, zeros, range, mean, std and norm, streamed; findings first",
+        lambda p: _options(p, add_common),
     )
+
+
+def _options(p: argparse.ArgumentParser, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     add_common(p)
     p.add_argument("--against", metavar="TAG", help="also measure how far each master moved since TAG")
     add_filter_options(p)

@@ -65,6 +65,24 @@ def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:
         ) from None
 
 
+def verify_options(kind: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of `kind.verify` beyond the checkpoint and output: `--against`, and `--base` for
+    the kinds that read a base model (refused for the others rather than ignored)."""
+    from inspector.errors import InspectorError
+
+    options: dict[str, Any] = {"against": args.against}
+    base = getattr(args, "base", None)
+    if base and not kind.takes_base:
+        raise InspectorError(
+            f"--base is only used to verify a merged model; {args.out} holds a {kind.name} output.",
+            hint="Leave out --base.",
+            title="Invalid option",
+        )
+    if base:
+        options["base"] = base
+    return options
+
+
 def byte_sources(*roots: str) -> list[str]:
     """One line per root `verify` read: where from, and what proved the bytes it trusted."""
     from inspector.remote.backend import provenance

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from inspector.cli.options import add_tp_split_option
 from inspector.errors import InspectorError, InvalidOptionError
@@ -28,6 +29,7 @@ def cmd_open(args: argparse.Namespace) -> int:
             title="No such checkpoint",
         )
     _refuse_unapplied(args)
+    _refuse_without_terminal(args.path)
     options = options_from_args(args)
     from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
 
@@ -42,6 +44,27 @@ def cmd_open(args: argparse.Namespace) -> int:
             tp_split=tuple(args.tp_split),
         )
     )
+
+
+def _refuse_without_terminal(path: str | None) -> None:
+    """The app needs a terminal on both ends: started from a script or CI job (stdin or stdout a pipe or a
+    file) it would take over a screen nobody sees and wait for keys that never come."""
+    missing = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)) if not _is_tty(stream)]
+    if missing:
+        target = path or "PATH"
+        raise InspectorError(
+            f"The app needs a terminal, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not one.",
+            hint=f"In a script or CI job use the commands: `zero-inspector scan {target}` "
+            "(`--json` for one JSON object), `preflight`, `convert`, `verify`.",
+            title="No terminal",
+        )
+
+
+def _is_tty(stream: object) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
+        return False
 
 
 def _refuse_unapplied(args: argparse.Namespace) -> None:
@@ -66,9 +89,14 @@ _KIND_ONLY = (
 
 
 def add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from inspector.cli.parser import add_command
+
+    add_command(sub, "open", "explore a checkpoint in the terminal UI (the default for a PATH)", _options)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     from inspector.cli.options import add_convert_options
 
-    p = sub.add_parser("open", help="explore a checkpoint in the terminal UI (the default for a PATH)")
     p.add_argument("path", nargs="?", help="checkpoint, Trainer run, or a folder holding several checkpoints")
     p.add_argument("--tag", help="tag to open (default: the one named in `latest`)")
     p.add_argument(

@@ -54,28 +54,32 @@ def drive(console: Any, events: Any, total: int, unit: str = "file") -> Any:
     from inspector.convert.executor import Progress, Report
 
     if not console.is_terminal:
-        last = 0.0
+        last, unsaid = 0.0, None
         for ev in events:
             if isinstance(ev, Report):
+                if unsaid is not None:  # the log's last progress line is where the run ended (100 %)
+                    console.print(_progress_line(unsaid, _memory_line(), unit), soft_wrap=True)
                 return ev
-            if isinstance(ev, Progress) and time.monotonic() - last >= _LOG_INTERVAL:
-                last = time.monotonic()
-                console.print(_progress_line(ev, _memory_line(), unit), soft_wrap=True)
+            if isinstance(ev, Progress):
+                unsaid = ev
+                if time.monotonic() - last >= _LOG_INTERVAL:
+                    last, unsaid = time.monotonic(), None
+                    console.print(_progress_line(ev, _memory_line(), unit), soft_wrap=True)
         return None
-    from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
     with Bar(
         TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
+        TextColumn("{task.fields[speed]}"),  # MiB/s beside MiB (Rich's speed column says MB/s)
         TimeRemainingColumn(),
         TextColumn("{task.fields[mem]}"),
         console=console,
         transient=False,
     ) as bar:
-        task = bar.add_task("converting", total=total, mem="")
+        task = bar.add_task("converting", total=total, mem="", speed="")
         for ev in events:
             if isinstance(ev, Report):
                 bar.refresh()
@@ -87,11 +91,21 @@ def drive(console: Any, events: Any, total: int, unit: str = "file") -> Any:
                     total=ev.bytes_total,
                     description=_where(ev, unit),
                     mem=_memory_line(),
+                    speed=f"{format_bytes(ev.throughput)}/s",
                 )
     return None
 
 
-def print_report(console: Any, report: Any, job: Any, part: tuple[int, int] | None = None) -> None:
+def duration(seconds: float) -> str:
+    """A duration as said to people: "2.6 s", and "40 ms" below a second (never "0.0 s")."""
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{max(seconds * 1000, 1):.0f} ms"
+
+
+def print_report(
+    console: Any, report: Any, job: Any, part: tuple[int, int] | None = None, total: float | None = None
+) -> None:
+    """The files written and the one summary line. `total`: the whole command's seconds (scan and plan
+    included), which is what "Done in" says; the rate is over the writing alone."""
     from rich.table import Table
 
     from inspector.system.rss import peak_rss
@@ -103,12 +117,15 @@ def print_report(console: Any, report: Any, job: Any, part: tuple[int, int] | No
         t.add_row(escape(name), format_bytes(size))
     console.print(t)
     rate = report.bytes_written / report.seconds if report.seconds else 0.0
-    resumed = (
-        f", {report.resumed_shards} file(s) reused from an interrupted run" if report.resumed_shards else ""
+    resumed = (  # a finishing run after --part runs reuses their files, as a rerun reuses a killed run's
+        f", {report.resumed_shards} file(s) reused (written by --part runs or an interrupted run)"
+        if report.resumed_shards
+        else ""
     )
     console.print(
-        f"[green]Done[/] in {report.seconds:.1f} s: {report.tensors} tensors, "
-        f"{format_bytes(report.bytes_written)} at {format_bytes(int(rate))}/s, peak RSS {format_bytes(peak_rss())}{resumed}."
+        f"[green]Done[/] in {duration(report.seconds if total is None else total)}: {report.tensors} tensors, "
+        f"{format_bytes(report.bytes_written)} written at {format_bytes(int(rate))}/s, "
+        f"peak RSS {format_bytes(peak_rss())}{resumed}."
     )
     aliases = getattr(getattr(job, "plan", None), "aliases", None)
     if isinstance(aliases, dict) and aliases:

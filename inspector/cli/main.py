@@ -22,9 +22,10 @@ from inspector.cli.console import print_error as _print_error
 from inspector.cli.console import print_json, stdout_closed
 from inspector.cli.launch import add_open
 from inspector.cli.options import add_tp_split_option
+from inspector.cli.parser import Parser, add_command, fill_all
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.malloc import cap_malloc_arenas
-from inspector.text import command_hint, shown
+from inspector.text import command_hint
 
 
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
@@ -165,7 +166,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "health", "open")
+COMMANDS = ("scan", "demo", "convert", "verify", "preflight", "health", "open", "completion")
 
 
 def _route(argv: list[str]) -> list[str]:
@@ -194,31 +195,40 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add_tp_split_option(p)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's own messages (usage errors echo the argument) through the text-out rule too; its
-    sub-parsers are of this class as well."""
-
-    def _print_message(self, message: str, file: Any = None) -> None:
-        super()._print_message(shown(message, newlines=True), file)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+def build_parser(lazy: bool = False) -> argparse.ArgumentParser:
+    """The CLI's parser; `lazy`: each command's options are added when it is used (cli/parser.py), as
+    `main` runs it; otherwise all of them now (tests, completion)."""
+    parser = Parser(
         prog="zero-inspector",
         description="Inspect DeepSpeed ZeRO checkpoints and convert them to safetensors with flat memory. "
         "No deepspeed needed; no pickled code is ever run. `zero-inspector PATH` opens the terminal UI; "
         "`zero-inspector --demo` opens it on a demo checkpoint.",
     )
-    parser.add_argument("--version", action="version", version=f"zero-inspector {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"zero-inspector {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_command(sub, "scan", "show what a checkpoint holds and check it for damage", _scan_options)
+    add_command(sub, "demo", "write a realistic demo checkpoint (real DeepSpeed layout)", _demo_options)
+    from inspector.cli import convert as cli_convert
 
-    p = sub.add_parser("scan", help="show what a checkpoint holds and check it for damage")
+    cli_convert.register(sub, _add_common)
+    from inspector.cli import health as cli_health
+
+    cli_health.register(sub, _add_common)
+    add_open(sub)
+    from inspector.cli.completion import add_completion
+
+    add_completion(sub)
+    return parser if lazy else fill_all(parser)
+
+
+def _scan_options(p: argparse.ArgumentParser) -> None:
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--tensors", action="store_true", help="list every tensor instead of grouping by module")
     p.set_defaults(func=cmd_scan)
 
-    p = sub.add_parser("demo", help="write a realistic demo checkpoint (real DeepSpeed layout)")
+
+def _demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="folder to write the checkpoint root into (created; must be empty)")
     p.add_argument("--stage", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage (default: 2)")
     p.add_argument(
@@ -245,15 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="write into DIR even if it is not empty")
     p.set_defaults(func=cmd_demo)
 
-    from inspector.cli import convert as cli_convert
-
-    cli_convert.register(sub, _add_common)
-    from inspector.cli import health as cli_health
-
-    cli_health.register(sub, _add_common)
-    add_open(sub)
-    return parser
-
 
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM (schedulers, `timeout`) cleans up exactly like Ctrl-C
@@ -263,11 +264,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
         cap_malloc_arenas()  # before any thread: flat memory with many reader threads (system/malloc.py)
-    parser = build_parser()
+    parser = build_parser(lazy=True)
+    from inspector.cli.completion import complete
+
+    complete(parser)  # a shell asking for completions: answered, and the process exits
+    words = list(sys.argv[1:] if argv is None else argv)
+    Parser.wants_json = "--json" in words  # a usage error is then one JSON object too
     try:
-        routed = _route(list(sys.argv[1:] if argv is None else argv))
+        routed = _route(words)
     except InspectorError as exc:
         _print_error(exc)
+        if Parser.wants_json:
+            _json_error(exc)
         return exc.exit_code
     args, unknown = parser.parse_known_args(routed)
     if unknown:  # said with the usage of the command it was given to, not the top level's

@@ -75,7 +75,7 @@ def convert_json(args: argparse.Namespace) -> int:
             if isinstance(ev, Progress):
                 emit(_progressed(ev, files, starts))
             elif isinstance(ev, Report):
-                emit(_finished(ev, job))
+                emit(finished(ev, job))
         return 0
 
     return _guard(body)
@@ -115,7 +115,7 @@ def _progressed(ev: Any, files: Any, starts: list[int]) -> Progressed:
     )
 
 
-def _finished(ev: Any, job: Any) -> Finished:
+def finished(ev: Any, job: Any) -> Finished:
     """The `report` line of a finished run."""
     from inspector.system.rss import peak_rss
 
@@ -136,14 +136,28 @@ def verify_json(args: argparse.Namespace) -> int:
     """`verify ... --progress json`, for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import byte_sources, verify_job
+        from inspector.cli.jobs import byte_sources, verify_job, verify_options
         from inspector.convert.verify import VerifyResult
 
         kind, ckpt, out = verify_job(args)
         trusted = byte_sources(ckpt.root, out)
-        return _stream_verify(kind.verify(ckpt, out, against=args.against), VerifyResult, trusted)
+        return _stream_verify(kind.verify(ckpt, out, **verify_options(kind, args)), VerifyResult, trusted)
 
     return _guard(body)
+
+
+def verified(result: Any, trusted: list[str], seconds: float) -> Verified:
+    """A verify run's result: the `verified` line, and `verify --json`'s object."""
+    return Verified(
+        ok=result.ok,
+        checked=result.checked,
+        bytes_checked=result.bytes_checked,
+        mismatched=result.mismatched,
+        missing=result.missing,
+        unexpected=result.unexpected,
+        notes=[*result.notes, *trusted],
+        seconds=round(seconds, 3),
+    )
 
 
 def _stream_verify(events: Iterable[Any], result_type: type[Any], trusted: list[str]) -> int:
@@ -152,18 +166,7 @@ def _stream_verify(events: Iterable[Any], result_type: type[Any], trusted: list[
     for ev in events:
         now = time.monotonic()
         if isinstance(ev, result_type):
-            emit(
-                Verified(
-                    ok=ev.ok,
-                    checked=ev.checked,
-                    bytes_checked=ev.bytes_checked,
-                    mismatched=ev.mismatched,
-                    missing=ev.missing,
-                    unexpected=ev.unexpected,
-                    notes=[*ev.notes, *trusted],
-                    seconds=round(now - start, 3),
-                )
-            )
+            emit(verified(ev, trusted, now - start))
             return 0 if ev.ok else 1
         if now - last >= 0.25:
             last = now

@@ -58,7 +58,7 @@ def summary(ckpt: Checkpoint) -> Panel:
             f"{adapter['layers']} layers ({escape(', '.join(adapter['target_modules']))}) · r {adapter['r']} · "
             f"alpha {adapter['lora_alpha']}{' · rsLoRA' if adapter['use_rslora'] else ''} · "
             f"{count(adapter['numel'])} params · base {escape(str(adapter['base_model_name_or_path']))}\n"
-            f"[dim]convert --adapter (PEFT layout) or --merge-adapter"
+            f"[dim]convert --format adapter (PEFT layout) or --format merged"
             + (
                 f"; merge refused: {escape('; '.join(adapter['merge_problems']))}"
                 if adapter["merge_problems"]

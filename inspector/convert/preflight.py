@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from inspector.convert.plan import ConversionPlan
+from inspector.convert.root import refuses_new_entries
 from inspector.scan.model import Kind
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 from inspector.system.units import format_bytes
@@ -248,7 +249,7 @@ def assess(
     other = sum(sum(seg.nbytes for seg in t.segments) for t in tensors if id(t) not in chosen)
     ds_peak = predict_deepspeed_peak(plan, trainable, other)
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
-    blocked = unwritable(out_dir)
+    blocked = unwritable(out_dir) or refuses_new_entries(out_dir)  # modes, then a real try
     return Assessment(
         predicted_peak_rss=peak,
         predicted_vms=vms_peak,

@@ -61,6 +61,7 @@ __all__ = [
     "local_only",
     "lock_holder",
     "missing_dirs",
+    "refuses_new_entries",
     "remove_empty_dirs",
 ]
 
@@ -73,6 +74,24 @@ def remove_empty_dirs(paths: list[str]) -> None:
             os.rmdir(path)
         except OSError:
             break
+
+
+def refuses_new_entries(path: str) -> str:
+    """Why the nearest existing folder of `path` takes no new entry ("" when it does), found by making and
+    removing an empty folder there: root passes every mode check, and pseudo file systems (/sys, /proc)
+    refuse what their modes allow, so only trying tells (preflight's `output_writable`)."""
+    import tempfile
+
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".zero-inspector-probe-", dir=folder))
+    except OSError as exc:
+        return f"{folder} does not accept new files ({exc.strerror or exc})"
+    return ""
 
 
 class OutputRoot(ReadsBelow):

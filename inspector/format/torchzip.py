@@ -227,13 +227,16 @@ def _path(*parts: Any) -> str:
     return os.path.join(*(str(p) for p in parts)) if parts else ""
 
 
-def load(path: str | os.PathLike[str], source: ByteSource | None = None) -> tuple[Any, TorchZip]:
+def load(
+    path: str | os.PathLike[str], source: ByteSource | None = None, window: tuple[int, int] | None = None
+) -> tuple[Any, TorchZip]:
     """Unpickle an archive's object tree with tensor references; returns (tree, archive).
 
     The file is opened through `source` (the checkpoint's folder; by default the file's own folder). The
-    archive stays open so the caller can read bytes; close it when done.
+    archive stays open so the caller can read bytes; close it when done. `window`: (base, length) of an
+    archive embedded in the file (a DCP item); its tensors' offsets are the file's.
     """
-    archive = TorchZip(path, source)
+    archive = TorchZip(path, source, window)
     try:
         if archive.byteorder() != "little":
             raise UnsupportedCheckpointError(f"{archive.path}: big-endian checkpoints are not supported.")

@@ -6,6 +6,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.system.bytesource import ByteSource, open_handle_in
@@ -34,10 +35,21 @@ class TorchZip:
     """A `torch.save` archive opened read-only through the confined source (a folder or a bucket prefix);
     entries are located, never extracted."""
 
-    def __init__(self, path: str | os.PathLike[str], source: ByteSource | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        source: ByteSource | None = None,
+        window: tuple[int, int] | None = None,
+    ) -> None:
+        """`window`: (base, length) of an archive embedded in a bigger file (a DCP item); every offset inside
+        is relative to `base`, and nothing outside the window is read. `data_offset` answers in the file."""
         self.path = os.fspath(path)
         self.shown = shown(self.path)  # for messages: control characters escaped
-        self.handle = open_handle_in(self.path, (source,) if source else ())
+        self.handle: Any = open_handle_in(self.path, (source,) if source else ())
+        self.base = 0
+        if window is not None:
+            self.handle = _Window(self.handle, *window, self.shown)
+            self.base = window[0]
         self.file_size = self.handle.size
         try:
             self.entries = self._read_directory()
@@ -160,7 +172,15 @@ class TorchZip:
         the `PK\\x05\\x06` signatures whose comment length reaches exactly the end of the file (a comment can
         hold a whole fake record), the last that describes a non-empty directory before it; then its zip64
         record when the locator before it points at one."""
-        tail_len = min(self.file_size, 65536 + 22)
+        for tail_len in (min(self.file_size, 4096), min(self.file_size, 65536 + 22)):
+            found = self._end_in_tail(tail_len)
+            if found is not None:
+                return found
+        raise self._truncated("no usable zip end-of-directory record")
+
+    def _end_in_tail(self, tail_len: int) -> tuple[int, int, int] | None:
+        """The last usable end record in the file's last `tail_len` bytes: a short tail first, since torch
+        writes no comment (the answer is the same: the search runs from the end)."""
         tail = self.pread(tail_len, self.file_size - tail_len)
         pos = tail.rfind(_EOCD)
         while pos >= 0:
@@ -171,7 +191,7 @@ class TorchZip:
                     if found is not None:
                         return found[:3]
             pos = tail.rfind(_EOCD, 0, pos)
-        raise self._truncated("no usable zip end-of-directory record")
+        return None
 
     def _directory_at(self, tail: bytes, pos: int, eocd_off: int) -> tuple[int, int, int, int] | None:
         (_, _, _, count, cd_size, cd_off, _) = struct.unpack("<4H2LH", tail[pos + 4 : pos + 22])
@@ -227,6 +247,10 @@ class TorchZip:
 
     def data_offset(self, name: str) -> int:
         """Absolute file offset of an entry's bytes: local header + its own name/extra lengths."""
+        return self.base + self._data_offset(name)
+
+    def _data_offset(self, name: str) -> int:
+        """The entry's bytes' offset inside the archive (its window, for an embedded one)."""
         off = self._data_offsets.get(name)
         if off is None:
             e = self.entries[name]
@@ -246,7 +270,7 @@ class TorchZip:
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
         for another range (or damaged) are refused here, before anything parses them."""
         entry = self.entries[name]
-        data = self.pread(entry.size, self.data_offset(name))
+        data = self.pread(entry.size, self._data_offset(name))
         if zlib.crc32(data) != entry.crc:
             raise CorruptFileError(
                 f"{self.shown}: member {shown(name)} does not match its CRC-32 in the zip directory.",
@@ -273,3 +297,24 @@ class TorchZip:
         if self.entries[name].size > 16:
             raise self._truncated("the byteorder record is not a byte order")
         return self.read_entry(name).decode("ascii", "replace").strip()
+
+
+class _Window:
+    """`[base, base+length)` of an open file as a file of its own: reads past its end come back short."""
+
+    def __init__(self, handle: Any, base: int, length: int, name: str) -> None:
+        if base < 0 or length < 0 or base + length > handle.size:
+            handle.close()
+            raise CorruptFileError(
+                f"{name}: an item at bytes [{base}, {base + length}) lies past the file's end "
+                f"({handle.size} bytes).",
+                hint="The file is truncated or is not the one the metadata describes; copy the folder again.",
+            )
+        self.inner, self.base, self.size = handle, base, length
+
+    def pread(self, n: int, offset: int) -> bytes:
+        n = max(0, min(n, self.size - offset))
+        return self.inner.pread(n, self.base + offset) if offset >= 0 and n else b""
+
+    def close(self) -> None:
+        self.inner.close()

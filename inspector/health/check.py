@@ -13,6 +13,7 @@ from inspector.errors import InspectorError
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
+from inspector.health.since import refuse_damaged
 from inspector.health.stream import (
     Row,
     Streamer,
@@ -43,8 +44,11 @@ def check(
     `limits.busy_threads`); they share one buffer budget, which sets their chunk (`stream.plan_workers`):
     the figures are the same bits whatever their number; from a cold page cache each worker has the kernel
     read its next chunk while it reduces this one (`stream.read_ahead`). `threads` is the older name of
-    `workers`. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes."""
+    `workers`. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes, and
+    DamagedCheckpointError, before reading anything, when `against` has error findings."""
     start = time.monotonic()
+    if against is not None:
+        refuse_damaged(against)
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))
     plan = plan_workers(workers or threads, against is not None, any_remote(sources))

@@ -7,13 +7,31 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from inspector.errors import DamagedCheckpointError
 from inspector.health.records import HealthFinding, Steps
 from inspector.health.stream import Row
-from inspector.scan.model import Severity
+from inspector.scan.model import Checkpoint, Severity
 
 GREW_RATIO = 1e4  # exp_avg_sq's norm grown this much since `--against`: more than its own accumulation
 # can explain (at a constant gradient it grows at most 1/(1 - beta2) = 1000x from the first step on)
 MOVED_SHOWN = 5
+
+
+def refuse_damaged(other: Checkpoint) -> None:
+    """A tag to compare with passes the same damage checks as the tag itself (its scan's error findings: a
+    file cut short, a stray or missing rank file): a damaged one is refused, naming the tag and its first
+    error, rather than compared in part or not at all with an exit status that says all is well."""
+    errors = [f for f in other.findings if f.severity is Severity.ERROR]
+    if not errors:
+        return
+    more = f" ({len(errors)} errors in all)" if len(errors) > 1 else ""
+    first = errors[0].message.rstrip(".")
+    raise DamagedCheckpointError(
+        f"The tag to compare with, {other.tag}, is damaged: {first}{more}. Nothing was compared.",
+        hint=f"Run `zero-inspector scan PATH --tag {other.tag}` to see every finding, or compare with another "
+        "tag.",
+        title="Cannot compare",
+    )
 
 
 def moved_most(rows: Sequence[Row], against: str | None, steps: Steps, then: Steps) -> list[HealthFinding]:

@@ -104,6 +104,6 @@ def resolve_base(base: str | None, from_config: str | None, config_path: str | N
             f"The checkpoint holds only the adapter; its base, {from_config!r} (base_model_name_or_path in "
             f"{config_path}), is not a local folder from {os.getcwd()}.",
             hint="zero-inspector never downloads. Pass a local copy with --base DIR (e.g. from "
-            "`huggingface-cli download`).",
+            "`hf download`).",
         )
     return path

@@ -31,6 +31,7 @@ class RankFiles:
     model: str | None = None
     findings: list[Finding] = field(default_factory=list)
     present: int = 0  # files in the tag folder: rank numbers cannot exceed it
+    names: tuple[str, ...] = ()  # every name in the tag folder, for the claim pass (scan/claims.py)
 
 
 def classify(tag_dir: str, source: ByteSource, *, experts_ok: bool = False) -> RankFiles:
@@ -39,7 +40,7 @@ def classify(tag_dir: str, source: ByteSource, *, experts_ok: bool = False) -> R
     Rank numbers come from file names, so they are bounded by the files present: a stray
     `..._rank_1000000000_...` must not make the scan expect (and report) a billion missing ranks."""
     names = source.listdir(tag_dir)
-    files = RankFiles(present=len(names))
+    files = RankFiles(present=len(names), names=tuple(names))
     mp_ranks: set[int] = set()
     layers = [n for n in names if LAYER_RE.match(n)]
     experts = [n for n in names if EXPERT_RE.match(n) or EXPP_RE.match(n)]
@@ -66,17 +67,7 @@ def classify(tag_dir: str, source: ByteSource, *, experts_ok: bool = False) -> R
             dp, mp = int(m.group(2)), int(m.group(3))
             mp_ranks.add(mp)
             if mp == 0:
-                if dp in files.optim:
-                    files.findings.append(
-                        Finding(
-                            Severity.ERROR,
-                            "duplicate-rank",
-                            f"Two optimizer files for DP rank {dp}: {os.path.basename(files.optim[dp])} and {n}.",
-                            path,
-                            "Files from two runs were mixed; keep only the files of one run.",
-                        )
-                    )
-                files.optim[dp] = path
+                files.optim[dp] = path  # two spellings of one rank: the claim pass (claims.py) names both
         elif m := ZERO3_MODEL_RE.match(n):
             mp_ranks.add(int(m.group(2)))
             if int(m.group(2)) == 0:

@@ -243,5 +243,5 @@ def require_mergeable(adapter: Adapter) -> None:
     if adapter.problems:
         raise UnsupportedCheckpointError(
             "Cannot merge this adapter: " + "; ".join(adapter.problems) + ".",
-            hint="Export it with --adapter instead and merge with PEFT, or convert the whole checkpoint.",
+            hint="Export it with --format adapter instead and merge with PEFT, or convert the whole checkpoint.",
         )

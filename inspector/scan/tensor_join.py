@@ -13,14 +13,14 @@ equal halves of every shard on dim 0. Nothing is guessed: widths that do not add
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from inspector.errors import InspectorError
 from inspector.format.torchzip import load_tree
 from inspector.parse.affine import Layout, cut_rows, replicated, split, sub_params
 from inspector.parse.layers import SubParams, TpRecipe
-from inspector.scan.model import Checkpoint
+from inspector.scan.model import Checkpoint, Segment, TensorInfo
 from inspector.system.bytesource import ByteSource
 
 Widths = tuple[tuple[int, ...], ...]
@@ -169,3 +169,16 @@ def records_differ(scanned: Mapping[int, Checkpoint], recipe: TpRecipe, source: 
         if other is not None and replace(other, file=recipe.file) != recipe:
             return path
     return None
+
+
+def with_joined(
+    t0: TensorInfo, pieces: list[TensorInfo], join: Callable[[Sequence[tuple[Segment, ...]]], tuple[Segment, ...]], shape: tuple[int, ...]
+) -> TensorInfo:
+    """t0 with its shards' masters, moments and 16-bit copies joined alike."""
+    moments: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
+    if all(p.moments for p in pieces):
+        moments = tuple((m, join([dict(p.moments)[m] for p in pieces])) for m, _ in t0.moments)
+    copy = join([p.module_copy for p in pieces]) if all(p.module_copy for p in pieces) else ()
+    return replace(
+        t0, shape=shape, segments=join([p.segments for p in pieces]), moments=moments, module_copy=copy
+    )

@@ -190,7 +190,7 @@ class InspectorApp(Shell):
             return  # an older scan's answer (a thread worker runs on after a newer one starts)
         if self.latest_tag is None:
             self.latest_tag = msg.location.tag
-        self.tags = tuple(msg.location.tags)
+        self.tags = tuple(msg.location.tags) or ((msg.location.tag,) if msg.location.tag else ())
         self.main.located(msg.location, self.latest_tag, opened=msg.opened)
 
     def on_scanned(self, msg: Scanned) -> None:

@@ -186,7 +186,7 @@ def test_universal_parts_then_finish_equal_one_run(demo: Any, tmp_path: Path, cl
         assert not (out / "global_step3_uni").exists() and (out / "global_step3_uni.partial").is_dir()
     res = cli("convert", root, out, "--format", "universal")
     assert res.rc == 0, res.output
-    assert "reused from an interrupted run" in res.output  # the parts' files, not written again
+    assert "reused (written by --part runs" in res.output  # the parts' files, not written again
     assert _tree(out) == _tree(one)
     assert cli("verify", root, out).rc == 0
 

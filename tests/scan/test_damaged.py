@@ -60,12 +60,15 @@ def test_last_rank_missing_partition_count_disagrees(
 def test_extra_rank_file_disagrees_with_partition_count(
     tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]
 ) -> None:
-    """A fourth rank file in a 3-way partitioned checkpoint is a partition-count error."""
+    """A fourth rank file in a 3-rank checkpoint (dp_world_size 3) belongs to no rank of the run: a stray-file
+    error naming it, and the file is not read (the three real ranks still rebuild)."""
     root = demo.copy(SPEC, tmp_path / "ckpt")
     shutil.copy(root / TAG / optim_name(1), root / TAG / optim_name(3))
     doc = scan_json(cli, root)
-    found = error_findings(doc, "partition-count")
-    assert any("3 ranks" in f["message"] and "4 optimizer files" in f["message"] for f in found)
+    found = error_findings(doc, "stray-file")
+    assert any(optim_name(3) in f["message"] and "data-parallel rank is 3" in f["message"] for f in found)
+    assert doc["world_size"] == 3
+    assert "partition-count" not in {f["code"] for f in doc["findings"]}
 
 
 def test_duplicate_rank_files(tmp_path: Path, demo: DemoCache, cli: Callable[..., CliResult]) -> None:

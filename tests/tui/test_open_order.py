@@ -22,6 +22,7 @@ def _launch(monkeypatch: pytest.MonkeyPatch, *argv: str) -> LaunchOptions:
     """What `zero-inspector open ...` hands the app (the terminal run itself is left out)."""
     seen: list[LaunchOptions] = []
     monkeypatch.setattr("inspector.tui.app.run_app", lambda launch: seen.append(launch) or 0)
+    monkeypatch.setattr("inspector.cli.launch._refuse_without_terminal", lambda path: None)  # pytest's pipes
     args = build_parser().parse_args(["open", *argv])
     assert args.func(args) == 0
     return seen[0]

@@ -60,6 +60,7 @@ def test_the_form_reads_rules_as_the_cli_does() -> None:
 def test_open_carries_the_rules_into_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[LaunchOptions] = []
     monkeypatch.setattr("inspector.tui.app.run_app", lambda launch: seen.append(launch) or 0)
+    monkeypatch.setattr("inspector.cli.launch._refuse_without_terminal", lambda path: None)  # pytest's pipes
     args = build_parser().parse_args(
         ["open", os.getcwd(), *(a for g, r in SPLIT for a in ("--tp-split", f"{g}={r}"))]
     )

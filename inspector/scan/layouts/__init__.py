@@ -1,6 +1,7 @@
 """Checkpoint layouts, one package each, behind `LAYOUTS` in detection order (the protocol: `base.py`).
 
     base.py      Layout (name, recognises, locate, claims, scan), Found, ScanOptions, TagLayout
+    dcp/         PyTorch Distributed Checkpoints (found by their own `.metadata` folder, before the tag walk)
     universal/   a universal checkpoint as input (found by its own folder, before the tag walk)
     pipeline/    PipelineModule: layer files, stages, tied modules, pipeline x tensor parallel
     tensor/      tensor parallel: `mp_rank_TT` shards joined by the recorded recipe
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 from inspector.scan.layouts.autoep import AutoEP
 from inspector.scan.layouts.base import Found, Layout, ScanOptions
+from inspector.scan.layouts.dcp import LAYOUT as DCP
 from inspector.scan.layouts.moe import MoE
 from inspector.scan.layouts.pipeline import Pipeline
 from inspector.scan.layouts.tensor import Tensor
 from inspector.scan.layouts.universal import Universal
 from inspector.scan.layouts.zero import Zero
 
-LAYOUTS: tuple[Layout, ...] = (Universal(), Pipeline(), Tensor(), AutoEP(), MoE(), Zero())
+LAYOUTS: tuple[Layout, ...] = (DCP, Universal(), Pipeline(), Tensor(), AutoEP(), MoE(), Zero())
 
 __all__ = ["LAYOUTS", "Found", "Layout", "ScanOptions", "names", "universal_folder"]
 

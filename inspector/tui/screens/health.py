@@ -138,7 +138,7 @@ class HealthPane(Vertical):
         progress.remove_class("-hidden")
         progress.update(total=1.0, progress=0.0)
         self._status(Text("starting… (escape cancels)", style="italic"))
-        self._worker(self.ckpt, key[2] or None, self._cancel, self._run)
+        self._worker(self.ckpt, key[2] or None, self._cancel, self._run, tuple(zi(self).tp_split))
 
     def _abandon(self) -> None:
         """Stop a pass still reading and ignore its last messages: a new tag or comparison replaces it."""
@@ -153,7 +153,14 @@ class HealthPane(Vertical):
     # --- the worker ---------------------------------------------------------------------------------------
 
     @work(thread=True, exclusive=True, group="health", exit_on_error=False, description="health check")
-    def _worker(self, ckpt: Checkpoint, against_tag: str | None, cancel: threading.Event, run: int) -> None:
+    def _worker(
+        self,
+        ckpt: Checkpoint,
+        against_tag: str | None,
+        cancel: threading.Event,
+        run: int,
+        tp_split: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         from inspector.health import check
         from inspector.scan.scanner import scan
 
@@ -162,7 +169,7 @@ class HealthPane(Vertical):
         pending: list[Row] = []
         last = time.monotonic()
         try:
-            against = scan(ckpt.root, against_tag) if against_tag else None
+            against = scan(ckpt.root, against_tag, tp_split=tp_split) if against_tag else None  # as the tag
             post(HealthUpdate(run, progress=planned(ckpt, against)))  # the totals up front, not as found
             for item in check(ckpt, against, cancel=cancel):
                 if isinstance(item, list):

@@ -143,9 +143,10 @@ class MainScreen(Screen[None]):
         """The root's tags are known; `opened` False: the asked-for one is missing, none is chosen (the list,
         `[` and `]` open one)."""
         tags = self.query_one("#tags", Select)
+        known = loc.tags or ((loc.tag,) if loc.tag else ())  # a layout's own folder may name only its own
         with self.prevent(Select.Changed):
             tags.set_options(
-                [(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(loc.tags)]
+                [(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(known)]
             )
             if opened and loc.tag:  # a tagless folder (a universal checkpoint) has none to choose
                 tags.value = loc.tag

@@ -5,7 +5,7 @@ touches a widget, so the pane applies every update on the UI thread."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,11 +40,18 @@ Post = Callable[[Message], object]
 
 
 def stream_stats(
-    ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event, post: Post, *, timed: bool = True
+    ckpt: Checkpoint,
+    t: TensorInfo,
+    cancel: threading.Event,
+    post: Post,
+    *,
+    timed: bool = True,
+    tp_split: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Statistics of `t`, the largest difference of its 16-bit module copy from the master, and how much it
-    changed since the neighbouring tag; `cancel` stops it between chunks. Ends with a `done` update unless
-    cancelled. `timed`: say how long the read took (not in a frozen app)."""
+    changed since the neighbouring tag (scanned with `tp_split`, as this one was); `cancel` stops it between
+    chunks. Ends with a `done` update unless cancelled. `timed`: say how long the read took (not in a frozen
+    app)."""
     from inspector.convert.reader import (
         FilePool,  # numpy's reader loads with the first statistics, not at launch
     )
@@ -70,7 +77,7 @@ def stream_stats(
                         post(StatsUpdate(t.name, progress=d, what="comparing with the module copy"))
             other = other_tag(ckpt)
             if other is not None:
-                _compare_tag(ckpt, t, other, pool, cancel, post)
+                _compare_tag(ckpt, t, other, pool, cancel, post, tp_split)
     except CancelledError:
         return
     except (InspectorError, ValueError, OSError) as exc:
@@ -88,14 +95,27 @@ def other_tag(ckpt: Checkpoint) -> str | None:
 
 
 def _compare_tag(
-    ckpt: Checkpoint, t: TensorInfo, other: str, pool: FilePool, cancel: threading.Event, post: Post
+    ckpt: Checkpoint,
+    t: TensorInfo,
+    other: str,
+    pool: FilePool,
+    cancel: threading.Event,
+    post: Post,
+    tp_split: Sequence[tuple[str, str]],
 ) -> None:
+    from inspector.health.since import refuse_damaged
     from inspector.health.tensor import difference
     from inspector.scan.scanner import scan
 
     try:
-        theirs = scan(ckpt.root, other).tensor(t.name)
-    except (InspectorError, KeyError):
+        scanned = scan(ckpt.root, other, tp_split=tuple(tp_split))
+        refuse_damaged(scanned)  # a damaged tag is not compared: the health pass's rule
+    except InspectorError as exc:
+        post(StatsUpdate(t.name, result=Text(f"{other}: cannot compare: {exc.message}", style="red")))
+        return
+    try:
+        theirs = scanned.tensor(t.name)
+    except KeyError:
         post(StatsUpdate(t.name, result=Text(f"{other}: no such tensor to compare", style="dim")))
         return
     if theirs.numel != t.numel:

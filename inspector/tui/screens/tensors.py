@@ -331,7 +331,10 @@ class TensorsPane(Horizontal):
 
     @work(thread=True, exclusive=True, group="stats", exit_on_error=False, description="statistics")
     def _stats_worker(self, ckpt: Checkpoint, t: TensorInfo, cancel: threading.Event) -> None:
-        stream_stats(ckpt, t, cancel, self.post_message, timed=zi(self).live_meters)
+        shell = zi(self)
+        stream_stats(
+            ckpt, t, cancel, self.post_message, timed=shell.live_meters, tp_split=tuple(shell.tp_split)
+        )
 
     @on(StatsUpdate)
     def _stats_update(self, msg: StatsUpdate) -> None:

@@ -63,7 +63,9 @@ class Merged(SafetensorsKind):
         *,
         against: str | None = None,
         cancel: threading.Event | None = None,
+        base: str | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
+        """`base`: the base folder to recompute from (verify's --base; default: where convert finds it)."""
         if against is not None:
             self.refuse_against("a merged model is checked by recomputing the merge from the fp32 masters.")
-        return verify_merged(ckpt, absolute(out_dir), cancel=cancel)
+        return verify_merged(ckpt, absolute(out_dir), base=base, cancel=cancel)

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 
 MERGE_BLOCK = 1 << 14  # elements of fp32 a worker computes at once (three 64 KiB blocks: W, delta, product)
 MERGED_KEY = "merged_adapter"
-BASE_KEY = "merged_base"  # the base model folder it was merged into (verify recomputes from it)
+# the base it was merged into, by name and a hash of its tensor headers, never by path: the output travels
+# (to a hub, to colleagues) and a path would carry the user's folder layout and user name with it
+BASE_KEY = "merged_base"
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def build_merged_plan(
     synthetic = replace(ckpt, tensors=tuple(entries.values()), layout=ckpt.layout)
     opts = replace(opts, strip_prefix=(), exclude_frozen=False, dedupe_tied=False)
     plan = build_plan(synthetic, opts, allow_damaged=allow_damaged)
-    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, folder)) for s in plan.shards))
+    record = base_record(model) if needs_base else None
+    plan = replace(plan, shards=tuple(replace(s, header=_mark_merged(s.header, record)) for s in plan.shards))
     if folder is not None:
         plan = replace(plan, sources=(*plan.sources, base_source(folder)))
     plan = replace(plan, fingerprint=_fingerprint(plan, merges, model if needs_base else None))
@@ -160,7 +163,17 @@ def _fingerprint(plan: ConversionPlan, merges: dict[str, Merge], model: BaseMode
     return h.hexdigest()[:16]
 
 
-def _mark_merged(header: bytes, base: str | None) -> bytes:
+def base_record(model: BaseModel) -> dict[str, str]:
+    """How a merged output names its base: the folder's own name (as a hub repository's is) and a SHA-256
+    of every base tensor's name, dtype, shape and byte length, so verify can tell the right base from
+    another without any local path in the output."""
+    h = hashlib.sha256()
+    for t in sorted(model.tensors, key=lambda t: t.name):
+        h.update(f"{t.name}|{t.dtype}|{list(t.shape)}|{sum(s.nbytes for s in t.segments)}\n".encode())
+    return {"name": os.path.basename(os.path.normpath(model.folder)), "tensors_sha256": h.hexdigest()}
+
+
+def _mark_merged(header: bytes, base: dict[str, str] | None) -> bytes:
     """Record in the header metadata that the values are merged (so `verify` can say why it cannot compare)."""
     body = json.loads(header[8:])
     meta = json.loads(body["__metadata__"][META_KEY])

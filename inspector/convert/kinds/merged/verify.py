@@ -16,10 +16,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from inspector.convert.kinds.merged.merge import BASE_KEY, Merge, build_merged_plan
+from inspector.convert.kinds.merged.merge import BASE_KEY, Merge, base_record, build_merged_plan
 from inspector.convert.options import ConvertOptions
 from inspector.convert.reader import FilePool
 from inspector.convert.verify import VerifyProgress, VerifyResult, expected_bytes, output_files
@@ -27,14 +26,18 @@ from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import read_header
 from inspector.remote.roots import source_at
+from inspector.scan.basemodel import BaseModelError, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Segment
 from inspector.scan.peft import detect_adapter
 from inspector.system.bytesource import ByteSource
+from inspector.text import shown
 
 _ROWS_ELEMS = 1 << 20  # elements per row block: float64 temporaries stay a few MiB
 
 
-def _recorded_base(out: ByteSource, first: str) -> str | None:
+def _recorded_base(out: ByteSource, first: str) -> str | dict[str, Any] | None:
+    """What the output records of its base: None (the checkpoint held the base weights), its name and hash
+    (`merge.base_record`), or a folder path (outputs written before the base was recorded by name)."""
     from inspector.convert.plan import META_KEY
 
     header = read_header(out, os.path.join(out.root, first), exact=False)
@@ -43,7 +46,24 @@ def _recorded_base(out: ByteSource, first: str) -> str | None:
     except ValueError:
         return None
     base = doc.get(BASE_KEY) if isinstance(doc, dict) else None
-    return base if isinstance(base, str) else None
+    return base if isinstance(base, (str, dict)) else None
+
+
+def _base_folder(recorded: str | dict[str, Any] | None, base: str | None, adapter: Any) -> str | None:
+    """The base folder to recompute from: `--base`, else where convert finds it by default (adapter_config's
+    base_model_name_or_path); refused when its tensors are not those of the base the output was merged into."""
+    if recorded is None:
+        return None
+    if isinstance(recorded, str):
+        return base or recorded
+    folder = resolve_base(base, adapter.base_model, adapter.config_path)
+    if base_record(read_base_model(folder))["tensors_sha256"] != recorded.get("tensors_sha256"):
+        raise BaseModelError(
+            f"The base model at {folder} is not the one this model was merged into "
+            f"({shown(str(recorded.get('name')))}): its tensors differ.",
+            hint="Pass the base the merge used with --base DIR.",
+        )
+    return folder
 
 
 def _read(pool: FilePool, segs: tuple[Segment, ...] | list[Segment], dtype: str) -> np.ndarray[Any, Any]:
@@ -70,6 +90,8 @@ def _rows(segments: tuple[Segment, ...], start: int, count: int) -> list[Segment
 
 def _ulp(x: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
     """One unit in the last place of `dtype` at each |x| (its smallest subnormal below the normal range)."""
+    import ml_dtypes  # ~0.9 CPU-s to import: only a merged output's verify needs its finfo
+
     info = ml_dtypes.finfo(numpy_dtype(dtype))
     tiny = float(info.smallest_subnormal)
     e = np.floor(np.log2(np.maximum(np.abs(x), float(info.smallest_normal))))
@@ -131,9 +153,9 @@ def _plain_ok(
 
 
 def verify_merged(
-    ckpt: Checkpoint, out_dir: str, *, cancel: threading.Event | None = None
+    ckpt: Checkpoint, out_dir: str, *, base: str | None = None, cancel: threading.Event | None = None
 ) -> Iterator[VerifyProgress | VerifyResult]:
-    """Yield progress, then one VerifyResult for a `--format merged` output."""
+    """Yield progress, then one VerifyResult for a `--format merged` output (`base`: verify's --base)."""
     out = source_at(out_dir, "output folder")
     files = output_files(out)
     adapter = detect_adapter(ckpt)
@@ -143,8 +165,8 @@ def verify_merged(
             hint="Pass the checkpoint (and --tag) the merged model was converted from.",
             title="Nothing to verify",
         )
-    base = _recorded_base(out, files[0])
-    mp = build_merged_plan(ckpt, ConvertOptions(), adapter, base)
+    folder = _base_folder(_recorded_base(out, files[0]), base, adapter)
+    mp = build_merged_plan(ckpt, ConvertOptions(), adapter, folder)
     planned = {t.name: t for s in mp.plan.shards for t in s.tensors}
     res = VerifyResult()
     headers = [read_header(out, os.path.join(out.root, f), exact=False) for f in files]

@@ -209,6 +209,12 @@ class Universal(OutputKind):
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
         checkpoint saved before its first optimizer step has an Adam with no moments yet: refused, in those
         words (not as "not an Adam-family optimizer")."""
+        if ckpt.layout.startswith("dcp-"):
+            return self._unavailable(
+                Why.LAYOUT,
+                "a PyTorch Distributed Checkpoint, not a DeepSpeed run: a universal checkpoint is made from "
+                "DeepSpeed's own ZeRO files (DCP folders already load on any world size with torch)",
+            )
         if ckpt.parallel is not None and (why := _layout_refusal(ckpt)) is not None:
             return self._unavailable(*why)
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:

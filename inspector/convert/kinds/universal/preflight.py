@@ -14,6 +14,7 @@ from inspector.convert.preflight import (
     converter_base,
     read_seconds,
 )
+from inspector.convert.root import refuses_new_entries
 from inspector.system.bytesource import any_remote
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 
@@ -57,7 +58,7 @@ def assess_universal(
     vms_peak = vms + buffer_bytes(plan, n) + RUNTIME_OVERHEAD + UNIVERSAL_RUNTIME + (n + 1) * THREAD_STACK
     budget = budget or detect_memory_limits()
     free = free_disk if free_disk is not None else free_disk_bytes(plan.out_root)
-    blocked = unwritable(plan.out_root)
+    blocked = unwritable(plan.out_root) or refuses_new_entries(plan.out_root)  # modes, then a real try
     headroom = int(budget.effective.bytes * (1 - SAFETY_FRACTION))
     return Assessment(
         predicted_peak_rss=peak,

@@ -30,6 +30,7 @@ from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.autoep import AutoEPLayer, PartitionGroup, autoep_layers, partition_groups
 from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.claims import Role, expert_role
 from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout
 from inspector.scan.layouts.autoep.place import holding, place
@@ -67,6 +68,14 @@ class _Rank:
 
 class _AutoEPScanner(ZeroScanner):
     parallel: Parallel | None = None
+    words = "this AutoEP checkpoint"
+
+    def _expert_role(self, model: ModelStates, stage3: bool) -> Role | None:
+        """ZeRO-1/2 saves write each expert's 16-bit weights to its own file, for the layers and expert counts
+        `ds_autoep_layers` records; ZeRO-3 saves write none."""
+        if stage3:
+            return None
+        return expert_role({la.layer_id: la.num_experts for la in self.layers}, 1, "ds_autoep_layers")
 
     def _model(self, stage3: bool) -> ModelStates:
         model = super()._model(stage3)

@@ -21,6 +21,7 @@ from inspector.errors import InspectorError
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.claims import Role, expert_role
 from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
@@ -59,6 +60,15 @@ def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
 
 class _MoEScanner(ZeroScanner):
     parallel: Parallel | None = None
+    words = "this MoE checkpoint"
+
+    def _expert_role(self, model: ModelStates, stage3: bool) -> Role:
+        """Expert files for the MoE layers and expert counts the model states record (`num_experts`)."""
+        try:
+            counts = ParallelDims.parse(load_tree(model.file, self.loc.source), model.file).num_experts
+        except InspectorError:
+            counts = None  # missing_experts reports the damaged record
+        return expert_role(dict(enumerate(counts)) if counts is not None else None, 1)
 
     def _layout(self, read: Read) -> Layout | None:
         param_shapes = read.param_shapes

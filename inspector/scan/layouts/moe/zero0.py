@@ -18,11 +18,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from inspector.errors import NotACheckpointError, UnsupportedCheckpointError
+from inspector.errors import NotACheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16, UnfusedParam
 from inspector.parse.states import ModelStates
 from inspector.scan.assemble import record
+from inspector.scan.claims import claim, damaging, expert_role, expp_role, model_role
 from inspector.scan.files import RankFiles, load_or_finding
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layouts.moe.scanner import EXPERT_NAME, missing_experts
@@ -52,6 +53,7 @@ from inspector.scan.model import (
 from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
 
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
+_WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_…)"
 _HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
 
 
@@ -65,10 +67,13 @@ class _Files:
     expp: dict[int, str]
     experts: dict[tuple[int, int], str]
     present: int
+    names: tuple[str, ...] = ()  # every name in the tag folder, for the claim pass (scan/claims.py)
 
 
 def _files(loc: Location, names: Sequence[str]) -> _Files:
-    """The model states, each expert-parallel rank's optimizer file and the expert files (ranks bounded)."""
+    """The model states, each expert-parallel rank's optimizer file and the expert files (ranks bounded); any
+    other rank file (a second model-parallel rank, an expert file without its MoE layer, as DeepSpeed before
+    0.6 wrote it) is left to the claim pass, which reports it."""
     model, expp, experts = None, {}, {}
     for n in names:
         path = os.path.join(loc.tag_dir, n)
@@ -78,18 +83,11 @@ def _files(loc: Location, names: Sequence[str]) -> _Files:
             experts[(int(m.group(2)), int(m.group(3)))] = path
         elif (m := MODEL_RE.match(n)) and int(m.group(1)) == 0:
             model = path
-        elif m is not None or EXPP_RE.match(n) or EXPERT_RE.match(n):
-            raise UnsupportedCheckpointError(
-                f"{loc.tag_dir}: {n} is a rank file this layout does not read (a second model-parallel rank, "
-                f"an expert-parallel rank beyond the {len(names)} files present, or an expert file without "
-                "its MoE layer, as DeepSpeed before 0.6 wrote).",
-                hint="MoE without ZeRO is read with one model-parallel rank; remove a stray file.",
-            )
     if model is None:
         raise NotACheckpointError(
             f"{loc.tag_dir}: no mp_rank_00_model_states.pt.", hint="Copy the complete checkpoint folder."
         )
-    return _Files(model, expp, experts, len(names))
+    return _Files(model, expp, experts, len(names), tuple(names))
 
 
 def scan_moe_zero0(loc: Location, names: Sequence[str]) -> Checkpoint:
@@ -113,15 +111,17 @@ class _Zero0:
         tree = load_tree(self.f.model, self.loc.source)
         model = ModelStates.parse(tree, self.f.model)
         dims = ParallelDims.parse(tree, self.f.model)
-        rf = RankFiles(experts=self.f.experts, present=self.f.present)
-        self.findings += missing_experts(model, rf, self.loc.tag_dir, self.loc.source)
-        copies = self._expert_copies()
-        opts = {
+        opts = {  # read first: the expert-parallel size their groups name bounds the files' roles
             e: o
             for e, p in sorted(self.f.expp.items())
             if (o := load_or_finding(p, self.loc.source, self.findings, _unfused)) is not None
         }
         ep = self._ep_size(opts)
+        self._claim(dims, ep)
+        opts = {e: o for e, o in opts.items() if e in self.f.expp}
+        rf = RankFiles(experts=self.f.experts, present=self.f.present)
+        self.findings += missing_experts(model, rf, self.loc.tag_dir, self.loc.source)
+        copies = self._expert_copies()
         for e in [e for e in range(ep) if e not in self.f.expp][:8]:
             self.add(
                 "missing-rank",
@@ -132,10 +132,21 @@ class _Zero0:
             )
         tensors: list[TensorInfo] = []
         groups: list[GroupInfo] = []
-        if len(opts) == ep and not any(f.severity is Severity.ERROR for f in self.findings):
+        if len(opts) == ep and not damaging(self.findings):
             tensors, groups = self._tensors(model, dims, opts, copies, ep)
         tensors += self._rest(model, {t.name for t in tensors})
         return self._checkpoint(model, opts, tensors, groups, ep)
+
+    def _claim(self, dims: ParallelDims, ep: int) -> None:
+        """Every file of the tag folder claimed (scan/claims.py): the model states, one optimizer file per
+        expert-parallel rank, the expert files of the recorded MoE layers; the rest are stray-file errors."""
+        expp = expp_role(ep, 1)
+        counts = dict(enumerate(dims.num_experts)) if dims.num_experts is not None else None
+        experts = expert_role(counts, 1)
+        claims = claim(self.loc.tag_dir, self.f.names, [model_role(1), expp, experts], _WORDS)
+        self.findings += claims.findings
+        self.f.expp = {k[0]: p for k, p in claims.of(expp).items()}
+        self.f.experts = {(k[0], k[1]): p for k, p in claims.of(experts).items()}
 
     def _ep_size(self, opts: Mapping[int, UnfusedFp16]) -> int:
         """The expert-parallel size the `ep_size_E` group names, bounded by the files present (one
@@ -301,7 +312,7 @@ class _Zero0:
     def _rest(self, model: ModelStates, named: set[str]) -> list[TensorInfo]:
         """Buffers, and (with every master named) frozen module tensors, from the model states."""
         out = []
-        complete = not any(f.severity is Severity.ERROR for f in self.findings)
+        complete = not damaging(self.findings)
         for n, ref in model.module.items():
             if n in model.buffer_names:
                 out.append(plain(n, ref, Kind.BUFFER))

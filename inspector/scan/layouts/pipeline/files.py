@@ -10,18 +10,26 @@ tp + TT. Rank and stage numbers come from file names, so they are bounded by the
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from inspector.errors import NotACheckpointError
 from inspector.parse.states import ModelStates, OptimStates
+from inspector.scan.claims import (
+    LAYER_FILE_RE,
+    LAYER_TP_RE,
+    Claims,
+    claim,
+    layer_role,
+    model_role,
+    optim_role,
+)
 from inspector.scan.layout import Layout
 from inspector.scan.layouts.pipeline.names import LAYER_NAME
-from inspector.scan.locate import MODEL_RE, OPTIM_RE, PADDED, Location
+from inspector.scan.locate import MODEL_RE, OPTIM_RE, Location
 from inspector.scan.model import Finding, Severity
 
-LAYER_FILE_RE = re.compile(rf"^layer_{PADDED}-model_states\.pt$")
-LAYER_TP_RE = re.compile(rf"^layer_{PADDED}-model_{PADDED}-model_states\.pt$")
 STAGE_RE = MODEL_RE
 
 
@@ -32,6 +40,41 @@ def is_pipeline(names: list[str]) -> bool:
 def tp_layer_ranks(names: list[str]) -> set[int]:
     """The tensor-parallel ranks the layer files name (`layer_XX-model_TT-…`); empty without a model axis."""
     return {int(m.group(2)) for n in names if (m := LAYER_TP_RE.match(n))}
+
+
+def claim_files(
+    loc: Location, names: list[str], tp: int, pp: int | None, dp: int | None, config: Mapping[str, Any]
+) -> Claims:
+    """Every file of a pipeline tag folder claimed (scan/claims.py): layer files of the run's one naming and
+    tensor-parallel ranks, one `mp_rank_MM` per stage and tensor-parallel rank, optimizer files per stage and
+    data-parallel rank (none with ZeRO off in fp16). The layer files' naming is the model axis's when the run
+    is tensor-parallel, else the one most layer files use: a re-save with another topology leaves files of the
+    other."""
+    tp_named = sum(bool(LAYER_TP_RE.match(n)) for n in names)
+    plain = sum(bool(LAYER_FILE_RE.match(n)) for n in names)
+    named = tp_named > 0 and (tp > 1 or tp_named >= plain)
+    mp = pp * tp if pp is not None else None
+    roles = [layer_role(tp, named), model_role(mp)]
+    words = "layer_XX-model_TT-model_states.pt" if named else "layer_XX-model_states.pt"
+    if _masters_in_stage_files(config):
+        words += "; ZeRO off in fp16, so its fp32 masters are in the stage files"
+    else:
+        roles.append(optim_role(dp, mp))
+    return claim(loc.tag_dir, names, roles, f"this pipeline (whose layer files are named {words})")
+
+
+def _masters_in_stage_files(config: Mapping[str, Any]) -> bool:
+    """ZeRO off in fp16 (`zero_optimization.stage` 0, fp16 on, bf16 off), as the run's config records it:
+    DeepSpeed's FP16 optimizer keeps the masters in the stage files and writes no optimizer files (the bf16
+    optimizer, ZeRO off too, writes them). A config that says less: optimizer files are expected."""
+
+    def on(key: str) -> bool:
+        section = config.get(key)
+        return isinstance(section, Mapping) and section.get("enabled") is True
+
+    zero = config.get("zero_optimization")
+    stage = zero.get("stage") if isinstance(zero, Mapping) else None
+    return stage == 0 and on("fp16") and not (on("bf16") or on("bfloat16"))
 
 
 @dataclass
@@ -62,13 +105,16 @@ class PipelineFiles:
     tp_named: bool = False  # the layer files carry a model axis (layer_XX-model_TT-…)
 
 
-def classify(loc: Location, tp_rank: int = 0, tp: int = 1) -> PipelineFiles:
-    """Tensor-parallel rank `tp_rank`'s layer, stage and optimizer files (of `tp` ranks in all)."""
+def classify(
+    loc: Location, tp_rank: int = 0, tp: int = 1, only: frozenset[str] | None = None
+) -> PipelineFiles:
+    """Tensor-parallel rank `tp_rank`'s layer, stage and optimizer files (of `tp` ranks in all); `only`: the
+    names the claim pass gave this pipeline (scan/claims.py), None: every name."""
     names = loc.source.listdir(loc.tag_dir)
     present = len(names)
     out = PipelineFiles({}, {}, present, [])
     optims: dict[tuple[int, int], str] = {}
-    for n in names:
+    for n in names if only is None else [n for n in names if n in only]:
         path = os.path.join(loc.tag_dir, n)
         if (m := LAYER_FILE_RE.match(n)) or ((m := LAYER_TP_RE.match(n)) and int(m.group(2)) == tp_rank):
             out.layers[int(m.group(1))] = path

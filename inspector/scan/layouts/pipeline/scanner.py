@@ -59,8 +59,11 @@ def scan_pipeline(loc: Location) -> Checkpoint:
 class Pipeline:
     """One tensor-parallel rank's pipeline (all of it when tp is 1): its stages rebuilt and merged."""
 
-    def __init__(self, loc: Location, tp_rank: int = 0, tp: int = 1) -> None:
+    def __init__(
+        self, loc: Location, tp_rank: int = 0, tp: int = 1, only: frozenset[str] | None = None
+    ) -> None:
         self.loc = loc
+        self.only = only  # the names the claim pass gave the pipeline (scan/claims.py); None: all
         self.source: ByteSource = loc.source
         self.findings: list[Finding] = list(loc.findings)
         self.tp_rank, self.tp = tp_rank, tp
@@ -74,7 +77,7 @@ class Pipeline:
         self.findings.append(Finding(severity, code, message, file, hint))
 
     def _classify(self) -> int:
-        self.files = classify(self.loc, self.tp_rank, self.tp)
+        self.files = classify(self.loc, self.tp_rank, self.tp, self.only)
         self.layers, self.stages = self.files.layers, self.files.stages
         self.findings += self.files.findings
         return self.files.present

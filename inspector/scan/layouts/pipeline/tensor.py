@@ -14,10 +14,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 
-from inspector.errors import InspectorError, NotACheckpointError, StoreError
+from inspector.errors import InspectorError, StoreError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
-from inspector.scan.layouts.pipeline.files import tp_layer_ranks
+from inspector.parse.states import ModelStates
+from inspector.scan.claims import Claims, bounded
+from inspector.scan.layouts.pipeline.files import claim_files, tp_layer_ranks
 from inspector.scan.layouts.pipeline.scanner import Pipeline
 from inspector.scan.layouts.tensor.scanner import join_shards
 from inspector.scan.locate import Location
@@ -33,17 +35,13 @@ def scan_pipeline_tensor(
     dims = ParallelDims.parse(tree0, model0) if tree0 is not None else None
     held = tp_layer_ranks(list(names))
     tp = (dims.tp_degree if dims else None) or (max(held) + 1 if held else 1)
-    if held and max(held) >= tp:
-        raise NotACheckpointError(
-            f"{loc.tag_dir} holds pipeline layer files of tensor-parallel rank {max(held)} "
-            f"(layer_XX-model_{max(held):02d}-model_states.pt), but its model states say the run had {tp} "
-            "tensor-parallel rank(s): files of another run are mixed in, or the model states are damaged.",
-            hint="Restore the tag folder from one save.",
-            title="Pipeline files of another run",
-        )
+    claims = _claims(loc, names, tp, tree0, dims)  # a layer file of another TP rank: a stray-file error
+    only = frozenset(claims.names())
+    held = tp_layer_ranks(sorted(only))
     if tp == 1:
-        return Pipeline(loc).build()
-    findings: list[Finding] = []
+        ckpt = Pipeline(loc, only=only).build()
+        return replace(ckpt, findings=(*claims.findings, *ckpt.findings))
+    findings: list[Finding] = list(claims.findings)
     if tp > len(names):
         findings.append(
             Finding(
@@ -66,7 +64,7 @@ def scan_pipeline_tensor(
                     "Copy the complete checkpoint folder; every tensor-parallel rank writes its own layer files.",
                 )
             )
-    scanned = _shards(loc, tp, held, findings)
+    scanned = _shards(loc, tp, held, findings, only)
     if not scanned:  # layer files without a model axis, yet tp_degree > 1: refused there, with the reason
         return Pipeline(loc).build()
     recipe = TpRecipe.parse(tree0, model0) if tree0 is not None else None
@@ -74,13 +72,28 @@ def scan_pipeline_tensor(
     return _joined(scanned, tp, tensors, findings, used)
 
 
-def _shards(loc: Location, tp: int, held: set[int], findings: list[Finding]) -> dict[int, Checkpoint]:
+def _claims(loc: Location, names: Sequence[str], tp: int, tree0: object, dims: ParallelDims | None) -> Claims:
+    """The claim pass over the folder with the run's degrees as mp_rank_00 records them (none recorded, or
+    more than the files present: only the files present bound them)."""
+    present = len(names)
+    path = os.path.join(loc.tag_dir, "mp_rank_00_model_states.pt")
+    model = ModelStates.parse(tree0, path) if tree0 is not None else None
+    pp = bounded(dims.pp_degree if dims else None, present)
+    if pp is None and dims is not None and dims.mp_world_size is not None:
+        pp = bounded(dims.mp_world_size // tp or None, present)
+    dp = bounded(model.dp_world_size if model else None, present)
+    return claim_files(loc, list(names), tp, pp, dp, model.ds_config if model else {})
+
+
+def _shards(
+    loc: Location, tp: int, held: set[int], findings: list[Finding], only: frozenset[str]
+) -> dict[int, Checkpoint]:
     """Each tensor-parallel rank's pipeline; its findings added, naming the rank. A rank whose essential file
     (its first stage's model states) is lost is a finding too: only rank 0's refuses the whole folder."""
     out: dict[int, Checkpoint] = {}
     for t in sorted(held):
         try:
-            out[t] = Pipeline(loc, t, tp).build()
+            out[t] = Pipeline(loc, t, tp, only).build()
         except StoreError:
             raise  # the store refused (credentials, throttling): not a finding about the files
         except InspectorError as exc:

@@ -14,19 +14,30 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 
 from inspector.errors import InspectorError, NotACheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.layers import AFFINE_FORMAT, ParallelDims, TpRecipe
+from inspector.parse.states import ModelStates
+from inspector.scan.claims import (
+    Claims,
+    bounded,
+    claim,
+    damaging,
+    expert_role,
+    model_role,
+    optim_role,
+    zero3_model_role,
+)
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import Refused, layout_of, records_differ
+from inspector.scan.tensor_join import Refused, layout_of, records_differ, with_joined
 from inspector.scan.tensor_lay import lay
 from inspector.scan.tp_rules import SPLIT_RULES
 from inspector.text import shown
@@ -68,6 +79,9 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
             )
         )
         tp = len(shards)
+    claims = _claims(loc, names, tp, ModelStates.parse(tree0, model0).dp_world_size, dims.num_experts, shards)
+    findings += claims.findings
+    shards = _shard_files(loc, names, frozenset(claims.names()))
     findings += _missing_shards(shards, tp, loc)
     scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
     for t, c in scanned.items():
@@ -130,7 +144,7 @@ def join_shards(
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
     none is recorded, or only as regular expressions), and the split used; nothing while a shard is missing
     or damaged (the findings say why)."""
-    complete = len(scanned) == tp and not any(f.severity is Severity.ERROR for f in findings)
+    complete = len(scanned) == tp and not damaging(findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
     if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source)):
         findings.append(
@@ -157,12 +171,31 @@ def _model_file(files: RankFiles) -> str | None:
     return files.model if files.model is not None else files.zero3_model.get(0)
 
 
-def _shard_files(loc: Location, names: Sequence[str]) -> dict[int, RankFiles]:
+def _claims(
+    loc: Location,
+    names: Sequence[str],
+    tp: int,
+    dp: int | None,
+    experts: Sequence[int] | None,
+    shards: Mapping[int, RankFiles],
+) -> Claims:
+    """Every file of the folder claimed (scan/claims.py): per tensor-parallel rank its model states (under
+    ZeRO-3 one per data-parallel rank) and optimizer files, and with MoE its expert files."""
+    dp = bounded(dp, len(names))
+    zero3 = any(f.zero3_model for f in shards.values())
+    roles = [optim_role(dp, tp), zero3_model_role(dp, tp) if zero3 else model_role(tp)]
+    roles += [expert_role(dict(enumerate(experts)), tp)] if experts is not None else []
+    return claim(loc.tag_dir, names, roles, "this tensor-parallel checkpoint")
+
+
+def _shard_files(
+    loc: Location, names: Sequence[str], only: frozenset[str] | None = None
+) -> dict[int, RankFiles]:
     """Each tensor-parallel rank's model and optimizer files (under ZeRO-3 every data-parallel rank of a shard
-    writes its own model states); rank numbers bounded by the files present."""
+    writes its own model states); rank numbers bounded by the files present. `only`: the claimed names."""
     present = len(names)
     shards: dict[int, RankFiles] = {}
-    for n in names:
+    for n in names if only is None else [n for n in names if n in only]:
         path = os.path.join(loc.tag_dir, n)
         if m := MODEL_RE.match(n):
             shards.setdefault(int(m.group(1)), RankFiles(present=present)).model = path
@@ -350,20 +383,7 @@ def _joined(
                     hint="The shards come from different saves.",
                 )
         return t0
-    return _with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), layout.logical)
-
-
-def _with_joined(
-    t0: TensorInfo, pieces: list[TensorInfo], join: Callable[[Sequence[Segs]], Segs], shape: tuple[int, ...]
-) -> TensorInfo:
-    """t0 with its shards' masters, moments and 16-bit copies joined alike."""
-    moments: tuple[tuple[str, Segs], ...] = ()
-    if all(p.moments for p in pieces):
-        moments = tuple((m, join([dict(p.moments)[m] for p in pieces])) for m, _ in t0.moments)
-    copy = join([p.module_copy for p in pieces]) if all(p.module_copy for p in pieces) else ()
-    return replace(
-        t0, shape=shape, segments=join([p.segments for p in pieces]), moments=moments, module_copy=copy
-    )
+    return with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), layout.logical)
 
 
 __all__ = ["join_shards", "scan_tensor", "tp_ranks"]

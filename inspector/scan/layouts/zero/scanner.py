@@ -13,6 +13,7 @@ from inspector.errors import InspectorError, NotACheckpointError, UnsupportedChe
 from inspector.format.torchzip import load_tree
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
+from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.locate import Location
@@ -64,6 +65,8 @@ class ZeroScanner:
         f = self.files
         stage3 = bool(f.zero3_model)
         model = self._model(stage3)
+        if not self.shard:  # a tensor-parallel shard's files are claimed by scan/tensor.py, for every shard
+            self._claim(model, stage3)
         ws = max(f.optim) + 1
         if model.dp_world_size is not None and model.dp_world_size > ws:
             if model.dp_world_size > f.present:  # a world size the folder cannot hold: say so once
@@ -101,8 +104,36 @@ class ZeroScanner:
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)
 
+    def _claim(self, model: ModelStates, stage3: bool) -> None:
+        """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
+        so a stray or duplicate file is a finding and never read."""
+        f = self.files
+        dp = bounded(model.dp_world_size, f.present)
+        optim = optim_role(dp, 1)
+        states = zero3_model_role(dp, 1) if stage3 else model_role(1)
+        experts = self._expert_role(model, stage3)
+        claims = claim(
+            self.loc.tag_dir, f.names, [optim, states, *([experts] if experts else [])], self.words
+        )
+        self.findings += claims.findings
+        f.optim = {k[0]: p for k, p in claims.of(optim).items()}
+        if not f.optim:
+            raise NotACheckpointError(
+                f"{self.loc.tag_dir}: none of its optimizer files belongs to this run ({claims.findings[0].message})",
+                hint="Restore the tag folder from one save.",
+            )
+        if stage3:
+            f.zero3_model = {k[0]: p for k, p in claims.of(states).items()}
+        f.experts = {(k[0], k[1]): p for k, p in claims.of(experts).items()} if experts else {}
+
+    words = "this data-parallel ZeRO checkpoint"  # the layout, as the claim pass's findings name it
+
+    def _expert_role(self, model: ModelStates, stage3: bool) -> Role | None:
+        """The role of the per-expert files (`moe`, `autoep`); None: this layout writes none."""
+        return None
+
     def findings_have_errors(self) -> bool:
-        return any(x.severity is Severity.ERROR for x in self.findings)
+        return damaging(self.findings)  # a stray file was set aside: the proofs still run
 
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
         return stage3_rank_proof(param_shapes, states, self.loc.source)  # scan/autoep.py narrows it
