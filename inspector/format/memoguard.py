@@ -100,6 +100,37 @@ def check_memo(data: bytes) -> None:
         raise pickle.UnpicklingError(f"its objects would need over {budget >> 20:,} MiB for a {limit:,}-byte pickle")
 
 
+def pickle_end(data: bytes) -> int | None:
+    """Where the pickle at the start of `data` ends (the index after its STOP), or None if `data` ends first.
+
+    The legacy `torch.save` container is pickles back to back with no lengths: this finds each one's end
+    without unpickling it, so a reader can take exactly its bytes from a window and ask for a larger window
+    when one is cut. Kept apart from `check_memo`, whose loop stays lean for large pickles."""
+    pos, n, args = 0, len(data), _ARGS
+    while pos < n:
+        op = data[pos]
+        pos += 1
+        if op == _STOP:
+            return pos
+        spec = args.get(op)
+        if spec is None:
+            continue
+        kind, k = spec
+        if kind == "n":
+            pos += k
+        elif kind == "len":
+            if pos + k > n:
+                return None
+            pos += k + int.from_bytes(data[pos : pos + k], "little")
+        else:
+            for _ in range(k):
+                found = data.find(b"\n", pos)
+                if found < 0:
+                    return None
+                pos = found + 1
+    return None
+
+
 MAX_DEPTH = 100  # DeepSpeed's trees are under 10 deep; JSON configs a few more
 TREE_BASE = 200_000
 TREE_PER_BYTE = 4

@@ -12,11 +12,13 @@ import io
 import os
 import pickle
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
-from inspector.format.dtypes import ITEMSIZE, STORAGE_DTYPES, TORCH_ALIASES, TORCH_NAMES, itemsize
+from inspector.format.dtypes import ITEMSIZE, STORAGE_DTYPES, TORCH_ALIASES, TORCH_NAMES
+from inspector.format.legacy import MAGIC_NUMBER, PROTOCOL_VERSION, LegacyTorchFile
 from inspector.format.memoguard import TreeError, check_tree
 from inspector.format.memoguard import check_memo as _check_memo
 from inspector.format.records import (
@@ -32,7 +34,7 @@ from inspector.format.records import (
 )
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import TorchZip
-from inspector.system.bytesource import ByteSource
+from inspector.system.bytesource import ByteSource, open_handle_in
 from inspector.text import shown
 
 _INERT_RECORDS = {
@@ -59,10 +61,9 @@ _RECORD_CLASSES: dict[tuple[str, str], type[Record]] = {k: _record_class(*k) for
 class SafeUnpickler(pickle.Unpickler):
     """Rebuilds a torch pickle with TensorRefs and inert records; refuses any other global."""
 
-    def __init__(self, data: bytes, archive: TorchZip) -> None:
+    def __init__(self, data: bytes, archive: TorchZip | LegacyTorchFile) -> None:
         super().__init__(io.BytesIO(data), encoding="utf-8")
         self.archive = archive
-        self._storages: dict[str, StorageRef] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if module in _PY2_MODULES:  # protocol-2 pickles spell `builtins` as `__builtin__` (set, bytearray)
@@ -138,26 +139,27 @@ class SafeUnpickler(pickle.Unpickler):
         return None
 
     def persistent_load(self, pid: Any) -> StorageRef:
+        """A storage by its persistent id: `('storage', type, key, location, numel)` in the zip form, with a
+        sixth item (a storage view, or None) in the legacy form; the container says where its bytes are."""
         if not (
-            isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _Token)
+            isinstance(pid, tuple)
+            and len(pid) in (5, 6)
+            and pid[0] == "storage"
+            and isinstance(pid[1], _Token)
+            and isinstance(pid[2], str | int)
         ):
             raise pickle.UnpicklingError("a persistent id that is not a torch storage")
-        _, dtype_tok, key, _location, numel = pid
+        dtype_tok, key, numel = pid[1], str(pid[2]), pid[4]
         if not is_int(numel) or numel < 0 or dtype_tok.name not in ITEMSIZE:
-            raise pickle.UnpicklingError(f"bad storage size or dtype in persistent id {key!r}")
-        key = str(key)
-        ref = self._storages.get(key)
-        if ref is None:
-            offset, size = self.archive.record(key)
-            need = int(numel) * itemsize(dtype_tok.name)
-            if need > size:
-                raise CorruptFileError(
-                    f"{self.archive.path}: storage {key} should hold {need} bytes but the record has {size}.",
-                    hint="The file is damaged; copy it again from the source.",
-                )
-            ref = StorageRef(self.archive.path, key, dtype_tok.name, offset, need)
-            self._storages[key] = ref
-        return ref
+            raise pickle.UnpicklingError(f"bad storage size or dtype in persistent id {shown(key)}")
+        view = pid[5] if len(pid) == 6 else None
+        if view is not None and not (
+            isinstance(view, tuple) and len(view) == 3 and is_int(view[1]) and is_int(view[2])
+        ):
+            raise pickle.UnpicklingError("a storage view that is not (key, offset, size)")
+        if view is not None:
+            view = (str(view[0]), int(view[1]), int(view[2]))
+        return self.archive.storage(key, dtype_tok.name, int(numel), view)
 
     def _tensor(self, storage: StorageRef, offset: Any, size: Any, stride: Any, dtype: str) -> TensorRef:
         if not isinstance(storage, StorageRef):
@@ -229,44 +231,93 @@ def _path(*parts: Any) -> str:
 
 def load(
     path: str | os.PathLike[str], source: ByteSource | None = None, window: tuple[int, int] | None = None
-) -> tuple[Any, TorchZip]:
-    """Unpickle an archive's object tree with tensor references; returns (tree, archive).
+) -> tuple[Any, TorchZip | LegacyTorchFile]:
+    """Unpickle a `torch.save` file's object tree with tensor references; returns (tree, container).
 
-    The file is opened through `source` (the checkpoint's folder; by default the file's own folder). The
-    archive stays open so the caller can read bytes; close it when done. `window`: (base, length) of an
-    archive embedded in the file (a DCP item); its tensors' offsets are the file's.
+    The one entry point for both containers: a file that starts with a pickle is the legacy form, anything
+    else is read as a zip. The file is opened through `source` (the checkpoint's folder; by default the
+    file's own folder). The container stays open so the caller can read bytes; close it when done.
+    `window`: (base, length) of a zip archive embedded in the file (a DCP item); its tensors' offsets are
+    the file's.
     """
-    archive = TorchZip(path, source, window)
+    path = os.fspath(path)
+    handle = open_handle_in(path, (source,) if source else ())
     try:
-        if archive.byteorder() != "little":
-            raise UnsupportedCheckpointError(f"{archive.path}: big-endian checkpoints are not supported.")
-        data = archive.read_entry(f"{archive.prefix}data.pkl")
-        try:
-            _check_memo(data)
-            tree = SafeUnpickler(data, archive).load()
-            check_tree(tree, len(data))
-        except (
-            MemoryError,
-            RecursionError,
-            TreeError,
-            pickle.UnpicklingError,
-            EOFError,
-            ValueError,
-            TypeError,
-            AttributeError,
-            IndexError,
-            KeyError,
-            UnicodeDecodeError,
-        ) as exc:
-            why = str(exc) if isinstance(exc, TreeError | pickle.UnpicklingError) else type(exc).__name__
-            raise CorruptFileError(
-                f"{shown(archive.path)}: the pickle in this file cannot be read ({shown(why)[:200]}).",
-                hint="The file is damaged or not a DeepSpeed checkpoint.",
-            ) from None
+        if window is None and handle.size > 0 and handle.pread(1, 0) == b"\x80":
+            legacy = LegacyTorchFile(path, handle)
+            archive: TorchZip | LegacyTorchFile = legacy
+            with _unreadable_pickle(legacy.shown):
+                tree, nbytes = _legacy_tree(legacy)
+        else:
+            archive = TorchZip(path, source, handle, window)
+            if archive.byteorder() != "little":
+                raise UnsupportedCheckpointError(
+                    f"{archive.shown}: big-endian checkpoints are not supported."
+                )
+            data = archive.read_entry(f"{archive.prefix}data.pkl")
+            with _unreadable_pickle(archive.shown):
+                _check_memo(data)
+                tree, nbytes = SafeUnpickler(data, archive).load(), len(data)
+        with _unreadable_pickle(archive.shown):
+            check_tree(tree, nbytes)
     except BaseException:
-        archive.close()
+        handle.close()
         raise
     return tree, archive
+
+
+def _legacy_tree(archive: LegacyTorchFile) -> tuple[Any, int]:
+    """The legacy container's object tree and its pickle's size. Its storages are located only after the
+    object is read (the dtypes of the 8-byte counts come from it), so the object is unpickled twice: once
+    to learn what each storage holds, once more to build views onto where the bytes really are."""
+    header = [_small_pickle(archive) for _ in range(3)]
+    magic, protocol, info = header
+    if magic != MAGIC_NUMBER or protocol != PROTOCOL_VERSION or not isinstance(info, dict):
+        raise CorruptFileError(
+            f"{archive.shown}: starts with a pickle but not with torch.save's legacy header.",
+            hint="Only DeepSpeed/torch .pt files can be read here.",
+        )
+    if info.get("little_endian") is not True:
+        raise UnsupportedCheckpointError(f"{archive.shown}: big-endian checkpoints are not supported.")
+    data = archive.next_pickle()
+    _check_memo(data)
+    SafeUnpickler(data, archive).load()
+    archive.locate(_small_pickle(archive))
+    return SafeUnpickler(data, archive).load(), len(data)
+
+
+def _small_pickle(archive: LegacyTorchFile) -> Any:
+    """One of the legacy container's plain pickles (header values, the key list), through the same guards."""
+    data = archive.next_pickle()
+    _check_memo(data)
+    value = SafeUnpickler(data, archive).load()
+    check_tree(value, len(data))
+    return value
+
+
+@contextmanager
+def _unreadable_pickle(name: str) -> Iterator[None]:
+    """Whatever goes wrong inside a pickle becomes one clear refusal naming the file, never a traceback."""
+    try:
+        yield
+    except (
+        MemoryError,
+        RecursionError,
+        TreeError,
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        UnicodeDecodeError,
+    ) as exc:
+        why = str(exc) if isinstance(exc, TreeError | pickle.UnpicklingError) else type(exc).__name__
+        raise CorruptFileError(
+            f"{name}: the pickle in this file cannot be read ({shown(why)[:200]}).",
+            hint="The file is damaged or not a DeepSpeed checkpoint.",
+        ) from None
 
 
 def load_tree(path: str | os.PathLike[str], source: ByteSource | None = None) -> Any:

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.system.bytesource import ByteSource, open_handle_in
+from inspector.format.dtypes import itemsize
+from inspector.format.views import StorageRef
+from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
 _EOCD = b"PK\x05\x06"
@@ -39,13 +41,15 @@ class TorchZip:
         self,
         path: str | os.PathLike[str],
         source: ByteSource | None = None,
+        handle: Handle | None = None,
         window: tuple[int, int] | None = None,
     ) -> None:
-        """`window`: (base, length) of an archive embedded in a bigger file (a DCP item); every offset inside
-        is relative to `base`, and nothing outside the window is read. `data_offset` answers in the file."""
+        """`handle`: the file already open (`torchzip.load` sniffs it first). `window`: (base, length) of an
+        archive embedded in a bigger file (a DCP item); every offset inside is relative to `base`, and nothing
+        outside the window is read. `data_offset` answers in the file."""
         self.path = os.fspath(path)
         self.shown = shown(self.path)  # for messages: control characters escaped
-        self.handle: Any = open_handle_in(self.path, (source,) if source else ())
+        self.handle: Any = handle if handle is not None else open_handle_in(self.path, (source,) if source else ())
         self.base = 0
         if window is not None:
             self.handle = _Window(self.handle, *window, self.shown)
@@ -58,6 +62,7 @@ class TorchZip:
             self.handle.close()
             raise
         self._data_offsets: dict[str, int] = {}
+        self._storages: dict[str, StorageRef] = {}
 
     def close(self) -> None:
         self.handle.close()
@@ -289,6 +294,27 @@ class TorchZip:
                 hint="The file is damaged; copy it again from the source.",
             )
         return self.data_offset(name), self.entries[name].size
+
+    def storage(self, key: str, dtype: str, numel: int, view: tuple[str, int, int] | None) -> StorageRef:
+        """The storage a persistent id names: its record, which must hold `numel` elements of `dtype` (the
+        first id naming a key decides its dtype, as in torch). The zip form never writes storage views."""
+        if view is not None:
+            raise CorruptFileError(
+                f"{self.shown}: storage {shown(key)} is a storage view, which the zip form never writes.",
+                hint="The file is damaged or crafted; copy it again from the source.",
+            )
+        ref = self._storages.get(key)
+        if ref is None:
+            offset, size = self.record(key)
+            need = numel * itemsize(dtype)
+            if need > size:
+                raise CorruptFileError(
+                    f"{self.shown}: storage {shown(key)} should hold {need} bytes but the record has {size}.",
+                    hint="The file is damaged; copy it again from the source.",
+                )
+            ref = StorageRef(self.path, key, dtype, offset, need)
+            self._storages[key] = ref
+        return ref
 
     def byteorder(self) -> str:
         name = f"{self.prefix}byteorder"

@@ -48,6 +48,24 @@ class ParallelDims:
     pp_degree: int | None
     tp_degree: int | None
     num_experts: tuple[int, ...] | None  # per MoE layer, in module order (native MoE only)
+    dp_world_size: int | None = None
+
+    @property
+    def sequence_parallel(self) -> int:
+        """The Ulysses sequence-parallel size, or 1. DeepSpeed's SP mpu (ALST, HF's Ulysses integration) makes
+        the engine record the SP size as `tp_degree` while `mp_world_size` stays 1 (no real model-parallel
+        run has that: TP and PP runs record their degree in `mp_world_size` too): weights are replicated over
+        the SP ranks and ZeRO partitions over all ranks, so the files are a plain ZeRO run's."""
+        if self.mp_world_size == 1 and self.tp_degree is not None and self.tp_degree > 1:
+            return self.tp_degree
+        return 1
+
+    @property
+    def model_parallel(self) -> int:
+        """How many model-parallel ranks write files of their own (mp_rank_MM): 1 under Ulysses SP."""
+        if self.sequence_parallel > 1:
+            return 1
+        return max(self.tp_degree or 1, self.mp_world_size or 1)
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> ParallelDims:
@@ -63,7 +81,13 @@ class ParallelDims:
         num = None
         if not experts.is_none():
             num = tuple(e.integer(1, MAX_DEGREE) for e in experts.seq(MAX_DEGREE))
-        return cls(root.at("mp_world_size").opt_integer(1, MAX_DEGREE), pp, tp, num)
+        return cls(
+            root.at("mp_world_size").opt_integer(1, MAX_DEGREE),
+            pp,
+            tp,
+            num,
+            root.at("dp_world_size").opt_integer(1, MAX_DEGREE),
+        )
 
 
 _UNFUSED_HYPER = ("lr", "weight_decay", "betas", "eps", "name", "moe")  # name, moe: native MoE's group labels
@@ -90,7 +114,8 @@ class UnfusedFp16:
     loss_scale: float | None
     hyperparams: tuple[Mapping[str, Any], ...]
     fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
-    # boundaries are written nowhere but in the sizes; groups are then not read
+    # boundaries are written nowhere but in the sizes; `groups` are then empty and `flat` holds the blocks
+    flat: tuple[UnfusedParam, ...] = ()  # fused: per group its flat fp32 block and flat moments (state[g])
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
@@ -98,7 +123,7 @@ class UnfusedFp16:
         root = Node(tree, file)
         opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
         if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
-            return cls(file, (), None, (), fused=True)  # FP16_Optimizer: one flat block per group, no names
+            return cls._fused(opt, file)  # FP16_Optimizer: one flat block per group, no names
         if not opt.is_mapping() or not opt.has("fp32_groups"):
             return None
         osd = opt.at("optimizer_state_dict")
@@ -123,13 +148,63 @@ class UnfusedFp16:
                 params.append(UnfusedParam(p.tensor(), moments, step))
                 index += 1
             groups.append(tuple(params))
-        scale = opt.at("cur_scale").value
-        return cls(
-            file,
-            tuple(groups),
-            float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None,
-            hyper,
+        return cls(file, tuple(groups), _scale(opt), hyper)
+
+    @classmethod
+    def _fused(cls, opt: Node, file: str) -> UnfusedFp16:
+        """FP16_Optimizer's flat blocks, each with the torch optimizer's state for it (keyed by group)."""
+        osd = opt.at("optimizer_state_dict")
+        state = osd.at("state") if osd.is_mapping() else Node(None, file)
+        flat = []
+        for g, block in enumerate(opt.at("fp32_groups_flat").seq(4096)):
+            st = Node(state.value.get(g), file, f"{state.path}[{g}]") if state.is_mapping() else None
+            moments, step = _moments(st)
+            flat.append(UnfusedParam(block.tensor(), moments, step))
+        pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
+        hyper = tuple(
+            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
+            for g in pgs
+            if g.is_mapping()
         )
+        return cls(file, (), _scale(opt), hyper, fused=True, flat=tuple(flat))
+
+
+def _scale(opt: Node) -> float | None:
+    scale = opt.at("cur_scale").value
+    return float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None
+
+
+@dataclass(frozen=True)
+class TorchOptimizer:
+    """`model_states['optimizer']` of a ZeRO-off fp32 run: the torch optimizer's own state dict (the module's
+    fp32 weights are the masters). `groups` are each group's parameter indices (running over the module's
+    parameters in order); `moments[i]` parameter i's Adam moments and step."""
+
+    file: str
+    groups: tuple[tuple[int, ...], ...]
+    moments: Mapping[int, tuple[Mapping[str, TensorRef] | None, Scalar]]
+    hyperparams: tuple[Mapping[str, Any], ...]
+
+    @classmethod
+    def parse(cls, tree: Any, file: str) -> TorchOptimizer | None:
+        """The record, or None when `optimizer` is not a torch optimizer's state dict."""
+        root = Node(tree, file)
+        opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
+        if not opt.is_mapping() or not opt.has("state") or not opt.has("param_groups"):
+            return None
+        state = opt.at("state")
+        groups, hyper = [], []
+        for g in opt.at("param_groups").seq(4096):
+            if not g.is_mapping():
+                raise g.fail("is not an optimizer parameter group")
+            groups.append(tuple(p.integer(0, 1 << 40) for p in g.at("params").seq()))
+            hyper.append(MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)}))
+        moments = {
+            i: _moments(Node(state.value.get(i), file, f"{state.path}[{i}]") if state.is_mapping() else None)
+            for group in groups
+            for i in group
+        }
+        return cls(file, tuple(groups), MappingProxyType(moments), tuple(hyper))
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")

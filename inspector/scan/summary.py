@@ -117,6 +117,8 @@ def _parallel_rows(ckpt: Checkpoint) -> list[SummaryRow]:
 
 
 def _module_copy_text(ckpt: Checkpoint, compute: str) -> str:
+    if not ckpt.module_copy_bytes and ckpt.stage == 0 and ckpt.compute_dtype == "float32":
+        return "none (fp32 training with ZeRO off: the module's weights are the masters)"
     if not ckpt.module_copy_bytes:
         return "none (stage 3 saves placeholders; the masters are the only full copy)"
     text = f"{format_bytes(ckpt.module_copy_bytes)} of {compute} weights beside the fp32 masters"

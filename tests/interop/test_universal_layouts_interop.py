@@ -10,6 +10,8 @@ layout (one torchrun each, tests/interop/ds_layout_resume.py):
         the keys came from the record, it resumed that weight silently wrong)
     AutoTP under ZeRO-3, TP 2 (tp_z3_bf16; tp_z3_fp16 in fp16) -> the same layout, TP 2 ZeRO-3
     AutoTP under ZeRO-3, TP 2 x DP 2, 4 ranks (tp_z3_bf16_dp2) -> plain model, ZeRO-3 over DP 2
+    legacy (non-zip) serialization, ZeRO-2 (dp_z2_bf16_legacy) -> ZeRO-1
+    Ulysses sequence parallel 2, ZeRO-1 / ZeRO-3 (sp2_z1_bf16, sp2_z3_bf16) -> no SP, ZeRO-2 / ZeRO-3
 
 Every trainable parameter's fp32 master and both Adam moments as the resumed engine holds them
 (safe_get_full_fp32_param / safe_get_full_optimizer_state, gathered) equal, bit for bit, the source checkpoint's
@@ -50,6 +52,11 @@ CASES = {  # fixture -> (ranks, ds_layout_resume.py options)
     "tp_z3_bf16": (2, ["tp", "--tp", "2", "--zero", "3"]),
     "tp_z3_fp16": (2, ["tp", "--tp", "2", "--zero", "3", "--dtype", "fp16"]),
     "tp_z3_bf16_dp2": (2, ["tp", "--tp", "1", "--zero", "3"]),
+    # make_plain.py's Llama is make_tp.py's: legacy (non-zip) serialization at ZeRO-2 -> ZeRO-1; Ulysses SP 2
+    # (the SP size recorded as tp_degree) -> no SP, ZeRO-2 / ZeRO-3
+    "dp_z2_bf16_legacy": (2, ["tp", "--tp", "1", "--zero", "1"]),
+    "sp2_z1_bf16": (2, ["tp", "--tp", "1", "--zero", "2"]),
+    "sp2_z3_bf16": (2, ["tp", "--tp", "1", "--zero", "3"]),
 }
 
 

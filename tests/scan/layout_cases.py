@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,10 @@ from tests.convert.jobs import run
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 LAYOUTS = sorted(p.parent.name for p in FIXTURES.glob("*/ckpt"))
+# plain data parallel, no model axis (ZeRO off, legacy serialization, Ulysses sequence parallel): named dp_* or
+# spN_* (make_plain.py); the others are model-parallel layouts, whose scans carry a `Parallel`
+DATA_PARALLEL = frozenset(n for n in LAYOUTS if re.fullmatch(r"dp|sp\d+", n.split("_")[0]))
+MODEL_PARALLEL = [n for n in LAYOUTS if n not in DATA_PARALLEL]
 # what the user must say (--tp-split) where a fixture records no tensor-parallel split: the one its script knew
 TP_SPLIT: dict[str, tuple[str, ...]] = {"moe_tp_z1_bf16": ("*=replicated",)}
 # ZeRO off (pipelines and native MoE): DeepSpeed cannot resume a universal checkpoint of them, so it is refused
@@ -105,6 +110,12 @@ def assert_exact(ckpt: Checkpoint, name: str | Path, tmp_path: Path) -> None:
     for n, v in masters.items():
         assert fp32[n].dtype == np.float32 and np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
     half = convert(ckpt, tmp_path / "half", "auto")
+    if ckpt.compute_dtype == "float32":  # fp32 training: the native dtype is fp32, the weights the masters
+        for n, v in masters.items():
+            assert half[n].dtype == np.float32 and np.array_equal(
+                half[n].view(np.uint32), v.view(np.uint32)
+            ), n
+        return
     low = HALF[ckpt.compute_dtype]
     for n, v in masters.items():
         cast = v.astype(low).view(np.uint16)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from inspector.cli.main import main
-from tests.scan.layout_cases import FIXTURES, LAYOUTS, ckpt_dir, scan_layout, split_args
+from tests.scan.layout_cases import FIXTURES, MODEL_PARALLEL, ckpt_dir, scan_layout, split_args
 
 RANKS = re.compile(r"ranks? ([\d, ]+)")
 
@@ -25,7 +25,7 @@ def _ranks(text: str) -> list[set[int]]:
     return [{int(x) for x in m.group(1).replace(",", " ").split()} for m in RANKS.finditer(text)]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", MODEL_PARALLEL)
 def test_the_overview_accounts_for_every_rank(layout: str, capsys: pytest.CaptureFixture[str]) -> None:
     ckpt = scan_layout(layout)
     world, p = _made_with(layout), ckpt.parallel

@@ -13,12 +13,11 @@ from textual.widgets.tree import TreeNode
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.tui.app import make_app
 from inspector.tui.session import ModuleNode
-from tests.scan.layout_cases import FIXTURES, ckpt_dir
+from tests.scan.layout_cases import MODEL_PARALLEL, ckpt_dir
 from tests.tui.conftest import plain, scanned
 
 pytestmark = pytest.mark.asyncio
 
-LAYOUTS = sorted(p.name for p in FIXTURES.iterdir() if (p / "ckpt").is_dir())
 EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
 
 
@@ -67,7 +66,7 @@ async def _open(name: str) -> tuple[dict[str, str], str, Checkpoint]:
         return rows, overview, app.ckpt
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", MODEL_PARALLEL)
 async def test_every_layout_shows_who_holds_what(name: str) -> None:
     rows, overview, ckpt = await _open(name)
     par = ckpt.parallel
@@ -97,7 +96,10 @@ async def test_every_layout_shows_who_holds_what(name: str) -> None:
         assert not ckpt.tensors  # no split recorded (moe_tp_z1_bf16): nothing is joined until --tp-split says it
     elif par.kind == "tensor":
         shards = [_holder_ranks(f" · {who}") for _, who in par.holders]
-        shard_of = {r.optim_file: i for r in ckpt.ranks for i, s in enumerate(shards) if r.rank in s}
+        # the file holding a rank's masters: its optimizer file, or with ZeRO off its model states
+        shard_of = {
+            r.optim_file or r.model_file: i for r in ckpt.ranks for i, s in enumerate(shards) if r.rank in s
+        }
         joined = [
             t
             for t in ckpt.tensors

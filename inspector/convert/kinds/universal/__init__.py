@@ -185,13 +185,12 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
 
 def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
     """Pipeline, native-MoE and tensor-parallel checkpoints (ZeRO 1/2) are written like any other, with their
-    layout's metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint (ZeRO off)
-    is refused."""
+    layout's metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint (ZeRO off,
+    plain data parallel included) is refused."""
     from inspector.convert.kinds.universal.layouts import zero_off_reason
 
-    assert ckpt.parallel is not None
     if ckpt.stage == 0:
-        return Why.NOT_RESUMABLE, zero_off_reason(ckpt.parallel.kind)
+        return Why.NOT_RESUMABLE, zero_off_reason(ckpt.parallel.kind if ckpt.parallel is not None else "data")
     return None
 
 
@@ -215,7 +214,8 @@ class Universal(OutputKind):
                 "a PyTorch Distributed Checkpoint, not a DeepSpeed run: a universal checkpoint is made from "
                 "DeepSpeed's own ZeRO files (DCP folders already load on any world size with torch)",
             )
-        if ckpt.parallel is not None and (why := _layout_refusal(ckpt)) is not None:
+        zero_off = ckpt.stage == 0 and bool(ckpt.ranks)  # a universal checkpoint's scan has no rank files
+        if (ckpt.parallel is not None or zero_off) and (why := _layout_refusal(ckpt)) is not None:
             return self._unavailable(*why)
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
             return self._unavailable(

@@ -251,6 +251,10 @@ def _user_recipe(
 
 def _shard(loc: Location, files: RankFiles) -> Checkpoint:
     from inspector.scan.layouts.zero.scanner import ZeroScanner
+    from inspector.scan.layouts.zero.zero0 import is_zero0, scan_zero0
+
+    if is_zero0(files) and (ckpt := scan_zero0(loc, files, shard=True)) is not None:
+        return ckpt  # AutoTP with ZeRO off: each rank's masters in its own model states
 
     scanner = ZeroScanner(loc, files)
     scanner.shard = True

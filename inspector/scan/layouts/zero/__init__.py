@@ -2,6 +2,7 @@
 
     scanner.py  ZeroScanner: one data-parallel world's rank files into a `Checkpoint` (the MoE, AutoEP and
                 tensor-parallel scans subclass or reuse it)
+    zero0.py    ZeRO off (stage 0): the unnamed masters in `mp_rank_00`'s optimizer state, named by proof
 
 It claims a tag folder whose rank files `scan/files.classify` sorts into one data-parallel world (model
 states and optimizer files of model-parallel rank 0); `rank_files` keeps that sorting in `Found.memo`, so
@@ -50,5 +51,9 @@ class Zero(TagLayout):
 
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
         from inspector.scan.layouts.zero.scanner import ZeroScanner
+        from inspector.scan.layouts.zero.zero0 import is_zero0, scan_zero0
 
-        return ZeroScanner(found.location, classified(found)).build()
+        files, loc = classified(found), found.location
+        if is_zero0(files) and (ckpt := scan_zero0(loc, files)) is not None:
+            return ckpt  # ZeRO off: the masters in the one model-states file
+        return ZeroScanner(loc, files).build()

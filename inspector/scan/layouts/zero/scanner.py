@@ -173,11 +173,12 @@ class ZeroScanner:
 
     def _check_model_parallel(self, tree: Any, model_path: str) -> None:
         """A run with several model-parallel ranks whose other ranks' files are all missing: without this, the
-        one shard left would scan as a whole model with shard shapes."""
+        one shard left would scan as a whole model with shard shapes. A Ulysses sequence-parallel run records
+        its SP size where a TP degree would be: said in words, never taken for missing shards."""
         from inspector.parse.layers import ParallelDims
 
         dims = ParallelDims.parse(tree, model_path)
-        mp = max(dims.tp_degree or 1, dims.mp_world_size or 1)
+        mp = dims.model_parallel
         if mp > 1 and not self.shard:
             self.add(
                 Severity.ERROR,
@@ -186,6 +187,17 @@ class ZeroScanner:
                 "mp_rank_00's files are here: tensor-parallel rank 1 and the others are missing.",
                 model_path,
                 "Copy the complete checkpoint folder; every model-parallel rank writes its own files.",
+            )
+        if (sp := dims.sequence_parallel) > 1:
+            ranks = dims.dp_world_size or sp
+            self.add(
+                Severity.INFO,
+                "sequence-parallel",
+                f"Ulysses sequence parallel: {sp} sequence-parallel ranks × {max(ranks // sp, 1)} data-parallel "
+                f"({ranks} ranks; the model states record the SP size as tp_degree). Weights are replicated over "
+                "the sequence-parallel ranks and ZeRO partitions over all ranks, so it is read as plain ZeRO.",
+                model_path,
+                "",
             )
 
     def _layout(self, read: Read) -> Layout | None:
