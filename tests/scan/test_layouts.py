@@ -27,13 +27,14 @@ def test_every_layout_keeps_the_protocol_under_its_own_name() -> None:
 
 
 @pytest.mark.parametrize("layout", sorted(p.parent.name for p in FIXTURES.glob("*/ckpt")))
-def test_a_model_parallel_folder_is_claimed_before_the_base(layout: str) -> None:
-    """Data-parallel ZeRO is the base, asked last: every committed model-parallel fixture (real DeepSpeed
-    runs) is claimed by a layout before it, which scans it whole."""
+def test_the_base_is_asked_last_and_never_hides_a_model_parallel_run(layout: str) -> None:
+    """Data-parallel ZeRO is the base, asked last: a committed fixture (real DeepSpeed runs) it claims is
+    data parallel (no `Parallel`), and every model-parallel one is claimed by a layout before it."""
     found = Found.of(_location(ckpt_dir(layout)))
     first = next(x for x in LAYOUTS if x.claims(found))
-    assert first is not LAYOUTS[-1] and LAYOUTS[-1].name == "ZeRO data parallel"
-    assert first.scan(found, ScanOptions()).parallel is not None
+    assert LAYOUTS[-1].name == "ZeRO data parallel"
+    ckpt = first.scan(found, ScanOptions())
+    assert (ckpt.parallel is None) == (first is LAYOUTS[-1]), first.name
 
 
 def _location(path: Path):  # type: ignore[no-untyped-def]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 
 from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.locate import PADDED
-from inspector.scan.model import Checkpoint, Parallel, TensorInfo
+from inspector.scan.model import Checkpoint, Parallel, Segment, TensorInfo
 from inspector.system.units import plural
 
 _MP_RANK = re.compile(rf"mp_rank_{PADDED}_")  # the number as the scan accepted it (locate's one spelling)
@@ -33,9 +34,14 @@ def stage_of(t: TensorInfo, tp: int) -> int | None:
     `..._mp_rank_MM_...` with MM = stage x tp + tensor-parallel rank (FORMAT.md §3.6), so the segments (the
     bytes actually read) say it. None for a tensor read from a layer file (`layer_NN-model_00`: a buffer or
     frozen parameter) or one whose segments name several stages. A tied weight has one answer, the stage
-    whose copy is read, though the placement lists it on every stage that uses it."""
-    stages = {int(m.group(1)) // max(tp, 1) for s in t.segments if (m := _MP_RANK.search(os.path.basename(s.file)))}
+    whose copy is read, though the placement lists it on every stage that uses it. With ZeRO off in fp32 the
+    master is read from its layer file: its moments' segments then say the stage."""
+    stages = _stages(t.segments, tp) or _stages([s for _, segs in t.moments for s in segs], tp)
     return stages.pop() if len(stages) == 1 else None
+
+
+def _stages(segments: Sequence[Segment], tp: int) -> set[int]:
+    return {int(m.group(1)) // max(tp, 1) for s in segments if (m := _MP_RANK.search(os.path.basename(s.file)))}
 
 
 def staged(ckpt: Checkpoint) -> Checkpoint:
