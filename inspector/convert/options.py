@@ -14,7 +14,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 
-from inspector.errors import DamagedCheckpointError, InspectorError, InvalidOptionError
+from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.format.dtypes import OUTPUT_ALIASES
 from inspector.parse.names import name_problem
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
@@ -53,8 +53,8 @@ def resolve_dtype(name: str, ckpt: Checkpoint) -> str:
     try:
         return DTYPE_ALIASES[name.lower()]
     except KeyError:
-        raise InvalidOptionError(
-            f"Unknown output dtype {name!r}.", hint="Use fp32, bf16, fp16 or auto."
+        raise InspectorError(
+            f"Unknown output dtype {name!r}.", hint="Use fp32, bf16, fp16 or auto.", title="Invalid option"
         ) from None
 
 
@@ -74,8 +74,8 @@ def rename(name: str, opts: ConvertOptions) -> str:
         try:
             name = re.sub(pattern, repl, name)
         except re.error as exc:
-            raise InvalidOptionError(
-                f"Bad --rename pattern {pattern!r}: {exc}."
+            raise InspectorError(
+                f"Bad --rename pattern {pattern!r}: {exc}.", title="Invalid option"
             ) from None
     return name
 
@@ -108,11 +108,11 @@ def check_inputs(ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool) ->
             "wrong weights.",
         )
     if opts.shard_size <= 0:
-        raise InvalidOptionError("--shard-size must be positive.")
+        raise InspectorError("--shard-size must be positive.", title="Invalid option")
     out_dtype = resolve_dtype(opts.dtype, ckpt)
     if opts.source not in SOURCES:
-        raise InvalidOptionError(
-            f"Unknown source {opts.source!r}.", hint="Use masters or module."
+        raise InspectorError(
+            f"Unknown source {opts.source!r}.", hint="Use masters or module.", title="Invalid option"
         )
     chosen = select(ckpt, opts)
     if not chosen:
@@ -121,22 +121,29 @@ def check_inputs(ckpt: Checkpoint, opts: ConvertOptions, allow_damaged: bool) ->
 
 
 def _empty(ckpt: Checkpoint, opts: ConvertOptions) -> InspectorError:
-    """Nothing to write: blame the selection only when the user made one; a checkpoint whose scan found no
-    tensor (a damaged one converted with --force) says so, never names a flag the user did not pass."""
-    flags = [f for f, on in (("--include", opts.include), ("--exclude", opts.exclude)) if on]
-    kinds = (("--exclude-frozen", opts.exclude_frozen), ("--exclude-buffers", opts.exclude_buffers))
-    flags += [f for f, on in kinds if on]
-    if ckpt.tensors and flags:
+    """Why nothing would be written: the flags the user passed, or (none passed) the scan's own findings, so
+    a forced conversion never blames options nobody gave."""
+    flags = [
+        f
+        for f, on in (
+            ("--include", opts.include),
+            ("--exclude", opts.exclude),
+            ("--exclude-frozen", opts.exclude_frozen),
+            ("--exclude-buffers", opts.exclude_buffers),
+        )
+        if on
+    ]
+    if flags:
         return InspectorError(
             "No tensors match the selection.",
-            hint=f"Check {', '.join(flags)} against the names `zero-inspector scan --tensors` lists.",
+            hint=f"Check {'/'.join(flags)} against the names `zero-inspector scan --tensors` lists.",
             title="Empty selection",
         )
-    why = f" ({len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message})" if ckpt.errors else ""
+    found = f" ({len(ckpt.errors)} error finding(s), e.g.: {ckpt.errors[0].message})" if ckpt.errors else ""
     return InspectorError(
-        f"The scan found no tensor it could write in this checkpoint{why}; nothing was written.",
-        hint="Run `zero-inspector scan` to see its findings.",
-        title="Nothing to write",
+        f"The scan found no tensor it can write in this checkpoint{found}.",
+        hint="Run `zero-inspector scan` to see what it recognised and why nothing could be read.",
+        title="Nothing to convert",
     )
 
 
@@ -154,9 +161,10 @@ def name_tensors(
         name = rename(t.name, opts)
         problem = name_problem(name)
         if problem:  # the same rule names from a file pass: `__metadata__` would make the file unloadable
-            raise InvalidOptionError(
+            raise InspectorError(
                 f"Renaming {t.name} gives the output name {shown(name)!r}, which {problem}.",
                 hint="Adjust --strip-prefix/--rename so every output name is a plain tensor name.",
+                title="Invalid option",
             )
         if name in seen:
             raise InspectorError(

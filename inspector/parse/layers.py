@@ -1,8 +1,8 @@
 """The files of pipeline-, expert- and tensor-parallel runs as frozen, typed records (FORMAT.md §1.2, §3.6,
 §3.7 and "Expert, pipeline and tensor parallel files").
 
-A layer or expert file is a plain `state_dict` (name -> tensor); the parallel degrees and the ZeRO-off
-optimizer wrappers live in the stage's model-states file. Every name passes the one name rule and every
+A layer or expert file is a plain `state_dict` (name -> tensor); the parallel degrees live in the stage's
+model-states file (its ZeRO-off optimizer wrappers: `parse.zero_off`). Every name passes the one name rule and every
 number is bounded, as in `parse.states`.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 
 from inspector.format.torchzip import TensorRef
 from inspector.parse.affine import Layout, parse_map
-from inspector.parse.states import Scalar, _moments
 from inspector.parse.tree import Node
 
 MAX_DEGREE = 1 << 16  # pipeline stages, tensor shards or experts: bounded again by the files present
@@ -88,123 +87,6 @@ class ParallelDims:
             num,
             root.at("dp_world_size").opt_integer(1, MAX_DEGREE),
         )
-
-
-_UNFUSED_HYPER = ("lr", "weight_decay", "betas", "eps", "name", "moe")  # name, moe: native MoE's group labels
-
-
-@dataclass(frozen=True)
-class UnfusedParam:
-    """One parameter's fp32 master and Adam state in an FP16_UnfusedOptimizer (ZeRO off, fp16)."""
-
-    master: TensorRef
-    moments: Mapping[str, TensorRef] | None
-    step: Scalar
-
-
-@dataclass(frozen=True)
-class UnfusedFp16:
-    """`model_states['optimizer']` of a ZeRO-off fp16 run with a non-fused Adam (FP16_UnfusedOptimizer):
-    `fp32_groups` holds one full fp32 tensor per parameter, in the optimizer's parameter order, and the torch
-    optimizer's `state` is keyed by the same running index. No names: the order is the stage module's
-    parameter order (tied modules first, then layers by index)."""
-
-    file: str
-    groups: tuple[tuple[UnfusedParam, ...], ...]
-    loss_scale: float | None
-    hyperparams: tuple[Mapping[str, Any], ...]
-    fused: bool = False  # FP16_Optimizer (a fused Adam): `fp32_groups_flat`, flat blocks whose parameter
-    # boundaries are written nowhere but in the sizes; `groups` are then empty and `flat` holds the blocks
-    flat: tuple[UnfusedParam, ...] = ()  # fused: per group its flat fp32 block and flat moments (state[g])
-
-    @classmethod
-    def parse(cls, tree: Any, file: str) -> UnfusedFp16 | None:
-        """The record, or None when the model states hold no such optimizer (ZeRO on, or another wrapper)."""
-        root = Node(tree, file)
-        opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
-        if opt.is_mapping() and opt.has("fp32_groups_flat") and not opt.has("fp32_groups"):
-            return cls._fused(opt, file)  # FP16_Optimizer: one flat block per group, no names
-        if not opt.is_mapping() or not opt.has("fp32_groups"):
-            return None
-        osd = opt.at("optimizer_state_dict")
-        state = osd.at("state") if osd.is_mapping() else Node(None, file)
-        pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
-        hyper = tuple(
-            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
-            for g in pgs
-            if g.is_mapping()
-        )
-        groups = []
-        index = 0
-        for group in opt.at("fp32_groups").seq(4096):
-            params = []
-            for p in group.seq():
-                st = (
-                    Node(state.value.get(index), file, f"{state.path}[{index}]")
-                    if state.is_mapping()
-                    else None
-                )
-                moments, step = _moments(st)
-                params.append(UnfusedParam(p.tensor(), moments, step))
-                index += 1
-            groups.append(tuple(params))
-        return cls(file, tuple(groups), _scale(opt), hyper)
-
-    @classmethod
-    def _fused(cls, opt: Node, file: str) -> UnfusedFp16:
-        """FP16_Optimizer's flat blocks, each with the torch optimizer's state for it (keyed by group)."""
-        osd = opt.at("optimizer_state_dict")
-        state = osd.at("state") if osd.is_mapping() else Node(None, file)
-        flat = []
-        for g, block in enumerate(opt.at("fp32_groups_flat").seq(4096)):
-            st = Node(state.value.get(g), file, f"{state.path}[{g}]") if state.is_mapping() else None
-            moments, step = _moments(st)
-            flat.append(UnfusedParam(block.tensor(), moments, step))
-        pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
-        hyper = tuple(
-            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
-            for g in pgs
-            if g.is_mapping()
-        )
-        return cls(file, (), _scale(opt), hyper, fused=True, flat=tuple(flat))
-
-
-def _scale(opt: Node) -> float | None:
-    scale = opt.at("cur_scale").value
-    return float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None
-
-
-@dataclass(frozen=True)
-class TorchOptimizer:
-    """`model_states['optimizer']` of a ZeRO-off fp32 run: the torch optimizer's own state dict (the module's
-    fp32 weights are the masters). `groups` are each group's parameter indices (running over the module's
-    parameters in order); `moments[i]` parameter i's Adam moments and step."""
-
-    file: str
-    groups: tuple[tuple[int, ...], ...]
-    moments: Mapping[int, tuple[Mapping[str, TensorRef] | None, Scalar]]
-    hyperparams: tuple[Mapping[str, Any], ...]
-
-    @classmethod
-    def parse(cls, tree: Any, file: str) -> TorchOptimizer | None:
-        """The record, or None when `optimizer` is not a torch optimizer's state dict."""
-        root = Node(tree, file)
-        opt = root.at("optimizer") if root.is_mapping() else Node(None, file)
-        if not opt.is_mapping() or not opt.has("state") or not opt.has("param_groups"):
-            return None
-        state = opt.at("state")
-        groups, hyper = [], []
-        for g in opt.at("param_groups").seq(4096):
-            if not g.is_mapping():
-                raise g.fail("is not an optimizer parameter group")
-            groups.append(tuple(p.integer(0, 1 << 40) for p in g.at("params").seq()))
-            hyper.append(MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)}))
-        moments = {
-            i: _moments(Node(state.value.get(i), file, f"{state.path}[{i}]") if state.is_mapping() else None)
-            for group in groups
-            for i in group
-        }
-        return cls(file, tuple(groups), MappingProxyType(moments), tuple(hyper))
 
 
 _REGEX_SPECIAL = frozenset(".^$*+?{}[]\\|()")

@@ -120,6 +120,8 @@ def _module_copy_text(ckpt: Checkpoint, compute: str) -> str:
     if not ckpt.module_copy_bytes and ckpt.stage == 0 and ckpt.compute_dtype == "float32":
         return "none (fp32 training with ZeRO off: the module's weights are the masters)"
     if not ckpt.module_copy_bytes:
+        if ckpt.stage == 0:  # fp32 without ZeRO: the optimizer steps the module's own weights
+            return "none (ZeRO off in fp32: the saved weights are the masters)"
         return "none (stage 3 saves placeholders; the masters are the only full copy)"
     text = f"{format_bytes(ckpt.module_copy_bytes)} of {compute} weights beside the fp32 masters"
     by = read_bytes_by_source(ckpt)

@@ -13,6 +13,7 @@ equal halves of every shard on dim 0. Nothing is guessed: widths that do not add
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -74,6 +75,53 @@ def sub_param_widths(
     return dim, widths
 
 
+def sub_param_views(
+    name: str, spec: SubParams | None, shapes: Sequence[tuple[int, ...]]
+) -> list[tuple[int, ...]]:
+    """Each shard as the record's view sees it. AutoTP may split a fused weight along a view of higher rank
+    (experts `[E, [rows], H]` of a stored `[E*rows, H]`, partition dim 1): shard t `[E*w, H]` is then
+    `[E, w, H]` flattened, w its widths' sum. A view of the shards' own rank (qkv's `[(q, k, v), -1]`) is
+    the shards themselves; a view that does not fit a shard's size is an error, never a guess."""
+    form = spec.shape if spec is not None else ()
+    if spec is None or spec.widths is None or len(form) <= len(shapes[0]):
+        return list(shapes)
+    dim, tp = spec.partition_dim, len(shapes)
+    if any(len(w) != tp for w in spec.widths):
+        return list(shapes)  # sub_param_widths says the widths do not fit
+    out = []
+    for t, s in enumerate(shapes):
+        dims = [sum(w[t] for w in spec.widths) if i == dim else d for i, d in enumerate(form)]
+        ints = [d for d in dims if isinstance(d, int)]
+        known = math.prod(d for d in ints if d != -1)
+        numel = math.prod(s)
+        if ints.count(-1) > 1 or len(ints) != len(dims) or known <= 0 or numel % known:
+            raise _no_view(name, form, shapes)
+        view = tuple(numel // known if d == -1 else d for d in ints)
+        tail = s[1:]  # kept whole after the partition dim, so the leading dims fold back into dim 0
+        if math.prod(view) != numel or len(tail) >= len(view) - dim or view[len(view) - len(tail) :] != tail:
+            raise _no_view(name, form, shapes)
+        out.append(view)
+    return out
+
+
+def stored_shape(joined: tuple[int, ...], shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The full tensor in the shards' own rank: a joined view folded back (`[E, rows, H]` -> `[E*rows, H]`,
+    as DeepSpeed's gather reshapes it to the original weight's shape)."""
+    rank = len(shapes[0])
+    if len(joined) <= rank:
+        return joined
+    tail = shapes[0][1:]
+    return (math.prod(joined) // max(1, math.prod(tail)), *tail)
+
+
+def _no_view(name: str, form: Sequence[object], shapes: Sequence[tuple[int, ...]]) -> InspectorError:
+    return InspectorError(
+        f"{name}: the recorded sub-parameter view {list(form)} does not fit shards of shapes "
+        f"{[list(s) for s in shapes]}.",
+        hint="The record or the shards are damaged, or come from different runs.",
+    )
+
+
 def category_layout(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ...]]) -> Layout:
     """The `Layout` a category rule gives shards of these shapes (`merge_tp_slices`' branches): replicated,
     `row` on dim 1, fused sub-parameters by their widths, anything else on dim 0 (a vocabulary's padding
@@ -86,10 +134,12 @@ def category_layout(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[i
                 hint="The shards come from different runs, or the recorded split is wrong.",
             )
         return replicated(shapes, source)
-    if rule in ("sub-params", "2-sub-params"):
-        dim, widths = sub_param_widths(name, rule, recipe.sub_params.get(name), shapes, recipe.version)
-        _same_outside(name, shapes, dim)
-        return sub_params(shapes, dim, widths, source)
+    if rule in ("sub-params", "2-sub-params"):  # on the record's view of the shards (a 3-D view: experts)
+        spec = recipe.sub_params.get(name)
+        views = sub_param_views(name, spec, shapes) if rule == "sub-params" else shapes
+        dim, widths = sub_param_widths(name, rule, spec, views, recipe.version)
+        _same_outside(name, views, dim)
+        return sub_params(views, dim, widths, source)
     dim = 1 if rule == "row" else 0
     _same_outside(name, shapes, dim)
     return split(shapes, dim, source)

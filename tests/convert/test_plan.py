@@ -225,7 +225,16 @@ def test_empty_selection_is_an_error(ckpt: Checkpoint) -> None:
     with pytest.raises(InspectorError, match="No tensors match") as exc:
         build_plan(ckpt, ConvertOptions(include=("no.such.module",)))
     assert exc.value.title == "Empty selection"
-    assert "--include" in exc.value.hint
+    assert "--include" in exc.value.hint and "--exclude" not in exc.value.hint  # only the flag given
+
+
+def test_nothing_to_convert_without_flags_blames_no_flag(ckpt: Checkpoint) -> None:
+    """A forced conversion of a scan that found no readable tensor says so, not "check --include"."""
+    empty = replace(ckpt, tensors=[])
+    with pytest.raises(InspectorError, match="found no tensor it can write") as exc:
+        build_plan(empty, ConvertOptions())
+    assert exc.value.title == "Nothing to convert"
+    assert "--include" not in exc.value.message + exc.value.hint
 
 
 def test_a_checkpoint_with_no_tensor_names_no_flag_the_user_did_not_pass(ckpt: Checkpoint) -> None:
@@ -234,7 +243,7 @@ def test_a_checkpoint_with_no_tensor_names_no_flag_the_user_did_not_pass(ckpt: C
 
     with pytest.raises(InspectorError, match="found no tensor") as exc:
         build_plan(replace(ckpt, tensors=()), ConvertOptions())
-    assert exc.value.title == "Nothing to write"
+    assert exc.value.title == "Nothing to convert"
     assert "--include" not in exc.value.hint + str(exc.value)
 
 

@@ -35,6 +35,8 @@ def _victim(ckpt: Checkpoint) -> TensorInfo:
     if by_rank:
         return max(by_rank, key=lambda x: (x[0], x[1]))[2]
     picks = [t for t in trainable if ".experts." in t.name] or [t for t in trainable if "o_proj" in t.name]
+    shards = [t for t in trainable if len({tuple(re.findall(r"mp_rank_\d+", s.file)) for s in t.segments}) > 1]
+    picks = picks or shards  # a split weight: joined from several tensor-parallel shards' files
     assert picks, [t.name for t in trainable]
     return picks[0]
 

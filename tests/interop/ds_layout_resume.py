@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("load")
     ap.add_argument("result")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--model", choices=["llama", "phi3"], default="llama")
+    ap.add_argument("--model", choices=["llama", "phi3", "experts"], default="llama")
     ap.add_argument("--stages", type=int, default=1)
     ap.add_argument("--ep", type=int, default=2)
     ap.add_argument("--second-ep", type=int, default=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from inspector.errors import InputError
@@ -13,7 +14,15 @@ from inspector.format.torchzip import load_tree
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, flip_bit, scan_without, writable
+from tests.scan.layout_cases import (
+    assert_exact,
+    ckpt_dir,
+    convert,
+    expected,
+    flip_bit,
+    scan_without,
+    writable,
+)
 
 TAG = "global_step3"
 EXPERTS = "moe.deepspeed_moe.experts.deepspeed_experts"
@@ -24,6 +33,7 @@ EXACT = {  # fixture -> (ranks, ZeRO stage, compute dtype, who holds the first l
     "moe_z2_bf16_ws4": (4, 2, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
     "moe_z0_bf16": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # expp_rank_* files
     "moe_z0_fp16": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),
+    "moe_z0_fp16_fused": (2, 0, "float16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # flat groups
     "moe_z0_bf16_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),  # expert-DP 2
     "moe_z0_bf16_ep21": (2, 0, "bfloat16", "experts 0-1: rank 0 · experts 2-3: rank 1"),  # + a layer at ep 1
     "moe_z0_bf16_ep21_ws4": (4, 0, "bfloat16", "experts 0-1: ranks 0, 2 · experts 2-3: ranks 1, 3"),
@@ -157,7 +167,7 @@ def test_zero_off_dense_replicas_that_differ_are_an_error(tmp_path: Path) -> Non
     compared and a damaged one reported."""
     root = writable("moe_z0_bf16", tmp_path / "ck")
     path = root / TAG / "expp_rank_1_mp_rank_00_optim_states.pt"
-    from inspector.parse.layers import UnfusedFp16
+    from inspector.parse.zero_off import UnfusedFp16
 
     parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
     assert parsed is not None
@@ -182,7 +192,7 @@ def test_zero_off_a_crafted_expert_parallel_size_costs_one_finding(tmp_path: Pat
 
 
 def _expp_group_names(path: Path) -> list[str]:
-    from inspector.parse.layers import UnfusedFp16
+    from inspector.parse.zero_off import UnfusedFp16
 
     parsed = UnfusedFp16.parse(load_tree(str(path)), str(path))
     assert parsed is not None
@@ -238,3 +248,59 @@ def test_moe_with_expert_tensor_parallelism_is_read_bit_exact_once_the_split_is_
     assert ckpt.parallel is not None and (ckpt.parallel.tp, ckpt.world_size) == (2, 2)
     assert {f"{EXPERTS}.{e}.0.weight" for e in range(4)} <= {t.name for t in ckpt.tensors}
     assert_exact(ckpt, "moe_tp_z1_bf16", tmp_path)
+
+
+def test_zero_off_fp32_reads_the_module_and_expert_files_as_the_masters(tmp_path: Path) -> None:
+    """fp32 without ZeRO (moe_z0_fp32): each expert-parallel rank's expp file is the torch optimizer's own
+    state (moments only); the fp32 module and expert weights are what it steps, so they are the output."""
+    ckpt = scan(str(ckpt_dir("moe_z0_fp32")))
+    assert not ckpt.errors, ckpt.errors
+    assert ckpt.parallel is not None and (ckpt.parallel.kind, ckpt.parallel.ep) == ("expert", 2)
+    assert (ckpt.world_size, ckpt.stage, ckpt.optimizer, ckpt.compute_dtype) == (
+        2,
+        0,
+        "torch optimizer",
+        "float32",
+    )
+    assert dict(ckpt.parallel.holders)[EXPERTS] == "experts 0-1: rank 0 · experts 2-3: rank 1"
+    assert ckpt.module_copy_bytes == 0
+    want = expected("moe_z0_fp32")
+    masters = {k[5:]: v for k, v in want.items() if k.startswith("fp32/")}
+    assert {t.name for t in ckpt.tensors} == set(masters)
+    assert all(dict(t.moments).keys() == {"exp_avg", "exp_avg_sq"} for t in ckpt.tensors)
+    for dtype in ("fp32", "auto"):
+        out = convert(ckpt, tmp_path / dtype, dtype)
+        assert set(out) == set(masters)
+        for n, v in masters.items():
+            assert out[n].dtype == np.float32 and np.array_equal(out[n].view(np.uint32), v.view(np.uint32)), n
+
+
+def test_zero_off_fp32_moments_of_another_shape_are_refused(tmp_path: Path) -> None:
+    """An expp file whose dense moments follow another order than the module: refused, never misnamed."""
+    import torch
+
+    root = writable("moe_z0_fp32", tmp_path / "ck")
+    path = root / TAG / "expp_rank_0_mp_rank_00_optim_states.pt"
+    sd = torch.load(path, weights_only=False)
+    params = sd["optimizer"]["param_groups"][0]["params"]
+    params[1], params[2] = params[2], params[1]
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
+
+
+def test_zero_off_fused_flat_blocks_that_do_not_fill_are_refused(tmp_path: Path) -> None:
+    """FP16_Optimizer's dense block one element longer than the module's parameters: its rest is explained by
+    no name, so the group is refused, never cut at a guess."""
+    import torch
+
+    root = writable("moe_z0_fp16_fused", tmp_path / "ck")
+    path = root / TAG / "expp_rank_0_mp_rank_00_optim_states.pt"
+    sd = torch.load(path, weights_only=False)
+    flat = sd["optimizer"]["fp32_groups_flat"]
+    flat[0] = torch.cat([flat[0].detach(), torch.zeros(1)])
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]

@@ -88,25 +88,6 @@ def test_a_stage_number_beyond_the_files_present_is_refused(tmp_path: Path) -> N
     assert any(f.code == "missing-stage" and "stage 1" in f.message for f in ckpt.errors)
 
 
-def test_a_fused_fp16_optimizer_stage_is_refused_with_its_own_reason(tmp_path: Path) -> None:
-    """FP16_Optimizer (a fused Adam, not available on the CPU) keeps one flat fp32 block per group: the same
-    refusal as the unfused one, naming it, not "optimizer files missing". Made from the real ZeRO-off fp16
-    fixture with its per-parameter masters flattened into one block, as FP16_Optimizer saves them."""
-    import torch
-
-    root = writable("pp_z0_fp16", tmp_path / "ck")
-    for stage in ("00", "01"):
-        path = root / TAG / f"mp_rank_{stage}_model_states.pt"
-        sd = torch.load(path, weights_only=False)
-        groups = sd["optimizer"].pop("fp32_groups")
-        sd["optimizer"]["fp32_groups_flat"] = [torch.cat([t.flatten() for t in g]) for g in groups]
-        torch.save(sd, path)
-    ckpt = scan(str(root))
-    assert ckpt.optimizer == "FP16_Optimizer"
-    assert [f.code for f in ckpt.errors] == ["unnamed-params", "unnamed-params"]
-    assert "one flat fp32 block" in ckpt.errors[0].message
-
-
 def test_a_crafted_layer_file_name_is_refused(tmp_path: Path) -> None:
     """Keys of a layer file become tensor names: they pass the one name rule."""
     import pickle

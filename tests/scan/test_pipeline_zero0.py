@@ -31,11 +31,15 @@ def _no_trainable(ckpt: Checkpoint) -> bool:
     return not [t for t in ckpt.tensors if t.kind is Kind.TRAINABLE]
 
 
-def test_zero_off_fp16_pipeline_converts_bit_exact(tmp_path: Path) -> None:
-    ckpt = scan(str(ckpt_dir("pp_z0_fp16")))
+@pytest.mark.parametrize(
+    "name, optimizer",
+    [("pp_z0_fp16", "FP16_UnfusedOptimizer"), ("pp_z0_fp16_fused", "FP16_Optimizer")],  # --fused-adam: flat
+)
+def test_zero_off_fp16_pipeline_converts_bit_exact(name: str, optimizer: str, tmp_path: Path) -> None:
+    ckpt = scan(str(ckpt_dir(name)))
     assert not ckpt.errors, ckpt.errors
     assert (ckpt.optimizer, ckpt.stage, ckpt.compute_dtype, ckpt.master_dtype) == (
-        "FP16_UnfusedOptimizer",
+        optimizer,
         0,
         "float16",
         "float32",
@@ -55,7 +59,7 @@ def test_zero_off_fp16_pipeline_converts_bit_exact(tmp_path: Path) -> None:
     ]  # stage 1's tied copy, proven, key unknown
     holders = dict(ckpt.parallel.holders) if ckpt.parallel else {}
     assert holders == {"stage 0": "layers 0-2 · ranks 0", "stage 1": "layers 0, 4 · ranks 1"}
-    want = expected("pp_z0_fp16")
+    want = expected(name)
     rename = {TIED: "0.weight"}
     masters = {rename.get(k[5:], k[5:]): v for k, v in want.items() if k.startswith("fp32/")}
     fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
@@ -103,3 +107,93 @@ def test_a_layer_parameter_without_a_master_is_refused(tmp_path: Path) -> None:
     assert [f.code for f in ckpt.errors] == ["unnamed-params"]
     assert "4.bias" in ckpt.errors[0].message and ckpt.errors[0].severity is Severity.ERROR
     assert _no_trainable(ckpt)
+
+
+def test_zero_off_fp32_pipeline_reads_the_layer_files_as_the_weights(tmp_path: Path) -> None:
+    """fp32 without ZeRO (pp_z0_fp32): no masters anywhere, the torch optimizer steps the layer weights in
+    place; the stage's Adam moments are named by its running index (torch's own loader reads them so)."""
+    ckpt = scan(str(ckpt_dir("pp_z0_fp32")))
+    assert not ckpt.errors, ckpt.errors
+    assert (ckpt.optimizer, ckpt.stage, ckpt.compute_dtype, ckpt.master_dtype) == (
+        "torch optimizer",
+        0,
+        "float32",
+        "float32",
+    )
+    assert ckpt.module_copy_bytes == 0  # the layer files hold the masters themselves, not a copy
+    holders = dict(ckpt.parallel.holders) if ckpt.parallel else {}
+    assert holders == {"stage 0": "layers 0-2 · ranks 0", "stage 1": "layers 0, 4 · ranks 1"}
+    trainable = {t.name: t for t in ckpt.tensors if t.kind is Kind.TRAINABLE}
+    assert set(trainable) == {
+        "0.weight",
+        "1.weight",
+        "1.bias",
+        "2.norm.weight",
+        "2.norm.bias",
+        "4.weight",
+        "4.bias",
+    }
+    assert all(dict(t.moments).keys() == {"exp_avg", "exp_avg_sq"} for t in trainable.values())
+    want = expected("pp_z0_fp32")
+    masters = {k[5:].replace(TIED, "0.weight"): v for k, v in want.items() if k.startswith("fp32/")}
+    fp32 = convert(ckpt, tmp_path / "fp32", "fp32")
+    assert set(fp32) == set(masters) | {"2.scale"}
+    for n, v in masters.items():
+        assert np.array_equal(fp32[n].view(np.uint32), v.view(np.uint32)), n
+    for s in (0, 1):  # each stage's live tied weight is the one written
+        assert np.array_equal(want[f"tied/{TIED}/{s}"].view(np.uint32), fp32["0.weight"].view(np.uint32))
+    native = convert(ckpt, tmp_path / "native", "auto")
+    assert all(np.array_equal(native[n].view(np.uint32), v.view(np.uint32)) for n, v in masters.items())
+
+
+def test_zero_off_fp32_moments_out_of_order_are_refused(tmp_path: Path) -> None:
+    """Stage 1's moments listed in another order than its layers: their shapes no longer follow the layer
+    files, so the stage is refused rather than its moments misnamed."""
+    import torch
+
+    root = writable("pp_z0_fp32", tmp_path / "ck")
+    path = root / TAG / "mp_rank_01_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    params = sd["optimizer"]["param_groups"][0]["params"]
+    params[1], params[2] = params[2], params[1]
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert (
+        "Stage 1's optimizer entry 1 (shape (16,)) proves equal to no layer parameter (shape compared)"
+        in (ckpt.errors[0].message)
+    )
+    assert _no_trainable(ckpt)
+
+
+def test_a_fused_stage_whose_flat_block_proves_nothing_is_refused(tmp_path: Path) -> None:
+    """FP16_Optimizer's flat block of stage 1 altered where the tied embedding's piece lies: no layer
+    parameter's 16-bit copy proves it, so the stage is refused, never cut at a guessed boundary."""
+    import torch
+
+    root = writable("pp_z0_fp16_fused", tmp_path / "ck")
+    path = root / TAG / "mp_rank_01_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    sd["optimizer"]["fp32_groups_flat"][0].data[:592].mul_(2)
+    torch.save(sd, path)
+    ckpt = scan(str(root))
+    assert [f.code for f in ckpt.errors] == ["unnamed-params"]
+    assert "fp32 master 0 (at element 0 of group 0's flat block) proves equal to no layer" in ckpt.errors[0].message
+    assert _no_trainable(ckpt)
+
+
+def test_a_zero_off_stage_optimizer_of_an_unknown_form_is_not_supported_yet(tmp_path: Path) -> None:
+    """ZeRO off writes no optimizer files: a stage file whose optimizer record has no known form is "not
+    supported yet", never "damaged ... copy the complete checkpoint folder"."""
+    import torch
+
+    from inspector.errors import UnsupportedCheckpointError
+
+    root = writable("pp_z0_fp32", tmp_path / "ck")
+    path = root / TAG / "mp_rank_01_model_states.pt"
+    sd = torch.load(path, weights_only=False)
+    sd["optimizer"] = {"some_future_optimizer": [1, 2]}
+    torch.save(sd, path)
+    with pytest.raises(UnsupportedCheckpointError, match="pipeline stage 1 was saved with ZeRO off") as err:
+        scan(str(root))
+    assert "not supported yet" in err.value.message and "Copy" not in err.value.message + err.value.hint

@@ -36,6 +36,7 @@ WRITTEN = ("tp_z1_bf16", "tp_z2_bf16", "tp_z2_bf16_dp2", "pp_z1_bf16", "pp_z1_fp
 # the layouts scan/pipeline_tensor.py and the sub-parameter records added: pipeline x TP 2, AutoTP Phi-3 (fused
 # qkv_proj / gate_up_proj) with its affine map, without it (UCP 0.4 widths), and as UCP 0.3 records it
 NEW_LAYOUTS = ("pptp_z1_bf16", "tp_phi3_z1_bf16", "tp_phi3_z1_bf16_noaffine", "tp_phi3_z1_bf16_ucp03")
+VIEWS = ("tp_experts_z1_bf16", "tp_experts_z3_bf16_dp2")  # AutoTP fused experts split along a 3-D view
 ZERO3 = ("tp_z3_bf16", "tp_z3_fp16", "tp_z3_bf16_dp2", "tp_z3_bf16_dp3")  # AutoTP under ZeRO-3
 ROW = {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"}
 REPLICATED = {
@@ -98,7 +99,7 @@ def _written(folder: Path) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("config", WRITTEN + NEW_LAYOUTS + ZERO3)
+@pytest.mark.parametrize("config", WRITTEN + NEW_LAYOUTS + ZERO3 + VIEWS)
 def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path: Path) -> None:
     """Every tensor bit for bit, and the keys beside it exactly (names, types, values: a SubparamShape
     included), as DeepSpeed's ds_to_universal wrote them for the same checkpoint."""
@@ -121,7 +122,7 @@ def test_every_tensor_key_and_step_equals_ds_to_universal(config: str, tmp_path:
     assert (tmp_path / "out" / "latest_universal").read_text() == plan.folder
     copies = sorted(p.name for p in Path(plan.out_dir).iterdir() if p.is_file())
     assert copies == sorted(os.path.basename(f.path) for f in ckpt.files if f.role == "model")
-    if config in ZERO3:  # as ds_to_universal: every data-parallel rank's model states of every shard
+    if "_z3_" in config:  # as ds_to_universal: every data-parallel rank's model states of every shard
         dp = int(config[-1]) if "_dp" in config else 1
         assert copies == [f"zero_pp_rank_{d}_mp_rank_0{t}_model_states.pt" for d in range(dp) for t in (0, 1)]
     else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from inspector.convert.kinds.universal.tp_meta import Meta, tp_metadata
+from inspector.convert.kinds.universal.tp_meta import Meta, tp_metadata, tp_views
 from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 
@@ -72,9 +72,10 @@ def autoep_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[s
 
 def universal_view(ckpt: Checkpoint) -> tuple[TensorInfo, ...]:
     """The tensors as the universal folder holds them: a native-MoE checkpoint's experts as one stacked
-    tensor per layer and local slot (under the local name, group of its first entry), the rest unchanged."""
+    tensor per layer and local slot (under the local name, group of its first entry), a tensor-parallel
+    fused parameter in its recorded view's shape, the rest unchanged."""
     if ckpt.parallel is None or ckpt.parallel.kind != "expert" or ckpt.parallel.autoep:
-        return ckpt.tensors
+        return tp_views(ckpt)  # a fused parameter split along a 3-D view in that view's shape
     ep_max = max(1, ckpt.parallel.ep)
     experts = {t.name: t for t in ckpt.tensors if _EXPERT.match(t.name) and t.kind is Kind.TRAINABLE}
     layers: dict[str, set[int]] = {}

@@ -22,7 +22,8 @@ cat_dim 1, nothing. The scan reads the record once (`Parallel.tp_recipe`); nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inspector.parse.layers import SubParams
@@ -65,6 +66,35 @@ def tp_metadata(ckpt: Checkpoint) -> dict[str, Meta]:
         meta = _meta(t, rule, recipe.sub_params.get(t.name), t.name in recipe.affine)
         out[t.name] = (*meta, VOCAB_FLAG) if rule == "vocab" else meta
     return out
+
+
+def tp_views(ckpt: Checkpoint) -> tuple[TensorInfo, ...]:
+    """The tensors, a fused parameter split along a view of higher rank (AutoTP experts `[E, [rows], H]`)
+    in that view's shape, as `ds_to_universal` writes it (its merge keeps the view); the bytes are the same
+    in the same order, only the shape differs."""
+    par = ckpt.parallel
+    recipe = par.tp_recipe if par is not None and par.tp > 1 else None
+    if recipe is None or not recipe.sub_params:
+        return ckpt.tensors
+    out = []
+    for t in ckpt.tensors:
+        sub = recipe.sub_params.get(t.name)
+        view = _view(t.shape, sub) if sub is not None and t.kind in (Kind.TRAINABLE, Kind.FROZEN) else None
+        out.append(replace(t, shape=view) if view is not None else t)
+    return tuple(out)
+
+
+def _view(shape: tuple[int, ...], sub: SubParams) -> tuple[int, ...] | None:
+    """The recorded view of a joined `shape` (the partition dim's sizes summed, a -1 resolved), or None
+    where it has no more dims than the tensor or does not fit its size."""
+    if len(sub.shape) <= len(shape):
+        return None
+    dims = [sum(d) if isinstance(d, tuple) else d for d in sub.shape]
+    known = math.prod(d for d in dims if d != -1)
+    if dims.count(-1) > 1 or known <= 0 or math.prod(shape) % known:
+        return None
+    view = tuple(math.prod(shape) // known if d == -1 else d for d in dims)
+    return view if math.prod(view) == math.prod(shape) else None
 
 
 def _meta(t: TensorInfo, rule: str, sub: SubParams | None, affine: bool) -> Meta:

@@ -13,11 +13,12 @@ global names; the dense weights in `mp_rank_00`'s `module`, as for any ZeRO-1/2 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates, OptimStates
@@ -26,7 +27,7 @@ from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
-from inspector.scan.locate import Location
+from inspector.scan.locate import EXPERT_RE, MODEL_RE, OPTIM_RE, Location
 from inspector.scan.model import (
     Checkpoint,
     FileInfo,
@@ -270,3 +271,27 @@ def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: 
 
 
 __all__ = ["scan_moe"]
+
+
+def refuse_pipeline_moe(loc: Location, names: Sequence[str]) -> None:
+    """Pipeline + native MoE (Megatron-DeepSpeed style: `mp_rank_SS` per stage, expert files per stage with L
+    counted per stage, no `layer_XX` files) is not supported yet. Recognised by the stages the model states
+    record beside expert files, it is refused naming what was seen, rather than read as tensor-parallel
+    shards and called damaged."""
+    experts = [n for n in names if (m := EXPERT_RE.match(n)) and m.group(2) is not None]
+    models = sorted(n for n in names if (m := MODEL_RE.match(n)))
+    first = next((n for n in models if (m := MODEL_RE.match(n)) and int(m.group(1)) == 0), None)
+    if not experts or len(models) < 2 or first is None:
+        return
+    path = os.path.join(loc.tag_dir, first)
+    dims = ParallelDims.parse(load_tree(path, loc.source), path)
+    if (dims.pp_degree or 1) < 2:
+        return  # MoE with tensor-parallel ranks (moe_tp): read by the MoE scan
+    optims = sum(1 for n in names if OPTIM_RE.match(n))
+    raise UnsupportedCheckpointError(
+        f"{loc.tag_dir}: pipeline parallel with native MoE, recognised from {len(models)} stage files "
+        f"(mp_rank_SS; the model states say {dims.pp_degree} stages), {len(experts)} expert files "
+        f"(layer_L_expert_E_mp_rank_SS) and {optims} optimizer files; this layout is not supported yet.",
+        hint="This says nothing about damage: the layout is recognised, not read. Resume it with the "
+        "DeepSpeed setup that wrote it (engine.load_checkpoint) until it is supported.",
+    )

@@ -8,7 +8,9 @@ the same running index. No names: the dense groups hold the module's parameters 
 (global expert `E·n_local + j`, each expert's keys as its `layer_L_expert_G` file lists them). That match is
 proven, not assumed: every shape must agree in sequence, and every 16-bit module copy must be its matched
 master cast (the optimizer copies masters into the module after each step); otherwise the scan refuses with
-a finding rather than guess.
+a finding rather than guess. In fp32 the expp files hold the torch optimizer's own state (moments only): the
+fp32 module and expert weights are the masters, matched to those moments by the same order and their shapes.
+A fused Adam in fp16 (FP16_Optimizer) keeps each group as one flat block: it is cut name by name, in order.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from dataclasses import dataclass
 
 from inspector.errors import NotACheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16, UnfusedParam
+from inspector.parse.layers import ParallelDims, TensorFile
 from inspector.parse.states import ModelStates
+from inspector.parse.zero_off import UnfusedFp16, UnfusedParam
 from inspector.scan.assemble import record
 from inspector.scan.claims import claim, damaging, expert_role, expp_role, model_role
 from inspector.scan.files import RankFiles, load_or_finding
@@ -31,8 +34,11 @@ from inspector.scan.layouts.moe.zero0_sizes import (
     expert_names,
     first_hyper,
     layer_sizes,
+    load_optimizer,
     named_groups,
+    pieces,
     size_of,
+    wrapper_name,
 )
 from inspector.scan.layouts.pipeline.names import plain, with_copy
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
@@ -114,7 +120,7 @@ class _Zero0:
         opts = {  # read first: the expert-parallel size their groups name bounds the files' roles
             e: o
             for e, p in sorted(self.f.expp.items())
-            if (o := load_or_finding(p, self.loc.source, self.findings, _unfused)) is not None
+            if (o := load_or_finding(p, self.loc.source, self.findings, load_optimizer)) is not None
         }
         ep = self._ep_size(opts)
         self._claim(dims, ep)
@@ -197,18 +203,17 @@ class _Zero0:
         for name, hyper in (first_hyper(opts[0]) if sizes is not None else {}).items():
             size = size_of(hyper, ep)
             for e in range(size or 1):
-                params = by_rank[e].get(name, [])
-                names = (
-                    expert_names(copies, dims, sizes or {}, size, e) if size else dense_names[: len(params)]
-                )
+                wanted = expert_names(copies, dims, sizes or {}, size, e) if size else dense_names
+                params, names = pieces(opts[e], by_rank[e].get(name, []), wanted, not size)
                 if not size:
-                    dense_names = dense_names[len(params) :]
+                    dense_names = dense_names[len(names) :]
                 named = self._matched(params, names, len(groups), opts[e].file)
                 if named is None:
                     return [], []
                 out += named
+                replicas = [(r, g) for r, g in by_rank.items() if r != e and r % (size or 1) == e]
                 self._same_replicas(
-                    named, [g.get(name, []) for r, g in by_rank.items() if r != e and r % (size or 1) == e]
+                    named, [pieces(opts[r], g.get(name, []), names, False)[0] for r, g in replicas]
                 )
                 numel = sum(t.numel for t in named)
                 self.groups_rank[len(groups)] = e
@@ -262,6 +267,8 @@ class _Zero0:
         equal) holds rank 0's bytes; the output reads rank 0's, so a damaged copy is said, not hidden."""
         for copy in others:
             for t, p in zip(named, copy, strict=False):
+                if p.master is None:
+                    return  # fp32: the replicas keep moments only; the weights are written once
                 other = TensorInfo(t.name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master))
                 if differing_copies(t, other, self.loc.source):
                     self.add(
@@ -278,7 +285,7 @@ class _Zero0:
         self, params: Sequence[UnfusedParam], names: Sequence[tuple[str, TensorRef]], group: int, file: str
     ) -> list[TensorInfo] | None:
         if len(params) != len(names) or any(
-            p.master.shape != r.shape for p, (_, r) in zip(params, names, strict=False)
+            p.shape() != r.shape for p, (_, r) in zip(params, names, strict=False)
         ):
             self.add(
                 "unnamed-params",
@@ -303,8 +310,16 @@ class _Zero0:
         return out
 
     def _proved(self, p: UnfusedParam, name: str, ref: TensorRef, group: int | None) -> TensorInfo | None:
-        """The master as `name`, when its 16-bit module copy `ref` is the master cast (else None)."""
+        """The master as `name`, when its 16-bit module copy `ref` is the master cast (else None); in fp32
+        (no master) the module's own weight, when its moments have its shape."""
         moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
+        if p.master is None:
+            fits = ref.dtype == "float32" and all(v.shape == ref.shape for v in (p.moments or {}).values())
+            return (
+                TensorInfo(name, ref.shape, "float32", Kind.TRAINABLE, _segs(ref), None, group, moments)
+                if fits
+                else None
+            )
         t = TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, group, moments)
         t = with_copy(t, ref)
         return None if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.loc.source) else t
@@ -355,7 +370,7 @@ class _Zero0:
             model,
             stage=0,
             world_size=max(dp, ep),
-            optimizer="FP16_UnfusedOptimizer",
+            optimizer=wrapper_name(o0),
             compute_dtype=copies[0] if copies else "float32",
             master_dtype="float32",
             optimizer_step=item(first.step) if first else None,
@@ -382,17 +397,6 @@ class _Zero0:
                 ranks = list(range(self.groups_rank.get(t.group, 0), world, step))
                 by_layer.setdefault(m.group(1).rstrip("."), {}).setdefault(int(m.group(2)), ranks)
         return tuple(Holding(layer, expert_spans(by_expert)) for layer, by_expert in sorted(by_layer.items()))
-
-
-def _unfused(tree: object, path: str) -> UnfusedFp16:
-    got = UnfusedFp16.parse(tree, path)
-    if got is None or got.fused:
-        from inspector.errors import CorruptFileError
-
-        raise CorruptFileError(
-            f"{path}: no per-parameter fp32 masters (fp32_groups); not a ZeRO-off MoE optimizer file."
-        )
-    return got
 
 
 def _segs(ref: TensorRef) -> tuple[Segment, ...]:

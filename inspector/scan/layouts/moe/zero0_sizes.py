@@ -10,11 +10,14 @@ cast). One answer or none; never a guess. The scan then proves every match of ev
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 
+from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef
-from inspector.parse.layers import ParallelDims, UnfusedFp16, UnfusedParam
+from inspector.parse.layers import ParallelDims
+from inspector.parse.zero_off import UnfusedFp16, UnfusedParam
 
 _EP_NAME = re.compile(r"^ep_size_([0-9]{1,9})$")
 Named = list[tuple[str, TensorRef]]
@@ -52,7 +55,7 @@ def layer_sizes(
             if (
                 named
                 and len(seg) == len(named)
-                and all(p.master.shape == r.shape for p, (_, r) in zip(seg, named, strict=True))
+                and all(_shape(p) == r.shape for p, (_, r) in zip(seg, named, strict=True))
             ):
                 fits.append((size, seg, named))
         if len(fits) > 1:
@@ -69,13 +72,42 @@ def layer_sizes(
     return out, ""
 
 
+def _shape(p: UnfusedParam) -> tuple[int, ...] | None:
+    return p.master.shape if p.master is not None else p.shape()  # fp32: no master, its moments' shape
+
+
 def named_groups(o: UnfusedFp16) -> dict[str, list[UnfusedParam]]:
     """A rank's optimizer groups by name, in its own order: DeepSpeed orders the MoE groups from a set, so two
     ranks may list them differently, and a very large group split in several keeps one name."""
     out: dict[str, list[UnfusedParam]] = {}
-    for hyper, params in zip(o.hyperparams, o.groups, strict=False):
+    for hyper, params in zip(o.hyperparams, [[f] for f in o.flats] if o.fused else o.groups, strict=False):
         out.setdefault(str(hyper.get("name", "")), []).extend(params)
     return out
+
+
+def pieces(
+    o: UnfusedFp16, params: list[UnfusedParam], names: Named, dense: bool
+) -> tuple[list[UnfusedParam], Named]:
+    """A group's masters and the names they are matched to in order: per parameter as saved (a dense group
+    takes as many of the dense names as it holds), or FP16_Optimizer's flat blocks cut name by name at each
+    name's shape (a dense block takes the names that fill it). What is left of a block stays one piece, so
+    the counts differ and the group is refused rather than cut at a guess."""
+    if not o.fused:
+        return params, names[: len(params)] if dense else names
+    out: list[UnfusedParam] = []
+    taken = 0
+    for flat in params:
+        off = 0
+        while off < flat.flat_numel() and taken < len(names):
+            p = flat.piece(off, names[taken][1].shape)
+            if p is None:
+                break
+            out.append(p)
+            off += math.prod(names[taken][1].shape)
+            taken += 1
+        if off < flat.flat_numel() or not flat.flat_numel():
+            out.append(flat)  # unexplained rest: a count mismatch below
+    return out, names[:taken] if dense else names
 
 
 def first_hyper(o: UnfusedFp16) -> dict[str, Mapping[str, object]]:
@@ -109,4 +141,32 @@ def expert_names(
     return out
 
 
-__all__ = ["expert_names", "first_hyper", "layer_sizes", "local_experts", "named_groups", "size_of"]
+def load_optimizer(tree: object, path: str) -> UnfusedFp16:
+    """An expp file's optimizer record (any of the three ZeRO-off forms), or a refusal naming what it lacks."""
+    got = UnfusedFp16.parse(tree, path)
+    if got is None:  # none of FP16_UnfusedOptimizer, FP16_Optimizer or a plain torch optimizer's state
+        raise UnsupportedCheckpointError(
+            f"{path}: a ZeRO-off MoE optimizer file, but its optimizer state is of a kind not supported yet "
+            "(neither fp32_groups, fp32_groups_flat nor a torch optimizer's state and param_groups)."
+        )
+    return got
+
+
+def wrapper_name(o: UnfusedFp16 | None) -> str:
+    """The ZeRO-off optimizer wrapper a rank file's record shows."""
+    return (
+        "torch optimizer" if o and o.plain else "FP16_Optimizer" if o and o.fused else "FP16_UnfusedOptimizer"
+    )
+
+
+__all__ = [
+    "expert_names",
+    "first_hyper",
+    "layer_sizes",
+    "load_optimizer",
+    "local_experts",
+    "named_groups",
+    "pieces",
+    "size_of",
+    "wrapper_name",
+]

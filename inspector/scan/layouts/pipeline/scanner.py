@@ -17,8 +17,9 @@ from dataclasses import replace
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
-from inspector.parse.layers import ParallelDims, TensorFile, UnfusedFp16
+from inspector.parse.layers import ParallelDims, TensorFile
 from inspector.parse.states import ModelStates, OptimStates
+from inspector.parse.zero_off import UnfusedFp16
 from inspector.scan.assemble import record
 from inspector.scan.files import load_or_finding
 from inspector.scan.holding import TIED_PREFIX, Holding
@@ -33,7 +34,7 @@ from inspector.scan.layouts.pipeline.names import (
     tied_layer_files,
     with_copy,
 )
-from inspector.scan.layouts.pipeline.zero0 import StageMasters, fused_refusal
+from inspector.scan.layouts.pipeline.zero0 import StageMasters
 from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
@@ -98,7 +99,17 @@ class Pipeline:
     def _no_optimizer_files(
         self, st: Stage, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
     ) -> None:
-        """A stage without optimizer files: ZeRO off in fp16 (masters in the stage file), or files lost."""
+        """A stage without optimizer files: ZeRO off (the optimizer state in the stage file), or files lost."""
+        cfg = st.model.ds_config if st.model else {}
+        zero, bf16 = cfg.get("zero_optimization"), cfg.get("bf16")
+        off = isinstance(zero, Mapping) and zero.get("stage") == 0
+        if unfused is None and off and not (isinstance(bf16, Mapping) and bf16.get("enabled") is True):
+            raise UnsupportedCheckpointError(  # (bf16 at stage 0 writes optimizer files: their loss is damage)
+                f"{st.model_file}: pipeline stage {st.index} was saved with ZeRO off (its ds_config says "
+                "stage 0), so its optimizer state is in this file, but in a form not supported yet (not "
+                "FP16_Optimizer's, FP16_UnfusedOptimizer's or a torch optimizer's).",
+                hint="Nothing is missing: ZeRO off writes no optimizer files.",
+            )
         if unfused is None:
             self.add(
                 Severity.ERROR,
@@ -108,15 +119,18 @@ class Pipeline:
                 "Copy the complete checkpoint folder; every data-parallel rank of every stage writes one.",
             )
             return
-        st.optimizer = "FP16_Optimizer" if unfused.fused else "FP16_UnfusedOptimizer"
+        st.optimizer = (
+            "torch optimizer"
+            if unfused.plain
+            else "FP16_Optimizer"
+            if unfused.fused
+            else "FP16_UnfusedOptimizer"
+        )
         st.zero_stage, st.loss_scale = 0, unfused.loss_scale
-        if not unfused.fused:  # per-parameter masters: named by order, each proven by its 16-bit copy
-            if self.masters is None:
-                buffers = {n for s in self.stages.values() if s.model for n in s.model.buffer_names}
-                self.masters = StageMasters(layer_files, buffers, self.source)
-            st.layout = self.masters.stage(st.index, unfused)
-            return
-        self.findings.append(fused_refusal(st.index, st.model_file))
+        if self.masters is None:  # masters (fp32: the weights; fused: cut from a flat block) named in order
+            buffers = {n for s in self.stages.values() if s.model for n in s.model.buffer_names}
+            self.masters = StageMasters(layer_files, buffers, self.source)
+        st.layout = self.masters.stage(st.index, unfused)
 
     def _stage_layout(
         self, st: Stage, dp: int, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
@@ -340,7 +354,11 @@ class Pipeline:
             groups=groups,
             tensors=tensors,
             findings=self.findings,
-            module_copy_bytes=sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values()),
+            module_copy_bytes=(  # ZeRO off in fp32: the layer files' weights are the masters, not copies
+                0
+                if st0.optimizer == "torch optimizer"
+                else sum(ref.nbytes for lf in layer_files.values() for ref in lf.tensors.values())
+            ),
             parallel=parallel,
         )
 

@@ -37,7 +37,7 @@ from inspector.scan.holding import Holding
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import Refused, layout_of, records_differ, with_joined
+from inspector.scan.tensor_join import Refused, layout_of, records_differ, stored_shape, with_joined
 from inspector.scan.tensor_lay import lay
 from inspector.scan.tp_rules import SPLIT_RULES
 from inspector.text import shown
@@ -387,7 +387,8 @@ def _joined(
                     hint="The shards come from different saves.",
                 )
         return t0
-    return with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), layout.logical)
+    shape = stored_shape(layout.logical, shapes)  # a joined 3-D view folded back to the shards' rank
+    return with_joined(t0, pieces, lambda segs: lay(layout, segs, t0.name), shape)
 
 
 __all__ = ["join_shards", "scan_tensor", "tp_ranks"]

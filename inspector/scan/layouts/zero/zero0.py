@@ -21,8 +21,9 @@ from typing import Any
 
 from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
-from inspector.parse.layers import ParallelDims, TorchOptimizer, UnfusedFp16, UnfusedParam
+from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates
+from inspector.parse.zero_off import TorchOptimizer, UnfusedFp16, UnfusedParam
 from inspector.scan.assemble import record
 from inspector.scan.files import RankFiles
 from inspector.scan.layouts.pipeline.names import plain, with_copy
@@ -63,7 +64,9 @@ def scan_zero0(loc: Location, files: RankFiles, *, shard: bool = False) -> Check
         return None
     model = ModelStates.parse(tree, files.model)
     unfused = UnfusedFp16.parse(tree, files.model)
-    torch_opt = TorchOptimizer.parse(tree, files.model) if unfused is None else None
+    torch_opt = TorchOptimizer.parse(tree, files.model) if unfused is None or unfused.plain else None
+    if unfused is not None and unfused.plain:  # fp32: the module's weights are the masters (below)
+        unfused = None
     if unfused is None and torch_opt is None:
         return None
     findings: list[Finding] = [*loc.findings, *files.findings]
@@ -88,18 +91,18 @@ def _cut(opt: UnfusedFp16, params: Named, loc: Location) -> UnfusedFp16:
     the names are then proven like the unfused masters' (by their 16-bit copies)."""
     groups: list[tuple[UnfusedParam, ...]] = []
     rest = list(params)
-    for block in opt.flat:
+    for block in opt.flats:
         cut: list[UnfusedParam] = []
-        at = 0
-        while rest and at < block.master.numel and at + rest[0][1].numel <= block.master.numel:
+        at, flat = 0, _master(block)
+        while rest and at < flat.numel and at + rest[0][1].numel <= flat.numel:
             shape = rest.pop(0)[1].shape
             cut.append(
-                UnfusedParam(_view(block.master, at, shape), _views(block.moments, at, shape), block.step)
+                UnfusedParam(_view(flat, at, shape), _views(block.moments, at, shape), block.step)
             )
-            at += cut[-1].master.numel
-        if at != block.master.numel or len(block.master.shape) != 1 or not block.master.is_contiguous():
+            at += _master(cut[-1]).numel
+        if at != flat.numel or len(flat.shape) != 1 or not flat.is_contiguous():
             raise UnsupportedCheckpointError(
-                f"{loc.tag_dir}: ZeRO off with FP16_Optimizer: a flat fp32 block of {block.master.numel:,} "
+                f"{loc.tag_dir}: ZeRO off with FP16_Optimizer: a flat fp32 block of {flat.numel:,} "
                 "elements does not end where the module's parameters do, so it cannot be cut into them safely.",
                 hint=_HINT,
             )
@@ -117,6 +120,12 @@ def _views(
     moments: Mapping[str, TensorRef] | None, at: int, shape: tuple[int, ...]
 ) -> Mapping[str, TensorRef] | None:
     return None if moments is None else {m: _view(v, at, shape) for m, v in moments.items()}
+
+
+def _master(p: UnfusedParam) -> TensorRef:
+    """An FP16 optimizer's fp32 master (only a plain torch optimizer's state has none, read elsewhere)."""
+    assert p.master is not None
+    return p.master
 
 
 def _refuse(findings: list[Finding], file: str, message: str) -> tuple[list[TensorInfo], list[GroupInfo]]:
@@ -139,9 +148,10 @@ def _unfused(
     out: list[TensorInfo] = []
     for (g, p), (name, ref) in zip(masters, params, strict=True):
         moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
-        t = TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, g, moments)
+        master = _master(p)
+        t = TensorInfo(name, master.shape, "float32", Kind.TRAINABLE, _segs(master), None, g, moments)
         t = with_copy(t, ref)
-        wrong_shape = p.master.shape != ref.shape or any(
+        wrong_shape = master.shape != ref.shape or any(
             v.shape != ref.shape for v in (p.moments or {}).values()
         )
         if wrong_shape or not t.module_copy or copy_is_not_cast(t, t.module_copy, loc.source):
@@ -149,7 +159,7 @@ def _unfused(
                 findings,
                 opt.file,
                 f"The fp32 master matched to {name} by order is not what its 16-bit copy holds (shape "
-                f"{p.master.shape} against {ref.shape}): the optimizer's parameter order is not the module's, "
+                f"{master.shape} against {ref.shape}): the optimizer's parameter order is not the module's, "
                 "so the masters cannot be named safely.",
             )
         out.append(t)
