@@ -182,14 +182,15 @@ def layout_of(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ..
     keep = recipe.original_vocab_size if rule == "vocab" else None
     if amap is None:
         return vocab_cut(name, category_layout(name, rule, recipe, shapes), keep)
-    if list(amap.shards) != shapes:
+    spec = recipe.sub_params.get(name)
+    views = sub_param_views(name, spec, shapes) if rule == "sub-params" else shapes  # as the record sees them
+    if list(amap.shards) != views:
         raise Refused(
             "tp-records-disagree",
             f"{name}: the affine map says its {len(amap.shards)} shards have shapes "
-            f"{[list(s) for s in amap.shards]}; the model states record {[list(s) for s in shapes]}.",
+            f"{[list(s) for s in amap.shards]}; the model states record {[list(s) for s in views]}.",
             "The record and the shards come from different runs or were edited; nothing is converted.",
         )
-    spec = recipe.sub_params.get(name)
     unwritten = rule == "sub-params" and spec is not None and spec.widths is None and recipe.version >= 0.4
     if name in recipe.rules and not unwritten:  # (UCP 0.4 needs no widths where a map says where rows go)
         try:
