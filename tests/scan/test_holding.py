@@ -15,7 +15,8 @@ import pytest
 
 from inspector.scan.holding import ExpertSpan, Holding, expert_spans, holder_row
 from inspector.scan.model import Checkpoint, Kind
-from tests.scan.layout_cases import MODEL_PARALLEL as LAYOUTS, scan_layout
+from tests.scan.layout_cases import MODEL_PARALLEL as LAYOUTS
+from tests.scan.layout_cases import scan_layout
 
 GOLDEN = json.loads((Path(__file__).parent / "holders_golden.json").read_text())
 
