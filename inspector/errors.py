@@ -86,6 +86,12 @@ class StoreError(InspectorError):
     exit_code = EXIT_USAGE
 
 
+class InvalidOptionError(InspectorError):
+    """An option the user gave that cannot work (a bad size, an unknown kind, a malformed --part)."""
+
+    title = "Invalid option"
+
+
 class UnsupportedCheckpointError(InspectorError):
     """A valid checkpoint of a kind we do not handle yet (pipeline, MoE, tensor parallel, ...)."""
 

@@ -145,7 +145,7 @@ def test_the_tree_reads_the_placement_not_the_scans_words() -> None:
     (`Parallel.placement`), never by matching the overview's wording (`Parallel.holders`) with patterns: a
     change of wording must not change what the tree believes."""
     mods = _modules()
-    assert "re" in _imports(mods["scan.placement"]), "the probe must see a plain `import re`"
+    assert "re" in _imports(mods["scan.layouts.pipeline"]), "the probe must see a plain `import re`"
     path = mods["tui.holders"]
     assert not {i for i in _imports(path) if i.split(".")[0] in {"re", "fnmatch", "parse"}}
     words = [
@@ -154,6 +154,50 @@ def test_the_tree_reads_the_placement_not_the_scans_words() -> None:
         if isinstance(n, ast.Attribute) and n.attr == "holders"
     ]
     assert not words, f"inspector/tui/holders.py reads Parallel.holders (the words) at lines {words}"
+    kinds = [
+        n.lineno
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Attribute) and n.attr == "kind"
+    ]
+    assert not kinds, f"inspector/tui/holders.py branches on the layout's kind at lines {kinds}"
+
+
+def _layout_packages() -> set[str]:
+    """The layouts' packages and modules under scan/layouts/ (all but the registry and the protocol)."""
+    folder = PKG / "scan" / "layouts"
+    return {p.stem if p.is_file() else p.name for p in folder.iterdir() if p.name not in {"__init__.py", "base.py"}}
+
+
+def _reached_layouts(path: Path) -> set[str]:
+    """Which layouts' modules a file imports: `inspector.scan.layouts.<layout>[...]`, also as
+    `from inspector.scan.layouts import <layout>` or `from inspector.scan import layouts` + attribute."""
+    layouts = _layout_packages()
+    reached = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[:3] == ["inspector", "scan", "layouts"] and len(parts) > 3 and parts[3] in layouts:
+                reached.add(parts[3])
+    return reached
+
+
+def test_the_probe_sees_every_layout() -> None:
+    assert {"zero", "pipeline", "moe", "autoep", "tensor", "universal"} <= _layout_packages()
+    assert _reached_layouts(PKG / "scan" / "layouts" / "__init__.py") >= {"zero", "pipeline", "universal"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if not m.startswith("scan.layouts")))
+def test_only_the_registry_knows_a_layout(module: str) -> None:
+    """Outside scan/layouts/, code reaches the layouts through the registry (`inspector.scan.layouts`: LAYOUTS)
+    and the protocol (`layouts/base.py`), never one layout's module: a new layout is one folder and one
+    registry line, and nothing after the scan depends on which layout read the checkpoint."""
+    reached = _reached_layouts(_modules()[module])
+    assert not reached, f"inspector/{module.replace('.', '/')} imports the layout(s) {sorted(reached)}"
 
 
 def test_no_import_cycles() -> None:

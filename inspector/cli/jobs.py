@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from inspector.convert.order import Order, from_args
+from inspector.errors import InvalidOptionError
 
 
 def plan_job(
@@ -28,15 +29,13 @@ def order_of(args: argparse.Namespace) -> Order:
     import sys
 
     from inspector.convert.order import from_json
-    from inspector.errors import InspectorError
 
     if getattr(args, "order", None) != "-":
         return from_args(args)
     order = from_json(sys.stdin.read(1 << 20))
     if (order.path, order.out) != (args.path, args.out):  # the command line shown in `ps` tells the truth
-        raise InspectorError(
+        raise InvalidOptionError(
             "The conversion order names another checkpoint or output than the command line.",
-            title="Invalid option",
         )
     return order
 
@@ -104,16 +103,14 @@ def job_events(order: Order, job: Any, tasks: list[Any]) -> Any:
 
 def ray_options(args: argparse.Namespace) -> None:
     """What --executor ray cannot be combined with, refused before anything is read."""
-    from inspector.errors import InspectorError
 
     if getattr(args, "executor", "local") != "ray":
         return
     if args.part is not None:
-        raise InspectorError(
+        raise InvalidOptionError(
             "--part and --executor ray both split the job: use one.",
             hint="--executor ray runs every part as a task on the cluster; --part I/N is for schedulers "
             "without Ray (Slurm arrays, Kubernetes indexed jobs).",
-            title="Invalid option",
         )
     if args.parts is not None and args.parts < 1:
-        raise InspectorError(f"--parts {args.parts}: at least 1.", title="Invalid option")
+        raise InvalidOptionError(f"--parts {args.parts}: at least 1.")

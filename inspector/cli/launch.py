@@ -9,7 +9,7 @@ import os
 import sys
 
 from inspector.cli.options import add_tp_split_option
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, InvalidOptionError
 
 
 def cmd_open(args: argparse.Namespace) -> int:
@@ -72,12 +72,11 @@ def _refuse_unapplied(args: argparse.Namespace) -> None:
     the flags that name a kind (or a merge's base) are refused rather than silently dropped."""
     given = [flag for flag, dest in _KIND_ONLY if getattr(args, dest, None)]
     if given:
-        raise InspectorError(
+        raise InvalidOptionError(
             f"`open` does not take {' or '.join(given)}: the output kind is chosen in the app's export form (e).",
             hint="Open the checkpoint and choose the format there, or run `zero-inspector convert` with "
             + " ".join(given)
             + ".",
-            title="Invalid option",
         )
 
 

@@ -31,11 +31,12 @@ from inspector.text import command_hint
 def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
     """A folder that is not a checkpoint but holds some (a Lightning run's `last.ckpt/`, a Trainer run's
     `checkpoint-N/`): the refusal names them, as the app finds them, instead of only "no checkpoint"."""
+    from inspector.remote.roots import source_at
     from inspector.scan.locate import discover_roots
 
     if isinstance(exc, StoreError):  # the store refused: asking it again for a listing would only repeat that
         return exc
-    roots = [r for r in discover_roots(path) if os.path.abspath(r) != os.path.abspath(path)]
+    roots = [r for r in discover_roots(path, source_at(path, "checkpoint")) if os.path.abspath(r) != os.path.abspath(path)]
     if not roots:
         return exc
     names = ", ".join(os.path.relpath(r, path) for r in roots[:5]) + (" …" if len(roots) > 5 else "")

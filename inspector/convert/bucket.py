@@ -33,7 +33,7 @@ from inspector.convert.kinds.base import Job, OutputKind, PlannedFile, Request
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import LOCK, BusyError, Destination, OutputRoot
 from inspector.convert.staging import Part, part_suffix
-from inspector.errors import InspectorError
+from inspector.errors import InvalidOptionError
 from inspector.remote.roots import absolute
 from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import is_url
@@ -63,9 +63,8 @@ def plan_output(
     `--part` it will run, which names its staging folder; a local OUT's job runs any part)."""
     if not is_url(out):
         if staging:
-            raise InspectorError(
+            raise InvalidOptionError(
                 "--staging is for an s3:// output; a local output is written in place.",
-                title="Invalid option",
             )
         return kind.plan(ckpt, request, os.path.abspath(os.path.expanduser(out)))
     from inspector.remote.destination import require_writable
@@ -179,8 +178,8 @@ class BucketJob(Job):
         """The inner job's events, its files published as they finish; the report names the bucket. On any
         failure, cancel or interrupt the open uploads are aborted and this run's objects removed."""
         if part != self.part:  # the staging folder was named for a part at planning (plan_output)
-            raise InspectorError(
-                f"Internal error: a job planned for part {self.part} run as part {part}.", title="Invalid option"
+            raise InvalidOptionError(
+                f"Internal error: a job planned for part {self.part} run as part {part}."
             )
         cancel = cancel or threading.Event()
         bucket = self.destination(overwrite, cancel)

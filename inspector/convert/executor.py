@@ -22,6 +22,7 @@ torch is not imported: it would cost seconds and ~300-600 MiB.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -149,26 +150,7 @@ def _write_all(
     # tick; waking it for every chunk had it scan every file's future ~400,000 times in a 2.8 GB universal
     # export, a few tenths of a CPU-second taken from the writers)
     turns = _Turns() if r.root.dest is not None else None
-
-    def one(turn: int, k: int, write: FileWriter) -> None:
-        if cancel.is_set():
-            return
-        counted = [0]
-
-        def progress(n: int, tensor: str) -> None:
-            counted[0] += n
-            with tally.lock:
-                tally.done += n
-                tally.tensor, tally.file = tensor, k
-
-        writing = Writing(cancel, r.fsync, progress)
-        write(k, r.root, r.staged[k], writing)
-        if not cancel.is_set():
-            _finished(r, k, counted[0], tally, writing.known)
-        if turns is not None and not cancel.is_set():  # its upload is the run's own thread's
-            news.set()
-            turns.hand_in(turn, cancel)
-
+    one = functools.partial(_write_one, r, tally, turns, news, cancel)
     with (
         job.writer() as write,
         ThreadPoolExecutor(max(1, job.workers), thread_name_prefix="zi-write") as pool,
@@ -202,6 +184,37 @@ def _write_all(
                 fut.cancel()
             wait(futures)
             raise
+
+
+def _write_one(
+    r: Staging,
+    tally: _Tally,
+    turns: _Turns | None,
+    news: threading.Event,
+    cancel: threading.Event,
+    turn: int,
+    k: int,
+    write: FileWriter,
+) -> None:
+    """One writer's file `k`: written into its staged name, tallied as it goes, then recorded (and, for a
+    bucket, handed in for its upload in file order)."""
+    if cancel.is_set():
+        return
+    counted = [0]
+
+    def progress(n: int, tensor: str) -> None:
+        counted[0] += n
+        with tally.lock:
+            tally.done += n
+            tally.tensor, tally.file = tensor, k
+
+    writing = Writing(cancel, r.fsync, progress)
+    write(k, r.root, r.staged[k], writing)
+    if not cancel.is_set():
+        _finished(r, k, counted[0], tally, writing.known)
+    if turns is not None and not cancel.is_set():  # its upload is the run's own thread's
+        news.set()
+        turns.hand_in(turn, cancel)
 
 
 def _raise_first_error(ended: queue.SimpleQueue[Future[None]]) -> int:

@@ -14,9 +14,10 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from inspector.convert.kinds.base import Request
+from inspector.convert.kinds.base import Job, Request
 from inspector.convert.options import ConvertOptions
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, InvalidOptionError
+from inspector.scan.model import Checkpoint
 
 ORDER_VERSION = 1
 # `--format KIND`: `safetensors` (the old default) is `model`; the older flags name the kind they stand for
@@ -42,7 +43,7 @@ class Order:
     parts: int | None = None  # --executor ray: how many tasks
     tp_split: tuple[tuple[str, str], ...] = ()  # --tp-split: how an unrecorded tensor-parallel split joins
 
-    def plan(self, part: tuple[int, int] | None = None, out: str | None = None) -> tuple[Any, Any]:
+    def plan(self, part: tuple[int, int] | None = None, out: str | None = None) -> tuple[Checkpoint, Job]:
         """Scan, pick the kind, plan its job (a bucket OUT wrapped): the checkpoint and the job. `part` names
         an s3:// OUT's staging folder (default: this order's); `out`: plan for another OUT (preflight)."""
         from inspector.convert.bucket import plan_output
@@ -87,11 +88,10 @@ def from_json(text: str) -> Order:
     return check(order)
 
 
-def _refused(why: str) -> InspectorError:
-    return InspectorError(
+def _refused(why: str) -> InvalidOptionError:
+    return InvalidOptionError(
         f"The conversion order is not one this version reads ({why}).",
         hint="The app and the converter come from different versions; start the app again.",
-        title="Invalid option",
     )
 
 
@@ -197,13 +197,13 @@ def check(order: Order) -> Order:
 
     o = order.request.options
 
-    def bad(what: str) -> InspectorError:
-        return InspectorError(what, title="Invalid option")
+    def bad(what: str) -> InvalidOptionError:
+        return InvalidOptionError(what)
 
     try:
         kind = get(order.kind)
     except InspectorError as exc:  # an unknown name: the error names the kinds
-        raise InspectorError(exc.message, hint=exc.hint, title="Invalid option") from None
+        raise InvalidOptionError(exc.message, hint=exc.hint) from None
     if order.request.base is not None and not kind.takes_base:
         raise bad(f"--base is not used with --format {order.kind}.")
     if o.workers is not None and not 1 <= o.workers <= MAX_WORKERS:
@@ -217,8 +217,8 @@ def check(order: Order) -> Order:
     if o.source not in SOURCES:
         raise bad(f"--source {o.source!r}: one of {', '.join(SOURCES)}.")
     if o.dtype != "auto" and o.dtype.lower() not in DTYPE_ALIASES:
-        raise InspectorError(
-            f"Unknown output dtype {o.dtype!r}.", hint="Use fp32, bf16, fp16 or auto.", title="Invalid option"
+        raise InvalidOptionError(
+            f"Unknown output dtype {o.dtype!r}.", hint="Use fp32, bf16, fp16 or auto."
         )
     if o.shard_size < 1:
         raise bad(f"--shard-size {o.shard_size}: at least one byte.")
@@ -288,10 +288,9 @@ def parse_part(text: str | None) -> tuple[int, int] | None:
 def check_part(i: int, n: int, text: str) -> tuple[int, int]:
     """Part I of N, as `--part` and the app's order both give it: 0 <= I < N <= 100,000."""
     if not 0 <= i < n <= MAX_PARTS:
-        raise InspectorError(
+        raise InvalidOptionError(
             f"--part {text!r} is not I/N with 0 <= I < N.",
             hint="For example --part $SLURM_ARRAY_TASK_ID/8 in a Slurm array of 8 tasks numbered from 0.",
-            title="Invalid option",
         )
     return i, n
 
@@ -303,13 +302,13 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
     try:
         shard = parse_size(str(args.shard_size))
     except ValueError as exc:
-        raise InspectorError(
-            str(exc), hint="Use sizes like 5GB, 500MB or 2GiB.", title="Invalid option"
+        raise InvalidOptionError(
+            str(exc), hint="Use sizes like 5GB, 500MB or 2GiB."
         ) from None
     renames = []
     for r in args.rename or []:
         if "=" not in r:
-            raise InspectorError(f"--rename {r!r} needs the form REGEX=REPLACEMENT.", title="Invalid option")
+            raise InvalidOptionError(f"--rename {r!r} needs the form REGEX=REPLACEMENT.")
         pat, _, repl = r.partition("=")
         renames.append((pat, repl))
     return ConvertOptions(
@@ -339,15 +338,14 @@ def kind_from_args(args: argparse.Namespace) -> str:
     if kind != DEFAULT or not chosen:
         chosen.add(kind)
     if len(chosen) > 1:
-        raise InspectorError(
+        raise InvalidOptionError(
             f"Asked for more than one output kind ({', '.join(sorted(chosen))}).",
             hint="Pick one: --format " + "|".join(names()) + ".",
-            title="Invalid option",
         )
     name = chosen.pop()
     if getattr(args, "base", None) and not get(name).takes_base:
         takers = " or ".join(k.name for k in KINDS if k.takes_base)
-        raise InspectorError(f"--base is only used with --format {takers}.", title="Invalid option")
+        raise InvalidOptionError(f"--base is only used with --format {takers}.")
     return name
 
 

@@ -14,8 +14,8 @@ From an object store each worker's read is a round trip, so at least `plan.depth
 whose output is computed rather than cast (a LoRA merge: `ChunkMath`) goes the same way, its chunks computed
 on the workers.
 
-This is the part of a conversion that moves bytes; `engine` decides which shards to write and owns
-everything around them (output folder, journal, renames, progress events, cancel).
+This is the part of a conversion that moves bytes; the executor (`executor.run`) decides which shards to
+write and owns everything around them (output folder, journal, renames, progress events, cancel).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segment
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Segment
-from inspector.system.limits import busy_threads, usable_cores
+from inspector.system import limits
 
 
 class ChunkMath(Protocol):
@@ -56,16 +56,15 @@ MIN_CHUNK = 1 << 18  # elements: a worker's chunk never shrinks below 1 MiB of f
 PoolPair = tuple["queue.Queue[np.ndarray]", "queue.Queue[np.ndarray]"]  # (source, output) buffers
 
 
-def plan_workers(plan: ConversionPlan) -> int:
-    """Workers for `plan`: the option's, else every usable core; locally never more than those
-    (`limits.busy_threads`: a worker beyond them only reads ahead of a free core)."""
-    return busy_threads(plan.options.workers or usable_cores(), plan.remote)
+def plan_threads(plan: ConversionPlan) -> int:
+    """Workers for `plan`: the one rule (`limits.workers`) applied to its `--workers`."""
+    return limits.workers(plan.options.workers, plan.remote)
 
 
 def shards_at_once(plan: ConversionPlan) -> int:
     """Shards written side by side: SIDE_BY_SIDE when there are that many and more than one worker, from
     the one pool of buffers (`shard_streamer`)."""
-    return min(SIDE_BY_SIDE, len(plan.shards)) if plan_workers(plan) > 1 else 1
+    return min(SIDE_BY_SIDE, len(plan.shards)) if plan_threads(plan) > 1 else 1
 
 
 def _sizes(plan: ConversionPlan, limit: int) -> tuple[int, int]:
@@ -270,9 +269,9 @@ def shard_streamer(
     the rest, shared by shards written side by side: the one budget whatever runs at once."""
     pools: list[PoolPair] = []
     made = threading.Lock()  # shards written side by side: one pool, made once
-    depth, limit = pool_plan(plan, plan_workers(plan))
+    depth, limit = pool_plan(plan, plan_threads(plan))
     # no more threads than buffers: at most that many chunks are in flight, and each keeps a cast block
-    threads = min(max(plan_workers(plan), plan.depth) if plan.remote else plan_workers(plan), depth)
+    threads = min(max(plan_threads(plan), plan.depth) if plan.remote else plan_threads(plan), depth)
 
     def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
         with made:

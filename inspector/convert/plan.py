@@ -3,7 +3,8 @@
 The plan fixes every output byte before anything is written: which shard each tensor goes to, its byte
 offset there, every safetensors header, the index, and the buffers the executor will allocate. Which
 tensors, under which names and dtypes, is decided first by `options`; this module only lays them out.
-Tests check plans without touching disk; `engine.execute` carries one out; `preflight` predicts from one.
+Tests check plans without touching disk; a kind's job carries one out on the one executor
+(`executor.run`); `preflight` predicts from one.
 """
 
 from __future__ import annotations

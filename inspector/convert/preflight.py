@@ -166,7 +166,7 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
     from collections import Counter
 
     from inspector.convert.calibrate import Work, calibrated_seconds
-    from inspector.convert.pipeline import plan_workers, shards_at_once
+    from inspector.convert.pipeline import plan_threads, shards_at_once
     from inspector.convert.reader import bytes_by_file
 
     tensors = [t for s in plan.shards for t in s.tensors]
@@ -181,7 +181,7 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
         copied=copied,
         outputs=shards_at_once(plan),
     )
-    return calibrated_seconds(plan.sources, reads, work, plan_workers(plan), pair)
+    return calibrated_seconds(plan.sources, reads, work, plan_threads(plan), pair)
 
 
 def converter_base(segments: int, tensors: int, files: int, extra: int = 0) -> tuple[int, int]:
@@ -229,13 +229,14 @@ def assess(
     """Predict the converter process's needs and compare them with this machine's limits.
 
     `extra_output_bytes` / `extra_memory`: files written beside the shards (config, tokenizer) and working
-    memory beyond the chunk buffers (a LoRA merge's fp32 blocks), from `export.ExportPlan`."""
-    from inspector.convert.pipeline import plan_workers
+    memory beyond the chunk buffers (a LoRA merge's fp32 blocks, `MergedPlan.work_bytes`), from the kind's
+    job (`SafetensorsJob.assess`)."""
+    from inspector.convert.pipeline import plan_threads
 
     rss, vms = converter_baseline(plan)
     client = REMOTE_CLIENT_RSS if plan.remote else 0
     peak = rss + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + client
-    threads = 1 + max(plan_workers(plan), plan.depth if plan.remote else 0)  # the producer, the workers
+    threads = 1 + max(plan_threads(plan), plan.depth if plan.remote else 0)  # the producer, the workers
     vms_peak = vms + plan.buffer_bytes + RUNTIME_OVERHEAD + extra_memory + client + threads * THREAD_STACK
     output_bytes = plan.output_bytes + extra_output_bytes
     budget = budget or detect_memory_limits()

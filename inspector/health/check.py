@@ -17,14 +17,12 @@ from inspector.health.since import refuse_damaged
 from inspector.health.stream import (
     Row,
     Streamer,
-    default_workers,
     plan_jobs,
     plan_workers,
     read_ahead,
     run_jobs,
 )
 from inspector.scan.model import Checkpoint, Severity, TensorInfo
-from inspector.scan.placement import stage_of
 from inspector.system.bytesource import any_remote
 
 _INTERVAL = 0.25
@@ -53,8 +51,7 @@ def check(
         refuse_damaged(against)
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))
-    asked = workers or threads or default_workers(any_remote(sources))
-    plan = plan_workers(asked, against is not None, any_remote(sources))
+    plan = plan_workers(workers or threads, against is not None, any_remote(sources))
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     rows: list[Row] = []
     with FilePool(*set(sources)) as pool:
@@ -122,7 +119,7 @@ def _findings(
     in another shape."""
     steps = Steps(ckpt.global_steps, ckpt.optimizer_step)
     then = Steps(against.global_steps, against.optimizer_step) if against else Steps()
-    found = _scan_errors(ckpt) + _placed(ckpt, findings(rows, against.tag if against else None, steps, then))
+    found = _scan_errors(ckpt) + findings(_placed(ckpt, rows), against.tag if against else None, steps, then)
     if against is None:
         return found
     lacking = [j for j in jobs if j.source == "master" and not j.against]
@@ -136,18 +133,11 @@ def _findings(
     return found + missing_in_against([j.name for j in lacking if j.name not in reshaped], against.tag)
 
 
-def _placed(ckpt: Checkpoint, found: list[HealthFinding]) -> list[HealthFinding]:
-    """A pipeline tensor's findings say its stage (`4.weight (pipeline stage 1): ...`): layer numbers alone
-    do not tell which stage's files, and so which ranks, to look at."""
-    out = []
-    for f in found:
-        stage = stage_of(ckpt, f.tensor) if f.tensor else None
-        if stage is not None and f.message.startswith(f"{f.tensor}: "):
-            f = replace(
-                f, message=f"{f.tensor} (pipeline stage {stage}): {f.message[len(f.tensor or '') + 2 :]}"
-            )
-        out.append(f)
-    return out
+def _placed(ckpt: Checkpoint, rows: list[Row]) -> list[Row]:
+    """Rows that say where a tensor's master lives when the name does not (a pipeline stage, which the scan
+    records: layer numbers alone do not tell which stage's files, and so which ranks, to look at)."""
+    stages = {t.name: t.stage for t in ckpt.tensors if t.stage is not None}
+    return [replace(r, where=f"pipeline stage {stages[r.name]}") if r.name in stages else r for r in rows]
 
 
 def _shape_in(ckpt: Checkpoint, name: str) -> tuple[int, ...] | None:

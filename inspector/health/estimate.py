@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import inspector.convert.calibrate as calibration
 from inspector.convert.preflight import STARTUP_SECONDS, read_seconds
 from inspector.health.jobs import plan_jobs
-from inspector.health.stream import default_workers, job_reads, plan_workers
+from inspector.health.stream import job_reads, plan_workers
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.system.bytesource import any_remote
 
@@ -29,7 +29,7 @@ def health_seconds(
     remote = any_remote(sources)
     if remote:
         return STARTUP_SECONDS + read_seconds(total, sources)
-    threads = plan_workers(workers or default_workers(remote), against is not None).threads
+    threads = plan_workers(workers, against is not None).threads
     reads = job_reads(jobs)
     work = calibration.Work(read=total, reduced=total, pieces=len(jobs))
     return calibration.calibrated_seconds(tuple(set(sources)), reads, work, threads)

@@ -63,7 +63,7 @@ def _nonfinite_finding(r: Row, against: str | None) -> HealthFinding:
         return HealthFinding(
             Severity.ERROR,
             f"nonfinite-{r.source}",
-            f"{r.name}: {what}{first}.",
+            f"{r.label}: {what}{first}.",
             "These are the weights an export writes. Do not publish this tag: resume from an earlier "
             "one (compare with `--against TAG` to find the last sound tag) and lower the learning "
             "rate or enable gradient clipping.",
@@ -74,7 +74,7 @@ def _nonfinite_finding(r: Row, against: str | None) -> HealthFinding:
         return HealthFinding(
             Severity.WARNING,
             "nonfinite-moment",
-            f"{r.name}: {what}; the master is finite.",
+            f"{r.label}: {what}; the master is finite.",
             "The weights can still be exported. Resuming from this tag, a NaN moment makes its weights "
             "NaN at the next step and an Inf in exp_avg_sq freezes them for good (Adam's step "
             "m/sqrt(v) is 0): resume from an earlier tag or reset the optimizer state.",
@@ -85,7 +85,7 @@ def _nonfinite_finding(r: Row, against: str | None) -> HealthFinding:
         return HealthFinding(
             Severity.WARNING,
             "nonfinite-module",
-            f"{r.name}: {what}; the fp32 master is finite.",
+            f"{r.label}: {what}; the fp32 master is finite.",
             "Export from the masters (the default `--source masters`), not the module copy.",
             r.name,
             r.source,
@@ -93,7 +93,7 @@ def _nonfinite_finding(r: Row, against: str | None) -> HealthFinding:
     return HealthFinding(
         Severity.WARNING if st.nan else Severity.INFO,
         "nonfinite-buffer",
-        f"{r.name}: {what}.",
+        f"{r.label}: {what}.",
         "Masks often hold −Inf on purpose; a NaN in a buffer is carried into the exported model.",
         r.name,
         r.source,
@@ -119,7 +119,7 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
                 HealthFinding(
                     severity,
                     "all-zero",
-                    f"{r.name}: the {WHERE[r.source]} is all zeros.",
+                    f"{r.label}: the {WHERE[r.source]} is all zeros.",
                     hint,
                     r.name,
                     r.source,
@@ -130,7 +130,7 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
                 HealthFinding(
                     severity,
                     "constant",
-                    f"{r.name}: every value of the {WHERE[r.source]} is {st.minimum:.6g}.",
+                    f"{r.label}: every value of the {WHERE[r.source]} is {st.minimum:.6g}.",
                     "Every element got the same gradient: saturated outputs (a diverging run's softmax, a "
                     "dead layer) or a one-element batch."
                     if r.source in ("exp_avg", "exp_avg_sq")
@@ -147,7 +147,7 @@ def _degenerate(rows: Sequence[Row]) -> list[HealthFinding]:
                 HealthFinding(
                     Severity.INFO if embedding else Severity.WARNING,
                     "zero-rows",
-                    f"{r.name}: {st.zero_rows:,} of {rows_total:,} rows of exp_avg_sq are zero throughout.",
+                    f"{r.label}: {st.zero_rows:,} of {rows_total:,} rows of exp_avg_sq are zero throughout.",
                     "Those rows never received a gradient: for an embedding, tokens the data never held; "
                     "elsewhere, dead units (check activations and masking).",
                     r.name,
@@ -190,6 +190,7 @@ def sibling_ratios(rows: Sequence[Row]) -> dict[tuple[str, str], Siblings]:
 
 def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
     norms = {(r.name, r.source): r.stats.norm for r in rows}
+    labels = {r.name: r.label for r in rows}
     out = []
     for (name, source), sib in sibling_ratios(rows).items():
         limit = SIBLING_RATIO**2 if source == "exp_avg_sq" else SIBLING_RATIO  # it scales as gradient²
@@ -207,7 +208,7 @@ def _outliers(rows: Sequence[Row]) -> list[HealthFinding]:
             HealthFinding(
                 Severity.WARNING,
                 "norm-outlier",
-                f"{name}: the {WHERE[source]}'s L2 norm {norms[(name, source)]:.4g} is {how} "
+                f"{labels[name]}: the {WHERE[source]}'s L2 norm {norms[(name, source)]:.4g} is {how} "
                 f"({sib.median:.4g}) of the {sib.count} {sib.pattern} tensors.",
                 "A layer that diverged from its siblings: compare with an earlier tag (`--against`) "
                 "to see when it happened.",
@@ -227,7 +228,7 @@ def _out_of_sync(rows: Sequence[Row]) -> list[HealthFinding]:
                 HealthFinding(
                     Severity.WARNING,
                     "module-out-of-sync",
-                    f"{r.name}: the 16-bit module copy differs from the master cast to {r.dtype} in "
+                    f"{r.label}: the 16-bit module copy differs from the master cast to {r.dtype} in "
                     f"{r.module_differing:,} of {r.stats.numel:,} values (largest difference "
                     f"{r.module_max_diff:.4g}).",
                     "DeepSpeed copies the masters into the module after every step, so the two come from "

@@ -41,10 +41,16 @@ class Row:
     delta_norm: float | None = None  # master rows with `against`: ||master - master_against||
     against_norm: float | None = None  # moment rows with `against`: the same moment's L2 norm in that tag
     against_nonfinite: int | None = None  # master rows with `against`: NaN and Inf in that tag's master
+    where: str = ""  # where the checkpoint keeps it, when the name alone does not say (`pipeline stage 1`)
 
     @property
     def module(self) -> str:
         return self.name.rpartition(".")[0]
+
+    @property
+    def label(self) -> str:
+        """The name as findings write it: `4.weight (pipeline stage 1)`, or the name alone."""
+        return f"{self.name} ({self.where})" if self.where else self.name
 
     @property
     def delta_rel(self) -> float | None:

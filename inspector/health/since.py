@@ -72,7 +72,7 @@ def moved_most(rows: Sequence[Row], against: str | None, steps: Steps, then: Ste
         HealthFinding(
             Severity.INFO,
             "moved-most",
-            f"{r.name}: moved {r.delta_norm or 0:.4g} since {against} ({_pct(r.delta_rel)} of its norm).",
+            f"{r.label}: moved {r.delta_norm or 0:.4g} since {against} ({_pct(r.delta_rel)} of its norm).",
             "",
             r.name,
             "master",
@@ -97,7 +97,7 @@ def moments_grew(rows: Sequence[Row], against: str | None) -> list[HealthFinding
         HealthFinding(
             Severity.WARNING,
             "moment-grew",
-            f"{r.name}: the Adam exp_avg_sq's L2 norm grew {ratio:.3g}× since {against} "
+            f"{r.label}: the Adam exp_avg_sq's L2 norm grew {ratio:.3g}× since {against} "
             f"({r.against_norm:.4g} -> {r.stats.norm:.4g}): its gradients are exploding.",
             "Within a few steps the loss overflows (DeepSpeed then skips every step) or the weights blow up. "
             "Resume from an earlier tag with a lower learning rate or gradient clipping (DeepSpeed's "

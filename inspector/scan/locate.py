@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 
 from inspector.errors import (
@@ -96,12 +95,6 @@ def shown_tag(tag: str) -> str:
     return tag if SANE_TAG.fullmatch(tag) else ascii(tag)
 
 
-def inside(path: str, root: str) -> bool:
-    """Whether `path`, all links resolved, lies inside `root` (all links resolved)."""
-    real_root = os.path.realpath(root)
-    return os.path.realpath(path).startswith(real_root.rstrip(os.sep) + os.sep)
-
-
 def _unsafe_latest(path: str, why: str) -> NotACheckpointError:
     return NotACheckpointError(
         f"{path} {why}; it was not followed and its contents are not shown.",
@@ -117,18 +110,9 @@ def read_tag_file(src: ByteSource, root: str, name: str) -> str | None:
     /proc/self/environ), only whether it is a plain tag name."""
     path = os.path.join(root, name)
     source = src.rooted(root, "checkpoint")
-    if source.remote:
-        kind = source.kind(path)  # a store has no links: an object, a prefix or nothing
-        if kind in ("missing", "dir"):
-            return None
-    else:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None
-        if stat.S_ISDIR(st.st_mode):
-            return None  # a folder called `latest` is just a folder
-        kind = source.kind(path)
+    kind = source.kind(path)  # links resolved, confined to the root: "outside" for a link out of it
+    if kind == "dir" or (kind == "missing" and not source.lexists(path)):
+        return None  # no such file (a dangling link is one, refused below), or a folder called `latest`
     if kind == "outside":
         raise _unsafe_latest(path, "is a link to a file outside the checkpoint")
     if kind != "file":
@@ -155,9 +139,8 @@ def _read_latest(src: ByteSource, root: str) -> str | None:
 def _check_tag_name(src: ByteSource, root: str, tag: str, source: str) -> None:
     bad = bool(name_problem(tag))
     if not bad and not src.remote:  # a store has no links to follow out; the name rule is the check
-        real_root = os.path.realpath(root)
-        real_tag = os.path.realpath(os.path.join(root, tag))
-        bad = os.path.dirname(real_tag) != real_root
+        # a source rooted at a folder holds it with its links resolved: the tag's must sit in the root's
+        bad = os.path.dirname(src.rooted(os.path.join(root, tag)).root) != src.rooted(root).root
     if bad:
         raise NotACheckpointError(
             f"{source} names the tag {shown_tag(tag)}, which is not a folder directly inside {root}.",
@@ -167,10 +150,10 @@ def _check_tag_name(src: ByteSource, root: str, tag: str, source: str) -> None:
         )
 
 
-def locate(path: str, tag: str | None = None, source: ByteSource | None = None) -> Location:
+def locate(path: str, tag: str | None, source: ByteSource) -> Location:
     """Resolve a user path (and optional tag) to one tag folder, listing the alternatives. `source`: the byte
-    source chosen for what the user named (`remote.roots.source_at`); chosen here from `path` when None."""
-    src = source if source is not None else chosen_source(path)
+    source chosen for what the user named (`remote.roots.source_at`), asked every question about the tree."""
+    src = source
     path = src.absolute(path)
     _check_folder(src, path)
     if is_tag_dir(src, path) and src.entry(os.path.join(path, "latest")) != "file":
@@ -287,7 +270,7 @@ def _choose_tag(src: ByteSource, path: str, tag: str | None, tags: list[str]) ->
             hint="Pass --tag to choose another.",
         )
         return newest, [note]
-    below = [os.path.relpath(r, path) for r in discover_roots(path, source=src) if r != path]
+    below = [os.path.relpath(r, path) for r in discover_roots(path, src) if r != path]
     if below:  # a Lightning run folder (`last.ckpt/`), an RLHF run: name what is inside
         listed = ", ".join(shown(b) + "/" for b in below[:5]) + (" …" if len(below) > 5 else "")
         raise NotACheckpointError(
@@ -303,11 +286,11 @@ def _choose_tag(src: ByteSource, path: str, tag: str | None, tags: list[str]) ->
     )
 
 
-def discover_roots(path: str, max_depth: int = 2, source: ByteSource | None = None) -> tuple[str, ...]:
+def discover_roots(path: str, source: ByteSource, max_depth: int = 2) -> tuple[str, ...]:
     """Checkpoint roots in a folder that holds several (an RLHF run's `_actor/` and `_critic/`, a Trainer
     run's `checkpoint-N/` folders), in natural order; `(path,)` when `path` is one checkpoint by itself and
     `()` when nothing below it looks like a checkpoint. Pure path logic, additive to `locate`."""
-    src = source if source is not None else chosen_source(path)
+    src = source
     path = src.absolute(path)
     if src.entry(path) != "dir":
         return ()
@@ -340,11 +323,3 @@ def discover_roots(path: str, max_depth: int = 2, source: ByteSource | None = No
 def _natural_key(name: str) -> list[tuple[int, int | str]]:
     """`layers.2` before `layers.10`: digit runs compare as numbers."""
     return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p]
-
-
-def chosen_source(path: str) -> ByteSource:
-    """The byte source for what the user named, when the caller chose none (lazily: a local scan loads no
-    store code)."""
-    from inspector.remote.roots import source_at
-
-    return source_at(path, "checkpoint")

@@ -149,6 +149,7 @@ class TensorInfo:
     # stage 1/2 trainable params: the 16-bit copy in the model-states file (`module`), in the compute dtype
     module_copy: tuple[Segment, ...] = ()
     pad_after: int = 0  # stage 1/2: alignment padding elements right after it in the flat buffer
+    stage: int | None = None  # pipeline: the stage whose files hold the master (reports name it)
 
     @property
     def numel(self) -> int:
@@ -256,11 +257,12 @@ class RankInfo:
 
 @dataclass(frozen=True, slots=True)
 class Parallel:
-    """How a model-parallel run split the model (FORMAT.md §3.6, §3.7): its degrees and which ranks hold
-    what (`placement`, one `Holding` per stage, shard or MoE layer). Data-parallel-only checkpoints have none.
-    Everything after the scan works on the tensors' segments and never needs this."""
+    """How a model-parallel run split the model (FORMAT.md §3.6, §3.7): its degrees, which ranks hold what
+    (`placement`, one `Holding` per stage, shard or MoE layer) and the layout in a few words (`words`, set by
+    the layout that scanned it, e.g. `pipeline parallel: 2 stages x 2 data-parallel ranks`). Data-parallel-only
+    checkpoints have none. Faces read `words` and `placement`; nothing branches on `kind`."""
 
-    kind: str  # "pipeline" | "expert" | "tensor"
+    kind: str  # the layout's short name: "pipeline" | "expert" | "tensor"
     pp: int = 1
     ep: int = 1
     tp: int = 1
@@ -270,26 +272,13 @@ class Parallel:
     # tensor parallel: the split the shards were joined by (the checkpoint's record, or the user's --tp-split),
     # read once by the scan; the universal kind writes its keys from it
     tp_recipe: TpRecipe | None = None
+    words: str = ""
 
     @property
     def holders(self) -> tuple[tuple[str, str], ...]:
         """The placement in words, as (part, who holds it) rows such as ("stage 1", "layers 3-5 · ranks 1, 3"):
         the overview's rows and `scan --json`'s `holders`."""
         return tuple(holder_row(h, autoep=self.autoep) for h in self.placement)
-
-    @property
-    def words(self) -> str:
-        """The layout in a few words, e.g. `pipeline parallel: 2 stages by 2 data-parallel ranks`."""
-        from inspector.system.units import plural
-
-        if self.kind == "pipeline":
-            tp = f" × {plural(self.tp, 'tensor-parallel shard')}" if self.tp > 1 else ""
-            return (
-                f"pipeline parallel: {plural(self.pp, 'stage')}{tp} × {plural(self.dp, 'data-parallel rank')}"
-            )
-        if self.kind == "expert":
-            return f"expert parallel: EP {self.ep} × expert-DP {self.dp // max(self.ep, 1) or 1} ({plural(self.dp, 'rank')})"
-        return f"tensor parallel: {plural(self.tp, 'shard')} × {plural(self.dp, 'data-parallel rank')}"
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from inspector.scan.tensor import SPLIT_RULES
-
+# a rule as the user writes it -> the join the tensor-parallel layout applies
+SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
 Rules = tuple[tuple[str, str], ...]  # (glob on parameter names, "0" | "1" | "replicated"); first match wins
 
 

@@ -27,8 +27,8 @@ from inspector.convert.kinds import Job
 from inspector.convert.options import ConvertOptions, resolve_dtype
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.remote.roots import absolute
-from inspector.scan.locate import Location, discover_roots, locate
+from inspector.remote.roots import absolute, source_at
+from inspector.scan.locate import discover_roots
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
 from inspector.scan.tp_rules import Rules
@@ -120,7 +120,7 @@ class InspectorApp(Shell):
     # --- opening and scanning -----------------------------------------------------------------------------
 
     def open_path(self, path: str, tag: str | None = None) -> None:
-        roots = discover_roots(path)
+        roots = discover_roots(path, source_at(path, "checkpoint"))
         self.roots = roots if len(roots) > 1 else (absolute(path),)  # a bucket URL stays a URL
         self.scan(newest_root(self.roots), tag)
 
@@ -167,23 +167,16 @@ class InspectorApp(Shell):
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
     def _scan_worker(self, root: str, tag: str | None, request: int, tp_split: Rules) -> None:
-        from inspector.scan.scanner import scan
+        from inspector.scan.scanner import find, scan
 
         start = time.monotonic()
         try:
-            try:
-                self.post_message(Located(locate(root, tag), request=request))
-                own_folder = False
-            except InspectorError:  # a layout with a folder of its own (DCP) is found by the scan itself
-                own_folder = True
+            self.post_message(Located(find(root, tag), request=request))
             ckpt = scan(root, tag, tp_split=tp_split)
-            if own_folder:
-                where = Location(ckpt.root, ckpt.tag, ckpt.tags, ckpt.layout, source=ckpt.source)
-                self.post_message(Located(where, request=request))
         except InspectorError as exc:
             if tag is not None:  # a tag that is not there: the others stay choosable ([, ], the tag list)
                 with contextlib.suppress(InspectorError, OSError):
-                    self.post_message(Located(locate(root, None), opened=False, request=request))
+                    self.post_message(Located(find(root, None), opened=False, request=request))
             self.post_message(ScanFailed(exc, request=request))
             return
         except OSError as exc:
@@ -197,7 +190,7 @@ class InspectorApp(Shell):
             return  # an older scan's answer (a thread worker runs on after a newer one starts)
         if self.latest_tag is None:
             self.latest_tag = msg.location.tag
-        self.tags = tuple(msg.location.tags)
+        self.tags = tuple(msg.location.tags) or ((msg.location.tag,) if msg.location.tag else ())
         self.main.located(msg.location, self.latest_tag, opened=msg.opened)
 
     def on_scanned(self, msg: Scanned) -> None:

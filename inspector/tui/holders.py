@@ -29,6 +29,8 @@ def _expert_rows(par: Parallel) -> dict[str, str]:
     """Each MoE layer's experts module -> its overview row; each expert (`<module>.<e>`) -> its ranks."""
     out: dict[str, str] = {}
     for h in par.placement:
+        if not h.module:  # a stage or shard row
+            continue
         out[h.module] = holder_row(h, autoep=par.autoep)[1]
         for s in h.experts:
             for e in s.experts:
@@ -54,11 +56,8 @@ def _stage_rows(par: Parallel) -> dict[str, str]:
 
 def module_holders(par: Parallel | None) -> dict[str, str]:
     """Module path -> who holds it, in words: `expert 3 · ranks 1, 3`, `stage 1 · ranks 2-3`; an MoE layer's
-    experts module (AutoEP's fused experts too) -> its whole row."""
+    experts module (AutoEP's fused experts too) -> its whole row. Each row of the placement says what it is (an
+    MoE layer's experts, a pipeline stage), so a layout that has both (pipeline x MoE) shows both."""
     if par is None:
         return {}
-    if par.kind == "expert":
-        return _expert_rows(par)
-    if par.kind == "pipeline":
-        return _stage_rows(par)
-    return {}
+    return {**_stage_rows(par), **_expert_rows(par)}

@@ -9,7 +9,7 @@ from textual.message import Message
 
 from inspector.convert.events import Event, Progressed
 from inspector.errors import InspectorError
-from inspector.scan.locate import Location
+from inspector.scan.layouts import Found
 from inspector.scan.model import Checkpoint
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class Located(Message):
     """The tag is known (locate is fast); the scan of its files follows."""
 
-    location: Location
+    location: Found
     opened: bool = True  # False: the asked-for tag is missing; these are the root's tags, none opened
     request: int = 0  # which scan request it answers
 

@@ -178,9 +178,9 @@ def main() -> int:
     ap.add_argument("root", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child == "floor_n":
-        from inspector.health.stream import default_workers, plan_workers
+        from inspector.health.stream import plan_workers
 
-        print(json.dumps(child_floor(args.root, plan_workers(default_workers()).threads)))
+        print(json.dumps(child_floor(args.root, plan_workers().threads)))
         return 0
     if args.child:
         fn = child_floor if args.child == "floor" else child_torch

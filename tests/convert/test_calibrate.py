@@ -18,6 +18,7 @@ import pytest
 from inspector.convert import calibrate as cal_mod
 from inspector.convert.calibrate import PROBES, Calibration, Work, calibrate, estimate_seconds
 from inspector.convert.reader import FilePool
+from inspector.system import limits
 from inspector.system.residency import resident_fraction
 from inspector.system.source import Source
 
@@ -170,7 +171,7 @@ def test_the_copy_probe_is_bounded_and_sane() -> None:
 def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Universal's preflight hands the one model the bytes it reads and what it does with them: read and
     zipped, the model-states files copied, `workers` files at once."""
-    from inspector.convert.kinds import get, universal
+    from inspector.convert.kinds import get
     from inspector.convert.kinds.base import Request
     from inspector.convert.options import ConvertOptions
     from inspector.demo.writer import DemoSpec, write_demo
@@ -186,7 +187,7 @@ def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tm
         return real(sources, reads, work, workers, *a)
 
     monkeypatch.setattr(cal_mod, "calibrated_seconds", spy)
-    monkeypatch.setattr(universal, "busy_threads", lambda w, remote=False: w)  # as on a node of many cores
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a node of many cores
     job = get("universal").plan(ckpt, Request(ConvertOptions(workers=5)), str(tmp_path / "out"))
     assert job.assess().estimated_seconds > 0
     reads, work, workers = seen[-1]

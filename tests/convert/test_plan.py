@@ -237,6 +237,16 @@ def test_nothing_to_convert_without_flags_blames_no_flag(ckpt: Checkpoint) -> No
     assert "--include" not in exc.value.message + exc.value.hint
 
 
+def test_a_checkpoint_with_no_tensor_names_no_flag_the_user_did_not_pass(ckpt: Checkpoint) -> None:
+    """A damaged checkpoint forced through whose scan kept no tensor: not "no tensors match --include"."""
+    from dataclasses import replace
+
+    with pytest.raises(InspectorError, match="found no tensor") as exc:
+        build_plan(replace(ckpt, tensors=()), ConvertOptions())
+    assert exc.value.title == "Nothing to convert"
+    assert "--include" not in exc.value.hint + str(exc.value)
+
+
 # --- names ----------------------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from inspector.convert.pipeline import pool_plan
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
 from inspector.scan.scanner import scan
+from inspector.system import limits
 from tests.child_rss import run_child, run_cli
 from tests.conftest import DemoCache
 
@@ -174,14 +175,11 @@ def test_shards_are_written_side_by_side_in_one_pool(
 def test_locally_no_more_workers_than_cores(demo: DemoCache, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker beyond the usable cores would only read ahead of a free core: locally 16 asked run as the
     cores (`limits.busy_threads`), with the buffers those get; the default is every usable core."""
-    from inspector.system import limits
-
     monkeypatch.setattr(limits, "usable_cores", lambda: 3)
-    monkeypatch.setattr(pipeline, "usable_cores", lambda: 3)
     ckpt = scan(str(demo(SPEC)))
     for asked, runs in ((16, 3), (2, 2), (None, 3)):
         plan = build_plan(ckpt, ConvertOptions(dtype="bf16", workers=asked))
-        assert pipeline.plan_workers(plan) == runs, asked
+        assert pipeline.plan_threads(plan) == runs, asked
 
 
 def test_threads_beyond_the_cores_change_no_byte(
@@ -191,7 +189,7 @@ def test_threads_beyond_the_cores_change_no_byte(
     enough that every tensor is cut many times, write the same bytes, and 16 do run side by side."""
     from inspector.convert.kinds.safetensors import weights_job
 
-    monkeypatch.setattr(pipeline, "busy_threads", lambda w, remote=False: w)
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a node of many cores
     seen: set[str] = set()
     real = pipeline._work
 

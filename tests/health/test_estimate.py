@@ -14,11 +14,11 @@ from inspector.convert import calibrate as cal_mod
 from inspector.convert.calibrate import Work
 from inspector.convert.options import ConvertOptions, select
 from inspector.demo.writer import DemoSpec, write_demo
-from inspector.health import stream
 from inspector.health.estimate import health_seconds
 from inspector.health.jobs import plan_jobs
 from inspector.health.stream import max_threads
 from inspector.scan.scanner import scan
+from inspector.system import limits
 
 
 def test_health_hands_the_model_what_the_pass_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_health_hands_the_model_what_the_pass_reads(monkeypatch: pytest.MonkeyPa
         return real(sources, reads, work, workers, *a)
 
     monkeypatch.setattr(cal_mod, "calibrated_seconds", spy)
-    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)  # as on a node of many cores
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a node of many cores
     tensors = select(ckpt, ConvertOptions())
     jobs = plan_jobs(ckpt, tensors, None)
     total = sum(j.nbytes for j in jobs)

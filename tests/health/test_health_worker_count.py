@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from inspector.demo.writer import DemoSpec
-from inspector.health import run_check, stream
+from inspector.health import run_check
 from inspector.health.numerics import GROUP
 from inspector.health.stream import SCRATCH_BUDGET, plan_workers
 from inspector.scan.scanner import scan
+from inspector.system import limits
 from tests.child_rss import run_cli
 from tests.conftest import DemoCache
 from tests.health.planting import overwrite, plant
@@ -49,7 +50,7 @@ def planted(demo: DemoCache, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_workers_give_the_same_figures(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)  # as on a 64-core node
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a 64-core node
     ckpt = scan(str(planted))
     chunks = {plan_workers(w).chunk for w in (1, 2, 7, 16)}
     assert len(chunks) > 1, chunks  # the counts do cut the streams differently

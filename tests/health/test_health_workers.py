@@ -13,23 +13,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from inspector.health import numerics, stream
+from inspector.health import chunk_math, numerics, stream
+from inspector.health.chunk_math import Scratch
 from inspector.health.numerics import EXACT_BLOCK, Accumulator, Buffers
 from inspector.health.stream import (
     CHUNK_ELEMS,
     MIN_CHUNK,
-    REMOTE_THREADS,
     SCRATCH_BUDGET,
-    Scratch,
     Streamer,
     WorkerPlan,
     _worker_bytes,
-    default_workers,
     max_threads,
     plan_workers,
 )
 from inspector.system import limits
-from inspector.system.limits import busy_threads
+from inspector.system.limits import REMOTE_THREADS, busy_threads
 
 N = 3 * EXACT_BLOCK + 1234  # several of the slow paths' blocks and a tail
 
@@ -51,7 +49,7 @@ def test_more_workers_never_mean_more_memory(workers: int, against: bool) -> Non
 
 
 def test_the_budget_holds_sixteen_workers_at_a_mebibyte(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)  # as on a 64-core node
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a 64-core node  # as on a 64-core node
     assert max_threads() >= 16
     assert plan_workers(16) == WorkerPlan(16, MIN_CHUNK)
 
@@ -66,8 +64,8 @@ def test_locally_no_more_threads_than_cores(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     for cores, remote in [(1, REMOTE_THREADS), (6, REMOTE_THREADS), (64, 64)]:
-        monkeypatch.setattr(stream, "usable_cores", lambda c=cores: c)
-        assert (default_workers(), default_workers(remote=True)) == (cores, remote), cores
+        monkeypatch.setattr(limits, "usable_cores", lambda c=cores: c)
+        assert (limits.workers(), limits.workers(remote=True)) == (cores, remote), cores
 
 
 def _reference_diff(master: np.ndarray[Any, Any], module: np.ndarray[Any, Any]) -> tuple[float, int]:
@@ -90,10 +88,10 @@ def test_module_copy_compared_block_by_block_with_nan_in_the_master() -> None:
     module[2 * EXACT_BLOCK + 9] = ml_dtypes.bfloat16(3.0)  # one drifted value, in a block with no NaN
     module[EXACT_BLOCK + 5] = ml_dtypes.bfloat16(1.0)  # a NaN the copy does not hold: infinitely far
     s = Scratch(N)
-    got = Streamer._module_diff(master, module, s, finite=False)
+    got = chunk_math.module_diff(master, module, s, finite=False)
     assert got == _reference_diff(master, module) == (math.inf, 2)
     module[EXACT_BLOCK + 5] = ml_dtypes.bfloat16(np.nan)
-    assert Streamer._module_diff(master, module, s, finite=False) == _reference_diff(master, module)
+    assert chunk_math.module_diff(master, module, s, finite=False) == _reference_diff(master, module)
     assert _reference_diff(master, module)[1] == 1
 
 
@@ -103,12 +101,12 @@ def test_a_change_with_nan_and_inf_summed_block_by_block() -> None:
     now = then + np.float32(1e-3) * rng.standard_normal(N).astype(np.float32)
     then[[3, 2 * EXACT_BLOCK]] = now[[3, 2 * EXACT_BLOCK]] = np.nan  # NaN before and after: no change
     now[EXACT_BLOCK + 1] = np.inf  # appeared since: an infinite change
-    got = sum(stream._delta_sq(now, then, Scratch(N)))
+    got = sum(chunk_math.delta_sq(now, then, Scratch(N)))
     assert got == math.inf
     now[EXACT_BLOCK + 1] = then[EXACT_BLOCK + 1]
     d = now.astype(np.float64) - then.astype(np.float64)
     d[[3, 2 * EXACT_BLOCK]] = 0.0
-    assert sum(stream._delta_sq(now, then, Scratch(N))) == pytest.approx(float(d @ d), rel=1e-5)
+    assert sum(chunk_math.delta_sq(now, then, Scratch(N))) == pytest.approx(float(d @ d), rel=1e-5)
 
 
 def test_a_chunk_of_nan_allocates_no_more_than_a_block() -> None:
@@ -146,7 +144,7 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
 
     def check(module: np.ndarray[Any, Any]) -> bool:
         np.left_shift(module.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
-        return stream._rounds_to(master, module, buf)
+        return chunk_math.rounds_to(master, module, buf)
 
     assert check(good)
     for i, value in [(0, -0.0), (1, 0.0), (500, None), (97 * 3, None), (2, 0.0)]:
@@ -164,7 +162,7 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
     flipped[1] = 0.0  # -0.0 in the master
     for module, expect in [(good[:k], True), (flipped, False)]:
         np.left_shift(module.view(np.uint16), 16, out=buf.wide[:k].view(np.uint32), dtype=np.uint32)
-        assert stream._rounds_to(head, module, buf) is expect
+        assert chunk_math.rounds_to(head, module, buf) is expect
 
 
 def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,7 +179,7 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     ckpt = scan(str(demo(DemoSpec(stage=2, world_size=2, params=400_000))))
     one = run_check(ckpt, workers=1).as_json()
     monkeypatch.setattr(stream, "usable_cores", lambda: 1)
-    monkeypatch.setattr(stream, "busy_threads", lambda w, remote=False: w)
+    monkeypatch.setattr(limits, "usable_cores", lambda: 64)
     busy, most, lock = [0], [0], threading.Lock()
     add = Accumulator.add
 
@@ -222,7 +220,7 @@ def test_a_proven_copy_is_measured_from_its_masters_bounds() -> None:
     for name, master in cases.items():
         copy = master.astype(ml_dtypes.bfloat16)
         lo, hi = float(master.min()), float(master.max())
-        bounds = stream._rounded_bounds((lo, hi))
+        bounds = chunk_math.rounded_bounds((lo, hi))
         own_lo, own_hi = float(copy.astype(np.float32).min()), float(copy.astype(np.float32).max())
         if bounds is None:
             assert not (np.isfinite(own_lo) and np.isfinite(own_hi)) or own_lo == 0.0 or own_hi == 0.0, name
@@ -235,8 +233,8 @@ def test_a_proven_copy_is_measured_from_its_masters_bounds() -> None:
         assert wide is not None
         given.add(wide, buf, bounds)
         assert alone.result() == given.result(), name
-    assert stream._rounded_bounds((0.0, 1.0)) is None  # zero: the copy's own passes
-    assert stream._rounded_bounds((1.0, float(np.finfo(np.float32).max))) is None  # rounds to Inf
+    assert chunk_math.rounded_bounds((0.0, 1.0)) is None  # zero: the copy's own passes
+    assert chunk_math.rounded_bounds((1.0, float(np.finfo(np.float32).max))) is None  # rounds to Inf
 
 
 class _Advised:

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from inspector.scan.layouts.pipeline.files import LAYER_FILE_RE, LAYER_TP_RE, STAGE_RE
+from inspector.scan.layouts.universal.scanner import _PARALLEL_RE
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
-from inspector.scan.pipeline_files import LAYER_FILE_RE, LAYER_TP_RE, STAGE_RE
-from inspector.scan.universal import _PARALLEL_RE
 
 # name -> the numbers its pattern must read from it, as DeepSpeed's own format strings write them
 READ: list[tuple[re.Pattern[str], str, tuple[int, ...]]] = [

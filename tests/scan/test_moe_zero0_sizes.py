@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from inspector.scan.moe_zero0_sizes import layer_sizes, local_experts
+from inspector.scan.layouts.moe.zero0_sizes import layer_sizes, local_experts
 
 
 def _ref(layer: int, expert: int) -> Any:

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inspector.remote.roots import source_at
+from inspector.scan.layouts.pipeline.scanner import Pipeline
 from inspector.scan.locate import locate
 from inspector.scan.model import Kind
-from inspector.scan.pipeline import Pipeline
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import (
     assert_exact,
@@ -95,7 +96,8 @@ def test_a_missing_stage_of_one_shard_is_named(tmp_path: Path) -> None:
 
 def test_a_replicated_parameter_that_differs_between_shards_is_an_error(tmp_path: Path) -> None:
     root = writable(NAME, tmp_path / "ck")
-    shard1 = Pipeline(locate(str(root)), 1, 2).build()  # tensor-parallel rank 1's pipeline alone
+    loc = locate(str(root), None, source_at(str(root), "checkpoint"))
+    shard1 = Pipeline(loc, 1, 2).build()  # tensor-parallel rank 1's pipeline alone
     seg = shard1.tensor("5.bias").segments[0]
     flip_bit(seg.file, seg.offset)  # one bit of its fp32 master flipped
     ckpt = scan(str(root))

@@ -1,4 +1,5 @@
-"""`stage_of` on the pipeline layout fixtures (real DeepSpeed 0.19.8 runs): every trainable tensor's stage is
+"""Each tensor's recorded `stage` (`TensorInfo.stage`, set by the pipeline layout) on the pipeline layout
+fixtures (real DeepSpeed 0.19.8 runs): every trainable tensor's stage is
 the first one whose placement (`Parallel.placement`) lists its layer or tied module (a layer listed on two
 stages, as a ZeRO-off tied copy, or a tied module on every stage using it: the first), and a tensor read from
 a layer file (a buffer) has none, though its layer is placed."""
@@ -8,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from inspector.scan.model import Checkpoint, Kind
-from inspector.scan.placement import stage_of
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import FIXTURES, ckpt_dir
 
@@ -42,7 +42,7 @@ def test_every_trainable_tensor_is_on_the_first_stage_placing_it(layout: str) ->
         if t.kind is not Kind.TRAINABLE:
             continue
         want = min(placed[_module(t.name)])
-        assert stage_of(ckpt, t.name) == want, t.name
+        assert ckpt.tensor(t.name).stage == want, t.name
         seen.add(want)
     assert seen == set(
         range(ckpt.parallel.pp)
@@ -50,15 +50,15 @@ def test_every_trainable_tensor_is_on_the_first_stage_placing_it(layout: str) ->
 
 
 def test_a_buffer_has_no_stage_though_its_layer_is_placed() -> None:
-    """Layer 2's `scale` buffer is read from its layer file, which names no stage: stage_of answers where the
+    """Layer 2's `scale` buffer is read from its layer file, which names no stage: the stage recorded says where the
     bytes are read, not which stage's module holds the layer (that is the placement's: stage 0)."""
     ckpt = scan(str(ckpt_dir("pp_z1_bf16_dp2")))
     assert ckpt.tensor("2.scale").kind is Kind.BUFFER
     assert _placed(ckpt)["2"] == {0}
-    assert stage_of(ckpt, "2.scale") is None
-    assert stage_of(ckpt, "2.norm.weight") == 0
+    assert ckpt.tensor("2.scale").stage is None
+    assert ckpt.tensor("2.norm.weight").stage == 0
 
 
 def test_outside_a_pipeline_there_is_no_stage() -> None:
     ckpt = scan(str(ckpt_dir("tp_z2_bf16_dp2")))
-    assert {stage_of(ckpt, t.name) for t in ckpt.tensors} == {None}
+    assert {ckpt.tensor(t.name).stage for t in ckpt.tensors} == {None}

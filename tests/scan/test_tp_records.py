@@ -132,8 +132,8 @@ def test_a_million_row_parallel_rows_scan_as_records_not_segments() -> None:
     masters, both moments and the bf16 module copy. Each joins to one `Strided` record (the old join made
     one Segment per row per shard: 2,097,152 objects for each of the four)."""
     from inspector.parse.layers import TpRecipe
+    from inspector.scan.layouts.tensor.scanner import _joined
     from inspector.scan.model import Kind, Runs, Segment, TensorInfo
-    from inspector.scan.tensor import _joined
 
     rows = 1 << 20
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from inspector.convert.options import ConvertOptions, select
+from inspector.remote.roots import source_at
 from inspector.scan.locate import discover_roots
 from inspector.scan.scanner import scan
 from inspector.tui.session import build_tree, filter_kind, name_filter, preset_selection, selection_options
@@ -94,21 +95,25 @@ def test_bad_regex_is_an_error_not_a_crash() -> None:
         name_filter("(unclosed|")
 
 
+def _roots(path: str) -> tuple[str, ...]:
+    return discover_roots(path, source_at(path, "checkpoint"))
+
+
 def test_discover_roots(tmp_path: Path, small_demo: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     os.symlink(small_demo, run / "_critic")
     os.symlink(small_demo, run / "_actor")
     (run / "logs").mkdir()
-    assert discover_roots(str(run)) == (str(run / "_actor"), str(run / "_critic"))
-    assert discover_roots(str(small_demo)) == (str(small_demo),)
-    assert discover_roots(str(tmp_path / "run" / "logs")) == ()
+    assert _roots(str(run)) == (str(run / "_actor"), str(run / "_critic"))
+    assert _roots(str(small_demo)) == (str(small_demo),)
+    assert _roots(str(tmp_path / "run" / "logs")) == ()
     trainer = tmp_path / "trainer"
     for n in (10, 2):
         (trainer / f"checkpoint-{n}").mkdir(parents=True)
         os.symlink(small_demo / "global_step3", trainer / f"checkpoint-{n}" / "global_step3")
         (trainer / f"checkpoint-{n}" / "latest").write_text("global_step3")
-    assert [os.path.basename(r) for r in discover_roots(str(trainer))] == ["checkpoint-2", "checkpoint-10"]
+    assert [os.path.basename(r) for r in _roots(str(trainer))] == ["checkpoint-2", "checkpoint-10"]
 
 
 def test_a_folder_of_runs_opens_on_the_newest(tmp_path: Path) -> None:

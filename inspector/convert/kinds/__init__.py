@@ -3,7 +3,7 @@
     base.py         the protocol: OutputKind (offer, plan, owns, verify) and Job (assess, comparisons, run,
                     on top of convert/job.py's OutputJob: files, check_output, writer); Offer, Request
     safetensors.py  what the four safetensors kinds share: SafetensorsJob (engine + side files) and verify
-    weights.py  model.py  adapter.py  merged.py  universal.py
+    weights.py  model.py  adapter.py  merged/  universal/
 
 A sixth kind is a module with an OutputKind subclass and a line in KINDS.
 """
@@ -16,7 +16,7 @@ from inspector.convert.kinds.merged import Merged
 from inspector.convert.kinds.model import Model
 from inspector.convert.kinds.universal import Universal
 from inspector.convert.kinds.weights import Weights
-from inspector.errors import InspectorError
+from inspector.errors import InvalidOptionError
 from inspector.scan.model import Checkpoint
 
 KINDS: tuple[OutputKind, ...] = (Weights(), Model(), Adapter(), Merged(), Universal())
@@ -33,10 +33,9 @@ def get(name: str) -> OutputKind:
     for k in KINDS:
         if k.name == name:
             return k
-    raise InspectorError(
+    raise InvalidOptionError(
         f"Unknown output kind {name!r}.",
         hint="Choose one of: " + ", ".join(names()) + ".",
-        title="Invalid option",
     )
 
 

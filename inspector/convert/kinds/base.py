@@ -3,7 +3,7 @@
 An OutputKind says whether it is offered for a checkpoint (and why not), plans a Job (pure: which files, from
 which bytes), and verifies an output of its kind independently of its writer. A Job answers preflight with the
 one verdict type (`preflight.Assessment`), refuses a busy output before any work, and runs as a stream of the
-one progress shape (`engine.Progress`) ending in the one `engine.Report`; verify streams `VerifyProgress` and
+one progress shape (`executor.Progress`) ending in the one `executor.Report`; verify streams `VerifyProgress` and
 ends in the one `VerifyResult`. The front ends hold a kind and a job and never ask which kind it is.
 """
 
@@ -23,7 +23,7 @@ from inspector.convert.outnames import entries
 from inspector.convert.preflight import Assessment
 from inspector.convert.root import Destination
 from inspector.convert.verify import VerifyProgress, VerifyResult
-from inspector.errors import InspectorError
+from inspector.errors import InvalidOptionError
 from inspector.scan.model import Checkpoint
 from inspector.system.limits import MemoryBudget
 
@@ -181,9 +181,8 @@ class OutputKind(ABC):
     def refuse_against(self, words: str) -> NoReturn:
         """`verify --against` for a kind whose check does not read one chosen source: the one refusal, with
         `words` saying what the kind is checked against instead."""
-        raise InspectorError(
+        raise InvalidOptionError(
             f"--against applies to safetensors outputs (weights, model, adapter); {words}",
-            title="Invalid option",
         )
 
     def _unavailable(self, why: Why, reason: str, *, quiet: bool = False) -> Offer:

@@ -1,1 +1,1 @@
-"""Output layouts beyond plain shards: a loadable HF model folder, a PEFT adapter, a merged model, a universal checkpoint."""
+"""Output layouts beyond plain shards: a loadable HF model folder (the merged model and the universal checkpoint are their kinds' own folders)."""

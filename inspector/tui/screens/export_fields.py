@@ -54,7 +54,7 @@ def parse_renames(text: str) -> tuple[tuple[str, str], ...]:
 
 def shows_tp_split(ckpt: Any, rules: Rules) -> bool:
     """The form has a TP-split row for a tensor-parallel checkpoint, or when rules were given (`--tp-split`)."""
-    return bool(rules) or (ckpt is not None and ckpt.parallel is not None and ckpt.parallel.kind == "tensor")
+    return bool(rules) or (ckpt is not None and ckpt.parallel is not None and ckpt.parallel.tp > 1)
 
 
 def tp_split_note(ckpt: Any, rules: Rules) -> str:

@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
 from inspector.errors import InspectorError
-from inspector.scan.locate import Location
+from inspector.scan.layouts import Found
 from inspector.scan.model import Checkpoint
 from inspector.tui.fmt import fit_path, plural, shown, shown_markup
 from inspector.tui.screens.health import HealthPane
@@ -139,15 +139,16 @@ class MainScreen(Screen[None]):
                 )
                 roots.value = root
 
-    def located(self, loc: Location, latest: str | None, *, opened: bool = True) -> None:
+    def located(self, loc: Found, latest: str | None, *, opened: bool = True) -> None:
         """The root's tags are known; `opened` False: the asked-for one is missing, none is chosen (the list,
         `[` and `]` open one)."""
         tags = self.query_one("#tags", Select)
+        known = loc.tags or ((loc.tag,) if loc.tag else ())  # a layout's own folder may name only its own
         with self.prevent(Select.Changed):
             tags.set_options(
-                [(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(loc.tags)]
+                [(Text(shown(t) + (" ★ latest" if t == latest else "")), t) for t in reversed(known)]
             )
-            if opened:
+            if opened and loc.tag:  # a tagless folder (a universal checkpoint) has none to choose
                 tags.value = loc.tag
         if opened:
             self.status("[italic]reading rank files…[/]")

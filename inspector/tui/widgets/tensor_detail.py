@@ -75,7 +75,7 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     # a pipeline stage's or an expert-parallel rank's group is split over its own data-parallel ranks
     ways = g.padded_numel // g.partition_numel if g.partition_numel else ckpt.world_size
     text = f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {plural(ways, 'way')}); the group has {where}."
-    if ckpt.parallel is not None and ckpt.parallel.kind == "tensor":
+    if ckpt.parallel is not None and ckpt.parallel.tp > 1:
         shards = plural(ckpt.parallel.tp, "tensor-parallel shard")
         text = f"Joined from {shards}; each shard's piece is " + text[0].lower() + text[1:]
     return text

@@ -92,7 +92,7 @@ def test_merged_output_shards_with_an_index(demo: Any, tmp_path: Path) -> None:
 
 
 def test_cli_refusals_and_verify_of_a_merge(demo: Any, tmp_path: Path, cli: Any) -> None:
-    from inspector.convert.writers.merge import is_merged_output
+    from inspector.convert.kinds.merged.merge import is_merged_output
 
     root = demo(SPEC)
     rc, _, stderr = cli("convert", root, tmp_path / "a", "--adapter")
@@ -145,7 +145,7 @@ def _verify_merged(ckpt: Checkpoint, out: Path) -> Any:
 def test_merged_output_verifies_by_recomputing(demo: Any, tmp_path: Path, dtype: str, config: dict) -> None:
     """verify recomputes W + scale·B·A in float64 from the sources and holds the output to the output dtype's
     rounding: a merge it wrote passes; one merged value moved by a few units in the last place fails, named;
-    an unmerged weight changed in its last bit fails too (the fp32 bound is stated in merge_verify.py) (those are compared byte for byte)."""
+    an unmerged weight changed in its last bit fails too (the fp32 bound is stated in kinds/merged/verify.py) (those are compared byte for byte)."""
     ckpt = lora_checkpoint(demo, tmp_path, **config)
     out = tmp_path / "out"
     write(plan_export(ckpt, ConvertOptions(dtype=dtype), merge=True), out)

@@ -210,7 +210,7 @@ def test_planning_and_reading_universal_need_no_torch_or_ui() -> None:
 
     code = (
         "import sys, inspector.convert.kinds.universal.plan, inspector.convert.kinds.universal.verify, "
-        "inspector.scan.universal; print(' '.join(sys.modules))"
+        "inspector.scan.layouts.universal.scanner; print(' '.join(sys.modules))"
     )
     loaded = set(
         subprocess.run(

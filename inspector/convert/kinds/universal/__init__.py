@@ -38,14 +38,10 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.remote.roots import parent_source
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.bytesource import ByteSource, any_remote
-from inspector.system.limits import MemoryBudget, busy_threads, usable_cores
+from inspector.system.limits import MemoryBudget
+from inspector.system.limits import workers as limits_workers
 
 ADAM = {"exp_avg", "exp_avg_sq"}
-
-
-def default_workers() -> int:
-    """Files written at once: every usable core (their chunk buffers share one budget, whatever the count)."""
-    return usable_cores()
 
 
 @dataclass
@@ -259,8 +255,8 @@ class Universal(OutputKind):
             "The whole checkpoint (fp32 masters, both Adam moments, the step); selection, dtype, shard size "
             "and renames do not apply.",
         )
-        # --workers: files written at once; locally no more than the usable cores (`limits.busy_threads`)
-        workers = busy_threads(request.options.workers or default_workers(), any_remote(plan.sources))
+        # --workers: files written at once, by the one rule (`limits.workers`)
+        workers = limits_workers(request.options.workers, any_remote(plan.sources))
         return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers)
 
     def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
@@ -269,9 +265,9 @@ class Universal(OutputKind):
         return f"{folder} exists" if os.path.lexists(folder) and not overwrite else ""
 
     def _folder(self, out_dir: str) -> str | None:
-        from inspector.scan.universal import find_universal
+        from inspector.scan.layouts import universal_folder
 
-        return find_universal(out_dir, prefer=True)
+        return universal_folder(out_dir, prefer=True)
 
     def owns(self, out_dir: str) -> bool:
         return self._folder(out_dir) is not None
@@ -290,7 +286,7 @@ class Universal(OutputKind):
         cancel: threading.Event | None = None,
     ) -> Iterator[VerifyProgress | VerifyResult]:
         from inspector.convert.kinds.universal.verify import verify_universal
-        from inspector.scan.universal import scan_universal
+        from inspector.scan.scanner import scan
 
         if against is not None:
             self.refuse_against(
@@ -298,4 +294,4 @@ class Universal(OutputKind):
             )
         folder = self._folder(out_dir)
         assert folder is not None
-        return verify_universal(ckpt, scan_universal(folder), cancel=cancel)
+        return verify_universal(ckpt, scan(folder), cancel=cancel)

@@ -5,7 +5,8 @@ bytes, so convert, verify and health work on it as on any other layout."""
 
 from __future__ import annotations
 
-from inspector.scan.layouts.dcp.found import Found, ScanOptions, is_dcp, locate
+from inspector.scan.layouts.base import Found, ScanOptions
+from inspector.scan.layouts.dcp.found import is_dcp, locate
 from inspector.scan.model import Checkpoint
 from inspector.system.bytesource import ByteSource
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from inspector.errors import InspectorError
 from inspector.format.dtypes import FLOATING
 from inspector.parse.dcp import DcpMetadata, read_metadata
-from inspector.scan.layouts.dcp.found import METADATA, Found, rank_of, refuse_hf_writer
+from inspector.scan.layouts.base import Found
+from inspector.scan.layouts.dcp.found import METADATA, rank_of, refuse_hf_writer
 from inspector.scan.layouts.dcp.items import Placed, read_scalar, refuse_transforms, try_place
 from inspector.scan.layouts.dcp.keys import MOMENTS, Roles, optimizer_roles, roles_of
 from inspector.scan.layouts.dcp.placement import Chunk, TilingError, runs

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 from inspector.errors import UnsupportedCheckpointError
+from inspector.scan.layouts.base import Found
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
 
@@ -19,30 +18,6 @@ _DISTCP = re.compile(r"__(\d+)_(\d+)\.distcp\Z")
 _RANK_LOCAL = re.compile(r"__\d+\.metadata\Z")
 _ACCELERATE = re.compile(r"pytorch_model_fsdp_(\d+)\Z")
 _STEP = re.compile(r"(?:step|checkpoint)-(\d+)\Z")
-
-
-@dataclass(frozen=True)
-class Found:
-    """The shape of the layout registry's `Found` (scan/layouts/base.py) that this layout uses: the confined
-    source, the root the user's path resolved to, the tag, the DCP folder (`tag_dir`) and its names."""
-
-    source: ByteSource
-    root: str
-    tag: str
-    tag_dir: str
-    names: tuple[str, ...]
-    how: str = "dcp"
-    tags: tuple[str, ...] = ()
-    findings: tuple[Any, ...] = ()
-    other_runs: tuple[str, ...] = ()
-    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class ScanOptions:
-    """The registry's scan options (unused by DCP: its chunks say where every piece goes)."""
-
-    tp_split: tuple[tuple[str, str], ...] = ()
 
 
 def is_dcp(names: list[str] | tuple[str, ...]) -> bool:
@@ -116,7 +91,7 @@ def _found(
 ) -> Found:
     _refuse_lookalikes(folder, names)
     tag = os.path.basename(folder.rstrip(os.sep)) if root != folder else ""
-    return Found(source, root, tag, folder, tuple(sorted(names)), other_runs=others)
+    return Found(source, root, tag, folder, tuple(sorted(names)), how="dcp", other_runs=others)
 
 
 def _refuse_lookalikes(folder: str, names: list[str]) -> None:

@@ -30,15 +30,15 @@ from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
 from inspector.parse.autoep import AutoEPLayer, PartitionGroup, autoep_layers, partition_groups
 from inspector.parse.states import ModelStates, OptimStates
-from inspector.scan.autoep_place import holding, place
-from inspector.scan.autoep_zero12 import zero12_layout
 from inspector.scan.claims import Role, expert_role
 from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout
+from inspector.scan.layouts.autoep.place import holding, place
+from inspector.scan.layouts.autoep.zero12 import zero12_layout
+from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
 from inspector.scan.locate import Location
 from inspector.scan.metadata import stage3_rank_proof
 from inspector.scan.model import Checkpoint, Finding, GroupInfo, Parallel, RankGroup, Severity
-from inspector.scan.zero import Read, ZeroScanner
 
 
 def is_autoep(loc: Location, files: RankFiles) -> bool:

@@ -22,10 +22,10 @@ from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import TensorFile
 from inspector.parse.zero_off import UnfusedFp16, UnfusedParam
 from inspector.scan.layout import Layout
+from inspector.scan.layouts.pipeline.files import Stage
+from inspector.scan.layouts.pipeline.names import with_copy
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import copy_is_not_cast
-from inspector.scan.pipeline_files import Stage
-from inspector.scan.pipeline_names import with_copy
 from inspector.system.bytesource import ByteSource
 
 Cut = Callable[[tuple[int, ...]], UnfusedParam | None]  # the next master, cut to a candidate's shape

@@ -19,11 +19,11 @@ from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.parse.states import ModelStates
 from inspector.scan.claims import Claims, bounded
+from inspector.scan.layouts.pipeline.files import claim_files, tp_layer_ranks
+from inspector.scan.layouts.pipeline.scanner import Pipeline
+from inspector.scan.layouts.tensor.scanner import join_shards
 from inspector.scan.locate import Location
 from inspector.scan.model import Checkpoint, Finding, Parallel, Severity, TensorInfo
-from inspector.scan.pipeline import Pipeline
-from inspector.scan.pipeline_files import claim_files, tp_layer_ranks
-from inspector.scan.tensor import join_shards
 
 
 def scan_pipeline_tensor(

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from inspector.convert.kinds.merged.merge import BASE_KEY, Merge, base_record, build_merged_plan
 from inspector.convert.options import ConvertOptions
 from inspector.convert.reader import FilePool
 from inspector.convert.verify import VerifyProgress, VerifyResult, expected_bytes, output_files
-from inspector.convert.writers.merge import BASE_KEY, Merge, base_record, build_merged_plan
 from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import read_header

@@ -29,6 +29,18 @@ from inspector.scan.assemble import record
 from inspector.scan.claims import claim, damaging, expert_role, expp_role, model_role
 from inspector.scan.files import RankFiles, load_or_finding
 from inspector.scan.holding import Holding, expert_spans
+from inspector.scan.layouts.moe.scanner import EXPERT_NAME, missing_experts
+from inspector.scan.layouts.moe.zero0_sizes import (
+    expert_names,
+    first_hyper,
+    layer_sizes,
+    load_optimizer,
+    named_groups,
+    pieces,
+    size_of,
+    wrapper_name,
+)
+from inspector.scan.layouts.pipeline.names import plain, with_copy
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
@@ -44,19 +56,7 @@ from inspector.scan.model import (
     Severity,
     TensorInfo,
 )
-from inspector.scan.moe import EXPERT_NAME, missing_experts
-from inspector.scan.moe_zero0_sizes import (
-    expert_names,
-    first_hyper,
-    layer_sizes,
-    load_optimizer,
-    named_groups,
-    pieces,
-    size_of,
-    wrapper_name,
-)
 from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
-from inspector.scan.pipeline_names import plain, with_copy
 
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
 _WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_…)"

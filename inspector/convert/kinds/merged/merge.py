@@ -65,13 +65,13 @@ class MergedPlan:
         """Memory beyond the plan's chunk buffers: A and B in fp32 (twice: the transposed copies) of every
         layer in flight (one per chunk in flight, at most), and each worker's two fp32 blocks. Bounded by the
         buffers, not the worker count: no more threads run than the pool has buffers (`pipeline.pool_plan`)."""
-        from inspector.convert.pipeline import plan_workers, pool_plan
+        from inspector.convert.pipeline import plan_threads, pool_plan
 
-        depth, _ = pool_plan(self.plan, plan_workers(self.plan))
+        depth, _ = pool_plan(self.plan, plan_threads(self.plan))
         ab = sorted((8 * (m.a.numel + m.b.numel) for m in self.merges.values()), reverse=True)
         cols = max((m.b.shape[0] if m.transposed else m.a.shape[1] for m in self.merges.values()), default=0)
         blocks = 3 * 4 * max(MERGE_BLOCK, cols)  # a worker's W, delta and product blocks (whole rows)
-        return sum(ab[: depth + 1]) + min(depth, plan_workers(self.plan)) * blocks
+        return sum(ab[: depth + 1]) + min(depth, plan_threads(self.plan)) * blocks
 
 
 def build_merged_plan(

@@ -24,6 +24,17 @@ from inspector.scan.assemble import record
 from inspector.scan.files import load_or_finding
 from inspector.scan.holding import TIED_PREFIX, Holding
 from inspector.scan.layout import stage12_layout
+from inspector.scan.layouts.pipeline.files import Stage, classify, is_pipeline, missing_layers
+from inspector.scan.layouts.pipeline.names import (
+    LAYER_NAME,
+    lost_tied_files,
+    order_key,
+    plain,
+    shapes_from_slices,
+    tied_layer_files,
+    with_copy,
+)
+from inspector.scan.layouts.pipeline.zero0 import StageMasters
 from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
@@ -38,17 +49,6 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.pipeline_files import Stage, classify, is_pipeline, missing_layers
-from inspector.scan.pipeline_names import (
-    LAYER_NAME,
-    lost_tied_files,
-    order_key,
-    plain,
-    shapes_from_slices,
-    tied_layer_files,
-    with_copy,
-)
-from inspector.scan.pipeline_zero0 import StageMasters
 from inspector.system.bytesource import ByteSource
 
 

@@ -26,6 +26,7 @@ from inspector.parse.states import ModelStates
 from inspector.parse.zero_off import TorchOptimizer, UnfusedFp16, UnfusedParam
 from inspector.scan.assemble import record
 from inspector.scan.files import RankFiles
+from inspector.scan.layouts.pipeline.names import plain, with_copy
 from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
@@ -41,7 +42,6 @@ from inspector.scan.model import (
     TensorInfo,
 )
 from inspector.scan.parallel_checks import copy_is_not_cast
-from inspector.scan.pipeline_names import plain, with_copy
 
 _HINT = (
     "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter; the module holds the weights."

@@ -1,4 +1,5 @@
-"""`engine.execute` on demo checkpoints: exact bytes, verify, output-folder rules, failure and resume.
+"""A conversion end to end on demo checkpoints (the weights kind on the one executor): exact bytes, verify,
+output-folder rules, failure and resume.
 
 Every converted tensor must equal, bit for bit, what DeepSpeed's reconstruction returns (`expected()`) cast
 to the output dtype. Failures of every kind (cancel, read error, disk full, SIGKILL) must leave no file that

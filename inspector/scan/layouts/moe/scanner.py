@@ -26,6 +26,7 @@ from inspector.scan.claims import Role, expert_role
 from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
+from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
 from inspector.scan.locate import EXPERT_RE, MODEL_RE, OPTIM_RE, Location
 from inspector.scan.model import (
     Checkpoint,
@@ -37,7 +38,6 @@ from inspector.scan.model import (
     Segment,
     Severity,
 )
-from inspector.scan.zero import Read, ZeroScanner
 from inspector.system.bytesource import ByteSource
 
 EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")

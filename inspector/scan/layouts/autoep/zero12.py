@@ -20,9 +20,9 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef
 from inspector.parse.autoep import AutoEPLayer
 from inspector.parse.states import OptimStates
-from inspector.scan.autoep_place import holding, place
 from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
+from inspector.scan.layouts.autoep.place import holding, place
 from inspector.scan.model import Finding, GroupInfo, Parallel, RankGroup, Segment, Severity
 from inspector.system.bytesource import ByteSource
 

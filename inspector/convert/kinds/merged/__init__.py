@@ -1,5 +1,5 @@
 """`--format merged`: a plain model folder with every LoRA delta folded in, W + scale·B·A, computed block by
-block by `writers.merge` and run by the engine (locked, journalled, resumable), verified by recomputing."""
+block by `merge.py` and run by the engine (locked, journalled, resumable), verified by recomputing."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 from inspector.convert.kinds.adapter import NO_LORA, lora_adapter
 from inspector.convert.kinds.base import Offer, Request, VerifyProgress, VerifyResult, Why
+from inspector.convert.kinds.merged.merge import build_merged_plan, is_merged_output, merged_shards
+from inspector.convert.kinds.merged.verify import verify_merged
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind
 from inspector.convert.options import resolve_dtype
 from inspector.convert.writers.hf_folder import SideFile, config_dtype_fix, find_side_files
-from inspector.convert.writers.merge import build_merged_plan, is_merged_output, merged_shards
-from inspector.convert.writers.merge_verify import verify_merged
 from inspector.remote.roots import absolute
 from inspector.scan.basemodel import base_source
 from inspector.scan.model import Checkpoint

@@ -39,6 +39,7 @@ from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, S
 from inspector.scan.parallel_checks import differing_copies
 from inspector.scan.tensor_join import Refused, layout_of, records_differ, stored_shape, with_joined
 from inspector.scan.tensor_lay import lay
+from inspector.scan.tp_rules import SPLIT_RULES
 from inspector.text import shown
 
 Segs = tuple[Segment, ...]
@@ -130,9 +131,6 @@ def _in_shard(t: int, f: Finding) -> Finding:
     if f.code not in _PER_SHARD:
         return f
     return replace(f, message=f"Tensor-parallel shard {t} (mp_rank_{t:02d}): {f.message}")
-
-
-SPLIT_RULES = {"0": "dim0", "1": "row", "replicated": "replicated"}
 
 
 def join_shards(
@@ -252,8 +250,8 @@ def _user_recipe(
 
 
 def _shard(loc: Location, files: RankFiles) -> Checkpoint:
-    from inspector.scan.zero import ZeroScanner
-    from inspector.scan.zero0 import is_zero0, scan_zero0
+    from inspector.scan.layouts.zero.scanner import ZeroScanner
+    from inspector.scan.layouts.zero.zero0 import is_zero0, scan_zero0
 
     if is_zero0(files) and (ckpt := scan_zero0(loc, files, shard=True)) is not None:
         return ckpt  # AutoTP with ZeRO off: each rank's masters in its own model states

@@ -20,7 +20,7 @@ from inspector.parse.names import name_problem
 from inspector.parse.states import ModelStates
 from inspector.parse.universal import UniversalOptimizer, param_tensor, step_value
 from inspector.scan.assemble import Folder, record
-from inspector.scan.locate import chosen_source, read_tag_file, shown_tag
+from inspector.scan.locate import read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
 from inspector.system.bytesource import ByteSource
@@ -34,14 +34,12 @@ _PARALLEL_RE = re.compile(
 )
 
 
-def find_universal(
-    path: str, tag: str | None = None, prefer: bool = False, source: ByteSource | None = None
-) -> str | None:
+def find_universal(path: str, tag: str | None, prefer: bool, source: ByteSource) -> str | None:
     """The universal folder `path` means, or None when it is not one. In a root holding both `latest` and
     `latest_universal` the ZeRO checkpoint wins, unless `prefer` (verify's OUT: it was written there).
     `latest_universal` is read like `latest`: through the confined source, its content never shown. `source`:
-    the byte source chosen for what the user named; chosen here from `path` when None."""
-    src = source if source is not None else chosen_source(path)
+    the byte source chosen for what the user named (`remote.roots.source_at`)."""
+    src = source
     path = src.absolute(path)  # a bucket prefix is asked the same questions, answered from its listings
     if tag is not None:
         if name_problem(tag):
@@ -91,10 +89,10 @@ def _frozen_missing(missing: list[str], folder: str) -> list[Finding]:
     ]
 
 
-def scan_universal(folder: str, source: ByteSource | None = None) -> Checkpoint:
+def scan_universal(folder: str, source: ByteSource) -> Checkpoint:
     """The universal checkpoint in `folder`, through `source` (of the kind chosen for it) re-rooted there."""
-    folder = (source or chosen_source(folder)).absolute(folder)
-    source = (source or chosen_source(folder)).rooted(folder, "universal checkpoint")
+    folder = source.absolute(folder)
+    source = source.rooted(folder, "universal checkpoint")
     zero = os.path.join(folder, "zero")
     findings: list[Finding] = []
     models = [n for n in source.listdir(folder) if _MODEL_RE.match(n)]

@@ -26,9 +26,9 @@ from inspector.scan.claims import (
     optim_role,
 )
 from inspector.scan.layout import Layout
+from inspector.scan.layouts.pipeline.names import LAYER_NAME
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, Location
 from inspector.scan.model import Finding, Severity
-from inspector.scan.pipeline_names import LAYER_NAME
 
 STAGE_RE = MODEL_RE
 

@@ -1,0 +1,177 @@
+"""The arithmetic a health worker does on one chunk: the module copy checked against its master cast (bit
+for bit, torch's rounding), `--against`'s change and norms group by group, NaN and Inf counted; and the
+buffers one worker owns for its whole life (`Scratch`). Pure numpy on arrays the stream has read."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from inspector.convert.cast import cast_into
+from inspector.format.dtypes import numpy_dtype
+from inspector.health.differences import max_abs_difference
+from inspector.health.numerics import EXACT_BLOCK, Array, Buffers, exact_blocks, group_sums, groups
+
+F32 = np.dtype(np.float32)
+BF16 = numpy_dtype("bfloat16")
+PLAIN_CAST = (BF16, np.dtype(np.float16), F32)  # numpy's cast of finite fp32 is torch's
+
+
+
+class Scratch:
+    """One worker thread's buffers, allocated once (pages are touched only as far as a chunk's dtype needs):
+    raw bytes for up to three streams read in step, the reductions' buffers (whose shifted values also hold
+    `--against`'s change and the module check's bit differences: the chunk's reductions are done by then),
+    and EXACT_BLOCK float64 values and a cast block for the slow comparisons (the module copy's,
+    `--against`'s)."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+        self.raw = [np.empty(chunk * 8, np.uint8) for _ in range(3)]
+        self.buf = Buffers(chunk)
+        exact = min(chunk, EXACT_BLOCK)
+        self.f64 = [np.empty(exact, np.float64) for _ in range(2)]
+        self.tmp = np.empty(exact, np.float64)
+        self.cast = np.empty(exact * 8, np.uint8)
+
+
+def module_diff(
+    master: Array, module: Array, s: Scratch, finite: bool, inexact: bool = False
+) -> tuple[float, int]:
+    """(largest difference, differing elements) of the module copy from the master cast to its dtype,
+    as DeepSpeed casts it after each step (bit-exact torch rounding, convert/cast.py).
+
+    A finite fp32 master with a bf16 copy (the common case) is checked whole without a cast, in integer
+    ufuncs that release the GIL (ml_dtypes' casts hold it: numpy runs legacy user casts with the Python
+    API): the copy widened (s.buf.wide, from its statistics) is the master rounded to nearest even
+    exactly when their bits, as int32, differ by less than 0x8000 everywhere, or by exactly 0x8000 (a
+    tie) where the copy's last bit is even. Other chunks are cast whole (numpy's rounding of finite
+    fp32 is torch's) into free scratch and their bits compared; only blocks that differ, and chunks
+    holding NaN (whose bits need torch's fix-ups), go block by block through float64 copies. `inexact`:
+    the check without a cast has already failed."""
+    n = master.shape[0]
+    size = module.dtype.itemsize
+    uint = np.dtype(f"u{size}") if size in (2, 4, 8) else None
+    plain = finite and master.dtype == F32 and module.dtype in PLAIN_CAST and uint is not None
+    if plain and module.dtype == BF16 and not inexact and rounds_to(master, module, s.buf):
+        return 0.0, 0
+    whole: Array | None = None
+    if plain and uint is not None:
+        whole = s.buf.shifted[:n].view(np.uint8)[: n * size].view(module.dtype)
+        np.copyto(whole, master, casting="unsafe")
+        differs = s.buf.wide[:n].view(np.bool_)[:n]
+        np.not_equal(whole.view(uint), module.view(uint), out=differs)
+        if not differs.any():
+            return 0.0, 0
+    worst, differing = 0.0, 0
+    for i in range(0, n, EXACT_BLOCK):
+        x, m = master[i : i + EXACT_BLOCK], module[i : i + EXACT_BLOCK]
+        k = m.shape[0]
+        if whole is not None:
+            c = whole[i : i + k]
+        else:
+            c = s.cast[: k * size].view(module.dtype)
+            cast_into(x, c, threads=1)
+        # same bits, same values (NaN payloads aside, which the float64 comparison takes)
+        if uint is not None and np.array_equal(c.view(uint), m.view(uint)):
+            continue
+        a, b = s.f64[0][:k], s.f64[1][:k]
+        np.copyto(a, m, casting="unsafe")
+        np.copyto(b, c, casting="unsafe")
+        d, count = max_abs_difference(a, b, s.tmp)
+        worst, differing = max(worst, d), differing + count
+    return worst, differing
+
+
+def rounded_bounds(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+    """A finite fp32 chunk's (min, max) rounded to bf16 (to nearest even, as the copy is): the copy's own
+    (min, max) exactly where the copy is that chunk rounded, rounding being monotone. None where either
+    rounds to Inf, or to zero (whose sign the copy's own minimum would choose)."""
+    if bounds is None:
+        return None
+    out = []
+    for v in bounds:
+        bits = int(np.float32(v).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        r = float(np.uint32(bits).view(np.float32))
+        if not math.isfinite(r) or r == 0.0:
+            return None
+        out.append(r)
+    return out[0], out[1]
+
+
+def rounds_to(master: Array, module: Array, buf: Buffers) -> bool:
+    """Whether a bf16 chunk is its finite fp32 master rounded to nearest even, bit for bit (buf.wide holds
+    the copy widened; buf.shifted is free). Three integer passes (two more where the chunk holds a tie), no
+    cast."""
+    n = master.shape[0]
+    d = buf.shifted[:n].view(np.int32)
+    np.subtract(master.view(np.int32), buf.wide[:n].view(np.int32), out=d)  # a sign change wraps far off
+    np.abs(d, out=d)  # -2**31 stays -2**31: as uint32 it is 2**31, above every bound
+    top = int(np.maximum.reduce(d.view(np.uint32)))  # one pass: no minimum needed for the wrapped case
+    if top != 0x8000:
+        return top < 0x8000
+    ties = np.flatnonzero(d == 0x8000)  # about 4 a MiB in real masters
+    return not bool(np.any(module.view(np.uint16)[ties] & 1))
+
+
+def delta_sq(x: Array, o: Array, s: Scratch) -> list[float]:
+    """Σ(x - o)² of each GROUP of one chunk of two masters: for fp32 the difference in float32 (exact where
+    the two are within a factor 2 of each other, else rounded once) summed as `group_sums` does; float64
+    for other dtypes and for a group where float32 overflows. A NaN or Inf left as it was is no change; one
+    that appeared is NaN or Inf."""
+    n = x.shape[0]
+    fast: list[float] = []
+    if x.dtype == F32 and o.dtype == F32:
+        d = s.buf.shifted[:n]  # free: this chunk's reductions are folded in already
+        with np.errstate(all="ignore"):
+            np.subtract(x, o, out=d)
+        fast = group_sums(d, s.buf, linear=False)[1]
+    out = []
+    for g, (i, j) in enumerate(groups(n)):
+        if fast and math.isfinite(fast[g]):
+            out.append(fast[g])
+            continue
+        total = 0.0
+        for xs, os_ in exact_blocks(x[i:j], o[i:j]):
+            t = s.tmp[: xs.shape[0]]
+            with np.errstate(invalid="ignore"):
+                np.subtract(xs, os_, out=t, dtype=np.float64)  # exact for fp32 inputs
+            if not math.isfinite(float(np.einsum("i,i->", t, t))):  # unchanged is no change, NaN or Inf
+                t[(xs == os_) | (np.isnan(xs) & np.isnan(os_))] = 0.0
+            total += float(np.einsum("i,i->", t, t))
+        out.append(total)
+    return out
+
+
+def nonfinite(x: Array) -> int:
+    """NaN and Inf in one chunk: two reductions (min and max show either), a count only where one is."""
+    if x.dtype.kind != "f" and x.dtype not in PLAIN_CAST:
+        return 0
+    with np.errstate(invalid="ignore"):
+        lo, hi = float(np.minimum.reduce(x)), float(np.maximum.reduce(x))
+    if math.isfinite(lo) and math.isfinite(hi):
+        return 0
+    return int(x.shape[0] - np.count_nonzero(np.isfinite(x)))
+
+
+def sum_sq(x: Array, s: Scratch) -> list[float]:
+    """Σx² of each GROUP of one chunk (fp32 group sums; float64 where they overflow or for other dtypes)."""
+    fast = group_sums(x, s.buf, linear=False)[1] if x.dtype == F32 else []
+    out = []
+    for g, (i, j) in enumerate(groups(x.shape[0])):
+        if fast and math.isfinite(fast[g]):
+            out.append(fast[g])
+            continue
+        total = 0.0
+        for (xs,) in exact_blocks(x[i:j]):
+            t = s.tmp[: xs.shape[0]]
+            np.copyto(t, xs, casting="unsafe")
+            total += float(np.einsum("i,i->", t, t))
+        out.append(total)
+    return out
+
+
+def sqrt(v: float) -> float:
+    return float(np.sqrt(v))

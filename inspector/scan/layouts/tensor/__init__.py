@@ -1,0 +1,38 @@
+"""Tensor parallel (AutoTP, Megatron-style): one ZeRO world per `mp_rank_TT`, the shards joined by what
+`universal_checkpoint_info` records (or the user's `--tp-split`).
+
+    scanner.py  every shard scanned as a data-parallel checkpoint, then joined (`scan/tensor_join.py`)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
+from inspector.scan.model import Checkpoint, Parallel
+from inspector.system.units import plural
+
+
+def words(par: Parallel) -> str:
+    """`tensor parallel: 2 shards x 2 data-parallel ranks`."""
+    return f"tensor parallel: {plural(par.tp, 'shard')} × {plural(par.dp, 'data-parallel rank')}"
+
+
+class Tensor(TagLayout):
+    name = "tensor parallel"
+    recognises = "mp_rank_TT files for more than one tensor-parallel rank"
+
+    def claims(self, found: Found) -> bool:
+        from inspector.scan.layouts.tensor.scanner import tp_ranks
+
+        return len(tp_ranks(found.names)) > 1
+
+    def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
+        from inspector.scan.layouts.moe.scanner import refuse_pipeline_moe
+        from inspector.scan.layouts.tensor.scanner import scan_tensor
+
+        # pipeline + native MoE also writes mp_rank_SS files: not supported yet, said so (not damaged shards)
+        refuse_pipeline_moe(found.location, found.names)
+        ckpt = scan_tensor(found.location, list(found.names), options.tp_split)
+        par = ckpt.parallel
+        return replace(ckpt, parallel=replace(par, words=words(par))) if par else ckpt
