@@ -50,7 +50,7 @@ def _expected(case: str) -> dict[str, tuple[str, bytes]]:
 def test_every_saver_and_layout_has_a_fixture() -> None:
     assert set(CASES) >= {
         "fsdp2_fp32", "fsdp2_bf16", "mixed_tied", "uneven3", "fsdp1_sharded", "hsdp", "tp_fsdp",
-        "titan_periodic", "titan_final", "accelerate_fsdp1", "accelerate_fsdp2", "lightning",
+        "titan_periodic", "titan_final", "accelerate_fsdp1", "accelerate_fsdp2", "lightning", "zstd",
     }  # fmt: skip
 
 
@@ -170,12 +170,13 @@ def test_unknown_metadata_version_is_refused_by_name(tmp_path: Path) -> None:
         scan(str(root))
 
 
-def test_transforms_are_refused_by_name() -> None:
-    with pytest.raises(UnsupportedCheckpointError, match="zstd-compressed"):
-        refuse_transforms("f", ((), ("stream.zstd/1",)))
+def test_unknown_transforms_are_refused_by_name() -> None:
     with pytest.raises(UnsupportedCheckpointError, match=r"stream\.lz4/1"):
         refuse_transforms("f", (("stream.lz4/1",),))
+    with pytest.raises(UnsupportedCheckpointError, match=r"stream\.lz4/1"):  # zstd chained with another
+        refuse_transforms("f", ((), ("stream.zstd/1", "stream.lz4/1")))
     refuse_transforms("f", ((),))
+    refuse_transforms("f", ((), ("stream.zstd/1",)))  # read (tests/scan/test_dcp_zstd.py)
 
 
 def _parse(data: bytes) -> object:
