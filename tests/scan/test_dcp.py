@@ -81,11 +81,13 @@ def test_scan_finds_model_optimizer_and_saver(case: str) -> None:
     assert ckpt.world_size == (4 if case in ("hsdp", "tp_fsdp") else 3 if case == "uneven3" else 2)
 
 
-def test_tied_weights_are_stored_twice_and_the_optimizer_once() -> None:
+def test_tied_weights_stored_twice_are_one_parameter_and_its_alias() -> None:
+    """Stored twice, one optimizer entry: the name without one is the other's TIED alias (equal bytes)."""
     ckpt = scan(str(FIXTURES / "mixed_tied"))
     emb, head = ckpt.tensor("emb.weight"), ckpt.tensor("head.weight")
-    assert {emb.kind, head.kind} == {Kind.TRAINABLE, Kind.FROZEN}  # one entry in the optimizer
-    assert emb.segments != head.segments
+    assert (emb.kind, head.kind, head.alias_of) == (Kind.TRAINABLE, Kind.TIED, "emb.weight")
+    assert head.segments == emb.segments and head.moments == emb.moments
+    assert [t.name for t in ckpt.tensors if t.kind is Kind.FROZEN] == []
 
 
 def test_tp_fsdp_two_dimensional_blocks_are_read_row_by_row() -> None:
