@@ -263,3 +263,15 @@ def test_verify_and_health_read_a_dcp_folder(tmp_path: Path) -> None:
     assert len(list(out.glob("*.safetensors"))) > 1
     assert main(["verify", str(FIXTURES / "tp_fsdp"), str(out)]) == 0
     assert main(["health", str(FIXTURES / "tp_fsdp")]) == 0
+
+
+@pytest.mark.parametrize("case", ["fsdp2_fp32", "titan_final", "accelerate_fsdp2", "lightning"])
+def test_summary_names_the_saver_and_world_size_not_zero(case: str) -> None:
+    from inspector.scan.summary import summary_rows
+
+    ckpt = scan(str(FIXTURES / case))
+    rows = {r.label: r.value for r in summary_rows(ckpt)}
+    assert "DeepSpeed" not in rows and "ZeRO" not in rows and "Module copy" not in rows
+    saver = {"fsdp2": "torch.distributed.checkpoint", "titan": "torchtitan", "accelerate": "Accelerate"}
+    assert rows["Saved by"].startswith("PyTorch DCP (" + saver.get(case.split("_")[0], "Lightning"))
+    assert "2 ranks" in rows["Saved by"]
