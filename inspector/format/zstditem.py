@@ -104,6 +104,13 @@ class ZstdItem:
             raise self._bad(f"the zstd stream is damaged: {shown(str(exc))}") from None
         return data
 
+    def _read_into(self, stream: Any, view: memoryview) -> int:
+        try:
+            got: int = stream.readinto(view)
+        except self._zstd.ZstdError as exc:
+            raise self._bad(f"the zstd stream is damaged: {shown(str(exc))}") from None
+        return got
+
     def _measure(self, bound: int) -> int:
         """The decompressed size, streamed once and refused past `bound`; head and tail kept."""
         stream, total, tail = self._open(), 0, b""
@@ -150,13 +157,12 @@ class ZstdItem:
                     raise self._bad(f"it ends at byte {self._pos}, before byte {offset}")
                 self._pos += len(skipped)
             done = 0
-            while done < n:
-                data = self._read(self._stream, n - done)
-                if not data:
+            while done < n:  # straight into `view`, a piece at a time: no second copy of a big read
+                got = self._read_into(self._stream, view[done : min(n, done + _STEP)])
+                if not got:
                     raise self._bad(f"it ends at byte {self._pos}, before byte {offset + n}")
-                view[done : done + len(data)] = data
-                done += len(data)
-                self._pos += len(data)
+                done += got
+                self._pos += got
         return n
 
     def fileno(self) -> int | None:
