@@ -53,15 +53,15 @@ class FilePool:
     def handle(self, path: str) -> Handle:
         handle = self._handles.get(path)
         if handle is None:
+            item = parse_item_path(path)  # a zstd DCP item: its decompressed bytes, over its file's handle
+            inner = self.handle(item[0]) if item else None
             with self._lock:
                 handle = self._handles.get(path)
                 if handle is None:
                     # as scan opens it: a regular file or a clear refusal, never a hang on a FIFO that
                     # was swapped in after the scan
                     handle = (
-                        open_item(path, self._sources)  # a zstd DCP item: its decompressed bytes
-                        if parse_item_path(path)
-                        else open_handle_in(path, self._sources)
+                        open_item(path, self._sources, inner) if item else open_handle_in(path, self._sources)
                     )
                     self._handles[path] = handle
         return handle

@@ -72,14 +72,22 @@ class ZstdItem:
     handle will ever decompress (the scan learned it under the bound). Thread-safe: one stream, locked."""
 
     def __init__(
-        self, inner: Handle, name: str, base: int, length: int, bound: int, size: int | None
+        self,
+        inner: Handle,
+        name: str,
+        base: int,
+        length: int,
+        bound: int,
+        size: int | None,
+        owns_inner: bool = True,
     ) -> None:
         self.inner, self.name, self.base, self.length = inner, name, base, length
+        self.owns_inner = owns_inner  # False: the file's handle is shared by its items (FilePool's)
         self.path = name
         self._lock = threading.Lock()
         self._zstd = require_zstandard()
         if base < 0 or length < 0 or base + length > inner.size:
-            inner.close()
+            self._release()
             raise self._bad(f"the item at bytes [{base}, {base + length}) lies past the file's end")
         self._head = self._tail = b""
         self._tail_at = 0
@@ -163,6 +171,9 @@ class ZstdItem:
                     raise self._bad(f"it ends at byte {self._pos}, before byte {offset + n}")
                 done += got
                 self._pos += got
+            if self._pos >= self.size:  # read to its end: the decompressor's window is freed now, not at
+                self._stream.close()  # close, so a pool holding many items holds no window for each
+                self._stream = None
         return n
 
     def fileno(self) -> int | None:
@@ -173,17 +184,25 @@ class ZstdItem:
             if self._stream is not None:
                 self._stream.close()
                 self._stream = None
-        self.inner.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self.owns_inner:
+            self.inner.close()
 
 
-def open_item(path: str, sources: tuple[ByteSource, ...]) -> ZstdItem:
+def open_item(path: str, sources: tuple[ByteSource, ...], inner: Handle | None = None) -> ZstdItem:
     """Open a compressed item's path (`item_path`, made by the scan) through the sources its file is
-    confined to; it decompresses no further than the size the path names."""
+    confined to; it decompresses no further than the size the path names. `inner`: its file already open
+    (opened through the same sources) and shared, left open when the item closes: one descriptor per file,
+    not per item."""
     parsed = parse_item_path(path)
     if parsed is None:
         raise ValueError(path)
     file, base, length, size = parsed
-    return ZstdItem(open_handle_in(file, sources), shown(path), base, length, size, size)
+    own = inner is None
+    handle = open_handle_in(file, sources) if inner is None else inner
+    return ZstdItem(handle, shown(path), base, length, size, size, owns_inner=own)
 
 
 def measure_item(file: str, source: ByteSource, base: int, length: int, bound: int) -> ZstdItem:

@@ -14,7 +14,7 @@ import pytest
 
 from inspector.cli.main import main
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.format.zstditem import item_path, measure_item, open_item, parse_item_path
+from inspector.format.zstditem import ZstdItem, item_path, measure_item, open_item, parse_item_path
 from inspector.parse.dcp import ZSTD, Item
 from inspector.scan.layouts.dcp.items import place
 from inspector.scan.scanner import scan
@@ -100,3 +100,18 @@ def test_without_zstandard_the_message_says_how_to_get_it(
     shutil.copytree(CASE, tmp_path / "c")
     assert main(["scan", str(tmp_path / "c")]) != 0
     assert "zero-inspector[zstd]" in capsys.readouterr().err.replace("\n", "")
+
+
+def test_a_pool_opens_each_file_once_and_frees_a_stream_read_to_its_end(tmp_path: Path) -> None:
+    """Many compressed items in one file: one descriptor, not one per item; no decompressor kept for an
+    item read to its end (a pool keeps every item's handle until it closes)."""
+    from inspector.convert.reader import FilePool
+
+    raw = os.urandom(1 << 16)
+    path, src, n = _stream(tmp_path, raw)
+    with FilePool(src) as pool:
+        items = [pool.handle(item_path(str(path), 4, n, len(raw) - k)) for k in (0, 1)]
+        assert all(isinstance(h, ZstdItem) and h.inner is pool.handle(str(path)) for h in items)
+        view = memoryview(bytearray(len(raw)))
+        assert items[0].read_into(0, view) == len(raw) and bytes(view) == raw
+        assert items[0]._stream is None

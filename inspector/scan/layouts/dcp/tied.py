@@ -75,8 +75,11 @@ class _Digests:
 
     def _handle(self, path: str) -> Handle:
         if path not in self.handles:
+            item = parse_item_path(path)  # a compressed item: over its file's one handle
             self.handles[path] = (
-                open_item(path, (self.source,)) if parse_item_path(path) else self.source.open_handle(path)
+                open_item(path, (self.source,), self._handle(item[0]))
+                if item
+                else self.source.open_handle(path)
             )
         return self.handles[path]
 
