@@ -19,6 +19,7 @@ import numpy as np
 from inspector.errors import CorruptFileError
 from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.format.torchzip import TensorRef
+from inspector.format.zstditem import ZstdItem, open_item, parse_item_path
 from inspector.scan.model import Checkpoint, Runs, Segment
 from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
 from inspector.system.residency import resident_fraction
@@ -52,12 +53,16 @@ class FilePool:
     def handle(self, path: str) -> Handle:
         handle = self._handles.get(path)
         if handle is None:
+            item = parse_item_path(path)  # a zstd DCP item: its decompressed bytes, over its file's handle
+            inner = self.handle(item[0]) if item else None
             with self._lock:
                 handle = self._handles.get(path)
                 if handle is None:
                     # as scan opens it: a regular file or a clear refusal, never a hang on a FIFO that
                     # was swapped in after the scan
-                    handle = open_handle_in(path, self._sources)
+                    handle = (
+                        open_item(path, self._sources, inner) if item else open_handle_in(path, self._sources)
+                    )
                     self._handles[path] = handle
         return handle
 
@@ -106,7 +111,7 @@ class FilePool:
         remote: list[tuple[RangedHandle, int, memoryview]] = []
         for path, offset, view in runs:
             handle = self.handle(path)
-            if handle.fileno() is not None or len(runs) == 1:
+            if handle.fileno() is not None or len(runs) == 1 or isinstance(handle, ZstdItem):
                 self.read_into(path, offset, view)
             elif offset + len(view) > handle.size:
                 raise _short(path, offset + len(view))

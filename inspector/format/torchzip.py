@@ -34,7 +34,7 @@ from inspector.format.records import (
 )
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import TorchZip
-from inspector.system.bytesource import ByteSource, open_handle_in
+from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
 _INERT_RECORDS = {
@@ -230,7 +230,10 @@ def _path(*parts: Any) -> str:
 
 
 def load(
-    path: str | os.PathLike[str], source: ByteSource | None = None, window: tuple[int, int] | None = None
+    path: str | os.PathLike[str],
+    source: ByteSource | None = None,
+    window: tuple[int, int] | None = None,
+    handle: Handle | None = None,
 ) -> tuple[Any, TorchZip | LegacyTorchFile]:
     """Unpickle a `torch.save` file's object tree with tensor references; returns (tree, container).
 
@@ -238,12 +241,13 @@ def load(
     else is read as a zip. The file is opened through `source` (the checkpoint's folder; by default the
     file's own folder). The container stays open so the caller can read bytes; close it when done.
     `window`: (base, length) of a zip archive embedded in the file (a DCP item); its tensors' offsets are
-    the file's.
+    the file's. `handle`: the archive already open (a decompressed DCP item), read as a zip.
     """
     path = os.fspath(path)
-    handle = open_handle_in(path, (source,) if source else ())
+    embedded = window is not None or handle is not None  # a DCP item: a zip, never the legacy form
+    handle = handle if handle is not None else open_handle_in(path, (source,) if source else ())
     try:
-        if window is None and handle.size > 0 and handle.pread(1, 0) == b"\x80":
+        if not embedded and handle.size > 0 and handle.pread(1, 0) == b"\x80":
             legacy = LegacyTorchFile(path, handle)
             archive: TorchZip | LegacyTorchFile = legacy
             with _unreadable_pickle(legacy.shown):

@@ -66,6 +66,14 @@ class SummaryRow:
     note: str = ""
 
 
+_DCP_SAVERS = {  # scan/layouts/dcp: the layout names the saver its keys and folder showed
+    "dcp-torch": "PyTorch DCP (torch.distributed.checkpoint)",
+    "dcp-torchtitan": "PyTorch DCP (torchtitan)",
+    "dcp-accelerate": "PyTorch DCP (Accelerate FSDP)",
+    "dcp-lightning": "PyTorch DCP (Lightning FSDP)",
+}
+
+
 def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[SummaryRow]:
     """What this checkpoint is, row by row: where and which tag, ZeRO stage/ranks/optimizer, dtypes, the 16-bit
     module copy, training steps, loss scale (when saved), DeepSpeed version and files. `short_dtypes` writes
@@ -75,18 +83,22 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
         return SHORT_NAMES.get(name, name) if short_dtypes else name
 
     tags = ", ".join(ckpt.tags[-6:]) + (f" (+{len(ckpt.tags) - 6} older)" if len(ckpt.tags) > 6 else "")
+    dcp = _DCP_SAVERS.get(ckpt.layout)  # a PyTorch DCP folder: no ZeRO stage, no DeepSpeed, no module copy
     rows = [
         SummaryRow("root", "Checkpoint", ckpt.root, f"({ckpt.layout})"),
         SummaryRow("tag", "Tag", ckpt.tag, f"tags: {tags}"),
         SummaryRow(
             "zero",
-            "ZeRO",
-            f"stage {ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {ckpt.optimizer}",
+            "Saved by" if dcp else "ZeRO",
+            f"{dcp} · {plural(ckpt.world_size, 'rank')} · {ckpt.optimizer}"
+            if dcp
+            else f"stage {ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {ckpt.optimizer}",
         ),
         *_parallel_rows(ckpt),
         SummaryRow("dtypes", "Dtypes", f"compute {dt(ckpt.compute_dtype)} · master {dt(ckpt.master_dtype)}"),
-        SummaryRow("module_copy", "Module copy", _module_copy_text(ckpt, dt(ckpt.compute_dtype))),
     ]
+    if not dcp:
+        rows.append(SummaryRow("module_copy", "Module copy", _module_copy_text(ckpt, dt(ckpt.compute_dtype))))
     steps = []
     if ckpt.global_steps is not None:
         steps.append(f"global step {ckpt.global_steps}")
@@ -98,7 +110,8 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
     if ckpt.loss_scale is not None:
         dynamic = " (dynamic)" if ckpt.dynamic_loss_scale else ""
         rows.append(SummaryRow("loss_scale", "Loss scale", f"{ckpt.loss_scale:g}{dynamic}"))
-    rows.append(SummaryRow("deepspeed", "DeepSpeed", ckpt.deepspeed_version or "unknown"))
+    if not dcp:
+        rows.append(SummaryRow("deepspeed", "DeepSpeed", ckpt.deepspeed_version or "unknown"))
     rows.append(SummaryRow("files", "Files", f"{len(ckpt.files)} files · {format_bytes(ckpt.total_bytes)}"))
     return rows
 

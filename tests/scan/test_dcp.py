@@ -50,7 +50,7 @@ def _expected(case: str) -> dict[str, tuple[str, bytes]]:
 def test_every_saver_and_layout_has_a_fixture() -> None:
     assert set(CASES) >= {
         "fsdp2_fp32", "fsdp2_bf16", "mixed_tied", "uneven3", "fsdp1_sharded", "hsdp", "tp_fsdp",
-        "titan_periodic", "titan_final", "accelerate_fsdp1", "accelerate_fsdp2", "lightning",
+        "titan_periodic", "titan_final", "accelerate_fsdp1", "accelerate_fsdp2", "lightning", "zstd",
     }  # fmt: skip
 
 
@@ -81,11 +81,13 @@ def test_scan_finds_model_optimizer_and_saver(case: str) -> None:
     assert ckpt.world_size == (4 if case in ("hsdp", "tp_fsdp") else 3 if case == "uneven3" else 2)
 
 
-def test_tied_weights_are_stored_twice_and_the_optimizer_once() -> None:
+def test_tied_weights_stored_twice_are_one_parameter_and_its_alias() -> None:
+    """Stored twice, one optimizer entry: the name without one is the other's TIED alias (equal bytes)."""
     ckpt = scan(str(FIXTURES / "mixed_tied"))
     emb, head = ckpt.tensor("emb.weight"), ckpt.tensor("head.weight")
-    assert {emb.kind, head.kind} == {Kind.TRAINABLE, Kind.FROZEN}  # one entry in the optimizer
-    assert emb.segments != head.segments
+    assert (emb.kind, head.kind, head.alias_of) == (Kind.TRAINABLE, Kind.TIED, "emb.weight")
+    assert head.segments == emb.segments and head.moments == emb.moments
+    assert [t.name for t in ckpt.tensors if t.kind is Kind.FROZEN] == []
 
 
 def test_tp_fsdp_two_dimensional_blocks_are_read_row_by_row() -> None:
@@ -170,12 +172,13 @@ def test_unknown_metadata_version_is_refused_by_name(tmp_path: Path) -> None:
         scan(str(root))
 
 
-def test_transforms_are_refused_by_name() -> None:
-    with pytest.raises(UnsupportedCheckpointError, match="zstd-compressed"):
-        refuse_transforms("f", ((), ("stream.zstd/1",)))
+def test_unknown_transforms_are_refused_by_name() -> None:
     with pytest.raises(UnsupportedCheckpointError, match=r"stream\.lz4/1"):
         refuse_transforms("f", (("stream.lz4/1",),))
+    with pytest.raises(UnsupportedCheckpointError, match=r"stream\.lz4/1"):  # zstd chained with another
+        refuse_transforms("f", ((), ("stream.zstd/1", "stream.lz4/1")))
     refuse_transforms("f", ((),))
+    refuse_transforms("f", ((), ("stream.zstd/1",)))  # read (tests/scan/test_dcp_zstd.py)
 
 
 def _parse(data: bytes) -> object:
@@ -260,3 +263,15 @@ def test_verify_and_health_read_a_dcp_folder(tmp_path: Path) -> None:
     assert len(list(out.glob("*.safetensors"))) > 1
     assert main(["verify", str(FIXTURES / "tp_fsdp"), str(out)]) == 0
     assert main(["health", str(FIXTURES / "tp_fsdp")]) == 0
+
+
+@pytest.mark.parametrize("case", ["fsdp2_fp32", "titan_final", "accelerate_fsdp2", "lightning"])
+def test_summary_names_the_saver_and_world_size_not_zero(case: str) -> None:
+    from inspector.scan.summary import summary_rows
+
+    ckpt = scan(str(FIXTURES / case))
+    rows = {r.label: r.value for r in summary_rows(ckpt)}
+    assert "DeepSpeed" not in rows and "ZeRO" not in rows and "Module copy" not in rows
+    saver = {"fsdp2": "torch.distributed.checkpoint", "titan": "torchtitan", "accelerate": "Accelerate"}
+    assert rows["Saved by"].startswith("PyTorch DCP (" + saver.get(case.split("_")[0], "Lightning"))
+    assert "2 ranks" in rows["Saved by"]

@@ -16,6 +16,7 @@ from inspector.scan.layouts.dcp.found import METADATA, rank_of, refuse_hf_writer
 from inspector.scan.layouts.dcp.items import Placed, read_scalar, refuse_transforms, try_place
 from inspector.scan.layouts.dcp.keys import MOMENTS, Roles, optimizer_roles, roles_of
 from inspector.scan.layouts.dcp.placement import Chunk, TilingError, runs
+from inspector.scan.layouts.dcp.tied import tie
 from inspector.scan.model import (
     Checkpoint,
     FileInfo,
@@ -154,9 +155,10 @@ def scan_dcp(found: Found) -> Checkpoint:
         moments = _moments(opt, roles.moments.get(fqn, {}))
         kind = _kind(t.dtype, bool(moments), bool(roles.moments))
         tensors.append(TensorInfo(fqn, t.shape, t.dtype, kind, segs, moments=moments))
+    tensors, tied = tie(found.source, tensors, found.tag_dir)
     step = next((v for k in roles.steps.values() if (v := opt.step(k)) is not None), None)
     stores = [store] if opt is store else [store, opt]
-    findings = [f for s in stores for f in s.findings] + _notes(stores, roles)
+    findings = [f for s in stores for f in s.findings] + _notes(stores, roles) + tied
     return _checkpoint(found, roles, stores, tensors, findings, step)
 
 

@@ -1,15 +1,30 @@
 """A DCP item is a complete `torch.save` zip at `[offset, offset+length)` of its `.distcp` file: read with the
 zip reader and restricted unpickler in that window, it says where the chunk's bytes are (`data/0`, in the
-file) and proves they are the chunk: its dtype, its sizes, contiguous, starting at element 0."""
+file) and proves they are the chunk: its dtype, its sizes, contiguous, starting at element 0.
+
+An item saved through the zstd extension is read the same way from its decompressed bytes, through a path
+of its own (`format/zstditem.py`): its chunk's bytes are at an offset of that path, which every reader
+opens (`convert.reader.FilePool`) as it opens a file."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError, UnsupportedCheckpointError
+from inspector.format.dtypes import itemsize
 from inspector.format.torchzip import load
 from inspector.format.views import TensorRef
+from inspector.format.zstditem import (
+    OVERHEAD,
+    item_path,
+    measure_item,
+    open_item,
+    parse_item_path,
+    require_zstandard,
+)
 from inspector.parse.dcp import ZSTD, Item
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
@@ -17,31 +32,29 @@ from inspector.text import shown
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A chunk's bytes: `file` (absolute path) from `offset`, contiguous, in the key's dtype."""
+    """A chunk's bytes: `file` (absolute path, or a compressed item's path) from `offset`, contiguous, in the
+    key's dtype."""
 
     file: str
     offset: int
 
 
 def refuse_transforms(folder: str, transforms: tuple[tuple[str, ...], ...]) -> None:
-    """Items stored through a transform (the zstd extension, or one this tool does not know) cannot be read
-    in place by offset: refused, naming it, before anything is planned."""
-    used = sorted({t for ts in transforms for t in ts})
-    if not used:
+    """Items stored through a transform other than the zstd extension alone (one this tool does not know,
+    or zstd chained with another) cannot be read: refused, naming it, before anything is planned; zstd
+    items without the `zstandard` package likewise, saying how to get it."""
+    unknown = sorted({t for ts in transforms if ts not in ((), (ZSTD,)) for t in ts})
+    if not unknown:
+        if (ZSTD,) in transforms:
+            require_zstandard()
         return
-    names = ", ".join(shown(t) for t in used)
-    if all(t == ZSTD for t in used):
-        why = (
-            "its items are zstd-compressed (DCP's `stream.zstd/1` extension); this tool reads tensors in "
-            "place by offset and does not decompress DCP items"
-        )
-    else:
-        why = f"its items are stored through a transform this tool does not know ({names})"
+    names = ", ".join(shown(t) for t in unknown)
     raise UnsupportedCheckpointError(
-        f"{shown(folder)}: a PyTorch Distributed Checkpoint whose {why}.",
-        hint="Load it with torch.distributed.checkpoint and save it again without compression "
+        f"{shown(folder)}: a PyTorch Distributed Checkpoint whose items are stored through a transform this "
+        f"tool does not know ({names}); it reads raw items and DCP's zstd extension (`{ZSTD}`) only.",
+        hint="Load it with torch.distributed.checkpoint and save it again without that extension "
         "(the default FileSystemWriter); then scan the new folder.",
-        title="Compressed DCP items",
+        title="Unknown DCP transform",
     )
 
 
@@ -49,9 +62,15 @@ def place(folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[
     """Where `item`'s chunk bytes start in its file, after checking the embedded archive describes exactly
     the chunk the metadata says (dtype, sizes, contiguous from element 0)."""
     path = os.path.join(folder, item.file)
-    tree, archive = load(path, source, window=(item.offset, item.length))
+    if item.transforms:  # (ZSTD,): the others are refused with the folder
+        bound = math.prod(sizes) * itemsize(dtype) + OVERHEAD  # more is a zip bomb, not this chunk
+        handle = measure_item(path, source, item.offset, item.length, bound)
+        path = item_path(path, item.offset, item.length, handle.size)
+        tree, archive = load(path, handle=handle)
+    else:
+        tree, archive = load(path, source, window=(item.offset, item.length))
     archive.close()
-    where = f"{shown(path)} (item at byte {item.offset})"
+    where = f"{shown(os.path.join(folder, item.file))} (item at byte {item.offset})"
     if not isinstance(tree, TensorRef):
         raise CorruptFileError(
             f"{where}: the item is not a tensor, but the metadata says it holds one.",
@@ -85,7 +104,9 @@ def read_scalar(source: ByteSource, placed: Placed, dtype: str) -> float | None:
     fmt = DTYPES[dtype].struct
     if fmt is None:
         return None
-    handle = source.open_handle(placed.file)
+    handle: Any = (
+        open_item(placed.file, (source,)) if parse_item_path(placed.file) else source.open_handle(placed.file)
+    )
     try:
         raw = handle.pread(struct.calcsize(fmt), placed.offset)
     finally:
