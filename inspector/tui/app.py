@@ -83,7 +83,9 @@ class InspectorApp(Shell):
         self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
-        self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
+        self.export = ExportSettings(
+            out_dir=launch.out_dir or "", overwrite=launch.overwrite, format=launch.format, base=launch.base
+        )
         self._default_out = ""  # the output folder last proposed; one the user typed is kept on a tag switch
         self.converting = False
         self._temp_dir: str | None = None
@@ -162,7 +164,7 @@ class InspectorApp(Shell):
             self._preset_applied = True  # --include/--exclude named tensors of the first root only
             base = self.launch.options or ConvertOptions()
             self.base_options = replace(base, include=(), exclude=())
-            self.export = ExportSettings()
+            self.export = ExportSettings(format=self.export.format, base=self.export.base)  # same run
             self._default_out = ""
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")

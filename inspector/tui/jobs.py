@@ -36,12 +36,20 @@ def app_order(app: Any, out_dir: str, *, force: bool) -> Order:
         out=out_dir,
         kind=app.export.format or DEFAULT,
         tag=ckpt.tag,
-        request=Request(app.convert_options(), allow_damaged=force),
+        request=Request(app.convert_options(), base=form_base(app), allow_damaged=force),
         overwrite=app.export.overwrite,
         executor=app.export.executor or "local",
         ray_address=app.export.ray_address or None,
         tp_split=tuple(app.tp_split),  # the child scans as the app did
     )
+
+
+def form_base(app: Any) -> str | None:
+    """The export form's base model folder when its kind reads one (`--base`), else None: a folder typed
+    for a merge does not make a plain export an error, as `--base` with another kind is in the CLI."""
+    from inspector.convert.kinds import DEFAULT, get
+
+    return (app.export.base or None) if get(app.export.format or DEFAULT).takes_base else None
 
 
 def child_args(order: Order) -> list[str]:

@@ -148,6 +148,7 @@ class ExportSettings:
     overwrite: bool = False
     executor: str = ""  # "" this machine; "ray": the parts as tasks on a Ray cluster
     ray_address: str = ""  # "" = RAY_ADDRESS, else a local Ray started for the run
+    base: str = ""  # the base model folder a merge reads (--base); "" = adapter_config's, as the CLI reads it
 
     @staticmethod
     def default_out(root: str, tag: str) -> str:

@@ -25,7 +25,9 @@ from inspector.remote.roots import absolute
 from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
+from inspector.tui.jobs import form_base
 from inspector.tui.screens.export_fields import (
+    form_remedy,
     format_options,
     human_size,
     parse_renames,
@@ -57,7 +59,8 @@ def run_preflight(app: Any, opts: ConvertOptions, out_dir: str) -> tuple[Job, As
     from inspector.convert.bucket import plan_output
 
     kind = get(app.export.format or DEFAULT)
-    job = plan_output(kind, app.ckpt, Request(opts, allow_damaged=True), out_dir or os.getcwd())
+    request = Request(opts, base=form_base(app), allow_damaged=True)
+    job = plan_output(kind, app.ckpt, request, out_dir or os.getcwd())
     frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
     return job, frozen(job) if frozen else job.assess()
 
@@ -112,6 +115,15 @@ class ExportScreen(Screen[None]):
         if missing:
             yield Static("")
             yield Static("; ".join(missing), classes="dim-note", markup=False)
+        yield Label("Base model", classes="base-row")  # shown for a kind that reads one (`_show_rows`)
+        yield SafeInput(
+            ex.base,
+            id="base",
+            compact=True,
+            placeholder="base model folder (blank: adapter_config.json's)",
+            select_on_focus=False,
+            classes="base-row",
+        )
         yield Label("Dtype")
         yield Select(
             DTYPES,
@@ -229,6 +241,9 @@ class ExportScreen(Screen[None]):
         if self.read_tp_split() is None:
             errors.append(f"TP splits: {self.tp_error}")
         kind = get(str(self.query_one("#format", Select).value) or DEFAULT)
+        base_dir = str(val["base"]).strip()
+        if kind.takes_base and base_dir and not os.path.isdir(os.path.expanduser(base_dir)):
+            errors.append(f"Base model: {base_dir} is not a folder. Give the base model's folder.")
         if out and app.ckpt is not None and (busy := kind.busy(app.ckpt, out, overwrite)):
             errors.append(f"Output folder: {busy} (switch on overwrite to replace an earlier conversion)")
         opts = replace(
@@ -280,8 +295,11 @@ class ExportScreen(Screen[None]):
         self._show_errors(errors)
         app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
+        self._show_rows(fmt)
+        base = str(self.query_one("#base", Input).value).strip()
         app.export = replace(
             app.export,
+            base=os.path.abspath(os.path.expanduser(base)) if base else "",
             out_dir=out or app.export.out_dir,
             overwrite=overwrite,
             format=fmt,
@@ -301,6 +319,11 @@ class ExportScreen(Screen[None]):
             return
         self.query_one(PreflightPanel).pending()
         self.set_timer(0.2, lambda g=self.generation: self._maybe_preflight(g))
+
+    def _show_rows(self, fmt: str) -> None:
+        """The Base model row only for a kind that reads a base (a merge), as `--base` is only for it."""
+        for w in self.query(".base-row"):
+            w.display = get(fmt or DEFAULT).takes_base
 
     def _maybe_preflight(self, generation: int) -> None:
         if generation == self.generation:
@@ -324,7 +347,8 @@ class ExportScreen(Screen[None]):
         try:
             plan, a = run_preflight(self.app, opts, out_dir)
         except InspectorError as exc:
-            self.post_message(PreflightDone(generation, None, None, f"{exc.title}: {exc.message}"))
+            said = f"{exc.title}: {exc.message} {form_remedy(exc.hint)}".strip()
+            self.post_message(PreflightDone(generation, None, None, said))
             return
         self.post_message(PreflightDone(generation, plan, a))
 
