@@ -21,10 +21,11 @@ _SHOWN = 40  # findings printed (errors first) before "… and N more"
 
 def cmd_health(args: argparse.Namespace) -> int:
     from inspector.health import HealthProgress, HealthReport, check
+    from inspector.health.against import against_location
     from inspector.scan.scanner import scan
 
     ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
-    against = scan(args.path, args.against) if args.against else None
+    against = scan(*against_location(args.path, args.tag, args.against)) if args.against else None
     report: HealthReport | None = None
     err = _console(stderr=True)
     cancel = threading.Event()
@@ -157,7 +158,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
         "health", help="every tensor's NaN/Inf, zeros, range, mean, std and norm, streamed; findings first"
     )
     add_common(p)
-    p.add_argument("--against", metavar="TAG", help="also measure how far each master moved since TAG")
+    p.add_argument(
+        "--against",
+        metavar="TAG|PATH[@TAG]",
+        help="also measure how far each master moved since then: another tag of this checkpoint, another "
+        "checkpoint's folder (a sibling Trainer checkpoint-N by its name), or PATH@TAG",
+    )
     add_filter_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     add_workers_option(p)
