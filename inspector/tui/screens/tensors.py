@@ -95,7 +95,8 @@ class TensorsPane(Horizontal):
 
     @on(TensorTable.Sorted)
     def _flat_sorted(self, event: TensorTable.Sorted) -> None:
-        self.notify(f"Sorted by {SORTS[event.how][0]}.", timeout=2, markup=False)
+        turned = " (reversed)" if self.flat.reverse else ""
+        self.notify(f"Sorted by {SORTS[event.how][0]}{turned}.", timeout=2, markup=False)
 
     @on(TensorTable.RowHighlighted)
     def _flat_row(self, event: TensorTable.RowHighlighted) -> None:
