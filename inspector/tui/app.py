@@ -38,7 +38,7 @@ from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
-from inspector.tui.session import ExportSettings, carried_selection, preset_selection, selection_options
+from inspector.tui.session import ExportSettings, carried_selection, export_options, preset_selection
 from inspector.tui.shell import Shell
 
 
@@ -80,6 +80,7 @@ class InspectorApp(Shell):
         self.asked_tag: str | None = None  # the tag the last scan asked for (None: the latest)
         self.request = 0  # the last scan asked for: answers of older scans are dropped
         self.selected: set[str] = set()
+        self.shown_only: frozenset[str] | None = None  # the `/` filter on: what it shows (`session.exported`)
         self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
@@ -306,7 +307,7 @@ class InspectorApp(Shell):
     def convert_options(self) -> ConvertOptions:
         """The selection as convert's include/exclude, plus the export options."""
         assert self.ckpt is not None
-        return selection_options(self.ckpt, self.selected, self.base_options)
+        return export_options(self.ckpt, self.selected, self.shown_only, self.base_options)
 
     def saved_ago(self, ckpt: Checkpoint) -> str:
         """How long ago `ckpt`'s tag was saved, in words ("3 hours ago"); "" when its files' times are unknown.

@@ -99,6 +99,19 @@ def name_filter(pattern: str) -> re.Pattern[str] | None:
     return re.compile(re.escape(pattern))
 
 
+def exported(selected: set[str], shown_only: frozenset[str] | None) -> set[str]:
+    """What `e` and `c` export: the selection, narrowed to what the `/` filter shows while one is on (k9s,
+    lazygit: act on what you see)."""
+    return set(selected) if shown_only is None else set(selected) & shown_only
+
+
+def export_options(
+    ckpt: Checkpoint, selected: set[str], shown_only: frozenset[str] | None, base: ConvertOptions
+) -> ConvertOptions:
+    """The options `e` and `c` export with: what the filter shows of the selection, as include/exclude."""
+    return selection_options(ckpt, exported(selected, shown_only), base)
+
+
 def selection_options(ckpt: Checkpoint, selected: set[str], base: ConvertOptions) -> ConvertOptions:
     """`base` with include/exclude that select exactly `selected` (convert's own rules), as short as possible.
 

@@ -35,6 +35,7 @@ from inspector.tui.screens.export_fields import (
     split_list,
     tp_split_note,
 )
+from inspector.tui.session import exported
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
@@ -314,8 +315,8 @@ class ExportScreen(Screen[None]):
             self.query_one(PreflightPanel).waiting("Scanning the tag with the TP-split rules…")
             return
         new_rules = self.read_tp_split() != app.tp_split  # applied once typing pauses, selection or not
-        if not new_rules and not app.selected and get(fmt or DEFAULT).uses_selection:
-            self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
+        if not new_rules and not exported(app.selected, app.shown_only) and get(fmt or DEFAULT).uses_selection:
+            self.query_one(PreflightPanel).error("Nothing selected is shown: choose tensors on the Tensors tab.")
             return
         self.query_one(PreflightPanel).pending()
         self.set_timer(0.2, lambda g=self.generation: self._maybe_preflight(g))
