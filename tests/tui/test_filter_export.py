@@ -82,3 +82,17 @@ async def test_up_in_the_box_recalls_earlier_filters(small_demo: Path) -> None:
         assert box.value == "q_proj"
         await pilot.press("up")
         assert box.value == "q_proj"  # the oldest stays
+
+
+async def test_v_marks_a_range_of_the_flat_table(small_demo: Path) -> None:
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t", "f")
+        app.main.tensors_pane.module_tree.set_selection(set())
+        await pilot.pause()
+        table = app.main.tensors_pane.flat
+        await pilot.press("g", "down", "v", "down", "down", "v")
+        rows = [str(table.coordinate_to_cell_key((r, 0)).row_key.value) for r in (1, 2, 3)]
+        await pilot.pause()
+        assert app.selected == set(rows)

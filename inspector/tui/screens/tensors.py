@@ -97,6 +97,11 @@ class TensorsPane(Horizontal):
         selected.symmetric_difference_update({event.name})
         self.module_tree.set_selection(selected)  # posts SelectionChanged: the app, the line, the table follow
 
+    @on(TensorTable.Marked)
+    def _flat_marked(self, event: TensorTable.Marked) -> None:
+        self.module_tree.set_selection(set(zi(self).selected) | set(event.names))
+        self.notify(f"{len(event.names)} row(s) marked.", timeout=2, markup=False)
+
     @on(TensorTable.Sorted)
     def _flat_sorted(self, event: TensorTable.Sorted) -> None:
         turned = " (reversed)" if self.flat.reverse else ""

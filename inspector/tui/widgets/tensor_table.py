@@ -35,6 +35,7 @@ class TensorTable(DataTable[Text]):
     BINDINGS = [
         Binding("space", "toggle_select", "Select"),
         Binding("S", "cycle_sort", "Sort"),
+        Binding("v", "range", "Range"),
         Binding("j", "cursor_down", "Down", show=False),
         Binding("k", "cursor_up", "Up", show=False),
         Binding("g", "first", "First", show=False),
@@ -46,6 +47,12 @@ class TensorTable(DataTable[Text]):
         name: str
 
     @dataclass
+    class Marked(Message):
+        """A range marked with `v`: these rows join the selection."""
+
+        names: tuple[str, ...]
+
+    @dataclass
     class Sorted(Message):
         how: str
 
@@ -53,6 +60,7 @@ class TensorTable(DataTable[Text]):
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         self.order_by = "size"
         self.reverse = False  # a second click on the same header turns the order round
+        self.anchor: str | None = None  # `v` pressed once: the row a range starts from
         self._fitted = 0  # the width the name column was last fitted to
         self.rows_in: list[tuple[TensorInfo, int, int]] = []  # (tensor, out bytes, rank count)
         self.selected: set[str] = set()
@@ -111,6 +119,20 @@ class TensorTable(DataTable[Text]):
         t = self.tensor_at_cursor()
         if t is not None:
             self.post_message(self.Toggled(t.name))
+
+    def action_range(self) -> None:
+        """`v` starts a range at the cursor; `v` again marks every row from there to the cursor (lazygit)."""
+        t = self.tensor_at_cursor()
+        if t is None:
+            return
+        if self.anchor is None or self.anchor not in self.rows:
+            self.anchor = t.name
+            self.notify("Range from here: move and press v again to mark it.", timeout=3, markup=False)
+            return
+        a, b = sorted((self.get_row_index(self.anchor), self.cursor_row))
+        self.anchor = None
+        keys = [self.coordinate_to_cell_key((r, 0)).row_key.value for r in range(a, b + 1)]
+        self.post_message(self.Marked(tuple(str(k) for k in keys)))
 
     def action_first(self) -> None:
         self.move_cursor(row=0)
