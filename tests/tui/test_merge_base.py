@@ -109,3 +109,20 @@ async def test_base_field_unblocks_the_merge_and_exports_what_convert_writes(
     res = cli("convert", lora_run / "run", by_cli, "--merge-adapter", "--base", lora_run / "base")
     assert res.rc == 0, res.output
     assert "model.safetensors" in _files(by_app) and _files(by_app) == _files(by_cli)
+
+
+@pytest.mark.asyncio
+async def test_notes_of_another_kind_do_not_stay(lora_run: Path, tmp_path: Path) -> None:
+    """The adapter's plan notes go when the merge is chosen and refused (#42 item 6: no stale note)."""
+    app = make_app(path=str(lora_run / "run"), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        form = app.screen
+        summary = form.query_one("#selection-summary")
+        form.query_one("#format", Select).value = "adapter"
+        await wait_for(pilot, lambda: "LoRA layer(s)" in plain(summary), "the adapter's notes")
+        form.query_one("#format", Select).value = "merged"
+        errors = form.query_one("#form-errors")
+        await wait_for(pilot, lambda: "Base model not usable" in plain(errors), "the base refusal")
+        assert "LoRA layer(s)" not in plain(summary)

@@ -110,20 +110,15 @@ class ExportScreen(Screen[None]):
             select_on_focus=False,
         )
         yield Label("Format")
-        formats, default, missing = format_options(app.ckpt)
+        formats, default, _ = format_options(app.ckpt)
         chosen = ex.format if ex.format in {v for _, v in formats} else default
         yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
-        if missing:
-            yield Static("")
-            yield Static("; ".join(missing), classes="dim-note", markup=False)
+        yield Static("", classes="format-note")  # why other kinds are not offered: `_refresh_formats`
+        yield Static("", id="format-note", classes="dim-note format-note", markup=False)
         yield Label("Base model", classes="base-row")  # shown for a kind that reads one (`_show_rows`)
         yield SafeInput(
-            ex.base,
-            id="base",
-            compact=True,
+            ex.base, id="base", compact=True, select_on_focus=False, classes="base-row",
             placeholder="base model folder (blank: adapter_config.json's)",
-            select_on_focus=False,
-            classes="base-row",
         )
         yield Label("Dtype")
         yield Select(
@@ -204,6 +199,7 @@ class ExportScreen(Screen[None]):
         # the form opens on a choice, not in a text field: `?` is help here (typed into a field it is text), and
         # the proposed folder is not selected for the first key to replace it
         self.query_one("#format", Select).focus()
+        self._refresh_formats()
         self._changed()
 
     @on(Input.Changed)
@@ -278,6 +274,8 @@ class ExportScreen(Screen[None]):
         app = zi(self)
         for note in self.query("#tp-note").results(Static):
             note.update(tp_split_note(app.ckpt, app.tp_split))
+        if app.ckpt is not None:
+            self._refresh_formats()
         self._changed()
 
     def _show_errors(self, errors: list[str]) -> None:
@@ -308,6 +306,7 @@ class ExportScreen(Screen[None]):
             ray_address=str(self.query_one("#ray-address", Input).value).strip(),
         )
         self.generation += 1
+        self.query_one("#selection-summary", Static).update("")  # the last plan's notes: not this one's
         if errors:  # a verdict on other options than those typed would be a lie (a green "Fits" for "lots")
             self.query_one(PreflightPanel).waiting("Preflight waits for valid options (✖ above).")
             return
@@ -320,6 +319,17 @@ class ExportScreen(Screen[None]):
             return
         self.query_one(PreflightPanel).pending()
         self.set_timer(0.2, lambda g=self.generation: self._maybe_preflight(g))
+
+    def _refresh_formats(self) -> None:
+        """The kinds the last scan allows, and why the others are not (universal once a TP split is known)."""
+        formats, default, missing = format_options(zi(self).ckpt)
+        select, value = self.query_one("#format", Select), self.query_one("#format", Select).value
+        with self.prevent(Select.Changed):
+            select.set_options(formats)
+            select.value = value if value in {v for _, v in formats} else default
+        for w in self.query(".format-note"):
+            w.display = bool(missing)
+        self.query_one("#format-note", Static).update("; ".join(missing))
 
     def _show_rows(self, fmt: str) -> None:
         """The Base model row only for a kind that reads a base (a merge), as `--base` is only for it."""

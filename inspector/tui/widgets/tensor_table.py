@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual.binding import Binding
+from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable
 
@@ -35,7 +36,7 @@ class TensorTable(DataTable[Text]):
     BINDINGS = [
         Binding("space", "toggle_select", "Select"),
         Binding("S", "cycle_sort", "Sort"),
-        Binding("v", "range", "Range"),
+        Binding("v", "range", "Range", show=False),  # in ? help; the 80-column key bar keeps c Convert
         Binding("j", "cursor_down", "Down", show=False),
         Binding("k", "cursor_up", "Up", show=False),
         Binding("g", "first", "First", show=False),
@@ -60,7 +61,7 @@ class TensorTable(DataTable[Text]):
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         self.order_by = "size"
         self.reverse = False  # a second click on the same header turns the order round
-        self.anchor: str | None = None  # `v` pressed once: the row a range starts from
+        self.range_from: str | None = None  # `v` pressed once: the row a range starts from
         self._fitted = 0  # the width the name column was last fitted to
         self.rows_in: list[tuple[TensorInfo, int, int]] = []  # (tensor, out bytes, rank count)
         self.selected: set[str] = set()
@@ -125,13 +126,13 @@ class TensorTable(DataTable[Text]):
         t = self.tensor_at_cursor()
         if t is None:
             return
-        if self.anchor is None or self.anchor not in self.rows:
-            self.anchor = t.name
+        if self.range_from is None or self.range_from not in self.rows:
+            self.range_from = t.name
             self.notify("Range from here: move and press v again to mark it.", timeout=3, markup=False)
             return
-        a, b = sorted((self.get_row_index(self.anchor), self.cursor_row))
-        self.anchor = None
-        keys = [self.coordinate_to_cell_key((r, 0)).row_key.value for r in range(a, b + 1)]
+        a, b = sorted((self.get_row_index(self.range_from), self.cursor_row))
+        self.range_from = None
+        keys = [self.coordinate_to_cell_key(Coordinate(r, 0)).row_key.value for r in range(a, b + 1)]
         self.post_message(self.Marked(tuple(str(k) for k in keys)))
 
     def action_first(self) -> None:
