@@ -52,6 +52,23 @@ def form_base(app: Any) -> str | None:
     return (app.export.base or None) if get(app.export.format or DEFAULT).takes_base else None
 
 
+def run_preflight(app: Any, opts: Any, out_dir: str, ram: str = "") -> tuple[Any, Any]:
+    """Plan the chosen output kind and assess it (in a worker), as `preflight --format KIND` does; `ram`
+    (the form's "Fits in RAM", as typed and checked) judges it for a node of that size, as `preflight --ram` does."""
+    from inspector.convert.bucket import plan_output
+    from inspector.convert.kinds import DEFAULT, Request, get
+    from inspector.system.budget import chosen_budget
+    from inspector.system.units import parse_size
+
+    kind = get(app.export.format or DEFAULT)
+    request = Request(opts, base=form_base(app), allow_damaged=True)
+    job = plan_output(kind, app.ckpt, request, out_dir or os.getcwd())
+    if ram:
+        return job, job.assess(chosen_budget(parse_size(ram), ram))
+    frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
+    return job, frozen(job) if frozen else job.assess()
+
+
 def child_args(order: Order) -> list[str]:
     """The child's command line: the order itself goes on its stdin (`to_json`), so it plans exactly what
     the app planned; path and OUT are repeated so `ps` shows what it works on."""

@@ -96,3 +96,23 @@ async def test_v_marks_a_range_of_the_flat_table(small_demo: Path) -> None:
         rows = [str(table.coordinate_to_cell_key((r, 0)).row_key.value) for r in (1, 2, 3)]
         await pilot.pause()
         assert app.selected == set(rows)
+
+
+async def test_fits_in_ram_judges_a_chosen_node(small_demo: Path, tmp_path: Path, cli: Any) -> None:
+    """The form's "Fits in RAM" is `preflight --ram`: the same budget and verdict (#42 item 6)."""
+    import json
+
+    app = make_app(path=str(small_demo), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("e")
+        form = app.screen
+        panel = form.query_one("#preflight")
+        form.query_one("#ram", Input).value = "1MB"
+        await wait_for(pilot, lambda: "--ram 1MB" in plain(panel), "the node's verdict")
+        assert panel.assessment is not None and not panel.assessment.fits
+        by_cli = json.loads(cli("preflight", small_demo, "--json", "--ram", "1MB").stdout)
+        assert panel.assessment.budget.effective.bytes == by_cli["available_memory_bytes"] == 10**6
+        assert panel.assessment.predicted_peak_rss == by_cli["predicted_peak_rss_bytes"]
+        form.query_one("#ram", Input).value = "lots"
+        await wait_for(pilot, lambda: "Fits in RAM" in plain(form.query_one("#form-errors")), "the bad size")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, replace
-from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -17,7 +16,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Checkbox, Header, Input, Label, Select, Static
 
-from inspector.convert.kinds import DEFAULT, Job, Request, get
+from inspector.convert.kinds import DEFAULT, Job, get
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
@@ -25,7 +24,7 @@ from inspector.remote.roots import absolute
 from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
-from inspector.tui.jobs import form_base
+from inspector.tui.jobs import run_preflight
 from inspector.tui.screens.export_fields import (
     form_remedy,
     format_options,
@@ -55,17 +54,6 @@ class PreflightDone(Message):
     error: str = ""
 
 
-def run_preflight(app: Any, opts: ConvertOptions, out_dir: str) -> tuple[Job, Assessment]:
-    """Plan the chosen output kind and assess it (in a worker), as `preflight --format KIND` does."""
-    from inspector.convert.bucket import plan_output
-
-    kind = get(app.export.format or DEFAULT)
-    request = Request(opts, base=form_base(app), allow_damaged=True)
-    job = plan_output(kind, app.ckpt, request, out_dir or os.getcwd())
-    frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
-    return job, frozen(job) if frozen else job.assess()
-
-
 class ExportScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -78,6 +66,7 @@ class ExportScreen(Screen[None]):
         self.generation = 0
         self.plan_error = ""  # the preflight's refusal of valid-looking options (a rename collision)
         self.tp_error = ""  # why the TP-split rules as typed do not read
+        self.ram = ""  # "Fits in RAM" as typed (preflight --ram); "": this machine
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -128,6 +117,8 @@ class ExportScreen(Screen[None]):
             id="dtype",
             compact=True,
         )
+        yield Label("Fits in RAM")  # preflight --ram: judged for a node of that size, not this machine
+        yield Input("", id="ram", compact=True, placeholder="blank: this machine; 16GB: a node of that size")
         yield Label("Shard size")
         yield Input(
             human_size(o.shard_size),
@@ -227,6 +218,12 @@ class ExportScreen(Screen[None]):
         except ValueError as exc:
             errors.append(f"Renames: {exc}")
             renames = base.renames
+        self.ram = str(val["ram"]).strip()
+        try:
+            if self.ram and parse_size(self.ram) <= 0:
+                raise ValueError("the RAM must be positive")
+        except ValueError as exc:
+            errors.append(f"Fits in RAM: {exc}")
         out = absolute(str(val["out"]).strip()) if str(val["out"]).strip() else ""  # a folder or s3://…
         if not out:
             errors.append("Output folder: required")
@@ -356,7 +353,7 @@ class ExportScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
     def _preflight(self, generation: int, opts: ConvertOptions, out_dir: str) -> None:
         try:
-            plan, a = run_preflight(self.app, opts, out_dir)
+            plan, a = run_preflight(self.app, opts, out_dir, ram=self.ram)
         except InspectorError as exc:
             said = f"{exc.title}: {exc.message} {form_remedy(exc.hint)}".strip()
             self.post_message(PreflightDone(generation, None, None, said))
