@@ -126,3 +126,17 @@ async def test_notes_of_another_kind_do_not_stay(lora_run: Path, tmp_path: Path)
         errors = form.query_one("#form-errors")
         await wait_for(pilot, lambda: "Base model not usable" in plain(errors), "the base refusal")
         assert "LoRA layer(s)" not in plain(summary)
+
+
+@pytest.mark.asyncio
+async def test_a_lora_trainer_checkpoint_is_called_one(lora_run: Path, tmp_path: Path) -> None:
+    """Polish of #42: the model-folder kind says why a LoRA run has no config.json, and the overview does
+    not list the open checkpoint among the 'other' Trainer checkpoints."""
+    app = make_app(path=str(lora_run / "run"), out_dir=str(tmp_path / "out"), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        assert app.ckpt is not None and app.ckpt.other_runs == ("checkpoint-3",)
+        assert "Other Trainer checkpoints" not in plain(app.main.query_one("#tag-list"))
+        await pilot.press("e")
+        note = plain(app.screen.query_one("#format-note"))
+        assert "a LoRA run saves only its adapter" in note and "not a Trainer checkpoint" not in note
