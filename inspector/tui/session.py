@@ -152,6 +152,9 @@ def preset_selection(ckpt: Checkpoint, opts: ConvertOptions) -> set[str]:
     return {t.name for t in select(ckpt, replace(opts, exclude_frozen=False, exclude_buffers=False))}
 
 
+GENERIC_NAMES = {"checkpoint", "checkpoints", "ckpt", "ckpts", "output", "outputs"}
+
+
 @dataclass(frozen=True)
 class ExportSettings:
     """The export form's values as typed (validated on the screen, turned into ConvertOptions by it)."""
@@ -165,7 +168,12 @@ class ExportSettings:
 
     @staticmethod
     def default_out(root: str, tag: str) -> str:
-        base = os.path.basename(root.rstrip(os.sep)) or "checkpoint"
+        """`<name>-<tag>-safetensors` in the current folder; a generic folder name (`checkpoint`, `ckpt`) is
+        prefixed with its parent's, so two runs' checkpoints do not propose the same folder."""
+        parts = root.rstrip(os.sep).split(os.sep)
+        base = parts[-1] or "checkpoint"
+        if base.lower() in GENERIC_NAMES and len(parts) > 1 and parts[-2] and "://" not in root:
+            base = f"{parts[-2]}-{base}"
         return os.path.join(os.getcwd(), f"{base}-{tag}-safetensors")
 
 

@@ -140,3 +140,12 @@ async def test_a_lora_trainer_checkpoint_is_called_one(lora_run: Path, tmp_path:
         await pilot.press("e")
         note = plain(app.screen.query_one("#format-note"))
         assert "a LoRA run saves only its adapter" in note and "not a Trainer checkpoint" not in note
+
+
+def test_generic_folder_names_propose_distinct_outputs() -> None:
+    from inspector.tui.session import ExportSettings
+
+    a = ExportSettings.default_out("/runs/a/checkpoint", "global_step3")
+    b = ExportSettings.default_out("/runs/b/checkpoint", "global_step3")
+    assert a != b and a.endswith("a-checkpoint-global_step3-safetensors")
+    assert ExportSettings.default_out("/runs/llama", "s1").endswith(f"{os.sep}llama-s1-safetensors")
