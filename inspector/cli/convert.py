@@ -185,13 +185,29 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     ckpt = scan(args.path, args.tag, tp_split=tuple(getattr(args, "tp_split", ())))
     if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
         _refuse_damaged(ckpt, args.json)
+    budget = _chosen_ram(args.ram) if args.ram else None
     _, job, _ = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())
-    verdict = job.assess()
+    verdict = job.assess(budget)
     if args.json:
         print_json(preflight_json(job, verdict))
     else:
         print_assessment(_console(), verdict, job)
     return 0 if verdict.fits else EXIT_DOES_NOT_FIT
+
+
+def _chosen_ram(text: str) -> Any:
+    """`--ram 16GB`: the memory budget of the node asked about, read as --shard-size is."""
+    from inspector.errors import InspectorError
+    from inspector.system.budget import chosen_budget
+    from inspector.system.units import parse_size
+
+    try:
+        nbytes = parse_size(text)
+        if nbytes <= 0:
+            raise ValueError("the RAM must be positive")
+    except ValueError as exc:
+        raise InspectorError(str(exc), hint="Use sizes like 16GB or 64GiB.", title="Invalid option") from None
+    return chosen_budget(nbytes, text)
 
 
 def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
@@ -379,5 +395,8 @@ def _preflight_options(
 
     p.add_argument("--format", metavar="KIND", default=DEFAULT, help=format_help() + "; as for convert")
     add_convert_options(p)
+    p.add_argument(
+        "--ram", metavar="SIZE", help="judge against a node with this much RAM (e.g. 16GB) instead of this machine"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_preflight)

@@ -21,11 +21,13 @@ _SHOWN = 40  # findings printed (errors first) before "… and N more"
 
 def cmd_health(args: argparse.Namespace) -> int:
     from inspector.health import HealthProgress, HealthReport, check
+    from inspector.health.against import against_location
     from inspector.scan.scanner import scan
 
     split = tuple(getattr(args, "tp_split", ()))
     ckpt = scan(args.path, args.tag, tp_split=split)
-    against = scan(args.path, args.against, tp_split=split) if args.against else None  # scanned alike
+    # scanned alike: the same tensor-parallel splits
+    against = scan(*against_location(args.path, args.tag, args.against), tp_split=split) if args.against else None
     report: HealthReport | None = None
     err = _console(stderr=True)
     cancel = threading.Event()
@@ -166,7 +168,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
 def _options(p: argparse.ArgumentParser, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     add_common(p)
-    p.add_argument("--against", metavar="TAG", help="also measure how far each master moved since TAG")
+    p.add_argument(
+        "--against",
+        metavar="TAG|PATH[@TAG]",
+        help="also measure how far each master moved since then: another tag of this checkpoint, another "
+        "checkpoint's folder (a sibling Trainer checkpoint-N by its name), or PATH@TAG",
+    )
     add_filter_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     add_workers_option(p)

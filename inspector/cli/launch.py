@@ -1,6 +1,7 @@
 """`open` (and `zero-inspector PATH`): the app's launch from the command line. What it presets (the selection,
 the export options, the TP-split rules the app scans with) is checked here, in the terminal, before the app
-starts; the flags that name an output kind are refused, since the kind is chosen in the app."""
+starts; the flags that name an output kind (and a merge's base) preset the export form, as they choose the
+kind in `convert`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import sys
 
 from inspector.cli.options import add_tp_split_option
-from inspector.errors import InspectorError, InvalidOptionError
+from inspector.errors import InspectorError
 
 
 def cmd_open(args: argparse.Namespace) -> int:
@@ -28,7 +29,7 @@ def cmd_open(args: argparse.Namespace) -> int:
             hint="Check the path; `zero-inspector --help` lists the commands.",
             title="No such checkpoint",
         )
-    _refuse_unapplied(args)
+    kind, base = _preset_kind(args)  # the flags are checked first: their error is the more precise
     _refuse_without_terminal(args.path)
     options = options_from_args(args)
     from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
@@ -42,6 +43,8 @@ def cmd_open(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             demo=args.demo,
             tp_split=tuple(args.tp_split),
+            format=kind,
+            base=base,
         )
     )
 
@@ -67,25 +70,23 @@ def _is_tty(stream: object) -> bool:
         return False
 
 
-def _refuse_unapplied(args: argparse.Namespace) -> None:
-    """`open` presets the selection and the export options; the output kind is chosen in the export form, so
-    the flags that name a kind (or a merge's base) are refused rather than silently dropped."""
-    given = [flag for flag, dest in _KIND_ONLY if getattr(args, dest, None)]
-    if given:
-        raise InvalidOptionError(
-            f"`open` does not take {' or '.join(given)}: the output kind is chosen in the app's export form (e).",
-            hint="Open the checkpoint and choose the format there, or run `zero-inspector convert` with "
-            + " ".join(given)
-            + ".",
-        )
+def _preset_kind(args: argparse.Namespace) -> tuple[str, str]:
+    """The export form's kind and base folder, as `convert` reads the same flags (`--adapter`,
+    `--merge-adapter`, `--weights-only`, `--base`): two kinds at once is the same error. `--base` alone
+    presets the merge, the one kind that reads a base; a base that is no folder is said here, in the
+    terminal, with the CLI's words."""
+    from inspector.convert.kinds import DEFAULT
+    from inspector.convert.order import KIND_FLAGS, kind_from_args
 
+    if args.base and not any(getattr(args, flag, False) for flag in KIND_FLAGS.values()):
+        args.merge_adapter = True
+    kind = kind_from_args(args)
+    base = ""
+    if args.base:
+        from inspector.scan.basemodel import resolve_base
 
-_KIND_ONLY = (
-    ("--adapter", "adapter"),
-    ("--merge-adapter", "merge_adapter"),
-    ("--weights-only", "weights_only"),
-    ("--base", "base"),
-)
+        base = resolve_base(args.base, None, None)
+    return ("" if kind == DEFAULT else kind), base
 
 
 def add_open(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

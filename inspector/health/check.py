@@ -10,6 +10,7 @@ from dataclasses import replace
 from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
+from inspector.health.against import against_label
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
@@ -62,7 +63,7 @@ def check(
     rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
     yield HealthReport(
         tag=ckpt.tag,
-        against=against.tag if against else None,
+        against=against_label(ckpt, against),
         stage=ckpt.stage,
         rows=tuple(rows),
         modules=tuple(rollup(rows)),
@@ -119,7 +120,7 @@ def _findings(
     in another shape."""
     steps = Steps(ckpt.global_steps, ckpt.optimizer_step)
     then = Steps(against.global_steps, against.optimizer_step) if against else Steps()
-    found = _scan_errors(ckpt) + findings(_placed(ckpt, rows), against.tag if against else None, steps, then)
+    found = _scan_errors(ckpt) + findings(_placed(ckpt, rows), against_label(ckpt, against), steps, then)
     if against is None:
         return found
     lacking = [j for j in jobs if j.source == "master" and not j.against]

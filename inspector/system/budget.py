@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 LimitSource = Literal[
-    "os-available", "cgroup-v2", "cgroup-v1", "rlimit-as", "slurm-mem-per-node", "slurm-mem-per-cpu"
+    "os-available", "cgroup-v2", "cgroup-v1", "rlimit-as", "slurm-mem-per-node", "slurm-mem-per-cpu", "chosen"
 ]
 
 
@@ -32,3 +32,10 @@ class MemoryBudget:
     # RLIMIT_AS caps *virtual* size, so it is compared against predicted VSZ, never against RSS headroom.
     address_space_limit: int | None = None
     total_ram: int | None = None
+
+
+def chosen_budget(nbytes: int, said: str) -> MemoryBudget:
+    """A budget the user names (`preflight --ram 16GB`: "fits on a 16 GB node?") instead of this machine's:
+    all of it counted as headroom, so the verdict is for a node of that size with nothing else running."""
+    limit = MemoryLimit(nbytes, "chosen", f"--ram {said}: a node of this size, not this machine", limit=nbytes)
+    return MemoryBudget((limit,), limit, total_ram=nbytes)

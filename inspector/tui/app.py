@@ -38,7 +38,7 @@ from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
-from inspector.tui.session import ExportSettings, carried_selection, preset_selection, selection_options
+from inspector.tui.session import ExportSettings, carried_selection, export_options, preset_selection
 from inspector.tui.shell import Shell
 
 
@@ -80,10 +80,13 @@ class InspectorApp(Shell):
         self.asked_tag: str | None = None  # the tag the last scan asked for (None: the latest)
         self.request = 0  # the last scan asked for: answers of older scans are dropped
         self.selected: set[str] = set()
+        self.shown_only: frozenset[str] | None = None  # the `/` filter on: what it shows (`session.exported`)
         self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
-        self.export = ExportSettings(out_dir=launch.out_dir or "", overwrite=launch.overwrite)
+        self.export = ExportSettings(
+            out_dir=launch.out_dir or "", overwrite=launch.overwrite, format=launch.format, base=launch.base
+        )
         self._default_out = ""  # the output folder last proposed; one the user typed is kept on a tag switch
         self.converting = False
         self._temp_dir: str | None = None
@@ -162,7 +165,7 @@ class InspectorApp(Shell):
             self._preset_applied = True  # --include/--exclude named tensors of the first root only
             base = self.launch.options or ConvertOptions()
             self.base_options = replace(base, include=(), exclude=())
-            self.export = ExportSettings()
+            self.export = ExportSettings(format=self.export.format, base=self.export.base)  # same run
             self._default_out = ""
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
@@ -304,7 +307,7 @@ class InspectorApp(Shell):
     def convert_options(self) -> ConvertOptions:
         """The selection as convert's include/exclude, plus the export options."""
         assert self.ckpt is not None
-        return selection_options(self.ckpt, self.selected, self.base_options)
+        return export_options(self.ckpt, self.selected, self.shown_only, self.base_options)
 
     def saved_ago(self, ckpt: Checkpoint) -> str:
         """How long ago `ckpt`'s tag was saved, in words ("3 hours ago"); "" when its files' times are unknown.

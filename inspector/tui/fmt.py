@@ -126,3 +126,14 @@ def fit_path(path: str, width: int) -> str:
         tail = f"{part}{os.sep}{tail}"
     out = f"…{os.sep}{tail}"
     return out if len(out) <= width else "…" + path[len(path) - max(width - 1, 0) :]
+
+
+def elide_middle(name: str, width: int) -> str:
+    """`name` in at most `width` cells with its middle elided, never its end: `model.layers.0.mlp…down_proj.weight`
+    keeps both the module it is in and which tensor it is (htop, nvitop); the end gets the larger half."""
+    if len(name) <= width:
+        return name
+    if width <= 1:
+        return "…"[:width]
+    head = (width - 1) // 2
+    return name[:head] + "…" + name[len(name) - (width - 1 - head) :]

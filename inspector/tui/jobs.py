@@ -36,12 +36,37 @@ def app_order(app: Any, out_dir: str, *, force: bool) -> Order:
         out=out_dir,
         kind=app.export.format or DEFAULT,
         tag=ckpt.tag,
-        request=Request(app.convert_options(), allow_damaged=force),
+        request=Request(app.convert_options(), base=form_base(app), allow_damaged=force),
         overwrite=app.export.overwrite,
         executor=app.export.executor or "local",
         ray_address=app.export.ray_address or None,
         tp_split=tuple(app.tp_split),  # the child scans as the app did
     )
+
+
+def form_base(app: Any) -> str | None:
+    """The export form's base model folder when its kind reads one (`--base`), else None: a folder typed
+    for a merge does not make a plain export an error, as `--base` with another kind is in the CLI."""
+    from inspector.convert.kinds import DEFAULT, get
+
+    return (app.export.base or None) if get(app.export.format or DEFAULT).takes_base else None
+
+
+def run_preflight(app: Any, opts: Any, out_dir: str, ram: str = "") -> tuple[Any, Any]:
+    """Plan the chosen output kind and assess it (in a worker), as `preflight --format KIND` does; `ram`
+    (the form's "Fits in RAM", as typed and checked) judges it for a node of that size, as `preflight --ram` does."""
+    from inspector.convert.bucket import plan_output
+    from inspector.convert.kinds import DEFAULT, Request, get
+    from inspector.system.budget import chosen_budget
+    from inspector.system.units import parse_size
+
+    kind = get(app.export.format or DEFAULT)
+    request = Request(opts, base=form_base(app), allow_damaged=True)
+    job = plan_output(kind, app.ckpt, request, out_dir or os.getcwd())
+    if ram:
+        return job, job.assess(chosen_budget(parse_size(ram), ram))
+    frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
+    return job, frozen(job) if frozen else job.assess()
 
 
 def child_args(order: Order) -> list[str]:

@@ -23,6 +23,8 @@ class LaunchOptions:
     demo: bool = False
     demo_params: str = DEMO_PARAMS
     tp_split: tuple[tuple[str, str], ...] = ()  # --tp-split: how an unrecorded tensor-parallel split joins
+    format: str = ""  # the export form's kind (--format, --adapter, --merge-adapter, --weights-only)
+    base: str = ""  # --base: the base model folder a merge reads
 
 
 def newest_root(roots: tuple[str, ...]) -> str:

@@ -99,6 +99,19 @@ def name_filter(pattern: str) -> re.Pattern[str] | None:
     return re.compile(re.escape(pattern))
 
 
+def exported(selected: set[str], shown_only: frozenset[str] | None) -> set[str]:
+    """What `e` and `c` export: the selection, narrowed to what the `/` filter shows while one is on (k9s,
+    lazygit: act on what you see)."""
+    return set(selected) if shown_only is None else set(selected) & shown_only
+
+
+def export_options(
+    ckpt: Checkpoint, selected: set[str], shown_only: frozenset[str] | None, base: ConvertOptions
+) -> ConvertOptions:
+    """The options `e` and `c` export with: what the filter shows of the selection, as include/exclude."""
+    return selection_options(ckpt, exported(selected, shown_only), base)
+
+
 def selection_options(ckpt: Checkpoint, selected: set[str], base: ConvertOptions) -> ConvertOptions:
     """`base` with include/exclude that select exactly `selected` (convert's own rules), as short as possible.
 
@@ -139,6 +152,9 @@ def preset_selection(ckpt: Checkpoint, opts: ConvertOptions) -> set[str]:
     return {t.name for t in select(ckpt, replace(opts, exclude_frozen=False, exclude_buffers=False))}
 
 
+GENERIC_NAMES = {"checkpoint", "checkpoints", "ckpt", "ckpts", "output", "outputs"}
+
+
 @dataclass(frozen=True)
 class ExportSettings:
     """The export form's values as typed (validated on the screen, turned into ConvertOptions by it)."""
@@ -148,10 +164,16 @@ class ExportSettings:
     overwrite: bool = False
     executor: str = ""  # "" this machine; "ray": the parts as tasks on a Ray cluster
     ray_address: str = ""  # "" = RAY_ADDRESS, else a local Ray started for the run
+    base: str = ""  # the base model folder a merge reads (--base); "" = adapter_config's, as the CLI reads it
 
     @staticmethod
     def default_out(root: str, tag: str) -> str:
-        base = os.path.basename(root.rstrip(os.sep)) or "checkpoint"
+        """`<name>-<tag>-safetensors` in the current folder; a generic folder name (`checkpoint`, `ckpt`) is
+        prefixed with its parent's, so two runs' checkpoints do not propose the same folder."""
+        parts = root.rstrip(os.sep).split(os.sep)
+        base = parts[-1] or "checkpoint"
+        if base.lower() in GENERIC_NAMES and len(parts) > 1 and parts[-2] and "://" not in root:
+            base = f"{parts[-2]}-{base}"
         return os.path.join(os.getcwd(), f"{base}-{tag}-safetensors")
 
 

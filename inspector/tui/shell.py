@@ -38,6 +38,7 @@ class Shell(App[int]):
     refused: InspectorError | None  # why the shown root or tag has no checkpoint
     asked_tag: str | None
     selected: set[str]
+    shown_only: frozenset[str] | None
     tp_split: Rules
     export: ExportSettings
     converting: bool

@@ -47,3 +47,56 @@ async def test_flat_table_sorts_and_selects(small_demo: Path) -> None:
         assert app.focused is table
         await pilot.press("f")
         assert app.focused is tree
+
+
+async def test_elide_middle_keeps_both_ends() -> None:
+    from inspector.tui.fmt import elide_middle
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert elide_middle(name, 100) == name
+    short = elide_middle(name, 32)
+    assert len(short) == 32 and short.startswith("model.layers") and short.endswith("down_proj.weight")
+    assert "…" in short
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36), (160, 48)])
+async def test_names_first_fitted_and_never_cut_at_the_end(small_demo: Path, size: tuple[int, int]) -> None:
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=size) as pilot:
+        await scanned(pilot)
+        await pilot.press("t", "f")
+        await pilot.pause()
+        table = app.main.tensors_pane.flat
+        assert [str(c.key.value) for c in table.ordered_columns][:3] == ["mark", "name", "size"]
+        width = table.ordered_columns[1].width
+        for r, name in enumerate(_names(table)):
+            cell = table.get_cell_at((r, 1)).plain
+            assert len(cell) <= width and (
+                cell == name or ("…" in cell and name.endswith(cell.split("…")[1]))
+            )
+        # every column, the size among them, lies inside the pane: nothing to scroll sideways to see it
+        assert sum(c.get_render_width(table) for c in table.ordered_columns) <= table.size.width
+
+
+async def test_a_second_click_on_a_header_reverses(small_demo: Path) -> None:
+    app = make_app(path=str(small_demo), live_meters=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await scanned(pilot)
+        await pilot.press("t", "f")
+        table = app.main.tensors_pane.flat
+        from textual.widgets import DataTable
+
+        def click(key: str) -> None:
+            column = next(c for c in table.ordered_columns if c.key.value == key)
+            table.post_message(
+                DataTable.HeaderSelected(table, column.key, table.ordered_columns.index(column), column.label)
+            )
+
+        click("name")
+        await pilot.pause()
+        assert _names(table) == sorted(_names(table)) and not table.reverse
+        click("name")
+        await pilot.pause()
+        assert _names(table) == sorted(_names(table), reverse=True) and table.reverse
+        await pilot.press("S")  # the next order, from its own start
+        assert table.order_by == "size" and not table.reverse

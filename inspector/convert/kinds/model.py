@@ -28,6 +28,9 @@ class Model(SafetensorsKind):
 
     def offer(self, ckpt: Checkpoint) -> Offer:
         if not has_model_config(ckpt.root):
+            if detect_adapter(ckpt) is not None:  # a LoRA Trainer checkpoint: the adapter is all it saves
+                why = "no config.json beside the checkpoint (a LoRA run saves only its adapter: choose the merge)"
+                return self._unavailable(Why.NO_CONFIG, why)
             return self._unavailable(Why.NO_CONFIG, "no config.json beside the checkpoint (not a Trainer checkpoint)")
         return self._available()
 

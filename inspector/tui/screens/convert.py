@@ -102,7 +102,7 @@ class ConvertScreen(ChildScreen):
 
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
     def _preflight(self, opts: ConvertOptions, out_dir: str) -> None:
-        from inspector.tui.screens.export import run_preflight
+        from inspector.tui.jobs import run_preflight
 
         try:
             plan, a = run_preflight(self.app, opts, out_dir)

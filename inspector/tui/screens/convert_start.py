@@ -10,13 +10,17 @@ from inspector.convert.kinds import DEFAULT, get
 from inspector.tui.fmt import shown
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog
+from inspector.tui.session import exported
 
 
 def start_conversion(app: Any) -> None:
     """`c`: open the convert screen; it preflights, asks if needed, then starts the child."""
     kind = get(app.export.format or DEFAULT)
-    if not app.selected and kind.uses_selection:
-        app.notify("Nothing is selected: choose tensors on the Tensors tab (space, a).", severity="warning")
+    if not exported(app.selected, app.shown_only) and kind.uses_selection:
+        app.notify(
+            "Nothing selected is shown: choose tensors on the Tensors tab (space, a), or clear the filter.",
+            severity="warning",
+        )
         return
     out = app.export.out_dir
     if busy := kind.busy(app.ckpt, out, app.export.overwrite):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, replace
-from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -17,7 +16,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Checkbox, Header, Input, Label, Select, Static
 
-from inspector.convert.kinds import DEFAULT, Job, Request, get
+from inspector.convert.kinds import DEFAULT, Job, get
 from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
@@ -25,7 +24,9 @@ from inspector.remote.roots import absolute
 from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.units import parse_size
 from inspector.tui.fmt import shown, shown_markup
+from inspector.tui.jobs import run_preflight
 from inspector.tui.screens.export_fields import (
+    form_remedy,
     format_options,
     human_size,
     parse_renames,
@@ -33,6 +34,7 @@ from inspector.tui.screens.export_fields import (
     split_list,
     tp_split_note,
 )
+from inspector.tui.session import exported
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 from inspector.tui.widgets.keybar import KeyBar
@@ -52,16 +54,6 @@ class PreflightDone(Message):
     error: str = ""
 
 
-def run_preflight(app: Any, opts: ConvertOptions, out_dir: str) -> tuple[Job, Assessment]:
-    """Plan the chosen output kind and assess it (in a worker), as `preflight --format KIND` does."""
-    from inspector.convert.bucket import plan_output
-
-    kind = get(app.export.format or DEFAULT)
-    job = plan_output(kind, app.ckpt, Request(opts, allow_damaged=True), out_dir or os.getcwd())
-    frozen = getattr(app, "frozen_assess", None)  # snapshots and screenshots: fixed machine figures
-    return job, frozen(job) if frozen else job.assess()
-
-
 class ExportScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -74,6 +66,7 @@ class ExportScreen(Screen[None]):
         self.generation = 0
         self.plan_error = ""  # the preflight's refusal of valid-looking options (a rename collision)
         self.tp_error = ""  # why the TP-split rules as typed do not read
+        self.ram = ""  # "Fits in RAM" as typed (preflight --ram); "": this machine
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -106,12 +99,16 @@ class ExportScreen(Screen[None]):
             select_on_focus=False,
         )
         yield Label("Format")
-        formats, default, missing = format_options(app.ckpt)
+        formats, default, _ = format_options(app.ckpt)
         chosen = ex.format if ex.format in {v for _, v in formats} else default
         yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
-        if missing:
-            yield Static("")
-            yield Static("; ".join(missing), classes="dim-note", markup=False)
+        yield Static("", classes="format-note")  # why other kinds are not offered: `_refresh_formats`
+        yield Static("", id="format-note", classes="dim-note format-note", markup=False)
+        yield Label("Base model", classes="base-row")  # shown for a kind that reads one (`_show_rows`)
+        yield SafeInput(
+            ex.base, id="base", compact=True, select_on_focus=False, classes="base-row",
+            placeholder="base model folder (blank: adapter_config.json's)",
+        )
         yield Label("Dtype")
         yield Select(
             DTYPES,
@@ -120,6 +117,8 @@ class ExportScreen(Screen[None]):
             id="dtype",
             compact=True,
         )
+        yield Label("Fits in RAM")  # preflight --ram: judged for a node of that size, not this machine
+        yield Input("", id="ram", compact=True, placeholder="blank: this machine; 16GB: a node of that size")
         yield Label("Shard size")
         yield Input(
             human_size(o.shard_size),
@@ -191,6 +190,7 @@ class ExportScreen(Screen[None]):
         # the form opens on a choice, not in a text field: `?` is help here (typed into a field it is text), and
         # the proposed folder is not selected for the first key to replace it
         self.query_one("#format", Select).focus()
+        self._refresh_formats()
         self._changed()
 
     @on(Input.Changed)
@@ -218,6 +218,12 @@ class ExportScreen(Screen[None]):
         except ValueError as exc:
             errors.append(f"Renames: {exc}")
             renames = base.renames
+        self.ram = str(val["ram"]).strip()
+        try:
+            if self.ram and parse_size(self.ram) <= 0:
+                raise ValueError("the RAM must be positive")
+        except ValueError as exc:
+            errors.append(f"Fits in RAM: {exc}")
         out = absolute(str(val["out"]).strip()) if str(val["out"]).strip() else ""  # a folder or s3://…
         if not out:
             errors.append("Output folder: required")
@@ -229,6 +235,9 @@ class ExportScreen(Screen[None]):
         if self.read_tp_split() is None:
             errors.append(f"TP splits: {self.tp_error}")
         kind = get(str(self.query_one("#format", Select).value) or DEFAULT)
+        base_dir = str(val["base"]).strip()
+        if kind.takes_base and base_dir and not os.path.isdir(os.path.expanduser(base_dir)):
+            errors.append(f"Base model: {base_dir} is not a folder. Give the base model's folder.")
         if out and app.ckpt is not None and (busy := kind.busy(app.ckpt, out, overwrite)):
             errors.append(f"Output folder: {busy} (switch on overwrite to replace an earlier conversion)")
         opts = replace(
@@ -262,6 +271,8 @@ class ExportScreen(Screen[None]):
         app = zi(self)
         for note in self.query("#tp-note").results(Static):
             note.update(tp_split_note(app.ckpt, app.tp_split))
+        if app.ckpt is not None:
+            self._refresh_formats()
         self._changed()
 
     def _show_errors(self, errors: list[str]) -> None:
@@ -280,8 +291,11 @@ class ExportScreen(Screen[None]):
         self._show_errors(errors)
         app.base_options = opts
         fmt = str(self.query_one("#format", Select).value)
+        self._show_rows(fmt)
+        base = str(self.query_one("#base", Input).value).strip()
         app.export = replace(
             app.export,
+            base=os.path.abspath(os.path.expanduser(base)) if base else "",
             out_dir=out or app.export.out_dir,
             overwrite=overwrite,
             format=fmt,
@@ -289,6 +303,7 @@ class ExportScreen(Screen[None]):
             ray_address=str(self.query_one("#ray-address", Input).value).strip(),
         )
         self.generation += 1
+        self.query_one("#selection-summary", Static).update("")  # the last plan's notes: not this one's
         if errors:  # a verdict on other options than those typed would be a lie (a green "Fits" for "lots")
             self.query_one(PreflightPanel).waiting("Preflight waits for valid options (✖ above).")
             return
@@ -296,11 +311,27 @@ class ExportScreen(Screen[None]):
             self.query_one(PreflightPanel).waiting("Scanning the tag with the TP-split rules…")
             return
         new_rules = self.read_tp_split() != app.tp_split  # applied once typing pauses, selection or not
-        if not new_rules and not app.selected and get(fmt or DEFAULT).uses_selection:
-            self.query_one(PreflightPanel).error("Nothing is selected: choose tensors on the Tensors tab.")
+        if not new_rules and not exported(app.selected, app.shown_only) and get(fmt or DEFAULT).uses_selection:
+            self.query_one(PreflightPanel).error("Nothing selected is shown: choose tensors on the Tensors tab.")
             return
         self.query_one(PreflightPanel).pending()
         self.set_timer(0.2, lambda g=self.generation: self._maybe_preflight(g))
+
+    def _refresh_formats(self) -> None:
+        """The kinds the last scan allows, and why the others are not (universal once a TP split is known)."""
+        formats, default, missing = format_options(zi(self).ckpt)
+        select, value = self.query_one("#format", Select), self.query_one("#format", Select).value
+        with self.prevent(Select.Changed):
+            select.set_options(formats)
+            select.value = value if value in {v for _, v in formats} else default
+        for w in self.query(".format-note"):
+            w.display = bool(missing)
+        self.query_one("#format-note", Static).update("; ".join(missing))
+
+    def _show_rows(self, fmt: str) -> None:
+        """The Base model row only for a kind that reads a base (a merge), as `--base` is only for it."""
+        for w in self.query(".base-row"):
+            w.display = get(fmt or DEFAULT).takes_base
 
     def _maybe_preflight(self, generation: int) -> None:
         if generation == self.generation:
@@ -322,9 +353,10 @@ class ExportScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="preflight", exit_on_error=False, description="preflight")
     def _preflight(self, generation: int, opts: ConvertOptions, out_dir: str) -> None:
         try:
-            plan, a = run_preflight(self.app, opts, out_dir)
+            plan, a = run_preflight(self.app, opts, out_dir, ram=self.ram)
         except InspectorError as exc:
-            self.post_message(PreflightDone(generation, None, None, f"{exc.title}: {exc.message}"))
+            said = f"{exc.title}: {exc.message} {form_remedy(exc.hint)}".strip()
+            self.post_message(PreflightDone(generation, None, None, said))
             return
         self.post_message(PreflightDone(generation, plan, a))
 

@@ -4,6 +4,7 @@ each rule is tested without a screen."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from inspector.convert.kinds import DEFAULT, offers
@@ -19,6 +20,14 @@ def format_options(ckpt: Any) -> tuple[list[tuple[str, str]], str, list[str]]:
     missing = [f"{o.label}: {o.reason}" for o in found if not o.available and not o.quiet]
     default = DEFAULT if any(v == DEFAULT for _, v in options) else options[0][1]
     return options, default, missing
+
+
+def form_remedy(hint: str | None) -> str:
+    """The CLI's remedy, pointed at the form's field where the CLI names a flag the form has a field for:
+    "Pass a local copy with --base DIR" → "… in the Base model field (--base DIR)"."""
+    if not hint:
+        return ""
+    return re.sub(r"with --base(?: DIR)?", "in the Base model field (--base DIR)", hint)
 
 
 def human_size(n: int) -> str:
@@ -42,8 +51,6 @@ def parse_renames(text: str) -> tuple[tuple[str, str], ...]:
         if "=" not in part:
             raise ValueError(f"rename {part!r} needs the form REGEX=REPLACEMENT")
         pat, _, repl = part.partition("=")
-        import re
-
         try:
             re.compile(pat)
         except re.error as exc:

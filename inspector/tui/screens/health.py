@@ -23,9 +23,9 @@ from inspector.errors import CancelledError, InspectorError
 from inspector.health import HealthProgress, HealthReport, Row
 from inspector.health.findings import sibling_ratios
 from inspector.scan.model import Checkpoint, Severity
+from inspector.tui.against import NO_COMPARISON, against_choices, default_against
 from inspector.tui.fmt import plural, shown, size
 from inspector.tui.screens.health_pass import FLUSH, HealthUpdate, lower_priority, planned
-from inspector.tui.screens.tensor_stats import other_tag
 from inspector.tui.session import name_filter
 from inspector.tui.typed import zi
 from inspector.tui.widgets.auto_height import AutoHeightStatic
@@ -36,8 +36,6 @@ from inspector.tui.widgets.health_view import (
     row_detail,
 )
 from inspector.tui.widgets.layer_chart import LayerChart
-
-NO_COMPARISON = ""
 
 
 class HealthPane(Vertical):
@@ -98,9 +96,9 @@ class HealthPane(Vertical):
         self._abandon()
         self.ckpt = ckpt
         self._order = {t.name: i for i, t in enumerate(ckpt.tensors)}
-        others = [t for t in reversed(ckpt.tags) if t != ckpt.tag]
-        choices = [("nothing (this tag alone)", NO_COMPARISON)] + [(Text(shown(t)), t) for t in others]
-        default = other_tag(ckpt) or NO_COMPARISON
+        roots = tuple(zi(self).roots)
+        choices = against_choices(ckpt, roots)
+        default = default_against(ckpt, roots)
         select = self.query_one("#health-against", Select)
         with self.prevent(Select.Changed):
             select.set_options(choices)
@@ -156,12 +154,13 @@ class HealthPane(Vertical):
     def _worker(
         self,
         ckpt: Checkpoint,
-        against_tag: str | None,
+        against_spec: str | None,
         cancel: threading.Event,
         run: int,
         tp_split: tuple[tuple[str, str], ...] = (),
     ) -> None:
         from inspector.health import check
+        from inspector.health.against import against_location
         from inspector.scan.scanner import scan
 
         lower_priority()  # the pass's reader threads are created from this one and inherit it
@@ -169,7 +168,9 @@ class HealthPane(Vertical):
         pending: list[Row] = []
         last = time.monotonic()
         try:
-            against = scan(ckpt.root, against_tag, tp_split=tp_split) if against_tag else None  # as the tag
+            # scanned alike: the same tensor-parallel splits
+            located = against_location(ckpt.root, ckpt.tag, against_spec) if against_spec else None
+            against = scan(*located, tp_split=tp_split) if located else None
             post(HealthUpdate(run, progress=planned(ckpt, against)))  # the totals up front, not as found
             for item in check(ckpt, against, cancel=cancel):
                 if isinstance(item, list):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -60,8 +62,9 @@ class OverviewPane(VerticalScroll):
                 tags.append("  ★ latest", style="yellow")
             tags.append("\n")
         tags.append("[ and ] switch tags; the scan runs in the background.", style="dim")
-        if ckpt.other_runs:
-            tags.append(f"\nOther Trainer checkpoints here: {shown(', '.join(ckpt.other_runs))}", style="dim")
+        others = [r for r in ckpt.other_runs if r != os.path.basename(ckpt.root.rstrip(os.sep))]  # not this one
+        if others:
+            tags.append(f"\nOther Trainer checkpoints here: {shown(', '.join(others))}", style="dim")
         self.query_one("#tag-list", Static).update(tags)
 
     def clear(self) -> None:

@@ -17,7 +17,7 @@ from textual.widgets import Input, Static, Tree
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.tui.fmt import count, plural, shown, size
 from inspector.tui.screens.tensor_stats import StatsUpdate, stream_stats
-from inspector.tui.session import ModuleNode, filter_kind, name_filter
+from inspector.tui.session import ModuleNode, exported, filter_kind, name_filter
 from inspector.tui.typed import zi
 from inspector.tui.widgets.module_tree import ModuleTree
 from inspector.tui.widgets.tensor_detail import TensorDetail
@@ -30,6 +30,8 @@ class TensorsPane(Horizontal):
         Binding("s", "stats", "Stats"),
         Binding("f", "flat", "Flat/tree", show=False),  # in ? help; the 80-column key bar keeps c Convert
         Binding("escape", "escape", "Clear", show=False),
+        Binding("down", "leave_filter", "To the list", show=False),  # only while the filter box has focus
+        Binding("up", "filter_history", "Earlier filter", show=False),
     ]
 
     def __init__(self) -> None:
@@ -38,6 +40,8 @@ class TensorsPane(Horizontal):
         self._cancel = threading.Event()
         self._stats_for: str | None = None
         self._results: list[RenderableType] = []
+        self._history: list[str] = []  # filters entered (enter), oldest first; `up` in the box goes back
+        self._back = 0  # how far back `up` has gone
 
     def on_mount(self) -> None:
         self.watch(self.app, "base_options", lambda _opts: self.refresh_options(), init=False)
@@ -93,9 +97,15 @@ class TensorsPane(Horizontal):
         selected.symmetric_difference_update({event.name})
         self.module_tree.set_selection(selected)  # posts SelectionChanged: the app, the line, the table follow
 
+    @on(TensorTable.Marked)
+    def _flat_marked(self, event: TensorTable.Marked) -> None:
+        self.module_tree.set_selection(set(zi(self).selected) | set(event.names))
+        self.notify(f"{len(event.names)} row(s) marked.", timeout=2, markup=False)
+
     @on(TensorTable.Sorted)
     def _flat_sorted(self, event: TensorTable.Sorted) -> None:
-        self.notify(f"Sorted by {SORTS[event.how][0]}.", timeout=2, markup=False)
+        turned = " (reversed)" if self.flat.reverse else ""
+        self.notify(f"Sorted by {SORTS[event.how][0]}{turned}.", timeout=2, markup=False)
 
     @on(TensorTable.RowHighlighted)
     def _flat_row(self, event: TensorTable.RowHighlighted) -> None:
@@ -120,6 +130,7 @@ class TensorsPane(Horizontal):
         with self.prevent(Input.Changed):
             box.value = ""
         box.add_class("-hidden")
+        zi(self).shown_only = None
         self.module_tree.unload()
         self.detail.forget()
         self.query_one("#selection-line", Static).update("")
@@ -150,14 +161,15 @@ class TensorsPane(Horizontal):
         ckpt = self.ckpt
         if ckpt is None:
             return
-        chosen = [t for t in ckpt.tensors if t.name in zi(self).selected]
+        app = zi(self)
+        chosen = [t for t in ckpt.tensors if t.name in exported(app.selected, app.shown_only)]
         out = sum(self.module_tree.out_bytes(t) for t in chosen)
         params = sum(t.numel for t in chosen if t.alias_of is None)
         line = Text.assemble(
             (f"{len(chosen)}", "bold"),
             f" of {len(ckpt.tensors)} tensors · {count(params)} params · ",
             (size(out), "bold"),
-            " out",
+            " out" + (" · the filter's (what e exports)" if app.shown_only is not None else ""),
         )
         if chosen:
             opts = zi(self).convert_options()
@@ -264,16 +276,38 @@ class TensorsPane(Horizontal):
             self.query_one("#selection-line", Static).update(Text(f"bad regex: {exc}", style="red"))
             return
         event.input.set_class(False, "-bad-pattern")
-        self.module_tree.set_filter(pattern)
+        self._set_filter(pattern)
         self._update_selection_line()
         self._follow_cursor()
         self._fill_flat()
+
+    def _set_filter(self, pattern: re.Pattern[str] | None) -> None:
+        """The tree shows what `pattern` matches, and the export takes what it shows (`session.exported`)."""
+        self.module_tree.set_filter(pattern)
+        shown = frozenset(t.name for t in self.module_tree.shown_tensors()) if pattern else None
+        zi(self).shown_only = shown
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
         if not event.value:
             event.input.add_class("-hidden")
+        elif not self._history or self._history[-1] != event.value:
+            self._history.append(event.value)
+        self._back = 0
         self.focus_tree()
+
+    def action_leave_filter(self) -> None:
+        """`↓` in the filter box: to the list it filters, the filter kept."""
+        if self.query_one("#filter", Input).has_focus:
+            self.focus_tree()
+
+    def action_filter_history(self) -> None:
+        """`↑` in the filter box: the filters entered before, newest first."""
+        box = self.query_one("#filter", Input)
+        if box.has_focus and self._history:
+            self._back = min(self._back + 1, len(self._history))
+            box.value = self._history[-self._back]
+            box.cursor_position = len(box.value)
 
     def action_escape(self) -> None:
         if self._stats_for is not None and not self._cancel.is_set():
@@ -289,7 +323,7 @@ class TensorsPane(Horizontal):
         with self.prevent(Input.Changed):  # cleared here, now: a late Changed would rebuild the tree again
             box.value = ""
         box.add_class("-hidden")
-        self.module_tree.set_filter(None)
+        self._set_filter(None)
         self._update_selection_line()
         self._follow_cursor()
         self._fill_flat()

@@ -1,0 +1,52 @@
+"""Snapshots of the screens issue 42 fixed, at 80x24 and 120x36 (the same frozen figures and fixed paths as
+`test_snapshots`): the flat table with the name first and its middle elided, the export form's Base model
+field for a merge with the CLI's remedy pointed at it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Select
+
+from tests.tui.conftest import plain, wait_for
+from tests.tui.test_snapshots import SIZES, _app, _scanned, _settled
+
+LORA = Path(__file__).parents[1] / "fixtures" / "trainer_lora" / "run"
+
+
+@pytest.fixture(scope="session")
+def snapshot_lora() -> Path:
+    """The Trainer LoRA run at a fixed path; its adapter_config names `base_llama`, no folder from here."""
+    root = Path(tempfile.gettempdir()) / "zero-inspector-snapshot-lora"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(LORA, root)
+    return root
+
+
+@SIZES
+def test_flat_table(snap_compare, snapshot_demo: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("t", "f")
+        await _settled(pilot)
+
+    assert snap_compare(_app(snapshot_demo), terminal_size=size, run_before=run)
+
+
+@SIZES
+def test_export_merge_asks_for_the_base(snap_compare, snapshot_lora: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    async def run(pilot: Pilot[object]) -> None:
+        await _scanned(pilot)
+        await pilot.press("e")
+        form = pilot.app.screen
+        form.query_one("#format", Select).value = "merged"
+        await wait_for(
+            pilot, lambda: "Base model not usable" in plain(form.query_one("#form-errors")), "refusal"
+        )
+        await _settled(pilot)
+
+    assert snap_compare(_app(snapshot_lora), terminal_size=size, run_before=run)
