@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from inspector.errors import NotACheckpointError
+from inspector.errors import NoSuchTagError, NotACheckpointError
 from inspector.scan.locate import SANE_TAG, shown_tag
 from inspector.scan.model import Checkpoint
 from inspector.scan.scanner import find
@@ -25,11 +25,10 @@ def against_location(path: str, tag: str | None, spec: str) -> tuple[str, str | 
         return here.root, spec
     where, other = _split(spec, here.root)
     if where is None:
-        raise NotACheckpointError(
+        raise NoSuchTagError(
             f"--against {shown(spec)}: no tag of that name in {here.root} (its tags: "
             f"{', '.join(here.tags[:8]) or 'none'}), and no folder of that name.",
             hint=_HINT,
-            title="Nothing to compare with",
         )
     if other is not None:
         if not SANE_TAG.fullmatch(other) or other in (".", ".."):
@@ -40,11 +39,10 @@ def against_location(path: str, tag: str | None, spec: str) -> tuple[str, str | 
             )
         there = find(where)
         if other not in there.tags:
-            raise NotACheckpointError(
+            raise NoSuchTagError(
                 f"--against {shown(spec)}: {there.root} has no tag {shown_tag(other)} (its tags: "
                 f"{', '.join(there.tags[:8]) or 'none'}).",
                 hint=_HINT,
-                title="Nothing to compare with",
             )
     return where, other
 

@@ -91,7 +91,8 @@ def _found(
 ) -> Found:
     _refuse_lookalikes(folder, names)
     tag = os.path.basename(folder.rstrip(os.sep)) if root != folder else ""
-    return Found(source, root, tag, folder, tuple(sorted(names)), how="dcp", other_runs=others)
+    tags = (tag, *others) if tag else ()  # the saves below one root answer to a tag, as DeepSpeed's tags do
+    return Found(source, root, tag, folder, tuple(sorted(names)), how="dcp", tags=tags, other_runs=others)
 
 
 def _refuse_lookalikes(folder: str, names: list[str]) -> None:
