@@ -35,14 +35,12 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
         [
             ("↑ ↓ j k g G", "move; first / last row"),
             ("← → enter", "fold / unfold a submodule (→ on an open one steps in)"),
-            ("space", "select a tensor or a whole submodule (or click its □ mark)"),
+            ("space / v", "select a tensor or a submodule (or click its □); v v: a range in the flat table"),
             ("a / n / i", "select all / none / invert (of what the filter shows)"),
-            ("/", "filter by name: glob (*.q_proj.*), regex (^model\\.layers\\.1) or text; e exports what it shows"),
-            ("↓ / ↑", "in the filter box: to the list (filter kept) / earlier filters"),
+            ("/", "filter: glob (*.q_proj.*), regex or text; e exports what it shows; ↓ to the list, ↑ history"),
             ("escape", "clear the filter, or cancel statistics"),
             ("s", "statistics of the tensor under the cursor (min, max, NaN, histogram)"),
-            ("f", "flat table instead of the tree; S (or a header, twice: reversed) sorts by size, dtype, ranks, name"),
-            ("v", "in the flat table: start a range, v again marks it"),
+            ("f", "flat table instead of the tree; S or a header sorts (twice: reversed)"),
         ],
     ),
     (
