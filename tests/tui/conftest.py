@@ -21,6 +21,7 @@ from textual.notifications import SeverityLevel
 from textual.pilot import Pilot
 
 if TYPE_CHECKING:
+    from inspector.tui.launch import LaunchOptions
     from inspector.tui.screens.convert import ConvertScreen
 
 from inspector.demo.writer import DemoSpec, write_demo
@@ -279,3 +280,16 @@ async def exported_fp32(pilot: Pilot[object]) -> str:
     )
     assert isinstance(app.screen, ConvertScreen)
     return app.screen.phase
+
+
+def launched(monkeypatch: pytest.MonkeyPatch, *argv: str) -> LaunchOptions:
+    """What `zero-inspector open ARGV` hands the app: the terminal run itself, and its refusal of pytest's
+    pipes as a terminal, are left out."""
+    from inspector.cli.main import build_parser
+
+    seen: list[LaunchOptions] = []
+    monkeypatch.setattr("inspector.tui.app.run_app", lambda launch: seen.append(launch) or 0)
+    monkeypatch.setattr("inspector.cli.launch._refuse_without_terminal", lambda path: None)
+    args = build_parser().parse_args(["open", *argv])
+    assert args.func(args) == 0
+    return seen[0]

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 from textual.widgets import Input, Select
 
-from inspector.cli.main import build_parser
-from inspector.tui.app import LaunchOptions, make_app
+from inspector.tui.app import make_app
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.screens.export_fields import form_remedy
-from tests.tui.conftest import converted, plain, scanned, wait_for
+from tests.tui.conftest import converted, launched, plain, scanned, wait_for
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "trainer_lora"
 
@@ -33,14 +32,6 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder)) if not n.startswith(".")}
 
 
-def _launch(monkeypatch: pytest.MonkeyPatch, *argv: str) -> LaunchOptions:
-    seen: list[LaunchOptions] = []
-    monkeypatch.setattr("inspector.tui.app.run_app", lambda launch: seen.append(launch) or 0)
-    args = build_parser().parse_args(["open", *argv])
-    assert args.func(args) == 0
-    return seen[0]
-
-
 def test_remedy_points_at_the_field() -> None:
     said = form_remedy("zero-inspector never downloads. Pass a local copy with --base DIR (e.g. from x).")
     assert "in the Base model field (--base DIR)" in said and "with --base" not in said
@@ -54,12 +45,12 @@ def test_remedy_points_at_the_field() -> None:
 def test_open_presets_the_kind(
     lora_run: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], kind: str
 ) -> None:
-    launch = _launch(monkeypatch, str(lora_run / "run"), *flags)
+    launch = launched(monkeypatch, str(lora_run / "run"), *flags)
     assert launch.format == kind and launch.base == ""
 
 
 def test_open_base_presets_the_merge(lora_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    launch = _launch(monkeypatch, str(lora_run / "run"), "--base", "work/base")
+    launch = launched(monkeypatch, str(lora_run / "run"), "--base", "work/base")
     assert launch.format == "merged" and launch.base == str(lora_run / "base")
 
 

@@ -9,23 +9,12 @@ from typing import Any
 
 import pytest
 
-from inspector.cli.main import build_parser
-from inspector.tui.app import LaunchOptions, make_app
-from tests.tui.conftest import converted, scanned
+from inspector.tui.app import make_app
+from tests.tui.conftest import converted, launched, scanned
 
 
 def _files(folder: Path) -> dict[str, bytes]:
     return {n: (folder / n).read_bytes() for n in sorted(os.listdir(folder)) if not n.startswith(".")}
-
-
-def _launch(monkeypatch: pytest.MonkeyPatch, *argv: str) -> LaunchOptions:
-    """What `zero-inspector open ...` hands the app (the terminal run itself is left out)."""
-    seen: list[LaunchOptions] = []
-    monkeypatch.setattr("inspector.tui.app.run_app", lambda launch: seen.append(launch) or 0)
-    monkeypatch.setattr("inspector.cli.launch._refuse_without_terminal", lambda path: None)  # pytest's pipes
-    args = build_parser().parse_args(["open", *argv])
-    assert args.func(args) == 0
-    return seen[0]
 
 
 @pytest.mark.asyncio
@@ -33,7 +22,7 @@ async def test_open_with_source_module_exports_what_convert_writes(
     small_demo: Path, tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     by_app = tmp_path / "app"
-    app = make_app(_launch(monkeypatch, str(small_demo), "--source", "module", "--out", str(by_app)), live_meters=False)
+    app = make_app(launched(monkeypatch, str(small_demo), "--source", "module", "--out", str(by_app)), live_meters=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await scanned(pilot)
         fmt = app.export.format or "model"

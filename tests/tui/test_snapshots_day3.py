@@ -4,6 +4,8 @@ field for a merge with the CLI's remedy pointed at it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,9 +24,24 @@ LORA = Path(__file__).parents[1] / "fixtures" / "trainer_lora" / "run"
 def snapshot_lora() -> Path:
     """The Trainer LoRA run at a fixed path; its adapter_config names `base_llama`, no folder from here."""
     root = Path(tempfile.gettempdir()) / "zero-inspector-snapshot-lora"
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.copytree(LORA, root)
+    if root.exists() and _same_tree(root, LORA):
+        return root  # another xdist worker's copy, in use: never removed under it
+    if root.exists():  # an older fixture's copy
+        os.rename(root, aside := Path(tempfile.mkdtemp(prefix="zi-snap-old-")) / "lora")
+        shutil.rmtree(aside.parent, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix="zi-snap-")) / "lora"
+    shutil.copytree(LORA, tmp)
+    with contextlib.suppress(OSError):  # another worker won the race
+        os.rename(tmp, root)
+    shutil.rmtree(tmp.parent, ignore_errors=True)
     return root
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    files = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files == sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file()) and all(
+        (a / f).read_bytes() == (b / f).read_bytes() for f in files
+    )
 
 
 @SIZES
@@ -38,7 +55,9 @@ def test_flat_table(snap_compare, snapshot_demo: Path, size: tuple[int, int]) ->
 
 
 @SIZES
-def test_export_merge_asks_for_the_base(snap_compare, snapshot_lora: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+def test_export_merge_asks_for_the_base(snap_compare, snapshot_lora: Path, size: tuple[int, int], monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(snapshot_lora)  # the refusal names the folder a relative base is read from: fixed here
+
     async def run(pilot: Pilot[object]) -> None:
         await _scanned(pilot)
         await pilot.press("e")
