@@ -3,6 +3,7 @@ ZeRO-1/2, and `expp_rank_E` optimizer files without ZeRO.
 
     scanner.py      ZeRO-1/2: the expert groups rebuilt per expert-parallel rank (a ZeroScanner)
     zero0.py        ZeRO off: unnamed per-parameter masters, named by proof
+    zero0_files.py  ZeRO off: the tag folder's files by name, before any is read
     zero0_sizes.py  which expert-parallel size each MoE layer used, when one model has several
 """
 
@@ -33,7 +34,7 @@ class MoE(TagLayout):
     recognises = "layer_L_expert_E / expp_rank_E expert files"
 
     def claims(self, found: Found) -> bool:
-        from inspector.scan.layouts.moe.zero0 import is_moe_zero0
+        from inspector.scan.layouts.moe.zero0_files import is_moe_zero0
 
         if is_moe_zero0(found.names):
             return True
@@ -41,7 +42,8 @@ class MoE(TagLayout):
         return not isinstance(files, UnsupportedCheckpointError) and bool(files.experts)
 
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
-        from inspector.scan.layouts.moe.zero0 import is_moe_zero0, scan_moe_zero0
+        from inspector.scan.layouts.moe.zero0 import scan_moe_zero0
+        from inspector.scan.layouts.moe.zero0_files import is_moe_zero0
 
         if is_moe_zero0(found.names):
             return described(scan_moe_zero0(found.location, found.names))

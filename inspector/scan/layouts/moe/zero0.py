@@ -18,9 +18,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from inspector.errors import NotACheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims, TensorFile
 from inspector.parse.states import ModelStates
@@ -30,6 +28,7 @@ from inspector.scan.claims import claim, damaging, expert_role, expp_role, model
 from inspector.scan.files import RankFiles, load_or_finding
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layouts.moe.scanner import EXPERT_NAME, missing_experts
+from inspector.scan.layouts.moe.zero0_files import Zero0Files, zero0_files
 from inspector.scan.layouts.moe.zero0_sizes import (
     expert_names,
     first_hyper,
@@ -41,7 +40,7 @@ from inspector.scan.layouts.moe.zero0_sizes import (
     wrapper_name,
 )
 from inspector.scan.layouts.pipeline.names import plain, with_copy
-from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
+from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
     Checkpoint,
@@ -63,46 +62,13 @@ _WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_
 _HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
 
 
-def is_moe_zero0(names: Sequence[str]) -> bool:
-    return any(EXPP_RE.match(n) for n in names)
-
-
-@dataclass
-class _Files:
-    model: str
-    expp: dict[int, str]
-    experts: dict[tuple[int, int], str]
-    present: int
-    names: tuple[str, ...] = ()  # every name in the tag folder, for the claim pass (scan/claims.py)
-
-
-def _files(loc: Location, names: Sequence[str]) -> _Files:
-    """The model states, each expert-parallel rank's optimizer file and the expert files (ranks bounded); any
-    other rank file (a second model-parallel rank, an expert file without its MoE layer, as DeepSpeed before
-    0.6 wrote it) is left to the claim pass, which reports it."""
-    model, expp, experts = None, {}, {}
-    for n in names:
-        path = os.path.join(loc.tag_dir, n)
-        if (m := EXPP_RE.match(n)) and int(m.group(2)) == 0 and int(m.group(1)) < len(names):
-            expp[int(m.group(1))] = path
-        elif (m := EXPERT_RE.match(n)) and m.group(2) is not None and int(m.group(4)) == 0:
-            experts[(int(m.group(2)), int(m.group(3)))] = path
-        elif (m := MODEL_RE.match(n)) and int(m.group(1)) == 0:
-            model = path
-    if model is None:
-        raise NotACheckpointError(
-            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.", hint="Copy the complete checkpoint folder."
-        )
-    return _Files(model, expp, experts, len(names), tuple(names))
-
-
 def scan_moe_zero0(loc: Location, names: Sequence[str]) -> Checkpoint:
     """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies."""
-    return _Zero0(loc, _files(loc, names)).build()
+    return _Zero0(loc, zero0_files(loc, names)).build()
 
 
 class _Zero0:
-    def __init__(self, loc: Location, files: _Files) -> None:
+    def __init__(self, loc: Location, files: Zero0Files) -> None:
         self.loc = loc
         self.f = files
         self.findings: list[Finding] = list(loc.findings)
@@ -403,4 +369,4 @@ def _segs(ref: TensorRef) -> tuple[Segment, ...]:
     return tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
 
 
-__all__ = ["is_moe_zero0", "scan_moe_zero0"]
+__all__ = ["scan_moe_zero0"]
