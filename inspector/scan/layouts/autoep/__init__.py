@@ -14,6 +14,7 @@ from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.layouts.moe import described
 from inspector.scan.layouts.zero import classified, rank_files
 from inspector.scan.model import Checkpoint
+from inspector.scan.universal_needs import ExpertFiles
 
 
 class AutoEP(TagLayout):
@@ -29,4 +30,4 @@ class AutoEP(TagLayout):
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
         from inspector.scan.layouts.autoep.scanner import scan_autoep
 
-        return described(scan_autoep(found.location, classified(found)))
+        return described(scan_autoep(found.location, classified(found)), ExpertFiles.FUSED)

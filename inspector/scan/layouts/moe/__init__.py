@@ -15,6 +15,7 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.layouts.zero import classified, rank_files
 from inspector.scan.model import Checkpoint, Parallel
+from inspector.scan.universal_needs import ExpertFiles, UniversalNeeds, zero_off
 from inspector.system.units import plural
 
 
@@ -23,10 +24,21 @@ def words(par: Parallel) -> str:
     return f"expert parallel: EP {par.ep} × expert-DP {par.dp // max(par.ep, 1) or 1} ({plural(par.dp, 'rank')})"
 
 
-def described(ckpt: Checkpoint) -> Checkpoint:
-    """The checkpoint with its expert-parallel words (AutoEP's too)."""
+# seen with the native-MoE fixtures' model, bf16 and fp16 (tests/interop/test_universal_layouts_interop.py)
+ZERO_OFF_WORDS = (
+    "ZeRO off (FP16_UnfusedOptimizer at stage 0, in bf16 as in fp16): DeepSpeed 0.19.8 never reads a universal "
+    "checkpoint's zero/ folder at stage 0 with MoE (engine.load_checkpoint opens each expert-parallel rank's "
+    "ZeRO-off optimizer file, expp_rank_R_mp_rank_00_optim_states.pt, in the universal folder and fails with "
+    "FileNotFoundError), so it cannot resume one"
+)
+
+
+def described(ckpt: Checkpoint, experts: ExpertFiles = ExpertFiles.LOCAL_SLOTS) -> Checkpoint:
+    """The checkpoint with its expert-parallel words and what a universal checkpoint of it needs (AutoEP's too:
+    its `experts` are fused)."""
     par = ckpt.parallel
-    return replace(ckpt, parallel=replace(par, words=words(par))) if par else ckpt
+    needs = UniversalNeeds(experts, zero_off("expert", ZERO_OFF_WORDS))
+    return replace(ckpt, parallel=replace(par, words=words(par)), universal=needs) if par else ckpt
 
 
 class MoE(TagLayout):

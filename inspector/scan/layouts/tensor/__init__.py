@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.model import Checkpoint, Parallel
+from inspector.scan.universal_needs import UniversalNeeds, zero_off
 from inspector.system.units import plural
 
 
@@ -35,4 +36,5 @@ class Tensor(TagLayout):
         refuse_pipeline_moe(found.location, found.names)
         ckpt = scan_tensor(found.location, list(found.names), options.tp_split)
         par = ckpt.parallel
-        return replace(ckpt, parallel=replace(par, words=words(par))) if par else ckpt
+        needs = UniversalNeeds(zero_off=zero_off("tensor"))  # the keys: `Parallel.tp_recipe`
+        return replace(ckpt, parallel=replace(par, words=words(par)), universal=needs) if par else ckpt
