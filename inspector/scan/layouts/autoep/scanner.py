@@ -98,7 +98,7 @@ class _AutoEPScanner(ZeroScanner):
             if read.stage3:
                 ranks = [self._rank(r, read.models, read.optims) for r in range(read.ws)]
                 lay = self._build(param_shapes, states, ranks)
-            elif read.model.ds_config.get("use_data_before_expert_parallelism"):
+            elif read.model.ds_config.data_before_expert_parallelism:
                 raise UnsupportedCheckpointError(
                     "This AutoEP run set use_data_before_expert_parallelism: its ZeRO-1/2 files do not say "
                     "which ranks held which experts, and the usual rank rule does not apply.",

@@ -244,7 +244,7 @@ class ZeroScanner:
         """Files of one checkpoint agree on version, config and step; mixed runs do not."""
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
-            return (o.ds_version, digest(dict(o.ds_config)), digest([step_value(s) for s in o.steps]))
+            return (o.ds_version, digest(dict(o.ds_config.raw)), digest([step_value(s) for s in o.steps]))
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -258,7 +258,7 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, digest(dict(model.ds_config)))
+        model_sig = (model.ds_version, digest(dict(model.ds_config.raw)))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
