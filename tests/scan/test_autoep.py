@@ -197,3 +197,25 @@ def test_swapped_rank_files_are_caught(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["layout"]
     assert "Rank 0's optimizer file says it is partition 2" in ckpt.errors[0].message
+
+
+@pytest.mark.parametrize("case", ["autoep_z3_bf16", "autoep_z2_bf16", "sp2_z3_bf16", "sp2_z1_bf16"])
+def test_every_rank_file_is_loaded_once(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AutoEP's records (`ds_autoep_layers`, `ds_zero_partition_groups`) come from the trees the scan loads
+    anyway, and the rank-0 model states the AutoEP claim looked into are not loaded again by the scan that
+    follows (AutoEP's or the plain ZeRO one's)."""
+    from collections import Counter
+
+    from inspector.format import torchzip
+
+    loads: Counter[str] = Counter()
+    real = torchzip.load
+
+    def counting(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        loads[str(path)] += 1
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(torchzip, "load", counting)
+    ckpt = scan(str(ckpt_dir(case)))
+    assert not ckpt.errors and loads, "the probe must see the scan's loads"
+    assert max(loads.values()) == 1, {p.rsplit("/", 1)[-1]: n for p, n in loads.items() if n > 1}

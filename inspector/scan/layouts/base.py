@@ -64,6 +64,13 @@ class Found:
         )
 
     @property
+    def trees(self) -> dict[str, Any]:
+        """Object trees a claim loaded, by path (say the rank-0 model states, to look for a layout's
+        records): the scan that follows takes a file's tree from here instead of loading it again."""
+        trees: dict[str, Any] = self.memo.setdefault("trees", {})
+        return trees
+
+    @property
     def location(self) -> Location:
         """The same answer as the DeepSpeed walk's `Location` (what the tag-folder scanners take)."""
         from inspector.scan.locate import Location

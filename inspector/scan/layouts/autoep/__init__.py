@@ -25,9 +25,9 @@ class AutoEP(TagLayout):
         from inspector.scan.layouts.autoep.scanner import is_autoep
 
         files = rank_files(found)
-        return not isinstance(files, UnsupportedCheckpointError) and is_autoep(found.location, files)
+        return not isinstance(files, UnsupportedCheckpointError) and is_autoep(found.location, files, found.trees)
 
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
         from inspector.scan.layouts.autoep.scanner import scan_autoep
 
-        return described(scan_autoep(found.location, classified(found)), ExpertFiles.FUSED)
+        return described(scan_autoep(found.location, classified(found), found.trees), ExpertFiles.FUSED)

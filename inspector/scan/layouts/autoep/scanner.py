@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import load_tree
@@ -40,20 +41,25 @@ from inspector.scan.locate import Location
 from inspector.scan.metadata import stage3_rank_proof
 from inspector.scan.model import Checkpoint, Finding, GroupInfo, Parallel, RankGroup, Severity
 
+T = TypeVar("T")
 
-def is_autoep(loc: Location, files: RankFiles) -> bool:
-    """Whether the rank-0 model states record AutoEP layers (read once more by the scan; metadata only)."""
+
+def is_autoep(loc: Location, files: RankFiles, trees: dict[str, Any]) -> bool:
+    """Whether the rank-0 model states record AutoEP layers (metadata only). The tree is left in `trees`
+    (`Found.trees`): the scan that follows takes it instead of loading the file again."""
     path = files.zero3_model.get(0) or files.model
     if path is None or not files.optim:
         return False
     try:
-        return bool(autoep_layers(load_tree(path, loc.source), path))
+        if path not in trees:
+            trees[path] = load_tree(path, loc.source)
+        return bool(autoep_layers(trees[path], path))
     except InspectorError:
         return True  # the AutoEP scan reports what is wrong with it
 
 
-def scan_autoep(loc: Location, files: RankFiles) -> Checkpoint:
-    scanner = _AutoEPScanner(loc, files)
+def scan_autoep(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint:
+    scanner = _AutoEPScanner(loc, files, trees)
     ckpt = scanner.build()
     return replace(ckpt, parallel=scanner.parallel, findings=tuple(scanner.findings))
 
@@ -70,6 +76,29 @@ class _AutoEPScanner(ZeroScanner):
     parallel: Parallel | None = None
     words = "this AutoEP checkpoint"
 
+    def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any]) -> None:
+        super().__init__(loc, files, trees)
+        # AutoEP's own records of each file, parsed from the tree the base scan loaded (or why they could not
+        # be): `ds_autoep_layers` per model-states file, `ds_zero_partition_groups` per optimizer file
+        self._layers: dict[str, tuple[AutoEPLayer, ...] | InspectorError] = {}
+        self._groups: dict[str, tuple[PartitionGroup, ...] | InspectorError | None] = {}
+
+    def _model_states(self, tree: Any, path: str) -> ModelStates:
+        model = super()._model_states(tree, path)
+        try:
+            self._layers[path] = autoep_layers(tree, path) or ()
+        except InspectorError as exc:  # raised where the records are used (`_model`, `_rank`)
+            self._layers[path] = exc
+        return model
+
+    def _optim_states(self, tree: Any, path: str, stage3: bool) -> OptimStates:
+        states = super()._optim_states(tree, path, stage3)
+        try:
+            self._groups[path] = partition_groups(tree, path)
+        except InspectorError as exc:
+            self._groups[path] = exc
+        return states
+
     def _expert_role(self, model: ModelStates, stage3: bool) -> Role | None:
         """ZeRO-1/2 saves write each expert's 16-bit weights to its own file, for the layers and expert counts
         `ds_autoep_layers` records; ZeRO-3 saves write none."""
@@ -79,7 +108,7 @@ class _AutoEPScanner(ZeroScanner):
 
     def _model(self, stage3: bool) -> ModelStates:
         model = super()._model(stage3)
-        self.layers = autoep_layers(load_tree(model.file, self.loc.source), model.file) or ()
+        self.layers = _recorded(self._layers, model.file) or ()
         return replace(model, shared_params={**model.shared_params, **_router_aliases(model, self.layers)})
 
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
@@ -120,8 +149,7 @@ class _AutoEPScanner(ZeroScanner):
     ) -> _Rank:
         m, o = models[r], optims[r]
         assert m is not None and o is not None
-        layers = autoep_layers(load_tree(m.file, self.loc.source), m.file)
-        groups = partition_groups(load_tree(o.file, self.loc.source), o.file)
+        layers, groups = _recorded(self._layers, m.file), _recorded(self._groups, o.file)
         if not layers or groups is None:
             raise UnsupportedCheckpointError(
                 f"Rank {r}'s files lack the AutoEP records (ds_autoep_layers, ds_zero_partition_groups) that "
@@ -180,6 +208,14 @@ class _AutoEPScanner(ZeroScanner):
         lay.rank_groups = [tuple(rg) for rg in rank_groups]
         self.parallel = _parallel(ranks, ws)
         return lay
+
+
+def _recorded(records: Mapping[str, T | InspectorError], path: str) -> T | None:
+    """The AutoEP record parsed from `path`'s tree (None: the file was not loaded), or its refusal raised."""
+    got = records.get(path)
+    if isinstance(got, InspectorError):
+        raise got
+    return got
 
 
 def _partition(
