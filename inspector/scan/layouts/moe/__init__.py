@@ -61,4 +61,4 @@ class MoE(TagLayout):
             return described(scan_moe_zero0(found.location, found.names))
         from inspector.scan.layouts.moe.scanner import scan_moe
 
-        return described(scan_moe(found.location, classified(found)))
+        return described(scan_moe(found.location, classified(found), found.trees))

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef, load_tree
@@ -44,9 +45,10 @@ EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
 
 
-def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
-    """Scan a native-MoE tag folder: the data-parallel scan with the expert-parallel layout of §3.7."""
-    scanner = _MoEScanner(loc, files)
+def scan_moe(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint:
+    """Scan a native-MoE tag folder: the data-parallel scan with the expert-parallel layout of §3.7; `trees`:
+    what the claims loaded (`Found.trees`)."""
+    scanner = _MoEScanner(loc, files, trees)
     ckpt = scanner.build()
     extra = tuple(FileInfo.stat(p, "expert", None) for _, p in sorted(files.experts.items()))
     copies = sum(s.nbytes for t in ckpt.tensors if EXPERT_NAME.match(t.name) for s in t.module_copy)
@@ -63,12 +65,22 @@ class _MoEScanner(ZeroScanner):
     parallel: Parallel | None = None
     words = "this MoE checkpoint"
 
+    def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any]) -> None:
+        super().__init__(loc, files, trees)
+        self._dims: dict[str, ParallelDims | InspectorError] = {}  # per model-states file, from its tree
+
+    def _model_states(self, tree: Any, path: str) -> ModelStates:
+        model = super()._model_states(tree, path)
+        try:
+            self._dims[path] = ParallelDims.parse(tree, path)
+        except InspectorError as exc:  # missing_experts reports the damaged record
+            self._dims[path] = exc
+        return model
+
     def _expert_role(self, model: ModelStates, stage3: bool) -> Role:
         """Expert files for the MoE layers and expert counts the model states record (`num_experts`)."""
-        try:
-            counts = ParallelDims.parse(load_tree(model.file, self.loc.source), model.file).num_experts
-        except InspectorError:
-            counts = None  # missing_experts reports the damaged record
+        dims = self._dims.get(model.file)
+        counts = dims.num_experts if isinstance(dims, ParallelDims) else None
         return expert_role(dict(enumerate(counts)) if counts is not None else None, 1)
 
     def _layout(self, read: Read) -> Layout | None:
@@ -82,7 +94,8 @@ class _MoEScanner(ZeroScanner):
             return None
         self.parallel = parallel
         self.findings += lay.findings
-        self.findings += missing_experts(read.model, self.files, self.loc.tag_dir, self.loc.source)
+        dims = self._dims[read.model.file]  # parsed with the rank-0 model states (`_model`)
+        self.findings += missing_experts(read.model, dims, self.files, self.loc.tag_dir)
         return lay
 
 
@@ -224,12 +237,13 @@ def _global(name: str, e: int, n_local: Mapping[str, int]) -> str:
     return f"{m.group(1)}{e * n_local[m.group(1)] + int(m.group(2))}{m.group(3)}"
 
 
-def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: ByteSource) -> list[Finding]:
-    """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present)."""
-    try:
-        dims = ParallelDims.parse(load_tree(model.file, source), model.file)
-    except InspectorError as exc:
-        return [Finding(Severity.ERROR, "unreadable", exc.message, model.file, exc.hint)]
+def missing_experts(
+    model: ModelStates, dims: ParallelDims | InspectorError, files: RankFiles, tag_dir: str
+) -> list[Finding]:
+    """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present);
+    `dims`: the model states' parallel record, as the scan parsed it (or why it could not)."""
+    if isinstance(dims, InspectorError):
+        return [Finding(Severity.ERROR, "unreadable", dims.message, model.file, dims.hint)]
     counts = dims.num_experts or ()
     if sum(counts) > files.present:
         return [
@@ -273,7 +287,7 @@ def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: 
 __all__ = ["scan_moe"]
 
 
-def refuse_pipeline_moe(loc: Location, names: Sequence[str]) -> None:
+def refuse_pipeline_moe(loc: Location, names: Sequence[str], trees: dict[str, Any]) -> None:
     """Pipeline + native MoE (Megatron-DeepSpeed style: `mp_rank_SS` per stage, expert files per stage with L
     counted per stage, no `layer_XX` files) is not supported yet. Recognised by the stages the model states
     record beside expert files, it is refused naming what was seen, rather than read as tensor-parallel
@@ -284,7 +298,9 @@ def refuse_pipeline_moe(loc: Location, names: Sequence[str]) -> None:
     if not experts or len(models) < 2 or first is None:
         return
     path = os.path.join(loc.tag_dir, first)
-    dims = ParallelDims.parse(load_tree(path, loc.source), path)
+    if path not in trees:  # kept for the scan that follows (`Found.trees`)
+        trees[path] = load_tree(path, loc.source)
+    dims = ParallelDims.parse(trees[path], path)
     if (dims.pp_degree or 1) < 2:
         return  # MoE with tensor-parallel ranks (moe_tp): read by the MoE scan
     optims = sum(1 for n in names if OPTIM_RE.match(n))

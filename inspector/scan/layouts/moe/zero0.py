@@ -92,7 +92,7 @@ class _Zero0:
         self._claim(dims, ep)
         opts = {e: o for e, o in opts.items() if e in self.f.expp}
         rf = RankFiles(experts=self.f.experts, present=self.f.present)
-        self.findings += missing_experts(model, rf, self.loc.tag_dir, self.loc.source)
+        self.findings += missing_experts(model, dims, rf, self.loc.tag_dir)
         copies = self._expert_copies()
         for e in [e for e in range(ep) if e not in self.f.expp][:8]:
             self.add(

@@ -33,8 +33,8 @@ class Tensor(TagLayout):
         from inspector.scan.layouts.tensor.scanner import scan_tensor
 
         # pipeline + native MoE also writes mp_rank_SS files: not supported yet, said so (not damaged shards)
-        refuse_pipeline_moe(found.location, found.names)
-        ckpt = scan_tensor(found.location, list(found.names), options.tp_split)
+        refuse_pipeline_moe(found.location, found.names, found.trees)
+        ckpt = scan_tensor(found.location, list(found.names), options.tp_split, found.trees)
         par = ckpt.parallel
         needs = UniversalNeeds(zero_off=zero_off("tensor"))  # the keys: `Parallel.tp_recipe`
         return replace(ckpt, parallel=replace(par, words=words(par)), universal=needs) if par else ckpt
