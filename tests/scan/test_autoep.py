@@ -13,7 +13,7 @@ import pytest
 from inspector.errors import InputError
 from inspector.scan.model import Kind
 from inspector.scan.scanner import scan
-from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, scan_layout, scan_without, writable
+from tests.scan.layout_cases import assert_exact, ckpt_dir, expected, scan_without, writable
 
 TAG = "global_step3"
 EXPERTS = "model.layers.0.mlp.experts"
@@ -198,27 +198,3 @@ def test_swapped_rank_files_are_caught(tmp_path: Path) -> None:
     assert [f.code for f in ckpt.errors] == ["layout"]
     assert "Rank 0's optimizer file says it is partition 2" in ckpt.errors[0].message
 
-
-@pytest.mark.parametrize(
-    "case",
-    ["autoep_z3_bf16", "autoep_z2_bf16", "sp2_z3_bf16", "sp2_z1_bf16", "moe_z1_bf16", "moe_z0_bf16", "moe_tp_z1_bf16"],
-)
-def test_every_rank_file_is_loaded_once(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """AutoEP's and native MoE's records (`ds_autoep_layers`, `ds_zero_partition_groups`, `num_experts`) come
-    from the trees the scan loads anyway, and the rank-0 model states a claim looked into (AutoEP's, the
-    pipeline + MoE refusal's) are not loaded again by the scan that follows (`Found.trees`)."""
-    from collections import Counter
-
-    from inspector.format import torchzip
-
-    loads: Counter[str] = Counter()
-    real = torchzip.load
-
-    def counting(path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        loads[str(path)] += 1
-        return real(path, *args, **kwargs)
-
-    monkeypatch.setattr(torchzip, "load", counting)
-    ckpt = scan_layout(case)  # with its --tp-split where it records none
-    assert not ckpt.errors and loads, "the probe must see the scan's loads"
-    assert max(loads.values()) == 1, {p.rsplit("/", 1)[-1]: n for p, n in loads.items() if n > 1}

@@ -92,7 +92,7 @@ def scan_tensor(
     for t, c in scanned.items():
         findings += [f for f in map(partial(_in_shard, t), c.findings) if f not in findings]
     base = scanned[0]
-    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc, trees)
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
     placement = tuple(
@@ -145,13 +145,14 @@ def join_shards(
     tp_split: Sequence[tuple[str, str]],
     findings: list[Finding],
     loc: Location,
+    trees: Mapping[str, Any] | None = None,
 ) -> tuple[list[TensorInfo], TpRecipe | None]:
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
     none is recorded, or only as regular expressions), and the split used; nothing while a shard is missing
     or damaged (the findings say why)."""
     complete = len(scanned) == tp and not damaging(findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
-    if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source)):
+    if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source, trees or {})):
         findings.append(
             Finding(
                 Severity.ERROR,

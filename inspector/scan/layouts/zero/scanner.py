@@ -54,7 +54,7 @@ class ZeroScanner:
     def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any] | None = None) -> None:
         self.loc = loc
         self.files = files
-        self.trees = trees if trees is not None else {}  # trees a claim already loaded (`Found.trees`), by path
+        self.trees = trees if trees is not None else {}  # rank-0 model-states trees by path (`Found.trees`)
         self.findings: list[Finding] = list(loc.findings) + files.findings
 
     def add(
@@ -169,8 +169,8 @@ class ZeroScanner:
                 hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
                 "file already holds the full weights.",
             )
-        tree = self.trees.pop(model_path, None)  # the claim's load, taken once
-        tree = load_tree(model_path, self.loc.source) if tree is None else tree
+        tree = self.trees.get(model_path)  # a claim's load, else this one, kept for the layout's later checks
+        tree = self.trees[model_path] = load_tree(model_path, self.loc.source) if tree is None else tree
         model = self._model_states(tree, model_path)
         self._check_model_parallel(tree, model_path)
         if not model.has_module:
