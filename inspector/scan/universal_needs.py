@@ -36,12 +36,13 @@ def zero_off(parallel: str, words: str = ZERO_OFF_WORDS) -> str:
 class UniversalNeeds:
     """Filled by the layout that scanned the checkpoint. `experts`: how its experts are written. `zero_off`:
     why DeepSpeed cannot resume a universal checkpoint of this layout when it was saved with ZeRO off (the
-    kind refuses with it at stage 0). `foreign`: for a checkpoint DeepSpeed did not write (a PyTorch DCP
-    folder), why no universal checkpoint is made from it; empty for DeepSpeed's own files."""
+    kind refuses with it at stage 0). `not_offered`: why no universal checkpoint is made from it at all (a
+    PyTorch DCP folder, which DeepSpeed did not write; a layout whose universal output nothing has shown to
+    resume); empty where one is offered."""
 
     experts: ExpertFiles = ExpertFiles.NONE
     zero_off: str = zero_off("data")
-    foreign: str = ""
+    not_offered: str = ""
 
 
 __all__ = ["ZERO_OFF_WORDS", "ExpertFiles", "UniversalNeeds", "zero_off"]

@@ -34,7 +34,7 @@ def test_each_layout_says_what_universal_needs(case: str) -> None:
     experts, zero_off = CASES[case]
     assert ckpt.universal.experts is experts
     assert ckpt.universal.zero_off.startswith(zero_off)
-    assert not ckpt.universal.foreign and not ckpt.saved_by  # DeepSpeed's own files
+    assert not ckpt.universal.not_offered and not ckpt.saved_by  # DeepSpeed's own files
 
 
 def test_the_data_parallel_words_are_the_shared_ones() -> None:
@@ -44,5 +44,5 @@ def test_the_data_parallel_words_are_the_shared_ones() -> None:
 @pytest.mark.parametrize(("case", "saver"), [("fsdp2_bf16", "torch.distributed"), ("titan_final", "torchtitan")])
 def test_a_dcp_folder_is_foreign_and_names_its_saver(case: str, saver: str) -> None:
     ckpt = scan(str(DCP / case))
-    assert ckpt.universal.foreign.startswith("a PyTorch Distributed Checkpoint, not a DeepSpeed run")
+    assert ckpt.universal.not_offered.startswith("a PyTorch Distributed Checkpoint, not a DeepSpeed run")
     assert saver in ckpt.saved_by and ckpt.universal.experts is ExpertFiles.NONE

@@ -187,8 +187,8 @@ def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
     """Pipeline, native-MoE and tensor-parallel checkpoints (ZeRO 1/2) are written like any other, with their
     layout's metadata (`layouts.py`); what its layout says DeepSpeed 0.19.8 cannot resume from a universal
     checkpoint (ZeRO off, plain data parallel included), or did not write, is refused (`Checkpoint.universal`)."""
-    if ckpt.universal.foreign:
-        return Why.LAYOUT, ckpt.universal.foreign
+    if ckpt.universal.not_offered:
+        return Why.LAYOUT, ckpt.universal.not_offered
     if ckpt.stage == 0 and (ckpt.parallel is not None or bool(ckpt.ranks)):  # a universal input has no ranks
         return Why.NOT_RESUMABLE, ckpt.universal.zero_off
     return None

@@ -33,7 +33,7 @@ from inspector.system.bytesource import ByteSource
 from inspector.text import shown
 
 _DAMAGED = "The folder is damaged or incomplete; copy the whole checkpoint folder again."
-NOT_DEEPSPEED = (  # why the universal kind is not offered (`Checkpoint.universal.foreign`)
+NOT_DEEPSPEED = (  # why the universal kind is not offered (`Checkpoint.universal.not_offered`)
     "a PyTorch Distributed Checkpoint, not a DeepSpeed run: a universal checkpoint is made from DeepSpeed's own "
     "ZeRO files (DCP folders already load on any world size with torch)"
 )
@@ -268,6 +268,6 @@ def _checkpoint(
         groups=(),
         tensors=tuple(tensors),
         findings=tuple(findings),
-        universal=UniversalNeeds(foreign=NOT_DEEPSPEED),
+        universal=UniversalNeeds(not_offered=NOT_DEEPSPEED),
         saved_by=SAVERS.get(roles.saver, SAVERS["torch"]),
     )

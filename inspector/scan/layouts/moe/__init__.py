@@ -58,7 +58,7 @@ class MoE(TagLayout):
         from inspector.scan.layouts.moe.zero0_files import is_moe_zero0
 
         if is_moe_zero0(found.names):
-            return described(scan_moe_zero0(found.location, found.names))
+            return described(scan_moe_zero0(found.location, found.names, found.trees))
         from inspector.scan.layouts.moe.scanner import scan_moe
 
         return described(scan_moe(found.location, classified(found), found.trees))

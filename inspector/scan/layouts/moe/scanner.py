@@ -13,14 +13,13 @@ global names; the dense weights in `mp_rank_00`'s `module`, as for any ZeRO-1/2 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from inspector.errors import InspectorError, UnsupportedCheckpointError
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.errors import InspectorError
+from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.claims import Role, expert_role
@@ -28,7 +27,7 @@ from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
-from inspector.scan.locate import EXPERT_RE, MODEL_RE, OPTIM_RE, Location
+from inspector.scan.locate import Location
 from inspector.scan.model import (
     Checkpoint,
     FileInfo,
@@ -45,10 +44,12 @@ EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
 
 
-def scan_moe(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint:
+def scan_moe(loc: Location, files: RankFiles, trees: dict[str, Any], *, stage: int | None = None) -> Checkpoint:
     """Scan a native-MoE tag folder: the data-parallel scan with the expert-parallel layout of §3.7; `trees`:
-    what the claims loaded (`Found.trees`)."""
+    what the claims loaded (`Found.trees`); `stage`: the files are this pipeline stage's (`mp_rank_SS`), which
+    the calling layout claimed with the rest of the folder."""
     scanner = _MoEScanner(loc, files, trees)
+    scanner.shard, scanner.mp_rank = stage is not None, stage or 0
     ckpt = scanner.build()
     extra = tuple(FileInfo.stat(p, "expert", None) for _, p in sorted(files.experts.items()))
     copies = sum(s.nbytes for t in ckpt.tensors if EXPERT_NAME.match(t.name) for s in t.module_copy)
@@ -63,6 +64,7 @@ def scan_moe(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoi
 
 class _MoEScanner(ZeroScanner):
     parallel: Parallel | None = None
+    mp_rank = 0  # the model-parallel rank (pipeline stage) whose files these are
     words = "this MoE checkpoint"
 
     def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any]) -> None:
@@ -95,7 +97,7 @@ class _MoEScanner(ZeroScanner):
         self.parallel = parallel
         self.findings += lay.findings
         dims = self._dims[read.model.file]  # parsed with the rank-0 model states (`_model`)
-        self.findings += missing_experts(read.model, dims, self.files, self.loc.tag_dir)
+        self.findings += missing_experts(read.model, dims, self.files, self.loc.tag_dir, self.mp_rank)
         return lay
 
 
@@ -238,10 +240,11 @@ def _global(name: str, e: int, n_local: Mapping[str, int]) -> str:
 
 
 def missing_experts(
-    model: ModelStates, dims: ParallelDims | InspectorError, files: RankFiles, tag_dir: str
+    model: ModelStates, dims: ParallelDims | InspectorError, files: RankFiles, tag_dir: str, mp: int = 0
 ) -> list[Finding]:
-    """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present);
-    `dims`: the model states' parallel record, as the scan parsed it (or why it could not)."""
+    """One finding per missing `layer_L_expert_E_mp_rank_MM` file, from `num_experts` (bounded by the files
+    present); `dims`: the model states' parallel record, as the scan parsed it (or why it could not); `mp`:
+    the model-parallel rank whose files these are (a pipeline stage)."""
     if isinstance(dims, InspectorError):
         return [Finding(Severity.ERROR, "unreadable", dims.message, model.file, dims.hint)]
     counts = dims.num_experts or ()
@@ -265,7 +268,7 @@ def missing_experts(
             Severity.ERROR,
             "missing-expert",
             f"The file of expert {e} of MoE layer {layer} "
-            f"(layer_{layer}_expert_{e}_mp_rank_00_model_states.pt) is missing.",
+            f"(layer_{layer}_expert_{e}_mp_rank_{mp:02d}_model_states.pt) is missing.",
             tag_dir,
             hint,
         )
@@ -285,29 +288,3 @@ def missing_experts(
 
 
 __all__ = ["scan_moe"]
-
-
-def refuse_pipeline_moe(loc: Location, names: Sequence[str], trees: dict[str, Any]) -> None:
-    """Pipeline + native MoE (Megatron-DeepSpeed style: `mp_rank_SS` per stage, expert files per stage with L
-    counted per stage, no `layer_XX` files) is not supported yet. Recognised by the stages the model states
-    record beside expert files, it is refused naming what was seen, rather than read as tensor-parallel
-    shards and called damaged."""
-    experts = [n for n in names if (m := EXPERT_RE.match(n)) and m.group(2) is not None]
-    models = sorted(n for n in names if (m := MODEL_RE.match(n)))
-    first = next((n for n in models if (m := MODEL_RE.match(n)) and int(m.group(1)) == 0), None)
-    if not experts or len(models) < 2 or first is None:
-        return
-    path = os.path.join(loc.tag_dir, first)
-    if path not in trees:  # kept for the scan that follows (`Found.trees`)
-        trees[path] = load_tree(path, loc.source)
-    dims = ParallelDims.parse(trees[path], path)
-    if (dims.pp_degree or 1) < 2:
-        return  # MoE with tensor-parallel ranks (moe_tp): read by the MoE scan
-    optims = sum(1 for n in names if OPTIM_RE.match(n))
-    raise UnsupportedCheckpointError(
-        f"{loc.tag_dir}: pipeline parallel with native MoE, recognised from {len(models)} stage files "
-        f"(mp_rank_SS; the model states say {dims.pp_degree} stages), {len(experts)} expert files "
-        f"(layer_L_expert_E_mp_rank_SS) and {optims} optimizer files; this layout is not supported yet.",
-        hint="This says nothing about damage: the layout is recognised, not read. Resume it with the "
-        "DeepSpeed setup that wrote it (engine.load_checkpoint) until it is supported.",
-    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.layers import ParallelDims, TensorFile
@@ -62,9 +63,10 @@ _WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_
 _HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
 
 
-def scan_moe_zero0(loc: Location, names: Sequence[str]) -> Checkpoint:
-    """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies."""
-    return _Zero0(loc, zero0_files(loc, names)).build()
+def scan_moe_zero0(loc: Location, names: Sequence[str], trees: Mapping[str, Any]) -> Checkpoint:
+    """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies;
+    `trees`: what the claims loaded (`Found.trees`), taken instead of loading a file again."""
+    return _Zero0(loc, zero0_files(loc, names)).build(trees)
 
 
 class _Zero0:
@@ -79,8 +81,8 @@ class _Zero0:
     def add(self, code: str, message: str, file: str | None = None, hint: str = _HINT) -> None:
         self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
 
-    def build(self) -> Checkpoint:
-        tree = load_tree(self.f.model, self.loc.source)
+    def build(self, trees: Mapping[str, Any]) -> Checkpoint:
+        tree = trees[self.f.model] if self.f.model in trees else load_tree(self.f.model, self.loc.source)
         model = ModelStates.parse(tree, self.f.model)
         dims = ParallelDims.parse(tree, self.f.model)
         opts = {  # read first: the expert-parallel size their groups name bounds the files' roles

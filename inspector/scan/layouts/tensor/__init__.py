@@ -29,11 +29,8 @@ class Tensor(TagLayout):
         return len(tp_ranks(found.names)) > 1
 
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
-        from inspector.scan.layouts.moe.scanner import refuse_pipeline_moe
         from inspector.scan.layouts.tensor.scanner import scan_tensor
 
-        # pipeline + native MoE also writes mp_rank_SS files: not supported yet, said so (not damaged shards)
-        refuse_pipeline_moe(found.location, found.names, found.trees)
         ckpt = scan_tensor(found.location, list(found.names), options.tp_split, found.trees)
         par = ckpt.parallel
         needs = UniversalNeeds(zero_off=zero_off("tensor"))  # the keys: `Parallel.tp_recipe`
