@@ -79,6 +79,16 @@ class Found:
         return Location(root, tag, self.tags, self.how, self.findings, self.other_runs, source=self.source)
 
 
+def tree_at(trees: dict[str, Any], path: str, source: ByteSource) -> Any:
+    """`path`'s object tree: the one a claim or an earlier step of this scan loaded (`Found.trees`), else
+    loaded now and kept there, so no step of one scan loads a file twice."""
+    if path not in trees:
+        from inspector.format.torchzip import load_tree
+
+        trees[path] = load_tree(path, source)
+    return trees[path]
+
+
 @runtime_checkable
 class Layout(Protocol):
     """One checkpoint layout. `name`: a short word for messages (`pipeline`, `native MoE`);
@@ -112,4 +122,4 @@ class TagLayout:
         return None
 
 
-__all__ = ["Found", "Layout", "ScanOptions", "TagLayout"]
+__all__ = ["Found", "Layout", "ScanOptions", "TagLayout", "tree_at"]

@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.autoep import AutoEPLayer, PartitionGroup, autoep_layers, partition_groups
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.claims import Role, expert_role
@@ -36,6 +35,7 @@ from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout
 from inspector.scan.layouts.autoep.place import holding, place
 from inspector.scan.layouts.autoep.zero12 import zero12_layout
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
 from inspector.scan.locate import Location
 from inspector.scan.metadata import stage3_rank_proof
@@ -51,9 +51,7 @@ def is_autoep(loc: Location, files: RankFiles, trees: dict[str, Any]) -> bool:
     if path is None or not files.optim:
         return False
     try:
-        if path not in trees:
-            trees[path] = load_tree(path, loc.source)
-        return bool(autoep_layers(trees[path], path))
+        return bool(autoep_layers(tree_at(trees, path, loc.source), path))
     except InspectorError:
         return True  # the AutoEP scan reports what is wrong with it
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import ParallelDims, TensorFile
 from inspector.parse.states import ModelStates
 from inspector.parse.zero_off import UnfusedFp16, UnfusedParam
@@ -28,6 +28,7 @@ from inspector.scan.assemble import record
 from inspector.scan.claims import claim, damaging, expert_role, expp_role, model_role
 from inspector.scan.files import RankFiles, load_or_finding
 from inspector.scan.holding import Holding, expert_spans
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.moe.scanner import EXPERT_NAME, missing_experts
 from inspector.scan.layouts.moe.zero0_files import Zero0Files, zero0_files
 from inspector.scan.layouts.moe.zero0_sizes import (
@@ -82,7 +83,7 @@ class _Zero0:
         self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
 
     def build(self, trees: Mapping[str, Any]) -> Checkpoint:
-        tree = trees[self.f.model] if self.f.model in trees else load_tree(self.f.model, self.loc.source)
+        tree = tree_at(trees, self.f.model, self.loc.source)
         model = ModelStates.parse(tree, self.f.model)
         dims = ParallelDims.parse(tree, self.f.model)
         opts = {  # read first: the expert-parallel size their groups name bounds the files' roles

@@ -17,11 +17,11 @@ from inspector.errors import (
     NotACheckpointError,
     UnsupportedCheckpointError,
 )
-from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims
 from inspector.scan.claims import claim, expert_role, model_role, optim_role
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import ExpertSpan, Holding
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.moe import ZERO_OFF_WORDS
 from inspector.scan.layouts.moe.scanner import scan_moe
 from inspector.scan.locate import EXPERT_RE, Location
@@ -46,9 +46,7 @@ def is_pipeline_moe(loc: Location, names: Sequence[str], trees: dict[str, Any]) 
         return False
     path = os.path.join(loc.tag_dir, "mp_rank_00_model_states.pt")
     try:
-        if path not in trees:
-            trees[path] = load_tree(path, loc.source)
-        return (ParallelDims.parse(trees[path], path).pp_degree or 1) > 1
+        return (ParallelDims.parse(tree_at(trees, path, loc.source), path).pp_degree or 1) > 1
     except InspectorError:
         return False  # the tensor layout's scan reports what is wrong with it
 
@@ -56,7 +54,7 @@ def is_pipeline_moe(loc: Location, names: Sequence[str], trees: dict[str, Any]) 
 def scan_pipeline_moe(loc: Location, names: Sequence[str], trees: dict[str, Any]) -> Checkpoint:
     """Every stage scanned as a native-MoE world, then the stages laid side by side."""
     path0 = os.path.join(loc.tag_dir, "mp_rank_00_model_states.pt")
-    dims = ParallelDims.parse(trees[path0] if path0 in trees else load_tree(path0, loc.source), path0)
+    dims = ParallelDims.parse(tree_at(trees, path0, loc.source), path0)
     pp = dims.pp_degree or 1
     stages, findings = _stage_files(loc, names, pp, dims.num_experts)
     scanned = {s: scan_moe(loc, files, trees, stage=s) for s, files in sorted(stages.items())}

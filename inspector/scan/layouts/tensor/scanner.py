@@ -20,7 +20,6 @@ from functools import partial
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.layers import AFFINE_FORMAT, ParallelDims, TpRecipe
 from inspector.parse.states import ModelStates
 from inspector.scan.claims import (
@@ -35,6 +34,7 @@ from inspector.scan.claims import (
 )
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
@@ -69,7 +69,7 @@ def scan_tensor(
     shards = _shard_files(loc, names)
     model0 = _model_file(shards[0])
     assert model0 is not None
-    tree0 = trees[model0] = trees[model0] if model0 in trees else load_tree(model0, loc.source)
+    tree0 = tree_at(trees, model0, loc.source)
     dims = ParallelDims.parse(tree0, model0)
     recipe = TpRecipe.parse(tree0, model0)
     tp = dims.tp_degree or dims.mp_world_size or len(shards)

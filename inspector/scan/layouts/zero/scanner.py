@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.locate import Location
 from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
 from inspector.scan.model import Checkpoint, Finding, Severity
@@ -169,8 +169,7 @@ class ZeroScanner:
                 hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
                 "file already holds the full weights.",
             )
-        tree = self.trees.get(model_path)  # a claim's load, else this one, kept for the layout's later checks
-        tree = self.trees[model_path] = load_tree(model_path, self.loc.source) if tree is None else tree
+        tree = tree_at(self.trees, model_path, self.loc.source)  # kept for the layout's later checks
         model = self._model_states(tree, model_path)
         self._check_model_parallel(tree, model_path)
         if not model.has_module:
