@@ -64,7 +64,7 @@ _WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_
 _HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
 
 
-def scan_moe_zero0(loc: Location, names: Sequence[str], trees: Mapping[str, Any]) -> Checkpoint:
+def scan_moe_zero0(loc: Location, names: Sequence[str], trees: dict[str, Any]) -> Checkpoint:
     """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies;
     `trees`: what the claims loaded (`Found.trees`), taken instead of loading a file again."""
     return _Zero0(loc, zero0_files(loc, names)).build(trees)
@@ -82,7 +82,7 @@ class _Zero0:
     def add(self, code: str, message: str, file: str | None = None, hint: str = _HINT) -> None:
         self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
 
-    def build(self, trees: Mapping[str, Any]) -> Checkpoint:
+    def build(self, trees: dict[str, Any]) -> Checkpoint:
         tree = tree_at(trees, self.f.model, self.loc.source)
         model = ModelStates.parse(tree, self.f.model)
         dims = ParallelDims.parse(tree, self.f.model)

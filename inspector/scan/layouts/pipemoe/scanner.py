@@ -25,7 +25,7 @@ from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.moe import ZERO_OFF_WORDS
 from inspector.scan.layouts.moe.scanner import scan_moe
 from inspector.scan.locate import EXPERT_RE, Location
-from inspector.scan.model import Checkpoint, Finding, Parallel, RankInfo
+from inspector.scan.model import Checkpoint, FileInfo, Finding, GroupInfo, Parallel, RankInfo, TensorInfo
 from inspector.scan.universal_needs import ExpertFiles, UniversalNeeds, zero_off
 from inspector.system.units import plural
 
@@ -123,7 +123,10 @@ def _laid(scanned: dict[int, Checkpoint], findings: list[Finding], pp: int) -> C
     ranks (global), files and findings; the placement per stage and per MoE layer in global ranks."""
     base = scanned[0]
     dp = base.world_size
-    tensors, groups, ranks, files = [], [], [], []
+    tensors: list[TensorInfo] = []
+    groups: list[GroupInfo] = []
+    ranks: list[RankInfo] = []
+    files: list[FileInfo] = []
     rows: list[Holding] = []
     for s, c in sorted(scanned.items()):
         off = len(groups)
