@@ -197,4 +197,3 @@ def test_swapped_rank_files_are_caught(tmp_path: Path) -> None:
     ckpt = scan(str(root))
     assert [f.code for f in ckpt.errors] == ["layout"]
     assert "Rank 0's optimizer file says it is partition 2" in ckpt.errors[0].message
-
