@@ -354,3 +354,57 @@ def test_only_the_output_root_changes_files(module: str) -> None:
         assert found, f"{module} no longer changes files: drop its exception"
         return
     assert not found, f"inspector/{module.replace('.', '/')}.py changes files itself: " + "; ".join(found)
+
+
+def _layout_name_tests(source: str) -> list[str]:
+    """Where a module's source compares a layout's name with a string: `Parallel.kind` (`par.kind`, `x.parallel.kind`)
+    or `Checkpoint.layout` in `==`, `!=`, `in`, `not in` with a string literal (or a tuple, list or set of
+    them), or `.startswith` / `.endswith` called on one."""
+
+    def named(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Attribute):
+            return False
+        if node.attr == "layout":
+            return True
+        base = node.value
+        parallel = isinstance(base, ast.Name) and base.id in {"par", "parallel"}
+        parallel |= isinstance(base, ast.Attribute) and base.attr == "parallel"
+        return node.attr == "kind" and parallel
+
+    def literal(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(literal(e) for e in node.elts)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named(s) for s in sides) and any(literal(s) for s in sides):
+                found.append(f"line {node.lineno}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"startswith", "endswith"}
+            and named(node.func.value)
+        ):
+            found.append(f"line {node.lineno}")
+    return found
+
+
+def test_the_name_probe_sees_a_name_test() -> None:
+    """Guards the rule below against a probe that finds nothing."""
+    code = (
+        'a = ckpt.parallel.kind == "expert"\nb = par.kind not in ("tensor", "pipeline")\n'
+        'c = ckpt.layout.startswith("dcp-")\nd = "x" == ckpt.layout\ne = t.kind == "buffer"\n'
+    )
+    assert _layout_name_tests(code) == ["line 1", "line 2", "line 3", "line 4"]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if not m.startswith("scan.layouts")))
+def test_nothing_after_the_scan_tests_a_layouts_name(module: str) -> None:
+    """A kind, a face or a health check decides on the records the layout filled at scan (`Parallel.words`,
+    `placement`, `tp_recipe`, `Checkpoint.universal`, `saved_by`), never on the layout's name: a new layout
+    is one folder and one registry line, and nothing downstream learns its name."""
+    found = _layout_name_tests(_modules()[module].read_text())
+    assert not found, f"inspector/{module.replace('.', '/')}.py tests a layout's name at " + ", ".join(found)

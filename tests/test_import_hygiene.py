@@ -37,6 +37,7 @@ TORCH_FREE = [
     "inspector.demo.writer",
     "inspector.cli.main",
     "inspector.cli.convert",
+    "inspector.cli.preflight",
     "inspector.health",
     "inspector.cli.health",
 ]

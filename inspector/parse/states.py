@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from inspector.format.torchzip import TensorRef
+from inspector.parse.dsconfig import DsConfig
 from inspector.parse.tree import Node
 
 MAX_WORLD = 1 << 24  # data-parallel ranks a record may claim; the files present bound it again, with a finding
@@ -69,7 +70,7 @@ class ModelStates:
     global_steps: int | None
     global_samples: int | None
     ds_version: str | None
-    ds_config: Mapping[str, Any] = field(default_factory=dict)
+    ds_config: DsConfig = field(default_factory=DsConfig)
 
     @classmethod
     def parse(cls, tree: Any, file: str) -> ModelStates:
@@ -105,7 +106,7 @@ class ModelStates:
             global_steps=_counter(root.at("global_steps")),
             global_samples=_counter(root.at("global_samples")),
             ds_version=_version(root.at("ds_version")),
-            ds_config=_config(config),
+            ds_config=DsConfig.parse(config),
         )
 
 
@@ -118,11 +119,6 @@ def _counter(node: Node) -> int | None:
 def _version(node: Node) -> str | None:
     """`ds_version`: shown by both faces, so it must pass the name rule (no terminal escapes)."""
     return None if node.is_none() else node.name("DeepSpeed version")
-
-
-def _config(node: Node) -> Mapping[str, Any]:
-    data = node.json() if node.is_mapping() else {}
-    return _frozen(data if isinstance(data, dict) else {})
 
 
 @dataclass(frozen=True)
@@ -147,7 +143,7 @@ class OptimStates:
     stage3: bool
     zero_stage: int | None  # None: BF16_Optimizer (no zero_stage key)
     ds_version: str | None
-    ds_config: Mapping[str, Any]
+    ds_config: DsConfig
     groups: tuple[GroupState, ...]
     param_shapes: tuple[tuple[tuple[str, Shape], ...], ...] | None  # DeepSpeed < 0.6 kept them here
     loss_scale: float | None
@@ -181,7 +177,7 @@ class OptimStates:
             stage3=stage3,
             zero_stage=zero_stage,
             ds_version=_version(root.at("ds_version")),
-            ds_config=_config(root.at("ds_config")),
+            ds_config=DsConfig.parse(root.at("ds_config")),
             groups=groups,
             param_shapes=_param_shapes(osd.at("param_shapes")),
             loss_scale=finite(scale),

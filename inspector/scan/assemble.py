@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any
 
+from inspector.parse.dsconfig import DsConfig
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout
@@ -28,13 +27,11 @@ class Loaded:
     stage3: bool
 
 
-def _stage(ds_config: Mapping[str, Any], osd0: OptimStates | None, stage3: bool) -> int:
-    zero = ds_config.get("zero_optimization")
-    cfg_stage = zero.get("stage") if isinstance(zero, dict) else None
+def _stage(ds_config: DsConfig, osd0: OptimStates | None, stage3: bool) -> int:
     if stage3:
         return 3
-    if isinstance(cfg_stage, int) and not isinstance(cfg_stage, bool) and cfg_stage in (1, 2):
-        return cfg_stage
+    if ds_config.zero_stage in (1, 2):
+        return ds_config.zero_stage
     if osd0 is not None and osd0.zero_stage is not None:
         return osd0.zero_stage
     return 1
@@ -165,7 +162,7 @@ def record(
         groups=tuple(groups),
         tensors=tuple(tensors),
         findings=tuple(findings),
-        ds_config=MappingProxyType(dict(model.ds_config)),
+        ds_config=model.ds_config,
         other_runs=loc.other_runs,
         module_copy_bytes=module_copy_bytes,
         parallel=parallel,

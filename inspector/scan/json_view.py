@@ -53,13 +53,14 @@ def checkpoint_json(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def _parallel_json(ckpt: Checkpoint) -> dict[str, Any] | None:
-    """The model-parallel layout: degrees and which ranks hold each part, in words (`holders`, as the overview
-    prints them) and as data (`placement`)."""
+    """The model-parallel layout: in words as the overview prints it (`words`), its degrees, and which ranks
+    hold each part, in words (`holders`, as the overview prints them) and as data (`placement`)."""
     p = ckpt.parallel
     if p is None:
         return None
     return {
         "kind": p.kind,
+        "words": p.words,
         "pp": p.pp,
         "ep": p.ep,
         "tp": p.tp,

@@ -12,12 +12,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import accumulate, islice
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from inspector.errors import UnsafePickleError
 from inspector.format.dtypes import FLOATING, itemsize
+from inspector.parse.dsconfig import DsConfig
 from inspector.scan.holding import Holding, holder_row
+from inspector.scan.universal_needs import UniversalNeeds
 from inspector.system.bytesource import ByteSource
 from inspector.text import has_unsafe, shown
 
@@ -306,10 +307,13 @@ class Checkpoint:
     groups: tuple[GroupInfo, ...]
     tensors: tuple[TensorInfo, ...]
     findings: tuple[Finding, ...]
-    ds_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    ds_config: DsConfig = field(default_factory=DsConfig)  # the run's config, parsed once (`parse/dsconfig`)
     other_runs: tuple[str, ...] = ()
     module_copy_bytes: int = 0  # the 16-bit `module` weights in the model-states file (0 under stage 3)
     parallel: Parallel | None = None  # pipeline / expert / tensor parallel runs: degrees and who holds what
+    # what a universal checkpoint of it needs (experts, why DeepSpeed could not resume one), from its layout
+    universal: UniversalNeeds = field(default_factory=UniversalNeeds)
+    saved_by: str = ""  # who wrote it, in words, when not DeepSpeed (`PyTorch DCP (torchtitan)`)
 
     def __post_init__(self) -> None:
         _refuse_control_characters(self)

@@ -66,14 +66,6 @@ class SummaryRow:
     note: str = ""
 
 
-_DCP_SAVERS = {  # scan/layouts/dcp: the layout names the saver its keys and folder showed
-    "dcp-torch": "PyTorch DCP (torch.distributed.checkpoint)",
-    "dcp-torchtitan": "PyTorch DCP (torchtitan)",
-    "dcp-accelerate": "PyTorch DCP (Accelerate FSDP)",
-    "dcp-lightning": "PyTorch DCP (Lightning FSDP)",
-}
-
-
 def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[SummaryRow]:
     """What this checkpoint is, row by row: where and which tag, ZeRO stage/ranks/optimizer, dtypes, the 16-bit
     module copy, training steps, loss scale (when saved), DeepSpeed version and files. `short_dtypes` writes
@@ -83,7 +75,7 @@ def summary_rows(ckpt: Checkpoint, *, short_dtypes: bool = False) -> list[Summar
         return SHORT_NAMES.get(name, name) if short_dtypes else name
 
     tags = ", ".join(ckpt.tags[-6:]) + (f" (+{len(ckpt.tags) - 6} older)" if len(ckpt.tags) > 6 else "")
-    dcp = _DCP_SAVERS.get(ckpt.layout)  # a PyTorch DCP folder: no ZeRO stage, no DeepSpeed, no module copy
+    dcp = ckpt.saved_by  # not DeepSpeed's (a PyTorch DCP folder): no ZeRO stage, no DeepSpeed, no module copy
     rows = [
         SummaryRow("root", "Checkpoint", ckpt.root, f"({ckpt.layout})"),
         SummaryRow("tag", "Tag", ckpt.tag, f"tags: {tags}"),

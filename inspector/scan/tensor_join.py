@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from inspector.errors import InspectorError
 from inspector.format.torchzip import load_tree
@@ -211,12 +212,16 @@ def layout_of(name: str, rule: str, recipe: TpRecipe, shapes: list[tuple[int, ..
     return vocab_cut(name, amap, keep)
 
 
-def records_differ(scanned: Mapping[int, Checkpoint], recipe: TpRecipe, source: ByteSource) -> str | None:
+def records_differ(
+    scanned: Mapping[int, Checkpoint], recipe: TpRecipe, source: ByteSource, trees: Mapping[str, Any]
+) -> str | None:
     """The first other shard whose own model states record another split than shard 0's (each carries the
-    whole model's `universal_checkpoint_info`); None when all agree or a shard records none."""
+    whole model's `universal_checkpoint_info`); None when all agree or a shard records none. `trees`: the
+    model-states trees the shard scans loaded, by path (a file is loaded here only if they did not)."""
     for t in sorted(scanned)[1:]:
         path = next((f.path for f in scanned[t].files if f.role == "model"), None)
-        other = TpRecipe.parse(load_tree(path, source), path) if path is not None else None
+        tree = (trees[path] if path in trees else load_tree(path, source)) if path is not None else None
+        other = TpRecipe.parse(tree, path) if path is not None else None
         if other is not None and replace(other, file=recipe.file) != recipe:
             return path
     return None

@@ -194,7 +194,7 @@ def test_output_bytes_are_exact(small: Checkpoint, small_plan: ConversionPlan, t
 
 def test_assessment_json_keys(small_plan: ConversionPlan, tmp_path: Path) -> None:
     """`preflight --json` for a safetensors job: the shared keys plus the job's own."""
-    from inspector.cli.convert import preflight_json
+    from inspector.cli.preflight import preflight_json
     from inspector.convert.kinds.safetensors import SafetensorsJob
 
     job = SafetensorsJob("weights", str(tmp_path), small_plan)

@@ -141,7 +141,7 @@ def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: 
 def test_deepspeed_at_zero_off_with_moe_never_reads_the_universal_folders_zero(
     dtype: str, tmp_path: Path, interop_cache: Path, inspector_cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Why a native-MoE checkpoint with ZeRO off is refused (layouts.MOE_ZERO_OFF_REASON): a stage-0 MoE engine
+    """Why a native-MoE checkpoint with ZeRO off is refused (scan/layouts/moe: ZERO_OFF_WORDS): a stage-0 MoE engine
     with load_universal, given a universal checkpoint we wrote (from the ZeRO-2 fixture), opens the
     expert-parallel ranks' ZeRO-off optimizer files in the universal folder instead of zero/, and fails."""
     monkeypatch.setenv("PYTHONHASHSEED", "0")

@@ -208,3 +208,30 @@ def test_scan_json_carries_the_placement_as_data(layout: str) -> None:
         )
         assert ckpt.parallel is not None
         assert list(holder_row(h, autoep=ckpt.parallel.autoep)) == [words["part"], words["holders"]]
+
+
+WORDS = {  # the topology each maker script launched (tests/fixtures/layouts/make_*.py)
+    "pp_z1_bf16_dp2": "pipeline parallel: 2 stages × 2 data-parallel ranks",
+    "pptp_z1_bf16": "pipeline parallel: 2 stages × 2 tensor-parallel shards × 1 data-parallel rank",
+    "tp_z2_bf16_dp2": "tensor parallel: 2 shards × 2 data-parallel ranks",
+    "moe_z2_bf16_ws4": "expert parallel: EP 2 × expert-DP 2 (4 ranks)",
+    "autoep_z3_bf16_ws4": "expert parallel: EP 2 × expert-DP 2 (4 ranks)",
+}
+
+
+@pytest.mark.parametrize("layout", sorted(WORDS))
+def test_scan_json_says_the_layout_in_the_overviews_words(layout: str) -> None:
+    """`scan --json`'s `parallel.words` is the overview's Layout row, as the layout wrote it at scan."""
+    from inspector.scan.json_view import checkpoint_json
+    from inspector.scan.summary import summary_rows
+
+    ckpt = scan_layout(layout)
+    par = json.loads(json.dumps(checkpoint_json(ckpt)))["parallel"]
+    overview = next(r.value for r in summary_rows(ckpt) if r.key == "parallel")
+    assert par["words"] == overview == WORDS[layout]
+
+
+def test_scan_json_of_a_data_parallel_checkpoint_has_no_layout_words() -> None:
+    from inspector.scan.json_view import checkpoint_json
+
+    assert checkpoint_json(scan_layout("sp2_z1_bf16"))["parallel"] is None

@@ -4,6 +4,7 @@
     dcp/         PyTorch Distributed Checkpoints (found by their own `.metadata` folder, before the tag walk)
     universal/   a universal checkpoint as input (found by its own folder, before the tag walk)
     pipeline/    PipelineModule: layer files, stages, tied modules, pipeline x tensor parallel
+    pipemoe/     pipeline + native MoE: mp_rank_SS stages with their own expert files (before tensor/)
     tensor/      tensor parallel: `mp_rank_TT` shards joined by the recorded recipe
     autoep/      AutoEP's fused experts (ZeRO-3, ZeRO-1/2)
     moe/         native MoE (ZeRO-1/2 and ZeRO off)
@@ -21,11 +22,12 @@ from inspector.scan.layouts.base import Found, Layout, ScanOptions
 from inspector.scan.layouts.dcp import LAYOUT as DCP
 from inspector.scan.layouts.moe import MoE
 from inspector.scan.layouts.pipeline import Pipeline
+from inspector.scan.layouts.pipemoe import PipelineMoE
 from inspector.scan.layouts.tensor import Tensor
 from inspector.scan.layouts.universal import Universal
 from inspector.scan.layouts.zero import Zero
 
-LAYOUTS: tuple[Layout, ...] = (DCP, Universal(), Pipeline(), Tensor(), AutoEP(), MoE(), Zero())
+LAYOUTS: tuple[Layout, ...] = (DCP, Universal(), Pipeline(), PipelineMoE(), Tensor(), AutoEP(), MoE(), Zero())
 
 __all__ = ["LAYOUTS", "Found", "Layout", "ScanOptions", "names", "universal_folder"]
 

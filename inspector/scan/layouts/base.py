@@ -64,12 +64,29 @@ class Found:
         )
 
     @property
+    def trees(self) -> dict[str, Any]:
+        """Object trees a claim loaded, by path (say the rank-0 model states, to look for a layout's
+        records): the scan that follows takes a file's tree from here instead of loading it again."""
+        trees: dict[str, Any] = self.memo.setdefault("trees", {})
+        return trees
+
+    @property
     def location(self) -> Location:
         """The same answer as the DeepSpeed walk's `Location` (what the tag-folder scanners take)."""
         from inspector.scan.locate import Location
 
         root, tag = (self.root, self.tag) if self.tag else os.path.split(self.tag_dir.rstrip(os.sep))
         return Location(root, tag, self.tags, self.how, self.findings, self.other_runs, source=self.source)
+
+
+def tree_at(trees: dict[str, Any], path: str, source: ByteSource) -> Any:
+    """`path`'s object tree: the one a claim or an earlier step of this scan loaded (`Found.trees`), else
+    loaded now and kept there, so no step of one scan loads a file twice."""
+    if path not in trees:
+        from inspector.format.torchzip import load_tree
+
+        trees[path] = load_tree(path, source)
+    return trees[path]
 
 
 @runtime_checkable
@@ -105,4 +122,4 @@ class TagLayout:
         return None
 
 
-__all__ = ["Found", "Layout", "ScanOptions", "TagLayout"]
+__all__ = ["Found", "Layout", "ScanOptions", "TagLayout", "tree_at"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inspector.cli.convert import preflight_json
+from inspector.cli.preflight import preflight_json
 from inspector.convert.executor import Report
 from inspector.convert.kinds import DEFAULT, KINDS, Job, OutputKind, Request, get, names, of_output, offers
 from inspector.convert.options import ConvertOptions

@@ -185,12 +185,12 @@ def _source_of(plan: UniversalPlan, path: str) -> ByteSource:
 
 def _layout_refusal(ckpt: Checkpoint) -> tuple[Why, str] | None:
     """Pipeline, native-MoE and tensor-parallel checkpoints (ZeRO 1/2) are written like any other, with their
-    layout's metadata (`layouts.py`); what DeepSpeed 0.19.8 cannot resume from a universal checkpoint (ZeRO off,
-    plain data parallel included) is refused."""
-    from inspector.convert.kinds.universal.layouts import zero_off_reason
-
-    if ckpt.stage == 0:
-        return Why.NOT_RESUMABLE, zero_off_reason(ckpt.parallel.kind if ckpt.parallel is not None else "data")
+    layout's metadata (`layouts.py`); what its layout says DeepSpeed 0.19.8 cannot resume from a universal
+    checkpoint (ZeRO off, plain data parallel included), or did not write, is refused (`Checkpoint.universal`)."""
+    if ckpt.universal.not_offered:
+        return Why.LAYOUT, ckpt.universal.not_offered
+    if ckpt.stage == 0 and (ckpt.parallel is not None or bool(ckpt.ranks)):  # a universal input has no ranks
+        return Why.NOT_RESUMABLE, ckpt.universal.zero_off
     return None
 
 
@@ -208,14 +208,7 @@ class Universal(OutputKind):
         """Universal needs the optimizer state: rank files with Adam moments for every trainable parameter. A
         checkpoint saved before its first optimizer step has an Adam with no moments yet: refused, in those
         words (not as "not an Adam-family optimizer")."""
-        if ckpt.layout.startswith("dcp-"):
-            return self._unavailable(
-                Why.LAYOUT,
-                "a PyTorch Distributed Checkpoint, not a DeepSpeed run: a universal checkpoint is made from "
-                "DeepSpeed's own ZeRO files (DCP folders already load on any world size with torch)",
-            )
-        zero_off = ckpt.stage == 0 and bool(ckpt.ranks)  # a universal checkpoint's scan has no rank files
-        if (ckpt.parallel is not None or zero_off) and (why := _layout_refusal(ckpt)) is not None:
+        if (why := _layout_refusal(ckpt)) is not None:
             return self._unavailable(*why)
         if not ckpt.ranks or ckpt.ranks[0].optim_file is None:
             return self._unavailable(

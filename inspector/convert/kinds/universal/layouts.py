@@ -22,37 +22,22 @@ from dataclasses import replace
 from inspector.convert.kinds.universal.tp_meta import Meta, tp_metadata, tp_views
 from inspector.errors import UnsupportedCheckpointError
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.scan.universal_needs import ExpertFiles
 
 _EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_GROUP = re.compile(r"^ep_size_(\d+)$")
 
-ZERO_OFF_REASON = (
-    "ZeRO off (stage 0): DeepSpeed 0.19.8 never reads a universal checkpoint's zero/ folder at stage 0 (tried "
-    "with a bf16 pipeline: engine.load_checkpoint hands the model-states file's optimizer entry to "
-    "BF16_Optimizer's legacy loader, which fails with KeyError: 0), so it cannot resume one"
-)
-# seen with the native-MoE fixtures' model, bf16 and fp16 (tests/interop/test_universal_layouts_interop.py)
-MOE_ZERO_OFF_REASON = (
-    "ZeRO off (FP16_UnfusedOptimizer at stage 0, in bf16 as in fp16): DeepSpeed 0.19.8 never reads a universal "
-    "checkpoint's zero/ folder at stage 0 with MoE (engine.load_checkpoint opens each expert-parallel rank's "
-    "ZeRO-off optimizer file, expp_rank_R_mp_rank_00_optim_states.pt, in the universal folder and fails with "
-    "FileNotFoundError), so it cannot resume one"
-)
-
-
-def zero_off_reason(kind: str) -> str:
-    """Why DeepSpeed cannot resume a universal checkpoint of a ZeRO-off layout of this kind."""
-    words = MOE_ZERO_OFF_REASON if kind == "expert" else ZERO_OFF_REASON
-    return f"{'an' if kind == 'expert' else 'a'} {kind}-parallel checkpoint with {words}"
-
 
 def layout_metadata(ckpt: Checkpoint, tensors: tuple[TensorInfo, ...]) -> dict[str, Meta]:
-    """Per parameter of `universal_view`, the keys its files carry beside `param` (absent: `cat_dim` 0)."""
-    if ckpt.parallel is not None and ckpt.parallel.autoep:
+    """Per parameter of `universal_view`, the keys its files carry beside `param` (absent: `cat_dim` 0), by
+    how the layout said its experts are written (`Checkpoint.universal`)."""
+    experts = ckpt.universal.experts
+    if experts is ExpertFiles.FUSED:
         return autoep_metadata(ckpt, tensors)
-    if ckpt.parallel is not None and ckpt.parallel.kind == "expert":
+    if experts is ExpertFiles.LOCAL_SLOTS:
         # a stacked expert: DeepSpeed's loader cuts it on dim 0 by expert-parallel rank
-        stacked = (("cat_dim", 0), ("is_expert_param", True), ("ep_num_experts", max(1, ckpt.parallel.ep)))
+        ep = max(1, ckpt.parallel.ep if ckpt.parallel is not None else 1)
+        stacked = (("cat_dim", 0), ("is_expert_param", True), ("ep_num_experts", ep))
         return {t.name: stacked for t in tensors if _EXPERT.match(t.name)}
     return tp_metadata(ckpt)
 
@@ -74,7 +59,7 @@ def universal_view(ckpt: Checkpoint) -> tuple[TensorInfo, ...]:
     """The tensors as the universal folder holds them: a native-MoE checkpoint's experts as one stacked
     tensor per layer and local slot (under the local name, group of its first entry), a tensor-parallel
     fused parameter in its recorded view's shape, the rest unchanged."""
-    if ckpt.parallel is None or ckpt.parallel.kind != "expert" or ckpt.parallel.autoep:
+    if ckpt.universal.experts is not ExpertFiles.LOCAL_SLOTS or ckpt.parallel is None:
         return tp_views(ckpt)  # a fused parameter split along a 3-D view in that view's shape
     ep_max = max(1, ckpt.parallel.ep)
     experts = {t.name: t for t in ckpt.tensors if _EXPERT.match(t.name) and t.kind is Kind.TRAINABLE}

@@ -55,9 +55,7 @@ def tp_metadata(ckpt: Checkpoint) -> dict[str, Meta]:
     """Per joined parameter, the keys its universal files carry (empty below TP 2: every file then gets
     `cat_dim` 0, as for a data-parallel checkpoint), from the split the scan joined the shards by."""
     par = ckpt.parallel
-    if par is None or par.tp < 2 or par.kind not in ("tensor", "pipeline"):
-        return {}
-    recipe = par.tp_recipe
+    recipe = par.tp_recipe if par is not None and par.tp > 1 else None  # recorded by a tensor-parallel scan
     if recipe is None:
         return {}
     out: dict[str, Meta] = {}

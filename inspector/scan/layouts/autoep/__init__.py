@@ -14,6 +14,7 @@ from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.layouts.moe import described
 from inspector.scan.layouts.zero import classified, rank_files
 from inspector.scan.model import Checkpoint
+from inspector.scan.universal_needs import ExpertFiles
 
 
 class AutoEP(TagLayout):
@@ -24,9 +25,9 @@ class AutoEP(TagLayout):
         from inspector.scan.layouts.autoep.scanner import is_autoep
 
         files = rank_files(found)
-        return not isinstance(files, UnsupportedCheckpointError) and is_autoep(found.location, files)
+        return not isinstance(files, UnsupportedCheckpointError) and is_autoep(found.location, files, found.trees)
 
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
         from inspector.scan.layouts.autoep.scanner import scan_autoep
 
-        return described(scan_autoep(found.location, classified(found)))
+        return described(scan_autoep(found.location, classified(found), found.trees), ExpertFiles.FUSED)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.autoep import AutoEPLayer, PartitionGroup, autoep_layers, partition_groups
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.claims import Role, expert_role
@@ -35,25 +35,29 @@ from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout
 from inspector.scan.layouts.autoep.place import holding, place
 from inspector.scan.layouts.autoep.zero12 import zero12_layout
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
 from inspector.scan.locate import Location
 from inspector.scan.metadata import stage3_rank_proof
 from inspector.scan.model import Checkpoint, Finding, GroupInfo, Parallel, RankGroup, Severity
 
+T = TypeVar("T")
 
-def is_autoep(loc: Location, files: RankFiles) -> bool:
-    """Whether the rank-0 model states record AutoEP layers (read once more by the scan; metadata only)."""
+
+def is_autoep(loc: Location, files: RankFiles, trees: dict[str, Any]) -> bool:
+    """Whether the rank-0 model states record AutoEP layers (metadata only). The tree is left in `trees`
+    (`Found.trees`): the scan that follows takes it instead of loading the file again."""
     path = files.zero3_model.get(0) or files.model
     if path is None or not files.optim:
         return False
     try:
-        return bool(autoep_layers(load_tree(path, loc.source), path))
+        return bool(autoep_layers(tree_at(trees, path, loc.source), path))
     except InspectorError:
         return True  # the AutoEP scan reports what is wrong with it
 
 
-def scan_autoep(loc: Location, files: RankFiles) -> Checkpoint:
-    scanner = _AutoEPScanner(loc, files)
+def scan_autoep(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint:
+    scanner = _AutoEPScanner(loc, files, trees)
     ckpt = scanner.build()
     return replace(ckpt, parallel=scanner.parallel, findings=tuple(scanner.findings))
 
@@ -70,6 +74,29 @@ class _AutoEPScanner(ZeroScanner):
     parallel: Parallel | None = None
     words = "this AutoEP checkpoint"
 
+    def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any]) -> None:
+        super().__init__(loc, files, trees)
+        # AutoEP's own records of each file, parsed from the tree the base scan loaded (or why they could not
+        # be): `ds_autoep_layers` per model-states file, `ds_zero_partition_groups` per optimizer file
+        self._layers: dict[str, tuple[AutoEPLayer, ...] | InspectorError] = {}
+        self._groups: dict[str, tuple[PartitionGroup, ...] | InspectorError | None] = {}
+
+    def _model_states(self, tree: Any, path: str) -> ModelStates:
+        model = super()._model_states(tree, path)
+        try:
+            self._layers[path] = autoep_layers(tree, path) or ()
+        except InspectorError as exc:  # raised where the records are used (`_model`, `_rank`)
+            self._layers[path] = exc
+        return model
+
+    def _optim_states(self, tree: Any, path: str, stage3: bool) -> OptimStates:
+        states = super()._optim_states(tree, path, stage3)
+        try:
+            self._groups[path] = partition_groups(tree, path)
+        except InspectorError as exc:
+            self._groups[path] = exc
+        return states
+
     def _expert_role(self, model: ModelStates, stage3: bool) -> Role | None:
         """ZeRO-1/2 saves write each expert's 16-bit weights to its own file, for the layers and expert counts
         `ds_autoep_layers` records; ZeRO-3 saves write none."""
@@ -79,7 +106,7 @@ class _AutoEPScanner(ZeroScanner):
 
     def _model(self, stage3: bool) -> ModelStates:
         model = super()._model(stage3)
-        self.layers = autoep_layers(load_tree(model.file, self.loc.source), model.file) or ()
+        self.layers = _recorded(self._layers, model.file) or ()
         return replace(model, shared_params={**model.shared_params, **_router_aliases(model, self.layers)})
 
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
@@ -98,7 +125,7 @@ class _AutoEPScanner(ZeroScanner):
             if read.stage3:
                 ranks = [self._rank(r, read.models, read.optims) for r in range(read.ws)]
                 lay = self._build(param_shapes, states, ranks)
-            elif read.model.ds_config.get("use_data_before_expert_parallelism"):
+            elif read.model.ds_config.data_before_expert_parallelism:
                 raise UnsupportedCheckpointError(
                     "This AutoEP run set use_data_before_expert_parallelism: its ZeRO-1/2 files do not say "
                     "which ranks held which experts, and the usual rank rule does not apply.",
@@ -120,8 +147,7 @@ class _AutoEPScanner(ZeroScanner):
     ) -> _Rank:
         m, o = models[r], optims[r]
         assert m is not None and o is not None
-        layers = autoep_layers(load_tree(m.file, self.loc.source), m.file)
-        groups = partition_groups(load_tree(o.file, self.loc.source), o.file)
+        layers, groups = _recorded(self._layers, m.file), _recorded(self._groups, o.file)
         if not layers or groups is None:
             raise UnsupportedCheckpointError(
                 f"Rank {r}'s files lack the AutoEP records (ds_autoep_layers, ds_zero_partition_groups) that "
@@ -180,6 +206,14 @@ class _AutoEPScanner(ZeroScanner):
         lay.rank_groups = [tuple(rg) for rg in rank_groups]
         self.parallel = _parallel(ranks, ws)
         return lay
+
+
+def _recorded(records: Mapping[str, T | InspectorError], path: str) -> T | None:
+    """The AutoEP record parsed from `path`'s tree (None: the file was not loaded), or its refusal raised."""
+    got = records.get(path)
+    if isinstance(got, InspectorError):
+        raise got
+    return got
 
 
 def _partition(

@@ -14,7 +14,7 @@ from inspector.parse.dcp import DcpMetadata, read_metadata
 from inspector.scan.layouts.base import Found
 from inspector.scan.layouts.dcp.found import METADATA, rank_of, refuse_hf_writer
 from inspector.scan.layouts.dcp.items import Placed, read_scalar, refuse_transforms, try_place
-from inspector.scan.layouts.dcp.keys import MOMENTS, Roles, optimizer_roles, roles_of
+from inspector.scan.layouts.dcp.keys import MOMENTS, SAVERS, Roles, optimizer_roles, roles_of
 from inspector.scan.layouts.dcp.placement import Chunk, TilingError, runs
 from inspector.scan.layouts.dcp.tied import tie
 from inspector.scan.model import (
@@ -28,10 +28,15 @@ from inspector.scan.model import (
     Severity,
     TensorInfo,
 )
+from inspector.scan.universal_needs import UniversalNeeds
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
 
 _DAMAGED = "The folder is damaged or incomplete; copy the whole checkpoint folder again."
+NOT_DEEPSPEED = (  # why the universal kind is not offered (`Checkpoint.universal.not_offered`)
+    "a PyTorch Distributed Checkpoint, not a DeepSpeed run: a universal checkpoint is made from DeepSpeed's own "
+    "ZeRO files (DCP folders already load on any world size with torch)"
+)
 
 
 @dataclass
@@ -263,4 +268,6 @@ def _checkpoint(
         groups=(),
         tensors=tuple(tensors),
         findings=tuple(findings),
+        universal=UniversalNeeds(not_offered=NOT_DEEPSPEED),
+        saved_by=SAVERS.get(roles.saver, SAVERS["torch"]),
     )

@@ -31,6 +31,14 @@ class Roles:
     optimizer_keys: int = 0  # keys of the optimizer's state and hyper-parameters
 
 
+SAVERS = {  # `saver_of`'s answers in words (`Checkpoint.saved_by`: the summary's "Saved by")
+    "torch": "PyTorch DCP (torch.distributed.checkpoint)",
+    "torchtitan": "PyTorch DCP (torchtitan)",
+    "accelerate": "PyTorch DCP (Accelerate FSDP)",
+    "lightning": "PyTorch DCP (Lightning FSDP)",
+}
+
+
 def saver_of(folder: str, names: tuple[str, ...], top: set[str]) -> str:
     """The program that wrote the folder, from its name, its side files and its top-level keys."""
     base = os.path.basename(folder.rstrip(os.sep))

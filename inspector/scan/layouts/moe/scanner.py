@@ -13,13 +13,13 @@ global names; the dense weights in `mp_rank_00`'s `module`, as for any ZeRO-1/2 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
-from inspector.errors import InspectorError, UnsupportedCheckpointError
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.errors import InspectorError
+from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.claims import Role, expert_role
@@ -27,7 +27,7 @@ from inspector.scan.files import RankFiles, expert_copies
 from inspector.scan.holding import Holding, expert_spans
 from inspector.scan.layout import Layout, ParamShapes, stage12_layout
 from inspector.scan.layouts.zero.scanner import Read, ZeroScanner
-from inspector.scan.locate import EXPERT_RE, MODEL_RE, OPTIM_RE, Location
+from inspector.scan.locate import Location
 from inspector.scan.model import (
     Checkpoint,
     FileInfo,
@@ -44,9 +44,12 @@ EXPERT_NAME = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..+)$")
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
 
 
-def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
-    """Scan a native-MoE tag folder: the data-parallel scan with the expert-parallel layout of §3.7."""
-    scanner = _MoEScanner(loc, files)
+def scan_moe(loc: Location, files: RankFiles, trees: dict[str, Any], *, stage: int | None = None) -> Checkpoint:
+    """Scan a native-MoE tag folder: the data-parallel scan with the expert-parallel layout of §3.7; `trees`:
+    what the claims loaded (`Found.trees`); `stage`: the files are this pipeline stage's (`mp_rank_SS`), which
+    the calling layout claimed with the rest of the folder."""
+    scanner = _MoEScanner(loc, files, trees)
+    scanner.shard, scanner.mp_rank = stage is not None, stage or 0
     ckpt = scanner.build()
     extra = tuple(FileInfo.stat(p, "expert", None) for _, p in sorted(files.experts.items()))
     copies = sum(s.nbytes for t in ckpt.tensors if EXPERT_NAME.match(t.name) for s in t.module_copy)
@@ -61,14 +64,25 @@ def scan_moe(loc: Location, files: RankFiles) -> Checkpoint:
 
 class _MoEScanner(ZeroScanner):
     parallel: Parallel | None = None
+    mp_rank = 0  # the model-parallel rank (pipeline stage) whose files these are
     words = "this MoE checkpoint"
+
+    def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any]) -> None:
+        super().__init__(loc, files, trees)
+        self._dims: dict[str, ParallelDims | InspectorError] = {}  # per model-states file, from its tree
+
+    def _model_states(self, tree: Any, path: str) -> ModelStates:
+        model = super()._model_states(tree, path)
+        try:
+            self._dims[path] = ParallelDims.parse(tree, path)
+        except InspectorError as exc:  # missing_experts reports the damaged record
+            self._dims[path] = exc
+        return model
 
     def _expert_role(self, model: ModelStates, stage3: bool) -> Role:
         """Expert files for the MoE layers and expert counts the model states record (`num_experts`)."""
-        try:
-            counts = ParallelDims.parse(load_tree(model.file, self.loc.source), model.file).num_experts
-        except InspectorError:
-            counts = None  # missing_experts reports the damaged record
+        dims = self._dims.get(model.file)
+        counts = dims.num_experts if isinstance(dims, ParallelDims) else None
         return expert_role(dict(enumerate(counts)) if counts is not None else None, 1)
 
     def _layout(self, read: Read) -> Layout | None:
@@ -82,7 +96,8 @@ class _MoEScanner(ZeroScanner):
             return None
         self.parallel = parallel
         self.findings += lay.findings
-        self.findings += missing_experts(read.model, self.files, self.loc.tag_dir, self.loc.source)
+        dims = self._dims[read.model.file]  # parsed with the rank-0 model states (`_model`)
+        self.findings += missing_experts(read.model, dims, self.files, self.loc.tag_dir, self.mp_rank)
         return lay
 
 
@@ -224,12 +239,14 @@ def _global(name: str, e: int, n_local: Mapping[str, int]) -> str:
     return f"{m.group(1)}{e * n_local[m.group(1)] + int(m.group(2))}{m.group(3)}"
 
 
-def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: ByteSource) -> list[Finding]:
-    """One finding per missing `layer_L_expert_E` file, from `num_experts` (bounded by the files present)."""
-    try:
-        dims = ParallelDims.parse(load_tree(model.file, source), model.file)
-    except InspectorError as exc:
-        return [Finding(Severity.ERROR, "unreadable", exc.message, model.file, exc.hint)]
+def missing_experts(
+    model: ModelStates, dims: ParallelDims | InspectorError, files: RankFiles, tag_dir: str, mp: int = 0
+) -> list[Finding]:
+    """One finding per missing `layer_L_expert_E_mp_rank_MM` file, from `num_experts` (bounded by the files
+    present); `dims`: the model states' parallel record, as the scan parsed it (or why it could not); `mp`:
+    the model-parallel rank whose files these are (a pipeline stage)."""
+    if isinstance(dims, InspectorError):
+        return [Finding(Severity.ERROR, "unreadable", dims.message, model.file, dims.hint)]
     counts = dims.num_experts or ()
     if sum(counts) > files.present:
         return [
@@ -251,7 +268,7 @@ def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: 
             Severity.ERROR,
             "missing-expert",
             f"The file of expert {e} of MoE layer {layer} "
-            f"(layer_{layer}_expert_{e}_mp_rank_00_model_states.pt) is missing.",
+            f"(layer_{layer}_expert_{e}_mp_rank_{mp:02d}_model_states.pt) is missing.",
             tag_dir,
             hint,
         )
@@ -271,27 +288,3 @@ def missing_experts(model: ModelStates, files: RankFiles, tag_dir: str, source: 
 
 
 __all__ = ["scan_moe"]
-
-
-def refuse_pipeline_moe(loc: Location, names: Sequence[str]) -> None:
-    """Pipeline + native MoE (Megatron-DeepSpeed style: `mp_rank_SS` per stage, expert files per stage with L
-    counted per stage, no `layer_XX` files) is not supported yet. Recognised by the stages the model states
-    record beside expert files, it is refused naming what was seen, rather than read as tensor-parallel
-    shards and called damaged."""
-    experts = [n for n in names if (m := EXPERT_RE.match(n)) and m.group(2) is not None]
-    models = sorted(n for n in names if (m := MODEL_RE.match(n)))
-    first = next((n for n in models if (m := MODEL_RE.match(n)) and int(m.group(1)) == 0), None)
-    if not experts or len(models) < 2 or first is None:
-        return
-    path = os.path.join(loc.tag_dir, first)
-    dims = ParallelDims.parse(load_tree(path, loc.source), path)
-    if (dims.pp_degree or 1) < 2:
-        return  # MoE with tensor-parallel ranks (moe_tp): read by the MoE scan
-    optims = sum(1 for n in names if OPTIM_RE.match(n))
-    raise UnsupportedCheckpointError(
-        f"{loc.tag_dir}: pipeline parallel with native MoE, recognised from {len(models)} stage files "
-        f"(mp_rank_SS; the model states say {dims.pp_degree} stages), {len(experts)} expert files "
-        f"(layer_L_expert_E_mp_rank_SS) and {optims} optimizer files; this layout is not supported yet.",
-        hint="This says nothing about damage: the layout is recognised, not read. Resume it with the "
-        "DeepSpeed setup that wrote it (engine.load_checkpoint) until it is supported.",
-    )

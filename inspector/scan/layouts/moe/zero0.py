@@ -18,10 +18,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import Any
 
-from inspector.errors import NotACheckpointError
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import ParallelDims, TensorFile
 from inspector.parse.states import ModelStates
 from inspector.parse.zero_off import UnfusedFp16, UnfusedParam
@@ -29,7 +28,9 @@ from inspector.scan.assemble import record
 from inspector.scan.claims import claim, damaging, expert_role, expp_role, model_role
 from inspector.scan.files import RankFiles, load_or_finding
 from inspector.scan.holding import Holding, expert_spans
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.moe.scanner import EXPERT_NAME, missing_experts
+from inspector.scan.layouts.moe.zero0_files import Zero0Files, zero0_files
 from inspector.scan.layouts.moe.zero0_sizes import (
     expert_names,
     first_hyper,
@@ -41,7 +42,7 @@ from inspector.scan.layouts.moe.zero0_sizes import (
     wrapper_name,
 )
 from inspector.scan.layouts.pipeline.names import plain, with_copy
-from inspector.scan.locate import EXPERT_RE, EXPP_RE, MODEL_RE, Location
+from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
 from inspector.scan.model import (
     Checkpoint,
@@ -63,46 +64,14 @@ _WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_
 _HINT = "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter."
 
 
-def is_moe_zero0(names: Sequence[str]) -> bool:
-    return any(EXPP_RE.match(n) for n in names)
-
-
-@dataclass
-class _Files:
-    model: str
-    expp: dict[int, str]
-    experts: dict[tuple[int, int], str]
-    present: int
-    names: tuple[str, ...] = ()  # every name in the tag folder, for the claim pass (scan/claims.py)
-
-
-def _files(loc: Location, names: Sequence[str]) -> _Files:
-    """The model states, each expert-parallel rank's optimizer file and the expert files (ranks bounded); any
-    other rank file (a second model-parallel rank, an expert file without its MoE layer, as DeepSpeed before
-    0.6 wrote it) is left to the claim pass, which reports it."""
-    model, expp, experts = None, {}, {}
-    for n in names:
-        path = os.path.join(loc.tag_dir, n)
-        if (m := EXPP_RE.match(n)) and int(m.group(2)) == 0 and int(m.group(1)) < len(names):
-            expp[int(m.group(1))] = path
-        elif (m := EXPERT_RE.match(n)) and m.group(2) is not None and int(m.group(4)) == 0:
-            experts[(int(m.group(2)), int(m.group(3)))] = path
-        elif (m := MODEL_RE.match(n)) and int(m.group(1)) == 0:
-            model = path
-    if model is None:
-        raise NotACheckpointError(
-            f"{loc.tag_dir}: no mp_rank_00_model_states.pt.", hint="Copy the complete checkpoint folder."
-        )
-    return _Files(model, expp, experts, len(names), tuple(names))
-
-
-def scan_moe_zero0(loc: Location, names: Sequence[str]) -> Checkpoint:
-    """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies."""
-    return _Zero0(loc, _files(loc, names)).build()
+def scan_moe_zero0(loc: Location, names: Sequence[str], trees: dict[str, Any]) -> Checkpoint:
+    """Scan a ZeRO-off native-MoE tag folder: masters matched to names by order, shapes and their copies;
+    `trees`: what the claims loaded (`Found.trees`), taken instead of loading a file again."""
+    return _Zero0(loc, zero0_files(loc, names)).build(trees)
 
 
 class _Zero0:
-    def __init__(self, loc: Location, files: _Files) -> None:
+    def __init__(self, loc: Location, files: Zero0Files) -> None:
         self.loc = loc
         self.f = files
         self.findings: list[Finding] = list(loc.findings)
@@ -113,8 +82,8 @@ class _Zero0:
     def add(self, code: str, message: str, file: str | None = None, hint: str = _HINT) -> None:
         self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
 
-    def build(self) -> Checkpoint:
-        tree = load_tree(self.f.model, self.loc.source)
+    def build(self, trees: dict[str, Any]) -> Checkpoint:
+        tree = tree_at(trees, self.f.model, self.loc.source)
         model = ModelStates.parse(tree, self.f.model)
         dims = ParallelDims.parse(tree, self.f.model)
         opts = {  # read first: the expert-parallel size their groups name bounds the files' roles
@@ -126,7 +95,7 @@ class _Zero0:
         self._claim(dims, ep)
         opts = {e: o for e, o in opts.items() if e in self.f.expp}
         rf = RankFiles(experts=self.f.experts, present=self.f.present)
-        self.findings += missing_experts(model, rf, self.loc.tag_dir, self.loc.source)
+        self.findings += missing_experts(model, dims, rf, self.loc.tag_dir)
         copies = self._expert_copies()
         for e in [e for e in range(ep) if e not in self.f.expp][:8]:
             self.add(
@@ -403,4 +372,4 @@ def _segs(ref: TensorRef) -> tuple[Segment, ...]:
     return tuple(Segment(ref.path, off, n, ref.dtype) for off, n in ref.runs())
 
 
-__all__ = ["is_moe_zero0", "scan_moe_zero0"]
+__all__ = ["scan_moe_zero0"]

@@ -18,6 +18,7 @@ from dataclasses import replace
 from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.locate import PADDED
 from inspector.scan.model import Checkpoint, Parallel, Segment, TensorInfo
+from inspector.scan.universal_needs import UniversalNeeds, zero_off
 from inspector.system.units import plural
 
 _MP_RANK = re.compile(rf"mp_rank_{PADDED}_")  # the number as the scan accepted it (locate's one spelling)
@@ -46,10 +47,11 @@ def _stages(segments: Sequence[Segment], tp: int) -> set[int]:
 
 def staged(ckpt: Checkpoint) -> Checkpoint:
     """The checkpoint with its words and each tensor's stage recorded (reports name it: layer numbers alone do
-    not tell which stage's files, and so which ranks, to look at)."""
+    not tell which stage's files, and so which ranks, to look at), and what a universal checkpoint of it needs."""
     par = ckpt.parallel or Parallel("pipeline")
     tensors = tuple(replace(t, stage=stage_of(t, par.tp)) for t in ckpt.tensors)
-    return replace(ckpt, tensors=tensors, parallel=replace(par, words=words(par)))
+    needs = UniversalNeeds(zero_off=zero_off("pipeline"))
+    return replace(ckpt, tensors=tensors, parallel=replace(par, words=words(par)), universal=needs)
 
 
 class Pipeline(TagLayout):

@@ -10,11 +10,10 @@ tp + TT. Rank and stage numbers come from file names, so they are bounded by the
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from inspector.errors import NotACheckpointError
+from inspector.parse.dsconfig import DsConfig
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.claims import (
     LAYER_FILE_RE,
@@ -43,7 +42,7 @@ def tp_layer_ranks(names: list[str]) -> set[int]:
 
 
 def claim_files(
-    loc: Location, names: list[str], tp: int, pp: int | None, dp: int | None, config: Mapping[str, Any]
+    loc: Location, names: list[str], tp: int, pp: int | None, dp: int | None, config: DsConfig
 ) -> Claims:
     """Every file of a pipeline tag folder claimed (scan/claims.py): layer files of the run's one naming and
     tensor-parallel ranks, one `mp_rank_MM` per stage and tensor-parallel rank, optimizer files per stage and
@@ -63,18 +62,11 @@ def claim_files(
     return claim(loc.tag_dir, names, roles, f"this pipeline (whose layer files are named {words})")
 
 
-def _masters_in_stage_files(config: Mapping[str, Any]) -> bool:
+def _masters_in_stage_files(config: DsConfig) -> bool:
     """ZeRO off in fp16 (`zero_optimization.stage` 0, fp16 on, bf16 off), as the run's config records it:
     DeepSpeed's FP16 optimizer keeps the masters in the stage files and writes no optimizer files (the bf16
     optimizer, ZeRO off too, writes them). A config that says less: optimizer files are expected."""
-
-    def on(key: str) -> bool:
-        section = config.get(key)
-        return isinstance(section, Mapping) and section.get("enabled") is True
-
-    zero = config.get("zero_optimization")
-    stage = zero.get("stage") if isinstance(zero, Mapping) else None
-    return stage == 0 and on("fp16") and not (on("bf16") or on("bfloat16"))
+    return config.zero_stage == 0 and config.fp16 and not config.bf16
 
 
 @dataclass

@@ -100,10 +100,8 @@ class Pipeline:
         self, st: Stage, unfused: UnfusedFp16 | None, layer_files: Mapping[int, TensorFile]
     ) -> None:
         """A stage without optimizer files: ZeRO off (the optimizer state in the stage file), or files lost."""
-        cfg = st.model.ds_config if st.model else {}
-        zero, bf16 = cfg.get("zero_optimization"), cfg.get("bf16")
-        off = isinstance(zero, Mapping) and zero.get("stage") == 0
-        if unfused is None and off and not (isinstance(bf16, Mapping) and bf16.get("enabled") is True):
+        cfg = st.model.ds_config if st.model else None
+        if unfused is None and cfg is not None and cfg.zero_stage == 0 and not cfg.bf16:
             raise UnsupportedCheckpointError(  # (bf16 at stage 0 writes optimizer files: their loss is damage)
                 f"{st.model_file}: pipeline stage {st.index} was saved with ZeRO off (its ds_config says "
                 "stage 0), so its optimizer state is in this file, but in a form not supported yet (not "

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from inspector.errors import InspectorError, StoreError
 from inspector.format.torchzip import load_tree
+from inspector.parse.dsconfig import DsConfig
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.parse.states import ModelStates
 from inspector.scan.claims import Claims, bounded
@@ -82,7 +83,7 @@ def _claims(loc: Location, names: Sequence[str], tp: int, tree0: object, dims: P
     if pp is None and dims is not None and dims.mp_world_size is not None:
         pp = bounded(dims.mp_world_size // tp or None, present)
     dp = bounded(model.dp_world_size if model else None, present)
-    return claim_files(loc, list(names), tp, pp, dp, model.ds_config if model else {})
+    return claim_files(loc, list(names), tp, pp, dp, model.ds_config if model else DsConfig())
 
 
 def _shards(

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from inspector.scan.layouts.base import Found, ScanOptions, TagLayout
 from inspector.scan.model import Checkpoint, Parallel
+from inspector.scan.universal_needs import UniversalNeeds, zero_off
 from inspector.system.units import plural
 
 
@@ -28,11 +29,9 @@ class Tensor(TagLayout):
         return len(tp_ranks(found.names)) > 1
 
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
-        from inspector.scan.layouts.moe.scanner import refuse_pipeline_moe
         from inspector.scan.layouts.tensor.scanner import scan_tensor
 
-        # pipeline + native MoE also writes mp_rank_SS files: not supported yet, said so (not damaged shards)
-        refuse_pipeline_moe(found.location, found.names)
-        ckpt = scan_tensor(found.location, list(found.names), options.tp_split)
+        ckpt = scan_tensor(found.location, list(found.names), options.tp_split, found.trees)
         par = ckpt.parallel
-        return replace(ckpt, parallel=replace(par, words=words(par))) if par else ckpt
+        needs = UniversalNeeds(zero_off=zero_off("tensor"))  # the keys: `Parallel.tp_recipe`
+        return replace(ckpt, parallel=replace(par, words=words(par)), universal=needs) if par else ckpt

@@ -17,9 +17,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.layers import AFFINE_FORMAT, ParallelDims, TpRecipe
 from inspector.parse.states import ModelStates
 from inspector.scan.claims import (
@@ -34,6 +34,7 @@ from inspector.scan.claims import (
 )
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
@@ -58,13 +59,17 @@ def tp_ranks(names: Sequence[str]) -> set[int]:
     return out
 
 
-def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = ()) -> Checkpoint:
-    """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors."""
+def scan_tensor(
+    loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = (), trees: dict[str, Any] | None = None
+) -> Checkpoint:
+    """Scan every tensor-parallel shard as a data-parallel checkpoint, then join the shards' tensors; `trees`:
+    what the claims loaded (`Found.trees`), taken instead of loading a file again."""
+    trees = {} if trees is None else trees
     present = len(names)
     shards = _shard_files(loc, names)
     model0 = _model_file(shards[0])
     assert model0 is not None
-    tree0 = load_tree(model0, loc.source)
+    tree0 = tree_at(trees, model0, loc.source)
     dims = ParallelDims.parse(tree0, model0)
     recipe = TpRecipe.parse(tree0, model0)
     tp = dims.tp_degree or dims.mp_world_size or len(shards)
@@ -83,11 +88,11 @@ def scan_tensor(loc: Location, names: Sequence[str], tp_split: Sequence[tuple[st
     findings += claims.findings
     shards = _shard_files(loc, names, frozenset(claims.names()))
     findings += _missing_shards(shards, tp, loc)
-    scanned = {t: _shard(loc, f) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
+    scanned = {t: _shard(loc, f, trees) for t, f in sorted(shards.items()) if _model_file(f) is not None and t < tp}
     for t, c in scanned.items():
         findings += [f for f in map(partial(_in_shard, t), c.findings) if f not in findings]
     base = scanned[0]
-    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc, trees)
     dp = base.world_size
     ranks = [replace(r, rank=r.rank * tp + t) for t, c in sorted(scanned.items()) for r in c.ranks]
     placement = tuple(
@@ -140,13 +145,14 @@ def join_shards(
     tp_split: Sequence[tuple[str, str]],
     findings: list[Finding],
     loc: Location,
+    trees: Mapping[str, Any] | None = None,
 ) -> tuple[list[TensorInfo], TpRecipe | None]:
     """Every shard's tensors joined into full ones by the recorded split (or the user's `--tp-split` where
     none is recorded, or only as regular expressions), and the split used; nothing while a shard is missing
     or damaged (the findings say why)."""
     complete = len(scanned) == tp and not damaging(findings)
     model0 = next((f.path for f in scanned[0].files if f.role == "model"), loc.tag_dir) if scanned else ""
-    if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source)):
+    if complete and recipe is not None and (other := records_differ(scanned, recipe, loc.source, trees or {})):
         findings.append(
             Finding(
                 Severity.ERROR,
@@ -249,14 +255,14 @@ def _user_recipe(
     return TpRecipe(model_file, rules, frozenset(), None, ())
 
 
-def _shard(loc: Location, files: RankFiles) -> Checkpoint:
+def _shard(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint:
     from inspector.scan.layouts.zero.scanner import ZeroScanner
     from inspector.scan.layouts.zero.zero0 import is_zero0, scan_zero0
 
     if is_zero0(files) and (ckpt := scan_zero0(loc, files, shard=True)) is not None:
         return ckpt  # AutoTP with ZeRO off: each rank's masters in its own model states
 
-    scanner = ZeroScanner(loc, files)
+    scanner = ZeroScanner(loc, files, trees)  # rank 0's model states: the tree read for the recipe
     scanner.shard = True
     return scanner.build()
 

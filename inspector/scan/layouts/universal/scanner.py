@@ -276,11 +276,6 @@ def _has(source: ByteSource, pdir: str, state: str) -> bool:
     return source.is_file(os.path.join(pdir, f"{state}.pt"))
 
 
-def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = cfg.get(key)
-    return value if isinstance(value, dict) else {}
-
-
 def _checkpoint(
     folder: str,
     model: ModelStates,
@@ -291,20 +286,8 @@ def _checkpoint(
     step: int | None,
 ) -> Checkpoint:
     cfg = model.ds_config
-    raw_stage = _section(cfg, "zero_optimization").get("stage")
-    stage: int = (
-        raw_stage
-        if isinstance(raw_stage, int) and not isinstance(raw_stage, bool) and 0 <= raw_stage <= 3
-        else (3 if "zero_pp_rank" in files[0].path else 2)
-    )
-    compute = next(
-        (
-            v
-            for k, v in (("bf16", "bfloat16"), ("fp16", "float16"))
-            if _section(cfg, k).get("enabled") is True
-        ),
-        "float32",
-    )
+    stage = cfg.zero_stage if cfg.zero_stage is not None else (3 if "zero_pp_rank" in files[0].path else 2)
+    compute = cfg.compute_dtype or "float32"
     root, tag = os.path.split(folder)
     return record(
         Folder(root, tag, folder, "universal"),

@@ -56,4 +56,4 @@ class Zero(TagLayout):
         files, loc = classified(found), found.location
         if is_zero0(files) and (ckpt := scan_zero0(loc, files)) is not None:
             return ckpt  # ZeRO off: the masters in the one model-states file
-        return ZeroScanner(loc, files).build()
+        return ZeroScanner(loc, files, found.trees).build()

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.locate import Location
 from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
 from inspector.scan.model import Checkpoint, Finding, Severity
@@ -51,9 +51,10 @@ class ZeroScanner:
     """One data-parallel ZeRO world (stage 0-3): the rank files of one tag become a `Checkpoint`. The model-
     parallel layouts scan each of their worlds with it, or extend it (`moe`)."""
 
-    def __init__(self, loc: Location, files: RankFiles) -> None:
+    def __init__(self, loc: Location, files: RankFiles, trees: dict[str, Any] | None = None) -> None:
         self.loc = loc
         self.files = files
+        self.trees = trees if trees is not None else {}  # rank-0 model-states trees by path (`Found.trees`)
         self.findings: list[Finding] = list(loc.findings) + files.findings
 
     def add(
@@ -85,12 +86,12 @@ class ZeroScanner:
             self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
         source = self.loc.source
         optims: dict[int, OptimStates | None] = load_all(
-            sorted(f.optim.items()), source, self.findings, lambda t, p: OptimStates.parse(t, p, stage3)
+            sorted(f.optim.items()), source, self.findings, lambda t, p: self._optim_states(t, p, stage3)
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
             rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
-            models.update(load_all(rest, source, self.findings, ModelStates.parse))
+            models.update(load_all(rest, source, self.findings, self._model_states))
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
         param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
@@ -138,6 +139,15 @@ class ZeroScanner:
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
         return stage3_rank_proof(param_shapes, states, self.loc.source)  # scan/autoep.py narrows it
 
+    def _model_states(self, tree: Any, path: str) -> ModelStates:
+        """One model-states file's record, from the tree just loaded: a layout that reads more of the same
+        file (AutoEP's records) parses it here, so no file is loaded twice."""
+        return ModelStates.parse(tree, path)
+
+    def _optim_states(self, tree: Any, path: str, stage3: bool) -> OptimStates:
+        """One optimizer file's record, from the tree just loaded (as `_model_states`)."""
+        return OptimStates.parse(tree, path, stage3)
+
     def _model(self, stage3: bool) -> ModelStates:
         """The rank-0 model states: essential, so every problem with them is an error, not a finding."""
         f = self.files
@@ -159,8 +169,8 @@ class ZeroScanner:
                 hint="This is not a ZeRO checkpoint (ZeRO off, or optimizer states were not saved); its model "
                 "file already holds the full weights.",
             )
-        tree = load_tree(model_path, self.loc.source)
-        model = ModelStates.parse(tree, model_path)
+        tree = tree_at(self.trees, model_path, self.loc.source)  # kept for the layout's later checks
+        model = self._model_states(tree, model_path)
         self._check_model_parallel(tree, model_path)
         if not model.has_module:
             raise UnsupportedCheckpointError(
@@ -244,7 +254,7 @@ class ZeroScanner:
         """Files of one checkpoint agree on version, config and step; mixed runs do not."""
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
-            return (o.ds_version, digest(dict(o.ds_config)), digest([step_value(s) for s in o.steps]))
+            return (o.ds_version, digest(dict(o.ds_config.raw)), digest([step_value(s) for s in o.steps]))
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -258,7 +268,7 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, digest(dict(model.ds_config)))
+        model_sig = (model.ds_version, digest(dict(model.ds_config.raw)))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
