@@ -1,7 +1,8 @@
 """Tensor parallel (AutoTP, Megatron-style): one ZeRO world per `mp_rank_TT`, the shards joined by what
 `universal_checkpoint_info` records (or the user's `--tp-split`).
 
-    scanner.py  every shard scanned as a data-parallel checkpoint, then joined (`scan/tensor_join.py`)
+    scanner.py  every shard scanned as a data-parallel checkpoint, then joined
+    join.py     each parameter's `Layout` from the records (affine map, category lists, --tp-split), compared
 """
 
 from __future__ import annotations

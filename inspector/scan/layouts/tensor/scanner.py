@@ -7,7 +7,7 @@ data-parallel scan rebuilds every tensor-parallel shard as it rebuilds any check
 row-parallel ones join on dim 1, vocabulary-parallel ones on dim 0 with the padding rows cut, the rest on dim 0.
 What the checkpoint does not record is refused with what is missing, never guessed: no recipe at all, a regex
 pattern instead of a name, averaged or AutoTP-unsupported parameters. Fused sub-parameters (`qkv_proj`,
-`gate_up_proj`) join each sub-parameter's pieces in turn, by the widths recorded (`scan/tensor_join.py`).
+`gate_up_proj`) join each sub-parameter's pieces in turn, by the widths recorded (`join.py`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from inspector.scan.claims import (
 from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.layouts.base import tree_at
+from inspector.scan.layouts.tensor.join import Refused, layout_of, records_differ, stored_shape, with_joined
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import differing_copies
-from inspector.scan.tensor_join import Refused, layout_of, records_differ, stored_shape, with_joined
 from inspector.scan.tensor_lay import lay
 from inspector.scan.tp_rules import SPLIT_RULES
 from inspector.text import shown
