@@ -128,6 +128,11 @@ def done_text(r: Finished, peak: int, predicted: int, planned_files: int = 0) ->
         f" in {took(secs)}: {r.tensors} tensors, {size(written)}"
         f" in {where} at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
+        (
+            f" {r.resumed_files} file(s) reused from an earlier run (kept, not written again)."
+            if r.resumed_files
+            else ""
+        ),
         "\n",
         ("\n".join(f"  {shown(name)}  {size(n)}" for name, n in files[:8]), "dim"),
         ("\n  …" if len(files) > 8 else ""),

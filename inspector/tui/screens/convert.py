@@ -205,9 +205,11 @@ class ConvertScreen(ChildScreen):
         if msg.returncode == 0 and isinstance(self.report, Finished):
             self.phase = Phase.DONE
             progress = self.query_one(ConvertProgress)
-            progress.written()
-            # the last progress line said "under a second left": now it says what was done
-            progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}")
+            reused = self.report.resumed_files
+            progress.written(reused)
+            # the last progress line said "under a second left": now it says what was done, reuse included
+            again = f", {reused} file(s) of it reused from an earlier run" if reused else ""
+            progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}{again}")
             result = self.query_one("#result", Static)
             result.update(
                 Text.assemble(
