@@ -26,9 +26,11 @@ from inspector.system.units import parse_size
 from inspector.tui.fmt import many, shown, shown_markup
 from inspector.tui.jobs import run_preflight
 from inspector.tui.screens.export_fields import (
+    apply_named,
     form_remedy,
     format_options,
     human_size,
+    named_fields,
     parse_renames,
     shows_tp_split,
     split_list,
@@ -101,6 +103,7 @@ class ExportScreen(Screen[None]):
         yield Label("Format")
         formats, default, _ = format_options(app.ckpt)
         chosen = ex.format if ex.format in {v for _, v in formats} else default
+        yield from named_fields(app)  # a selection saved with `m`, picked for this export
         yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
         yield Static("", classes="format-note")  # why other kinds are not offered: `_refresh_formats`
         yield Static("", id="format-note", classes="dim-note format-note", markup=False)
@@ -285,6 +288,7 @@ class ExportScreen(Screen[None]):
         )
 
     def _changed(self) -> None:
+        apply_named(self)
         opts, out, overwrite, errors = self.read_form()
         app = zi(self)
         self.plan_error = ""  # the next preflight says again
