@@ -117,9 +117,9 @@ class HealthTable(DataTable[RenderableType]):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.entries: list[Entry] = []
-        self._shown_as: dict[str, str] = {}
-        self._alike: dict[str, set[str]] = {}
-        self._rows_of: dict[str, list[int]] = {}
+        self._shown_as: dict[str, str] = {}  # full name -> as the name column shows it
+        self._alike: dict[str, set[str]] = {}  # as _elide alone shows it -> the names that read so
+        self._rows_of: dict[str, list[int]] = {}  # full name -> its rows (one per stream: master, m, v…)
         self.order_by = "problems"
 
     # (label, key, width) after the name; the name column takes the rest of the table's width, elided from the
@@ -163,9 +163,7 @@ class HealthTable(DataTable[RenderableType]):
 
     def reset(self) -> None:
         self.entries = []
-        self._shown_as: dict[str, str] = {}  # full name -> as the name column shows it
-        self._alike: dict[str, set[str]] = {}  # as _elide alone shows it -> the names that read so
-        self._rows_of: dict[str, list[int]] = {}  # full name -> its rows (one per stream: master, m, v…)
+        self._shown_as, self._alike, self._rows_of = {}, {}, {}
         self.clear()
 
     def append(self, rows: Sequence[Row], order: dict[str, int]) -> None:
