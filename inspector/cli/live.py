@@ -22,8 +22,15 @@ def _progress_line(ev: Any, mem: str, unit: str = "file") -> str:
 
 
 def _where(ev: Any, unit: str) -> str:
-    """`file 3/8` for a run here; a Ray run's events say themselves how many parts are done."""
-    return f"file {ev.shard_index + 1}/{ev.shards}" if unit == "file" else ev.shard
+    """`files 3/8` finished for a run here, of the files the header counted (the one count; files written side
+    by side never make it go back); a Ray run's events say themselves how many parts are done."""
+    if unit != "file":
+        return ev.shard
+    return (
+        f"files {ev.files_done}/{ev.files_total}"
+        if ev.files_total
+        else f"file {ev.shard_index + 1}/{ev.shards}"
+    )
 
 
 def _memory_line() -> str:

@@ -4,7 +4,6 @@ output kind answers in (`preflight --json`); a damaged checkpoint gets its findi
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +47,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     if ckpt.errors:  # a prediction for a damaged checkpoint would describe a conversion that must not run
         _refuse_damaged(ckpt, args.json)
     budget = _chosen_ram(args.ram) if args.ram else None
-    _, job, _ = plan_job(args, allow_damaged=True, out=args.out or os.getcwd())
+    from inspector.system.disk import proposed_out  # the app's Export form proposes the same folder
+
+    _, job, _ = plan_job(args, allow_damaged=True, out=args.out or proposed_out(ckpt.root, ckpt.tag))
     verdict = job.assess(budget)
     if args.json:
         print_json(preflight_json(job, verdict))
@@ -109,7 +110,8 @@ def _preflight_options(
     add_common(p)
     p.add_argument(
         "--out",
-        help="where the output would go, a folder or s3://bucket/prefix (for free disk; default: current folder)",
+        help="where the output would go, a folder or s3://bucket/prefix (for free disk; default: "
+        "NAME-TAG-safetensors beside the checkpoint, or in your home folder when that one is not writable)",
     )
     p.add_argument("--staging", metavar="DIR", help="as for convert: the staging folder of an s3:// output")
     from inspector.convert.kinds import DEFAULT

@@ -108,6 +108,7 @@ def _progressed(ev: Any, files: Any, starts: list[int]) -> Progressed:
         file=ev.shard,
         file_index=ev.shard_index,
         files=ev.shards,
+        files_done=ev.files_done,
         file_done=min(max(ev.bytes_done - starts[i], 0), files[i].nbytes) if one else ev.bytes_done,
         file_total=files[i].nbytes if one else ev.bytes_total,
         elapsed=round(ev.elapsed, 3),

@@ -43,6 +43,7 @@ class Progressed:
     file: str = ""  # empty while verifying
     file_index: int = 0
     files: int = 1
+    files_done: int = 0  # of the files the plan lists (`Started.files`), finished: it never goes back
     file_done: int = 0
     file_total: int = 0
 

@@ -50,6 +50,8 @@ class Progress:
     shards: int
     elapsed: float
     skipped_bytes: int = 0
+    files_done: int = 0  # of `files_total`, finished (reused and written first included): never goes back
+    files_total: int = 0  # the files the run lists (the job's, or a part's own): the count the header says
 
     @property
     def fraction(self) -> float:
@@ -99,7 +101,9 @@ def run(
     try:
         if part is None:
             r.small = job.before(root, r.area, fsync)
-        yield from _write_all(r, todo, cancel, total, skipped, start)
+        count = len(job.files) if part is None else len(r.mine)
+        early = len(r.small) + len(r.mine) - len(todo)  # written first, or reused
+        yield from _write_all(r, todo, cancel, (total, skipped, count, early), start)
         if cancel.is_set():
             raise CancelledError(f"Conversion cancelled; {job.cancelled_words()}.")
         if part is not None:  # the finishing run publishes; a part only leaves its journalled files
@@ -110,9 +114,8 @@ def run(
         ok = True
         elapsed = time.monotonic() - start
         last = len(files) - 1
-        yield Progress(
-            total, total, "", files[last].name if files else "", last, len(files), elapsed, skipped
-        )
+        name = files[last].name if files else ""
+        yield Progress(total, total, "", name, last, len(files), elapsed, skipped, count, count)
         listed = tuple((f.name, root.size(f.name)) for f in files) + r.small
         if job.folder:  # one entry for the folder
             listed = ((job.folder, sum(s for _, s in listed)),)
@@ -141,11 +144,14 @@ def _words(job: OutputJob) -> str:
 
 
 def _write_all(
-    r: Staging, todo: list[int], cancel: threading.Event, total: int, skipped: int, start: float
+    r: Staging, todo: list[int], cancel: threading.Event, counts: tuple[int, int, int, int], start: float
 ) -> Iterator[Progress]:
     """Write the `todo` files, `job.workers` at once, yielding progress while they run; a bucket gets them in
-    file order. An interrupt, or a consumer that stops listening, cancels the writers and waits for them."""
-    job, files, tally = r.job, r.job.streamed, _Tally(skipped, todo[0] if todo else 0, len(todo))
+    file order. An interrupt, or a consumer that stops listening, cancels the writers and waits for them.
+    `counts`: bytes in all and reused, files listed and done before the first is written."""
+    total, skipped, listed, early = counts
+    job, files = r.job, r.job.streamed
+    tally = _Tally(skipped, todo[0] if todo else 0, len(todo), (early, listed))
     news = threading.Event()  # a file ended (bytes written are only tallied: the loop reports them on its
     # tick; waking it for every chunk had it scan every file's future ~400,000 times in a 2.8 GB universal
     # export, a few tenths of a CPU-second taken from the writers)
@@ -233,14 +239,18 @@ def _raise_first_error(ended: queue.SimpleQueue[Future[None]]) -> int:
 class _Tally:
     """Bytes done, the tensor and file in hand, files left: shared by the writers, read by the events."""
 
-    def __init__(self, done: int, file: int, left: int) -> None:
+    def __init__(self, done: int, file: int, left: int, files: tuple[int, int]) -> None:
         self.done, self.tensor, self.file, self.left = done, "", file, left
+        self.finished, self.listed = files  # files finished of those listed: counted, never the file in hand
         self.lock = threading.Lock()
 
     def event(self, total: int, files: tuple[PlannedFile, ...], elapsed: float, skipped: int) -> Progress:
         with self.lock:
-            done, tensor, k = self.done, self.tensor, self.file
-        return Progress(min(done, total), total, tensor, files[k].name, k, len(files), elapsed, skipped)
+            done, tensor, k, finished = self.done, self.tensor, self.file, self.finished
+        count = (min(finished, self.listed), self.listed)
+        return Progress(
+            min(done, total), total, tensor, files[k].name, k, len(files), elapsed, skipped, *count
+        )
 
 
 def _finished(r: Staging, k: int, counted: int, tally: _Tally, known: list[tuple[int, int]]) -> None:
@@ -252,6 +262,7 @@ def _finished(r: Staging, k: int, counted: int, tally: _Tally, known: list[tuple
     with tally.lock:
         tally.done += f.nbytes - counted
         tally.left -= 1
+        tally.finished += 1
         last = tally.left == 0
     if r.root.dest is None and not (last and r.part is None):
         size, crc = known[0] if known else (r.root.size(rel), r.root.crc32(rel))

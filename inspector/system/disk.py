@@ -39,3 +39,23 @@ def free_disk_bytes(path: str | os.PathLike[str]) -> int:
     while not current.exists() and current.parent != current:
         current = current.parent
     return shutil.disk_usage(current).free  # f_bavail * f_frsize
+
+
+GENERIC_NAMES = {"checkpoint", "checkpoints", "ckpt", "ckpts", "output", "outputs"}
+
+
+def proposed_out(root: str, tag: str) -> str:
+    """Where an export goes when none is named (the app's form, `preflight` without OUT): `<name>-<tag>-
+    safetensors` beside the checkpoint folder, or in the user's home when that folder cannot take a new entry
+    (read-only, another user's, a bucket); never the current folder, which may be a git clone. A generic folder
+    name (`checkpoint`, `ckpt`) is prefixed with its parent's, so two runs do not propose the same folder."""
+    parts = root.rstrip(os.sep).split(os.sep)
+    base = parts[-1] or "checkpoint"
+    remote = "://" in root
+    if base.lower() in GENERIC_NAMES and len(parts) > 1 and parts[-2] and not remote:
+        base = f"{parts[-2]}-{base}"
+    beside = os.path.dirname(os.path.abspath(root.rstrip(os.sep) or os.sep))
+    where = (
+        beside if not remote and os.path.isdir(beside) and not unwritable(beside) else os.path.expanduser("~")
+    )
+    return os.path.join(where, f"{base}-{tag}-safetensors")

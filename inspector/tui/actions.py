@@ -148,3 +148,31 @@ def worker_error(err: BaseException, description: str) -> InspectorError:
         hint="This is a bug in zero-inspector; please report it with the checkpoint's `scan --json`.",
         title=f"Unexpected error in {description or 'a background task'}",
     )
+
+
+def name_selection(app: Shell) -> None:
+    """`m`: save what `e` would export (the selection, narrowed by the filter) under a name, for this root;
+    the Export form's Selection field picks it again."""
+    from inspector.tui.screens.dialogs import NameDialog
+    from inspector.tui.session import exported
+
+    if not need_checkpoint(app):
+        return
+    chosen = exported(app.selected, app.shown_only)
+    root = app.root or ""
+
+    def answer(name: str | None) -> None:
+        if name is None:
+            return
+        try:
+            app.named.save(root, name, chosen)
+        except InspectorError as exc:
+            app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
+            return
+        app.notify(
+            f"Saved {name.strip()!r}: {len(chosen)} tensor(s). The Export form's Selection field offers it.",
+            title="Selection saved",
+            markup=False,
+        )
+
+    app.push_screen(NameDialog(len(chosen), app.named.names(root)), answer)

@@ -38,6 +38,7 @@ from inspector.tui.fmt import ago
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
+from inspector.tui.selections import NamedSelections
 from inspector.tui.session import ExportSettings, carried_selection, export_options, preset_selection
 from inspector.tui.shell import Shell
 
@@ -83,6 +84,7 @@ class InspectorApp(Shell):
         self.shown_only: frozenset[str] | None = None  # the `/` filter on: what it shows (`session.exported`)
         self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
+        self.named = NamedSelections()  # kept across tags and roots: per root, as long as the app runs
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
         self.export = ExportSettings(
             out_dir=launch.out_dir or "", overwrite=launch.overwrite, format=launch.format, base=launch.base

@@ -107,6 +107,12 @@ def ago(seconds: float) -> str:
     return humanize.naturaltime(timedelta(seconds=seconds))
 
 
+def many(n: int, word: str) -> str:
+    """A count and its noun, singular for one ("1 tensor", "2 tensors"): the app's one plural
+    rule, so no line says "1 tensors"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def in_words(n: int) -> str:
     """A parameter count in words from a million up ("1.2 billion"), beside the exact figure, never
     instead of it; "" below a million, where the figure alone reads fine."""

@@ -60,6 +60,7 @@ def fake_progress(plan: ConversionPlan, fraction: float, seconds: float = 6.0) -
                 file=s.filename,
                 file_index=i,
                 files=len(plan.shards) + (1 if plan.index else 0),
+                files_done=i,  # the shards before this one
                 file_done=min(done - pos, s.file_bytes),
                 file_total=s.file_bytes,
             )

@@ -12,7 +12,7 @@ from inspector.convert.journal import JOURNAL
 from inspector.convert.order import Order
 from inspector.convert.root import LOCK, PARTIAL
 from inspector.system.bytesource import is_url
-from inspector.tui.fmt import shown, size, took
+from inspector.tui.fmt import many, shown, size, took
 
 _KILLED_BY = {
     "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory ran out",
@@ -125,9 +125,14 @@ def done_text(r: Finished, peak: int, predicted: int, planned_files: int = 0) ->
     )
     return Text.assemble(
         ("✔ Done", "bold green"),
-        f" in {took(secs)}: {r.tensors} tensors, {size(written)}"
+        f" in {took(secs)}: {many(r.tensors, 'tensor')}, {size(written)}"
         f" in {where} at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
+        (
+            f" {r.resumed_files} file(s) reused from an earlier run (kept, not written again)."
+            if r.resumed_files
+            else ""
+        ),
         "\n",
         ("\n".join(f"  {shown(name)}  {size(n)}" for name, n in files[:8]), "dim"),
         ("\n  …" if len(files) > 8 else ""),
@@ -149,7 +154,7 @@ def verified_text(r: Verified) -> Text:
     """The line of a verification that passed, from the child's `verified` event."""
     return Text.assemble(
         ("✔ Verified: ", "bold green"),
-        f"{r.checked} tensors, {size(r.bytes_checked)} "
+        f"{many(r.checked, 'tensor')}, {size(r.bytes_checked)} "
         f"identical to the checkpoint after conversion (checked in {took(r.seconds)}).",
     )
 

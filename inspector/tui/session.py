@@ -6,7 +6,6 @@ No widgets here, so the selection rules (which are convert's include/exclude) ar
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -152,9 +151,6 @@ def preset_selection(ckpt: Checkpoint, opts: ConvertOptions) -> set[str]:
     return {t.name for t in select(ckpt, replace(opts, exclude_frozen=False, exclude_buffers=False))}
 
 
-GENERIC_NAMES = {"checkpoint", "checkpoints", "ckpt", "ckpts", "output", "outputs"}
-
-
 @dataclass(frozen=True)
 class ExportSettings:
     """The export form's values as typed (validated on the screen, turned into ConvertOptions by it)."""
@@ -168,13 +164,10 @@ class ExportSettings:
 
     @staticmethod
     def default_out(root: str, tag: str) -> str:
-        """`<name>-<tag>-safetensors` in the current folder; a generic folder name (`checkpoint`, `ckpt`) is
-        prefixed with its parent's, so two runs' checkpoints do not propose the same folder."""
-        parts = root.rstrip(os.sep).split(os.sep)
-        base = parts[-1] or "checkpoint"
-        if base.lower() in GENERIC_NAMES and len(parts) > 1 and parts[-2] and "://" not in root:
-            base = f"{parts[-2]}-{base}"
-        return os.path.join(os.getcwd(), f"{base}-{tag}-safetensors")
+        """The CLI's proposal (`preflight` without OUT): beside the checkpoint, else in the user's home."""
+        from inspector.system.disk import proposed_out
+
+        return proposed_out(root, tag)
 
 
 def carried_selection(names: set[str], carried: tuple[frozenset[str], bool] | None) -> set[str]:

@@ -19,6 +19,7 @@ from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.scan.model import Checkpoint
 from inspector.scan.tp_rules import Rules
+from inspector.tui.selections import NamedSelections
 from inspector.tui.session import ExportSettings
 
 
@@ -38,6 +39,7 @@ class Shell(App[int]):
     refused: InspectorError | None  # why the shown root or tag has no checkpoint
     asked_tag: str | None
     selected: set[str]
+    named: NamedSelections  # saved selections, per root (`m`; the Export form's Selection field)
     shown_only: frozenset[str] | None
     tp_split: Rules
     export: ExportSettings

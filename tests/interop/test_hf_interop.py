@@ -114,7 +114,9 @@ def _trained_adapter(work: Path) -> dict[str, torch.Tensor]:
 def test_lora_adapter_export_loads_in_peft(
     run: str, hf_run: Callable[[str], Path], inspector_cli: Any, tmp_path: Path
 ) -> None:
-    """PeftModel.from_pretrained(base, OUT) on --adapter output holds exactly the trained (fp32 master) adapter."""
+    """--adapter (dtype auto) writes what PEFT's save_pretrained wrote beside the checkpoint, dtype and bytes
+    (the run's bf16); PeftModel.from_pretrained(base, OUT) on --dtype fp32 output holds exactly the trained
+    (fp32 master) adapter, and on the auto output those masters rounded to bf16."""
     from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
     from safetensors import safe_open
@@ -137,15 +139,19 @@ def test_lora_adapter_export_loads_in_peft(
     ):
         keys = ours.keys()
         assert set(keys) == set(trainers.keys())  # exactly PEFT's own key names
-        assert all(ours.get_tensor(k).dtype == torch.float32 for k in keys)
-
-    base = AutoModelForCausalLM.from_pretrained(work / "base")
-    model = PeftModel.from_pretrained(base, out)
-    loaded = get_peft_model_state_dict(model)
+        for k in keys:  # PEFT saves the adapter in the compute dtype: so does auto
+            mine, theirs = ours.get_tensor(k), trainers.get_tensor(k)
+            assert mine.dtype == theirs.dtype == torch.bfloat16 and torch.equal(mine, theirs), k
+    fp32 = tmp_path / "adapter32"
+    _convert(inspector_cli, str(work / "run"), str(fp32), "--adapter", "--dtype", "fp32")
     trained = _trained_adapter(work)
-    assert set(loaded) == set(trained)
-    for k, v in trained.items():
-        assert torch.equal(loaded[k], v), k
+    for folder, rounded in ((fp32, False), (out, True)):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(work / "base"), folder)
+        loaded = get_peft_model_state_dict(model)
+        assert set(loaded) == set(trained)
+        for k, v in trained.items():
+            want = v.to(torch.bfloat16).to(loaded[k].dtype) if rounded else v
+            assert torch.equal(loaded[k], want), (folder.name, k)
 
 
 @pytest.mark.parametrize("run", ["lora", "rslora", "lora_zero3"])

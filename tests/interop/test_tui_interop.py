@@ -327,10 +327,12 @@ def test_trainer_run_folder_model_export_loads(hf_run: Callable[[str], Path], tm
 
 def test_trainer_lora_run_adapter_export_loads_in_peft(hf_run: Callable[[str], Path], tmp_path: Path) -> None:
     """The LoRA run's own output_dir (one checkpoint-N/ inside): the "PEFT LoRA adapter" export loads with
-    PeftModel.from_pretrained onto the base folder its adapter_config names, holding exactly DeepSpeed's
-    fp32 reconstruction of the trained adapter."""
+    PeftModel.from_pretrained onto the base folder its adapter_config names, holding DeepSpeed's fp32
+    reconstruction of the trained adapter in the run's compute dtype (auto: bf16), byte for byte what PEFT's
+    save_pretrained wrote beside the checkpoint."""
     from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     from inspector.scan.peft import peft_key
@@ -350,12 +352,21 @@ def test_trainer_lora_run_adapter_export_loads_in_peft(hf_run: Callable[[str], P
     names = {p.name for p in out.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= names and "model.safetensors" not in names
     assert (out / "adapter_config.json").read_bytes() == (ckpt / "adapter_config.json").read_bytes()
+    with (
+        safe_open(out / "adapter_model.safetensors", "pt") as ours,
+        safe_open(ckpt / "adapter_model.safetensors", "pt") as peft,
+    ):
+        keys = peft.keys()
+        assert set(ours.keys()) == set(keys)
+        for k in keys:
+            mine, theirs = ours.get_tensor(k), peft.get_tensor(k)
+            assert mine.dtype == theirs.dtype == torch.bfloat16 and torch.equal(mine, theirs), k
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(work / "base"), out)
     loaded = get_peft_model_state_dict(model)
     trained = {peft_key(k, "default"): v for k, v in _hf_reference(work).items() if ".lora_" in k}
     assert trained and set(loaded) == set(trained)
     for k, v in trained.items():
-        assert torch.equal(loaded[k], v), k
+        assert torch.equal(loaded[k], v.to(torch.bfloat16).to(loaded[k].dtype)), k
 
 
 # --- a damaged checkpoint -----------------------------------------------------------------------------------

@@ -106,6 +106,8 @@ async def test_cancel_midway_removes_partial_output(small_demo: Path, tmp_path: 
         assert screen.child.proc.returncode == 130
         assert not out.exists() or [n for n in os.listdir(out) if n.endswith(".partial")] == []
         assert "Cancelled" in plain(screen.query_one("#result"))
+        line = plain(screen.query_one("#overall-text"))  # issue 42: no "Cancelling: …" left above it
+        assert line.startswith("Cancelled: ") and "Cancelling" not in line, line
         assert not app.converting
 
 

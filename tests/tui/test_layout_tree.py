@@ -181,6 +181,13 @@ async def test_the_detail_of_an_expert_says_who_holds_it() -> None:
         await pilot.pause()
         detail = plain(app.main.tensors_pane.detail)
         assert "held by: expert 3 · ranks 1, 3" in detail, detail
+        ranks = sorted({r for t in ckpt_tensors(app, f"{EXPERTS}.3.") for r in tree.ranks_of(t)})
+        assert ranks == [3]  # expert-DP rank 1 of EP rank 1: the expert's four tensors lie in its partition
+        assert "its tensors' bytes: rank 3 (ZeRO partitions" in detail, detail  # beside "ranks 1, 3" (issue 42)
+
+
+def ckpt_tensors(app, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return [t.name for t in app.ckpt.tensors if t.name.startswith(prefix)]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """`--format adapter`: the LoRA adapter in PEFT's layout (`adapter_model.safetensors` with PEFT's key names,
-`adapter_config.json`), from the fp32 masters, for `PeftModel.from_pretrained`."""
+`adapter_config.json`), from the fp32 masters, for `PeftModel.from_pretrained`. `auto` writes the run's compute
+dtype, as PEFT's `save_pretrained` does: a bf16 Trainer run saves a BF16 adapter (its module copies are the
+masters rounded once, to nearest even, which is what our cast writes)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import replace
 from inspector.convert.kinds.base import Offer, Request, Why
 from inspector.convert.kinds.safetensors import SafetensorsJob, SafetensorsKind, has_file
 from inspector.convert.options import ConvertOptions
-from inspector.convert.plan import ADAPTER_FILE, build_plan
+from inspector.convert.plan import ADAPTER_FILE, ConversionPlan, build_plan
 from inspector.convert.writers.hf_folder import SideFile, find_side_files
 from inspector.scan.model import Checkpoint
 from inspector.scan.peft import ADAPTER_CONFIG, AdapterError, detect_adapter
@@ -65,10 +67,9 @@ class Adapter(SafetensorsKind):
         only = replace(ckpt, tensors=tuple(ckpt.tensor(n) for n in adapter.tensors))
         name = re.escape(adapter.name)
         renames = tuple((pat.replace("{name}", name), repl) for pat, repl in PEFT_RENAMES)
-        dtype = (
-            "float32" if opts.dtype == "auto" else opts.dtype
-        )  # small; PEFT upcasts adapters to fp32 anyway
-        aopts = ConvertOptions(dtype=dtype, shard_size=1 << 62, renames=renames, chunk_elems=opts.chunk_elems)
+        aopts = ConvertOptions(
+            dtype=opts.dtype, shard_size=1 << 62, renames=renames, chunk_elems=opts.chunk_elems
+        )
         plan = build_plan(only, aopts, allow_damaged=request.allow_damaged)
         plan = replace(plan, shards=(replace(plan.shards[0], filename=ADAPTER_FILE),), index=None)
         side = [SideFile(ADAPTER_CONFIG, adapter.config_path, origin=ckpt.source)]
@@ -76,7 +77,8 @@ class Adapter(SafetensorsKind):
             side += [f for f in find_side_files([ckpt.source], model=False) if f.name != ADAPTER_CONFIG]
         notes = [
             f"Adapter {adapter.name!r}: {len(adapter.layers)} LoRA layer(s), r={adapter.r}, "
-            f"lora_alpha={adapter.alpha}{', rsLoRA' if adapter.rslora else ''}; values from the fp32 masters."
+            f"lora_alpha={adapter.alpha}{', rsLoRA' if adapter.rslora else ''}; values from the fp32 masters, "
+            f"written as {_dtype_word(plan)}."
         ]
         if opts.renames or opts.include or opts.exclude or opts.strip_prefix:
             notes.append(
@@ -84,3 +86,9 @@ class Adapter(SafetensorsKind):
                 "--strip-prefix do not apply."
             )
         return SafetensorsJob(self.name, out_dir, plan, tuple(side), tuple(notes), uses_selection=False)
+
+
+def _dtype_word(plan: ConversionPlan) -> str:
+    """The adapter's one output dtype, as the note names it (`auto` resolved: the run's compute dtype)."""
+    dtypes = sorted({t.out_dtype for s in plan.shards for t in s.tensors})
+    return " and ".join(dtypes) or "nothing"

@@ -22,7 +22,7 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.order import to_json
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.tui.fmt import shown, size, took
+from inspector.tui.fmt import many, shown, size, took
 from inspector.tui.jobs import (
     app_order,
     child_args,
@@ -158,7 +158,7 @@ class ConvertScreen(ChildScreen):
                 ("Converting ", "bold"),
                 shown(f"{ckpt.root} @ {ckpt.tag} → "),
                 (shown(plan.where), "bold"),
-                f"\n{plan.tensor_count} tensors · {len(plan.files)} file(s) · {size(plan.output_bytes)}"
+                f"\n{many(plan.tensor_count, 'tensor')} · {len(plan.files)} file(s) · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
         )
@@ -205,9 +205,11 @@ class ConvertScreen(ChildScreen):
         if msg.returncode == 0 and isinstance(self.report, Finished):
             self.phase = Phase.DONE
             progress = self.query_one(ConvertProgress)
-            progress.written()
-            # the last progress line said "under a second left": now it says what was done
-            progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}")
+            reused = self.report.resumed_files
+            progress.written(reused)
+            # the last progress line said "under a second left": now it says what was done, reuse included
+            again = f", {reused} file(s) of it reused from an earlier run" if reused else ""
+            progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}{again}")
             result = self.query_one("#result", Static)
             result.update(
                 Text.assemble(
@@ -224,6 +226,8 @@ class ConvertScreen(ChildScreen):
             self.notify("Conversion finished.", title="Done")
             return
         cancelled = msg.returncode == 130 or self.phase is Phase.CANCELLING
+        if cancelled:  # "Cancelling: …" (present, with an ellipsis) said above "■ Cancelled" once it had ended
+            self.query_one(ConvertProgress).say(f"Cancelled: {self.cancel_words()}.")
         self.phase = Phase.CANCELLED if cancelled else Phase.FAILED
         title, message, hint = explain_exit(
             msg.returncode,

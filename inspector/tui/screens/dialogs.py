@@ -1,4 +1,5 @@
-"""Modal dialogs: yes/no confirmation and an error message with what, why and what to do."""
+"""Modal dialogs: yes/no confirmation, an error message with what, why and what to do, and a name to save the
+selection under."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Button, Input, Static
 
 from inspector.tui.fmt import shown, shown_lines
 
@@ -102,6 +103,36 @@ class CopyDialog(ModalScreen[None]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class NameDialog(ModalScreen[str | None]):
+    """The name to save the selection under (enter saves, escape does not); the names already saved are listed,
+    and typing one of them replaces it."""
+
+    BINDINGS = [Binding("escape", "close", "Cancel")]
+    AUTO_FOCUS = "#selection-name"
+
+    def __init__(self, count: int, saved: list[str]) -> None:
+        super().__init__(classes="dialog")
+        self.count, self.saved = count, saved
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog-box"):
+            count = f"{self.count} tensor{'s' if self.count != 1 else ''}"
+            yield Static(f"Name this selection ({count})", id="dialog-title")
+            yield Input(id="selection-name", placeholder="stage 1, expert 3, TP shard 0…", compact=True)
+            said = ", ".join(shown(n) for n in self.saved) if self.saved else "none yet"
+            yield Static(
+                f"Saved for this checkpoint: {said}. The Export form's Selection field offers them.",
+                id="dialog-hint",
+                markup=False,
+            )
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -23,12 +23,14 @@ from inspector.errors import InspectorError
 from inspector.remote.roots import absolute
 from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.units import parse_size
-from inspector.tui.fmt import shown, shown_markup
+from inspector.tui.fmt import many, shown, shown_markup
 from inspector.tui.jobs import run_preflight
 from inspector.tui.screens.export_fields import (
+    apply_named,
     form_remedy,
     format_options,
     human_size,
+    named_fields,
     parse_renames,
     shows_tp_split,
     split_list,
@@ -101,6 +103,7 @@ class ExportScreen(Screen[None]):
         yield Label("Format")
         formats, default, _ = format_options(app.ckpt)
         chosen = ex.format if ex.format in {v for _, v in formats} else default
+        yield from named_fields(app)  # a selection saved with `m`, picked for this export
         yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
         yield Static("", classes="format-note")  # why other kinds are not offered: `_refresh_formats`
         yield Static("", id="format-note", classes="dim-note format-note", markup=False)
@@ -285,6 +288,7 @@ class ExportScreen(Screen[None]):
         )
 
     def _changed(self) -> None:
+        apply_named(self)
         opts, out, overwrite, errors = self.read_form()
         app = zi(self)
         self.plan_error = ""  # the next preflight says again
@@ -377,7 +381,7 @@ class ExportScreen(Screen[None]):
         opts = zi(self).convert_options()
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(
-            f"[dim]Selection: {msg.plan.tensor_count} tensors → {len(msg.plan.files)} file(s)"
+            f"[dim]Selection: {many(msg.plan.tensor_count, 'tensor')} → {len(msg.plan.files)} file(s)"
             + (f"\n= {shown_markup(' '.join(flags)[:200])}" if flags else " (everything)")
             + "".join(f"\n{shown_markup(note)}" for note in msg.plan.notes)  # why a count differs, in words
             + "[/]"

@@ -5,6 +5,7 @@ each rule is tested without a screen."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from inspector.convert.kinds import DEFAULT, offers
@@ -74,3 +75,35 @@ def tp_split_note(ckpt: Any, rules: Rules) -> str:
     if rules:
         return "In force: the shards join by these rules where the checkpoint records no split of its own."
     return "The checkpoint records how its shards join: no rules needed."
+
+
+def named_fields(app: Any) -> Iterator[Any]:
+    """The Selection row, when selections were saved for this root (`m`): the one chosen on the Tensors tab
+    (the default) or a saved one, with how many of its tensors this tag has."""
+    from textual.widgets import Label, Select
+
+    saved = app.named.names(app.root)
+    if not saved or app.ckpt is None:
+        return
+    present = {t.name for t in app.ckpt.tensors}
+    options = [("as chosen on the Tensors tab", "")]
+    options += [(f"{shown(n)} ({len(app.named.pick(app.root, n, present))} tensors)", n) for n in saved]
+    yield Label("Selection")
+    yield Select(options, value="", allow_blank=False, id="named", compact=True)
+
+
+def apply_named(screen: Any) -> None:
+    """A saved selection picked in the form: it becomes the selection (the tree follows, the filter no longer
+    narrows it), so the preflight and the export take exactly it."""
+    from textual.widgets import Select
+
+    app = screen.app
+    found = screen.query("#named")
+    name = str(found.first(Select).value) if found else ""
+    if not name or app.ckpt is None:
+        return
+    chosen = app.named.pick(app.root, name, {t.name for t in app.ckpt.tensors})
+    if chosen != app.selected or app.shown_only is not None:
+        app.shown_only = None
+        app.main.tensors_pane.module_tree.set_selection(chosen)
+        app.selected = set(chosen)

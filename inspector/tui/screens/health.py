@@ -358,7 +358,8 @@ class HealthPane(Vertical):
         nbytes = sum(j.nbytes for j in plan_jobs(self.ckpt, self.ckpt.tensors, None))
         return Text(
             f"h: check every tensor of {shown(self.ckpt.tag)}: NaN/Inf, zeros, norms against their siblings, "
-            f"both Adam moments, the 16-bit copy, and the change since the tag chosen above "
+            f"both Adam moments (src m: exp_avg, v: exp_avg_sq), the 16-bit copy, and the change since the tag "
+            f"chosen above "
             f"(reads {size(nbytes)}, more with a comparison; the keys keep working, escape cancels).",
             style="italic",
         )

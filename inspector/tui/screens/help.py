@@ -21,6 +21,7 @@ KEYS: list[tuple[str, list[tuple[str, str]]]] = [
             ("[ ]", "previous / next tag (newest marked ★)"),
             ("r", "choose among several checkpoint roots"),
             ("e / c", "export options with live preflight / convert the selection"),
+            ("m", "name what e would export (stage 1, expert 3): the Export form's Selection picks it"),
             ("y", "show and copy the same `zero-inspector convert …` command"),
         ],
     ),

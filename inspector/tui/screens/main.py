@@ -32,6 +32,7 @@ class MainScreen(Screen[None]):
         Binding("o", "tab('overview')", "Overview", show=False),  # the tabs show these (and take clicks)
         Binding("t", "tab('tensors')", "Tensors", show=False),
         Binding("h", "health", "Health", show=False),
+        Binding("m", "name_selection", "Name selection", show=False),  # saved for the export form (`?`)
     ]
 
     def compose(self) -> ComposeResult:
@@ -95,6 +96,12 @@ class MainScreen(Screen[None]):
         """`h`: the Health tab, and the pass for the shown tag started (or its finished result shown)."""
         self.show_tab("health")
         self.health_pane.start()
+
+    def action_name_selection(self) -> None:
+        """`m`: save the selection under a name (actions.name_selection)."""
+        from inspector.tui.actions import name_selection
+
+        name_selection(zi(self))
 
     def on_health_table_open(self, event: HealthTable.Open) -> None:
         """Enter on a health row: the tensor in the tree, its detail beside it."""

@@ -232,13 +232,16 @@ class TensorsPane(Horizontal):
         kinds: dict[str, int] = {}
         for t in ts:
             kinds[str(t.kind)] = kinds.get(str(t.kind), 0) + 1
-        held = self.module_tree.holders_of(data.path)  # an expert's or a pipeline layer's ranks
+        tree = self.module_tree
+        held = tree.holders_of(data.path)  # an expert's or a pipeline layer's ranks
+        at = tree.bytes_words(ts) if held else ""  # `r0` beside `ranks 0, 2`: said, not left to puzzle
         self.detail.show_module(
             data.path or "(root)",
             [
                 f"{plural(len(ts), 'tensor')} · {count(data.numel)} parameters · "
                 f"{size(sum(self.module_tree.out_bytes(t) for t in ts))} out",
                 *([f"held by: {held}"] if held else []),
+                *([f"its tensors' bytes: {at} (ZeRO partitions what the ranks hold)"] if at else []),
                 "kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.items()),
                 f"selected: {chosen} of {len(ts)}",
                 "space selects the whole submodule; enter folds it.",

@@ -23,6 +23,9 @@ from inspector.health import ModuleRollup, Row
 from inspector.health.findings import Siblings
 from inspector.health.report import natural_key, overview, short
 from inspector.tui.fmt import bar, count, shown
+from inspector.tui.widgets.short_names import differing as _differing
+from inspector.tui.widgets.short_names import elide as _elide
+from inspector.tui.widgets.short_names import elide_all, since_heading
 
 SOURCE_SHORT = {
     "master": "master",
@@ -31,6 +34,12 @@ SOURCE_SHORT = {
     "exp_avg_sq": "v",
     "frozen": "frozen",
     "buffer": "buffer",
+}
+SOURCE_LONG = {  # the row detail spells out the src column's short labels, in torch's and DeepSpeed's names
+    "master": "master (fp32)",
+    "module": "16-bit (module copy)",
+    "exp_avg": "m (Adam exp_avg)",
+    "exp_avg_sq": "v (Adam exp_avg_sq)",
 }
 # --- sorting --------------------------------------------------------------------------------------------------
 
@@ -108,6 +117,9 @@ class HealthTable(DataTable[RenderableType]):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.entries: list[Entry] = []
+        self._shown_as: dict[str, str] = {}  # full name -> as the name column shows it
+        self._alike: dict[str, set[str]] = {}  # as _elide alone shows it -> the names that read so
+        self._rows_of: dict[str, list[int]] = {}  # full name -> its rows (one per stream: master, m, v…)
         self.order_by = "problems"
 
     # (label, key, width) after the name; the name column takes the rest of the table's width, elided from the
@@ -151,6 +163,7 @@ class HealthTable(DataTable[RenderableType]):
 
     def reset(self) -> None:
         self.entries = []
+        self._shown_as, self._alike, self._rows_of = {}, {}, {}
         self.clear()
 
     def append(self, rows: Sequence[Row], order: dict[str, int]) -> None:
@@ -159,6 +172,22 @@ class HealthTable(DataTable[RenderableType]):
             e = Entry(r, order.get(r.name, len(order)))
             self.entries.append(e)
             self._add(e, len(self.entries) - 1)
+            self._tell_apart(shown(r.name))
+
+    def _tell_apart(self, name: str) -> None:
+        """A streamed row whose name reads like an earlier one's: both groups' cells shown with the parts
+        that differ (the whole table is fitted again on every rebuild)."""
+        same = self._alike.setdefault(_elide(name, self._name_width), set())
+        same.add(name)
+        if len(same) < 2:
+            return
+        keep = _differing(same)
+        for other in same:
+            text = _elide(other, self._name_width, keep)
+            if self._shown_as.get(other) != text:
+                self._shown_as[other] = text
+                for i in self._rows_of.get(other, ()):
+                    self.update_cell(str(i), "name", Text(text))
 
     def complete(self, ratios: dict[tuple[str, str], Siblings]) -> None:
         """The pass is done: sibling ratios are known; sort by the chosen order."""
@@ -175,6 +204,10 @@ class HealthTable(DataTable[RenderableType]):
         current = self._current_index()
         self.clear(columns=True)
         self._add_columns()
+        names = [shown(e.row.name) for e in self.entries]
+        self._shown_as, self._alike, self._rows_of = elide_all(names, self._name_width), {}, {}
+        for n in dict.fromkeys(names):
+            self._alike.setdefault(_elide(n, self._name_width), set()).add(n)
         for i, e in enumerate(self.entries):
             self._add(e, i)
         if current is not None:
@@ -219,8 +252,12 @@ class HealthTable(DataTable[RenderableType]):
         )  # zero rows: in the detail line
         ratio = e.ratio
         far = ratio is not None and (ratio >= 10 or ratio <= 0.1)
+        name = shown(e.row.name)
+        self._rows_of.setdefault(name, []).append(i)
+        if name not in self._shown_as:
+            self._shown_as[name] = _elide(name, self._name_width)
         self.add_row(
-            Text(_elide(shown(e.row.name), self._name_width)),
+            Text(self._shown_as[name]),
             Text(SOURCE_SHORT.get(e.row.source, e.row.source), style="dim"),
             Text(f"{count(st.nan)}/{count(st.inf)}", style=red if st.nan or st.inf else "dim"),
             Text(zeros, style="yellow" if st.all_zero or st.zero_rows else ""),
@@ -251,23 +288,6 @@ class HealthTable(DataTable[RenderableType]):
         self.action_open()
 
 
-def _elide(name: str, width: int) -> str:
-    """Fit `name` in `width` cells keeping what tells rows apart: leading module names shrink to their first
-    letter (`m.l.12.self_attn.q_proj.weight`) before anything else, numbers and the last two parts stay; only
-    then is the front cut."""
-    if len(name) <= width:
-        return name
-    parts = name.split(".")
-    for i in range(len(parts) - 2):
-        if not parts[i].isdigit() and len(parts[i]) > 1:
-            parts[i] = parts[i][0]
-            short = ".".join(parts)
-            if len(short) <= width:
-                return short
-    short = ".".join(parts)
-    return short if len(short) <= width else "…" + short[len(short) - width + 1 :]
-
-
 # --- details, findings and bars -------------------------------------------------------------------------------
 
 
@@ -277,7 +297,7 @@ def row_detail(e: Entry) -> Text:
     t = Text()
     t.append(shown(r.name), style="bold")
     t.append(
-        f"  {SOURCE_SHORT.get(r.source, r.source)} · {r.dtype} · {'×'.join(map(str, r.shape)) or 'scalar'}\n"
+        f"  {SOURCE_LONG.get(r.source, r.source)} · {r.dtype} · {'×'.join(map(str, r.shape)) or 'scalar'}\n"
     )
     t.append(
         f"min {short(st.minimum)}  max {short(st.maximum)}  |max| {short(st.absmax)}  mean {short(st.mean)}  "
@@ -338,7 +358,7 @@ def layer_chart(layers: Sequence[ModuleRollup], width: int, against: str | None)
     out = Text()
     head = "norm".ljust(bar_w + 10)
     if with_delta:
-        head += f"change since {shown(against)}"[: bar_w + 9]
+        head += since_heading(shown(against), bar_w + 9)
     out.append(" " * (label_w + 1) + head + "\n", style="bold")
     for m in layers:
         bad = m.nan + m.inf

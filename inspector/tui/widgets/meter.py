@@ -100,6 +100,11 @@ class MemoryMeter(Widget):
         self.set_reactive(MemoryMeter.available, available)
         self._draw()
 
+    def on_resize(self) -> None:
+        """Redraw at the new width: a finished run gets no more samples, and a bar drawn for 120 columns
+        wrapped onto a line of dots at 80 (issue 42)."""
+        self._draw()
+
     def watch_rss(self) -> None:
         self._draw()
 

@@ -21,7 +21,7 @@ from textual.widgets.tree import TreeNode
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.tui.fmt import KIND_STYLE, count, dtype, plural, shape, shown, size
-from inspector.tui.holders import module_holders
+from inspector.tui.holders import module_holders, span
 from inspector.tui.session import ModuleNode, build_tree, rank_of_file
 
 Data = ModuleNode | TensorInfo
@@ -110,6 +110,12 @@ class ModuleTree(Tree[Data]):
     def holders_of(self, path: str) -> str:
         """Who holds module `path` of a model-parallel checkpoint (`expert 3 · ranks 1, 3`), or ""."""
         return self._holders.get(path, "")
+
+    def bytes_words(self, tensors: list[TensorInfo]) -> str:
+        """Which ranks' files hold these tensors' bytes (`rank 0`): under ZeRO a group held by ranks 0 and 2
+        is partitioned, so one expert's tensors can all lie in rank 0's part, as their `r0` marks say."""
+        ranks = sorted({r for t in tensors for r in self._ranks.get(t.name, [])})
+        return f"rank{'s' if len(ranks) > 1 else ''} {span(ranks)}" if ranks else ""
 
     def unload(self) -> None:
         """No checkpoint: an empty tree (the next `load` fills it)."""

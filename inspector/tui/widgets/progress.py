@@ -97,20 +97,29 @@ class ConvertProgress(Vertical):
         bar = self.query_one("#overall", ProgressBar)
         bar.update(total=bar.total or 1, progress=bar.total or 1)
 
-    def written(self) -> None:
-        """The conversion finished: every listed file is written."""
+    def written(self, reused: int = 0) -> None:
+        """The conversion finished: every listed file is written (`reused`: that many kept from an earlier run)."""
         if len(self.files) > 1:
             self._draw_files(len(self.files), 1.0)
+            again = f" ({reused} reused from an earlier run)" if reused else ""
+            self.query_one("#shard-label", Static).update(
+                f"{len(self.files)} of {len(self.files)} files written{again}"
+            )
 
     def _show_file(self, ev: Progressed) -> None:
-        """The file in hand, found in the listing by its name (the order files finish in is the writer's). An
-        event for the whole output (a universal folder) is said as such: never "File 1 of 1" over 91 files."""
+        """The files finished of those the header counted (one count everywhere; it never goes back while files
+        are written side by side), and the file in hand, found in the listing by its name. An event for the
+        whole output (a universal folder) is said as such."""
         index = self._index.get(ev.file, ev.file_index if ev.files == len(self.files) else -1)
         listed = len(self.files)
-        if index < 0 and listed > 1:
-            label = f"Writing {ev.file} ({listed} files planned; progress is for all of them)"
-        else:  # the writer's own count (an index file listed beside the shards is not one of them)
-            label = f"File {ev.file_index + 1} of {ev.files}: {ev.file}"
+        if listed <= 1:
+            label = f"Writing {ev.file}"
+        elif index < 0:
+            label = (
+                f"{ev.files_done} of {listed} files written · writing {ev.file} (progress is for all of them)"
+            )
+        else:
+            label = f"{ev.files_done} of {listed} files written · writing {ev.file}"
         self.query_one("#shard-label", Static).update(shown(label), layout=False)
         file_total = max(ev.file_total, 1)
         self.query_one("#shard", ProgressBar).update(total=file_total, progress=ev.file_done)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.table import Table
 from rich.text import Text
 from textual import events
 
-from inspector.scan.model import Checkpoint
+from inspector.scan.model import Checkpoint, FileInfo
 from inspector.scan.summary import RankRow, alignment_padding, rank_row
 from inspector.tui.fmt import bar, plural, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
+OTHERS_NAMED = 4  # the `+` row names this many files, then counts the rest
 MAX_ROWS = 64  # beyond this, the first and last ranks and the outliers are shown
 
 
@@ -35,12 +38,11 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16, *, whole_names: bool = Fa
         t.add_column("files", overflow="fold", ratio=1)
     else:
         t.add_column("files", overflow="ellipsis", no_wrap=True, ratio=1)
-    align = alignment_padding(ckpt)
-    if align:
-        t.caption = "pad: end of the group + alignment between parameters (param_alignment_paddings)"
-        t.caption_justify = "left"
-        t.caption_style = "dim"
     rows = [rank_row(r) for r in ckpt.ranks]
+    others = _other_files(ckpt, rows)
+    t.caption = _legend(ckpt, bool(alignment_padding(ckpt)), bool(others))
+    t.caption_justify = "left"
+    t.caption_style = "dim"
     biggest = max((row.nbytes for row in rows), default=1) or 1
     prev = -1
     for i in _shown(rows):
@@ -58,7 +60,40 @@ def ranks_table(ckpt: Checkpoint, bar_width: int = 16, *, whole_names: bool = Fa
             sep.join(shown(f) for f in row.files) or "MISSING", style="dim" if row.complete else "red"
         )
         t.add_row(str(row.rank), size(row.nbytes), share, *cells, files)
+    if others:  # expert and pipeline-layer files: the overview counts them, so the table lists them
+        names = [shown(os.path.basename(f.path)) for f in others[:OTHERS_NAMED]]
+        if len(others) > OTHERS_NAMED:
+            names.append(f"… {len(others) - OTHERS_NAMED} more")
+        listed = ("\n" if whole_names else ", ").join(names)
+        blank = [Text("")] * len(ckpt.groups)
+        t.add_row(
+            "+",
+            size(sum(f.size for f in others)),
+            Text(plural(len(others), "file"), style="dim"),
+            *blank,
+            Text(listed, style="dim"),
+        )
     return t
+
+
+def _legend(ckpt: Checkpoint, aligned: bool, others: bool) -> str:
+    """What the columns mean (the gN headings were unexplained): the optimizer's parameter groups, a blank cell
+    where a rank holds none of that group (an expert-parallel rank, a pipeline stage), and the `+` row."""
+    bits = []
+    if ckpt.groups:
+        pad = (
+            " (end of the group + alignment between parameters, param_alignment_paddings)" if aligned else ""
+        )
+        bits.append(f"gN: optimizer group N, elements stored / padding{pad}; blank: none held")
+    if others:
+        bits.append("+: the tag's other files (experts' or layers' model states)")  # counted in Files
+    return "\n".join(bits)
+
+
+def _other_files(ckpt: Checkpoint, rows: list[RankRow]) -> list[FileInfo]:
+    """The tag's files no rank row lists (expert and pipeline-layer model states)."""
+    listed = {name for row in rows for name in row.files}
+    return [f for f in ckpt.files if os.path.basename(f.path) not in listed]
 
 
 WIDE = 100  # from this width, file names are shown whole (one per line) and the bar gives them room

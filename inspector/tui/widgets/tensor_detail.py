@@ -55,9 +55,55 @@ def where_lines(ckpt: Checkpoint, t: TensorInfo, limit: int = 8) -> list[Text]:
     return lines
 
 
+_RULE_WORDS = {  # the checkpoint's category rule (parse/layers.py's _RECIPES) -> how its shards join
+    "replicated": "",
+    "row": "split on dim 1",
+    "vocab": "split on dim 0, the vocabulary's padding cut",
+    "2-sub-params": "two sub-parameters, each split on dim 0",
+    "average": "averaged over the shards",
+}
+
+
+def tp_split_words(ckpt: Checkpoint, name: str) -> str | None:
+    """How a tensor-parallel parameter's shards join, as the scan joined it: "split on dim D", "" when each
+    shard holds the same copy (replicated), None where no record says (the scan's default is dim 0)."""
+    recipe = ckpt.parallel.tp_recipe if ckpt.parallel is not None else None
+    if recipe is None:
+        return None
+    layout = recipe.maps.get(name)
+    if layout is not None:
+        dims = sorted({d for sh in layout.shards for d, n in enumerate(sh) if n != layout.logical[d]})
+        return f"split on dim {', '.join(map(str, dims))}" if dims else ""
+    if name in recipe.sub_params:
+        return f"sub-parameters, each split on dim {recipe.sub_params[name].partition_dim}"
+    rule = recipe.rules.get(name)
+    return _RULE_WORDS.get(rule, f"joined as {rule}") if rule is not None else None
+
+
+def _tp_note(ckpt: Checkpoint, t: TensorInfo) -> str:
+    """A ZeRO-3 tensor-parallel parameter: its TP shards, each partitioned over its data-parallel ranks (not
+    "partitioned 4 ways", which hid the split)."""
+    assert ckpt.parallel is not None
+    tp, dp = ckpt.parallel.tp, max(ckpt.parallel.dp, 1)
+    how = tp_split_words(ckpt, t.name)
+    held: dict[str, int] = {}  # a rank's file -> its elements (a row-split shard is many strided pieces)
+    for seg in t.segments:
+        held[seg.file] = held.get(seg.file, 0) + seg.numel
+    per = max(held.values(), default=0)
+    if how == "":
+        head = f"Replicated on the {tp} tensor-parallel shards (one copy is read)"
+    else:
+        split = f", {how}" if how else ", split on dim 0 unless a record says otherwise"
+        head = f"{plural(tp, 'tensor-parallel shard')}{split}"
+    ranks = plural(dp, "data-parallel rank")
+    return f"{head}; each shard partitioned over {ranks}, up to {count(per)} per rank."
+
+
 def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     if t.kind is not Kind.TRAINABLE:
         return "Not partitioned: saved whole in the model-states file." if t.kind is not Kind.TIED else ""
+    if ckpt.stage == 3 and ckpt.parallel is not None and ckpt.parallel.tp > 1:
+        return _tp_note(ckpt, t)
     if ckpt.stage == 3:
         per = math.ceil(t.numel / max(ckpt.world_size, 1))
         pad = per * ckpt.world_size - t.numel
@@ -76,8 +122,13 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     ways = g.padded_numel // g.partition_numel if g.partition_numel else ckpt.world_size
     text = f"Part of group {g.index}'s flat buffer ({count(g.numel)} elements, split {plural(ways, 'way')}); the group has {where}."
     if ckpt.parallel is not None and ckpt.parallel.tp > 1:
+        how = tp_split_words(ckpt, t.name)
         shards = plural(ckpt.parallel.tp, "tensor-parallel shard")
-        text = f"Joined from {shards}; each shard's piece is " + text[0].lower() + text[1:]
+        if how == "":
+            text = f"Replicated on the {shards} (one copy is read); it is " + text[0].lower() + text[1:]
+        else:
+            split = f" ({how})" if how else ""
+            text = f"Joined from {shards}{split}; each shard's piece is " + text[0].lower() + text[1:]
     return text
 
 

@@ -29,7 +29,7 @@ def test_adapter_detected_with_peft_key_names(demo: Any, tmp_path: Path) -> None
     assert peft_key(f"{H}.modules_to_save.default.weight", "default") == f"{H}.weight"
     assert plain_name(f"{Q}.base_layer.weight") == "model.layers.0.self_attn.q_proj.weight"
 
-    xp = plan_export(ckpt, ConvertOptions(), adapter=True)
+    xp = plan_export(ckpt, ConvertOptions(dtype="fp32"), adapter=True)
     write(xp, tmp_path / "out")
     got = load_file(tmp_path / "out" / ADAPTER_FILE)
     assert set(got) == {
@@ -44,6 +44,42 @@ def test_adapter_detected_with_peft_key_names(demo: Any, tmp_path: Path) -> None
         assert np.array_equal(got[peft_key(k, "default")], v)  # fp32 masters, unrounded
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == ["adapter_config.json", ADAPTER_FILE, "tokenizer.json"]
+
+
+def test_adapter_auto_dtype_is_the_compute_dtype(demo: Any, tmp_path: Path) -> None:
+    """`auto` writes the run's compute dtype (bf16 here), as PEFT's save_pretrained does, each value the fp32
+    master rounded once to nearest even; the note says which dtype it wrote (issue 42 item 5)."""
+    ckpt = lora_checkpoint(demo, tmp_path)
+    assert ckpt.compute_dtype == "bfloat16"
+    xp = plan_export(ckpt, ConvertOptions(), adapter=True)
+    assert {t.out_dtype for t in xp.plan.shards[0].tensors} == {"bfloat16"}
+    assert any("written as bfloat16" in n for n in xp.notes)
+    write(xp, tmp_path / "out")
+    got = load_file(tmp_path / "out" / ADAPTER_FILE)
+    trained = load_file(Path(ckpt.root) / "trained.safetensors")
+    for k, v in trained.items():
+        mine = got[peft_key(k, "default")]
+        assert mine.dtype.name == "bfloat16" and np.array_equal(mine, v.astype(mine.dtype)), k
+
+
+def test_adapter_auto_equals_peft_save_pretrained_bytes(tmp_path: Path) -> None:
+    """The committed bf16 Trainer + PEFT run: with `auto`, our adapter_model.safetensors holds exactly the
+    tensors PEFT's own save_pretrained wrote beside the checkpoint (dtype and bytes; PEFT's truth)."""
+    from safetensors import safe_open
+
+    run = Path(__file__).parents[2] / "fixtures" / "trainer_lora" / "run"
+    ckpt = scan(str(run))
+    write(plan_export(ckpt, ConvertOptions(), adapter=True), tmp_path / "out")
+    with (
+        safe_open(tmp_path / "out" / ADAPTER_FILE, "numpy") as ours,
+        safe_open(run / "checkpoint-3" / ADAPTER_FILE, "numpy") as peft,
+    ):
+        keys = peft.keys()
+        assert set(ours.keys()) == set(keys) and len(keys) == 12
+        for k in keys:
+            mine, theirs = ours.get_tensor(k), peft.get_tensor(k)
+            assert mine.dtype == theirs.dtype and mine.dtype.name == "bfloat16", k
+            assert mine.tobytes() == theirs.tobytes(), k
 
 
 def test_scan_json_describes_the_adapter(demo: Any, tmp_path: Path) -> None:
