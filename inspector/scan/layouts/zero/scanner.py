@@ -6,6 +6,7 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,10 @@ from inspector.scan.claims import Role, bounded, claim, damaging, model_role, op
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.locate import Location
-from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
+from inspector.scan.metadata import config_key, copied_ranks, stage3_rank_proof, steps_key
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
+from inspector.system.bytesource import Handle
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class ZeroScanner:
         self.loc = loc
         self.files = files
         self.findings: list[Finding] = list(loc.findings) + files.findings
+        self._steps: dict[str, str] = {}  # each optimizer file's step counters, read as it was loaded
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
@@ -85,7 +88,11 @@ class ZeroScanner:
             self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
         source = self.loc.source
         optims: dict[int, OptimStates | None] = load_all(
-            sorted(f.optim.items()), source, self.findings, lambda t, p: OptimStates.parse(t, p, stage3)
+            sorted(f.optim.items()),
+            source,
+            self.findings,
+            lambda t, p: OptimStates.parse(t, p, stage3),
+            self._read_steps,
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
@@ -103,6 +110,12 @@ class ZeroScanner:
         tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)
+
+    def _read_steps(self, o: OptimStates, handle: Handle) -> None:
+        """A rank file's step counters, read while it is open for its pickle (`_check_consistency` compares
+        them); a read that fails is left to that check, which reads again and reports it."""
+        with contextlib.suppress(OSError, InspectorError):
+            self._steps[o.file] = steps_key(o.steps, handle)
 
     def _claim(self, model: ModelStates, stage3: bool) -> None:
         """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
@@ -244,7 +257,8 @@ class ZeroScanner:
         """Files of one checkpoint agree on version, config and step; mixed runs do not."""
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
-            return (o.ds_version, digest(dict(o.ds_config)), digest([step_value(s) for s in o.steps]))
+            steps = self._steps.get(o.file) or steps_key(o.steps)
+            return (o.ds_version, config_key(o.ds_config), steps)
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -258,7 +272,7 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, digest(dict(model.ds_config)))
+        model_sig = (model.ds_version, config_key(model.ds_config))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
@@ -269,7 +283,7 @@ class ZeroScanner:
                 "Restore the tag folder from one save; do not merge folders.",
             )
         steps = {r: m.global_steps for r, m in models.items() if m is not None}
-        shapes = {r: digest(m.param_shapes) for r, m in models.items() if m is not None}
+        shapes = {r: m.param_shapes for r, m in models.items() if m is not None}  # typed: str names, int dims
         if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
             self.add(
                 Severity.ERROR,
