@@ -7,11 +7,13 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
+from inspector.format.torchzip import TensorRef, load_tree
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
@@ -58,6 +60,7 @@ class ZeroScanner:
         self.files = files
         self.findings: list[Finding] = list(loc.findings) + files.findings
         self._steps: dict[str, str] = {}  # each optimizer file's step counters, read as it was loaded
+        self._first_optim: OptimStates | None = None  # whose shared values later ranks' records point to
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
@@ -91,13 +94,13 @@ class ZeroScanner:
             sorted(f.optim.items()),
             source,
             self.findings,
-            lambda t, p: OptimStates.parse(t, p, stage3),
+            lambda t, p: self._slim_optim(OptimStates.parse(t, p, stage3), model),
             self._read_steps,
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
             rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
-            models.update(load_all(rest, source, self.findings, ModelStates.parse))
+            models.update(load_all(rest, source, self.findings, lambda t, p: _slim(ModelStates.parse(t, p), model)))
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
         param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
@@ -116,6 +119,19 @@ class ZeroScanner:
         them); a read that fails is left to that check, which reads again and reports it."""
         with contextlib.suppress(OSError, InspectorError):
             self._steps[o.file] = steps_key(o.steps, handle)
+
+    def _slim_optim(self, o: OptimStates, model: ModelStates) -> OptimStates:
+        """A rank's optimizer states with the values every rank repeats (config, group hyperparameters)
+        shared with rank 0's objects when equal, so the scan's memory stays flat in the rank count."""
+        first = self._first_optim = self._first_optim or o
+        config = model.ds_config if config_key(o.ds_config) == config_key(model.ds_config) else o.ds_config
+        groups = tuple(
+            replace(g, hyperparams=first.groups[i].hyperparams)
+            if i < len(first.groups) and repr(dict(g.hyperparams)) == repr(dict(first.groups[i].hyperparams))
+            else g
+            for i, g in enumerate(o.groups)
+        )
+        return replace(o, ds_config=config, groups=groups)
 
     def _claim(self, model: ModelStates, stage3: bool) -> None:
         """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
@@ -292,6 +308,18 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )
+
+
+_NO_MODULE: Mapping[str, TensorRef] = MappingProxyType({})
+
+
+def _slim(m: ModelStates, model: ModelStates) -> ModelStates:
+    """Another rank's stage-3 model states as the scan keeps them: memory flat in the rank count. Its module
+    holds only empty placeholders, which nothing reads (rank 0's name the tensors), and its config and
+    parameter shapes, when they equal rank 0's, are rank 0's objects; everything the checks compare stays."""
+    config = model.ds_config if config_key(m.ds_config) == config_key(model.ds_config) else m.ds_config
+    shapes = model.param_shapes if m.param_shapes == model.param_shapes else m.param_shapes
+    return replace(m, module=_NO_MODULE, ds_config=config, param_shapes=shapes)
 
 
 def _some(names: list[str], shown: int = 3) -> str:
