@@ -7,7 +7,7 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -283,7 +283,7 @@ class ZeroScanner:
             self.add(
                 Severity.ERROR,
                 "mixed-runs",
-                f"Optimizer files disagree on DeepSpeed version, config or step (ranks {odd} differ from "
+                f"Optimizer files disagree on DeepSpeed version, config or step (ranks {_rank_list(odd)} differ from "
                 f"rank {min(sigs)}): files from different runs or tags are mixed together.",
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
@@ -301,10 +301,13 @@ class ZeroScanner:
         steps = {r: m.global_steps for r, m in models.items() if m is not None}
         shapes = {r: m.param_shapes for r, m in models.items() if m is not None}  # typed: str names, int dims
         if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
+            first = min(steps)
+            odd = [r for r in steps if (steps[r], shapes[r]) != (steps[first], shapes[first])]
             self.add(
                 Severity.ERROR,
                 "mixed-runs",
-                f"Stage-3 model files disagree on global_steps or parameter shapes ({steps}).",
+                f"Stage-3 model files disagree on global_steps or parameter shapes (ranks {_rank_list(odd)} differ "
+                f"from rank {first}, which says global_steps={steps[first]}).",
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )
@@ -326,3 +329,10 @@ def _some(names: list[str], shown: int = 3) -> str:
     """The first few names, and how many more: a finding names what it is about without listing thousands."""
     more = f", and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
+
+
+def _rank_list(ranks: Sequence[int], shown: int = 8) -> str:
+    """Rank numbers as a list, the first few of thousands and how many more."""
+    if len(ranks) <= shown:
+        return str(list(ranks))
+    return f"[{', '.join(map(str, ranks[:shown]))}, and {len(ranks) - shown:,} more]"
