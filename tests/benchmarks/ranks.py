@@ -107,7 +107,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     rows = sweep(args.workdir, args.ranks, args.params)
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (
         f"\n## Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43), {when}\n\n"
         f"ZeRO-3 demo, {args.params} parameters, bf16; {os.cpu_count()} cores ({platform.machine()}), load "
