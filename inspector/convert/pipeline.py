@@ -147,9 +147,10 @@ class _KernelCopy:
 def _kernel_copy(kernel: _KernelCopy, pool: FilePool, fd: int, segs: Sequence[Segment], pos: int) -> bool:
     """Copy a no-cast chunk in the kernel; False: the buffered path must (re)write the whole chunk."""
     for seg in segs:
-        src = pool.fd(seg.file)
-        if src is None or not kernel.copy(src, seg.offset, fd, pos, seg.nbytes):  # None: a remote object
-            return False
+        with pool.using(seg.file) as handle:  # open until copied, whatever other workers open meanwhile
+            src = handle.fileno()
+            if src is None or not kernel.copy(src, seg.offset, fd, pos, seg.nbytes):  # None: a remote object
+                return False
         pos += seg.nbytes
     return True
 

@@ -131,6 +131,30 @@ def pickle_end(data: bytes) -> int | None:
     return None
 
 
+# Pickles that passed both guards (`check_memo`, then `check_tree` on what they built), by their exact bytes.
+# Rank files of one save carry the same pickle (a 4,096-rank run: 8,192 files, a handful of distinct
+# pickles), and both guards are functions of the bytes alone: the tree's shape comes from the opcodes, and
+# the only per-file values the unpickler adds (storage records) are leaves neither guard walks into. So a
+# repeat passes without walking its opcodes and tree again; bounded in entries and bytes.
+_PASSED: dict[bytes, None] = {}
+_PASSED_ENTRIES = 32
+_PASSED_MAX_BYTES = 1 << 20  # larger pickles are walked every time (and are rare: one per save)
+
+
+def passed(data: bytes) -> bool:
+    """Whether these exact bytes already passed both guards in this process."""
+    return len(data) <= _PASSED_MAX_BYTES and data in _PASSED
+
+
+def remember(data: bytes) -> None:
+    """Record that `data` passed both guards (oldest forgotten first)."""
+    if len(data) > _PASSED_MAX_BYTES:
+        return
+    if len(_PASSED) >= _PASSED_ENTRIES:
+        _PASSED.pop(next(iter(_PASSED)), None)
+    _PASSED[data] = None
+
+
 MAX_DEPTH = 100  # DeepSpeed's trees are under 10 deep; JSON configs a few more
 TREE_BASE = 200_000
 TREE_PER_BYTE = 4

@@ -93,6 +93,7 @@ class _Pickler(pickle._Pickler):  # type: ignore[name-defined, misc]
     def __init__(self, fh: io.BytesIO) -> None:
         super().__init__(fh, protocol=2)
         self.storages: list[Storage] = []
+        self._globals: dict[tuple[str, str], Global] = {}  # the first of each name: the one written
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, Storage):
@@ -103,6 +104,10 @@ class _Pickler(pickle._Pickler):  # type: ignore[name-defined, misc]
         return None
 
     def save_marker_global(self, obj: Global) -> None:
+        first = self._globals.setdefault((obj.module, obj.name), obj)
+        if first is not obj:  # as torch's pickler: each global written once, referred back to (memo GET)
+            self.save(first)
+            return
         self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
         self.memoize(obj)
 

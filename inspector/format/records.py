@@ -110,4 +110,4 @@ def _safe_encode(obj: str, encoding: str = "latin1") -> bytes:
 
 
 def _size(dims: Any = ()) -> tuple[int, ...]:
-    return tuple(int(d) for d in dims)
+    return tuple(map(int, dims))

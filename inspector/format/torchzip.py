@@ -19,7 +19,7 @@ from typing import Any
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
 from inspector.format.dtypes import ITEMSIZE, STORAGE_DTYPES, TORCH_ALIASES, TORCH_NAMES
 from inspector.format.legacy import MAGIC_NUMBER, PROTOCOL_VERSION, LegacyTorchFile
-from inspector.format.memoguard import TreeError, check_tree
+from inspector.format.memoguard import TreeError, check_tree, passed, remember
 from inspector.format.memoguard import check_memo as _check_memo
 from inspector.format.records import (
     InertDict,
@@ -58,14 +58,27 @@ _PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
 _RECORD_CLASSES: dict[tuple[str, str], type[Record]] = {k: _record_class(*k) for k in _INERT_RECORDS}
 
 
+# Views `view_problem` passed, by everything its verdict depends on (the storage's size, the view, the dtype):
+# the rank files of one save describe the same views again and again. Bounded; cleared when full.
+_GOOD_VIEWS: set[tuple[int, int, tuple[int, ...], tuple[int, ...], str]] = set()
+_GOOD_VIEWS_MAX = 8192  # a few hundred KiB at most
+
+
 class SafeUnpickler(pickle.Unpickler):
     """Rebuilds a torch pickle with TensorRefs and inert records; refuses any other global."""
 
     def __init__(self, data: bytes, archive: TorchZip | LegacyTorchFile) -> None:
         super().__init__(io.BytesIO(data), encoding="utf-8")
         self.archive = archive
+        self._found: dict[tuple[str, str], Any] = {}  # this pickle's globals: a torch pickle repeats a few
 
     def find_class(self, module: str, name: str) -> Any:
+        found = self._found.get((module, name))
+        if found is None:
+            found = self._found[(module, name)] = self._allowed(module, name)
+        return found
+
+    def _allowed(self, module: str, name: str) -> Any:
         if module in _PY2_MODULES:  # protocol-2 pickles spell `builtins` as `__builtin__` (set, bytearray)
             module = _PY2_MODULES[module]
         stand_in = self._stand_in(module, name)
@@ -168,9 +181,14 @@ class SafeUnpickler(pickle.Unpickler):
         if not is_int(offset) or shape is None or strides is None:
             raise self._bad_view(storage, "its offset, shape or strides are not whole numbers")
         ref = TensorRef(storage, int(offset), shape, strides, dtype)
-        problem = view_problem(ref)
-        if problem:
-            raise self._bad_view(storage, problem)
+        key = (storage.nbytes, ref.storage_offset, shape, strides, dtype)
+        if key not in _GOOD_VIEWS:  # the verdict depends on these alone; rank files repeat them
+            problem = view_problem(ref)
+            if problem:
+                raise self._bad_view(storage, problem)
+            if len(_GOOD_VIEWS) >= _GOOD_VIEWS_MAX:
+                _GOOD_VIEWS.clear()
+            _GOOD_VIEWS.add(key)
         return ref
 
     def _bad_view(self, storage: StorageRef, problem: str) -> CorruptFileError:
@@ -252,22 +270,34 @@ def load(
             archive: TorchZip | LegacyTorchFile = legacy
             with _unreadable_pickle(legacy.shown):
                 tree, nbytes = _legacy_tree(legacy)
+                check_tree(tree, nbytes)
         else:
             archive = TorchZip(path, source, handle, window)
             if archive.byteorder() != "little":
                 raise UnsupportedCheckpointError(
                     f"{archive.shown}: big-endian checkpoints are not supported."
                 )
-            data = archive.read_entry(f"{archive.prefix}data.pkl")
-            with _unreadable_pickle(archive.shown):
-                _check_memo(data)
-                tree, nbytes = SafeUnpickler(data, archive).load(), len(data)
-        with _unreadable_pickle(archive.shown):
-            check_tree(tree, nbytes)
+            tree = _zip_tree(archive)
     except BaseException:
         handle.close()
         raise
     return tree, archive
+
+
+def _zip_tree(archive: TorchZip) -> Any:
+    """The zip form's object tree, through both guards; the same pickle bytes as a file read before (every
+    rank of a save writes much the same pickle) passed them already, so only the unpickling is repeated."""
+    data = archive.read_entry(f"{archive.prefix}data.pkl")
+    known = passed(data)
+    with _unreadable_pickle(archive.shown):
+        if not known:
+            _check_memo(data)
+        tree = SafeUnpickler(data, archive).load()
+        if not known:
+            check_tree(tree, len(data))
+    if not known:
+        remember(data)
+    return tree
 
 
 def _legacy_tree(archive: LegacyTorchFile) -> tuple[Any, int]:

@@ -105,7 +105,11 @@ def is_int(v: Any) -> bool:
 
 def dims(v: Any) -> tuple[int, ...] | None:
     """A shape or stride as a tuple of ints, or None if a pickle put anything else there."""
-    if not isinstance(v, tuple | list) or len(v) > 64 or not all(is_int(d) for d in v):
+    if not isinstance(v, tuple | list) or len(v) > 64:
+        return None
+    if type(v) is tuple and all(type(d) is int for d in v):  # what every real pickle holds: already the answer
+        return v
+    if not all(is_int(d) for d in v):
         return None
     return tuple(int(d) for d in v)
 
@@ -123,7 +127,8 @@ def view_problem(ref: TensorRef) -> str:
     """
     if ref.storage_offset < 0:
         return f"negative storage offset {ref.storage_offset}"
-    if max((ref.storage_offset, *ref.shape, *ref.stride, ref.numel)) >= _INT64_LIMIT:
+    numel = ref.numel
+    if max((ref.storage_offset, *ref.shape, *ref.stride, numel)) >= _INT64_LIMIT:
         return "a size, stride or offset does not fit in 64 bits"
     if len(ref.shape) != len(ref.stride):
         return f"{len(ref.shape)} sizes but {len(ref.stride)} strides"
@@ -134,7 +139,7 @@ def view_problem(ref: TensorRef) -> str:
     if ref.dtype not in ITEMSIZE:
         return f"unknown dtype {ref.dtype!r}"
     size = ITEMSIZE[ref.dtype]
-    if ref.numel == 0:
+    if numel == 0:
         return "" if ref.storage_offset * size <= ref.storage.nbytes else "offset past the end of its storage"
     if ref.extent_bytes() > ref.storage.nbytes:
         return (

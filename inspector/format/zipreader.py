@@ -19,6 +19,7 @@ _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
 _CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
+_HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
 _MAX_DIRECTORY = 64 << 20  # a torch archive's directory is ~100 bytes per storage: 64 MiB is ~600k storages
 
 
@@ -62,6 +63,7 @@ class TorchZip:
             self.handle.close()
             raise
         self._data_offsets: dict[str, int] = {}
+        self._page: tuple[int, bytes] = (0, b"")  # the last page of local headers read (`_local_header`)
         self._storages: dict[str, StorageRef] = {}
 
     def close(self) -> None:
@@ -259,7 +261,7 @@ class TorchZip:
         off = self._data_offsets.get(name)
         if off is None:
             e = self.entries[name]
-            hdr = self.pread(30, e.header_offset)
+            hdr = self._local_header(e.header_offset)
             if hdr[:4] != _LOCAL:
                 raise self._truncated(f"bad local header for {name}")
             nlen, xlen = struct.unpack("<HH", hdr[26:30])
@@ -270,6 +272,18 @@ class TorchZip:
                 raise self._truncated(f"record {name} overlaps the next member of the archive")
             self._data_offsets[name] = off
         return off
+
+    def _local_header(self, offset: int) -> bytes:
+        """The 30 fixed bytes of the local header at `offset`. Read a page at a time: a rank file's small
+        records (stage-3 placeholders, counters) sit side by side, so one read serves the headers of many."""
+        page_at, page = self._page
+        if not (page_at <= offset and offset + 30 <= page_at + len(page)):
+            page_at, page = offset, self.handle.pread(max(0, min(_HEADER_PAGE, self.file_size - offset)), offset)
+            self._page = (page_at, page)
+        hdr = page[offset - page_at : offset - page_at + 30]
+        if len(hdr) != 30:
+            raise self._truncated(f"wanted 30 bytes at offset {offset}")
+        return hdr
 
     def read_entry(self, name: str) -> bytes:
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned

@@ -31,12 +31,22 @@ def name_problem(name: object) -> str:
     return ""
 
 
+_SAFE: set[str] = set()  # names that passed: every rank file of a save names the same parameters
+_SAFE_MAX = 1 << 16  # a few MiB at most; cleared when full
+
+
 def check_name(name: object, what: str, file: str, field: str) -> str:
     """`name` itself if it is safe; otherwise the one input error, naming the file, the field and the name
     (escaped, cut to 80 characters)."""
+    if type(name) is str and name in _SAFE:  # the verdict depends on the text alone
+        return name
     problem = name_problem(name)
     if problem:
         show = shown(name)[:80] if isinstance(name, str) else type(name).__name__
         raise InputError(file, field, f"the {what} {show!r} {problem}")
     assert isinstance(name, str)
+    if type(name) is str:
+        if len(_SAFE) >= _SAFE_MAX:
+            _SAFE.clear()
+        _SAFE.add(name)
     return name

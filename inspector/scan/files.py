@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inspector.errors import InspectorError, NotACheckpointError, StoreError, UnsupportedCheckpointError
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.torchzip import TensorRef, load
 from inspector.parse.layers import TensorFile
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource
+from inspector.system.bytesource import ByteSource, Handle
 
 T = TypeVar("T")
 
@@ -120,18 +120,22 @@ def missing_ranks(found: dict[int, str], expected: int, what: str, tag_dir: str)
 
 
 def load_all(
-    paths: list[tuple[int, str]], source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]
+    paths: list[tuple[int, str]],
+    source: ByteSource,
+    findings: list[Finding],
+    parse: Callable[[Any, str], T],
+    read: Callable[[T, Handle], None] | None = None,
 ) -> dict[int, T | None]:
     """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
     loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
     read one file after another would spend minutes waiting."""
     if len(paths) < 2 or not source.remote:
-        return {r: load_or_finding(p, source, findings, parse) for r, p in paths}
+        return {r: load_or_finding(p, source, findings, parse, read) for r, p in paths}
     from inspector.remote.backend import inflight
 
     def one(item: tuple[int, str]) -> tuple[T | None, list[Finding]]:
         own: list[Finding] = []
-        return load_or_finding(item[1], source, own, parse), own
+        return load_or_finding(item[1], source, own, parse, read), own
 
     with ThreadPoolExecutor(min(inflight(), len(paths)), thread_name_prefix="zi-scan") as pool:
         done = list(pool.map(one, paths))
@@ -140,11 +144,25 @@ def load_all(
     return {r: value for (r, _), (value, _) in zip(paths, done, strict=True)}
 
 
-def load_or_finding(path: str, source: ByteSource, findings: list[Finding], parse: Callable[[Any, str], T]) -> T | None:
+def load_or_finding(
+    path: str,
+    source: ByteSource,
+    findings: list[Finding],
+    parse: Callable[[Any, str], T],
+    read: Callable[[T, Handle], None] | None = None,
+) -> T | None:
     """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
-    parsed becomes an error finding naming it (only the rank-0 model states are essential)."""
+    parsed becomes an error finding naming it (only the rank-0 model states are essential). `read`: a few
+    bytes more taken while the file is open (a step counter), so no later check opens it again."""
     try:
-        return parse(load_tree(path, source), path)
+        tree, archive = load(path, source)
+        try:
+            value = parse(tree, path)
+            if read is not None:
+                read(value, archive.handle)
+            return value
+        finally:
+            archive.close()
     except StoreError:
         raise  # the store refused (credentials, throttling): not a finding about the file
     except InspectorError as exc:

@@ -293,12 +293,14 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
             lay.master_dtype = refs[0].dtype
         moments = [st.groups[g].moments for st in states]
         have_moments = all(m is not None and all(t.numel == total for t in m.values()) for m in moments)
+        starts = _starts(refs)
+        mom_starts = [(m, _starts([mm[m] for mm in moments if mm])) for m in MOMENTS] if have_moments else []
         off = 0
         for (name, shape), n, p in zip(shapes, numels, parts, strict=True):
-            segs = _rank_slices(refs, off, n, p)
+            segs = _rank_slices(starts, off, n, p)
             mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
             if have_moments:
-                mom = tuple((m, _rank_slices([mm[m] for mm in moments if mm], off, n, p)) for m in MOMENTS)
+                mom = tuple((m, _rank_slices(st, off, n, p)) for m, st in mom_starts)
             lay.params[name] = TensorInfo(
                 name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom
             )
@@ -311,11 +313,17 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
     return lay
 
 
-def _rank_slices(refs: Sequence[TensorRef], off: int, numel: int, part: int) -> tuple[Segment, ...]:
+def _starts(refs: Sequence[TensorRef]) -> list[tuple[str, int, int, str]]:
+    """Each rank's flat tensor as (file, byte offset of element 0, item size, dtype): worked out once per
+    group, not once per parameter and rank."""
+    return [(ref.path, ref.offset, ref.itemsize, ref.dtype) for ref in refs]
+
+
+def _rank_slices(starts: Sequence[tuple[str, int, int, str]], off: int, numel: int, part: int) -> tuple[Segment, ...]:
     segs = []
-    for r, ref in enumerate(refs):
+    for r, (path, base, size, dtype) in enumerate(starts):
         take = min(part, numel - r * part)
         if take <= 0:
             break
-        segs.append(Segment(ref.path, ref.offset + off * ref.itemsize, take, ref.dtype))
+        segs.append(Segment(path, base + off * size, take, dtype))
     return tuple(segs)

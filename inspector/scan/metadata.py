@@ -4,6 +4,7 @@ for comparing metadata across rank files, and the stage-3 proof of which rank wr
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource, open_handle_in
+from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 
 
 def dtype_of(tensors: Mapping[str, Any]) -> str | None:
@@ -37,18 +38,22 @@ def item(value: Any) -> int | None:
     return None
 
 
-def _read_scalar(ref: TensorRef) -> float | int | None:
+def _read_scalar(ref: TensorRef, handle: Handle | None = None) -> float | int | None:
+    """A 0-d tensor's value: through `handle` (its file, already open), or its file opened for it."""
     fmt = "<f" if ref.dtype == "bfloat16" else STRUCT_FORMATS.get(ref.dtype)
     if fmt is None:
         return None
     ((offset, _count),) = ref.runs()
-    from inspector.remote.roots import open_file  # lazily: a local scan loads no store code
-
-    handle = open_file(ref.path)
-    try:
+    if handle is not None:
         raw = handle.pread(ref.itemsize, offset)
-    finally:
-        handle.close()
+    else:
+        from inspector.remote.roots import open_file  # lazily: a local scan loads no store code
+
+        own = open_file(ref.path)
+        try:
+            raw = own.pread(ref.itemsize, offset)
+        finally:
+            own.close()
     if len(raw) != ref.itemsize:
         raise CorruptFileError(
             f"{ref.path}: the file ends inside a tensor at byte {offset}; it is truncated."
@@ -109,9 +114,31 @@ def digest(value: Any, max_nodes: int = 100_000, max_depth: int = 64) -> str:
     return "".join(out)
 
 
+def config_key(config: Mapping[str, Any]) -> str:
+    """A DeepSpeed config as compared across rank files: the typed record's plain JSON (`Node.json`: str keys,
+    lists, finite numbers, bounded in size and depth), so `json.dumps` tells apart exactly what `digest`
+    does (1, 1.0 and true; key order) in C, not in a Python walk per rank file."""
+    try:
+        return json.dumps(dict(config), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return digest(dict(config))
+
+
 def step_value(step: int | float | TensorRef | None) -> int | float | None:
     """A step as compared across rank files: 0-d tensors read (a few bytes), numbers as they are."""
     return item(step) if isinstance(step, TensorRef) else step
+
+
+def steps_key(steps: Sequence[int | float | TensorRef | None], handle: Handle | None = None) -> str:
+    """A rank file's step counters as compared across rank files; 0-d tensors read through `handle` (the
+    file, while it is open for its pickle) when given."""
+    return digest([_step_in(s, handle) for s in steps])
+
+
+def _step_in(step: int | float | TensorRef | None, handle: Handle | None) -> int | float | None:
+    if handle is None or not isinstance(step, TensorRef) or step.numel != 1:
+        return step_value(step)
+    return item(_read_scalar(step, handle))
 
 
 _PROOF_ELEMS = 4096  # padding elements read at most for the stage-3 rank proof: a few pages, bounded

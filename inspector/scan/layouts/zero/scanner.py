@@ -6,10 +6,14 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
+from inspector.format.torchzip import TensorRef
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
@@ -17,9 +21,10 @@ from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.layouts.base import tree_at
 from inspector.scan.locate import Location
-from inspector.scan.metadata import copied_ranks, digest, stage3_rank_proof, step_value
+from inspector.scan.metadata import config_key, copied_ranks, stage3_rank_proof, steps_key
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
+from inspector.system.bytesource import Handle
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class ZeroScanner:
         self.files = files
         self.trees = trees if trees is not None else {}  # rank-0 model-states trees by path (`Found.trees`)
         self.findings: list[Finding] = list(loc.findings) + files.findings
+        self._steps: dict[str, str] = {}  # each optimizer file's step counters, read as it was loaded
+        self._first_optim: OptimStates | None = None  # whose shared values later ranks' records point to
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
@@ -86,12 +93,18 @@ class ZeroScanner:
             self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
         source = self.loc.source
         optims: dict[int, OptimStates | None] = load_all(
-            sorted(f.optim.items()), source, self.findings, lambda t, p: self._optim_states(t, p, stage3)
+            sorted(f.optim.items()),
+            source,
+            self.findings,
+            lambda t, p: self._slim_optim(self._optim_states(t, p, stage3), model),
+            self._read_steps,
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
             rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
-            models.update(load_all(rest, source, self.findings, self._model_states))
+            models.update(
+                load_all(rest, source, self.findings, lambda t, p: _slim(self._model_states(t, p), model))
+            )
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
         param_shapes = model.param_shapes or (osd0.param_shapes if osd0 else None)
@@ -104,6 +117,25 @@ class ZeroScanner:
         tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
         got = Loaded(model, optims, osd0, layout, ws, stage3)
         return checkpoint(self.loc, f, got, tensors, self.findings)
+
+    def _read_steps(self, o: OptimStates, handle: Handle) -> None:
+        """A rank file's step counters, read while it is open for its pickle (`_check_consistency` compares
+        them); a read that fails is left to that check, which reads again and reports it."""
+        with contextlib.suppress(OSError, InspectorError):
+            self._steps[o.file] = steps_key(o.steps, handle)
+
+    def _slim_optim(self, o: OptimStates, model: ModelStates) -> OptimStates:
+        """A rank's optimizer states with the values every rank repeats (config, group hyperparameters)
+        shared with rank 0's objects when equal, so the scan's memory stays flat in the rank count."""
+        first = self._first_optim = self._first_optim or o
+        config = model.ds_config if config_key(o.ds_config.raw) == config_key(model.ds_config.raw) else o.ds_config
+        groups = tuple(
+            replace(g, hyperparams=first.groups[i].hyperparams)
+            if i < len(first.groups) and repr(dict(g.hyperparams)) == repr(dict(first.groups[i].hyperparams))
+            else g
+            for i, g in enumerate(o.groups)
+        )
+        return replace(o, ds_config=config, groups=groups)
 
     def _claim(self, model: ModelStates, stage3: bool) -> None:
         """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
@@ -254,7 +286,8 @@ class ZeroScanner:
         """Files of one checkpoint agree on version, config and step; mixed runs do not."""
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
-            return (o.ds_version, digest(dict(o.ds_config.raw)), digest([step_value(s) for s in o.steps]))
+            steps = self._steps.get(o.file) or steps_key(o.steps)
+            return (o.ds_version, config_key(o.ds_config.raw), steps)
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -263,12 +296,12 @@ class ZeroScanner:
             self.add(
                 Severity.ERROR,
                 "mixed-runs",
-                f"Optimizer files disagree on DeepSpeed version, config or step (ranks {odd} differ from "
+                f"Optimizer files disagree on DeepSpeed version, config or step (ranks {_rank_list(odd)} differ from "
                 f"rank {min(sigs)}): files from different runs or tags are mixed together.",
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, digest(dict(model.ds_config.raw)))
+        model_sig = (model.ds_version, config_key(model.ds_config.raw))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
@@ -279,18 +312,40 @@ class ZeroScanner:
                 "Restore the tag folder from one save; do not merge folders.",
             )
         steps = {r: m.global_steps for r, m in models.items() if m is not None}
-        shapes = {r: digest(m.param_shapes) for r, m in models.items() if m is not None}
+        shapes = {r: m.param_shapes for r, m in models.items() if m is not None}  # typed: str names, int dims
         if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
+            first = min(steps)
+            odd = [r for r in steps if (steps[r], shapes[r]) != (steps[first], shapes[first])]
             self.add(
                 Severity.ERROR,
                 "mixed-runs",
-                f"Stage-3 model files disagree on global_steps or parameter shapes ({steps}).",
+                f"Stage-3 model files disagree on global_steps or parameter shapes (ranks {_rank_list(odd)} differ "
+                f"from rank {first}, which says global_steps={steps[first]}).",
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )
+
+
+_NO_MODULE: Mapping[str, TensorRef] = MappingProxyType({})
+
+
+def _slim(m: ModelStates, model: ModelStates) -> ModelStates:
+    """Another rank's stage-3 model states as the scan keeps them: memory flat in the rank count. Its module
+    holds only empty placeholders, which nothing reads (rank 0's name the tensors), and its config and
+    parameter shapes, when they equal rank 0's, are rank 0's objects; everything the checks compare stays."""
+    config = model.ds_config if config_key(m.ds_config.raw) == config_key(model.ds_config.raw) else m.ds_config
+    shapes = model.param_shapes if m.param_shapes == model.param_shapes else m.param_shapes
+    return replace(m, module=_NO_MODULE, ds_config=config, param_shapes=shapes)
 
 
 def _some(names: list[str], shown: int = 3) -> str:
     """The first few names, and how many more: a finding names what it is about without listing thousands."""
     more = f", and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
+
+
+def _rank_list(ranks: Sequence[int], shown: int = 8) -> str:
+    """Rank numbers as a list, the first few of thousands and how many more."""
+    if len(ranks) <= shown:
+        return str(list(ranks))
+    return f"[{', '.join(map(str, ranks[:shown]))}, and {len(ranks) - shown:,} more]"

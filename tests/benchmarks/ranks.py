@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""Rank-count sweep (issue 43): scan and convert of one model saved by 8 to 8,192 ZeRO-3 ranks (two files a
+rank), each command a fresh process measured by wait4: wall, CPU (user + system) and its own peak RSS.
+
+    python tests/benchmarks/ranks.py --workdir /tmp/zi-ranks                   # 8 128 1024 4096, 20M
+    python tests/benchmarks/ranks.py --ranks 8 1024 --params 2M --append       # rows into results.md
+
+The targets: scan at 1,024 ranks <= 2.5 x the 8-rank scan (linear in files, a small constant per file);
+convert's peak RSS <= 128 MiB at every rank count (memory flat in ranks). Each row says how it compares
+(`scan x8` is the time over the 8-rank row's). Timings are not tests: the machine's cores and load go with
+the rows. The parent imports nothing heavy (a child's peak RSS starts at its parent's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results.md"
+MiB = 1 << 20
+
+
+def run(argv: list[str]) -> tuple[float, float, float, int]:
+    """`python -m inspector ARGV` in a fresh interpreter: (wall s, CPU s, peak RSS MiB, exit status)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inspector", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if proc.stderr is not None:
+        proc.stderr.close()
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def sweep(workdir: Path, ranks: list[int], params: str) -> list[dict[str, float | int]]:
+    rows: list[dict[str, float | int]] = []
+    for ws in ranks:
+        ckpt, out = workdir / f"ws{ws}", workdir / f"out{ws}"
+        shutil.rmtree(ckpt, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+        demo = run(["demo", str(ckpt), "--stage", "3", "--world-size", str(ws), "--params", params])
+        if demo[3]:
+            raise SystemExit(f"demo at {ws} ranks failed (exit {demo[3]})")
+        run(["scan", str(ckpt)])  # page cache warm for both measured runs
+        scan = run(["scan", str(ckpt)])
+        conv = run(["convert", str(ckpt), str(out), "--dtype", "bf16"])
+        row = {
+            "ranks": ws,
+            "files": sum(1 for _ in next(p for p in ckpt.iterdir() if p.is_dir()).iterdir()),
+            "demo_s": demo[0],
+            "scan_s": scan[0],
+            "scan_cpu": scan[1],
+            "scan_mib": scan[2],
+            "scan_rc": scan[3],
+            "conv_s": conv[0],
+            "conv_cpu": conv[1],
+            "conv_mib": conv[2],
+            "conv_rc": conv[3],
+        }
+        rows.append(row)
+        print(table([row], rows[0]).splitlines()[-1], flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return rows
+
+
+def table(rows: list[dict[str, float | int]], base: dict[str, float | int]) -> str:
+    lines = [
+        "| ranks (files) | scan wall | scan CPU | scan x8 | scan RSS | convert bf16 wall | convert CPU | "
+        "convert peak RSS | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = float(r["scan_s"]) / float(base["scan_s"])
+        bad = []
+        if r["scan_rc"] or r["conv_rc"]:
+            bad.append(f"exit {r['scan_rc']}/{r['conv_rc']}")
+        if int(r["ranks"]) == 1024 and int(base["ranks"]) == 8 and ratio > 2.5:
+            bad.append("scan > 2.5x")
+        if float(r["conv_mib"]) > 128:
+            bad.append("RSS > 128 MiB")
+        lines.append(
+            f"| {int(r['ranks']):,} ({int(r['files']):,}) | {r['scan_s']:.2f} s | {r['scan_cpu']:.2f} s | "
+            f"{ratio:.1f}x | {r['scan_mib']:.0f} MiB | {r['conv_s']:.2f} s | {r['conv_cpu']:.2f} s | "
+            f"{r['conv_mib']:.0f} MiB | {'FAIL: ' + ', '.join(bad) if bad else 'ok'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/zi-ranks"))
+    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 128, 1024, 4096])
+    ap.add_argument("--params", default="20M")
+    ap.add_argument("--append", action="store_true", help="append the rows to tests/benchmarks/results.md")
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    rows = sweep(args.workdir, args.ranks, args.params)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (
+        f"\n## Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43), {when}\n\n"
+        f"ZeRO-3 demo, {args.params} parameters, bf16; {os.cpu_count()} cores ({platform.machine()}), load "
+        f"average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; page cache warm.\n\n"
+        f"{table(rows, rows[0])}\n"
+    )
+    print(text)
+    if args.append:
+        with RESULTS.open("a") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Thousands of ranks (issue 43): a 4,096-rank ZeRO-3 save is 8,192 files. Scan and convert read every one,
+bit-exact, with the descriptors they hold bounded by the reader's pool (far below `ulimit -n`, whatever the
+rank count), and the stage-3 records of the other ranks kept slim. Counted and compared, never timed."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inspector.convert.options import ConvertOptions
+from inspector.convert.plan import build_plan
+from inspector.convert.reader import FilePool, open_cap
+from inspector.demo.writer import DemoSpec, write_demo
+from inspector.scan.model import Severity
+from inspector.scan.scanner import scan
+from inspector.system.source import Source
+from tests.convert.jobs import execute
+from tests.convert.test_convert_end_to_end import assert_matches_expected
+
+WIDE = DemoSpec(stage=3, world_size=4096, dtype="bf16", params=20_000)
+
+
+@pytest.fixture
+def low_nofile() -> Iterator[int]:
+    """The common default `ulimit -n` of 1,024 for the test's duration: below the save's 8,192 files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(1024, hard) if hard != resource.RLIM_INFINITY else 1024
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        yield low
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_a_4096_rank_save_scans_and_converts_bit_exact_within_1024_descriptors(
+    tmp_path: Path, low_nofile: int
+) -> None:
+    write_demo(str(tmp_path / "ckpt"), WIDE)
+    ckpt = scan(str(tmp_path / "ckpt"))
+    assert ckpt.world_size == 4096 and ckpt.stage == 3
+    assert not [f for f in ckpt.findings if f.severity is Severity.ERROR], ckpt.findings
+    assert len(ckpt.files) == 2 * 4096
+    # every trainable tensor is split over the ranks that hold a slice of it
+    assert max(len(t.segments) for t in ckpt.tensors) > 1000
+    plan = build_plan(ckpt, ConvertOptions(dtype="bf16", chunk_elems=4096))
+    before = open_descriptors()
+    peak = [before]
+    done = threading.Event()
+
+    def watch() -> None:  # descriptors open while the conversion runs, sampled
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], open_descriptors())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        execute(plan, str(tmp_path / "out"))
+    finally:
+        done.set()
+        watcher.join()
+    assert_matches_expected(WIDE, plan, tmp_path / "out")
+    assert peak[0] - before <= open_cap() + 32 < low_nofile
+    assert open_descriptors() <= before + 1  # the pool closed what it opened
+
+
+def test_the_pool_closes_the_least_recently_used_file_no_read_is_using(tmp_path: Path) -> None:
+    for i in range(12):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 64)
+    buf = bytearray(8)
+    with FilePool(Source.at(str(tmp_path)), cap=4) as pool:
+        with pool.using(str(tmp_path / "f0")) as held:
+            for i in range(1, 12):
+                pool.read_into(str(tmp_path / f"f{i}"), 8, memoryview(buf))
+                assert bytes(buf) == bytes([i]) * 8
+                assert pool.open_count <= 4 + 1  # the cap, and f0 while a read holds it
+            assert held.read_into(0, memoryview(buf)) == 8 and bytes(buf) == b"\0" * 8  # still open
+        for i in (0, 11, 3):  # reopened on demand after being closed for room
+            pool.read_into(str(tmp_path / f"f{i}"), 0, memoryview(buf))
+            assert bytes(buf) == bytes([i]) * 8
+        assert pool.open_count <= 4
+    assert pool.open_count == 0
+
+
+def test_the_cap_is_a_fraction_of_the_descriptor_limit(low_nofile: int) -> None:
+    assert 16 <= open_cap() <= low_nofile // 4
