@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from inspector.errors import CorruptFileError
+from inspector.format.container import Container
 from inspector.format.dtypes import itemsize
 from inspector.format.memoguard import pickle_end
 from inspector.format.views import StorageRef
@@ -29,7 +30,7 @@ PROTOCOL_VERSION = 1001
 _FIRST_WINDOW = 1 << 16
 
 
-class LegacyTorchFile:
+class LegacyTorchFile(Container):
     """A legacy `torch.save` file opened read-only through a confined handle; its pickles are taken one by
     one (`next_pickle`), then its storages located (`locate`), then served as `StorageRef`s (`storage`)."""
 
@@ -41,21 +42,6 @@ class LegacyTorchFile:
         self._pos = 0  # where the next pickle (then the first storage header) starts
         self._declared: dict[str, tuple[str, int]] = {}  # storage key -> (dtype, element count)
         self._located: dict[str, int] | None = None  # storage key -> absolute offset of its bytes
-
-    def close(self) -> None:
-        self.handle.close()
-
-    def __enter__(self) -> LegacyTorchFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def pread(self, n: int, offset: int) -> bytes:
-        data = self.handle.pread(n, offset)
-        if len(data) != n:
-            raise self.damaged(f"wanted {n} bytes at offset {offset}")
-        return data
 
     def damaged(self, why: str) -> CorruptFileError:
         return CorruptFileError(

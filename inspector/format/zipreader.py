@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
+from inspector.format.container import Container
 from inspector.format.dtypes import itemsize
 from inspector.format.views import StorageRef
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
@@ -34,7 +35,7 @@ class ZipEntry:
     crc: int  # CRC-32 of the member's bytes, from the central directory (torch's local headers carry 0)
 
 
-class TorchZip:
+class TorchZip(Container):
     """A `torch.save` archive opened read-only through the confined source (a folder or a bucket prefix);
     entries are located, never extracted."""
 
@@ -66,22 +67,7 @@ class TorchZip:
         self._page: tuple[int, bytes] = (0, b"")  # the last page of local headers read (`_local_header`)
         self._storages: dict[str, StorageRef] = {}
 
-    def close(self) -> None:
-        self.handle.close()
-
-    def __enter__(self) -> TorchZip:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def pread(self, n: int, offset: int) -> bytes:
-        data = self.handle.pread(n, offset)
-        if len(data) != n:
-            raise self._truncated(f"wanted {n} bytes at offset {offset}")
-        return data
-
-    def _truncated(self, why: str) -> CorruptFileError:
+    def damaged(self, why: str) -> CorruptFileError:
         return CorruptFileError(
             f"{self.shown}: the file is truncated or damaged ({why}; file size {self.file_size} bytes).",
             hint="It was probably cut off while saving or copying; copy it again from the source.",
@@ -100,7 +86,7 @@ class TorchZip:
                 title="Too many records",
             )
         if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
-            raise self._truncated("the central directory's size and entry count disagree")
+            raise self.damaged("the central directory's size and entry count disagree")
         cd = self.pread(cd_size, cd_off)
         entries = self._entries(cd, count, cd_off)
         self._bounds = self._entry_bounds(entries, cd_off)
@@ -133,16 +119,16 @@ class TorchZip:
         p = 0
         for _ in range(count):
             if cd[p : p + 4] != _CDIR or p + 46 > len(cd):
-                raise self._truncated("bad central directory entry")
+                raise self.damaged("bad central directory entry")
             (method, crc, csize, usize, nlen, xlen, clen, hoff) = struct.unpack(
                 "<H4xLLLHHH8xL", cd[p + 10 : p + 46]
             )
             if p + 46 + nlen + xlen + clen > len(cd):
-                raise self._truncated("a central directory entry runs past the directory")
+                raise self.damaged("a central directory entry runs past the directory")
             try:
                 name = cd[p + 46 : p + 46 + nlen].decode("utf-8")
             except UnicodeDecodeError:
-                raise self._truncated("an entry name is not UTF-8") from None
+                raise self.damaged("an entry name is not UTF-8") from None
             extra = cd[p + 46 + nlen : p + 46 + nlen + xlen]
             if 0xFFFFFFFF in (csize, usize, hoff):
                 usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff)
@@ -153,9 +139,9 @@ class TorchZip:
                     "Re-save it with torch.save or re-zip with `zip -0`.",
                 )
             if name in entries:
-                raise self._truncated("two entries have the same name")
+                raise self.damaged("two entries have the same name")
             if hoff + 30 > cd_off or usize > self.file_size:
-                raise self._truncated(f"entry {shown(name)} lies outside the file")
+                raise self.damaged(f"entry {shown(name)} lies outside the file")
             entries[name] = ZipEntry(name, hoff, usize, method, crc)
             p += 46 + nlen + xlen + clen
         return entries
@@ -170,7 +156,7 @@ class TorchZip:
         for e, nxt in zip(order, [*order[1:], None], strict=True):
             end = nxt.header_offset if nxt is not None else cd_off
             if e.header_offset + 30 + len(e.name.encode()) + e.size > end:
-                raise self._truncated(f"record {e.name} overlaps the next member of the archive")
+                raise self.damaged(f"record {e.name} overlaps the next member of the archive")
             bounds[e.name] = end
         return bounds
 
@@ -183,7 +169,7 @@ class TorchZip:
             found = self._end_in_tail(tail_len)
             if found is not None:
                 return found
-        raise self._truncated("no usable zip end-of-directory record")
+        raise self.damaged("no usable zip end-of-directory record")
 
     def _end_in_tail(self, tail_len: int) -> tuple[int, int, int] | None:
         """The last usable end record in the file's last `tail_len` bytes: a short tail first, since torch
@@ -207,10 +193,10 @@ class TorchZip:
             if loc[:4] == _EOCD64_LOC:
                 (eocd64_off,) = struct.unpack("<Q", loc[8:16])
                 if eocd64_off + 56 > eocd_off - 20:
-                    raise self._truncated("the zip64 end record lies past its locator")
+                    raise self.damaged("the zip64 end record lies past its locator")
                 rec = self.pread(56, eocd64_off)
                 if rec[:4] != _EOCD64:
-                    raise self._truncated("bad zip64 end-of-directory record")
+                    raise self.damaged("bad zip64 end-of-directory record")
                 count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
                 eocd_off = eocd64_off
         if count == 0 or cd_off + cd_size > eocd_off:
@@ -226,14 +212,14 @@ class TorchZip:
             if hid == 1:
                 body = extra[p + 4 : p + 4 + hlen]
                 if len(body) < 8 * sum(need):
-                    raise self._truncated("a zip64 extra field is cut short")
+                    raise self.damaged("a zip64 extra field is cut short")
                 vals = list(struct.unpack(f"<{sum(need)}Q", body[: 8 * sum(need)]))
                 usize = vals.pop(0) if need[0] else usize
                 csize = vals.pop(0) if need[1] else csize
                 hoff = vals.pop(0) if need[2] else hoff
                 return usize, csize, hoff
             p += 4 + hlen
-        raise self._truncated("an entry needs a zip64 extra field but has none")
+        raise self.damaged("an entry needs a zip64 extra field but has none")
 
     def _find_prefix(self) -> str:
         """The one top folder every entry lives under (torch refuses an archive that mixes two)."""
@@ -263,13 +249,13 @@ class TorchZip:
             e = self.entries[name]
             hdr = self._local_header(e.header_offset)
             if hdr[:4] != _LOCAL:
-                raise self._truncated(f"bad local header for {name}")
+                raise self.damaged(f"bad local header for {name}")
             nlen, xlen = struct.unpack("<HH", hdr[26:30])
             off = e.header_offset + 30 + nlen + xlen
             if off + e.size > self.file_size:
-                raise self._truncated(f"record {name} ends at byte {off + e.size}")
+                raise self.damaged(f"record {name} ends at byte {off + e.size}")
             if off + e.size > self._bounds[name]:
-                raise self._truncated(f"record {name} overlaps the next member of the archive")
+                raise self.damaged(f"record {name} overlaps the next member of the archive")
             self._data_offsets[name] = off
         return off
 
@@ -282,7 +268,7 @@ class TorchZip:
             self._page = (page_at, page)
         hdr = page[offset - page_at : offset - page_at + 30]
         if len(hdr) != 30:
-            raise self._truncated(f"wanted 30 bytes at offset {offset}")
+            raise self.damaged(f"wanted 30 bytes at offset {offset}")
         return hdr
 
     def read_entry(self, name: str) -> bytes:
@@ -335,7 +321,7 @@ class TorchZip:
         if name not in self.entries:
             return "little"
         if self.entries[name].size > 16:
-            raise self._truncated("the byteorder record is not a byte order")
+            raise self.damaged("the byteorder record is not a byte order")
         return self.read_entry(name).decode("ascii", "replace").strip()
 
 

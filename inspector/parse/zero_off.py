@@ -85,14 +85,7 @@ class UnfusedFp16:
             return _plain(tree, file)
         if not opt.is_mapping() or not opt.has("fp32_groups"):
             return None
-        osd = opt.at("optimizer_state_dict")
-        state = osd.at("state") if osd.is_mapping() else Node(None, file)
-        pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
-        hyper = tuple(
-            MappingProxyType({k: g.at(k).json() for k in _UNFUSED_HYPER if g.has(k)})
-            for g in pgs
-            if g.is_mapping()
-        )
+        state, hyper = _osd(opt, file)
         groups = []
         index = 0
         for group in opt.at("fp32_groups").seq(4096):
@@ -148,9 +141,9 @@ class TorchOptimizer:
         return cls(file, tuple(groups), MappingProxyType(moments), tuple(hyper))
 
 
-def _fused(opt: Node, file: str) -> UnfusedFp16:
-    """FP16_Optimizer's state: `fp32_groups_flat[g]` is group g's parameters' fp32 masters end to end
-    (unpadded, in the optimizer's order), its Adam moments equally flat under the group's one index."""
+def _osd(opt: Node, file: str) -> tuple[Node, tuple[Mapping[str, Any], ...]]:
+    """The wrapped torch optimizer's state (by parameter index) and each group's hyperparameters: both
+    FP16 optimizers keep them under `optimizer_state_dict`."""
     osd = opt.at("optimizer_state_dict")
     state = osd.at("state") if osd.is_mapping() else Node(None, file)
     pgs = osd.at("param_groups").seq(4096) if osd.is_mapping() and osd.has("param_groups") else []
@@ -159,6 +152,13 @@ def _fused(opt: Node, file: str) -> UnfusedFp16:
         for g in pgs
         if g.is_mapping()
     )
+    return state, hyper
+
+
+def _fused(opt: Node, file: str) -> UnfusedFp16:
+    """FP16_Optimizer's state: `fp32_groups_flat[g]` is group g's parameters' fp32 masters end to end
+    (unpadded, in the optimizer's order), its Adam moments equally flat under the group's one index."""
+    state, hyper = _osd(opt, file)
     flats = []
     for g, flat in enumerate(opt.at("fp32_groups_flat").seq(4096)):
         index = g  # each group holds its one flat tensor, numbered in group order

@@ -1,0 +1,37 @@
+"""What the two `torch.save` containers share: the zip form (`zipreader.TorchZip`) and the legacy form
+(`legacy.LegacyTorchFile`) are both read by offset through one open handle, and a short read is damage, said in
+each container's own words (`damaged`)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from inspector.errors import CorruptFileError
+
+_C = TypeVar("_C", bound="Container")
+
+
+class Container:
+    """One open container file; `handle` and `shown` are set by the subclass."""
+
+    handle: Any
+    shown: str
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pread(self, n: int, offset: int) -> bytes:
+        data = self.handle.pread(n, offset)
+        if len(data) != n:
+            raise self.damaged(f"wanted {n} bytes at offset {offset}")
+        return data
+
+    def damaged(self, why: str) -> CorruptFileError:
+        """The error for a file that is cut short or inconsistent, naming it and `why`."""
+        raise NotImplementedError
