@@ -15,7 +15,8 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from inspector.scan.model import TensorInfo
-from inspector.tui.fmt import KIND_STYLE, dtype, elide_middle, shape, shown, size
+from inspector.tui.fmt import KIND_STYLE, dtype, shape, shown, size
+from inspector.tui.widgets.short_names import elide_all
 
 # sort name -> (label said, key over (tensor, out bytes, rank count)); sizes and rank counts largest first
 SORTS: dict[str, tuple[str, Callable[[TensorInfo, int, int], tuple[object, ...]]]] = {
@@ -104,8 +105,9 @@ class TensorTable(DataTable[Text]):
         self.clear(columns=True)
         for label, key in COLUMNS + MORE:
             self.add_column(label, key=key, width=width if key == "name" else None)
+        fitted = elide_all([row[1].plain for row in cells], width)  # one rule with the Health tab's names
         for (t, _, _), row in zip(ordered, cells, strict=True):
-            row[1] = Text(elide_middle(row[1].plain, width), no_wrap=True)
+            row[1] = Text(fitted[row[1].plain], no_wrap=True)
             self.add_row(*row, key=t.name)
         if at is not None and at.name in {t.name for t, _, _ in rows}:
             self.move_cursor(row=self.get_row_index(at.name))
