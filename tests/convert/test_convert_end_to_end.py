@@ -593,7 +593,7 @@ def test_cli_convert_non_tty(demo: DemoCache, tmp_path: Path, cli: Callable[...,
     res = cli("convert", demo(BF16), out, "--shard-size", "60KB", "--dtype", "fp32")
     assert res.rc == 0, res.output
     assert "Traceback" not in res.output
-    assert re.search(r"\[\s*\d+\.\d%\] .* / .*ETA .*file \d+/\d+", res.stdout), res.stdout
+    assert re.search(r"\[\s*\d+\.\d%\] .* / .*ETA .*files \d+/\d+", res.stdout), res.stdout
     assert "Done" in res.stdout and "tensors" in res.stdout
     files = sorted(os.listdir(out))
     assert INDEX_NAME in files and len(files) > 2

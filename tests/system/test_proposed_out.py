@@ -61,7 +61,7 @@ def test_app_and_cli_propose_the_same_folder(demo, tmp_path: Path, monkeypatch: 
     import argparse
 
     from inspector.cli import jobs
-    from inspector.cli.convert import cmd_preflight
+    from inspector.cli.preflight import cmd_preflight
     from inspector.demo.writer import DemoSpec
     from inspector.tui.session import ExportSettings
 
