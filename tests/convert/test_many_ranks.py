@@ -41,6 +41,7 @@ def open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow  # 8,192 files written and read: tox -e slow
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
 def test_a_4096_rank_save_scans_and_converts_bit_exact_within_1024_descriptors(
     tmp_path: Path, low_nofile: int

@@ -44,6 +44,7 @@ def refused_small(path: Path, needle: str, ceiling: int = 64 << 20) -> None:
     assert peak < ceiling, f"{peak >> 20} MiB allocated before refusing"
 
 
+@pytest.mark.slow  # a pickle big enough to matter, unpickled up to its refusal: tox -e slow
 def test_a_pickle_of_empty_sets_is_refused_before_it_allocates(tmp_path: Path) -> None:
     """9.6 MB of EMPTY_SET built 2.3 GB of sets; the opcode walk charges each one and refuses first."""
     pkl = pickle.PROTO + b"\x02" + b"\x8f" * 9_600_000 + pickle.STOP

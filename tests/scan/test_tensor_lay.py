@@ -74,6 +74,7 @@ def test_two_dimensional_blocks() -> None:
     _check(Layout((2, 4, 3), ((1, 2, 3),) * 4, blocks3, "t"))
 
 
+@pytest.mark.slow  # a million rows per shard: tox -e slow
 def test_a_million_rows_per_shard_join_as_one_record() -> None:
     """The attack of issue 38: 1,048,576 x 1 per shard, joined on dim 1. One `Strided` record stands for the
     2,097,152 segments, read back as the tuple would be; a shard cut across two files mid-way adds records

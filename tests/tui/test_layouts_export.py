@@ -16,6 +16,8 @@ from tests.convert.jobs import execute
 from tests.scan.layout_cases import DATA_PARALLEL, MODEL_PARALLEL, ckpt_dir, scan_layout, split_rules
 from tests.tui.conftest import exported_fp32, plain, scanned
 
+pytestmark = pytest.mark.slow  # every layout opened, exported and compared in the app: tox -e slow
+
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("layout", MODEL_PARALLEL)
@@ -48,6 +50,7 @@ async def test_the_app_opens_a_data_parallel_layout_and_exports_what_convert_wri
             assert "Ulysses sequence parallel" in shown, shown[:2000]
         assert await exported_fp32(pilot) == "done"
     _same_as_convert(layout, out, tmp_path)
+
 
 
 def _same_as_convert(layout: str, out: Path, tmp_path: Path) -> None:
