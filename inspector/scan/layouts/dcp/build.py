@@ -249,7 +249,7 @@ def _checkpoint(
     return Checkpoint(
         root=found.root,
         tag=tag,
-        tags=(tag, *found.other_runs),
+        tags=found.tags or (tag,),  # the saves beside it, as locating listed them
         tag_dir=found.tag_dir,
         layout=f"dcp-{roles.saver}",
         stage=3,
