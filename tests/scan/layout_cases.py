@@ -32,8 +32,11 @@ DATA_PARALLEL = frozenset(n for n in LAYOUTS if re.fullmatch(r"dp|sp\d+", n.spli
 MODEL_PARALLEL = [n for n in LAYOUTS if n not in DATA_PARALLEL]
 # what the user must say (--tp-split) where a fixture records no tensor-parallel split: the one its script knew
 TP_SPLIT: dict[str, tuple[str, ...]] = {"moe_tp_z1_bf16": ("*=replicated",)}
-# ZeRO off (pipelines and native MoE): DeepSpeed cannot resume a universal checkpoint of them, so it is refused
-NO_UNIVERSAL = frozenset(name for name in LAYOUTS if name.split("_")[1] == "z0")
+# ZeRO off (pipelines and native MoE): DeepSpeed cannot resume a universal checkpoint of them, so it is refused;
+# pipeline + native MoE likewise (DeepSpeed's own ds_to_universal fails on it: ds_tools.txt)
+NO_UNIVERSAL = frozenset(n for n in LAYOUTS if n.split("_")[1] == "z0" or n.startswith("ppmoe_"))
+# the refusal's reason, in either wording (ZeRO off: "cannot resume"; pipeline + MoE: "shown to resume")
+NO_UNIVERSAL_WHY = r"cannot resume|shown to resume"
 
 
 def ckpt_dir(name: str) -> Path:

@@ -9,6 +9,7 @@ is `scan --json`'s `holders` as the scan printed them before they were rendered 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,30 @@ def _stages_check(ckpt: Checkpoint) -> None:
     assert seen == set(range(par.pp))  # every stage holds a master: the check reached past stage 0
 
 
+def _pipeline_check(ckpt: Checkpoint) -> None:
+    """A pipeline's stage rows (`_stages_check`); with native MoE (`pipemoe`) also one row per MoE layer, whose
+    experts are shared out (each once) over exactly the ranks of the stage that places that layer."""
+    par = ckpt.parallel
+    assert par is not None
+    stages = [h for h in par.placement if not h.experts]
+    experts = [h for h in par.placement if h.experts]
+    assert bool(experts) == (par.ep > 1)
+    _stages_check(replace(ckpt, parallel=replace(par, placement=tuple(stages))))
+    for h in experts:
+        assert h.module and h.stage is None and h.shard is None and not h.layers and not h.ranks
+        layer = int(h.module.split(".")[0])
+        (stage,) = [s for s in stages if layer in s.layers]
+        held = [e for s in h.experts for e in s.experts]
+        assert sorted(held) == list(range(len(held))), h
+        assert sorted(r for s in h.experts for r in s.ranks) == list(stage.ranks), h
+        named = {
+            int(t.name[len(h.module) + 1 :].split(".")[0])
+            for t in ckpt.tensors
+            if t.name.startswith(h.module + ".") and t.kind is Kind.TRAINABLE
+        }
+        assert named == set(held), h
+
+
 def _shards_check(ckpt: Checkpoint) -> None:
     """Tensor-parallel shard t is the ranks r with r mod tp = t (the topology's numbering), every rank once."""
     par = ckpt.parallel
@@ -88,7 +113,7 @@ def _shards_check(ckpt: Checkpoint) -> None:
 def test_the_placement_accounts_for_the_checkpoint(layout: str) -> None:
     ckpt = scan_layout(layout)
     assert ckpt.parallel is not None
-    {"expert": _experts_check, "pipeline": _stages_check, "tensor": _shards_check}[ckpt.parallel.kind](ckpt)
+    {"expert": _experts_check, "pipeline": _pipeline_check, "tensor": _shards_check}[ckpt.parallel.kind](ckpt)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Pipeline + native MoE (real DeepSpeed 0.19.8 fixture tests/fixtures/layouts_pending/ppmoe_z1_bf16, made by
+"""Pipeline + native MoE (real DeepSpeed 0.19.8 fixture tests/fixtures/layouts/ppmoe_z1_bf16, made by
 tests/fixtures/layouts/make_pipe_moe.py: 2 stages x DP 2, an MoE layer of 4 experts at EP 2 on each stage,
 ZeRO-1, bf16): read by the `pipemoe` layout, each stage a native-MoE world, checked against its expected.npz
 (the live engines' masters, 16-bit weights and each parameter's stage)."""
@@ -15,7 +15,7 @@ from inspector.errors import DamagedCheckpointError
 from inspector.scan.scanner import scan
 from tests.scan.layout_cases import assert_exact
 
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "layouts_pending" / "ppmoe_z1_bf16"
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "layouts" / "ppmoe_z1_bf16"
 
 
 def test_the_fixture_is_the_layout_it_claims() -> None:

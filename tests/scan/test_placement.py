@@ -20,6 +20,8 @@ def _placed(ckpt: Checkpoint) -> dict[str, set[int]]:
     assert ckpt.parallel is not None
     out: dict[str, set[int]] = {}
     for h in ckpt.parallel.placement:
+        if h.experts:  # pipeline + native MoE: a MoE layer's experts, placed on the stage listing its layer
+            continue
         assert h.stage is not None
         for p in h.stage_modules:
             out.setdefault(p, set()).add(h.stage)

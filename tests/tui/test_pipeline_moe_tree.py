@@ -1,4 +1,4 @@
-"""The app on pipeline + native MoE (tests/fixtures/layouts_pending/ppmoe_z1_bf16, 2 stages x DP 2, EP 2 per
+"""The app on pipeline + native MoE (tests/fixtures/layouts/ppmoe_z1_bf16, 2 stages x DP 2, EP 2 per
 stage): the overview says the layout, every top-level layer its stage, every expert its global index and the
 global ranks (stage x 2 + data-parallel rank) holding it, and every tensor row only ranks of its stage."""
 
@@ -14,7 +14,7 @@ from tests.tui.test_layout_tree import _holder_ranks, _marked_ranks, _rows
 
 pytestmark = pytest.mark.asyncio
 
-CKPT = Path(__file__).resolve().parents[1] / "fixtures" / "layouts_pending" / "ppmoe_z1_bf16" / "ckpt"
+CKPT = Path(__file__).resolve().parents[1] / "fixtures" / "layouts" / "ppmoe_z1_bf16" / "ckpt"
 
 
 async def test_the_tree_shows_stages_and_experts() -> None:
