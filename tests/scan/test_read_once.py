@@ -9,28 +9,16 @@ from collections import Counter
 import pytest
 
 from inspector.format import torchzip
-from tests.scan.layout_cases import scan_layout
+from tests.scan.layout_cases import LAYOUTS, scan_layout
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "autoep_z3_bf16",
-        "autoep_z2_bf16",
-        "sp2_z3_bf16",
-        "sp2_z1_bf16",
-        "moe_z1_bf16",
-        "moe_z0_bf16",
-        "moe_tp_z1_bf16",
-        "tp_z1_bf16",
-        "tp_z3_bf16_dp3",
-    ],
-)
+@pytest.mark.parametrize("case", LAYOUTS)  # every layout fixture: a new layout cannot load twice unseen
 def test_every_rank_file_is_loaded_once(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """AutoEP's and native MoE's records (`ds_autoep_layers`, `ds_zero_partition_groups`, `num_experts`) come
     from the trees the scan loads anyway; the rank-0 model states a claim looked into (AutoEP's, the pipeline +
     MoE refusal's) are not loaded again by the scan that follows (`Found.trees`), nor a tensor-parallel
-    shard's by the check that the shards record one split."""
+    shard's by the check that the shards record one split, nor a pipeline stage's or a ZeRO-off shard's model
+    states by the layout's own read after the claim looked into them."""
     loads: Counter[str] = Counter()
     real = torchzip.load
 

@@ -66,4 +66,4 @@ class Pipeline(TagLayout):
     def scan(self, found: Found, options: ScanOptions) -> Checkpoint:
         from inspector.scan.layouts.pipeline.tensor import scan_pipeline_tensor
 
-        return staged(scan_pipeline_tensor(found.location, list(found.names), options.tp_split))
+        return staged(scan_pipeline_tensor(found.location, list(found.names), options.tp_split, found.trees))

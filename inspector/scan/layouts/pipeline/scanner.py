@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from inspector.errors import InspectorError, UnsupportedCheckpointError
-from inspector.format.torchzip import load_tree
 from inspector.parse.layers import ParallelDims, TensorFile
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.parse.zero_off import UnfusedFp16
@@ -24,6 +24,7 @@ from inspector.scan.assemble import record
 from inspector.scan.files import load_or_finding
 from inspector.scan.holding import TIED_PREFIX, Holding
 from inspector.scan.layout import stage12_layout
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.pipeline.files import Stage, classify, is_pipeline, missing_layers
 from inspector.scan.layouts.pipeline.names import (
     LAYER_NAME,
@@ -61,9 +62,10 @@ class Pipeline:
     """One tensor-parallel rank's pipeline (all of it when tp is 1): its stages rebuilt and merged."""
 
     def __init__(
-        self, loc: Location, tp_rank: int = 0, tp: int = 1, only: frozenset[str] | None = None
+        self, loc: Location, tp_rank: int = 0, tp: int = 1, only: frozenset[str] | None = None, trees: Any = None
     ) -> None:
         self.loc = loc
+        self.trees = {} if trees is None else trees  # trees this scan loaded (`Found.trees`): each file once
         self.only = only  # the names the claim pass gave the pipeline (scan/claims.py); None: all
         self.source: ByteSource = loc.source
         self.findings: list[Finding] = list(loc.findings)
@@ -87,7 +89,7 @@ class Pipeline:
 
     def _load_stage(self, st: Stage) -> tuple[ParallelDims | None, UnfusedFp16 | None]:
         try:
-            tree = load_tree(st.model_file, self.source)
+            tree = tree_at(self.trees, st.model_file, self.source)
             st.model = ModelStates.parse(tree, st.model_file)
             return ParallelDims.parse(tree, st.model_file), UnfusedFp16.parse(tree, st.model_file)
         except InspectorError as exc:

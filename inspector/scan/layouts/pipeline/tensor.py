@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from inspector.errors import InspectorError, StoreError
-from inspector.format.torchzip import load_tree
 from inspector.parse.dsconfig import DsConfig
 from inspector.parse.layers import ParallelDims, TpRecipe
 from inspector.parse.states import ModelStates
 from inspector.scan.claims import Claims, bounded
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.pipeline.files import claim_files, tp_layer_ranks
 from inspector.scan.layouts.pipeline.scanner import Pipeline
 from inspector.scan.layouts.tensor.scanner import join_shards
@@ -28,11 +29,16 @@ from inspector.scan.model import Checkpoint, Finding, Parallel, Severity, Tensor
 
 
 def scan_pipeline_tensor(
-    loc: Location, names: Sequence[str], tp_split: Sequence[tuple[str, str]] = ()
+    loc: Location,
+    names: Sequence[str],
+    tp_split: Sequence[tuple[str, str]] = (),
+    trees: dict[str, Any] | None = None,
 ) -> Checkpoint:
-    """Scan a pipeline tag folder: one pipeline per tensor-parallel rank, joined (tp 1: the pipeline itself)."""
+    """Scan a pipeline tag folder: one pipeline per tensor-parallel rank, joined (tp 1: the pipeline itself).
+    `trees`: the object trees this scan already loaded (`Found.trees`): each stage's model states once."""
+    trees = {} if trees is None else trees
     model0 = os.path.join(loc.tag_dir, "mp_rank_00_model_states.pt")
-    tree0 = load_tree(model0, loc.source) if "mp_rank_00_model_states.pt" in names else None
+    tree0 = tree_at(trees, model0, loc.source) if "mp_rank_00_model_states.pt" in names else None
     dims = ParallelDims.parse(tree0, model0) if tree0 is not None else None
     held = tp_layer_ranks(list(names))
     tp = (dims.tp_degree if dims else None) or (max(held) + 1 if held else 1)
@@ -40,7 +46,7 @@ def scan_pipeline_tensor(
     only = frozenset(claims.names())
     held = tp_layer_ranks(sorted(only))
     if tp == 1:
-        ckpt = Pipeline(loc, only=only).build()
+        ckpt = Pipeline(loc, only=only, trees=trees).build()
         return replace(ckpt, findings=(*claims.findings, *ckpt.findings))
     findings: list[Finding] = list(claims.findings)
     if tp > len(names):
@@ -65,11 +71,11 @@ def scan_pipeline_tensor(
                     "Copy the complete checkpoint folder; every tensor-parallel rank writes its own layer files.",
                 )
             )
-    scanned = _shards(loc, tp, held, findings, only)
+    scanned = _shards(loc, tp, held, findings, only, trees)
     if not scanned:  # layer files without a model axis, yet tp_degree > 1: refused there, with the reason
         return Pipeline(loc).build()
     recipe = TpRecipe.parse(tree0, model0) if tree0 is not None else None
-    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc)
+    tensors, used = join_shards(scanned, tp, recipe, tp_split, findings, loc, trees)
     return _joined(scanned, tp, tensors, findings, used)
 
 
@@ -87,14 +93,14 @@ def _claims(loc: Location, names: Sequence[str], tp: int, tree0: object, dims: P
 
 
 def _shards(
-    loc: Location, tp: int, held: set[int], findings: list[Finding], only: frozenset[str]
+    loc: Location, tp: int, held: set[int], findings: list[Finding], only: frozenset[str], trees: dict[str, Any]
 ) -> dict[int, Checkpoint]:
     """Each tensor-parallel rank's pipeline; its findings added, naming the rank. A rank whose essential file
     (its first stage's model states) is lost is a finding too: only rank 0's refuses the whole folder."""
     out: dict[int, Checkpoint] = {}
     for t in sorted(held):
         try:
-            out[t] = Pipeline(loc, t, tp, only).build()
+            out[t] = Pipeline(loc, t, tp, only, trees).build()
         except StoreError:
             raise  # the store refused (credentials, throttling): not a finding about the files
         except InspectorError as exc:

@@ -259,7 +259,7 @@ def _shard(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint
     from inspector.scan.layouts.zero.scanner import ZeroScanner
     from inspector.scan.layouts.zero.zero0 import is_zero0, scan_zero0
 
-    if is_zero0(files) and (ckpt := scan_zero0(loc, files, shard=True)) is not None:
+    if is_zero0(files) and (ckpt := scan_zero0(loc, files, shard=True, trees=trees)) is not None:
         return ckpt  # AutoTP with ZeRO off: each rank's masters in its own model states
 
     scanner = ZeroScanner(loc, files, trees)  # rank 0's model states: the tree read for the recipe

@@ -54,6 +54,6 @@ class Zero(TagLayout):
         from inspector.scan.layouts.zero.zero0 import is_zero0, scan_zero0
 
         files, loc = classified(found), found.location
-        if is_zero0(files) and (ckpt := scan_zero0(loc, files)) is not None:
+        if is_zero0(files) and (ckpt := scan_zero0(loc, files, trees=found.trees)) is not None:
             return ckpt  # ZeRO off: the masters in the one model-states file
         return ZeroScanner(loc, files, found.trees).build()

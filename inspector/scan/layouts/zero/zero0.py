@@ -20,12 +20,13 @@ from dataclasses import replace
 from typing import Any
 
 from inspector.errors import UnsupportedCheckpointError
-from inspector.format.torchzip import TensorRef, load_tree
+from inspector.format.torchzip import TensorRef
 from inspector.parse.layers import ParallelDims
 from inspector.parse.states import ModelStates
 from inspector.parse.zero_off import TorchOptimizer, UnfusedFp16, UnfusedParam
 from inspector.scan.assemble import record
 from inspector.scan.files import RankFiles
+from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.pipeline.names import plain, with_copy
 from inspector.scan.locate import Location
 from inspector.scan.metadata import file_size, item
@@ -54,12 +55,14 @@ def is_zero0(files: RankFiles) -> bool:
     return files.model is not None and not files.optim and not files.zero3_model and not files.experts
 
 
-def scan_zero0(loc: Location, files: RankFiles, *, shard: bool = False) -> Checkpoint | None:
+def scan_zero0(
+    loc: Location, files: RankFiles, *, shard: bool = False, trees: dict[str, Any] | None = None
+) -> Checkpoint | None:
     """The checkpoint (with `shard`, one tensor-parallel rank's, which `scan.tensor` joins), or None when the
     model states hold no ZeRO-off optimizer this reads (weights only, or a model-parallel run missing its
     other ranks): the caller's ZeRO scan then says why."""
     assert files.model is not None
-    tree = load_tree(files.model, loc.source)
+    tree = tree_at({} if trees is None else trees, files.model, loc.source)  # `Found.trees`: loaded once
     if ParallelDims.parse(tree, files.model).model_parallel > 1 and not shard:
         return None
     model = ModelStates.parse(tree, files.model)
