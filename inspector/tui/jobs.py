@@ -10,6 +10,7 @@ from rich.text import Text
 from inspector.convert.events import Failed, Finished, Started, Verified
 from inspector.convert.journal import JOURNAL
 from inspector.convert.order import Order
+from inspector.convert.outnames import entries
 from inspector.convert.root import LOCK, PARTIAL
 from inspector.system.bytesource import is_url
 from inspector.tui.fmt import many, shown, size, took
@@ -96,17 +97,19 @@ def left_on_disk(out_dir: str) -> str:
     """What a failed or killed run left behind, and whether a rerun can reuse it."""
     if is_url(out_dir):  # the run aborted its open uploads and removed what it had uploaded
         return f"Nothing of this run is left in {out_dir}."
-    try:
-        names = sorted(n for n in os.listdir(out_dir) if n != LOCK)  # the lock is released with the process
+    try:  # the lock is released with the process; a part starting beside this one may show its write probe
+        names = [n for n in entries(out_dir) if n != LOCK] if os.path.isdir(out_dir) else None
     except OSError:
+        names = None
+    if names is None:
         return "Nothing was written (the output folder does not exist)."
     if not names:
         return f"{out_dir} is empty: nothing is left behind."
     partial = [n for n in names if n.endswith(PARTIAL)]
-    parts = [f"{out_dir} holds {len(names)} file(s)"]
+    parts = [f"{out_dir} holds {many(len(names), 'file')}"]
     if partial:
         total = sum(_tree_size(os.path.join(out_dir, n)) for n in partial)
-        parts.append(f"{len(partial)} unfinished *.partial file(s), {size(total)}")
+        parts.append(f"{many(len(partial), 'unfinished *.partial file')}, {size(total)}")
     if JOURNAL in names:
         parts.append("a journal: converting again with the same options reuses the finished shards")
     return "; ".join(parts) + "."

@@ -53,9 +53,22 @@ def test_a_cancelled_universal_conversion_says_it_resumes(tmp_path: Path) -> Non
     (part / "fp32.pt").write_bytes(b"x" * 3000)
     title, message, hint = explain_exit(130, True, None, "", 0, str(tmp_path), resumable=True)
     assert title == "Cancelled" and "kept" in message
-    assert "1 unfinished *.partial file(s), 2.9 KiB" in hint and "resumes" in hint
+    assert "1 unfinished *.partial file, 2.9 KiB" in hint and "resumes" in hint
     _, message, _ = explain_exit(130, True, None, "", 0, str(tmp_path))
     assert "removed its partial output" in message  # safetensors: as before
+
+
+def test_what_is_left_never_counts_a_neighbours_write_probe(tmp_path: Path) -> None:
+    """A part of a Slurm array starting beside a failed run makes and removes a probe folder in OUT: what the
+    app says is left is the run's own files, as the convert path sees them (`outnames.entries`)."""
+    from inspector.convert.outnames import PROBE
+    from inspector.tui.jobs import left_on_disk
+
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    (tmp_path / f"{PROBE}1234").mkdir()
+    said = left_on_disk(str(tmp_path))
+    assert "holds 1 file;" in said or said.endswith("holds 1 file."), said
+    assert "does not exist" in left_on_disk(str(tmp_path / "absent"))
 
 
 @pytest.mark.asyncio
@@ -82,7 +95,7 @@ async def test_cancelled_universal_conversion_resumes_from_the_ui(
         assert screen.child.proc is not None and screen.child.proc.returncode == 130
         result = plain(screen.query_one("#result"))
         assert "Cancelled" in result and "kept in the *.partial folder" in result
-        assert "1 unfinished *.partial file(s)" in result and "resumes" in result
+        assert "1 unfinished *.partial file" in result and "resumes" in result
         assert not app.converting and not uni.exists() and staging.is_dir()
         lines = (out / JOURNAL).read_text().splitlines()[1:]  # the first names the job
         journalled = [json.loads(x)["file"].split("/", 1)[1] for x in lines if x]
