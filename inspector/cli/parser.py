@@ -52,7 +52,9 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """argparse's usage error, with the nearest flag for an unknown one; under `--json` also one JSON
         object on stdout, as every other failure."""
-        message = _with_nearest_flag(self, message)
+        # argparse quotes what was typed (an unknown flag, a bad value): one line, its controls escaped, since
+        # the words can come from a script's variable or a pasted file name
+        message = shown(_with_nearest_flag(self, message))
         if Parser.wants_json:
             from inspector.cli.console import print_json
 

@@ -143,6 +143,18 @@ def test_a_mistyped_command_is_named_with_a_suggestion(cli: Callable[..., CliRes
     assert "unrecognized arguments" not in res.stderr
 
 
+def test_a_usage_error_quotes_what_was_typed_on_one_line(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """An unknown flag with a newline and an escape sequence in it (a pasted name, a script's variable) is
+    quoted escaped on the error's one line: nothing typed can start a line of its own or reach the terminal
+    as a control."""
+    res = cli("scan", str(tmp_path), "--bad\x1b[2J\nINJECTED: ok")
+    assert res.rc == 2
+    assert "\x1b" not in res.stderr and not any(ln.startswith("INJECTED") for ln in res.stderr.splitlines())
+    assert "unrecognized arguments: --bad\\x1b[2J\\nINJECTED: ok" in res.stderr, res.stderr
+
+
 def test_a_missing_path_is_refused_on_the_terminal(cli: Callable[..., CliResult], tmp_path: Path) -> None:
     """`zero-inspector foo` says it on the terminal with exit 2 instead of opening the app on a dialog."""
     res = cli(str(tmp_path / "foo"))
