@@ -3,18 +3,17 @@ the CPU and the cores, instead of constants.
 
 `calibrate` looks at where the bytes a plan reads are (`system.residency`: `mincore` over a few windows of
 each file, reading nothing), then times reads of a few 1 MiB windows that are not in the page cache (dropped
-from it again afterwards, so the probe leaves the cache as it found it: the disk's rate), 4 MiB copies in
-memory for SPAN (the best one the CPU's rate, the unit of every per-byte cost: reads of resident windows ran at
-7-30 GB/s by how the kernel held each one, so they no longer set it; what they did in all the share of a core
-one thread gets now), fresh pages faulted in (what a page new to the page cache costs), a cast of 256 Ki fp32
-values to bf16, and reads the kernel's freerun point of dirty pages (`system.writeback`) and whether the run
-will ask its reads ahead (`FilePool.mostly_cold`). Its cost is bounded whatever the checkpoint: at most PROBES
-MiB read, SAMPLES `mincore` windows per file, SPAN of copying and a few milliseconds of casting and faulting
-(stated in `Calibration.seconds`). `estimate_seconds` turns it into a run's time from what the run does with
-its bytes (`Work`, one shape for convert, universal and health): the CPU's share (copying buffered bytes,
-casting, writing, zipping, reducing, fresh pages) spread over min(workers, cores, pieces) cores, against what
-the disk serves for the bytes not in the cache and takes back past the freerun point, the cores shared with
-what else is running."""
+from it again afterwards, so the probe leaves the cache as it found it: the disk's rate), a 4 MiB copy in
+memory (the CPU's rate, the unit of every per-byte cost: reads of resident windows ran at 7-30 GB/s by how the
+kernel held each one, so they no longer set it), fresh pages faulted in (what a page new to the page cache
+costs), a cast of 256 Ki fp32 values to bf16, and reads the kernel's freerun point of dirty pages
+(`system.writeback`) and whether the run will ask its reads ahead (`FilePool.mostly_cold`). Its cost is
+bounded whatever the checkpoint: at most PROBES MiB read, SAMPLES `mincore` windows per file, a few
+milliseconds of copying, casting and faulting (stated in `Calibration.seconds`). `estimate_seconds` turns it
+into a run's time from what the run does with its bytes (`Work`, one shape for convert, universal and
+health): the CPU's share (copying buffered bytes, casting, writing, zipping, reducing, fresh pages) spread
+over min(workers, cores, pieces) cores, against what the disk serves for the bytes not in the cache and takes
+back past the freerun point, the cores shared with what else is running."""
 
 from __future__ import annotations
 
@@ -55,20 +54,22 @@ FALLBACK_COLD = 4e8
 # offered to an earlier fit, came out at their bounds and were dropped).
 READ_COST = 3.5
 # every page new to the page cache, a page of output written or a page the disk fills for a read, costs
-# the run a fresh page: PAGE_COST times what the page probe's fresh anonymous pages cost now. On this VM a
-# fresh page is the host's to give back: 0.6-1.7 us within a second of the last run, 5-10 us after a pause
-# (results.md, 2026-11-26), 11-21 us under the shared load of 2026-12-03, where it made most of a warm bf16
-# export (0.4 GB written: 100k pages). Cold runs took more CPU than warm ones for it (2026-11-27 00:27 and
-# 00:30, 1 worker: health 1.52 / 1.17 CPU-s against 0.95 / 0.75, universal 3.90 / 2.70 against 1.54 / 1.58)
+# the run a fresh page, PAGE_COST times what the page probe's fresh anonymous pages cost now beyond what
+# they cost in the runs the constants were fitted on (FITTED_PAGE_RATE: each within a second of a warm-up,
+# ~1 us a page, so WRITE_COST, COPY_COST and ZIP_COST hold that much). On this VM a fresh page is the
+# host's to give back: 0.6-1.7 us within a second of the last run, 5-10 us after a pause (results.md,
+# 2026-11-26), 2.4-4 us in the page probe and 11-21 us in 16 MiB mappings under the shared load of
+# 2026-12-03. Cold runs took more CPU than warm ones (2026-11-27 00:27 and 00:30, 1 worker: health 1.52 /
+# 1.17 CPU-s against 0.95 / 0.75, universal 3.90 / 2.70 against 1.54 / 1.58)
 PAGE_COST = 1.0
+FITTED_PAGE_RATE = 4e9
 WRITE_COST = 11.8
 COPY_COST = 14.2
 ZIP_COST = 34.3
 REDUCE_COST = 7.54
 STARTUP_CPU = 0.353
 CAST_ELEMS = 1 << 18
-MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held while it runs)
-SPAN = 0.04  # seconds the copy probe copies for: long enough to see a few of the scheduler's slices
+MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 PAGE_PROBE = 1 << 20  # bytes of fresh anonymous memory the page probe faults in, three times
 # a run streams whole ranges from the disk with the kernel's readahead, about twice what the probe's
 # isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s); refitted
@@ -99,7 +100,6 @@ class Calibration:
     probed: bool  # whether the rates were measured (else assumed)
     freerun: float = math.inf  # bytes a run writes before the kernel paces it to the disk (`writeback`)
     read_ahead: bool = False  # the run will ask its reads of the kernel ahead (`FilePool.mostly_cold`)
-    speed: float = 1.0  # the share of a core one busy thread of ours got over the copy probe's SPAN
     page_rate: float = math.inf  # bytes/s of fresh pages one core faults in (the page probe)
 
 
@@ -127,7 +127,7 @@ def calibrate(
         resident=resident / total if total else 1.0,
         cold_rate=cold_rate,
         cast_rate=_cast_rate(*cast),
-        **_copy_probe(),
+        copy_rate=_copy_rate(),
         page_rate=_page_rate(),
         freerun=freerun_bytes(),
         cores=usable_cores(),
@@ -176,27 +176,18 @@ def _others_runnable(samples: int = 5) -> float:
     return max(0.0, sum(seen) / len(seen) - 1.0)
 
 
-def _copy_probe() -> dict[str, float]:
-    """`copy_rate`: bytes/s one core copies MEM_PROBE bytes from one buffer to another (the best copy),
-    what the CPU and its caches do with bytes in memory whatever state the page cache is in; and `speed`:
-    what one busy thread got of that over SPAN seconds of copying, every wait for a core, every slice the
-    host took and every cache another tenant thrashed included. The best copy alone said a loaded machine
-    was as fast as a quiet one: under the shared load of 2026-12-03 its copies' best and median were 40-48
-    GB/s and what they did in 30 ms 5-8 GB/s, and a run's CPU-seconds grew 2-3x."""
+def _copy_rate() -> float:
+    """Bytes/s one core copies MEM_PROBE bytes from one buffer to another (best of five): what the CPU and
+    its caches do with bytes in memory, whatever state the page cache is in."""
     src = np.ones(MEM_PROBE, np.uint8)
     dst = np.zeros(MEM_PROBE, np.uint8)
     dst.fill(1)  # faulted in before the clock starts
-    best, copies = math.inf, 0
-    start = time.perf_counter()
-    while copies < 5 or time.perf_counter() - start < SPAN:
+    best = float("inf")
+    for _ in range(5):
         t = time.perf_counter()
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t)
-        copies += 1
-    elapsed = time.perf_counter() - start
-    rate = MEM_PROBE / best if best > 0 else 5e10
-    done = MEM_PROBE * copies / elapsed if elapsed > 0 else rate
-    return {"copy_rate": rate, "speed": min(1.0, max(0.01, done / rate))}
+    return MEM_PROBE / best if best > 0 else 5e10
 
 
 def _page_rate() -> float:
@@ -289,9 +280,10 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     buffered = work.read - work.copied
     compute = READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
-    compute += PAGE_COST * (work.read * (1.0 - cal.resident) + work.zipped) / cal.page_rate
+    page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
+    compute += page * (work.read * (1.0 - cal.resident) + work.zipped)
     writing = (WRITE_COST * work.written + COPY_COST * work.copied) / cal.copy_rate
-    writing += PAGE_COST * (work.written + work.copied) / cal.page_rate
+    writing += page * (work.written + work.copied)
     return compute, writing
 
 
@@ -310,10 +302,9 @@ def calibrated_seconds(
 
 
 def _share(threads: int, cal: Calibration) -> float:
-    """Cores `threads` busy threads get: what one got in the copy probe (`speed`), times what the threads
-    get of the cores against one, with what else is runnable (all of them, or their share of the cores)."""
-
-    def fair(n: int) -> float:
-        return n if cal.load + n <= cal.cores else n * cal.cores / (cal.load + n)
-
-    return cal.speed * fair(max(1, threads)) / fair(1)
+    """Cores `threads` busy threads get: all of them, or on a busy machine their share of the cores. (A
+    probe of what one thread got over 40 ms of copying, tried in its place on 2026-12-03 under a load of
+    4-10, scattered more: rms log error 0.76 against 0.64 on the same 12 runs.)"""
+    threads = max(1, threads)
+    runnable = cal.load + threads
+    return threads if runnable <= cal.cores else threads * cal.cores / runnable
