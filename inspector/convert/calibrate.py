@@ -65,9 +65,16 @@ PAGE_COST = 1.0
 FITTED_PAGE_RATE = 4e9
 WRITE_COST = 11.8
 COPY_COST = 14.2
-ZIP_COST = 34.3
+ZIP_COST = 32.9  # 34.3 as fitted, less what FILE_COST takes of it: the fit's exports wrote 247 files each
+# (the 200M and 500M demos), 1.8 (200M) and 0.7 (500M) of it per byte zipped
 REDUCE_COST = 7.54
 STARTUP_CPU = 0.353
+# CPU per output file, beyond its bytes (created, its zip's records and pickle, renamed, a journal line),
+# in bytes the copy probe copies in as long: measured in process on a 300K-parameter ZeRO-3 demo, whose
+# universal export writes 67 files of 3.7 MB in all (2026-12-03, 1 worker, 4 runs): 0.90-1.22 ms a file
+# under a load average of 8, when the same load made health's CPU 2.9-3.3x the quiet sweep's, so ~0.35 ms
+# quiet. Universal's many small files: a model of many small tensors is not its bytes alone
+FILE_COST = 17.5e6
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 PAGE_PROBE = 1 << 20  # bytes of fresh anonymous memory the page probe faults in, three times
@@ -232,6 +239,7 @@ class Work:
     zipped: int = 0  # bytes written into a torch zip with their CRC-32 (universal's `.pt` files)
     reduced: int = 0  # bytes whose statistics are computed (health)
     pieces: int = 0  # independent pieces (files, streams) the workers share: no more run at once (0: any)
+    files: int = 0  # output files written, each at FILE_COST beyond its bytes
     outputs: int = 0  # files written at once (0: as many as the workers): writes into one file take its
     # inode's lock in turn, so `written` and `copied` go no faster with more threads than files
     # whether the disk's part overlaps the CPU's: not where each worker reads a chunk, then works on it and
@@ -278,7 +286,9 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     of the page cache, wherever it was; the bytes the disk serves cost the kernel's fill besides, so a cold
     run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
-    compute = READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
+    compute = (
+        READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced + FILE_COST * work.files
+    )
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
     page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)

@@ -205,6 +205,7 @@ def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tm
     assert work.zipped == job.plan.tensor_bytes and work.pieces == len(job.plan.files) and workers == 5
     assert not work.overlapped  # a worker reads a chunk, then zips and writes it
     assert work.read_ahead  # but from a cold page cache the kernel reads the next window meanwhile
+    assert work.files == len(job.plan.files) + len(job.plan.copies)  # each costs beyond its bytes
     assert work.read == sum(reads.values()) + work.copied
 
 
@@ -316,6 +317,14 @@ def test_universal_read_ahead_overlaps_the_disk_with_the_cpu() -> None:
     disk = work.read / (cold.cold_rate * cal_mod.STREAM_GAIN)
     assert serial == pytest.approx(cal_mod.STARTUP_CPU + compute / 2 + disk)
     assert ahead == pytest.approx(cal_mod.STARTUP_CPU + max(compute / 2, disk)) and ahead < serial
+
+
+def test_many_small_files_cost_more_than_their_bytes() -> None:
+    """The same bytes in ten times the files take longer, by FILE_COST a file spread over the threads."""
+    cal, work = _cal(cores=2), _works()["universal"]
+    few, many = replace(work, files=300), replace(work, files=3000)
+    extra = 2700 * cal_mod.FILE_COST / cal.copy_rate / 2
+    assert estimate_seconds(cal, 2, many) == pytest.approx(estimate_seconds(cal, 2, few) + extra)
 
 
 def test_the_calibration_takes_the_runs_own_read_ahead_decision(tmp_path: Path) -> None:

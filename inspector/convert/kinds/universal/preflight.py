@@ -97,6 +97,7 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
         zipped=plan.tensor_bytes,
         written=plan.total_bytes - plan.tensor_bytes - copied,
         pieces=len(plan.files),
+        files=len(plan.files) + len(plan.copies),  # one a parameter and state: many small ones add up
         overlapped=False,  # a worker reads a chunk, then checksums and writes it, then reads the next,
         read_ahead=True,  # but from a cold page cache the kernel reads its next 16 MiB meanwhile
     )
