@@ -152,19 +152,19 @@ def model_cpu(row: dict[str, Any], constants: dict[str, float]) -> float:
 
 def table(rows: list[dict[str, Any]], constants: dict[str, float]) -> None:
     """The rows as results.md shows them: the prediction against the wall, the model's CPU against the
-    run's, and the load the calibration saw (others runnable, the share of a core one thread got)."""
+    run's, the machine's load average as the run ended and the others runnable the calibration saw."""
     print(
-        "| demo | command | cache | workers | load avg | others runnable | one thread's share | predicted s "
-        "| wall s | error | model CPU s | CPU s |"
+        "| rows | command | cache | workers | load avg | others runnable | predicted s | wall s | error "
+        "| model CPU s | CPU s |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         cal = r["model"]["cal"]
         guess = predict(r, constants)
         load = f"{r['loadavg']:.1f}" if "loadavg" in r else "–"
         print(
             f"| {r['file']} | {r['what']} | {r['cache']} | {r['n']} | {load} | {cal['load']:.1f} "
-            f"| {cal.get('speed', 1.0):.2f} | {guess:.2f} | {r['wall']:.2f} | {guess / r['wall'] - 1:+.0%} "
+            f"| {guess:.2f} | {r['wall']:.2f} | {guess / r['wall'] - 1:+.0%} "
             f"| {model_cpu(r, constants):.2f} | {r['cpu']:.2f} |"
         )
 
