@@ -5,17 +5,20 @@ the CPU and the cores, instead of constants.
 each file, reading nothing), then times reads of a few 1 MiB windows that are not in the page cache (dropped
 from it again afterwards, so the probe leaves the cache as it found it: the disk's rate), a 4 MiB copy in
 memory (the CPU's rate, the unit of every per-byte cost: reads of resident windows ran at 7-30 GB/s by how the
-kernel held each one, so they no longer set it), a cast of 256 Ki fp32 values to bf16, and reads the kernel's
-freerun point of dirty pages (`system.writeback`). Its cost is bounded whatever the checkpoint: at most PROBES
-MiB read, SAMPLES `mincore` windows per file, a few milliseconds of copying and casting (stated in
-`Calibration.seconds`). `estimate_seconds` turns it into a run's time from what the run does with its bytes
-(`Work`, one shape for convert, universal and health): the CPU's share (copying resident bytes, casting,
-writing, zipping, reducing) spread over min(workers, cores, pieces) cores, against what the disk serves for
-the bytes not in the cache and takes back past the freerun point, the cores shared with what else is running."""
+kernel held each one, so they no longer set it), fresh pages faulted in (what a page new to the page cache
+costs), a cast of 256 Ki fp32 values to bf16, and reads the kernel's freerun point of dirty pages
+(`system.writeback`) and whether the run will ask its reads ahead (`FilePool.mostly_cold`). Its cost is
+bounded whatever the checkpoint: at most PROBES MiB read, SAMPLES `mincore` windows per file, a few
+milliseconds of copying, casting and faulting (stated in `Calibration.seconds`). `estimate_seconds` turns it
+into a run's time from what the run does with its bytes (`Work`, one shape for convert, universal and
+health): the CPU's share (copying buffered bytes, casting, writing, zipping, reducing, fresh pages) spread
+over min(workers, cores, pieces) cores, against what the disk serves for the bytes not in the cache and takes
+back past the freerun point, the cores shared with what else is running."""
 
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import time
 from collections.abc import Mapping
@@ -50,18 +53,37 @@ FALLBACK_COLD = 4e8
 # Each extra thread was worth a whole core and the load sampled at the probe counted in full (those terms,
 # offered to an earlier fit, came out at their bounds and were dropped).
 READ_COST = 3.5
+# every page new to the page cache, a page of output written or a page the disk fills for a read, costs
+# the run a fresh page, PAGE_COST times what the page probe's fresh anonymous pages cost now beyond what
+# they cost in the runs the constants were fitted on (FITTED_PAGE_RATE: each within a second of a warm-up,
+# ~1 us a page, so WRITE_COST, COPY_COST and ZIP_COST hold that much). On this VM a fresh page is the
+# host's to give back: 0.6-1.7 us within a second of the last run, 5-10 us after a pause (results.md,
+# 2026-11-26), 2.4-4 us in the page probe and 11-21 us in 16 MiB mappings under the shared load of
+# 2026-12-03. Cold runs took more CPU than warm ones (2026-11-27 00:27 and 00:30, 1 worker: health 1.52 /
+# 1.17 CPU-s against 0.95 / 0.75, universal 3.90 / 2.70 against 1.54 / 1.58)
+PAGE_COST = 1.0
+FITTED_PAGE_RATE = 4e9
 WRITE_COST = 11.8
 COPY_COST = 14.2
-ZIP_COST = 34.3
+ZIP_COST = 32.9  # 34.3 as fitted, less what FILE_COST takes of it: the fit's exports wrote 247 files each
+# (the 200M and 500M demos), 1.8 (200M) and 0.7 (500M) of it per byte zipped
 REDUCE_COST = 7.54
 STARTUP_CPU = 0.353
+# CPU per output file, beyond its bytes (created, its zip's records and pickle, renamed, a journal line),
+# in bytes the copy probe copies in as long: measured in process on a 300K-parameter ZeRO-3 demo, whose
+# universal export writes 67 files of 3.7 MB in all (2026-12-03, 1 worker, 4 runs): 0.90-1.22 ms a file
+# under a load average of 8, when the same load made health's CPU 2.9-3.3x the quiet sweep's, so ~0.35 ms
+# quiet. Universal's many small files: a model of many small tensors is not its bytes alone
+FILE_COST = 17.5e6
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
+PAGE_PROBE = 1 << 20  # bytes of fresh anonymous memory the page probe faults in, three times
 # a run streams whole ranges from the disk with the kernel's readahead, about twice what the probe's
 # isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s); refitted
 STREAM_GAIN = 2.37
 FITTED = (
     "READ_COST",
+    "PAGE_COST",
     "WRITE_COST",
     "COPY_COST",
     "ZIP_COST",
@@ -84,6 +106,8 @@ class Calibration:
     seconds: float  # what calibrating cost
     probed: bool  # whether the rates were measured (else assumed)
     freerun: float = math.inf  # bytes a run writes before the kernel paces it to the disk (`writeback`)
+    read_ahead: bool = False  # the run will ask its reads of the kernel ahead (`FilePool.mostly_cold`)
+    page_rate: float = math.inf  # bytes/s of fresh pages one core faults in (the page probe)
 
 
 def calibrate(
@@ -111,11 +135,13 @@ def calibrate(
         cold_rate=cold_rate,
         cast_rate=_cast_rate(*cast),
         copy_rate=_copy_rate(),
+        page_rate=_page_rate(),
         freerun=freerun_bytes(),
         cores=usable_cores(),
         load=_others_runnable(),
         seconds=time.perf_counter() - start,
         probed=bool(cold),
+        read_ahead=pool.mostly_cold(reads),  # the run's own test, on the same files: its decision
     )
 
 
@@ -171,6 +197,22 @@ def _copy_rate() -> float:
     return MEM_PROBE / best if best > 0 else 5e10
 
 
+def _page_rate() -> float:
+    """Bytes/s one core faults fresh pages in (PAGE_PROBE bytes of anonymous memory, one byte a page, the
+    median of three mappings; returned to the kernel after each): what a page new to the page cache costs
+    here now, which on a VM the host decides (`PAGE_COST`)."""
+    page = mmap.PAGESIZE
+    times = []
+    for _ in range(3):
+        with mmap.mmap(-1, PAGE_PROBE) as m:
+            t = time.perf_counter()
+            for off in range(0, PAGE_PROBE, page):
+                m[off] = 1
+            times.append(time.perf_counter() - t)
+    seconds = sorted(times)[1]
+    return PAGE_PROBE / seconds if seconds > 0 else math.inf
+
+
 def _cast_rate(src_dtype: str, out_dtype: str) -> float:
     """Elements/s one core casts `src_dtype` to `out_dtype` (best of three)."""
     src = np.linspace(-2.0, 2.0, CAST_ELEMS, dtype=np.float64).astype(numpy_dtype(src_dtype))
@@ -197,20 +239,31 @@ class Work:
     zipped: int = 0  # bytes written into a torch zip with their CRC-32 (universal's `.pt` files)
     reduced: int = 0  # bytes whose statistics are computed (health)
     pieces: int = 0  # independent pieces (files, streams) the workers share: no more run at once (0: any)
+    files: int = 0  # output files written, each at FILE_COST beyond its bytes
     outputs: int = 0  # files written at once (0: as many as the workers): writes into one file take its
     # inode's lock in turn, so `written` and `copied` go no faster with more threads than files
     # whether the disk's part overlaps the CPU's: not where each worker reads a chunk, then works on it and
     # writes it before reading the next (universal's zip): there a cold page cache adds the disk's time
     # (quiet sweep: 1 worker 5.52 s warm, 7.10 s cold, the cold one-thread floor 1.32 s)
     overlapped: bool = True
+    # whether the run asks the kernel for its reads ahead when most of them are not cached (universal's
+    # READ_AHEAD, health's `read_ahead`): then the disk reads the next window while the worker works on this
+    # one, and its part overlaps the CPU's whatever `overlapped` says (`Calibration.read_ahead`: the run's
+    # own test, `FilePool.mostly_cold`, asked of the same files)
+    read_ahead: bool = False
+
+
+def overlaps(cal: Calibration, work: Work) -> bool:
+    """Whether the disk's part of `work` runs beside its CPU's part here, now."""
+    return work.overlapped or (work.read_ahead and cal.read_ahead)
 
 
 def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     """Seconds a run takes here, start-up included. The CPU's part, in units of the copy probe's rate (a
     faster CPU or memory is a faster run), runs on min(workers, cores, pieces) threads, shared with what
     else is runnable, the writes into a file on no more threads than files written at once (its inode's
-    lock). The disk's part: the bytes not in the page cache, overlapped with the CPU's unless
-    `work.overlapped` says not, and the bytes written past the kernel's freerun point
+    lock). The disk's part: the bytes not in the page cache, overlapped with the CPU's unless each worker
+    reads, then works, with nothing asked ahead (`overlaps`), and the bytes written past the kernel's freerun point
     (`system.writeback`), which go back to the disk as the run writes; the disk's streaming read rate
     stands in for its write-back rate (no write probe: it would dirty the disk; fitted on the 500M demo's
     universal runs, whose 6 GB pass that point here, the write-back rate came out at 1.17 times it).
@@ -223,16 +276,24 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     disk = work.read * (1.0 - cal.resident) / stream
     dirty = work.written + work.copied + work.zipped
     drain = max(0.0, dirty - cal.freerun) / stream  # past the freerun point, as fast as the disk streams
-    return STARTUP_CPU / _share(1, cal) + max(busy + (0.0 if work.overlapped else disk), disk + drain)
+    serial = 0.0 if overlaps(cal, work) else disk
+    return STARTUP_CPU / _share(1, cal) + max(busy + serial, disk + drain)
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     """CPU-seconds of the run's work after start-up: (what spreads over the threads, the writes into its
-    files), each at its cost per byte in units of the copy probe's rate."""
+    files), each at its cost per byte in units of the copy probe's rate. Every buffered byte is copied out
+    of the page cache, wherever it was; the bytes the disk serves cost the kernel's fill besides, so a cold
+    run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
-    compute = READ_COST * buffered * cal.resident + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
+    compute = (
+        READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced + FILE_COST * work.files
+    )
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
+    page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
+    compute += page * (work.read * (1.0 - cal.resident) + work.zipped)
     writing = (WRITE_COST * work.written + COPY_COST * work.copied) / cal.copy_rate
+    writing += page * (work.written + work.copied)
     return compute, writing
 
 
@@ -251,7 +312,9 @@ def calibrated_seconds(
 
 
 def _share(threads: int, cal: Calibration) -> float:
-    """Cores `threads` busy threads get: all of them, or on a busy machine their share of the cores."""
+    """Cores `threads` busy threads get: all of them, or on a busy machine their share of the cores. (A
+    probe of what one thread got over 40 ms of copying, tried in its place on 2026-12-03 under a load of
+    4-10, scattered more: rms log error 0.76 against 0.64 on the same 12 runs.)"""
     threads = max(1, threads)
     runnable = cal.load + threads
     return threads if runnable <= cal.cores else threads * cal.cores / runnable

@@ -180,6 +180,7 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
         cast_elems=sum(t.numel for t in tensors if t.src_dtype != t.out_dtype),
         copied=copied,
         outputs=shards_at_once(plan),
+        files=len(plan.shards),
     )
     return calibrated_seconds(plan.sources, reads, work, plan_threads(plan), pair)
 

@@ -31,5 +31,5 @@ def health_seconds(
         return STARTUP_SECONDS + read_seconds(total, sources)
     threads = plan_workers(workers, against is not None).threads
     reads = job_reads(jobs)
-    work = calibration.Work(read=total, reduced=total, pieces=len(jobs))
+    work = calibration.Work(read=total, reduced=total, pieces=len(jobs), read_ahead=True)  # `read_ahead`
     return calibration.calibrated_seconds(tuple(set(sources)), reads, work, threads)

@@ -136,10 +136,44 @@ def report(rows: list[dict[str, Any]], constants: dict[str, float], title: str) 
         print(f"  {k:16} " + " ".join(f"{e:+.0%}" for e in errs))
 
 
+def model_cpu(row: dict[str, Any], constants: dict[str, float]) -> float:
+    """The model's CPU-seconds for `row` (start-up and every thread's work, at the probes' rates): set
+    against the run's measured CPU, it parts a per-byte cost that is wrong from a share of the cores that is."""
+    saved = {k: getattr(calibration, k) for k in constants}
+    try:
+        for k, v in constants.items():
+            setattr(calibration, k, v)
+        cal, _, work = _parse(row)
+        return calibration.STARTUP_CPU + sum(calibration.cpu_seconds(cal, work))
+    finally:
+        for k, v in saved.items():
+            setattr(calibration, k, v)
+
+
+def table(rows: list[dict[str, Any]], constants: dict[str, float]) -> None:
+    """The rows as results.md shows them: the prediction against the wall, the model's CPU against the
+    run's, the machine's load average as the run ended and the others runnable the calibration saw."""
+    print(
+        "| rows | command | cache | workers | load avg | others runnable | predicted s | wall s | error "
+        "| model CPU s | CPU s |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        cal = r["model"]["cal"]
+        guess = predict(r, constants)
+        load = f"{r['loadavg']:.1f}" if "loadavg" in r else "–"
+        print(
+            f"| {r['file']} | {r['what']} | {r['cache']} | {r['n']} | {load} | {cal['load']:.1f} "
+            f"| {guess:.2f} | {r['wall']:.2f} | {guess / r['wall'] - 1:+.0%} "
+            f"| {model_cpu(r, constants):.2f} | {r['cpu']:.2f} |"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rows", nargs="+", help="files written by sweep.py --rows-json")
     ap.add_argument("--check", action="store_true", help="report the current constants only")
+    ap.add_argument("--table", action="store_true", help="with --check: the rows as a results.md table")
     ap.add_argument(
         "--fix",
         action="append",
@@ -155,6 +189,8 @@ def main() -> int:
     current = {k: float(getattr(calibration, k)) for k in FITTED}
     report(rows, current, "current")
     if args.check:
+        if args.table:
+            table(rows, current)
         return 0
     fixed = {k: float(v) for k, _, v in (f.partition("=") for f in args.fix)}
     unknown = set(fixed) - set(FITTED)

@@ -326,6 +326,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row["busy"] = busiest(run["samples"], row["phase"] or 0.0)
                 row["predicted"] = _seconds(guess["out"])
                 row["model"] = _model(guess["out"])
+                row["loadavg"] = os.getloadavg()[0]  # the machine's load as the run ended
                 rows.append(row)
                 print(_line(row, rows, args.cores), flush=True)
     shutil.rmtree(out, ignore_errors=True)

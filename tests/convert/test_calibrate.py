@@ -4,6 +4,7 @@ the cores, the load and the cache state."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -116,14 +117,18 @@ def test_the_model_follows_workers_cores_load_and_cache() -> None:
 
 def test_the_model_is_its_arithmetic() -> None:
     """Each kind of work at its cost per byte in units of the copy probe's rate, cast at the cast rate; the
-    compute over the threads the pieces allow, the writes over the files written at once; the disk's part
+    compute over the threads the pieces allow, the writes over the files written at once, a fresh page for
+    every page new to the page cache beyond what one cost when the constants were fitted; the disk's part
     overlapped, start-up serial; what else runs takes its share of the cores."""
-    cal = _cal(cores=4, copy_rate=1e10, cast_rate=1e9)
+    cal = _cal(cores=4, copy_rate=1e10, cast_rate=1e9, page_rate=1e9)
     work = Work(read=10**9, written=10**8, cast_elems=10**8, copied=2 * 10**8, zipped=10**8, reduced=10**9)
+    page = cal_mod.PAGE_COST * (1 / 1e9 - 1 / cal_mod.FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute = (
-        cal_mod.READ_COST * 8 * 10**8 + cal_mod.ZIP_COST * 10**8 + cal_mod.REDUCE_COST * 10**9
-    ) / 1e10 + 0.1
-    writing = (cal_mod.WRITE_COST * 10**8 + cal_mod.COPY_COST * 2 * 10**8) / 1e10
+        (cal_mod.READ_COST * 8 * 10**8 + cal_mod.ZIP_COST * 10**8 + cal_mod.REDUCE_COST * 10**9) / 1e10
+        + 0.1
+        + page * 10**8
+    )
+    writing = (cal_mod.WRITE_COST * 10**8 + cal_mod.COPY_COST * 2 * 10**8) / 1e10 + page * 3 * 10**8
     start = cal_mod.STARTUP_CPU
     assert estimate_seconds(cal, 1, work) == pytest.approx(start + compute + writing)
     assert estimate_seconds(cal, 8, work) == pytest.approx(start + (compute + writing) / 4)  # 4 cores
@@ -134,13 +139,18 @@ def test_the_model_is_its_arithmetic() -> None:
     cold = replace(cal, resident=0.0, cold_rate=1e8 / cal_mod.STREAM_GAIN)  # the disk's 10 s outlast the CPU
     assert estimate_seconds(cold, 4, work) == pytest.approx(start + 10.0)
     serial = replace(work, overlapped=False)  # each worker reads, then works: the disk's time adds
-    cold_compute = compute - cal_mod.READ_COST * 8 * 10**8 / 1e10  # nothing copied from the page cache
+    cold_compute = compute + page * 10**9  # every page the disk fills is a fresh one
     assert estimate_seconds(cold, 4, serial) == pytest.approx(start + (cold_compute + writing) / 4 + 10.0)
     assert estimate_seconds(cal, 4, serial) == estimate_seconds(cal, 4, work)  # warm: nothing to add
+    ahead = replace(serial, read_ahead=True)  # the kernel reads the next window while the worker works
+    assert estimate_seconds(replace(cold, read_ahead=True), 4, ahead) == pytest.approx(start + 10.0)
+    assert estimate_seconds(cold, 4, ahead) == estimate_seconds(cold, 4, serial)  # not asked: warm enough
     busy = replace(cal, load=6.0)  # 6 others runnable on 4 cores: our 4 busy threads get 4 * 4 / 10 of them
     assert estimate_seconds(busy, 8, work) == pytest.approx(
         start / (4 / 7) + (compute + writing) / (4 * 4 / 10)
     )
+    fitted = replace(cal, page_rate=cal_mod.FITTED_PAGE_RATE)  # fresh pages as in the fit: in the constants
+    assert estimate_seconds(fitted, 1, work) == estimate_seconds(replace(cal, page_rate=math.inf), 1, work)
 
 
 def test_writes_past_the_freerun_point_go_at_the_disks_pace() -> None:
@@ -166,6 +176,7 @@ def test_the_copy_probe_is_bounded_and_sane() -> None:
     rate = cal_mod._copy_rate()
     assert time.perf_counter() - t < 1.0
     assert 1e8 < rate < 1e13
+    assert cal_mod._page_rate() > 1e6  # finite or not: a fresh page costs something or nothing measurable
 
 
 def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -193,6 +204,8 @@ def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tm
     reads, work, workers = seen[-1]
     assert work.zipped == job.plan.tensor_bytes and work.pieces == len(job.plan.files) and workers == 5
     assert not work.overlapped  # a worker reads a chunk, then zips and writes it
+    assert work.read_ahead  # but from a cold page cache the kernel reads the next window meanwhile
+    assert work.files == len(job.plan.files) + len(job.plan.copies)  # each costs beyond its bytes
     assert work.read == sum(reads.values()) + work.copied
 
 
@@ -243,3 +256,83 @@ def test_the_load_is_what_runs_now_besides_us(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("builtins.open", refused)
     monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
     assert cal_mod._others_runnable() == 6.5
+
+
+def _works() -> dict[str, Work]:
+    """The shapes the three commands hand the model: convert (cast, written into the shards), universal
+    (read, zipped, one worker per file, read ahead when cold) and health (read and reduced)."""
+    g = 1 << 30
+    return {
+        "convert": Work(read=g, written=g // 2, cast_elems=g // 4, outputs=1),
+        "universal": Work(read=3 * g, zipped=3 * g, pieces=300, overlapped=False, read_ahead=True),
+        "health": Work(read=3 * g, reduced=3 * g, pieces=200, read_ahead=True),
+    }
+
+
+def _machines() -> list[Calibration]:
+    """Calibrations from a quiet laptop to a busy node, warm, half and cold, read ahead or not, fresh pages
+    free or not."""
+    out = []
+    for cores, load, resident, page in itertools.product(
+        (1, 2, 16, 96), (0.0, 1.5, 40.0), (1.0, 0.5, 0.0), (math.inf, 4e8, 4e10)
+    ):
+        out.append(_cal(cores=cores, load=load, resident=resident, read_ahead=resident < 0.5, page_rate=page))
+    return out
+
+
+def test_more_workers_never_predict_slower_nor_below_the_floor() -> None:
+    """Each worker more predicts no slower, and never faster than the floor: the bytes the disk serves at
+    its streaming rate, the copy out of the page cache on every core there is, the start-up."""
+    for cal, (name, work) in itertools.product(_machines(), _works().items()):
+        times = [estimate_seconds(cal, n, work) for n in (1, 2, 3, 4, 8, 16, 64, 128)]
+        assert all(b <= a for a, b in itertools.pairwise(times)), (name, cal, times)
+        disk = work.read * (1.0 - cal.resident) / (cal.cold_rate * cal_mod.STREAM_GAIN)
+        copy = cal_mod.READ_COST * (work.read - work.copied) / cal.copy_rate / cal.cores
+        assert times[-1] >= cal_mod.STARTUP_CPU + max(disk, copy), (name, cal)
+
+
+def test_a_cold_page_cache_never_predicts_faster() -> None:
+    """Bytes the disk serves cost what cached ones do and a fresh page besides: colder is never faster
+    (slower where fresh pages cost more than in the fit), for every command, worker count and machine, the
+    run's read-ahead decision held. (Across that decision it may be: universal half cold reads without
+    advice, in turn, and a colder run asked ahead overlaps; the model follows the run's own test.)"""
+    for cal, (name, work), n, ahead in itertools.product(
+        _machines(), _works().items(), (1, 2, 16), (False, True)
+    ):
+        if cal.resident == 1.0:
+            warm, half, cold = (replace(cal, resident=r, read_ahead=ahead) for r in (1.0, 0.5, 0.0))
+            seconds = [estimate_seconds(c, n, work) for c in (warm, half, cold)]
+            assert seconds[0] <= seconds[1] <= seconds[2], (name, cal, n)
+            if cal.page_rate < cal_mod.FITTED_PAGE_RATE:  # fresh pages dear: the disk's pages cost CPU
+                assert seconds[0] < seconds[2], (name, cal, n)
+
+
+def test_universal_read_ahead_overlaps_the_disk_with_the_cpu() -> None:
+    """Universal's workers read, then zip: with nothing asked ahead the disk's time adds to the CPU's;
+    from a cold cache its reads are asked ahead and the two overlap (the slower of them, not the sum)."""
+    work = _works()["universal"]
+    cold = _cal(cores=2, resident=0.0, cold_rate=2e8)
+    serial, ahead = estimate_seconds(cold, 2, work), estimate_seconds(replace(cold, read_ahead=True), 2, work)
+    compute, _ = cal_mod.cpu_seconds(cold, work)
+    disk = work.read / (cold.cold_rate * cal_mod.STREAM_GAIN)
+    assert serial == pytest.approx(cal_mod.STARTUP_CPU + compute / 2 + disk)
+    assert ahead == pytest.approx(cal_mod.STARTUP_CPU + max(compute / 2, disk)) and ahead < serial
+
+
+def test_many_small_files_cost_more_than_their_bytes() -> None:
+    """The same bytes in ten times the files take longer, by FILE_COST a file spread over the threads."""
+    cal, work = _cal(cores=2), _works()["universal"]
+    few, many = replace(work, files=300), replace(work, files=3000)
+    extra = 2700 * cal_mod.FILE_COST / cal.copy_rate / 2
+    assert estimate_seconds(cal, 2, many) == pytest.approx(estimate_seconds(cal, 2, few) + extra)
+
+
+def test_the_calibration_takes_the_runs_own_read_ahead_decision(tmp_path: Path) -> None:
+    """`Calibration.read_ahead` is what the run will decide (`FilePool.mostly_cold`, same files): asked
+    from a cold page cache, not from a warm one."""
+    path = _file(tmp_path, 64 * MiB)
+    with FilePool(Source.at(tmp_path)) as pool:
+        _drop(path)
+        assert calibrate(pool, {str(path): 64 * MiB}).read_ahead
+        path.read_bytes()
+        assert not calibrate(pool, {str(path): 64 * MiB}).read_ahead
