@@ -7,8 +7,9 @@
 
 Each pair runs both tools back to back in fresh processes, the order alternating from pair to pair (half
 of our runs come right after DeepSpeed's 1 GB output was written, half before), each measured by wait4:
-wall, CPU (user + system) and its own peak RSS. The page cache is warmed once before the first pair. The
-table gives every run and the medians, and each pair's ratio of our wall to DeepSpeed's (their median is
+wall, user and system CPU and its own peak RSS (system time swings most with the machine's load:
+reclaim, dirty-page throttling). The page cache is warmed once before the first pair. The
+table gives every run and the medians, and each pair's ratio of wall to DeepSpeed's (the median of pairs is
 the figure). Timings are not tests; the load average goes with the rows.
 """
 
@@ -27,19 +28,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(argv: list[str], pythonpath: str) -> tuple[float, float, float, int]:
-    """`python ARGV` in a fresh interpreter: (wall s, CPU s, peak RSS MiB, exit status)."""
+def run(argv: list[str], pythonpath: str) -> tuple[float, float, float, float]:
+    """`python ARGV` in a fresh interpreter: (wall s, user CPU s, system CPU s, peak RSS MiB)."""
     env = dict(os.environ, PYTHONPATH=pythonpath, DS_ACCELERATOR="cpu")
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child never blocks on it
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=err)
+        # run inside the tree: `python -m` puts the working folder ahead of PYTHONPATH
+        proc = subprocess.Popen(
+            [sys.executable, *argv], env=env, cwd=pythonpath, stdout=subprocess.DEVNULL, stderr=err
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         code = os.waitstatus_to_exitcode(status)
         if code:
             err.seek(0)
             raise SystemExit(f"{' '.join(argv[:3])} failed (exit {code}):\n{err.read()[-2000:].decode()}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code
+    return wall, usage.ru_utime, usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def warm(root: Path) -> None:
@@ -69,7 +73,7 @@ def main() -> None:
         tools["ours-base"] = (tools["ours"][0], args.base)
     warm(args.ckpt)
     load = os.getloadavg()[0]
-    rows: dict[str, list[tuple[float, float, float, int]]] = {k: [] for k in tools}
+    rows: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in tools}
     names = list(tools)
     for i in range(args.pairs):
         order = names if i % 2 == 0 else names[::-1]
@@ -77,22 +81,24 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             rows[name].append(run(*tools[name]))
         shutil.rmtree(out, ignore_errors=True)
-        cells = "  ".join(f"{n} {rows[n][-1][0]:.2f}/{rows[n][-1][1]:.2f} s" for n in names)
+        cells = "  ".join(
+            f"{n} {rows[n][-1][0]:.2f} s ({rows[n][-1][1]:.2f} + {rows[n][-1][2]:.2f})" for n in names
+        )
         print(f"pair {i + 1}: {' -> '.join(order)}: {cells}", flush=True)
     print(
         f"\nload average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; {args.pairs} pairs\n"
     )
     print(
-        "| tool | wall median (min-max) | CPU median | peak RSS median | wall / DeepSpeed's, median of pairs |"
+        "| tool | wall median (min-max) | user CPU median | system CPU median | peak RSS median | wall / DeepSpeed's |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for n in names:
         walls = [r[0] for r in rows[n]]
         ratio = statistics.median(a[0] / b[0] for a, b in zip(rows[n], rows["deepspeed"], strict=True))
         print(
             f"| {n} | {statistics.median(walls):.2f} s ({min(walls):.2f}-{max(walls):.2f}) | "
-            f"{statistics.median(r[1] for r in rows[n]):.2f} s | {statistics.median(r[2] for r in rows[n]):.0f} MiB"
-            f" | {ratio:.2f}x |"
+            f"{statistics.median(r[1] for r in rows[n]):.2f} s | {statistics.median(r[2] for r in rows[n]):.2f} s | "
+            f"{statistics.median(r[3] for r in rows[n]):.0f} MiB | {ratio:.2f}x |"
         )
 
 
