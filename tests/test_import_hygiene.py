@@ -96,6 +96,27 @@ print("ok", "torch" in sys.modules)
     assert res.stdout.split()[-2:] == ["ok", "False"], res.stdout
 
 
+def test_bf16_conversion_imports_no_ml_dtypes(tmp_path: object) -> None:
+    """fp32 masters to a bf16 output (the common conversion) cast on the bits: ml_dtypes' import alone costs
+    ~0.8 CPU-seconds, more than casting a 500M model, and it ran inside a worker holding the GIL."""
+    import pathlib
+
+    root = pathlib.Path(str(tmp_path))
+    ck, out = str(root / "ck"), str(root / "out")
+    demo = f"from inspector.cli.main import main; raise SystemExit(main(['demo', {ck!r}, '--params', '200K']))"
+    subprocess.run([sys.executable, "-c", demo], capture_output=True, text=True, check=True)
+    code = f"""
+import sys
+from inspector.cli.main import main
+rc = main(["convert", {ck!r}, {out!r}, "--dtype", "bf16"])
+print("rc", rc, "ml_dtypes" in sys.modules)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-3:] == ["rc", "0", "False"], res.stdout[-2000:]
+    assert (root / "out").is_dir()
+
+
 def test_one_dtype_table() -> None:
     """format/dtypes.py is the one dtype table (names, sizes, safetensors codes, numpy/ml_dtypes types);
     a private copy elsewhere (merge.py's NP_DTYPES, basemodel's safetensors codes, the universal writer's

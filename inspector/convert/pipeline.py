@@ -5,11 +5,11 @@ A producer thread walks the shard's chunks in file order; each takes a source bu
 when its dtype changes) from fixed pools and goes to a worker. A chunk that needs no cast is copied file to
 file in the kernel (`os.copy_file_range`; its buffer is the fallback where the file systems refuse) and never
 enters Python; any other the worker reads exactly its bytes, casts them (numpy + ml_dtypes, bit-identical
-to torch's `.to(dtype)`; the common fp32 -> bf16 in integer ufuncs that release the GIL where more than 2
-cores are usable, see cast.py) and `pwrite`s them at their planned offset, then returns the buffers: chunks of different tensors are in flight
-at once, as many as there are workers, and the order they finish in changes no byte. The buffers are the
-plan's one budget (`plan.buffer_bytes`) whatever the worker count: more workers get more, smaller buffers
-(`pool_plan`), never more memory, and shards written side by side take their chunks from the same pools.
+to torch's `.to(dtype)`; the common fp32 -> bf16 on the bits in integer ufuncs that release the GIL, with
+no ml_dtypes import: `cast.cast_raw`) and `pwrite`s them at their planned offset, then returns the buffers:
+chunks of different tensors are in flight at once, as many as there are workers, and the order they finish
+in changes no byte. The buffers are the plan's one budget (`plan.buffer_bytes`) whatever the worker count:
+more workers get more, smaller buffers (`pool_plan`), never more memory, and shards written side by side take their chunks from the same pools.
 From an object store each worker's read is a round trip, so at least `plan.depth` are in flight. A tensor
 whose output is computed rather than cast (a LoRA merge: `ChunkMath`) goes the same way, its chunks computed
 on the workers.
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from inspector.convert.cast import cast_into, typed
+from inspector.convert.cast import cast_raw, typed
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
@@ -211,7 +211,7 @@ def _work(
         if c.ctx is not None and io.math is not None:
             io.math.apply(c.ctx, t, c.start, typed(src, t.src_dtype, n), typed(data, t.out_dtype, n))
         elif out is not None:
-            cast_into(typed(src, t.src_dtype, n), typed(out, t.out_dtype, n), threads=1)
+            cast_raw(src, t.src_dtype, out, t.out_dtype, n)
         nbytes = n * itemsize(t.out_dtype)
         _pwrite_all(io.fd, memoryview(data)[:nbytes], c.pos)  # type: ignore[arg-type]  # a uint8 array
         io.count(nbytes, t.name)
