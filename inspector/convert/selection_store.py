@@ -192,6 +192,7 @@ def narrowed(order: Order, name: str) -> Order:
     picker resolves names through the same `choices`, so both faces export the same tensors."""
     from dataclasses import replace
 
+    from inspector.convert.cover import selection_options
     from inspector.convert.options import select
     from inspector.convert.selections import choices, resolve
     from inspector.scan.scanner import scan
@@ -214,8 +215,7 @@ def narrowed(order: Order, name: str) -> Order:
         if problem is not None:  # it may have been saved there: say why it could not be read
             raise problem from None
         raise
-    names = tuple(t.name for t in ckpt.tensors if t.name in chosen)
-    exact = replace(opts, include=names)
+    exact = selection_options(ckpt, set(chosen), opts)  # the app's own rule: the same options, the same bytes
     if {t.name for t in select(ckpt, replace(exact, exclude_frozen=False, exclude_buffers=False))} != chosen:
         raise InvalidOptionError(  # a name with glob characters (`*`, `?`, `[`) would select others too
             f"The selection {shown(name)!r} holds tensor names that --include reads as patterns.",

@@ -62,14 +62,16 @@ def _stages(ckpt: Checkpoint, par: Parallel) -> list[Selection]:
     for stage, mods in sorted(modules.items()):
         names = frozenset(t.name for t in ckpt.tensors if t.stage == stage or _under(t.name, mods))
         if names:
-            out.append(Selection(f"stage {stage}", names, True, "a pipeline stage's layers"))
+            out.append(Selection(f"stage {stage}", names, True, "a pipeline stage"))
     return out
 
 
 def _experts(ckpt: Checkpoint, par: Parallel) -> list[Selection]:
     """One per expert, over every MoE layer (`expert 3`: each layer's expert 3 module), where an expert is a
-    module of its own; AutoEP's fused experts share one tensor per weight, so no set of tensors is one expert."""
+    module of its own (AutoEP's fused experts share one tensor per weight, so no set of tensors is one
+    expert); then every MoE layer's experts module, and all the rest."""
     modules: dict[int, set[str]] = {}
+    layers = {h.module for h in par.placement if h.module and h.experts}
     for h in par.placement:
         for span in h.experts if h.module else ():
             for e in span.experts:
@@ -78,13 +80,12 @@ def _experts(ckpt: Checkpoint, par: Parallel) -> list[Selection]:
     for expert, mods in sorted(modules.items()):
         names = frozenset(t.name for t in ckpt.tensors if _under(t.name, mods))
         if names:
-            out.append(Selection(f"expert {expert}", names, True, "an expert's modules in every MoE layer"))
-    if out:
-        experts = frozenset().union(*(s.tensors for s in out))
-        dense = frozenset(t.name for t in ckpt.tensors) - experts
-        out.append(Selection("all experts", experts, True, "every expert module"))
-        if dense:
-            out.append(Selection("no experts", dense, True, "everything but the experts"))
+            out.append(Selection(f"expert {expert}", names, True, "an expert, every MoE layer"))
+    experts = frozenset(t.name for t in ckpt.tensors if _under(t.name, layers))
+    if experts:
+        out.append(Selection("all experts", experts, True, "every MoE layer's experts"))
+        out.append(Selection("no experts", frozenset(t.name for t in ckpt.tensors) - experts, True,
+                             "all but the experts"))  # fmt: skip
     return out
 
 
@@ -118,7 +119,7 @@ def _tp_groups(ckpt: Checkpoint, par: Parallel) -> list[Selection]:
                 groups.setdefault(f"TP {group}", set()).add(t.name)
     if len(groups) < 2:
         return []
-    why = "tensor-parallel parameters joined alike"
+    why = "TP shards joined alike"
     return [Selection(g, frozenset(n), True, why) for g, n in sorted(groups.items())]
 
 
@@ -129,8 +130,8 @@ def _kinds(ckpt: Checkpoint) -> list[Selection]:
     if not trainable or not frozen:
         return []
     return [
-        Selection("trainable", trainable, True, "parameters the optimizer updates"),
-        Selection("frozen", frozen, True, "parameters the optimizer does not hold"),
+        Selection("trainable", trainable, True, "optimizer-held"),
+        Selection("frozen", frozen, True, "not optimizer-held"),
     ]
 
 
@@ -144,7 +145,7 @@ def _adapter(ckpt: Checkpoint) -> list[Selection]:
         return []
     if adapter is None or not adapter.tensors:
         return []
-    return [Selection("LoRA adapter", frozenset(adapter.tensors), True, "the tensors PEFT saves")]
+    return [Selection("LoRA adapter", frozenset(adapter.tensors), True, "what PEFT saves")]
 
 
 def proposed(ckpt: Checkpoint) -> tuple[Selection, ...]:
@@ -157,7 +158,7 @@ def proposed(ckpt: Checkpoint) -> tuple[Selection, ...]:
     seen: set[str] = set()
     out = []
     for s in found:
-        if len(s.tensors) < every and s.name not in seen:
+        if 0 < len(s.tensors) < every and s.name not in seen:
             seen.add(s.name)
             out.append(s)
     return tuple(out)

@@ -190,20 +190,9 @@ def offer_selections(app: Shell, offered: tuple[Selection, ...], problem: str) -
         app.notify(problem, title="Saved selections ignored", severity="warning", timeout=10, markup=False)
 
 
-def use_selection(app: Shell, name: str) -> set[str]:
-    """A named selection picked (the picker, the Export form): it becomes the selection (the tree follows, the
-    filter no longer narrows it), so the preflight and the export take exactly it."""
-    assert app.ckpt is not None
-    chosen = app.named.pick(app.ckpt, name)
-    if chosen != app.selected or app.shown_only is not None:
-        app.shown_only = None
-        app.main.tensors_pane.module_tree.set_selection(chosen)
-        app.selected = set(chosen)
-    return chosen
-
-
 def pick_selection(app: Shell) -> None:
     """`p`: the picker; the chosen selection is put in force and said."""
+    from inspector.tui.picking import use_selection
     from inspector.tui.screens.picker import SelectionPicker
 
     if not need_checkpoint(app):
@@ -214,22 +203,13 @@ def pick_selection(app: Shell) -> None:
         if name is None or app.ckpt is None:
             return
         try:
-            chosen = use_selection(app, name)
+            chosen = use_selection(app, name)  # tui/picking
         except InspectorError as exc:
             app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
             return
         app.notify(f"{name}: {len(chosen)} tensor(s) selected; e exports them.", title="Selection", markup=False)
 
     app.push_screen(SelectionPicker(app.named.listed(app.ckpt), app.ckpt), answer)
-
-
-def forget_selection(app: Shell, name: str) -> tuple[Selection, ...]:
-    """The picker's `d`: a saved selection removed (from the state file too); what the picker lists now."""
-    assert app.ckpt is not None
-    problem = app.named.forget(app.ckpt.root, name)
-    if problem:
-        app.notify(problem, title="Selection not written", severity="warning", timeout=10, markup=False)
-    return app.named.listed(app.ckpt)
 
 
 def preset(app: Shell, ckpt: Checkpoint, selection: str) -> set[str]:

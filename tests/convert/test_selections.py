@@ -14,8 +14,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from inspector.convert import selection_store as store
-from inspector.demo.writer import DemoSpec
 from inspector.convert.selections import choices, proposed, resolve
+from inspector.demo.writer import DemoSpec
 from inspector.errors import InvalidOptionError
 from inspector.scan.peft import detect_adapter
 from inspector.scan.scanner import scan

@@ -87,15 +87,17 @@ def named_fields(app: Any) -> Iterator[Any]:
         return
     options = [("as chosen on the Tensors tab", "")]
     options += [(f"{shown(s.name)} ({len(s.tensors)} tensors)", s.name) for s in listed]
+    now = app.selected if app.shown_only is None else set()  # the one picked with `p` is named as such
+    chosen = next((s.name for s in listed if s.tensors == now), "")
     yield Label("Selection")
-    yield Select(options, value="", allow_blank=False, id="named", compact=True)
+    yield Select(options, value=chosen, allow_blank=False, id="named", compact=True)
 
 
 def apply_named(screen: Any) -> None:
     """A named selection picked in the form: it becomes the selection (`actions.use_selection`)."""
     from textual.widgets import Select
 
-    from inspector.tui.actions import use_selection
+    from inspector.tui.picking import use_selection
 
     found = screen.query("#named")
     name = str(found.first(Select).value) if found else ""

@@ -19,16 +19,15 @@ from inspector.tui.fmt import shown
 from inspector.tui.typed import zi
 
 
-def row(s: Selection, ckpt: Checkpoint, width: int) -> Text:
-    """One line: the name, how many tensors and bytes, and where it comes from (the layout, or you)."""
+def row(s: Selection, ckpt: Checkpoint, name_width: int) -> Text:
+    """One line (never wrapped: a narrow terminal cuts its end): the name, how many tensors and bytes, and
+    where it comes from (the layout's record, or you)."""
     n = len(s.tensors)
     size = format_bytes(sum(ckpt.tensor(t).nbytes for t in s.tensors))
-    what = f"{n} tensor{'s' if n != 1 else ''}, {size}"
-    where = f"proposed: {s.why}" if s.proposed else "saved by you"
-    line = Text(f"{shown(s.name):<16} ", style="bold" if not s.proposed else "")
-    line.append(f"{what:<22} ")
-    line.append(where, style="dim italic")
-    line.truncate(max(width, 20), overflow="ellipsis")
+    line = Text(no_wrap=True, overflow="ellipsis")
+    line.append(f"{shown(s.name):<{name_width}}  ", style="bold")
+    line.append(f"{n:>4} tensor{'s' if n != 1 else ' '}  {size:>9}  ")
+    line.append(s.why if s.proposed else "saved by you", style="dim italic")
     return line
 
 
@@ -50,8 +49,8 @@ class SelectionPicker(ModalScreen[str | None]):
             yield Static("Selections for this checkpoint", id="dialog-title", markup=False)
             yield OptionList(id="picker-list")
             yield Static(
-                "enter: select it (e then exports exactly it) · d: remove one you saved · m on the Tensors "
-                "tab saves the current selection under a name · esc: back",
+                "Proposed from the checkpoint's layout, then yours. enter selects (e exports exactly it) · "
+                "d removes one you saved · m saves the current selection · esc back",
                 id="dialog-hint",
                 markup=False,
             )
@@ -61,7 +60,7 @@ class SelectionPicker(ModalScreen[str | None]):
 
     def refill(self) -> None:
         box = self.query_one(OptionList)
-        width = (self.app.size.width or 80) - 14
+        width = min(max((len(shown(s.name)) for s in self.listed), default=8), 24)
         box.clear_options()
         if not self.listed:
             box.add_option(Option("None yet: select tensors and press m to save some.", id="", disabled=True))
@@ -82,7 +81,7 @@ class SelectionPicker(ModalScreen[str | None]):
         if chosen.proposed:
             self.notify("That one is proposed from the checkpoint's layout; only saved ones are removed.")
             return
-        from inspector.tui.actions import forget_selection
+        from inspector.tui.picking import forget_selection
 
         self.listed = forget_selection(zi(self), chosen.name)
         self.refill()
