@@ -35,6 +35,11 @@ def test_saved_per_root_narrowed_to_the_tag_and_checked(demo, tmp_path: Path) ->
         named.save(ckpt.root, "empty", set())
     again = NamedSelections(folder=str(tmp_path / "state"))  # the next run of the app
     assert again.load() == "" and again.names(ckpt.root) == ["stage 1"] and again.pick(ckpt, "stage 1") == {x}
+    other = NamedSelections(folder=str(tmp_path / "state"))  # two apps open at once, each saving one
+    other.load()
+    assert again.save(ckpt.root, "mine", {x}) == "" and other.save(ckpt.root, "theirs", {y}) == ""
+    last = NamedSelections(folder=str(tmp_path / "state"))
+    assert last.load() == "" and last.names(ckpt.root) == ["stage 1", "mine", "theirs"]  # neither lost
 
 
 @pytest.mark.asyncio
