@@ -41,47 +41,49 @@ class Selection:
     why: str = ""
 
 
-def _under(name: str, modules: set[str]) -> bool:
-    """Whether `name` is one of `modules` or lies below one (`4.weight` under `4`)."""
-    head = name
-    while head:
-        if head in modules:
-            return True
-        head = head.rpartition(".")[0]
-    return False
+def _owners(ckpt: Checkpoint, modules: Mapping[str, set[int]]) -> dict[int, set[str]]:
+    """Key -> the tensors that are one of its modules or lie below one (`4.weight` under `4`): each name's
+    prefixes looked up once, so the cost is the tensors times their depth, whatever the number of keys."""
+    out: dict[int, set[str]] = {}
+    for t in ckpt.tensors:
+        head = t.name
+        while head:
+            for key in modules.get(head, ()):
+                out.setdefault(key, set()).add(t.name)
+            head = head.rpartition(".")[0]
+    return out
 
 
 def _stages(ckpt: Checkpoint, par: Parallel) -> list[Selection]:
     """One per pipeline stage: the layers and tied modules its row of the placement covers (what its
     model-states files hold, buffers included) and every tensor whose master the stage holds."""
-    modules: dict[int, set[str]] = {}
+    modules: dict[str, set[int]] = {}
     for h in par.placement:
         if h.stage is not None:
-            modules.setdefault(h.stage, set()).update(h.stage_modules)
-    out = []
-    for stage, mods in sorted(modules.items()):
-        names = frozenset(t.name for t in ckpt.tensors if t.stage == stage or _under(t.name, mods))
-        if names:
-            out.append(Selection(f"stage {stage}", names, True, "a pipeline stage"))
-    return out
+            for m in h.stage_modules:
+                modules.setdefault(m, set()).add(h.stage)
+    held = _owners(ckpt, modules)
+    for t in ckpt.tensors:
+        if t.stage is not None:
+            held.setdefault(t.stage, set()).add(t.name)
+    return [Selection(f"stage {s}", frozenset(n), True, "a pipeline stage") for s, n in sorted(held.items())]
 
 
 def _experts(ckpt: Checkpoint, par: Parallel) -> list[Selection]:
     """One per expert, over every MoE layer (`expert 3`: each layer's expert 3 module), where an expert is a
     module of its own (AutoEP's fused experts share one tensor per weight, so no set of tensors is one
     expert); then every MoE layer's experts module, and all the rest."""
-    modules: dict[int, set[str]] = {}
-    layers = {h.module for h in par.placement if h.module and h.experts}
+    modules: dict[str, set[int]] = {}
+    layers: dict[str, set[int]] = {}
     for h in par.placement:
+        if h.module and h.experts:
+            layers[h.module] = {0}
         for span in h.experts if h.module else ():
             for e in span.experts:
-                modules.setdefault(e, set()).add(f"{h.module}.{e}")
-    out: list[Selection] = []
-    for expert, mods in sorted(modules.items()):
-        names = frozenset(t.name for t in ckpt.tensors if _under(t.name, mods))
-        if names:
-            out.append(Selection(f"expert {expert}", names, True, "an expert, every MoE layer"))
-    experts = frozenset(t.name for t in ckpt.tensors if _under(t.name, layers))
+                modules.setdefault(f"{h.module}.{e}", set()).add(e)
+    why = "an expert, every MoE layer"
+    out = [Selection(f"expert {e}", frozenset(n), True, why) for e, n in sorted(_owners(ckpt, modules).items())]
+    experts = frozenset(_owners(ckpt, layers).get(0, ()))
     if experts:
         out.append(Selection("all experts", experts, True, "every MoE layer's experts"))
         out.append(Selection("no experts", frozenset(t.name for t in ckpt.tensors) - experts, True,
