@@ -156,3 +156,10 @@ def pt_save(obj: Any, path: str | os.PathLike[str], chunk_elems: int = 1 << 22) 
 
     with open(path, "wb") as fh:
         pw.dump(obj, fh, os.path.splitext(os.path.basename(os.fspath(path)))[0], chunk_elems=chunk_elems)
+
+
+@pytest.fixture(autouse=True)
+def _private_state_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own `$XDG_STATE_HOME`: the app saves named selections there, and no test may
+    read the user's own file (snapshots would depend on it) or write into it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))

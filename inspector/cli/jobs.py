@@ -16,11 +16,22 @@ def plan_job(
 ) -> tuple[Any, Any, Order]:
     """The order the arguments describe, planned: the checkpoint, the kind's job (OUT may be s3://), and the
     order (`allow_damaged`: preflight predicts for a damaged checkpoint too; convert takes --force)."""
-    order = from_args(args, out=out)
+    order = selected(from_args(args, out=out), args)
     if allow_damaged and not order.request.allow_damaged:
         order = replace(order, request=replace(order.request, allow_damaged=True))
     ckpt, job = order.plan()
     return ckpt, job, order
+
+
+def selected(order: Order, args: argparse.Namespace) -> Order:
+    """`--selection NAME`: the order narrowed to that named selection's tensors (`selection_store.narrowed`:
+    the app's picker resolves names the same way)."""
+    name = getattr(args, "selection", None)
+    if not name:
+        return order
+    from inspector.convert.selection_store import narrowed
+
+    return narrowed(order, name)
 
 
 def order_of(args: argparse.Namespace) -> Order:
@@ -31,7 +42,7 @@ def order_of(args: argparse.Namespace) -> Order:
     from inspector.convert.order import from_json
 
     if getattr(args, "order", None) != "-":
-        return from_args(args)
+        return selected(from_args(args), args)
     order = from_json(sys.stdin.read(1 << 20))
     if (order.path, order.out) != (args.path, args.out):  # the command line shown in `ps` tells the truth
         raise InvalidOptionError(

@@ -30,6 +30,12 @@ def cmd_open(args: argparse.Namespace) -> int:
             title="No such checkpoint",
         )
     kind, base = _preset_kind(args)  # the flags are checked first: their error is the more precise
+    if args.selection and (args.include or args.exclude):
+        raise InspectorError(
+            "--selection and --include/--exclude both choose the tensors.",
+            hint="Use one of them.",
+            title="Invalid option",
+        )
     _refuse_without_terminal(args.path)
     options = options_from_args(args)
     from inspector.tui.app import LaunchOptions, run_app  # the UI stack loads only when the UI is wanted
@@ -45,6 +51,7 @@ def cmd_open(args: argparse.Namespace) -> int:
             tp_split=tuple(args.tp_split),
             format=kind,
             base=base,
+            selection=args.selection or "",
         )
     )
 

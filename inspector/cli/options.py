@@ -104,6 +104,13 @@ def _add_selection_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-fp32", action="append", metavar="GLOB", help="keep matching tensors in fp32, e.g. '*norm*'"
     )
+    p.add_argument(
+        "--selection",
+        metavar="NAME",
+        help="only the tensors of a named selection: one the layout proposes ('stage 1', 'expert 3', "
+        "'TP split on dim 1', 'trainable', 'frozen', 'LoRA adapter') or one saved in the app with m; "
+        "an unknown NAME lists the ones there are",
+    )
     p.add_argument("--exclude-frozen", action="store_true", help="leave out frozen parameters")
     p.add_argument("--exclude-buffers", action="store_true", help="leave out buffers")
     p.add_argument(

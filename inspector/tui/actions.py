@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from inspector.errors import InspectorError
+from inspector.errors import InspectorError, InvalidOptionError
 
 if TYPE_CHECKING:
+    from inspector.convert.selections import Selection
+    from inspector.scan.model import Checkpoint
     from inspector.tui.shell import Shell
 
 
@@ -151,28 +153,81 @@ def worker_error(err: BaseException, description: str) -> InspectorError:
 
 
 def name_selection(app: Shell) -> None:
-    """`m`: save what `e` would export (the selection, narrowed by the filter) under a name, for this root;
-    the Export form's Selection field picks it again."""
+    """`m`: save what `e` would export (the selection, narrowed by the filter) under a name, for this root (in
+    the state file, so it lasts); the picker (`p`) and the Export form's Selection field pick it again."""
     from inspector.tui.screens.dialogs import NameDialog
     from inspector.tui.session import exported
 
     if not need_checkpoint(app):
         return
+    assert app.ckpt is not None
     chosen = exported(app.selected, app.shown_only)
-    root = app.root or ""
+    root, tag = app.ckpt.root, app.ckpt.tag
 
     def answer(name: str | None) -> None:
         if name is None:
             return
         try:
-            app.named.save(root, name, chosen)
+            problem = app.named.save(root, name, chosen, tag)
         except InspectorError as exc:
             app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
             return
         app.notify(
-            f"Saved {name.strip()!r}: {len(chosen)} tensor(s). The Export form's Selection field offers it.",
+            f"Saved {name.strip()!r}: {len(chosen)} tensor(s). p lists it; so does the Export form.",
             title="Selection saved",
             markup=False,
         )
+        if problem:
+            app.notify(problem, title="Selection not written", severity="warning", timeout=10, markup=False)
 
     app.push_screen(NameDialog(len(chosen), app.named.names(root)), answer)
+
+
+def offer_selections(app: Shell, offered: tuple[Selection, ...], problem: str) -> None:
+    """A scan's proposals become the picker's; a saved-selections file that could not be read is said once."""
+    app.named.offered = offered
+    if problem:
+        app.notify(problem, title="Saved selections ignored", severity="warning", timeout=10, markup=False)
+
+
+def pick_selection(app: Shell) -> None:
+    """`p`: the picker; the chosen selection is put in force and said."""
+    from inspector.tui.picking import use_selection
+    from inspector.tui.screens.picker import SelectionPicker
+
+    if not need_checkpoint(app):
+        return
+    assert app.ckpt is not None
+
+    def answer(name: str | None) -> None:
+        if name is None or app.ckpt is None:
+            return
+        try:
+            chosen = use_selection(app, name)  # tui/picking
+        except InspectorError as exc:
+            app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
+            return
+        app.notify(f"{name}: {len(chosen)} tensor(s) selected; e exports them.", title="Selection", markup=False)
+
+    app.push_screen(SelectionPicker(app.named.listed(app.ckpt), app.ckpt), answer)
+
+
+def preset(app: Shell, ckpt: Checkpoint, selection: str) -> set[str]:
+    """The first checkpoint's selection from the command line: `--selection NAME` (proposed or saved, as
+    `convert --selection` resolves it; not with --include/--exclude), else `--include/--exclude`."""
+    from inspector.tui.session import preset_selection
+
+    opts = app.base_options
+    if selection and (opts.include or opts.exclude):
+        raise InvalidOptionError(
+            "--selection and --include/--exclude both choose the tensors.", hint="Use one of them."
+        )
+    return app.named.pick(ckpt, selection) if selection else preset_selection(ckpt, opts)
+
+
+def open_help(app: Shell) -> None:
+    """`?`: the help, the part about the screen in front first."""
+    from inspector.tui.screens.help import HelpScreen
+
+    if not isinstance(app.screen, HelpScreen):
+        app.push_screen(HelpScreen(help_section(app)))

@@ -39,7 +39,7 @@ from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
 from inspector.tui.selections import NamedSelections
-from inspector.tui.session import ExportSettings, carried_selection, export_options, preset_selection
+from inspector.tui.session import ExportSettings, carried_selection, export_options
 from inspector.tui.shell import Shell
 
 
@@ -84,7 +84,7 @@ class InspectorApp(Shell):
         self.shown_only: frozenset[str] | None = None  # the `/` filter on: what it shows (`session.exported`)
         self.tp_split: Rules = launch.tp_split  # --tp-split: the scan joins an unrecorded TP split by these
         self._carried: tuple[frozenset[str], bool] | None = None  # a tag switch: (selection, was it all)
-        self.named = NamedSelections()  # kept across tags and roots: per root, as long as the app runs
+        self.named = NamedSelections()  # saved per root in the state file; proposed per checkpoint
         self.set_reactive(InspectorApp.base_options, launch.options or ConvertOptions())
         self.export = ExportSettings(
             out_dir=launch.out_dir or "", overwrite=launch.overwrite, format=launch.format, base=launch.base
@@ -172,6 +172,7 @@ class InspectorApp(Shell):
 
     @work(thread=True, exclusive=True, group="scan", exit_on_error=False, description="scan")
     def _scan_worker(self, root: str, tag: str | None, request: int, tp_split: Rules) -> None:
+        from inspector.convert.selections import proposed
         from inspector.scan.scanner import find, scan
 
         start = time.monotonic()
@@ -188,7 +189,8 @@ class InspectorApp(Shell):
             error = InspectorError(str(exc), title="Cannot read the checkpoint")
             self.post_message(ScanFailed(error, request=request))
             return
-        self.post_message(Scanned(ckpt, time.monotonic() - start, request=request))
+        seconds, problem = time.monotonic() - start, self.named.load()
+        self.post_message(Scanned(ckpt, seconds, request, proposed(ckpt), problem))
 
     def on_located(self, msg: Located) -> None:
         if msg.request != self.request:
@@ -204,6 +206,7 @@ class InspectorApp(Shell):
         self.ckpt = msg.checkpoint
         self.refused = None
         self.scan_seconds = msg.seconds
+        actions.offer_selections(self, msg.offered, msg.state_problem)
         self.selected = self._first_selection(msg.checkpoint)
         default = ExportSettings.default_out(self.ckpt.root, self.ckpt.tag)
         if not self.export.out_dir or self.export.out_dir == self._default_out:
@@ -229,7 +232,7 @@ class InspectorApp(Shell):
         if not self._preset_applied:
             self._preset_applied = True
             try:
-                return preset_selection(ckpt, self.base_options)
+                return actions.preset(self, ckpt, self.launch.selection)
             except InspectorError as exc:
                 self.error(exc)
                 return names
@@ -330,11 +333,7 @@ class InspectorApp(Shell):
     # --- actions ------------------------------------------------------------------------------------------
 
     def action_help(self) -> None:
-        from inspector.tui.screens.help import HelpScreen
-
-        if isinstance(self.screen, HelpScreen):
-            return
-        self.push_screen(HelpScreen(actions.help_section(self)))
+        actions.open_help(self)
 
     def action_quit_app(self) -> None:
         actions.quit_app(self)

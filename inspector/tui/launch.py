@@ -25,6 +25,7 @@ class LaunchOptions:
     tp_split: tuple[tuple[str, str], ...] = ()  # --tp-split: how an unrecorded tensor-parallel split joins
     format: str = ""  # the export form's kind (--format, --adapter, --merge-adapter, --weights-only)
     base: str = ""  # --base: the base model folder a merge reads
+    selection: str = ""  # --selection: the named selection (proposed or saved) selected on the first scan
 
 
 def newest_root(roots: tuple[str, ...]) -> str:

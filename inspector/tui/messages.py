@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 from inspector.convert.events import Event, Progressed
+from inspector.convert.selections import Selection
 from inspector.errors import InspectorError
 from inspector.scan.layouts import Found
 from inspector.scan.model import Checkpoint
@@ -31,6 +32,8 @@ class Scanned(Message):
     checkpoint: Checkpoint
     seconds: float
     request: int = 0
+    offered: tuple[Selection, ...] = ()  # the selections its layout proposes (convert/selections.proposed)
+    state_problem: str = ""  # why the saved selections could not be read (shown once), "" when they could
 
 
 @dataclass

@@ -17,17 +17,29 @@ from inspector.tui.selections import NamedSelections
 from tests.tui.conftest import plain, scanned, wait_for
 
 
-def test_saved_per_root_narrowed_to_the_tag_and_checked() -> None:
-    named = NamedSelections()
-    named.save("/runs/a", " stage 1 ", {"x", "y"})
-    named.save("/runs/b", "stage 1", {"z"})
-    assert named.names("/runs/a") == ["stage 1"] and named.names("/runs/c") == []
-    assert named.pick("/runs/a", "stage 1", {"x", "q"}) == {"x"}  # another tag lacks y
+def test_saved_per_root_narrowed_to_the_tag_and_checked(demo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from inspector.demo.writer import DemoSpec
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(str(demo(DemoSpec(params=2_000_000))))
+    x, y = ckpt.tensors[0].name, ckpt.tensors[1].name
+    named = NamedSelections(folder=str(tmp_path / "state"))
+    assert named.save(ckpt.root, " stage 1 ", {x, "not.in.this.tag"}) == ""
+    assert named.save("/runs/b", "stage 1", {y}) == ""
+    assert named.names(ckpt.root) == ["stage 1"] and named.names("/runs/c") == []
+    assert named.pick(ckpt, "stage 1") == {x}  # another tag lacks the other one
     for bad in ("", "   ", "x" * 41, "a\x1bb"):
         with pytest.raises(InvalidOptionError):
-            named.save("/runs/a", bad, {"x"})
+            named.save(ckpt.root, bad, {x})
     with pytest.raises(InvalidOptionError):
-        named.save("/runs/a", "empty", set())
+        named.save(ckpt.root, "empty", set())
+    again = NamedSelections(folder=str(tmp_path / "state"))  # the next run of the app
+    assert again.load() == "" and again.names(ckpt.root) == ["stage 1"] and again.pick(ckpt, "stage 1") == {x}
+    other = NamedSelections(folder=str(tmp_path / "state"))  # two apps open at once, each saving one
+    other.load()
+    assert again.save(ckpt.root, "mine", {x}) == "" and other.save(ckpt.root, "theirs", {y}) == ""
+    last = NamedSelections(folder=str(tmp_path / "state"))
+    assert last.load() == "" and last.names(ckpt.root) == ["stage 1", "mine", "theirs"]  # neither lost
 
 
 @pytest.mark.asyncio
@@ -46,8 +58,8 @@ async def test_m_saves_and_the_export_form_picks_it(small_demo: Path, tmp_path: 
         app.screen.query_one(Input).value = "layer 1"
         await pilot.press("enter")
         await wait_for(pilot, lambda: not isinstance(app.screen, NameDialog), "saved")
-        assert app.named.names(app.root) == ["layer 1"]
-        assert app.named.pick(app.root, "layer 1", everything) == wanted
+        assert app.ckpt is not None and app.named.names(app.ckpt.root) == ["layer 1"]
+        assert app.named.pick(app.ckpt, "layer 1") == wanted
 
         await pilot.press("escape", "a")  # the filter off, everything selected again
         await pilot.pause()

@@ -100,10 +100,10 @@ class ExportScreen(Screen[None]):
             placeholder="where the safetensors go",
             select_on_focus=False,
         )
-        yield Label("Format")
+        yield from named_fields(app)  # a named selection (proposed, or saved with `m`) for this export
+        yield Label("Format")  # (its label and field in one grid row: nothing may come between them)
         formats, default, _ = format_options(app.ckpt)
         chosen = ex.format if ex.format in {v for _, v in formats} else default
-        yield from named_fields(app)  # a selection saved with `m`, picked for this export
         yield Select(formats, value=chosen, allow_blank=False, id="format", compact=True)
         yield Static("", classes="format-note")  # why other kinds are not offered: `_refresh_formats`
         yield Static("", id="format-note", classes="dim-note format-note", markup=False)

@@ -78,32 +78,28 @@ def tp_split_note(ckpt: Any, rules: Rules) -> str:
 
 
 def named_fields(app: Any) -> Iterator[Any]:
-    """The Selection row, when selections were saved for this root (`m`): the one chosen on the Tensors tab
-    (the default) or a saved one, with how many of its tensors this tag has."""
+    """The Selection row, when the layout proposes selections or some were saved for this root (`m`): the one
+    chosen on the Tensors tab (the default), a proposed one or a saved one, with its tensor count."""
     from textual.widgets import Label, Select
 
-    saved = app.named.names(app.root)
-    if not saved or app.ckpt is None:
+    listed = app.named.listed(app.ckpt) if app.ckpt is not None else ()
+    if not listed:
         return
-    present = {t.name for t in app.ckpt.tensors}
     options = [("as chosen on the Tensors tab", "")]
-    options += [(f"{shown(n)} ({len(app.named.pick(app.root, n, present))} tensors)", n) for n in saved]
+    options += [(f"{shown(s.name)} ({len(s.tensors)} tensors)", s.name) for s in listed]
+    now = app.selected if app.shown_only is None else set()  # the one picked with `p` is named as such
+    chosen = next((s.name for s in listed if s.tensors == now), "")
     yield Label("Selection")
-    yield Select(options, value="", allow_blank=False, id="named", compact=True)
+    yield Select(options, value=chosen, allow_blank=False, id="named", compact=True)
 
 
 def apply_named(screen: Any) -> None:
-    """A saved selection picked in the form: it becomes the selection (the tree follows, the filter no longer
-    narrows it), so the preflight and the export take exactly it."""
+    """A named selection picked in the form: it becomes the selection (`actions.use_selection`)."""
     from textual.widgets import Select
 
-    app = screen.app
+    from inspector.tui.picking import use_selection
+
     found = screen.query("#named")
     name = str(found.first(Select).value) if found else ""
-    if not name or app.ckpt is None:
-        return
-    chosen = app.named.pick(app.root, name, {t.name for t in app.ckpt.tensors})
-    if chosen != app.selected or app.shown_only is not None:
-        app.shown_only = None
-        app.main.tensors_pane.module_tree.set_selection(chosen)
-        app.selected = set(chosen)
+    if name and screen.app.ckpt is not None:
+        use_selection(screen.app, name)

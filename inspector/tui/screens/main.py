@@ -33,6 +33,7 @@ class MainScreen(Screen[None]):
         Binding("t", "tab('tensors')", "Tensors", show=False),
         Binding("h", "health", "Health", show=False),
         Binding("m", "name_selection", "Name selection", show=False),  # saved for the export form (`?`)
+        Binding("p", "pick_selection", "Selections", show=False),  # proposed and saved (`?`)
     ]
 
     def compose(self) -> ComposeResult:
@@ -102,6 +103,12 @@ class MainScreen(Screen[None]):
         from inspector.tui.actions import name_selection
 
         name_selection(zi(self))
+
+    def action_pick_selection(self) -> None:
+        """`p`: the named selections, proposed and saved (actions.pick_selection)."""
+        from inspector.tui.actions import pick_selection
+
+        pick_selection(zi(self))
 
     def on_health_table_open(self, event: HealthTable.Open) -> None:
         """Enter on a health row: the tensor in the tree, its detail beside it."""
