@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from inspector.errors import CorruptFileError
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import MOMENTS, OptimStates, Shape
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
+from inspector.scan.slices import RankSlices, RankStarts
 from inspector.system.units import plural
 
 ParamShapes = tuple[tuple[tuple[str, Shape], ...], ...]
@@ -281,10 +283,10 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
         total = sum(parts)
         refs = [_ref(st.groups[g].master, f"fp32 flat group {g}", st.file) for st in states]
         for r, ref in enumerate(refs):
-            if ref.numel != total:
+            if ref.numel != total or ref.dtype != refs[0].dtype:
                 raise CorruptFileError(
-                    f"{paths[r]}: sub-group {g} holds {ref.numel} elements; the parameter "
-                    f"shapes need {total}.",
+                    f"{paths[r]}: sub-group {g} holds {ref.numel} elements of {ref.dtype}; the parameter "
+                    f"shapes need {total} (of {refs[0].dtype}, as rank 0 holds).",
                     hint="Files from different runs are mixed, or the file is damaged.",
                 )
             stored = sum(max(0, min(p, n - r * p)) for n, p in zip(numels, parts, strict=True))
@@ -293,16 +295,16 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
             lay.master_dtype = refs[0].dtype
         moments = [st.groups[g].moments for st in states]
         have_moments = all(m is not None and all(t.numel == total for t in m.values()) for m in moments)
+        have_moments = have_moments and all(len({mm[m].dtype for mm in moments if mm}) == 1 for m in MOMENTS)
         starts = _starts(refs)
         mom_starts = [(m, _starts([mm[m] for mm in moments if mm])) for m in MOMENTS] if have_moments else []
         off = 0
         for (name, shape), n, p in zip(shapes, numels, parts, strict=True):
-            segs = _rank_slices(starts, off, n, p)
-            mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
-            if have_moments:
-                mom = tuple((m, _rank_slices(st, off, n, p)) for m, st in mom_starts)
+            # one small record per copy: the segments are computed from the partition rule when read
+            segs: Any = RankSlices(starts, off, n, p)
+            mom = tuple((m, RankSlices(st, off, n, p)) for m, st in mom_starts)
             lay.params[name] = TensorInfo(
-                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom
+                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom  # type: ignore[arg-type]
             )
             off += p
         groups.append(
@@ -313,17 +315,7 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
     return lay
 
 
-def _starts(refs: Sequence[TensorRef]) -> list[tuple[str, int, int, str]]:
-    """Each rank's flat tensor as (file, byte offset of element 0, item size, dtype): worked out once per
-    group, not once per parameter and rank."""
-    return [(ref.path, ref.offset, ref.itemsize, ref.dtype) for ref in refs]
-
-
-def _rank_slices(starts: Sequence[tuple[str, int, int, str]], off: int, numel: int, part: int) -> tuple[Segment, ...]:
-    segs = []
-    for r, (path, base, size, dtype) in enumerate(starts):
-        take = min(part, numel - r * part)
-        if take <= 0:
-            break
-        segs.append(Segment(path, base + off * size, take, dtype))
-    return tuple(segs)
+def _starts(refs: Sequence[TensorRef]) -> RankStarts:
+    """Each rank's flat tensor as (file, byte offset of element 0), one record per sub-group and copy shared
+    by all its parameters."""
+    return RankStarts([ref.path for ref in refs], [ref.offset for ref in refs], refs[0].dtype)
