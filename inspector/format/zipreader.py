@@ -316,6 +316,10 @@ class TorchZip(Container):
             self._storages[key] = ref
         return ref
 
+    def storages(self) -> dict[str, StorageRef]:
+        """The storages asked for so far, by key, in the order first asked for (a copy)."""
+        return dict(self._storages)
+
     def byteorder(self) -> str:
         name = f"{self.prefix}byteorder"
         if name not in self.entries:
