@@ -282,6 +282,7 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
         parts = [_ceil(n, ws) for n in numels]
         total = sum(parts)
         refs = [_ref(st.groups[g].master, f"fp32 flat group {g}", st.file) for st in states]
+        held = _held(numels, parts, ws)
         for r, ref in enumerate(refs):
             if ref.numel != total or ref.dtype != refs[0].dtype:
                 raise CorruptFileError(
@@ -289,8 +290,7 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
                     f"shapes need {total} (of {refs[0].dtype}, as rank 0 holds).",
                     hint="Files from different runs are mixed, or the file is damaged.",
                 )
-            stored = sum(max(0, min(p, n - r * p)) for n, p in zip(numels, parts, strict=True))
-            rank_groups[r].append(RankGroup(g, total, total, total - stored))
+            rank_groups[r].append(RankGroup(g, total, total, total - held[r]))
         if refs[0].dtype != "float32":
             lay.master_dtype = refs[0].dtype
         moments = [st.groups[g].moments for st in states]
@@ -313,6 +313,24 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
     lay.groups = tuple(groups)
     lay.rank_groups = [tuple(rg) for rg in rank_groups]
     return lay
+
+
+def _held(numels: Sequence[int], parts: Sequence[int], ws: int) -> list[int]:
+    """Elements of parameters (not padding) each rank holds in a sub-group: a parameter gives its `p` to the
+    ranks before numel // p and the rest to the one at it. Linear in ranks plus parameters, not their product."""
+    step = [0] * (ws + 1)
+    for n, p in zip(numels, parts, strict=True):
+        full = min(n // p, ws) if p else 0
+        step[0] += p
+        step[full] -= p
+        if full < ws and n - full * p > 0:
+            step[full] += n - full * p
+            step[full + 1] -= n - full * p
+    held, run = [], 0
+    for r in range(ws):
+        run += step[r]
+        held.append(run)
+    return held
 
 
 def _starts(refs: Sequence[TensorRef]) -> RankStarts:
