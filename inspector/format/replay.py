@@ -124,8 +124,9 @@ def _copy(obj: Any, carriers: set[int], refs: dict[str, StorageRef], memo: dict[
 
 
 _TEMPLATES: dict[bytes, Template | None] = {}
-_TEMPLATES_MAX = 16  # a save's rank files write a handful of distinct pickles (model, optimizer, rank 0's)
-_TEMPLATE_MAX_BYTES = 1 << 20  # as the guards' cache: larger pickles are unpickled every time
+_TEMPLATES_MAX = 8  # a save's rank files write a handful of distinct pickles (model, optimizer, rank 0's)
+_TEMPLATE_MAX_BYTES = 256 << 10  # a rank file's pickle is a few KiB; larger ones are unpickled every time
+_TEMPLATES_BYTES = 1 << 20  # the pickles kept in all: their trees stay alive for the process
 
 
 def template_for(data: bytes) -> Template | None:
@@ -137,6 +138,8 @@ def learn(data: bytes, tree: Any, archive: TorchZip) -> None:
     """Keep the template of `data` (seen at least twice: a pickle met once is not walked for nothing)."""
     if len(data) > _TEMPLATE_MAX_BYTES or data in _TEMPLATES:
         return
-    if len(_TEMPLATES) >= _TEMPLATES_MAX:
-        _TEMPLATES.pop(next(iter(_TEMPLATES)), None)
+    while _TEMPLATES and (
+        len(_TEMPLATES) >= _TEMPLATES_MAX or sum(map(len, _TEMPLATES)) + len(data) > _TEMPLATES_BYTES
+    ):
+        _TEMPLATES.pop(next(iter(_TEMPLATES)), None)  # the oldest forgotten first
     _TEMPLATES[data] = Template.of(tree, archive)

@@ -113,3 +113,19 @@ def test_a_tensor_inside_a_record_gets_no_template_and_is_unpickled(tmp_path: Pa
     for p, tree in zip(paths, trees, strict=True):
         assert tree["args"].get("scale").path == str(p)
         assert tree["t"] == unpickled(p)["t"]
+
+
+def test_the_templates_kept_are_bounded_in_count_and_bytes() -> None:
+    """Templates keep their trees alive for the process: at most a few, of a bounded pickle size in all."""
+
+    class NoStorages:
+        def storages(self) -> dict[str, Any]:
+            return {}
+
+    for i in range(40):
+        replay.learn(bytes([i]) * (200 << 10), {"i": i}, NoStorages())  # type: ignore[arg-type]
+        assert len(replay._TEMPLATES) <= replay._TEMPLATES_MAX
+        assert sum(map(len, replay._TEMPLATES)) <= replay._TEMPLATES_BYTES
+    replay.learn(b"x" * (replay._TEMPLATE_MAX_BYTES + 1), {}, NoStorages())  # type: ignore[arg-type]
+    assert all(len(k) <= replay._TEMPLATE_MAX_BYTES for k in replay._TEMPLATES)
+    assert replay.template_for(bytes([39]) * (200 << 10)) is not None
