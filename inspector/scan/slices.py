@@ -93,3 +93,10 @@ class RankSlices(Sequence[Segment]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RankSlices, (self.starts, self.off, self.numel, self.part))
+
+
+def segments_nbytes(segments: Sequence[Segment]) -> int:
+    """Bytes a tensor's segments hold: a `RankSlices`' from its element count, no segment made."""
+    if isinstance(segments, RankSlices):
+        return min(segments.numel, len(segments) * segments.part) * segments.starts.itemsize if len(segments) else 0
+    return sum(s.nbytes for s in segments)

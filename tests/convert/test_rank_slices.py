@@ -89,3 +89,14 @@ def test_a_universal_checkpoint_from_compact_records_is_the_spelled_out_ones(dem
         outs[name] = files_of(tmp_path / name)
     assert outs["compact"] == outs["tuples"]
     assert any(k.endswith("exp_avg_sq.pt") for k in outs["compact"])
+
+
+def test_the_bytes_of_compact_slices_are_those_of_their_segments(demo: Any) -> None:
+    """`segments_nbytes` answers from the element count (the overview's totals), as the segments sum."""
+    from inspector.scan.slices import segments_nbytes
+
+    ckpt = scan(str(demo(MANY)))
+    for t in ckpt.tensors:
+        assert segments_nbytes(t.segments) == sum(s.nbytes for s in tuple(t.segments)), t.name
+        for _, segs in t.moments:
+            assert segments_nbytes(segs) == sum(s.nbytes for s in tuple(segs))
