@@ -32,6 +32,7 @@ from inspector.format.records import (
     _size,
     _Token,
 )
+from inspector.format.replay import learn, template_for
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
@@ -286,8 +287,12 @@ def load(
 
 def _zip_tree(archive: TorchZip) -> Any:
     """The zip form's object tree, through both guards; the same pickle bytes as a file read before (every
-    rank of a save writes much the same pickle) passed them already, so only the unpickling is repeated."""
+    rank of a save writes much the same pickle) passed them already, and from the third time on are not
+    unpickled at all (`replay`: the first tree, its tensors pointed at this archive's records)."""
     data = archive.read_entry(f"{archive.prefix}data.pkl")
+    template = template_for(data)
+    if template is not None:  # these bytes were unpickled before: the tree rebuilt onto this archive
+        return template.rebuild(archive)
     known = passed(data)
     with _unreadable_pickle(archive.shown):
         if not known:
@@ -297,6 +302,8 @@ def _zip_tree(archive: TorchZip) -> Any:
             check_tree(tree, len(data))
     if not known:
         remember(data)
+    else:  # met a second time: the rank files of a save repeat it, so keep what rebuilds it
+        learn(data, tree, archive)
     return tree
 
 

@@ -6,6 +6,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
+from operator import methodcaller
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
@@ -21,6 +22,10 @@ _EOCD64_LOC = b"PK\x06\x07"
 _CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
 _HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
+_CDIR_RECORD = struct.Struct("<10xH4xLLLHHH8xL")  # a directory record's fixed part: method .. header offset
+_EXTRA_HEAD = struct.Struct("<HH")  # an extra field's id and length
+_LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
+_ZIP64_ALL = struct.Struct("<HHQQQ")  # a zip64 extra (id 1) first, with all three sizes: what torch writes
 _MAX_DIRECTORY = 64 << 20  # a torch archive's directory is ~100 bytes per storage: 64 MiB is ~600k storages
 
 
@@ -64,7 +69,7 @@ class TorchZip(Container):
             self.handle.close()
             raise
         self._data_offsets: dict[str, int] = {}
-        self._page: tuple[int, bytes] = (0, b"")  # the last page of local headers read (`_local_header`)
+        self._page: tuple[int, bytes] = (0, b"")  # the last page of local headers read (`_data_offset`)
         self._storages: dict[str, StorageRef] = {}
 
     def damaged(self, why: str) -> CorruptFileError:
@@ -88,9 +93,7 @@ class TorchZip(Container):
         if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
             raise self.damaged("the central directory's size and entry count disagree")
         cd = self.pread(cd_size, cd_off)
-        entries = self._entries(cd, count, cd_off)
-        self._bounds = self._entry_bounds(entries, cd_off)
-        return entries
+        return self._entries(cd, count, cd_off)
 
     def _check_head(self) -> None:
         """A torch zip archive, by its first bytes: an empty file, a legacy torch.save or anything else is
@@ -114,24 +117,29 @@ class TorchZip(Container):
             )
 
     def _entries(self, cd: bytes, count: int, cd_off: int) -> dict[str, ZipEntry]:
-        """The central directory's `count` records, each checked against the file: stored, unique, inside."""
+        """The central directory's `count` records, each checked against the file: stored, unique, inside.
+        One unpack per record from the directory read once (a rank file has dozens; a save, thousands)."""
         entries: dict[str, ZipEntry] = {}
-        p = 0
+        spans: list[tuple[int, int, str]] = []  # (local header offset, its name's length, name)
+        p, end = 0, len(cd)
         for _ in range(count):
-            if cd[p : p + 4] != _CDIR or p + 46 > len(cd):
+            if p + 46 > end or cd[p : p + 4] != _CDIR:
                 raise self.damaged("bad central directory entry")
-            (method, crc, csize, usize, nlen, xlen, clen, hoff) = struct.unpack(
-                "<H4xLLLHHH8xL", cd[p + 10 : p + 46]
-            )
-            if p + 46 + nlen + xlen + clen > len(cd):
+            (method, crc, csize, usize, nlen, xlen, clen, hoff) = _CDIR_RECORD.unpack_from(cd, p)
+            at = p + 46
+            p = at + nlen + xlen + clen
+            if p > end:
                 raise self.damaged("a central directory entry runs past the directory")
             try:
-                name = cd[p + 46 : p + 46 + nlen].decode("utf-8")
+                name = cd[at : at + nlen].decode("utf-8")
             except UnicodeDecodeError:
                 raise self.damaged("an entry name is not UTF-8") from None
-            extra = cd[p + 46 + nlen : p + 46 + nlen + xlen]
-            if 0xFFFFFFFF in (csize, usize, hoff):
-                usize, csize, hoff = self._zip64_extra(extra, usize, csize, hoff)
+            if csize == usize == hoff == 0xFFFFFFFF and xlen >= 28 and _ZIP64_ALL.unpack_from(cd, at + nlen)[0] == 1:
+                _, hlen, usize, csize, hoff = _ZIP64_ALL.unpack_from(cd, at + nlen)  # torch's: all three
+                if hlen < 24:
+                    raise self.damaged("a zip64 extra field is cut short")
+            elif 0xFFFFFFFF in (csize, usize, hoff):
+                usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
             if method != 0 or csize != usize:
                 raise CorruptFileError(
                     f"{self.shown}: entry {shown(name)} is compressed (method {method}).",
@@ -143,21 +151,24 @@ class TorchZip(Container):
             if hoff + 30 > cd_off or usize > self.file_size:
                 raise self.damaged(f"entry {shown(name)} lies outside the file")
             entries[name] = ZipEntry(name, hoff, usize, method, crc)
-            p += 46 + nlen + xlen + clen
+            spans.append((hoff, nlen, name))
+        self._bounds = self._entry_bounds(entries, spans, cd_off)
         return entries
 
-    def _entry_bounds(self, entries: dict[str, ZipEntry], cd_off: int) -> dict[str, int]:
+    def _entry_bounds(
+        self, entries: dict[str, ZipEntry], spans: list[tuple[int, int, str]], cd_off: int
+    ) -> dict[str, int]:
         """Where each entry must end: the next entry's local header (or the central directory).
 
         `torch.save` writes members one after another, so two records sharing bytes, or a record running
         into the directory, can only come from a damaged or crafted file: such a file is refused."""
-        order = sorted(entries.values(), key=lambda e: e.header_offset)
+        spans.sort(key=lambda s: s[0])  # stable: records at one offset keep their directory order
         bounds: dict[str, int] = {}
-        for e, nxt in zip(order, [*order[1:], None], strict=True):
-            end = nxt.header_offset if nxt is not None else cd_off
-            if e.header_offset + 30 + len(e.name.encode()) + e.size > end:
-                raise self.damaged(f"record {e.name} overlaps the next member of the archive")
-            bounds[e.name] = end
+        nexts = [h for h, _, _ in spans[1:]] + [cd_off]
+        for (hoff, nlen, name), end in zip(spans, nexts, strict=True):
+            if hoff + 30 + nlen + entries[name].size > end:
+                raise self.damaged(f"record {name} overlaps the next member of the archive")
+            bounds[name] = end
         return bounds
 
     def _end_record(self) -> tuple[int, int, int]:
@@ -203,17 +214,20 @@ class TorchZip(Container):
             return None
         return count, cd_size, cd_off, eocd_off
 
-    def _zip64_extra(self, extra: bytes, usize: int, csize: int, hoff: int) -> tuple[int, int, int]:
-        """The zip64 extra field (id 1) holds, in order, each of usize, csize, offset that is 0xFFFFFFFF."""
+    def _zip64_extra(
+        self, cd: bytes, at: int, xlen: int, usize: int, csize: int, hoff: int
+    ) -> tuple[int, int, int]:
+        """The zip64 extra field (id 1) of the `xlen` bytes of extras at `at` holds, in order, each of usize,
+        csize, offset that is 0xFFFFFFFF."""
         need = [usize == 0xFFFFFFFF, csize == 0xFFFFFFFF, hoff == 0xFFFFFFFF]
-        p = 0
-        while p + 4 <= len(extra):
-            hid, hlen = struct.unpack("<HH", extra[p : p + 4])
+        want = 8 * sum(need)
+        p, end = at, at + xlen
+        while p + 4 <= end:
+            hid, hlen = _EXTRA_HEAD.unpack_from(cd, p)
             if hid == 1:
-                body = extra[p + 4 : p + 4 + hlen]
-                if len(body) < 8 * sum(need):
+                if hlen < want or p + 4 + want > end:
                     raise self.damaged("a zip64 extra field is cut short")
-                vals = list(struct.unpack(f"<{sum(need)}Q", body[: 8 * sum(need)]))
+                vals = list(struct.unpack_from(f"<{sum(need)}Q", cd, p + 4))
                 usize = vals.pop(0) if need[0] else usize
                 csize = vals.pop(0) if need[1] else csize
                 hoff = vals.pop(0) if need[2] else hoff
@@ -231,7 +245,7 @@ class TorchZip(Container):
                 hint="The file is damaged or was crafted; copy it again from the source.",
             )
         prefix = found[0][: -len("data.pkl")]
-        if any(not n.startswith(prefix) for n in self.entries):
+        if sum(map(methodcaller("startswith", prefix), self.entries)) != len(self.entries):
             raise CorruptFileError(
                 f"{self.shown}: the archive mixes entries of two folders (torch refuses such a file).",
                 hint="The file is damaged or was crafted; copy it again from the source.",
@@ -243,33 +257,31 @@ class TorchZip(Container):
         return self.base + self._data_offset(name)
 
     def _data_offset(self, name: str) -> int:
-        """The entry's bytes' offset inside the archive (its window, for an embedded one)."""
+        """The entry's bytes' offset inside the archive (its window, for an embedded one), from its local
+        header's 30 fixed bytes. Headers are read a page at a time: a rank file's small records (stage-3
+        placeholders, counters) sit side by side, so one read serves the headers of many."""
         off = self._data_offsets.get(name)
-        if off is None:
-            e = self.entries[name]
-            hdr = self._local_header(e.header_offset)
-            if hdr[:4] != _LOCAL:
-                raise self.damaged(f"bad local header for {name}")
-            nlen, xlen = struct.unpack("<HH", hdr[26:30])
-            off = e.header_offset + 30 + nlen + xlen
-            if off + e.size > self.file_size:
-                raise self.damaged(f"record {name} ends at byte {off + e.size}")
-            if off + e.size > self._bounds[name]:
-                raise self.damaged(f"record {name} overlaps the next member of the archive")
-            self._data_offsets[name] = off
-        return off
-
-    def _local_header(self, offset: int) -> bytes:
-        """The 30 fixed bytes of the local header at `offset`. Read a page at a time: a rank file's small
-        records (stage-3 placeholders, counters) sit side by side, so one read serves the headers of many."""
+        if off is not None:
+            return off
+        e = self.entries[name]
+        at = e.header_offset
         page_at, page = self._page
-        if not (page_at <= offset and offset + 30 <= page_at + len(page)):
-            page_at, page = offset, self.handle.pread(max(0, min(_HEADER_PAGE, self.file_size - offset)), offset)
+        if not (page_at <= at and at + 30 <= page_at + len(page)):
+            page_at, page = at, self.handle.pread(max(0, min(_HEADER_PAGE, self.file_size - at)), at)
             self._page = (page_at, page)
-        hdr = page[offset - page_at : offset - page_at + 30]
-        if len(hdr) != 30:
-            raise self.damaged(f"wanted 30 bytes at offset {offset}")
-        return hdr
+        i = at - page_at
+        if len(page) - i < 30:
+            raise self.damaged(f"wanted 30 bytes at offset {at}")
+        if page[i : i + 4] != _LOCAL:
+            raise self.damaged(f"bad local header for {name}")
+        nlen, xlen = _LOCAL_LENGTHS.unpack_from(page, i + 26)
+        off = at + 30 + nlen + xlen
+        if off + e.size > self.file_size:
+            raise self.damaged(f"record {name} ends at byte {off + e.size}")
+        if off + e.size > self._bounds[name]:
+            raise self.damaged(f"record {name} overlaps the next member of the archive")
+        self._data_offsets[name] = off
+        return off
 
     def read_entry(self, name: str) -> bytes:
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
@@ -287,13 +299,13 @@ class TorchZip(Container):
 
     def record(self, key: str) -> tuple[int, int]:
         """(absolute offset, size) of storage record `data/<key>`."""
-        name = f"{self.prefix}data/{key}"
-        if name not in self.entries:
+        entry = self.entries.get(self.prefix + "data/" + key)
+        if entry is None:
             raise CorruptFileError(
                 f"{self.shown}: the pickle refers to storage {key!r}, which is not in the archive.",
                 hint="The file is damaged; copy it again from the source.",
             )
-        return self.data_offset(name), self.entries[name].size
+        return self.base + self._data_offset(entry.name), entry.size
 
     def storage(self, key: str, dtype: str, numel: int, view: tuple[str, int, int] | None) -> StorageRef:
         """The storage a persistent id names: its record, which must hold `numel` elements of `dtype` (the
@@ -312,9 +324,12 @@ class TorchZip(Container):
                     f"{self.shown}: storage {shown(key)} should hold {need} bytes but the record has {size}.",
                     hint="The file is damaged; copy it again from the source.",
                 )
-            ref = StorageRef(self.path, key, dtype, offset, need)
-            self._storages[key] = ref
+            ref = self._storages[key] = StorageRef(self.path, key, dtype, offset, need)
         return ref
+
+    def storages(self) -> dict[str, StorageRef]:
+        """The storages asked for so far, by key, in the order first asked for (a copy)."""
+        return dict(self._storages)
 
     def byteorder(self) -> str:
         name = f"{self.prefix}byteorder"

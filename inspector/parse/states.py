@@ -16,7 +16,7 @@ from typing import Any
 
 from inspector.format.torchzip import TensorRef
 from inspector.parse.dsconfig import DsConfig
-from inspector.parse.tree import Node
+from inspector.parse.tree import Node, once
 
 MAX_WORLD = 1 << 24  # data-parallel ranks a record may claim; the files present bound it again, with a finding
 
@@ -92,7 +92,7 @@ class ModelStates:
             has_module=not module_node.is_none(),
             module=_frozen(module),
             buffer_names=tuple(b.name("buffer name") for b in buffers.seq()) if not buffers.is_none() else (),
-            param_shapes=_param_shapes(root.at("param_shapes")),
+            param_shapes=once(_param_shapes, root.at("param_shapes")),
             frozen_param_shapes=None
             if frozen_shapes.is_none()
             else _frozen({n: s.shape() for n, s in frozen_shapes.entries("frozen parameter name")}),
@@ -106,7 +106,7 @@ class ModelStates:
             global_steps=_counter(root.at("global_steps")),
             global_samples=_counter(root.at("global_samples")),
             ds_version=_version(root.at("ds_version")),
-            ds_config=DsConfig.parse(config),
+            ds_config=once(DsConfig.parse, config),
         )
 
 
@@ -177,9 +177,9 @@ class OptimStates:
             stage3=stage3,
             zero_stage=zero_stage,
             ds_version=_version(root.at("ds_version")),
-            ds_config=DsConfig.parse(root.at("ds_config")),
+            ds_config=once(DsConfig.parse, root.at("ds_config")),
             groups=groups,
-            param_shapes=_param_shapes(osd.at("param_shapes")),
+            param_shapes=once(_param_shapes, osd.at("param_shapes")),
             loss_scale=finite(scale),
             dynamic_loss_scale=dyn if isinstance(dyn, bool) else None,
             partition_count=count.integer(1, 1 << 24) if stage3 and not count.is_none() else None,
@@ -301,7 +301,7 @@ def _stage12_groups(osd: Node) -> tuple[GroupState, ...]:
                 alignment=None if align is None else tuple(a.integer(0, 1 << 20) for a in align.seq()),
                 partition_count=count.integer(1, 1 << 24) if count is not None else count_one,
                 slices=_slices(slices[g] if g < len(slices) else None),
-                hyperparams=_hyper(pg),
+                hyperparams=once(_hyper, pg),
             )
         )
     return tuple(out)
@@ -344,5 +344,5 @@ def _stage3_groups(osd: Node) -> tuple[GroupState, ...]:
     out = []
     for g, ref in enumerate(refs):
         moments, step = _moments(_state_for(state, g))
-        out.append(GroupState(ref, moments, step, None, None, None, None, _hyper(owner.get(g))))
+        out.append(GroupState(ref, moments, step, None, None, None, None, once(_hyper, owner.get(g))))
     return tuple(out)

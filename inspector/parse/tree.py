@@ -8,8 +8,8 @@ so no code past the parse layer handles a raw pickle value (`Any`) again.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from inspector.errors import InputError
 from inspector.format.torchzip import TensorRef
@@ -20,6 +20,7 @@ MAX_NUMEL = 1 << 48  # 281 trillion elements: larger than any model, small enoug
 MAX_TEXT = 4096
 JSON_DEPTH = 32
 JSON_NODES = 100_000
+T = TypeVar("T")
 
 
 class Node:
@@ -175,3 +176,27 @@ def _json(v: Any, depth: int, budget: list[int], node: Node) -> Any:
     if isinstance(v, TensorRef):
         return f"tensor({v.dtype}, {list(v.shape)})"
     return type(v).__name__
+
+
+_READ: dict[tuple[Callable[..., Any], int], tuple[Any, Any]] = {}  # (reader, id(value)) -> (value, record)
+_READ_MAX = 64
+
+
+def once(read: Callable[[Node], T], node: Node | None) -> T:
+    """`read(node)`, or what `read` gave for this very object before. The rank trees one pickle rebuilds
+    (format/replay.py) share their tensor-free sub-trees (config, shapes, hyperparameters), which every rank's
+    parse would read again. Keyed by identity with the object kept alive beside its record, so an id is never
+    reused; only a success is kept (a refusal is raised again, naming its own file); trees are never
+    changed once loaded. For readers whose record names no file."""
+    value = node.value if node is not None else None
+    if value is None or node is None or not isinstance(value, dict | list | tuple):
+        return read(node)  # type: ignore[arg-type]
+    key = (read, id(value))
+    hit = _READ.get(key)
+    if hit is not None and hit[0] is value:
+        return hit[1]  # type: ignore[no-any-return]
+    record = read(node)
+    if len(_READ) >= _READ_MAX:
+        _READ.pop(next(iter(_READ)), None)
+    _READ[key] = (value, record)
+    return record

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from inspector.parse.dsconfig import DsConfig
 from inspector.parse.states import ModelStates, OptimStates
@@ -13,6 +14,7 @@ from inspector.scan.layout import Layout
 from inspector.scan.locate import Location
 from inspector.scan.metadata import dtype_of, file_size, item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, GroupInfo, Parallel, RankInfo, TensorInfo
+from inspector.system.bytesource import ByteSource
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class Loaded:
     layout: Layout | None
     ws: int
     stage3: bool
+    # the first optimizer file's step, read while it was open (Ellipsis: not read; `item` reads it now)
+    optimizer_step: Any = ...
 
 
 def _stage(ds_config: DsConfig, osd0: OptimStates | None, stage3: bool) -> int:
@@ -58,22 +62,30 @@ def _module_copy_bytes(model: ModelStates) -> int:
     return sum(copy.values())
 
 
-def _files(files: RankFiles, stage3: bool) -> list[FileInfo]:
-    out = [FileInfo.stat(p, "optim", r) for r, p in sorted(files.optim.items())]
+def _files(files: RankFiles, stage3: bool, source: ByteSource) -> list[FileInfo]:
+    """Each rank file's size and save time, asked of the checkpoint's source (one stat a file)."""
+    out = [FileInfo.stat(p, "optim", r, source=source) for r, p in sorted(files.optim.items())]
     if stage3:
-        out += [FileInfo.stat(p, "model", r) for r, p in sorted(files.zero3_model.items())]
+        out += [FileInfo.stat(p, "model", r, source=source) for r, p in sorted(files.zero3_model.items())]
     elif files.model:
-        out.append(FileInfo.stat(files.model, "model", None))
+        out.append(FileInfo.stat(files.model, "model", None, source=source))
     return out
 
 
-def _ranks(files: RankFiles, layout: Layout | None, ws: int, stage3: bool) -> list[RankInfo]:
+def _ranks(
+    files: RankFiles, layout: Layout | None, ws: int, stage3: bool, infos: list[FileInfo]
+) -> list[RankInfo]:
+    sizes = {f.path: f.size for f in infos}  # stat once: `_files` asked already
+
+    def size(path: str | None) -> int:
+        return sizes[path] if path in sizes else file_size(path)
+
     ranks = []
     for r in range(ws):
         op = files.optim.get(r)
         mp = files.zero3_model.get(r) if stage3 else (files.model if r == 0 else None)
         groups = layout.rank_groups[r] if layout and r < len(layout.rank_groups) else ()
-        ranks.append(RankInfo(r, op, mp, file_size(op), file_size(mp), groups))
+        ranks.append(RankInfo(r, op, mp, size(op), size(mp), groups))
     return ranks
 
 
@@ -91,11 +103,11 @@ def checkpoint(
         optimizer=_optimizer(osd0, got.stage3),
         compute_dtype=_compute_dtype(model, files),
         master_dtype=layout.master_dtype if layout else "float32",
-        optimizer_step=item(step),
+        optimizer_step=item(step) if got.optimizer_step is ... else got.optimizer_step,
         loss_scale=osd0.loss_scale if osd0 else None,
         dynamic_loss_scale=osd0.dynamic_loss_scale if osd0 else None,
-        files=_files(files, got.stage3),
-        ranks=_ranks(files, layout, got.ws, got.stage3),
+        files=(infos := _files(files, got.stage3, loc.source)),
+        ranks=_ranks(files, layout, got.ws, got.stage3, infos),
         groups=layout.groups if layout else (),
         tensors=tensors,
         findings=findings,

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from inspector.errors import CorruptFileError
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import MOMENTS, OptimStates, Shape
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
+from inspector.scan.slices import RankSlices, RankStarts
 from inspector.system.units import plural
 
 ParamShapes = tuple[tuple[tuple[str, Shape], ...], ...]
@@ -280,29 +282,29 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
         parts = [_ceil(n, ws) for n in numels]
         total = sum(parts)
         refs = [_ref(st.groups[g].master, f"fp32 flat group {g}", st.file) for st in states]
+        held = _held(numels, parts, ws)
         for r, ref in enumerate(refs):
-            if ref.numel != total:
+            if ref.numel != total or ref.dtype != refs[0].dtype:
                 raise CorruptFileError(
-                    f"{paths[r]}: sub-group {g} holds {ref.numel} elements; the parameter "
-                    f"shapes need {total}.",
+                    f"{paths[r]}: sub-group {g} holds {ref.numel} elements of {ref.dtype}; the parameter "
+                    f"shapes need {total} (of {refs[0].dtype}, as rank 0 holds).",
                     hint="Files from different runs are mixed, or the file is damaged.",
                 )
-            stored = sum(max(0, min(p, n - r * p)) for n, p in zip(numels, parts, strict=True))
-            rank_groups[r].append(RankGroup(g, total, total, total - stored))
+            rank_groups[r].append(RankGroup(g, total, total, total - held[r]))
         if refs[0].dtype != "float32":
             lay.master_dtype = refs[0].dtype
         moments = [st.groups[g].moments for st in states]
         have_moments = all(m is not None and all(t.numel == total for t in m.values()) for m in moments)
+        have_moments = have_moments and all(len({mm[m].dtype for mm in moments if mm}) == 1 for m in MOMENTS)
         starts = _starts(refs)
         mom_starts = [(m, _starts([mm[m] for mm in moments if mm])) for m in MOMENTS] if have_moments else []
         off = 0
         for (name, shape), n, p in zip(shapes, numels, parts, strict=True):
-            segs = _rank_slices(starts, off, n, p)
-            mom: tuple[tuple[str, tuple[Segment, ...]], ...] = ()
-            if have_moments:
-                mom = tuple((m, _rank_slices(st, off, n, p)) for m, st in mom_starts)
+            # one small record per copy: the segments are computed from the partition rule when read
+            segs: Any = RankSlices(starts, off, n, p)
+            mom = tuple((m, RankSlices(st, off, n, p)) for m, st in mom_starts)
             lay.params[name] = TensorInfo(
-                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom
+                name, shape, refs[0].dtype, Kind.TRAINABLE, segs, group=g, moments=mom  # type: ignore[arg-type]
             )
             off += p
         groups.append(
@@ -313,17 +315,25 @@ def stage3_layout(param_shapes: ParamShapes, states: Sequence[OptimStates]) -> L
     return lay
 
 
-def _starts(refs: Sequence[TensorRef]) -> list[tuple[str, int, int, str]]:
-    """Each rank's flat tensor as (file, byte offset of element 0, item size, dtype): worked out once per
-    group, not once per parameter and rank."""
-    return [(ref.path, ref.offset, ref.itemsize, ref.dtype) for ref in refs]
+def _held(numels: Sequence[int], parts: Sequence[int], ws: int) -> list[int]:
+    """Elements of parameters (not padding) each rank holds in a sub-group: a parameter gives its `p` to the
+    ranks before numel // p and the rest to the one at it. Linear in ranks plus parameters, not their product."""
+    step = [0] * (ws + 1)
+    for n, p in zip(numels, parts, strict=True):
+        full = min(n // p, ws) if p else 0
+        step[0] += p
+        step[full] -= p
+        if full < ws and n - full * p > 0:
+            step[full] += n - full * p
+            step[full + 1] -= n - full * p
+    held, run = [], 0
+    for r in range(ws):
+        run += step[r]
+        held.append(run)
+    return held
 
 
-def _rank_slices(starts: Sequence[tuple[str, int, int, str]], off: int, numel: int, part: int) -> tuple[Segment, ...]:
-    segs = []
-    for r, (path, base, size, dtype) in enumerate(starts):
-        take = min(part, numel - r * part)
-        if take <= 0:
-            break
-        segs.append(Segment(path, base + off * size, take, dtype))
-    return tuple(segs)
+def _starts(refs: Sequence[TensorRef]) -> RankStarts:
+    """Each rank's flat tensor as (file, byte offset of element 0), one record per sub-group and copy shared
+    by all its parameters."""
+    return RankStarts([ref.path for ref in refs], [ref.offset for ref in refs], refs[0].dtype)

@@ -4,6 +4,7 @@ for comparing metadata across rank files, and the stage-3 proof of which rank wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -135,6 +136,11 @@ def steps_key(steps: Sequence[int | float | TensorRef | None], handle: Handle | 
     return digest([_step_in(s, handle) for s in steps])
 
 
+def step_item(step: int | float | TensorRef | None, handle: Handle) -> int | None:
+    """`item(step)`, a 0-d tensor read through `handle` (its file, while open for its pickle)."""
+    return item(_read_scalar(step, handle)) if isinstance(step, TensorRef) and step.numel == 1 else item(step)
+
+
 def _step_in(step: int | float | TensorRef | None, handle: Handle | None) -> int | float | None:
     if handle is None or not isinstance(step, TensorRef) or step.numel != 1:
         return step_value(step)
@@ -147,35 +153,53 @@ _PROOF_ELEMS = 4096  # padding elements read at most for the stage-3 rank proof:
 _COPY_PROBE = 4096  # bytes of each rank's first moment compared to catch one rank file copied over another
 
 
-def copied_ranks(states: Sequence[OptimStates], source: ByteSource) -> list[Finding]:
+_NO_PROBE = b"?"  # a rank whose probe could not be read: the check proves nothing and says nothing
+
+
+def rank_probe(st: OptimStates, handle: Handle | None = None, source: ByteSource | None = None) -> bytes:
+    """A digest of the first few KiB of a rank's `exp_avg_sq` (or masters) of group 0, through `handle` (the
+    file, while it is open for its pickle) or the file opened through `source`: b"" when they are all zero (a
+    save before the first step proves nothing), `_NO_PROBE` when there is nothing to read."""
+    if not st.groups:
+        return _NO_PROBE
+    g0 = st.groups[0]
+    ref = (g0.moments or {}).get("exp_avg_sq") or g0.master
+    n = min(ref.nbytes, _COPY_PROBE)
+    if n == 0:
+        return _NO_PROBE
+    try:
+        own = handle or open_handle_in(st.file, (source,) if source else ())
+        try:
+            raw = own.pread(n, ref.offset)
+        finally:
+            if handle is None:
+                own.close()
+    except (OSError, CorruptFileError):
+        return _NO_PROBE
+    return hashlib.blake2b(raw, digest_size=16).digest() if raw.strip(b"\0") else b""
+
+
+def copied_ranks(
+    states: Sequence[OptimStates], source: ByteSource, probes: Mapping[str, bytes] | None = None
+) -> list[Finding]:
     """Two rank files holding the same bytes where every rank holds its own slice of the model: one was copied
-    over the other. Compares the first few KiB of each rank's `exp_avg_sq` (or masters) of group 0; all-zero
-    content (a save before the first step) proves nothing and is skipped."""
+    over the other. Compares each rank's `rank_probe`, taken while its file was open for the scan (`probes`,
+    by file) or read now; all-zero content is skipped, and a rank with nothing to compare ends the check."""
     seen: dict[bytes, int] = {}
     for r, st in enumerate(states):
-        if not st.groups:
+        probe = (probes or {}).get(st.file)
+        if probe is None:
+            probe = rank_probe(st, source=source)
+        if probe == _NO_PROBE:
             return []
-        g0 = st.groups[0]
-        ref = (g0.moments or {}).get("exp_avg_sq") or g0.master
-        n = min(ref.nbytes, _COPY_PROBE)
-        if n == 0:
-            return []
-        try:
-            handle = open_handle_in(st.file, (source,))
-            try:
-                raw = handle.pread(n, ref.offset)
-            finally:
-                handle.close()
-        except (OSError, CorruptFileError):
-            return []
-        if not raw.strip(b"\0"):
+        if not probe:
             continue
-        if raw in seen:
+        if probe in seen:
             return [
                 Finding(
                     Severity.ERROR,
                     "rank-mismatch",
-                    f"The optimizer files of DP ranks {seen[raw]} and {r} hold the same state, though every "
+                    f"The optimizer files of DP ranks {seen[probe]} and {r} hold the same state, though every "
                     "rank saves its own slice: one was copied over the other, so the rebuilt values would be "
                     "wrong.",
                     st.file,
@@ -183,7 +207,7 @@ def copied_ranks(states: Sequence[OptimStates], source: ByteSource) -> list[Find
                     "for each other.",
                 )
             ]
-        seen[raw] = r
+        seen[probe] = r
     return []
 
 

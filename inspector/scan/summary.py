@@ -12,6 +12,7 @@ from typing import Protocol
 
 from inspector.format.dtypes import SHORT_NAMES
 from inspector.scan.model import Checkpoint, Kind, RankInfo, Severity, TensorInfo
+from inspector.scan.slices import segments_nbytes
 from inspector.system.source import Source
 from inspector.system.units import format_bytes, format_count, plural
 
@@ -29,8 +30,8 @@ def read_bytes_by_source(ckpt: Checkpoint) -> dict[str, int]:
     is read once, as an HF model folder (tied embeddings) or `--dedupe-tied` write it; the preflight of a
     weights file that repeats it under its second name counts that read too."""
     stored = [t for t in ckpt.tensors if t.alias_of is None]  # a tied alias's segments are its owner's
-    masters = sum(seg.nbytes for t in stored for seg in t.segments)
-    module = sum(sum(seg.nbytes for seg in (t.module_copy if t.module_copy else t.segments)) for t in stored)
+    masters = sum(segments_nbytes(t.segments) for t in stored)
+    module = sum(segments_nbytes(t.module_copy if t.module_copy else t.segments) for t in stored)
     return {"masters": masters, "module": module}
 
 
@@ -158,7 +159,7 @@ def kind_totals(ckpt: Checkpoint) -> list[KindTotal]:
         n, numel = ckpt.count(kind)
         if n:
             ts = [t for t in ckpt.tensors if t.kind is kind]
-            stored = sum(s.nbytes for t in ts for s in t.segments)
+            stored = sum(segments_nbytes(t.segments) for t in ts)
             out.append(KindTotal(kind, n, numel, sum(t.nbytes for t in ts), stored))
     return out
 

@@ -130,6 +130,8 @@ def open_handle_in(path: str, sources: tuple[ByteSource, ...]) -> Handle:
             raise outside(path, os.path.dirname(path), "folder")
         full = os.path.abspath(path)
         return Source.at(os.path.dirname(full)).open_handle(full)
+    if len(sources) == 1 and isinstance(sources[0], Source) and not is_url(path):
+        return sources[0].open_handle(path)  # its own refusal of a path out of it is this one's, word for word
     for src in sources:
         if src.contains(path):
             return src.open_handle(path)

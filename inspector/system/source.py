@@ -122,8 +122,9 @@ class Source:
         return [] if rel == "." else rel.split(os.sep)
 
     @contextlib.contextmanager
-    def _dir_fd(self, parts: list[str], shown_path: str) -> Iterator[int]:
-        """A descriptor of the folder `parts` below the root, reached without following any link."""
+    def _dir_fd(self, parts: list[str], shown_path: str, linked: type[Exception] | None = None) -> Iterator[int]:
+        """A descriptor of the folder `parts` below the root, reached without following any link (one met:
+        `linked` raised when given, else refused as leading out)."""
         fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
         try:
             for part in parts:
@@ -131,6 +132,8 @@ class Source:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (40, 20):  # ELOOP / ENOTDIR: a link or a file where a folder was
+                        if linked is not None:
+                            raise linked() from None
                         raise outside(shown_path, self.root, self.label) from None
                     raise
                 os.close(fd)
@@ -143,36 +146,64 @@ class Source:
 
     def open(self, path: str | os.PathLike[str]) -> int:
         """A read-only descriptor of a regular file inside the root; the caller closes it."""
+        return self._open(path)[0]
+
+    def open_handle(self, path: str | os.PathLike[str]) -> LocalHandle:
+        """The file opened as by `open`, as a handle with its size and positioned reads."""
+        fd, size = self._open(path)
+        return LocalHandle(os.fspath(path), fd, size)
+
+    def _open(self, path: str | os.PathLike[str]) -> tuple[int, int]:
+        """(descriptor, size). A path plainly below the root (no `.`, `..` or empty part) is walked as it is
+        written, since the walk refuses every link on it; only a path with a link on the way is resolved
+        first (a link inside the root to a file inside it is read; one leading out is refused)."""
         full = os.fspath(path)
+        parts = self._plain_parts(full)
+        if parts:
+            try:
+                return self._walk(parts, full, lexical=True)
+            except _Linked:
+                pass
         real = self.resolve(full)
         parts = self._parts(real)
         if not parts:
             raise not_regular(full, stat.S_IFDIR)
+        return self._walk(parts, full, lexical=False)
+
+    def _plain_parts(self, full: str) -> list[str] | None:
+        """The components of `full` below the root when it is written plainly there, else None."""
+        if not os.path.isabs(full):
+            full = os.path.join(self.root, full)
+        prefix = self.root.rstrip(os.sep) + os.sep
+        if not full.startswith(prefix):
+            return None
+        parts = full[len(prefix) :].split(os.sep)
+        return None if any(p in ("", ".", "..") for p in parts) else parts
+
+    def _walk(self, parts: list[str], full: str, *, lexical: bool) -> tuple[int, int]:
+        """Open root/parts without following any link: a link met is `_Linked` on a `lexical` walk (the
+        caller resolves the path), else refused as leading out (it was swapped in since the resolve)."""
         try:
-            with self._dir_fd(parts[:-1], full) as dfd:
+            with self._dir_fd(parts[:-1], full, _Linked if lexical else None) as dfd:
                 mode = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mode
-                if stat.S_ISLNK(mode):  # resolved above, so a link here was swapped in since
-                    raise outside(full, self.root, self.label)
+                if stat.S_ISLNK(mode):
+                    raise _Linked() if lexical else outside(full, self.root, self.label)
                 if not stat.S_ISREG(mode):  # before opening: a FIFO would block, a device may act
                     raise not_regular(full, mode)
                 fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == 40:  # ELOOP from O_NOFOLLOW
-                raise outside(full, self.root, self.label) from None
+                raise _Linked() if lexical else outside(full, self.root, self.label) from None
             raise os_error(full, exc) from None
         try:
-            mode = os.fstat(fd).st_mode
+            st = os.fstat(fd)
         except OSError as exc:
             os.close(fd)
             raise os_error(full, exc) from None
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise not_regular(full, mode)
-        return fd
-
-    def open_handle(self, path: str | os.PathLike[str]) -> LocalHandle:
-        """The file opened as by `open`, as a handle with its size and positioned reads."""
-        return LocalHandle(os.fspath(path), self.open(path))
+            raise not_regular(full, st.st_mode)
+        return fd, st.st_size
 
     def read_bytes(self, path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
         """A whole small file (a `latest`, a JSON config), refused if larger than `limit` bytes."""
@@ -282,12 +313,19 @@ class Source:
         return st.st_size, st.st_mtime_ns
 
 
+class _Linked(Exception):
+    """A link on a path walked as written: the path is resolved and walked again."""
+
+
 class LocalHandle:
     """A descriptor opened by `Source.open`, as a byte-source handle: pread, never mapped (RSS stays honest)."""
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str, fd: int, size: int | None = None) -> None:
         self.path = path
         self.fd = fd
+        if size is not None:  # the opener's own fstat
+            self.size = size
+            return
         try:
             self.size = os.fstat(fd).st_size
         except OSError as exc:

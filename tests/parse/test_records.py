@@ -146,3 +146,22 @@ def test_huge_hyperparameters_become_json_safe(trees: dict[int, tuple[Any, list[
     st_ = OptimStates.parse(replaced(optims[0], path, 10**5000), names[0], False)
     json.dumps(dict(st_.groups[0].hyperparams), allow_nan=False)
     assert isinstance(st_.groups[0].master, TensorRef)
+
+
+def test_a_sub_tree_shared_by_rank_trees_is_read_once_and_refused_for_each_file() -> None:
+    """`tree.once`: rank trees rebuilt from one pickle share their tensor-free sub-trees; the record read
+    from one is the record of all (the same object), and a bad one is refused naming each file in turn."""
+    from inspector.parse.dsconfig import DsConfig
+    from inspector.parse.tree import Node, once
+
+    raw = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    a = once(DsConfig.parse, Node(raw, "rank0.pt", "ds_config"))
+    b = once(DsConfig.parse, Node(raw, "rank1.pt", "ds_config"))
+    assert a is b and a.zero_stage == 3 and a.bf16
+    assert once(DsConfig.parse, Node(dict(raw), "rank2.pt", "ds_config")) == a  # another object: read again
+    from inspector.parse.states import _param_shapes
+
+    bad = [{"a.weight": (2, 3)}, {"a.weight": (2, 3)}]  # one name in two groups
+    for f in ("rank0.pt", "rank1.pt"):
+        with pytest.raises(InputError, match=f):
+            once(_param_shapes, Node(bad, f, "param_shapes"))

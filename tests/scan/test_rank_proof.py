@@ -71,3 +71,31 @@ def test_convert_refuses_a_copied_rank_file(
     res = cli("convert", root, tmp_path / "out")
     assert res.rc == 1 and "Traceback" not in res.output, res.output
     assert "rank" in res.output and not (tmp_path / "out").exists()
+
+
+def test_a_middle_rank_copied_over_is_found_without_opening_a_file_again(
+    demo: DemoCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 3 has no fragment maps and its padding proof looks at the last rank only: a copy between two
+    earlier ranks is told by their equal state, compared from probes taken while each file was open for its
+    pickle (issue 43: the rank proof without re-reading), so no optimizer file but the last (the padding
+    proof's few bytes) is opened twice."""
+    from collections import Counter
+
+    from inspector.system.source import Source
+
+    root = demo.copy(DemoSpec(stage=3, world_size=4, dtype="bf16", params=30_000), tmp_path / "ckpt")
+    files = optim_files(root)
+    opens: Counter[str] = Counter()
+    real = Source.open_handle
+
+    def counting(self: Source, path: str | os.PathLike[str]) -> object:
+        opens[os.path.basename(os.fspath(path))] += 1
+        return real(self, path)
+
+    monkeypatch.setattr(Source, "open_handle", counting)
+    assert "rank-mismatch" not in codes(root)
+    assert {opens[f.name] for f in files[:-1]} == {1}, opens
+    shutil.copy(files[0], files[1])
+    found = [f for f in scan(str(root)).errors if f.code == "rank-mismatch"]
+    assert found and "DP ranks 0 and 1" in found[0].message

@@ -14,6 +14,7 @@ from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
 from inspector.format.torchzip import TensorRef
+from inspector.parse.dsconfig import DsConfig
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
@@ -21,7 +22,14 @@ from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.layouts.base import tree_at
 from inspector.scan.locate import Location
-from inspector.scan.metadata import config_key, copied_ranks, stage3_rank_proof, steps_key
+from inspector.scan.metadata import (
+    config_key,
+    copied_ranks,
+    rank_probe,
+    stage3_rank_proof,
+    step_item,
+    steps_key,
+)
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
 from inspector.system.bytesource import Handle
@@ -63,6 +71,9 @@ class ZeroScanner:
         self.findings: list[Finding] = list(loc.findings) + files.findings
         self._steps: dict[str, str] = {}  # each optimizer file's step counters, read as it was loaded
         self._first_optim: OptimStates | None = None  # whose shared values later ranks' records point to
+        self._first_steps: dict[str, int | None] = {}  # each optimizer file's first step, read as loaded
+        self._probes: dict[str, bytes] = {}  # each optimizer file's `rank_probe`, taken as it was loaded
+        self._keys: dict[int, tuple[DsConfig, str]] = {}  # `_config_key`'s: by record, the record kept
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
@@ -111,31 +122,45 @@ class ZeroScanner:
         layout = self._layout(Read(model, models, optims, osd0, ws, stage3, param_shapes))
         if layout is not None and param_shapes and not self.findings_have_errors():
             states = [o for o in optims.values() if o is not None]
-            self.findings += copied_ranks(states, self.loc.source)
+            self.findings += copied_ranks(states, self.loc.source, self._probes)
             if stage3 and not self.findings_have_errors():
                 self.findings += self._stage3_proof(param_shapes, states)
         tensors = TensorCollector(f, self.add).collect(model, models, layout, ws, stage3, param_shapes)
-        got = Loaded(model, optims, osd0, layout, ws, stage3)
+        got = Loaded(model, optims, osd0, layout, ws, stage3, self._first_steps.get(osd0.file, ...) if osd0 else ...)
         return checkpoint(self.loc, f, got, tensors, self.findings)
 
     def _read_steps(self, o: OptimStates, handle: Handle) -> None:
-        """A rank file's step counters, read while it is open for its pickle (`_check_consistency` compares
-        them); a read that fails is left to that check, which reads again and reports it."""
+        """A rank file's step counters and copy probe, read while it is open for its pickle
+        (`_check_consistency` and `copied_ranks` compare them); a step read that fails is left to that check,
+        which reads again and reports it."""
         with contextlib.suppress(OSError, InspectorError):
             self._steps[o.file] = steps_key(o.steps, handle)
+        self._probes[o.file] = rank_probe(o, handle)  # `copied_ranks` compares them: no file opened again
+        if o.steps:
+            with contextlib.suppress(OSError, InspectorError):
+                self._first_steps[o.file] = step_item(o.steps[0], handle)  # the optimizer step shown
 
     def _slim_optim(self, o: OptimStates, model: ModelStates) -> OptimStates:
         """A rank's optimizer states with the values every rank repeats (config, group hyperparameters)
         shared with rank 0's objects when equal, so the scan's memory stays flat in the rank count."""
         first = self._first_optim = self._first_optim or o
-        config = model.ds_config if config_key(o.ds_config.raw) == config_key(model.ds_config.raw) else o.ds_config
+        config = model.ds_config if self._config_key(o.ds_config) == self._config_key(model.ds_config) else o.ds_config
         groups = tuple(
             replace(g, hyperparams=first.groups[i].hyperparams)
-            if i < len(first.groups) and repr(dict(g.hyperparams)) == repr(dict(first.groups[i].hyperparams))
+            if i < len(first.groups)
+            and g.hyperparams is not first.groups[i].hyperparams  # one record already (parse.tree.once)
+            and repr(dict(g.hyperparams)) == repr(dict(first.groups[i].hyperparams))
             else g
             for i, g in enumerate(o.groups)
         )
         return replace(o, ds_config=config, groups=groups)
+
+    def _config_key(self, config: DsConfig) -> str:
+        """`config_key` of a parsed config, once per record: the ranks of one save share theirs."""
+        hit = self._keys.get(id(config))
+        if hit is None or hit[0] is not config:
+            hit = self._keys[id(config)] = (config, config_key(config.raw))
+        return hit[1]
 
     def _claim(self, model: ModelStates, stage3: bool) -> None:
         """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
@@ -287,7 +312,7 @@ class ZeroScanner:
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
             steps = self._steps.get(o.file) or steps_key(o.steps)
-            return (o.ds_version, config_key(o.ds_config.raw), steps)
+            return (o.ds_version, self._config_key(o.ds_config), steps)
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -301,7 +326,7 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, config_key(model.ds_config.raw))
+        model_sig = (model.ds_version, self._config_key(model.ds_config))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,

@@ -1,0 +1,145 @@
+"""A torch pickle seen before, rebuilt for another archive without unpickling it again.
+
+Every rank of a save writes the same `data.pkl` (the same names, shapes, config and storage keys; only the
+storages' bytes differ), so a 4,096-rank folder unpickled the same 7 KB thousands of times, most of it in
+our Python callbacks per tensor. The tree of such bytes is the tree of the first archive with each tensor
+pointing into the new archive's records instead. `Template` keeps the first tree and the storage requests
+its unpickling made, in order; `rebuild` replays those requests against the new archive through the same
+`TorchZip.storage` (the record exists, holds the bytes asked for, lies inside the file and clear of the
+other records: every per-archive check the unpickling made) and copies only the containers on a path to a
+tensor. What else a pickle decides (the guards' verdicts, each view's check, every other value) depends only
+on its bytes, which are the same. A tree with a tensor anywhere else (inside a record, a set, with `attrs`)
+gets no template and is unpickled every time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspector.format.dtypes import itemsize
+from inspector.format.records import InertDict, Record, ZeroStage, _OrderedDict, _Token
+from inspector.format.views import StorageRef, TensorRef
+from inspector.format.zipreader import TorchZip
+
+_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), ZeroStage, _Token)
+
+
+class _NoTemplate(Exception):
+    """A tensor where a rebuild does not copy: this tree is unpickled every time."""
+
+
+class Template:
+    """One pickle's tree and the storages its unpickling asked the archive for, in order."""
+
+    __slots__ = ("carriers", "requests", "tree")
+
+    def __init__(self, tree: Any, requests: list[tuple[str, str, int]], carriers: set[int]) -> None:
+        self.tree, self.requests, self.carriers = tree, requests, carriers
+
+    @classmethod
+    def of(cls, tree: Any, archive: TorchZip) -> Template | None:
+        """The template of a tree just unpickled from `archive` (None: a tensor sits where `rebuild` cannot
+        reach it). The archive's storages, in the order first asked for, are the requests to replay."""
+        carriers: set[int] = set()
+        try:
+            _holds(tree, {}, carriers)
+        except _NoTemplate:
+            return None
+        requests = [(key, s.dtype, s.nbytes // itemsize(s.dtype)) for key, s in archive.storages().items()]
+        return cls(tree, requests, carriers)
+
+    def rebuild(self, archive: TorchZip) -> Any:
+        """The tree these bytes give in `archive`: its storages asked for as the unpickling did (so a record
+        missing, short or out of place is refused with the same words), its tensors pointing at them."""
+        refs = {key: archive.storage(key, dtype, numel, None) for key, dtype, numel in self.requests}
+        return _copy(self.tree, self.carriers, refs, {})
+
+
+def _holds(obj: Any, seen: dict[int, bool], carriers: set[int]) -> bool:
+    """Whether `obj` holds a tensor; each container that does is put in `carriers`. The tree passed
+    `check_tree` (no cycles, bounded depth), and shared sub-trees are walked once."""
+    key = id(obj)
+    if key in seen:
+        return seen[key]
+    kind = type(obj)
+    if kind is TensorRef:
+        if obj.attrs:
+            raise _NoTemplate
+        found = True
+    elif kind is dict or kind is _OrderedDict:
+        if any([_holds(k, seen, carriers) for k in obj]) or (
+            kind is _OrderedDict and any([_holds(v, seen, carriers) for v in vars(obj).values()])
+        ):
+            raise _NoTemplate  # a tensor as a key, or in an OrderedDict's attributes
+        found = any([_holds(v, seen, carriers) for v in obj.values()])
+    elif kind is list or kind is tuple:
+        found = any([_holds(v, seen, carriers) for v in obj])
+    elif isinstance(obj, _LEAVES):
+        found = False
+    elif isinstance(obj, set | frozenset | InertDict | Record | slice):
+        if isinstance(obj, Record):
+            parts = list(vars(obj).values())
+        elif isinstance(obj, slice):
+            parts = [obj.start, obj.stop, obj.step]
+        else:
+            values = obj.values() if isinstance(obj, InertDict) else ()
+            parts = [*obj, *values, *getattr(obj, "__dict__", {}).values()]
+        if any([_holds(v, seen, carriers) for v in parts]):
+            raise _NoTemplate
+        found = False
+    else:
+        raise _NoTemplate  # a type this walk does not know: never shared between archives
+    seen[key] = found
+    if found and kind is not TensorRef:
+        carriers.add(key)
+    return found
+
+
+def _copy(obj: Any, carriers: set[int], refs: dict[str, StorageRef], memo: dict[int, Any]) -> Any:
+    """`obj` with every tensor pointing at `refs`: containers on a path to a tensor copied (a sub-tree shared
+    in the template stays shared), everything else the template's own immutable-in-use objects."""
+    key = id(obj)
+    kind = type(obj)
+    if kind is TensorRef:
+        new: Any = memo.get(key)
+        if new is None:
+            new = memo[key] = TensorRef(refs[obj.storage.key], obj.storage_offset, obj.shape, obj.stride, obj.dtype)
+        return new
+    if key not in carriers:
+        return obj
+    new = memo.get(key)
+    if new is not None:
+        return new
+    if kind is dict:
+        new = {k: _copy(v, carriers, refs, memo) for k, v in obj.items()}
+    elif kind is _OrderedDict:
+        new = _OrderedDict((k, _copy(v, carriers, refs, memo)) for k, v in obj.items())
+        vars(new).update(vars(obj))
+    elif kind is list:
+        new = [_copy(v, carriers, refs, memo) for v in obj]
+    else:
+        new = tuple(_copy(v, carriers, refs, memo) for v in obj)
+    memo[key] = new
+    return new
+
+
+_TEMPLATES: dict[bytes, Template | None] = {}
+_TEMPLATES_MAX = 8  # a save's rank files write a handful of distinct pickles (model, optimizer, rank 0's)
+_TEMPLATE_MAX_BYTES = 256 << 10  # a rank file's pickle is a few KiB; larger ones are unpickled every time
+_TEMPLATES_BYTES = 1 << 20  # the pickles kept in all: their trees stay alive for the process
+
+
+def template_for(data: bytes) -> Template | None:
+    """The template of these exact pickle bytes, if one was made."""
+    return _TEMPLATES.get(data) if len(data) <= _TEMPLATE_MAX_BYTES else None
+
+
+def learn(data: bytes, tree: Any, archive: TorchZip) -> None:
+    """Keep the template of `data` (seen at least twice: a pickle met once is not walked for nothing)."""
+    if len(data) > _TEMPLATE_MAX_BYTES or data in _TEMPLATES:
+        return
+    while _TEMPLATES and (
+        len(_TEMPLATES) >= _TEMPLATES_MAX or sum(map(len, _TEMPLATES)) + len(data) > _TEMPLATES_BYTES
+    ):
+        _TEMPLATES.pop(next(iter(_TEMPLATES)), None)  # the oldest forgotten first
+    _TEMPLATES[data] = Template.of(tree, archive)
