@@ -12,14 +12,15 @@ Constants marked "calibrated" come from `tox -e bench` on the reference machine 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.root import refuses_new_entries
-from inspector.scan.model import Kind
+from inspector.scan.model import Kind, Runs, Segment
+from inspector.scan.slices import RankSlices
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 from inspector.system.units import format_bytes
 
@@ -30,7 +31,9 @@ CONVERTER_BASE_VMS = 480 * 1024 * 1024
 # calibrated: scanned metadata kept while converting, per segment / tensor / checkpoint file
 METADATA_PER_SEGMENT = 300
 METADATA_PER_TENSOR = 2048
-METADATA_PER_FILE = 16 * 1024
+# per file: 16 KiB until the ranks' records were compacted (issue 43); the 20M ZeRO-3 demo's convert peaks at
+# 71 / 76 / 90 MiB at 8 / 1,024 / 4,096 ranks: ~2.4 KiB a file, kept with margin
+METADATA_PER_FILE = 4 * 1024
 # calibrated: allowance on top of the chunk buffers for the reader/writer/cast threads, their temporaries
 # (an `isnan` mask per cast piece), queues and allocator slack
 RUNTIME_OVERHEAD = 16 * 1024 * 1024
@@ -193,9 +196,21 @@ def converter_base(segments: int, tensors: int, files: int, extra: int = 0) -> t
     return CONVERTER_BASE_RSS + meta, CONVERTER_BASE_VMS + meta
 
 
+def kept_records(segments: Sequence[Segment]) -> int:
+    """How many records a tensor's segments keep at rest: a stage-3 parameter's slices over every rank are one
+    `RankSlices` (its per-rank table shared by the sub-group), a strided join its `Strided` blocks; a tuple one
+    record per segment. Counting the segments a compact record stands for predicted a 4,096-rank ZeRO-3
+    conversion at 252 MiB that peaked at 96."""
+    if isinstance(segments, RankSlices):
+        return 1
+    if isinstance(segments, Runs):
+        return len(segments.blocks)
+    return len(segments)
+
+
 def converter_baseline(plan: ConversionPlan) -> tuple[int, int]:
     """(RSS, VMS) of a fresh converter process once it has scanned and planned, before its buffers."""
-    segments = sum(len(t.segments) for s in plan.shards for t in s.tensors)
+    segments = sum(kept_records(t.segments) for s in plan.shards for t in s.tensors)
     files = len({seg.file for s in plan.shards for t in s.tensors for seg in t.segments})
     return converter_base(segments, plan.tensor_count, files, sum(len(s.header) for s in plan.shards))
 

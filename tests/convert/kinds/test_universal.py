@@ -263,7 +263,7 @@ def test_preflight_predicts_a_fresh_converter_not_this_process(
     monkeypatch.setattr(rss, "current_rss", lambda: 50 * 2**30)  # as if this process held 50 GiB
     assert up.assess_universal(plan, workers=2).predicted_peak_rss == before
     base, _ = preflight.converter_base(
-        sum(len(f.segments) for f in plan.files), len({f.name for f in plan.files}), len(plan.source)
+        sum(preflight.kept_records(f.segments) for f in plan.files), len({f.name for f in plan.files}), len(plan.source)
     )
     assert before == base + up.buffer_bytes(plan, 2) + preflight.RUNTIME_OVERHEAD + up.UNIVERSAL_RUNTIME
 

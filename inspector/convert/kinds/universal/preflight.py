@@ -12,6 +12,7 @@ from inspector.convert.preflight import (
     THREAD_STACK,
     Assessment,
     converter_base,
+    kept_records,
     read_seconds,
 )
 from inspector.convert.root import refuses_new_entries
@@ -49,7 +50,7 @@ def assess_universal(
     read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
     read += sum(size for _, _, size in plan.copies)
     base, vms = converter_base(
-        segments=sum(len(f.segments) for f in plan.files),
+        segments=sum(kept_records(f.segments) for f in plan.files),
         tensors=len({f.name for f in plan.files}),
         files=len(plan.source),
     )
