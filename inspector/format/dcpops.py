@@ -37,6 +37,33 @@ class Rec:
         self.kind, self.state = kind, None
 
 
+class Info(Rec):
+    """A `_StorageInfo` the fast path read and checked; its state built only if something looks at it."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, path: str, offset: int, length: int) -> None:
+        self.kind, self.fields = "_StorageInfo", (path, offset, length)
+
+    @property  # type: ignore[override]
+    def state(self) -> dict[str, Any]:
+        return dict(zip(("relative_path", "offset", "length"), self.fields, strict=True))
+
+
+class Entry(Rec):
+    """A `MetadataIndex` the fast path read and checked, paired with its `Info`: SETITEMS stores it as the
+    general machine would stored the two records it stands for, in the same order."""
+
+    __slots__ = ("fields", "info")
+
+    def __init__(self, fqn: str, index: int | None, offset: tuple[int, ...], info: Info) -> None:
+        self.kind, self.fields, self.info = "MetadataIndex", (fqn, index, offset), info
+
+    @property  # type: ignore[override]
+    def state(self) -> dict[str, Any]:
+        return dict(zip(("fqn", "index", "offset"), self.fields, strict=True))
+
+
 class Token(str):
     """A dtype, layout or memory format, by name."""
 
@@ -48,10 +75,10 @@ class Row(int):
 class Stand:
     """A global from the allowlist: calling it (NEWOBJ, REDUCE) makes an inert value, never runs code."""
 
-    __slots__ = ("make",)
+    __slots__ = ("make", "name")
 
-    def __init__(self, make: Callable[..., Any]) -> None:
-        self.make = make
+    def __init__(self, make: Callable[..., Any], name: str = "") -> None:
+        self.make, self.name = make, name  # the name: which fast-path template may refer back to it
 
 
 def nat(v: Any) -> bool:
@@ -77,9 +104,9 @@ def intern(ids: dict[str, int], names: list[str], value: str) -> int:
 
 def _global(p: MetadataParser, module: str, name: str) -> Stand | Token:
     if (module, name) in _RECORDS:
-        return Stand(lambda *a: Rec(name))
+        return Stand(lambda *a: Rec(name), name)
     if module == "torch" and name == "Size":
-        return Stand(lambda dims=(): tuple(dims))
+        return Stand(lambda dims=(): tuple(dims), "Size")
     if module == "torch" and TORCH_ALIASES.get(name, name) in DTYPES:
         return Token(TORCH_ALIASES.get(name, name))  # a dtype is pickled as the global itself
     if (module, name) in (("torch.serialization", "_get_layout"), (_DCP, "_MEM_FORMAT_ENCODING")):
