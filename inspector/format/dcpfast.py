@@ -82,6 +82,7 @@ class FastPath:
         self.chunk: re.Pattern[bytes] | None = None
         self.entry: tuple[re.Pattern[bytes], re.Pattern[bytes], re.Pattern[bytes]] | None = None
         self.sizes: dict[bytes, tuple[int, ...] | None] = {}
+        self.names: dict[bytes, str] = {}  # a reference back, as written, to the string it names
         self.ready = False  # both templates compiled: `note` has nothing left to look for
 
     def note(self, idx: int, value: Any) -> None:
@@ -95,6 +96,7 @@ class FastPath:
 
     def forget(self, idx: int) -> None:
         """Memo `idx` was written again: no template may refer back to it any longer."""
+        self.names.clear()
         if idx in self.refs.values():
             self.refs = {k: v for k, v in self.refs.items() if v != idx}
             self.chunk = self.entry = None
@@ -199,8 +201,15 @@ class FastPath:
     def _name(self, n: bytes | None, text: bytes | None, ref: bytes | None) -> str | None:
         """A fresh short string of the length it says, or a reference back to a string; else None."""
         if ref is not None:
-            value = self.p.memo.get(ref[1] if ref[0] == 104 else struct.unpack_from("<I", ref, 1)[0])
-            return value if type(value) is str else None
+            got = self.names.get(ref)
+            if got is None:
+                value = self.p.memo.get(ref[1] if ref[0] == 104 else struct.unpack_from("<I", ref, 1)[0])
+                if type(value) is not str:
+                    return None
+                got = value
+                if len(self.names) < 4096:
+                    self.names[ref] = got
+            return got
         if text is None or n is None or len(text) != n[0]:
             return None
         try:

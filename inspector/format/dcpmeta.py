@@ -17,12 +17,12 @@ from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError
 from inspector.format.dcpfast import FastPath
-from inspector.format.dcpops import KEPT, TABLE, Entry, Rec, Row, Stand, Token, intern, ints, nat
+from inspector.format.dcpops import KEPT, TABLE, Entry, Memo, Rec, Row, Stand, Token, intern, ints, nat
 
 __all__ = ["MetadataParser", "RawMetadata", "Rec", "Row", "Token"]
 
 _BLOCK = 1 << 20
-_MAX_RETAINED = 64 << 20  # bytes of strings kept for back-references
+_MAX_RETAINED = 64 << 20  # bytes charged for strings kept for back-references
 _MAX_STACK = 1_000_000  # real metadata stacks a few thousand values at most (SETITEMS batches of 1000)
 _MAX_LOOSE = 4_000_000  # elements of containers not compacted (keys, planner paths, small records)
 
@@ -107,7 +107,7 @@ class MetadataParser:
         self.r.on_fill = self._bound_stack  # a block holds at most a million pushes: checked once per block
         self.stack: list[Any] = []
         self.marks: list[int] = []
-        self.memo: dict[int, Any] = {}
+        self.memo = Memo()
         self.next_memo = 0
         self.retained = 0
         self.loose = 0
@@ -116,7 +116,6 @@ class MetadataParser:
         self._file_ids: dict[str, int] = {}
         self._transform_ids: dict[tuple[str, ...], int] = {(): 0}
         self._tensors: dict[str, tuple[Any, ...]] = {}
-        self._texts: dict[str, str] = {}  # one object per distinct retained string
         self.fast = FastPath(self, fast)
 
     def parse(self) -> RawMetadata:
@@ -173,42 +172,44 @@ class MetadataParser:
         self.put(self.next_memo)
 
     def put(self, idx: int) -> None:
+        fresh = idx >= self.next_memo  # past every index written so far: nothing to overwrite
         self.next_memo = max(self.next_memo, idx + 1)
         value = self.stack[-1]
         kind = type(value)
         if kind is str:
-            self.keep(value, idx)
+            self.keep(value, idx, fresh)
             return
         if kind not in KEPT:
             return  # per-item objects: never referred back to by a real pickler; not kept
-        if idx in self.memo:
+        if not fresh and idx in self.memo:
             self.fast.forget(idx)
         self.memo[idx] = value
         if kind is Stand:
             self.fast.note(idx, value)
 
-    def keep(self, value: str, idx: int = -1) -> None:
-        """A string memoized at `idx` (MEMOIZE: the next index): counted, one object per distinct text."""
+    def keep(self, value: str, idx: int = -1, fresh: bool = True) -> None:
+        """A string memoized at `idx` (MEMOIZE: the next index), charged 16 bytes and its text when new."""
+        memo = self.memo
         if idx < 0:
-            idx = self.next_memo
+            idx = self.next_memo  # past every index written so far: nothing to overwrite
             self.next_memo += 1
-        self.retained += len(value)
-        if self.retained > _MAX_RETAINED:
-            raise ValueError("more distinct strings than any real metadata holds")
-        value = self._texts.setdefault(value, value)
-        if idx in self.memo:
+        elif not fresh and idx in memo:
             self.fast.forget(idx)
+        self.retained += 16 if value in memo.ids else 16 + len(value)
+        if self.retained > _MAX_RETAINED:
+            raise ValueError("more strings than any real metadata holds")
         self.memo[idx] = value
         self.fast.note(idx, value)
 
     def get(self, idx: int) -> None:
-        if idx not in self.memo:
+        value = self.memo.get(idx, self)
+        if value is self:
             raise UnsafePickleError(
                 f"{self.name}: the metadata pickle refers back to an object (memo {idx}) that DCP's pickler "
                 "never shares. Nothing was executed.",
                 hint="The file is damaged or crafted; copy the checkpoint again from the source.",
             )
-        self.stack.append(self.memo[idx])
+        self.stack.append(value)
 
     def pop_mark(self) -> list[Any]:
         at = self.marks.pop()

@@ -5,7 +5,9 @@ nothing named by the pickle is ever called."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from inspector.errors import UnsafePickleError
@@ -62,6 +64,57 @@ class Entry(Rec):
     @property  # type: ignore[override]
     def state(self) -> dict[str, Any]:
         return dict(zip(("fqn", "index", "offset"), self.fields, strict=True))
+
+
+_MISSING = object()
+
+
+class Memo:
+    """The pickle's memo, compact. Real saves memoize a fresh string per storage entry (each rank's fqn
+    objects), 10^6 of them in a 10^6-item file; strings at rising indices (all MEMOIZE gives) are kept as
+    two int columns over one copy of each distinct text (12 bytes an entry, not a dict slot, an int and
+    a str); anything else, or an index written out of order or again, in a dict that takes precedence."""
+
+    def __init__(self) -> None:
+        self.at, self.text = array("q"), array("i")
+        self.texts: list[str] = []
+        self.ids: dict[str, int] = {}
+        self.other: dict[int, Any] = {}
+        self.hot: dict[int, Any] = {}  # recent lookups: the few names referred back to again and again
+
+    def __setitem__(self, idx: int, value: Any) -> None:
+        self.hot.pop(idx, None)
+        if type(value) is str and (not self.at or idx > self.at[-1]) and idx not in self.other:
+            got = self.ids.get(value)
+            if got is None:
+                got = self.ids[value] = len(self.texts)
+                self.texts.append(value)
+            self.at.append(idx)
+            self.text.append(got)
+        else:
+            self.other[idx] = value
+
+    def get(self, idx: int, default: Any = None) -> Any:
+        got = self.hot.get(idx, _MISSING)
+        if got is _MISSING:
+            got = self.other.get(idx, _MISSING)
+        if got is _MISSING:
+            k = bisect_left(self.at, idx)
+            if k == len(self.at) or self.at[k] != idx:
+                return default
+            got = self.texts[self.text[k]]
+        if len(self.hot) < 4096:
+            self.hot[idx] = got
+        return got
+
+    def __contains__(self, idx: int) -> bool:
+        return self.get(idx, _MISSING) is not _MISSING
+
+    def items(self) -> Iterator[tuple[int, Any]]:
+        for idx, t in zip(self.at, self.text, strict=True):
+            if idx not in self.other:
+                yield idx, self.texts[t]
+        yield from self.other.items()
 
 
 class Token(str):
