@@ -25,7 +25,7 @@ _INT = b"(?:K.|M..|J....|" + _LONG + b")"
 _TUPLE = b"(\\)|" + _INT + b"{1,3}[\\x85-\\x87]\\x94|\\(" + _INT + b"{4,16}t\\x94)\\x85\\x94R\\x94"
 _NAME = b"(?:\\x8c(.)(.{0,255}?)\\x94|(h.|j....))"  # a fresh short string, memoized, or a reference back
 _NEW = b"\\)\\x81\\x94\\}\\x94\\("  # NEWOBJ of no arguments, memoized; its state dict, memoized; MARK
-_CAP = 1 << 16  # distinct torch.Size bodies remembered (a save has a few per key shape)
+_CAP = 1 << 14  # distinct torch.Size bodies remembered (one per rank offset and shape), ~3 MB at most
 _TOP = 1 << 62
 _WIDTH = {75: 2, 77: 3, 74: 5, 0x8A: 0}  # bytes an integer opcode takes (LONG1: 2 + its length byte)
 
@@ -80,7 +80,7 @@ class FastPath:
         self.taken = 0  # records read here
         self.refs: dict[tuple[str, str], int] = {}
         self.chunk: re.Pattern[bytes] | None = None
-        self.entry: tuple[re.Pattern[bytes], re.Pattern[bytes], re.Pattern[bytes]] | None = None
+        self.entry: re.Pattern[bytes] | None = None
         self.sizes: dict[bytes, tuple[int, ...] | None] = {}
         self.names: dict[bytes, str] = {}  # a reference back, as written, to the string it names
         self.ready = False  # both templates compiled: `note` has nothing left to look for

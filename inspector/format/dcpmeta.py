@@ -299,7 +299,7 @@ class MetadataParser:
             raise TypeError("a storage entry with a bad chunk index")
         tds = si.get("transform_descriptors") or ()
         tds = tuple(str(t) for t in tds) if isinstance(tds, list | tuple) else ("?",)
-        self.store(fqn, hint, offsets, path, off, length, tds)
+        self.store(fqn, hint, offsets, path, off, length, tds)  # type: ignore[arg-type]  # nat(): ints
 
     def store(
         self, fqn: str, hint: int | None, offsets: tuple[int, ...], path: str, off: int, length: int,

@@ -34,6 +34,7 @@ class Rec:
     """An inert stand-in for one of DCP's dataclasses: its class name and the state BUILD gave it."""
 
     __slots__ = ("kind", "state")
+    state: Any
 
     def __init__(self, kind: str) -> None:
         self.kind, self.state = kind, None
@@ -47,8 +48,8 @@ class Info(Rec):
     def __init__(self, path: str, offset: int, length: int) -> None:
         self.kind, self.fields = "_StorageInfo", (path, offset, length)
 
-    @property  # type: ignore[override]
-    def state(self) -> dict[str, Any]:
+    @property
+    def state(self) -> dict[str, Any]:  # type: ignore[override]  # read-only: built from the checked fields
         return dict(zip(("relative_path", "offset", "length"), self.fields, strict=True))
 
 
@@ -61,8 +62,8 @@ class Entry(Rec):
     def __init__(self, fqn: str, index: int | None, offset: tuple[int, ...], info: Info) -> None:
         self.kind, self.fields, self.info = "MetadataIndex", (fqn, index, offset), info
 
-    @property  # type: ignore[override]
-    def state(self) -> dict[str, Any]:
+    @property
+    def state(self) -> dict[str, Any]:  # type: ignore[override]  # read-only: built from the checked fields
         return dict(zip(("fqn", "index", "offset"), self.fields, strict=True))
 
 

@@ -10,7 +10,8 @@ real saves: `torch.Size` through TUPLE1-3, `MetadataIndex`'s state in its `__ini
 offset) and each entry's fqn a string object of its own (gathered from the ranks), so written again: tensors
 of shape (4096, 4096) fp32 in row slabs over `ranks` ranks, three keys per parameter (weight, exp_avg,
 exp_avg_sq), one storage entry per chunk. Each measurement runs in a fresh interpreter and reports its peak
-RSS (VmHWM) and wall time. Figures go in results.md; nothing here asserts a time.
+RSS (VmHWM), wall time and CPU time (on a shared machine compare CPU seconds). Figures go in results.md;
+nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -29,23 +30,25 @@ _OURS = """
 import sys, time
 from inspector.system.source import Source
 from inspector.parse.dcp import read_metadata
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 folder = sys.argv[1]
 meta = read_metadata(folder, Source(folder))
-took = time.perf_counter() - t
+took, cpu = time.perf_counter() - t, time.process_time() - c
 hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]
-print(f"ours: {len(meta.tensors)} keys, {len(meta.starts)} chunks, {took:.1f} s, peak RSS {int(hwm) // 1024} MiB")
+print(f"ours: {len(meta.tensors)} keys, {len(meta.starts)} chunks, {took:.1f} s ({cpu:.2f} CPU-s), "
+      f"peak RSS {int(hwm) // 1024} MiB")
 """
 
 _TORCH = """
 import sys, time, pickle
 import torch.distributed.checkpoint  # the classes the pickle names
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 with open(sys.argv[1] + '/.metadata', 'rb') as f:
     meta = pickle.load(f)
-took = time.perf_counter() - t
+took, cpu = time.perf_counter() - t, time.process_time() - c
 hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]
-print(f"torch pickle.load: {len(meta.state_dict_metadata)} keys, {took:.1f} s, peak RSS {int(hwm) // 1024} MiB"
+print(f"torch pickle.load: {len(meta.state_dict_metadata)} keys, {took:.1f} s ({cpu:.2f} CPU-s), "
+      f"peak RSS {int(hwm) // 1024} MiB"
       " (torch imported: ~300 MiB of it)")
 """
 
