@@ -181,6 +181,9 @@ class MetadataParser:
             return
         if kind not in KEPT:
             return  # per-item objects: never referred back to by a real pickler; not kept
+        self.retained += 16  # a dict slot: charged, or `N MEMOIZE` pairs would grow the memo freely
+        if self.retained > _MAX_RETAINED:
+            raise ValueError("more memoized values than any real metadata holds")
         if not fresh and idx in self.memo:
             self.fast.forget(idx)
         self.memo[idx] = value

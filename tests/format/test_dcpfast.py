@@ -199,3 +199,20 @@ def test_a_storage_value_out_of_range_is_refused_on_both_paths(field: str, value
     general = _read(crafted, fast=False)[0]
     assert taken >= 5 and fast == general
     assert fast[0] == "refused" or (field, value) == ("index", b"N")  # no index: matched by offsets later
+
+
+def test_every_memo_slot_is_charged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`None MEMOIZE` repeated, 2 bytes a slot: the memo is charged per slot, not only for strings, so a
+    crafted file cannot grow it out of proportion (the cap lowered here to keep the test small)."""
+    from inspector.format import dcpmeta
+
+    monkeypatch.setattr(dcpmeta, "_MAX_RETAINED", 16 * 100)
+    fine = b"\x80\x04" + b"N\x94" * 99 + b"."
+    with pytest.raises(InspectorError, match="not a DCP Metadata"):
+        _read_raise(fine)
+    with pytest.raises(InspectorError, match="more memoized values"):
+        _read_raise(b"\x80\x04" + b"N\x94" * 101 + b".")
+
+
+def _read_raise(data: bytes) -> object:
+    return MetadataParser(lambda n, o: data[o : o + n], len(data), "m").parse()
