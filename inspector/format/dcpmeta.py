@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError
-from inspector.format.dcpops import KEPT, TABLE, Rec, Row, Token, intern, ints, nat
+from inspector.format.dcpfast import FastPath
+from inspector.format.dcpops import KEPT, TABLE, Entry, Memo, Rec, Row, Stand, Token, intern, ints, nat
 
 __all__ = ["MetadataParser", "RawMetadata", "Rec", "Row", "Token"]
 
 _BLOCK = 1 << 20
-_MAX_RETAINED = 64 << 20  # bytes of strings kept for back-references
+_MAX_RETAINED = 64 << 20  # bytes charged for strings kept for back-references
 _MAX_STACK = 1_000_000  # real metadata stacks a few thousand values at most (SETITEMS batches of 1000)
 _MAX_LOOSE = 4_000_000  # elements of containers not compacted (keys, planner paths, small records)
 
@@ -100,13 +101,13 @@ _MARK = object()
 class MetadataParser:
     """The opcode machine. `parse()` returns the compacted record or raises a `CorruptFileError`."""
 
-    def __init__(self, pread: Callable[[int, int], bytes], size: int, name: str) -> None:
+    def __init__(self, pread: Callable[[int, int], bytes], size: int, name: str, fast: bool = True) -> None:
         self.r: _Reader = _Reader(pread, size)
         self.name = name
         self.r.on_fill = self._bound_stack  # a block holds at most a million pushes: checked once per block
         self.stack: list[Any] = []
         self.marks: list[int] = []
-        self.memo: dict[int, Any] = {}
+        self.memo = Memo()
         self.next_memo = 0
         self.retained = 0
         self.loose = 0
@@ -115,6 +116,7 @@ class MetadataParser:
         self._file_ids: dict[str, int] = {}
         self._transform_ids: dict[tuple[str, ...], int] = {(): 0}
         self._tensors: dict[str, tuple[Any, ...]] = {}
+        self.fast = FastPath(self, fast)
 
     def parse(self) -> RawMetadata:
         try:
@@ -147,11 +149,13 @@ class MetadataParser:
         self.out.version = str(version) if version is not None else None
 
     def _run(self) -> Any:
-        table, r = TABLE, self.r
+        table, r, fast = TABLE, self.r, self.fast
         while True:
             if r.at >= len(r.buf):
                 r.fill(1)
             op = r.buf[r.at]
+            if op in (104, 106) and (fast.chunk or fast.entry) and fast.run():  # BINGET: a record begins?
+                continue
             r.at += 1
             handler = table[op]
             if handler is None:
@@ -168,25 +172,47 @@ class MetadataParser:
         self.put(self.next_memo)
 
     def put(self, idx: int) -> None:
+        fresh = idx >= self.next_memo  # past every index written so far: nothing to overwrite
         self.next_memo = max(self.next_memo, idx + 1)
         value = self.stack[-1]
         kind = type(value)
         if kind is str:
-            self.retained += len(value)
-            if self.retained > _MAX_RETAINED:
-                raise ValueError("more distinct strings than any real metadata holds")
-        elif kind not in KEPT:
+            self.keep(value, idx, fresh)
+            return
+        if kind not in KEPT:
             return  # per-item objects: never referred back to by a real pickler; not kept
+        self.retained += 16  # a dict slot: charged, or `N MEMOIZE` pairs would grow the memo freely
+        if self.retained > _MAX_RETAINED:
+            raise ValueError("more memoized values than any real metadata holds")
+        if not fresh and idx in self.memo:
+            self.fast.forget(idx)
         self.memo[idx] = value
+        if kind is Stand:
+            self.fast.note(idx, value)
+
+    def keep(self, value: str, idx: int = -1, fresh: bool = True) -> None:
+        """A string memoized at `idx` (MEMOIZE: the next index), charged 16 bytes and its text when new."""
+        memo = self.memo
+        if idx < 0:
+            idx = self.next_memo  # past every index written so far: nothing to overwrite
+            self.next_memo += 1
+        elif not fresh and idx in memo:
+            self.fast.forget(idx)
+        self.retained += 16 if value in memo.ids else 16 + len(value)
+        if self.retained > _MAX_RETAINED:
+            raise ValueError("more strings than any real metadata holds")
+        self.memo[idx] = value
+        self.fast.note(idx, value)
 
     def get(self, idx: int) -> None:
-        if idx not in self.memo:
+        value = self.memo.get(idx, self)
+        if value is self:
             raise UnsafePickleError(
                 f"{self.name}: the metadata pickle refers back to an object (memo {idx}) that DCP's pickler "
                 "never shares. Nothing was executed.",
                 hint="The file is damaged or crafted; copy the checkpoint again from the source.",
             )
-        self.stack.append(self.memo[idx])
+        self.stack.append(value)
 
     def pop_mark(self) -> list[Any]:
         at = self.marks.pop()
@@ -205,6 +231,9 @@ class MetadataParser:
         if not isinstance(target, dict):
             raise TypeError("SETITEMS on something that is not a dict")
         for k, v in zip(items[::2], items[1::2], strict=True):
+            if type(k) is Entry and k.info is v:  # checked by the fast path
+                self.store(*k.fields, *v.fields, ())
+                continue
             if isinstance(k, Rec) and k.kind == "MetadataIndex":
                 self._storage_row(k, v)
                 continue
@@ -234,6 +263,10 @@ class MetadataParser:
         offsets, sizes = ints(state, "offsets"), ints(state, "sizes")
         if len(offsets) != len(sizes):
             raise ValueError("a chunk's offsets and sizes differ in rank")
+        return self.add_chunk(offsets, sizes)
+
+    def add_chunk(self, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> Row:
+        """A checked chunk's row (offsets and sizes whole numbers, of one rank)."""
         out = self.out
         out.chunk_start.append(len(out.chunk_dims))
         out.chunk_dims.extend(offsets)
@@ -267,10 +300,17 @@ class MetadataParser:
             raise TypeError("a storage entry without a file, offset or length")
         if hint is not None and not nat(hint):
             raise TypeError("a storage entry with a bad chunk index")
-        out = self.out
-        file = intern(self._file_ids, out.file_names, path)
         tds = si.get("transform_descriptors") or ()
         tds = tuple(str(t) for t in tds) if isinstance(tds, list | tuple) else ("?",)
+        self.store(fqn, hint, offsets, path, off, length, tds)  # type: ignore[arg-type]  # nat(): ints
+
+    def store(
+        self, fqn: str, hint: int | None, offsets: tuple[int, ...], path: str, off: int, length: int,
+        tds: tuple[str, ...],
+    ) -> None:  # fmt: skip
+        """A checked storage entry: into its chunk's item columns, or the rows matched later by offsets."""
+        out = self.out
+        file = intern(self._file_ids, out.file_names, path)
         if tds not in self._transform_ids:
             self._transform_ids[tds] = len(out.transforms)
             out.transforms.append(tds)

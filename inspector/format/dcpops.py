@@ -5,7 +5,9 @@ nothing named by the pickle is ever called."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from inspector.errors import UnsafePickleError
@@ -32,9 +34,88 @@ class Rec:
     """An inert stand-in for one of DCP's dataclasses: its class name and the state BUILD gave it."""
 
     __slots__ = ("kind", "state")
+    state: Any
 
     def __init__(self, kind: str) -> None:
         self.kind, self.state = kind, None
+
+
+class Info(Rec):
+    """A `_StorageInfo` the fast path read and checked; its state built only if something looks at it."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, path: str, offset: int, length: int) -> None:
+        self.kind, self.fields = "_StorageInfo", (path, offset, length)
+
+    @property
+    def state(self) -> dict[str, Any]:  # type: ignore[override]  # read-only: built from the checked fields
+        return dict(zip(("relative_path", "offset", "length"), self.fields, strict=True))
+
+
+class Entry(Rec):
+    """A `MetadataIndex` the fast path read and checked, paired with its `Info`: SETITEMS stores it as the
+    general machine would stored the two records it stands for, in the same order."""
+
+    __slots__ = ("fields", "info")
+
+    def __init__(self, fqn: str, index: int | None, offset: tuple[int, ...], info: Info) -> None:
+        self.kind, self.fields, self.info = "MetadataIndex", (fqn, index, offset), info
+
+    @property
+    def state(self) -> dict[str, Any]:  # type: ignore[override]  # read-only: built from the checked fields
+        return dict(zip(("fqn", "index", "offset"), self.fields, strict=True))
+
+
+_MISSING = object()
+
+
+class Memo:
+    """The pickle's memo, compact. Real saves memoize a fresh string per storage entry (each rank's fqn
+    objects), 10^6 of them in a 10^6-item file; strings at rising indices (all MEMOIZE gives) are kept as
+    two int columns over one copy of each distinct text (12 bytes an entry, not a dict slot, an int and
+    a str); anything else, or an index written out of order or again, in a dict that takes precedence."""
+
+    def __init__(self) -> None:
+        self.at, self.text = array("q"), array("i")
+        self.texts: list[str] = []
+        self.ids: dict[str, int] = {}
+        self.other: dict[int, Any] = {}
+        self.hot: dict[int, Any] = {}  # recent lookups: the few names referred back to again and again
+
+    def __setitem__(self, idx: int, value: Any) -> None:
+        self.hot.pop(idx, None)
+        if type(value) is str and (not self.at or idx > self.at[-1]) and idx not in self.other:
+            got = self.ids.get(value)
+            if got is None:
+                got = self.ids[value] = len(self.texts)
+                self.texts.append(value)
+            self.at.append(idx)
+            self.text.append(got)
+        else:
+            self.other[idx] = value
+
+    def get(self, idx: int, default: Any = None) -> Any:
+        got = self.hot.get(idx, _MISSING)
+        if got is _MISSING:
+            got = self.other.get(idx, _MISSING)
+        if got is _MISSING:
+            k = bisect_left(self.at, idx)
+            if k == len(self.at) or self.at[k] != idx:
+                return default
+            got = self.texts[self.text[k]]
+        if len(self.hot) < 4096:
+            self.hot[idx] = got
+        return got
+
+    def __contains__(self, idx: int) -> bool:
+        return self.get(idx, _MISSING) is not _MISSING
+
+    def items(self) -> Iterator[tuple[int, Any]]:
+        for idx, t in zip(self.at, self.text, strict=True):
+            if idx not in self.other:
+                yield idx, self.texts[t]
+        yield from self.other.items()
 
 
 class Token(str):
@@ -48,10 +129,10 @@ class Row(int):
 class Stand:
     """A global from the allowlist: calling it (NEWOBJ, REDUCE) makes an inert value, never runs code."""
 
-    __slots__ = ("make",)
+    __slots__ = ("make", "name")
 
-    def __init__(self, make: Callable[..., Any]) -> None:
-        self.make = make
+    def __init__(self, make: Callable[..., Any], name: str = "") -> None:
+        self.make, self.name = make, name  # the name: which fast-path template may refer back to it
 
 
 def nat(v: Any) -> bool:
@@ -77,9 +158,9 @@ def intern(ids: dict[str, int], names: list[str], value: str) -> int:
 
 def _global(p: MetadataParser, module: str, name: str) -> Stand | Token:
     if (module, name) in _RECORDS:
-        return Stand(lambda *a: Rec(name))
+        return Stand(lambda *a: Rec(name), name)
     if module == "torch" and name == "Size":
-        return Stand(lambda dims=(): tuple(dims))
+        return Stand(lambda dims=(): tuple(dims), "Size")
     if module == "torch" and TORCH_ALIASES.get(name, name) in DTYPES:
         return Token(TORCH_ALIASES.get(name, name))  # a dtype is pickled as the global itself
     if (module, name) in (("torch.serialization", "_get_layout"), (_DCP, "_MEM_FORMAT_ENCODING")):

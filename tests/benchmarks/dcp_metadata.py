@@ -5,10 +5,13 @@ own unpickling of the same file.
 
 The synthetic metadata is written opcode by opcode in the shape Python's pickler gives torch's classes
 (`Metadata`, `TensorStorageMetadata`, `ChunkStorageMetadata`, `MetadataIndex`, `_StorageInfo`; torch's own
-pickling of 10^6 items takes over 10 minutes here; `--check` unpickles the file with torch's classes): tensors
+pickling of 10^6 items takes over 10 minutes here; `--check` unpickles the file with torch's classes), as on
+real saves: `torch.Size` through TUPLE1-3, `MetadataIndex`'s state in its `__init__`'s order (fqn, index,
+offset) and each entry's fqn a string object of its own (gathered from the ranks), so written again: tensors
 of shape (4096, 4096) fp32 in row slabs over `ranks` ranks, three keys per parameter (weight, exp_avg,
 exp_avg_sq), one storage entry per chunk. Each measurement runs in a fresh interpreter and reports its peak
-RSS (VmHWM) and wall time. Figures go in results.md; nothing here asserts a time.
+RSS (VmHWM), wall time and CPU time (on a shared machine compare CPU seconds). Figures go in results.md;
+nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -27,23 +30,25 @@ _OURS = """
 import sys, time
 from inspector.system.source import Source
 from inspector.parse.dcp import read_metadata
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 folder = sys.argv[1]
 meta = read_metadata(folder, Source(folder))
-took = time.perf_counter() - t
+took, cpu = time.perf_counter() - t, time.process_time() - c
 hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]
-print(f"ours: {len(meta.tensors)} keys, {len(meta.starts)} chunks, {took:.1f} s, peak RSS {int(hwm) // 1024} MiB")
+print(f"ours: {len(meta.tensors)} keys, {len(meta.starts)} chunks, {took:.1f} s ({cpu:.2f} CPU-s), "
+      f"peak RSS {int(hwm) // 1024} MiB")
 """
 
 _TORCH = """
 import sys, time, pickle
 import torch.distributed.checkpoint  # the classes the pickle names
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 with open(sys.argv[1] + '/.metadata', 'rb') as f:
     meta = pickle.load(f)
-took = time.perf_counter() - t
+took, cpu = time.perf_counter() - t, time.process_time() - c
 hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]
-print(f"torch pickle.load: {len(meta.state_dict_metadata)} keys, {took:.1f} s, peak RSS {int(hwm) // 1024} MiB"
+print(f"torch pickle.load: {len(meta.state_dict_metadata)} keys, {took:.1f} s ({cpu:.2f} CPU-s), "
+      f"peak RSS {int(hwm) // 1024} MiB"
       " (torch imported: ~300 MiB of it)")
 """
 
@@ -103,13 +108,23 @@ class _Emitter:
             raw = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
             self.op(b"\x8a" + bytes([len(raw)]) + raw)
 
-    def size(self, dims: tuple[int, ...]) -> None:
-        self.glob("torch", "Size")
-        self.op(b"(")
-        for d in dims:
-            self.int(d)
-        self.op(b"t")
+    def fresh(self, text: str) -> None:
+        """A string object not seen before (same text or not): written out and memoized again."""
+        raw = text.encode()
+        self.op((b"\x8c" + bytes([len(raw)]) if len(raw) < 256 else b"X" + struct.pack("<I", len(raw))) + raw)
         self.memoize()
+
+    def size(self, dims: tuple[int, ...]) -> None:
+        """torch.Size as `__reduce__` gives it: (Size, (tuple,)); a tuple of 1-3 by TUPLE1-3, as the pickler."""
+        self.glob("torch", "Size")
+        if not dims:
+            self.op(b")")
+        else:
+            self.op(b"(" if len(dims) > 3 else b"")
+            for d in dims:
+                self.int(d)
+            self.op(b"t" if len(dims) > 3 else bytes([0x84 + len(dims)]))
+            self.memoize()
         self.op(b"\x85")
         self.memoize()
         self.op(b"R")
@@ -200,9 +215,9 @@ def _storage(w: _Emitter, names: list[str], ranks: int, per: int, rows: int) -> 
         w.op(b"(")
         for r in range(ranks):
             w.record("MetadataIndex", [
-                ("fqn", lambda name=name: w.str(name)),
-                ("offset", lambda r=r: w.size((r * per, 0))),
+                ("fqn", lambda name=name: w.fresh(name)),
                 ("index", lambda r=r: w.int(r)),
+                ("offset", lambda r=r: w.size((r * per, 0))),
             ])  # fmt: skip
             w.record("_StorageInfo", [
                 ("relative_path", lambda r=r: w.str(f"__{r}_0.distcp")),
