@@ -97,16 +97,14 @@ def tp_group(ckpt: Checkpoint, name: str) -> str | None:
     recipe = ckpt.parallel.tp_recipe if ckpt.parallel is not None else None
     if recipe is None:
         return None
-    layout = recipe.maps.get(name)
-    if layout is not None:
-        dims = sorted({d for sh in layout.shards for d, n in enumerate(sh) if n != layout.logical[d]})
-        return f"split on dim {', '.join(map(str, dims))}" if dims else "replicated"
-    if name in recipe.sub_params:
-        return "sub-parameters"
-    rule = recipe.rules.get(name)
+    how, what = recipe.join_of(name) or ("rule", "")
+    if how == "split":
+        return f"split on dim {', '.join(map(str, what))}"
+    if how != "rule":  # replicated, sub-parameters
+        return how
     words = {"replicated": "replicated", "row": "split on dim 1", "vocab": "split on dim 0",
              "2-sub-params": "sub-parameters", "average": "averaged"}  # fmt: skip
-    return words.get(rule or "", "split on dim 0")  # unlisted: dim 0, as DeepSpeed's converter joins them
+    return words.get(str(what), "split on dim 0")  # unlisted: dim 0, as DeepSpeed's converter joins them
 
 
 def _tp_groups(ckpt: Checkpoint, par: Parallel) -> list[Selection]:

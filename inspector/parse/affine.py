@@ -48,6 +48,12 @@ class Layout:
     source: str
 
     @property
+    def split_dims(self) -> tuple[int, ...]:
+        """The dims some shard holds less of than the whole (none: every shard a full replica); the words of
+        the app's detail and of the proposed TP selections both come from it."""
+        return tuple(sorted({d for sh in self.shards for d, n in enumerate(sh) if n != self.logical[d]}))
+
+    @property
     def scaled(self) -> tuple[float, ...]:
         """The scales other than 1 its blocks record (DeepSpeed divides the weights by them)."""
         return tuple(sorted({b.scale for b in self.blocks if b.scale != 1.0}))

@@ -165,6 +165,17 @@ class TpRecipe:
     affine_version: int = 1
     maps: Mapping[str, Layout] = field(default_factory=lambda: MappingProxyType({}))  # by parameter name
 
+    def join_of(self, name: str) -> tuple[str, tuple[int, ...] | str] | None:
+        """How `name`'s shards join, as data for the faces to word: ("split", dims), ("replicated", ()),
+        ("sub-parameters", (dim,)) or ("rule", category); None where nothing records it (joined on dim 0)."""
+        layout = self.maps.get(name)
+        if layout is not None:
+            return ("split", layout.split_dims) if layout.split_dims else ("replicated", ())
+        if name in self.sub_params:
+            return "sub-parameters", (self.sub_params[name].partition_dim,)
+        rule = self.rules.get(name)
+        return ("rule", rule) if rule is not None else None
+
     @classmethod
     def parse(cls, tree: Any, file: str) -> TpRecipe | None:
         root = Node(tree, file)

@@ -74,7 +74,22 @@ class Strided:
             yield Segment(seg.file, seg.offset + i * stride, seg.numel, seg.dtype) if i else seg
 
 
-class Runs(Sequence[Segment]):
+class SegmentRecords(Sequence[Segment]):
+    """A compact record read as the tuple of segments it stands for (`Runs`, `scan.slices.RankSlices`): equal
+    to, and hashed as, that tuple, so every consumer compares it as it compares a tuple."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:  # equal to the tuple of its segments, so hashed as that tuple
+        return hash(tuple(self))
+
+
+class Runs(SegmentRecords):
     """A tensor's segments kept as `Strided` records, read as the segments they stand for: a join of a
     million one-element rows is one record at rest, and every consumer walks it as it walks a tuple."""
 
@@ -119,14 +134,6 @@ class Runs(Sequence[Segment]):
         row, part = divmod(j, len(b.parts))
         seg, stride = b.parts[part]
         return Segment(seg.file, seg.offset + row * stride, seg.numel, seg.dtype)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or len(other) != len(self):
-            return False
-        return all(a == b for a, b in zip(self, other, strict=True))
-
-    def __hash__(self) -> int:  # equal to the tuple of its segments, so hashed as that tuple
-        return hash(tuple(self))
 
     def __repr__(self) -> str:
         return f"Runs({len(self.blocks)} records, {len(self):,} segments)"

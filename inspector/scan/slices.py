@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from inspector.format.dtypes import itemsize
-from inspector.scan.model import Segment
+from inspector.scan.model import Segment, SegmentRecords
 
 
 class RankStarts:
@@ -47,7 +47,7 @@ class RankStarts:
         return (RankStarts, (self.files, self.offsets.tolist(), self.dtype))
 
 
-class RankSlices(Sequence[Segment]):
+class RankSlices(SegmentRecords):
     """Elements [0, numel) of one parameter: rank r's `part` elements (fewer on the last) at element `off` of
     its flat tensor in `starts`; ranks past the parameter's end hold only padding and give no segment."""
 
@@ -79,14 +79,6 @@ class RankSlices(Sequence[Segment]):
         if not 0 <= i < n:
             raise IndexError(i)
         return self._at(i)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or len(other) != len(self):
-            return False
-        return all(a == b for a, b in zip(self, other, strict=True))
-
-    def __hash__(self) -> int:  # equal to the tuple of its segments, so hashed as that tuple
-        return hash(tuple(self))
 
     def __repr__(self) -> str:
         return f"RankSlices({len(self):,} ranks, {self.numel:,} elements)"

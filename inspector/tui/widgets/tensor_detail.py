@@ -68,16 +68,17 @@ def tp_split_words(ckpt: Checkpoint, name: str) -> str | None:
     """How a tensor-parallel parameter's shards join, as the scan joined it: "split on dim D", "" when each
     shard holds the same copy (replicated), None where no record says (the scan's default is dim 0)."""
     recipe = ckpt.parallel.tp_recipe if ckpt.parallel is not None else None
-    if recipe is None:
+    joined = recipe.join_of(name) if recipe is not None else None
+    if joined is None:
         return None
-    layout = recipe.maps.get(name)
-    if layout is not None:
-        dims = sorted({d for sh in layout.shards for d, n in enumerate(sh) if n != layout.logical[d]})
-        return f"split on dim {', '.join(map(str, dims))}" if dims else ""
-    if name in recipe.sub_params:
-        return f"sub-parameters, each split on dim {recipe.sub_params[name].partition_dim}"
-    rule = recipe.rules.get(name)
-    return _RULE_WORDS.get(rule, f"joined as {rule}") if rule is not None else None
+    how, what = joined
+    if how == "split":
+        return f"split on dim {', '.join(map(str, what))}"
+    if how == "replicated":
+        return ""
+    if how == "sub-parameters":
+        return f"sub-parameters, each split on dim {what[0]}"
+    return _RULE_WORDS.get(str(what), f"joined as {what}")
 
 
 def _tp_note(ckpt: Checkpoint, t: TensorInfo) -> str:
