@@ -15,6 +15,9 @@ from inspector.cli.main import main
 from tests.child_rss import run_cli
 from tests.scan.layout_cases import LAYOUTS, NO_UNIVERSAL, NO_UNIVERSAL_WHY, ckpt_dir, split_args
 
+# a real conversion in a child for every layout and kind (92 runs, ~30-50 s on 2 cores): tox -e slow
+pytestmark = pytest.mark.slow
+
 
 def _written(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
