@@ -19,10 +19,8 @@ machine's cores and load go with the rows.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -32,9 +30,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ranks import measured, verdict  # noqa: E402  (the rank sweep's measured columns and targets)
+from ranks import measured, publish, verdict  # noqa: E402  (the rank sweep's measured columns and targets)
 
-RESULTS = Path(__file__).resolve().parent / "results.md"
 ROWS = 1024  # rows of every weight: one or more a rank at 1,024 ranks (FSDP2 shards dim 0)
 
 
@@ -157,18 +154,11 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     rows = sweep(args.workdir, args.files, params, args.tensors)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = (
-        f"\n## DCP file-count sweep (`tests/benchmarks/dcp_files.py`, issue 43), {when}\n\n"
-        f"FSDP2-style DCP folder saved by torch's planner and FileSystemWriter (model + Adam moments, fp32, "
-        f"{args.params} weights in {args.tensors} tensors), convert --dtype bf16; {os.cpu_count()} cores ({platform.machine()}), load "
-        f"average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; page cache warm.\n\n"
-        f"{table(rows, rows[0])}\n"
+    what = (
+        "FSDP2-style DCP folder saved by torch's planner and FileSystemWriter (model + Adam moments, fp32, "
+        f"{args.params} weights in {args.tensors} tensors), convert --dtype bf16"
     )
-    print(text)
-    if args.append:
-        with RESULTS.open("a") as fh:
-            fh.write(text)
+    publish("DCP file-count sweep (`tests/benchmarks/dcp_files.py`, issue 43)", what, table(rows, rows[0]), load, args.append)
 
 
 if __name__ == "__main__":

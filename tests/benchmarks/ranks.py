@@ -112,15 +112,22 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     rows = sweep(args.workdir, args.ranks, args.params)
+    what = f"ZeRO-3 demo, {args.params} parameters, bf16"
+    publish("Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43)", what, table(rows, rows[0]), load, args.append)
+
+
+def publish(heading: str, what: str, rows: str, load: tuple[float, ...], append: bool) -> None:
+    """A sweep's section: its heading and time, what was measured, the machine and its load at the start
+    (`load`) and now, the rows; printed, and appended to results.md with `append`."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (
-        f"\n## Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43), {when}\n\n"
-        f"ZeRO-3 demo, {args.params} parameters, bf16; {os.cpu_count()} cores ({platform.machine()}), load "
+        f"\n## {heading}, {when}\n\n"
+        f"{what}; {os.cpu_count()} cores ({platform.machine()}), load "
         f"average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; page cache warm.\n\n"
-        f"{table(rows, rows[0])}\n"
+        f"{rows}\n"
     )
     print(text)
-    if args.append:
+    if append:
         with RESULTS.open("a") as fh:
             fh.write(text)
 

@@ -293,3 +293,30 @@ def launched(monkeypatch: pytest.MonkeyPatch, *argv: str) -> LaunchOptions:
     args = build_parser().parse_args(["open", *argv])
     assert args.func(args) == 0
     return seen[0]
+
+
+def fixed_copy(src: Path, name: str) -> Path:
+    """A copy of `src` at a fixed path (a snapshot shows the path in its header), shared by xdist workers: a
+    copy already there with the same files is another worker's, in use, so never removed under it; an older
+    fixture's copy is set aside and replaced; a worker that loses the race to publish its copy drops it."""
+    import contextlib
+
+    root = Path(tempfile.gettempdir()) / name
+    if root.exists() and _same_tree(root, src):
+        return root
+    if root.exists():
+        os.rename(root, aside := Path(tempfile.mkdtemp(prefix="zi-snap-old-")) / "old")
+        shutil.rmtree(aside.parent, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix="zi-snap-")) / "copy"
+    shutil.copytree(src, tmp)
+    with contextlib.suppress(OSError):  # another worker won the race
+        os.rename(tmp, root)
+    shutil.rmtree(tmp.parent, ignore_errors=True)
+    return root
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    files = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files == sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file()) and all(
+        (a / f).read_bytes() == (b / f).read_bytes() for f in files
+    )

@@ -4,11 +4,8 @@ never a crash; exporting one writes the bytes `convert --selection NAME` writes;
 
 from __future__ import annotations
 
-import contextlib
 import filecmp
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from inspector.tui.screens.dialogs import NameDialog
 from inspector.tui.screens.export import ExportScreen
 from inspector.tui.screens.picker import SelectionPicker
 from tests.scan.layout_cases import ckpt_dir, scan_layout
-from tests.tui.conftest import exported_fp32, launched, record_notes, scanned, wait_for
+from tests.tui.conftest import exported_fp32, fixed_copy, launched, record_notes, scanned, wait_for
 from tests.tui.test_snapshots import SIZES, _app, _scanned, _settled
 
 
@@ -153,15 +150,7 @@ async def test_open_selection_presets_a_proposed_selection(monkeypatch: pytest.M
 @pytest.fixture(scope="session")
 def snapshot_pptp() -> Path:
     """The pipeline x tensor-parallel fixture at a fixed path (the header shows it)."""
-    root = Path(tempfile.gettempdir()) / "zero-inspector-snapshot-pptp"
-    src = ckpt_dir("pptp_z1_bf16")
-    if not root.exists():
-        tmp = Path(tempfile.mkdtemp(prefix="zi-snap-")) / "pptp"
-        shutil.copytree(src, tmp)
-        with contextlib.suppress(OSError):  # another worker won the race
-            os.rename(tmp, root)
-        shutil.rmtree(tmp.parent, ignore_errors=True)
-    return root
+    return fixed_copy(ckpt_dir("pptp_z1_bf16"), "zero-inspector-snapshot-pptp")
 
 
 @SIZES

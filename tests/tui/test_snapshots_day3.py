@@ -4,17 +4,13 @@ field for a merge with the CLI's remedy pointed at it, a finished Convert screen
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import Select
 
-from tests.tui.conftest import plain, wait_for
+from tests.tui.conftest import fixed_copy, plain, wait_for
 from tests.tui.test_snapshots import SIZES, _app, _finished, _scanned, _settled
 
 LORA = Path(__file__).parents[1] / "fixtures" / "trainer_lora" / "run"
@@ -23,25 +19,7 @@ LORA = Path(__file__).parents[1] / "fixtures" / "trainer_lora" / "run"
 @pytest.fixture(scope="session")
 def snapshot_lora() -> Path:
     """The Trainer LoRA run at a fixed path; its adapter_config names `base_llama`, no folder from here."""
-    root = Path(tempfile.gettempdir()) / "zero-inspector-snapshot-lora"
-    if root.exists() and _same_tree(root, LORA):
-        return root  # another xdist worker's copy, in use: never removed under it
-    if root.exists():  # an older fixture's copy
-        os.rename(root, aside := Path(tempfile.mkdtemp(prefix="zi-snap-old-")) / "lora")
-        shutil.rmtree(aside.parent, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix="zi-snap-")) / "lora"
-    shutil.copytree(LORA, tmp)
-    with contextlib.suppress(OSError):  # another worker won the race
-        os.rename(tmp, root)
-    shutil.rmtree(tmp.parent, ignore_errors=True)
-    return root
-
-
-def _same_tree(a: Path, b: Path) -> bool:
-    files = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    return files == sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file()) and all(
-        (a / f).read_bytes() == (b / f).read_bytes() for f in files
-    )
+    return fixed_copy(LORA, "zero-inspector-snapshot-lora")
 
 
 @SIZES
