@@ -75,6 +75,10 @@ STARTUP_CPU = 0.353
 # under a load average of 8, when the same load made health's CPU 2.9-3.3x the quiet sweep's, so ~0.35 ms
 # quiet. Universal's many small files: a model of many small tensors is not its bytes alone
 FILE_COST = 17.5e6
+# CPU per read beyond its bytes (a pread, the Python around it, the plan's record of it), in bytes the copy
+# probe copies in as long: a stage-3 checkpoint is read a parameter a rank, 39,705 reads at 1,024 ranks of
+# the 20M demo against 354 at 8. Fitted with the rank sweep's rows (`tests/benchmarks/ranks.py`)
+RANGE_COST = 1.3e6
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 PAGE_PROBE = 1 << 20  # bytes of fresh anonymous memory the page probe faults in, three times
@@ -90,6 +94,7 @@ FITTED = (
     "REDUCE_COST",
     "STARTUP_CPU",
     "STREAM_GAIN",
+    "RANGE_COST",
 )
 
 
@@ -251,6 +256,10 @@ class Work:
     # one, and its part overlaps the CPU's whatever `overlapped` says (`Calibration.read_ahead`: the run's
     # own test, `FilePool.mostly_cold`, asked of the same files)
     read_ahead: bool = False
+    ranges: int = 0  # separate reads (adjacent segments of a file are one), each at RANGE_COST
+    # CPU-seconds of start-up beyond the interpreter and imports (STARTUP_CPU): the scan the run repeats, as
+    # this process measured it (`Checkpoint.scan_cpu`): 0.04 s for 16 rank files, ~1 s for 2,048
+    startup: float = 0.0
 
 
 def overlaps(cal: Calibration, work: Work) -> bool:
@@ -277,7 +286,7 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     dirty = work.written + work.copied + work.zipped
     drain = max(0.0, dirty - cal.freerun) / stream  # past the freerun point, as fast as the disk streams
     serial = 0.0 if overlaps(cal, work) else disk
-    return STARTUP_CPU / _share(1, cal) + max(busy + serial, disk + drain)
+    return (STARTUP_CPU + work.startup) / _share(1, cal) + max(busy + serial, disk + drain)
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
@@ -286,9 +295,8 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     of the page cache, wherever it was; the bytes the disk serves cost the kernel's fill besides, so a cold
     run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
-    compute = (
-        READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced + FILE_COST * work.files
-    )
+    compute = READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
+    compute += FILE_COST * work.files + RANGE_COST * work.ranges
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
     page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)

@@ -110,6 +110,8 @@ class ConversionPlan:
     read_bytes_by_source: dict[str, int] = field(default_factory=dict)  # what each --source would read
     sources: tuple[ByteSource, ...] = ()  # the folders every segment is read through (checkpoint, base model)
     model_parallel: str = ""  # the checkpoint's model-parallel layout ("pipeline", "expert", "tensor"), if any
+    # what scanning the checkpoint cost here (`Checkpoint.scan_cpu`): part of the run's start-up
+    scan_cpu: float = field(default=0.0, compare=False)
 
     @property
     def output_bytes(self) -> int:
@@ -293,4 +295,5 @@ def build_plan(ckpt: Checkpoint, opts: ConvertOptions, *, allow_damaged: bool = 
         by_source,
         (ckpt.source,),
         ckpt.parallel.kind if ckpt.parallel else "",
+        ckpt.scan_cpu,
     )

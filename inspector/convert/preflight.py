@@ -170,10 +170,10 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
 
     from inspector.convert.calibrate import Work, calibrated_seconds
     from inspector.convert.pipeline import plan_threads, shards_at_once
-    from inspector.convert.reader import bytes_by_file
+    from inspector.convert.reader import reads_of
 
     tensors = [t for s in plan.shards for t in s.tensors]
-    reads = bytes_by_file(seg for t in tensors for seg in t.segments)
+    reads, ranges = reads_of(seg for t in tensors for seg in t.segments)
     casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
     pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
     copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)
@@ -184,6 +184,8 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
         copied=copied,
         outputs=shards_at_once(plan),
         files=len(plan.shards),
+        ranges=ranges,
+        startup=plan.scan_cpu,
     )
     return calibrated_seconds(plan.sources, reads, work, plan_threads(plan), pair)
 

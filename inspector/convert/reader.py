@@ -213,10 +213,22 @@ def _short(path: str, end: int) -> CorruptFileError:
 
 def bytes_by_file(segments: Iterable[Segment]) -> Counter[str]:
     """Bytes a run reads from each file (path -> bytes), for residency and preflight's calibration."""
+    return reads_of(segments)[0]
+
+
+def reads_of(segments: Iterable[Segment]) -> tuple[Counter[str], int]:
+    """(bytes read from each file, how many reads): segments adjacent in one file are one read, as
+    `read_segments_into` merges them. Preflight's time model charges each read (a call and its Python
+    bookkeeping, `calibrate.RANGE_COST`): a stage-3 parameter is one read a rank."""
     reads: Counter[str] = Counter()
+    ranges, last, end = 0, "", -1
     for seg in segments:
-        reads[seg.file] += seg.nbytes
-    return reads
+        n = seg.nbytes
+        reads[seg.file] += n
+        if seg.file != last or seg.offset != end:
+            ranges += 1
+        last, end = seg.file, seg.offset + n
+    return reads, ranges
 
 
 _RUNS_AT_ONCE = 4096  # runs listed before they are read (a store reads them together, several in flight)

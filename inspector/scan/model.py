@@ -321,6 +321,9 @@ class Checkpoint:
     # what a universal checkpoint of it needs (experts, why DeepSpeed could not resume one), from its layout
     universal: UniversalNeeds = field(default_factory=UniversalNeeds)
     saved_by: str = ""  # who wrote it, in words, when not DeepSpeed (`PyTorch DCP (torchtitan)`)
+    # CPU-seconds the scan took in this process (`scanner.scan` sets it): a run scans again before its first
+    # byte, so preflight counts it (thousands of rank files cost seconds, `convert.calibrate`)
+    scan_cpu: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         _refuse_control_characters(self)

@@ -8,6 +8,7 @@ refused as not supported yet, with what was recognised in it: never called damag
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from inspector.errors import UnsupportedCheckpointError
@@ -20,11 +21,15 @@ def scan(path: str, tag: str | None = None, *, tp_split: tuple[tuple[str, str], 
     """Scan `path` (root, tag folder, Trainer run, Lightning .ckpt or universal checkpoint) into a `Checkpoint`.
     `tp_split`: (glob, rule) pairs saying how a tensor-parallel checkpoint that records no split joins its
     shards (rule `0`, `1` or `replicated`); the first glob a parameter name matches applies."""
+    start = time.process_time()
     layout, found = _find(path, tag)
     layout = layout or next((x for x in LAYOUTS if x.claims(found)), None)
     if layout is None:
         raise refusal(found)
-    return layout.scan(found, ScanOptions(tp_split))
+    ckpt = layout.scan(found, ScanOptions(tp_split))
+    # set once, here, on the record just built (as `__post_init__` sets its index): what it cost to read
+    object.__setattr__(ckpt, "scan_cpu", time.process_time() - start)
+    return ckpt
 
 
 def find(path: str, tag: str | None = None) -> Found:

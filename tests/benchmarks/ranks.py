@@ -8,14 +8,16 @@ rank), each command a fresh process measured by wait4: wall, CPU (user + system)
 The targets: scan at 1,024 ranks <= 2.5 x the 8-rank scan (linear in files, a small constant per file);
 convert's peak RSS <= 128 MiB at every rank count (memory flat in ranks). Each row says how it compares
 (`scan x8` is the CPU time, user + system, over the 8-rank row's: on a shared machine the wall time is mostly
-waiting for a core). Timings are not tests: the machine's cores and load go with
-the rows. The parent imports nothing heavy (a child's peak RSS starts at its parent's).
+waiting for a core) and what preflight predicted for the convert against its wall (`--rows-json` keeps the
+model's inputs for `fit_preflight.py`). Children run with compiled bytecode, as installed (`children.py`).
+Timings are not tests: the machine's cores and load go with the rows. The parent imports nothing heavy (a child's peak RSS starts at its parent's).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
@@ -23,18 +25,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from children import REPO, child_env  # the script's folder is on the path
+
+SWEEP = Path(__file__).resolve().parent / "sweep.py"
 RESULTS = Path(__file__).resolve().parent / "results.md"
 MiB = 1 << 20
 
 
 def run(argv: list[str]) -> tuple[float, float, float, int]:
     """`python -m inspector ARGV` in a fresh interpreter: (wall s, CPU s, peak RSS MiB, exit status)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inspector", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, "-m", "inspector", *argv], env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -43,18 +47,32 @@ def run(argv: list[str]) -> tuple[float, float, float, int]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
-def measured(ckpt: Path, out: Path) -> dict[str, float | int]:
-    """`scan` (once to warm the page cache, then measured) and `convert --dtype bf16` of `ckpt` into `out`,
-    each a fresh process: a row's measured columns (the DCP file-count sweep's too)."""
+def predicted(ckpt: Path, out: Path) -> tuple[float, dict[str, Any] | None]:
+    """Preflight's seconds for `convert --dtype bf16` of `ckpt` with its default workers, and the model's
+    inputs (for `fit_preflight.py`): the worker sweep's prediction child, a fresh process as `preflight` is."""
+    argv = [sys.executable, str(SWEEP), "--predict", str(ckpt), "bf16", "0", str(out)]
+    done = subprocess.run(argv, env=child_env(), cwd=REPO, capture_output=True, text=True, check=False)
+    try:
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        return float(said["seconds"]), said.get("model")
+    except (ValueError, KeyError, IndexError):
+        return float("nan"), None
+
+
+def measured(ckpt: Path, out: Path) -> dict[str, Any]:
+    """`scan` (once to warm the page cache, then measured), preflight's prediction and `convert --dtype bf16`
+    of `ckpt` into `out`, each a fresh process: a row's measured columns (the DCP file-count sweep's too)."""
     run(["scan", str(ckpt)])
     scan = run(["scan", str(ckpt)])
+    guess, model = predicted(ckpt, out)
     conv = run(["convert", str(ckpt), str(out), "--dtype", "bf16"])
     names = ("s", "cpu", "mib", "rc")
     return {**{f"scan_{k}": v for k, v in zip(names, scan, strict=True)},
-            **{f"conv_{k}": v for k, v in zip(names, conv, strict=True)}}  # fmt: skip
+            **{f"conv_{k}": v for k, v in zip(names, conv, strict=True)},
+            "predicted": guess, "model": model}  # fmt: skip
 
 
-def verdict(r: dict[str, float | int], base: dict[str, float | int]) -> tuple[float, str]:
+def verdict(r: dict[str, Any], base: dict[str, Any]) -> tuple[float, str]:
     """(scan CPU over the first row's, `ok` or what failed): CPU, since on a shared machine wall is mostly
     waiting; the targets: scan <= 2.5x at 1,024 ranks (or files) over 8, convert <= 128 MiB."""
     ratio = float(r["scan_cpu"]) / float(base["scan_cpu"])
@@ -68,8 +86,8 @@ def verdict(r: dict[str, float | int], base: dict[str, float | int]) -> tuple[fl
     return ratio, "FAIL: " + ", ".join(bad) if bad else "ok"
 
 
-def sweep(workdir: Path, ranks: list[int], params: str) -> list[dict[str, float | int]]:
-    rows: list[dict[str, float | int]] = []
+def sweep(workdir: Path, ranks: list[int], params: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     for ws in ranks:
         ckpt, out = workdir / f"ws{ws}", workdir / f"out{ws}"
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -86,20 +104,37 @@ def sweep(workdir: Path, ranks: list[int], params: str) -> list[dict[str, float 
     return rows
 
 
-def table(rows: list[dict[str, float | int]], base: dict[str, float | int]) -> str:
+def table(rows: list[dict[str, Any]], base: dict[str, Any]) -> str:
     lines = [
         "| ranks (files) | scan wall | scan CPU | scan x8 | scan RSS | convert bf16 wall | convert CPU | "
-        "convert peak RSS | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "convert peak RSS | preflight (vs wall) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio, said = verdict(r, base)
         lines.append(
             f"| {int(r['ranks']):,} ({int(r['files']):,}) | {r['scan_s']:.2f} s | {r['scan_cpu']:.2f} s | "
             f"{ratio:.1f}x | {r['scan_mib']:.0f} MiB | {r['conv_s']:.2f} s | {r['conv_cpu']:.2f} s | "
-            f"{r['conv_mib']:.0f} MiB | {said} |"
+            f"{r['conv_mib']:.0f} MiB | {_against(r)} | {said} |"
         )
     return "\n".join(lines)
+
+
+def _against(r: dict[str, Any]) -> str:
+    """Preflight's seconds and how far the convert's wall was from them."""
+    guess = float(r.get("predicted", float("nan")))
+    if guess != guess or not r["conv_s"]:
+        return "-"
+    return f"{guess:.2f} s ({guess / float(r['conv_s']) - 1:+.0%})"
+
+
+def fit_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The convert runs as `fit_preflight.py` reads the worker sweep's rows (the model's inputs, the wall)."""
+    return [
+        {"what": "bf16", "cache": "warm", "n": r["ranks"], "wall": r["conv_s"], "cpu": r["conv_cpu"],
+         "code": r["conv_rc"], "model": r.get("model"), "predicted": r.get("predicted")}
+        for r in rows
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -108,10 +143,13 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 128, 1024, 4096])
     ap.add_argument("--params", default="20M")
     ap.add_argument("--append", action="store_true", help="append the rows to tests/benchmarks/results.md")
+    ap.add_argument("--rows-json", type=Path, help="also write the convert rows here, for fit_preflight.py")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     rows = sweep(args.workdir, args.ranks, args.params)
+    if args.rows_json:
+        args.rows_json.write_text(json.dumps({"rows": fit_rows(rows)}, indent=1))
     what = f"ZeRO-3 demo, {args.params} parameters, bf16"
     publish("Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43)", what, table(rows, rows[0]), load, args.append)
 

@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from children import child_env  # the script's folder is on the path
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MiB = 1 << 20
@@ -55,7 +57,7 @@ CASTING = ("health", "bf16")  # the work that must keep N cores busy
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO))
+    return child_env()  # bytecode compiled once, as installed (`children.py`)
 
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -177,10 +179,10 @@ def child_predict(root: str, what: str, workers: int, out_dir: str) -> None:
     calibration.estimate_seconds = spy  # type: ignore[assignment]
     ckpt = scan(root)
     if what == "health":
-        seconds = health_seconds(ckpt, select(ckpt, ConvertOptions()), None, workers)
+        seconds = health_seconds(ckpt, select(ckpt, ConvertOptions()), None, workers or None)
     else:
         kind, dtype = ("universal", None) if what == "universal" else ("weights", what)
-        request = Request(ConvertOptions(dtype=dtype, workers=workers))
+        request = Request(ConvertOptions(dtype=dtype, workers=workers or None))  # 0: the default
         seconds = get(kind).plan(ckpt, request, out_dir).assess().estimated_seconds
     print(json.dumps({"seconds": seconds, "model": model}))
 

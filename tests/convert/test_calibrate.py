@@ -336,3 +336,54 @@ def test_the_calibration_takes_the_runs_own_read_ahead_decision(tmp_path: Path) 
         assert calibrate(pool, {str(path): 64 * MiB}).read_ahead
         path.read_bytes()
         assert not calibrate(pool, {str(path): 64 * MiB}).read_ahead
+
+
+def test_each_read_and_the_scan_the_run_repeats_cost_their_share() -> None:
+    """A checkpoint of many ranks is read a parameter a rank: each read costs RANGE_COST over the threads,
+    and the scan the run repeats before its first byte (measured by this process) adds to the start-up."""
+    cal, work = _cal(cores=2), Work(read=1 << 26, written=1 << 25, cast_elems=1 << 24)
+    few, many = replace(work, ranges=354), replace(work, ranges=39_705)
+    extra = (39_705 - 354) * cal_mod.RANGE_COST / cal.copy_rate / 2
+    assert estimate_seconds(cal, 2, many) == pytest.approx(estimate_seconds(cal, 2, few) + extra)
+    scanned = replace(work, startup=1.5)  # serial, before the workers start
+    assert estimate_seconds(cal, 2, scanned) == pytest.approx(estimate_seconds(cal, 2, work) + 1.5)
+
+
+def test_reads_are_counted_as_the_reader_merges_them(tmp_path: Path) -> None:
+    """`reads_of` counts one read for each run `read_segments_into` issues: adjacent segments of one file
+    merge, a gap or another file starts a new read."""
+    import numpy as np
+
+    from inspector.convert.reader import read_segments_into, reads_of
+    from inspector.scan.model import Segment
+
+    for name in ("a", "b"):
+        (tmp_path / name).write_bytes(bytes(range(256)) * 4)
+    segs = [
+        Segment("a", 0, 4, "float32"),
+        Segment("a", 16, 4, "float32"),  # adjacent: merged
+        Segment("a", 64, 2, "float32"),  # a gap
+        Segment("b", 72, 2, "float32"),  # another file
+        Segment("a", 72, 2, "float32"),  # back to a, adjacent to its last read but not to the run before
+    ]
+    issued: list[int] = []
+    with FilePool(Source(str(tmp_path))) as pool:
+        real = pool.read_runs
+        pool.read_runs = lambda runs: (issued.append(len(runs)), real(runs))[1]  # type: ignore[method-assign]
+        read_segments_into(pool, segs, np.empty(14, np.float32))
+    counts, ranges = reads_of(segs)
+    assert ranges == sum(issued) == 4
+    assert counts == Counter({"a": 48, "b": 8})
+
+
+def test_the_scan_says_what_it_cost(tmp_path: Path) -> None:
+    """`scan` records its own CPU-seconds on the checkpoint, and the plans carry it to preflight."""
+    from inspector.convert.options import ConvertOptions
+    from inspector.convert.plan import build_plan
+    from inspector.demo.writer import DemoSpec, write_demo
+    from inspector.scan.scanner import scan
+
+    write_demo(str(tmp_path / "ck"), DemoSpec(params=300_000, world_size=4))
+    ckpt = scan(str(tmp_path / "ck"))
+    assert 0.0 < ckpt.scan_cpu < 60.0
+    assert build_plan(ckpt, ConvertOptions(dtype="bf16")).scan_cpu == ckpt.scan_cpu

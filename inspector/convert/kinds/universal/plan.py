@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import DamagedCheckpointError, OutputError, UnsupportedCheckpointError
@@ -63,6 +63,8 @@ class UniversalPlan:
     sources: tuple[ByteSource, ...] = ()  # the folders (or prefixes) the source files are read through
     # per step_params entry: the optimizer file holding that parameter (a pipeline stage's, not rank 0's)
     step_files: tuple[str, ...] = ()
+    # what scanning the checkpoint cost here (`Checkpoint.scan_cpu`): part of the run's start-up
+    scan_cpu: float = field(default=0.0, compare=False)
 
     @property
     def out_dir(self) -> str:
@@ -140,6 +142,7 @@ def plan_universal(ckpt: Checkpoint, out_root: str, folder: str | None = None) -
         source=tuple((f.path, f.size, f.mtime_ns) for f in ckpt.files),
         sources=(ckpt.source,),
         step_files=tuple(step_files),
+        scan_cpu=ckpt.scan_cpu,
     )
 
 

@@ -88,9 +88,9 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
     if any_remote(plan.sources):
         return STARTUP_SECONDS + max(plan.total_bytes / UNI_BYTES_PER_S, read_seconds(read, plan.sources))
     from inspector.convert.calibrate import Work, calibrated_seconds
-    from inspector.convert.reader import bytes_by_file
+    from inspector.convert.reader import reads_of
 
-    reads = bytes_by_file(seg for f in plan.files for seg in f.segments)
+    reads, ranges = reads_of(seg for f in plan.files for seg in f.segments)
     copied = sum(size for *_, size in plan.copies)
     work = Work(
         read=read,
@@ -101,6 +101,8 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
         files=len(plan.files) + len(plan.copies),  # one a parameter and state: many small ones add up
         overlapped=False,  # a worker reads a chunk, then checksums and writes it, then reads the next,
         read_ahead=True,  # but from a cold page cache the kernel reads its next 16 MiB meanwhile
+        ranges=ranges,
+        startup=plan.scan_cpu,
     )
     return calibrated_seconds(plan.sources, reads, work, workers)
 
