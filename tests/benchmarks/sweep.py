@@ -232,8 +232,20 @@ def child_floor(root: str, what: str, threads: int, out_dir: str) -> None:
     os.close(fd)
     for f in fds.values():
         os.close(f)
-    print(json.dumps({"seconds": time.perf_counter() - start, "bytes": sum(r[2] for r in ranges)}))
+    seconds = time.perf_counter() - start
     os.remove(out)
+    copies = what == "health" and _checks_copies(root)  # the 16-bit copy check: issue 43's looser target
+    print(json.dumps({"seconds": seconds, "bytes": sum(r[2] for r in ranges), "copies": copies}))
+
+
+def _checks_copies(root: str) -> bool:
+    """Whether health checks 16-bit module copies against their masters here (stages 0-2 save them)."""
+    from inspector.convert.options import ConvertOptions, select
+    from inspector.health.stream import plan_jobs
+    from inspector.scan.scanner import scan
+
+    ckpt = scan(root)
+    return any(j.module for j in plan_jobs(ckpt, select(ckpt, ConvertOptions()), None))
 
 
 # --- the sweep ----------------------------------------------------------------------------------------------
@@ -283,6 +295,14 @@ def _seconds(out: str) -> float:
         return float("nan")
 
 
+def _said(out: str, key: str) -> Any:
+    """One key of a child's printed JSON (None when it printed none)."""
+    try:
+        return json.loads(out).get(key)
+    except (ValueError, AttributeError):
+        return None
+
+
 def _model(out: str) -> dict[str, Any] | None:
     """The time model's inputs the prediction child saw (calibration, workers, work), for the refit."""
     try:
@@ -323,6 +343,7 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
                 _fresh(out, args.root, state)
                 run = _measure(_command(what, args.root, out, n))
                 row = {"n": n, "cache": state, "what": what, "floor": _seconds(floor["out"])}
+                row["copies"] = _said(floor["out"], "copies")
                 row |= {k: run[k] for k in ("wall", "cpu", "rss", "code")}
                 row["phase"] = _phase(what, run["out"])
                 row["busy"] = busiest(run["samples"], row["phase"] or 0.0)
@@ -336,11 +357,12 @@ def run_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _verdict(row: dict[str, Any], rows: list[dict[str, Any]], cores: int) -> str:
-    """What the row misses of issue 30's targets ("ok" when nothing)."""
+    """What the row misses of the targets (issue 30's; health's from issue 43) ("ok" when nothing)."""
     misses = []
     what, n, floor = row["what"], row["n"], row["floor"]
     if what == "health":
-        limit = 1.5 if row["cache"] == "warm" else 1.2
+        # issue 43's targets: warm <= 2.0x the floor, 3.0x with the 16-bit copy check; cold <= 1.2x
+        limit = (3.0 if row.get("copies") else 2.0) if row["cache"] == "warm" else 1.2
         if (row["phase"] or row["wall"]) > limit * floor:
             misses.append(f"pass > {limit}x floor")
     else:
