@@ -159,7 +159,9 @@ def widen_into(x: Array, out: Array) -> Array:
     elif out.dtype == _F32:
         np.left_shift(x.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
     else:
-        np.copyto(out, np.left_shift(x.view(np.uint16), 16, dtype=np.uint32).view(np.float32), casting="unsafe")
+        wide = np.left_shift(x.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
+        with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, quietly
+            np.copyto(out, wide, casting="unsafe")
     return out
 
 
