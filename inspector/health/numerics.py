@@ -357,7 +357,8 @@ class Accumulator:
     def _exact_block(self, x: Array, buf: Buffers, counted: bool) -> bool:
         n = x.shape[0]
         f = buf.f64[:n]
-        np.copyto(f, x, casting="unsafe")
+        with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, quietly
+            np.copyto(f, x, casting="unsafe")
         m = buf.mask[:n]
         if not counted:
             np.equal(f, 0.0, out=m)
