@@ -1,8 +1,9 @@
-"""scan, preflight, convert (model, --dtype fp32/fp16, universal, a PEFT adapter) and verify of a bf16
-checkpoint import no ml_dtypes (#43): its import alone costs ~0.7 CPU-seconds, more than converting a small
-model. bf16 frozen weights to an fp32 or fp16 output are cast on the bits (`cast.cast_raw`), verify rebuilds
-them with its own integer arithmetic, preflight times the converter's own raw cast. The subprocess pattern
-is tests/test_import_hygiene.py's."""
+"""scan, preflight, convert (model, --dtype fp32/fp16, universal, a PEFT adapter, a merged model) and verify
+of a bf16 checkpoint import no ml_dtypes (#43): its import alone costs ~0.7 CPU-seconds, more than converting
+a small model. bf16 frozen weights to an fp32 or fp16 output are cast on the bits (`cast.cast_raw`), verify
+rebuilds them with its own integer arithmetic, preflight times the converter's own raw cast, a merge widens
+and rounds bf16 on the bits. (A merged output's verify still imports it, for `finfo`.) The subprocess
+pattern is tests/test_import_hygiene.py's."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ for argv in (["scan", ck], ["preflight", ck, "--out", out + "/p"],
              ["convert", ck, out + "/f16", "--dtype", "fp16"], ["verify", ck, out + "/f16"],
              ["convert", ck, out + "/bf16"], ["verify", ck, out + "/bf16"],
              ["convert", ck, out + "/u", "--format", "universal"],
-             ["convert", lora, out + "/a", "--format", "adapter"], ["verify", lora, out + "/a"]):
+             ["convert", lora, out + "/a", "--format", "adapter"], ["verify", lora, out + "/a"],
+             ["convert", lora, out + "/m", "--format", "merged", "--base", lora + "/../base"]):
     with contextlib.redirect_stdout(io.StringIO()):
         rcs.append(main(argv))
 print(json.dumps({"rcs": rcs, "ml_dtypes": "ml_dtypes" in sys.modules}))
@@ -43,6 +45,6 @@ def test_bf16_checkpoint_commands_import_no_ml_dtypes(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.splitlines()[-1])
-    assert got["rcs"] == [0] * 11, got["rcs"]  # every command ran, verify found every byte right
+    assert got["rcs"] == [0] * 12, got["rcs"]  # every command ran, verify found every byte right
     assert got["ml_dtypes"] is False
-    assert (tmp_path / "out" / "f16").is_dir() and (tmp_path / "out" / "a").is_dir()
+    assert all((tmp_path / "out" / d).is_dir() for d in ("f16", "a", "m"))
