@@ -27,12 +27,8 @@ a factor 9.6) and the mean within `MEAN_SPAN` · (max - min). Counts, min, max a
 whose float32 squares would overflow (|x| > 1.8e19) or that hold NaN/Inf, and integer or float64 tensors,
 take an exact float64 path instead. numpy releases the GIL in every call used here (bf16 is widened by a
 shift of its bits: ml_dtypes' cast is a legacy user cast, which numpy runs holding the GIL), so several
-streams run on several cores.
-
-bf16 arrives as its bits (`format.dtypes.bits_dtype`, opaque 2-byte values) and is only ever widened by that
-shift (`widened`, `widen_into`), so neither a health pass nor the app's statistics import ml_dtypes (~0.7
-CPU-seconds, more than the pass over a 200M model); fp8 alone needs it, imported when a chunk of it is read.
-Arrays holding ml_dtypes' bfloat16 (tests) are viewed as the bits first (`bits`): one path, the same figures.
+streams run on several cores. bf16 arrives as its bits (`bits_dtype`; `bits` views ml_dtypes' bfloat16 so)
+and is only widened by that shift (`widened`, `widen_into`): no ml_dtypes import (~0.7 CPU-s) but for fp8.
 """
 
 from __future__ import annotations
@@ -126,16 +122,14 @@ class Buffers:
 
 
 def bits(x: Array) -> Array:
-    """`x`, bf16 viewed as its bits (BF16) whichever way it came: ml_dtypes' bfloat16 is the one other 2-byte
-    dtype of kind 'V'. Compared as dtypes and attributes, not names (`dtype.name` costs microseconds)."""
+    """`x`, bf16 viewed as its bits (BF16): ml_dtypes' bfloat16 is the one other 2-byte dtype of kind 'V'."""
     dt = x.dtype
     return x.view(BF16) if dt.kind == "V" and dt.itemsize == 2 and dt != BF16 else x
 
 
 def widened(x: Array, buf: Buffers) -> Array | None:
     """`x` as float32 without rounding (itself if it is float32), or None for dtypes that need the exact
-    path (float64, integers, bool). Floats of 16 bits or fewer (fp16, bf16, fp8) hold nothing float32
-    cannot."""
+    path (float64, integers, bool). Floats of 16 bits or fewer hold nothing float32 cannot."""
     if x.dtype == _F32:
         return x
     x = bits(x)
