@@ -104,6 +104,10 @@ def cast_to(x: Array, dtype: np.dtype[Any], raw: Array) -> Array:
     if dtype == BF16 and x.dtype == F32:
         cast_raw(x.view(np.uint8), "float32", raw, "bfloat16", k)
         return raw[: 2 * k].view(BF16)
+    if x.dtype == dtype:  # the same type (a bf16 master's bf16 copy): its bytes, as cast_into copies them
+        c = raw[: k * dtype.itemsize].view(dtype)
+        c[...] = x
+        return c
     c = raw[: k * dtype.itemsize].view(_ml(dtype))
     cast_into(x.view(_ml(x.dtype)), c, threads=1)
     return bits(c)

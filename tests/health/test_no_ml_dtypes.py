@@ -7,6 +7,7 @@ The subprocess pattern is tests/test_import_hygiene.py's (a bf16 conversion impo
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -210,3 +211,19 @@ def test_bf16_bits_refuse_arithmetic() -> None:
         np.minimum.reduce(raw)
     b = np.array([1.5, -2.0], ml_dtypes.bfloat16)
     assert bits(b).dtype == raw.dtype and np.array_equal(bits(b).view(np.uint16), b.view(np.uint16))
+
+
+def test_module_check_of_a_bf16_master_on_the_bits() -> None:
+    """A bf16 master with a bf16 copy (same type: the bytes compared, no cast): a flipped last bit and a NaN
+    the master lacks are found as the float64 comparison of ml_dtypes' values finds them."""
+    rng = np.random.default_rng(3)
+    master = rng.standard_normal(3 * EXACT_BLOCK + 5).astype(ml_dtypes.bfloat16)
+    copy = master.copy()
+    u = copy.view(np.uint16)
+    u[7] ^= 1
+    raw = master.view(bits_dtype("bfloat16")), copy.view(bits_dtype("bfloat16"))
+    drift = abs(float(master[7]) - float(copy[7]))
+    assert drift > 0 and chunk_math.module_diff(*raw, Scratch(1 << 18), finite=True) == (drift, 1)
+    u[EXACT_BLOCK + 100] = 0x7FC1  # a NaN the master lacks: infinitely far
+    assert chunk_math.module_diff(*raw, Scratch(1 << 18), finite=True) == (math.inf, 2)
+    assert chunk_math.module_diff(master, copy, Scratch(1 << 18), finite=True) == (math.inf, 2)
