@@ -116,6 +116,26 @@ def _f32_to_bf16(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
         np.right_shift(k, 16, out=o[i : i + _BLOCK], casting="unsafe")
 
 
+def _bf16_to_f16(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
+    """bf16 bits -> fp16 as torch casts it, through fp32: each block widened exactly (the bits shifted up)
+    into this thread's scratch, rounded once by numpy, NaNs fixed as fp32's (the same bits as bf16's own
+    fix-up: sign, quiet bit, the top payload bits). No ml_dtypes."""
+    need = min(_BLOCK, src.shape[0])
+    t: np.ndarray[Any, Any] | None = getattr(_local, "scratch", None)
+    if t is None or t.shape[0] < need:
+        t = _local.scratch = np.empty(need, np.uint32)
+    for i in range(0, src.shape[0], _BLOCK):
+        b = src[i : i + _BLOCK]
+        f = t[: b.shape[0]].view(np.float32)
+        np.left_shift(b, 16, out=f.view(np.uint32), dtype=np.uint32)
+        o = out[i : i + _BLOCK]
+        with np.errstate(all="ignore"):  # beyond fp16's range is Inf, a value here
+            np.copyto(o, f, casting="unsafe")
+        nan = np.isnan(f)
+        if nan.any():
+            _fix_nans(f, o, nan, "float32", "float16")
+
+
 def _name(dt: np.dtype[Any]) -> str:
     return "bfloat16" if dt.name == "bfloat16" else dt.name
 
@@ -148,15 +168,23 @@ def cast_raw(
 ) -> None:
     """Cast the first `n` elements of the raw byte buffer `src` (as `src_dtype`) into the raw byte buffer
     `out` (as `out_dtype`) on this thread, as `cast_into` would. fp32 -> bf16 (ZeRO's masters to a bf16
-    output, the common conversion) works on the bits and never imports ml_dtypes: that import registers its
-    ufunc loops one by one, ~0.8 CPU-seconds and 1.4 s of wall on this 2-core machine, more than casting
-    all of a 500M model, and a conversion paid it inside a worker holding the GIL and the import lock."""
+    output, the common conversion), bf16 -> fp32 and bf16 -> fp16 work on the bits and never import
+    ml_dtypes: that import registers its ufunc loops one by one, ~0.8 CPU-seconds and 1.4 s of wall on this
+    2-core machine, more than casting all of a 500M model, and a conversion paid it inside a worker holding
+    the GIL and the import lock."""
     if src_dtype == "float32" and out_dtype == "bfloat16" and integer_rounding():
         s, o = src[: n * 4].view(np.float32), out[: n * 2].view(np.uint16)
         _f32_to_bf16(s, o)  # integer ufuncs only: nothing to overflow or warn about
         nan = np.isnan(s)
         if nan.any():
             _fix_nans(s, o, nan, "float32", "bfloat16")
+        return
+    if src_dtype == "bfloat16" and out_dtype == "float32":  # bf16 frozen weights and buffers to an fp32
+        # output: exact, the bits shifted up (NaNs keep sign and payload, as torch's and `_cast`'s)
+        np.left_shift(src[: n * 2].view(np.uint16), 16, out=out[: n * 4].view(np.uint32), dtype=np.uint32)
+        return
+    if src_dtype == "bfloat16" and out_dtype == "float16":
+        _bf16_to_f16(src[: n * 2].view(np.uint16), out[: n * 2].view(np.float16))
         return
     cast_into(typed(src, src_dtype, n), typed(out, out_dtype, n), threads=1)
 

@@ -31,11 +31,11 @@ from typing import Protocol
 
 import numpy as np
 
-from inspector.convert.cast import cast_raw, typed
+from inspector.convert.cast import cast_raw
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import bits_dtype, itemsize
 from inspector.scan.model import Segment
 from inspector.system import limits
 
@@ -44,7 +44,8 @@ class ChunkMath(Protocol):
     """Computes the output of tensors that are not their source bytes cast (a LoRA merge), chunk by chunk on
     the workers: `prepare` (on the producer, once per tensor) returns what its chunks need, or None for a
     plain tensor; `apply` writes elements [start, start + len(src)) of the output into `out` (which may be
-    `src` itself: the same buffer when the dtype does not change)."""
+    `src` itself: the same buffer when the dtype does not change). Both are viewed with `bits_dtype`: bf16
+    as its bits, so a merge into bf16 imports no ml_dtypes."""
 
     def prepare(self, pool: FilePool, t: PlannedTensor) -> object | None: ...
 
@@ -192,6 +193,12 @@ class _Chunk:
     ctx: object | None = None
 
 
+def _bits(buf: np.ndarray, dtype: str, count: int) -> np.ndarray:
+    """The first `count` elements of a raw byte buffer viewed as `dtype` (`bits_dtype`: bf16 as its bits)."""
+    dt = bits_dtype(dtype)
+    return buf[: count * dt.itemsize].view(dt)
+
+
 def _work(
     io: _ShardIO, c: _Chunk, src: np.ndarray, out: np.ndarray | None, kernel: _KernelCopy | None
 ) -> None:
@@ -209,7 +216,7 @@ def _work(
         read_segments_into(io.files, c.segs, src)
         data = src if out is None else out
         if c.ctx is not None and io.math is not None:
-            io.math.apply(c.ctx, t, c.start, typed(src, t.src_dtype, n), typed(data, t.out_dtype, n))
+            io.math.apply(c.ctx, t, c.start, _bits(src, t.src_dtype, n), _bits(data, t.out_dtype, n))
         elif out is not None:
             cast_raw(src, t.src_dtype, out, t.out_dtype, n)
         nbytes = n * itemsize(t.out_dtype)

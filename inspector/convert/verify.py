@@ -6,7 +6,8 @@ verify is meant to catch the converter's mistakes, so it shares as little with i
 - the expected bytes are rebuilt from the scanned Checkpoint's segments with verify's own walk (no chunking
   or buffer pools of the converter), and the two hot casts (fp32 → bf16, fp32 → fp16) are computed with
   integer arithmetic written here, not with numpy/ml_dtypes as the converter casts (tests/convert/test_cast.py
-  holds both against torch); the rarer casts (fp16 ↔ bf16, 16-bit → fp32) use the converter's cast.py;
+  holds both against torch), bf16 → fp32 and fp16 too (a shift first); the rarer casts (fp16 → bf16, fp16 →
+  fp32) use the converter's cast.py;
 - `against="module"` / `"masters"` checks the output against the other source than the one it was converted
   from: the 16-bit module copy and the fp32 masters are different bytes in different files.
 What it does share, and why: the scan (where each tensor's bytes live). That arithmetic is proven separately
@@ -29,7 +30,7 @@ from inspector.convert.cast import cast_into
 from inspector.convert.plan import ADAPTER_FILE, INDEX_NAME, META_KEY, SINGLE_NAME, source_segments
 from inspector.convert.reader import FilePool
 from inspector.errors import CancelledError, CorruptFileError, InputError, InspectorError
-from inspector.format.dtypes import itemsize, numpy_dtype
+from inspector.format.dtypes import bits_dtype, itemsize, numpy_dtype
 from inspector.parse.safetensors import Entry, Header, read_header, read_index
 from inspector.parse.tree import Node
 from inspector.remote.roots import source_at
@@ -305,7 +306,7 @@ def _same(
             raise CancelledError("Verification cancelled.")
         src_dtype = piece[0].dtype
         n = sum(s.numel for s in piece)
-        src = np.empty(n, numpy_dtype(src_dtype))
+        src = np.empty(n, bits_dtype(src_dtype))  # bf16 as its bits: no ml_dtypes for a copy or a shift
         raw = src.view(np.uint8).data
         pos = 0
         for seg in piece:
@@ -320,15 +321,19 @@ def _same(
 
 
 def expected_bytes(src: np.ndarray[Any, Any], src_dtype: str, out_dtype: str) -> np.ndarray[Any, Any]:
-    """The output bytes for `src`: integer arithmetic for fp32 → bf16/fp16, cast.py for the rest."""
+    """The output bytes for `src`: integer arithmetic for fp32 → bf16/fp16 and bf16 → fp32/fp16 (bf16 → fp32
+    is exact, the bits shifted up, NaNs keeping sign and payload as torch's), cast.py for the rest."""
     if src_dtype == out_dtype:
         return src.view(np.uint8)
+    if src_dtype == "bfloat16" and out_dtype in ("float32", "float16"):  # torch's goes through fp32
+        wide = src.view(np.uint16).astype(np.uint32) << 16
+        return (wide if out_dtype == "float32" else fp16_bits(wide)).view(np.uint8)
     if src_dtype == "float32" and out_dtype == "bfloat16":
         return bf16_bits(src.view(np.uint32)).view(np.uint8)
     if src_dtype == "float32" and out_dtype == "float16":
         return fp16_bits(src.view(np.uint32)).view(np.uint8)
     out = np.empty(src.shape[0], numpy_dtype(out_dtype))
-    cast_into(src, out, threads=1)
+    cast_into(src.view(numpy_dtype(src_dtype)), out, threads=1)  # bf16's bits as ml_dtypes' type (imported)
     return out.view(np.uint8)
 
 

@@ -110,6 +110,19 @@ def numpy_dtype(dtype: str) -> np.dtype[Any]:
     return np.dtype(d.numpy)
 
 
+def bits_dtype(dtype: str) -> np.dtype[Any]:
+    """`numpy_dtype`, except bf16: its elements as opaque 2-byte values ('V2'), for code that widens their
+    bits itself (shifted up 16 they are float32, exactly) and so never imports ml_dtypes, whose import alone
+    costs ~0.7 CPU-seconds (more than a health pass of a 200M model). numpy has no arithmetic on 'V2': a
+    path that forgets to widen fails loudly instead of computing on the bits as integers. fp8 still comes
+    from ml_dtypes (imported then, once: numpy cannot widen it without)."""
+    if dtype == "bfloat16":
+        import numpy as np
+
+        return np.dtype("V2")
+    return numpy_dtype(dtype)
+
+
 def torch_dtype(dtype: str) -> Any:
     """torch.<dtype>, or None where this torch lacks it (uint16/32/64 arrived in 2.3). Tests and tools only:
     importing torch costs seconds and hundreds of MiB, so nothing on the convert path calls this."""

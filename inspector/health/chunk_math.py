@@ -1,21 +1,33 @@
 """The arithmetic a health worker does on one chunk: the module copy checked against its master cast (bit
 for bit, torch's rounding), `--against`'s change and norms group by group, NaN and Inf counted; and the
-buffers one worker owns for its whole life (`Scratch`). Pure numpy on arrays the stream has read."""
+buffers one worker owns for its whole life (`Scratch`). Pure numpy on arrays the stream has read: bf16 as
+its bits (numerics.BF16), cast and widened on them; ml_dtypes only for the rare casts numpy cannot do on the
+bits (a master that is not fp32 with a bf16 copy, a bf16 master with another copy), imported then."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from inspector.convert.cast import cast_into
+from inspector.convert.cast import cast_into, cast_raw
 from inspector.format.dtypes import numpy_dtype
 from inspector.health.differences import max_abs_difference
-from inspector.health.numerics import EXACT_BLOCK, Array, Buffers, exact_blocks, group_sums, groups
+from inspector.health.numerics import (
+    BF16,
+    EXACT_BLOCK,
+    Array,
+    Buffers,
+    bits,
+    exact_blocks,
+    group_sums,
+    groups,
+    widen_into,
+)
 
 F32 = np.dtype(np.float32)
-BF16 = numpy_dtype("bfloat16")
-PLAIN_CAST = (BF16, np.dtype(np.float16), F32)  # numpy's cast of finite fp32 is torch's
+PLAIN_CAST = (BF16, np.dtype(np.float16), F32)  # numpy's cast of finite fp32 is torch's (bf16: cast_raw's)
 
 
 
@@ -50,6 +62,7 @@ def module_diff(
     fp32 is torch's) into free scratch and their bits compared; only blocks that differ, and chunks
     holding NaN (whose bits need torch's fix-ups), go block by block through float64 copies. `inexact`:
     the check without a cast has already failed."""
+    master, module = bits(master), bits(module)
     n = master.shape[0]
     size = module.dtype.itemsize
     uint = np.dtype(f"u{size}") if size in (2, 4, 8) else None
@@ -58,8 +71,13 @@ def module_diff(
         return 0.0, 0
     whole: Array | None = None
     if plain and uint is not None:
-        whole = s.buf.shifted[:n].view(np.uint8)[: n * size].view(module.dtype)
-        np.copyto(whole, master, casting="unsafe")
+        raw = s.buf.shifted[:n].view(np.uint8)[: n * size]
+        if module.dtype == BF16:
+            whole = cast_to(master, BF16, raw)
+        else:
+            whole = raw.view(module.dtype)
+            with np.errstate(over="ignore"):  # a master beyond fp16's range is Inf in the copy: no warning
+                np.copyto(whole, master, casting="unsafe")
         differs = s.buf.wide[:n].view(np.bool_)[:n]
         np.not_equal(whole.view(uint), module.view(uint), out=differs)
         if not differs.any():
@@ -68,20 +86,36 @@ def module_diff(
     for i in range(0, n, EXACT_BLOCK):
         x, m = master[i : i + EXACT_BLOCK], module[i : i + EXACT_BLOCK]
         k = m.shape[0]
-        if whole is not None:
-            c = whole[i : i + k]
-        else:
-            c = s.cast[: k * size].view(module.dtype)
-            cast_into(x, c, threads=1)
+        c = whole[i : i + k] if whole is not None else cast_to(x, module.dtype, s.cast)
         # same bits, same values (NaN payloads aside, which the float64 comparison takes)
         if uint is not None and np.array_equal(c.view(uint), m.view(uint)):
             continue
-        a, b = s.f64[0][:k], s.f64[1][:k]
-        np.copyto(a, m, casting="unsafe")
-        np.copyto(b, c, casting="unsafe")
+        a, b = widen_into(m, s.f64[0][:k]), widen_into(c, s.f64[1][:k])
         d, count = max_abs_difference(a, b, s.tmp)
         worst, differing = max(worst, d), differing + count
     return worst, differing
+
+
+def cast_to(x: Array, dtype: np.dtype[Any], raw: Array) -> Array:
+    """`x` cast to `dtype` as torch's `.to()` casts it (convert/cast.py) into the bytes `raw`, viewed as
+    `dtype`. fp32 to bf16 on the bits (`cast_raw`: DeepSpeed's copies, no ml_dtypes); other casts to or from
+    bf16 through ml_dtypes' type (imported then: numpy has no bf16)."""
+    k = x.shape[0]
+    if dtype == BF16 and x.dtype == F32:
+        cast_raw(x.view(np.uint8), "float32", raw, "bfloat16", k)
+        return raw[: 2 * k].view(BF16)
+    if x.dtype == dtype:  # the same type (a bf16 master's bf16 copy): its bytes, as cast_into copies them
+        c = raw[: k * dtype.itemsize].view(dtype)
+        c[...] = x
+        return c
+    c = raw[: k * dtype.itemsize].view(_ml(dtype))
+    cast_into(x.view(_ml(x.dtype)), c, threads=1)
+    return bits(c)
+
+
+def _ml(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """`dtype`, BF16 as ml_dtypes' bfloat16 (importing it) for numpy's casts."""
+    return numpy_dtype("bfloat16") if dtype == BF16 else dtype
 
 
 def rounded_bounds(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
@@ -121,6 +155,7 @@ def delta_sq(x: Array, o: Array, s: Scratch) -> list[float]:
     the two are within a factor 2 of each other, else rounded once) summed as `group_sums` does; float64
     for other dtypes and for a group where float32 overflows. A NaN or Inf left as it was is no change; one
     that appeared is NaN or Inf."""
+    x, o = bits(x), bits(o)
     n = x.shape[0]
     fast: list[float] = []
     if x.dtype == F32 and o.dtype == F32:
@@ -136,6 +171,8 @@ def delta_sq(x: Array, o: Array, s: Scratch) -> list[float]:
         total = 0.0
         for xs, os_ in exact_blocks(x[i:j], o[i:j]):
             t = s.tmp[: xs.shape[0]]
+            if BF16 in (xs.dtype, os_.dtype):  # numpy has no bf16 arithmetic: both in float64, exactly
+                xs, os_ = widen_into(xs, s.f64[0][: t.shape[0]]), widen_into(os_, s.f64[1][: t.shape[0]])
             with np.errstate(invalid="ignore"):
                 np.subtract(xs, os_, out=t, dtype=np.float64)  # exact for fp32 inputs
             if not math.isfinite(float(np.einsum("i,i->", t, t))):  # unchanged is no change, NaN or Inf
@@ -146,8 +183,13 @@ def delta_sq(x: Array, o: Array, s: Scratch) -> list[float]:
 
 
 def nonfinite(x: Array) -> int:
-    """NaN and Inf in one chunk: two reductions (min and max show either), a count only where one is."""
-    if x.dtype.kind != "f" and x.dtype not in PLAIN_CAST:
+    """NaN and Inf in one chunk: two reductions (min and max show either), a count only where one is; bf16
+    by its bits (every exponent bit set). Every float kind counts: fp8 is ml_dtypes' kind 'V' (e4m3fn and
+    the fnuz ones) or 'f' (e5m2), and an fp8 master's NaN once went uncounted for the former."""
+    x = bits(x)
+    if x.dtype == BF16:
+        return int(np.count_nonzero(np.bitwise_and(x.view(np.uint16), 0x7F80) == 0x7F80))
+    if x.dtype.kind not in "fV":
         return 0
     with np.errstate(invalid="ignore"):
         lo, hi = float(np.minimum.reduce(x)), float(np.maximum.reduce(x))
@@ -158,6 +200,7 @@ def nonfinite(x: Array) -> int:
 
 def sum_sq(x: Array, s: Scratch) -> list[float]:
     """Σx² of each GROUP of one chunk (fp32 group sums; float64 where they overflow or for other dtypes)."""
+    x = bits(x)
     fast = group_sums(x, s.buf, linear=False)[1] if x.dtype == F32 else []
     out = []
     for g, (i, j) in enumerate(groups(x.shape[0])):
@@ -166,8 +209,7 @@ def sum_sq(x: Array, s: Scratch) -> list[float]:
             continue
         total = 0.0
         for (xs,) in exact_blocks(x[i:j]):
-            t = s.tmp[: xs.shape[0]]
-            np.copyto(t, xs, casting="unsafe")
+            t = widen_into(xs, s.tmp[: xs.shape[0]])
             total += float(np.einsum("i,i->", t, t))
         out.append(total)
     return out

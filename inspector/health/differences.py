@@ -14,7 +14,8 @@ def _abs_difference(a: Array, b: Array, tmp: Array) -> Array:
     """|a - b| of two float64 blocks into `tmp`: NaN on both sides is no difference, on one side an infinite
     one."""
     d = tmp[: a.shape[0]]
-    np.subtract(a, b, out=d)
+    with np.errstate(invalid="ignore"):  # Inf - Inf is NaN, decided below: no warning on the user's terminal
+        np.subtract(a, b, out=d)
     np.abs(d, out=d)
     nan = np.isnan(d)
     if nan.any():

@@ -19,7 +19,7 @@ import numpy as np
 
 from inspector.convert.reader import FilePool, bytes_by_file, iter_chunks
 from inspector.errors import CancelledError
-from inspector.format.dtypes import numpy_dtype
+from inspector.format.dtypes import bits_dtype
 from inspector.health.chunk_math import (
     BF16,
     F32,
@@ -163,14 +163,14 @@ class Streamer:
         s = self._scratch()
         row_len = int(np.prod(job.shape[1:])) if job.zero_rows and len(job.shape) >= 2 else 0
         t = _Tally(Accumulator(row_len), Accumulator() if job.module else None)
-        dtypes = [numpy_dtype(job.segments[0].dtype) if job.segments else np.dtype(np.float32)]
+        dtypes = [bits_dtype(job.segments[0].dtype) if job.segments else np.dtype(np.float32)]
         streams = [iter_chunks(job.segments, self.chunk)]
         if job.module:
             streams.append(iter_chunks(job.module, self.chunk))
-            dtypes.append(numpy_dtype(job.module[0].dtype))
+            dtypes.append(bits_dtype(job.module[0].dtype))
         if job.against:
             streams.append(iter_chunks(job.against, self.chunk))
-            dtypes.append(numpy_dtype(job.against[0].dtype))
+            dtypes.append(bits_dtype(job.against[0].dtype))
         raws = s.raw[: len(streams)]
         for batches in self._ahead_of(zip(*streams, strict=True)):
             if self.cancel.is_set() or self.stop.is_set():

@@ -3,7 +3,8 @@
 The app's `s` key asks for one tensor: it is read chunk by chunk with the converter's positioned reads (memory
 is one chunk whatever its size), folded into the same `Accumulator` the health pass uses (so both give the
 same figures, within the bounds numerics.py states), then read once more for a histogram of its finite
-values. The generators yield progress (<= 4/s) and stop when `cancel` is set. numpy (+ ml_dtypes), no torch.
+values. The generators yield progress (<= 4/s) and stop when `cancel` is set. numpy, bf16 on its bits (no
+ml_dtypes but for fp8), no torch.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import numpy as np
 
 from inspector.convert.reader import FilePool, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
-from inspector.format.dtypes import numpy_dtype
+from inspector.format.dtypes import bits_dtype
 from inspector.health.differences import compare_block
-from inspector.health.numerics import GROUP, Accumulator, Array, Buffers, exact_blocks
+from inspector.health.numerics import GROUP, Accumulator, Array, Buffers, exact_blocks, widen_into, widened
 from inspector.scan.model import Checkpoint, Segment, TensorInfo
 
 CHUNK_ELEMS = 4 * GROUP  # a multiple of GROUP: the figures are the health pass's bits
@@ -83,7 +84,7 @@ def _chunks(
         if cancel.is_set():
             raise CancelledError("Statistics cancelled.")
         n = read_segments_into(pool, batch, raw)
-        values = raw[:n].view(numpy_dtype(batch[0].dtype))
+        values = raw[:n].view(bits_dtype(batch[0].dtype))
         yield np.abs(values) if values.dtype.kind == "c" else values  # complex: by modulus |z|
 
 
@@ -115,7 +116,8 @@ def tensor_stats(
         done = 0
         for x in _chunks(segments, chunk_elems, cancel, pool):
             f = wide[: x.shape[0]]
-            np.copyto(f, x, casting="unsafe")
+            y = widened(x, buf)  # bf16 through buf.wide (free now), not a chunk-sized temporary
+            np.copyto(f, x if y is None else y, casting="unsafe")
             hist += np.histogram(f[np.isfinite(f)], bins=bins, range=span)[0]
             done += x.shape[0]
             if time.monotonic() - last >= _INTERVAL:
@@ -159,9 +161,7 @@ def difference(
     ):
         for pa, pb in exact_blocks(xa, xb):
             k = pa.shape[0]
-            fa, fb = scratch[0][:k], scratch[1][:k]
-            np.copyto(fa, pa, casting="unsafe")
-            np.copyto(fb, pb, casting="unsafe")
+            fa, fb = widen_into(pa, scratch[0][:k]), widen_into(pb, scratch[1][:k])
             fin = fa[np.isfinite(fa)]  # a copy bounded by one block
             sq_a += float(np.einsum("i,i->", fin, fin))
             worst, count, abs_sum, sq = compare_block(fa, fb, scratch[2])

@@ -139,6 +139,32 @@ def test_raw_buffer_cast_is_torchs(out: str) -> None:
         assert (dst[n * 2 :] == 0xAB).all(), "wrote past the n elements asked for"
 
 
+@pytest.mark.parametrize("out", ["float32", "float16"])
+@np.errstate(all="ignore")
+def test_raw_buffer_cast_of_bf16_is_torchs(out: str) -> None:
+    """bf16 (frozen weights, buffers) to an fp32 or fp16 output on the bits, without ml_dtypes: torch's bits
+    for every pattern over more than one block, NaNs included; verify's own integer arithmetic for the same
+    casts too; only the first `n` elements of the buffers are touched."""
+    from inspector.convert.verify import expected_bytes
+    from inspector.format.dtypes import bits_dtype
+
+    bits = np.concatenate([ALL16, ALL16[::7]])  # 65,536 + 9,363: the scratch block and a part of another
+    n, size = bits.shape[0], numpy_dtype(out).itemsize
+    src = np.concatenate([bits, np.full(5, 0x3F80, np.uint16)]).view(np.uint8)
+    dst = np.full((n + 5) * size, 0xAB, np.uint8)
+    cast_raw(src, "bfloat16", dst, out, n)
+    want = torch_cast(bits, "bfloat16", out)
+    nan = np.isnan(bits.view(numpy_dtype("bfloat16")).astype(np.float32))
+    for got in (
+        dst[: n * size].view(_UINT[size]),
+        expected_bytes(bits.view(bits_dtype("bfloat16")), "bfloat16", out).view(_UINT[size]),
+    ):
+        bad = np.flatnonzero((~nan | VECTOR_KERNELS) & (got != want))
+        assert not bad.size, [(hex(int(bits[i])), hex(int(got[i])), hex(int(want[i]))) for i in bad[:5]]
+        assert np.isnan(got.view(numpy_dtype(out)))[nan].all()
+    assert (dst[n * size :] == 0xAB).all(), "wrote past the n elements asked for"
+
+
 @pytest.mark.parametrize("out", ["bfloat16", "float16"])
 def test_fp32_edges_and_ties(out: str) -> None:
     assert_same(_edge_fp32(), "float32", out)

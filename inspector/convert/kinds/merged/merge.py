@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from inspector.convert.cast import cast_into
+from inspector.convert.cast import cast_into, cast_raw
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
-from inspector.format.dtypes import DTYPES, itemsize, numpy_dtype
+from inspector.format.dtypes import DTYPES, bits_dtype, itemsize
 from inspector.remote.roots import source_at
 from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
@@ -214,15 +214,35 @@ def _read(pool: FilePool, segments: Sequence[Segment], dtype: str) -> np.ndarray
     for s in segments:
         pool.read_into(s.file, s.offset, view[pos : pos + s.nbytes])
         pos += s.nbytes
-    return buf.view(numpy_dtype(dtype))
+    return buf.view(bits_dtype(dtype))
 
 
 def _as_f32(pool: FilePool, t: TensorInfo) -> np.ndarray:
-    return (
-        _read(pool, t.segments, t.segments[0].dtype if t.segments else t.dtype)
-        .astype(np.float32)
-        .reshape(t.shape)
-    )
+    x = _read(pool, t.segments, t.segments[0].dtype if t.segments else t.dtype)
+    if x.dtype != _BF16:
+        return x.astype(np.float32).reshape(t.shape)
+    w = np.empty(x.shape[0], np.float32)
+    _widen(x, w)  # ml_dtypes' cast is this shift too, NaN payloads included
+    return w.reshape(t.shape)
+
+
+_BF16 = bits_dtype("bfloat16")  # bf16's bits ('V2'): widened and rounded here on the bits, no ml_dtypes
+
+
+def _widen(x: np.ndarray, w: np.ndarray) -> None:
+    """`x` into the fp32 array `w`, exactly: bf16 by its bits shifted up, anything else by cast.py."""
+    if x.dtype == _BF16:
+        np.left_shift(x.view(np.uint16), 16, out=w.view(np.uint32), dtype=np.uint32)
+    else:
+        cast_into(x, w, threads=1)
+
+
+def _narrow(w: np.ndarray, out: np.ndarray) -> None:
+    """The fp32 array `w` cast into `out` as torch casts it: to bf16 on the bits (`cast_raw`), else cast.py."""
+    if out.dtype == _BF16:
+        cast_raw(w.view(np.uint8), "float32", out.view(np.uint8), "bfloat16", w.shape[0])
+    else:
+        cast_into(w, out, threads=1)
 
 
 class _MergeMath:
@@ -256,10 +276,10 @@ class _MergeMath:
             lo = start + e - r0 * cols
             k = min(n - e, rows * cols - lo)
             delta = d[lo : lo + k]
-            cast_into(src[e : e + k], w[:k], threads=1)  # exact: fp32, or a 16-bit source widened
+            _widen(src[e : e + k], w[:k])  # exact: fp32, or a 16-bit source widened
             np.multiply(delta, scale, out=delta)
             np.add(w[:k], delta, out=w[:k])
-            cast_into(w[:k], out[e : e + k], threads=1)  # may be `src` itself: its elements e.. are read
+            _narrow(w[:k], out[e : e + k])  # may be `src` itself: its elements e.. are read
             e += k
 
     def _blocks(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
