@@ -26,7 +26,7 @@ def _ranks(n: int) -> str:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    from inspector.cli.jobs import job_events, order_of, ray_options
+    from inspector.cli.jobs import job_events, planned_order, ray_options
     from inspector.cli.live import drive, print_report, print_tasks
 
     ray_options(args)
@@ -40,8 +40,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.convert.executor import Report
 
     console = _console(stderr=args.json)  # --json: stdout holds the one summary object, people read stderr
-    order = order_of(args)
-    ckpt, job = order.plan()
+    ckpt, job, order = planned_order(args)  # one scan, --selection resolved in it
     part = order.part
     job.check_output(order.overwrite)  # a busy folder: refused before any figure
     verdict = job.assess()

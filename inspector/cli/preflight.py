@@ -49,7 +49,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     budget = _chosen_ram(args.ram) if args.ram else None
     from inspector.system.disk import proposed_out  # the app's Export form proposes the same folder
 
-    _, job, _ = plan_job(args, allow_damaged=True, out=args.out or proposed_out(ckpt.root, ckpt.tag))
+    out = args.out or proposed_out(ckpt.root, ckpt.tag)
+    _, job, _ = plan_job(args, allow_damaged=True, out=out, ckpt=ckpt)  # the scan above, not a second one
     verdict = job.assess(budget)
     if args.json:
         print_json(preflight_json(job, verdict))

@@ -21,6 +21,7 @@ from inspector.parse.names import name_problem
 
 if TYPE_CHECKING:
     from inspector.convert.order import Order
+    from inspector.scan.model import Checkpoint
 
 FILE = "selections.json"
 LOCK = ".selections.lock"
@@ -186,16 +187,16 @@ def of_root(roots: Roots, root: str) -> dict[str, frozenset[str]]:
     return {n: s.tensors for n, s in roots.get(root_key(root), {}).items()}
 
 
-def narrowed(order: Order, name: str) -> Order:
-    """`convert --selection NAME` (and `preflight`): the order with exactly the tensors `name` selects in the
-    checkpoint it names, a proposed selection or one saved in the app, as convert's include list. The app's
-    picker resolves names through the same `choices`, so both faces export the same tensors."""
+def narrowed(order: Order, name: str, ckpt: Checkpoint) -> Order:
+    """`convert --selection NAME` (and `preflight`): the order with exactly the tensors `name` selects in
+    `ckpt`, the checkpoint it names as the command scanned it (once: the plan reads the same one), a proposed
+    selection or one saved in the app, as convert's include list. The app's picker resolves names through the
+    same `choices`, so both faces export the same tensors."""
     from dataclasses import replace
 
     from inspector.convert.cover import selection_options
     from inspector.convert.options import select
     from inspector.convert.selections import choices, resolve
-    from inspector.scan.scanner import scan
     from inspector.text import shown
 
     opts = order.request.options
@@ -203,7 +204,6 @@ def narrowed(order: Order, name: str) -> Order:
         raise InvalidOptionError(
             "--selection and --include/--exclude both choose the tensors.", hint="Use one of them."
         )
-    ckpt = scan(order.path, order.tag, tp_split=order.tp_split)
     problem: StateFileProblem | None = None
     try:
         saved = of_root(load(), ckpt.root)

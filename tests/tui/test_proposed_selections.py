@@ -139,11 +139,18 @@ async def test_a_hostile_state_file_is_a_notice_and_is_replaced_on_save(small_de
 
 @pytest.mark.asyncio
 async def test_open_selection_presets_a_proposed_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """...from the app's one scan: neither `open` nor the preset scans the checkpoint again."""
+    import inspector.scan.scanner
+
+    calls: list[object] = []
+    real = inspector.scan.scanner.scan
+    monkeypatch.setattr(inspector.scan.scanner, "scan", lambda *a, **k: calls.append(a) or real(*a, **k))
     launch = launched(monkeypatch, str(ckpt_dir("pp_z1_bf16")), "--selection", "stage 0")
-    assert launch.selection == "stage 0"
+    assert launch.selection == "stage 0" and not calls
     app = make_app(launch, live_meters=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await scanned(pilot)
+        assert len(calls) == 1, calls
         assert app.selected == _proposed("pp_z1_bf16", "stage 0")
 
 
