@@ -197,7 +197,7 @@ def narrowed(order: Order, name: str, ckpt: Checkpoint) -> Order:
     from inspector.convert.cover import selection_options
     from inspector.convert.options import select
     from inspector.convert.selections import choices, resolve
-    from inspector.text import shown
+    from inspector.text import quoted
 
     opts = order.request.options
     if opts.include or opts.exclude:
@@ -218,7 +218,7 @@ def narrowed(order: Order, name: str, ckpt: Checkpoint) -> Order:
     exact = selection_options(ckpt, set(chosen), opts)  # the app's own rule: the same options, the same bytes
     if {t.name for t in select(ckpt, replace(exact, exclude_frozen=False, exclude_buffers=False))} != chosen:
         raise InvalidOptionError(  # a name with glob characters (`*`, `?`, `[`) would select others too
-            f"The selection {shown(name)!r} holds tensor names that --include reads as patterns.",
+            f"The selection {quoted(name)} holds tensor names that --include reads as patterns.",
             hint="Export it from the app (p, then e), which writes exactly its tensors.",
         )
     return replace(order, request=replace(order.request, options=exact))
