@@ -167,18 +167,12 @@ def name_selection(app: Shell) -> None:
     def answer(name: str | None) -> None:
         if name is None:
             return
+        from inspector.tui.picking import save_selection
+
         try:
-            problem = app.named.save(root, name, chosen, tag)
+            save_selection(app, root, name, chosen, tag)  # the file written by a worker, which says so
         except InspectorError as exc:
             app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
-            return
-        app.notify(
-            f"Saved {name.strip()!r}: {len(chosen)} tensor(s). p lists it; so does the Export form.",
-            title="Selection saved",
-            markup=False,
-        )
-        if problem:
-            app.notify(problem, title="Selection not written", severity="warning", timeout=10, markup=False)
 
     app.push_screen(NameDialog(len(chosen), app.named.names(root)), answer)
 

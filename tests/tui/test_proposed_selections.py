@@ -99,6 +99,7 @@ async def test_a_saved_selection_lasts_to_the_next_run_and_d_removes_it(small_de
         first.screen.query_one(Input).value = "layer 1"
         await pilot.press("enter")
         await wait_for(pilot, lambda: not isinstance(first.screen, NameDialog), "saved")
+        await first.workers.wait_for_complete()  # the state file is written by a worker
     assert os.path.isfile(os.path.join(store.state_folder(), store.FILE))
 
     again = make_app(path=str(small_demo), live_meters=False)  # the next run: read from the state file
@@ -113,6 +114,7 @@ async def test_a_saved_selection_lasts_to_the_next_run_and_d_removes_it(small_de
         picker.query_one(OptionList).highlighted = [s.name for s in picker.listed].index("layer 1")
         await pilot.press("d")
         await wait_for(pilot, lambda: "layer 1" not in [s.name for s in picker.listed], "removed")
+        await again.workers.wait_for_complete()  # the state file is written by a worker
     assert "layer 1" not in store.of_root(store.load(), str(small_demo))
 
 
