@@ -201,7 +201,9 @@ def pick_selection(app: Shell) -> None:
         except InspectorError as exc:
             app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
             return
-        app.notify(f"{name}: {len(chosen)} tensor(s) selected; e exports them.", title="Selection", markup=False)
+        from inspector.system.units import plural
+
+        app.notify(f"{name}: {plural(len(chosen), 'tensor')} selected; e exports them.", title="Selection", markup=False)
 
     app.push_screen(SelectionPicker(app.named.listed(app.ckpt), app.ckpt), answer)
 

@@ -13,7 +13,7 @@ from inspector.convert.order import Order
 from inspector.convert.outnames import entries
 from inspector.convert.root import LOCK, PARTIAL
 from inspector.system.bytesource import is_url
-from inspector.tui.fmt import many, shown, size, took
+from inspector.tui.fmt import many, plural, shown, size, took
 
 _KILLED_BY = {
     "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory ran out",
@@ -118,13 +118,13 @@ def left_on_disk(out_dir: str) -> str:
 def done_text(r: Finished, peak: int, predicted: int, planned_files: int = 0) -> Text:
     """The result line of a finished conversion, from the child's `report` event. `planned_files`: what the plan
     listed, when the report names fewer entries (a universal folder reported as one): the count said is the
-    plan's, with the folder named, not "1 file(s)"."""
+    plan's, with the folder named, not "1 file"."""
     files = [(str(f[0]), int(f[1])) for f in r.files if len(f) == 2]
     secs, written = r.seconds, r.bytes_written
     where = (
         f"{planned_files} files in {', '.join(n + '/' for n, _ in files)}"
         if planned_files > len(files) and files
-        else f"{len(files)} file(s)"
+        else plural(len(files), "file")
     )
     return Text.assemble(
         ("✔ Done", "bold green"),
@@ -132,7 +132,7 @@ def done_text(r: Finished, peak: int, predicted: int, planned_files: int = 0) ->
         f" in {where} at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
         (
-            f" {r.resumed_files} file(s) reused from an earlier run (kept, not written again)."
+            f" {plural(r.resumed_files, 'file')} reused from an earlier run (kept, not written again)."
             if r.resumed_files
             else ""
         ),

@@ -74,7 +74,7 @@ def test_the_app_says_what_a_resumed_run_reused() -> None:
     from inspector.tui.jobs import done_text
 
     report = Finished("out", [["a", 1], ["b", 2]], 2, 3, 1.0, resumed_files=1)
-    assert "1 file(s) reused from an earlier run" in done_text(report, 0, 0).plain
+    assert "1 file reused from an earlier run" in done_text(report, 0, 0).plain
     assert "reused" not in done_text(Finished("out", [["a", 1]], 1, 1, 1.0), 0, 0).plain
 
 
