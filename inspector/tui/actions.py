@@ -203,7 +203,8 @@ def pick_selection(app: Shell) -> None:
             return
         from inspector.system.units import plural
 
-        app.notify(f"{name}: {plural(len(chosen), 'tensor')} selected; e exports them.", title="Selection", markup=False)
+        said = f"{name}: {plural(len(chosen), 'tensor')} selected; e exports them."
+        app.notify(said, title="Selection", markup=False)
 
     app.push_screen(SelectionPicker(app.named.listed(app.ckpt), app.ckpt), answer)
 
