@@ -194,6 +194,15 @@ def shown(text: object, *, newlines: bool = False) -> str:
     return escape(redact(str(text)), newlines=newlines)
 
 
+def quoted(text: object, limit: int | None = 80) -> str:
+    """A name inside a message, in single quotes and `shown` once, as the parser's usage errors show what was
+    typed: ESC reads `\\x1b` and a backslash stays one. Never `repr` of `shown` (`f"{shown(x)!r}"`), which
+    escapes the escapes again (ESC would read with two backslashes). Cut to `limit` characters of shown text,
+    with an ellipsis, so a long name cannot fill the terminal (None: a path we composed, whole)."""
+    text = shown(text)
+    return f"'{text[:limit]}…'" if limit is not None and len(text) > limit else f"'{text}'"
+
+
 def masked(text: str) -> str:
     """The rule for an editable field (the app's output folder, prefilled from the checkpoint's name): the
     same length as `text`, so cursor and selection stay where the value has them, each unsafe character as

@@ -17,16 +17,12 @@ from inspector.cli.console import literal as escape
 from inspector.cli.console import print_json
 from inspector.cli.options import add_convert_options, format_help
 from inspector.cli.parser import add_command
-from inspector.system.units import format_bytes
-
-
-def _ranks(n: int) -> str:
-    return f"{n} rank{'s' if n != 1 else ''}"
+from inspector.system.units import format_bytes, plural
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    from inspector.cli.jobs import job_events, order_of, ray_options
+    from inspector.cli.jobs import job_events, planned_order, ray_options
     from inspector.cli.live import drive, print_report, print_tasks
 
     ray_options(args)
@@ -40,8 +36,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from inspector.convert.executor import Report
 
     console = _console(stderr=args.json)  # --json: stdout holds the one summary object, people read stderr
-    order = order_of(args)
-    ckpt, job = order.plan()
+    ckpt, job, order = planned_order(args)  # one scan, --selection resolved in it
     part = order.part
     job.check_output(order.overwrite)  # a busy folder: refused before any figure
     verdict = job.assess()
@@ -84,9 +79,9 @@ def _announce(console: Any, ckpt: Any, job: Any, force: bool) -> None:
     """What is about to be converted into what, the kind's notes, and what --force leaves out (said before
     it is left out)."""
     console.print(
-        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {_ranks(ckpt.world_size)}) → "
+        f"Converting [bold]{escape(ckpt.root)}[/] ({escape(ckpt.tag)}, ZeRO-{ckpt.stage}, {plural(ckpt.world_size, 'rank')}) → "
         f"[bold]{escape(job.where)}[/] ({job.kind}): {job.tensor_count} tensors, "
-        f"{len(job.files)} file(s), {format_bytes(job.output_bytes)}"
+        f"{plural(len(job.files), 'file')}, {format_bytes(job.output_bytes)}"
     )
     for note in job.notes:
         console.print(f"[dim]{escape(note, newlines=True)}[/]")

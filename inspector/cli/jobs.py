@@ -5,50 +5,57 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inspector.convert.order import Order, from_args
 from inspector.errors import InvalidOptionError
 
+if TYPE_CHECKING:
+    from inspector.scan.model import Checkpoint
+
 
 def plan_job(
-    args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None
-) -> tuple[Any, Any, Order]:
+    args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None, ckpt: Checkpoint | None = None
+) -> tuple[Checkpoint, Any, Order]:
     """The order the arguments describe, planned: the checkpoint, the kind's job (OUT may be s3://), and the
-    order (`allow_damaged`: preflight predicts for a damaged checkpoint too; convert takes --force)."""
-    order = selected(from_args(args, out=out), args)
+    order (`allow_damaged`: preflight predicts for a damaged checkpoint too; convert takes --force). `ckpt`:
+    the checkpoint the command has already scanned (preflight's), so it is not scanned again."""
+    order = from_args(args, out=out)
     if allow_damaged and not order.request.allow_damaged:
         order = replace(order, request=replace(order.request, allow_damaged=True))
-    ckpt, job = order.plan()
+    return planned(order, getattr(args, "selection", None), ckpt)
+
+
+def planned(
+    order: Order, selection: str | None, ckpt: Checkpoint | None = None
+) -> tuple[Checkpoint, Any, Order]:
+    """The order planned on one scan of its checkpoint (`ckpt` when the caller has it): `--selection NAME`
+    narrows the order to that named selection's tensors in that same scan (`selection_store.narrowed`: the
+    app's picker resolves names the same way), and the plan reads it too."""
+    ckpt = order.scanned() if ckpt is None else ckpt
+    if selection:
+        from inspector.convert.selection_store import narrowed
+
+        order = narrowed(order, selection, ckpt)
+    ckpt, job = order.plan(ckpt=ckpt)
     return ckpt, job, order
 
 
-def selected(order: Order, args: argparse.Namespace) -> Order:
-    """`--selection NAME`: the order narrowed to that named selection's tensors (`selection_store.narrowed`:
-    the app's picker resolves names the same way)."""
-    name = getattr(args, "selection", None)
-    if not name:
-        return order
-    from inspector.convert.selection_store import narrowed
-
-    return narrowed(order, name)
-
-
-def order_of(args: argparse.Namespace) -> Order:
-    """The order to carry out: the one a front end sent on stdin (`--order -`: the app's own plan, so the
-    child converts exactly what it previewed), else the one the arguments describe."""
+def planned_order(args: argparse.Namespace) -> tuple[Checkpoint, Any, Order]:
+    """The order to carry out, planned: the one a front end sent on stdin (`--order -`: the app's own plan,
+    so the child converts exactly what it previewed), else the one the arguments describe."""
     import sys
 
     from inspector.convert.order import from_json
 
     if getattr(args, "order", None) != "-":
-        return selected(from_args(args), args)
+        return planned(from_args(args), getattr(args, "selection", None))
     order = from_json(sys.stdin.read(1 << 20))
     if (order.path, order.out) != (args.path, args.out):  # the command line shown in `ps` tells the truth
         raise InvalidOptionError(
             "The conversion order names another checkpoint or output than the command line.",
         )
-    return order
+    return planned(order, None)
 
 
 def verify_job(args: argparse.Namespace) -> tuple[Any, Any, str]:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from inspector.cli.console import literal as escape
-from inspector.system.units import format_bytes
+from inspector.system.units import format_bytes, plural
 
 _LOG_INTERVAL = 5.0
 
@@ -47,7 +47,7 @@ def _memory_line() -> str:
 def print_tasks(console: Any, tasks: list[Any]) -> None:
     nodes = sorted({t.node for t in tasks})
     console.print(
-        f"Ray: {len(tasks)} part(s) on {len(nodes)} node(s); "
+        f"Ray: {plural(len(tasks), 'part')} on {plural(len(nodes), 'node')}; "
         + ", ".join(
             f"part {t.part}: {format_bytes(t.bytes_written)} in {t.seconds:.1f} s"
             for t in sorted(tasks, key=lambda t: t.part)
@@ -125,7 +125,7 @@ def print_report(
     console.print(t)
     rate = report.bytes_written / report.seconds if report.seconds else 0.0
     resumed = (  # a finishing run after --part runs reuses their files, as a rerun reuses a killed run's
-        f", {report.resumed_shards} file(s) reused (written by --part runs or an interrupted run)"
+        f", {plural(report.resumed_shards, 'file')} reused (written by --part runs or an interrupted run)"
         if report.resumed_shards
         else ""
     )

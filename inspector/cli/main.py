@@ -33,6 +33,7 @@ def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
     `checkpoint-N/`): the refusal names them, as the app finds them, instead of only "no checkpoint"."""
     from inspector.remote.roots import source_at
     from inspector.scan.locate import discover_roots
+    from inspector.system.units import plural
 
     if isinstance(exc, StoreError):  # the store refused: asking it again for a listing would only repeat that
         return exc
@@ -41,7 +42,7 @@ def _with_roots_named(exc: InspectorError, path: str) -> InspectorError:
         return exc
     names = ", ".join(os.path.relpath(r, path) for r in roots[:5]) + (" …" if len(roots) > 5 else "")
     exc.hint = (
-        f"It holds {len(roots)} checkpoint(s): {names}. Scan one of them, e.g. "
+        f"It holds {plural(len(roots), 'checkpoint')}: {names}. Scan one of them, e.g. "
         f"`{command_hint('scan', roots[-1])}`, or open the folder in the app to choose."
     )
     return exc

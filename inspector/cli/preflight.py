@@ -49,7 +49,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     budget = _chosen_ram(args.ram) if args.ram else None
     from inspector.system.disk import proposed_out  # the app's Export form proposes the same folder
 
-    _, job, _ = plan_job(args, allow_damaged=True, out=args.out or proposed_out(ckpt.root, ckpt.tag))
+    out = args.out or proposed_out(ckpt.root, ckpt.tag)
+    _, job, _ = plan_job(args, allow_damaged=True, out=out, ckpt=ckpt)  # the scan above, not a second one
     verdict = job.assess(budget)
     if args.json:
         print_json(preflight_json(job, verdict))
@@ -76,6 +77,7 @@ def _chosen_ram(text: str) -> Any:
 def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
     """Show the error findings as `scan` does (stdout), then refuse with exit 1."""
     from inspector.errors import DamagedCheckpointError
+    from inspector.system.units import plural
 
     errors = ckpt.errors
     if as_json:  # the one JSON object of this run: main() prints no second one for the error below
@@ -84,7 +86,7 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
                 "fits": False,
                 "damaged": True,
                 "findings": [f.as_dict() for f in errors],
-                "error": {"title": "Damaged checkpoint", "message": f"{len(errors)} error finding(s)"},
+                "error": {"title": "Damaged checkpoint", "message": f"{plural(len(errors), 'error finding')}"},
             }
         )
     else:
@@ -97,7 +99,7 @@ def _refuse_damaged(ckpt: Any, as_json: bool) -> None:
             Panel(findings(tuple(errors)), title="Findings", title_align="left", border_style="red")
         )
     refusal = DamagedCheckpointError(
-        f"The checkpoint has {len(errors)} error finding(s); no prediction is made for a damaged checkpoint.",
+        f"The checkpoint has {plural(len(errors), 'error finding')}; no prediction is made for a damaged checkpoint.",
         hint="Run `zero-inspector scan` for details; converting it would write wrong weights.",
     )
     refusal.json_printed = as_json  # type: ignore[attr-defined]

@@ -55,12 +55,11 @@ def convert_json(args: argparse.Namespace) -> int:
     events for every output kind."""
 
     def body() -> int:
-        from inspector.cli.jobs import job_events, order_of
+        from inspector.cli.jobs import job_events, planned_order
         from inspector.convert.executor import Progress, Report
         from inspector.errors import DoesNotFitError
 
-        order = order_of(args)  # --executor ray's options: checked by cmd_convert
-        _, job = order.plan()
+        _, job, order = planned_order(args)  # --executor ray's options: checked by cmd_convert
         job.check_output(order.overwrite)
         verdict = job.assess()
         if not verdict.fits and not order.request.allow_damaged:

@@ -167,7 +167,7 @@ def print_assessment(console: Console, a: Assessment, job: Any, verdict: bool = 
         t.add_row(
             "Upload",
             format_bytes(a.output_bytes),
-            escape(f"{job.kind} · {len(job.files)} file(s) to {a.upload_to}, each as soon as it is written"),
+            escape(f"{job.kind} · {plural(len(job.files), 'file')} to {a.upload_to}, each as soon as it is written"),
         )
         t.add_row(
             "Staging",
@@ -178,7 +178,7 @@ def print_assessment(console: Console, a: Assessment, job: Any, verdict: bool = 
         t.add_row(
             "Output",
             f"[{disk_style}]{format_bytes(a.output_bytes)}[/]",
-            escape(f"{job.kind} · {len(job.files)} file(s) · {format_bytes(a.free_disk)} free at {a.out_dir}"),
+            escape(f"{job.kind} · {plural(len(job.files), 'file')} · {format_bytes(a.free_disk)} free at {a.out_dir}"),
         )
     t.add_row("Reads", format_bytes(a.read_bytes), escape(job.read_note(a)))
     t.add_row("Time", f"~{a.estimated_seconds:.0f} s", "estimate from the measured throughput")

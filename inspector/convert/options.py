@@ -18,7 +18,7 @@ from inspector.errors import DamagedCheckpointError, InspectorError
 from inspector.format.dtypes import OUTPUT_ALIASES
 from inspector.parse.names import name_problem
 from inspector.scan.model import Checkpoint, Kind, TensorInfo
-from inspector.text import shown
+from inspector.text import quoted
 
 DTYPE_ALIASES = OUTPUT_ALIASES
 CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,
@@ -162,7 +162,7 @@ def name_tensors(
         problem = name_problem(name)
         if problem:  # the same rule names from a file pass: `__metadata__` would make the file unloadable
             raise InspectorError(
-                f"Renaming {t.name} gives the output name {shown(name)!r}, which {problem}.",
+                f"Renaming {t.name} gives the output name {quoted(name)}, which {problem}.",
                 hint="Adjust --strip-prefix/--rename so every output name is a plain tensor name.",
                 title="Invalid option",
             )

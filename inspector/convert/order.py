@@ -43,18 +43,26 @@ class Order:
     parts: int | None = None  # --executor ray: how many tasks
     tp_split: tuple[tuple[str, str], ...] = ()  # --tp-split: how an unrecorded tensor-parallel split joins
 
-    def plan(self, part: tuple[int, int] | None = None, out: str | None = None) -> tuple[Checkpoint, Job]:
+    def plan(
+        self, part: tuple[int, int] | None = None, out: str | None = None, *, ckpt: Checkpoint | None = None
+    ) -> tuple[Checkpoint, Job]:
         """Scan, pick the kind, plan its job (a bucket OUT wrapped): the checkpoint and the job. `part` names
-        an s3:// OUT's staging folder (default: this order's); `out`: plan for another OUT (preflight)."""
+        an s3:// OUT's staging folder (default: this order's); `out`: plan for another OUT (preflight);
+        `ckpt`: this order's checkpoint, already scanned (`scanned`), so a command scans it once."""
         from inspector.convert.bucket import plan_output
         from inspector.convert.kinds import get
-        from inspector.scan.scanner import scan
 
-        ckpt = scan(self.path, self.tag, tp_split=self.tp_split)  # a bad path fails here, before the converter loads
+        ckpt = self.scanned() if ckpt is None else ckpt  # a bad path fails here, before the converter loads
         job = plan_output(
             get(self.kind), ckpt, self.request, out or self.out, self.staging, part or self.part
         )
         return ckpt, job
+
+    def scanned(self) -> Checkpoint:
+        """The checkpoint this order names (its path, tag and --tp-split rules), scanned."""
+        from inspector.scan.scanner import scan
+
+        return scan(self.path, self.tag, tp_split=self.tp_split)
 
 
 def to_json(order: Order) -> str:

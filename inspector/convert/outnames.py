@@ -8,7 +8,7 @@ from typing import Protocol
 
 from inspector.errors import OutputError
 from inspector.parse.names import name_problem
-from inspector.text import shown
+from inspector.text import quoted
 
 LOCK = ".zero-inspector.lock"
 PARTIAL = ".partial"  # a file (or a job's folder) that is not finished yet
@@ -53,7 +53,7 @@ def parts_of(rel: str) -> list[str]:
     for p in parts:
         if problem := name_problem(p):
             raise OutputError(
-                f"Refusing to write {shown(rel)!r}: the name {shown(p)[:80]!r} {problem}.",
+                f"Refusing to write {quoted(rel, None)}: the name {quoted(p)} {problem}.",
                 hint="A name from the checkpoint or from --rename cannot become a path outside the output "
                 "folder; rename it with --rename.",
                 title="Unsafe output name",

@@ -48,7 +48,7 @@ from inspector.convert.rootread import (
 )
 from inspector.errors import OutputError
 from inspector.system.bytesource import ByteSource
-from inspector.text import shown
+from inspector.text import quoted
 
 __all__ = [
     "LOCK",
@@ -215,7 +215,7 @@ class OutputRoot(ReadsBelow):
 
     def _link(self, rel: str, part: str) -> OutputError:
         return OutputError(
-            f"Refusing to write {self.show(rel)}: {shown(part)!r} inside the output folder is a link or not "
+            f"Refusing to write {self.show(rel)}: {quoted(part)} inside the output folder is a link or not "
             "a folder.",
             hint="Something other than this tool put it there; remove it or choose another output folder.",
             title="Unsafe output folder",

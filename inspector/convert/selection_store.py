@@ -21,6 +21,7 @@ from inspector.parse.names import name_problem
 
 if TYPE_CHECKING:
     from inspector.convert.order import Order
+    from inspector.scan.model import Checkpoint
 
 FILE = "selections.json"
 LOCK = ".selections.lock"
@@ -186,24 +187,23 @@ def of_root(roots: Roots, root: str) -> dict[str, frozenset[str]]:
     return {n: s.tensors for n, s in roots.get(root_key(root), {}).items()}
 
 
-def narrowed(order: Order, name: str) -> Order:
-    """`convert --selection NAME` (and `preflight`): the order with exactly the tensors `name` selects in the
-    checkpoint it names, a proposed selection or one saved in the app, as convert's include list. The app's
-    picker resolves names through the same `choices`, so both faces export the same tensors."""
+def narrowed(order: Order, name: str, ckpt: Checkpoint) -> Order:
+    """`convert --selection NAME` (and `preflight`): the order with exactly the tensors `name` selects in
+    `ckpt`, the checkpoint it names as the command scanned it (once: the plan reads the same one), a proposed
+    selection or one saved in the app, as convert's include list. The app's picker resolves names through the
+    same `choices`, so both faces export the same tensors."""
     from dataclasses import replace
 
     from inspector.convert.cover import selection_options
     from inspector.convert.options import select
     from inspector.convert.selections import choices, resolve
-    from inspector.scan.scanner import scan
-    from inspector.text import shown
+    from inspector.text import quoted
 
     opts = order.request.options
     if opts.include or opts.exclude:
         raise InvalidOptionError(
             "--selection and --include/--exclude both choose the tensors.", hint="Use one of them."
         )
-    ckpt = scan(order.path, order.tag, tp_split=order.tp_split)
     problem: StateFileProblem | None = None
     try:
         saved = of_root(load(), ckpt.root)
@@ -218,7 +218,7 @@ def narrowed(order: Order, name: str) -> Order:
     exact = selection_options(ckpt, set(chosen), opts)  # the app's own rule: the same options, the same bytes
     if {t.name for t in select(ckpt, replace(exact, exclude_frozen=False, exclude_buffers=False))} != chosen:
         raise InvalidOptionError(  # a name with glob characters (`*`, `?`, `[`) would select others too
-            f"The selection {shown(name)!r} holds tensor names that --include reads as patterns.",
+            f"The selection {quoted(name)} holds tensor names that --include reads as patterns.",
             hint="Export it from the app (p, then e), which writes exactly its tensors.",
         )
     return replace(order, request=replace(order.request, options=exact))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from inspector.errors import InspectorError, InvalidOptionError
 from inspector.scan.model import Checkpoint, Kind, Parallel
-from inspector.text import shown
+from inspector.text import quoted
 
 NAME_LIMIT = 40  # cells: the name is shown in the export form's Selection field and the picker
 
@@ -185,8 +185,8 @@ def resolve(name: str, listed: tuple[Selection, ...]) -> Selection:
     for s in listed:
         if s.name == name.strip():
             return s
-    there = ", ".join(repr(shown(s.name)) for s in listed) or "none"
+    there = ", ".join(quoted(s.name) for s in listed) or "none"
     raise InvalidOptionError(
-        f"No selection named {shown(name)[:80]!r} for this checkpoint.",
+        f"No selection named {quoted(name)} for this checkpoint.",
         hint=f"The selections there are: {there}. Save your own in the app with `m`.",
     )

@@ -21,7 +21,7 @@ from inspector.errors import CancelledError, OutputError
 from inspector.parse.names import name_problem
 from inspector.remote.backend import int_env, normalise_url, scheme_row, split_url
 from inspector.remote.store import Store, store_for
-from inspector.text import shown
+from inspector.text import quoted, shown
 
 PART = 16 << 20  # the default part; ZI_S3_PART_MIB sets another (5 MiB, S3's smallest, to 512 MiB)
 MAX_PARTS = 10_000  # S3's limit per upload
@@ -92,7 +92,7 @@ class PrefixDestination:
         parts = [p for p in rel.split("/") if p]
         if not parts or any(name_problem(p) for p in parts):  # the root checked it already; checked again
             raise OutputError(
-                f"Refusing to upload {shown(rel)!r}: not a plain name.", title="Unsafe output name"
+                f"Refusing to upload {quoted(rel, None)}: not a plain name.", title="Unsafe output name"
             )
         return self.prefix + "/".join(parts)
 

@@ -167,18 +167,12 @@ def name_selection(app: Shell) -> None:
     def answer(name: str | None) -> None:
         if name is None:
             return
+        from inspector.tui.picking import save_selection
+
         try:
-            problem = app.named.save(root, name, chosen, tag)
+            save_selection(app, root, name, chosen, tag)  # the file written by a worker, which says so
         except InspectorError as exc:
             app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
-            return
-        app.notify(
-            f"Saved {name.strip()!r}: {len(chosen)} tensor(s). p lists it; so does the Export form.",
-            title="Selection saved",
-            markup=False,
-        )
-        if problem:
-            app.notify(problem, title="Selection not written", severity="warning", timeout=10, markup=False)
 
     app.push_screen(NameDialog(len(chosen), app.named.names(root)), answer)
 
@@ -207,7 +201,10 @@ def pick_selection(app: Shell) -> None:
         except InspectorError as exc:
             app.notify(f"{exc.message} {exc.hint}", title=exc.title, severity="warning", markup=False)
             return
-        app.notify(f"{name}: {len(chosen)} tensor(s) selected; e exports them.", title="Selection", markup=False)
+        from inspector.system.units import plural
+
+        said = f"{name}: {plural(len(chosen), 'tensor')} selected; e exports them."
+        app.notify(said, title="Selection", markup=False)
 
     app.push_screen(SelectionPicker(app.named.listed(app.ckpt), app.ckpt), answer)
 

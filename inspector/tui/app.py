@@ -34,7 +34,7 @@ from inspector.scan.summary import saved_at
 from inspector.scan.tp_rules import Rules
 from inspector.text import escape, has_unsafe, shown
 from inspector.tui import actions
-from inspector.tui.fmt import ago
+from inspector.tui.fmt import ago, plural
 from inspector.tui.frozen import FROZEN_AGE
 from inspector.tui.launch import LaunchOptions, newest_root
 from inspector.tui.messages import DemoWritten, Located, ScanFailed, Scanned
@@ -219,7 +219,7 @@ class InspectorApp(Shell):
             self.screen.rescanned()
         if msg.checkpoint.errors:
             self.notify(
-                f"{len(msg.checkpoint.errors)} problem(s) found: see Findings on the overview.",
+                f"{plural(len(msg.checkpoint.errors), 'problem')} found: see Findings on the overview.",
                 title="Damaged checkpoint",
                 severity="error",
                 timeout=8,

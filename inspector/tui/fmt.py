@@ -44,7 +44,7 @@ def size(n: float) -> str:
 
 
 count = format_count  # 1,234 · 12.3M · 1.20B, as the CLI shows them
-__all__ = ["plural"]  # 1 tensor, 2 tensors: re-exported for the widgets, one rule with the CLI
+__all__ = ["plural"]  # 1 tensor, 2 tensors: re-exported for the widgets, the one plural rule with the CLI
 
 
 def shape(dims: tuple[int, ...]) -> str:
@@ -105,12 +105,6 @@ def ago(seconds: float) -> str:
     """How long ago something happened, `seconds` before now ("3 hours ago", "a month ago"); a time ahead of
     the clock (a file from another machine) says so ("2 minutes from now")."""
     return humanize.naturaltime(timedelta(seconds=seconds))
-
-
-def many(n: int, word: str) -> str:
-    """A count and its noun, singular for one ("1 tensor", "2 tensors"): the app's one plural
-    rule, so no line says "1 tensors"."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def in_words(n: int) -> str:

@@ -13,7 +13,7 @@ from inspector.convert.order import Order
 from inspector.convert.outnames import entries
 from inspector.convert.root import LOCK, PARTIAL
 from inspector.system.bytesource import is_url
-from inspector.tui.fmt import many, shown, size, took
+from inspector.tui.fmt import plural, shown, size, took
 
 _KILLED_BY = {
     "SIGKILL": "killed with SIGKILL: by `kill -9`, or by the kernel's OOM killer when memory ran out",
@@ -106,10 +106,10 @@ def left_on_disk(out_dir: str) -> str:
     if not names:
         return f"{out_dir} is empty: nothing is left behind."
     partial = [n for n in names if n.endswith(PARTIAL)]
-    parts = [f"{out_dir} holds {many(len(names), 'file')}"]
+    parts = [f"{out_dir} holds {plural(len(names), 'file')}"]
     if partial:
         total = sum(_tree_size(os.path.join(out_dir, n)) for n in partial)
-        parts.append(f"{many(len(partial), 'unfinished *.partial file')}, {size(total)}")
+        parts.append(f"{plural(len(partial), 'unfinished *.partial file')}, {size(total)}")
     if JOURNAL in names:
         parts.append("a journal: converting again with the same options reuses the finished shards")
     return "; ".join(parts) + "."
@@ -118,21 +118,21 @@ def left_on_disk(out_dir: str) -> str:
 def done_text(r: Finished, peak: int, predicted: int, planned_files: int = 0) -> Text:
     """The result line of a finished conversion, from the child's `report` event. `planned_files`: what the plan
     listed, when the report names fewer entries (a universal folder reported as one): the count said is the
-    plan's, with the folder named, not "1 file(s)"."""
+    plan's, with the folder named, not "1 file"."""
     files = [(str(f[0]), int(f[1])) for f in r.files if len(f) == 2]
     secs, written = r.seconds, r.bytes_written
     where = (
         f"{planned_files} files in {', '.join(n + '/' for n, _ in files)}"
         if planned_files > len(files) and files
-        else f"{len(files)} file(s)"
+        else plural(len(files), "file")
     )
     return Text.assemble(
         ("✔ Done", "bold green"),
-        f" in {took(secs)}: {many(r.tensors, 'tensor')}, {size(written)}"
+        f" in {took(secs)}: {plural(r.tensors, 'tensor')}, {size(written)}"
         f" in {where} at {size(written / max(secs, 1e-9))}/s;"
         f" peak RSS {size(peak)}" + (f" (predicted {size(predicted)})" if predicted else "") + ".",
         (
-            f" {r.resumed_files} file(s) reused from an earlier run (kept, not written again)."
+            f" {plural(r.resumed_files, 'file')} reused from an earlier run (kept, not written again)."
             if r.resumed_files
             else ""
         ),
@@ -157,7 +157,7 @@ def verified_text(r: Verified) -> Text:
     """The line of a verification that passed, from the child's `verified` event."""
     return Text.assemble(
         ("✔ Verified: ", "bold green"),
-        f"{many(r.checked, 'tensor')}, {size(r.bytes_checked)} "
+        f"{plural(r.checked, 'tensor')}, {size(r.bytes_checked)} "
         f"identical to the checkpoint after conversion (checked in {took(r.seconds)}).",
     )
 

@@ -8,6 +8,7 @@ through the same core functions, so both faces export the same tensors."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ class NamedSelections:
     offered: tuple[Selection, ...] = ()
     _loaded: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _pending: deque[Callable[[], object]] = field(default_factory=deque, repr=False)  # writes, oldest first
+    _writing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def load(self) -> str:
         """Read the state file, the first time only (the scan worker calls this, off the UI thread); the
@@ -45,8 +48,18 @@ class NamedSelections:
             return ""
 
     def save(self, root: str, name: str, tensors: set[str], tag: str = "") -> str:
+        """`keep`, then `write_next` in this thread: what went wrong writing the file, "" when it is saved."""
+        self.keep(root, name, tensors, tag)
+        return self.write_next()
+
+    def forget(self, root: str, name: str) -> str:
+        """`drop`, then `write_next` in this thread: what went wrong writing the file, "" otherwise."""
+        self.drop(root, name)
+        return self.write_next()
+
+    def keep(self, root: str, name: str, tensors: set[str], tag: str = "") -> str:
         """Save (or replace) `name` for `root`: refused when empty or badly named (InvalidOptionError); kept
-        for the run at once and written to the state file; what went wrong writing it, "" when it was saved."""
+        for the run at once, its write to the state file queued for `write_next`; the name as checked."""
         if not tensors:
             raise InvalidOptionError(
                 "Nothing is selected to save.", hint="Select tensors on the Tensors tab (space, a, v, /)."
@@ -54,13 +67,22 @@ class NamedSelections:
         name = checked_name(name)
         mine = self.by_root.setdefault(store.root_key(root), {})
         mine.pop(name, None)  # a replaced name moves to the end, as in the file
-        mine[name] = frozenset(tensors)
-        return self._write(lambda: store.save(root, name, tag, frozenset(tensors), self.folder))
+        mine[name] = kept = frozenset(tensors)
+        self._pending.append(lambda: store.save(root, name, tag, kept, self.folder))
+        return name
 
-    def forget(self, root: str, name: str) -> str:
-        """Remove a saved selection (the picker's `d`); what went wrong writing the file, "" otherwise."""
+    def drop(self, root: str, name: str) -> None:
+        """Remove a saved selection (the picker's `d`) for the run at once; its write queued."""
         self.by_root.get(store.root_key(root), {}).pop(name, None)
-        return self._write(lambda: store.forget(root, name, self.folder))
+        self._pending.append(lambda: store.forget(root, name, self.folder))
+
+    def write_next(self) -> str:
+        """The oldest queued change written to the state file (locked, fsynced: the app calls this in a worker
+        thread, one call per change): each call takes the oldest one under one lock, so the file sees the
+        changes in the order they were made, whichever thread runs first. What went wrong, "" otherwise."""
+        with self._writing:
+            change = self._pending.popleft()
+            return self._write(change)
 
     def _write(self, change: Callable[[], object]) -> str:
         if not self.persist:

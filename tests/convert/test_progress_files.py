@@ -74,14 +74,15 @@ def test_the_app_says_what_a_resumed_run_reused() -> None:
     from inspector.tui.jobs import done_text
 
     report = Finished("out", [["a", 1], ["b", 2]], 2, 3, 1.0, resumed_files=1)
-    assert "1 file(s) reused from an earlier run" in done_text(report, 0, 0).plain
+    assert "1 file reused from an earlier run" in done_text(report, 0, 0).plain
     assert "reused" not in done_text(Finished("out", [["a", 1]], 1, 1, 1.0), 0, 0).plain
 
 
 def test_the_app_counts_one_tensor_in_the_singular() -> None:
     from inspector.convert.events import Finished
-    from inspector.tui.fmt import many
+    from inspector.tui.fmt import plural
     from inspector.tui.jobs import done_text
 
-    assert (many(1, "tensor"), many(0, "tensor"), many(46, "tensor")) == ("1 tensor", "0 tensors", "46 tensors")
+    assert (plural(1, "tensor"), plural(0, "tensor"), plural(46, "tensor")) == ("1 tensor", "0 tensors", "46 tensors")
+    assert plural(24_639, "tensor") == "24,639 tensors"  # as the tables count
     assert ": 1 tensor, " in done_text(Finished("out", [["a", 1]], 1, 1, 1.0), 0, 0).plain

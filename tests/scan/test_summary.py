@@ -201,7 +201,7 @@ def test_every_face_reads_padding_from_the_rank_groups(demo: DemoCache) -> None:
     for shown in (text(cli_ranks(ckpt)), text(tui_ranks(ckpt))):
         assert all(cell in shown for cell in cells) and "param_alignment_paddings" in shown
     t = next(t for t in ckpt.tensors if t.kind is Kind.TRAINABLE and t.group == 0)
-    assert "90 alignment padding element(s) between parameters" in padding_note(ckpt, t)
+    assert "90 alignment padding elements between parameters" in padding_note(ckpt, t)
 
 
 def test_parameter_count_is_trainable_and_frozen_with_each_tied_pair_once(demo: DemoCache) -> None:

@@ -42,8 +42,8 @@ def test_many_output_files_keep_the_current_one_in_view() -> None:
     files = [(f"model-{i:05d}-of-00030.safetensors", MiB) for i in range(1, 31)]
     lines = shard_rows(files, current=20, fraction=0.5, rows=8).plain.splitlines()
     assert len(lines) == 8
-    assert lines[0] == "  ✔ 18 earlier file(s) written"
+    assert lines[0] == "  ✔ 18 earlier files written"
     assert any("▶ model-00021-of-00030" in ln for ln in lines)
-    assert lines[-1] == "  · 6 more file(s) to come"
+    assert lines[-1] == "  · 6 more files to come"
     last = shard_rows(files, current=30, fraction=1.0, rows=8).plain.splitlines()  # all written
     assert len(last) <= 8 and "to come" not in last[-1] and "model-00030-of-00030" in last[-1]

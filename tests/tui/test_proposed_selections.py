@@ -99,6 +99,7 @@ async def test_a_saved_selection_lasts_to_the_next_run_and_d_removes_it(small_de
         first.screen.query_one(Input).value = "layer 1"
         await pilot.press("enter")
         await wait_for(pilot, lambda: not isinstance(first.screen, NameDialog), "saved")
+        await first.workers.wait_for_complete()  # the state file is written by a worker
     assert os.path.isfile(os.path.join(store.state_folder(), store.FILE))
 
     again = make_app(path=str(small_demo), live_meters=False)  # the next run: read from the state file
@@ -113,6 +114,7 @@ async def test_a_saved_selection_lasts_to_the_next_run_and_d_removes_it(small_de
         picker.query_one(OptionList).highlighted = [s.name for s in picker.listed].index("layer 1")
         await pilot.press("d")
         await wait_for(pilot, lambda: "layer 1" not in [s.name for s in picker.listed], "removed")
+        await again.workers.wait_for_complete()  # the state file is written by a worker
     assert "layer 1" not in store.of_root(store.load(), str(small_demo))
 
 
@@ -139,11 +141,18 @@ async def test_a_hostile_state_file_is_a_notice_and_is_replaced_on_save(small_de
 
 @pytest.mark.asyncio
 async def test_open_selection_presets_a_proposed_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """...from the app's one scan: neither `open` nor the preset scans the checkpoint again."""
+    import inspector.scan.scanner
+
+    calls: list[object] = []
+    real = inspector.scan.scanner.scan
+    monkeypatch.setattr(inspector.scan.scanner, "scan", lambda *a, **k: calls.append(a) or real(*a, **k))
     launch = launched(monkeypatch, str(ckpt_dir("pp_z1_bf16")), "--selection", "stage 0")
-    assert launch.selection == "stage 0"
+    assert launch.selection == "stage 0" and not calls
     app = make_app(launch, live_meters=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await scanned(pilot)
+        assert len(calls) == 1, calls
         assert app.selected == _proposed("pp_z1_bf16", "stage 0")
 
 

@@ -25,7 +25,7 @@ async def test_export_universal_convert_and_verify(small_demo: Path, tmp_path: P
         text = await choose_universal(pilot)
         assert "Fits" in text and str(out / "global_step3_uni") in text
         assert "The whole checkpoint" in plain(app.screen.query_one("#selection-summary"))
-        shown = re.search(r"Output\s+([\d.]+) MiB\s+(\d+) file\(s\), (\d+) tensors", text)
+        shown = re.search(r"Output\s+([\d.]+) MiB\s+(\d+) files?, (\d+) tensors", text)
         assert shown is not None, text
         await pilot.press("ctrl+s")
         await wait_for(

@@ -22,7 +22,7 @@ from inspector.convert.options import ConvertOptions
 from inspector.convert.order import to_json
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.tui.fmt import many, shown, size, took
+from inspector.tui.fmt import plural, shown, size, took
 from inspector.tui.jobs import (
     app_order,
     child_args,
@@ -158,7 +158,7 @@ class ConvertScreen(ChildScreen):
                 ("Converting ", "bold"),
                 shown(f"{ckpt.root} @ {ckpt.tag} → "),
                 (shown(plan.where), "bold"),
-                f"\n{many(plan.tensor_count, 'tensor')} · {len(plan.files)} file(s) · {size(plan.output_bytes)}"
+                f"\n{plural(plan.tensor_count, 'tensor')} · {plural(len(plan.files), 'file')} · {size(plan.output_bytes)}"
                 + (" · forced" if self.force else ""),
             )
         )
@@ -208,7 +208,7 @@ class ConvertScreen(ChildScreen):
             reused = self.report.resumed_files
             progress.written(reused)
             # the last progress line said "under a second left": now it says what was done, reuse included
-            again = f", {reused} file(s) of it reused from an earlier run" if reused else ""
+            again = f", {plural(reused, 'file')} of it reused from an earlier run" if reused else ""
             progress.say(f"{size(self.report.bytes_written)} written in {took(self.report.seconds)}{again}")
             result = self.query_one("#result", Static)
             result.update(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspector.convert.kinds import DEFAULT, get
-from inspector.tui.fmt import shown
+from inspector.tui.fmt import plural, shown
 from inspector.tui.screens.convert import ConvertScreen
 from inspector.tui.screens.dialogs import ConfirmDialog
 from inspector.tui.session import exported
@@ -48,7 +48,7 @@ def start_conversion(app: Any) -> None:
         app.push_screen(
             ConfirmDialog(
                 "Convert a damaged checkpoint?",
-                f"The scan found {len(app.ckpt.errors)} error(s), e.g. {shown(app.ckpt.errors[0].message)}\n"
+                f"The scan found {plural(len(app.ckpt.errors), 'error')}, e.g. {shown(app.ckpt.errors[0].message)}\n"
                 "Converting it would likely write wrong weights.",
                 yes="Convert anyway",
             ),

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
-from inspector.tui.fmt import shown, shown_lines
+from inspector.tui.fmt import plural, shown, shown_lines
 
 
 class ConfirmDialog(ModalScreen[bool]):
@@ -121,7 +121,7 @@ class NameDialog(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog-box"):
-            count = f"{self.count} tensor{'s' if self.count != 1 else ''}"
+            count = plural(self.count, "tensor")
             yield Static(f"Name this selection ({count})", id="dialog-title")
             yield Input(id="selection-name", placeholder="stage 1, expert 3, TP shard 0…", compact=True)
             said = ", ".join(shown(n) for n in self.saved) if self.saved else "none yet"

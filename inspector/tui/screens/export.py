@@ -23,7 +23,7 @@ from inspector.errors import InspectorError
 from inspector.remote.roots import absolute
 from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.units import parse_size
-from inspector.tui.fmt import many, shown, shown_markup
+from inspector.tui.fmt import plural, shown, shown_markup
 from inspector.tui.jobs import run_preflight
 from inspector.tui.screens.export_fields import (
     apply_named,
@@ -381,7 +381,7 @@ class ExportScreen(Screen[None]):
         opts = zi(self).convert_options()
         flags = [f"--include {p}" for p in opts.include] + [f"--exclude {p}" for p in opts.exclude]
         self.query_one("#selection-summary", Static).update(
-            f"[dim]Selection: {many(msg.plan.tensor_count, 'tensor')} → {len(msg.plan.files)} file(s)"
+            f"[dim]Selection: {plural(msg.plan.tensor_count, 'tensor')} → {plural(len(msg.plan.files), 'file')}"
             + (f"\n= {shown_markup(' '.join(flags)[:200])}" if flags else " (everything)")
             + "".join(f"\n{shown_markup(note)}" for note in msg.plan.notes)  # why a count differs, in words
             + "[/]"

@@ -169,7 +169,7 @@ class MainScreen(Screen[None]):
 
     def scanned(self, ckpt: Checkpoint, seconds: float) -> None:
         self._title(ckpt.root, ckpt.tag)
-        bad = f" · [bold red]{len(ckpt.errors)} error(s)[/]" if ckpt.errors else ""
+        bad = f" · [bold red]{plural(len(ckpt.errors), 'error')}[/]" if ckpt.errors else ""
         took = f" · {seconds:.2f} s" if zi(self).live_meters else ""
         self.status(
             f"ZeRO-{ckpt.stage} · {plural(ckpt.world_size, 'rank')} · {plural(len(ckpt.tensors), 'tensor')}{bad}{took}"

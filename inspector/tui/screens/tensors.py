@@ -100,7 +100,7 @@ class TensorsPane(Horizontal):
     @on(TensorTable.Marked)
     def _flat_marked(self, event: TensorTable.Marked) -> None:
         self.module_tree.set_selection(set(zi(self).selected) | set(event.names))
-        self.notify(f"{len(event.names)} row(s) marked.", timeout=2, markup=False)
+        self.notify(f"{plural(len(event.names), 'row')} marked.", timeout=2, markup=False)
 
     @on(TensorTable.Sorted)
     def _flat_sorted(self, event: TensorTable.Sorted) -> None:

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from inspector.convert.kinds import Job
 from inspector.convert.preflight import Assessment
-from inspector.tui.fmt import estimate, many, shown, size
+from inspector.tui.fmt import estimate, plural, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 
@@ -53,14 +53,14 @@ class PreflightPanel(AutoHeightStatic):
         for label, value, note in job.comparisons(a):
             row(label, size(value), "", note)
         if a.upload_to:  # a bucket: what goes up, and what waits on this disk at once
-            row("Upload", size(a.output_bytes), "", f"{len(job.files)} file(s), {many(job.tensor_count, 'tensor')}")
+            row("Upload", size(a.output_bytes), "", f"{plural(len(job.files), 'file')}, {plural(job.tensor_count, 'tensor')}")
             row("Staging", size(a.staged_bytes), disk, f"at most, at once; {size(a.free_disk)} free")
         else:
             row(
                 "Output",
                 size(a.output_bytes),
                 disk,
-                f"{len(job.files)} file(s), {many(job.tensor_count, 'tensor')}; {size(a.free_disk)} free",
+                f"{plural(len(job.files), 'file')}, {plural(job.tensor_count, 'tensor')}; {size(a.free_disk)} free",
             )
         row("Reads", size(a.read_bytes), "", job.read_note(a))
         if job.where != job.out_dir:  # a folder of its own inside OUT

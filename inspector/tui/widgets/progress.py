@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
 from inspector.convert.events import Progressed
-from inspector.tui.fmt import duration, estimate, shown, size
+from inspector.tui.fmt import duration, estimate, plural, shown, size
 from inspector.tui.widgets.auto_height import AutoHeightStatic
 
 SHARD_ROWS = 8
@@ -26,7 +26,7 @@ def shard_rows(files: list[tuple[str, int]], current: int, fraction: float, rows
     end = n if n <= rows else min(n, start + rows - 2)
     lines = []
     if start:
-        lines.append(Text(f"  ✔ {start} earlier file(s) written", style="green"))
+        lines.append(Text(f"  ✔ {plural(start, 'earlier file')} written", style="green"))
     for i in range(start, end):
         name, nbytes = files[i]
         if i < current:
@@ -40,7 +40,7 @@ def shard_rows(files: list[tuple[str, int]], current: int, fraction: float, rows
             Text.assemble((f"  {mark} ", style), (name, name_style), f"  {size(nbytes)}", (note, "bold"))
         )
     if end < n:
-        lines.append(Text(f"  · {n - end} more file(s) to come", style="dim"))
+        lines.append(Text(f"  · {plural(n - end, 'more file')} to come", style="dim"))
     return Text("\n").join(lines)
 
 

@@ -108,14 +108,14 @@ def padding_note(ckpt: Checkpoint, t: TensorInfo) -> str:
     if ckpt.stage == 3:
         per = math.ceil(t.numel / max(ckpt.world_size, 1))
         pad = per * ckpt.world_size - t.numel
-        return f"Partitioned {plural(ckpt.world_size, 'way')}, {count(per)} per rank; {pad} padding element(s) on the last rank."
+        return f"Partitioned {plural(ckpt.world_size, 'way')}, {count(per)} per rank; {plural(pad, 'padding element')} on the last rank."
     g = next((g for g in ckpt.groups if g.index == t.group), None)
     if g is None:
         return ""
     align = sum(n for (_, grp), n in alignment_padding(ckpt).items() if grp == g.index)
     end = g.padded_numel - g.numel - align
-    where = f"{end} padding element(s) at its end" + (
-        f" and {align} alignment padding element(s) between parameters (param_alignment_paddings)"
+    where = f"{plural(end, 'padding element')} at its end" + (
+        f" and {plural(align, 'alignment padding element')} between parameters (param_alignment_paddings)"
         if align
         else ""
     )
