@@ -15,6 +15,8 @@ from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
+from inspector.format.itemrepeat import Repeats
+from inspector.format.readahead import ReadAhead
 from inspector.format.torchzip import load
 from inspector.format.views import TensorRef
 from inspector.format.zstditem import (
@@ -28,6 +30,8 @@ from inspector.format.zstditem import (
 from inspector.parse.dcp import ZSTD, Item
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
+
+Via = tuple[ReadAhead, Repeats]  # the item's file, open for its items, and the items read so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +62,40 @@ def refuse_transforms(folder: str, transforms: tuple[tuple[str, ...], ...]) -> N
     )
 
 
-def place(folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...]) -> Placed:
+def place(
+    folder: str,
+    source: ByteSource,
+    item: Item,
+    dtype: str,
+    sizes: tuple[int, ...],
+    via: Via | None = None,
+) -> Placed:
     """Where `item`'s chunk bytes start in its file, after checking the embedded archive describes exactly
-    the chunk the metadata says (dtype, sizes, contiguous from element 0)."""
+    the chunk the metadata says (dtype, sizes, contiguous from element 0). `via`: the item's file already
+    open and the items read from it so far (the scan visits a file's raw items through one descriptor);
+    else the file is opened for this item alone."""
+    path, tree = _tree(folder, source, item, dtype, sizes, via)
+    if not isinstance(tree, TensorRef):
+        raise CorruptFileError(
+            f"{_where(folder, item)}: the item is not a tensor, but the metadata says it holds one.",
+            hint="The folder is damaged or its files come from another save; copy it again.",
+        )
+    if tree.dtype != dtype or tree.shape != sizes or tree.storage_offset != 0 or not tree.is_contiguous():
+        raise CorruptFileError(
+            f"{_where(folder, item)}: the item holds a {tree.dtype} tensor of shape {list(tree.shape)}, but the metadata "
+            f"says a contiguous {dtype} chunk of shape {list(sizes)}.",
+            hint="The folder is damaged or its files come from another save; copy it again.",
+        )
+    return Placed(path, tree.offset)
+
+
+def _tree(
+    folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...], via: Via | None
+) -> tuple[str, Any]:
+    """The item's object tree, and the path its tensor's offsets are in."""
+    if via is not None and not item.transforms:
+        ahead, repeats = via
+        return ahead.path, repeats.load(ahead, ahead.path, item.offset, item.length)
     path = os.path.join(folder, item.file)
     if item.transforms:  # (ZSTD,): the others are refused with the folder
         bound = math.prod(sizes) * itemsize(dtype) + OVERHEAD  # more is a zip bomb, not this chunk
@@ -70,27 +105,25 @@ def place(folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[
     else:
         tree, archive = load(path, source, window=(item.offset, item.length))
     archive.close()
-    where = f"{shown(os.path.join(folder, item.file))} (item at byte {item.offset})"
-    if not isinstance(tree, TensorRef):
-        raise CorruptFileError(
-            f"{where}: the item is not a tensor, but the metadata says it holds one.",
-            hint="The folder is damaged or its files come from another save; copy it again.",
-        )
-    if tree.dtype != dtype or tree.shape != sizes or tree.storage_offset != 0 or not tree.is_contiguous():
-        raise CorruptFileError(
-            f"{where}: the item holds a {tree.dtype} tensor of shape {list(tree.shape)}, but the metadata "
-            f"says a contiguous {dtype} chunk of shape {list(sizes)}.",
-            hint="The folder is damaged or its files come from another save; copy it again.",
-        )
-    return Placed(path, tree.offset)
+    return path, tree
+
+
+def _where(folder: str, item: Item) -> str:
+    """The item in a message (made only when there is one to say: names pass `shown`)."""
+    return f"{shown(os.path.join(folder, item.file))} (item at byte {item.offset})"
 
 
 def try_place(
-    folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...]
+    folder: str,
+    source: ByteSource,
+    item: Item,
+    dtype: str,
+    sizes: tuple[int, ...],
+    via: Via | None = None,
 ) -> Placed | InspectorError:
     """`place`, with its refusal returned (the scan makes a finding of it) instead of raised."""
     try:
-        return place(folder, source, item, dtype, sizes)
+        return place(folder, source, item, dtype, sizes, via)
     except InspectorError as exc:
         return exc
 

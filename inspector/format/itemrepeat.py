@@ -1,0 +1,143 @@
+"""A DCP item that repeats, byte for byte, one already read: its tensor without reading it again.
+
+Every item of a save is a `torch.save` archive of one chunk, and the chunks of one shape are archives that
+differ only in their tensor bytes: the same local headers, `data.pkl`, `byteorder` and padding up to the
+tensor's bytes (the head), and the same directory and end records after them but for the CRC-32 fields of
+the members no check reads (the tensor's, the serialization id's). 1,024 ranks of 24 items read the same
+~660 bytes of directory and unpickled the same 157-byte pickle 24,576 times.
+
+What the zip reader and the unpickler decide about an item (the end record it takes, every directory check,
+each local header's offsets and bounds, `data.pkl`'s and `byteorder`'s CRC-32, the pickle's guards, the
+view check) is a function of exactly those bytes and the item's length. So an item of a length seen before
+whose head is the earlier item's and whose directory and end records are the earlier item's apart from
+those CRC fields gets the earlier item's answer, its storage moved to where this item is: every check's
+verdict is the one it earned the first time on the same bytes. Anything else (another layout, damage
+anywhere in what is compared) is read in full by `torchzip.load` and refused there in its own words.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.errors import InspectorError
+from inspector.format.readahead import ReadAhead
+from inspector.format.torchzip import load
+from inspector.format.views import StorageRef, TensorRef
+from inspector.format.zipreader import TorchZip
+
+_CDIR = struct.Struct("<28xHHH")  # a directory record's name, extra and comment lengths
+_MAX_LENGTHS = (
+    64  # item lengths remembered (the oldest forgotten first): a model's chunks come in a few shapes
+)
+_PER_LENGTH = 4  # items of one length but another shape or dtype
+_MAX_PART = 8 << 10  # bytes of a head or a tail kept (a real item's are under 1 KiB): 4 MiB in all at most
+
+
+@dataclass(frozen=True, slots=True)
+class _Repeat:
+    """What an item proved, and the bytes that proved it: the head, and the directory and end records
+    (`tail`) whose `kept` spans (all but unread members' CRC fields) must be equal."""
+
+    head: bytes
+    tail: bytes
+    kept: tuple[tuple[int, int], ...]
+    masked: bytes
+    tensor: TensorRef  # the storage's offset relative to the item's start
+
+    def match(self, ahead: ReadAhead, path: str, base: int, length: int) -> TensorRef | None:
+        """This item's tensor when it repeats the one that made this, else None."""
+        if ahead.pread(len(self.head), base) != self.head:
+            return None
+        tail = ahead.pread(len(self.tail), base + length - len(self.tail))
+        if len(tail) != len(self.tail) or b"".join([tail[a:b] for a, b in self.kept]) != self.masked:
+            return None
+        t, s = self.tensor, self.tensor.storage
+        storage = StorageRef(path, s.key, s.dtype, base + s.offset, s.nbytes)
+        return TensorRef(storage, t.storage_offset, t.shape, t.stride, t.dtype)
+
+
+class Repeats:
+    """The items of one scan read so far, by length; bounded (a save's chunks come in a few shapes), and
+    dropped with the scan."""
+
+    def __init__(self) -> None:
+        self._by_length: dict[int, list[_Repeat]] = {}
+
+    def load(self, ahead: ReadAhead, path: str, base: int, length: int) -> Any:
+        """The object tree of the item at `[base, base+length)` of the file `ahead` reads (`torchzip.load`'s,
+        with every check); a repeat of an item read before is answered from it."""
+        ahead.archive(base, length)
+        known = self._by_length.get(length, ())
+        if base >= 0 and base + length <= ahead.size:
+            for repeat in known:
+                tensor = repeat.match(ahead, path, base, length)
+                if tensor is not None:
+                    return tensor
+        tree, archive = load(path, window=(base, length), handle=ahead)
+        try:
+            if len(known) < _PER_LENGTH and isinstance(archive, TorchZip):
+                self._learn(length, tree, archive)
+        finally:
+            archive.close()
+        return tree
+
+    def _learn(self, length: int, tree: Any, archive: TorchZip) -> None:
+        try:
+            repeat = _repeat(tree, archive)
+        except InspectorError:  # the file changed under the read: nothing learnt, the item stands as read
+            return
+        if repeat is None:
+            return
+        if length not in self._by_length and len(self._by_length) >= _MAX_LENGTHS:
+            self._by_length.pop(next(iter(self._by_length)))
+        self._by_length.setdefault(length, []).append(repeat)
+
+
+def _repeat(tree: Any, archive: TorchZip) -> _Repeat | None:
+    """The repeat of an archive just read in full: None when what its checks read is not all inside its head
+    and its directory and end records (so a repeat could not stand for it)."""
+    storages = archive.storages()
+    if type(tree) is not TensorRef or tree.attrs or len(storages) != 1:
+        return None
+    end = archive.end_directory()
+    if end is None:
+        return None
+    count, _, cd_off, _ = end
+    prefix = archive.prefix
+    head_len = tree.storage.offset - archive.base  # the tensor's bytes start: every member read lies before
+    read = [n for n in (f"{prefix}data.pkl", f"{prefix}byteorder") if n in archive.entries]
+    if any(archive.data_offset(n) - archive.base + archive.entries[n].size > head_len for n in read):
+        return None
+    if not 0 < head_len <= min(_MAX_PART, cd_off) or archive.file_size - cd_off > _MAX_PART:
+        return None
+    tail = archive.pread(archive.file_size - cd_off, cd_off)
+    kept = _kept(tail, count, set(read))
+    if kept is None:
+        return None
+    s = tree.storage
+    moved = StorageRef(s.path, s.key, s.dtype, head_len, s.nbytes)
+    head = archive.pread(head_len, 0)
+    masked = b"".join([tail[a:b] for a, b in kept])
+    return _Repeat(
+        head, tail, kept, masked, TensorRef(moved, tree.storage_offset, tree.shape, tree.stride, tree.dtype)
+    )
+
+
+def _kept(tail: bytes, count: int, read: set[str]) -> tuple[tuple[int, int], ...] | None:
+    """The spans of `tail` (directory, then end records) compared: all but the CRC-32 fields (bytes 16-20 of
+    a directory record) of the members not in `read`."""
+    kept: list[tuple[int, int]] = []
+    p = at = 0
+    for _ in range(count):
+        if p + 46 > len(tail):
+            return None
+        nlen, xlen, clen = _CDIR.unpack_from(tail, p)
+        name = tail[p + 46 : p + 46 + nlen].decode("utf-8", "replace")
+        if name not in read:
+            kept.append((at, p + 16))
+            at = p + 20
+        p += 46 + nlen + xlen + clen
+    kept.append((at, len(tail)))
+    return tuple(kept)
