@@ -82,8 +82,8 @@ def place(
         )
     if tree.dtype != dtype or tree.shape != sizes or tree.storage_offset != 0 or not tree.is_contiguous():
         raise CorruptFileError(
-            f"{_where(folder, item)}: the item holds a {tree.dtype} tensor of shape {list(tree.shape)}, but the metadata "
-            f"says a contiguous {dtype} chunk of shape {list(sizes)}.",
+            f"{_where(folder, item)}: the item holds a {tree.dtype} tensor of shape {list(tree.shape)}, but "
+            f"the metadata says a contiguous {dtype} chunk of shape {list(sizes)}.",
             hint="The folder is damaged or its files come from another save; copy it again.",
         )
     return Placed(path, tree.offset)
