@@ -18,6 +18,7 @@ anywhere in what is compared) is read in full by `torchzip.load` and refused the
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +47,14 @@ class _Repeat:
     masked: bytes
     tensor: TensorRef  # the storage's offset relative to the item's start
 
-    def match(self, ahead: ReadAhead, path: str, base: int, length: int) -> TensorRef | None:
-        """This item's tensor when it repeats the one that made this, else None."""
-        if ahead.pread(len(self.head), base) != self.head:
+    def match(
+        self, pread: Callable[[int, int], bytes], path: str, base: int, length: int
+    ) -> TensorRef | None:
+        """This item's tensor when it repeats the one that made this, else None: its head and its tail
+        read, exactly those bytes (never its tensor's)."""
+        if pread(len(self.head), base) != self.head:
             return None
-        tail = ahead.pread(len(self.tail), base + length - len(self.tail))
+        tail = pread(len(self.tail), base + length - len(self.tail))
         if len(tail) != len(self.tail) or b"".join([tail[a:b] for a, b in self.kept]) != self.masked:
             return None
         t, s = self.tensor, self.tensor.storage
@@ -68,14 +72,13 @@ class Repeats:
     def load(self, ahead: ReadAhead, path: str, base: int, length: int) -> Any:
         """The object tree of the item at `[base, base+length)` of the file `ahead` reads (`torchzip.load`'s,
         with every check); a repeat of an item read before is answered from it."""
-        ahead.archive(base, length)
         known = self._by_length.get(length, ())
-        if base >= 0 and base + length <= ahead.size:
+        if known and base >= 0 and base + length <= ahead.size:
             for repeat in known:
-                tensor = repeat.match(ahead, path, base, length)
+                tensor = repeat.match(ahead.inner.pread, path, base, length)
                 if tensor is not None:
                     return tensor
-        tree, archive = load(path, window=(base, length), handle=ahead)
+        tree, archive = load(path, window=(base, length), handle=ahead.archive(base, length))
         try:
             if len(known) < _PER_LENGTH and isinstance(archive, TorchZip):
                 self._learn(length, tree, archive)

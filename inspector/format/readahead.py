@@ -5,9 +5,10 @@ headers, `data.pkl`, `byteorder`) from one or two reads per item.
 
 What is read ahead is what `zipreader.TorchZip` asks for first: the archive's first page (local headers and
 `data.pkl`, which `torch.save` writes first) and its last page (the directory and end records). An archive of
-at most two pages is read whole in one read, since those two pages would cover it anyway; a bigger one's
-tensor bytes in between are never read. Any other read goes to the file, so what the reader sees (and
-checks) is byte for byte what it would read without this.
+at most two pages is read whole in one read, since those two pages would cover it anyway. Any other read goes
+to the file, so what the reader sees (and checks) is byte for byte what it would read without this. Only an
+item read in full comes here (the first of its shape, or a damaged one): a repeat of it reads its head and
+tail alone (`itemrepeat`).
 """
 
 from __future__ import annotations
