@@ -45,21 +45,15 @@ class _Repeat:
     tail: bytes
     kept: tuple[tuple[int, int], ...]
     masked: bytes
-    tensor: TensorRef  # the storage's offset relative to the item's start
+    tensor: TensorRef  # the item's tree: its storage's offset taken from the item's start
 
-    def match(
-        self, pread: Callable[[int, int], bytes], path: str, base: int, length: int
-    ) -> TensorRef | None:
-        """This item's tensor when it repeats the one that made this, else None: its head and its tail
+    def match(self, pread: Callable[[int, int], bytes], base: int, length: int) -> bool:
+        """Whether the item at `[base, base+length)` repeats the one that made this: its head and its tail
         read, exactly those bytes (never its tensor's)."""
         if pread(len(self.head), base) != self.head:
-            return None
+            return False
         tail = pread(len(self.tail), base + length - len(self.tail))
-        if len(tail) != len(self.tail) or b"".join([tail[a:b] for a, b in self.kept]) != self.masked:
-            return None
-        t, s = self.tensor, self.tensor.storage
-        storage = StorageRef(path, s.key, s.dtype, base + s.offset, s.nbytes)
-        return TensorRef(storage, t.storage_offset, t.shape, t.stride, t.dtype)
+        return len(tail) == len(self.tail) and b"".join([tail[a:b] for a, b in self.kept]) == self.masked
 
 
 class Repeats:
@@ -69,22 +63,23 @@ class Repeats:
     def __init__(self) -> None:
         self._by_length: dict[int, list[_Repeat]] = {}
 
-    def load(self, ahead: ReadAhead, path: str, base: int, length: int) -> Any:
-        """The object tree of the item at `[base, base+length)` of the file `ahead` reads (`torchzip.load`'s,
-        with every check); a repeat of an item read before is answered from it."""
+    def read(self, ahead: ReadAhead, path: str, base: int, length: int) -> tuple[Any, int]:
+        """(tree, shift) of the item at `[base, base+length)` of the file `ahead` reads: its object tree as
+        `torchzip.load` gives it, with every check, its tensors' offsets `shift` bytes short of where they are
+        in this file. A repeat of an item read before is answered by that item's tree with its offsets taken
+        from the item's start (shift `base`); an item read in full is its own (shift 0)."""
         known = self._by_length.get(length, ())
         if known and base >= 0 and base + length <= ahead.size:
             for repeat in known:
-                tensor = repeat.match(ahead.inner.pread, path, base, length)
-                if tensor is not None:
-                    return tensor
+                if repeat.match(ahead.inner.pread, base, length):
+                    return repeat.tensor, base
         tree, archive = load(path, window=(base, length), handle=ahead.archive(base, length))
         try:
             if len(known) < _PER_LENGTH and isinstance(archive, TorchZip):
                 self._learn(length, tree, archive)
         finally:
             archive.close()
-        return tree
+        return tree, 0
 
     def _learn(self, length: int, tree: Any, archive: TorchZip) -> None:
         try:

@@ -74,7 +74,7 @@ def place(
     the chunk the metadata says (dtype, sizes, contiguous from element 0). `via`: the item's file already
     open and the items read from it so far (the scan visits a file's raw items through one descriptor);
     else the file is opened for this item alone."""
-    path, tree = _tree(folder, source, item, dtype, sizes, via)
+    path, tree, shift = _tree(folder, source, item, dtype, sizes, via)
     if not isinstance(tree, TensorRef):
         raise CorruptFileError(
             f"{_where(folder, item)}: the item is not a tensor, but the metadata says it holds one.",
@@ -86,16 +86,17 @@ def place(
             f"the metadata says a contiguous {dtype} chunk of shape {list(sizes)}.",
             hint="The folder is damaged or its files come from another save; copy it again.",
         )
-    return Placed(path, tree.offset)
+    return Placed(path, tree.offset + shift)
 
 
 def _tree(
     folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...], via: Via | None
-) -> tuple[str, Any]:
-    """The item's object tree, and the path its tensor's offsets are in."""
+) -> tuple[str, Any, int]:
+    """The path the item's tensor is in, its object tree, and how far short of their place in that path
+    the tree's offsets are (a repeat's are the item's it repeats, from the item's start: `Repeats.read`)."""
     if via is not None and not item.transforms:
         ahead, repeats = via
-        return ahead.path, repeats.load(ahead, ahead.path, item.offset, item.length)
+        return (ahead.path, *repeats.read(ahead, ahead.path, item.offset, item.length))
     path = os.path.join(folder, item.file)
     if item.transforms:  # (ZSTD,): the others are refused with the folder
         bound = math.prod(sizes) * itemsize(dtype) + OVERHEAD  # more is a zip bomb, not this chunk
@@ -105,7 +106,7 @@ def _tree(
     else:
         tree, archive = load(path, source, window=(item.offset, item.length))
     archive.close()
-    return path, tree
+    return path, tree, 0
 
 
 def _where(folder: str, item: Item) -> str:
