@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from inspector.errors import InspectorError
@@ -81,9 +81,9 @@ class Store:
     def segments(self, key: str) -> tuple[Segment, ...] | None:
         """The key's bytes as segments, or None (with a finding) when they cannot all be found."""
         meta, tensor = self.meta, self.meta.tensors[key]
-        quick = self.placements.chunks(meta, key, self._path) if self.placements is not None else None
-        if quick is not None and all(self.present(name) for name in quick[1]):
-            return self._laid(key, quick[0])
+        quick = self.placements.rows(meta, key) if self.placements is not None else None
+        if quick is not None and all(self.present(name) for name in dict.fromkeys(quick.names)):
+            return self._laid(key, lambda: quick.segments(tensor.shape, tensor.dtype, self._path))
         chunks: list[Chunk] = []
         for row in meta.rows(key):
             offsets, sizes = meta.chunk(row)
@@ -101,13 +101,13 @@ class Store:
                 self._bad(key, placed.message)
                 return None
             chunks.append(Chunk(offsets, sizes, placed.file, placed.offset))
-        return self._laid(key, chunks)
+        return self._laid(key, lambda: runs(tensor.shape, tensor.dtype, chunks))
 
-    def _laid(self, key: str, chunks: list[Chunk]) -> tuple[Segment, ...] | None:
-        """The key's chunks as segments once they are proven to tile it (else None, with a finding)."""
+    def _laid(self, key: str, lay: Callable[[], Sequence[Segment]]) -> tuple[Segment, ...] | None:
+        """The key's chunks as segments (`lay`) once they are proven to tile it (else None, with a finding)."""
         tensor = self.meta.tensors[key]
         try:
-            laid = runs(tensor.shape, tensor.dtype, chunks)
+            laid = lay()
             # Runs: a Sequence[Segment] every consumer reads as the tuple it stands for (scan.tensor_lay)
             return laid if isinstance(laid, Runs) else tuple(laid)  # type: ignore[return-value]
         except TilingError as exc:

@@ -10,15 +10,21 @@ its key is read, as before, so each finding is still the one its item earns on i
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from inspector.errors import InspectorError
 from inspector.format.itemrepeat import Repeats
 from inspector.format.readahead import ReadAhead
 from inspector.parse.dcp import DcpMetadata, Item
 from inspector.scan.layouts.dcp.items import Placed, try_place
-from inspector.scan.layouts.dcp.placement import Chunk
+from inspector.scan.layouts.dcp.placement import Chunk, runs, slabs
+from inspector.scan.model import Segment
 from inspector.system.bytesource import ByteSource
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Placements:
@@ -35,11 +41,9 @@ class Placements:
         offset = int(self.offsets[row])
         return offset if offset >= 0 else self.refused.get(row)
 
-    def chunks(
-        self, meta: DcpMetadata, key: str, path_of: Callable[[str], str]
-    ) -> tuple[list[Chunk], list[str]] | None:
+    def rows(self, meta: DcpMetadata, key: str) -> Rows | None:
         """The key's chunks at once when the visit placed every one and each has the key's rank (else None:
-        the key walk looks at its rows one by one), with the names of their files in first-row order."""
+        the key walk looks at its rows one by one)."""
         import numpy as np
 
         t = meta.tensors[key]
@@ -53,14 +57,34 @@ class Placements:
             (meta.starts[lo:hi] != start + 2 * nd * np.arange(t.count)).any()
         ):
             return None
-        dims = meta.dims[start:end].reshape(t.count, 2 * nd).tolist()
         names = [meta.file_names[f] for f in meta.item_file[lo:hi].tolist()]
-        paths = {n: path_of(n) for n in dict.fromkeys(names)}
+        return Rows(meta.dims[start:end].reshape(t.count, 2 * nd), names, offsets.tolist())
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A key's placed chunks, in row order: their dims (offsets then sizes, one row each), the names of the
+    files they are in and where their bytes start there."""
+
+    dims: np.ndarray
+    names: list[str]
+    offsets: list[int]
+
+    def segments(
+        self, shape: tuple[int, ...], dtype: str, path_of: Callable[[str], str]
+    ) -> Sequence[Segment]:
+        """The chunks laid as `runs` lays them: at once when they are row slabs that tile (`slabs`), else
+        by `runs` itself (`TilingError` when they do not tile)."""
+        paths = [path_of(n) for n in self.names]
+        laid = slabs(shape, dtype, self.dims, paths, self.offsets)
+        if laid is not None:
+            return laid
+        nd = self.dims.shape[1] // 2
         chunks = [
-            Chunk(tuple(d[:nd]), tuple(d[nd:]), paths[n], o)
-            for d, n, o in zip(dims, names, offsets.tolist(), strict=True)
+            Chunk(tuple(d[:nd]), tuple(d[nd:]), p, o)
+            for d, p, o in zip(self.dims.tolist(), paths, self.offsets, strict=True)
         ]
-        return chunks, list(paths)
+        return runs(shape, dtype, chunks)
 
 
 def visit(folder: str, source: ByteSource, meta: DcpMetadata, keys: Iterable[str]) -> Placements:
