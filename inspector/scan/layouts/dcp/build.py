@@ -180,10 +180,10 @@ def scan_dcp(found: Found) -> Checkpoint:
     store = open_store(found.source, found.tag_dir, found.names)
     roles = roles_of(store.meta, found.tag_dir, found.names)
     opt = _optimizer_store(found, roles) or store
-    moments = [k for keys in roles.moments.values() for k in keys.values()]
-    store.visit(list(roles.model.values()) + (moments if opt is store else []))
+    moment_keys = [k for keys in roles.moments.values() for k in keys.values()]
+    store.visit(list(roles.model.values()) + (moment_keys if opt is store else []))
     if opt is not store:
-        opt.visit(moments)
+        opt.visit(moment_keys)
     tensors: list[TensorInfo] = []
     for fqn, key in roles.model.items():
         segs = store.segments(key)

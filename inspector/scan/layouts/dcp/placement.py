@@ -123,7 +123,8 @@ def slabs(
     ends = np.cumsum(rows)
     if first[0] != 0 or bool((first[1:] != ends[:-1]).any()) or ends[-1] != shape[0]:
         return None
-    inner, out = math.prod(shape[1:]), []
+    inner = math.prod(shape[1:])
+    out: list[Segment] = []
     for i, n in zip(order.tolist(), rows.tolist(), strict=True):
         _append(out, Segment(files[i], offsets[i], n * inner, dtype))
     return out
