@@ -161,3 +161,29 @@ def test_each_file_is_opened_once_and_one_at_a_time(monkeypatch: pytest.MonkeyPa
     steps = len([t for t in ckpt_scan.tensors if t.moments])  # the `step` value is read on its own
     assert len(opened) <= len({i[1] for i in items}) + steps < len(items)
     assert open_now == [0, 1]
+
+
+def test_an_item_that_is_not_the_chunk_the_metadata_says_is_refused_as_the_key_walk_refuses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two chunks of other shapes in one file pointed at each other's item (other items of both shapes are
+    read before and after: the swapped ones are repeats, checked against what the metadata says)."""
+    from inspector.scan.layouts.dcp import build
+
+    real = build.read_metadata
+
+    def swapped(folder: str, source: Any, name: str = ".metadata") -> Any:
+        meta = real(folder, source, name)
+        rows = [r for r in range(len(meta.starts)) if meta.item(r) is not None]
+        by_file = [r for r in rows if meta.file_names[int(meta.item_file[r])] == "__1_0.distcp"]
+        a = by_file[len(by_file) // 2]
+        b = next(r for r in by_file if meta.chunk(r)[1] != meta.chunk(a)[1] and r > a)
+        for col in (meta.item_offset, meta.item_length):
+            col[a], col[b] = int(col[b]), int(col[a])
+        return meta
+
+    monkeypatch.setattr(build, "read_metadata", swapped)
+    visited, alone = _both(FIXTURES / "uneven3", monkeypatch)
+    assert visited == alone
+    bad = [f[2] for f in visited[1] if f[1] == "bad-chunks"]
+    assert len(bad) == 2 and all("the metadata says a contiguous" in m and "__1_0.distcp" in m for m in bad)

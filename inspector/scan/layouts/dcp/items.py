@@ -31,7 +31,19 @@ from inspector.parse.dcp import ZSTD, Item
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
 
-Via = tuple[ReadAhead, Repeats]  # the item's file, open for its items, and the items read so far
+Proven = dict[int, tuple[Any, dict[tuple[str, tuple[int, ...]], int]]]  # by id: a tree, its verdicts
+_PROVEN_MAX = 4096  # trees whose verdicts are kept (a save's items come in a few shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class Via:
+    """A file open for its raw items (`ahead`), the scan's items read so far (`repeats`), and what the
+    repeats' trees were proven to be: by tree, the chunk (dtype, sizes) each is and where its bytes start
+    (the tree is kept with its verdicts, so its id names it for as long as they are kept)."""
+
+    ahead: ReadAhead
+    repeats: Repeats
+    proven: Proven
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,19 +74,42 @@ def refuse_transforms(folder: str, transforms: tuple[tuple[str, ...], ...]) -> N
     )
 
 
-def place(
-    folder: str,
-    source: ByteSource,
-    item: Item,
-    dtype: str,
-    sizes: tuple[int, ...],
-    via: Via | None = None,
-) -> Placed:
+def place(folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...]) -> Placed:
     """Where `item`'s chunk bytes start in its file, after checking the embedded archive describes exactly
-    the chunk the metadata says (dtype, sizes, contiguous from element 0). `via`: the item's file already
-    open and the items read from it so far (the scan visits a file's raw items through one descriptor);
-    else the file is opened for this item alone."""
-    path, tree, shift = _tree(folder, source, item, dtype, sizes, via)
+    the chunk the metadata says (dtype, sizes, contiguous from element 0). The file is opened for this item
+    alone (the scan's visit reads a file's raw items through one descriptor: `place_in`)."""
+    path = os.path.join(folder, item.file)
+    if item.transforms:  # (ZSTD,): the others are refused with the folder
+        bound = math.prod(sizes) * itemsize(dtype) + OVERHEAD  # more is a zip bomb, not this chunk
+        handle = measure_item(path, source, item.offset, item.length, bound)
+        path = item_path(path, item.offset, item.length, handle.size)
+        tree, archive = load(path, handle=handle)
+    else:
+        tree, archive = load(path, source, window=(item.offset, item.length))
+    archive.close()
+    return Placed(path, _start(folder, item, tree, dtype, sizes))
+
+
+def place_in(folder: str, item: Item, dtype: str, sizes: tuple[int, ...], via: Via) -> int | InspectorError:
+    """`try_place` of a raw item of the file `via` has open, with the items read from it so far: where its
+    chunk's bytes start in that file, or the refusal it earned (the same checks, the same words)."""
+    try:
+        tree, shift = via.repeats.read(via.ahead, via.ahead.path, item.offset, item.length)
+        if not shift:  # read in full: its own tree
+            return _start(folder, item, tree, dtype, sizes)
+        if len(via.proven) >= _PROVEN_MAX and id(tree) not in via.proven:
+            via.proven.clear()
+        _, verdicts = via.proven.setdefault(id(tree), (tree, {}))  # a repeat: a tree met before
+        start = verdicts.get((dtype, sizes))
+        if start is None:
+            start = verdicts[(dtype, sizes)] = _start(folder, item, tree, dtype, sizes)
+        return start + shift
+    except InspectorError as exc:
+        return exc
+
+
+def _start(folder: str, item: Item, tree: Any, dtype: str, sizes: tuple[int, ...]) -> int:
+    """Where the tree's tensor starts, once it is proven to be the chunk the metadata says."""
     if not isinstance(tree, TensorRef):
         raise CorruptFileError(
             f"{_where(folder, item)}: the item is not a tensor, but the metadata says it holds one.",
@@ -86,27 +121,7 @@ def place(
             f"the metadata says a contiguous {dtype} chunk of shape {list(sizes)}.",
             hint="The folder is damaged or its files come from another save; copy it again.",
         )
-    return Placed(path, tree.offset + shift)
-
-
-def _tree(
-    folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...], via: Via | None
-) -> tuple[str, Any, int]:
-    """The path the item's tensor is in, its object tree, and how far short of their place in that path
-    the tree's offsets are (a repeat's are the item's it repeats, from the item's start: `Repeats.read`)."""
-    if via is not None and not item.transforms:
-        ahead, repeats = via
-        return (ahead.path, *repeats.read(ahead, ahead.path, item.offset, item.length))
-    path = os.path.join(folder, item.file)
-    if item.transforms:  # (ZSTD,): the others are refused with the folder
-        bound = math.prod(sizes) * itemsize(dtype) + OVERHEAD  # more is a zip bomb, not this chunk
-        handle = measure_item(path, source, item.offset, item.length, bound)
-        path = item_path(path, item.offset, item.length, handle.size)
-        tree, archive = load(path, handle=handle)
-    else:
-        tree, archive = load(path, source, window=(item.offset, item.length))
-    archive.close()
-    return path, tree, 0
+    return tree.offset
 
 
 def _where(folder: str, item: Item) -> str:
@@ -115,16 +130,11 @@ def _where(folder: str, item: Item) -> str:
 
 
 def try_place(
-    folder: str,
-    source: ByteSource,
-    item: Item,
-    dtype: str,
-    sizes: tuple[int, ...],
-    via: Via | None = None,
+    folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...]
 ) -> Placed | InspectorError:
     """`place`, with its refusal returned (the scan makes a finding of it) instead of raised."""
     try:
-        return place(folder, source, item, dtype, sizes, via)
+        return place(folder, source, item, dtype, sizes)
     except InspectorError as exc:
         return exc
 

@@ -18,7 +18,7 @@ from inspector.errors import InspectorError
 from inspector.format.itemrepeat import Repeats
 from inspector.format.readahead import ReadAhead
 from inspector.parse.dcp import DcpMetadata, Item
-from inspector.scan.layouts.dcp.items import Placed, try_place
+from inspector.scan.layouts.dcp.items import Proven, Via, place_in
 from inspector.scan.layouts.dcp.placement import Chunk, runs, slabs
 from inspector.scan.model import Segment
 from inspector.system.bytesource import ByteSource
@@ -104,6 +104,7 @@ def visit(folder: str, source: ByteSource, meta: DcpMetadata, keys: Iterable[str
     if not len(rows):
         return out
     repeats = Repeats()  # a save's items repeat one another across its files
+    proven: Proven = {}
     order = np.lexsort((meta.item_offset[rows], meta.item_file[rows]))
     rows, which = rows[order], which[order]
     files = meta.item_file[rows]
@@ -116,7 +117,7 @@ def visit(folder: str, source: ByteSource, meta: DcpMetadata, keys: Iterable[str
             )
         ]
         dtypes = [tensors[i].dtype for i in kinds.tolist()]
-        _visit_file(folder, source, meta, group.tolist(), items, dtypes, out, repeats)
+        _visit_file(folder, source, meta, group.tolist(), items, dtypes, out, (repeats, proven))
     return out
 
 
@@ -128,21 +129,22 @@ def _visit_file(
     items: list[Item],
     dtypes: list[str],
     out: Placements,
-    repeats: Repeats,
+    shared: tuple[Repeats, Proven],
 ) -> None:
-    """One file's rows and their items (in offset order) through one descriptor; a file that cannot be
-    opened is left to the key walk, which reports it as it always did."""
+    """One file's rows and their items (in offset order) through one descriptor, with what the scan's items
+    so far proved (`shared`); a file that cannot be opened is left to the key walk, which reports it as it
+    always did."""
     path = os.path.join(folder, items[0].file)
     try:
         handle = source.open_handle(path)
     except InspectorError:
         return
-    via = (ReadAhead(handle, path), repeats)
+    via = Via(ReadAhead(handle, path), *shared)
     try:
         for row, item, dtype in zip(rows, items, dtypes, strict=True):
-            placed = try_place(folder, source, item, dtype, meta.chunk(row)[1], via)
-            if isinstance(placed, Placed):
-                out.offsets[row] = placed.offset
+            placed = place_in(folder, item, dtype, meta.chunk(row)[1], via)
+            if isinstance(placed, int):
+                out.offsets[row] = placed
             else:
                 out.refused[row] = placed
     finally:
