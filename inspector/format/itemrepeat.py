@@ -18,7 +18,6 @@ anywhere in what is compared) is read in full by `torchzip.load` and refused the
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +46,8 @@ class _Repeat:
     masked: bytes
     tensor: TensorRef  # the item's tree: its storage's offset taken from the item's start
 
-    def match(self, pread: Callable[[int, int], bytes], base: int, length: int) -> bool:
-        """Whether the item at `[base, base+length)` repeats the one that made this: its head and its tail
-        read, exactly those bytes (never its tensor's)."""
-        if pread(len(self.head), base) != self.head:
-            return False
-        tail = pread(len(self.tail), base + length - len(self.tail))
+    def tail_matches(self, tail: bytes) -> bool:
+        """Whether `tail` is this item's directory and end records but for unread members' CRC fields."""
         return len(tail) == len(self.tail) and b"".join([tail[a:b] for a, b in self.kept]) == self.masked
 
 
@@ -62,6 +57,8 @@ class Repeats:
 
     def __init__(self) -> None:
         self._by_length: dict[int, list[_Repeat]] = {}
+        self._head = 0  # the shortest head learnt: read with an item's tail, past its end (the next one's)
+        self._past: tuple[Any, int, bytes] = (None, 0, b"")  # (file, where, bytes) read past the last end
 
     def read(self, ahead: ReadAhead, path: str, base: int, length: int) -> tuple[Any, int]:
         """(tree, shift) of the item at `[base, base+length)` of the file `ahead` reads: its object tree as
@@ -71,7 +68,12 @@ class Repeats:
         known = self._by_length.get(length, ())
         if known and base >= 0 and base + length <= ahead.size:
             for repeat in known:
-                if repeat.match(ahead.inner.pread, base, length):
+                if self._head_of(ahead, base, len(repeat.head)) != repeat.head:
+                    continue
+                end = base + length
+                tail = ahead.inner.pread(len(repeat.tail) + self._head, end - len(repeat.tail))
+                self._past = (ahead, end, tail[len(repeat.tail) :])
+                if repeat.tail_matches(tail[: len(repeat.tail)]):
                     return repeat.tensor, base
         tree, archive = load(path, window=(base, length), handle=ahead.archive(base, length))
         try:
@@ -80,6 +82,15 @@ class Repeats:
         finally:
             archive.close()
         return tree, 0
+
+    def _head_of(self, ahead: ReadAhead, base: int, n: int) -> bytes:
+        """An item's first `n` bytes: read with the tail of the item before it when it starts where that one
+        ends (a file's items lie end to end), else read now. What is read past an item's end is the
+        shortest head learnt: the next item's head, when it is of a form seen before."""
+        file, at, past = self._past
+        if file is ahead and at == base and n <= len(past):
+            return past[:n]
+        return ahead.inner.pread(n, base)
 
     def _learn(self, length: int, tree: Any, archive: TorchZip) -> None:
         try:
@@ -91,6 +102,8 @@ class Repeats:
         if length not in self._by_length and len(self._by_length) >= _MAX_LENGTHS:
             self._by_length.pop(next(iter(self._by_length)))
         self._by_length.setdefault(length, []).append(repeat)
+        heads = [len(r.head) for rs in self._by_length.values() for r in rs]
+        self._head = min(heads)
 
 
 def _repeat(tree: Any, archive: TorchZip) -> _Repeat | None:

@@ -38,13 +38,12 @@ def _item(t: torch.Tensor) -> bytes:
 
 
 def _twice(tmp_path: Path, numel: int) -> tuple[Path, int]:
-    """A file holding two items of one shape and other values, side by side (a DCP file's items)."""
-    a = _item(torch.arange(numel, dtype=torch.float32))
-    b = _item(torch.arange(numel, dtype=torch.float32) * 3)
-    assert len(a) == len(b)
+    """A file holding three items of one shape and other values, end to end (a DCP file's items)."""
+    items = [_item(torch.arange(numel, dtype=torch.float32) * k) for k in (1, 3, 5)]
+    assert len({len(i) for i in items}) == 1
     path = tmp_path / f"items{numel}.distcp"
-    path.write_bytes(a + b)
-    return path, len(a)
+    path.write_bytes(b"".join(items))
+    return path, len(items[0])
 
 
 def _full(path: Path, base: int, length: int) -> Any:
@@ -97,51 +96,93 @@ def test_a_repeat_is_answered_as_the_full_read_without_reading_it(
         ) < length
     else:
         assert read_first[0] == (length, 0)  # one read for the whole item
-    compared = _compared(path, length, length)
-    assert len(reads) == 2 and sum(n for n, _ in reads) == len(compared)  # the repeat: head and tail, no more
-    assert all(off - length + k in compared for n, off in reads for k in range(n))
+    # the repeat: its head, and its tail with the next item's head after it (items lie end to end), no more
+    head_next = range(2 * length, 2 * length + _parts(path, 2 * length, length)[0])
+    allowed = {length + k for k in _compared(path, length, length)} | set(head_next)
+    assert len(reads) == 2 and all(off + k in allowed for n, off in reads for k in range(n))
+    assert any(off + n > 2 * length for n, off in reads)  # the next head was read with this tail
 
 
-def _compared(path: Path, base: int, length: int) -> list[int]:
-    """The item's bytes a repeat is compared on: its head up to the tensor's bytes, its directory on."""
+def _parts(path: Path, base: int, length: int) -> tuple[int, int]:
+    """(head length, directory offset) of the item: where its tensor's bytes start, and end."""
     archive = TorchZip(str(path), Source.at(str(path.parent)), window=(base, length))
     try:
         end = archive.end_directory()
         assert end is not None
-        head = archive.record("0")[0] - base
-        return [*range(head), *range(end[2], length)]
+        return archive.record("0")[0] - base, end[2]
     finally:
         archive.close()
 
 
+def _compared(path: Path, base: int, length: int) -> list[int]:
+    """The item's bytes a repeat is compared on: its head up to the tensor's bytes, its directory on."""
+    head, directory = _parts(path, base, length)
+    return [*range(head), *range(directory, length)]
+
+
 @pytest.mark.parametrize("numel", [6, 4000])
 def test_every_byte_changed_gets_the_full_reads_answer_or_refusal(tmp_path: Path, numel: int) -> None:
-    """The second item changed at one byte of what is compared (and a few of its tensor's): answered or
+    """The third item changed at one byte of what is compared (and a few of its tensor's), after the first
+    is read in full and the second repeats it (its head then read with the second's tail): answered or
     refused exactly as a full read of it answers or refuses."""
     path, length = _twice(tmp_path, numel)
-    positions = _compared(path, length, length)
+    third = 2 * length
+    positions = _compared(path, third, length)
     positions += [positions[-1] // 2, positions[-1] // 2 + 1]  # tensor bytes: not compared, not checked
     source, outcomes = Source.at(str(tmp_path)), set()
     with path.open("r+b") as f:
         for pos in positions:
             for flip in (0x01, 0xFF) if pos % 7 == 0 else (0x01,):
-                f.seek(length + pos)
+                f.seek(third + pos)
                 was = f.read(1)
-                f.seek(length + pos)
+                f.seek(third + pos)
                 f.write(bytes([was[0] ^ flip]))
                 f.flush()
                 repeats, handle = Repeats(), source.open_handle(str(path))
                 try:
                     ahead = ReadAhead(handle, str(path))
-                    repeats.read(ahead, str(path), 0, length)  # the intact item, learnt
+                    repeats.read(ahead, str(path), 0, length)  # the first item, learnt
+                    assert (
+                        repeats.read(ahead, str(path), length, length)[1] == length
+                    )  # the second repeats it
                     fast = _outcome(
-                        lambda r=repeats, a=ahead: _moved(*r.read(a, str(path), length, length), str(path))
+                        lambda r=repeats, a=ahead: _moved(*r.read(a, str(path), third, length), str(path))
                     )
                 finally:
                     handle.close()
-                slow = _outcome(lambda: _full(path, length, length))
+                slow = _outcome(lambda: _full(path, third, length))
                 assert fast == slow, (pos, flip)
                 outcomes.add(isinstance(slow, TensorRef))
-                f.seek(length + pos)
+                f.seek(third + pos)
                 f.write(was)
     assert outcomes == {True, False}  # some changes are refused, some (unread CRCs, tensor bytes) are not
+
+
+def test_bytes_read_past_an_item_are_a_head_only_where_the_next_item_starts(tmp_path: Path) -> None:
+    """Past the second item lie a good head's bytes, then a third item whose pickle is damaged: its own
+    head is read and it is refused, as a full read refuses it (the bytes past the second are not its head)."""
+    a, b, c = (_item(torch.arange(6, dtype=torch.float32) * k) for k in (1, 3, 5))
+    path = tmp_path / "gap.distcp"
+    head = _parts_of(a)
+    bad = bytearray(c)
+    bad[70] ^= 0xFF  # inside data.pkl: its CRC-32 no longer matches
+    path.write_bytes(a + b + a[:head] + bytes(bad))
+    third, length = 2 * len(a) + head, len(a)
+    repeats, handle = Repeats(), Source.at(str(tmp_path)).open_handle(str(path))
+    try:
+        ahead = ReadAhead(handle, str(path))
+        repeats.read(ahead, str(path), 0, length)
+        assert repeats.read(ahead, str(path), length, length)[1] == length  # a repeat: bytes past it read
+        fast = _outcome(lambda: repeats.read(ahead, str(path), third, length))
+    finally:
+        handle.close()
+    slow = _outcome(lambda: _full(path, third, length))
+    assert fast == slow and "CRC-32" in slow[1]
+
+
+def _parts_of(item: bytes) -> int:
+    """Where an item's tensor bytes start (its head's length), from its tensor's local header."""
+    at = item.index(b"archive/data/0") - 30
+    nlen = int.from_bytes(item[at + 26 : at + 28], "little")
+    xlen = int.from_bytes(item[at + 28 : at + 30], "little")
+    return at + 30 + nlen + xlen
