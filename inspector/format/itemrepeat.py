@@ -28,9 +28,8 @@ from inspector.format.views import StorageRef, TensorRef
 from inspector.format.zipreader import TorchZip
 
 _CDIR = struct.Struct("<28xHHH")  # a directory record's name, extra and comment lengths
-_MAX_LENGTHS = (
-    64  # item lengths remembered (the oldest forgotten first): a model's chunks come in a few shapes
-)
+# item lengths remembered (the oldest forgotten first): a model's chunks come in a few shapes
+_MAX_LENGTHS = 64
 _PER_LENGTH = 4  # items of one length but another shape or dtype
 _MAX_PART = 8 << 10  # bytes of a head or a tail kept (a real item's are under 1 KiB): 4 MiB in all at most
 
