@@ -197,6 +197,17 @@ class TorchZip(Container):
             pos = tail.rfind(_EOCD, 0, pos)
         return None
 
+    def end_directory(self) -> tuple[int, int, int, int] | None:
+        """(entry count, directory size, directory offset, end records' offset) when the archive's last 22
+        bytes are an end record without a comment that describes a directory: the record `_end_record`
+        tries first and so the one it took; None otherwise. Offsets are the archive's (its window's)."""
+        if self.file_size < 22:
+            return None
+        tail = self.pread(22, self.file_size - 22)
+        if tail[:4] != _EOCD or tail[20:22] != b"\0\0":
+            return None
+        return self._directory_at(tail, 0, self.file_size - 22)
+
     def _directory_at(self, tail: bytes, pos: int, eocd_off: int) -> tuple[int, int, int, int] | None:
         (_, _, _, count, cd_size, cd_off, _) = struct.unpack("<4H2LH", tail[pos + 4 : pos + 22])
         if eocd_off >= 20:

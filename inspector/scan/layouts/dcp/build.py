@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from inspector.errors import InspectorError
 from inspector.format.dtypes import FLOATING
-from inspector.parse.dcp import DcpMetadata, read_metadata
+from inspector.parse.dcp import DcpMetadata, Item, read_metadata
 from inspector.scan.layouts.base import Found
 from inspector.scan.layouts.dcp.found import METADATA, rank_of, refuse_hf_writer
 from inspector.scan.layouts.dcp.items import Placed, read_scalar, refuse_transforms, try_place
 from inspector.scan.layouts.dcp.keys import MOMENTS, SAVERS, Roles, optimizer_roles, roles_of
 from inspector.scan.layouts.dcp.placement import Chunk, TilingError, runs
 from inspector.scan.layouts.dcp.tied import tie
+from inspector.scan.layouts.dcp.visit import Placements, visit
 from inspector.scan.model import (
     Checkpoint,
     FileInfo,
@@ -49,6 +51,12 @@ class Store:
     findings: list[Finding] = field(default_factory=list)
     used: set[str] = field(default_factory=set)  # files a tensor's chunks were read from
     missing: set[str] = field(default_factory=set)
+    placements: Placements | None = None  # the items `visit` checked, file by file, before the key walk
+    paths: dict[str, str] = field(default_factory=dict)  # each file's path, joined once
+
+    def visit(self, keys: Iterable[str]) -> None:
+        """Check the items of `keys` file by file (`visit.py`); `segments` then reads what they proved."""
+        self.placements = visit(self.folder, self.source, self.meta, keys)
 
     def present(self, name: str) -> bool:
         if name in self.used:
@@ -73,6 +81,9 @@ class Store:
     def segments(self, key: str) -> tuple[Segment, ...] | None:
         """The key's bytes as segments, or None (with a finding) when they cannot all be found."""
         meta, tensor = self.meta, self.meta.tensors[key]
+        quick = self.placements.rows(meta, key) if self.placements is not None else None
+        if quick is not None and all(self.present(name) for name in dict.fromkeys(quick.names)):
+            return self._laid(key, lambda: quick.segments(tensor.shape, tensor.dtype, self._path))
         chunks: list[Chunk] = []
         for row in meta.rows(key):
             offsets, sizes = meta.chunk(row)
@@ -85,18 +96,36 @@ class Store:
                     chunks.append(Chunk(offsets, sizes, "", 0))
                     continue
                 return None
-            placed = try_place(self.folder, self.source, item, tensor.dtype, sizes)
+            placed = self._placed(row, item, tensor.dtype, sizes)
             if isinstance(placed, InspectorError):
                 self._bad(key, placed.message)
                 return None
             chunks.append(Chunk(offsets, sizes, placed.file, placed.offset))
+        return self._laid(key, lambda: runs(tensor.shape, tensor.dtype, chunks))
+
+    def _laid(self, key: str, lay: Callable[[], Sequence[Segment]]) -> tuple[Segment, ...] | None:
+        """The key's chunks as segments (`lay`) once they are proven to tile it (else None, with a finding)."""
+        tensor = self.meta.tensors[key]
         try:
-            laid = runs(tensor.shape, tensor.dtype, chunks)
+            laid = lay()
             # Runs: a Sequence[Segment] every consumer reads as the tuple it stands for (scan.tensor_lay)
             return laid if isinstance(laid, Runs) else tuple(laid)  # type: ignore[return-value]
         except TilingError as exc:
             self._bad(key, f"its chunks do not tile its shape {list(tensor.shape)}: {exc}")
             return None
+
+    def _placed(self, row: int, item: Item, dtype: str, sizes: tuple[int, ...]) -> Placed | InspectorError:
+        """What the visit proved of the row's item, or (not visited) its item checked now."""
+        done = self.placements.get(row) if self.placements is not None else None
+        if isinstance(done, int):
+            return Placed(self._path(item.file), done)
+        return done if done is not None else try_place(self.folder, self.source, item, dtype, sizes)
+
+    def _path(self, name: str) -> str:
+        path = self.paths.get(name)
+        if path is None:
+            path = self.paths[name] = os.path.join(self.folder, name)
+        return path
 
     def _bad(self, key: str, why: str) -> None:
         self.findings.append(
@@ -151,6 +180,10 @@ def scan_dcp(found: Found) -> Checkpoint:
     store = open_store(found.source, found.tag_dir, found.names)
     roles = roles_of(store.meta, found.tag_dir, found.names)
     opt = _optimizer_store(found, roles) or store
+    moment_keys = [k for keys in roles.moments.values() for k in keys.values()]
+    store.visit(list(roles.model.values()) + (moment_keys if opt is store else []))
+    if opt is not store:
+        opt.visit(moment_keys)
     tensors: list[TensorInfo] = []
     for fqn, key in roles.model.items():
         segs = store.segments(key)

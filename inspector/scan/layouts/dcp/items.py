@@ -15,6 +15,8 @@ from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError, UnsupportedCheckpointError
 from inspector.format.dtypes import itemsize
+from inspector.format.itemrepeat import Repeats
+from inspector.format.readahead import ReadAhead
 from inspector.format.torchzip import load
 from inspector.format.views import TensorRef
 from inspector.format.zstditem import (
@@ -28,6 +30,20 @@ from inspector.format.zstditem import (
 from inspector.parse.dcp import ZSTD, Item
 from inspector.system.bytesource import ByteSource
 from inspector.text import shown
+
+Proven = dict[int, tuple[Any, dict[tuple[str, tuple[int, ...]], int]]]  # by id: a tree, its verdicts
+_PROVEN_MAX = 4096  # trees whose verdicts are kept (a save's items come in a few shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class Via:
+    """A file open for its raw items (`ahead`), the scan's items read so far (`repeats`), and what the
+    repeats' trees were proven to be: by tree, the chunk (dtype, sizes) each is and where its bytes start
+    (the tree is kept with its verdicts, so its id names it for as long as they are kept)."""
+
+    ahead: ReadAhead
+    repeats: Repeats
+    proven: Proven
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +76,8 @@ def refuse_transforms(folder: str, transforms: tuple[tuple[str, ...], ...]) -> N
 
 def place(folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[int, ...]) -> Placed:
     """Where `item`'s chunk bytes start in its file, after checking the embedded archive describes exactly
-    the chunk the metadata says (dtype, sizes, contiguous from element 0)."""
+    the chunk the metadata says (dtype, sizes, contiguous from element 0). The file is opened for this item
+    alone (the scan's visit reads a file's raw items through one descriptor: `place_in`)."""
     path = os.path.join(folder, item.file)
     if item.transforms:  # (ZSTD,): the others are refused with the folder
         bound = math.prod(sizes) * itemsize(dtype) + OVERHEAD  # more is a zip bomb, not this chunk
@@ -70,19 +87,46 @@ def place(folder: str, source: ByteSource, item: Item, dtype: str, sizes: tuple[
     else:
         tree, archive = load(path, source, window=(item.offset, item.length))
     archive.close()
-    where = f"{shown(os.path.join(folder, item.file))} (item at byte {item.offset})"
+    return Placed(path, _start(folder, item, tree, dtype, sizes))
+
+
+def place_in(folder: str, item: Item, dtype: str, sizes: tuple[int, ...], via: Via) -> int | InspectorError:
+    """`try_place` of a raw item of the file `via` has open, with the items read from it so far: where its
+    chunk's bytes start in that file, or the refusal it earned (the same checks, the same words)."""
+    try:
+        tree, shift = via.repeats.read(via.ahead, via.ahead.path, item.offset, item.length)
+        if not shift:  # read in full: its own tree
+            return _start(folder, item, tree, dtype, sizes)
+        if len(via.proven) >= _PROVEN_MAX and id(tree) not in via.proven:
+            via.proven.clear()
+        _, verdicts = via.proven.setdefault(id(tree), (tree, {}))  # a repeat: a tree met before
+        start = verdicts.get((dtype, sizes))
+        if start is None:
+            start = verdicts[(dtype, sizes)] = _start(folder, item, tree, dtype, sizes)
+        return start + shift
+    except InspectorError as exc:
+        return exc
+
+
+def _start(folder: str, item: Item, tree: Any, dtype: str, sizes: tuple[int, ...]) -> int:
+    """Where the tree's tensor starts, once it is proven to be the chunk the metadata says."""
     if not isinstance(tree, TensorRef):
         raise CorruptFileError(
-            f"{where}: the item is not a tensor, but the metadata says it holds one.",
+            f"{_where(folder, item)}: the item is not a tensor, but the metadata says it holds one.",
             hint="The folder is damaged or its files come from another save; copy it again.",
         )
     if tree.dtype != dtype or tree.shape != sizes or tree.storage_offset != 0 or not tree.is_contiguous():
         raise CorruptFileError(
-            f"{where}: the item holds a {tree.dtype} tensor of shape {list(tree.shape)}, but the metadata "
-            f"says a contiguous {dtype} chunk of shape {list(sizes)}.",
+            f"{_where(folder, item)}: the item holds a {tree.dtype} tensor of shape {list(tree.shape)}, but "
+            f"the metadata says a contiguous {dtype} chunk of shape {list(sizes)}.",
             hint="The folder is damaged or its files come from another save; copy it again.",
         )
-    return Placed(path, tree.offset)
+    return tree.offset
+
+
+def _where(folder: str, item: Item) -> str:
+    """The item in a message (made only when there is one to say: names pass `shown`)."""
+    return f"{shown(os.path.join(folder, item.file))} (item at byte {item.offset})"
 
 
 def try_place(

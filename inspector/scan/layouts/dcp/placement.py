@@ -12,10 +12,14 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise, product
+from typing import TYPE_CHECKING
 
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Runs, Segment, Strided
 from inspector.scan.tensor_lay import SMALL
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,37 @@ def runs(shape: tuple[int, ...], dtype: str, chunks: Sequence[Chunk]) -> Sequenc
             line = _ravel(local, c.sizes[:k])
             start = c.offset + line * c.sizes[k] * inner * size
             _append(out, Segment(c.file, start, c.sizes[k] * inner, dtype))
+    return out
+
+
+def slabs(
+    shape: tuple[int, ...], dtype: str, dims: np.ndarray, files: Sequence[str], offsets: Sequence[int]
+) -> list[Segment] | None:
+    """`runs` of chunks given as rows of `dims` (offsets then sizes), `files` and `offsets`, when they are
+    all row slabs (whole along every dimension but the first: FSDP's shards) that tile the first dimension:
+    the same segments, checked in numpy passes instead of chunk by chunk. None for anything else (then
+    `runs` lays the chunks, or says why they do not tile)."""
+    import numpy as np
+
+    nd = len(shape)
+    if not nd or math.prod(shape) == 0 or not len(dims) or max(shape) >= 1 << 40 or len(dims) >= 1 << 22:
+        return None  # a 0-d or empty tensor; sizes whose sums could overflow int64
+    bound = np.asarray(shape, dtype=np.int64)
+    lo, size = dims[:, :nd], dims[:, nd:]
+    if bool((dims < 0).any()) or bool((lo + size > bound).any()):
+        return None
+    live = np.flatnonzero((size > 0).all(axis=1))  # FSDP2 records empty chunks: no bytes, no segment
+    if not len(live) or bool((lo[live, 1:] != 0).any()) or bool((size[live, 1:] != bound[1:]).any()):
+        return None
+    order = live[np.argsort(lo[live, 0], kind="stable")]
+    first, rows = lo[order, 0], size[order, 0]
+    ends = np.cumsum(rows)
+    if first[0] != 0 or bool((first[1:] != ends[:-1]).any()) or ends[-1] != shape[0]:
+        return None
+    inner = math.prod(shape[1:])
+    out: list[Segment] = []
+    for i, n in zip(order.tolist(), rows.tolist(), strict=True):
+        _append(out, Segment(files[i], offsets[i], n * inner, dtype))
     return out
 
 
