@@ -30,6 +30,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from children import child_env  # noqa: E402  (bytecode compiled once, as installed)
 from ranks import measured, publish, verdict  # noqa: E402  (the rank sweep's measured columns and targets)
 
 ROWS = 1024  # rows of every weight: one or more a rank at 1,024 ranks (FSDP2 shards dim 0)
@@ -94,10 +95,9 @@ def write_main(out: str, ranks: int, params: int, tensors: int) -> None:
 
 def run(argv: list[str]) -> tuple[float, float, float, int]:
     """`python ARGV` in a fresh interpreter: (wall s, CPU s, peak RSS MiB, exit status)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, *argv], env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
