@@ -35,3 +35,25 @@ class Container:
     def damaged(self, why: str) -> CorruptFileError:
         """The error for a file that is cut short or inconsistent, naming it and `why`."""
         raise NotImplementedError
+
+
+class Window:
+    """`[base, base+length)` of an open file as a file of its own (an archive embedded in a DCP item): reads
+    past its end come back short."""
+
+    def __init__(self, handle: Any, base: int, length: int, name: str) -> None:
+        if base < 0 or length < 0 or base + length > handle.size:
+            handle.close()
+            raise CorruptFileError(
+                f"{name}: an item at bytes [{base}, {base + length}) lies past the file's end "
+                f"({handle.size} bytes).",
+                hint="The file is truncated or is not the one the metadata describes; copy the folder again.",
+            )
+        self.inner, self.base, self.size = handle, base, length
+
+    def pread(self, n: int, offset: int) -> bytes:
+        n = max(0, min(n, self.size - offset))
+        return self.inner.pread(n, self.base + offset) if offset >= 0 and n else b""
+
+    def close(self) -> None:
+        self.inner.close()

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inspector.errors import InspectorError, NotACheckpointError, StoreError, UnsupportedCheckpointError
+from inspector.format.container import Container
 from inspector.format.torchzip import TensorRef, load
 from inspector.parse.layers import TensorFile
 from inspector.scan.locate import EXPERT_RE, EXPP_RE, LAYER_RE, MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource, Handle
+from inspector.system.bytesource import ByteSource
 
 T = TypeVar("T")
 
@@ -124,7 +125,7 @@ def load_all(
     source: ByteSource,
     findings: list[Finding],
     parse: Callable[[Any, str], T],
-    read: Callable[[T, Handle], None] | None = None,
+    read: Callable[[T, Container], None] | None = None,
 ) -> dict[int, T | None]:
     """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
     loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
@@ -149,17 +150,18 @@ def load_or_finding(
     source: ByteSource,
     findings: list[Finding],
     parse: Callable[[Any, str], T],
-    read: Callable[[T, Handle], None] | None = None,
+    read: Callable[[T, Container], None] | None = None,
 ) -> T | None:
     """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
     parsed becomes an error finding naming it (only the rank-0 model states are essential). `read`: a few
-    bytes more taken while the file is open (a step counter), so no later check opens it again."""
+    bytes more taken while the file is open (a step counter), so no later check opens it again; it reads
+    through the open archive, which serves them from the pages it read already where they lie there."""
     try:
         tree, archive = load(path, source)
         try:
             value = parse(tree, path)
             if read is not None:
-                read(value, archive.handle)
+                read(value, archive)
             return value
         finally:
             archive.close()
