@@ -81,8 +81,8 @@ class _AutoEPScanner(ZeroScanner):
         self._layers: dict[str, tuple[AutoEPLayer, ...] | InspectorError] = {}
         self._groups: dict[str, tuple[PartitionGroup, ...] | InspectorError | None] = {}
 
-    def _model_states(self, tree: Any, path: str) -> ModelStates:
-        model = super()._model_states(tree, path)
+    def _model_states(self, tree: Any, path: str, module: bool = True) -> ModelStates:
+        model = super()._model_states(tree, path, module)
         try:
             self._layers[path] = autoep_layers(tree, path) or ()
         except InspectorError as exc:  # raised where the records are used (`_model`, `_rank`)

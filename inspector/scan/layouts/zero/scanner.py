@@ -7,25 +7,22 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
 from inspector.format.container import Container
-from inspector.format.torchzip import TensorRef
-from inspector.parse.dsconfig import DsConfig
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.layouts.base import tree_at
+from inspector.scan.layouts.zero.slim import Slim
 from inspector.scan.locate import Location
 from inspector.scan.metadata import (
     PaddingRead,
-    config_key,
     copied_ranks,
     padding_spots,
     rank_probe,
@@ -73,10 +70,9 @@ class ZeroScanner:
         self.trees = trees if trees is not None else {}  # rank-0 model-states trees by path (`Found.trees`)
         self.findings: list[Finding] = list(loc.findings) + files.findings
         self._steps: dict[str, str] = {}  # each optimizer file's step counters, read as it was loaded
-        self._first_optim: OptimStates | None = None  # whose shared values later ranks' records point to
         self._first_steps: dict[str, int | None] = {}  # each optimizer file's first step, read as loaded
         self._probes: dict[str, bytes] = {}  # each optimizer file's `rank_probe`, taken as it was loaded
-        self._keys: dict[int, tuple[DsConfig, str]] = {}  # `_config_key`'s: by record, the record kept
+        self._slim = Slim()  # what the ranks' records share, so memory stays flat in the rank count
         self._last: tuple[str, int, ParamShapes] | None = None  # stage 3: the last rank's file, ws, shapes
         self._padding: PaddingRead | None = None  # the rank proof's padding, read as that file was loaded
 
@@ -114,14 +110,14 @@ class ZeroScanner:
             sorted(f.optim.items()),
             source,
             self.findings,
-            lambda t, p: self._slim_optim(self._optim_states(t, p, stage3), model),
+            lambda t, p: self._slim.optim(self._optim_states(t, p, stage3), model),
             self._read_steps,
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
             rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
             models.update(
-                load_all(rest, source, self.findings, lambda t, p: self._slim_model(self._model_states(t, p), model))
+                load_all(rest, source, self.findings, lambda t, p: self._slim.model(self._model_states(t, p, False), model))
             )
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
@@ -157,37 +153,6 @@ class ZeroScanner:
         again only when the scan's full reading names others)."""
         return param_shapes
 
-    def _slim_optim(self, o: OptimStates, model: ModelStates) -> OptimStates:
-        """A rank's optimizer states with the values every rank repeats (config, group hyperparameters)
-        shared with rank 0's objects when equal, so the scan's memory stays flat in the rank count."""
-        first = self._first_optim = self._first_optim or o
-        config = model.ds_config if self._config_key(o.ds_config) == self._config_key(model.ds_config) else o.ds_config
-        groups = tuple(
-            replace(g, hyperparams=first.groups[i].hyperparams)
-            if i < len(first.groups)
-            and g.hyperparams is not first.groups[i].hyperparams  # one record already (parse.tree.once)
-            and repr(dict(g.hyperparams)) == repr(dict(first.groups[i].hyperparams))
-            else g
-            for i, g in enumerate(o.groups)
-        )
-        return replace(o, ds_config=config, groups=groups)
-
-    def _slim_model(self, m: ModelStates, model: ModelStates) -> ModelStates:
-        """Another rank's stage-3 model states as the scan keeps them: memory flat in the rank count. Its
-        module holds only empty placeholders, which nothing reads (rank 0's name the tensors), and its config
-        and parameter shapes, when they equal rank 0's, are rank 0's objects; everything the checks compare
-        stays. The ranks one pickle rebuilds share one config record, so its key is made once."""
-        same = self._config_key(m.ds_config) == self._config_key(model.ds_config)
-        shapes = model.param_shapes if m.param_shapes == model.param_shapes else m.param_shapes
-        return replace(m, module=_NO_MODULE, ds_config=model.ds_config if same else m.ds_config, param_shapes=shapes)
-
-    def _config_key(self, config: DsConfig) -> str:
-        """`config_key` of a parsed config, once per record: the ranks of one save share theirs."""
-        hit = self._keys.get(id(config))
-        if hit is None or hit[0] is not config:
-            hit = self._keys[id(config)] = (config, config_key(config.raw))
-        return hit[1]
-
     def _claim(self, model: ModelStates, stage3: bool) -> None:
         """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
         so a stray or duplicate file is a finding and never read."""
@@ -222,10 +187,11 @@ class ZeroScanner:
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
         return stage3_rank_proof(param_shapes, states, self.loc.source, self._padding)  # autoep narrows it
 
-    def _model_states(self, tree: Any, path: str) -> ModelStates:
+    def _model_states(self, tree: Any, path: str, module: bool = True) -> ModelStates:
         """One model-states file's record, from the tree just loaded: a layout that reads more of the same
-        file (AutoEP's records) parses it here, so no file is loaded twice."""
-        return ModelStates.parse(tree, path)
+        file (AutoEP's records) parses it here, so no file is loaded twice. `module=False`: another stage-3
+        rank's, whose module placeholders nothing reads (`ModelStates.parse`)."""
+        return ModelStates.parse(tree, path, module)
 
     def _optim_states(self, tree: Any, path: str, stage3: bool) -> OptimStates:
         """One optimizer file's record, from the tree just loaded (as `_model_states`)."""
@@ -338,7 +304,7 @@ class ZeroScanner:
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
             steps = self._steps.get(o.file) or steps_key(o.steps)
-            return (o.ds_version, self._config_key(o.ds_config), steps)
+            return (o.ds_version, self._slim.key(o.ds_config), steps)
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -352,7 +318,7 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, self._config_key(model.ds_config))
+        model_sig = (model.ds_version, self._slim.key(model.ds_config))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
@@ -375,9 +341,6 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )
-
-
-_NO_MODULE: Mapping[str, TensorRef] = MappingProxyType({})
 
 
 def _some(names: list[str], shown: int = 3) -> str:
