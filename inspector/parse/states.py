@@ -271,7 +271,7 @@ def _state_for(state: Node | None, key: Any) -> Node | None:
     if state is None:
         return None
     try:
-        return Node(state.value.get(key), state.file, f"{state.path}[{key!r}]")
+        return Node(state.value.get(key), state.file, (state, (key,)))
     except TypeError:
         raise state.fail("has an unusable key") from None
 
@@ -327,8 +327,8 @@ def _slices(node: Node | None) -> tuple[tuple[str, int, int], ...] | None:
         attrs = getattr(addr.value, "__dict__", None)
         if not isinstance(attrs, dict):
             raise addr.fail(f"is a {type(addr.value).__name__}, not a fragment address")
-        start = Node(attrs.get("start"), addr.file, addr.path + ".start").integer(0, 1 << 48)
-        numel = Node(attrs.get("numel"), addr.file, addr.path + ".numel").integer(0, 1 << 48)
+        start = Node(attrs.get("start"), addr.file, (addr, "start")).integer(0, 1 << 48)
+        numel = Node(attrs.get("numel"), addr.file, (addr, "numel")).integer(0, 1 << 48)
         out.append((name, start, numel))
     return tuple(out)
 

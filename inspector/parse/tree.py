@@ -165,7 +165,7 @@ class Node:
         if all(type(d) is int and 0 <= d <= MAX_NUMEL for d in v):  # what real files hold: no Node per dim
             dims = tuple(v)
         else:
-            dims = tuple(Node(d, self.file, f"{self.path}[{i}]").integer(0, MAX_NUMEL) for i, d in enumerate(v))
+            dims = tuple(Node(d, self.file, (self, (i,))).integer(0, MAX_NUMEL) for i, d in enumerate(v))
         if math.prod(dims) > MAX_NUMEL:
             raise self.fail(f"describes {math.prod(dims):,} elements, more than any model holds")
         return dims
