@@ -33,11 +33,12 @@ class _NoTemplate(Exception):
 class Template:
     """One pickle's tree and the storages its unpickling asked the archive for, in order."""
 
-    __slots__ = ("program", "requests", "tree")
+    __slots__ = ("leans", "program", "requests", "tree")
 
     def __init__(self, tree: Any, requests: list[tuple[str, str, int]], carriers: set[int]) -> None:
         self.tree, self.requests = tree, requests
         self.program = _Program(tree, carriers)
+        self.leans: dict[frozenset[str], _Program] = {}  # `program.lean(skip)`, made once per `skip`
 
     @classmethod
     def of(cls, tree: Any, archive: TorchZip) -> Template | None:
@@ -51,10 +52,15 @@ class Template:
         requests = [(key, s.dtype, s.nbytes // itemsize(s.dtype)) for key, s in archive.storages().items()]
         return cls(tree, requests, carriers)
 
-    def rebuild(self, archive: TorchZip) -> Any:
+    def rebuild(self, archive: TorchZip, skip: frozenset[str] = frozenset()) -> Any:
         """The tree these bytes give in `archive`: its storages asked for as the unpickling did (so a record
-        missing, short or out of place is refused with the same words), its tensors pointing at them."""
-        return self.program.run(archive.storages_for(self.requests), self.tree)
+        missing, short or out of place is refused with the same words), its tensors pointing at them.
+        `skip`: top-level keys whose values the caller does not read (`_Program.lean`); every storage is
+        still asked for and checked, only the objects nobody reads are not made."""
+        program = self.program
+        if skip:
+            program = self.leans.get(skip) or self.leans.setdefault(skip, program.lean(skip))
+        return program.run(archive.storages_for(self.requests, program.keys), self.tree)
 
 
 def _holds(obj: Any, seen: dict[int, bool], carriers: set[int]) -> bool:
@@ -103,13 +109,40 @@ class _Program:
     each container from its children's slots, children first. Values off those paths are the template's own
     objects (immutable in use), as a recursive copy would leave them."""
 
-    __slots__ = ("base", "builds", "root", "tensors")
+    __slots__ = ("base", "builds", "keys", "root", "tensors")
 
     def __init__(self, tree: Any, carriers: set[int]) -> None:
         self.base: list[Any] = []  # a slot per distinct child: a template value, or filled per rebuild
         self.tensors: list[tuple[int, str, int, tuple[int, ...], tuple[int, ...], str]] = []
         self.builds: list[tuple[int, type, Sequence[Any], list[int], dict[str, Any] | None]] = []
         self.root = self._slot(tree, carriers, {})
+        self.keys: frozenset[str] | None = None  # the storages its tensors point at; None: all asked for
+
+    def lean(self, skip: frozenset[str]) -> _Program:
+        """This program for a caller that does not read the values of the root's keys in `skip` (another
+        stage-3 rank's module placeholders): each such value that is a flat mapping of tensors is built as
+        its names mapped to None, and the tensors nothing else holds are not made. Anything else is built
+        whole."""
+        build_of = {b[0]: b for b in self.builds}
+        root, tensor_slots = build_of.get(self.root), {t[0] for t in self.tensors}
+        if root is None or root[1] not in (dict, _OrderedDict):
+            return self
+        flat = {
+            child
+            for key, child in zip(root[2], root[3], strict=True)
+            if key in skip and child in build_of and build_of[child][1] in (dict, _OrderedDict)
+            and all(c in tensor_slots for c in build_of[child][3])
+        }
+        if not flat:
+            return self
+        lean = object.__new__(_Program)
+        none = len(self.base)
+        lean.base, lean.root = [*self.base, None], self.root
+        lean.builds = [(a, k, ks, [none] * len(cs) if a in flat else cs, at) for a, k, ks, cs, at in self.builds]
+        held = {c for b in lean.builds for c in b[3]} | {self.root}
+        lean.tensors = [t for t in self.tensors if t[0] in held]
+        lean.keys = frozenset(t[1] for t in lean.tensors)
+        return lean
 
     def _slot(self, obj: Any, carriers: set[int], slots: dict[int, int]) -> int:
         """The slot of `obj`, its children's (and their builds) placed first. The tree passed `check_tree`

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
@@ -352,12 +352,15 @@ class TorchZip(Container):
             ref = self._storages[key] = StorageRef(self.path, key, dtype, offset, need)
         return ref
 
-    def storages_for(self, requests: Iterable[tuple[str, str, int]]) -> dict[str, StorageRef]:
+    def storages_for(
+        self, requests: Iterable[tuple[str, str, int]], wanted: Collection[str] | None = None
+    ) -> dict[str, StorageRef]:
         """`storage(key, dtype, numel, None)` of each request, by key: a replayed pickle's storages
         (`format/replay.py`: dozens a rank file, thousands of files) checked in one loop. A record whose local
         header lies in the page already read is checked here as `storage` checks it (it exists, its header is
         one, it ends inside the file and before the next member, it holds the bytes asked for); any other,
-        and any refusal, goes through `storage` itself, so the words are the same."""
+        and any refusal, goes through `storage` itself, so the words are the same. `wanted`: the keys whose
+        `StorageRef` the caller reads (None: all); the others are checked all the same."""
         out: dict[str, StorageRef] = {}
         entries, have, bounds, stem = self.entries, self._storages, self._bounds, self.prefix + "data/"
         lengths = _LOCAL_LENGTHS.unpack_from
@@ -375,6 +378,8 @@ class TorchZip(Container):
                     need = numel * itemsize(dtype)
                     if end > self.file_size or end > bounds[entry.name] or need > entry.size:
                         ref = self.storage(key, dtype, numel, None)
+                    elif wanted is not None and key not in wanted:
+                        continue  # checked; its record is not made
                     else:
                         ref = StorageRef(self.path, key, dtype, self.base + end - entry.size, need)
                         have[key] = ref

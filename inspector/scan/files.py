@@ -126,17 +126,18 @@ def load_all(
     findings: list[Finding],
     parse: Callable[[Any, str], T],
     read: Callable[[T, Container], None] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> dict[int, T | None]:
     """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
     loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
     read one file after another would spend minutes waiting."""
     if len(paths) < 2 or not source.remote:
-        return {r: load_or_finding(p, source, findings, parse, read) for r, p in paths}
+        return {r: load_or_finding(p, source, findings, parse, read, skip) for r, p in paths}
     from inspector.remote.backend import inflight
 
     def one(item: tuple[int, str]) -> tuple[T | None, list[Finding]]:
         own: list[Finding] = []
-        return load_or_finding(item[1], source, own, parse, read), own
+        return load_or_finding(item[1], source, own, parse, read, skip), own
 
     with ThreadPoolExecutor(min(inflight(), len(paths)), thread_name_prefix="zi-scan") as pool:
         done = list(pool.map(one, paths))
@@ -151,13 +152,15 @@ def load_or_finding(
     findings: list[Finding],
     parse: Callable[[Any, str], T],
     read: Callable[[T, Container], None] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> T | None:
     """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
     parsed becomes an error finding naming it (only the rank-0 model states are essential). `read`: a few
     bytes more taken while the file is open (a step counter), so no later check opens it again; it reads
-    through the open archive, which serves them from the pages it read already where they lie there."""
+    through the open archive, which serves them from the pages it read already where they lie there.
+    `skip`: the root's keys `parse` does not read (`torchzip.load`)."""
     try:
-        tree, archive = load(path, source)
+        tree, archive = load(path, source, skip=skip)
         try:
             value = parse(tree, path)
             if read is not None:

@@ -117,7 +117,13 @@ class ZeroScanner:
         if stage3:
             rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
             models.update(
-                load_all(rest, source, self.findings, lambda t, p: self._slim.model(self._model_states(t, p, False), model))
+                load_all(
+                    rest,
+                    source,
+                    self.findings,
+                    lambda t, p: self._slim.model(self._model_states(t, p, False), model),
+                    skip=_MODULE,  # parsed without it: its placeholders are not even made
+                )
             )
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
@@ -341,6 +347,9 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save.",
             )
+
+
+_MODULE = frozenset({"module"})
 
 
 def _some(names: list[str], shown: int = 3) -> str:
