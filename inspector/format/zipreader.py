@@ -22,7 +22,6 @@ _EOCD64_LOC = b"PK\x06\x07"
 _LOCAL = b"PK\x03\x04"
 _HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
 _CDIR_RECORD = struct.Struct("<L6xH4xLLLHHH8xL")  # a directory record's fixed part: signature .. header offset
-_CDIR_SIG = 0x02014B50  # `PK\x01\x02` as the record's first little-endian word
 _EXTRA_HEAD = struct.Struct("<HH")  # an extra field's id and length
 _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
 _ZIP64_ALL = struct.Struct("<HHQQQ")  # a zip64 extra (id 1) first, with all three sizes: what torch writes
@@ -137,13 +136,13 @@ class TorchZip(Container):
         One unpack per record from the directory read once (a rank file has dozens; a save, thousands)."""
         entries: dict[str, ZipEntry] = {}
         spans: list[tuple[int, int, str]] = []  # (local header offset, name length + size, name)
-        unpack, zip64, entry = _CDIR_RECORD.unpack_from, _ZIP64_ALL.unpack_from, ZipEntry._make
+        unpack, zip64, new, size = _CDIR_RECORD.unpack_from, _ZIP64_ALL.unpack_from, tuple.__new__, self.file_size
         p, end = 0, len(cd)
         for _ in range(count):
             if p + 46 > end:
                 raise self.damaged("bad central directory entry")
             (sig, method, crc, csize, usize, nlen, xlen, clen, hoff) = unpack(cd, p)
-            if sig != _CDIR_SIG:
+            if sig != 0x02014B50:  # `PK\x01\x02`
                 raise self.damaged("bad central directory entry")
             at = p + 46
             p = at + nlen + xlen + clen
@@ -170,9 +169,9 @@ class TorchZip(Container):
                 )
             if name in entries:
                 raise self.damaged("two entries have the same name")
-            if hoff + 30 > cd_off or usize > self.file_size:
+            if hoff + 30 > cd_off or usize > size:
                 raise self.damaged(f"entry {shown(name)} lies outside the file")
-            entries[name] = entry((name, hoff, usize, method, crc))
+            entries[name] = new(ZipEntry, (name, hoff, usize, method, crc))  # ZipEntry._make, without its call
             spans.append((hoff, nlen + usize, name))
         self._bounds = self._entry_bounds(spans, cd_off)
         return entries
