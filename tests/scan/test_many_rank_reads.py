@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from inspector.convert.kinds.universal.plan import plan_universal
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
@@ -23,6 +24,7 @@ from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.scanner import scan
 from inspector.scan.slices import RankSlices
 from tests.convert.jobs import execute
+from tests.convert.jobs import universal as write_universal
 from tests.convert.test_convert_end_to_end import assert_matches_expected
 
 MANY = DemoSpec(stage=3, world_size=24, dtype="bf16", params=40_000)
@@ -58,6 +60,29 @@ def test_rebuilt_trees_give_the_checkpoint_unpickling_every_file_gives(
     assert records(fast) == records(slow)
     assert fast == slow  # every record, groups and ranks included
     assert not fast.errors
+
+
+def test_a_universal_checkpoint_is_the_one_every_file_unpickled_gives(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The universal kind reads every rank's masters and moments through the records the scan made: its
+    files are byte for byte those written from a scan that unpickled every rank file."""
+    root = demo(MANY)
+    outs = {}
+    for name in ("rebuilt", "unpickled"):
+        if name == "unpickled":
+            replay._TEMPLATES.clear()
+            monkeypatch.setattr(torchzip, "learn", lambda *a: None)
+        plan = plan_universal(scan(str(root)), str(tmp_path / name))
+        write_universal(plan)
+        folder = tmp_path / name
+        outs[name] = {
+            str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".zero-inspector")
+        }
+    assert outs["rebuilt"] == outs["unpickled"]
+    assert any(k.endswith("exp_avg_sq.pt") for k in outs["rebuilt"])
 
 
 def test_stage3_frozen_parameters_are_one_compact_record_converted_bit_exact(
