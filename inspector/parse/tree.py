@@ -23,6 +23,9 @@ JSON_NODES = 100_000
 T = TypeVar("T")
 
 
+_MAPPING = (dict, Mapping)  # a dict (what pickles hold) told apart before the Mapping ABC's slower check
+
+
 class Node:
     """A value read from `file`, at `path` inside it (`optimizer_state_dict.param_groups[1].lr`). A child's
     path is spelled only when asked (an error names it): a parse walks every entry of thousands of rank
@@ -57,20 +60,20 @@ class Node:
         return self.value is None
 
     def is_mapping(self) -> bool:
-        return isinstance(self.value, Mapping)
+        return isinstance(self.value, _MAPPING)
 
     def at(self, key: str) -> Node:
         """The child under string key `key` (None when absent); the value itself must be a mapping."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
         return Node(self.value.get(key), self.file, (self, key))
 
     def has(self, key: str) -> bool:
-        return isinstance(self.value, Mapping) and key in self.value
+        return isinstance(self.value, _MAPPING) and key in self.value
 
     def entries(self, what: str = "entry", *, names: bool = True) -> list[tuple[str, Node]]:
         """A dict's items in order, keys checked by the name rule (`what` says what the keys are)."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
         out = []
         path = self.path if names else ""
@@ -84,7 +87,7 @@ class Node:
 
     def names(self, what: str = "entry") -> None:
         """A dict's keys checked by the name rule, as `entries` checks them, its values not looked at."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
         path = self.path
         for key in self.value:
@@ -92,7 +95,7 @@ class Node:
 
     def items_any(self) -> list[tuple[Any, Node]]:
         """A dict's items with keys of any hashable type (an optimizer's `state` is keyed by ints)."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
         return [(k, Node(v, self.file, (self, (k,)))) for k, v in self.value.items()]
 
