@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.format.container import Container, Window
-from inspector.format.dtypes import itemsize
+from inspector.format.dtypes import ITEMSIZE, itemsize
 from inspector.format.views import StorageRef
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
@@ -154,11 +154,12 @@ class TorchZip(Container):
                 raise self.damaged("an entry name is not UTF-8") from None
             if csize == usize == hoff == 0xFFFFFFFF and xlen >= 28:  # torch's: a zip64 extra of all three, first
                 hid, hlen, u64, c64, h64 = zip64(cd, at + nlen)
-                if hid == 1 and hlen < 24:
+                if hid != 1:
+                    usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
+                elif hlen < 24:
                     raise self.damaged("a zip64 extra field is cut short")
-                usize, csize, hoff = (
-                    (u64, c64, h64) if hid == 1 else self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
-                )
+                else:
+                    usize, csize, hoff = u64, c64, h64
             elif 0xFFFFFFFF in (csize, usize, hoff):
                 usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
             if method != 0 or csize != usize:
@@ -362,19 +363,19 @@ class TorchZip(Container):
         `StorageRef` the caller reads (None: all); the others are checked all the same."""
         out: dict[str, StorageRef] = {}
         entries, have, bounds, stem = self.entries, self._storages, self._bounds, self.prefix + "data/"
-        lengths = _LOCAL_LENGTHS.unpack_from
+        lengths, sizes = _LOCAL_LENGTHS.unpack_from, ITEMSIZE
         for key, dtype, numel in requests:
             ref = have.get(key)
             if ref is None:
                 entry = entries.get(stem + key)
                 page_at, page = self._page
                 i = entry.header_offset - page_at if entry is not None else -1
-                if entry is None or i < 0 or i + 30 > len(page) or page[i : i + 4] != _LOCAL:
+                if entry is None or i < 0 or i + 30 > len(page) or not page.startswith(_LOCAL, i) or dtype not in sizes:
                     ref = self.storage(key, dtype, numel, None)
                 else:
                     nlen, xlen = lengths(page, i + 26)
                     end = entry.header_offset + 30 + nlen + xlen + entry.size
-                    need = numel * itemsize(dtype)
+                    need = numel * sizes[dtype]
                     if end > self.file_size or end > bounds[entry.name] or need > entry.size:
                         ref = self.storage(key, dtype, numel, None)
                     elif wanted is not None and key not in wanted:
