@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from inspector.errors import InputError
 from inspector.format.torchzip import TensorRef
-from inspector.parse.names import check_name
+from inspector.parse.names import check_name, known_names
 
 MAX_DIMS = 64
 MAX_NUMEL = 1 << 48  # 281 trillion elements: larger than any model, small enough for int64 byte offsets
@@ -89,6 +89,8 @@ class Node:
         """A dict's keys checked by the name rule, as `entries` checks them, its values not looked at."""
         if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
+        if known_names(self.value.keys()):
+            return
         path = self.path
         for key in self.value:
             check_name(key, what, self.file, path)

@@ -206,3 +206,19 @@ def test_a_frozen_tuple_when_ranks_disagree_on_dtype() -> None:
     assert isinstance(same, RankSlices) and tuple(same) == tuple(
         dataclasses.replace(s, dtype="bfloat16") for s in mixed
     )
+
+
+def test_a_bad_name_in_another_ranks_module_is_still_refused(demo: Any, tmp_path: Path) -> None:
+    """Another stage-3 rank's module is parsed for its names only: those still pass the one name rule."""
+    import torch
+
+    root = demo.copy(MANY, tmp_path / "ckpt")
+    tag = next(p for p in root.iterdir() if p.is_dir())
+    path = tag / "zero_pp_rank_11_mp_rank_00_model_states.pt"
+    state = torch.load(path, weights_only=False)
+    first = next(iter(state["module"]))
+    state["module"] = {("bad\x1b[31mname" if k == first else k): v for k, v in state["module"].items()}
+    torch.save(state, path)
+    bad = [f for f in scan(str(root)).errors if f.code == "unreadable"]
+    assert [f.file for f in bad] == [str(path)]
+    assert "\x1b" not in bad[0].message and "control characters" in bad[0].message
