@@ -4,18 +4,26 @@ each container's own words (`damaged`)."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, TypeVar
 
 from inspector.errors import CorruptFileError
+from inspector.text import shown
 
 _C = TypeVar("_C", bound="Container")
 
 
 class Container:
-    """One open container file; `handle` and `shown` are set by the subclass."""
+    """One open container file; `path` and `handle` are set by the subclass."""
 
     handle: Any
-    shown: str
+    path: str
+
+    @cached_property
+    def shown(self) -> str:
+        """The path as messages name it (control characters escaped, secrets redacted): made when a message
+        needs it, not for each of a save's thousands of rank files read without one."""
+        return shown(self.path)
 
     def close(self) -> None:
         self.handle.close()

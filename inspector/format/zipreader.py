@@ -56,7 +56,6 @@ class TorchZip(Container):
         archive embedded in a bigger file (a DCP item); every offset inside is relative to `base`, and nothing
         outside the window is read. `data_offset` answers in the file."""
         self.path = os.fspath(path)
-        self.shown = shown(self.path)  # for messages: control characters escaped
         self.handle: Any = handle if handle is not None else open_handle_in(self.path, (source,) if source else ())
         self.base = 0
         if window is not None:
@@ -260,7 +259,7 @@ class TorchZip(Container):
 
     def _find_prefix(self) -> str:
         """The one top folder every entry lives under (torch refuses an archive that mixes two)."""
-        found = [n for n in self.entries if n.endswith("data.pkl") and n.count("/") <= 1]
+        found = [n for n in filter(methodcaller("endswith", "data.pkl"), self.entries) if n.count("/") <= 1]
         if len(found) != 1:
             raise CorruptFileError(
                 f"{self.shown}: {'no' if not found else 'more than one'} data.pkl in the archive; "
