@@ -5,8 +5,10 @@ A file that cannot be read becomes an error finding naming it; only the rank-0 m
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -130,7 +132,35 @@ def load_all(
 ) -> dict[int, T | None]:
     """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
     loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
-    read one file after another would spend minutes waiting."""
+    read one file after another would spend minutes waiting. The cyclic collector waits meanwhile
+    (`_collector_paused`)."""
+    with _collector_paused():
+        return _load_all(paths, source, findings, parse, read, skip)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while rank files load, back as it was after (what was cyclic is
+    collected then). The records they make hold no cycles, and each collection of the oldest generation
+    walks every record kept so far: at 4,096 ranks three of them cost 0.35 of the scan's 2.1 CPU-seconds,
+    a cost that grows with the square of the rank count."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _load_all(
+    paths: list[tuple[int, str]],
+    source: ByteSource,
+    findings: list[Finding],
+    parse: Callable[[Any, str], T],
+    read: Callable[[T, Container], None] | None,
+    skip: frozenset[str],
+) -> dict[int, T | None]:
     if len(paths) < 2 or not source.remote:
         return {r: load_or_finding(p, source, findings, parse, read, skip) for r, p in paths}
     from inspector.remote.backend import inflight
