@@ -4,18 +4,26 @@ each container's own words (`damaged`)."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, TypeVar
 
 from inspector.errors import CorruptFileError
+from inspector.text import shown
 
 _C = TypeVar("_C", bound="Container")
 
 
 class Container:
-    """One open container file; `handle` and `shown` are set by the subclass."""
+    """One open container file; `path` and `handle` are set by the subclass."""
 
     handle: Any
-    shown: str
+    path: str
+
+    @cached_property
+    def shown(self) -> str:
+        """The path as messages name it (control characters escaped, secrets redacted): made when a message
+        needs it, not for each of a save's thousands of rank files read without one."""
+        return shown(self.path)
 
     def close(self) -> None:
         self.handle.close()
@@ -35,3 +43,25 @@ class Container:
     def damaged(self, why: str) -> CorruptFileError:
         """The error for a file that is cut short or inconsistent, naming it and `why`."""
         raise NotImplementedError
+
+
+class Window:
+    """`[base, base+length)` of an open file as a file of its own (an archive embedded in a DCP item): reads
+    past its end come back short."""
+
+    def __init__(self, handle: Any, base: int, length: int, name: str) -> None:
+        if base < 0 or length < 0 or base + length > handle.size:
+            handle.close()
+            raise CorruptFileError(
+                f"{name}: an item at bytes [{base}, {base + length}) lies past the file's end "
+                f"({handle.size} bytes).",
+                hint="The file is truncated or is not the one the metadata describes; copy the folder again.",
+            )
+        self.inner, self.base, self.size = handle, base, length
+
+    def pread(self, n: int, offset: int) -> bytes:
+        n = max(0, min(n, self.size - offset))
+        return self.inner.pread(n, self.base + offset) if offset >= 0 and n else b""
+
+    def close(self) -> None:
+        self.inner.close()

@@ -36,7 +36,6 @@ class LegacyTorchFile(Container):
 
     def __init__(self, path: str | os.PathLike[str], handle: Handle) -> None:
         self.path = os.fspath(path)
-        self.shown = shown(self.path)
         self.handle = handle
         self.file_size = handle.size
         self._pos = 0  # where the next pickle (then the first storage header) starts

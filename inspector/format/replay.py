@@ -7,13 +7,15 @@ pointing into the new archive's records instead. `Template` keeps the first tree
 its unpickling made, in order; `rebuild` replays those requests against the new archive through the same
 `TorchZip.storage` (the record exists, holds the bytes asked for, lies inside the file and clear of the
 other records: every per-archive check the unpickling made) and copies only the containers on a path to a
-tensor. What else a pickle decides (the guards' verdicts, each view's check, every other value) depends only
+tensor. That copy is a flat program made once per template (`_Program`: the tensors made in one pass, then
+each carrying container, children first), not a walk of the tree per archive. What else a pickle decides (the guards' verdicts, each view's check, every other value) depends only
 on its bytes, which are the same. A tree with a tensor anywhere else (inside a record, a set, with `attrs`)
 gets no template and is unpickled every time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from inspector.format.dtypes import itemsize
@@ -31,10 +33,12 @@ class _NoTemplate(Exception):
 class Template:
     """One pickle's tree and the storages its unpickling asked the archive for, in order."""
 
-    __slots__ = ("carriers", "requests", "tree")
+    __slots__ = ("leans", "program", "requests", "tree")
 
     def __init__(self, tree: Any, requests: list[tuple[str, str, int]], carriers: set[int]) -> None:
-        self.tree, self.requests, self.carriers = tree, requests, carriers
+        self.tree, self.requests = tree, requests
+        self.program = _Program(tree, carriers)
+        self.leans: dict[frozenset[str], _Program] = {}  # `program.lean(skip)`, made once per `skip`
 
     @classmethod
     def of(cls, tree: Any, archive: TorchZip) -> Template | None:
@@ -48,11 +52,15 @@ class Template:
         requests = [(key, s.dtype, s.nbytes // itemsize(s.dtype)) for key, s in archive.storages().items()]
         return cls(tree, requests, carriers)
 
-    def rebuild(self, archive: TorchZip) -> Any:
+    def rebuild(self, archive: TorchZip, skip: frozenset[str] = frozenset()) -> Any:
         """The tree these bytes give in `archive`: its storages asked for as the unpickling did (so a record
-        missing, short or out of place is refused with the same words), its tensors pointing at them."""
-        refs = {key: archive.storage(key, dtype, numel, None) for key, dtype, numel in self.requests}
-        return _copy(self.tree, self.carriers, refs, {})
+        missing, short or out of place is refused with the same words), its tensors pointing at them.
+        `skip`: top-level keys whose values the caller does not read (`_Program.lean`); every storage is
+        still asked for and checked, only the objects nobody reads are not made."""
+        program = self.program
+        if skip:
+            program = self.leans.get(skip) or self.leans.setdefault(skip, program.lean(skip))
+        return program.run(archive.storages_for(self.requests, program.keys), self.tree)
 
 
 def _holds(obj: Any, seen: dict[int, bool], carriers: set[int]) -> bool:
@@ -95,32 +103,87 @@ def _holds(obj: Any, seen: dict[int, bool], carriers: set[int]) -> bool:
     return found
 
 
-def _copy(obj: Any, carriers: set[int], refs: dict[str, StorageRef], memo: dict[int, Any]) -> Any:
-    """`obj` with every tensor pointing at `refs`: containers on a path to a tensor copied (a sub-tree shared
-    in the template stays shared), everything else the template's own immutable-in-use objects."""
-    key = id(obj)
-    kind = type(obj)
-    if kind is TensorRef:
-        new: Any = memo.get(key)
-        if new is None:
-            new = memo[key] = TensorRef(refs[obj.storage.key], obj.storage_offset, obj.shape, obj.stride, obj.dtype)
-        return new
-    if key not in carriers:
-        return obj
-    new = memo.get(key)
-    if new is not None:
-        return new
-    if kind is dict:
-        new = {k: _copy(v, carriers, refs, memo) for k, v in obj.items()}
-    elif kind is _OrderedDict:
-        new = _OrderedDict((k, _copy(v, carriers, refs, memo)) for k, v in obj.items())
-        vars(new).update(vars(obj))
-    elif kind is list:
-        new = [_copy(v, carriers, refs, memo) for v in obj]
-    else:
-        new = tuple(_copy(v, carriers, refs, memo) for v in obj)
-    memo[key] = new
-    return new
+class _Program:
+    """How `rebuild` copies a template's tree: every tensor and every container on a path to one gets a slot
+    (a sub-tree shared in the template gets one, so it stays shared), the tensors are made in one pass, then
+    each container from its children's slots, children first. Values off those paths are the template's own
+    objects (immutable in use), as a recursive copy would leave them."""
+
+    __slots__ = ("base", "builds", "keys", "root", "tensors")
+
+    def __init__(self, tree: Any, carriers: set[int]) -> None:
+        self.base: list[Any] = []  # a slot per distinct child: a template value, or filled per rebuild
+        self.tensors: list[tuple[int, str, int, tuple[int, ...], tuple[int, ...], str]] = []
+        self.builds: list[tuple[int, type, Sequence[Any], list[int], dict[str, Any] | None]] = []
+        self.root = self._slot(tree, carriers, {})
+        self.keys: frozenset[str] | None = None  # the storages its tensors point at; None: all asked for
+
+    def lean(self, skip: frozenset[str]) -> _Program:
+        """This program for a caller that does not read the values of the root's keys in `skip` (another
+        stage-3 rank's module placeholders): each such value that is a flat mapping of tensors is built as
+        its names mapped to None, and the tensors nothing else holds are not made. Anything else is built
+        whole."""
+        build_of = {b[0]: b for b in self.builds}
+        root, tensor_slots = build_of.get(self.root), {t[0] for t in self.tensors}
+        if root is None or root[1] not in (dict, _OrderedDict):
+            return self
+        flat = {
+            child
+            for key, child in zip(root[2], root[3], strict=True)
+            if key in skip and child in build_of and build_of[child][1] in (dict, _OrderedDict)
+            and all(c in tensor_slots for c in build_of[child][3])
+        }
+        if not flat:
+            return self
+        lean = object.__new__(_Program)
+        none = len(self.base)
+        lean.base, lean.root = [*self.base, None], self.root
+        lean.builds = [(a, k, ks, [none] * len(cs) if a in flat else cs, at) for a, k, ks, cs, at in self.builds]
+        held = {c for b in lean.builds for c in b[3]} | {self.root}
+        lean.tensors = [t for t in self.tensors if t[0] in held]
+        lean.keys = frozenset(t[1] for t in lean.tensors)
+        return lean
+
+    def _slot(self, obj: Any, carriers: set[int], slots: dict[int, int]) -> int:
+        """The slot of `obj`, its children's (and their builds) placed first. The tree passed `check_tree`
+        (bounded depth, no cycles), so the recursion is bounded."""
+        key = id(obj)
+        if key in slots:
+            return slots[key]
+        kind = type(obj)
+        if kind is not TensorRef and key in carriers:
+            items = list(obj.items()) if kind is dict or kind is _OrderedDict else [(None, v) for v in obj]
+            children = [self._slot(v, carriers, slots) for _, v in items]
+            at = slots[key] = len(self.base)
+            self.base.append(None)
+            keys = [k for k, _ in items] if kind is dict or kind is _OrderedDict else ()
+            self.builds.append((at, kind, keys, children, dict(vars(obj)) if kind is _OrderedDict else None))
+            return at
+        at = slots[key] = len(self.base)
+        self.base.append(obj)
+        if kind is TensorRef:
+            s = obj.storage
+            self.tensors.append((at, s.key, obj.storage_offset, obj.shape, obj.stride, obj.dtype))
+        return at
+
+    def run(self, refs: dict[str, StorageRef], tree: Any) -> Any:
+        """The tree with every tensor pointing at `refs` (the new archive's storages)."""
+        if not self.builds and not self.tensors:
+            return tree
+        slots = self.base.copy()
+        for at, key, offset, shape, stride, dtype in self.tensors:
+            slots[at] = TensorRef(refs[key], offset, shape, stride, dtype)
+        for at, kind, keys, children, attrs in self.builds:
+            values = [slots[i] for i in children]
+            if kind is dict:
+                slots[at] = dict(zip(keys, values, strict=True))
+            elif kind is _OrderedDict:
+                new = _OrderedDict(zip(keys, values, strict=True))
+                vars(new).update(attrs or {})
+                slots[at] = new
+            else:
+                slots[at] = kind(values)  # list or tuple
+        return slots[self.root]
 
 
 _TEMPLATES: dict[bytes, Template | None] = {}

@@ -253,6 +253,7 @@ def load(
     source: ByteSource | None = None,
     window: tuple[int, int] | None = None,
     handle: Handle | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> tuple[Any, TorchZip | LegacyTorchFile]:
     """Unpickle a `torch.save` file's object tree with tensor references; returns (tree, container).
 
@@ -260,7 +261,9 @@ def load(
     else is read as a zip. The file is opened through `source` (the checkpoint's folder; by default the
     file's own folder). The container stays open so the caller can read bytes; close it when done.
     `window`: (base, length) of a zip archive embedded in the file (a DCP item); its tensors' offsets are
-    the file's. `handle`: the archive already open (a decompressed DCP item), read as a zip.
+    the file's. `handle`: the archive already open (a decompressed DCP item), read as a zip. `skip`: keys
+    of the root whose values the caller does not read; a tree rebuilt from a pickle met before may hold a
+    flat mapping of tensors there as its names mapped to None (`replay`), its records still checked.
     """
     path = os.fspath(path)
     embedded = window is not None or handle is not None  # a DCP item: a zip, never the legacy form
@@ -278,21 +281,21 @@ def load(
                 raise UnsupportedCheckpointError(
                     f"{archive.shown}: big-endian checkpoints are not supported."
                 )
-            tree = _zip_tree(archive)
+            tree = _zip_tree(archive, skip)
     except BaseException:
         handle.close()
         raise
     return tree, archive
 
 
-def _zip_tree(archive: TorchZip) -> Any:
+def _zip_tree(archive: TorchZip, skip: frozenset[str] = frozenset()) -> Any:
     """The zip form's object tree, through both guards; the same pickle bytes as a file read before (every
     rank of a save writes much the same pickle) passed them already, and from the third time on are not
     unpickled at all (`replay`: the first tree, its tensors pointed at this archive's records)."""
     data = archive.read_entry(f"{archive.prefix}data.pkl")
     template = template_for(data)
     if template is not None:  # these bytes were unpickled before: the tree rebuilt onto this archive
-        return template.rebuild(archive)
+        return template.rebuild(archive, skip)
     known = passed(data)
     with _unreadable_pickle(archive.shown):
         if not known:

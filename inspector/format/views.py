@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from inspector.format.dtypes import ITEMSIZE, itemsize
@@ -97,6 +97,45 @@ class TensorRef:
                 k -= 1
             if k < 0:
                 return
+
+
+# A frozen slotted dataclass's generated `__init__` sets each field through `object.__setattr__`, three times
+# the cost of its slot's own setter; a scan makes one `StorageRef` and one `TensorRef` per storage of every
+# rank file (hundreds of thousands at 4,096 ranks), so both get an `__init__` of the same signature that sets
+# the slots directly. The records stay what the dataclass says: frozen, compared and hashed by their fields.
+_STORAGE_SLOTS = tuple(getattr(StorageRef, f.name).__set__ for f in fields(StorageRef))
+_TENSOR_SLOTS = tuple(getattr(TensorRef, f.name).__set__ for f in fields(TensorRef))
+
+
+def _storage_init(self: StorageRef, path: str, key: str, dtype: str, offset: int, nbytes: int) -> None:
+    s_path, s_key, s_dtype, s_offset, s_nbytes = _STORAGE_SLOTS
+    s_path(self, path)
+    s_key(self, key)
+    s_dtype(self, dtype)
+    s_offset(self, offset)
+    s_nbytes(self, nbytes)
+
+
+def _tensor_init(
+    self: TensorRef,
+    storage: StorageRef,
+    storage_offset: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: str,
+    attrs: dict[str, Any] | None = None,
+) -> None:
+    s_storage, s_offset, s_shape, s_stride, s_dtype, s_attrs = _TENSOR_SLOTS
+    s_storage(self, storage)
+    s_offset(self, storage_offset)
+    s_shape(self, shape)
+    s_stride(self, stride)
+    s_dtype(self, dtype)
+    s_attrs(self, {} if attrs is None else attrs)
+
+
+type.__setattr__(StorageRef, "__init__", _storage_init)
+type.__setattr__(TensorRef, "__init__", _tensor_init)
 
 
 def is_int(v: Any) -> bool:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from dataclasses import dataclass
-from operator import methodcaller
-from typing import Any
+from collections.abc import Collection, Iterable
+from operator import itemgetter, methodcaller
+from typing import Any, NamedTuple
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.format.container import Container
-from inspector.format.dtypes import itemsize
+from inspector.format.container import Container, Window
+from inspector.format.dtypes import ITEMSIZE, itemsize
 from inspector.format.views import StorageRef
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
@@ -19,19 +19,20 @@ from inspector.text import shown
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
-_CDIR = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
 _HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
-_CDIR_RECORD = struct.Struct("<10xH4xLLLHHH8xL")  # a directory record's fixed part: method .. header offset
+_CDIR_RECORD = struct.Struct("<L6xH4xLLLHHH8xL")  # a directory record's fixed part: signature .. header offset
 _EXTRA_HEAD = struct.Struct("<HH")  # an extra field's id and length
 _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
 _ZIP64_ALL = struct.Struct("<HHQQQ")  # a zip64 extra (id 1) first, with all three sizes: what torch writes
+_FIRST = itemgetter(0)
 _MAX_DIRECTORY = 64 << 20  # a torch archive's directory is ~100 bytes per storage: 64 MiB is ~600k storages
 
 
-@dataclass(frozen=True, slots=True)
-class ZipEntry:
-    """One archive member: where its local header is and how big it is (from the central directory)."""
+class ZipEntry(NamedTuple):
+    """One archive member: where its local header is and how big it is (from the central directory). A
+    named tuple: a save's thousands of rank files make tens of thousands, each made at a third of the cost
+    of a frozen dataclass."""
 
     name: str
     header_offset: int
@@ -55,13 +56,16 @@ class TorchZip(Container):
         archive embedded in a bigger file (a DCP item); every offset inside is relative to `base`, and nothing
         outside the window is read. `data_offset` answers in the file."""
         self.path = os.fspath(path)
-        self.shown = shown(self.path)  # for messages: control characters escaped
         self.handle: Any = handle if handle is not None else open_handle_in(self.path, (source,) if source else ())
         self.base = 0
         if window is not None:
-            self.handle = _Window(self.handle, *window, self.shown)
+            self.handle = Window(self.handle, *window, self.shown)
             self.base = window[0]
         self.file_size = self.handle.size
+        # bytes already read, served again by `pread`: the last page read at a local header (the first: the
+        # file's head, where data.pkl lies) and the file's tail (its end records, often its directory)
+        self._page: tuple[int, bytes] = (0, b"")
+        self._tail: tuple[int, bytes] = (0, b"")
         try:
             self.entries = self._read_directory()
             self.prefix = self._find_prefix()
@@ -69,8 +73,17 @@ class TorchZip(Container):
             self.handle.close()
             raise
         self._data_offsets: dict[str, int] = {}
-        self._page: tuple[int, bytes] = (0, b"")  # the last page of local headers read (`_data_offset`)
         self._storages: dict[str, StorageRef] = {}
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """`n` bytes at `offset`: from the head page or the tail already read when they lie inside one (a rank
+        file's end records, directory, pickle and small records do), else read from the file. A rank folder
+        of thousands of files reads each in a handful of calls."""
+        for at, buf in (self._page, self._tail):
+            i = offset - at
+            if i >= 0 and i + n <= len(buf):
+                return buf[i : i + n]
+        return super().pread(n, offset)
 
     def damaged(self, why: str) -> CorruptFileError:
         return CorruptFileError(
@@ -103,8 +116,9 @@ class TorchZip(Container):
                 f"{self.shown}: the file is empty (0 bytes).",
                 hint="It was probably cut off while saving or copying; copy it again.",
             )
-        head = self.handle.pread(4, 0)
-        if head != _LOCAL:
+        head = self.handle.pread(min(_HEADER_PAGE, self.file_size), 0)  # kept: data.pkl's header lies there
+        self._page = (0, head)
+        if head[:4] != _LOCAL:
             if head[:1] == b"\x80":
                 raise UnsupportedCheckpointError(
                     f"{self.shown}: legacy (non-zip) torch.save format.",
@@ -120,12 +134,15 @@ class TorchZip(Container):
         """The central directory's `count` records, each checked against the file: stored, unique, inside.
         One unpack per record from the directory read once (a rank file has dozens; a save, thousands)."""
         entries: dict[str, ZipEntry] = {}
-        spans: list[tuple[int, int, str]] = []  # (local header offset, its name's length, name)
+        spans: list[tuple[int, int, str]] = []  # (local header offset, name length + size, name)
+        unpack, zip64, new, size = _CDIR_RECORD.unpack_from, _ZIP64_ALL.unpack_from, tuple.__new__, self.file_size
         p, end = 0, len(cd)
         for _ in range(count):
-            if p + 46 > end or cd[p : p + 4] != _CDIR:
+            if p + 46 > end:
                 raise self.damaged("bad central directory entry")
-            (method, crc, csize, usize, nlen, xlen, clen, hoff) = _CDIR_RECORD.unpack_from(cd, p)
+            (sig, method, crc, csize, usize, nlen, xlen, clen, hoff) = unpack(cd, p)
+            if sig != 0x02014B50:  # `PK\x01\x02`
+                raise self.damaged("bad central directory entry")
             at = p + 46
             p = at + nlen + xlen + clen
             if p > end:
@@ -134,10 +151,14 @@ class TorchZip(Container):
                 name = cd[at : at + nlen].decode("utf-8")
             except UnicodeDecodeError:
                 raise self.damaged("an entry name is not UTF-8") from None
-            if csize == usize == hoff == 0xFFFFFFFF and xlen >= 28 and _ZIP64_ALL.unpack_from(cd, at + nlen)[0] == 1:
-                _, hlen, usize, csize, hoff = _ZIP64_ALL.unpack_from(cd, at + nlen)  # torch's: all three
-                if hlen < 24:
+            if csize == usize == hoff == 0xFFFFFFFF and xlen >= 28:  # torch's: a zip64 extra of all three, first
+                hid, hlen, u64, c64, h64 = zip64(cd, at + nlen)
+                if hid != 1:
+                    usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
+                elif hlen < 24:
                     raise self.damaged("a zip64 extra field is cut short")
+                else:
+                    usize, csize, hoff = u64, c64, h64
             elif 0xFFFFFFFF in (csize, usize, hoff):
                 usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
             if method != 0 or csize != usize:
@@ -148,25 +169,25 @@ class TorchZip(Container):
                 )
             if name in entries:
                 raise self.damaged("two entries have the same name")
-            if hoff + 30 > cd_off or usize > self.file_size:
+            if hoff + 30 > cd_off or usize > size:
                 raise self.damaged(f"entry {shown(name)} lies outside the file")
-            entries[name] = ZipEntry(name, hoff, usize, method, crc)
-            spans.append((hoff, nlen, name))
-        self._bounds = self._entry_bounds(entries, spans, cd_off)
+            entries[name] = new(ZipEntry, (name, hoff, usize, method, crc))  # ZipEntry._make, without its call
+            spans.append((hoff, nlen + usize, name))
+        self._bounds = self._entry_bounds(spans, cd_off)
         return entries
 
-    def _entry_bounds(
-        self, entries: dict[str, ZipEntry], spans: list[tuple[int, int, str]], cd_off: int
-    ) -> dict[str, int]:
-        """Where each entry must end: the next entry's local header (or the central directory).
+    def _entry_bounds(self, spans: list[tuple[int, int, str]], cd_off: int) -> dict[str, int]:
+        """Where each entry must end: the next entry's local header (or the central directory). `spans`:
+        (local header offset, name length + size, name) of each entry, in directory order.
 
         `torch.save` writes members one after another, so two records sharing bytes, or a record running
         into the directory, can only come from a damaged or crafted file: such a file is refused."""
-        spans.sort(key=lambda s: s[0])  # stable: records at one offset keep their directory order
+        spans.sort(key=_FIRST)  # stable: records at one offset keep their directory order (torch's: in order)
         bounds: dict[str, int] = {}
-        nexts = [h for h, _, _ in spans[1:]] + [cd_off]
-        for (hoff, nlen, name), end in zip(spans, nexts, strict=True):
-            if hoff + 30 + nlen + entries[name].size > end:
+        nexts = [s[0] for s in spans]
+        nexts.append(cd_off)
+        for (hoff, used, name), end in zip(spans, nexts[1:], strict=True):
+            if hoff + 30 + used > end:
                 raise self.damaged(f"record {name} overlaps the next member of the archive")
             bounds[name] = end
         return bounds
@@ -186,6 +207,7 @@ class TorchZip(Container):
         """The last usable end record in the file's last `tail_len` bytes: a short tail first, since torch
         writes no comment (the answer is the same: the search runs from the end)."""
         tail = self.pread(tail_len, self.file_size - tail_len)
+        self._tail = (self.file_size - tail_len, tail)  # the end records and directory are read from it
         pos = tail.rfind(_EOCD)
         while pos >= 0:
             if len(tail) - pos >= 22:
@@ -248,7 +270,7 @@ class TorchZip(Container):
 
     def _find_prefix(self) -> str:
         """The one top folder every entry lives under (torch refuses an archive that mixes two)."""
-        found = [n for n in self.entries if n.endswith("data.pkl") and n.count("/") <= 1]
+        found = [n for n in filter(methodcaller("endswith", "data.pkl"), self.entries) if n.count("/") <= 1]
         if len(found) != 1:
             raise CorruptFileError(
                 f"{self.shown}: {'no' if not found else 'more than one'} data.pkl in the archive; "
@@ -267,18 +289,20 @@ class TorchZip(Container):
         """Absolute file offset of an entry's bytes: local header + its own name/extra lengths."""
         return self.base + self._data_offset(name)
 
-    def _data_offset(self, name: str) -> int:
+    def _data_offset(self, name: str, whole: bool = False) -> int:
         """The entry's bytes' offset inside the archive (its window, for an embedded one), from its local
         header's 30 fixed bytes. Headers are read a page at a time: a rank file's small records (stage-3
-        placeholders, counters) sit side by side, so one read serves the headers of many."""
+        placeholders, counters) sit side by side, so one read serves the headers of many. `whole`: the
+        caller reads the entry next, so the page read takes its bytes too (`pread` serves them)."""
         off = self._data_offsets.get(name)
-        if off is not None:
+        if off is not None and not whole:
             return off
         e = self.entries[name]
         at = e.header_offset
         page_at, page = self._page
-        if not (page_at <= at and at + 30 <= page_at + len(page)):
-            page_at, page = at, self.handle.pread(max(0, min(_HEADER_PAGE, self.file_size - at)), at)
+        if not (page_at <= at and at + 30 + (e.size if whole else 0) <= page_at + len(page)):
+            length = _HEADER_PAGE + (e.size if whole else 0)
+            page_at, page = at, self.handle.pread(max(0, min(length, self.file_size - at)), at)
             self._page = (page_at, page)
         i = at - page_at
         if len(page) - i < 30:
@@ -298,7 +322,7 @@ class TorchZip(Container):
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
         for another range (or damaged) are refused here, before anything parses them."""
         entry = self.entries[name]
-        data = self.pread(entry.size, self._data_offset(name))
+        data = self.pread(entry.size, self._data_offset(name, whole=True))
         if zlib.crc32(data) != entry.crc:
             raise CorruptFileError(
                 f"{self.shown}: member {shown(name)} does not match its CRC-32 in the zip directory.",
@@ -338,6 +362,40 @@ class TorchZip(Container):
             ref = self._storages[key] = StorageRef(self.path, key, dtype, offset, need)
         return ref
 
+    def storages_for(
+        self, requests: Iterable[tuple[str, str, int]], wanted: Collection[str] | None = None
+    ) -> dict[str, StorageRef]:
+        """`storage(key, dtype, numel, None)` of each request, by key: a replayed pickle's storages
+        (`format/replay.py`: dozens a rank file, thousands of files) checked in one loop. A record whose local
+        header lies in the page already read is checked here as `storage` checks it (it exists, its header is
+        one, it ends inside the file and before the next member, it holds the bytes asked for); any other,
+        and any refusal, goes through `storage` itself, so the words are the same. `wanted`: the keys whose
+        `StorageRef` the caller reads (None: all); the others are checked all the same."""
+        out: dict[str, StorageRef] = {}
+        entries, have, bounds, stem = self.entries, self._storages, self._bounds, self.prefix + "data/"
+        lengths, sizes = _LOCAL_LENGTHS.unpack_from, ITEMSIZE
+        for key, dtype, numel in requests:
+            ref = have.get(key)
+            if ref is None:
+                entry = entries.get(stem + key)
+                page_at, page = self._page
+                i = entry.header_offset - page_at if entry is not None else -1
+                if entry is None or i < 0 or i + 30 > len(page) or not page.startswith(_LOCAL, i) or dtype not in sizes:
+                    ref = self.storage(key, dtype, numel, None)
+                else:
+                    nlen, xlen = lengths(page, i + 26)
+                    end = entry.header_offset + 30 + nlen + xlen + entry.size
+                    need = numel * sizes[dtype]
+                    if end > self.file_size or end > bounds[entry.name] or need > entry.size:
+                        ref = self.storage(key, dtype, numel, None)
+                    elif wanted is not None and key not in wanted:
+                        continue  # checked; its record is not made
+                    else:
+                        ref = StorageRef(self.path, key, dtype, self.base + end - entry.size, need)
+                        have[key] = ref
+            out[key] = ref
+        return out
+
     def storages(self) -> dict[str, StorageRef]:
         """The storages asked for so far, by key, in the order first asked for (a copy)."""
         return dict(self._storages)
@@ -349,24 +407,3 @@ class TorchZip(Container):
         if self.entries[name].size > 16:
             raise self.damaged("the byteorder record is not a byte order")
         return self.read_entry(name).decode("ascii", "replace").strip()
-
-
-class _Window:
-    """`[base, base+length)` of an open file as a file of its own: reads past its end come back short."""
-
-    def __init__(self, handle: Any, base: int, length: int, name: str) -> None:
-        if base < 0 or length < 0 or base + length > handle.size:
-            handle.close()
-            raise CorruptFileError(
-                f"{name}: an item at bytes [{base}, {base + length}) lies past the file's end "
-                f"({handle.size} bytes).",
-                hint="The file is truncated or is not the one the metadata describes; copy the folder again.",
-            )
-        self.inner, self.base, self.size = handle, base, length
-
-    def pread(self, n: int, offset: int) -> bytes:
-        n = max(0, min(n, self.size - offset))
-        return self.inner.pread(n, self.base + offset) if offset >= 0 and n else b""
-
-    def close(self) -> None:
-        self.inner.close()

@@ -30,6 +30,9 @@ def _frozen(d: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(d)
 
 
+_NO_MODULE: Mapping[str, TensorRef] = MappingProxyType({})  # a module parsed with `module=False`
+
+
 def _param_shapes(node: Node) -> tuple[tuple[tuple[str, Shape], ...], ...] | None:
     """`param_shapes`: one ordered name -> shape mapping per flat group; a name may appear in one group only."""
     if node.is_none():
@@ -73,16 +76,20 @@ class ModelStates:
     ds_config: DsConfig = field(default_factory=DsConfig)
 
     @classmethod
-    def parse(cls, tree: Any, file: str) -> ModelStates:
+    def parse(cls, tree: Any, file: str, module: bool = True) -> ModelStates:
+        """`module=False`: the module's names checked, its tensors not kept (another stage-3 rank's
+        placeholders, which nothing reads: rank 0's name the tensors)."""
         root = Node(tree, file)
         if not root.is_mapping() or not root.has("module"):
             raise root.fail("is not a DeepSpeed model-states file (no `module` key)")
         module_node = root.at("module")
-        module: dict[str, TensorRef] = {}
-        if not module_node.is_none():
+        tensors: dict[str, TensorRef] = {}
+        if not module_node.is_none() and not module:
+            module_node.names("tensor name")
+        elif not module_node.is_none():
             for name, v in module_node.entries("tensor name"):
                 if isinstance(v.value, TensorRef):
-                    module[name] = v.value
+                    tensors[name] = v.value
         buffers = root.at("buffer_names")
         shared = root.at("shared_params")
         frozen_shapes = root.at("frozen_param_shapes")
@@ -90,7 +97,7 @@ class ModelStates:
         return cls(
             file=file,
             has_module=not module_node.is_none(),
-            module=_frozen(module),
+            module=_frozen(tensors) if tensors or module else _NO_MODULE,
             buffer_names=tuple(b.name("buffer name") for b in buffers.seq()) if not buffers.is_none() else (),
             param_shapes=once(_param_shapes, root.at("param_shapes")),
             frozen_param_shapes=None
@@ -264,7 +271,7 @@ def _state_for(state: Node | None, key: Any) -> Node | None:
     if state is None:
         return None
     try:
-        return Node(state.value.get(key), state.file, f"{state.path}[{key!r}]")
+        return Node(state.value.get(key), state.file, (state, (key,)))
     except TypeError:
         raise state.fail("has an unusable key") from None
 
@@ -320,8 +327,8 @@ def _slices(node: Node | None) -> tuple[tuple[str, int, int], ...] | None:
         attrs = getattr(addr.value, "__dict__", None)
         if not isinstance(attrs, dict):
             raise addr.fail(f"is a {type(addr.value).__name__}, not a fragment address")
-        start = Node(attrs.get("start"), addr.file, addr.path + ".start").integer(0, 1 << 48)
-        numel = Node(attrs.get("numel"), addr.file, addr.path + ".numel").integer(0, 1 << 48)
+        start = Node(attrs.get("start"), addr.file, (addr, "start")).integer(0, 1 << 48)
+        numel = Node(attrs.get("numel"), addr.file, (addr, "numel")).integer(0, 1 << 48)
         out.append((name, start, numel))
     return tuple(out)
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from inspector.errors import InputError
 from inspector.format.torchzip import TensorRef
-from inspector.parse.names import check_name
+from inspector.parse.names import check_name, known_names
 
 MAX_DIMS = 64
 MAX_NUMEL = 1 << 48  # 281 trillion elements: larger than any model, small enough for int64 byte offsets
@@ -23,15 +23,29 @@ JSON_NODES = 100_000
 T = TypeVar("T")
 
 
+_MAPPING = (dict, Mapping)  # a dict (what pickles hold) told apart before the Mapping ABC's slower check
+
+
 class Node:
-    """A value read from `file`, at `path` inside it (`optimizer_state_dict.param_groups[1].lr`)."""
+    """A value read from `file`, at `path` inside it (`optimizer_state_dict.param_groups[1].lr`). A child's
+    path is spelled only when asked (an error names it): a parse walks every entry of thousands of rank
+    files, and formatting each one's path cost more than reading it."""
 
-    __slots__ = ("file", "path", "value")
+    __slots__ = ("_at", "file", "value")
 
-    def __init__(self, value: Any, file: str, path: str = "") -> None:
+    def __init__(self, value: Any, file: str, path: str | tuple[Node, Any] = "") -> None:
         self.value = value
         self.file = file
-        self.path = path
+        self._at = path  # the path, or (parent, str key: `.key`; other: `[key]`) until spelled
+
+    @property
+    def path(self) -> str:
+        at = self._at
+        if type(at) is tuple:
+            parent, key = at
+            base = parent.path
+            at = self._at = (f"{base}.{key}" if base else key) if type(key) is str else f"{base}[{key[0]!r}]"
+        return at  # type: ignore[return-value]
 
     def fail(self, problem: str) -> InputError:
         return InputError(self.file, self.path or "the top level", problem)
@@ -46,35 +60,46 @@ class Node:
         return self.value is None
 
     def is_mapping(self) -> bool:
-        return isinstance(self.value, Mapping)
+        return isinstance(self.value, _MAPPING)
 
     def at(self, key: str) -> Node:
         """The child under string key `key` (None when absent); the value itself must be a mapping."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
-        return Node(self.value.get(key), self.file, f"{self.path}.{key}" if self.path else key)
+        return Node(self.value.get(key), self.file, (self, key))
 
     def has(self, key: str) -> bool:
-        return isinstance(self.value, Mapping) and key in self.value
+        return isinstance(self.value, _MAPPING) and key in self.value
 
     def entries(self, what: str = "entry", *, names: bool = True) -> list[tuple[str, Node]]:
         """A dict's items in order, keys checked by the name rule (`what` says what the keys are)."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
         out = []
+        path = self.path if names else ""
         for key, value in self.value.items():
             if names:
-                check_name(key, what, self.file, self.path)
+                check_name(key, what, self.file, path)
             elif not isinstance(key, str):
                 raise self.fail(f"has a {type(key).__name__} key where names are expected")
-            out.append((key, Node(value, self.file, f"{self.path}[{key!r}]")))
+            out.append((key, Node(value, self.file, (self, (key,)))))
         return out
+
+    def names(self, what: str = "entry") -> None:
+        """A dict's keys checked by the name rule, as `entries` checks them, its values not looked at."""
+        if not isinstance(self.value, _MAPPING):
+            raise self.fail(f"is a {self._kind()}, not a dict")
+        if known_names(self.value.keys()):
+            return
+        path = self.path
+        for key in self.value:
+            check_name(key, what, self.file, path)
 
     def items_any(self) -> list[tuple[Any, Node]]:
         """A dict's items with keys of any hashable type (an optimizer's `state` is keyed by ints)."""
-        if not isinstance(self.value, Mapping):
+        if not isinstance(self.value, _MAPPING):
             raise self.fail(f"is a {self._kind()}, not a dict")
-        return [(k, Node(v, self.file, f"{self.path}[{k!r}]")) for k, v in self.value.items()]
+        return [(k, Node(v, self.file, (self, (k,)))) for k, v in self.value.items()]
 
     def seq(self, max_len: int = 1 << 24) -> list[Node]:
         """A list or tuple, as children."""
@@ -82,7 +107,7 @@ class Node:
             raise self.fail(f"is a {self._kind()}, not a list")
         if len(self.value) > max_len:
             raise self.fail(f"has {len(self.value):,} entries, more than {max_len:,}")
-        return [Node(v, self.file, f"{self.path}[{i}]") for i, v in enumerate(self.value)]
+        return [Node(v, self.file, (self, (i,))) for i, v in enumerate(self.value)]
 
     # -- scalars --------------------------------------------------------------------------------------------
 
@@ -145,7 +170,7 @@ class Node:
         if all(type(d) is int and 0 <= d <= MAX_NUMEL for d in v):  # what real files hold: no Node per dim
             dims = tuple(v)
         else:
-            dims = tuple(Node(d, self.file, f"{self.path}[{i}]").integer(0, MAX_NUMEL) for i, d in enumerate(v))
+            dims = tuple(Node(d, self.file, (self, (i,))).integer(0, MAX_NUMEL) for i, d in enumerate(v))
         if math.prod(dims) > MAX_NUMEL:
             raise self.fail(f"describes {math.prod(dims):,} elements, more than any model holds")
         return dims

@@ -9,14 +9,22 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from inspector.errors import CorruptFileError, InspectorError
 from inspector.format.dtypes import STRUCT_FORMATS
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import OptimStates
 from inspector.scan.model import Finding, Severity
-from inspector.system.bytesource import ByteSource, Handle, open_handle_in
+from inspector.system.bytesource import ByteSource, open_handle_in
+
+
+class Reader(Protocol):
+    """What the small reads here need of an open file: a `Handle`, or the open archive (`Container`), whose
+    reads are served from the pages it already holds."""
+
+    def pread(self, n: int, offset: int) -> bytes: ...
 
 
 def dtype_of(tensors: Mapping[str, Any]) -> str | None:
@@ -39,7 +47,7 @@ def item(value: Any) -> int | None:
     return None
 
 
-def _read_scalar(ref: TensorRef, handle: Handle | None = None) -> float | int | None:
+def _read_scalar(ref: TensorRef, handle: Reader | None = None) -> float | int | None:
     """A 0-d tensor's value: through `handle` (its file, already open), or its file opened for it."""
     fmt = "<f" if ref.dtype == "bfloat16" else STRUCT_FORMATS.get(ref.dtype)
     if fmt is None:
@@ -130,18 +138,24 @@ def step_value(step: int | float | TensorRef | None) -> int | float | None:
     return item(step) if isinstance(step, TensorRef) else step
 
 
-def steps_key(steps: Sequence[int | float | TensorRef | None], handle: Handle | None = None) -> str:
+def steps_key(steps: Sequence[int | float | TensorRef | None], handle: Reader | None = None) -> str:
     """A rank file's step counters as compared across rank files; 0-d tensors read through `handle` (the
     file, while it is open for its pickle) when given."""
     return digest([_step_in(s, handle) for s in steps])
 
 
-def step_item(step: int | float | TensorRef | None, handle: Handle) -> int | None:
+def read_steps(steps: Sequence[int | float | TensorRef | None], handle: Reader) -> tuple[str, int | None]:
+    """`steps_key` and the first step's `step_item` together, each 0-d tensor read once through `handle`."""
+    values = [_step_in(s, handle) for s in steps]
+    return digest(values), (item(values[0]) if values else None)
+
+
+def step_item(step: int | float | TensorRef | None, handle: Reader) -> int | None:
     """`item(step)`, a 0-d tensor read through `handle` (its file, while open for its pickle)."""
     return item(_read_scalar(step, handle)) if isinstance(step, TensorRef) and step.numel == 1 else item(step)
 
 
-def _step_in(step: int | float | TensorRef | None, handle: Handle | None) -> int | float | None:
+def _step_in(step: int | float | TensorRef | None, handle: Reader | None) -> int | float | None:
     if handle is None or not isinstance(step, TensorRef) or step.numel != 1:
         return step_value(step)
     return item(_read_scalar(step, handle))
@@ -156,7 +170,7 @@ _COPY_PROBE = 4096  # bytes of each rank's first moment compared to catch one ra
 _NO_PROBE = b"?"  # a rank whose probe could not be read: the check proves nothing and says nothing
 
 
-def rank_probe(st: OptimStates, handle: Handle | None = None, source: ByteSource | None = None) -> bytes:
+def rank_probe(st: OptimStates, handle: Reader | None = None, source: ByteSource | None = None) -> bytes:
     """A digest of the first few KiB of a rank's `exp_avg_sq` (or masters) of group 0, through `handle` (the
     file, while it is open for its pickle) or the file opened through `source`: b"" when they are all zero (a
     save before the first step proves nothing), `_NO_PROBE` when there is nothing to read."""
@@ -168,11 +182,13 @@ def rank_probe(st: OptimStates, handle: Handle | None = None, source: ByteSource
     if n == 0:
         return _NO_PROBE
     try:
-        own = handle or open_handle_in(st.file, (source,) if source else ())
-        try:
-            raw = own.pread(n, ref.offset)
-        finally:
-            if handle is None:
+        if handle is not None:
+            raw = handle.pread(n, ref.offset)
+        else:
+            own = open_handle_in(st.file, (source,) if source else ())
+            try:
+                raw = own.pread(n, ref.offset)
+            finally:
                 own.close()
     except (OSError, CorruptFileError):
         return _NO_PROBE
@@ -211,22 +227,19 @@ def copied_ranks(
     return []
 
 
-def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], states: Sequence[OptimStates], source: ByteSource) -> list[Finding]:
-    """Which rank wrote the last stage-3 optimizer file, from the one thing that tells ranks apart.
+Spots = list[tuple[TensorRef, int, int]]  # (exp_avg_sq of a group, first padding element, count)
 
-    Stage 3 pads each parameter's last slice out to ceil(numel/ws) elements, on the last rank only; the
-    padding gets zero gradients, so its Adam moments stay exactly 0 (the masters there are uninitialised,
-    §3.4). Another rank's file in the last rank's place holds real moments at those positions. Reads at most
-    a few KiB; nothing else in scan reads tensor data."""
-    ws = len(states)
-    last = states[-1]
+
+def padding_spots(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]], last: OptimStates, ws: int) -> Spots | None:
+    """Where stage 3 leaves zero padding in the last rank's `exp_avg_sq`, at most `_PROOF_ELEMS` elements in
+    all, group by group; None when the file cannot say (no moments, fewer groups)."""
     if ws < 2 or any(g.moments is None for g in last.groups):
-        return []
-    spots: list[tuple[TensorRef, int, int]] = []  # (exp_avg_sq of the group, first padding element, count)
+        return None
+    spots: Spots = []
     budget = _PROOF_ELEMS
     for g, shapes in enumerate(param_shapes):
         if g >= len(last.groups):
-            return []
+            return None
         sq = (last.groups[g].moments or {})["exp_avg_sq"]
         off = 0
         for _, shape in shapes:
@@ -238,27 +251,68 @@ def stage3_rank_proof(param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]
                 spots.append((sq, off + take, k))
                 budget -= k
             off += p
-    if not spots:
-        return []
+    return spots
+
+
+def read_padding(spots: Spots, reader: Reader) -> tuple[int, int] | None:
+    """(non-zero elements, elements) at `spots`, read through `reader` (the last rank's file, while it is
+    open for its pickle); None when they cannot be read (a record too short, a dtype without a format)."""
     nonzero = total = 0
-    handle = open_handle_in(last.file, (source,))
     try:
         for ref, start, count in spots:
             if start + count > ref.numel:
-                return []
-            raw = handle.pread(count * ref.itemsize, ref.offset + start * ref.itemsize)
+                return None
+            raw = reader.pread(count * ref.itemsize, ref.offset + start * ref.itemsize)
             fmt = STRUCT_FORMATS.get(ref.dtype)
             if fmt is None or len(raw) != count * ref.itemsize:
-                return []
+                return None
             values = struct.unpack(f"<{count}{fmt[-1]}", raw)
             total += count
             nonzero += sum(1 for v in values if v != 0)
     except (OSError, CorruptFileError):
+        return None
+    return nonzero, total
+
+
+@dataclass(frozen=True)
+class PaddingRead:
+    """The proof's padding as read while the last rank's file was open: for which parameter shapes, and what
+    `read_padding` found there (None: nothing to prove)."""
+
+    file: str
+    param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]]
+    found: tuple[int, int] | None
+
+
+def stage3_rank_proof(
+    param_shapes: Sequence[Sequence[tuple[str, tuple[int, ...]]]],
+    states: Sequence[OptimStates],
+    source: ByteSource,
+    taken: PaddingRead | None = None,
+) -> list[Finding]:
+    """Which rank wrote the last stage-3 optimizer file, from the one thing that tells ranks apart.
+
+    Stage 3 pads each parameter's last slice out to ceil(numel/ws) elements, on the last rank only; the
+    padding gets zero gradients, so its Adam moments stay exactly 0 (the masters there are uninitialised,
+    §3.4). Another rank's file in the last rank's place holds real moments at those positions. Reads at most
+    a few KiB, and none when `taken` holds them for these shapes (read as the scan loaded the file); nothing
+    else in scan reads tensor data."""
+    ws = len(states)
+    last = states[-1]
+    if taken is not None and taken.file == last.file and taken.param_shapes == param_shapes:
+        found = taken.found
+    else:
+        spots = padding_spots(param_shapes, last, ws)
+        if not spots:
+            return []
+        handle = open_handle_in(last.file, (source,))
+        try:
+            found = read_padding(spots, handle)
+        finally:
+            handle.close()
+    if found is None or found[0] < found[1] or not found[1]:
         return []
-    finally:
-        handle.close()
-    if nonzero < total:
-        return []
+    nonzero, total = found
     return [
         Finding(
             Severity.ERROR,

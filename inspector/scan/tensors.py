@@ -4,14 +4,16 @@ and tied aliases, in the module's order. Pure bookkeeping on the parsed records;
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from inspector.format.torchzip import TensorRef
 from inspector.parse.states import ModelStates
 from inspector.scan.files import RankFiles
 from inspector.scan.layout import Layout, ParamShapes
 from inspector.scan.model import Kind, Segment, Severity, TensorInfo
+from inspector.scan.slices import RankSlices, RankStarts
 
 
 class TensorCollector:
@@ -122,7 +124,7 @@ class TensorCollector:
             t = self._plain(name, frag, Kind.FROZEN)
             return TensorInfo(name, shape, t.dtype, Kind.FROZEN, t.segments)
         part = -(-numel // ws) if ws else 0
-        segs: list[Segment] = []
+        held: list[TensorRef] = []  # the fragments that hold elements: ranks 0 .. ceil(numel/part) - 1
         dtype = ref.dtype if isinstance(ref, TensorRef) else "bfloat16"
         for r in range(ws):
             m = models.get(r)
@@ -138,8 +140,20 @@ class TensorCollector:
                 return None
             dtype = frag.dtype
             if take:
-                segs.append(Segment(frag.path, frag.offset, take, frag.dtype))
-        return TensorInfo(name, shape, dtype, Kind.FROZEN, tuple(segs))
+                held.append(frag)
+        segs: Any = _rank_slices(held, numel, part)  # a `Sequence[Segment]`, as layout.py keeps trainable ones
+        return TensorInfo(name, shape, dtype, Kind.FROZEN, segs)
+
+
+def _rank_slices(held: list[TensorRef], numel: int, part: int) -> Sequence[Segment]:
+    """A stage-3 frozen parameter's slices, rank r's `part` elements (fewer on the last) at the start of its
+    fragment: one `RankSlices` over the ranks' (file, offset) table, as the trainable ones are kept (a tuple
+    of `Segment`s was ~100 bytes a rank); fragments of mixed dtypes stay a tuple."""
+    if len({f.dtype for f in held}) > 1:
+        return tuple(Segment(f.path, f.offset, min(part, numel - r * part), f.dtype) for r, f in enumerate(held))
+    if not held:
+        return ()
+    return RankSlices(RankStarts([f.path for f in held], [f.offset for f in held], held[0].dtype), 0, numel, part)
 
 
 def _with_module_copy(t: TensorInfo, ref: TensorRef | None) -> TensorInfo:

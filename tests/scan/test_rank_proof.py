@@ -78,8 +78,8 @@ def test_a_middle_rank_copied_over_is_found_without_opening_a_file_again(
 ) -> None:
     """Stage 3 has no fragment maps and its padding proof looks at the last rank only: a copy between two
     earlier ranks is told by their equal state, compared from probes taken while each file was open for its
-    pickle (issue 43: the rank proof without re-reading), so no optimizer file but the last (the padding
-    proof's few bytes) is opened twice."""
+    pickle, and the last rank's padding is read while its file is open for its pickle too (issue 43: the rank
+    proof without re-reading), so no rank file is opened twice."""
     from collections import Counter
 
     from inspector.system.source import Source
@@ -95,7 +95,7 @@ def test_a_middle_rank_copied_over_is_found_without_opening_a_file_again(
 
     monkeypatch.setattr(Source, "open_handle", counting)
     assert "rank-mismatch" not in codes(root)
-    assert {opens[f.name] for f in files[:-1]} == {1}, opens
+    assert {opens[f.name] for f in files} == {1}, opens
     shutil.copy(files[0], files[1])
     found = [f for f in scan(str(root)).errors if f.code == "rank-mismatch"]
     assert found and "DP ranks 0 and 1" in found[0].message

@@ -81,8 +81,8 @@ class _AutoEPScanner(ZeroScanner):
         self._layers: dict[str, tuple[AutoEPLayer, ...] | InspectorError] = {}
         self._groups: dict[str, tuple[PartitionGroup, ...] | InspectorError | None] = {}
 
-    def _model_states(self, tree: Any, path: str) -> ModelStates:
-        model = super()._model_states(tree, path)
+    def _model_states(self, tree: Any, path: str, module: bool = True) -> ModelStates:
+        model = super()._model_states(tree, path, module)
         try:
             self._layers[path] = autoep_layers(tree, path) or ()
         except InspectorError as exc:  # raised where the records are used (`_model`, `_rank`)
@@ -112,7 +112,16 @@ class _AutoEPScanner(ZeroScanner):
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
         """The padding proof knows only groups partitioned over every rank: the expert groups are left out."""
         dense = tuple(() if g in self.expert_groups else s for g, s in enumerate(param_shapes))
-        return stage3_rank_proof(dense, states, self.loc.source)
+        return stage3_rank_proof(dense, states, self.loc.source, self._padding)
+
+    def _proof_shapes(self, param_shapes: ParamShapes, last: OptimStates) -> ParamShapes:
+        """The expert groups as the last rank's own `ds_zero_partition_groups` names them, left out while
+        its file is open; where the layout's reading of every rank differs, the proof reads again."""
+        groups = self._groups.get(last.file)
+        if not isinstance(groups, tuple):
+            return param_shapes
+        experts = {g for g, pg in enumerate(groups) if set(pg.families) == {"autoep_expert"}}
+        return tuple(() if g in experts else s for g, s in enumerate(param_shapes))
 
     expert_groups: frozenset[int] = frozenset()
     layers: tuple[AutoEPLayer, ...] = ()

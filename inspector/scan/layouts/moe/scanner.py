@@ -71,8 +71,8 @@ class _MoEScanner(ZeroScanner):
         super().__init__(loc, files, trees)
         self._dims: dict[str, ParallelDims | InspectorError] = {}  # per model-states file, from its tree
 
-    def _model_states(self, tree: Any, path: str) -> ModelStates:
-        model = super()._model_states(tree, path)
+    def _model_states(self, tree: Any, path: str, module: bool = True) -> ModelStates:
+        model = super()._model_states(tree, path, module)
         try:
             self._dims[path] = ParallelDims.parse(tree, path)
         except InspectorError as exc:  # missing_experts reports the damaged record

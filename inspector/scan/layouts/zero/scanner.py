@@ -7,32 +7,32 @@ Apart from `scanner`, which only decides which layout a tag holds, so the layout
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from inspector.errors import InspectorError, NotACheckpointError, UnsupportedCheckpointError
-from inspector.format.torchzip import TensorRef
-from inspector.parse.dsconfig import DsConfig
+from inspector.format.container import Container
 from inspector.parse.states import ModelStates, OptimStates
 from inspector.scan.assemble import Loaded, checkpoint
 from inspector.scan.claims import Role, bounded, claim, damaging, model_role, optim_role, zero3_model_role
 from inspector.scan.files import RankFiles, load_all, missing_ranks
 from inspector.scan.layout import Layout, ParamShapes, stage3_layout, stage12_layout
 from inspector.scan.layouts.base import tree_at
+from inspector.scan.layouts.zero.slim import Slim
 from inspector.scan.locate import Location
 from inspector.scan.metadata import (
-    config_key,
+    PaddingRead,
     copied_ranks,
+    padding_spots,
     rank_probe,
+    read_padding,
+    read_steps,
     stage3_rank_proof,
-    step_item,
     steps_key,
 )
 from inspector.scan.model import Checkpoint, Finding, Severity
 from inspector.scan.tensors import TensorCollector
-from inspector.system.bytesource import Handle
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,11 @@ class ZeroScanner:
         self.trees = trees if trees is not None else {}  # rank-0 model-states trees by path (`Found.trees`)
         self.findings: list[Finding] = list(loc.findings) + files.findings
         self._steps: dict[str, str] = {}  # each optimizer file's step counters, read as it was loaded
-        self._first_optim: OptimStates | None = None  # whose shared values later ranks' records point to
         self._first_steps: dict[str, int | None] = {}  # each optimizer file's first step, read as loaded
         self._probes: dict[str, bytes] = {}  # each optimizer file's `rank_probe`, taken as it was loaded
-        self._keys: dict[int, tuple[DsConfig, str]] = {}  # `_config_key`'s: by record, the record kept
+        self._slim = Slim()  # what the ranks' records share, so memory stays flat in the rank count
+        self._last: tuple[str, int, ParamShapes] | None = None  # stage 3: the last rank's file, ws, shapes
+        self._padding: PaddingRead | None = None  # the rank proof's padding, read as that file was loaded
 
     def add(
         self, severity: Severity, code: str, message: str, file: str | None = None, hint: str = ""
@@ -103,18 +104,26 @@ class ZeroScanner:
         if stage3:
             self.findings += missing_ranks(f.zero3_model, ws, "model-states", self.loc.tag_dir)
         source = self.loc.source
+        if stage3 and (last := f.optim.get(ws - 1)) is not None and model.param_shapes:
+            self._last = (last, ws, model.param_shapes)
         optims: dict[int, OptimStates | None] = load_all(
             sorted(f.optim.items()),
             source,
             self.findings,
-            lambda t, p: self._slim_optim(self._optim_states(t, p, stage3), model),
+            lambda t, p: self._slim.optim(self._optim_states(t, p, stage3), model),
             self._read_steps,
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
             rest = [(r, p) for r, p in sorted(f.zero3_model.items()) if r != 0]
             models.update(
-                load_all(rest, source, self.findings, lambda t, p: _slim(self._model_states(t, p), model))
+                load_all(
+                    rest,
+                    source,
+                    self.findings,
+                    lambda t, p: self._slim.model(self._model_states(t, p, False), model),
+                    skip=_MODULE,  # parsed without it: its placeholders are not even made
+                )
             )
         osd0 = next((o for o in optims.values() if o is not None), None)
         self._check_consistency(model, models, optims)
@@ -129,38 +138,26 @@ class ZeroScanner:
         got = Loaded(model, optims, osd0, layout, ws, stage3, self._first_steps.get(osd0.file, ...) if osd0 else ...)
         return checkpoint(self.loc, f, got, tensors, self.findings)
 
-    def _read_steps(self, o: OptimStates, handle: Handle) -> None:
-        """A rank file's step counters and copy probe, read while it is open for its pickle
-        (`_check_consistency` and `copied_ranks` compare them); a step read that fails is left to that check,
-        which reads again and reports it."""
+    def _read_steps(self, o: OptimStates, archive: Container) -> None:
+        """A rank file's step counters and copy probe, and on the last stage-3 rank the rank proof's padding,
+        read while it is open for its pickle (`_check_consistency`, `copied_ranks` and `_stage3_proof` use
+        them: no file is opened again); a step read that fails is left to that check, which reads again and
+        reports it."""
         with contextlib.suppress(OSError, InspectorError):
-            self._steps[o.file] = steps_key(o.steps, handle)
-        self._probes[o.file] = rank_probe(o, handle)  # `copied_ranks` compares them: no file opened again
-        if o.steps:
-            with contextlib.suppress(OSError, InspectorError):
-                self._first_steps[o.file] = step_item(o.steps[0], handle)  # the optimizer step shown
+            self._steps[o.file], first = read_steps(o.steps, archive)
+            if o.steps:
+                self._first_steps[o.file] = first  # the optimizer step shown
+        self._probes[o.file] = rank_probe(o, archive)
+        if self._last is not None and o.file == self._last[0]:
+            _, ws, shapes = self._last
+            shapes = self._proof_shapes(shapes, o)
+            spots = padding_spots(shapes, o, ws)
+            self._padding = PaddingRead(o.file, shapes, read_padding(spots, archive) if spots else None)
 
-    def _slim_optim(self, o: OptimStates, model: ModelStates) -> OptimStates:
-        """A rank's optimizer states with the values every rank repeats (config, group hyperparameters)
-        shared with rank 0's objects when equal, so the scan's memory stays flat in the rank count."""
-        first = self._first_optim = self._first_optim or o
-        config = model.ds_config if self._config_key(o.ds_config) == self._config_key(model.ds_config) else o.ds_config
-        groups = tuple(
-            replace(g, hyperparams=first.groups[i].hyperparams)
-            if i < len(first.groups)
-            and g.hyperparams is not first.groups[i].hyperparams  # one record already (parse.tree.once)
-            and repr(dict(g.hyperparams)) == repr(dict(first.groups[i].hyperparams))
-            else g
-            for i, g in enumerate(o.groups)
-        )
-        return replace(o, ds_config=config, groups=groups)
-
-    def _config_key(self, config: DsConfig) -> str:
-        """`config_key` of a parsed config, once per record: the ranks of one save share theirs."""
-        hit = self._keys.get(id(config))
-        if hit is None or hit[0] is not config:
-            hit = self._keys[id(config)] = (config, config_key(config.raw))
-        return hit[1]
+    def _proof_shapes(self, param_shapes: ParamShapes, last: OptimStates) -> ParamShapes:
+        """The groups the rank proof reads, as the last rank's file alone tells them (`_stage3_proof` reads
+        again only when the scan's full reading names others)."""
+        return param_shapes
 
     def _claim(self, model: ModelStates, stage3: bool) -> None:
         """Every file of the tag folder claimed by one role (scan/claims.py); the rank files are those claimed,
@@ -194,12 +191,13 @@ class ZeroScanner:
         return damaging(self.findings)  # a stray file was set aside: the proofs still run
 
     def _stage3_proof(self, param_shapes: ParamShapes, states: list[OptimStates]) -> list[Finding]:
-        return stage3_rank_proof(param_shapes, states, self.loc.source)  # scan/autoep.py narrows it
+        return stage3_rank_proof(param_shapes, states, self.loc.source, self._padding)  # autoep narrows it
 
-    def _model_states(self, tree: Any, path: str) -> ModelStates:
+    def _model_states(self, tree: Any, path: str, module: bool = True) -> ModelStates:
         """One model-states file's record, from the tree just loaded: a layout that reads more of the same
-        file (AutoEP's records) parses it here, so no file is loaded twice."""
-        return ModelStates.parse(tree, path)
+        file (AutoEP's records) parses it here, so no file is loaded twice. `module=False`: another stage-3
+        rank's, whose module placeholders nothing reads (`ModelStates.parse`)."""
+        return ModelStates.parse(tree, path, module)
 
     def _optim_states(self, tree: Any, path: str, stage3: bool) -> OptimStates:
         """One optimizer file's record, from the tree just loaded (as `_model_states`)."""
@@ -312,7 +310,7 @@ class ZeroScanner:
 
         def sig(o: OptimStates) -> tuple[Any, ...]:
             steps = self._steps.get(o.file) or steps_key(o.steps)
-            return (o.ds_version, self._config_key(o.ds_config), steps)
+            return (o.ds_version, self._slim.key(o.ds_config), steps)
 
         sigs = {r: sig(o) for r, o in optims.items() if o is not None}
         if len({s[:2] for s in sigs.values()}) > 1 or len({s[2] for s in sigs.values()}) > 1:
@@ -326,7 +324,7 @@ class ZeroScanner:
                 self.loc.tag_dir,
                 "Restore the tag folder from one save; do not merge folders.",
             )
-        model_sig = (model.ds_version, self._config_key(model.ds_config))
+        model_sig = (model.ds_version, self._slim.key(model.ds_config))
         if sigs and model_sig != sigs[min(sigs)][:2]:
             self.add(
                 Severity.ERROR,
@@ -351,16 +349,7 @@ class ZeroScanner:
             )
 
 
-_NO_MODULE: Mapping[str, TensorRef] = MappingProxyType({})
-
-
-def _slim(m: ModelStates, model: ModelStates) -> ModelStates:
-    """Another rank's stage-3 model states as the scan keeps them: memory flat in the rank count. Its module
-    holds only empty placeholders, which nothing reads (rank 0's name the tensors), and its config and
-    parameter shapes, when they equal rank 0's, are rank 0's objects; everything the checks compare stays."""
-    config = model.ds_config if config_key(m.ds_config.raw) == config_key(model.ds_config.raw) else m.ds_config
-    shapes = model.param_shapes if m.param_shapes == model.param_shapes else m.param_shapes
-    return replace(m, module=_NO_MODULE, ds_config=config, param_shapes=shapes)
+_MODULE = frozenset({"module"})
 
 
 def _some(names: list[str], shown: int = 3) -> str:
