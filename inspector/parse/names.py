@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from inspector.errors import InputError
-from inspector.text import has_unsafe, shown
+from inspector.text import has_unsafe, quoted
 
 MAX_NAME_BYTES = 255  # a path component's limit on every common file system (universal: zero/<name>/)
 RESERVED = frozenset({"__metadata__"})  # safetensors' header key; a tensor of that name makes the file unloadable
@@ -50,8 +50,8 @@ def check_name(name: object, what: str, file: str, field: str) -> str:
         return name
     problem = name_problem(name)
     if problem:
-        show = shown(name)[:80] if isinstance(name, str) else type(name).__name__
-        raise InputError(file, field, f"the {what} {show!r} {problem}")
+        show = quoted(name) if isinstance(name, str) else f"'{type(name).__name__}'"
+        raise InputError(file, field, f"the {what} {show} {problem}")
     assert isinstance(name, str)
     if type(name) is str:
         if len(_SAFE) >= _SAFE_MAX:

@@ -24,7 +24,7 @@ from inspector.scan.locate import read_tag_file, shown_tag
 from inspector.scan.metadata import item
 from inspector.scan.model import Checkpoint, FileInfo, Finding, Kind, Segment, Severity, TensorInfo
 from inspector.system.bytesource import ByteSource
-from inspector.text import shown
+from inspector.text import quoted
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 _MODEL_RE = re.compile(r"^(mp_rank_00|zero_pp_rank_0_mp_rank_00)_model_states\.pt$")
@@ -171,7 +171,7 @@ def _unsafe_folder(name: str, zero: str) -> Finding:
     return Finding(
         Severity.ERROR,
         "unsafe-name",
-        f"zero/ holds a folder named {shown(name)[:80]!r}, which is not a parameter name "
+        f"zero/ holds a folder named {quoted(name)}, which is not a parameter name "
         f"({name_problem(name)}); it was not read.",
         zero,
         "Treat the checkpoint as crafted; copy it again from a source you trust.",
