@@ -81,7 +81,7 @@ FILE_COST = 17.5e6
 RANGE_COST = 1.3e6
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
-PROBE_TRIES, PROBE_GAP = 8, 1e-3  # the copy and cast probes' tries, and the seconds between them
+PROBE_TRIES, PROBE_GAP = 5, 5e-3  # the copy and cast probes' tries a burst, and the seconds between bursts
 PAGE_PROBE = 1 << 20  # bytes of fresh anonymous memory the page probe faults in, three times
 # a run streams whole ranges from the disk with the kernel's readahead, about twice what the probe's
 # isolated 1 MiB reads measure (0.6-1.9 GB/s probed; the sweep's one-thread floor read 1.9-2.2 GB/s); refitted
@@ -200,17 +200,19 @@ def _copy_rate() -> float:
 
 
 def _best(run: Callable[[], object], tries: int) -> float:
-    """The fastest of `tries` runs of `run`, a millisecond apart: a probe measures what a core can do, and the
-    load (`_others_runnable`) what share of it the run will get. Back to back, five tries fell inside one
-    busy moment of another process: the copy probe read 7.4 GB/s where its best is 48 and the prediction
-    came out 2x the run (results.md, 2026-12-03 14:34)."""
+    """The fastest of `tries` runs of `run`, back to back (the first warms the caches for the rest), in two
+    bursts a few milliseconds apart: a probe measures what a core can do, the load (`_others_runnable`) what
+    share of it the run will get. One burst of five once fell inside another process's busy moment (the copy
+    probe read 7.4 GB/s where its best is 48, the prediction 2x the run); tries spread a millisecond apart
+    each found cold caches instead (13-35 GB/s; results.md, 2026-12-03 14:42)."""
     best = math.inf
-    for i in range(tries):
-        if i:
+    for burst in range(2):
+        if burst:
             time.sleep(PROBE_GAP)
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
+        for _ in range(tries):
+            t = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - t)
     return best
 
 
