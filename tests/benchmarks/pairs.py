@@ -25,12 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from children import child_env  # the script's folder is on the path
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run(argv: list[str], pythonpath: str) -> tuple[float, float, float, float]:
     """`python ARGV` in a fresh interpreter: (wall s, user CPU s, system CPU s, peak RSS MiB)."""
-    env = dict(os.environ, PYTHONPATH=pythonpath, DS_ACCELERATOR="cpu")
+    # bytecode compiled once and kept, as installed (`children.py`), for deepspeed and torch as for ours
+    env = dict(child_env(), PYTHONPATH=pythonpath, DS_ACCELERATOR="cpu")
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child never blocks on it
         t0 = time.perf_counter()
         # run inside the tree: `python -m` puts the working folder ahead of PYTHONPATH
