@@ -30,7 +30,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from children import child_env  # noqa: E402  (bytecode compiled once, as installed)
+from children import child_env  # noqa: E402  (bytecode compiled, as installed)
 from ranks import measured, publish, verdict  # noqa: E402  (the rank sweep's measured columns and targets)
 
 ROWS = 1024  # rows of every weight: one or more a rank at 1,024 ranks (FSDP2 shards dim 0)

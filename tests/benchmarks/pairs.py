@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run(argv: list[str], pythonpath: str) -> tuple[float, float, float, float]:
     """`python ARGV` in a fresh interpreter: (wall s, user CPU s, system CPU s, peak RSS MiB)."""
-    # bytecode compiled once and kept, as installed (`children.py`), for deepspeed and torch as for ours
+    # our bytecode compiled, as installed (`children.py`)
     env = dict(child_env(), PYTHONPATH=pythonpath, DS_ACCELERATOR="cpu")
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a chatty child never blocks on it
         t0 = time.perf_counter()
