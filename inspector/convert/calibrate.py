@@ -30,6 +30,7 @@ import numpy as np
 from inspector.convert.cast import cast_raw
 from inspector.convert.reader import FilePool
 from inspector.format.dtypes import itemsize
+from inspector.system.cpuload import others_busy
 from inspector.system.limits import usable_cores
 from inspector.system.residency import resident_share, sample_windows
 from inspector.system.writeback import freerun_bytes
@@ -108,7 +109,7 @@ class Calibration:
     cast_rate: float  # elements/s one core casts (the run's commonest cast)
     copy_rate: float  # bytes/s one core copies between two MEM_PROBE buffers: the CPU and its caches
     cores: int
-    load: float  # processes runnable on the machine now, ours excluded
+    load: float  # CPUs' worth of other work on our CPUs now (`system.cpuload.others_busy`)
     seconds: float  # what calibrating cost
     probed: bool  # whether the rates were measured (else assumed)
     freerun: float = math.inf  # bytes a run writes before the kernel paces it to the disk (`writeback`)
@@ -144,7 +145,7 @@ def calibrate(
         page_rate=_page_rate(),
         freerun=freerun_bytes(),
         cores=usable_cores(),
-        load=_others_runnable(),
+        load=others_busy(),  # after the probes: sampled between its reads, predictions went wrong
         seconds=time.perf_counter() - start,
         probed=bool(cold),
         read_ahead=pool.mostly_cold(reads),  # the run's own test, on the same files: its decision
@@ -171,24 +172,6 @@ def _rate(pool: FilePool, windows: list[tuple[str, int, int, int]]) -> float | N
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
-def _others_runnable(samples: int = 5) -> float:
-    """Processes runnable besides ours, now: /proc/stat's procs_running (which counts us) over a few
-    milliseconds. The load average would do elsewhere, but it trails by a minute: right after other work of
-    ours it counts that work too (a benchmark's previous run doubled its prediction). Sampled after the
-    probe: sampled between its reads, the sweep's predictions fell from 21 of 40 rows within 25 % to 4 of
-    24, over-predicting (results.md; the load differed between those runs too)."""
-    seen = []
-    for _ in range(samples):
-        try:
-            with open("/proc/stat", "rb") as fh:
-                line = next((ln for ln in fh if ln.startswith(b"procs_running")), b"")
-            seen.append(int(line.split()[1]))
-        except (OSError, ValueError, IndexError):
-            return max(0.0, os.getloadavg()[0] - 1.0)
-        time.sleep(0.002)
-    return max(0.0, sum(seen) / len(seen) - 1.0)
-
-
 def _copy_rate() -> float:
     """Bytes/s one core copies MEM_PROBE bytes from one buffer to another (the best try): what the CPU and
     its caches do with bytes in memory, whatever state the page cache is in."""
@@ -201,7 +184,7 @@ def _copy_rate() -> float:
 
 def _best(run: Callable[[], object], tries: int) -> float:
     """The fastest of `tries` runs of `run`, back to back (the first warms the caches for the rest), in two
-    bursts a few milliseconds apart: a probe measures what a core can do, the load (`_others_runnable`) what
+    bursts a few milliseconds apart: a probe measures what a core can do, the load (`system.cpuload`) what
     share of it the run will get. One burst of five once fell inside another process's busy moment (the copy
     probe read 7.4 GB/s where its best is 48, the prediction 2x the run); tries spread a millisecond apart
     each found cold caches instead (13-35 GB/s; results.md, 2026-12-03 14:42)."""

@@ -234,28 +234,69 @@ def test_preflight_uses_the_calibration(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert a.estimated_seconds > 0 and len(seen) == 1  # asked once, kept
 
 
-def test_the_load_is_what_runs_now_besides_us(monkeypatch: pytest.MonkeyPatch) -> None:
-    """procs_running (which counts us) averaged over a few samples; the one-minute load average only where
+def test_the_load_is_other_work_on_our_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The busy ticks of the CPUs we may use over the window, less our own CPU time; the runnable queue
+    only when every CPU was busy (busy time cannot say how many share them); the load average only where
     /proc/stat cannot be read."""
     import io
 
-    counts = iter([3, 5, 4, 4, 4])
-    real_open = open
+    from inspector.system import cpuload
 
-    def fake_open(path: Any, *a: Any, **kw: Any) -> Any:
-        if path == "/proc/stat":
-            return io.BytesIO(b"cpu 1 2 3\nprocs_running %d\nprocs_blocked 0\n" % next(counts))
-        return real_open(path, *a, **kw)
+    # two CPUs, 20 ticks in the window: `busy` of them busy; `queued` runnable (us included) at each end
+    def stat(busy: int, queued: int, t: int) -> bytes:
+        lines = [b"cpu  0 0 0 0 0 0 0 0 0 0"]  # the aggregate line: not ours to read with an affinity
+        for cpu in (0, 1):  # each CPU: at t=1, 10 ticks on, busy // 2 of them busy (user), the rest idle
+            lines.append(b"cpu%d %d 0 0 %d 0 0 0 0 0 0" % (cpu, t * (busy // 2), t * (10 - busy // 2)))
+        return b"\n".join([*lines, b"intr 0", b"procs_running %d" % queued, b""])
 
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert cal_mod._others_runnable() == pytest.approx(3.0)
+    def machine(busy: int, queued: int) -> None:
+        reads = iter([stat(busy, queued, 0), stat(busy, queued, 0), stat(busy, queued, 1), stat(busy, queued, 1)])
+        real_open = open
+
+        def fake_open(path: Any, *a: Any, **kw: Any) -> Any:
+            if path == "/proc/stat":
+                return io.BytesIO(next(reads))
+            return real_open(path, *a, **kw)
+
+        monkeypatch.setattr("builtins.open", fake_open)
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpuload.time, "sleep", lambda s: None)
+    monkeypatch.setattr(cpuload.time, "process_time", lambda: 0.0)
+    machine(busy=10, queued=6)  # half the CPUs' time busy: one CPU's worth, whatever the queue said
+    assert cpuload.others_busy(0.1) == pytest.approx(1.0)
+    machine(busy=20, queued=6)  # both busy, five others runnable: they share the two with us
+    assert cpuload.others_busy(0.1) == pytest.approx(5.0)
+    machine(busy=20, queued=2)  # both busy, one other runnable: busy time says more
+    assert cpuload.others_busy(0.1) == pytest.approx(2.0)
 
     def refused(path: Any, *a: Any, **kw: Any) -> Any:
         raise OSError("no /proc")
 
     monkeypatch.setattr("builtins.open", refused)
     monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
-    assert cal_mod._others_runnable() == 6.5
+    assert cpuload.others_busy(0.1) == 6.5
+
+
+def test_the_load_sees_a_busy_cpu() -> None:
+    """A real process spinning on one of our CPUs counts as about one CPU of other work."""
+    import subprocess
+    import sys
+
+    from inspector.system.cpuload import others_busy
+
+    quiet = others_busy(0.2)
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        busy = others_busy(0.2)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy >= min(quiet + 0.5, len(os.sched_getaffinity(0)) * 0.9)
 
 
 def _works() -> dict[str, Work]:
