@@ -14,11 +14,11 @@ import contextlib
 import json
 import os
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError
+from inspector.system.dirfds import DirCache
 from inspector.text import shown
 
 _KINDS = (
@@ -33,6 +33,7 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NOCTTY", 0)
+_Held = contextlib.AbstractContextManager[int]
 
 
 def file_kind(mode: int) -> str:
@@ -85,10 +86,12 @@ def resolves(source: Any, path: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """A folder the tool reads from. Holds only its resolved path, so it pickles and crosses threads."""
+    """A folder the tool reads from: its resolved path, and the descriptors of a few folders below it that it
+    opened files in (`dirfds`; a copy or pickle starts without them, so it still crosses threads and processes)."""
 
     root: str
     label: str = field(default="folder", compare=False)  # what the folder is, for messages: "checkpoint"
+    _dirs: DirCache = field(default_factory=DirCache, init=False, repr=False, compare=False)
 
     @classmethod
     def at(cls, folder: str | os.PathLike[str], label: str = "folder") -> Source:
@@ -121,10 +124,9 @@ class Source:
         rel = os.path.relpath(real, self.root)
         return [] if rel == "." else rel.split(os.sep)
 
-    @contextlib.contextmanager
-    def _dir_fd(self, parts: list[str], shown_path: str, linked: type[Exception] | None = None) -> Iterator[int]:
-        """A descriptor of the folder `parts` below the root, reached without following any link (one met:
-        `linked` raised when given, else refused as leading out)."""
+    def _walk_dirs(self, parts: list[str], shown_path: str, linked: type[Exception] | None = None) -> int:
+        """A new descriptor of the folder `parts` below the root, reached without following any link (one
+        met: `linked` raised when given, else refused as leading out); the caller keeps or closes it."""
         fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
         try:
             for part in parts:
@@ -138,9 +140,18 @@ class Source:
                     raise
                 os.close(fd)
                 fd = nxt
-            yield fd
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
+
+    def _dir_fd(self, parts: list[str], path: str, linked: Any = None, fresh: bool = False) -> _Held:
+        """The folder's descriptor for a block, kept for the next file opened in it (`dirfds`)."""
+        return self._dirs.held(parts, lambda: self._walk_dirs(parts, path, linked), fresh=fresh)
+
+    def close(self) -> None:
+        """Close the folder descriptors kept (also done when the source is collected)."""
+        self._dirs.close()
 
     # -- files ---------------------------------------------------------------------------------------------
 
@@ -265,11 +276,10 @@ class Source:
         full = os.fspath(path)
         real = self.resolve(full)
         try:
-            with self._dir_fd(self._parts(real), full) as dfd:
+            with self._dir_fd(self._parts(real), full, fresh=True) as dfd:  # the folder as it is now
                 return sorted(os.listdir(dfd))
         except OSError as exc:
             raise os_error(full, exc) from None
-
 
     # -- what it is, and the locating logic's tree questions --------------------------------------------
     # Exactly the os calls the locating logic always made: links followed (a tag folder may be a link a user
