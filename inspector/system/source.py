@@ -10,10 +10,10 @@ Its messages name the path, escaped, and never the file's content or a link's ta
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
+from contextlib import AbstractContextManager as _Held
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,6 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NOCTTY", 0)
-_Held = contextlib.AbstractContextManager[int]
 
 
 def file_kind(mode: int) -> str:
@@ -145,7 +144,7 @@ class Source:
             raise
         return fd
 
-    def _dir_fd(self, parts: list[str], path: str, linked: Any = None, fresh: bool = False) -> _Held:
+    def _dir_fd(self, parts: list[str], path: str, linked: Any = None, fresh: bool = False) -> _Held[int]:
         """The folder's descriptor for a block, kept for the next file opened in it (`dirfds`)."""
         return self._dirs.held(parts, lambda: self._walk_dirs(parts, path, linked), fresh=fresh)
 
@@ -161,11 +160,11 @@ class Source:
 
     def open_handle(self, path: str | os.PathLike[str]) -> LocalHandle:
         """The file opened as by `open`, as a handle with its size and positioned reads."""
-        fd, size = self._open(path)
-        return LocalHandle(os.fspath(path), fd, size)
+        fd, st = self._open(path)
+        return LocalHandle(os.fspath(path), fd, st.st_size, st.st_mtime_ns)
 
-    def _open(self, path: str | os.PathLike[str]) -> tuple[int, int]:
-        """(descriptor, size). A path plainly below the root (no `.`, `..` or empty part) is walked as it is
+    def _open(self, path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+        """(descriptor, its fstat). A path plainly below the root (no `.`, `..` or empty part) is walked as it is
         written, since the walk refuses every link on it; only a path with a link on the way is resolved
         first (a link inside the root to a file inside it is read; one leading out is refused)."""
         full = os.fspath(path)
@@ -191,7 +190,7 @@ class Source:
         parts = full[len(prefix) :].split(os.sep)
         return None if any(p in ("", ".", "..") for p in parts) else parts
 
-    def _walk(self, parts: list[str], full: str, *, lexical: bool) -> tuple[int, int]:
+    def _walk(self, parts: list[str], full: str, *, lexical: bool) -> tuple[int, os.stat_result]:
         """Open root/parts without following any link: a link met is `_Linked` on a `lexical` walk (the
         caller resolves the path), else refused as leading out (it was swapped in since the resolve)."""
         try:
@@ -214,7 +213,7 @@ class Source:
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise not_regular(full, st.st_mode)
-        return fd, st.st_size
+        return fd, st
 
     def read_bytes(self, path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
         """A whole small file (a `latest`, a JSON config), refused if larger than `limit` bytes."""
@@ -330,14 +329,14 @@ class _Linked(Exception):
 class LocalHandle:
     """A descriptor opened by `Source.open`, as a byte-source handle: pread, never mapped (RSS stays honest)."""
 
-    def __init__(self, path: str, fd: int, size: int | None = None) -> None:
-        self.path = path
-        self.fd = fd
-        if size is not None:  # the opener's own fstat
-            self.size = size
+    def __init__(self, path: str, fd: int, size: int | None = None, mtime_ns: int = 0) -> None:
+        self.path, self.fd = path, fd
+        self.size, self.mtime_ns = size or 0, mtime_ns  # the opener's own fstat: the file as it was read
+        if size is not None:
             return
         try:
-            self.size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
         except OSError as exc:
             os.close(fd)
             raise os_error(path, exc) from None

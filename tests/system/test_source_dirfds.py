@@ -159,3 +159,23 @@ def test_a_scan_opens_each_rank_file_once_and_walks_the_tag_folder_once(monkeypa
     assert all(names[n] == 1 for n in ranks), names
     tag = os.path.basename(os.path.realpath(ckpt.tag_dir))
     assert names[tag] <= 3 < len(ranks), names  # the listings' walks (locate, classify, claims), not one a file
+
+
+def test_a_scans_file_sizes_and_times_come_from_the_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`FileInfo`'s size and save time: the fstat of the open the scan read each rank file through, equal to a
+    stat's, with no stat of its own (only the rank-0 model states, which a claim loaded, is asked)."""
+    ckpt_dir = FIXTURES / "autoep_z3_bf16_ws4" / "ckpt"
+    asked: list[str] = []
+    real = Source.size_and_mtime
+
+    def counting(self: Source, path: str) -> tuple[int, int]:
+        asked.append(os.path.basename(path))
+        return real(self, path)
+
+    monkeypatch.setattr(Source, "size_and_mtime", counting)
+    ckpt = scan(str(ckpt_dir))
+    assert not ckpt.errors and len(ckpt.files) >= 8
+    for f in ckpt.files:
+        st = os.stat(f.path)
+        assert (f.size, f.mtime_ns) == (st.st_size, st.st_mtime_ns) and f.mtime_ns > 0, f.path
+    assert asked == ["zero_pp_rank_0_mp_rank_00_model_states.pt"], asked
