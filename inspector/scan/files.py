@@ -137,7 +137,8 @@ def load_all(
     read one file after another would spend minutes waiting. The cyclic collector waits meanwhile
     (`_collector_paused`). `opened` (`RankFiles.opened`): each local file's size and save time, from the
     fstat done at its open, so its `FileInfo` needs no stat of its own."""
-    with _collector_paused():
+    keeping = getattr(source, "keeping", contextlib.nullcontext)  # a local folder: one openat a file
+    with _collector_paused(), keeping():
         return _load_all(paths, source, findings, parse, read, skip, opened)
 
 

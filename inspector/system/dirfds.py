@@ -7,10 +7,12 @@ folder that was inside the root when walked. A folder moved elsewhere afterwards
 (whoever moved it could write that content anyway), and every file is still opened with `O_NOFOLLOW` after an
 lstat, so a link put into it is refused as before.
 
-Bounded: a few folders per source (least recently used closed first), all closed when the source is
-collected or `close`d; a listing of a folder walks it afresh and keeps that descriptor, so a folder replaced
-on disk is seen from the next listing on. Descriptors are `O_CLOEXEC` (never inherited by a program run), a
-forked child drops what it inherited, and a copy or pickle of a source starts empty.
+Kept only while someone reads a batch of files (`keeping`: the scan's `files.load_all`), so a source held
+for long (the app's checkpoint) holds no folder open, which would keep its disk from being unmounted and
+show a folder replaced on disk as it was; outside a batch every open walks and closes as before. Bounded: a
+few folders (least recently used closed first), all closed when the batch ends (or the source is
+collected); a listing walks its folder afresh. Descriptors are `O_CLOEXEC` (never inherited by a program run),
+a forked child drops what it inherited, and a copy or pickle of a source starts empty.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class DirCache:
     def __init__(self) -> None:
         self._fds: OrderedDict[tuple[str, ...], int] = OrderedDict()
         self._lock = threading.Lock()
+        self._batches = 0  # `keeping` blocks open: descriptors are kept only while one is
         self._done = weakref.finalize(self, _close_all, self._fds)
         _live.add(self)
 
@@ -44,12 +47,32 @@ class DirCache:
         return DirCache()
 
     @contextlib.contextmanager
+    def keeping(self) -> Iterator[None]:
+        """Keep the folders walked during the block (nested and concurrent blocks share them); closed after."""
+        with self._lock:
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._batches -= 1
+                if self._batches == 0:
+                    _close_all(self._fds)
+
+    @contextlib.contextmanager
     def held(self, parts: list[str], walk: Callable[[], int], *, fresh: bool = False) -> Iterator[int]:
-        """The folder's descriptor for the block: the kept one, or `walk()`'s (then kept). `fresh`: walk
-        anyway and keep the new one (a listing sees the folder as it is now)."""
+        """The folder's descriptor for the block: the kept one, or `walk()`'s (then kept within a batch, else
+        closed after). `fresh`: walk anyway (a listing sees the folder as it is now)."""
         key = tuple(parts)
         with self._lock:
             fd = None if fresh else self._fds.get(key)
+            if fd is None and not self._batches:
+                fd = walk()
+                try:
+                    yield fd
+                finally:
+                    os.close(fd)
+                return
             if fd is None:
                 fd = walk()
                 old = self._fds.pop(key, None)
@@ -62,13 +85,10 @@ class DirCache:
                 self._fds.move_to_end(key)
             yield fd
 
-    def close(self) -> None:
-        with self._lock:
-            _close_all(self._fds)
-
     def _forked(self) -> None:
         """In a forked child: the lock may have been held by a thread that does not exist here."""
         self._lock = threading.Lock()
+        self._batches = 0
         _close_all(self._fds)
 
     def __len__(self) -> int:

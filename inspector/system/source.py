@@ -85,8 +85,8 @@ def resolves(source: Any, path: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """A folder the tool reads from: its resolved path, and the descriptors of a few folders below it that it
-    opened files in (`dirfds`; a copy or pickle starts without them, so it still crosses threads and processes)."""
+    """A folder the tool reads from: its resolved path, and while a batch of reads runs the descriptors of a few
+    folders below it (`dirfds`; a copy or pickle starts without them, so it crosses threads and processes)."""
 
     root: str
     label: str = field(default="folder", compare=False)  # what the folder is, for messages: "checkpoint"
@@ -148,9 +148,9 @@ class Source:
         """The folder's descriptor for a block, kept for the next file opened in it (`dirfds`)."""
         return self._dirs.held(parts, lambda: self._walk_dirs(parts, path, linked), fresh=fresh)
 
-    def close(self) -> None:
-        """Close the folder descriptors kept (also done when the source is collected)."""
-        self._dirs.close()
+    def keeping(self) -> _Held[None]:
+        """A batch of reads: the folders walked are kept open till it ends (`dirfds`), one `openat` a file."""
+        return self._dirs.keeping()
 
     # -- files ---------------------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
-"""The folder descriptors a source keeps (`system/dirfds.py`): a file in a folder already opened in costs one
-`openat`, while every refusal stays as it was (a link at any component, `..`, a FIFO), the descriptors stay
-few, close with the source, and neither a copy nor a forked child holds them."""
+"""The folder descriptors a source keeps during a batch of reads (`system/dirfds.py`): a file in a folder already
+opened in costs one `openat`, while every refusal stays as it was (a link at any component, `..`, a FIFO), the
+descriptors stay few, close when the batch ends, and neither a copy nor a forked child holds them."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pickle
@@ -54,64 +55,75 @@ def _fds() -> int:
 def test_a_file_in_a_folder_opened_in_before_costs_one_open(tree: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     src, root, _ = tree
     seen = _opens(monkeypatch)
-    for r in range(4):
-        h = src.open_handle(root / "tag" / f"rank_{r}.pt")
-        assert h.size == r + 1 and h.pread(10, 0) == b"x" * (r + 1)
-        h.close()
+    with src.keeping():
+        for r in range(4):
+            h = src.open_handle(root / "tag" / f"rank_{r}.pt")
+            assert h.size == r + 1 and h.pread(10, 0) == b"x" * (r + 1)
+            h.close()
     names = [name for name, _ in seen]
     assert names.count(str(root)) == 1 and names.count("tag") == 1, names  # the walk, once
     assert [n for n in names if n.startswith("rank_")] == [f"rank_{r}.pt" for r in range(4)]
     assert len(seen) == 2 + 4
+    before = _fds()
+    seen.clear()
+    assert src.read_bytes("tag/rank_0.pt", 10) == b"x" and len(seen) == 3  # outside a batch: walked, closed
+    assert len(src._dirs) == 0 and _fds() == before
 
 
 @pytest.mark.parametrize("link", ["file", "tag"])
 def test_links_are_refused_with_the_folder_kept(tree: Any, link: str) -> None:
     """A symlinked rank file, or a symlinked tag folder, pointing out of the root: refused (and unread)
-    whether or not a folder on the way is already kept."""
+    within a batch, with every folder on the way already kept, and outside one."""
     src, root, secret = tree
-    src.read_bytes("tag/rank_0.pt", 10)  # the tag folder (and the root) are kept from here on
     if link == "file":
         (root / "tag" / "rank_9.pt").symlink_to(secret)
-        path = "tag/rank_9.pt"
     else:
         (root / "linked").symlink_to(secret.parent)
-        path = "linked/secret.txt"
-    for _ in range(2):  # the second time with every folder it walked kept
-        with pytest.raises(CorruptFileError) as err:
-            src.read_bytes(path, 100)
-        assert "outside" in str(err.value) and "hunter2" not in str(err.value)
+    path = "tag/rank_9.pt" if link == "file" else "linked/secret.txt"
+    for batch in (src.keeping(), contextlib.nullcontext()):
+        with batch:
+            src.read_bytes("tag/rank_0.pt", 10)  # within a batch the root and tag folder are kept from here on
+            for _ in range(2):  # the second time with every folder it walked kept
+                with pytest.raises(CorruptFileError) as err:
+                    src.read_bytes(path, 100)
+                assert "outside" in str(err.value) and "hunter2" not in str(err.value)
 
 
 def test_a_tag_folder_swapped_for_a_link_is_not_read_through(tree: Any) -> None:
     """The kept descriptor is the folder walked link-free; a link put in its place later leads nowhere
     (the old folder's files, or a missing file), and the next listing walks the path afresh and refuses it."""
     src, root, secret = tree
-    src.read_bytes("tag/rank_0.pt", 10)
-    (root / "tag").rename(root / "old")
-    (root / "tag").symlink_to(secret.parent)
-    with pytest.raises(CorruptFileError) as err:
+    with src.keeping():
+        src.read_bytes("tag/rank_0.pt", 10)
+        (root / "tag").rename(root / "old")
+        (root / "tag").symlink_to(secret.parent)
+        with pytest.raises(CorruptFileError) as err:
+            src.read_bytes("tag/secret.txt", 100)
+        assert "hunter2" not in str(err.value)
+        with pytest.raises(CorruptFileError, match="outside"):
+            src.listdir("tag")
+    with pytest.raises(CorruptFileError, match="outside"):  # after the batch: walked, refused
         src.read_bytes("tag/secret.txt", 100)
-    assert "hunter2" not in str(err.value)
-    with pytest.raises(CorruptFileError, match="outside"):
-        src.listdir("tag")
 
 
 def test_fifo_still_refused_in_a_kept_folder(tree: Any) -> None:
     src, root, _ = tree
-    src.read_bytes("tag/rank_0.pt", 10)
-    os.mkfifo(root / "tag" / "pipe")
-    with pytest.raises(CorruptFileError, match="FIFO"):
-        src.read_bytes("tag/pipe", 10)
+    with src.keeping():
+        src.read_bytes("tag/rank_0.pt", 10)
+        os.mkfifo(root / "tag" / "pipe")
+        with pytest.raises(CorruptFileError, match="FIFO"):
+            src.read_bytes("tag/pipe", 10)
 
 
 def test_a_listing_sees_a_replaced_folder(tree: Any) -> None:
     src, root, _ = tree
-    src.read_bytes("tag/rank_0.pt", 10)
-    (root / "tag").rename(root / "old")
-    (root / "tag").mkdir()
-    (root / "tag" / "new.pt").write_bytes(b"new")
-    assert src.listdir("tag") == ["new.pt"]
-    assert src.read_bytes("tag/new.pt", 10) == b"new"
+    with src.keeping():
+        src.read_bytes("tag/rank_0.pt", 10)
+        (root / "tag").rename(root / "old")
+        (root / "tag").mkdir()
+        (root / "tag" / "new.pt").write_bytes(b"new")
+        assert src.listdir("tag") == ["new.pt"]
+        assert src.read_bytes("tag/new.pt", 10) == b"new"
 
 
 def test_descriptors_are_bounded_and_closed(tmp_path: Path) -> None:
@@ -120,19 +132,25 @@ def test_descriptors_are_bounded_and_closed(tmp_path: Path) -> None:
         (tmp_path / f"d{d}" / "f").write_bytes(b"f")
     before = _fds()
     src = Source.at(tmp_path)
-    for d in range(dirfds.KEPT + 3):
-        assert src.read_bytes(f"d{d}/f", 10) == b"f"
-    assert len(src._dirs) == dirfds.KEPT and _fds() == before + dirfds.KEPT
-    src.close()
-    assert len(src._dirs) == 0 and _fds() == before
-    src.read_bytes("d0/f", 10)
-    assert _fds() == before + 1
-    del src  # collected: its descriptors closed
-    assert _fds() == before
+    with src.keeping():
+        for d in range(dirfds.KEPT + 3):
+            assert src.read_bytes(f"d{d}/f", 10) == b"f"
+        assert len(src._dirs) == dirfds.KEPT and _fds() == before + dirfds.KEPT
+        with src.keeping():  # nested: the outer batch still keeps them
+            src.read_bytes("d0/f", 10)
+        assert len(src._dirs) == dirfds.KEPT
+    assert len(src._dirs) == 0 and _fds() == before  # the batch ended
+    for _ in range(3):  # outside a batch nothing stays open
+        assert src.read_bytes("d1/f", 10) == b"f" and _fds() == before
 
 
 def test_a_copy_or_a_forked_child_starts_without_descriptors(tree: Any) -> None:
     src, _, _ = tree
+    with src.keeping():
+        _copied_and_forked(src)
+
+
+def _copied_and_forked(src: Source) -> None:
     src.read_bytes("tag/rank_0.pt", 10)
     assert len(src._dirs) == 1  # the tag folder
     for other in (pickle.loads(pickle.dumps(src)), copy.deepcopy(src)):
@@ -157,8 +175,9 @@ def test_a_scan_opens_each_rank_file_once_and_walks_the_tag_folder_once(monkeypa
     ranks = [n for n in names if n.endswith("_states.pt")]
     assert len(ranks) >= 8, names  # 4 optimizer + 4 model states files at least
     assert all(names[n] == 1 for n in ranks), names
-    tag = os.path.basename(os.path.realpath(ckpt.tag_dir))
-    assert names[tag] <= 3 < len(ranks), names  # the listings' walks (locate, classify, claims), not one a file
+    order = [name for name, _ in seen]
+    optim = [i for i, n in enumerate(order) if n.endswith("_optim_states.pt")]
+    assert len(optim) == 4 and optim == list(range(optim[0], optim[0] + 4)), order  # no walk between them
 
 
 def test_a_scans_file_sizes_and_times_come_from_the_open(monkeypatch: pytest.MonkeyPatch) -> None:
