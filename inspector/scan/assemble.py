@@ -68,7 +68,8 @@ def _files(files: RankFiles, stage3: bool, source: ByteSource) -> list[FileInfo]
     seen = files.opened.get
     out = [FileInfo.stat(p, "optim", r, source=source, known=seen(p)) for r, p in sorted(files.optim.items())]
     if stage3:
-        out += [FileInfo.stat(p, "model", r, 0, source, seen(p)) for r, p in sorted(files.zero3_model.items())]
+        models = sorted(files.zero3_model.items())
+        out += [FileInfo.stat(p, "model", r, source=source, known=seen(p)) for r, p in models]
     elif files.model:
         out.append(FileInfo.stat(files.model, "model", None, source=source, known=seen(files.model)))
     return out

@@ -48,7 +48,7 @@ class DirCache:
 
     @contextlib.contextmanager
     def keeping(self) -> Iterator[None]:
-        """Keep the folders walked during the block (nested and concurrent blocks share them); closed after."""
+        """Keep the folders walked during the block (nested and concurrent blocks share them), then close."""
         with self._lock:
             self._batches += 1
         try:

@@ -85,8 +85,8 @@ def resolves(source: Any, path: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """A folder the tool reads from: its resolved path, and while a batch of reads runs the descriptors of a few
-    folders below it (`dirfds`; a copy or pickle starts without them, so it crosses threads and processes)."""
+    """A folder the tool reads from: its resolved path, and while a batch of reads runs the descriptors of a
+    few folders below it (`dirfds`; a copy or pickle starts without them: it crosses threads, processes)."""
 
     root: str
     label: str = field(default="folder", compare=False)  # what the folder is, for messages: "checkpoint"
@@ -145,7 +145,7 @@ class Source:
         return fd
 
     def _dir_fd(self, parts: list[str], path: str, linked: Any = None, fresh: bool = False) -> _Held[int]:
-        """The folder's descriptor for a block, kept for the next file opened in it (`dirfds`)."""
+        """The folder's descriptor for a block; within a batch (`keeping`) kept for the next file in it."""
         return self._dirs.held(parts, lambda: self._walk_dirs(parts, path, linked), fresh=fresh)
 
     def keeping(self) -> _Held[None]:
@@ -164,8 +164,8 @@ class Source:
         return LocalHandle(os.fspath(path), fd, st.st_size, st.st_mtime_ns)
 
     def _open(self, path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-        """(descriptor, its fstat). A path plainly below the root (no `.`, `..` or empty part) is walked as it is
-        written, since the walk refuses every link on it; only a path with a link on the way is resolved
+        """(descriptor, its fstat). A path plainly below the root (no `.`, `..` or empty part) is walked as it
+        is written, since the walk refuses every link on it; only a path with a link on the way is resolved
         first (a link inside the root to a file inside it is read; one leading out is refused)."""
         full = os.fspath(path)
         parts = self._plain_parts(full)

@@ -81,8 +81,8 @@ def test_storages_for_refuses_in_storages_words(tmp_path: Path, request_kind: st
 def test_the_sniffed_head_page_is_not_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, legacy: bool
 ) -> None:
-    """`torchzip.load` tells zip from legacy by the page it reads at byte 0 and hands that page to the archive,
-    which keeps it: byte 0 is read from the file once, and the tree is the same as a fresh archive's."""
+    """`torchzip.load` tells zip from legacy by the page it reads at byte 0 and hands that page to the
+    archive, which keeps it: byte 0 is read from the file once."""
     from inspector.format import torchzip
     from inspector.system.source import LocalHandle
 

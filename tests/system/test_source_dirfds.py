@@ -1,6 +1,6 @@
-"""The folder descriptors a source keeps during a batch of reads (`system/dirfds.py`): a file in a folder already
-opened in costs one `openat`, while every refusal stays as it was (a link at any component, `..`, a FIFO), the
-descriptors stay few, close when the batch ends, and neither a copy nor a forked child holds them."""
+"""The folder descriptors a source keeps during a batch of reads (`system/dirfds.py`): a file in a folder
+already opened in costs one `openat`, while every refusal stays as it was (a link at any component, `..`, a
+FIFO), the descriptors stay few and close when the batch ends, and no copy or forked child holds them."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_file_in_a_folder_opened_in_before_costs_one_open(tree: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_in_a_kept_folder_costs_one_open(tree: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     src, root, _ = tree
     seen = _opens(monkeypatch)
     with src.keeping():
@@ -82,7 +82,7 @@ def test_links_are_refused_with_the_folder_kept(tree: Any, link: str) -> None:
     path = "tag/rank_9.pt" if link == "file" else "linked/secret.txt"
     for batch in (src.keeping(), contextlib.nullcontext()):
         with batch:
-            src.read_bytes("tag/rank_0.pt", 10)  # within a batch the root and tag folder are kept from here on
+            src.read_bytes("tag/rank_0.pt", 10)  # within a batch the tag folder is kept from here on
             for _ in range(2):  # the second time with every folder it walked kept
                 with pytest.raises(CorruptFileError) as err:
                     src.read_bytes(path, 100)
@@ -165,7 +165,7 @@ def _copied_and_forked(src: Source) -> None:
     assert src.read_bytes("tag/rank_3.pt", 10) == b"xxxx"
 
 
-def test_a_scan_opens_each_rank_file_once_and_walks_the_tag_folder_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scan_opens_each_rank_file_once_without_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a real 4-rank ZeRO-3 save: one `openat` per rank file, none of them walking from the root."""
     ckpt_dir = FIXTURES / "autoep_z3_bf16_ws4" / "ckpt"
     seen = _opens(monkeypatch)
