@@ -34,6 +34,7 @@ from inspector.format.records import (
 )
 from inspector.format.replay import learn, template_for
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
+from inspector.format.zipreader import _HEADER_PAGE as HEAD_PAGE
 from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
@@ -269,14 +270,15 @@ def load(
     embedded = window is not None or handle is not None  # a DCP item: a zip, never the legacy form
     handle = handle if handle is not None else open_handle_in(path, (source,) if source else ())
     try:
-        if not embedded and handle.size > 0 and handle.pread(1, 0) == b"\x80":
+        head = handle.pread(min(HEAD_PAGE, handle.size), 0) if not embedded and handle.size > 0 else b""
+        if head[:1] == b"\x80":
             legacy = LegacyTorchFile(path, handle)
             archive: TorchZip | LegacyTorchFile = legacy
             with _unreadable_pickle(legacy.shown):
                 tree, nbytes = _legacy_tree(legacy)
                 check_tree(tree, nbytes)
         else:
-            archive = TorchZip(path, source, handle, window)
+            archive = TorchZip(path, source, handle, window, head)  # the page sniffed: not read again
             if archive.byteorder() != "little":
                 raise UnsupportedCheckpointError(
                     f"{archive.shown}: big-endian checkpoints are not supported."

@@ -51,10 +51,11 @@ class TorchZip(Container):
         source: ByteSource | None = None,
         handle: Handle | None = None,
         window: tuple[int, int] | None = None,
+        head: bytes = b"",
     ) -> None:
-        """`handle`: the file already open (`torchzip.load` sniffs it first). `window`: (base, length) of an
-        archive embedded in a bigger file (a DCP item); every offset inside is relative to `base`, and nothing
-        outside the window is read. `data_offset` answers in the file."""
+        """`handle`: the file already open (`torchzip.load` sniffs it first; `head`: the page it read there,
+        not read again). `window`: (base, length) of an archive embedded in a bigger file (a DCP item), every
+        offset relative to `base`, nothing outside read; `data_offset` answers in the file."""
         self.path = os.fspath(path)
         self.handle: Any = handle if handle is not None else open_handle_in(self.path, (source,) if source else ())
         self.base = 0
@@ -64,7 +65,7 @@ class TorchZip(Container):
         self.file_size = self.handle.size
         # bytes already read, served again by `pread`: the last page read at a local header (the first: the
         # file's head, where data.pkl lies) and the file's tail (its end records, often its directory)
-        self._page: tuple[int, bytes] = (0, b"")
+        self._page: tuple[int, bytes] = (0, head if window is None else b"")
         self._tail: tuple[int, bytes] = (0, b"")
         try:
             self.entries = self._read_directory()
@@ -116,8 +117,8 @@ class TorchZip(Container):
                 f"{self.shown}: the file is empty (0 bytes).",
                 hint="It was probably cut off while saving or copying; copy it again.",
             )
-        head = self.handle.pread(min(_HEADER_PAGE, self.file_size), 0)  # kept: data.pkl's header lies there
-        self._page = (0, head)
+        head = self._page[1] or self.handle.pread(min(_HEADER_PAGE, self.file_size), 0)
+        self._page = (0, head)  # kept: data.pkl's header lies there
         if head[:4] != _LOCAL:
             if head[:1] == b"\x80":
                 raise UnsupportedCheckpointError(

@@ -63,12 +63,15 @@ def _module_copy_bytes(model: ModelStates) -> int:
 
 
 def _files(files: RankFiles, stage3: bool, source: ByteSource) -> list[FileInfo]:
-    """Each rank file's size and save time, asked of the checkpoint's source (one stat a file)."""
-    out = [FileInfo.stat(p, "optim", r, source=source) for r, p in sorted(files.optim.items())]
+    """Each rank file's size and save time: from the fstat of the open its load read it through
+    (`RankFiles.opened`), else asked of the checkpoint's source (one stat a file)."""
+    seen = files.opened.get
+    out = [FileInfo.stat(p, "optim", r, source=source, known=seen(p)) for r, p in sorted(files.optim.items())]
     if stage3:
-        out += [FileInfo.stat(p, "model", r, source=source) for r, p in sorted(files.zero3_model.items())]
+        models = sorted(files.zero3_model.items())
+        out += [FileInfo.stat(p, "model", r, source=source, known=seen(p)) for r, p in models]
     elif files.model:
-        out.append(FileInfo.stat(files.model, "model", None, source=source))
+        out.append(FileInfo.stat(files.model, "model", None, source=source, known=seen(files.model)))
     return out
 
 

@@ -35,6 +35,7 @@ class RankFiles:
     findings: list[Finding] = field(default_factory=list)
     present: int = 0  # files in the tag folder: rank numbers cannot exceed it
     names: tuple[str, ...] = ()  # every name in the tag folder, for the claim pass (scan/claims.py)
+    opened: dict[str, tuple[int, int]] = field(default_factory=dict)  # loaded: (size, mtime_ns) at open
 
 
 def classify(tag_dir: str, source: ByteSource, *, experts_ok: bool = False) -> RankFiles:
@@ -129,13 +130,16 @@ def load_all(
     parse: Callable[[Any, str], T],
     read: Callable[[T, Container], None] | None = None,
     skip: frozenset[str] = frozenset(),
+    opened: dict[str, tuple[int, int]] | None = None,
 ) -> dict[int, T | None]:
     """`load_or_finding` for every (rank, path), findings in rank order. From an object store the files are
     loaded several at once: each costs a few round trips (directory, header, pickle), and a 128-rank folder
     read one file after another would spend minutes waiting. The cyclic collector waits meanwhile
-    (`_collector_paused`)."""
-    with _collector_paused():
-        return _load_all(paths, source, findings, parse, read, skip)
+    (`_collector_paused`). `opened` (`RankFiles.opened`): each local file's size and save time, from the
+    fstat done at its open, so its `FileInfo` needs no stat of its own."""
+    keeping = getattr(source, "keeping", contextlib.nullcontext)  # a local folder: one openat a file
+    with _collector_paused(), keeping():
+        return _load_all(paths, source, findings, parse, read, skip, opened)
 
 
 @contextlib.contextmanager
@@ -160,9 +164,10 @@ def _load_all(
     parse: Callable[[Any, str], T],
     read: Callable[[T, Container], None] | None,
     skip: frozenset[str],
+    opened: dict[str, tuple[int, int]] | None = None,
 ) -> dict[int, T | None]:
     if len(paths) < 2 or not source.remote:
-        return {r: load_or_finding(p, source, findings, parse, read, skip) for r, p in paths}
+        return {r: load_or_finding(p, source, findings, parse, read, skip, opened) for r, p in paths}
     from inspector.remote.backend import inflight
 
     def one(item: tuple[int, str]) -> tuple[T | None, list[Finding]]:
@@ -183,6 +188,7 @@ def load_or_finding(
     parse: Callable[[Any, str], T],
     read: Callable[[T, Container], None] | None = None,
     skip: frozenset[str] = frozenset(),
+    opened: dict[str, tuple[int, int]] | None = None,
 ) -> T | None:
     """Load and parse one rank file through the checkpoint's confined source; a file that cannot be read or
     parsed becomes an error finding naming it (only the rank-0 model states are essential). `read`: a few
@@ -191,6 +197,8 @@ def load_or_finding(
     `skip`: the root's keys `parse` does not read (`torchzip.load`)."""
     try:
         tree, archive = load(path, source, skip=skip)
+        if opened is not None and (mtime := getattr(archive.handle, "mtime_ns", 0)):  # a local file's fstat
+            opened[path] = (archive.handle.size, mtime)
         try:
             value = parse(tree, path)
             if read is not None:

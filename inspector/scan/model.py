@@ -208,9 +208,18 @@ class FileInfo:
 
     @classmethod
     def stat(
-        cls, path: str, role: str, dp_rank: int | None, mp_rank: int = 0, source: ByteSource | None = None
+        cls,
+        path: str,
+        role: str,
+        dp_rank: int | None,
+        mp_rank: int = 0,
+        source: ByteSource | None = None,
+        known: tuple[int, int] | None = None,
     ) -> FileInfo:
-        """The file's size and save time, asked of `source` (the checkpoint's; its folder's when None)."""
+        """The file's size and save time, asked of `source` (the checkpoint's; its folder's when None), or
+        `known` already: the fstat of the open the scan read it through (`RankFiles.opened`)."""
+        if known is not None:
+            return cls(path, role, known[0], dp_rank, mp_rank, known[1])
         try:
             size, mtime_ns = (source or _folder_of(path)).size_and_mtime(path)
         except OSError:  # dangling link or vanished file: reported by the scan as unreadable

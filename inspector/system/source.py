@@ -10,15 +10,15 @@ Its messages name the path, escaped, and never the file's content or a link's ta
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
-from collections.abc import Iterator
+from contextlib import AbstractContextManager as _Held
 from dataclasses import dataclass, field
 from typing import Any
 
 from inspector.errors import CorruptFileError, InspectorError
+from inspector.system.dirfds import DirCache
 from inspector.text import shown
 
 _KINDS = (
@@ -85,10 +85,12 @@ def resolves(source: Any, path: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True)
 class Source:
-    """A folder the tool reads from. Holds only its resolved path, so it pickles and crosses threads."""
+    """A folder the tool reads from: its resolved path, and while a batch of reads runs the descriptors of a
+    few folders below it (`dirfds`; a copy or pickle starts without them: it crosses threads, processes)."""
 
     root: str
     label: str = field(default="folder", compare=False)  # what the folder is, for messages: "checkpoint"
+    _dirs: DirCache = field(default_factory=DirCache, init=False, repr=False, compare=False)
 
     @classmethod
     def at(cls, folder: str | os.PathLike[str], label: str = "folder") -> Source:
@@ -121,10 +123,9 @@ class Source:
         rel = os.path.relpath(real, self.root)
         return [] if rel == "." else rel.split(os.sep)
 
-    @contextlib.contextmanager
-    def _dir_fd(self, parts: list[str], shown_path: str, linked: type[Exception] | None = None) -> Iterator[int]:
-        """A descriptor of the folder `parts` below the root, reached without following any link (one met:
-        `linked` raised when given, else refused as leading out)."""
+    def _walk_dirs(self, parts: list[str], shown_path: str, linked: type[Exception] | None = None) -> int:
+        """A new descriptor of the folder `parts` below the root, reached without following any link (one
+        met: `linked` raised when given, else refused as leading out); the caller keeps or closes it."""
         fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
         try:
             for part in parts:
@@ -138,9 +139,18 @@ class Source:
                     raise
                 os.close(fd)
                 fd = nxt
-            yield fd
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
+
+    def _dir_fd(self, parts: list[str], path: str, linked: Any = None, fresh: bool = False) -> _Held[int]:
+        """The folder's descriptor for a block; within a batch (`keeping`) kept for the next file in it."""
+        return self._dirs.held(parts, lambda: self._walk_dirs(parts, path, linked), fresh=fresh)
+
+    def keeping(self) -> _Held[None]:
+        """A batch of reads: the folders walked are kept open till it ends (`dirfds`), one `openat` a file."""
+        return self._dirs.keeping()
 
     # -- files ---------------------------------------------------------------------------------------------
 
@@ -150,12 +160,12 @@ class Source:
 
     def open_handle(self, path: str | os.PathLike[str]) -> LocalHandle:
         """The file opened as by `open`, as a handle with its size and positioned reads."""
-        fd, size = self._open(path)
-        return LocalHandle(os.fspath(path), fd, size)
+        fd, st = self._open(path)
+        return LocalHandle(os.fspath(path), fd, st.st_size, st.st_mtime_ns)
 
-    def _open(self, path: str | os.PathLike[str]) -> tuple[int, int]:
-        """(descriptor, size). A path plainly below the root (no `.`, `..` or empty part) is walked as it is
-        written, since the walk refuses every link on it; only a path with a link on the way is resolved
+    def _open(self, path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+        """(descriptor, its fstat). A path plainly below the root (no `.`, `..` or empty part) is walked as it
+        is written, since the walk refuses every link on it; only a path with a link on the way is resolved
         first (a link inside the root to a file inside it is read; one leading out is refused)."""
         full = os.fspath(path)
         parts = self._plain_parts(full)
@@ -180,7 +190,7 @@ class Source:
         parts = full[len(prefix) :].split(os.sep)
         return None if any(p in ("", ".", "..") for p in parts) else parts
 
-    def _walk(self, parts: list[str], full: str, *, lexical: bool) -> tuple[int, int]:
+    def _walk(self, parts: list[str], full: str, *, lexical: bool) -> tuple[int, os.stat_result]:
         """Open root/parts without following any link: a link met is `_Linked` on a `lexical` walk (the
         caller resolves the path), else refused as leading out (it was swapped in since the resolve)."""
         try:
@@ -203,7 +213,7 @@ class Source:
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise not_regular(full, st.st_mode)
-        return fd, st.st_size
+        return fd, st
 
     def read_bytes(self, path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
         """A whole small file (a `latest`, a JSON config), refused if larger than `limit` bytes."""
@@ -265,11 +275,10 @@ class Source:
         full = os.fspath(path)
         real = self.resolve(full)
         try:
-            with self._dir_fd(self._parts(real), full) as dfd:
+            with self._dir_fd(self._parts(real), full, fresh=True) as dfd:  # the folder as it is now
                 return sorted(os.listdir(dfd))
         except OSError as exc:
             raise os_error(full, exc) from None
-
 
     # -- what it is, and the locating logic's tree questions --------------------------------------------
     # Exactly the os calls the locating logic always made: links followed (a tag folder may be a link a user
@@ -320,14 +329,14 @@ class _Linked(Exception):
 class LocalHandle:
     """A descriptor opened by `Source.open`, as a byte-source handle: pread, never mapped (RSS stays honest)."""
 
-    def __init__(self, path: str, fd: int, size: int | None = None) -> None:
-        self.path = path
-        self.fd = fd
-        if size is not None:  # the opener's own fstat
-            self.size = size
+    def __init__(self, path: str, fd: int, size: int | None = None, mtime_ns: int = 0) -> None:
+        self.path, self.fd = path, fd
+        self.size, self.mtime_ns = size or 0, mtime_ns  # the opener's own fstat: the file as it was read
+        if size is not None:
             return
         try:
-            self.size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
         except OSError as exc:
             os.close(fd)
             raise os_error(path, exc) from None

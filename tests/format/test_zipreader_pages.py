@@ -75,3 +75,37 @@ def test_storages_for_refuses_in_storages_words(tmp_path: Path, request_kind: st
         with pytest.raises(CorruptFileError) as single:
             b.storage(key, "float32", numel, None)
         assert batched.value.message == single.value.message
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_the_sniffed_head_page_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, legacy: bool
+) -> None:
+    """`torchzip.load` tells zip from legacy by the page it reads at byte 0 and hands that page to the
+    archive, which keeps it: byte 0 is read from the file once."""
+    from inspector.format import torchzip
+    from inspector.system.source import LocalHandle
+
+    path = tmp_path / "states.pt"
+    torch.save({"a": torch.arange(7.0), "b": [1, 2]}, path, _use_new_zipfile_serialization=not legacy)
+    at_zero: list[int] = []
+    real = LocalHandle.pread
+
+    def counting(self: LocalHandle, n: int, offset: int) -> bytes:
+        if offset == 0:
+            at_zero.append(n)
+        return real(self, n, offset)
+
+    monkeypatch.setattr(LocalHandle, "pread", counting)
+    tree, archive = torchzip.load(str(path))
+    try:
+        assert isinstance(archive, TorchZip) != legacy and sorted(tree) == ["a", "b"]
+        if not legacy:
+            assert archive.pread(4, 0) == b"PK\x03\x04"  # served from the kept page
+    finally:
+        archive.close()
+    page = min(4096, path.stat().st_size)
+    if legacy:  # sniffed by the same page; the legacy reader then reads its pickles on its own
+        assert at_zero[0] == page, at_zero
+    else:
+        assert at_zero == [page], at_zero

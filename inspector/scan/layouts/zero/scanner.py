@@ -112,6 +112,7 @@ class ZeroScanner:
             self.findings,
             lambda t, p: self._slim.optim(self._optim_states(t, p, stage3), model),
             self._read_steps,
+            opened=f.opened,
         )
         models: dict[int, ModelStates | None] = {0: model}
         if stage3:
@@ -123,6 +124,7 @@ class ZeroScanner:
                     self.findings,
                     lambda t, p: self._slim.model(self._model_states(t, p, False), model),
                     skip=_MODULE,  # parsed without it: its placeholders are not even made
+                    opened=f.opened,
                 )
             )
         osd0 = next((o for o in optims.values() if o is not None), None)
