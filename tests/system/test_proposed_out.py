@@ -69,9 +69,9 @@ def test_app_and_cli_propose_the_same_folder(demo, tmp_path: Path, monkeypatch: 
     seen: list[str | None] = []
     real = jobs.plan_job
 
-    def spy(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None):  # type: ignore[no-untyped-def]
+    def spy(args: argparse.Namespace, *, allow_damaged: bool, out: str | None = None, **kw):  # type: ignore[no-untyped-def]
         seen.append(out)
-        return real(args, allow_damaged=allow_damaged, out=out)
+        return real(args, allow_damaged=allow_damaged, out=out, **kw)
 
     monkeypatch.setattr(jobs, "plan_job", spy)
     monkeypatch.chdir(tmp_path)
