@@ -13,6 +13,7 @@ from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.format.container import Container, Window
 from inspector.format.dtypes import ITEMSIZE, itemsize
 from inspector.format.views import StorageRef
+from inspector.format.zip64 import zip64_extra
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
@@ -22,7 +23,6 @@ _EOCD64_LOC = b"PK\x06\x07"
 _LOCAL = b"PK\x03\x04"
 _HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
 _CDIR_RECORD = struct.Struct("<L6xH4xLLLHHH8xL")  # a directory record's fixed part: signature .. header offset
-_EXTRA_HEAD = struct.Struct("<HH")  # an extra field's id and length
 _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
 _ZIP64_ALL = struct.Struct("<HHQQQ")  # a zip64 extra (id 1) first, with all three sizes: what torch writes
 _FIRST = itemgetter(0)
@@ -155,13 +155,13 @@ class TorchZip(Container):
             if csize == usize == hoff == 0xFFFFFFFF and xlen >= 28:  # torch's: a zip64 extra of all three, first
                 hid, hlen, u64, c64, h64 = zip64(cd, at + nlen)
                 if hid != 1:
-                    usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
+                    usize, csize, hoff = zip64_extra(cd, at + nlen, xlen, (usize, csize, hoff), self.damaged)
                 elif hlen < 24:
                     raise self.damaged("a zip64 extra field is cut short")
                 else:
                     usize, csize, hoff = u64, c64, h64
             elif 0xFFFFFFFF in (csize, usize, hoff):
-                usize, csize, hoff = self._zip64_extra(cd, at + nlen, xlen, usize, csize, hoff)
+                usize, csize, hoff = zip64_extra(cd, at + nlen, xlen, (usize, csize, hoff), self.damaged)
             if method != 0 or csize != usize:
                 raise CorruptFileError(
                     f"{self.shown}: entry {shown(name)} is compressed (method {method}).",
@@ -247,27 +247,6 @@ class TorchZip(Container):
         if count == 0 or cd_off + cd_size > eocd_off:
             return None
         return count, cd_size, cd_off, eocd_off
-
-    def _zip64_extra(
-        self, cd: bytes, at: int, xlen: int, usize: int, csize: int, hoff: int
-    ) -> tuple[int, int, int]:
-        """The zip64 extra field (id 1) of the `xlen` bytes of extras at `at` holds, in order, each of usize,
-        csize, offset that is 0xFFFFFFFF."""
-        need = [usize == 0xFFFFFFFF, csize == 0xFFFFFFFF, hoff == 0xFFFFFFFF]
-        want = 8 * sum(need)
-        p, end = at, at + xlen
-        while p + 4 <= end:
-            hid, hlen = _EXTRA_HEAD.unpack_from(cd, p)
-            if hid == 1:
-                if hlen < want or p + 4 + want > end:
-                    raise self.damaged("a zip64 extra field is cut short")
-                vals = list(struct.unpack_from(f"<{sum(need)}Q", cd, p + 4))
-                usize = vals.pop(0) if need[0] else usize
-                csize = vals.pop(0) if need[1] else csize
-                hoff = vals.pop(0) if need[2] else hoff
-                return usize, csize, hoff
-            p += 4 + hlen
-        raise self.damaged("an entry needs a zip64 extra field but has none")
 
     def _find_prefix(self) -> str:
         """The one top folder every entry lives under (torch refuses an archive that mixes two)."""
