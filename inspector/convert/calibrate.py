@@ -69,7 +69,11 @@ COPY_COST = 14.2
 ZIP_COST = 32.9  # 34.3 as fitted, less what FILE_COST takes of it: the fit's exports wrote 247 files each
 # (the 200M and 500M demos), 1.8 (200M) and 0.7 (500M) of it per byte zipped
 REDUCE_COST = 7.54
-STARTUP_CPU = 0.353
+# the CPU-seconds of the interpreter, the imports, the plan and the exit, besides the scan (measured apart,
+# `Work.startup`): the rank sweep's 8-rank convert took 0.42-0.55 CPU-s, its work and scan ~0.1 (2026-12-03,
+# compiled bytecode as installed; the 0.353 fitted before held the 200M demos' scans and, in this shell's
+# `PYTHONDONTWRITEBYTECODE`, the package's compilation)
+STARTUP_CPU = 0.30
 # CPU per output file, beyond its bytes (created, its zip's records and pickle, renamed, a journal line),
 # in bytes the copy probe copies in as long: measured in process on a 300K-parameter ZeRO-3 demo, whose
 # universal export writes 67 files of 3.7 MB in all (2026-12-03, 1 worker, 4 runs): 0.90-1.22 ms a file
@@ -77,9 +81,11 @@ STARTUP_CPU = 0.353
 # quiet. Universal's many small files: a model of many small tensors is not its bytes alone
 FILE_COST = 17.5e6
 # CPU per read beyond its bytes (a pread, the Python around it, the plan's record of it), in bytes the copy
-# probe copies in as long: a stage-3 checkpoint is read a parameter a rank, 39,705 reads at 1,024 ranks of
-# the 20M demo against 354 at 8. Fitted with the rank sweep's rows (`tests/benchmarks/ranks.py`)
-RANGE_COST = 1.3e6
+# probe copies in as long, on one thread (the Python holds the GIL): a stage-3 checkpoint is read a
+# parameter a rank, 39,705 reads at 1,024 ranks of the 20M demo, 134,555 at 4,096, 354 at 8. From the rank
+# sweeps of 2026-12-03 14:34-14:56 (three, CPU-seconds less start-up and the scan: 0.8-1.1e6 at 1,024
+# ranks, 0.8-1.07e6 at 4,096)
+RANGE_COST = 1.0e6
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 PROBE_TRIES, PROBE_GAP = 5, 5e-3  # the copy and cast probes' tries a burst, and the seconds between bursts
@@ -282,7 +288,10 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     dirty = work.written + work.copied + work.zipped
     drain = max(0.0, dirty - cal.freerun) / stream  # past the freerun point, as fast as the disk streams
     serial = 0.0 if overlaps(cal, work) else disk
-    return (STARTUP_CPU + work.startup) / _share(1, cal) + max(busy + serial, disk + drain)
+    # one thread's: start-up, the scan the run repeats, each read's Python bookkeeping (under the GIL: the
+    # rank sweep's convert took as much wall as CPU at 2 workers, its reads ~25 us each)
+    alone = STARTUP_CPU + work.startup + RANGE_COST * work.ranges / cal.copy_rate
+    return alone / _share(1, cal) + max(busy + serial, disk + drain)
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
@@ -292,7 +301,7 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
     compute = READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
-    compute += FILE_COST * work.files + RANGE_COST * work.ranges
+    compute += FILE_COST * work.files
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
     page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)

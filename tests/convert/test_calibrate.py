@@ -380,11 +380,12 @@ def test_the_calibration_takes_the_runs_own_read_ahead_decision(tmp_path: Path) 
 
 
 def test_each_read_and_the_scan_the_run_repeats_cost_their_share() -> None:
-    """A checkpoint of many ranks is read a parameter a rank: each read costs RANGE_COST over the threads,
-    and the scan the run repeats before its first byte (measured by this process) adds to the start-up."""
+    """A checkpoint of many ranks is read a parameter a rank: each read costs RANGE_COST on one thread (its
+    Python holds the GIL), and the scan the run repeats before its first byte (measured by this process)
+    adds to the start-up."""
     cal, work = _cal(cores=2), Work(read=1 << 26, written=1 << 25, cast_elems=1 << 24)
     few, many = replace(work, ranges=354), replace(work, ranges=39_705)
-    extra = (39_705 - 354) * cal_mod.RANGE_COST / cal.copy_rate / 2
+    extra = (39_705 - 354) * cal_mod.RANGE_COST / cal.copy_rate
     assert estimate_seconds(cal, 2, many) == pytest.approx(estimate_seconds(cal, 2, few) + extra)
     scanned = replace(work, startup=1.5)  # serial, before the workers start
     assert estimate_seconds(cal, 2, scanned) == pytest.approx(estimate_seconds(cal, 2, work) + 1.5)
