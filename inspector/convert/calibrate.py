@@ -42,11 +42,11 @@ FALLBACK_COLD = 4e8
 # CPU per byte, in units of the copy probe's in-memory rate, a run streams from the page cache, writes into
 # it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a torch zip
 # (universal's `.pt`: CRC-32 and a buffered write) and reduces (health's statistics); the CPU-seconds before
-# the first byte (interpreter, imports, scan). Refitted by tests/benchmarks/fit_preflight.py (2026-11-27,
-# 00:27-00:44 UTC) to three quiet sweeps on the 2-core reference machine, the 200M ZeRO-2 and ZeRO-3 demos
-# and the 500M ZeRO-2 demo together (1-16 workers, warm and cold, each run after a warm-up within a second,
-# see sweep.py: 120 runs), READ_COST held at what the one-thread floor's page-cache read gives (14 GB/s
-# against the probe's ~50): 95 of 120 within 25 %, rms log error 0.21. Checked on the 96 runs of the
+# the first byte (interpreter, imports; the scan measured apart, see STARTUP_CPU). Refitted by
+# tests/benchmarks/fit_preflight.py (2026-11-27, 00:27-00:44 UTC) to three quiet sweeps on the 2-core
+# reference machine, the 200M ZeRO-2 and ZeRO-3 demos and the 500M ZeRO-2 demo together (1-16 workers,
+# warm and cold, each run after a warm-up within a second, see sweep.py: 120 runs), READ_COST held at what
+# the one-thread floor's page-cache read gives (14 GB/s against the probe's ~50): 95 of 120 within 25 %, rms log error 0.21. Checked on the 96 runs of the
 # evening before (the constants' previous fit set, 200M, and a 500M sweep): 77 of 96 (the constants fitted
 # on 200M alone: 76, and 9 of the 16 at 500M against 13 now; sizes together part the start-up from the
 # per-byte costs). The misses are the VM's first touch of fresh pages (bf16 warm, up to -48 %) and cold
@@ -288,10 +288,13 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
     dirty = work.written + work.copied + work.zipped
     drain = max(0.0, dirty - cal.freerun) / stream  # past the freerun point, as fast as the disk streams
     serial = 0.0 if overlaps(cal, work) else disk
-    # one thread's: start-up, the scan the run repeats, each read's Python bookkeeping (under the GIL: the
-    # rank sweep's convert took as much wall as CPU at 2 workers, its reads ~25 us each)
-    alone = STARTUP_CPU + work.startup + RANGE_COST * work.ranges / cal.copy_rate
-    return alone / _share(1, cal) + max(busy + serial, disk + drain)
+    return alone_seconds(cal, work) / _share(1, cal) + max(busy + serial, disk + drain)
+
+
+def alone_seconds(cal: Calibration, work: Work) -> float:
+    """CPU-seconds on one thread whatever the workers: start-up, the scan the run repeats, each read's Python
+    bookkeeping (under the GIL: the rank sweep's convert took as much wall as CPU at 2 workers)."""
+    return STARTUP_CPU + work.startup + RANGE_COST * work.ranges / cal.copy_rate
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:

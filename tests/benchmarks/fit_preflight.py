@@ -144,7 +144,7 @@ def model_cpu(row: dict[str, Any], constants: dict[str, float]) -> float:
         for k, v in constants.items():
             setattr(calibration, k, v)
         cal, _, work = _parse(row)
-        return calibration.STARTUP_CPU + sum(calibration.cpu_seconds(cal, work))
+        return calibration.alone_seconds(cal, work) + sum(calibration.cpu_seconds(cal, work))
     finally:
         for k, v in saved.items():
             setattr(calibration, k, v)
