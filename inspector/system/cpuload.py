@@ -45,10 +45,10 @@ def others_busy(window: float = WINDOW) -> float:
         cpus = None
     try:
         b0, t0 = _ticks(cpus)
-        own0, queued = time.process_time(), _runnable()
+        own0, first = time.process_time(), _runnable()
         time.sleep(window)
         b1, t1 = _ticks(cpus)
-        own, queued = time.process_time() - own0, (queued + _runnable()) / 2 - 1  # less us
+        own, queued = time.process_time() - own0, (first + _runnable()) / 2 - 1  # less us
     except (OSError, ValueError, IndexError):
         return max(0.0, os.getloadavg()[0] - 1.0)
     n = len(cpus) if cpus else (os.cpu_count() or 1)
