@@ -6,7 +6,6 @@ directory and end records) the answer or the refusal, word for word, is the full
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from inspector.errors import InspectorError
-from inspector.format import itemrepeat, memoguard, replay
+from inspector.format import itemrepeat
 from inspector.format.itemrepeat import Repeats
 from inspector.format.readahead import PAGE, ReadAhead
 from inspector.format.torchzip import load
@@ -22,13 +21,7 @@ from inspector.format.views import StorageRef, TensorRef
 from inspector.format.zipreader import TorchZip
 from inspector.system.source import Source
 
-
-@pytest.fixture(autouse=True)
-def _fresh_caches() -> Iterator[None]:
-    replay._TEMPLATES.clear()
-    memoguard._PASSED.clear()
-    yield
-    replay._TEMPLATES.clear()
+pytestmark = pytest.mark.usefixtures("fresh_caches")  # conftest: empty template and memo caches
 
 
 def _item(t: torch.Tensor) -> bytes:

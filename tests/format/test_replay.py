@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +14,11 @@ import pytest
 import torch
 
 from inspector.errors import CorruptFileError
-from inspector.format import memoguard, replay
+from inspector.format import replay
 from inspector.format.torchzip import SafeUnpickler, TensorRef, load
 from inspector.format.zipreader import TorchZip
 
-
-@pytest.fixture(autouse=True)
-def _fresh_caches() -> Iterator[None]:
-    replay._TEMPLATES.clear()
-    memoguard._PASSED.clear()
-    yield
-    replay._TEMPLATES.clear()
+pytestmark = pytest.mark.usefixtures("fresh_caches")  # conftest: empty template and memo caches
 
 
 def rank_file(tmp_path: Path, r: int) -> Path:
