@@ -358,6 +358,7 @@ class ExportScreen(Screen[None]):
     def _preflight(self, generation: int, opts: ConvertOptions, out_dir: str) -> None:
         try:
             plan, a = run_preflight(self.app, opts, out_dir, ram=self.ram)
+            a.estimated_seconds  # noqa: B018  calibrated here (probes, 0.1 s watching the load), not on the UI
         except InspectorError as exc:
             said = f"{exc.title}: {exc.message} {form_remedy(exc.hint)}".strip()
             self.post_message(PreflightDone(generation, None, None, said))
