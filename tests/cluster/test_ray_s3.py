@@ -48,7 +48,7 @@ def test_ray_tasks_read_the_bucket_and_equal_one_run(
         "convert", url, tmp_path / "ray", *args, "--executor", "ray", "--ray-address", cluster.address
     )
     assert run.rc == 0, run.output
-    assert "Ray: 2 part(s) on" in run.stdout, run.stdout
+    assert "Ray: 2 parts on" in run.stdout, run.stdout
     assert SECRET not in run.output
     assert s3_proxy.throttle.requests > before
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "one")
@@ -95,7 +95,7 @@ def test_ray_tasks_upload_into_a_bucket_and_equal_one_local_run(
     finally:
         s3_proxy.throttle.fault = None
     assert run.rc == 0, run.output
-    assert "Ray: 2 part(s) on" in run.stdout and "Uploaded to " + out in run.stdout, run.stdout
+    assert "Ray: 2 parts on" in run.stdout and "Uploaded to " + out in run.stdout, run.stdout
     assert SECRET not in run.output
     want = _tree(tmp_path / "one")
     assert objects(s3_client, out) == want  # byte for byte one local run's
