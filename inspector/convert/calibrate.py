@@ -46,10 +46,10 @@ FALLBACK_COLD = 4e8
 # tests/benchmarks/fit_preflight.py (2026-11-27, 00:27-00:44 UTC) to three quiet sweeps on the 2-core
 # reference machine, the 200M ZeRO-2 and ZeRO-3 demos and the 500M ZeRO-2 demo together (1-16 workers,
 # warm and cold, each run after a warm-up within a second, see sweep.py: 120 runs), READ_COST held at what
-# the one-thread floor's page-cache read gives (14 GB/s against the probe's ~50): 95 of 120 within 25 %, rms log error 0.21. Checked on the 96 runs of the
-# evening before (the constants' previous fit set, 200M, and a 500M sweep): 77 of 96 (the constants fitted
-# on 200M alone: 76, and 9 of the 16 at 500M against 13 now; sizes together part the start-up from the
-# per-byte costs). The misses are the VM's first touch of fresh pages (bf16 warm, up to -48 %) and cold
+# the one-thread floor's page-cache read gives (14 GB/s against the probe's ~50): 95 of 120 within 25 %,
+# rms log error 0.21. Checked on the 96 runs of the evening before (the constants' previous fit set, 200M,
+# and a 500M sweep): 77 of 96 (the constants fitted on 200M alone: 76, and 9 of the 16 at 500M against 13
+# now; sizes together part the start-up from the per-byte costs). The misses are the VM's first touch of fresh pages (bf16 warm, up to -48 %) and cold
 # rows whose disk rate moved between the probe and the run (up to +82 %).
 # Each extra thread was worth a whole core and the load sampled at the probe counted in full (those terms,
 # offered to an earlier fit, came out at their bounds and were dropped).

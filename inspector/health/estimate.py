@@ -9,9 +9,8 @@ from collections.abc import Sequence
 
 import inspector.convert.calibrate as calibration
 from inspector.convert.preflight import STARTUP_SECONDS, read_seconds
-from inspector.convert.reader import reads_of
 from inspector.health.jobs import plan_jobs
-from inspector.health.stream import plan_workers
+from inspector.health.stream import job_reads, plan_workers
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.system.bytesource import any_remote
 
@@ -31,8 +30,7 @@ def health_seconds(
     if remote:
         return STARTUP_SECONDS + read_seconds(total, sources)
     threads = plan_workers(workers, against is not None).threads
-    # the segments `job_reads` counts, with how many reads they take
-    reads, ranges = reads_of(seg for j in jobs for seg in (*j.segments, *j.module, *j.against))
+    reads, ranges = job_reads(jobs)
     startup = ckpt.scan_cpu + (against.scan_cpu if against else 0.0)  # the run scans both again
     work = calibration.Work(  # the pass asks its reads ahead from a cold cache (`read_ahead`)
         read=total, reduced=total, pieces=len(jobs), read_ahead=True, ranges=ranges, startup=startup

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.convert.reader import FilePool, bytes_by_file, iter_chunks
+from inspector.convert.reader import FilePool, iter_chunks, reads_of
 from inspector.errors import CancelledError
 from inspector.format.dtypes import bits_dtype
 from inspector.health.chunk_math import (
@@ -68,12 +68,13 @@ def read_ahead(pool: FilePool, jobs: Sequence[Job]) -> int:
     """Chunks of each stream to ask the kernel for ahead of their reads: READ_AHEAD when most of what the
     pass reads is not in the page cache (`FilePool.mostly_cold`), else none (advice on cached pages only
     costs: 5 % of a warm pass here). From an object store the workers' own requests are in flight already."""
-    return READ_AHEAD if pool.mostly_cold(job_reads(jobs)) else 0
+    return READ_AHEAD if pool.mostly_cold(job_reads(jobs)[0]) else 0
 
 
-def job_reads(jobs: Sequence[Job]) -> Counter[str]:
-    """Bytes the pass reads from each file: the masters or moments, module copies and `against`'s."""
-    return bytes_by_file(seg for j in jobs for seg in (*j.segments, *j.module, *j.against))
+def job_reads(jobs: Sequence[Job]) -> tuple[Counter[str], int]:
+    """(bytes the pass reads from each file, how many reads: `reader.reads_of`): the masters or moments,
+    module copies and `against`'s."""
+    return reads_of(seg for j in jobs for seg in (*j.segments, *j.module, *j.against))
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,18 @@ _BUSY = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal
 _TOTAL = 8
 
 
-def _ticks(cpus: set[int] | None) -> tuple[int, int]:
-    """(busy, total) ticks of `cpus` (None: the machine's aggregate line) since boot."""
+def _sample(cpus: set[int] | None) -> tuple[int, int, int]:
+    """(busy, total) ticks of `cpus` (None: the machine's aggregate line) since boot, and the tasks runnable
+    on the machine now, this one included (procs_running): one read of /proc/stat."""
     busy = total = 0
+    runnable = -1
     with open("/proc/stat", "rb") as fh:
         for line in fh:
+            if line.startswith(b"procs_running"):
+                runnable = int(line.split()[1])
+                break
             if not line.startswith(b"cpu"):
-                break  # the cpu lines come first
+                continue  # the cpu lines come first, procs_running after them
             name, *fields = line.split()
             if cpus is None and name != b"cpu":
                 continue
@@ -31,7 +36,9 @@ def _ticks(cpus: set[int] | None) -> tuple[int, int]:
             values = [int(v) for v in fields[:_TOTAL]]
             busy += sum(values[i] for i in _BUSY)
             total += sum(values)
-    return busy, total
+    if runnable < 0:
+        raise ValueError("/proc/stat has no procs_running")
+    return busy, total, runnable
 
 
 def others_busy(window: float = WINDOW) -> float:
@@ -44,11 +51,11 @@ def others_busy(window: float = WINDOW) -> float:
     except (AttributeError, OSError):
         cpus = None
     try:
-        b0, t0 = _ticks(cpus)
-        own0, first = time.process_time(), _runnable()
+        b0, t0, first = _sample(cpus)
+        own0 = time.process_time()
         time.sleep(window)
-        b1, t1 = _ticks(cpus)
-        own, queued = time.process_time() - own0, (first + _runnable()) / 2 - 1  # less us
+        b1, t1, last = _sample(cpus)
+        own, queued = time.process_time() - own0, (first + last) / 2 - 1  # less us
     except (OSError, ValueError, IndexError):
         return max(0.0, os.getloadavg()[0] - 1.0)
     n = len(cpus) if cpus else (os.cpu_count() or 1)
@@ -57,10 +64,3 @@ def others_busy(window: float = WINDOW) -> float:
     busy = max(0.0, min(float(n), (b1 - b0) / (t1 - t0) * n - own / window))
     queued *= n / (os.cpu_count() or n)  # the machine's queue, our CPUs' part of it
     return max(busy, queued) if busy >= 0.9 * n else busy
-
-
-def _runnable() -> int:
-    """Tasks runnable on the machine now, this one included (/proc/stat's procs_running)."""
-    with open("/proc/stat", "rb") as fh:
-        line = next((ln for ln in fh if ln.startswith(b"procs_running")), b"")
-    return int(line.split()[1])
