@@ -67,7 +67,7 @@ def _cast(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
         if s_name == "float32" and o_name == "bfloat16" and integer_rounding():
             _f32_to_bf16(src, out)
         elif s_name == "bfloat16" and o_name == "float32":  # exact: the bits shifted up
-            np.left_shift(src.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
+            widen_bf16(src.view(np.uint16), out.view(np.uint32))
         elif floating_src and o_name in _DIRECT and s_name not in _DIRECT:
             np.copyto(out, src.astype(np.float32), casting="unsafe")  # torch rounds through fp32
         else:
@@ -76,6 +76,15 @@ def _cast(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
             nan = np.isnan(src)
             if nan.any():
                 _fix_nans(src, out, nan, s_name, o_name)
+
+
+def widen_bf16(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
+    """bf16 bits (uint16) into `out` (uint32 of the same length) as fp32's bits: exact, NaNs keep sign and
+    payload. A widening copy, then a shift in place: both plain SIMD loops (a shift that casts on the way,
+    `left_shift(src, 16, dtype=uint32)`, runs numpy's buffered cast: 1.3x the time at 1 Mi elements here,
+    2.3x at 4 Mi)."""
+    np.copyto(out, src, casting="unsafe")
+    np.left_shift(out, 16, out=out)
 
 
 def integer_rounding() -> bool:
@@ -127,7 +136,7 @@ def _bf16_to_f16(src: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
     for i in range(0, src.shape[0], _BLOCK):
         b = src[i : i + _BLOCK]
         f = t[: b.shape[0]].view(np.float32)
-        np.left_shift(b, 16, out=f.view(np.uint32), dtype=np.uint32)
+        widen_bf16(b, f.view(np.uint32))
         o = out[i : i + _BLOCK]
         with np.errstate(all="ignore"):  # beyond fp16's range is Inf, a value here
             np.copyto(o, f, casting="unsafe")
@@ -181,7 +190,7 @@ def cast_raw(
         return
     if src_dtype == "bfloat16" and out_dtype == "float32":  # bf16 frozen weights and buffers to an fp32
         # output: exact, the bits shifted up (NaNs keep sign and payload, as torch's and `_cast`'s)
-        np.left_shift(src[: n * 2].view(np.uint16), 16, out=out[: n * 4].view(np.uint32), dtype=np.uint32)
+        widen_bf16(src[: n * 2].view(np.uint16), out[: n * 4].view(np.uint32))
         return
     if src_dtype == "bfloat16" and out_dtype == "float16":
         _bf16_to_f16(src[: n * 2].view(np.uint16), out[: n * 2].view(np.float16))

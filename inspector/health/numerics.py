@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from inspector.convert.cast import widen_bf16
 from inspector.format.dtypes import bits_dtype
 from inspector.health.zero_rows import ZeroRows
 
@@ -135,7 +136,7 @@ def widened(x: Array, buf: Buffers) -> Array | None:
     x = bits(x)
     if x.dtype == BF16:  # the bits shifted up: exact, and a plain integer ufunc that releases the GIL
         y = buf.wide[: x.shape[0]]  # (ml_dtypes' casts are legacy user casts, which numpy runs holding it)
-        np.left_shift(x.view(np.uint16), 16, out=y.view(np.uint32), dtype=np.uint32)
+        widen_bf16(x.view(np.uint16), y.view(np.uint32))
         return y
     if x.dtype.itemsize <= 2 and x.dtype.kind in "fV":  # fp16; fp8 (ml_dtypes' types are kind 'V' or 'f')
         y = buf.wide[: x.shape[0]]
@@ -151,7 +152,7 @@ def widen_into(x: Array, out: Array) -> Array:
     if x.dtype != BF16:
         np.copyto(out, x, casting="unsafe")
     elif out.dtype == _F32:
-        np.left_shift(x.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
+        widen_bf16(x.view(np.uint16), out.view(np.uint32))
     else:
         wide = np.left_shift(x.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
         with np.errstate(invalid="ignore"):  # a signalling NaN stays a NaN, quietly

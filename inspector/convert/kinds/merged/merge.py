@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from inspector.convert.cast import cast_into, cast_raw
+from inspector.convert.cast import cast_into, cast_raw, widen_bf16
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
 from inspector.convert.reader import FilePool
@@ -232,7 +232,7 @@ _BF16 = bits_dtype("bfloat16")  # bf16's bits ('V2'): widened and rounded here o
 def _widen(x: np.ndarray, w: np.ndarray) -> None:
     """`x` into the fp32 array `w`, exactly: bf16 by its bits shifted up, anything else by cast.py."""
     if x.dtype == _BF16:
-        np.left_shift(x.view(np.uint16), 16, out=w.view(np.uint32), dtype=np.uint32)
+        widen_bf16(x.view(np.uint16), w.view(np.uint32))
     else:
         cast_into(x, w, threads=1)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from inspector.convert.cast import widen_bf16
 from inspector.convert.job import Writing
 from inspector.convert.kinds.universal.plan import UniFile
 from inspector.convert.kinds.universal.tp_meta import SubparamShape
@@ -151,8 +152,6 @@ def _widen(src: np.ndarray, dtype: str, out: np.ndarray) -> None:
     """16-bit to fp32 exactly, in place in `out` (bf16 is the top half of an fp32; fp16 through numpy's exact
     upcast)."""
     if dtype == "bfloat16":
-        bits = out.view(np.uint32)
-        np.copyto(bits, src)
-        np.left_shift(bits, 16, out=bits)
+        widen_bf16(src, out.view(np.uint32))
     else:
         out[:] = src.view(np.float16)
