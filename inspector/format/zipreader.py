@@ -6,10 +6,13 @@ import os
 import struct
 import zlib
 from collections.abc import Collection, Iterable
+from functools import partial
+from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import Any, NamedTuple
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
+from inspector.format import zipdir
 from inspector.format.container import Container, Window
 from inspector.format.dtypes import ITEMSIZE, itemsize
 from inspector.format.views import StorageRef
@@ -39,6 +42,9 @@ class ZipEntry(NamedTuple):
     size: int
     method: int
     crc: int  # CRC-32 of the member's bytes, from the central directory (torch's local headers carry 0)
+
+
+_ENTRY = partial(tuple.__new__, ZipEntry)  # ZipEntry._make without its Python call
 
 
 class TorchZip(Container):
@@ -133,7 +139,12 @@ class TorchZip(Container):
 
     def _entries(self, cd: bytes, count: int, cd_off: int) -> dict[str, ZipEntry]:
         """The central directory's `count` records, each checked against the file: stored, unique, inside.
-        One unpack per record from the directory read once (a rank file has dozens; a save, thousands)."""
+        One unpack per record from the directory read once (a rank file has dozens; a save, thousands), or
+        all at once where a save's big directories are read in bulk (`zipdir`: the same answer)."""
+        if zipdir.wanted(count) and (cols := zipdir.read(cd, count, cd_off, self.file_size)) is not None:
+            self._bounds = dict(zip(cols.names, cols.ends, strict=True))
+            made = zip(cols.names, cols.offsets, cols.sizes, repeat(0), cols.crcs)  # method 0: stored
+            return dict(zip(cols.names, map(_ENTRY, made)))  # noqa: B905 (as long as the names)
         entries: dict[str, ZipEntry] = {}
         spans: list[tuple[int, int, str]] = []  # (local header offset, name length + size, name)
         unpack, zip64, new, size = _CDIR_RECORD.unpack_from, _ZIP64_ALL.unpack_from, tuple.__new__, self.file_size
@@ -258,7 +269,7 @@ class TorchZip(Container):
                 hint="The file is damaged or was crafted; copy it again from the source.",
             )
         prefix = found[0][: -len("data.pkl")]
-        if sum(map(methodcaller("startswith", prefix), self.entries)) != len(self.entries):
+        if not (min(self.entries).startswith(prefix) and max(self.entries).startswith(prefix)):  # all between do
             raise CorruptFileError(
                 f"{self.shown}: the archive mixes entries of two folders (torch refuses such a file).",
                 hint="The file is damaged or was crafted; copy it again from the source.",
