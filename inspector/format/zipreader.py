@@ -6,10 +6,8 @@ import os
 import struct
 import zlib
 from collections.abc import Collection, Iterable
-from functools import partial
-from itertools import repeat
 from operator import itemgetter, methodcaller
-from typing import Any, NamedTuple
+from typing import Any
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
 from inspector.format import zipdir
@@ -17,6 +15,7 @@ from inspector.format.container import Container, Window
 from inspector.format.dtypes import ITEMSIZE, itemsize
 from inspector.format.views import StorageRef
 from inspector.format.zip64 import zip64_extra
+from inspector.format.zipdir import ZipEntry
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
@@ -30,21 +29,6 @@ _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths
 _ZIP64_ALL = struct.Struct("<HHQQQ")  # a zip64 extra (id 1) first, with all three sizes: what torch writes
 _FIRST = itemgetter(0)
 _MAX_DIRECTORY = 64 << 20  # a torch archive's directory is ~100 bytes per storage: 64 MiB is ~600k storages
-
-
-class ZipEntry(NamedTuple):
-    """One archive member: where its local header is and how big it is (from the central directory). A
-    named tuple: a save's thousands of rank files make tens of thousands, each made at a third of the cost
-    of a frozen dataclass."""
-
-    name: str
-    header_offset: int
-    size: int
-    method: int
-    crc: int  # CRC-32 of the member's bytes, from the central directory (torch's local headers carry 0)
-
-
-_ENTRY = partial(tuple.__new__, ZipEntry)  # ZipEntry._make without its Python call
 
 
 class TorchZip(Container):
@@ -141,10 +125,9 @@ class TorchZip(Container):
         """The central directory's `count` records, each checked against the file: stored, unique, inside.
         One unpack per record from the directory read once (a rank file has dozens; a save, thousands), or
         all at once where a save's big directories are read in bulk (`zipdir`: the same answer)."""
-        if zipdir.wanted(count) and (cols := zipdir.read(cd, count, cd_off, self.file_size)) is not None:
-            self._bounds = dict(zip(cols.names, cols.ends, strict=True))
-            made = zip(cols.names, cols.offsets, cols.sizes, repeat(0), cols.crcs)  # method 0: stored
-            return dict(zip(cols.names, map(_ENTRY, made)))  # noqa: B905 (as long as the names)
+        if zipdir.wanted(count) and (bulk := zipdir.read(cd, count, cd_off, self.file_size)) is not None:
+            self._bounds = bulk[1]
+            return bulk[0]
         entries: dict[str, ZipEntry] = {}
         spans: list[tuple[int, int, str]] = []  # (local header offset, name length + size, name)
         unpack, zip64, new, size = _CDIR_RECORD.unpack_from, _ZIP64_ALL.unpack_from, tuple.__new__, self.file_size
@@ -360,8 +343,12 @@ class TorchZip(Container):
         (`format/replay.py`: dozens a rank file, thousands of files) checked in one loop. A record whose local
         header lies in the page already read is checked here as `storage` checks it (it exists, its header is
         one, it ends inside the file and before the next member, it holds the bytes asked for); any other,
-        and any refusal, goes through `storage` itself, so the words are the same. `wanted`: the keys whose
-        `StorageRef` the caller reads (None: all); the others are checked all the same."""
+        and any refusal, goes through `storage` itself, so the words are the same (a big archive's many, as
+        `zipdir.storages` checks them, the same). `wanted`: the keys whose `StorageRef` the caller reads
+        (None: all); the others are checked all the same."""
+        if (bulk := zipdir.storages(self, requests := list(requests), wanted)) is not None:  # many: at once
+            self._storages.update(bulk)
+            return bulk
         out: dict[str, StorageRef] = {}
         entries, have, bounds, stem = self.entries, self._storages, self._bounds, self.prefix + "data/"
         lengths, sizes = _LOCAL_LENGTHS.unpack_from, ITEMSIZE
