@@ -71,6 +71,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 _DEMO_MAX_RANKS = 8192  # a 4,096-rank run's 8,192 files, and twice that: the scale sweep's largest
+_DEMO_MAX_LAYERS = 1024  # 9 parameters a layer: a rank file of ~9,000 records, several times a 405B model's
 _DEMO_MAX_PARAMS = 100_000_000_000
 
 
@@ -92,6 +93,8 @@ def _demo_spec(args: argparse.Namespace) -> Any:
         raise bad(f"--world-size must be between 1 and {_DEMO_MAX_RANKS}; got {args.world_size}.")
     if args.sub_group_size < 1:
         raise bad(f"--sub-group-size must be positive; got {args.sub_group_size}.")
+    if args.layers is not None and not 1 <= args.layers <= _DEMO_MAX_LAYERS:
+        raise bad(f"--layers must be between 1 and {_DEMO_MAX_LAYERS:,}; got {args.layers}.")
     if args.bf16_optimizer and (args.stage != 1 or args.dtype != "bf16"):
         raise bad("--bf16-optimizer exists only for --stage 1 with --dtype bf16.")
     return DemoSpec(
@@ -103,6 +106,7 @@ def _demo_spec(args: argparse.Namespace) -> Any:
         tied=not args.no_tied,
         bf16_optimizer=args.bf16_optimizer,
         sub_group_size=args.sub_group_size,
+        layers=args.layers,
     )
 
 
@@ -246,6 +250,12 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
         help="approximate parameter count, e.g. 2M, 500M, 1.5B (decimal, as model cards write it)",
     )
     p.add_argument("--sub-group-size", type=int, default=1_000_000_000, help="stage 3 sub-group size")
+    p.add_argument(
+        "--layers",
+        type=int,
+        help="decoder layers, 9 parameters each (default: 2 to 16 by size); a 405B model has 126, so each "
+        "stage-3 rank file holds a record per parameter, ~1,100",
+    )
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
     p.add_argument(
         "--no-frozen", action="store_true", help="no frozen parameters (default: a frozen position table)"

@@ -30,6 +30,7 @@ class DemoSpec:
     sub_group_size: int = 1_000_000_000
     steps: int = 3
     tag: str | None = None
+    layers: int | None = None  # decoder layers (None: 2 to 16 by size); many make a rank file of many records
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Param:
 def architecture(spec: DemoSpec) -> tuple[list[Param], dict[str, str]]:
     """Module-order parameters and buffers, and the tied aliases {alias: owner}."""
     n = spec.params
-    layers = 2 if n < 2_000_000 else 4 if n < 100_000_000 else 8 if n < 2_000_000_000 else 16
+    layers = spec.layers or (2 if n < 2_000_000 else 4 if n < 100_000_000 else 8 if n < 2_000_000_000 else 16)
     vocab = min(50_257, 1_001 + (n // 20_000) * 2)
     max_pos = 129 if spec.frozen else 0
     # 4h^2 (attention) + 3*h*ffn (mlp, ffn ~ 8h/3) per layer, plus embeddings

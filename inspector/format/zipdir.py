@@ -13,8 +13,9 @@ once too (`storages`): every local header read in one span (one read where the l
 ~40 for 1,100 placeholders: round trips on a parallel file system), the loop's checks in numpy, anything
 unusual left to the loop.
 
-numpy is imported only once a process has met `AFTER` such directories (a scan of a few files would pay
-more for the import, ~60 ms, than the bulk read saves) or has imported numpy already.
+numpy is imported only once the loop has read AFTER records in this process (or numpy is imported already,
+as it is for convert and health): the import costs ~70 ms and ~13 MiB, the bulk read saves ~0.4 µs a
+record, so a scan of a few hundred files would lose; AFTER is a quarter of a second of the loop's work.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from inspector.format.views import StorageRef
 
 BULK_RECORDS = 256  # directories (and storages asked of one archive) fewer than this: one by one
 BULK_SPAN = 4 << 20  # the most bytes of local headers read at once for a bulk storage check
-AFTER = 3  # big directories read record by record before numpy is imported for the rest
+AFTER = 200_000  # records of big directories read by the loop before numpy is imported for the rest
 _RECORD = 46  # a directory record's fixed part
-_met = 0
+_ZIP64 = [("id", "<u2"), ("len", "<u2"), ("usize", "<u8"), ("csize", "<u8"), ("hoff", "<u8")]  # torch's extra
+_looped = 0  # records of big directories the loop read in this process
 
 
 class ZipEntry(NamedTuple):
@@ -52,13 +54,15 @@ _ENTRY = partial(tuple.__new__, ZipEntry)  # ZipEntry._make without its Python c
 
 def wanted(count: int) -> bool:
     """Whether a directory of `count` records is read in bulk (see the module docstring)."""
-    global _met
+    global _looped
     if count < BULK_RECORDS:
         return False
     if "numpy" in sys.modules:
         return True
-    _met += 1
-    return _met > AFTER
+    if _looped >= AFTER:
+        return True
+    _looped += count
+    return False
 
 
 def read(cd: bytes, count: int, cd_off: int, file_size: int) -> tuple[dict[str, ZipEntry], dict[str, int]] | None:
@@ -81,11 +85,20 @@ def read(cd: bytes, count: int, cd_off: int, file_size: int) -> tuple[dict[str, 
     after = names_at + f["nlen"] + f["xlen"] + f["clen"]
     if not (np.array_equal(after[:-1], at[1:]) and int(after[-1]) == a.shape[0]):
         return None
+    big = 0xFFFFFFFF
+    csize = f["csize"]
+    wide = (csize == big) & (size == big) & (hoff == big)  # torch's zip64 form: all three in an extra (id 1)
+    if wide.any():  # first, its values used; any other zip64 shape (and a damaged one) is the loop's
+        found = _zip64(a, (names_at + f["nlen"])[wide], f["xlen"][wide], cd_off, file_size)
+        if found is None:
+            return None
+        size, hoff, csize = size.copy(), hoff.copy(), csize.copy()
+        size[wide] = csize[wide] = found[0]
+        hoff[wide] = found[1]
     if (
         f["method"].any()
-        or not np.array_equal(f["csize"], size)
-        or (size == 0xFFFFFFFF).any()  # zip64's sizes and offsets: the loop reads those
-        or (hoff == 0xFFFFFFFF).any()
+        or not np.array_equal(csize, size)
+        or (~wide & ((f["csize"] == big) | (f["usize"] == big) | (f["hoff"] == big))).any()  # the loop's
         or (hoff + 30 > cd_off).any()
         or (size > file_size).any()
     ):
@@ -106,6 +119,23 @@ def read(cd: bytes, count: int, cd_off: int, file_size: int) -> tuple[dict[str, 
     ends[order] = nexts
     made = zip(names, hoff.tolist(), size.tolist(), repeat(0), f["crc"].tolist())  # method 0: stored
     return dict(zip(names, map(_ENTRY, made))), dict(zip(names, ends.tolist()))  # noqa: B905 (all count long)
+
+
+def _zip64(a: Any, at: Any, xlen: Any, cd_off: int, file_size: int) -> tuple[Any, Any] | None:
+    """(sizes, header offsets) from the zip64 extras at `at` (each record's, after its name), as the loop
+    reads torch's: id 1 first, at least 24 bytes, its sizes equal (stored) and inside the file. None for
+    anything else."""
+    import numpy as np
+
+    if (xlen < 28).any():
+        return None
+    x = a[at[:, None] + np.arange(28, dtype=at.dtype)].view(_ZIP64).ravel()
+    usize, csize, hoff = x["usize"], x["csize"], x["hoff"]
+    if (x["id"] != 1).any() or (x["len"] < 24).any() or not np.array_equal(usize, csize):
+        return None
+    if (usize > file_size).any() or (hoff >= cd_off).any():  # in uint64: nothing wraps
+        return None
+    return usize.astype(np.int64), hoff.astype(np.int64)
 
 
 def _dtype() -> Any:

@@ -4,6 +4,7 @@ rank), each command a fresh process measured by wait4: wall, CPU (user + system)
 
     python tests/benchmarks/ranks.py --workdir /tmp/zi-ranks                   # 8 128 1024 4096, 20M
     python tests/benchmarks/ranks.py --ranks 8 1024 --params 2M --append       # rows into results.md
+    python tests/benchmarks/ranks.py --ranks 8 1024 --layers 126                # 405B's records per file
 
 The targets: scan at 1,024 ranks <= 2.5 x the 8-rank scan (linear in files, a small constant per file);
 convert's peak RSS <= 128 MiB at every rank count (memory flat in ranks). Each row says how it compares
@@ -86,13 +87,14 @@ def verdict(r: dict[str, Any], base: dict[str, Any]) -> tuple[float, str]:
     return ratio, "FAIL: " + ", ".join(bad) if bad else "ok"
 
 
-def sweep(workdir: Path, ranks: list[int], params: str) -> list[dict[str, Any]]:
+def sweep(workdir: Path, ranks: list[int], params: str, layers: int | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for ws in ranks:
         ckpt, out = workdir / f"ws{ws}", workdir / f"out{ws}"
         shutil.rmtree(ckpt, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-        demo = run(["demo", str(ckpt), "--stage", "3", "--world-size", str(ws), "--params", params])
+        deep = ["--layers", str(layers)] if layers else []
+        demo = run(["demo", str(ckpt), "--stage", "3", "--world-size", str(ws), "--params", params, *deep])
         if demo[3]:
             raise SystemExit(f"demo at {ws} ranks failed (exit {demo[3]})")
         files = sum(1 for _ in next(p for p in ckpt.iterdir() if p.is_dir()).iterdir())
@@ -142,15 +144,19 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/zi-ranks"))
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 128, 1024, 4096])
     ap.add_argument("--params", default="20M")
+    ap.add_argument(
+        "--layers", type=int, help="decoder layers (default: the demo's, 4 at 20M); 126 makes each rank file hold "
+        "~1,140 records, as a 405B model's stage-3 files do"
+    )
     ap.add_argument("--append", action="store_true", help="append the rows to tests/benchmarks/results.md")
     ap.add_argument("--rows-json", type=Path, help="also write the convert rows here, for fit_preflight.py")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
-    rows = sweep(args.workdir, args.ranks, args.params)
+    rows = sweep(args.workdir, args.ranks, args.params, args.layers)
     if args.rows_json:
         args.rows_json.write_text(json.dumps({"rows": fit_rows(rows)}, indent=1))
-    what = f"ZeRO-3 demo, {args.params} parameters, bf16"
+    what = f"ZeRO-3 demo, {args.params} parameters{f' in {args.layers} layers' if args.layers else ''}, bf16"
     publish("Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43)", what, table(rows, rows[0]), load, args.append)
 
 
