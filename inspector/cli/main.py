@@ -71,7 +71,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 _DEMO_MAX_RANKS = 8192  # a 4,096-rank run's 8,192 files, and twice that: the scale sweep's largest
-_DEMO_MAX_LAYERS = 1024  # 9 parameters a layer: a rank file of ~9,000 records, several times a 405B model's
+_DEMO_MAX_LAYERS = 1024  # 10 parameters a layer: a rank file of ~10,000 records, 8x a 405B model's
 _DEMO_MAX_PARAMS = 100_000_000_000
 
 
@@ -253,8 +253,8 @@ def _demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers",
         type=int,
-        help="decoder layers, 9 parameters each (default: 2 to 16 by size); a 405B model has 126, so each "
-        "stage-3 rank file holds a record per parameter, ~1,100",
+        help="decoder layers, 10 parameters each (default: 2 to 16 by size); a 405B model has 126: each "
+        "stage-3 rank file then holds a record per parameter, ~1,270",
     )
     p.add_argument("--bf16-optimizer", action="store_true", help="stage 1 BF16_Optimizer layout")
     p.add_argument(

@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--params", default="20M")
     ap.add_argument(
         "--layers", type=int, help="decoder layers (default: the demo's, 4 at 20M); 126 makes each rank file hold "
-        "~1,140 records, as a 405B model's stage-3 files do"
+        "~1,270 records, as a 405B model's stage-3 files hold ~1,140"
     )
     ap.add_argument("--append", action="store_true", help="append the rows to tests/benchmarks/results.md")
     ap.add_argument("--rows-json", type=Path, help="also write the convert rows here, for fit_preflight.py")

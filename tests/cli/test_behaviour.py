@@ -83,6 +83,8 @@ def test_damaged_is_exit_1_for_every_command(
         (("--world-size", "-2"), "--world-size must be between 1 and 8192; got -2"),
         (("--world-size", "8193"), "--world-size must be between 1 and 8192; got 8193"),
         (("--sub-group-size", "0"), "--sub-group-size must be positive"),
+        (("--layers", "0"), "--layers must be between 1 and 1,024; got 0"),
+        (("--layers", "1025"), "--layers must be between 1 and 1,024; got 1025"),
         (("--bf16-optimizer", "--stage", "2"), "--bf16-optimizer exists only for --stage 1"),
     ],
 )
