@@ -57,7 +57,7 @@ from inspector.scan.model import (
     Severity,
     TensorInfo,
 )
-from inspector.scan.parallel_checks import copy_is_not_cast, differing_copies
+from inspector.scan.parallel_checks import CopyChecks
 
 _EP_NAME = re.compile(r"^ep_size_(\d+)$")
 _WORDS = "this MoE checkpoint without ZeRO (its optimizer files are expp_rank_E_…)"
@@ -78,11 +78,16 @@ class _Zero0:
         self.groups_rank: dict[int, int] = {}  # optimizer group -> the expert-parallel rank holding it
         self.group_size: dict[int, int] = {}  # expert group -> its expert-parallel size
         self.sizes: set[int] = set()  # the expert-parallel sizes the groups name
+        self.copies = CopyChecks(loc.source)  # the copies' reads: each file opened once, closed by `build`
 
     def add(self, code: str, message: str, file: str | None = None, hint: str = _HINT) -> None:
         self.findings.append(Finding(Severity.ERROR, code, message, file, hint))
 
     def build(self, trees: dict[str, Any]) -> Checkpoint:
+        with self.copies:
+            return self._build(trees)
+
+    def _build(self, trees: dict[str, Any]) -> Checkpoint:
         tree = tree_at(trees, self.f.model, self.loc.source)
         model = ModelStates.parse(tree, self.f.model)
         dims = ParallelDims.parse(tree, self.f.model)
@@ -239,7 +244,7 @@ class _Zero0:
                 if p.master is None:
                     return  # fp32: the replicas keep moments only; the weights are written once
                 other = TensorInfo(t.name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master))
-                if differing_copies(t, other, self.loc.source):
+                if self.copies.differ(t, other):
                     self.add(
                         "replica-differ",
                         f"The fp32 master of {t.name} differs between expert-parallel ranks' optimizer files: "
@@ -291,7 +296,7 @@ class _Zero0:
             )
         t = TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master), None, group, moments)
         t = with_copy(t, ref)
-        return None if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.loc.source) else t
+        return None if not t.module_copy or self.copies.not_cast(t, t.module_copy) else t
 
     def _rest(self, model: ModelStates, named: set[str]) -> list[TensorInfo]:
         """Buffers, and (with every master named) frozen module tensors, from the model states."""

@@ -49,7 +49,7 @@ from inspector.scan.model import (
     Severity,
     TensorInfo,
 )
-from inspector.scan.parallel_checks import differing_copies
+from inspector.scan.parallel_checks import CopyChecks
 from inspector.system.bytesource import ByteSource
 
 
@@ -264,18 +264,18 @@ class Pipeline:
                         rgs,
                     )
                 )
-        for name, others in copies.items():
-            for s, t in others:
-                if differing_copies(trainable[name], t, self.source):
-                    self.add(
-                        Severity.ERROR,
-                        "tied-differ",
-                        f"The tied weight {name} differs between stage "
-                        f"{_stage_of(trainable[name], self.stages)} and stage {s}: DeepSpeed keeps every "
-                        "stage's copy equal, so one of the files is damaged or from another save.",
-                        self.loc.tag_dir,
-                        "Restore the tag folder from one save.",
-                    )
+        with CopyChecks(self.source) as checks:  # each file opened once for every tied weight's copies
+            differ = [(n, s) for n, others in copies.items() for s, t in others if checks.differ(trainable[n], t)]
+        for name, s in differ:
+            self.add(
+                Severity.ERROR,
+                "tied-differ",
+                f"The tied weight {name} differs between stage "
+                f"{_stage_of(trainable[name], self.stages)} and stage {s}: DeepSpeed keeps every "
+                "stage's copy equal, so one of the files is damaged or from another save.",
+                self.loc.tag_dir,
+                "Restore the tag folder from one save.",
+            )
         return self._with_layer_files(trainable, buffers, layer_files), groups, ranks
 
     def _with_layer_files(

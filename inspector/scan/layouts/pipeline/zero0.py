@@ -25,7 +25,7 @@ from inspector.scan.layout import Layout
 from inspector.scan.layouts.pipeline.files import Stage
 from inspector.scan.layouts.pipeline.names import with_copy
 from inspector.scan.model import Finding, GroupInfo, Kind, RankGroup, Segment, Severity, TensorInfo
-from inspector.scan.parallel_checks import copy_is_not_cast
+from inspector.scan.parallel_checks import CopyChecks
 from inspector.system.bytesource import ByteSource
 
 Cut = Callable[[tuple[int, ...]], UnfusedParam | None]  # the next master, cut to a candidate's shape
@@ -73,7 +73,7 @@ class StageMasters:
         if p.master.shape != ref.shape or p.master.dtype != "float32":
             return None
         t = with_copy(TensorInfo(name, p.master.shape, "float32", Kind.TRAINABLE, _segs(p.master)), ref)
-        if not t.module_copy or copy_is_not_cast(t, t.module_copy, self.source):
+        if not t.module_copy or self._copies.not_cast(t, t.module_copy):
             return None
         return t
 
@@ -135,7 +135,12 @@ class StageMasters:
     def stage(self, s: int, unfused: UnfusedFp16) -> Layout | None:
         """Stage `s`'s masters named, as a layout of its optimizer groups; None after a refusal. Per-parameter
         masters (or fp32 moments) are taken in turn; FP16_Optimizer's flat block is cut at a cursor, each
-        candidate's shape giving the cut, so a piece is named only when its 16-bit copy proves it."""
+        candidate's shape giving the cut, so a piece is named only when its 16-bit copy proves it (the
+        copies read through one `CopyChecks` a stage: each file opened once)."""
+        with CopyChecks(self.source) as self._copies:
+            return self._stage(s, unfused)
+
+    def _stage(self, s: int, unfused: UnfusedFp16) -> Layout | None:
         if self.failed:
             return None
         out: dict[str, TensorInfo] = {}

@@ -38,7 +38,7 @@ from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.tensor.join import Refused, layout_of, records_differ, stored_shape, with_joined
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
-from inspector.scan.parallel_checks import differing_copies
+from inspector.scan.parallel_checks import CopyChecks
 from inspector.scan.tensor_lay import lay
 from inspector.scan.tp_rules import SPLIT_RULES
 from inspector.text import shown
@@ -164,12 +164,11 @@ def join_shards(
             )
         )
         return [], None
-    if (
-        (recipe is None or recipe.regex) and tp_split and complete
-    ):  # a record we cannot read: the user's split
+    if (recipe is None or recipe.regex) and tp_split and complete:  # a record we cannot read: the user's split
         recipe = _user_recipe(scanned[0], tp_split, findings, model0)
         complete = recipe is not None
-    return (_join(scanned, recipe, findings, loc), recipe) if complete else ([], None)
+    with CopyChecks(loc.source) as copies:  # replicated tensors compared: each file opened once, not per tensor
+        return (_join(scanned, recipe, findings, loc, copies), recipe) if complete else ([], None)
 
 
 def _model_file(files: RankFiles) -> str | None:
@@ -268,7 +267,7 @@ def _shard(loc: Location, files: RankFiles, trees: dict[str, Any]) -> Checkpoint
 
 
 def _join(
-    shards: Mapping[int, Checkpoint], recipe: TpRecipe | None, findings: list[Finding], loc: Location
+    shards: Mapping[int, Checkpoint], recipe: TpRecipe | None, findings: list[Finding], loc: Location, copies: CopyChecks
 ) -> list[TensorInfo]:
     """One tensor per name from every shard's piece, by the recorded rule; what is not recorded: a finding."""
     model0 = shards[0].files[-1].path if shards[0].files else loc.tag_dir
@@ -302,7 +301,7 @@ def _join(
             findings.append(Finding(Severity.ERROR, "tp-unsupported", message, model0))
             continue
         try:
-            out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, loc))
+            out.append(_joined(t0, [c.tensor(t0.name) for c in parts], rule, recipe, copies))
         except InspectorError as exc:
             code = exc.code if isinstance(exc, Refused) else "tp-mismatch"
             findings.append(Finding(Severity.ERROR, code, exc.message, model0, exc.hint))
@@ -369,7 +368,7 @@ def _resolve_aliases(out: list[TensorInfo]) -> list[TensorInfo]:
 
 
 def _joined(
-    t0: TensorInfo, pieces: list[TensorInfo], rule: str, recipe: TpRecipe, loc: Location
+    t0: TensorInfo, pieces: list[TensorInfo], rule: str, recipe: TpRecipe, copies: CopyChecks
 ) -> TensorInfo:
     if rule == "alias" or t0.kind is Kind.BUFFER:
         return t0
@@ -386,7 +385,7 @@ def _joined(
         )
     if len({(b.start, b.shape) for b in layout.blocks}) == 1 and len(pieces) > 1:  # whole on every shard
         for i, p in enumerate(pieces[1:], 1):
-            if differing_copies(t0, p, loc.source):
+            if copies.differ(t0, p):
                 raise InspectorError(
                     f"{t0.name} is recorded as replicated, but tensor-parallel shard {i}'s copy "
                     "differs from shard 0's.",

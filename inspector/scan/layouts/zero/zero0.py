@@ -42,7 +42,7 @@ from inspector.scan.model import (
     Severity,
     TensorInfo,
 )
-from inspector.scan.parallel_checks import copy_is_not_cast
+from inspector.scan.parallel_checks import CopyChecks
 
 _HINT = (
     "Save with ZeRO stage 1 or 2, whose optimizer files name every parameter; the module holds the weights."
@@ -148,6 +148,14 @@ def _unfused(
             f"The optimizer holds {len(masters)} unnamed fp32 masters for {len(params)} module parameters "
             "(frozen parameters?), so they cannot be matched to names by order safely.",
         )
+    with CopyChecks(loc.source) as copies:  # each file opened once for every copy's proof
+        return _proved(masters, params, findings, opt, copies)
+
+
+def _proved(
+    masters: list[tuple[int, UnfusedParam]], params: Named, findings: list[Finding], opt: UnfusedFp16, copies: CopyChecks
+) -> tuple[list[TensorInfo], list[GroupInfo]]:
+    """The masters named in order, each proven by its shapes and its copy (`_unfused`)."""
     out: list[TensorInfo] = []
     for (g, p), (name, ref) in zip(masters, params, strict=True):
         moments = tuple((m, _segs(v)) for m, v in (p.moments or {}).items())
@@ -157,7 +165,7 @@ def _unfused(
         wrong_shape = master.shape != ref.shape or any(
             v.shape != ref.shape for v in (p.moments or {}).values()
         )
-        if wrong_shape or not t.module_copy or copy_is_not_cast(t, t.module_copy, loc.source):
+        if wrong_shape or not t.module_copy or copies.not_cast(t, t.module_copy):
             return _refuse(
                 findings,
                 opt.file,
@@ -227,8 +235,8 @@ def _record(
         step = item(first.step) if first else None
     else:
         assert torch_opt is not None
-        steps = [item(s) for _, s in torch_opt.moments.values()]
-        step = steps[0] if steps else None
+        first_moments = next(iter(torch_opt.moments.values()), None)  # the first's counter: each read opens
+        step = item(first_moments[1]) if first_moments else None  # its file (it was every parameter's)
     return record(
         loc,
         model,
