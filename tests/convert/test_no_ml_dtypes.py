@@ -2,8 +2,8 @@
 of a bf16 checkpoint import no ml_dtypes (#43): its import alone costs ~0.7 CPU-seconds, more than converting
 a small model. bf16 frozen weights to an fp32 or fp16 output are cast on the bits (`cast.cast_raw`), verify
 rebuilds them with its own integer arithmetic, preflight times the converter's own raw cast, a merge widens
-and rounds bf16 on the bits. (A merged output's verify still imports it, for `finfo`.) The subprocess
-pattern is tests/test_import_hygiene.py's."""
+and rounds bf16 on the bits, and a merged output's verify widens it on the bits and knows its finfo. The
+subprocess pattern is tests/test_import_hygiene.py's."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ _RUN = """
 import contextlib, io, json, sys
 from inspector.cli.main import main
 ck, lora, out = sys.argv[1:4]
+base = lora + "/../base"
 rcs = []
 for argv in (["scan", ck], ["preflight", ck, "--out", out + "/p"],
              ["convert", ck, out + "/f32", "--dtype", "fp32"], ["verify", ck, out + "/f32"],
@@ -28,7 +29,8 @@ for argv in (["scan", ck], ["preflight", ck, "--out", out + "/p"],
              ["convert", ck, out + "/bf16"], ["verify", ck, out + "/bf16"],
              ["convert", ck, out + "/u", "--format", "universal"],
              ["convert", lora, out + "/a", "--format", "adapter"], ["verify", lora, out + "/a"],
-             ["convert", lora, out + "/m", "--format", "merged", "--base", lora + "/../base"]):
+             ["convert", lora, out + "/m", "--format", "merged", "--base", base, "--dtype", "bf16"],
+             ["verify", lora, out + "/m", "--base", base]):
     with contextlib.redirect_stdout(io.StringIO()):
         rcs.append(main(argv))
 print(json.dumps({"rcs": rcs, "ml_dtypes": "ml_dtypes" in sys.modules}))
@@ -45,6 +47,6 @@ def test_bf16_checkpoint_commands_import_no_ml_dtypes(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.splitlines()[-1])
-    assert got["rcs"] == [0] * 12, got["rcs"]  # every command ran, verify found every byte right
+    assert got["rcs"] == [0] * 13, got["rcs"]  # every command ran, verify found every byte right
     assert got["ml_dtypes"] is False
     assert all((tmp_path / "out" / d).is_dir() for d in ("f16", "a", "m"))

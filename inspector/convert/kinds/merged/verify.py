@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from inspector.convert.cast import widen_bf16
 from inspector.convert.kinds.merged.merge import BASE_KEY, Merge, base_record, build_merged_plan
 from inspector.convert.options import ConvertOptions
 from inspector.convert.reader import FilePool
 from inspector.convert.verify import VerifyProgress, VerifyResult, expected_bytes, output_files
 from inspector.errors import CancelledError, InspectorError
-from inspector.format.dtypes import itemsize, numpy_dtype
+from inspector.format.dtypes import bits_dtype, itemsize, numpy_dtype
 from inspector.parse.safetensors import read_header
 from inspector.remote.roots import source_at
 from inspector.scan.basemodel import BaseModelError, read_base_model, resolve_base
@@ -67,13 +68,25 @@ def _base_folder(recorded: str | dict[str, Any] | None, base: str | None, adapte
 
 
 def _read(pool: FilePool, segs: tuple[Segment, ...] | list[Segment], dtype: str) -> np.ndarray[Any, Any]:
+    """The segments' bytes, as stored (bf16 as its bits)."""
     n = sum(s.numel for s in segs)
     buf = np.empty(n * itemsize(dtype), np.uint8)
     pos = 0
     for s in segs:
         pool.read_into(s.file, s.offset, buf.data[pos : pos + s.nbytes])
         pos += s.nbytes
-    return buf.view(numpy_dtype(dtype))
+    return buf.view(bits_dtype(dtype))
+
+
+def _values(raw: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
+    """Bytes of `dtype` as numbers numpy computes on: bf16 widened to fp32 on its bits (exact; no ml_dtypes,
+    ~0.9 CPU-s to import), numpy's own floats as they are, fp8 through ml_dtypes' types (imported then)."""
+    raw = raw.view(np.uint8)
+    if dtype == "bfloat16":
+        wide = np.empty(raw.shape[0] // 2, np.uint32)
+        widen_bf16(raw.view(np.uint16), wide)
+        return wide.view(np.float32)
+    return raw.view(numpy_dtype(dtype))
 
 
 def _rows(segments: tuple[Segment, ...], start: int, count: int) -> list[Segment]:
@@ -90,12 +103,23 @@ def _rows(segments: tuple[Segment, ...], start: int, count: int) -> list[Segment
 
 def _ulp(x: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
     """One unit in the last place of `dtype` at each |x| (its smallest subnormal below the normal range)."""
-    import ml_dtypes  # ~0.9 CPU-s to import: only a merged output's verify needs its finfo
+    nmant, normal, tiny = _finfo(dtype)
+    e = np.floor(np.log2(np.maximum(np.abs(x), normal)))
+    return np.maximum(2.0 ** (e - nmant), tiny)
 
-    info = ml_dtypes.finfo(numpy_dtype(dtype))
-    tiny = float(info.smallest_subnormal)
-    e = np.floor(np.log2(np.maximum(np.abs(x), float(info.smallest_normal))))
-    return np.maximum(2.0 ** (e - info.nmant), tiny)
+
+def _finfo(dtype: str) -> tuple[int, float, float]:
+    """(mantissa bits, smallest normal, smallest subnormal) of a float dtype: bf16's written here (its
+    exponent is fp32's, 7 mantissa bits), numpy's own from np.finfo, fp8's from ml_dtypes (imported then)."""
+    if dtype == "bfloat16":
+        return 7, 2.0**-126, 2.0**-133
+    if dtype in ("float16", "float32", "float64"):
+        info = np.finfo(numpy_dtype(dtype))
+    else:
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(numpy_dtype(dtype))
+    return int(info.nmant), float(info.smallest_normal), float(info.smallest_subnormal)
 
 
 def _merged_ok(
@@ -109,8 +133,9 @@ def _merged_ok(
     out_dtype: str,
     cancel: threading.Event | None,
 ) -> bool:
-    a = _read(pool, m.a.segments, m.a.segments[0].dtype).astype(np.float64).reshape(m.a.shape)
-    b = _read(pool, m.b.segments, m.b.segments[0].dtype).astype(np.float64).reshape(m.b.shape)
+    a = _values(_read(pool, m.a.segments, m.a.segments[0].dtype), m.a.segments[0].dtype)
+    b = _values(_read(pool, m.b.segments, m.b.segments[0].dtype), m.b.segments[0].dtype)
+    a, b = a.astype(np.float64).reshape(m.a.shape), b.astype(np.float64).reshape(m.b.shape)
     rows_total, cols = shape
     step = max(1, _ROWS_ELEMS // max(cols, 1))
     r = m.a.shape[0]  # LoRA rank: A is (r, in)
@@ -121,7 +146,8 @@ def _merged_ok(
             raise CancelledError("Verification cancelled.")
         end = min(rows_total, row + step)
         n = (end - row) * cols
-        w = _read(pool, _rows(w_segs, row * cols, n), src_dtype).astype(np.float64).reshape(-1, cols)
+        w = _values(_read(pool, _rows(w_segs, row * cols, n), src_dtype), src_dtype)
+        w = w.astype(np.float64).reshape(-1, cols)
         if m.transposed:
             delta, mag = a[:, row:end].T @ b.T, np.abs(a[:, row:end].T) @ np.abs(b.T)
         else:
@@ -129,7 +155,7 @@ def _merged_ok(
         ref = w + m.scale * delta
         raw = np.empty(n * osz, np.uint8)
         pool.read_into(out_path, out_off + row * cols * osz, raw.data)
-        got = raw.view(numpy_dtype(out_dtype)).astype(np.float64).reshape(-1, cols)
+        got = _values(raw, out_dtype).astype(np.float64).reshape(-1, cols)
         tol = _ulp(ref, out_dtype) + slack * (np.abs(w) + abs(m.scale) * mag)
         if not (np.abs(got - ref) <= tol).all():
             return False
