@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
@@ -25,12 +24,12 @@ import numpy as np
 from inspector.convert.cast import cast_into, cast_raw, widen_bf16
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import META_KEY, ConversionPlan, PlannedTensor, build_plan
-from inspector.convert.reader import FilePool
+from inspector.convert.reader import FilePool, read_bits
 from inspector.errors import InspectorError
-from inspector.format.dtypes import DTYPES, bits_dtype, itemsize
+from inspector.format.dtypes import DTYPES, bits_dtype
 from inspector.remote.roots import source_at
 from inspector.scan.basemodel import BaseModel, BaseModelError, base_source, read_base_model, resolve_base
-from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.scan.peft import Adapter, is_lora, plain_name, require_mergeable
 
 if TYPE_CHECKING:
@@ -206,19 +205,8 @@ def _scales(adapter: Adapter) -> str:
     return ", ".join(f"{v:g}" for v in values[:4]) + f"; {how}"
 
 
-def _read(pool: FilePool, segments: Sequence[Segment], dtype: str) -> np.ndarray:
-    n = sum(s.numel for s in segments)
-    buf = np.empty(n * itemsize(dtype), dtype=np.uint8)
-    view = buf.data
-    pos = 0
-    for s in segments:
-        pool.read_into(s.file, s.offset, view[pos : pos + s.nbytes])
-        pos += s.nbytes
-    return buf.view(bits_dtype(dtype))
-
-
 def _as_f32(pool: FilePool, t: TensorInfo) -> np.ndarray:
-    x = _read(pool, t.segments, t.segments[0].dtype if t.segments else t.dtype)
+    x = read_bits(pool, t.segments, t.segments[0].dtype if t.segments else t.dtype)
     if x.dtype != _BF16:
         return x.astype(np.float32).reshape(t.shape)
     w = np.empty(x.shape[0], np.float32)

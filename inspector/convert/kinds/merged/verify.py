@@ -21,10 +21,10 @@ import numpy as np
 from inspector.convert.cast import widen_bf16
 from inspector.convert.kinds.merged.merge import BASE_KEY, Merge, base_record, build_merged_plan
 from inspector.convert.options import ConvertOptions
-from inspector.convert.reader import FilePool
+from inspector.convert.reader import FilePool, read_bits
 from inspector.convert.verify import VerifyProgress, VerifyResult, expected_bytes, output_files
 from inspector.errors import CancelledError, InspectorError
-from inspector.format.dtypes import bits_dtype, itemsize, numpy_dtype
+from inspector.format.dtypes import itemsize, numpy_dtype
 from inspector.parse.safetensors import read_header
 from inspector.remote.roots import source_at
 from inspector.scan.basemodel import BaseModelError, read_base_model, resolve_base
@@ -65,17 +65,6 @@ def _base_folder(recorded: str | dict[str, Any] | None, base: str | None, adapte
             hint="Pass the base the merge used with --base DIR.",
         )
     return folder
-
-
-def _read(pool: FilePool, segs: tuple[Segment, ...] | list[Segment], dtype: str) -> np.ndarray[Any, Any]:
-    """The segments' bytes, as stored (bf16 as its bits)."""
-    n = sum(s.numel for s in segs)
-    buf = np.empty(n * itemsize(dtype), np.uint8)
-    pos = 0
-    for s in segs:
-        pool.read_into(s.file, s.offset, buf.data[pos : pos + s.nbytes])
-        pos += s.nbytes
-    return buf.view(bits_dtype(dtype))
 
 
 def _values(raw: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
@@ -133,8 +122,8 @@ def _merged_ok(
     out_dtype: str,
     cancel: threading.Event | None,
 ) -> bool:
-    a = _values(_read(pool, m.a.segments, m.a.segments[0].dtype), m.a.segments[0].dtype)
-    b = _values(_read(pool, m.b.segments, m.b.segments[0].dtype), m.b.segments[0].dtype)
+    a = _values(read_bits(pool, m.a.segments, m.a.segments[0].dtype), m.a.segments[0].dtype)
+    b = _values(read_bits(pool, m.b.segments, m.b.segments[0].dtype), m.b.segments[0].dtype)
     a, b = a.astype(np.float64).reshape(m.a.shape), b.astype(np.float64).reshape(m.b.shape)
     rows_total, cols = shape
     step = max(1, _ROWS_ELEMS // max(cols, 1))
@@ -146,7 +135,7 @@ def _merged_ok(
             raise CancelledError("Verification cancelled.")
         end = min(rows_total, row + step)
         n = (end - row) * cols
-        w = _values(_read(pool, _rows(w_segs, row * cols, n), src_dtype), src_dtype)
+        w = _values(read_bits(pool, _rows(w_segs, row * cols, n), src_dtype), src_dtype)
         w = w.astype(np.float64).reshape(-1, cols)
         if m.transposed:
             delta, mag = a[:, row:end].T @ b.T, np.abs(a[:, row:end].T) @ np.abs(b.T)
@@ -169,7 +158,7 @@ def _plain_ok(
     numel = sum(s.numel for s in segs)
     while pos < numel:
         n = min(_ROWS_ELEMS, numel - pos)
-        src = _read(pool, _rows(segs, pos, n), src_dtype)
+        src = read_bits(pool, _rows(segs, pos, n), src_dtype)
         raw = np.empty(n * osz, np.uint8)
         pool.read_into(out_path, out_off + pos * osz, raw.data)
         if not np.array_equal(raw, expected_bytes(src, src_dtype, out_dtype)):
