@@ -20,6 +20,7 @@ record, so a scan of a few hundred files would lose; AFTER is a quarter of a sec
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Collection
 from functools import partial
@@ -138,8 +139,10 @@ def _zip64(a: Any, at: Any, xlen: Any, cd_off: int, file_size: int) -> tuple[Any
     return usize.astype(np.int64), hoff.astype(np.int64)
 
 
+@functools.cache
 def _dtype() -> Any:
-    """A directory record's fixed part as numpy reads it: the fields the archive's reading needs."""
+    """A directory record's fixed part as numpy reads it: the fields the archive's reading needs (made once,
+    not once a file)."""
     import numpy as np
 
     fields = {
