@@ -34,6 +34,7 @@ import numpy as np
 from inspector.convert.cast import cast_raw
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
+from inspector.convert.stripes import Stripe, fill_gaps, gather, runs, stripe_reads, typed_bits
 from inspector.errors import CancelledError
 from inspector.format.dtypes import bits_dtype, itemsize
 from inspector.scan.model import Segment
@@ -230,13 +231,49 @@ def _work(
             io.pools[1].put(out)
 
 
+def _work_stripe(io: _ShardIO, st: Stripe, pos: int, src: np.ndarray, out: np.ndarray | None) -> None:
+    """One worker's stripe (`convert/stripes.py`): a window of every rank's flat tensor read into `src` as
+    rows, cast as rows into `out` when the dtype changes, each tensor gathered back to back (into `src`
+    once cast, else into its second half) and written at `pos`. The buffers go back whatever happens."""
+    try:
+        if io.stop.is_set() or io.cancel.is_set():
+            return
+        view = memoryview(src)  # type: ignore[arg-type]  # a uint8 array
+        io.files.read_runs([(f, off, view[at : at + n]) for f, off, at, n in stripe_reads(st)])
+        fill_gaps(st, src)
+        first, n = st.tensors[0], st.numel
+        if out is not None:
+            cast_raw(src, first.src_dtype, out, first.out_dtype, st.rows)
+            rows, dst = typed_bits(out, first.out_dtype, st.rows), typed_bits(src, first.out_dtype, n)
+        else:
+            used = st.rows * itemsize(first.src_dtype)
+            rows, dst = typed_bits(src, first.src_dtype, st.rows), typed_bits(src[used:], first.src_dtype, n)
+        gather(st, rows, dst)
+        nbytes = n * itemsize(first.out_dtype)
+        _pwrite_all(io.fd, memoryview(dst.view(np.uint8))[:nbytes], pos)  # type: ignore[arg-type]
+        io.count(nbytes, st.tensors[-1].name)
+    except BaseException as exc:
+        io.fail(exc)
+    finally:
+        io.pools[0].put(src)
+        if out is not None:
+            io.pools[1].put(out)
+
+
 def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: ThreadPoolExecutor) -> None:
     """Walk the shard's chunks in file order, each to a worker with its buffers (waiting for them bounds
-    what is in flight)."""
+    what is in flight); runs of small stage-3 parameters go as stripes (none where tensors are computed)."""
     shard = plan.shards[index]
     kernel = _KernelCopy()
     try:
-        for t in shard.tensors:
+        for t in runs(shard, limit) if io.math is None else shard.tensors:
+            if isinstance(t, Stripe):
+                src = _take(io.pools[0], io.stop)
+                out = _take(io.pools[1], io.stop) if t.cast else None
+                if src is None or (t.cast and out is None):
+                    return
+                ex.submit(_work_stripe, io, t, len(shard.header) + t.tensors[0].offset, src, out)
+                continue
             pos, start = len(shard.header) + t.offset, 0
             osz = itemsize(t.out_dtype)
             cast = t.src_dtype != t.out_dtype

@@ -20,7 +20,7 @@ from typing import Any
 from inspector.convert.plan import ConversionPlan
 from inspector.convert.root import refuses_new_entries
 from inspector.scan.model import Kind, Runs, Segment
-from inspector.scan.slices import RankSlices
+from inspector.scan.slices import RankSlices, segments_files
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 from inspector.system.units import format_bytes
 
@@ -169,11 +169,11 @@ def convert_seconds(plan: ConversionPlan, output_bytes: int) -> float:
     from collections import Counter
 
     from inspector.convert.calibrate import Work, calibrated_seconds
-    from inspector.convert.pipeline import plan_threads, shards_at_once
-    from inspector.convert.reader import reads_of
+    from inspector.convert.pipeline import plan_threads, pool_plan, shards_at_once
+    from inspector.convert.stripes import plan_reads
 
     tensors = [t for s in plan.shards for t in s.tensors]
-    reads, ranges = reads_of(seg for t in tensors for seg in t.segments)
+    reads, ranges = plan_reads(plan, pool_plan(plan, plan_threads(plan))[1])  # as the pipeline reads
     casts = Counter({(t.src_dtype, t.out_dtype): t.numel for t in tensors if t.src_dtype != t.out_dtype})
     pair = casts.most_common(1)[0][0] if casts else ("float32", "bfloat16")
     copied = sum(t.nbytes for t in tensors if t.src_dtype == t.out_dtype)
@@ -213,7 +213,7 @@ def kept_records(segments: Sequence[Segment]) -> int:
 def converter_baseline(plan: ConversionPlan) -> tuple[int, int]:
     """(RSS, VMS) of a fresh converter process once it has scanned and planned, before its buffers."""
     segments = sum(kept_records(t.segments) for s in plan.shards for t in s.tensors)
-    files = len({seg.file for s in plan.shards for t in s.tensors for seg in t.segments})
+    files = len({f for s in plan.shards for t in s.tensors for f in segments_files(t.segments)})
     return converter_base(segments, plan.tensor_count, files, sum(len(s.header) for s in plan.shards))
 
 

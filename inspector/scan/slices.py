@@ -92,3 +92,10 @@ def segments_nbytes(segments: Sequence[Segment]) -> int:
     if isinstance(segments, RankSlices):
         return min(segments.numel, len(segments) * segments.part) * segments.starts.itemsize if len(segments) else 0
     return sum(s.nbytes for s in segments)
+
+
+def segments_files(segments: Sequence[Segment]) -> Iterator[str]:
+    """The files a tensor's segments read (repeats possible): a `RankSlices`' from its rank table."""
+    if isinstance(segments, RankSlices):
+        return iter(segments.starts.files[: len(segments)])
+    return (s.file for s in segments)

@@ -1,0 +1,233 @@
+"""Stage-3 parameters whose per-rank slices are small, read a window of every rank's flat tensor at a time.
+
+Under ZeRO-3 each parameter is a slice of every rank's flat tensor (`scan.slices.RankSlices`), so a chunk
+of one parameter is one read a rank. A model with many small parameters saved by many ranks (1,024 ranks x
+1,262 parameters: 1.3 M reads of ~15 elements) spent its time on those calls, not its bytes. Parameters
+that follow each other in the output are also neighbours in the ranks' flat tensors (both are in module
+order), so a run of them is read as one window of each rank's flat tensor, one read a rank, into one pool
+buffer laid out as rows (`Stripe`), then each parameter is gathered from the rows in two numpy copies.
+
+A rank's read starts at its first slice of the run and ends after its last (`Window.begins`, `.ends`): the
+bytes between are those of one flat tensor, which the scan proved holds every slice (a sub-group's storage
+covers [0, its length) on every rank). Nothing outside a rank's own slices is read, so a rank that holds only
+a short tail reads no further than the path through segments would.
+
+The buffer is a source buffer of the pools (the plan's one budget): rows take all of it when the dtype
+changes (cast into the output buffer as rows, gathered back into the source buffer, written from there), half
+when it does not (gathered into the other half). A run keeps to one (source, output) dtype pair, and a
+window spans at most DENSE times the elements its parameters take, so an unusual order (names sorted
+against the module order) never reads much that it does not use: it only makes runs of one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
+from inspector.format.dtypes import bits_dtype, itemsize
+from inspector.scan.slices import RankSlices, RankStarts
+
+SMALL_SLICE = 64 << 10  # bytes of one rank's slice below which a parameter is read in a stripe
+DENSE = 2  # a window spans at most this many times the elements its parameters take from it
+
+
+@dataclass
+class Window:
+    """The rows of one rank table (`RankStarts`) a stripe reads: rank r's elements [begins[r], ends[r]) of its
+    flat tensor (its slices of the run and what lies between them) at column begins[r] - first of row r,
+    for the ranks r < len(ends), at element `at` of the stripe's rows, `width` elements a row."""
+
+    starts: RankStarts
+    first: int
+    width: int
+    begins: np.ndarray[Any, Any]  # int64, one a rank that holds a slice of the run
+    ends: np.ndarray[Any, Any]
+    used: int  # elements the run's parameters take from these rows
+    at: int = 0
+
+    @property
+    def elems(self) -> int:
+        return len(self.ends) * self.width
+
+
+@dataclass
+class Stripe:
+    """A run of consecutive output tensors read as windows (`Window`) of the ranks' flat tensors."""
+
+    tensors: list[PlannedTensor]
+    windows: list[Window]
+    cast: bool
+
+    @property
+    def rows(self) -> int:
+        return sum(w.elems for w in self.windows)
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+
+def small(t: PlannedTensor) -> bool:
+    """Whether `t` is read in a stripe: a stage-3 parameter whose slices are small, in its slices' dtype."""
+    s = t.segments
+    return (
+        isinstance(s, RankSlices)
+        and len(s) > 0
+        and s.part * s.starts.itemsize < SMALL_SLICE
+        and s.starts.dtype == t.src_dtype
+    )
+
+
+def capacity(shard: PlannedShard, limit: int, t: PlannedTensor) -> int:
+    """Row elements a stripe of `t`'s dtypes holds in one source buffer (see the module docstring)."""
+    size = shard.buffer_size(limit)
+    if t.src_dtype != t.out_dtype:
+        return size // max(itemsize(t.src_dtype), itemsize(t.out_dtype))
+    return size // 2 // itemsize(t.src_dtype)
+
+
+def _ends(s: RankSlices) -> np.ndarray[Any, Any]:
+    """The element (in the rank's flat tensor) after rank r's slice of `s`, for each rank that holds one."""
+    r = np.arange(len(s), dtype=np.int64)
+    return s.off + np.minimum(s.part, s.numel - r * s.part)
+
+
+_NONE = np.iinfo(np.int64).max  # a rank's begin before it holds a slice of the run
+
+
+def _grown(w: Window | None, s: RankSlices) -> Window:
+    """`w` (None: a new window) taking `s` too."""
+    ends = _ends(s)
+    begins = np.full(len(ends), s.off, dtype=np.int64)
+    if w is not None:
+        n = max(len(ends), len(w.ends))
+        ends, begins = np.pad(ends, (0, n - len(ends))), np.pad(begins, (0, n - len(begins)), constant_values=_NONE)
+        ends[: len(w.ends)] = np.maximum(ends[: len(w.ends)], w.ends)
+        begins[: len(w.begins)] = np.minimum(begins[: len(w.begins)], w.begins)
+    first = int(begins.min())
+    return Window(s.starts, first, int(ends.max()) - first, begins, ends, s.numel + (w.used if w else 0))
+
+
+def _with(st: Stripe, t: PlannedTensor) -> list[Window] | None:
+    """The stripe's windows once `t` joins, or None where a window would grow too sparse."""
+    s = t.segments
+    assert isinstance(s, RankSlices)
+    windows = list(st.windows)
+    for i, w in enumerate(windows):
+        if w.starts is s.starts or w.starts == s.starts:
+            if s.off < w.first:  # read backwards: not module order, a run of its own
+                return None
+            windows[i] = g = _grown(w, s)
+            return windows if g.elems <= DENSE * g.used else None
+    windows.append(_grown(None, s))
+    return windows
+
+
+def runs(shard: PlannedShard, limit: int) -> Iterator[PlannedTensor | Stripe]:
+    """The shard's tensors in order, consecutive small stage-3 parameters grouped into stripes."""
+    st: Stripe | None = None
+    cap = 0
+    for t in shard.tensors:
+        if not small(t):
+            if st is not None:
+                yield _laid_out(st)
+                st = None
+            yield t
+            continue
+        cast = t.src_dtype != t.out_dtype
+        if st is not None and st.cast == cast and st.tensors[-1].src_dtype == t.src_dtype:
+            windows = _with(st, t)
+            if windows is not None and sum(w.elems for w in windows) <= cap:
+                st.tensors.append(t)
+                st.windows = windows
+                continue
+        if st is not None:
+            yield _laid_out(st)
+        st = Stripe([t], _with(Stripe([], [], cast), t) or [], cast)
+        cap = capacity(shard, limit, t)
+        if st.rows > cap:  # one parameter over the buffer (many ranks, a tiny buffer): read as chunks
+            st = None
+            yield t
+    if st is not None:
+        yield _laid_out(st)
+
+
+def _laid_out(st: Stripe) -> Stripe:
+    at = 0
+    for w in st.windows:
+        w.at = at
+        at += w.elems
+    return st
+
+
+def stripe_reads(st: Stripe) -> list[tuple[str, int, int, int]]:
+    """(file, byte offset, row byte, bytes) of each rank's one read of a stripe."""
+    out = []
+    for w in st.windows:
+        size = w.starts.itemsize
+        files, offsets = w.starts.files, w.starts.offsets
+        for r, (b, e) in enumerate(zip(w.begins.tolist(), w.ends.tolist(), strict=True)):
+            out.append((files[r], offsets[r] + b * size, (w.at + r * w.width + b - w.first) * size, (e - b) * size))
+    return out
+
+
+def fill_gaps(st: Stripe, raw: np.ndarray[Any, Any]) -> None:
+    """Zero the row bytes no read fills (before a rank's first slice of the run, after its last), so a cast
+    never sees stale bytes."""
+    for w in st.windows:
+        size = w.starts.itemsize
+        for r in np.flatnonzero((w.begins > w.first) | (w.ends - w.first < w.width)).tolist():
+            row = (w.at + r * w.width) * size
+            raw[row : row + (int(w.begins[r]) - w.first) * size] = 0
+            raw[row + (int(w.ends[r]) - w.first) * size : row + w.width * size] = 0
+
+
+def gather(st: Stripe, rows: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> None:
+    """Each tensor's elements, rank by rank, from the stripe's `rows` (flat, in the rows' layout) to `dst`
+    back to back (both typed arrays of one dtype)."""
+    k = 0
+    for t in st.tensors:
+        s = t.segments
+        assert isinstance(s, RankSlices)
+        w = next(w for w in st.windows if w.starts is s.starts or w.starts == s.starts)
+        grid = rows[w.at : w.at + w.elems].reshape(len(w.ends), w.width)
+        rel, part, numel = s.off - w.first, s.part, s.numel
+        full, rem = divmod(numel, part)
+        if full:
+            dst[k : k + full * part].reshape(full, part)[...] = grid[:full, rel : rel + part]
+        if rem:
+            dst[k + full * part : k + numel] = grid[full, rel : rel + rem]
+        k += numel
+
+
+def typed_bits(raw: np.ndarray[Any, Any], dtype: str, count: int) -> np.ndarray[Any, Any]:
+    """The first `count` elements of a raw byte buffer as `dtype`'s bits (bf16 too: no ml_dtypes)."""
+    dt = bits_dtype(dtype)
+    return raw[: count * dt.itemsize].view(dt)
+
+
+def plan_reads(plan: ConversionPlan, limit: int) -> tuple[Counter[str], int]:
+    """(bytes read from each file, how many reads) of the whole plan as the pipeline reads it with chunks
+    of `limit` elements: a stripe one read a rank (the bytes between its slices too), any other tensor as
+    `reader.reads_of` counts it. Preflight's time model charges each read."""
+    from inspector.convert.reader import reads_of
+
+    by_file: Counter[str] = Counter()
+    count = 0
+    for shard in plan.shards:
+        for x in runs(shard, limit):
+            if not isinstance(x, Stripe):
+                got, n = reads_of(x.segments)
+                by_file.update(got)
+                count += n
+                continue
+            for w in x.windows:
+                count += len(w.ends)
+                for f, n in zip(w.starts.files, ((w.ends - w.begins) * w.starts.itemsize).tolist(), strict=False):
+                    by_file[f] += n
+    return by_file, count
