@@ -26,6 +26,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,7 +35,7 @@ import numpy as np
 from inspector.convert.cast import cast_raw
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
-from inspector.convert.stripes import Stripe, fill_gaps, gather, runs, stripe_reads, typed_bits
+from inspector.convert.stripes import Stripe, fill_gaps, gather, runs, stripe_reads
 from inspector.errors import CancelledError
 from inspector.format.dtypes import bits_dtype, itemsize
 from inspector.scan.model import Segment
@@ -200,15 +201,29 @@ def _bits(buf: np.ndarray, dtype: str, count: int) -> np.ndarray:
     return buf[: count * dt.itemsize].view(dt)
 
 
+@contextmanager
+def _returned(io: _ShardIO, src: np.ndarray, out: np.ndarray | None) -> Iterator[None]:
+    """A worker's chunk or stripe: its error stops the shard, its buffers go back to their pools whatever
+    happens."""
+    try:
+        yield
+    except BaseException as exc:
+        io.fail(exc)
+    finally:
+        io.pools[0].put(src)
+        if out is not None:
+            io.pools[1].put(out)
+
+
 def _work(
     io: _ShardIO, c: _Chunk, src: np.ndarray, out: np.ndarray | None, kernel: _KernelCopy | None
 ) -> None:
     """One worker's chunk: copied file to file in the kernel when it needs no cast (`kernel`) and the kernel
     takes it; else read into `src`, cast into `out` if the dtype changes (or computed, with `c.ctx`), and
-    written at `c.pos`. The buffers go back to their pools whatever happens."""
+    written at `c.pos`."""
     t = c.t
     n = sum(s.numel for s in c.segs)
-    try:
+    with _returned(io, src, out):
         if io.stop.is_set() or io.cancel.is_set():
             return
         if kernel is not None and _kernel_copy(kernel, io.files, io.fd, c.segs, c.pos):
@@ -223,19 +238,13 @@ def _work(
         nbytes = n * itemsize(t.out_dtype)
         _pwrite_all(io.fd, memoryview(data)[:nbytes], c.pos)  # type: ignore[arg-type]  # a uint8 array
         io.count(nbytes, t.name)
-    except BaseException as exc:
-        io.fail(exc)
-    finally:
-        io.pools[0].put(src)
-        if out is not None:
-            io.pools[1].put(out)
 
 
 def _work_stripe(io: _ShardIO, st: Stripe, pos: int, src: np.ndarray, out: np.ndarray | None) -> None:
     """One worker's stripe (`convert/stripes.py`): a window of every rank's flat tensor read into `src` as
     rows, cast as rows into `out` when the dtype changes, each tensor gathered back to back (into `src`
-    once cast, else into its second half) and written at `pos`. The buffers go back whatever happens."""
-    try:
+    once cast, else into its second half) and written at `pos`."""
+    with _returned(io, src, out):
         if io.stop.is_set() or io.cancel.is_set():
             return
         view = memoryview(src)  # type: ignore[arg-type]  # a uint8 array
@@ -244,20 +253,14 @@ def _work_stripe(io: _ShardIO, st: Stripe, pos: int, src: np.ndarray, out: np.nd
         first, n = st.tensors[0], st.numel
         if out is not None:
             cast_raw(src, first.src_dtype, out, first.out_dtype, st.rows)
-            rows, dst = typed_bits(out, first.out_dtype, st.rows), typed_bits(src, first.out_dtype, n)
+            rows, dst = _bits(out, first.out_dtype, st.rows), _bits(src, first.out_dtype, n)
         else:
             used = st.rows * itemsize(first.src_dtype)
-            rows, dst = typed_bits(src, first.src_dtype, st.rows), typed_bits(src[used:], first.src_dtype, n)
+            rows, dst = _bits(src, first.src_dtype, st.rows), _bits(src[used:], first.src_dtype, n)
         gather(st, rows, dst)
         nbytes = n * itemsize(first.out_dtype)
         _pwrite_all(io.fd, memoryview(dst.view(np.uint8))[:nbytes], pos)  # type: ignore[arg-type]
         io.count(nbytes, st.tensors[-1].name)
-    except BaseException as exc:
-        io.fail(exc)
-    finally:
-        io.pools[0].put(src)
-        if out is not None:
-            io.pools[1].put(out)
 
 
 def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: ThreadPoolExecutor) -> None:

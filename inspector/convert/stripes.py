@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
-from inspector.format.dtypes import bits_dtype, itemsize
+from inspector.format.dtypes import itemsize
 from inspector.scan.slices import RankSlices, RankStarts
 
 SMALL_SLICE = 64 << 10  # bytes of one rank's slice below which a parameter is read in a stripe
@@ -203,12 +203,6 @@ def gather(st: Stripe, rows: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) ->
         if rem:
             dst[k + full * part : k + numel] = grid[full, rel : rel + rem]
         k += numel
-
-
-def typed_bits(raw: np.ndarray[Any, Any], dtype: str, count: int) -> np.ndarray[Any, Any]:
-    """The first `count` elements of a raw byte buffer as `dtype`'s bits (bf16 too: no ml_dtypes)."""
-    dt = bits_dtype(dtype)
-    return raw[: count * dt.itemsize].view(dt)
 
 
 def plan_reads(plan: ConversionPlan, limit: int) -> tuple[Counter[str], int]:
