@@ -263,6 +263,19 @@ def _work_stripe(io: _ShardIO, st: Stripe, pos: int, src: np.ndarray, out: np.nd
         io.count(nbytes, st.tensors[-1].name)
 
 
+def _buffers(io: _ShardIO, cast: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A chunk's or a stripe's (source, output) buffers, waited for (that bounds what is in flight; a kernel
+    copy holds a source buffer too: the fallback's, and the bound); None once the shard stops or is
+    cancelled."""
+    if io.cancel.is_set() or io.stop.is_set():
+        return None
+    src = _take(io.pools[0], io.stop)
+    out = _take(io.pools[1], io.stop) if cast else None
+    if src is None or (cast and out is None):
+        return None
+    return src, out
+
+
 def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: ThreadPoolExecutor) -> None:
     """Walk the shard's chunks in file order, each to a worker with its buffers (waiting for them bounds
     what is in flight); runs of small stage-3 parameters go as stripes (none where tensors are computed)."""
@@ -271,27 +284,19 @@ def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: Thr
     try:
         for t in runs(shard, limit) if io.math is None else shard.tensors:
             if isinstance(t, Stripe):
-                src = _take(io.pools[0], io.stop)
-                out = _take(io.pools[1], io.stop) if t.cast else None
-                if src is None or (t.cast and out is None):
+                if (bufs := _buffers(io, t.cast)) is None:
                     return
-                ex.submit(_work_stripe, io, t, len(shard.header) + t.tensors[0].offset, src, out)
+                ex.submit(_work_stripe, io, t, len(shard.header) + t.tensors[0].offset, *bufs)
                 continue
             pos, start = len(shard.header) + t.offset, 0
             osz = itemsize(t.out_dtype)
             cast = t.src_dtype != t.out_dtype
             ctx = io.math.prepare(io.files, t) if io.math is not None else None
             for segs in iter_chunks(t.segments, shard.chunk_elems(t, limit)):
-                if io.cancel.is_set() or io.stop.is_set():
-                    return
-                src = _take(
-                    io.pools[0], io.stop
-                )  # a kernel copy holds one too: the fallback's, and the bound
-                out = _take(io.pools[1], io.stop) if cast else None
-                if src is None or (cast and out is None):
+                if (bufs := _buffers(io, cast)) is None:
                     return
                 copy = None if cast or ctx is not None else kernel
-                ex.submit(_work, io, _Chunk(t, segs, pos, start, ctx), src, out, copy)
+                ex.submit(_work, io, _Chunk(t, segs, pos, start, ctx), *bufs, copy)
                 n = sum(s.numel for s in segs)
                 pos, start = pos + n * osz, start + n
     except BaseException as exc:

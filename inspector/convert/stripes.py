@@ -16,7 +16,7 @@ The buffer is a source buffer of the pools (the plan's one budget): rows take al
 changes (cast into the output buffer as rows, gathered back into the source buffer, written from there), half
 when it does not (gathered into the other half). A run keeps to one (source, output) dtype pair, and a
 window spans at most DENSE times the elements its parameters take, so an unusual order (names sorted
-against the module order) never reads much that it does not use: it only makes runs of one.
+against the module order) never reads much that it does not use: it only shortens the runs.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
+from inspector.convert.reader import reads_of
 from inspector.format.dtypes import itemsize
 from inspector.scan.slices import RankSlices, RankStarts
 
@@ -113,19 +114,28 @@ def _grown(w: Window | None, s: RankSlices) -> Window:
     return Window(s.starts, first, int(ends.max()) - first, begins, ends, s.numel + (w.used if w else 0))
 
 
-def _with(st: Stripe, t: PlannedTensor) -> list[Window] | None:
-    """The stripe's windows once `t` joins, or None where a window would grow too sparse."""
+def _slices(t: PlannedTensor) -> RankSlices:
     s = t.segments
     assert isinstance(s, RankSlices)
+    return s
+
+
+def _window_of(windows: list[Window], s: RankSlices) -> int | None:
+    """The index of the window over `s`'s rank table, or None."""
+    return next((i for i, w in enumerate(windows) if w.starts is s.starts or w.starts == s.starts), None)
+
+
+def _with(st: Stripe, t: PlannedTensor) -> list[Window] | None:
+    """The stripe's windows once `t` joins, or None where a window would grow too sparse."""
+    s = _slices(t)
     windows = list(st.windows)
-    for i, w in enumerate(windows):
-        if w.starts is s.starts or w.starts == s.starts:
-            if s.off < w.first:  # read backwards: not module order, a run of its own
-                return None
-            windows[i] = g = _grown(w, s)
-            return windows if g.elems <= DENSE * g.used else None
-    windows.append(_grown(None, s))
-    return windows
+    i = _window_of(windows, s)
+    if i is None:
+        return [*windows, _grown(None, s)]
+    if s.off < windows[i].first:  # read backwards: not module order, a run of its own
+        return None
+    windows[i] = g = _grown(windows[i], s)
+    return windows if g.elems <= DENSE * g.used else None
 
 
 def runs(shard: PlannedShard, limit: int) -> Iterator[PlannedTensor | Stripe]:
@@ -148,7 +158,7 @@ def runs(shard: PlannedShard, limit: int) -> Iterator[PlannedTensor | Stripe]:
                 continue
         if st is not None:
             yield _laid_out(st)
-        st = Stripe([t], _with(Stripe([], [], cast), t) or [], cast)
+        st = Stripe([t], [_grown(None, _slices(t))], cast)
         cap = capacity(shard, limit, t)
         if st.rows > cap:  # one parameter over the buffer (many ranks, a tiny buffer): read as chunks
             st = None
@@ -192,9 +202,10 @@ def gather(st: Stripe, rows: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) ->
     back to back (both typed arrays of one dtype)."""
     k = 0
     for t in st.tensors:
-        s = t.segments
-        assert isinstance(s, RankSlices)
-        w = next(w for w in st.windows if w.starts is s.starts or w.starts == s.starts)
+        s = _slices(t)
+        i = _window_of(st.windows, s)
+        assert i is not None  # every tensor of a stripe has its window
+        w = st.windows[i]
         grid = rows[w.at : w.at + w.elems].reshape(len(w.ends), w.width)
         rel, part, numel = s.off - w.first, s.part, s.numel
         full, rem = divmod(numel, part)
@@ -209,8 +220,6 @@ def plan_reads(plan: ConversionPlan, limit: int) -> tuple[Counter[str], int]:
     """(bytes read from each file, how many reads) of the whole plan as the pipeline reads it with chunks
     of `limit` elements: a stripe one read a rank (the bytes between its slices too), any other tensor as
     `reader.reads_of` counts it. Preflight's time model charges each read."""
-    from inspector.convert.reader import reads_of
-
     by_file: Counter[str] = Counter()
     count = 0
     for shard in plan.shards:
