@@ -240,7 +240,7 @@ def _work(
         io.count(nbytes, t.name)
 
 
-def _work_stripe(io: _ShardIO, st: Stripe, pos: int, src: np.ndarray, out: np.ndarray | None) -> None:
+def _work_stripe(io: _ShardIO, st: Stripe[PlannedTensor], pos: int, src: np.ndarray, out: np.ndarray | None) -> None:
     """One worker's stripe (`convert/stripes.py`): a window of every rank's flat tensor read into `src` as
     rows, cast as rows into `out` when the dtype changes, each tensor gathered back to back (into `src`
     once cast, else into its second half) and written at `pos`."""
@@ -284,7 +284,8 @@ def _produce(io: _ShardIO, plan: ConversionPlan, index: int, limit: int, ex: Thr
     try:
         for t in runs(shard, limit) if io.math is None else shard.tensors:
             if isinstance(t, Stripe):
-                if (bufs := _buffers(io, t.cast)) is None:
+                first = t.tensors[0]
+                if (bufs := _buffers(io, first.src_dtype != first.out_dtype)) is None:
                     return
                 ex.submit(_work_stripe, io, t, len(shard.header) + t.tensors[0].offset, *bufs)
                 continue

@@ -22,9 +22,9 @@ against the module order) never reads much that it does not use: it only shorten
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -56,13 +56,23 @@ class Window:
         return len(self.ends) * self.width
 
 
-@dataclass
-class Stripe:
-    """A run of consecutive output tensors read as windows (`Window`) of the ranks' flat tensors."""
+class Member(Protocol):
+    """What a stripe groups: convert's planned tensors, health's jobs (anything with a size)."""
 
-    tensors: list[PlannedTensor]
+    @property
+    def numel(self) -> int: ...
+
+
+M = TypeVar("M", bound=Member)
+
+
+@dataclass
+class Stripe(Generic[M]):
+    """A run of consecutive members (output tensors, health's streams) read as windows (`Window`) of the
+    ranks' flat tensors."""
+
+    tensors: list[M]
     windows: list[Window]
-    cast: bool
 
     @property
     def rows(self) -> int:
@@ -73,15 +83,15 @@ class Stripe:
         return sum(t.numel for t in self.tensors)
 
 
+def small_slices(s: object) -> bool:
+    """Whether `s` (a tensor's segments) is a stage-3 parameter's slices that are small enough for a stripe."""
+    return isinstance(s, RankSlices) and len(s) > 0 and s.part * s.starts.itemsize < SMALL_SLICE
+
+
 def small(t: PlannedTensor) -> bool:
     """Whether `t` is read in a stripe: a stage-3 parameter whose slices are small, in its slices' dtype."""
     s = t.segments
-    return (
-        isinstance(s, RankSlices)
-        and len(s) > 0
-        and s.part * s.starts.itemsize < SMALL_SLICE
-        and s.starts.dtype == t.src_dtype
-    )
+    return small_slices(s) and isinstance(s, RankSlices) and s.starts.dtype == t.src_dtype
 
 
 def capacity(shard: PlannedShard, limit: int, t: PlannedTensor) -> int:
@@ -125,10 +135,9 @@ def _window_of(windows: list[Window], s: RankSlices) -> int | None:
     return next((i for i, w in enumerate(windows) if w.starts is s.starts or w.starts == s.starts), None)
 
 
-def _with(st: Stripe, t: PlannedTensor) -> list[Window] | None:
-    """The stripe's windows once `t` joins, or None where a window would grow too sparse."""
-    s = _slices(t)
-    windows = list(st.windows)
+def _joined(windows: list[Window], s: RankSlices) -> list[Window] | None:
+    """`windows` once `s` joins them, or None where a window would grow too sparse or be read backwards."""
+    windows = list(windows)
     i = _window_of(windows, s)
     if i is None:
         return [*windows, _grown(None, s)]
@@ -138,36 +147,66 @@ def _with(st: Stripe, t: PlannedTensor) -> list[Window] | None:
     return windows if g.elems <= DENSE * g.used else None
 
 
-def runs(shard: PlannedShard, limit: int) -> Iterator[PlannedTensor | Stripe]:
-    """The shard's tensors in order, consecutive small stage-3 parameters grouped into stripes."""
-    st: Stripe | None = None
-    cap = 0
-    for t in shard.tensors:
-        if not small(t):
+def _joined_all(windows: list[Window], parts: Iterable[RankSlices]) -> list[Window] | None:
+    for s in parts:
+        got = _joined(windows, s)
+        if got is None:
+            return None
+        windows = got
+    return windows
+
+
+def grouped(
+    members: Iterable[M],
+    parts: Callable[[M], tuple[RankSlices, ...] | None],
+    key: Callable[[M], Hashable],
+    cap: Callable[[M], int],
+) -> Iterator[M | Stripe[M]]:
+    """The members in order, runs of consecutive ones grouped into stripes: `parts` names the slices a
+    member reads (None: read on its own), members of one stripe share `key`, and a stripe's rows stay
+    within `cap` (its first member's) elements. A member over the cap alone is yielded on its own."""
+    st: Stripe[M] | None = None
+    k: Hashable = None
+    limit = 0
+    for t in members:
+        ps = parts(t)
+        if ps is None:
             if st is not None:
                 yield _laid_out(st)
                 st = None
             yield t
             continue
-        cast = t.src_dtype != t.out_dtype
-        if st is not None and st.cast == cast and st.tensors[-1].src_dtype == t.src_dtype:
-            windows = _with(st, t)
-            if windows is not None and sum(w.elems for w in windows) <= cap:
+        if st is not None and key(t) == k:
+            windows = _joined_all(st.windows, ps)
+            if windows is not None and sum(w.elems for w in windows) <= limit:
                 st.tensors.append(t)
                 st.windows = windows
                 continue
         if st is not None:
             yield _laid_out(st)
-        st = Stripe([t], [_grown(None, _slices(t))], cast)
-        cap = capacity(shard, limit, t)
-        if st.rows > cap:  # one parameter over the buffer (many ranks, a tiny buffer): read as chunks
             st = None
+        first = _joined_all([], ps)
+        k, limit = key(t), cap(t)
+        if first is None or sum(w.elems for w in first) > limit:  # over the buffer: read on its own
             yield t
+            continue
+        st = Stripe([t], first)
     if st is not None:
         yield _laid_out(st)
 
 
-def _laid_out(st: Stripe) -> Stripe:
+def runs(shard: PlannedShard, limit: int) -> Iterator[PlannedTensor | Stripe[PlannedTensor]]:
+    """The shard's tensors in order, consecutive small stage-3 parameters of one (source, output) dtype
+    pair grouped into stripes."""
+    return grouped(
+        shard.tensors,
+        lambda t: (_slices(t),) if small(t) else None,
+        lambda t: (t.src_dtype, t.out_dtype),
+        lambda t: capacity(shard, limit, t),
+    )
+
+
+def _laid_out(st: Stripe[M]) -> Stripe[M]:
     at = 0
     for w in st.windows:
         w.at = at
@@ -175,7 +214,7 @@ def _laid_out(st: Stripe) -> Stripe:
     return st
 
 
-def stripe_reads(st: Stripe) -> list[tuple[str, int, int, int]]:
+def stripe_reads(st: Stripe[Any]) -> list[tuple[str, int, int, int]]:
     """(file, byte offset, row byte, bytes) of each rank's one read of a stripe."""
     out = []
     for w in st.windows:
@@ -186,7 +225,7 @@ def stripe_reads(st: Stripe) -> list[tuple[str, int, int, int]]:
     return out
 
 
-def fill_gaps(st: Stripe, raw: np.ndarray[Any, Any]) -> None:
+def fill_gaps(st: Stripe[Any], raw: np.ndarray[Any, Any]) -> None:
     """Zero the row bytes no read fills (before a rank's first slice of the run, after its last), so a cast
     never sees stale bytes."""
     for w in st.windows:
@@ -197,23 +236,54 @@ def fill_gaps(st: Stripe, raw: np.ndarray[Any, Any]) -> None:
             raw[row + (int(w.ends[r]) - w.first) * size : row + w.width * size] = 0
 
 
-def gather(st: Stripe, rows: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> None:
+def gather(st: Stripe[PlannedTensor], rows: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> None:
     """Each tensor's elements, rank by rank, from the stripe's `rows` (flat, in the rows' layout) to `dst`
     back to back (both typed arrays of one dtype)."""
     k = 0
     for t in st.tensors:
-        s = _slices(t)
-        i = _window_of(st.windows, s)
-        assert i is not None  # every tensor of a stripe has its window
-        w = st.windows[i]
-        grid = rows[w.at : w.at + w.elems].reshape(len(w.ends), w.width)
-        rel, part, numel = s.off - w.first, s.part, s.numel
-        full, rem = divmod(numel, part)
-        if full:
-            dst[k : k + full * part].reshape(full, part)[...] = grid[:full, rel : rel + part]
-        if rem:
-            dst[k + full * part : k + numel] = grid[full, rel : rel + rem]
-        k += numel
+        gather_one(st, rows, _slices(t), dst[k : k + t.numel])
+        k += t.numel
+
+
+def gather_one(st: Stripe[Any], rows: np.ndarray[Any, Any], s: RankSlices, dst: np.ndarray[Any, Any]) -> None:
+    """The elements of one member's slices `s`, rank by rank, from the stripe's `rows` into `dst` (its
+    length: `s.numel`)."""
+    gather_range(st, rows, s, 0, s.numel, dst)
+
+
+def gather_range(
+    st: Stripe[Any], rows: np.ndarray[Any, Any], s: RankSlices, start: int, count: int, dst: np.ndarray[Any, Any]
+) -> None:
+    """Elements [start, start + count) of the slices `s` from the stripe's `rows` into `dst`: a partial rank's
+    row, a block of whole ones, a partial one (at most three copies)."""
+    i = _window_of(st.windows, s)
+    assert i is not None  # every slices of a stripe has its window
+    w = st.windows[i]
+    grid = rows[w.at : w.at + w.elems].reshape(len(w.ends), w.width)
+    rel, part = s.off - w.first, s.part
+    pos, end, k = start, start + count, 0
+    while pos < end:
+        r, c = divmod(pos, part)
+        if c == 0 and end - pos >= part:
+            full = (end - pos) // part
+            dst[k : k + full * part].reshape(full, part)[...] = grid[r : r + full, rel : rel + part]
+            take = full * part
+        else:
+            take = min(part - c, end - pos)
+            dst[k : k + take] = grid[r, rel + c : rel + c + take]
+        k += take
+        pos += take
+
+
+def stripe_counts(st: Stripe[Any]) -> tuple[Counter[str], int]:
+    """(bytes read from each file, how many reads) of one stripe: one read a rank and window."""
+    by_file: Counter[str] = Counter()
+    count = 0
+    for w in st.windows:
+        count += len(w.ends)
+        for f, n in zip(w.starts.files, ((w.ends - w.begins) * w.starts.itemsize).tolist(), strict=False):
+            by_file[f] += n
+    return by_file, count
 
 
 def plan_reads(plan: ConversionPlan, limit: int) -> tuple[Counter[str], int]:
@@ -224,13 +294,7 @@ def plan_reads(plan: ConversionPlan, limit: int) -> tuple[Counter[str], int]:
     count = 0
     for shard in plan.shards:
         for x in runs(shard, limit):
-            if not isinstance(x, Stripe):
-                got, n = reads_of(x.segments)
-                by_file.update(got)
-                count += n
-                continue
-            for w in x.windows:
-                count += len(w.ends)
-                for f, n in zip(w.starts.files, ((w.ends - w.begins) * w.starts.itemsize).tolist(), strict=False):
-                    by_file[f] += n
+            got, n = reads_of(x.segments) if not isinstance(x, Stripe) else stripe_counts(x)
+            by_file.update(got)
+            count += n
     return by_file, count
