@@ -216,6 +216,24 @@ def bytes_by_file(segments: Iterable[Segment]) -> Counter[str]:
     return reads_of(segments)[0]
 
 
+def add_reads(segments: Sequence[Segment], by_file: Counter[str]) -> int:
+    """Add one tensor's bytes to `by_file`; returns its reads (`reads_of`). A stage-3 parameter's
+    `RankSlices` from its rank table, one read a rank, no segment made (thousands of ranks)."""
+    from inspector.scan.slices import RankSlices
+
+    if not isinstance(segments, RankSlices):
+        got, n = reads_of(segments)
+        by_file.update(got)
+        return n
+    n = len(segments)
+    if n:
+        files, size = segments.starts.files, segments.starts.itemsize
+        for f in files[: n - 1]:
+            by_file[f] += segments.part * size
+        by_file[files[n - 1]] += (segments.numel - (n - 1) * segments.part) * size
+    return n
+
+
 def reads_of(segments: Iterable[Segment]) -> tuple[Counter[str], int]:
     """(bytes read from each file, how many reads): segments adjacent in one file are one read, as
     `read_segments_into` merges them. Preflight's time model charges each read (a call and its Python

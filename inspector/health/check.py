@@ -19,10 +19,12 @@ from inspector.health.stream import (
     Row,
     Streamer,
     plan_jobs,
+    plan_units,
     plan_workers,
     read_ahead,
     run_jobs,
 )
+from inspector.health.units import Unit, jobs_of, read_bytes
 from inspector.scan.model import Checkpoint, Severity, TensorInfo
 from inspector.system.bytesource import any_remote
 
@@ -54,10 +56,12 @@ def check(
     sources = (ckpt.source, *((against.source,) if against else ()))
     plan = plan_workers(workers or threads, against is not None, any_remote(sources))
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
+    chunk = chunk_elems or plan.chunk
+    units = plan_units(jobs, chunk)
     rows: list[Row] = []
     with FilePool(*set(sources)) as pool:
-        streamer = Streamer(pool, cancel, chunk_elems or plan.chunk, read_ahead(pool, jobs))
-        yield from _stream(jobs, streamer, plan.threads, rows)
+        streamer = Streamer(pool, cancel, chunk, read_ahead(pool, units))
+        yield from _stream(units, streamer, plan.threads, rows)
         read = streamer.done_bytes
     order = {t.name: i for i, t in enumerate(ckpt.tensors)}
     rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
@@ -93,24 +97,25 @@ def _selected(ckpt: Checkpoint, include: Sequence[str], exclude: Sequence[str]) 
 
 
 def _stream(
-    jobs: list[Job], streamer: Streamer, threads: int, rows: list[Row]
+    units: list[Unit], streamer: Streamer, threads: int, rows: list[Row]
 ) -> Iterator[HealthProgress | list[Row]]:
-    """Run the jobs on `threads` workers: each finished tensor's rows (also gathered into `rows`) and
-    progress at most every _INTERVAL seconds; a worker's error is raised here."""
-    total = sum(j.nbytes for j in jobs)
+    """Run the jobs (alone or in stripes) on `threads` workers: each finished unit's rows (also gathered
+    into `rows`) and progress at most every _INTERVAL seconds; a worker's error is raised here."""
+    total = read_bytes(units)
+    count = sum(len(jobs_of(u)) for u in units)
     last, done = 0.0, 0
-    for item in run_jobs(jobs, streamer, threads):
+    for item in run_jobs(units, streamer, threads):
         if item is not None:
-            _job, result = item
+            unit, result = item
             if isinstance(result, BaseException):
                 raise result
             rows.extend(result)
-            done += 1
+            done += len(jobs_of(unit))
             yield result
         now = time.monotonic()
         if now - last >= _INTERVAL:
             last = now
-            yield HealthProgress(streamer.done_bytes, total, done, len(jobs))
+            yield HealthProgress(streamer.done_bytes, total, done, count)
 
 
 def _findings(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import inspector.convert.calibrate as calibration
 from inspector.convert.preflight import STARTUP_SECONDS, read_seconds
 from inspector.health.jobs import plan_jobs
-from inspector.health.stream import job_reads, plan_workers
+from inspector.health.stream import plan_units, plan_workers, unit_reads
 from inspector.scan.model import Checkpoint, TensorInfo
 from inspector.system.bytesource import any_remote
 
@@ -29,10 +29,11 @@ def health_seconds(
     remote = any_remote(sources)
     if remote:
         return STARTUP_SECONDS + read_seconds(total, sources)
-    threads = plan_workers(workers, against is not None).threads
-    reads, ranges = job_reads(jobs)
+    plan = plan_workers(workers, against is not None)
+    threads = plan.threads
+    reads, ranges = unit_reads(plan_units(jobs, plan.chunk))
     startup = ckpt.scan_cpu + (against.scan_cpu if against else 0.0)  # the run scans both again
     work = calibration.Work(  # the pass asks its reads ahead from a cold cache (`read_ahead`)
-        read=total, reduced=total, pieces=len(jobs), read_ahead=True, ranges=ranges, startup=startup
+        read=sum(reads.values()), reduced=total, pieces=len(jobs), read_ahead=True, ranges=ranges, startup=startup
     )
     return calibration.calibrated_seconds(tuple(set(sources)), reads, work, threads)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from inspector.health.numerics import Stats
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
+from inspector.scan.slices import segments_nbytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +25,13 @@ class Job:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in (*self.segments, *self.module, *self.against))
+        return sum(segments_nbytes(s) for s in (self.segments, self.module, self.against))
+
+    @property
+    def numel(self) -> int:
+        """Elements of the stream (a stage-3 parameter's `RankSlices` knows its own)."""
+        n = getattr(self.segments, "numel", None)
+        return n if isinstance(n, int) else sum(s.numel for s in self.segments)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from inspector.convert.reader import FilePool, iter_chunks, reads_of
+from inspector.convert.reader import FilePool, iter_chunks
+from inspector.convert.stripes import Stripe, fill_gaps, gather_one, stripe_reads
 from inspector.errors import CancelledError
 from inspector.format.dtypes import bits_dtype
 from inspector.health.chunk_math import (
@@ -40,6 +41,7 @@ from inspector.health.numerics import (
     Array,
     widened,
 )
+from inspector.health.units import Unit, jobs_of, parts, plan_units, unit_reads
 from inspector.scan.model import Segment
 from inspector.system.limits import usable_cores, workers
 
@@ -64,17 +66,11 @@ def _worker_bytes(chunk: int, against: bool) -> int:
     return chunk * (SCRATCH_PER_ELEM + (AGAINST_PER_ELEM if against else 0)) + SCRATCH_FIXED
 
 
-def read_ahead(pool: FilePool, jobs: Sequence[Job]) -> int:
+def read_ahead(pool: FilePool, units: Sequence[Unit]) -> int:
     """Chunks of each stream to ask the kernel for ahead of their reads: READ_AHEAD when most of what the
     pass reads is not in the page cache (`FilePool.mostly_cold`), else none (advice on cached pages only
     costs: 5 % of a warm pass here). From an object store the workers' own requests are in flight already."""
-    return READ_AHEAD if pool.mostly_cold(job_reads(jobs)[0]) else 0
-
-
-def job_reads(jobs: Sequence[Job]) -> tuple[Counter[str], int]:
-    """(bytes the pass reads from each file, how many reads: `reader.reads_of`): the masters or moments,
-    module copies and `against`'s."""
-    return reads_of(seg for j in jobs for seg in (*j.segments, *j.module, *j.against))
+    return READ_AHEAD if pool.mostly_cold(unit_reads(units)[0]) else 0
 
 
 @dataclass(frozen=True)
@@ -159,8 +155,12 @@ class Streamer:
             self.done_bytes += sum(len(r[2]) for r in runs)
         return arrays
 
-    def run(self, job: Job) -> list[Row]:
-        """One job's rows: its streams read in step, chunk by chunk, each chunk reduced as it arrives."""
+    def run(self, unit: Unit) -> list[Row]:
+        """One job's rows (a stripe's: each of its jobs'): its streams read in step, chunk by chunk, each
+        chunk reduced as it arrives."""
+        if isinstance(unit, Stripe):
+            return self._run_stripe(unit)
+        job = unit
         s = self._scratch()
         row_len = int(np.prod(job.shape[1:])) if job.zero_rows and len(job.shape) >= 2 else 0
         t = _Tally(Accumulator(row_len), Accumulator() if job.module else None)
@@ -180,6 +180,39 @@ class Streamer:
             with self._computing:
                 _reduce(job, chunks, s, t)
         return _rows(job, t)
+
+    def _run_stripe(self, st: Stripe[Job]) -> list[Row]:
+        """A stripe's rows (`units.py`): a window of every rank read once into the first raw buffer, then
+        each job's elements (and `--against`'s) gathered into the next ones and reduced in the pieces its
+        own chunks would have been."""
+        s = self._scratch()
+        if self.cancel.is_set() or self.stop.is_set():
+            raise CancelledError("Health check cancelled.")
+        raw = s.raw[0]
+        view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
+        reads = stripe_reads(st)
+        self.pool.read_runs([(f, off, view[at : at + n]) for f, off, at, n in reads])
+        with self._lock:
+            self.done_bytes += sum(r[3] for r in reads)
+        fill_gaps(st, raw)
+        dtype = bits_dtype(st.windows[0].starts.dtype)
+        rows = raw[: st.rows * dtype.itemsize].view(dtype)
+        out: list[Row] = []
+        for job in st.tensors:
+            slices = parts(job) or ()
+            arrays = []
+            for part, dst in zip(slices, s.raw[1:], strict=False):
+                arrays.append(dst[: part.numel * dtype.itemsize].view(dtype))
+                gather_one(st, rows, part, arrays[-1])
+            row_len = int(np.prod(job.shape[1:])) if job.zero_rows and len(job.shape) >= 2 else 0
+            t = _Tally(Accumulator(row_len), None)
+            for i in range(0, job.numel, self.chunk):
+                if self.cancel.is_set() or self.stop.is_set():
+                    raise CancelledError("Health check cancelled.")
+                with self._computing:
+                    _reduce(job, [a[i : i + self.chunk] for a in arrays], s, t)
+            out.extend(_rows(job, t))
+        return out
 
 
 @dataclass
@@ -244,18 +277,18 @@ def _rows(job: Job, t: _Tally) -> list[Row]:
     return rows
 
 def run_jobs(
-    jobs: Sequence[Job], streamer: Streamer, threads: int, tick: float = 0.25
-) -> Iterator[tuple[Job, list[Row] | BaseException] | None]:
+    jobs: Sequence[Unit], streamer: Streamer, threads: int, tick: float = 0.25
+) -> Iterator[tuple[Unit, list[Row] | BaseException] | None]:
     """Run jobs on `threads` workers, largest first; yield (job, rows or its error) as each finishes and
     None every `tick` seconds in between (for progress). Each job is handed back once, as it ends (waiting
     on every pending future each time cost O(jobs²) lock round trips: 0.3 s of the main thread's time on
     249 jobs under a profiler). Leaving the loop early stops the other jobs at their next chunk."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    order = sorted(jobs, key=lambda j: -j.nbytes)
+    order = sorted(jobs, key=lambda j: -sum(x.nbytes for x in jobs_of(j)))
     ended: queue.SimpleQueue[Future[list[Row]]] = queue.SimpleQueue()
     with ThreadPoolExecutor(threads, thread_name_prefix="zi-health") as ex:
-        futures: dict[Future[list[Row]], Job] = {}
+        futures: dict[Future[list[Row]], Unit] = {}
         for j in order:
             f = ex.submit(streamer.run, j)
             futures[f] = j
@@ -284,6 +317,8 @@ __all__ = [  # the jobs are planned in jobs.py; the pass's callers take them fro
     "Streamer",
     "WorkerPlan",
     "plan_jobs",
+    "plan_units",
     "plan_workers",
     "run_jobs",
+    "unit_reads",
 ]
