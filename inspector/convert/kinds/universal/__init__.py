@@ -107,23 +107,26 @@ class UniversalJob(Job):
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[FileWriter]:
+        from inspector.convert.kinds.universal.shared_rows import SharedRows, universal_reads
         from inspector.convert.kinds.universal.tensors import (
             READ_AHEAD,
             Buffers,
             chunk_elems,
             write_tensor,
         )
-        from inspector.convert.reader import FilePool, bytes_by_file
+        from inspector.convert.reader import FilePool
 
         plan, tensors = self.plan, len(self.plan.files)
         chunk, buffers = chunk_elems(self.workers), Buffers()  # one budget, shared by the workers
         with FilePool(*plan.sources) as pool:
-            reads = bytes_by_file(seg for f in plan.files for seg in f.segments)
+            reads = universal_reads(plan.files, self.workers)[0]
             ahead = READ_AHEAD if pool.mostly_cold(reads) else 0  # advice on cached pages only costs
+            # small stage-3 files gathered from stripes the workers share (`shared_rows.py`)
+            shared = SharedRows(pool, plan.files, self.workers, ahead=bool(ahead))
 
             def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
                 if index < tensors:
-                    write_tensor(pool, plan.files[index], root, rel, w, chunk, buffers, ahead)
+                    write_tensor(pool, plan.files[index], root, rel, w, chunk, buffers, ahead, (shared, index))
                     return
                 src, _, _ = plan.copies[index - tensors]
                 w.progress(root.copy_in(_source_of(plan, src), src, rel, fsync=w.fsync), "")

@@ -16,6 +16,7 @@ from inspector.convert.preflight import (
     read_seconds,
 )
 from inspector.convert.root import refuses_new_entries
+from inspector.scan.slices import segments_nbytes
 from inspector.system.bytesource import any_remote
 from inspector.system.limits import MemoryBudget, detect_memory_limits, free_disk_bytes, unwritable
 
@@ -47,7 +48,7 @@ def assess_universal(
     universal export. Memory is predicted for a fresh converter process: its calibrated base and scanned
     metadata, the chunk buffers of the files in flight, and the same runtime allowance."""
     out = plan.total_bytes
-    read = sum(sum(s.nbytes for s in f.segments) for f in plan.files)
+    read = sum(segments_nbytes(f.segments) for f in plan.files)
     read += sum(size for _, _, size in plan.copies)
     base, vms = converter_base(
         segments=sum(kept_records(f.segments) for f in plan.files),
@@ -88,9 +89,9 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
     if any_remote(plan.sources):
         return STARTUP_SECONDS + max(plan.total_bytes / UNI_BYTES_PER_S, read_seconds(read, plan.sources))
     from inspector.convert.calibrate import Work, calibrated_seconds
-    from inspector.convert.reader import reads_of
+    from inspector.convert.kinds.universal.shared_rows import universal_reads
 
-    reads, ranges = reads_of(seg for f in plan.files for seg in f.segments)
+    reads, ranges = universal_reads(plan.files, workers)
     copied = sum(size for *_, size in plan.copies)
     work = Work(
         read=read,
@@ -110,10 +111,13 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
 def buffer_bytes(plan: UniversalPlan, workers: int) -> int:
     """Resident chunk buffers at their peak: each worker streams one file at a time with a share of the one
     budget (`tensors.chunk_elems`), and its buffers live only as long as that file, so at most the `workers`
-    largest per-file needs are resident together, never more than the budget."""
+    largest per-file needs are resident together, never more than the budget; and the rows of the stripes
+    kept (`shared_rows.STRIPE_BUDGET`) where small stage-3 files are gathered from them."""
+    from inspector.convert.kinds.universal.shared_rows import STRIPE_BUDGET, any_striped
+
     chunk = chunk_elems(workers)
     needs = sorted((_file_buffers(f, chunk) for f in plan.files), reverse=True)
-    return sum(needs[:workers])
+    return sum(needs[:workers]) + (STRIPE_BUDGET if any_striped(plan.files) else 0)
 
 
 def _file_buffers(f: UniFile, chunk: int) -> int:

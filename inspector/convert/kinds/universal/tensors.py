@@ -20,13 +20,16 @@ import numpy as np
 from inspector.convert.cast import widen_bf16
 from inspector.convert.job import Writing
 from inspector.convert.kinds.universal.plan import UniFile
+from inspector.convert.kinds.universal.shared_rows import SharedRows
 from inspector.convert.kinds.universal.tp_meta import SubparamShape
 from inspector.convert.options import CHUNK_ELEMS
 from inspector.convert.plan import PIPELINE_DEPTH
 from inspector.convert.root import OutputRoot
+from inspector.convert.stripes import Stripe, gather_range
 from inspector.errors import CancelledError
 from inspector.format.dtypes import itemsize
 from inspector.scan.model import Segment
+from inspector.scan.slices import RankSlices
 
 # every worker's chunk buffers together: the safetensors pipeline's pool at its default chunk (PIPELINE_DEPTH
 # fp32 source and 16-bit output buffers of CHUNK_ELEMS elements)
@@ -71,17 +74,27 @@ def write_tensor(
     chunk: int,
     buffers: Buffers,
     ahead: int = 0,
+    shared: tuple[SharedRows, int] | None = None,
 ) -> None:
     """`f` at `rel`, in place all at once (written as `rel.tmp`, renamed when complete). `ahead`: bytes of
-    its source to keep asked of the kernel before they are read (`READ_AHEAD` from a cold page cache)."""
+    its source to keep asked of the kernel before they are read (`READ_AHEAD` from a cold page cache).
+    `shared`: the plan's stripes and `f`'s index there; a file in a stripe is gathered from its rows."""
     from inspector.format import ptwriter as pw  # the torch-zip writer (lazily: plan/preflight stay light)
 
-    produce = _producer(pool, f, w, *buffers.get(chunk), ahead=ahead)
+    st = shared[0].stripe(shared[1]) if shared is not None else None
+    if shared is not None and st is not None:
+        produce = _gatherer(shared[0], shared[1], st, f, w, *buffers.get(chunk))
+    else:
+        produce = _producer(pool, f, w, *buffers.get(chunk), ahead=ahead)
     storage = pw.Storage("float32", numel(f.shape), produce)
     tree = {"param": pw.Tensor(storage, f.shape), **{k: _pickled(v, pw) for k, v in f.meta}}
     archive = f.state  # torch names the archive folder after the file
     sums: list[tuple[int, int]] = []
-    root.write_with(rel, lambda fh: sums.append(pw.dump_crc(tree, fh, archive, chunk)), fsync=w.fsync)
+    try:
+        root.write_with(rel, lambda fh: sums.append(pw.dump_crc(tree, fh, archive, chunk)), fsync=w.fsync)
+    finally:
+        if shared is not None and st is not None:
+            shared[0].written(shared[1])
     w.checksummed(*sums[0])  # the journal's CRC, from the zip's own checksums: the file is not read back
 
 
@@ -142,6 +155,30 @@ def _producer(
             pool.read_into(seg.file, seg.offset + local * src_size, target.data[a : a + take * src_size])
         if raw is not None:
             _widen(raw[:count], f.source_dtype, out)
+        w.progress(count * 4, f.name)
+        return out
+
+    return produce
+
+
+def _gatherer(
+    shared: SharedRows, index: int, st: Stripe[Any], f: UniFile, w: Writing, buf: np.ndarray, staging: np.ndarray
+) -> Callable[[int, int], Any]:
+    """Elements [start, start+count) of a file in a stripe as fp32 bytes, gathered from the stripe's rows
+    (read by the first worker that needs them) into the worker's buffer, a 16-bit source widened."""
+    slices = f.segments
+    assert isinstance(slices, RankSlices)  # a stripe's files are stage-3 slices
+
+    def produce(start: int, count: int) -> Any:
+        if w.cancel.is_set():
+            raise CancelledError("Conversion cancelled.")
+        rows = shared.rows(index)
+        out = buf[:count]
+        if itemsize(f.source_dtype) == 2:
+            gather_range(st, rows, slices, start, count, staging[:count].view(rows.dtype))
+            _widen(staging[:count], f.source_dtype, out)
+        else:
+            gather_range(st, rows, slices, start, count, out.view(rows.dtype))
         w.progress(count * 4, f.name)
         return out
 
