@@ -5,6 +5,7 @@ rank), each command a fresh process measured by wait4: wall, CPU (user + system)
     python tests/benchmarks/ranks.py --workdir /tmp/zi-ranks                   # 8 128 1024 4096, 20M
     python tests/benchmarks/ranks.py --ranks 8 1024 --params 2M --append       # rows into results.md
     python tests/benchmarks/ranks.py --ranks 8 1024 --layers 126                # 405B's records per file
+    python tests/benchmarks/ranks.py --ranks 8 1024 --layers 126 --also health universal
 
 The targets: scan at 1,024 ranks <= 2.5 x the 8-rank scan (linear in files, a small constant per file);
 convert's peak RSS <= 128 MiB at every rank count (memory flat in ranks). Each row says how it compares
@@ -48,10 +49,11 @@ def run(argv: list[str]) -> tuple[float, float, float, int]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
 
 
-def predicted(ckpt: Path, out: Path) -> tuple[float, dict[str, Any] | None]:
-    """Preflight's seconds for `convert --dtype bf16` of `ckpt` with its default workers, and the model's
-    inputs (for `fit_preflight.py`): the worker sweep's prediction child, a fresh process as `preflight` is."""
-    argv = [sys.executable, str(SWEEP), "--predict", str(ckpt), "bf16", "0", str(out)]
+def predicted(ckpt: Path, out: Path, what: str = "bf16") -> tuple[float, dict[str, Any] | None]:
+    """Preflight's seconds for `what` (`convert --dtype bf16`, `health`, `universal`) of `ckpt` with its
+    default workers, and the model's inputs (for `fit_preflight.py`): the worker sweep's prediction child, a
+    fresh process as `preflight` is."""
+    argv = [sys.executable, str(SWEEP), "--predict", str(ckpt), what, "0", str(out)]
     done = subprocess.run(argv, env=child_env(), cwd=REPO, capture_output=True, text=True, check=False)
     try:
         said = json.loads(done.stdout.strip().splitlines()[-1])
@@ -73,6 +75,40 @@ def measured(ckpt: Path, out: Path) -> dict[str, Any]:
             "predicted": guess, "model": model}  # fmt: skip
 
 
+ALSO = {  # what else a row can measure (`--also`): each command's argv
+    "health": lambda ckpt, out: ["health", str(ckpt), "--json"],
+    "universal": lambda ckpt, out: ["convert", str(ckpt), str(out), "--format", "universal"],
+}
+
+
+def measured_also(ckpt: Path, out: Path, also: list[str]) -> dict[str, Any]:
+    """`health` and the universal export of `ckpt` (`--also`), each a fresh process after preflight's
+    prediction: their rows' columns."""
+    row: dict[str, Any] = {}
+    for what in also:
+        shutil.rmtree(out, ignore_errors=True)
+        row[f"{what}_predicted"] = predicted(ckpt, out, what)[0]
+        for k, v in zip(("s", "cpu", "mib", "rc"), run(ALSO[what](ckpt, out)), strict=True):
+            row[f"{what}_{k}"] = v
+        shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def also_table(rows: list[dict[str, Any]], also: list[str]) -> str:
+    """The `--also` commands' rows: wall, CPU, peak RSS and preflight's seconds against the wall."""
+    head = "| ranks (files) | " + " | ".join(f"{w} wall | {w} CPU | {w} peak RSS | preflight (vs wall)" for w in also)
+    lines = [head + " |", "|---" * (1 + 4 * len(also)) + "|"]
+    for r in rows:
+        cells = []
+        for w in also:
+            guess, wall = float(r[f"{w}_predicted"]), float(r[f"{w}_s"])
+            said = f"{guess:.2f} s ({guess / wall - 1:+.0%})" if guess == guess and wall else "-"
+            bad = f" (exit {r[f'{w}_rc']})" if r[f"{w}_rc"] else ""
+            cells.append(f"{wall:.2f} s{bad} | {r[f'{w}_cpu']:.2f} s | {r[f'{w}_mib']:.0f} MiB | {said}")
+        lines.append(f"| {int(r['ranks']):,} ({int(r['files']):,}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def verdict(r: dict[str, Any], base: dict[str, Any]) -> tuple[float, str]:
     """(scan CPU over the first row's, `ok` or what failed): CPU, since on a shared machine wall is mostly
     waiting; the targets: scan <= 2.5x at 1,024 ranks (or files) over 8, convert <= 128 MiB."""
@@ -87,7 +123,9 @@ def verdict(r: dict[str, Any], base: dict[str, Any]) -> tuple[float, str]:
     return ratio, "FAIL: " + ", ".join(bad) if bad else "ok"
 
 
-def sweep(workdir: Path, ranks: list[int], params: str, layers: int | None = None) -> list[dict[str, Any]]:
+def sweep(
+    workdir: Path, ranks: list[int], params: str, layers: int | None = None, also: list[str] | None = None
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for ws in ranks:
         ckpt, out = workdir / f"ws{ws}", workdir / f"out{ws}"
@@ -99,6 +137,7 @@ def sweep(workdir: Path, ranks: list[int], params: str, layers: int | None = Non
             raise SystemExit(f"demo at {ws} ranks failed (exit {demo[3]})")
         files = sum(1 for _ in next(p for p in ckpt.iterdir() if p.is_dir()).iterdir())
         row = {"ranks": ws, "files": files, "demo_s": demo[0], **measured(ckpt, out)}
+        row |= measured_also(ckpt, out, also or [])
         rows.append(row)
         print(table([row], rows[0]).splitlines()[-1], flush=True)
         shutil.rmtree(out, ignore_errors=True)
@@ -150,14 +189,16 @@ def main() -> None:
     )
     ap.add_argument("--append", action="store_true", help="append the rows to tests/benchmarks/results.md")
     ap.add_argument("--rows-json", type=Path, help="also write the convert rows here, for fit_preflight.py")
+    ap.add_argument("--also", nargs="+", choices=sorted(ALSO), default=[], help="measure these too, each row")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
-    rows = sweep(args.workdir, args.ranks, args.params, args.layers)
+    rows = sweep(args.workdir, args.ranks, args.params, args.layers, args.also)
     if args.rows_json:
         args.rows_json.write_text(json.dumps({"rows": fit_rows(rows)}, indent=1))
     what = f"ZeRO-3 demo, {args.params} parameters{f' in {args.layers} layers' if args.layers else ''}, bf16"
-    publish("Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43)", what, table(rows, rows[0]), load, args.append)
+    tables = table(rows, rows[0]) + (f"\n\n{also_table(rows, args.also)}" if args.also else "")
+    publish("Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43)", what, tables, load, args.append)
 
 
 def publish(heading: str, what: str, rows: str, load: tuple[float, ...], append: bool) -> None:
