@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,21 +103,25 @@ def test_an_order_against_the_flat_tensors_reads_no_window_backwards(demo: Any) 
 def test_a_rank_file_cut_short_after_the_scan_is_refused_by_name(demo: Any, tmp_path: Path) -> None:
     ckpt = scan(str(demo(DEEP)))
     plan = build_plan(ckpt, ConvertOptions(dtype="bf16"))
-    st = stripes_of(plan, plan.chunk_limit)[0]
-    t = st.tensors[0]
+    t = stripes_of(plan, plan.chunk_limit)[0].tensors[0]
     assert isinstance(t.segments, RankSlices)
-    victim = t.segments[1].file
-    with open(victim, "rb") as fh:
-        kept = fh.read()
+    assert "truncated" in assert_cut_short_refused(t.segments, lambda: execute(plan, str(tmp_path / "out")))
+
+
+def assert_cut_short_refused(slices: RankSlices, run: Callable[[], object]) -> str:
+    """`run` once rank 1's file of `slices` is cut short inside its slice: refused, naming the file (its
+    bytes put back after); the refusal's words."""
+    victim = slices[1].file
+    kept = Path(victim).read_bytes()
     try:
         with open(victim, "r+b") as fh:
-            fh.truncate(t.segments[1].offset + 2)
+            fh.truncate(slices[1].offset + 2)
         with pytest.raises(InspectorError) as err:
-            execute(plan, str(tmp_path / "out"))
-        assert os.path.basename(victim) in str(err.value) and "truncated" in str(err.value)
+            run()
+        assert os.path.basename(victim) in str(err.value)
+        return str(err.value)
     finally:
-        with open(victim, "wb") as fh:
-            fh.write(kept)
+        Path(victim).write_bytes(kept)
 
 
 def test_preflight_counts_the_reads_the_stripes_make(demo: Any) -> None:

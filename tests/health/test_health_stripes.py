@@ -5,7 +5,6 @@ worker count, with `--against`), read each rank once a stripe, and refuse a rank
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 
 from inspector.convert.stripes import Stripe, stripe_reads
-from inspector.errors import InspectorError
 from inspector.health.check import run_check
 from inspector.health.jobs import Job, plan_jobs
 from inspector.health.numerics import GROUP
@@ -21,7 +19,7 @@ from inspector.health.stream import plan_units, unit_reads
 from inspector.health.units import ROW_BYTES, jobs_of
 from inspector.scan.scanner import scan
 from inspector.scan.slices import RankSlices
-from tests.convert.test_stripes import DEEP
+from tests.convert.test_stripes import DEEP, assert_cut_short_refused
 
 
 def _rows(report: Any) -> list[tuple[Any, ...]]:
@@ -96,13 +94,4 @@ def test_a_rank_file_cut_short_after_the_scan_is_refused_by_name(demo: Any) -> N
     job: Job = st.tensors[0]
     slices = job.segments
     assert isinstance(slices, RankSlices)
-    victim = slices[1].file
-    kept = Path(victim).read_bytes()
-    try:
-        with open(victim, "r+b") as fh:
-            fh.truncate(slices[1].offset + 2)
-        with pytest.raises(InspectorError) as err:
-            run_check(ckpt, workers=2)
-        assert os.path.basename(victim) in str(err.value)
-    finally:
-        Path(victim).write_bytes(kept)
+    assert_cut_short_refused(slices, lambda: run_check(ckpt, workers=2))
