@@ -191,6 +191,9 @@ class Streamer:
         raw = s.raw[0]
         view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
         reads = stripe_reads(st)
+        if self.ahead:  # from a cold cache: every rank's window asked at once, the disk reads them together
+            for f, off, _, n in reads:
+                self.pool.advise(f, off, n)
         self.pool.read_runs([(f, off, view[at : at + n]) for f, off, at, n in reads])
         with self._lock:
             self.done_bytes += sum(r[3] for r in reads)

@@ -95,3 +95,20 @@ def test_a_rank_file_cut_short_after_the_scan_is_refused_by_name(demo: Any) -> N
     slices = job.segments
     assert isinstance(slices, RankSlices)
     assert_cut_short_refused(slices, lambda: run_check(ckpt, workers=2))
+
+
+def test_from_a_cold_cache_every_window_of_a_stripe_is_asked_ahead(
+    demo: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inspector.convert import reader
+
+    ckpt = scan(str(demo(DEEP)))
+    warm = run_check(ckpt, workers=2, chunk_elems=GROUP)
+    asked: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(reader.FilePool, "mostly_cold", lambda self, by_file: True)
+    monkeypatch.setattr(reader.FilePool, "advise", lambda self, p, o, n: asked.append((p, o, n)))
+    cold = run_check(ckpt, workers=2, chunk_elems=GROUP)
+    assert _rows(cold) == _rows(warm)
+    units = plan_units(plan_jobs(ckpt, ckpt.tensors, None), GROUP)
+    windows = {(f, o, n) for u in units if isinstance(u, Stripe) for f, o, _, n in stripe_reads(u)}
+    assert windows and windows <= set(asked)
