@@ -86,6 +86,15 @@ FILE_COST = 17.5e6
 # sweeps of 2026-12-03 14:34-14:56 (three, CPU-seconds less start-up and the scan: 0.8-1.1e6 at 1,024
 # ranks, 0.8-1.07e6 at 4,096)
 RANGE_COST = 1.0e6
+# health's reads: a chunk's ranges fetched by one `read_runs` into the worker's buffers, nothing written or
+# recorded per read. With RANGE_COST preflight said +59 % at 1,024 ranks and +30 % at 4,096 for health on
+# the 20M demo (rank sweep of 2026-12-04 00:23 UTC: 104,816 reads at 1,024 ranks, ~8 us each beyond the
+# rest of the model; ~15 us at 4,096, whose 8,192 files pass the descriptor pool's cap): 12 us here
+HEALTH_RANGE_COST = 0.58e6
+# each health job beyond its bytes: its accumulator and chunks' Python, its row, its findings and its place
+# in the report, on one thread. The 126-layer demo (3,789 jobs of ~16 K elements) took 1.3-1.9 s at 8 ranks
+# where its bytes alone predicted 0.45 s: ~0.3 ms a job here
+JOB_COST = 14e6
 CAST_ELEMS = 1 << 18
 MEM_PROBE = 4 << 20  # bytes copied in memory by the copy probe (twice its size held for a millisecond)
 PROBE_TRIES, PROBE_GAP = 5, 5e-3  # the copy and cast probes' tries a burst, and the seconds between bursts
@@ -102,6 +111,8 @@ FITTED = (
     "REDUCE_COST",
     "STARTUP_CPU",
     "STREAM_GAIN",
+    "HEALTH_RANGE_COST",
+    "JOB_COST",
     "RANGE_COST",
 )
 
@@ -258,7 +269,9 @@ class Work:
     # one, and its part overlaps the CPU's whatever `overlapped` says (`Calibration.read_ahead`: the run's
     # own test, `FilePool.mostly_cold`, asked of the same files)
     read_ahead: bool = False
-    ranges: int = 0  # separate reads (adjacent segments of a file are one), each at RANGE_COST
+    ranges: int = 0  # separate reads (adjacent segments of a file are one), each at `range_cost`
+    range_cost: float = RANGE_COST  # a read's CPU, in bytes the copy probe copies as long (health's less)
+    jobs: int = 0  # health's jobs, each at JOB_COST on one thread
     # CPU-seconds of start-up beyond the interpreter and imports (STARTUP_CPU): the scan the run repeats, as
     # this process measured it (`Checkpoint.scan_cpu`): 0.04 s for 16 rank files, ~1 s for 2,048
     startup: float = 0.0
@@ -293,8 +306,9 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
 
 def alone_seconds(cal: Calibration, work: Work) -> float:
     """CPU-seconds on one thread whatever the workers: start-up, the scan the run repeats, each read's Python
-    bookkeeping (under the GIL: the rank sweep's convert took as much wall as CPU at 2 workers)."""
-    return STARTUP_CPU + work.startup + RANGE_COST * work.ranges / cal.copy_rate
+    bookkeeping (under the GIL: the rank sweep's convert took as much wall as CPU at 2 workers), each health
+    job's."""
+    return STARTUP_CPU + work.startup + (work.range_cost * work.ranges + JOB_COST * work.jobs) / cal.copy_rate
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:

@@ -34,6 +34,13 @@ def health_seconds(
     reads, ranges = unit_reads(plan_units(jobs, plan.chunk))
     startup = ckpt.scan_cpu + (against.scan_cpu if against else 0.0)  # the run scans both again
     work = calibration.Work(  # the pass asks its reads ahead from a cold cache (`read_ahead`)
-        read=sum(reads.values()), reduced=total, pieces=len(jobs), read_ahead=True, ranges=ranges, startup=startup
+        read=sum(reads.values()),
+        reduced=total,
+        pieces=len(jobs),
+        read_ahead=True,
+        ranges=ranges,
+        range_cost=calibration.HEALTH_RANGE_COST,
+        jobs=len(jobs),
+        startup=startup,
     )
     return calibration.calibrated_seconds(tuple(set(sources)), reads, work, threads)
