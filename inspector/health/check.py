@@ -24,7 +24,7 @@ from inspector.health.stream import (
     read_ahead,
     run_jobs,
 )
-from inspector.health.units import Unit, jobs_of, read_bytes
+from inspector.health.units import Unit, jobs_of, unit_reads
 from inspector.scan.model import Checkpoint, Severity, TensorInfo
 from inspector.system.bytesource import any_remote
 
@@ -58,10 +58,11 @@ def check(
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     chunk = chunk_elems or plan.chunk
     units = plan_units(jobs, chunk)
+    by_file = unit_reads(units)[0]  # once: thousands of ranks make it long
     rows: list[Row] = []
     with FilePool(*set(sources)) as pool:
-        streamer = Streamer(pool, cancel, chunk, read_ahead(pool, units))
-        yield from _stream(units, streamer, plan.threads, rows)
+        streamer = Streamer(pool, cancel, chunk, read_ahead(pool, units, by_file))
+        yield from _stream(units, streamer, plan.threads, rows, sum(by_file.values()))
         read = streamer.done_bytes
     order = {t.name: i for i, t in enumerate(ckpt.tensors)}
     rows.sort(key=lambda r: (order[r.name], SOURCES.index(r.source)))
@@ -97,11 +98,11 @@ def _selected(ckpt: Checkpoint, include: Sequence[str], exclude: Sequence[str]) 
 
 
 def _stream(
-    units: list[Unit], streamer: Streamer, threads: int, rows: list[Row]
+    units: list[Unit], streamer: Streamer, threads: int, rows: list[Row], total: int
 ) -> Iterator[HealthProgress | list[Row]]:
     """Run the jobs (alone or in stripes) on `threads` workers: each finished unit's rows (also gathered
-    into `rows`) and progress at most every _INTERVAL seconds; a worker's error is raised here."""
-    total = read_bytes(units)
+    into `rows`) and progress (of `total` bytes) at most every _INTERVAL seconds; a worker's error is raised
+    here."""
     count = sum(len(jobs_of(u)) for u in units)
     last, done = 0.0, 0
     for item in run_jobs(units, streamer, threads):

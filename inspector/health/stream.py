@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,11 +66,12 @@ def _worker_bytes(chunk: int, against: bool) -> int:
     return chunk * (SCRATCH_PER_ELEM + (AGAINST_PER_ELEM if against else 0)) + SCRATCH_FIXED
 
 
-def read_ahead(pool: FilePool, units: Sequence[Unit]) -> int:
+def read_ahead(pool: FilePool, units: Sequence[Unit], by_file: Mapping[str, int] | None = None) -> int:
     """Chunks of each stream to ask the kernel for ahead of their reads: READ_AHEAD when most of what the
-    pass reads is not in the page cache (`FilePool.mostly_cold`), else none (advice on cached pages only
-    costs: 5 % of a warm pass here). From an object store the workers' own requests are in flight already."""
-    return READ_AHEAD if pool.mostly_cold(unit_reads(units)[0]) else 0
+    pass reads (`by_file`, else counted from `units`) is not in the page cache (`FilePool.mostly_cold`), else
+    none (advice on cached pages only costs: 5 % of a warm pass here). From an object store the workers' own
+    requests are in flight already."""
+    return READ_AHEAD if pool.mostly_cold(by_file if by_file is not None else unit_reads(units)[0]) else 0
 
 
 @dataclass(frozen=True)

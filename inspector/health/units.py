@@ -73,7 +73,3 @@ def unit_reads(units: Sequence[Unit]) -> tuple[Counter[str], int]:
             count += add_reads(segs, by_file)
     return by_file, count
 
-
-def read_bytes(units: Sequence[Unit]) -> int:
-    """Bytes the pass reads (a stripe's windows include what lies between its slices)."""
-    return sum(unit_reads(units)[0].values())
