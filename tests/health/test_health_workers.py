@@ -308,7 +308,7 @@ def test_read_ahead_only_for_a_cold_local_pass(demo: Any, monkeypatch: pytest.Mo
     runs = []
     for ahead in (0, 2):
         checking = sys.modules["inspector.health.check"]  # the package's `check` is the function
-        monkeypatch.setattr(checking, "read_ahead", lambda pool, jobs, a=ahead: a)
+        monkeypatch.setattr(checking, "read_ahead", lambda pool, units, by_file=None, a=ahead: a)
         doc = run_check(ckpt, workers=2).as_json()
         doc.pop("seconds")
         runs.append(doc)
