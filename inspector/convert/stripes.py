@@ -22,15 +22,16 @@ against the module order) never reads much that it does not use: it only shorten
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
-from inspector.convert.reader import reads_of
+from inspector.convert.reader import add_reads
 from inspector.format.dtypes import itemsize
+from inspector.scan.model import Segment
 from inspector.scan.slices import RankSlices, RankStarts
 
 SMALL_SLICE = 64 << 10  # bytes of one rank's slice below which a parameter is read in a stripe
@@ -288,13 +289,25 @@ def stripe_counts(st: Stripe[Any]) -> tuple[Counter[str], int]:
 
 def plan_reads(plan: ConversionPlan, limit: int) -> tuple[Counter[str], int]:
     """(bytes read from each file, how many reads) of the whole plan as the pipeline reads it with chunks
-    of `limit` elements: a stripe one read a rank (the bytes between its slices too), any other tensor as
-    `reader.reads_of` counts it. Preflight's time model charges each read."""
+    of `limit` elements (`reads_counted`). Preflight's time model charges each read."""
+    units = (x for shard in plan.shards for x in runs(shard, limit))
+    return reads_counted(units, lambda t: (t.segments,))
+
+
+def reads_counted(
+    units: Iterable[M | Stripe[M]], streams: Callable[[M], Iterable[Sequence[Segment]]]
+) -> tuple[Counter[str], int]:
+    """(bytes read from each file, how many reads) of members read alone or in stripes: a stripe one read a
+    rank and window (the bytes between its slices too), a member each of its `streams` as
+    `reader.add_reads` counts it (a stage-3 parameter one read a rank)."""
     by_file: Counter[str] = Counter()
     count = 0
-    for shard in plan.shards:
-        for x in runs(shard, limit):
-            got, n = reads_of(x.segments) if not isinstance(x, Stripe) else stripe_counts(x)
+    for u in units:
+        if isinstance(u, Stripe):
+            got, n = stripe_counts(u)
             by_file.update(got)
             count += n
+        else:
+            for segs in streams(u):
+                count += add_reads(segs, by_file)
     return by_file, count

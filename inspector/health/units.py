@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from inspector.convert.reader import add_reads
-from inspector.convert.stripes import Stripe, grouped, small_slices, stripe_counts
+from inspector.convert.stripes import Stripe, grouped, reads_counted, small_slices
 from inspector.health.jobs import Job
 from inspector.scan.slices import RankSlices
 
@@ -59,17 +58,6 @@ def jobs_of(unit: Unit) -> list[Job]:
 
 
 def unit_reads(units: Sequence[Unit]) -> tuple[Counter[str], int]:
-    """(bytes read from each file, how many reads) of the pass: a job's segments (`reader.reads_of`), a
-    stripe one read a rank and window."""
-    by_file: Counter[str] = Counter()
-    count = 0
-    for u in units:
-        if isinstance(u, Stripe):
-            got, n = stripe_counts(u)
-            by_file.update(got)
-            count += n
-            continue
-        for segs in (u.segments, u.module, u.against):
-            count += add_reads(segs, by_file)
-    return by_file, count
-
+    """(bytes read from each file, how many reads) of the pass (`stripes.reads_counted`): a job's stream,
+    module copy and `--against`'s, a stripe one read a rank and window."""
+    return reads_counted(units, lambda j: (j.segments, j.module, j.against))

@@ -26,8 +26,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.kinds.universal.plan import UniFile
-from inspector.convert.reader import add_reads
-from inspector.convert.stripes import Stripe, fill_gaps, grouped, small_slices, stripe_counts, stripe_reads
+from inspector.convert.stripes import Stripe, fill_gaps, grouped, reads_counted, small_slices, stripe_reads
 from inspector.format.dtypes import bits_dtype, itemsize
 from inspector.scan.slices import RankSlices
 
@@ -83,11 +82,10 @@ def any_striped(files: Sequence[UniFile]) -> bool:
     return any(_parts(_Member(i, f)) is not None for i, f in enumerate(files))
 
 
-def stripes_of(files: Sequence[UniFile], cap: int) -> Iterator[UniFile | Stripe[_Member]]:
-    """The files in order, consecutive small stage-3 ones of one dtype grouped into stripes of at most
-    `cap` row elements."""
-    for unit in grouped((_Member(i, f) for i, f in enumerate(files)), _parts, _dtype, lambda m: cap):
-        yield unit if isinstance(unit, Stripe) else unit.file
+def stripes_of(files: Sequence[UniFile], cap: int) -> Iterator[_Member | Stripe[_Member]]:
+    """The files in order (by index), consecutive small stage-3 ones of one dtype grouped into stripes of at
+    most `cap` row elements."""
+    return grouped((_Member(i, f) for i, f in enumerate(files)), _parts, _dtype, lambda m: cap)
 
 
 def _dtype(m: _Member) -> str:
@@ -95,19 +93,9 @@ def _dtype(m: _Member) -> str:
 
 
 def universal_reads(files: Sequence[UniFile], workers: int) -> tuple[Counter[str], int]:
-    """(bytes read from each file, how many reads) of the export's tensor files on `workers`: a stripe one
-    read a rank and window, any other file as `reader.reads_of` counts it. Preflight's time model charges
-    each read."""
-    by_file: Counter[str] = Counter()
-    count = 0
-    for unit in stripes_of(files, cap_elems(workers)):
-        if isinstance(unit, Stripe):
-            got, n = stripe_counts(unit)
-            by_file.update(got)
-            count += n
-        else:
-            count += add_reads(unit.segments, by_file)
-    return by_file, count
+    """(bytes read from each file, how many reads) of the export's tensor files on `workers`
+    (`stripes.reads_counted`). Preflight's time model charges each read."""
+    return reads_counted(stripes_of(files, cap_elems(workers)), lambda m: (m.file.segments,))
 
 
 class SharedRows:
