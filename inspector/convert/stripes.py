@@ -84,15 +84,17 @@ class Stripe(Generic[M]):
         return sum(t.numel for t in self.tensors)
 
 
-def small_slices(s: object) -> bool:
-    """Whether `s` (a tensor's segments) is a stage-3 parameter's slices that are small enough for a stripe."""
-    return isinstance(s, RankSlices) and len(s) > 0 and s.part * s.starts.itemsize < SMALL_SLICE
+def small_slices(s: object, dtype: str | None = None) -> RankSlices | None:
+    """`s` (a tensor's segments) where it is a stage-3 parameter's slices small enough for a stripe (in
+    `dtype`, where one is given), else None."""
+    if not isinstance(s, RankSlices) or not len(s) or s.part * s.starts.itemsize >= SMALL_SLICE:
+        return None
+    return s if dtype is None or s.starts.dtype == dtype else None
 
 
 def small(t: PlannedTensor) -> bool:
     """Whether `t` is read in a stripe: a stage-3 parameter whose slices are small, in its slices' dtype."""
-    s = t.segments
-    return small_slices(s) and isinstance(s, RankSlices) and s.starts.dtype == t.src_dtype
+    return small_slices(t.segments, t.src_dtype) is not None
 
 
 def capacity(shard: PlannedShard, limit: int, t: PlannedTensor) -> int:

@@ -30,10 +30,8 @@ def parts(job: Job) -> tuple[RankSlices, ...] | None:
     if job.module:
         return None
     got = (job.segments, job.against) if job.against else (job.segments,)
-    if not all(small_slices(s) for s in got):
-        return None
-    slices = tuple(s for s in got if isinstance(s, RankSlices))
-    return slices if len({s.starts.dtype for s in slices}) == 1 else None
+    found = tuple(s for s in (small_slices(x) for x in got) if s is not None)
+    return found if len(found) == len(got) and len({s.starts.dtype for s in found}) == 1 else None
 
 
 def _dtype(job: Job) -> str:

@@ -60,10 +60,8 @@ class _Member:
 
 
 def _parts(m: _Member) -> tuple[RankSlices, ...] | None:
-    s = m.file.segments
-    if small_slices(s) and isinstance(s, RankSlices) and s.starts.dtype == m.file.source_dtype:
-        return (s,)
-    return None
+    s = small_slices(m.file.segments, m.file.source_dtype)
+    return (s,) if s is not None else None
 
 
 class _Rows:
