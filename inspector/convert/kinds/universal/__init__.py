@@ -107,7 +107,7 @@ class UniversalJob(Job):
 
     @contextlib.contextmanager
     def writer(self) -> Iterator[FileWriter]:
-        from inspector.convert.kinds.universal.shared_rows import SharedRows, universal_reads
+        from inspector.convert.kinds.universal.shared_rows import SharedRows
         from inspector.convert.kinds.universal.tensors import (
             READ_AHEAD,
             Buffers,
@@ -119,10 +119,11 @@ class UniversalJob(Job):
         plan, tensors = self.plan, len(self.plan.files)
         chunk, buffers = chunk_elems(self.workers), Buffers()  # one budget, shared by the workers
         with FilePool(*plan.sources) as pool:
-            reads = universal_reads(plan.files, self.workers)[0]
-            ahead = READ_AHEAD if pool.mostly_cold(reads) else 0  # advice on cached pages only costs
             # small stage-3 files gathered from stripes the workers share (`shared_rows.py`)
-            shared = SharedRows(pool, plan.files, self.workers, ahead=bool(ahead))
+            shared = SharedRows(pool, plan.files, self.workers)
+            # advice on cached pages only costs
+            ahead = READ_AHEAD if pool.mostly_cold(shared.reads()[0]) else 0
+            shared.ahead = bool(ahead)
 
             def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
                 if index < tensors:

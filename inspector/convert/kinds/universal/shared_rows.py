@@ -93,28 +93,33 @@ def _dtype(m: _Member) -> str:
 def universal_reads(files: Sequence[UniFile], workers: int) -> tuple[Counter[str], int]:
     """(bytes read from each file, how many reads) of the export's tensor files on `workers`
     (`stripes.reads_counted`). Preflight's time model charges each read."""
-    return reads_counted(stripes_of(files, cap_elems(workers)), lambda m: (m.file.segments,))
+    return SharedRows(None, files, workers).reads()
 
 
 class SharedRows:
     """The plan's stripes and the rows of those being written (see the module docstring)."""
 
-    def __init__(self, pool: Any, files: Sequence[UniFile], workers: int, ahead: bool = False) -> None:
+    def __init__(self, pool: Any, files: Sequence[UniFile], workers: int) -> None:
         self._pool = pool
         self._of: dict[int, Stripe[_Member]] = {}
         self._order: dict[int, int] = {}  # a stripe (by id) -> its place among them
         self._stripes: list[Stripe[_Member]] = []
-        for unit in stripes_of(files, cap_elems(workers)):
+        self._units = list(stripes_of(files, cap_elems(workers)))
+        for unit in self._units:
             if isinstance(unit, Stripe):
                 self._order[id(unit)] = len(self._stripes)
                 self._stripes.append(unit)
                 for m in unit.tensors:
                     self._of[m.index] = unit
-        self._ahead = ahead  # from a cold page cache: a stripe's windows and the next's asked of the kernel
+        self.ahead = False  # from a cold page cache: a stripe's windows and the next's asked of the kernel
         self._advised = -1  # the last stripe asked for
         self._live: OrderedDict[int, _Rows] = OrderedDict()
         self._max = live(workers)
         self._lock = threading.Lock()
+
+    def reads(self) -> tuple[Counter[str], int]:
+        """`universal_reads` of these files, from the stripes already grouped."""
+        return reads_counted(self._units, lambda m: (m.file.segments,))
 
     def stripe(self, index: int) -> Stripe[_Member] | None:
         """The stripe file `index` is read from, or None where it is read segment by segment."""
@@ -134,7 +139,7 @@ class SharedRows:
                 self._live.move_to_end(key)
         with entry.lock:
             if entry.data is None:
-                if self._ahead:
+                if self.ahead:
                     self._advise(self._order[key] + 1)
                 dtype = st.tensors[0].file.source_dtype
                 raw = np.empty(st.rows * itemsize(dtype), np.uint8)
