@@ -116,7 +116,7 @@ def run(
         last = len(files) - 1
         name = files[last].name if files else ""
         yield Progress(total, total, "", name, last, len(files), elapsed, skipped, count, count)
-        listed = tuple((f.name, root.size(f.name)) for f in files) + r.small
+        listed = tuple(zip([f.name for f in files], root.sizes([f.name for f in files]), strict=True)) + r.small
         if job.folder:  # one entry for the folder
             listed = ((job.folder, sum(s for _, s in listed)),)
         listed += side
@@ -273,7 +273,7 @@ def _part_report(r: Staging, start: float) -> Report:
     """A part's files stay staged (or are up already, in a bucket) until the finishing run."""
     job, root = r.job, r.root
     names = [job.streamed[k].name if root.dest is not None else r.staged[k] for k in r.mine]
-    listed = tuple((n, root.size(n)) for n in names)
+    listed = tuple(zip(names, root.sizes(names), strict=True))
     where = root.path
     if job.folder:
         where = job.where if root.dest is not None else job.where + PARTIAL

@@ -42,13 +42,13 @@ from inspector.convert.rootread import (
     NOFOLLOW,
     ReadsBelow,
     busy,
+    linked,
     lock_holder,
     only_name,
     planted,
 )
 from inspector.errors import OutputError
 from inspector.system.bytesource import ByteSource
-from inspector.text import quoted
 
 __all__ = [
     "LOCK",
@@ -204,7 +204,7 @@ class OutputRoot(ReadsBelow):
                     nxt = os.open(p, DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise self._link(rel, p) from None
+                        raise linked(self.show(rel), p) from None
                     raise
                 os.close(fd)
                 fd = nxt
@@ -212,14 +212,6 @@ class OutputRoot(ReadsBelow):
             os.close(fd)
             raise
         return fd, parts[-1]
-
-    def _link(self, rel: str, part: str) -> OutputError:
-        return OutputError(
-            f"Refusing to write {self.show(rel)}: {quoted(part)} inside the output folder is a link or not "
-            "a folder.",
-            hint="Something other than this tool put it there; remove it or choose another output folder.",
-            title="Unsafe output folder",
-        )
 
     # -- changing it ------------------------------------------------------------------------------------
 
@@ -232,30 +224,27 @@ class OutputRoot(ReadsBelow):
         unlinked and a new inode made, never truncated in place, so a planted hard link is never written through."""
         fd, name = self._parent(rel, create=True)
         try:
-            return _fresh(name, fd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise self._link(rel, name) from None
-            raise
+            return self._new(rel, name, fd)
         finally:
             os.close(fd)
 
-    def open_write(self, rel: str) -> BinaryIO:
-        """`create` as a buffered binary file object."""
-        return os.fdopen(self.create(rel), "wb")
+    def _new(self, rel: str, name: str, dir_fd: int, own: int = 0) -> int:
+        """`_fresh`, or with `own` flags `_open_own`; a link at `name` is refused in the root's words."""
+        try:
+            return _open_own(name, own, dir_fd) if own else _fresh(name, dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise linked(self.show(rel), name) from None
+            if exc.errno == errno.ENXIO:  # a FIFO (or socket) with no reader: never ours
+                raise planted(self.show(rel)) from None
+            raise
 
     def append(self, rel: str, data: bytes) -> None:
         """Append to a bookkeeping file (a journal line), made exclusively when missing; one that is not a
         regular file of one name (a FIFO, a planted hard link) is refused before a byte is written."""
         fd, name = self._parent(rel, create=True)
         try:
-            f = _open_own(name, os.O_WRONLY | os.O_APPEND, fd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise self._link(rel, name) from None
-            if exc.errno == errno.ENXIO:  # a FIFO (or socket) with no reader: never ours
-                raise planted(self.show(rel)) from None
-            raise
+            f = self._new(rel, name, fd, os.O_WRONLY | os.O_APPEND)
         finally:
             os.close(fd)
         if not only_name(f):
@@ -268,19 +257,28 @@ class OutputRoot(ReadsBelow):
 
     def write_with(self, rel: str, fill: Callable[[BinaryIO], object], *, fsync: bool = False) -> int:
         """`rel` as `fill(file)` writes it, in place all at once: written beside it as `rel.tmp`, renamed when
-        complete, removed if `fill` fails or is cancelled. Returns the file's size."""
-        tmp = rel + ".tmp"
+        complete, removed if `fill` fails or is cancelled. Returns the file's size. The folder is walked once
+        for the three (three walks were most of a small file's system calls) and held as `create` holds it."""
+        pfd, name = self._parent(rel, create=True)
         try:
-            with self.open_write(tmp) as fh:
-                fill(fh)
-                fh.flush()
-                if fsync:
-                    os.fsync(fh.fileno())
-                size = fh.tell()
-        except BaseException:
-            self.remove(tmp)
-            raise
-        self.replace(tmp, rel)
+            fd = self._new(rel + ".tmp", tmp := name + ".tmp", pfd)
+            try:
+                with os.fdopen(fd, "wb", buffering=BUFFER) as fh:
+                    fill(fh)
+                    fh.flush()
+                    if fsync:
+                        os.fsync(fh.fileno())
+                    size = fh.tell()
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=pfd)
+                raise
+            if self.dest is None or local_only(rel):
+                os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+                return size
+        finally:
+            os.close(pfd)
+        self._publish(rel + ".tmp", rel)
         return size
 
     def write_atomic(self, rel: str, data: bytes, *, fsync: bool = False) -> int:
@@ -332,17 +330,17 @@ class OutputRoot(ReadsBelow):
 
     def remove(self, rel: str) -> bool:
         """Remove a file (or a link: the link, never its target); False when it was not there."""
-        try:
-            fd, name = self._parent(rel, create=False)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        try:
-            os.unlink(name, dir_fd=fd)
-            return True
-        except FileNotFoundError:
-            return False
-        finally:
-            os.close(fd)
+        return self.remove_all([rel]) == 1
+
+    def remove_all(self, rels: list[str]) -> int:
+        """`remove` each of `rels`, each folder walked once (a resumed export clears thousands of names);
+        how many were there."""
+        gone = 0
+        for fd, name, _ in self.in_folders(rels):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+                gone += 1
+        return gone
 
     def remove_tree(self, rel: str) -> None:
         """Remove a folder below OUT and everything in it, following no link (a link is removed as a link)."""
@@ -362,6 +360,7 @@ class OutputRoot(ReadsBelow):
             os.fsync(self.fd)
 
 
+BUFFER = 1 << 16  # a file object's buffer, given so that opening one asks no terminal question (isatty)
 _NEW = os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC
 
 
@@ -375,14 +374,15 @@ def _open_own(name: str, flags: int, dir_fd: int) -> int:
 
 def _fresh(name: str, dir_fd: int) -> int:
     """A new inode under `name`, open for writing: a file there is unlinked (the name only) and never truncated
-    in place, where a planted hard link would be written through; a link there is refused (ELOOP)."""
+    in place, where a planted hard link would be written through; a link there is refused (ELOOP). The
+    exclusive create comes first: the name is almost always free (one call, not three)."""
     for _ in range(5):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileExistsError):
+            return os.open(name, _NEW | os.O_RDWR, 0o644, dir_fd=dir_fd)
+        with contextlib.suppress(FileNotFoundError):  # gone again before the look: the next create takes it
             if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                 raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
             os.unlink(name, dir_fd=dir_fd)
-        with contextlib.suppress(FileExistsError):  # made again between the unlink and the open: once more
-            return os.open(name, _NEW | os.O_RDWR, 0o644, dir_fd=dir_fd)
     raise OSError(errno.EEXIST, os.strerror(errno.EEXIST))
 
 

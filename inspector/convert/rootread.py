@@ -4,15 +4,16 @@ descriptor one plain name at a time without following a link; and who holds OUT'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from inspector.convert.checksum import fd_crc32
-from inspector.convert.outnames import LOCK, PART, BusyError
+from inspector.convert.outnames import LOCK, PART, BusyError, parts_of
 from inspector.errors import OutputError
-from inspector.text import shown
+from inspector.text import quoted, shown
 
 if TYPE_CHECKING:
     from inspector.convert.outnames import Destination
@@ -36,6 +37,15 @@ def only_name(fd: int) -> bool:
     """A regular file with no name but the one we opened: bookkeeping this tool made, safe to write."""
     st = os.fstat(fd)
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def linked(shown_path: str, part: str) -> OutputError:
+    """The refusal to write through `part` of a path below OUT: a link, or not a folder."""
+    return OutputError(
+        f"Refusing to write {shown_path}: {quoted(part)} inside the output folder is a link or not a folder.",
+        hint="Something other than this tool put it there; remove it or choose another output folder.",
+        title="Unsafe output folder",
+    )
 
 
 def planted(shown_path: str) -> OutputError:
@@ -122,6 +132,33 @@ class ReadsBelow:
         finally:
             os.close(sub)
 
+    def in_folders(self, rels: Sequence[str]) -> Iterator[tuple[int, str, int]]:
+        """(folder descriptor, name, index) of each of `rels`, each folder walked once for all of its names
+        (an export's thousands of files lie in a few hundred folders); the names of a folder that is not
+        there are passed over. The descriptor is open until the next step."""
+        groups: dict[str, list[int]] = {}
+        for i, rel in enumerate(rels):
+            groups.setdefault(rel.rpartition("/")[0], []).append(i)
+        for idx in groups.values():
+            try:
+                fd, _ = self._parent(rels[idx[0]], create=False)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                for i in idx:
+                    yield fd, parts_of(rels[i])[-1], i
+            finally:
+                os.close(fd)
+
+    def sizes(self, rels: Sequence[str]) -> list[int]:
+        """`size` of each of `rels` (0 for one missing), each folder walked once."""
+        out = [self.dest.size_of(rel) if self.dest is not None else None for rel in rels]
+        local = [i for i, size in enumerate(out) if size is None]
+        for fd, name, j in self.in_folders([rels[i] for i in local]):
+            with contextlib.suppress(FileNotFoundError):
+                out[local[j]] = os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+        return [size or 0 for size in out]
+
     def open_read(self, rel: str) -> int:
         """A regular file below OUT for reading (our own journal, a finished file to checksum)."""
         fd, name = self._parent(rel, create=False)
@@ -181,13 +218,29 @@ class ReadsBelow:
                 os.close(fd)
 
     def walk_files(self, rel: str) -> Iterator[str]:
-        """Every regular file below the folder `rel`, as paths relative to OUT (links are not entered)."""
-        for name in self.listdir(rel):
-            sub = f"{rel}/{name}"
-            st = self.lstat(sub)
-            if st is None:
+        """Every regular file below the folder `rel`, as paths relative to OUT (links are not entered): each
+        folder opened once, from its parent's descriptor, and listed with the entries' own types."""
+        fd, _ = self._parent(rel + "/x", create=False)  # `rel` itself, reached as every walk reaches it
+        try:
+            yield from _files_below(fd, rel)
+        finally:
+            os.close(fd)
+
+
+def _files_below(fd: int, rel: str) -> Iterator[str]:
+    """The regular files below the open folder `fd` (named `rel`), sorted by name at each level."""
+    with os.scandir(fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        sub = f"{rel}/{e.name}"
+        if e.is_dir(follow_symlinks=False):
+            try:
+                child = os.open(e.name, DIR_FLAGS, dir_fd=fd)
+            except OSError:  # gone, or swapped for a link since the listing: not entered
                 continue
-            if stat.S_ISDIR(st.st_mode):
-                yield from self.walk_files(sub)
-            elif stat.S_ISREG(st.st_mode):
-                yield sub
+            try:
+                yield from _files_below(child, sub)
+            finally:
+                os.close(child)
+        elif e.is_file(follow_symlinks=False):
+            yield sub

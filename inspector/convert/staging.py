@@ -114,21 +114,23 @@ class Staging:
         """Which files an earlier run of this job finished (the bucket says so for a bucket, else the
         journals and the files themselves); a staged file of ours that is not reusable is removed."""
         job, root, files = self.job, self.root, self.job.streamed
+        mine = set(self.mine)  # thousands of files: a list's `in` made this loop quadratic
         if root.dest is not None:
             dest = root.dest
             return [
-                k in self.mine and dest.holds(files[k].name, files[k].nbytes if files[k].exact else None)
+                k in mine and dest.holds(files[k].name, files[k].nbytes if files[k].exact else None)
                 for k in range(len(files))
             ], {}
         before = self.journal.previous(finishing=self.part is None)
         reuse, kept = [False] * len(files), {}
+        stale: list[str] = []
         for k, f in enumerate(files):
             entry = before.get(f.name)
             if entry is not None and self._intact(k, entry):
                 reuse[k], kept[f.name] = True, entry
-            elif k in self.mine:
-                root.remove(self.staged[k])
-                root.remove(self.staged[k] + ".tmp")
+            elif k in mine:
+                stale += (self.staged[k], self.staged[k] + ".tmp")
+        root.remove_all(stale)
         if job.folder and self.part is None:  # whatever a killed writer left half-done
             for rel in list(root.walk_files(self.area)):
                 if rel.endswith(".tmp"):

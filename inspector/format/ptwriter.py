@@ -155,14 +155,16 @@ class _ZipOut:
         self.fh = fh
         self.central: list[bytes] = []
         self.crc = 0  # of every byte written so far: the file's CRC-32 in hand, never read back
+        self.pos = fh.tell()  # counted as it goes: a buffered file's tell() is a seek call each time
 
     def _put(self, data: bytes) -> None:
         """Small bytes (headers, records): written and checksummed as they go."""
         self.crc = zlib.crc32(data, self.crc)
         self.fh.write(data)
+        self.pos += len(data)
 
     def entry(self, name: str, chunks: Iterator[bytes | memoryview]) -> None:
-        offset = self.fh.tell()
+        offset = self.pos
         raw = name.encode()
         pad = (-(offset + 30 + len(raw) + 4)) % ALIGN
         extra = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
@@ -177,6 +179,7 @@ class _ZipOut:
             crc = zlib.crc32(chunk, crc)  # the one pass over the bytes: the file's CRC is combined from it
             n += len(chunk)
             self.fh.write(chunk)
+        self.pos += n
         self.crc = crc32_combine(self.crc, crc, n)
         self._put(struct.pack("<4sLQQ", b"PK\x07\x08", crc, n, n))
         z64 = struct.pack("<HHQQQ", 1, 24, n, n, offset)
@@ -206,11 +209,11 @@ class _ZipOut:
         )
 
     def finish(self) -> None:
-        cd_off = self.fh.tell()
+        cd_off = self.pos
         for rec in self.central:
             self._put(rec)
-        cd_size = self.fh.tell() - cd_off
-        eocd64 = self.fh.tell()
+        cd_size = self.pos - cd_off
+        eocd64 = self.pos
         count = len(self.central)
         self._put(struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, cd_size, cd_off))
         self._put(struct.pack("<4sLQL", b"PK\x06\x07", 0, eocd64, 1))
@@ -260,4 +263,4 @@ def _dump(obj: Any, fh: BinaryIO, archive: str, chunk_elems: int) -> tuple[int, 
     z.entry(f"{archive}/version", iter([b"3\n"]))
     z.entry(f"{archive}/.data/serialization_id", iter([b"0" * 40]))
     z.finish()
-    return fh.tell(), z.crc
+    return z.pos, z.crc

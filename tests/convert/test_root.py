@@ -112,3 +112,50 @@ def test_write_with_leaves_nothing_when_the_writer_fails(out: Path) -> None:
         with pytest.raises(RuntimeError):
             root.write_with("zero/w/fp32.pt", fail)
         assert list(root.walk_files("zero")) == []
+
+
+def test_a_link_or_hard_link_at_the_temporary_name_is_never_written_through(out: Path, victim: Path) -> None:
+    """write_with walks the folder once for its temporary file and its rename: a link planted at `NAME.tmp` is
+    refused, and a hard link there is unlinked (its other name keeps the user's bytes)."""
+    (out / "zero" / "w").mkdir(parents=True)
+    (out / "zero" / "w" / "fp32.pt.tmp").symlink_to(victim / "exp_avg.pt")
+    os.link(victim / "exp_avg.pt", out / "zero" / "w" / "exp_avg.pt.tmp")
+    with OutputRoot(str(out)) as root:
+        with pytest.raises(OutputError, match="is a link"):
+            root.write_atomic("zero/w/fp32.pt", b"evil")
+        assert root.write_atomic("zero/w/exp_avg.pt", b"ours") == 4
+    assert (out / "zero" / "w" / "exp_avg.pt").read_bytes() == b"ours"
+    _untouched(victim)
+
+
+def test_sizes_and_remove_all_walk_each_folder_once_and_follow_no_link(out: Path, victim: Path) -> None:
+    with OutputRoot(str(out)) as root:
+        root.write_atomic("zero/a/fp32.pt", b"1234")
+        root.write_atomic("zero/a/exp_avg.pt", b"12")
+        root.write_atomic("zero/b/fp32.pt", b"1")
+        (out / "zero" / "c").symlink_to(victim, target_is_directory=True)
+        rels = ["zero/a/fp32.pt", "zero/b/fp32.pt", "zero/a/missing.pt", "zero/a/exp_avg.pt", "gone/x.pt"]
+        walks: list[str] = []
+        walk = root._parent
+        root._parent = lambda rel, create: walks.append(rel) or walk(rel, create)  # type: ignore[method-assign]
+        assert root.sizes(rels) == [4, 1, 0, 2, 0]
+        assert len(walks) == 3  # zero/a, zero/b, gone
+        root._parent = walk  # type: ignore[method-assign]
+        with pytest.raises(OutputError, match="is a link or not a folder"):
+            root.sizes(["zero/c/exp_avg.pt"])
+        with pytest.raises(OutputError, match="is a link or not a folder"):
+            root.remove_all(["zero/c/exp_avg.pt"])
+        root.remove_all(["zero/a/fp32.pt", "zero/a/fp32.pt.tmp", "zero/b/fp32.pt", "gone/x.pt"])
+        assert sorted(root.walk_files("zero")) == ["zero/a/exp_avg.pt"]
+    _untouched(victim)
+
+
+def test_walk_files_lists_regular_files_in_order_and_enters_no_link(out: Path, victim: Path) -> None:
+    with OutputRoot(str(out)) as root:
+        for rel in ("s/z/b.pt", "s/z/a.pt", "s/y/c.pt", "s/top.pt"):
+            root.write_atomic(rel, b"x")
+        (out / "s" / "z" / "escape").symlink_to(victim, target_is_directory=True)
+        (out / "s" / "link.pt").symlink_to(victim / "exp_avg.pt")
+        os.mkfifo(out / "s" / "fifo")
+        assert list(root.walk_files("s")) == ["s/top.pt", "s/y/c.pt", "s/z/a.pt", "s/z/b.pt"]
+    _untouched(victim)
