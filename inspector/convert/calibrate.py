@@ -78,7 +78,10 @@ STARTUP_CPU = 0.30
 # in bytes the copy probe copies in as long: measured in process on a 300K-parameter ZeRO-3 demo, whose
 # universal export writes 67 files of 3.7 MB in all (2026-12-03, 1 worker, 4 runs): 0.90-1.22 ms a file
 # under a load average of 8, when the same load made health's CPU 2.9-3.3x the quiet sweep's, so ~0.35 ms
-# quiet. Universal's many small files: a model of many small tensors is not its bytes alone
+# quiet. Universal's many small files: a model of many small tensors is not its bytes alone. On one thread
+# whatever the workers (its Python holds the GIL): the 126-layer 20M demo's export (3,795 files) took
+# 2.40-2.48 s at 1 worker and 2.94-2.98 s at 2, where spread over 2 threads it was predicted 1.46 s
+# (2026-12-04, /dev/shm; 0.45 ms a file at this machine's copy rate, as fitted)
 FILE_COST = 17.5e6
 # CPU per read beyond its bytes (a pread, the Python around it, the plan's record of it), in bytes the copy
 # probe copies in as long, on one thread (the Python holds the GIL): a stage-3 checkpoint is read a
@@ -307,8 +310,12 @@ def estimate_seconds(cal: Calibration, workers: int, work: Work) -> float:
 def alone_seconds(cal: Calibration, work: Work) -> float:
     """CPU-seconds on one thread whatever the workers: start-up, the scan the run repeats, each read's Python
     bookkeeping (under the GIL: the rank sweep's convert took as much wall as CPU at 2 workers), each health
-    job's."""
-    return STARTUP_CPU + work.startup + (work.range_cost * work.ranges + JOB_COST * work.jobs) / cal.copy_rate
+    job's, each output file's (a universal export of 3,795 small files took 2.4 s at 1 worker, 2.9 at 2)."""
+    return (
+        STARTUP_CPU
+        + work.startup
+        + (work.range_cost * work.ranges + JOB_COST * work.jobs + FILE_COST * work.files) / cal.copy_rate
+    )
 
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
@@ -318,7 +325,6 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
     compute = READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
-    compute += FILE_COST * work.files
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
     page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)

@@ -119,8 +119,9 @@ def _grown(w: Window | None, s: RankSlices) -> Window:
     ends = _ends(s)
     begins = np.full(len(ends), s.off, dtype=np.int64)
     if w is not None:
-        n = max(len(ends), len(w.ends))
-        ends, begins = np.pad(ends, (0, n - len(ends))), np.pad(begins, (0, n - len(begins)), constant_values=_NONE)
+        if (more := len(w.ends) - len(ends)) > 0:  # (np.pad costs ~30 µs a call: thousands of members)
+            ends = np.concatenate([ends, np.zeros(more, np.int64)])
+            begins = np.concatenate([begins, np.full(more, _NONE, np.int64)])
         ends[: len(w.ends)] = np.maximum(ends[: len(w.ends)], w.ends)
         begins[: len(w.begins)] = np.minimum(begins[: len(w.begins)], w.begins)
     first = int(begins.min())

@@ -24,6 +24,9 @@ from inspector.format.crc import crc32_combine
 from inspector.format.dtypes import STORAGE_CLASSES, numpy_dtype
 
 ALIGN = 64
+# an entry this small is checksummed twice (its own CRC, the file's) rather than combined: a combine's
+# Python costs more than ~100 KB of zlib (a universal export writes thousands of files of 7 small entries)
+DIRECT = 64 << 10
 
 Producer = Callable[[int, int], "np.ndarray[Any, Any]"]
 """Return elements [start, start+count) of a storage as a numpy array (cast to the storage's dtype if not
@@ -173,14 +176,16 @@ class _ZipOut:
             + raw
             + extra
         )
-        crc = 0
-        n = 0
+        crc = n = 0
+        whole: int | None = self.crc  # the file's CRC carried through the entry's first DIRECT bytes
         for chunk in chunks:
-            crc = zlib.crc32(chunk, crc)  # the one pass over the bytes: the file's CRC is combined from it
+            crc = zlib.crc32(chunk, crc)  # the one pass over a big entry's bytes: the file's CRC is combined
             n += len(chunk)
             self.fh.write(chunk)
+            if whole is not None:
+                whole = zlib.crc32(chunk, whole) if n <= DIRECT else None
         self.pos += n
-        self.crc = crc32_combine(self.crc, crc, n)
+        self.crc = whole if whole is not None else crc32_combine(self.crc, crc, n)
         self._put(struct.pack("<4sLQQ", b"PK\x07\x08", crc, n, n))
         z64 = struct.pack("<HHQQQ", 1, 24, n, n, offset)
         self.central.append(
