@@ -39,6 +39,7 @@ from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
+WHOLE_FILE = 64 << 10  # files up to this size are read whole by their first read (see `load`)
 _INERT_RECORDS = {
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
     ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
@@ -270,7 +271,10 @@ def load(
     embedded = window is not None or handle is not None  # a DCP item: a zip, never the legacy form
     handle = handle if handle is not None else open_handle_in(path, (source,) if source else ())
     try:
-        head = handle.pread(min(HEAD_PAGE, handle.size), 0) if not embedded and handle.size > 0 else b""
+        # a small file is read whole at once (a stage-3 rank's model-states file, tens of KB: one read where
+        # its end records, directory, pickle and headers took six; from a bucket, one request)
+        size = handle.size if handle.size <= WHOLE_FILE else HEAD_PAGE
+        head = handle.pread(size, 0) if not embedded and handle.size > 0 else b""
         if head[:1] == b"\x80":
             legacy = LegacyTorchFile(path, handle)
             archive: TorchZip | LegacyTorchFile = legacy

@@ -19,6 +19,7 @@ def saved(tmp_path: Path, n: int = 40) -> Path:
     """A torch.save file with many small records (a stage-3 model-states file's shape) and a large one."""
     state = {f"p{i}": torch.full((i % 5,), float(i)) for i in range(n)}
     state["big"] = torch.arange(5000, dtype=torch.float32)
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "states.pt"
     torch.save(state, path)
     return path
@@ -109,3 +110,26 @@ def test_the_sniffed_head_page_is_not_read_again(
         assert at_zero[0] == page, at_zero
     else:
         assert at_zero == [page], at_zero
+
+
+def test_a_small_rank_file_is_read_once_and_a_big_one_a_page_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file up to WHOLE_FILE (a stage-3 model-states file) is read whole by its first read and every later
+    read is served from it: one call (one request from a bucket) where it took six; a bigger file's first
+    read is one page. The tree is the same either way."""
+    from inspector.format import torchzip
+    from inspector.system.source import LocalHandle
+
+    small, big = saved(tmp_path / "s"), saved(tmp_path / "b", n=4000)
+    assert small.stat().st_size <= torchzip.WHOLE_FILE < big.stat().st_size
+    calls: list[tuple[int, int]] = []
+    real = LocalHandle.pread
+    monkeypatch.setattr(LocalHandle, "pread", lambda h, n, off: calls.append((n, off)) or real(h, n, off))
+    for path, first in ((small, small.stat().st_size), (big, 4096)):
+        calls.clear()
+        tree, archive = torchzip.load(path)
+        archive.close()
+        assert calls[0] == (first, 0)
+        assert len(calls) == 1 if path == small else len(calls) > 1
+        assert sorted(tree) == sorted(torch.load(path, weights_only=True))
