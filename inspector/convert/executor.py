@@ -146,7 +146,7 @@ def _words(job: OutputJob) -> str:
 def _write_all(
     r: Staging, todo: list[int], cancel: threading.Event, counts: tuple[int, int, int, int], start: float
 ) -> Iterator[Progress]:
-    """Write the `todo` files, `job.workers` at once, yielding progress while they run; a bucket gets them in
+    """Write the `todo` files, `job.writers` at once, yielding progress while they run; a bucket gets them in
     file order. An interrupt, or a consumer that stops listening, cancels the writers and waits for them.
     `counts`: bytes in all and reused, files listed and done before the first is written."""
     total, skipped, listed, early = counts
@@ -159,7 +159,7 @@ def _write_all(
     one = functools.partial(_write_one, r, tally, turns, news, cancel)
     with (
         job.writer() as write,
-        ThreadPoolExecutor(max(1, job.workers), thread_name_prefix="zi-write") as pool,
+        ThreadPoolExecutor(max(1, job.writers(r.root.dest)), thread_name_prefix="zi-write") as pool,
     ):
         futures = [pool.submit(one, t, k, write) for t, k in enumerate(todo)]
         ended: queue.SimpleQueue[Future[None]] = queue.SimpleQueue()  # each future once, as it ends: the

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inspector.convert.root import OutputRoot
+from inspector.convert.root import Destination, OutputRoot
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,11 @@ class OutputJob(ABC):
     workers: int = 1  # streamed files written side by side (what a bucket output's staging folder holds at once)
     folder: str = ""  # "": each streamed file waits as NAME.partial; else they all live in FOLDER/, which
     # waits as FOLDER.partial/ and is renamed whole
+
+    def writers(self, dest: Destination | None) -> int:
+        """Files written at once: `workers` (a kind whose files are all small writes them one at a time into a
+        local OUT; `dest`: the bucket they are published to, whose uploads want every worker)."""
+        return self.workers
 
     @property
     def identity(self) -> str:

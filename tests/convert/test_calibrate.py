@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -199,11 +199,15 @@ def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tm
 
     monkeypatch.setattr(cal_mod, "calibrated_seconds", spy)
     monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a node of many cores
-    # its 67 files of ~53 KB are written by one thread, the GIL's (SMALL_FILE); bigger ones by five
+    # its 67 files of ~53 KB are written by one thread into a local OUT, the GIL's (SMALL_FILE), and by five
+    # into a bucket (uploads); bigger ones by five
     small = get("universal").plan(ckpt, Request(ConvertOptions(workers=5)), str(tmp_path / "out"))
+    assert (small.writers(None), small.writers(cast(Any, "a bucket"))) == (1, 5)
+    assert small.assess().estimated_seconds > 0
+    assert seen[-1][2] == 1  # preflight asks for what runs
     monkeypatch.setattr(universal, "SMALL_FILE", 1 << 10)
     job = get("universal").plan(ckpt, Request(ConvertOptions(workers=5)), str(tmp_path / "out"))
-    assert small.workers == 1 and job.workers == 5  # type: ignore[attr-defined]
+    assert job.writers(None) == 5
     assert job.assess().estimated_seconds > 0
     reads, work, workers = seen[-1]
     assert work.zipped == job.plan.tensor_bytes and work.pieces == len(job.plan.files) and workers == 5

@@ -33,7 +33,7 @@ from inspector.convert.kinds.universal.plan import (
     plan_universal,
     prepare,
 )
-from inspector.convert.root import OutputRoot
+from inspector.convert.root import Destination, OutputRoot
 from inspector.errors import UnsupportedCheckpointError
 from inspector.remote.roots import parent_source
 from inspector.scan.model import Checkpoint, Kind
@@ -63,6 +63,10 @@ class UniversalJob(Job):
     workers: int = 1
     uses_selection: bool = False  # the whole checkpoint: selection, dtype, shards and renames do not apply
     keeps_on_cancel: bool = True  # finished files stay in <tag>_uni.partial/ for a rerun
+    small_files: bool = False  # under SMALL_FILE on average: one writer into a local OUT
+
+    def writers(self, dest: Destination | None) -> int:
+        return 1 if self.small_files and dest is None else self.workers
 
     def __post_init__(self) -> None:
         self.folder = self.plan.folder
@@ -153,7 +157,7 @@ class UniversalJob(Job):
         from inspector.convert.kinds.universal.preflight import assess_universal
 
         return assess_universal(
-            self.plan, budget, free_disk, workers=self.workers, stage3_rank0_optim=self.stage3_rank0_optim
+            self.plan, budget, free_disk, workers=self.writers(None), stage3_rank0_optim=self.stage3_rank0_optim
         )
 
     def comparisons(self, verdict: Assessment) -> tuple[tuple[str, int, str], ...]:
@@ -259,9 +263,8 @@ class Universal(OutputKind):
         )
         # --workers: files written at once, by the one rule (`limits.workers`); one where the files are small
         workers = limits_workers(request.options.workers, remote := any_remote(plan.sources))
-        if not remote and plan.files and plan.tensor_bytes < SMALL_FILE * len(plan.files):
-            workers = 1
-        return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers)
+        small = not remote and bool(plan.files) and plan.tensor_bytes < SMALL_FILE * len(plan.files)
+        return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers, small_files=small)
 
     def busy(self, ckpt: Checkpoint, out_dir: str, overwrite: bool) -> str:
         """OUT may hold anything (the checkpoint root, say): only <tag>_uni must not exist yet."""
