@@ -116,7 +116,8 @@ def run(
         last = len(files) - 1
         name = files[last].name if files else ""
         yield Progress(total, total, "", name, last, len(files), elapsed, skipped, count, count)
-        listed = tuple(zip([f.name for f in files], root.sizes([f.name for f in files]), strict=True)) + r.small
+        names = [f.name for f in files]
+        listed = tuple(zip(names, root.sizes(names), strict=True)) + r.small
         if job.folder:  # one entry for the folder
             listed = ((job.folder, sum(s for _, s in listed)),)
         listed += side
