@@ -114,10 +114,7 @@ class ReadsBelow:
         return st is not None and stat.S_ISREG(st.st_mode)
 
     def size(self, rel: str) -> int:
-        if self.dest is not None and (published := self.dest.size_of(rel)) is not None:
-            return published
-        st = self.lstat(rel)
-        return st.st_size if st is not None else 0
+        return self.sizes([rel])[0]
 
     def listdir(self, rel: str = "") -> list[str]:
         if not rel:
