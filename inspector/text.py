@@ -214,13 +214,26 @@ def masked(text: str) -> str:
 def shown_doc(doc: Any) -> Any:
     """A JSON document with `shown` applied to every string in it (keys too): the rule for `--json` output and
     `--progress json` lines, whose strings a front end shows as they are."""
-    if isinstance(doc, str):
-        return shown(doc, newlines=True)  # a message's newline is JSON-encoded, never raw
-    if isinstance(doc, dict):
-        return {shown(k) if isinstance(k, str) else k: shown_doc(v) for k, v in doc.items()}
-    if isinstance(doc, (list, tuple)):
-        return [shown_doc(v) for v in doc]
-    return doc
+    keys: dict[str, str] = {}  # a report repeats its keys (and many values) thousands of times: each
+    values: dict[str, str] = {}  # distinct string is shown once a document
+
+    def key(k: str) -> str:
+        if (done := keys.get(k)) is None:
+            done = keys[k] = shown(k)
+        return done
+
+    def walk(doc: Any) -> Any:
+        if isinstance(doc, str):
+            if (done := values.get(doc)) is None:  # a message's newline is JSON-encoded, never raw
+                done = values[doc] = shown(doc, newlines=True)
+            return done
+        if isinstance(doc, dict):
+            return {key(k) if isinstance(k, str) else k: walk(v) for k, v in doc.items()}
+        if isinstance(doc, (list, tuple)):
+            return [walk(v) for v in doc]
+        return doc
+
+    return walk(doc)
 
 
 # --------------------------------------------------------------------------------------------------------------

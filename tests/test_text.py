@@ -125,6 +125,14 @@ def test_json_documents_are_cleaned_in_keys_and_values(monkeypatch: pytest.Monke
     assert shown_doc(doc)["n"] == 3 and shown_doc(doc)["a\\x1b"][1]["k"] == "*** \n"
 
 
+def test_a_string_shown_as_a_key_and_as_a_value_keeps_each_rule() -> None:
+    # a document shows each distinct string once, but a key never keeps a newline and a value does
+    doc = {"a\nb": "a\nb", "rows": [{"a\nb": "a\nb"}] * 3}
+    out = shown_doc(doc)
+    assert list(out) == ["a\\nb", "rows"] and out["a\\nb"] == "a\nb"
+    assert out["rows"] == [{"a\\nb": "a\nb"}] * 3
+
+
 def test_user_errors_are_clean_however_they_are_built(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2hunter2")
     exc = InspectorError("at http://u:pw1234@h/\x1b[2J", hint="key hunter2hunter2\u202e", title="T\x07")
