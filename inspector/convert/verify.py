@@ -28,7 +28,7 @@ import numpy as np
 
 from inspector.convert.cast import cast_into
 from inspector.convert.plan import ADAPTER_FILE, INDEX_NAME, META_KEY, SINGLE_NAME, source_segments
-from inspector.convert.reader import FilePool
+from inspector.convert.reader import FilePool, buffer, empty
 from inspector.errors import CancelledError, CorruptFileError, InputError, InspectorError
 from inspector.format.dtypes import bits_dtype, itemsize, numpy_dtype
 from inspector.parse.safetensors import Entry, Header, read_header, read_index
@@ -306,13 +306,13 @@ def _same(
             raise CancelledError("Verification cancelled.")
         src_dtype = piece[0].dtype
         n = sum(s.numel for s in piece)
-        src = np.empty(n, bits_dtype(src_dtype))  # bf16 as its bits: no ml_dtypes for a copy or a shift
+        src = empty(n, bits_dtype(src_dtype))  # bf16 as its bits: no ml_dtypes for a copy or a shift
         raw = src.view(np.uint8).data
         pos = 0
         for seg in piece:
             pool.read_into(seg.file, seg.offset, raw[pos : pos + seg.nbytes])
             pos += seg.nbytes
-        got = np.empty(n * osz, np.uint8)
+        got = buffer(n * osz)
         pool.read_into(path, offset, got.data)
         if not np.array_equal(got, expected_bytes(src, src_dtype, out_dtype)):
             return False

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.cast import cast_into, cast_raw
+from inspector.convert.reader import buffer
 from inspector.format.dtypes import numpy_dtype
 from inspector.health.differences import max_abs_difference
 from inspector.health.numerics import (
@@ -40,7 +41,7 @@ class Scratch:
 
     def __init__(self, chunk: int) -> None:
         self.chunk = chunk
-        self.raw = [np.empty(chunk * 8, np.uint8) for _ in range(3)]
+        self.raw = [buffer(chunk * 8) for _ in range(3)]  # on a page: reads land fast (reader.buffer)
         self.buf = Buffers(chunk)
         exact = min(chunk, EXACT_BLOCK)
         self.f64 = [np.empty(exact, np.float64) for _ in range(2)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inspector.convert.reader import FilePool, iter_chunks, read_segments_into
+from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
 from inspector.errors import CancelledError
 from inspector.format.dtypes import bits_dtype
 from inspector.health.differences import compare_block
@@ -79,7 +79,7 @@ def _chunks(
 ) -> Iterator[Array]:
     """The tensor's values in their stored dtype (a complex tensor's moduli), `chunk_elems` at a time, in one
     reused buffer."""
-    raw = np.empty(chunk_elems * 8, np.uint8)
+    raw = buffer(chunk_elems * 8)
     for batch in iter_chunks(segments, chunk_elems):
         if cancel.is_set():
             raise CancelledError("Statistics cancelled.")

@@ -21,7 +21,7 @@ import numpy as np
 from inspector.convert.cast import widen_bf16
 from inspector.convert.kinds.merged.merge import BASE_KEY, Merge, base_record, build_merged_plan
 from inspector.convert.options import ConvertOptions
-from inspector.convert.reader import FilePool, read_bits
+from inspector.convert.reader import FilePool, buffer, read_bits
 from inspector.convert.verify import VerifyProgress, VerifyResult, expected_bytes, output_files
 from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize, numpy_dtype
@@ -142,7 +142,7 @@ def _merged_ok(
         else:
             delta, mag = b[row:end] @ a, np.abs(b[row:end]) @ np.abs(a)
         ref = w + m.scale * delta
-        raw = np.empty(n * osz, np.uint8)
+        raw = buffer(n * osz)
         pool.read_into(out_path, out_off + row * cols * osz, raw.data)
         got = _values(raw, out_dtype).astype(np.float64).reshape(-1, cols)
         tol = _ulp(ref, out_dtype) + slack * (np.abs(w) + abs(m.scale) * mag)
@@ -159,7 +159,7 @@ def _plain_ok(
     while pos < numel:
         n = min(_ROWS_ELEMS, numel - pos)
         src = read_bits(pool, _rows(segs, pos, n), src_dtype)
-        raw = np.empty(n * osz, np.uint8)
+        raw = buffer(n * osz)
         pool.read_into(out_path, out_off + pos * osz, raw.data)
         if not np.array_equal(raw, expected_bytes(src, src_dtype, out_dtype)):
             return False

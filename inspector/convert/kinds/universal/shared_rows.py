@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from inspector.convert.kinds.universal.plan import UniFile
+from inspector.convert.reader import buffer
 from inspector.convert.stripes import Stripe, fill_gaps, grouped, reads_counted, small_slices, stripe_reads
 from inspector.format.dtypes import bits_dtype, itemsize
 from inspector.scan.slices import RankSlices
@@ -142,7 +143,7 @@ class SharedRows:
                 if self.ahead:
                     self._advise(self._order[key] + 1)
                 dtype = st.tensors[0].file.source_dtype
-                raw = np.empty(st.rows * itemsize(dtype), np.uint8)
+                raw = buffer(st.rows * itemsize(dtype))
                 view = memoryview(raw)  # type: ignore[arg-type]  # numpy arrays are buffers
                 self._pool.read_runs([(f, off, view[at : at + n]) for f, off, at, n in stripe_reads(st)])
                 fill_gaps(st, raw)

@@ -24,6 +24,7 @@ from inspector.convert.kinds.universal.shared_rows import SharedRows
 from inspector.convert.kinds.universal.tp_meta import SubparamShape
 from inspector.convert.options import CHUNK_ELEMS
 from inspector.convert.plan import PIPELINE_DEPTH
+from inspector.convert.reader import empty
 from inspector.convert.root import OutputRoot
 from inspector.convert.stripes import Stripe, gather_range
 from inspector.errors import CancelledError
@@ -61,7 +62,7 @@ class Buffers(threading.local):
 
     def get(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         if self.out is None or self.raw is None:
-            self.out, self.raw = np.empty(chunk, dtype=np.float32), np.empty(chunk, dtype=np.uint16)
+            self.out, self.raw = empty(chunk, np.float32), empty(chunk, np.uint16)  # reads land on a page
         return self.out, self.raw
 
 

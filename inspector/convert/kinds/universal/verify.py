@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inspector.convert.reader import buffer
 from inspector.convert.verify import VerifyProgress, VerifyResult
 from inspector.errors import CancelledError, InspectorError
 from inspector.format.dtypes import itemsize
@@ -143,7 +144,7 @@ def _chunks(pool: FilePool, segs: tuple[Segment, ...]) -> Iterator[np.ndarray]:
         while filled < n and seg is not None:
             size = itemsize(seg.dtype)
             take = min(n - filled, seg.numel - used)
-            raw = np.empty(take * size, dtype=np.uint8)
+            raw = buffer(take * size)
             pool.read_into(seg.file, seg.offset + used * size, raw.data)
             if seg.dtype == "bfloat16":
                 out[filled : filled + take] = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
