@@ -61,6 +61,8 @@ def _ranges(root: str) -> list[tuple[str, int, int]]:
 def child_floor(root: str, threads: int = 1) -> dict[str, Any]:
     """Read the ranges: one thread in file order through one 16 MiB buffer, or `threads` threads taking
     whole ranges, largest first, through 2 MiB buffers (the health pass's own pattern and chunk size)."""
+    from inspector.convert.reader import buffer
+
     ranges = _ranges(root)
     t0 = time.perf_counter()
     fds = {path: os.open(path, os.O_RDONLY) for path in {r[0] for r in ranges}}
@@ -71,7 +73,7 @@ def child_floor(root: str, threads: int = 1) -> dict[str, Any]:
         path, off, n = item
         view = getattr(local, "view", None)
         if view is None:
-            view = local.view = memoryview(bytearray(size))
+            view = local.view = memoryview(buffer(size))  # on a page, as the health pass's buffers
         fd, total = fds[path], 0
         while n:
             got = os.preadv(fd, [view[: min(n, size)]], off)

@@ -193,6 +193,8 @@ def child_floor(root: str, what: str, threads: int, out_dir: str) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    from inspector.convert.reader import buffer
+
     ranges, out_bytes = _ranges(root, what)
     start = time.perf_counter()
     fds = {p: os.open(p, os.O_RDONLY) for p in {r[0] for r in ranges}}
@@ -202,7 +204,7 @@ def child_floor(root: str, what: str, threads: int, out_dir: str) -> None:
     def view() -> memoryview:
         v = getattr(local, "view", None)
         if v is None:
-            v = local.view = memoryview(bytearray(size))
+            v = local.view = memoryview(buffer(size))  # on a page, as the tool's read buffers
         return v
 
     def read(item: tuple[str, int, int]) -> None:
