@@ -31,7 +31,6 @@ F32 = np.dtype(np.float32)
 PLAIN_CAST = (BF16, np.dtype(np.float16), F32)  # numpy's cast of finite fp32 is torch's (bf16: cast_raw's)
 
 
-
 class Scratch:
     """One worker thread's buffers, allocated once (pages are touched only as far as a chunk's dtype needs):
     raw bytes for up to three streams read in step, the reductions' buffers (whose shifted values also hold
@@ -136,18 +135,36 @@ def rounded_bounds(bounds: tuple[float, float] | None) -> tuple[float, float] | 
     return out[0], out[1]
 
 
+TIE_ROW = 4096  # elements a row of the tie search: a row-wise maximum costs about what one maximum does
+TIE_ROWS = 64  # tied rows searched as rows; more (the demo's synthetic masters: ~155 ties a Mi) the plain way
+
+
 def rounds_to(master: Array, module: Array, buf: Buffers) -> bool:
     """Whether a bf16 chunk is its finite fp32 master rounded to nearest even, bit for bit (buf.wide holds
-    the copy widened; buf.shifted is free). Three integer passes (two more where the chunk holds a tie), no
-    cast."""
+    the copy widened; buf.shifted is free). Three integer passes, no cast: |master - copy| on the bits is
+    below 0x8000 everywhere, or exactly 0x8000 (a tie) where the copy's last bit is even. A master's low bits
+    are a tie 1 time in 65,536 (~16 a Mi), so nearly every chunk holds one: the maximum is taken row by row
+    (TIE_ROW elements) and only the rows whose maximum is a tie are searched, where a whole-chunk search cost
+    two more passes (the check of a Mi elements with 19 ties: 0.46-0.50 ms before, 0.33 ms so)."""
     n = master.shape[0]
     d = buf.shifted[:n].view(np.int32)
     np.subtract(master.view(np.int32), buf.wide[:n].view(np.int32), out=d)  # a sign change wraps far off
     np.abs(d, out=d)  # -2**31 stays -2**31: as uint32 it is 2**31, above every bound
-    top = int(np.maximum.reduce(d.view(np.uint32)))  # one pass: no minimum needed for the wrapped case
+    u = d.view(np.uint32)
+    whole = n - n % TIE_ROW
+    rows = u[:whole].reshape(-1, TIE_ROW)
+    tops = np.maximum.reduce(rows, axis=1)  # one pass; no minimum needed for the wrapped case
+    top = max(int(tops.max()) if whole else 0, int(u[whole:].max()) if whole < n else 0)
     if top != 0x8000:
         return top < 0x8000
-    ties = np.flatnonzero(d == 0x8000)  # about 4 a MiB in real masters
+    tied = np.flatnonzero(tops == 0x8000)
+    if tied.shape[0] > TIE_ROWS:
+        ties = np.flatnonzero(u == 0x8000)
+    else:
+        at = np.flatnonzero(rows[tied] == 0x8000)  # a copy of the tied rows only (2-D nonzero: 10x slower)
+        ties = np.concatenate(
+            [tied[at // TIE_ROW] * TIE_ROW + at % TIE_ROW, whole + np.flatnonzero(u[whole:] == 0x8000)]
+        )
     return not bool(np.any(module.view(np.uint16)[ties] & 1))
 
 

@@ -165,6 +165,39 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
         assert chunk_math.rounds_to(head, module, buf) is expect
 
 
+@pytest.mark.parametrize(
+    ("n", "every"),
+    [(4096 * 3 + 33, 5000), (4096 * 80 + 33, 97), (4096 * 2, 4096 * 2 + 1), (100, 7)],
+    ids=["few tied rows and a tail", "more tied rows than are searched one by one", "one tie", "short"],
+)
+def test_the_tie_search_finds_every_tie_that_rounds_the_wrong_way(n: int, every: int) -> None:
+    """The maximum is taken row by row and only rows whose maximum is a tie are searched: a copy whose tie
+    went odd is refused wherever that tie lies (a tied row, the tail, past the rows searched one by one), and
+    the copy rounded right is accepted."""
+    rng = np.random.default_rng(n)
+    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    ties = np.unique(np.r_[np.arange(every // 2, n, every), n - 5])  # and one in the tail
+    bits[ties] = (bits[ties] & 0xFFFF0000) | 0x8000
+    master = bits.view(np.float32).copy()
+    master[~np.isfinite(master)] = 1.5
+    good = master.astype(ml_dtypes.bfloat16)
+    buf = Buffers(n)
+
+    def check(module: np.ndarray[Any, Any]) -> bool:
+        np.left_shift(module.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
+        return chunk_math.rounds_to(master, module, buf)
+
+    assert check(good)
+    tied = [int(i) for i in ties if (master.view(np.uint32)[i] & 0xFFFF) == 0x8000]
+    assert tied
+    for i in {tied[0], tied[len(tied) // 2], tied[-1]}:
+        bad = good.copy()
+        b = bad.view(np.uint16)
+        up = (master.view(np.uint32)[i] & 0x7FFFFFFF) > (int(b[i]) & 0x7FFF) << 16  # above its copy
+        b[i] = b[i] + 1 if up else b[i] - 1  # the neighbour on the master's other side: as near, and odd
+        assert b[i] & 1 and not check(bad), i
+
+
 def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight threads on one usable core (as from an object store, where each waits on its own requests)
     read side by side but reduce one chunk at a time (reducing on more threads than cores only thrashed the
