@@ -251,15 +251,16 @@ def _chunks(
 
 
 def _widened(raw: np.ndarray, dtype: str, out: np.ndarray) -> np.ndarray:
-    """`raw` (a piece in its stored dtype, bf16 as its bits) as fp32 in `out`, exactly."""
-    n = raw.shape[0]
-    got = out[:n]
+    """`raw` (a piece's bytes, or its values in their stored dtype, bf16 as its bits) as fp32 at the start
+    of `out`, exactly."""
     if dtype == "bfloat16":
-        np.left_shift(raw.view(np.uint16), 16, out=got.view(np.uint32), dtype=np.uint32)
-    elif dtype == "float16":
-        got[...] = raw.view(np.float16)
-    else:
-        got[...] = raw.view(np.float32)
+        bits = raw.view(np.uint16)
+        got = out[: bits.shape[0]]
+        np.left_shift(bits, 16, out=got.view(np.uint32), dtype=np.uint32)
+        return got
+    values = raw.view(np.float16 if dtype == "float16" else np.float32)
+    got = out[: values.shape[0]]
+    got[...] = values
     return got
 
 
