@@ -68,7 +68,14 @@ WRITE_COST = 11.8
 COPY_COST = 14.2
 ZIP_COST = 32.9  # 34.3 as fitted, less what FILE_COST takes of it: the fit's exports wrote 247 files each
 # (the 200M and 500M demos), 1.8 (200M) and 0.7 (500M) of it per byte zipped
-REDUCE_COST = 7.54
+# health: REDUCE_COST per byte whose statistics are computed, CHECK_COST per byte of a 16-bit copy checked
+# against its master besides (its widening, the rounding check's passes: a ZeRO-2 copy's 2 bytes an element
+# cost what ~20 bytes of fp32 statistics do). One REDUCE_COST (7.54) for both put the 200M ZeRO-3 demo's
+# warm runs at +28 to +33 % and the ZeRO-2 one's at -16 to +18 %. Fitted together on two health sweeps of
+# both 200M demos, warm and cold, 1 and 2 workers (2026-12-04 09:07, quiet; every other constant held): 14
+# of 16 rows within 25 % (10 before); each sweep's fit on the other's rows: 7 and 6 of 8
+REDUCE_COST = 3.93
+CHECK_COST = 40.2
 # the CPU-seconds of the interpreter, the imports, the plan and the exit, besides the scan (measured apart,
 # `Work.startup`): the rank sweep's 8-rank convert took 0.42-0.55 CPU-s, its work and scan ~0.1 (2026-12-03,
 # compiled bytecode as installed; the 0.353 fitted before held the 200M demos' scans and, in this shell's
@@ -112,6 +119,7 @@ FITTED = (
     "COPY_COST",
     "ZIP_COST",
     "REDUCE_COST",
+    "CHECK_COST",
     "STARTUP_CPU",
     "STREAM_GAIN",
     "HEALTH_RANGE_COST",
@@ -259,6 +267,7 @@ class Work:
     copied: int = 0  # bytes copied file to file in the kernel (never read into Python)
     zipped: int = 0  # bytes written into a torch zip with their CRC-32 (universal's `.pt` files)
     reduced: int = 0  # bytes whose statistics are computed (health)
+    checked: int = 0  # bytes of 16-bit copies checked against their masters besides (health's module copies)
     pieces: int = 0  # independent pieces (files, streams) the workers share: no more run at once (0: any)
     files: int = 0  # output files written, each at FILE_COST beyond its bytes
     outputs: int = 0  # files written at once (0: as many as the workers): writes into one file take its
@@ -324,7 +333,8 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     of the page cache, wherever it was; the bytes the disk serves cost the kernel's fill besides, so a cold
     run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
-    compute = READ_COST * buffered + ZIP_COST * work.zipped + REDUCE_COST * work.reduced
+    compute = READ_COST * buffered + ZIP_COST * work.zipped
+    compute += REDUCE_COST * work.reduced + CHECK_COST * work.checked
     compute = compute / cal.copy_rate + work.cast_elems / cal.cast_rate
     page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)

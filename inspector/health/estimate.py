@@ -12,6 +12,7 @@ from inspector.convert.preflight import STARTUP_SECONDS, read_seconds
 from inspector.health.jobs import plan_jobs
 from inspector.health.stream import plan_units, plan_workers, unit_reads
 from inspector.scan.model import Checkpoint, TensorInfo
+from inspector.scan.slices import segments_nbytes
 from inspector.system.bytesource import any_remote
 
 
@@ -36,6 +37,7 @@ def health_seconds(
     work = calibration.Work(  # the pass asks its reads ahead from a cold cache (`read_ahead`)
         read=sum(reads.values()),
         reduced=total,
+        checked=sum(segments_nbytes(j.module) for j in jobs),
         pieces=len(jobs),
         read_ahead=True,
         ranges=ranges,
