@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import threading
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -128,24 +129,33 @@ def test_a_chunk_of_nan_allocates_no_more_than_a_block() -> None:
     assert st.nan == chunk + 1000 - st.finite and st.minimum == st.maximum == 1.5
 
 
-def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
-    """`_rounds_to` (integer passes that release the GIL) says a bf16 copy is its fp32 master rounded to
-    nearest even exactly when ml_dtypes' cast (torch's rounding for finite values) gives the same bits: ties
-    either way, a sign flipped at zero, a drifted value, an overflow to Inf."""
-    rng = np.random.default_rng(11)
-    n = 1 << 16
+def _tied(
+    n: int, ties: np.ndarray[Any, Any], seed: int
+) -> tuple[np.ndarray[Any, Any], Buffers, Callable[[np.ndarray[Any, Any]], bool]]:
+    """A finite fp32 master of random bits whose low halves are ties (0x8000) at `ties`, the buffers, and the
+    check of a bf16 copy against it (the copy widened into the buffers first, as the pass does)."""
+    rng = np.random.default_rng(seed)
     bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
-    bits[::97] = (bits[::97] & 0xFFFF0000) | 0x8000  # ties, half of them rounding up
+    bits[ties] = (bits[ties] & 0xFFFF0000) | 0x8000
     master = bits.view(np.float32).copy()
     master[~np.isfinite(master)] = 1.5
-    master[:4] = [0.0, -0.0, np.finfo(np.float32).max, -np.finfo(np.float32).max]
-    good = master.astype(ml_dtypes.bfloat16)
     buf = Buffers(n)
 
     def check(module: np.ndarray[Any, Any]) -> bool:
         np.left_shift(module.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
         return chunk_math.rounds_to(master, module, buf)
 
+    return master, buf, check
+
+
+def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
+    """`_rounds_to` (integer passes that release the GIL) says a bf16 copy is its fp32 master rounded to
+    nearest even exactly when ml_dtypes' cast (torch's rounding for finite values) gives the same bits: ties
+    either way, a sign flipped at zero, a drifted value, an overflow to Inf."""
+    n = 1 << 16
+    master, buf, check = _tied(n, np.arange(0, n, 97), 11)  # ties, half of them rounding up
+    master[:4] = [0.0, -0.0, np.finfo(np.float32).max, -np.finfo(np.float32).max]
+    good = master.astype(ml_dtypes.bfloat16)
     assert check(good)
     for i, value in [(0, -0.0), (1, 0.0), (500, None), (97 * 3, None), (2, 0.0)]:
         bad = good.copy()
@@ -174,19 +184,9 @@ def test_the_tie_search_finds_every_tie_that_rounds_the_wrong_way(n: int, every:
     """The maximum is taken row by row and only rows whose maximum is a tie are searched: a copy whose tie
     went odd is refused wherever that tie lies (a tied row, the tail, past the rows searched one by one), and
     the copy rounded right is accepted."""
-    rng = np.random.default_rng(n)
-    bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
     ties = np.unique(np.r_[np.arange(every // 2, n, every), n - 5])  # and one in the tail
-    bits[ties] = (bits[ties] & 0xFFFF0000) | 0x8000
-    master = bits.view(np.float32).copy()
-    master[~np.isfinite(master)] = 1.5
+    master, _, check = _tied(n, ties, n)
     good = master.astype(ml_dtypes.bfloat16)
-    buf = Buffers(n)
-
-    def check(module: np.ndarray[Any, Any]) -> bool:
-        np.left_shift(module.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
-        return chunk_math.rounds_to(master, module, buf)
-
     assert check(good)
     tied = [int(i) for i in ties if (master.view(np.uint32)[i] & 0xFFFF) == 0x8000]
     assert tied
