@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inspector.convert.cast import widen_bf16
 from inspector.convert.reader import buffer
 from inspector.convert.stripes import Stripe, fill_gaps, gather_one, grouped, small_slices, stripe_reads
 from inspector.convert.verify import VerifyProgress, VerifyResult
@@ -256,7 +257,7 @@ def _widened(raw: np.ndarray, dtype: str, out: np.ndarray) -> np.ndarray:
     if dtype == "bfloat16":
         bits = raw.view(np.uint16)
         got = out[: bits.shape[0]]
-        np.left_shift(bits, 16, out=got.view(np.uint32), dtype=np.uint32)
+        widen_bf16(bits, got.view(np.uint32))
         return got
     values = raw.view(np.float16 if dtype == "float16" else np.float32)
     got = out[: values.shape[0]]
