@@ -23,8 +23,9 @@ def add_workers_option(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=workers_arg,
         metavar="N",
-        help="threads reading and reducing or converting chunks at once (default: the usable cores); "
-        "memory stays within the same budget whatever N",
+        help="threads reading and reducing or converting chunks at once (default: the usable cores, at most 4 "
+        "on local files, where more threads only wait on each other); memory stays within the same budget "
+        "whatever N",
     )
 
 

@@ -43,8 +43,8 @@ def check(
 ) -> Iterator[HealthProgress | list[Row] | HealthReport]:
     """Yield progress (at most 4/s), each tensor's rows as they finish, then the HealthReport.
 
-    Workers default to every usable core (more from an object store; locally never more than those,
-    `limits.busy_threads`); they share one buffer budget, which sets their chunk (`stream.plan_workers`):
+    Workers default to the usable cores, at most `limits.LOCAL_THREADS` (more from an object store; locally
+    never more than the cores, `limits.busy_threads`); they share one buffer budget, which sets their chunk (`stream.plan_workers`):
     the figures are the same bits whatever their number; from a cold page cache each worker has the kernel
     read its next chunk while it reduces this one (`stream.read_ahead`). `threads` is the older name of
     `workers`. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes, and

@@ -64,9 +64,18 @@ def test_locally_no_more_threads_than_cores(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    for cores, remote in [(1, REMOTE_THREADS), (6, REMOTE_THREADS), (64, 64)]:
+    """The default is the usable cores up to LOCAL_THREADS on local files (past a few, Python threads wait on
+    each other's GIL), every core and at least REMOTE_THREADS from a store; an explicit number is honoured
+    up to the cores."""
+    for cores, local, remote in [
+        (1, 1, REMOTE_THREADS),
+        (3, 3, REMOTE_THREADS),
+        (6, 4, REMOTE_THREADS),
+        (64, 4, 64),
+    ]:
         monkeypatch.setattr(limits, "usable_cores", lambda c=cores: c)
-        assert (limits.workers(), limits.workers(remote=True)) == (cores, remote), cores
+        assert (limits.workers(), limits.workers(remote=True)) == (local, remote), cores
+        assert limits.workers(16) == min(16, cores), cores
 
 
 def _reference_diff(master: np.ndarray[Any, Any], module: np.ndarray[Any, Any]) -> tuple[float, int]:
