@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""What preflight's probes read on this machine, beside rates of the work they stand in for (issue 43).
+
+Preflight prices every kind of CPU work in units of one copy probe (`calibrate._copy_rate`: 4 MiB copied
+between two buffers). On a 16-core VM that probe read 13 GB/s where the 2-core reference machine reads ~50,
+while the runs there took 0.9-1.3x the reference machine's time for convert and universal, 2.2x for health:
+the estimates came out +67 to +337 %. This prints, as one JSON object, the probes preflight takes and the
+rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's CRC-32 of universal's
+zips, health's numpy passes, the fp32 -> bf16 cast), so that two machines' rows can show which probe
+travels. Each rate is the best of a few tries, bytes (or elements) a second on one thread.
+
+    python tests/benchmarks/probes.py > probes.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from inspector.convert import calibrate
+from inspector.convert.cast import cast_raw
+
+
+def best(run: Callable[[], object], tries: int = 7) -> float:
+    """The fastest of `tries` back-to-back runs, in seconds."""
+    out = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        run()
+        out = min(out, time.perf_counter() - t)
+    return out
+
+
+def copy_rate(nbytes: int) -> float:
+    src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    dst.fill(1)
+    return nbytes / best(lambda: np.copyto(dst, src))
+
+
+def crc_rate(nbytes: int = 1 << 20) -> float:
+    data = np.random.default_rng(0).integers(0, 255, nbytes, np.uint8).tobytes()
+    return nbytes / best(lambda: zlib.crc32(data))
+
+
+def reduce_rate(elems: int = 1 << 20) -> float:
+    """fp32 bytes/s through min, max and a sum of squares: three of health's passes over one chunk."""
+    x = np.random.default_rng(0).standard_normal(elems, dtype=np.float32)
+
+    def passes() -> None:
+        x.min()
+        x.max()
+        np.vecdot(x, x) if hasattr(np, "vecdot") else np.dot(x, x)
+
+    return 4 * elems / best(passes)
+
+
+def cast_rate(elems: int = 1 << 20) -> float:
+    src = np.random.default_rng(0).standard_normal(elems, dtype=np.float32).view(np.uint8)
+    out = np.empty(2 * elems, np.uint8)
+    return elems / best(lambda: cast_raw(src, "float32", out, "bfloat16", elems))
+
+
+def main() -> None:
+    said = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "numpy": np.__version__,
+        "zlib": zlib.ZLIB_RUNTIME_VERSION,
+        "preflight": {
+            "copy_rate": calibrate._copy_rate(),
+            "cast_rate": calibrate._cast_rate("float32", "bfloat16"),
+            "page_rate": calibrate._page_rate(),
+        },
+        "copy": {f"{n >> 10} KiB": copy_rate(n) for n in (256 << 10, 1 << 20, 4 << 20, 64 << 20)},
+        "crc32 1 MiB": crc_rate(),
+        "min+max+squares 4 MiB fp32": reduce_rate(),
+        "fp32->bf16 elements 1 Mi": cast_rate(),
+    }
+    print(json.dumps(said, indent=1))
+
+
+if __name__ == "__main__":
+    main()
