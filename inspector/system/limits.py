@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -201,7 +202,8 @@ LOCAL_THREADS = 4  # the default's ceiling on one machine's own files. Every pas
 # waits on another thread's Python and the pass slows down. Measured on a 16-core VM (200M demos, page
 # cache warm, 1 / 4 / 16 workers): health's pass 0.82 / 0.28 / 0.88 s (ZeRO-3) and 1.54 / 0.55 / 1.49 s
 # (ZeRO-2), convert bf16 0.47 / 0.25 / 0.49 s, universal 1.46 / 0.53 / 0.77 s, while the read floor went
-# only 0.08 -> 0.06 s from 4 threads to 16 (memory, not threads, bounds it there). 8 was not measured
+# only 0.08 -> 0.06 s from 4 threads to 16 (memory, not threads, bounds it there). 8 was not measured.
+# An interpreter running without the GIL (3.13t and later, `gil_enabled`) is not capped (not measured)
 
 
 def workers(asked: int | None = None, remote: bool = False) -> int:
@@ -211,8 +213,18 @@ def workers(asked: int | None = None, remote: bool = False) -> int:
     LOCAL_THREADS is honoured: the machine may be one where more threads pay."""
     if not asked:
         cores = usable_cores()
-        asked = max(cores, REMOTE_THREADS) if remote else min(cores, LOCAL_THREADS)
+        if remote:
+            asked = max(cores, REMOTE_THREADS)
+        else:
+            asked = min(cores, LOCAL_THREADS) if gil_enabled() else cores
     return busy_threads(asked, remote)
+
+
+def gil_enabled() -> bool:
+    """Whether Python threads take turns here: always before 3.13, and in a free-threaded build unless the
+    GIL was turned back on (`PYTHON_GIL=1`, or an extension that needs it)."""
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
 
 
 def busy_threads(workers: int, remote: bool = False) -> int:

@@ -78,6 +78,16 @@ def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> Non
         assert limits.workers(16) == min(16, cores), cores
 
 
+def test_without_the_gil_every_core_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOCAL_THREADS caps the default because threads take turns at the GIL; a free-threaded interpreter
+    running without it gets every usable core."""
+    monkeypatch.setattr(limits, "usable_cores", lambda: 16)
+    monkeypatch.setattr(limits.sys, "_is_gil_enabled", lambda: False, raising=False)
+    assert limits.workers() == 16
+    monkeypatch.setattr(limits.sys, "_is_gil_enabled", lambda: True, raising=False)
+    assert limits.workers() == limits.LOCAL_THREADS
+
+
 def _reference_diff(master: np.ndarray[Any, Any], module: np.ndarray[Any, Any]) -> tuple[float, int]:
     """Largest |module - bf16(master)| and how many differ, elementwise in float64 (NaN on both sides is no
     difference, on one side an infinite one)."""
