@@ -67,6 +67,7 @@ def test_workers_follow_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> Non
     """The default is the usable cores up to LOCAL_THREADS on local files (past a few, Python threads wait on
     each other's GIL), every core and at least REMOTE_THREADS from a store; an explicit number is honoured
     up to the cores."""
+    monkeypatch.setattr(limits.sys, "_is_gil_enabled", lambda: True, raising=False)  # as on every GIL build
     for cores, local, remote in [
         (1, 1, REMOTE_THREADS),
         (3, 3, REMOTE_THREADS),
