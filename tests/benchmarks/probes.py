@@ -2,12 +2,12 @@
 """What preflight's probes read on this machine, beside rates of the work they stand in for (issue 43).
 
 Preflight prices every kind of CPU work in units of one copy probe (`calibrate._copy_rate`: 4 MiB copied
-between two buffers). On a 16-core VM that probe read 13 GB/s where the 2-core reference machine reads ~50,
-while the runs there took 0.9-1.3x the reference machine's time for convert and universal, 2.2x for health:
-the estimates came out +67 to +337 %. This prints, as one JSON object, the probes preflight takes and the
-rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's CRC-32 of universal's
-zips, health's numpy passes, the fp32 -> bf16 cast), so that two machines' rows can show which probe
-travels. Each rate is the best of a few tries, bytes (or elements) a second on one thread.
+between two buffers). On a 16-core VM that probe read 13 GB/s where the 2-core reference machine reads ~48
+(3.65x slower), while the runs there took 1.1x the reference machine's time (universal), 1.3x (bf16) and
+1.7-2.2x (health): the estimates came out +67 to +337 %. This prints, as one JSON object, the probes
+preflight takes and the rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's
+CRC-32 of universal's zips, numpy's passes, the fp32 -> bf16 cast, health's own kernels), so that two
+machines' rows can show which probe travels. Each is the best of a few tries on one thread.
 
     python tests/benchmarks/probes.py > probes.json
 """
@@ -64,6 +64,38 @@ def reduce_rate(elems: int = 1 << 20) -> float:
     return 4 * elems / best(passes)
 
 
+def health_kernels(elems: int = 1 << 20) -> dict[str, float]:
+    """Microseconds a Mi elements through health's own kernels on one thread (`health.numerics`,
+    `health.chunk_math`): the bf16 copy widened, Σv and Σv² by groups, and the rounding check of a copy
+    against masters with random low bits (ties as rare as a trained model's)."""
+    from inspector.convert.cast import cast_raw as cast
+    from inspector.health.chunk_math import rounds_to
+    from inspector.health.numerics import Buffers, group_sums, widen_into
+
+    rng = np.random.default_rng(0)
+    master = rng.standard_normal(elems, dtype=np.float32)
+    module = np.empty(elems, np.uint16)
+    cast(master.view(np.uint8), "float32", module.view(np.uint8), "bfloat16", elems)
+    buf = Buffers(elems)
+    wide = np.empty(elems, np.float32)
+    widen_into(module.view(_bf16()), buf.wide)
+    assert rounds_to(master, module, buf), (
+        "the copy is not its master rounded: the probe would time the wrong path"
+    )
+    us = 1e6 * elems / (1 << 20)
+    return {
+        "widen bf16": best(lambda: widen_into(module.view(_bf16()), wide)) * us,
+        "group sums": best(lambda: group_sums(master, buf)) * us,
+        "rounding check": best(lambda: rounds_to(master, module, buf)) * us,
+    }
+
+
+def _bf16() -> np.dtype:
+    from inspector.health.numerics import BF16
+
+    return np.dtype(BF16)
+
+
 def cast_rate(elems: int = 1 << 20) -> float:
     src = np.random.default_rng(0).standard_normal(elems, dtype=np.float32).view(np.uint8)
     out = np.empty(2 * elems, np.uint8)
@@ -84,6 +116,7 @@ def main() -> None:
         "crc32 1 MiB": crc_rate(),
         "min+max+squares 4 MiB fp32": reduce_rate(),
         "fp32->bf16 elements 1 Mi": cast_rate(),
+        "health us per Mi elements": health_kernels(),
     }
     print(json.dumps(said, indent=1))
 
