@@ -288,23 +288,31 @@ def test_the_load_is_other_work_on_our_cpus(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_load_sees_a_busy_cpu() -> None:
-    """A real process spinning on one of our CPUs counts as about one CPU of other work."""
+    """A real process spinning on one of our CPUs counts as about one CPU of other work. Other tests run
+    beside this one (xdist) and come and go between the quiet and the busy sample, so the pair is taken up to
+    three times: the spinner must show in one of them (it failed once in a -n 2 run when a neighbour went
+    idle between the two samples)."""
     import subprocess
     import sys
+    import time
 
     from inspector.system.cpuload import others_busy
 
-    quiet = others_busy(0.2)
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        import time
-
-        time.sleep(0.3)
-        busy = others_busy(0.2)
-    finally:
-        spin.kill()
-        spin.wait()
-    assert busy >= min(quiet + 0.5, len(os.sched_getaffinity(0)) * 0.9)
+    cap = len(os.sched_getaffinity(0)) * 0.9
+    seen = []
+    for _ in range(3):
+        quiet = others_busy(0.2)
+        spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(0.3)
+            busy = others_busy(0.2)
+        finally:
+            spin.kill()
+            spin.wait()
+        seen.append((quiet, busy))
+        if busy >= min(quiet + 0.5, cap):
+            return
+    raise AssertionError(f"a spinning process never showed in the load (quiet, busy): {seen}")
 
 
 def _works() -> dict[str, Work]:
