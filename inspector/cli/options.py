@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+# `limits.LOCAL_THREADS`, said in the help without importing limits into every command's start-up (~18 ms):
+# a test holds the two equal
+LOCAL_THREADS_SAID = 4
+
 
 def workers_arg(text: str) -> int:
     """`--workers N`: a whole number from 1 to 1024 (memory does not grow with it; more than the budget
@@ -23,9 +27,9 @@ def add_workers_option(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=workers_arg,
         metavar="N",
-        help="threads reading and reducing or converting chunks at once (default: the usable cores, at most 4 "
-        "on local files, where more threads only wait on each other); memory stays within the same budget "
-        "whatever N",
+        help="threads reading and reducing or converting chunks at once (default: the usable cores, at most "
+        f"{LOCAL_THREADS_SAID} on local files, where more threads only wait on each other); memory stays within the "
+        "same budget whatever N",
     )
 
 

@@ -1,7 +1,11 @@
-"""`--format`'s help comes from the output kinds themselves: a new kind is one module, never a line in the CLI."""
+"""The shared options' help: `--format`'s comes from the output kinds themselves (a new kind is one module, never a
+line in the CLI); `--workers`' states the ceiling the worker rule applies."""
 
 from __future__ import annotations
 
+import argparse
+
+from inspector.cli import options
 from inspector.cli.main import build_parser
 from inspector.cli.options import format_help
 from inspector.convert.kinds import DEFAULT, KINDS
@@ -20,3 +24,13 @@ def test_convert_and_preflight_default_to_the_registrys_default() -> None:
     parser = build_parser()
     for argv in (["convert", "ckpt", "out"], ["preflight", "ckpt"]):
         assert parser.parse_args(argv).format == DEFAULT, argv
+
+
+def test_the_workers_help_says_the_ceiling_the_rule_applies() -> None:
+    """The help states the default's ceiling without importing `limits` into every command's start-up."""
+    from inspector.system import limits
+
+    assert options.LOCAL_THREADS_SAID == limits.LOCAL_THREADS
+    p = argparse.ArgumentParser()
+    options.add_workers_option(p)
+    assert f"at most {limits.LOCAL_THREADS} on local files" in " ".join(p.format_help().split())
