@@ -45,9 +45,9 @@ def check(
 
     Workers default to the usable cores, at most `limits.LOCAL_THREADS` (more from an object store; locally
     never more than the cores, `limits.busy_threads`); they share one buffer budget, which sets their chunk
-    (`stream.plan_workers`): the figures are the same bits whatever their number; from a cold page cache each worker has the kernel
-    read its next chunk while it reduces this one (`stream.read_ahead`). `threads` is the older name of
-    `workers`. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes, and
+    (`stream.plan_workers`): the figures are the same bits whatever their number; from a cold page cache
+    each worker has the kernel read its next chunk while it reduces this one (`stream.read_ahead`). `threads`
+    is the older name of `workers`. Raises CancelledError when `cancel` is set, InspectorError for unreadable bytes, and
     DamagedCheckpointError, before reading anything, when `against` has error findings."""
     start = time.monotonic()
     if against is not None:

@@ -6,7 +6,7 @@ between two buffers). On a 16-core VM that probe read 13 GB/s where the 2-core r
 (3.65x slower), while the runs there took 1.1x the reference machine's time (universal), 1.3x (bf16) and
 1.7-2.2x (health): the estimates came out +67 to +337 %. This prints, as one JSON object, the probes
 preflight takes and the rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's
-CRC-32 of universal's zips, numpy's passes, the fp32 -> bf16 cast, health's own kernels), so that two
+CRC-32 of universal's zips, numpy's passes, health's own kernels; the cast is preflight's own probe), so that two
 machines' rows can show which probe travels. Each is the best of a few tries on one thread.
 
     python tests/benchmarks/probes.py > probes.json
@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import sys
-import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -29,16 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from inspector.convert import calibrate
 from inspector.convert.cast import cast_raw
+from inspector.health.chunk_math import rounds_to
+from inspector.health.numerics import BF16, Buffers, group_sums, widen_into
 
 
-def best(run: Callable[[], object], tries: int = 7) -> float:
-    """The fastest of `tries` back-to-back runs, in seconds."""
-    out = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        run()
-        out = min(out, time.perf_counter() - t)
-    return out
+def best(run: Callable[[], object]) -> float:
+    """The fastest run, in seconds, as preflight's own probes take it (`calibrate._best`)."""
+    return calibrate._best(run, calibrate.PROBE_TRIES)
 
 
 def copy_rate(nbytes: int) -> float:
@@ -68,38 +64,22 @@ def health_kernels(elems: int = 1 << 20) -> dict[str, float]:
     """Microseconds a Mi elements through health's own kernels on one thread (`health.numerics`,
     `health.chunk_math`): the bf16 copy widened, Σv and Σv² by groups, and the rounding check of a copy
     against masters with random low bits (ties as rare as a trained model's)."""
-    from inspector.convert.cast import cast_raw as cast
-    from inspector.health.chunk_math import rounds_to
-    from inspector.health.numerics import Buffers, group_sums, widen_into
-
     rng = np.random.default_rng(0)
     master = rng.standard_normal(elems, dtype=np.float32)
     module = np.empty(elems, np.uint16)
-    cast(master.view(np.uint8), "float32", module.view(np.uint8), "bfloat16", elems)
+    cast_raw(master.view(np.uint8), "float32", module.view(np.uint8), "bfloat16", elems)
     buf = Buffers(elems)
     wide = np.empty(elems, np.float32)
-    widen_into(module.view(_bf16()), buf.wide)
+    widen_into(module.view(BF16), buf.wide)
     assert rounds_to(master, module, buf), (
         "the copy is not its master rounded: the probe would time the wrong path"
     )
     us = 1e6 * elems / (1 << 20)
     return {
-        "widen bf16": best(lambda: widen_into(module.view(_bf16()), wide)) * us,
+        "widen bf16": best(lambda: widen_into(module.view(BF16), wide)) * us,
         "group sums": best(lambda: group_sums(master, buf)) * us,
         "rounding check": best(lambda: rounds_to(master, module, buf)) * us,
     }
-
-
-def _bf16() -> np.dtype:
-    from inspector.health.numerics import BF16
-
-    return np.dtype(BF16)
-
-
-def cast_rate(elems: int = 1 << 20) -> float:
-    src = np.random.default_rng(0).standard_normal(elems, dtype=np.float32).view(np.uint8)
-    out = np.empty(2 * elems, np.uint8)
-    return elems / best(lambda: cast_raw(src, "float32", out, "bfloat16", elems))
 
 
 def main() -> None:
@@ -115,7 +95,6 @@ def main() -> None:
         "copy": {f"{n >> 10} KiB": copy_rate(n) for n in (256 << 10, 1 << 20, 4 << 20, 64 << 20)},
         "crc32 1 MiB": crc_rate(),
         "min+max+squares 4 MiB fp32": reduce_rate(),
-        "fp32->bf16 elements 1 Mi": cast_rate(),
         "health us per Mi elements": health_kernels(),
     }
     print(json.dumps(said, indent=1))
