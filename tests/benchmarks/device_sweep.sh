@@ -43,5 +43,6 @@ stamp "rank sweep at $RANKS"
 # shellcheck disable=SC2086
 "$PY" tests/benchmarks/ranks.py --workdir "$WORK/ranks" --ranks $RANKS --also health universal \
     --rows-json "$OUT/ranks.json" > "$OUT/ranks.md" 2>&1 || stamp "rank sweep exit $?"
+{ echo "probes at the end:"; "$PY" tests/benchmarks/probes.py || true; } >> "$OUT/machine.txt" 2>&1
 stamp "done"
 tail -n 30 "$OUT/s3.md" "$OUT/s2.md" "$OUT/ranks.md" "$LOG"

@@ -6,7 +6,7 @@ between two buffers). On a 16-core VM that probe read 13 GB/s where the 2-core r
 (3.65x slower), while the runs there took 1.1x the reference machine's time (universal), 1.3x (bf16) and
 1.7-2.2x (health): the estimates came out +67 to +337 %. This prints, as one JSON object, the probes
 preflight takes and the rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's
-CRC-32 of universal's zips, numpy's passes, health's own kernels; the cast is preflight's own probe), so that two
+CRC-32 of universal's zips, numpy's passes, health's own kernels, pread and pwrite through the page cache, a plain Python loop; the cast is preflight's own probe), so that two
 machines' rows can show which probe travels. Each is the best of a few tries on one thread.
 
     python tests/benchmarks/probes.py > probes.json
@@ -18,6 +18,8 @@ import json
 import os
 import platform
 import sys
+import tempfile
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +84,44 @@ def health_kernels(elems: int = 1 << 20) -> dict[str, float]:
     }
 
 
+def file_rates(nbytes: int = 64 << 20, window: int = 1 << 20) -> dict[str, float]:
+    """Bytes/s one thread moves through the page cache in `window` pieces: pwrite into a new file (fresh
+    page-cache pages: convert's writes) and preadv of the same file once resident (every run's reads, as the
+    sweep's floor reads them), in $TMPDIR."""
+    from inspector.convert.reader import buffer
+
+    buf = memoryview(buffer(window))  # type: ignore[arg-type]
+    buf[:] = b"\x01" * window
+    fd, path = tempfile.mkstemp(prefix="zi-probe-")
+    try:
+        t = time.perf_counter()
+        for off in range(0, nbytes, window):
+            os.pwrite(fd, buf, off)
+        wrote = nbytes / (time.perf_counter() - t)
+
+        def read_all() -> None:
+            for off in range(0, nbytes, window):
+                os.preadv(fd, [buf], off)
+
+        read_all()
+        return {"pwrite new": wrote, "pread resident": nbytes / best(read_all)}
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def python_rate(n: int = 100_000) -> float:
+    """Loop iterations/s of plain Python (a dict store, an attribute, a tuple): what the per-file, per-read
+    and per-job bookkeeping stand for."""
+
+    def loop() -> None:
+        d: dict[int, tuple[int, int]] = {}
+        for i in range(n):
+            d[i & 255] = (i, i.bit_length())
+
+    return n / best(loop)
+
+
 def main() -> None:
     said = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
@@ -94,6 +134,8 @@ def main() -> None:
         },
         "copy": {f"{n >> 10} KiB": copy_rate(n) for n in (256 << 10, 1 << 20, 4 << 20, 64 << 20)},
         "crc32 1 MiB": crc_rate(),
+        "page cache": file_rates(),
+        "python loop": python_rate(),
         "min+max+squares 4 MiB fp32": reduce_rate(),
         "health us per Mi elements": health_kernels(),
     }
