@@ -41,7 +41,7 @@ def health_seconds(
         pieces=len(jobs),
         read_ahead=True,
         ranges=ranges,
-        range_cost=calibration.HEALTH_RANGE_COST,
+        light_reads=True,
         jobs=len(jobs),
         startup=startup,
     )

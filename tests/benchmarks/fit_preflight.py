@@ -34,22 +34,46 @@ from inspector.convert.calibrate import Calibration, Work
 FITTED = calibration.FITTED  # the constants the fit may move
 
 
-def load(paths: Sequence[str]) -> list[dict[str, Any]]:
-    """Every row with a model and a wall, from the sweep files."""
+def load(paths: Sequence[str], rates: str | None = None) -> list[dict[str, Any]]:
+    """Every row with a model and a wall, from the sweep files (`rates`: the machine's probes, for rows
+    written before the calibration took them)."""
+    extra = {"rates": machine_rates(rates)} if rates else {}
     rows = []
     for p in paths:
         with open(p) as fh:
             data = json.load(fh)
         for r in data["rows"]:
             if r.get("model") and r.get("code") == 0 and r["wall"] > 0:
-                rows.append(r | {"file": Path(p).name})
+                rows.append(r | {"file": Path(p).name} | extra)
     return rows
+
+
+def machine_rates(path: str) -> dict[str, float]:
+    """The per-kind rates `probes.py` printed on a machine (its JSON, or the device script's machine.txt:
+    the first object in it), as the calibration's fields: for rows written before preflight took them."""
+    text = Path(path).read_text()
+    said = json.JSONDecoder().raw_decode(text[text.index("{") :])[0]
+    pre = said.get("preflight", {})
+    return {
+        "read_rate": said["page cache"]["pread resident"],
+        "crc_rate": pre.get("crc_rate", said["crc32 1 MiB"]),
+        "py_rate": pre.get("py_rate", said["python loop"]),
+    }
 
 
 def _parse(row: dict[str, Any]) -> tuple[Calibration, int, Work]:
     m = row["model"]
     names = {f.name for f in fields(Calibration)}
-    return Calibration(**{k: v for k, v in m["cal"].items() if k in names}), m["workers"], Work(**m["work"])
+    cal = row.get("rates", {}) | {k: v for k, v in m["cal"].items() if k in names}
+    missing = {"read_rate", "crc_rate", "py_rate"} - set(cal)
+    if missing:
+        raise SystemExit(
+            f"{row['file']}: rows without {', '.join(sorted(missing))}: give --rates MACHINE.json"
+        )
+    work = dict(m["work"])
+    if "range_cost" in work:  # rows written before the read's cost was a kind (`Work.light_reads`)
+        work["light_reads"] = work.pop("range_cost") < 1e6
+    return Calibration(**cal), m["workers"], Work(**work)
 
 
 def predict(row: dict[str, Any], constants: dict[str, float]) -> float:
@@ -181,13 +205,30 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="hold a constant at a value measured elsewhere (READ_COST from the read floor, say)",
     )
+    ap.add_argument(
+        "--rates",
+        metavar="MACHINE",
+        help="probes.py's output on the machine the rows come from (rows written "
+        "before preflight took the per-kind probes; the device script's machine.txt will do)",
+    )
+    ap.add_argument(
+        "--check-on",
+        nargs="+",
+        default=[],
+        metavar="ROWS",
+        help="rows of another machine to report the fitted constants on (with --check-rates)",
+    )
+    ap.add_argument("--check-rates", metavar="MACHINE", help="probes.py's output on the --check-on machine")
     args = ap.parse_args()
-    rows = load(args.rows)
+    rows = load(args.rows, args.rates)
+    other = load(args.check_on, args.check_rates) if args.check_on else []
     if not rows:
         print("no rows with the model's inputs (run sweep.py --rows-json)", file=sys.stderr)
         return 2
     current = {k: float(getattr(calibration, k)) for k in FITTED}
     report(rows, current, "current")
+    if other:
+        report(other, current, "current, on the other machine")
     if args.check:
         if args.table:
             table(rows, current)
@@ -199,6 +240,8 @@ def main() -> int:
         return 2
     new = fit(rows, fixed)
     report(rows, new, "refitted")
+    if other:
+        report(other, new, "refitted, on the other machine")
     for k in FITTED:
         print(f"{k} = {new[k]:.4g}  # was {current[k]:.4g}")
     return 0

@@ -28,15 +28,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from inspector.convert import calibrate
+from inspector.convert import rates
 from inspector.convert.cast import cast_raw
 from inspector.health.chunk_math import rounds_to
 from inspector.health.numerics import BF16, Buffers, group_sums, widen_into
 
 
 def best(run: Callable[[], object]) -> float:
-    """The fastest run, in seconds, as preflight's own probes take it (`calibrate._best`)."""
-    return calibrate._best(run, calibrate.PROBE_TRIES)
+    """The fastest run, in seconds, as preflight's own probes take it (`rates.best`)."""
+    return rates.best(run)
 
 
 def copy_rate(nbytes: int) -> float:
@@ -128,9 +128,11 @@ def main() -> None:
         "numpy": np.__version__,
         "zlib": zlib.ZLIB_RUNTIME_VERSION,
         "preflight": {
-            "copy_rate": calibrate._copy_rate(),
-            "cast_rate": calibrate._cast_rate("float32", "bfloat16"),
-            "page_rate": calibrate._page_rate(),
+            "copy_rate": rates.copy_rate(),
+            "cast_rate": rates.cast_rate("float32", "bfloat16"),
+            "page_rate": rates.page_rate(),
+            "crc_rate": rates.crc_rate(),
+            "py_rate": rates.python_rate(),
         },
         "copy": {f"{n >> 10} KiB": copy_rate(n) for n in (256 << 10, 1 << 20, 4 << 20, 64 << 20)},
         "crc32 1 MiB": crc_rate(),

@@ -40,7 +40,10 @@ def run(argv: list[str]) -> tuple[float, float, float, int]:
     """`python -m inspector ARGV` in a fresh interpreter: (wall s, CPU s, peak RSS MiB, exit status)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inspector", *argv], env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, "-m", "inspector", *argv],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -87,7 +90,7 @@ def measured_also(ckpt: Path, out: Path, also: list[str]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for what in also:
         shutil.rmtree(out, ignore_errors=True)
-        row[f"{what}_predicted"] = predicted(ckpt, out, what)[0]
+        row[f"{what}_predicted"], row[f"{what}_model"] = predicted(ckpt, out, what)
         for k, v in zip(("s", "cpu", "mib", "rc"), run(ALSO[what](ckpt, out)), strict=True):
             row[f"{what}_{k}"] = v
         shutil.rmtree(out, ignore_errors=True)
@@ -96,7 +99,9 @@ def measured_also(ckpt: Path, out: Path, also: list[str]) -> dict[str, Any]:
 
 def also_table(rows: list[dict[str, Any]], also: list[str]) -> str:
     """The `--also` commands' rows: wall, CPU, peak RSS and preflight's seconds against the wall."""
-    head = "| ranks (files) | " + " | ".join(f"{w} wall | {w} CPU | {w} peak RSS | preflight (vs wall)" for w in also)
+    head = "| ranks (files) | " + " | ".join(
+        f"{w} wall | {w} CPU | {w} peak RSS | preflight (vs wall)" for w in also
+    )
     lines = [head + " |", "|---" * (1 + 4 * len(also)) + "|"]
     for r in rows:
         cells = []
@@ -169,13 +174,21 @@ def _against(r: dict[str, Any]) -> str:
     return f"{guess:.2f} s ({guess / float(r['conv_s']) - 1:+.0%})"
 
 
-def fit_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The convert runs as `fit_preflight.py` reads the worker sweep's rows (the model's inputs, the wall)."""
-    return [
+def fit_rows(rows: list[dict[str, Any]], also: list[str]) -> list[dict[str, Any]]:
+    """The runs as `fit_preflight.py` reads the worker sweep's rows (the model's inputs, the wall): the
+    converts, and the `--also` commands'."""
+    out = [
         {"what": "bf16", "cache": "warm", "n": r["ranks"], "wall": r["conv_s"], "cpu": r["conv_cpu"],
          "code": r["conv_rc"], "model": r.get("model"), "predicted": r.get("predicted")}
         for r in rows
     ]  # fmt: skip
+    for w in also:
+        out += [
+            {"what": w, "cache": "warm", "n": r["ranks"], "wall": r[f"{w}_s"], "cpu": r[f"{w}_cpu"],
+             "code": r[f"{w}_rc"], "model": r.get(f"{w}_model"), "predicted": r[f"{w}_predicted"]}
+            for r in rows
+        ]  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -184,8 +197,10 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 128, 1024, 4096])
     ap.add_argument("--params", default="20M")
     ap.add_argument(
-        "--layers", type=int, help="decoder layers (default: the demo's, 4 at 20M); 126 makes each rank file hold "
-        "~1,270 records, as a 405B model's stage-3 files hold ~1,140"
+        "--layers",
+        type=int,
+        help="decoder layers (default: the demo's, 4 at 20M); 126 makes each rank file hold "
+        "~1,270 records, as a 405B model's stage-3 files hold ~1,140",
     )
     ap.add_argument("--append", action="store_true", help="append the rows to tests/benchmarks/results.md")
     ap.add_argument("--rows-json", type=Path, help="also write the convert rows here, for fit_preflight.py")
@@ -195,7 +210,7 @@ def main() -> None:
     load = os.getloadavg()
     rows = sweep(args.workdir, args.ranks, args.params, args.layers, args.also)
     if args.rows_json:
-        args.rows_json.write_text(json.dumps({"rows": fit_rows(rows)}, indent=1))
+        args.rows_json.write_text(json.dumps({"rows": fit_rows(rows, args.also or [])}, indent=1))
     what = f"ZeRO-3 demo, {args.params} parameters{f' in {args.layers} layers' if args.layers else ''}, bf16"
     tables = table(rows, rows[0]) + (f"\n\n{also_table(rows, args.also)}" if args.also else "")
     publish("Rank-count sweep (`tests/benchmarks/ranks.py`, issue 43)", what, tables, load, args.append)

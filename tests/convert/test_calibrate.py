@@ -17,6 +17,7 @@ from typing import Any, cast
 import pytest
 
 from inspector.convert import calibrate as cal_mod
+from inspector.convert import rates
 from inspector.convert.calibrate import PROBES, Calibration, Work, calibrate, estimate_seconds
 from inspector.convert.reader import FilePool
 from inspector.system import limits
@@ -87,7 +88,7 @@ def test_the_probe_is_bounded_and_leaves_the_cache_as_it_was(
         assert fd is not None
         after = resident_fraction(fd)
     assert cal.probed and 0.4 <= cal.resident <= 0.6
-    assert sum(read) <= PROBES * MiB
+    assert sum(read) <= PROBES * MiB + 2 * rates.READ_PROBE  # cold windows, and two passes of resident ones
     assert after == pytest.approx(cal.resident, abs=0.05)  # the cold windows it read were dropped again
 
 
@@ -97,6 +98,9 @@ def _cal(**kw: float) -> Calibration:
         cold_rate=4e8,
         cast_rate=2e9,
         copy_rate=5e10,
+        read_rate=2e10,
+        crc_rate=4e9,
+        py_rate=cal_mod.PY_REF,
         cores=16,
         load=0.0,
         seconds=0.0,
@@ -107,24 +111,25 @@ def _cal(**kw: float) -> Calibration:
 
 def test_the_model_follows_workers_cores_load_and_cache() -> None:
     job = Work(read=4 << 30, written=2 << 30, cast_elems=1 << 30)
-    one, four, sixteen = (estimate_seconds(_cal(), w, job) for w in (1, 4, 16))
-    assert one > four > sixteen
+    one, four, sixteen = (estimate_seconds(_cal(gil=False), w, job) for w in (1, 4, 16))
+    assert one > four > sixteen  # every core counts without the GIL (with it, see the GIL's own test)
     assert estimate_seconds(_cal(cores=2), 16, job) == estimate_seconds(_cal(cores=2), 2, job)
-    assert estimate_seconds(_cal(load=30.0), 16, job) > sixteen  # a busy machine shares its cores
-    assert estimate_seconds(_cal(resident=0.0), 16, job) > sixteen  # from the disk
+    assert estimate_seconds(_cal(load=30.0, gil=False), 16, job) > sixteen  # a busy machine shares its cores
+    assert estimate_seconds(_cal(resident=0.0, gil=False), 16, job) > sixteen  # from the disk
     assert estimate_seconds(_cal(resident=0.0), 16, job) >= (4 << 30) / (4e8 * cal_mod.STREAM_GAIN)
 
 
 def test_the_model_is_its_arithmetic() -> None:
-    """Each kind of work at its cost per byte in units of the copy probe's rate, cast at the cast rate; the
-    compute over the threads the pieces allow, the writes over the files written at once, a fresh page for
+    """Each kind of work at its cost per byte in units of the read probe's rate, each zipped byte's CRC-32
+    at the CRC probe's, cast at the cast rate; the compute over the threads the pieces allow, the writes over the files written at once, a fresh page for
     every page new to the page cache beyond what one cost when the constants were fitted; the disk's part
     overlapped, start-up serial; what else runs takes its share of the cores."""
-    cal = _cal(cores=4, copy_rate=1e10, cast_rate=1e9, page_rate=1e9)
+    cal = _cal(cores=4, read_rate=1e10, crc_rate=2e9, cast_rate=1e9, page_rate=1e9)
     work = Work(read=10**9, written=10**8, cast_elems=10**8, copied=2 * 10**8, zipped=10**8, reduced=10**9)
     page = cal_mod.PAGE_COST * (1 / 1e9 - 1 / cal_mod.FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute = (
         (cal_mod.READ_COST * 8 * 10**8 + cal_mod.ZIP_COST * 10**8 + cal_mod.REDUCE_COST * 10**9) / 1e10
+        + 10**8 / 2e9
         + 0.1
         + page * 10**8
     )
@@ -151,6 +156,21 @@ def test_the_model_is_its_arithmetic() -> None:
     )
     fitted = replace(cal, page_rate=cal_mod.FITTED_PAGE_RATE)  # fresh pages as in the fit: in the constants
     assert estimate_seconds(fitted, 1, work) == estimate_seconds(replace(cal, page_rate=math.inf), 1, work)
+    slow_python = replace(cal, py_rate=cal_mod.PY_REF / 2)  # start-up at the Python probe's rate
+    assert estimate_seconds(slow_python, 1, work) == pytest.approx(2 * start + compute + writing)
+
+
+def test_past_a_few_threads_the_gil_makes_more_workers_slower() -> None:
+    """Under the GIL the threads past LOCAL_THREADS are worth fewer cores, as measured on 16 cores (every
+    pass slower at 16 workers than at 4); without it (a free-threaded build) every core counts."""
+    from inspector.system.limits import LOCAL_THREADS
+
+    work = Work(read=4 << 30, written=2 << 30, cast_elems=1 << 30)
+    cal = _cal(cores=16)
+    few, many = (estimate_seconds(cal, n, work) for n in (LOCAL_THREADS, 16))
+    assert many > few
+    free = replace(cal, gil=False)
+    assert estimate_seconds(free, 16, work) < estimate_seconds(free, LOCAL_THREADS, work) < few * 1.0001
 
 
 def test_writes_past_the_freerun_point_go_at_the_disks_pace() -> None:
@@ -167,16 +187,42 @@ def test_writes_past_the_freerun_point_go_at_the_disks_pace() -> None:
     assert estimate_seconds(cold, 16, big) == pytest.approx(start + (1e9 + 6e9) / stream)
 
 
-def test_the_copy_probe_is_bounded_and_sane() -> None:
-    """The CPU's rate is what one core copies in memory: a positive, finite figure from a few milliseconds
-    of copying, whatever state the page cache is in."""
+def test_the_cpu_probes_are_bounded_and_sane() -> None:
+    """Each kind's rate is a positive, finite figure from a few milliseconds of its work, whatever state
+    the page cache is in."""
     import time
 
     t = time.perf_counter()
-    rate = cal_mod._copy_rate()
+    copy, crc, py = rates.copy_rate(), rates.crc_rate(), rates.python_rate()
     assert time.perf_counter() - t < 1.0
-    assert 1e8 < rate < 1e13
-    assert cal_mod._page_rate() > 1e6  # finite or not: a fresh page costs something or nothing measurable
+    assert 1e8 < copy < 1e13 and 1e7 < crc < 1e12 and 1e4 < py < 1e10
+    assert rates.page_rate() > 1e6  # finite or not: a fresh page costs something or nothing measurable
+
+
+def test_the_read_probe_reads_resident_pages_and_no_more(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The read rate is a pread of the checkpoint's own resident pages, at most READ_PROBE bytes a pass
+    (two passes); too few resident bytes give None (the copy probe's stand-in then)."""
+    path = _file(tmp_path, 80 * MiB)
+    path.read_bytes()  # resident
+    read: list[int] = []
+    with FilePool(Source.at(tmp_path)) as pool:
+        handle = pool.handle(str(path))
+        original = type(handle).read_into
+
+        def counting(self: Any, offset: int, view: memoryview) -> Any:
+            read.append(len(view))
+            return original(self, offset, view)
+
+        monkeypatch.setattr(type(handle), "read_into", counting)
+        windows = [(str(path), o, MiB) for o in range(0, 80 * MiB, MiB)]
+        rate = rates.read_rate(pool, windows)
+        assert rate is not None and 1e8 < rate < 1e13
+        assert sum(read) == 2 * rates.READ_PROBE  # two passes, bounded
+        assert rates.read_rate(pool, windows[: rates.READ_MIN // MiB - 1]) is None
+        cal = calibrate(pool, {str(path): 80 * MiB})
+    assert cal.read_rate > 1e8 and cal.crc_rate > 1e7 and cal.py_rate > 1e4
 
 
 def test_universal_uses_the_same_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -338,13 +384,20 @@ def _machines() -> list[Calibration]:
 
 
 def test_more_workers_never_predict_slower_nor_below_the_floor() -> None:
-    """Each worker more predicts no slower, and never faster than the floor: the bytes the disk serves at
-    its streaming rate, the copy out of the page cache on every core there is, the start-up."""
+    """Each worker more predicts no slower (up to LOCAL_THREADS under the GIL, every worker count without
+    it), and never faster than the floor: the bytes the disk serves at its streaming rate, the read out of
+    the page cache on every core there is, the start-up."""
+    from inspector.system.limits import LOCAL_THREADS
+
     for cal, (name, work) in itertools.product(_machines(), _works().items()):
-        times = [estimate_seconds(cal, n, work) for n in (1, 2, 3, 4, 8, 16, 64, 128)]
-        assert all(b <= a for a, b in itertools.pairwise(times)), (name, cal, times)
+        counts = [n for n in (1, 2, 3, 4, 8, 16, 64, 128)]
+        free = [estimate_seconds(replace(cal, gil=False), n, work) for n in counts]
+        assert all(b <= a for a, b in itertools.pairwise(free)), (name, cal, free)
+        held = [estimate_seconds(cal, n, work) for n in counts if n <= LOCAL_THREADS]
+        assert all(b <= a for a, b in itertools.pairwise(held)), (name, cal, held)
+        times = [estimate_seconds(cal, n, work) for n in counts]
         disk = work.read * (1.0 - cal.resident) / (cal.cold_rate * cal_mod.STREAM_GAIN)
-        copy = cal_mod.READ_COST * (work.read - work.copied) / cal.copy_rate / cal.cores
+        copy = cal_mod.READ_COST * (work.read - work.copied) / cal.read_rate / cal.cores
         assert times[-1] >= cal_mod.STARTUP_CPU + max(disk, copy), (name, cal)
 
 
@@ -381,7 +434,7 @@ def test_many_small_files_cost_more_than_their_bytes() -> None:
     workers (a file's Python holds the GIL)."""
     cal, work = _cal(cores=2), _works()["universal"]
     few, many = replace(work, files=300), replace(work, files=3000)
-    extra = 2700 * cal_mod.FILE_COST / cal.copy_rate
+    extra = 2700 * cal_mod.FILE_COST / cal.py_rate
     assert estimate_seconds(cal, 2, many) == pytest.approx(estimate_seconds(cal, 2, few) + extra)
 
 
@@ -402,7 +455,7 @@ def test_each_read_and_the_scan_the_run_repeats_cost_their_share() -> None:
     adds to the start-up."""
     cal, work = _cal(cores=2), Work(read=1 << 26, written=1 << 25, cast_elems=1 << 24)
     few, many = replace(work, ranges=354), replace(work, ranges=39_705)
-    extra = (39_705 - 354) * cal_mod.RANGE_COST / cal.copy_rate
+    extra = (39_705 - 354) * cal_mod.RANGE_COST / cal.py_rate
     assert estimate_seconds(cal, 2, many) == pytest.approx(estimate_seconds(cal, 2, few) + extra)
     scanned = replace(work, startup=1.5)  # serial, before the workers start
     assert estimate_seconds(cal, 2, scanned) == pytest.approx(estimate_seconds(cal, 2, work) + 1.5)
