@@ -137,8 +137,8 @@ def calibrate(
     sources), and the run's commonest `cast` (source, output dtype). Local files only: the caller uses the
     network's model for a store."""
     start = time.perf_counter()
-    crc, python = rates.crc_rate(), rates.python_rate()  # again at the end: a busy moment of the host's
-    # slowed both in one of three prediction children of a quiet sweep (9.7 M loops/s for 16-17 M)
+    pace = rates.Pace(cast)  # the core's speed, sampled now and through the load's window (`rates.Pace`)
+    pace.sample()
     cold: list[tuple[str, int, int, int]] = []
     warm: list[tuple[str, int, int]] = []
     resident, total = 0.0, 0
@@ -155,18 +155,22 @@ def calibrate(
         warm += [(path, o, n) for o, n, f in windows if f == 1.0]
     cold_rate = rates.cold_rate(pool, cold) or FALLBACK_COLD
     copy_rate = rates.copy_rate()
+    read_rate = rates.read_rate(pool, warm) or copy_rate * rates.READ_PER_COPY
+    page_rate = rates.page_rate()
+    # after the probes (sampled between its reads, predictions went wrong), the core's pace sampled through it
+    load = others_busy(meanwhile=pace.sample)
     return Calibration(
         resident=resident / total if total else 1.0,
         cold_rate=cold_rate,
-        cast_rate=rates.cast_rate(*cast),
+        cast_rate=pace.cast,
         copy_rate=copy_rate,
-        read_rate=rates.read_rate(pool, warm) or copy_rate * rates.READ_PER_COPY,
-        crc_rate=max(crc, rates.crc_rate()),
-        py_rate=max(python, rates.python_rate()),
-        page_rate=rates.page_rate(),
+        read_rate=read_rate,
+        crc_rate=pace.crc,
+        py_rate=pace.python,
+        page_rate=page_rate,
         freerun=freerun_bytes(),
         cores=usable_cores(),
-        load=others_busy(),  # after the probes: sampled between its reads, predictions went wrong
+        load=load,
         seconds=time.perf_counter() - start,
         probed=bool(cold),
         read_ahead=pool.mostly_cold(reads),  # the run's own test, on the same files: its decision

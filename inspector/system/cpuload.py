@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 WINDOW = 0.1  # seconds watched: /proc/stat counts in 1/100 s ticks, so 10 ticks a CPU
 _BUSY = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal
@@ -41,11 +42,12 @@ def _sample(cpus: set[int] | None) -> tuple[int, int, int]:
     return busy, total, runnable
 
 
-def others_busy(window: float = WINDOW) -> float:
+def others_busy(window: float = WINDOW, meanwhile: Callable[[], object] | None = None) -> float:
     """CPUs' worth of other work on the CPUs we may use, averaged over `window` seconds (0.0 when idle).
     Busy time cannot exceed the CPUs: when they were all busy, the runnable tasks besides us (sampled as
     the window starts and ends) say how many share them, if more. Where /proc/stat cannot be read: the
-    one-minute load average less one."""
+    one-minute load average less one. `meanwhile`: work of ours to run through the window instead of
+    sleeping (preflight's CPU probes, `convert.rates.Pace`)."""
     try:
         cpus: set[int] | None = os.sched_getaffinity(0)
     except (AttributeError, OSError):
@@ -53,7 +55,12 @@ def others_busy(window: float = WINDOW) -> float:
     try:
         b0, t0, first = _sample(cpus)
         own0 = time.process_time()
-        time.sleep(window)
+        if meanwhile is None:
+            time.sleep(window)
+        else:  # our own CPU time is taken out below, so the window can do our work
+            end = time.perf_counter() + window
+            while time.perf_counter() < end:
+                meanwhile()
         b1, t1, last = _sample(cpus)
         own, queued = time.process_time() - own0, (first + last) / 2 - 1  # less us
     except (OSError, ValueError, IndexError):

@@ -324,6 +324,17 @@ def test_the_load_is_other_work_on_our_cpus(monkeypatch: pytest.MonkeyPatch) -> 
     assert cpuload.others_busy(0.1) == pytest.approx(5.0)
     machine(busy=20, queued=2)  # both busy, one other runnable: busy time says more
     assert cpuload.others_busy(0.1) == pytest.approx(2.0)
+    # our own work run through the window (preflight's CPU probes) is not the others': one CPU of the two
+    # busy, and all of it was ours
+    own = iter([0.0, 0.1])
+    monkeypatch.setattr(cpuload.time, "process_time", lambda: next(own))
+    clock = iter([0.0, 0.04, 0.08, 0.12])
+    monkeypatch.setattr(cpuload.time, "perf_counter", lambda: next(clock))
+    calls: list[int] = []
+    machine(busy=10, queued=1)
+    assert cpuload.others_busy(0.1, meanwhile=lambda: calls.append(1)) == pytest.approx(0.0)
+    assert len(calls) == 2  # until the window closed (at 0.1 s), instead of sleeping
+    monkeypatch.setattr(cpuload.time, "process_time", lambda: 0.0)
 
     def refused(path: Any, *a: Any, **kw: Any) -> Any:
         raise OSError("no /proc")
