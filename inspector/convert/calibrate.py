@@ -77,9 +77,11 @@ FILE_COST = 6340.0
 # is read a parameter a rank, 39,705 reads at 1,024 ranks of the 20M demo, 134,555 at 4,096, 354 at 8;
 # ~21 us a read here (rank sweeps of 2026-12-03 14:34-14:56)
 RANGE_COST = 362.0
-# health's reads: a chunk's ranges fetched by one `read_runs` into the worker's buffers, nothing written or
-# recorded per read: ~12 us here (rank sweep of 2026-12-04 00:23 UTC, 104,816 reads at 1,024 ranks)
-HEALTH_RANGE_COST = 210.0
+# reads gathered by `FilePool.read_runs` (health's chunks, universal's stripes of small stage-3 slices):
+# a chunk's or a stripe's ranges in one call, nothing written or recorded per read: ~12 us here (rank sweep
+# of 2026-12-04 00:23 UTC, health, 104,816 reads at 1,024 ranks; universal's at 1,024 and 4,096 ranks cost
+# the same, 12 and 16 us, on 2026-12-04 15:20, where RANGE_COST put it at +50 and +28 %)
+GATHERED_RANGE_COST = 210.0
 # each health job beyond its bytes: its accumulator and chunks' Python, its row, its findings and its place
 # in the report (the 126-layer demo, 3,789 jobs of ~16 K elements: ~0.3 ms a job here)
 JOB_COST = 5070.0
@@ -101,7 +103,7 @@ FITTED = (
     "CHECK_COST",
     "STARTUP_CPU",
     "STREAM_GAIN",
-    "HEALTH_RANGE_COST",
+    "GATHERED_RANGE_COST",
     "JOB_COST",
     "RANGE_COST",
     "FILE_COST",
@@ -206,8 +208,8 @@ class Work:
     # own test, `FilePool.mostly_cold`, asked of the same files)
     read_ahead: bool = False
     ranges: int = 0  # separate reads (adjacent segments of a file are one), each at RANGE_COST
-    # health's reads: a chunk's ranges in one call, nothing written or recorded per read (HEALTH_RANGE_COST)
-    light_reads: bool = False
+    # reads gathered by `read_runs` (health's chunks, universal's stripes), at GATHERED_RANGE_COST each
+    gathered_reads: bool = False
     jobs: int = 0  # health's jobs, each at JOB_COST on one thread
     # CPU-seconds of start-up beyond the interpreter and imports (STARTUP_CPU): the scan the run repeats, as
     # this process measured it (`Checkpoint.scan_cpu`): 0.04 s for 16 rank files, ~1 s for 2,048
@@ -246,7 +248,7 @@ def alone_seconds(cal: Calibration, work: Work) -> float:
     run repeats, each read's Python bookkeeping (under the GIL: the rank sweep's convert took as much wall
     as CPU at 2 workers), each health job's, each output file's (a universal export of 3,795 small files
     took 2.4 s at 1 worker, 2.9 at 2)."""
-    per_read = HEALTH_RANGE_COST if work.light_reads else RANGE_COST
+    per_read = GATHERED_RANGE_COST if work.gathered_reads else RANGE_COST
     loops = per_read * work.ranges + JOB_COST * work.jobs + FILE_COST * work.files
     return STARTUP_CPU * PY_REF / cal.py_rate + work.startup + loops / cal.py_rate
 

@@ -41,7 +41,7 @@ def health_seconds(
         pieces=len(jobs),
         read_ahead=True,
         ranges=ranges,
-        light_reads=True,
+        gathered_reads=True,
         jobs=len(jobs),
         startup=startup,
     )

@@ -71,8 +71,11 @@ def _parse(row: dict[str, Any]) -> tuple[Calibration, int, Work]:
             f"{row['file']}: rows without {', '.join(sorted(missing))}: give --rates MACHINE.json"
         )
     work = dict(m["work"])
-    if "range_cost" in work:  # rows written before the read's cost was a kind (`Work.light_reads`)
-        work["light_reads"] = work.pop("range_cost") < 1e6
+    if "range_cost" in work:  # rows written before the read's cost was a kind (`Work.gathered_reads`)
+        work["gathered_reads"] = work.pop("range_cost") < 1e6
+    if "light_reads" in work:  # and before universal's reads were counted as gathered (2026-12-04 15:20)
+        work["gathered_reads"] = work.pop("light_reads")
+    work["gathered_reads"] = work["gathered_reads"] or row.get("what") == "universal"
     return Calibration(**cal), m["workers"], Work(**work)
 
 

@@ -103,6 +103,7 @@ def universal_seconds(plan: UniversalPlan, workers: int, read: int) -> float:
         overlapped=False,  # a worker reads a chunk, then checksums and writes it, then reads the next,
         read_ahead=True,  # but from a cold page cache the kernel reads its next 16 MiB meanwhile
         ranges=ranges,
+        gathered_reads=True,  # its stripes' and tensors' ranges gathered by `read_runs`, as health's
         startup=plan.scan_cpu,
     )
     return calibrated_seconds(plan.sources, reads, work, workers)
