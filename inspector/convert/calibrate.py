@@ -42,8 +42,9 @@ FALLBACK_COLD = 4e8
 # tests/benchmarks/fit_preflight.py (2026-12-04 15:08 UTC) to 16 warm runs of the 200M demos here (ZeRO-3
 # health, bf16 and universal, ZeRO-2 health; 1 and 2 workers, twice; the Python costs below held as
 # converted from the copy-probe fit, 2026-11-27's 120 runs): 13 of 16 within 25 %, rms log error 0.21 (3 of
-# 16 with the converted constants). On a 16-core VM's 19 runs of that morning (its probes taken apart by
-# `probes.py`), 12 of 19 (the copy-probe model: 5 of 19, +60 to +290 %); see results.md
+# 16 with the converted constants). Checked where they were not fitted: a 16-core VM's worker and rank
+# sweeps, 22 of 25 runs within 25 % (the copy-probe model there: 5 of 25, +60 to +290 %), and this
+# machine's next sweeps, 20 of 25 (results.md, 2026-12-04 14:54-15:28)
 READ_COST = 1.0
 # every page new to the page cache, a page of output written or a page the disk fills for a read, costs
 # the run a fresh page, PAGE_COST times what the page probe's fresh anonymous pages cost now beyond what

@@ -425,7 +425,10 @@ def _section(
 
 
 def _commit() -> str:
-    """The checkout's commit, or ZI_COMMIT where the tree is a copy without git (a lent machine's)."""
+    """ZI_COMMIT where it is set (a lent machine's copy of the tree, whose .git there named 35b30d2 for a
+    later tree on 2026-12-04), else the checkout's commit."""
+    if os.environ.get("ZI_COMMIT"):
+        return os.environ["ZI_COMMIT"]
     try:
         done = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
