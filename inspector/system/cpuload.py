@@ -68,6 +68,9 @@ def others_busy(window: float = WINDOW, meanwhile: Callable[[], object] | None =
     n = len(cpus) if cpus else (os.cpu_count() or 1)
     if t1 <= t0:
         return 0.0
-    busy = max(0.0, min(float(n), (b1 - b0) / (t1 - t0) * n - own / window))
+    total = min(float(n), (b1 - b0) / (t1 - t0) * n)  # ours included: whether the CPUs were all busy
+    busy = max(0.0, total - own / window)
     queued *= n / (os.cpu_count() or n)  # the machine's queue, our CPUs' part of it
-    return max(busy, queued) if busy >= 0.9 * n else busy
+    # saturated: the others' busy time is what they got beside us (less when `meanwhile` ran), their number
+    # what they would take
+    return max(busy, queued) if total >= 0.9 * n else busy

@@ -334,6 +334,12 @@ def test_the_load_is_other_work_on_our_cpus(monkeypatch: pytest.MonkeyPatch) -> 
     machine(busy=10, queued=1)
     assert cpuload.others_busy(0.1, meanwhile=lambda: calls.append(1)) == pytest.approx(0.0)
     assert len(calls) == 2  # until the window closed (at 0.1 s), instead of sleeping
+    # both CPUs busy, one of them with our probes, three others runnable: they got the one CPU we left
+    # them, but they are three CPUs of other work (the queue says so once the CPUs are all busy)
+    own = iter([0.0, 0.1])
+    clock = iter([0.0, 0.2])
+    machine(busy=20, queued=4)
+    assert cpuload.others_busy(0.1, meanwhile=lambda: None) == pytest.approx(3.0)
     monkeypatch.setattr(cpuload.time, "process_time", lambda: 0.0)
 
     def refused(path: Any, *a: Any, **kw: Any) -> Any:
