@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """What preflight's probes read on this machine, beside rates of the work they stand in for (issue 43).
 
-Preflight prices every kind of CPU work in units of one copy probe (`calibrate._copy_rate`: 4 MiB copied
-between two buffers). On a 16-core VM that probe read 13 GB/s where the 2-core reference machine reads ~48
-(3.65x slower), while the runs there took 1.1x the reference machine's time (universal), 1.3x (bf16) and
-1.7-2.2x (health): the estimates came out +67 to +337 %. This prints, as one JSON object, the probes
-preflight takes and the rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's
-CRC-32 of universal's zips, numpy's passes, health's own kernels, pread and pwrite through the page cache, a plain Python loop; the cast is preflight's own probe), so that two
-machines' rows can show which probe travels. Each is the best of a few tries on one thread.
+Until 2026-12-04 preflight priced every kind of CPU work in units of one 4 MiB copy; on a 16-core VM that
+copy read 3.9x slower than on the 2-core reference machine (it fits this one's L3, not that one's) while
+the runs there took 1.0-1.8x this machine's time, and the estimates came out +60 to +290 %. This prints, as
+one JSON object, preflight's own probes (`convert.rates`: the copy, the cast, fresh pages, CRC-32, the
+Python loop) and the rates of the kernels the runs spend their CPU in (copies at several sizes, zlib's
+CRC-32, numpy's passes, health's own kernels, pread and pwrite through the page cache, a plain Python loop),
+so that two machines' rows show which probe travels; `fit_preflight.py --rates` reads it (or the device
+script's machine.txt) for rows written before preflight took a probe. Each is the best of a few tries on
+one thread.
 
     python tests/benchmarks/probes.py > probes.json
 """
