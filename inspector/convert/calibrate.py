@@ -64,7 +64,7 @@ ZIP_COST = 0.43  # the zip's buffered write; its CRC-32 (a third of universal's 
 # cost what ~20 bytes of fp32 statistics do)
 REDUCE_COST = 0.78
 CHECK_COST = 13.6
-# Python's costs, in iterations of the Python probe's loop (`rates.python_rate`, ~17 M/s here), each on one
+# Python's costs, in iterations of the Python probe's loop (`rates.Pace`, ~17 M/s here), each on one
 # thread whatever the workers (the GIL). STARTUP_CPU: the CPU-seconds of the interpreter, the imports, the
 # plan and the exit at PY_REF iterations/s, besides the scan (measured apart, `Work.startup`): the rank
 # sweep's 8-rank convert took 0.42-0.55 CPU-s, its work and scan ~0.1 (2026-12-03)
@@ -119,7 +119,6 @@ class Calibration:
     resident: float  # fraction of the bytes to read that are in the page cache
     cold_rate: float  # bytes/s one thread reads from the disk
     cast_rate: float  # elements/s one core casts (the run's commonest cast)
-    copy_rate: float  # bytes/s one core copies between two MEM_PROBE buffers (the read rate's stand-in)
     cores: int
     load: float  # CPUs' worth of other work on our CPUs now (`system.cpuload.others_busy`)
     seconds: float  # what calibrating cost
@@ -157,8 +156,7 @@ def calibrate(
         cold += [(path, fd, o, n) for o, n, f in windows if f == 0.0][: PROBES - len(cold)]
         warm += [(path, o, n) for o, n, f in windows if f == 1.0]
     cold_rate = rates.cold_rate(pool, cold) or FALLBACK_COLD
-    copy_rate = rates.copy_rate()
-    read_rate = rates.read_rate(pool, warm) or copy_rate * rates.READ_PER_COPY
+    read_rate = rates.read_rate(pool, warm) or rates.copy_rate() * rates.READ_PER_COPY  # nothing resident
     page_rate = rates.page_rate()
     # after the probes (sampled between its reads, predictions went wrong), the core's pace sampled through it
     load = others_busy(meanwhile=pace.sample)
@@ -166,7 +164,6 @@ def calibrate(
         resident=resident / total if total else 1.0,
         cold_rate=cold_rate,
         cast_rate=pace.cast,
-        copy_rate=copy_rate,
         read_rate=read_rate,
         crc_rate=pace.crc,
         py_rate=pace.python,

@@ -150,20 +150,6 @@ def _loop() -> None:
         d[i & 255] = (i, i.bit_length())
 
 
-def crc_rate() -> float:
-    """Bytes/s one core takes zlib's CRC-32 of, from one `Pace` sample."""
-    pace = Pace()
-    pace.sample()
-    return pace.crc
-
-
-def python_rate() -> float:
-    """Iterations/s of the Python probe's loop, from one `Pace` sample."""
-    pace = Pace()
-    pace.sample()
-    return pace.python
-
-
 def page_rate() -> float:
     """Bytes/s one core faults fresh pages in (PAGE_PROBE bytes of anonymous memory, one byte a page, the
     median of three mappings; returned to the kernel after each): what a page new to the page cache costs
@@ -178,11 +164,3 @@ def page_rate() -> float:
             times.append(time.perf_counter() - t)
     seconds = sorted(times)[1]
     return PAGE_PROBE / seconds if seconds > 0 else math.inf
-
-
-def cast_rate(src_dtype: str, out_dtype: str) -> float:
-    """Elements/s one core casts `src_dtype` to `out_dtype`, by the raw-buffer cast the converter's workers
-    run (`cast_raw`: fp32 -> bf16 on the bits, so preflight imports no ml_dtypes), from one `Pace` sample."""
-    pace = Pace((src_dtype, out_dtype))
-    pace.sample()
-    return pace.cast

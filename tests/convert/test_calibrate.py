@@ -97,7 +97,6 @@ def _cal(**kw: float) -> Calibration:
         resident=1.0,
         cold_rate=4e8,
         cast_rate=2e9,
-        copy_rate=5e10,
         read_rate=2e10,
         crc_rate=4e9,
         py_rate=cal_mod.PY_REF,
@@ -178,7 +177,7 @@ def test_writes_past_the_freerun_point_go_at_the_disks_pace() -> None:
     takes at least (read from disk + written past that point) / the disk's streaming rate, and nothing
     changes while the output stays below it."""
     stream = 1e9
-    cal = _cal(cores=16, copy_rate=1e12, cold_rate=stream / cal_mod.STREAM_GAIN, freerun=2e9)
+    cal = _cal(cores=16, read_rate=1e12, cold_rate=stream / cal_mod.STREAM_GAIN, freerun=2e9)
     small, big = Work(read=10**9, written=10**9), Work(read=10**9, written=6 * 10**9, zipped=2 * 10**9)
     start = cal_mod.STARTUP_CPU
     assert estimate_seconds(cal, 16, small) == estimate_seconds(replace(cal, freerun=math.inf), 16, small)
@@ -193,9 +192,10 @@ def test_the_cpu_probes_are_bounded_and_sane() -> None:
     import time
 
     t = time.perf_counter()
-    copy, crc, py = rates.copy_rate(), rates.crc_rate(), rates.python_rate()
+    copy, pace = rates.copy_rate(), rates.Pace()
+    pace.sample()
     assert time.perf_counter() - t < 1.0
-    assert 1e8 < copy < 1e13 and 1e7 < crc < 1e12 and 1e4 < py < 1e10
+    assert 1e8 < copy < 1e13 and 1e7 < pace.crc < 1e12 and 1e4 < pace.python < 1e10 and 1e5 < pace.cast < 1e12
     assert rates.page_rate() > 1e6  # finite or not: a fresh page costs something or nothing measurable
 
 
