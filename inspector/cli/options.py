@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-# `limits.LOCAL_THREADS`, said in the help without importing limits into every command's start-up (~18 ms):
-# a test holds the two equal
+# `limits.LOCAL_THREADS` and `limits.ZIP_THREADS`, said in the help without importing limits into every
+# command's start-up (~18 ms): a test holds them equal
 LOCAL_THREADS_SAID = 4
+ZIP_THREADS_SAID = 8
 
 
 def workers_arg(text: str) -> int:
@@ -22,14 +23,16 @@ def workers_arg(text: str) -> int:
     return n
 
 
-def add_workers_option(p: argparse.ArgumentParser) -> None:
+def add_workers_option(p: argparse.ArgumentParser, exports: bool = False) -> None:
+    """`--workers`; `exports`: the command may write a universal export, whose default has its own ceiling."""
+    universal = f"; {ZIP_THREADS_SAID} for a universal export" if exports else ""
     p.add_argument(
         "--workers",
         type=workers_arg,
         metavar="N",
         help="threads reading and reducing or converting chunks at once (default: the usable cores, at most "
-        f"{LOCAL_THREADS_SAID} on local files, where more threads only wait on each other); memory stays within the "
-        "same budget whatever N",
+        f"{LOCAL_THREADS_SAID} on local files, where more threads only wait on each other{universal}); memory "
+        "stays within the same budget whatever N",
     )
 
 
@@ -56,7 +59,7 @@ def _tp_split(text: str) -> tuple[str, str]:
 
 
 def add_convert_options(p: argparse.ArgumentParser) -> None:
-    add_workers_option(p)
+    add_workers_option(p, exports=True)
     p.add_argument(
         "--dtype",
         default="auto",

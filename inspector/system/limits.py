@@ -204,19 +204,24 @@ LOCAL_THREADS = 4  # the default's ceiling on one machine's own files. Every pas
 # (ZeRO-2), convert bf16 0.47 / 0.25 / 0.49 s, universal 1.46 / 0.53 / 0.77 s, while the read floor went
 # only 0.08 -> 0.06 s from 4 threads to 16 (memory, not threads, bounds it there). 8 was not measured.
 # An interpreter running without the GIL (3.13t and later, `gil_enabled`) is not capped (not measured)
+ZIP_THREADS = 8  # the universal export's ceiling instead: its workers spend their time in zlib's CRC-32,
+# which holds no GIL for a whole MiB, so fewer handoffs. Its pass on the 16-core VM at 4 / 8 workers (200M
+# ZeRO-3 demo, warm, five pairs over four calls, 2026-12-04): 0.66 / 0.66, 0.55 / 0.50, 0.76 / 0.53,
+# 0.76 / 0.61, 0.76 / 0.69 s; at 6: 0.66 and 0.71; at 16: 0.75-0.96. Health and bf16 were slowest past 4
 
 
-def workers(asked: int | None = None, remote: bool = False) -> int:
+def workers(asked: int | None = None, remote: bool = False, ceiling: int = LOCAL_THREADS) -> int:
     """The one worker rule for every pass (convert, universal, health): `--workers` asked, else the usable
-    cores up to LOCAL_THREADS (from an object store at least REMOTE_THREADS, so that many requests are in
-    flight); locally never more than the usable cores (`busy_threads`). An explicit `--workers` above
-    LOCAL_THREADS is honoured: the machine may be one where more threads pay."""
+    cores up to the pass's `ceiling` (LOCAL_THREADS; the universal export's ZIP_THREADS) under the GIL
+    (from an object store at least REMOTE_THREADS, so that many requests are in flight); locally never more
+    than the usable cores (`busy_threads`). An explicit `--workers` above it is honoured: the machine may
+    be one where more threads pay."""
     if not asked:
         cores = usable_cores()
         if remote:
             asked = max(cores, REMOTE_THREADS)
         else:
-            asked = min(cores, LOCAL_THREADS) if gil_enabled() else cores
+            asked = min(cores, ceiling) if gil_enabled() else cores
     return busy_threads(asked, remote)
 
 

@@ -31,6 +31,11 @@ def test_the_workers_help_says_the_ceiling_the_rule_applies() -> None:
     from inspector.system import limits
 
     assert options.LOCAL_THREADS_SAID == limits.LOCAL_THREADS
-    p = argparse.ArgumentParser()
-    options.add_workers_option(p)
-    assert f"at most {limits.LOCAL_THREADS} on local files" in " ".join(p.format_help().split())
+    assert options.ZIP_THREADS_SAID == limits.ZIP_THREADS
+    p, q = argparse.ArgumentParser(), argparse.ArgumentParser()
+    options.add_workers_option(p, exports=True)  # convert's, preflight's and the app's
+    options.add_workers_option(q)  # health's: no export
+    said, health = (" ".join(x.format_help().split()) for x in (p, q))
+    assert f"at most {limits.LOCAL_THREADS} on local files" in said
+    assert f"at most {limits.LOCAL_THREADS} on local files" in health
+    assert f"{limits.ZIP_THREADS} for a universal export" in said and "universal" not in health

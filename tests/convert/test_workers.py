@@ -207,3 +207,30 @@ def test_threads_beyond_the_cores_change_no_byte(
         digests[w] = _digests(tmp_path / f"out{w}")
         assert len(seen) > 2 if w == 16 else len(seen) <= w, (w, seen)
     assert digests[1] == digests[5] == digests[16]
+
+
+def test_the_universal_export_defaults_to_its_own_ceiling(
+    demo: DemoCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default a universal export runs up to ZIP_THREADS workers (its CRC-32 holds no GIL for a whole MiB;
+    8 beat 4 on 16 cores), the other passes up to LOCAL_THREADS; both no more than the usable cores, and an
+    explicit --workers as asked; without the GIL, every core."""
+    from inspector.convert.kinds import get
+    from inspector.convert.kinds.base import Request
+
+    ckpt = scan(str(demo(SPEC)))
+
+    def universal(asked: int | None) -> int:
+        job = get("universal").plan(ckpt, Request(ConvertOptions(workers=asked)), str(tmp_path / "uni"))
+        return int(job.workers)
+
+    monkeypatch.setattr(limits, "usable_cores", lambda: 16)
+    assert limits.ZIP_THREADS > limits.LOCAL_THREADS
+    assert universal(None) == limits.ZIP_THREADS
+    assert pipeline.plan_threads(build_plan(ckpt, ConvertOptions(dtype="bf16"))) == limits.LOCAL_THREADS
+    assert universal(3) == 3 and universal(12) == 12
+    monkeypatch.setattr(limits, "usable_cores", lambda: 6)
+    assert universal(None) == 6
+    monkeypatch.setattr(limits, "usable_cores", lambda: 16)
+    monkeypatch.setattr(limits, "gil_enabled", lambda: False)
+    assert universal(None) == 16

@@ -38,7 +38,7 @@ from inspector.errors import UnsupportedCheckpointError
 from inspector.remote.roots import parent_source
 from inspector.scan.model import Checkpoint, Kind
 from inspector.system.bytesource import ByteSource, any_remote
-from inspector.system.limits import MemoryBudget
+from inspector.system.limits import ZIP_THREADS, MemoryBudget
 from inspector.system.limits import workers as limits_workers
 
 # files smaller than this on average are written by one thread: a file's Python (its zip records, pickle,
@@ -261,8 +261,9 @@ class Universal(OutputKind):
             "The whole checkpoint (fp32 masters, both Adam moments, the step); selection, dtype, shard size "
             "and renames do not apply.",
         )
-        # --workers: files written at once, by the one rule (`limits.workers`); one where the files are small
-        workers = limits_workers(request.options.workers, remote := any_remote(plan.sources))
+        # --workers: files written at once, by the one rule (`limits.workers`) at the zip's own ceiling
+        # (ZIP_THREADS: CRC-32 holds no GIL for a whole MiB); one where the files are small
+        workers = limits_workers(request.options.workers, remote := any_remote(plan.sources), ZIP_THREADS)
         small = not remote and bool(plan.files) and plan.tensor_bytes < SMALL_FILE * len(plan.files)
         return UniversalJob(self.name, os.path.abspath(out_dir), plan, rank0, notes, workers, small_files=small)
 
