@@ -112,12 +112,13 @@ def copy_rate() -> float:
 
 
 class Pace:
-    """The core's speed at CRC-32 and at plain Python, the best seen over every `sample` of a calibration.
+    """The core's speed at CRC-32, at plain Python and at the cast, the best seen over every `sample` of a
+    calibration.
 
     On a VM a core's speed is its host's to give: on the 2-core reference machine and on a 16-core VM
     alike, a loop's rate switched between ~17 M/s and ~10 M/s (CRC-32 with it, 4.3 and 2.2 GB/s) every few
-    hundred milliseconds, whatever the load in the guest; of 25 prediction children on the VM, 5 took
-    both probes in a slow phase and said +60 to +105 %. A run of seconds meets both phases, as the runs
+    hundred milliseconds, whatever the load in the guest; of 25 prediction children on the VM, 4 took
+    both probes in a slow phase and said +29 to +105 %. A run of seconds meets both phases, as the runs
     the constants were fitted on did; so the calibration samples throughout (the load's window included,
     `cpuload.others_busy`'s `meanwhile`) and keeps the fastest."""
 
