@@ -30,9 +30,9 @@ def add_workers_option(p: argparse.ArgumentParser, exports: bool = False) -> Non
         "--workers",
         type=workers_arg,
         metavar="N",
-        help="threads reading and reducing or converting chunks at once (default: the usable cores, at most "
-        f"{LOCAL_THREADS_SAID} on local files, where more threads only wait on each other{universal}); memory "
-        "stays within the same budget whatever N",
+        help="threads reading and reducing or converting chunks at once (default: the usable cores; asked or "
+        f"not, at most {LOCAL_THREADS_SAID} on local files, where more threads only wait on each other's "
+        f"turn at Python's GIL{universal}); memory stays within the same budget whatever N",
     )
 
 

@@ -43,7 +43,7 @@ from inspector.health.numerics import (
 )
 from inspector.health.units import Unit, jobs_of, parts, plan_units, unit_reads
 from inspector.scan.model import Segment
-from inspector.system.limits import usable_cores, workers
+from inspector.system.limits import LOCAL_THREADS, gil_enabled, usable_cores, workers
 
 MIN_CHUNK = GROUP  # 1 MiB of fp32: a worker's numpy calls are long enough that the interpreter between them
 # is noise (the GIL is held a few microseconds per call, released for the whole block)
@@ -110,10 +110,12 @@ class Streamer:
         self.done_bytes = 0
         self._lock = threading.Lock()
         self._local = threading.local()
-        # chunks reduced at once: one per usable core. From an object store more threads than cores overlap
-        # their requests (locally there are no more threads than cores: `limits.busy_threads`), but reducing
-        # on more threads than cores only thrashed the caches
-        self._computing = threading.Semaphore(usable_cores())
+        # chunks reduced at once: one per usable core, at most LOCAL_THREADS under the GIL (`limits.workers`
+        # holds local threads to the same). From an object store more threads overlap their requests, but
+        # reducing on more threads than cores only thrashed the caches, and past the ceiling their numpy
+        # calls' GIL handoffs are the pass (measured locally; from a store not measured)
+        cores = usable_cores()
+        self._computing = threading.Semaphore(min(cores, LOCAL_THREADS) if gil_enabled() else cores)
 
     def _scratch(self) -> Scratch:
         s: Scratch | None = getattr(self._local, "scratch", None)

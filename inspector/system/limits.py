@@ -197,13 +197,15 @@ REMOTE_THREADS = 6  # from an object store a worker mostly waits on its requests
 # faster and 11 MiB larger (124 against 113 MiB)
 
 
-LOCAL_THREADS = 4  # the default's ceiling on one machine's own files. Every pass is Python threads whose
-# numpy calls and reads release the GIL for microseconds and take it back: past a few threads each handoff
-# waits on another thread's Python and the pass slows down. Measured on a 16-core VM (200M demos, page
-# cache warm, 1 / 4 / 16 workers): health's pass 0.82 / 0.28 / 0.88 s (ZeRO-3) and 1.54 / 0.55 / 1.49 s
-# (ZeRO-2), convert bf16 0.47 / 0.25 / 0.49 s, universal 1.46 / 0.53 / 0.77 s, while the read floor went
-# only 0.08 -> 0.06 s from 4 threads to 16 (memory, not threads, bounds it there). 8 was not measured.
-# An interpreter running without the GIL (3.13t and later, `gil_enabled`) is not capped (not measured)
+LOCAL_THREADS = 4  # the threads' ceiling on one machine's own files, asked or not. Every pass is Python
+# threads whose numpy calls and reads release the GIL for microseconds and take it back: past a few threads
+# each handoff waits on another thread's Python and the pass slows down. Measured on a 16-core VM (200M
+# demos, page cache warm, 1 / 4 / 16 workers): health's pass 0.82 / 0.28 / 0.88 s (ZeRO-3) and 1.54 / 0.55 /
+# 1.49 s (ZeRO-2), convert bf16 0.47 / 0.25 / 0.49 s, universal 1.46 / 0.53 / 0.77 s, while the read floor
+# went only 0.08 -> 0.06 s from 4 threads to 16 (memory, not threads, bounds it there). At 8 (2026-12-04,
+# tests/benchmarks/device_sweep.sh): health 0.39 against 0.34 s at 4 (ZeRO-3) and 0.58 against 0.45
+# (ZeRO-2), bf16 0.30 against 0.24. An interpreter running without the GIL (3.13t and later,
+# `gil_enabled`) is not capped (not measured)
 ZIP_THREADS = 8  # the universal export's ceiling instead: its workers spend their time in zlib's CRC-32,
 # which holds no GIL for a whole MiB, so fewer handoffs. Its pass on the 16-core VM at 4 / 8 workers (200M
 # ZeRO-3 demo, warm, five pairs over four calls, 2026-12-04): 0.66 / 0.66, 0.55 / 0.50, 0.76 / 0.53,
@@ -211,18 +213,17 @@ ZIP_THREADS = 8  # the universal export's ceiling instead: its workers spend the
 
 
 def workers(asked: int | None = None, remote: bool = False, ceiling: int = LOCAL_THREADS) -> int:
-    """The one worker rule for every pass (convert, universal, health): `--workers` asked, else the usable
-    cores up to the pass's `ceiling` (LOCAL_THREADS; the universal export's ZIP_THREADS) under the GIL
-    (from an object store at least REMOTE_THREADS, so that many requests are in flight); locally never more
-    than the usable cores (`busy_threads`). An explicit `--workers` above it is honoured: the machine may
-    be one where more threads pay."""
-    if not asked:
-        cores = usable_cores()
-        if remote:
-            asked = max(cores, REMOTE_THREADS)
-        else:
-            asked = min(cores, ceiling) if gil_enabled() else cores
-    return busy_threads(asked, remote)
+    """The one worker rule for every pass (convert, universal, health): `--workers` asked, else the pass's
+    `ceiling` (LOCAL_THREADS; the universal export's ZIP_THREADS). Locally no more than the usable cores
+    (`busy_threads`) and, while Python threads take turns at a GIL, no more than the ceiling, asked or not:
+    past it every thread only waits on the others' handoffs (on 16 cores, 16 threads took 2.6-3.2 times
+    the health pass's time at 4 and 2.3 times bf16's; universal's 1.5 times its time at 8), so a larger
+    `--workers` runs as the ceiling, never slower. From an object store as asked (at least REMOTE_THREADS
+    by default), each thread waiting on its own requests; without the GIL every usable core."""
+    if remote:
+        return busy_threads(asked or max(usable_cores(), REMOTE_THREADS), remote)
+    most = ceiling if gil_enabled() else usable_cores()
+    return busy_threads(min(asked or most, most))
 
 
 def gil_enabled() -> bool:

@@ -185,11 +185,12 @@ def test_locally_no_more_workers_than_cores(demo: DemoCache, monkeypatch: pytest
 def test_threads_beyond_the_cores_change_no_byte(
     demo: DemoCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As on a node of many cores (busy_threads lets every worker run): 1, 5 and 16 threads, chunks small
-    enough that every tensor is cut many times, write the same bytes, and 16 do run side by side."""
+    """As on a node of many cores without the GIL (where every worker runs): 1, 5 and 16 threads, chunks
+    small enough that every tensor is cut many times, write the same bytes, and 16 do run side by side."""
     from inspector.convert.kinds.safetensors import weights_job
 
     monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a node of many cores
+    monkeypatch.setattr(limits, "gil_enabled", lambda: False)
     seen: set[str] = set()
     real = pipeline._work
 
@@ -214,7 +215,8 @@ def test_the_universal_export_defaults_to_its_own_ceiling(
 ) -> None:
     """By default a universal export runs up to ZIP_THREADS workers (its CRC-32 holds no GIL for a whole MiB;
     8 beat 4 on 16 cores), the other passes up to LOCAL_THREADS; both no more than the usable cores, and an
-    explicit --workers as asked; without the GIL, every core."""
+    explicit --workers as asked up to the same ceiling (16 threads took 1.5 times 8's time); without the
+    GIL, every core."""
     from inspector.convert.kinds import get
     from inspector.convert.kinds.base import Request
 
@@ -228,9 +230,13 @@ def test_the_universal_export_defaults_to_its_own_ceiling(
     assert limits.ZIP_THREADS > limits.LOCAL_THREADS
     assert universal(None) == limits.ZIP_THREADS
     assert pipeline.plan_threads(build_plan(ckpt, ConvertOptions(dtype="bf16"))) == limits.LOCAL_THREADS
-    assert universal(3) == 3 and universal(12) == 12
+    assert universal(3) == 3 and universal(12) == limits.ZIP_THREADS
+    assert (
+        pipeline.plan_threads(build_plan(ckpt, ConvertOptions(dtype="bf16", workers=12)))
+        == limits.LOCAL_THREADS
+    )
     monkeypatch.setattr(limits, "usable_cores", lambda: 6)
     assert universal(None) == 6
     monkeypatch.setattr(limits, "usable_cores", lambda: 16)
     monkeypatch.setattr(limits, "gil_enabled", lambda: False)
-    assert universal(None) == 16
+    assert universal(None) == 16 and universal(12) == 12

@@ -33,6 +33,7 @@ def test_health_hands_the_model_what_the_pass_reads(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(cal_mod, "calibrated_seconds", spy)
     monkeypatch.setattr(limits, "usable_cores", lambda: 64)  # as on a node of many cores
+    monkeypatch.setattr(limits, "gil_enabled", lambda: False)  # without the GIL: every worker asked runs
     tensors = select(ckpt, ConvertOptions())
     jobs = plan_jobs(ckpt, tensors, None)
     total = sum(j.nbytes for j in jobs)
@@ -42,3 +43,6 @@ def test_health_hands_the_model_what_the_pass_reads(monkeypatch: pytest.MonkeyPa
     assert workers == 3 and work.pieces == len(jobs) and not work.written
     health_seconds(ckpt, tensors, None, 10_000)  # more than the budget holds: as many as the pass runs
     assert seen[-1][2] == max_threads()
+    monkeypatch.setattr(limits, "gil_enabled", lambda: True)  # with it, the ceiling's
+    health_seconds(ckpt, tensors, None, 16)
+    assert seen[-1][2] == limits.LOCAL_THREADS
