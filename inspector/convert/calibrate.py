@@ -60,10 +60,14 @@ WRITE_COST = 1.12
 COPY_COST = 5.82
 ZIP_COST = 0.43  # the zip's buffered write; its CRC-32 (a third of universal's CPU here, `perf`) apart
 # health: REDUCE_COST per byte whose statistics are computed, CHECK_COST per byte of a 16-bit copy checked
-# against its master besides (its widening, the rounding check's passes: a ZeRO-2 copy's 2 bytes an element
-# cost what ~20 bytes of fp32 statistics do)
-REDUCE_COST = 0.78
-CHECK_COST = 13.6
+# against its master besides (its widening, the rounding check's passes), both in units of the reduction
+# probe's byte (`rates.Pace`: min, max and Σx² over a 4 MiB chunk). Priced in the read probe they followed
+# each checkpoint's page cache (7.4-15.5 GB/s here over a week, the runs steady): ZeRO-2's health at 1
+# worker said +35 to +48 % on 2026-12-04. Fitted, every other constant held, on 8 health rows here (ZeRO-2
+# and -3 200M demos, 1 and 2 workers, warm; 8 within 25 %, -17 to +2 %) and the 16-core VM's 25 rows
+# (its reduction probe from probes.py's run beside them: 22 within 25 %, as before)
+REDUCE_COST = 1.375
+CHECK_COST = 15.17
 # Python's costs, in iterations of the Python probe's loop (`rates.Pace`, ~17 M/s here), each on one
 # thread whatever the workers (the GIL). STARTUP_CPU: the CPU-seconds of the interpreter, the imports, the
 # plan and the exit at PY_REF iterations/s, besides the scan (measured apart, `Work.startup`): the rank
@@ -126,6 +130,7 @@ class Calibration:
     read_rate: float  # bytes/s one thread preads resident pages (`rates.read_rate`)
     crc_rate: float  # bytes/s one core takes CRC-32 of
     py_rate: float  # iterations/s of the Python probe's loop
+    reduce_rate: float  # fp32 bytes/s one core passes through min, max and Σx² over a chunk (`rates.Pace`)
     freerun: float = math.inf  # bytes a run writes before the kernel paces it to the disk (`writeback`)
     read_ahead: bool = False  # the run will ask its reads of the kernel ahead (`FilePool.mostly_cold`)
     page_rate: float = math.inf  # bytes/s of fresh pages one core faults in (the page probe)
@@ -167,6 +172,7 @@ def calibrate(
         read_rate=read_rate,
         crc_rate=pace.crc,
         py_rate=pace.python,
+        reduce_rate=pace.reduce,
         page_rate=page_rate,
         freerun=freerun_bytes(),
         cores=usable_cores(),
@@ -253,14 +259,16 @@ def alone_seconds(cal: Calibration, work: Work) -> float:
 
 def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     """CPU-seconds of the run's work after start-up: (what spreads over the threads, the writes into its
-    files). Bytes through memory at their cost per byte in units of the read probe's rate, each zipped
-    byte's CRC-32 at the CRC probe's, each cast at the cast probe's. Every buffered byte is copied out of
+    files). Bytes through memory at their cost per byte in units of the read probe's rate, health's
+    statistics in the reduction probe's (numpy's passes over a chunk of our own buffers, not the page
+    cache's pages), each zipped byte's CRC-32 at the CRC probe's, each cast at the cast probe's. Every buffered byte is copied out of
     the page cache, wherever it was; the bytes the disk serves cost the kernel's fill besides, so a cold
     run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
     memory = READ_COST * buffered + ZIP_COST * work.zipped
-    memory += REDUCE_COST * work.reduced + CHECK_COST * work.checked
-    compute = memory / cal.read_rate + work.zipped / cal.crc_rate + work.cast_elems / cal.cast_rate
+    numpy = REDUCE_COST * work.reduced + CHECK_COST * work.checked
+    compute = memory / cal.read_rate + numpy / cal.reduce_rate + work.zipped / cal.crc_rate
+    compute += work.cast_elems / cal.cast_rate
     page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)
     writing = (WRITE_COST * work.written + COPY_COST * work.copied) / cal.read_rate

@@ -6,8 +6,10 @@ factor. On a 16-core VM (2026-12-04) a 4 MiB copy ran 3.9x slower than on the 2-
 fits this machine's L3 and not that one's), a pread of resident pages 2.1x, numpy's passes over 4 MiB
 2.3-3.7x, a cast 1.55x, CRC-32 1.05x and plain Python 1.0-1.5x, while the runs took 1.0x (thousands of
 ranks: Python) to 1.8x (health): priced in the copy probe alone, preflight said +60 to +290 % there.
-So: bytes moved through memory (the page cache's reads and writes, the kernel's copies, numpy's passes) in
-the read probe, a pread of the checkpoint's own resident pages; CRC-32 in its own; a cast in its own;
+So: bytes moved through memory (the page cache's reads and writes, the kernel's copies) in the read probe,
+a pread of the checkpoint's own resident pages; numpy's reductions over a chunk in their own (health's
+statistics: 2.2x slower there, as the runs' checks were, while the read probe said 1.1-1.8x and moved with
+each checkpoint's pages here, 7.4-15.5 GB/s); CRC-32 in its own; a cast in its own;
 per-read, per-file and per-job bookkeeping and start-up in a plain Python loop. Each probe is the best of a
 few tries and costs at most a few milliseconds (the read probe at most READ_PROBE bytes twice)."""
 
@@ -36,6 +38,7 @@ READ_MIN = 8 << 20  # fewer resident bytes than this: the read rate from the cop
 # 18.6-19.9 GB/s against 45-48 on the reference machine (tests/benchmarks/probes.py, 2026-12-04)
 READ_PER_COPY = 0.41
 CRC_PROBE = 1 << 20  # bytes the CRC-32 probe checksums
+REDUCE_ELEMS = 1 << 20  # fp32 values the reduction probe passes over: health's chunk (4 MiB)
 PY_LOOP = 5_000  # iterations of the Python probe's loop (~0.3 ms here)
 
 
@@ -112,8 +115,8 @@ def copy_rate() -> float:
 
 
 class Pace:
-    """The core's speed at CRC-32, at plain Python and at the cast, the best seen over every `sample` of a
-    calibration.
+    """The core's speed at CRC-32, at plain Python, at the cast and at numpy's reductions, the best seen over
+    every `sample` of a calibration.
 
     On a VM a core's speed is its host's to give: on the 2-core reference machine and on a 16-core VM
     alike, a loop's rate switched between ~17 M/s and ~10 M/s (CRC-32 with it, 4.3 and 2.2 GB/s) every few
@@ -124,6 +127,7 @@ class Pace:
 
     def __init__(self, cast: tuple[str, str] = ("float32", "bfloat16")) -> None:
         self.crc = 0.0  # bytes/s one core takes zlib's CRC-32 of (the universal export's zips)
+        self.reduce = 0.0  # fp32 bytes/s one core passes through min, max and Σx² over a chunk (health's)
         self.python = 0.0  # iterations/s of a plain Python loop: per-read, per-file and per-job bookkeeping
         self.cast = 0.0  # elements/s one core casts `cast` (source, output dtype) by the workers' `cast_raw`
         self._data = np.arange(CRC_PROBE // 4, dtype=np.uint32).tobytes()
@@ -132,16 +136,26 @@ class Pace:
         self._src = np.empty(CAST_ELEMS * itemsize(cast[0]), np.uint8)
         cast_raw(values.view(np.uint8), "float32", self._src, cast[0], CAST_ELEMS)
         self._out = np.empty(CAST_ELEMS * itemsize(cast[1]), np.uint8)
+        self._chunk = np.linspace(-2.0, 2.0, REDUCE_ELEMS, dtype=np.float32)
 
     def sample(self) -> None:
-        """One burst of each probe (PROBE_TRIES tries, the best kept): ~3 ms here."""
+        """One burst of each probe (PROBE_TRIES tries, the best kept): ~4 ms here."""
         (src_dtype, out_dtype), src, out = self._dtypes, self._src, self._out
         crc = best(lambda: zlib.crc32(self._data), bursts=1)
         loop = best(_loop, bursts=1)
         cast = best(lambda: cast_raw(src, src_dtype, out, out_dtype, CAST_ELEMS), bursts=1)
+        reduce = best(self._reduce, bursts=1)
         self.crc = max(self.crc, CRC_PROBE / crc if crc > 0 else 0.0)
+        self.reduce = max(self.reduce, 4 * REDUCE_ELEMS / reduce if reduce > 0 else 0.0)
         self.python = max(self.python, PY_LOOP / loop if loop > 0 else 0.0)
         self.cast = max(self.cast, CAST_ELEMS / cast if cast > 0 else 0.0)
+
+    def _reduce(self) -> None:
+        """Three of health's passes over one chunk of our own (`health.numerics`): min, max, Σx²."""
+        x = self._chunk
+        np.minimum.reduce(x)
+        np.maximum.reduce(x)
+        np.vecdot(x, x) if hasattr(np, "vecdot") else np.dot(x, x)  # as `numerics.row_dots`
 
 
 def _loop() -> None:

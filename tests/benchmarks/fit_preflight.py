@@ -58,6 +58,7 @@ def machine_rates(path: str) -> dict[str, float]:
         "read_rate": said["page cache"]["pread resident"],
         "crc_rate": pre.get("crc_rate", said["crc32 1 MiB"]),
         "py_rate": pre.get("py_rate", said["python loop"]),
+        "reduce_rate": pre.get("reduce_rate", said["min+max+squares 4 MiB fp32"]),
     }
 
 
@@ -65,12 +66,14 @@ def _parse(row: dict[str, Any]) -> tuple[Calibration, int, Work]:
     m = row["model"]
     names = {f.name for f in fields(Calibration)}
     cal = row.get("rates", {}) | {k: v for k, v in m["cal"].items() if k in names}
-    missing = {"read_rate", "crc_rate", "py_rate"} - set(cal)
+    work = dict(m["work"])
+    if not (work.get("reduced") or work.get("checked")):  # no statistics: the reduction probe prices nothing
+        cal.setdefault("reduce_rate", math.inf)
+    missing = {"read_rate", "crc_rate", "py_rate", "reduce_rate"} - set(cal)
     if missing:
         raise SystemExit(
             f"{row['file']}: rows without {', '.join(sorted(missing))}: give --rates MACHINE.json"
         )
-    work = dict(m["work"])
     if "range_cost" in work:  # rows written before the read's cost was a kind (`Work.gathered_reads`)
         work["gathered_reads"] = work.pop("range_cost") < 1e6
     if "light_reads" in work:  # and before universal's reads were counted as gathered (2026-12-04 15:20)

@@ -100,6 +100,7 @@ def _cal(**kw: float) -> Calibration:
         read_rate=2e10,
         crc_rate=4e9,
         py_rate=cal_mod.PY_REF,
+        reduce_rate=2e10,
         cores=16,
         load=0.0,
         seconds=0.0,
@@ -119,15 +120,16 @@ def test_the_model_follows_workers_cores_load_and_cache() -> None:
 
 
 def test_the_model_is_its_arithmetic() -> None:
-    """Each kind of work at its cost per byte in units of the read probe's rate, each zipped byte's CRC-32
-    at the CRC probe's, cast at the cast rate; the compute over the threads the pieces allow, the writes over the files written at once, a fresh page for
+    """Each kind of work at its cost per byte in units of the read probe's rate, health's statistics in the
+    reduction probe's, each zipped byte's CRC-32 at the CRC probe's, cast at the cast rate; the compute over the threads the pieces allow, the writes over the files written at once, a fresh page for
     every page new to the page cache beyond what one cost when the constants were fitted; the disk's part
     overlapped, start-up serial; what else runs takes its share of the cores."""
-    cal = _cal(cores=4, read_rate=1e10, crc_rate=2e9, cast_rate=1e9, page_rate=1e9)
+    cal = _cal(cores=4, read_rate=1e10, crc_rate=2e9, cast_rate=1e9, page_rate=1e9, reduce_rate=3e10)
     work = Work(read=10**9, written=10**8, cast_elems=10**8, copied=2 * 10**8, zipped=10**8, reduced=10**9)
     page = cal_mod.PAGE_COST * (1 / 1e9 - 1 / cal_mod.FITTED_PAGE_RATE)  # seconds a fresh byte adds
     compute = (
-        (cal_mod.READ_COST * 8 * 10**8 + cal_mod.ZIP_COST * 10**8 + cal_mod.REDUCE_COST * 10**9) / 1e10
+        (cal_mod.READ_COST * 8 * 10**8 + cal_mod.ZIP_COST * 10**8) / 1e10
+        + cal_mod.REDUCE_COST * 10**9 / 3e10
         + 10**8 / 2e9
         + 0.1
         + page * 10**8
@@ -196,7 +198,26 @@ def test_the_cpu_probes_are_bounded_and_sane() -> None:
     pace.sample()
     assert time.perf_counter() - t < 1.0
     assert 1e8 < copy < 1e13 and 1e7 < pace.crc < 1e12 and 1e4 < pace.python < 1e10 and 1e5 < pace.cast < 1e12
+    assert 1e8 < pace.reduce < 1e13
     assert rates.page_rate() > 1e6  # finite or not: a fresh page costs something or nothing measurable
+
+
+def test_health_statistics_are_priced_in_the_reduction_probe() -> None:
+    """Health's numpy passes run over its own buffers, not the page cache's pages: the reduction probe's
+    rate moves their price, the read probe's only the reads (priced in the read probe, ZeRO-2's health said
+    +35 to +48 % here while that probe followed the checkpoint's pages)."""
+    work = Work(read=1 << 30, reduced=1 << 30, checked=1 << 28)
+    base = _cal(gil=False)
+    slow_numpy = estimate_seconds(replace(base, reduce_rate=base.reduce_rate / 2), 1, work)
+    slow_reads = estimate_seconds(replace(base, read_rate=base.read_rate / 2), 1, work)
+    alone = estimate_seconds(base, 1, work)
+    numpy = (cal_mod.REDUCE_COST * work.reduced + cal_mod.CHECK_COST * work.checked) / base.reduce_rate
+    reads = cal_mod.READ_COST * work.read / base.read_rate
+    assert slow_numpy - alone == pytest.approx(numpy)
+    assert slow_reads - alone == pytest.approx(reads)
+    # a convert reduces nothing: the reduction probe prices none of it
+    convert = Work(read=1 << 30, written=1 << 29, cast_elems=1 << 28)
+    assert estimate_seconds(replace(base, reduce_rate=1.0), 1, convert) == estimate_seconds(base, 1, convert)
 
 
 def test_the_read_probe_reads_resident_pages_and_no_more(
