@@ -15,6 +15,8 @@
 # Append the sections to tests/benchmarks/results.md by hand, saying which machine gave them. machine.txt
 # records the kernel, and preflight's probes beside the rates of the work they stand for (`probes.py`). A
 # sandboxed kernel (gVisor reports 4.4.0) may not honour POSIX_FADV_DONTNEED, so the parts here run warm only.
+# Since 2026-12-04 local passes hold --workers to their ceiling under the GIL (4; universal 8:
+# `limits.workers`), so the rows at 8 and 16 workers measure that rule: no slower than at 4 (or 8).
 set -eu
 OUT=${OUT:-/tmp/zi-device-out}
 WORK=${WORK:-/tmp/zi-device}
