@@ -231,8 +231,6 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     """Eight threads on one usable core (as from an object store, where each waits on its own requests)
     read side by side but reduce one chunk at a time (reducing on more threads than cores only thrashed the
     caches), and give the figures one worker gives."""
-    import threading
-    import time
 
     from inspector.demo.writer import DemoSpec
     from inspector.health import run_check
@@ -243,21 +241,7 @@ def test_no_more_chunks_reduced_at_once_than_usable_cores(demo: Any, monkeypatch
     monkeypatch.setattr(stream, "usable_cores", lambda: 1)
     monkeypatch.setattr(limits, "usable_cores", lambda: 64)
     monkeypatch.setattr(limits, "gil_enabled", lambda: False)  # so that 8 local threads run
-    busy, most, lock = [0], [0], threading.Lock()
-    add = Accumulator.add
-
-    def counted(self: Accumulator, x: Any, buf: Buffers, bounds: Any = None) -> bool:
-        with lock:
-            busy[0] += 1
-            most[0] = max(most[0], busy[0])
-        time.sleep(0.002)  # long enough for another worker to arrive if it may
-        try:
-            return add(self, x, buf, bounds)
-        finally:
-            with lock:
-                busy[0] -= 1
-
-    monkeypatch.setattr(Accumulator, "add", counted)
+    most = _most_reducing_at_once(monkeypatch, 0.002)
     eight = run_check(ckpt, workers=8)
     assert eight.threads == 8 and most[0] == 1
     doc = eight.as_json()
@@ -384,8 +368,6 @@ def test_under_the_gil_no_more_chunks_reduced_at_once_than_the_ceiling(
     """Eight threads on sixteen cores (as from an object store, where each waits on its own requests) reduce
     at most LOCAL_THREADS chunks at once while Python has a GIL: past it their numpy calls' handoffs are the
     pass (16 threads took 2.6-3.2 times 4's time on 16 cores)."""
-    import threading
-    import time
 
     from inspector.demo.writer import DemoSpec
     from inspector.health import run_check
@@ -396,6 +378,17 @@ def test_under_the_gil_no_more_chunks_reduced_at_once_than_the_ceiling(
     monkeypatch.setattr(stream, "gil_enabled", lambda: True)
     monkeypatch.setattr(limits, "usable_cores", lambda: 16)
     monkeypatch.setattr(limits, "gil_enabled", lambda: False)  # so that 8 local threads run, as from a store
+    most = _most_reducing_at_once(monkeypatch, 0.005)
+    report = run_check(ckpt, workers=8)
+    assert report.threads == 8 and 1 < most[0] <= limits.LOCAL_THREADS, most
+
+
+def _most_reducing_at_once(monkeypatch: pytest.MonkeyPatch, linger: float) -> list[int]:
+    """[the most chunks reduced at once], kept up to date while the test runs: each chunk's reduction held
+    `linger` seconds, long enough for the other workers to arrive if they may."""
+    import threading
+    import time
+
     busy, most, lock = [0], [0], threading.Lock()
     add = Accumulator.add
 
@@ -403,7 +396,7 @@ def test_under_the_gil_no_more_chunks_reduced_at_once_than_the_ceiling(
         with lock:
             busy[0] += 1
             most[0] = max(most[0], busy[0])
-        time.sleep(0.005)  # long enough for the other workers to arrive if they may
+        time.sleep(linger)
         try:
             return add(self, x, buf, bounds)
         finally:
@@ -411,5 +404,4 @@ def test_under_the_gil_no_more_chunks_reduced_at_once_than_the_ceiling(
                 busy[0] -= 1
 
     monkeypatch.setattr(Accumulator, "add", counted)
-    report = run_check(ckpt, workers=8)
-    assert report.threads == 8 and 1 < most[0] <= limits.LOCAL_THREADS, most
+    return most
