@@ -8,8 +8,8 @@ per-submodule roll-ups, findings). No textual, rich or torch.
 
 from inspector.health.check import check, run_check
 from inspector.health.findings import HealthFinding, sibling_pattern
-from inspector.health.numerics import Stats
 from inspector.health.report import HealthProgress, HealthReport, ModuleRollup
+from inspector.health.stats import Stats
 from inspector.health.stream import Row
 
 __all__ = [

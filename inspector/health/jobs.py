@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inspector.health.numerics import Stats
+from inspector.health.stats import Stats
 from inspector.scan.model import Checkpoint, Kind, Segment, TensorInfo
 from inspector.scan.slices import segments_nbytes
 

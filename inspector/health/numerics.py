@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from inspector.convert.cast import widen_bf16
 from inspector.format.dtypes import bits_dtype
+from inspector.health.stats import Stats
 from inspector.health.zero_rows import ZeroRows
 
 Array = np.ndarray[Any, Any]
@@ -58,41 +58,6 @@ STD_REL = 8e-5  # ≥ 9.6·GAMMA / 2: M2 per chunk (1 + r + 2·sqrt(r(1 + r)))·
 MEAN_SPAN = 1.6e-5  # ≥ GAMMA: |mean error| ≤ GAMMA · rms(x - shift) ≤ GAMMA · (max - min)
 _F32 = np.dtype(np.float32)
 BF16 = bits_dtype("bfloat16")  # bf16's bits: 'V2', which numpy has no arithmetic for
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """One source of one tensor. min/max/mean/std/absmax are over the finite values; NaN if none are."""
-
-    numel: int
-    nan: int
-    pos_inf: int
-    neg_inf: int
-    zeros: int
-    minimum: float
-    maximum: float
-    absmax: float
-    mean: float
-    std: float  # population standard deviation (torch's `std(unbiased=False)`)
-    norm: float  # L2 norm of the finite values
-    zero_rows: int | None = None  # rows (first axis) that are zero throughout; exp_avg_sq of 2-D+ tensors
-
-    @property
-    def inf(self) -> int:
-        return self.pos_inf + self.neg_inf
-
-    @property
-    def finite(self) -> int:
-        return self.numel - self.nan - self.inf
-
-    @property
-    def all_zero(self) -> bool:
-        return self.numel > 0 and self.zeros == self.numel
-
-    @property
-    def constant(self) -> bool:
-        """Every value equal (and finite), more than one of them."""
-        return self.numel > 1 and self.finite == self.numel and self.minimum == self.maximum
 
 
 def exact_blocks(*arrays: Array) -> Iterator[tuple[Array, ...]]:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from inspector.health import numerics
-from inspector.health.numerics import BLOCK, STD_REL, Accumulator, Buffers, Stats, block_sums
+from inspector.health.numerics import BLOCK, STD_REL, Accumulator, Buffers, block_sums
+from inspector.health.stats import Stats
 from tests.health.helpers import assert_matches, torch_stats
 
 RNG = np.random.default_rng(7)
