@@ -261,9 +261,9 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     """CPU-seconds of the run's work after start-up: (what spreads over the threads, the writes into its
     files). Bytes through memory at their cost per byte in units of the read probe's rate, health's
     statistics in the reduction probe's (numpy's passes over a chunk of our own buffers, not the page
-    cache's pages), each zipped byte's CRC-32 at the CRC probe's, each cast at the cast probe's. Every buffered byte is copied out of
-    the page cache, wherever it was; the bytes the disk serves cost the kernel's fill besides, so a cold
-    run never takes less CPU than a warm one."""
+    cache's pages), each zipped byte's CRC-32 at the CRC probe's, each cast at the cast probe's. Every
+    buffered byte is copied out of the page cache, wherever it was; the bytes the disk serves cost the
+    kernel's fill besides, so a cold run never takes less CPU than a warm one."""
     buffered = work.read - work.copied
     memory = READ_COST * buffered + ZIP_COST * work.zipped
     numpy = REDUCE_COST * work.reduced + CHECK_COST * work.checked
