@@ -21,6 +21,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -144,18 +145,19 @@ class Pace:
         crc = best(lambda: zlib.crc32(self._data), bursts=1)
         loop = best(_loop, bursts=1)
         cast = best(lambda: cast_raw(src, src_dtype, out, out_dtype, CAST_ELEMS), bursts=1)
-        reduce = best(self._reduce, bursts=1)
+        reduce = best(lambda: reduce_passes(self._chunk), bursts=1)
         self.crc = max(self.crc, CRC_PROBE / crc if crc > 0 else 0.0)
         self.reduce = max(self.reduce, 4 * REDUCE_ELEMS / reduce if reduce > 0 else 0.0)
         self.python = max(self.python, PY_LOOP / loop if loop > 0 else 0.0)
         self.cast = max(self.cast, CAST_ELEMS / cast if cast > 0 else 0.0)
 
-    def _reduce(self) -> None:
-        """Three of health's passes over one chunk of our own (`health.numerics`): min, max, Σx²."""
-        x = self._chunk
-        np.minimum.reduce(x)
-        np.maximum.reduce(x)
-        np.vecdot(x, x) if hasattr(np, "vecdot") else np.dot(x, x)  # as `numerics.row_dots`
+
+def reduce_passes(x: np.ndarray[Any, Any]) -> None:
+    """The reduction probe's work: three of health's passes over one fp32 chunk (`health.numerics`), min,
+    max and Σx² (tests/benchmarks/probes.py times the same, so a machine's figure maps onto old rows)."""
+    np.minimum.reduce(x)
+    np.maximum.reduce(x)
+    np.vecdot(x, x) if hasattr(np, "vecdot") else np.dot(x, x)  # as `numerics.row_dots`
 
 
 def _loop() -> None:

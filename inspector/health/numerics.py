@@ -153,10 +153,11 @@ def group_sums(v: Array, buf: Buffers, linear: bool = True) -> tuple[list[float]
         if nb:
             rows = v[:full].reshape(nb, BLOCK)
             row_dots(rows, buf.squares[:nb])
-            s2[: -(-nb * BLOCK // GROUP)] = _fold(buf.squares, nb)  # a tail past them: a group of its own
+            folded = _fold(buf.squares, nb)
+            s2[: len(folded)] = folded  # a tail past them: a group of its own
             if linear:
                 np.einsum("ij->i", rows, out=buf.sums[:nb])
-                s1[: -(-nb * BLOCK // GROUP)] = _fold(buf.sums, nb)
+                s1[: len(folded)] = _fold(buf.sums, nb)
         if full < n:  # the stream's tail: fewer than BLOCK elements, the same bound
             t = v[full:]
             s2[-1] += float(np.dot(t, t))

@@ -55,13 +55,7 @@ def crc_rate(nbytes: int = 1 << 20) -> float:
 def reduce_rate(elems: int = 1 << 20) -> float:
     """fp32 bytes/s through min, max and a sum of squares: three of health's passes over one chunk."""
     x = np.random.default_rng(0).standard_normal(elems, dtype=np.float32)
-
-    def passes() -> None:
-        x.min()
-        x.max()
-        np.vecdot(x, x) if hasattr(np, "vecdot") else np.dot(x, x)
-
-    return 4 * elems / best(passes)
+    return 4 * elems / best(lambda: rates.reduce_passes(x))
 
 
 def health_kernels(elems: int = 1 << 20) -> dict[str, float]:
