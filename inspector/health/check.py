@@ -11,6 +11,7 @@ from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
 from inspector.health.against import against_label
+from inspector.health.chunking import WORTH, fastest_chunk
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
@@ -54,9 +55,12 @@ def check(
         refuse_damaged(against)
     cancel = cancel or threading.Event()
     sources = (ckpt.source, *((against.source,) if against else ()))
-    plan = plan_workers(workers or threads, against is not None, any_remote(sources))
+    remote = any_remote(sources)
+    plan = plan_workers(workers or threads, against is not None, remote)
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     chunk = chunk_elems or plan.chunk
+    if not (chunk_elems or remote) and sum(j.nbytes for j in jobs) >= WORTH:  # the caches' size, timed
+        chunk = fastest_chunk(plan.threads, chunk)
     units = plan_units(jobs, chunk)
     by_file = unit_reads(units)[0]  # once: thousands of ranks make it long
     rows: list[Row] = []
