@@ -36,9 +36,10 @@ PROBES = 12  # windows not in the page cache read for the disk's rate (1 MiB eac
 FALLBACK_COLD = 4e8
 # CPU per byte, in units of the read probe's rate (`rates.read_rate`: a pread of the checkpoint's resident
 # pages), that a run streams from the page cache (READ_COST: the probe's own work, so 1 and not fitted),
-# writes into it with pwrite (page allocation and copy), copies file to file in the kernel, writes into a
-# torch zip besides its CRC-32 (universal's `.pt`: a buffered write; the CRC-32 is one pass at the CRC
-# probe's rate, 30 % of universal's CPU here by `perf`) and reduces (health's statistics). Fitted by
+# writes into it with pwrite (its copy; each new page at the page probe's rate, below), copies file to file
+# in the kernel, writes into a torch zip besides its CRC-32 (universal's `.pt`: a buffered write; the CRC-32
+# is one pass at the CRC probe's rate, 30 % of universal's CPU here by `perf`) and reduces (health's
+# statistics). READ_COST and the Python costs were fitted by
 # tests/benchmarks/fit_preflight.py (2026-12-04 15:08 UTC) to 16 warm runs of the 200M demos here (ZeRO-3
 # health, bf16 and universal, ZeRO-2 health; 1 and 2 workers, twice; the Python costs below held as
 # converted from the copy-probe fit, 2026-11-27's 120 runs): 13 of 16 within 25 %, rms log error 0.21 (3 of
@@ -46,19 +47,26 @@ FALLBACK_COLD = 4e8
 # sweeps, 22 of 25 runs within 25 % (the copy-probe model there: 5 of 25, +60 to +290 %), and this
 # machine's next sweeps, 20 of 25 (results.md, 2026-12-04 14:54-15:28)
 READ_COST = 1.0
-# every page new to the page cache, a page of output written or a page the disk fills for a read, costs
-# the run a fresh page, PAGE_COST times what the page probe's fresh anonymous pages cost now beyond what
-# they cost in the runs the constants were fitted on (FITTED_PAGE_RATE: each within a second of a warm-up,
-# ~1 us a page, so WRITE_COST, COPY_COST and ZIP_COST hold that much). On this VM a fresh page is the
-# host's to give back: 0.6-1.7 us within a second of the last run, 5-10 us after a pause (results.md,
-# 2026-11-26), 2.4-4 us in the page probe and 11-21 us in 16 MiB mappings under the shared load of
-# 2026-12-03. Cold runs took more CPU than warm ones (2026-11-27 00:27 and 00:30, 1 worker: health 1.52 /
+# every page new to the page cache, a page of output written, copied or zipped or a page the disk fills for a
+# read, costs the run a fresh page at the page probe's rate now (PAGE_COST of its time a byte; on this VM a
+# fresh page is the host's to give back: 0.6-1.7 us within a second of the last run, 5-10 us after a pause,
+# results.md 2026-11-26), and WRITE_COST, COPY_COST and ZIP_COST price the rest in the read probe's units: a
+# pwrite's copy, nothing much for the kernel's file-to-file copy (its pages cost what the page probe's do,
+# whose faults each trap: the copy's memory traffic is in that), the zip's buffering. Until 2026-12-04 only a
+# page's cost beyond the fit's (4 GB/s) was priced apart, the fit's own held in constants fitted where a copy
+# cost 5.8 times a read: an fp32 export (a copy) said +46 to +176 % on a 2-core Xeon VM and +65 to +203 % on
+# the AMD one; universal (zipped writes) -28 to -56 % on the Xeon and -29 to -64 % on the AMD (a new file's
+# pwrite ran at 2.8 GB/s on the Xeon; its read and page probes together say 2.6). Refitted (only these three,
+# every other constant held) on 16 warm rows of the Xeon VM (tests/benchmarks/rows/2026-12-04-xeon: the 200M
+# ZeRO-2 and -3 demos' bf16, fp32, universal and health at 1 and 2 workers; 12 of 16 within 25 %), checked on
+# its 37 other rows (a second sweep, the rank sweep to 4,096 ranks: 35 of 37, rms log error 0.12; 27 of 37
+# before) and on a sweep after the refit (12 of 16: three at +26 to +28 %, one bf16 run of 1.24 s against its
+# usual 0.8 s). Cold runs took more CPU than warm ones (2026-11-27 00:27 and 00:30, 1 worker: health 1.52 /
 # 1.17 CPU-s against 0.95 / 0.75, universal 3.90 / 2.70 against 1.54 / 1.58)
 PAGE_COST = 1.0
-FITTED_PAGE_RATE = 4e9
-WRITE_COST = 1.12
-COPY_COST = 5.82
-ZIP_COST = 0.43  # the zip's buffered write; its CRC-32 (a third of universal's CPU here, `perf`) apart
+WRITE_COST = 1.4
+COPY_COST = 0.022
+ZIP_COST = 2.62  # the zip's buffered write; its CRC-32 (a third of universal's CPU here, `perf`) apart
 # health: REDUCE_COST per byte whose statistics are computed, CHECK_COST per byte of a 16-bit copy checked
 # against its master besides (its widening, the rounding check's passes), both in units of the reduction
 # probe's byte (`rates.Pace`: min, max and Σx² over a 4 MiB chunk). Priced in the read probe they followed
@@ -269,7 +277,7 @@ def cpu_seconds(cal: Calibration, work: Work) -> tuple[float, float]:
     numpy = REDUCE_COST * work.reduced + CHECK_COST * work.checked
     compute = memory / cal.read_rate + numpy / cal.reduce_rate + work.zipped / cal.crc_rate
     compute += work.cast_elems / cal.cast_rate
-    page = PAGE_COST * max(0.0, 1.0 / cal.page_rate - 1.0 / FITTED_PAGE_RATE)  # seconds a fresh byte adds
+    page = PAGE_COST / cal.page_rate  # seconds a byte new to the page cache costs in fresh pages
     compute += page * (work.read * (1.0 - cal.resident) + work.zipped)
     writing = (WRITE_COST * work.written + COPY_COST * work.copied) / cal.read_rate
     writing += page * (work.written + work.copied)

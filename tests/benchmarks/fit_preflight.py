@@ -13,6 +13,10 @@ figures, so a refit is reviewed like any other change.
     python tests/benchmarks/fit_preflight.py --fix READ_COST=3.5 ROWS.json   # hold one
 
 Fit on one set of sweeps and `--check` on another (another demo, another hour) before trusting a refit.
+The rows behind a committed refit are kept in tests/benchmarks/rows/<date>-<machine>/ (a few KB each), so a
+later refit can be checked against every machine seen, not only the one at hand:
+
+    python tests/benchmarks/fit_preflight.py --check tests/benchmarks/rows/*/*.json
 """
 
 from __future__ import annotations

@@ -121,12 +121,12 @@ def test_the_model_follows_workers_cores_load_and_cache() -> None:
 
 def test_the_model_is_its_arithmetic() -> None:
     """Each kind of work at its cost per byte in units of the read probe's rate, health's statistics in the
-    reduction probe's, each zipped byte's CRC-32 at the CRC probe's, cast at the cast rate; the compute over the threads the pieces allow, the writes over the files written at once, a fresh page for
-    every page new to the page cache beyond what one cost when the constants were fitted; the disk's part
+    reduction probe's, each zipped byte's CRC-32 at the CRC probe's, cast at the cast rate; the compute over the threads the pieces allow, the writes over the files written at once, a fresh page at the
+    page probe's rate for every page new to the page cache; the disk's part
     overlapped, start-up serial; what else runs takes its share of the cores."""
     cal = _cal(cores=4, read_rate=1e10, crc_rate=2e9, cast_rate=1e9, page_rate=1e9, reduce_rate=3e10)
     work = Work(read=10**9, written=10**8, cast_elems=10**8, copied=2 * 10**8, zipped=10**8, reduced=10**9)
-    page = cal_mod.PAGE_COST * (1 / 1e9 - 1 / cal_mod.FITTED_PAGE_RATE)  # seconds a fresh byte adds
+    page = cal_mod.PAGE_COST / 1e9  # seconds a fresh byte adds
     compute = (
         (cal_mod.READ_COST * 8 * 10**8 + cal_mod.ZIP_COST * 10**8) / 1e10
         + cal_mod.REDUCE_COST * 10**9 / 3e10
@@ -155,8 +155,8 @@ def test_the_model_is_its_arithmetic() -> None:
     assert estimate_seconds(busy, 8, work) == pytest.approx(
         start / (4 / 7) + (compute + writing) / (4 * 4 / 10)
     )
-    fitted = replace(cal, page_rate=cal_mod.FITTED_PAGE_RATE)  # fresh pages as in the fit: in the constants
-    assert estimate_seconds(fitted, 1, work) == estimate_seconds(replace(cal, page_rate=math.inf), 1, work)
+    dearer = replace(cal, page_rate=5e8)  # fresh pages at half the rate: each new page's cost twice
+    assert estimate_seconds(dearer, 1, work) == pytest.approx(start + compute + writing + page * 4 * 10**8)
     slow_python = replace(cal, py_rate=cal_mod.PY_REF / 2)  # start-up at the Python probe's rate
     assert estimate_seconds(slow_python, 1, work) == pytest.approx(2 * start + compute + writing)
 
@@ -441,7 +441,7 @@ def test_more_workers_never_predict_slower_nor_below_the_floor() -> None:
 
 def test_a_cold_page_cache_never_predicts_faster() -> None:
     """Bytes the disk serves cost what cached ones do and a fresh page besides: colder is never faster
-    (slower where fresh pages cost more than in the fit), for every command, worker count and machine, the
+    (slower wherever a fresh page costs anything), for every command, worker count and machine, the
     run's read-ahead decision held. (Across that decision it may be: universal half cold reads without
     advice, in turn, and a colder run asked ahead overlaps; the model follows the run's own test.)"""
     for cal, (name, work), n, ahead in itertools.product(
@@ -451,7 +451,7 @@ def test_a_cold_page_cache_never_predicts_faster() -> None:
             warm, half, cold = (replace(cal, resident=r, read_ahead=ahead) for r in (1.0, 0.5, 0.0))
             seconds = [estimate_seconds(c, n, work) for c in (warm, half, cold)]
             assert seconds[0] <= seconds[1] <= seconds[2], (name, cal, n)
-            if cal.page_rate < cal_mod.FITTED_PAGE_RATE:  # fresh pages dear: the disk's pages cost CPU
+            if cal.page_rate < math.inf:  # fresh pages cost: the disk's pages cost CPU
                 assert seconds[0] < seconds[2], (name, cal, n)
 
 
