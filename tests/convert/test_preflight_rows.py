@@ -5,23 +5,15 @@ constants that loses those machines' runs fails here, before a sweep on the mach
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.scripts import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 ROWS = sorted(str(p) for p in (BENCH / "rows").glob("*/*.json"))
-
-
-def _fit() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fit_preflight", BENCH / "fit_preflight.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_rows_are_committed() -> None:
@@ -32,7 +24,7 @@ def test_rows_are_committed() -> None:
 def test_the_model_holds_on_every_machine_recorded(machine: str) -> None:
     """On each machine's rows: at least 75 % within 25 % of the wall, rms log error at most 0.25 (at the
     refit of 2026-12-04: 59 of 69 on the Xeon VM, rms 0.17; the model before it: 33 of 69, rms 0.43)."""
-    fit = _fit()
+    fit = load_script(BENCH / "fit_preflight.py")
     rows = fit.load([p for p in ROWS if Path(p).parent.name == machine])
     assert len(rows) >= 10
     constants = {k: float(getattr(fit.calibration, k)) for k in fit.FITTED}

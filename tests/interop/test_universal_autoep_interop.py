@@ -75,11 +75,8 @@ def test_deepspeed_resumes_it_on_fewer_ranks(
 def test_the_committed_references_are_what_ds_to_universal_writes_today(layout: str) -> None:
     """tox -e py compares ours with DeepSpeed's output committed once (tests/fixtures/universal_layouts/
     autoep_*.npz); here ds_to_universal runs again, so a DeepSpeed that converts AutoEP differently shows up."""
-    import importlib.util
+    from tests.scripts import load_script
 
     path = Path(__file__).resolve().parents[1] / "fixtures" / "universal_layouts" / "make_autoep_refs.py"
-    spec = importlib.util.spec_from_file_location("make_autoep_refs", path)
-    assert spec is not None and spec.loader is not None
-    make_refs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_refs)
+    make_refs = load_script(path)
     assert_committed(make_refs.reference(layout), path.parent / f"{layout}.npz")

@@ -49,13 +49,9 @@ REPLICATED = {
 
 def _make_refs() -> Any:
     """tests/fixtures/universal_layouts/make_refs.py: its variants' edits are applied here as there."""
-    import importlib.util
+    from tests.scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("make_refs", REFS / "make_refs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REFS / "make_refs.py")
 
 
 def _source(config: str, tmp_path: Path) -> Path:
