@@ -57,24 +57,22 @@ for STAGE in 3 2; do
     stamp "demo $PARAMS stage $STAGE"
     [ -f "$ROOT/latest" ] || "$PY" -m inspector demo "$ROOT" --params "$PARAMS" --stage "$STAGE" --overwrite >> "$LOG" 2>&1
 done
-sweep() {  # sweep.py over the demo of stage $1 for commands $2 at workers $3, its rows into $WORK/$4.*
-    "$PY" tests/benchmarks/sweep.py --root "$WORK/demo-$PARAMS-s$1" --workdir "$WORK" --workers $3 --cache warm \
-        --commands $2 --rows-json "$WORK/$4.json" > "$WORK/$4.md" 2>&1 || stamp "$4: exit $? (a target missed, or a run failed: see the rows)"
+sweep() {  # sweep.py on the first $1 CPUs over the demo of stage $2 at workers $3, its rows into $WORK/$4.*
+    WHAT="health bf16 universal"  # ZeRO-2's demo: health alone (its copy check)
+    [ "$2" = 2 ] && WHAT="health"
+    stamp "$4: $WHAT on $1 CPUs at workers $3"
+    # shellcheck disable=SC2086
+    pinned "$1" "$PY" tests/benchmarks/sweep.py --root "$WORK/demo-$PARAMS-s$2" --workdir "$WORK" --workers $3 \
+        --cache warm --commands $WHAT --rows-json "$WORK/$4.json" > "$WORK/$4.md" 2>&1 \
+        || stamp "$4: exit $? (a target missed, or a run failed: see the rows)"
 }
 # issue 43's "at 1, 4 and 16 cores": each command pinned to that many cores at the workers the rule gives
 # them by default (min(cores, 4) under the GIL), health against its floor on both demos
 DONE=""
 for C in $CORES; do
     [ "$C" -le "$(nproc)" ] || continue
-    W=$(( C < 4 ? C : 4 ))
-    stamp "cores $C (workers $W): ZeRO-3 health bf16 universal, ZeRO-2 health"
     for STAGE in 3 2; do
-        WHAT="health bf16 universal"
-        [ "$STAGE" = 2 ] && WHAT="health"
-        # shellcheck disable=SC2086
-        pinned "$C" "$PY" tests/benchmarks/sweep.py --root "$WORK/demo-$PARAMS-s$STAGE" --workdir "$WORK" \
-            --workers "$W" --cache warm --commands $WHAT --rows-json "$WORK/c$C-s$STAGE.json" \
-            > "$WORK/c$C-s$STAGE.md" 2>&1 || stamp "cores $C stage $STAGE: exit $? (a target missed, or a run failed)"
+        sweep "$C" "$STAGE" $(( C < 4 ? C : 4 )) "c$C-s$STAGE"
         DONE="$DONE $WORK/c$C-s$STAGE.md"
     done
     # shellcheck disable=SC2086
@@ -87,10 +85,7 @@ stamp "rank sweep at $RANKS"
 # the worker sweep on all the cores: past the ceiling (4; universal 8) --workers runs as the ceiling
 DONE=""
 for STAGE in 3 2; do
-    WHAT="health bf16 universal"
-    [ "$STAGE" = 2 ] && WHAT="health"
-    stamp "workers sweep stage $STAGE: $WHAT at $WORKERS"
-    sweep "$STAGE" "$WHAT" "$WORKERS" "s$STAGE"
+    sweep "$(nproc)" "$STAGE" "$WORKERS" "s$STAGE"
     DONE="$DONE $WORK/s$STAGE.md"
     # shellcheck disable=SC2086
     gather workers $DONE
