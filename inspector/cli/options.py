@@ -50,7 +50,8 @@ def add_tp_split_option(p: argparse.ArgumentParser) -> None:
 
 
 def _tp_split(text: str) -> tuple[str, str]:
-    from inspector.scan.tp_rules import parse_rule  # the app's export form reads its rules with it too
+    # the app's export form reads its rules with this parser too
+    from inspector.scan.layouts.tensor.rules import parse_rule
 
     try:
         return parse_rule(text)
