@@ -11,7 +11,7 @@ from inspector.convert.options import ConvertOptions, select
 from inspector.convert.reader import FilePool
 from inspector.errors import InspectorError
 from inspector.health.against import against_label
-from inspector.health.chunking import WORTH, fastest_chunk
+from inspector.health.chunking import pass_chunk
 from inspector.health.findings import HealthFinding, Steps, findings, missing_in_against, shape_changed
 from inspector.health.jobs import Job
 from inspector.health.report import SOURCES, HealthProgress, HealthReport, rollup
@@ -59,8 +59,8 @@ def check(
     plan = plan_workers(workers or threads, against is not None, remote)
     jobs = plan_jobs(ckpt, _selected(ckpt, include, exclude), against)
     chunk = chunk_elems or plan.chunk
-    if not (chunk_elems or remote) and sum(j.nbytes for j in jobs) >= WORTH:  # the caches' size, timed
-        chunk = fastest_chunk(plan.threads, chunk)
+    if not (chunk_elems or remote):  # the caches' size, timed
+        chunk = pass_chunk(plan.threads, chunk, sum(j.nbytes for j in jobs)).chunk
     units = plan_units(jobs, chunk)
     by_file = unit_reads(units)[0]  # once: thousands of ranks make it long
     rows: list[Row] = []
