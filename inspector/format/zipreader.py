@@ -24,6 +24,9 @@ _EOCD64 = b"PK\x06\x06"
 _EOCD64_LOC = b"PK\x06\x07"
 _LOCAL = b"PK\x03\x04"
 _HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
+_PAGES_KEPT = 8  # header pages kept besides the head and the tail: an optimizer file's groups' records lie
+# far apart, and its step counters and first moment are read after all of them were checked
+_KEPT_BYTES = 256 << 10  # and no more bytes than this in them, the newest page whatever its size
 _CDIR_RECORD = struct.Struct("<L6xH4xLLLHHH8xL")  # a directory record's fixed part: signature .. header offset
 _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
 _ZIP64_ALL = struct.Struct("<HHQQQ")  # a zip64 extra (id 1) first, with all three sizes: what torch writes
@@ -53,10 +56,12 @@ class TorchZip(Container):
             self.handle = Window(self.handle, *window, self.shown)
             self.base = window[0]
         self.file_size = self.handle.size
-        # bytes already read, served again by `pread`: the last page read at a local header (the first: the
-        # file's head, where data.pkl lies) and the file's tail (its end records, often its directory)
+        # bytes already read, served again by `pread`: the pages read at local headers (each with the start
+        # of its record), newest first, the file's head (where data.pkl lies) and its tail (its end records,
+        # often its directory) always among them
         self._page: tuple[int, bytes] = (0, head if window is None else b"")
         self._tail: tuple[int, bytes] = (0, b"")
+        self._pages: list[tuple[int, bytes]] = []
         try:
             self.entries = self._read_directory()
             self.prefix = self._find_prefix()
@@ -67,14 +72,34 @@ class TorchZip(Container):
         self._storages: dict[str, StorageRef] = {}
 
     def pread(self, n: int, offset: int) -> bytes:
-        """`n` bytes at `offset`: from the head page or the tail already read when they lie inside one (a rank
-        file's end records, directory, pickle and small records do), else read from the file. A rank folder
-        of thousands of files reads each in a handful of calls."""
-        for at, buf in (self._page, self._tail):
-            i = offset - at
-            if i >= 0 and i + n <= len(buf):
-                return buf[i : i + n]
+        """`n` bytes at `offset`: from a page already read when they lie inside one (a rank file's end
+        records, directory, pickle, small records and the first bytes of its big ones do), else read from
+        the file. A rank folder of thousands of files reads each in a handful of calls (from a bucket, as
+        many requests)."""
+        found = self._kept(offset, n)
+        if found is not None:
+            at, buf = found
+            return buf[offset - at : offset - at + n]
         return super().pread(n, offset)
+
+    def _keep(self, at: int, page: bytes) -> None:
+        """`page`, read at `at`, kept as the newest; the oldest forgotten past _PAGES_KEPT pages or
+        _KEPT_BYTES (a whole record read for its caller, a pickle of megabytes, is kept only while newest)."""
+        pages = self._pages
+        pages.insert(0, (at, page))
+        total = 0
+        for k, (_, buf) in enumerate(pages):
+            total += len(buf)
+            if k and (k >= _PAGES_KEPT or total > _KEPT_BYTES):
+                del pages[k:]
+                break
+
+    def _kept(self, offset: int, n: int) -> tuple[int, bytes] | None:
+        """The page already read that holds `n` bytes at `offset`, if one does."""
+        for at, buf in (*self._pages, self._page, self._tail):
+            if at <= offset and offset + n <= at + len(buf):
+                return at, buf
+        return None
 
     def damaged(self, why: str) -> CorruptFileError:
         return CorruptFileError(
@@ -265,19 +290,23 @@ class TorchZip(Container):
 
     def _data_offset(self, name: str, whole: bool = False) -> int:
         """The entry's bytes' offset inside the archive (its window, for an embedded one), from its local
-        header's 30 fixed bytes. Headers are read a page at a time: a rank file's small records (stage-3
-        placeholders, counters) sit side by side, so one read serves the headers of many. `whole`: the
-        caller reads the entry next, so the page read takes its bytes too (`pread` serves them)."""
+        header's 30 fixed bytes. Headers are read a page at a time, with the first page of their record: a
+        rank file's small records (stage-3 placeholders, counters) sit side by side, so one read serves the
+        headers of many, and the few bytes the scan reads of a big record (a rank's first moment, for the
+        copied-rank check) come with its header. `whole`: the caller reads the entry next, so the page read
+        takes its bytes too (`pread` serves them)."""
         off = self._data_offsets.get(name)
         if off is not None and not whole:
             return off
         e = self.entries[name]
         at = e.header_offset
-        page_at, page = self._page
-        if not (page_at <= at and at + 30 + (e.size if whole else 0) <= page_at + len(page)):
-            length = _HEADER_PAGE + (e.size if whole else 0)
+        found = self._kept(at, 30 + (e.size if whole else 0))
+        if found is not None:
+            page_at, page = found
+        else:
+            length = 2 * _HEADER_PAGE + (e.size if whole else 0)
             page_at, page = at, self.handle.pread(max(0, min(length, self.file_size - at)), at)
-            self._page = (page_at, page)
+            self._keep(page_at, page)
         i = at - page_at
         if len(page) - i < 30:
             raise self.damaged(f"wanted 30 bytes at offset {at}")
@@ -352,13 +381,18 @@ class TorchZip(Container):
         out: dict[str, StorageRef] = {}
         entries, have, bounds, stem = self.entries, self._storages, self._bounds, self.prefix + "data/"
         lengths, sizes = _LOCAL_LENGTHS.unpack_from, ITEMSIZE
+        page_at, page = self._page
         for key, dtype, numel in requests:
             ref = have.get(key)
             if ref is None:
                 entry = entries.get(stem + key)
-                page_at, page = self._page
-                i = entry.header_offset - page_at if entry is not None else -1
-                if entry is None or i < 0 or i + 30 > len(page) or not page.startswith(_LOCAL, i) or dtype not in sizes:
+                i = -1
+                if entry is not None and dtype in sizes:
+                    i = entry.header_offset - page_at
+                    if (i < 0 or i + 30 > len(page)) and (found := self._kept(entry.header_offset, 30)):
+                        page_at, page = found
+                        i = entry.header_offset - page_at
+                if entry is None or i < 0 or i + 30 > len(page) or not page.startswith(_LOCAL, i):
                     ref = self.storage(key, dtype, numel, None)
                 else:
                     nlen, xlen = lengths(page, i + 26)

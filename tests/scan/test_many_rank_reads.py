@@ -172,6 +172,38 @@ def test_a_last_rank_file_copied_from_another_rank_is_found_from_the_reads_of_th
     assert "padding" in found[0].message or "same state" in found[0].message
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [DemoSpec(stage=s, world_size=4, dtype="bf16", params=400_000) for s in (2, 3)],
+    ids=["zero2", "zero3"],
+)
+def test_no_rank_file_has_a_range_read_twice(
+    demo: Any, monkeypatch: pytest.MonkeyPatch, spec: DemoSpec
+) -> None:
+    """Every read a scan makes of a rank file goes to the file at most once: the archive keeps the pages it
+    read (its head, its tail, each record's header page with the start of its record), so the step counters,
+    the records beside the directory and the copied-rank probe read after them are served from those. At
+    1,024 ranks 3,085 of 9,258 reads were such repeats."""
+    from inspector.system.source import LocalHandle
+
+    reads: dict[str, list[tuple[int, int]]] = {}
+    again: list[tuple[str, int, int]] = []
+    real = LocalHandle.pread
+
+    def counting(self: LocalHandle, n: int, offset: int) -> bytes:
+        seen = reads.setdefault(self.path, [])
+        if any(at <= offset and offset + n <= at + k for at, k in seen):
+            again.append((self.path, n, offset))
+        seen.append((offset, n))
+        return real(self, n, offset)
+
+    root = demo(spec)
+    monkeypatch.setattr(LocalHandle, "pread", counting)
+    ckpt = scan(str(root))
+    assert not ckpt.errors and len(reads) >= spec.world_size + 1
+    assert not again, again[:5]
+
+
 def test_records_kept_for_other_ranks_hold_no_module(demo: Any) -> None:
     """Another stage-3 rank's model states are parsed without their module (never read: rank 0's names the
     tensors); what the checks compare (config, shapes, steps) is kept."""
