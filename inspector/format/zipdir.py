@@ -109,8 +109,6 @@ def read(cd: bytes, count: int, cd_off: int, file_size: int) -> tuple[dict[str, 
         names = [cd[s:e].decode("utf-8") for s, e in spans]
     except UnicodeDecodeError:
         return None
-    if len(set(names)) != count:
-        return None
     # each member ends before the next one's local header (in file order; ties keep directory order)
     order = np.argsort(hoff, kind="stable")
     nexts = np.append(hoff[order][1:], cd_off)
@@ -119,7 +117,10 @@ def read(cd: bytes, count: int, cd_off: int, file_size: int) -> tuple[dict[str, 
     ends = np.empty(count, np.int64)
     ends[order] = nexts
     made = zip(names, hoff.tolist(), size.tolist(), repeat(0), f["crc"].tolist())  # method 0: stored
-    return dict(zip(names, map(_ENTRY, made))), dict(zip(names, ends.tolist()))  # noqa: B905 (all count long)
+    entries = dict(zip(names, map(_ENTRY, made)))  # noqa: B905 (all count long)
+    if len(entries) != count:  # a name twice: the loop refuses it (the dict is the set it was checked by)
+        return None
+    return entries, dict(zip(names, ends.tolist()))  # noqa: B905
 
 
 def _zip64(a: Any, at: Any, xlen: Any, cd_off: int, file_size: int) -> tuple[Any, Any] | None:
