@@ -50,8 +50,7 @@ def add_tp_split_option(p: argparse.ArgumentParser) -> None:
 
 
 def _tp_split(text: str) -> tuple[str, str]:
-    # the app's export form reads its rules with this parser too
-    from inspector.scan.layouts.tensor.rules import parse_rule
+    from inspector.scan.tp_rules import parse_rule  # the app's export form reads its rules with it too
 
     try:
         return parse_rule(text)

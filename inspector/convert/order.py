@@ -201,7 +201,7 @@ def check(order: Order) -> Order:
     kind and what it takes, workers and parts in range, one way to split the job, known choices."""
     from inspector.convert.kinds import get
     from inspector.convert.options import DTYPE_ALIASES, SOURCES
-    from inspector.scan.layouts.tensor.rules import parse_rule
+    from inspector.scan.tp_rules import parse_rule
 
     o = order.request.options
 

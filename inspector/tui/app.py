@@ -28,10 +28,10 @@ from inspector.convert.options import ConvertOptions, resolve_dtype
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.remote.roots import absolute, source_at
-from inspector.scan.layouts.tensor.rules import Rules
 from inspector.scan.locate import discover_roots
 from inspector.scan.model import Checkpoint
 from inspector.scan.summary import saved_at
+from inspector.scan.tp_rules import Rules
 from inspector.text import escape, has_unsafe, shown
 from inspector.tui import actions
 from inspector.tui.fmt import ago, plural

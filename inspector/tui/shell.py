@@ -17,8 +17,8 @@ from inspector.convert.kinds import Job
 from inspector.convert.options import ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
-from inspector.scan.layouts.tensor.rules import Rules
 from inspector.scan.model import Checkpoint
+from inspector.scan.tp_rules import Rules
 from inspector.tui.selections import NamedSelections
 from inspector.tui.session import ExportSettings
 

@@ -83,9 +83,9 @@ def theirs(tool: str, out: Path) -> dict[str, np.ndarray]:
 def ours(name: str, out: Path) -> tuple[dict[str, np.ndarray], set[str], set[str]]:
     """Our fp32 output (verified), the names of the trainable parameters in it and of tied aliases (a second
     name of one parameter: AutoEP's `gate.gate.weight` is `router.gate.weight`)."""
-    from inspector.scan.layouts.tensor.rules import parse_rule
     from inspector.scan.model import Kind
     from inspector.scan.scanner import scan
+    from inspector.scan.tp_rules import parse_rule
     from tests.scan.layout_cases import convert
 
     ckpt = scan(str(ckpt_dir(name)), tp_split=tuple(parse_rule(r) for r in SPLIT.get(name, ())))

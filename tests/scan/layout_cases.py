@@ -18,9 +18,9 @@ from safetensors.numpy import load_file
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.convert.verify import VerifyResult, run_verify
-from inspector.scan.layouts.tensor.rules import parse_rule
 from inspector.scan.model import Checkpoint
 from inspector.scan.scanner import scan
+from inspector.scan.tp_rules import parse_rule
 from tests.convert.jobs import run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"

@@ -235,7 +235,7 @@ def test_moe_with_expert_tensor_parallelism_is_read_bit_exact_once_the_split_is_
     """MoE(enable_expert_tensor_parallelism=True) under a TP-2 mpu (make_moe_tp.py): one file set and one set
     of expert files per tensor-parallel rank, no recorded split, every parameter whole on each rank (plain
     torch layers; the script checked the ranks agree). Refused without --tp-split, exact with `*=replicated`."""
-    from inspector.scan.layouts.tensor.rules import parse_rule
+    from inspector.scan.tp_rules import parse_rule
 
     folder = ckpt_dir("moe_tp_z1_bf16")
     names = os.listdir(folder / TAG)

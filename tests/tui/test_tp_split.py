@@ -14,7 +14,7 @@ import pytest
 from textual.widgets import Input, Select
 
 from inspector.cli.main import build_parser
-from inspector.scan.layouts.tensor.rules import parse_rules, rules_text
+from inspector.scan.tp_rules import parse_rules, rules_text
 from inspector.tui.app import LaunchOptions, make_app
 from inspector.tui.command_line import convert_command
 from inspector.tui.jobs import app_order

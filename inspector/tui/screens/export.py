@@ -21,7 +21,7 @@ from inspector.convert.options import DTYPE_ALIASES, ConvertOptions
 from inspector.convert.preflight import Assessment
 from inspector.errors import InspectorError
 from inspector.remote.roots import absolute
-from inspector.scan.layouts.tensor.rules import Rules, parse_rules, rules_text
+from inspector.scan.tp_rules import Rules, parse_rules, rules_text
 from inspector.system.units import parse_size
 from inspector.tui.fmt import plural, shown, shown_markup
 from inspector.tui.jobs import run_preflight

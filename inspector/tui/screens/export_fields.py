@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from inspector.convert.kinds import DEFAULT, offers
-from inspector.scan.layouts.tensor.rules import Rules
+from inspector.scan.tp_rules import Rules
 from inspector.tui.fmt import shown
 
 

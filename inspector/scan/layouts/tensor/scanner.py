@@ -36,11 +36,11 @@ from inspector.scan.files import RankFiles
 from inspector.scan.holding import Holding
 from inspector.scan.layouts.base import tree_at
 from inspector.scan.layouts.tensor.join import Refused, layout_of, records_differ, stored_shape, with_joined
-from inspector.scan.layouts.tensor.rules import SPLIT_RULES
 from inspector.scan.locate import MODEL_RE, OPTIM_RE, ZERO3_MODEL_RE, Location
 from inspector.scan.model import Checkpoint, Finding, Kind, Parallel, Segment, Severity, TensorInfo
 from inspector.scan.parallel_checks import CopyChecks
 from inspector.scan.tensor_lay import lay
+from inspector.scan.tp_rules import SPLIT_RULES
 from inspector.text import shown
 
 Segs = tuple[Segment, ...]
