@@ -57,10 +57,18 @@ class Template:
         missing, short or out of place is refused with the same words), its tensors pointing at them.
         `skip`: top-level keys whose values the caller does not read (`_Program.lean`); every storage is
         still asked for and checked, only the objects nobody reads are not made."""
-        program = self.program
-        if skip:
-            program = self.leans.get(skip) or self.leans.setdefault(skip, program.lean(skip))
+        program = self._program(skip)
         return program.run(archive.storages_for(self.requests, program.keys), self.tree)
+
+    def asked(self, skip: frozenset[str] = frozenset()) -> tuple[list[tuple[str, str, int]], frozenset[str] | None]:
+        """(requests, wanted keys) that `rebuild(archive, skip)` hands `storages_for`: the same objects
+        every time (`rankrepeat` knows a replay by them)."""
+        return self.requests, self._program(skip).keys
+
+    def _program(self, skip: frozenset[str]) -> _Program:
+        if not skip:
+            return self.program
+        return self.leans.get(skip) or self.leans.setdefault(skip, self.program.lean(skip))
 
 
 def _holds(obj: Any, seen: dict[int, bool], carriers: set[int]) -> bool:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsafePickleError, UnsupportedCheckpointError
+from inspector.format import rankrepeat
 from inspector.format.dtypes import ITEMSIZE, STORAGE_DTYPES, TORCH_ALIASES, TORCH_NAMES
 from inspector.format.legacy import MAGIC_NUMBER, PROTOCOL_VERSION, LegacyTorchFile
 from inspector.format.memoguard import TreeError, check_tree, passed, remember
@@ -301,7 +302,10 @@ def _zip_tree(archive: TorchZip, skip: frozenset[str] = frozenset()) -> Any:
     data = archive.read_entry(f"{archive.prefix}data.pkl")
     template = template_for(data)
     if template is not None:  # these bytes were unpickled before: the tree rebuilt onto this archive
-        return template.rebuild(archive, skip)
+        tree = template.rebuild(archive, skip)
+        if archive.repeats is None:  # read in full: the next rank's archive may repeat it (`rankrepeat`)
+            rankrepeat.learn(archive, *template.asked(skip), archive.storages())
+        return tree
     known = passed(data)
     with _unreadable_pickle(archive.shown):
         if not known:

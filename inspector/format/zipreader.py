@@ -10,22 +10,20 @@ from operator import itemgetter, methodcaller
 from typing import Any
 
 from inspector.errors import CorruptFileError, UnsupportedCheckpointError
-from inspector.format import zipdir
+from inspector.format import rankrepeat, zipdir
 from inspector.format.container import Container, Window
 from inspector.format.dtypes import ITEMSIZE, itemsize
+from inspector.format.rankrepeat import Layout
 from inspector.format.views import StorageRef
 from inspector.format.zip64 import zip64_extra
 from inspector.format.zipdir import ZipEntry
+from inspector.format.zipend import EndRecords
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
 from inspector.text import shown
 
-_EOCD = b"PK\x05\x06"
-_EOCD64 = b"PK\x06\x06"
-_EOCD64_LOC = b"PK\x06\x07"
 _LOCAL = b"PK\x03\x04"
 _HEADER_PAGE = 4096  # bytes read at a time for local headers (one page: a read costs the same either way)
-_PAGES_KEPT = 8  # header pages kept besides the head and the tail: an optimizer file's groups' records lie
-# far apart, and its step counters and first moment are read after all of them were checked
+_PAGES_KEPT = 8  # header pages kept besides the head and tail (an optimizer file's records lie far apart)
 _KEPT_BYTES = 256 << 10  # and no more bytes than this in them, the newest page whatever its size
 _CDIR_RECORD = struct.Struct("<L6xH4xLLLHHH8xL")  # a directory record's fixed part: signature .. header offset
 _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
@@ -34,7 +32,7 @@ _FIRST = itemgetter(0)
 _MAX_DIRECTORY = 64 << 20  # a torch archive's directory is ~100 bytes per storage: 64 MiB is ~600k storages
 
 
-class TorchZip(Container):
+class TorchZip(EndRecords, Container):
     """A `torch.save` archive opened read-only through the confined source (a folder or a bucket prefix);
     entries are located, never extracted."""
 
@@ -62,9 +60,13 @@ class TorchZip(Container):
         self._page: tuple[int, bytes] = (0, head if window is None else b"")
         self._tail: tuple[int, bytes] = (0, b"")
         self._pages: list[tuple[int, bytes]] = []
+        self._layout: Layout | None = None  # an earlier rank's archive this one repeats (`rankrepeat`), and
+        self._own_tail, self._relearn = b"", False  # then its own directory and end records (its CRC-32s)
         try:
             self.entries = self._read_directory()
-            self.prefix = self._find_prefix()
+            lay = self._layout  # the prefix its own names have: another where it repeats another's archive
+            self.prefix = lay.prefix if lay else self._find_prefix()
+            self.own_prefix = self._own_tail[46 : 46 + len(lay.raw_prefix)].decode() if lay else self.prefix
         except BaseException:
             self.handle.close()
             raise
@@ -121,7 +123,17 @@ class TorchZip(Container):
             )
         if count > cd_size // 46 or cd_size > count * (46 + 3 * 0xFFFF):
             raise self.damaged("the central directory's size and entry count disagree")
-        cd = self.pread(cd_size, cd_off)
+        key = (self.file_size, cd_off, cd_size, count)
+        if self.base == 0 and rankrepeat.known(key):  # the directory with the end records after it, compared
+            tail = self.pread(self.file_size - cd_off, cd_off)
+            lay = rankrepeat.adopt(self, tail, key)
+            if lay is not None:  # an earlier rank's archive under another prefix: its answer
+                self._layout, self._own_tail, self._bounds = lay, tail, lay.bounds
+                return lay.entries
+            self._relearn = True  # another archive of that shape: learnt from in its place, once read
+            cd = tail[:cd_size]
+        else:
+            cd = self.pread(cd_size, cd_off)
         return self._entries(cd, count, cd_off)
 
     def _check_head(self) -> None:
@@ -212,61 +224,6 @@ class TorchZip(Container):
             bounds[name] = end
         return bounds
 
-    def _end_record(self) -> tuple[int, int, int]:
-        """(entry count, directory size, directory offset) from the real end record: of
-        the `PK\\x05\\x06` signatures whose comment length reaches exactly the end of the file (a comment can
-        hold a whole fake record), the last that describes a non-empty directory before it; then its zip64
-        record when the locator before it points at one."""
-        for tail_len in (min(self.file_size, 4096), min(self.file_size, 65536 + 22)):
-            found = self._end_in_tail(tail_len)
-            if found is not None:
-                return found
-        raise self.damaged("no usable zip end-of-directory record")
-
-    def _end_in_tail(self, tail_len: int) -> tuple[int, int, int] | None:
-        """The last usable end record in the file's last `tail_len` bytes: a short tail first, since torch
-        writes no comment (the answer is the same: the search runs from the end)."""
-        tail = self.pread(tail_len, self.file_size - tail_len)
-        self._tail = (self.file_size - tail_len, tail)  # the end records and directory are read from it
-        pos = tail.rfind(_EOCD)
-        while pos >= 0:
-            if len(tail) - pos >= 22:
-                (clen,) = struct.unpack("<H", tail[pos + 20 : pos + 22])
-                if pos + 22 + clen == len(tail):
-                    found = self._directory_at(tail, pos, self.file_size - tail_len + pos)
-                    if found is not None:
-                        return found[:3]
-            pos = tail.rfind(_EOCD, 0, pos)
-        return None
-
-    def end_directory(self) -> tuple[int, int, int, int] | None:
-        """(entry count, directory size, directory offset, end records' offset) when the archive's last 22
-        bytes are an end record without a comment that describes a directory: the record `_end_record`
-        tries first and so the one it took; None otherwise. Offsets are the archive's (its window's)."""
-        if self.file_size < 22:
-            return None
-        tail = self.pread(22, self.file_size - 22)
-        if tail[:4] != _EOCD or tail[20:22] != b"\0\0":
-            return None
-        return self._directory_at(tail, 0, self.file_size - 22)
-
-    def _directory_at(self, tail: bytes, pos: int, eocd_off: int) -> tuple[int, int, int, int] | None:
-        (_, _, _, count, cd_size, cd_off, _) = struct.unpack("<4H2LH", tail[pos + 4 : pos + 22])
-        if eocd_off >= 20:
-            loc = self.pread(20, eocd_off - 20)
-            if loc[:4] == _EOCD64_LOC:
-                (eocd64_off,) = struct.unpack("<Q", loc[8:16])
-                if eocd64_off + 56 > eocd_off - 20:
-                    raise self.damaged("the zip64 end record lies past its locator")
-                rec = self.pread(56, eocd64_off)
-                if rec[:4] != _EOCD64:
-                    raise self.damaged("bad zip64 end-of-directory record")
-                count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
-                eocd_off = eocd64_off
-        if count == 0 or cd_off + cd_size > eocd_off:
-            return None
-        return count, cd_size, cd_off, eocd_off
-
     def _find_prefix(self) -> str:
         """The one top folder every entry lives under (torch refuses an archive that mixes two)."""
         found = [n for n in filter(methodcaller("endswith", "data.pkl"), self.entries) if n.count("/") <= 1]
@@ -311,24 +268,38 @@ class TorchZip(Container):
         if len(page) - i < 30:
             raise self.damaged(f"wanted 30 bytes at offset {at}")
         if page[i : i + 4] != _LOCAL:
-            raise self.damaged(f"bad local header for {name}")
+            raise self.damaged(f"bad local header for {self.named(name)}")
         nlen, xlen = _LOCAL_LENGTHS.unpack_from(page, i + 26)
         off = at + 30 + nlen + xlen
         if off + e.size > self.file_size:
-            raise self.damaged(f"record {name} ends at byte {off + e.size}")
+            raise self.damaged(f"record {self.named(name)} ends at byte {off + e.size}")
         if off + e.size > self._bounds[name]:
-            raise self.damaged(f"record {name} overlaps the next member of the archive")
+            raise self.damaged(f"record {self.named(name)} overlaps the next member of the archive")
         self._data_offsets[name] = off
         return off
+
+    @property
+    def repeats(self) -> Layout | None:
+        """The layout of an earlier rank's archive this one repeats under its own prefix (`rankrepeat`)."""
+        return self._layout
+
+    def named(self, name: str) -> str:
+        """An entry's name as this file writes it (the learnt archive's prefix swapped for its own)."""
+        if self._layout is None or not name.startswith(self.prefix):
+            return name
+        return self.own_prefix + name[len(self.prefix) :]
 
     def read_entry(self, name: str) -> bytes:
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
         for another range (or damaged) are refused here, before anything parses them."""
         entry = self.entries[name]
         data = self.pread(entry.size, self._data_offset(name, whole=True))
-        if zlib.crc32(data) != entry.crc:
+        crc = entry.crc
+        if self._layout is not None and (at := self._layout.crc_of.get(name)) is not None:
+            crc = int.from_bytes(self._own_tail[at : at + 4], "little")  # this file's own, not the learnt one's
+        if zlib.crc32(data) != crc:
             raise CorruptFileError(
-                f"{self.shown}: member {shown(name)} does not match its CRC-32 in the zip directory.",
+                f"{self.shown}: member {shown(self.named(name))} does not match its CRC-32 in the zip directory.",
                 hint="The file is damaged, or the store returned other bytes than the range asked for; "
                 "copy it again from the source.",
                 title="Checksum mismatch",
@@ -375,6 +346,14 @@ class TorchZip(Container):
         and any refusal, goes through `storage` itself, so the words are the same (a big archive's many, as
         `zipdir.storages` checks them, the same). `wanted`: the keys whose `StorageRef` the caller reads
         (None: all); the others are checked all the same."""
+        if self._layout is not None and (again := rankrepeat.storages(self, self._layout, requests, wanted)):
+            self._storages.update(again)  # the same replay on an earlier rank's archive: its verdicts
+            return again
+        return self._storages_for(requests, wanted)
+
+    def _storages_for(
+        self, requests: Iterable[tuple[str, str, int]], wanted: Collection[str] | None
+    ) -> dict[str, StorageRef]:
         if (bulk := zipdir.storages(self, requests := list(requests), wanted)) is not None:  # many: at once
             self._storages.update(bulk)
             return bulk

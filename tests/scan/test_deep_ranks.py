@@ -1,6 +1,7 @@
 """A deep model's stage-3 rank files (a record per parameter in each, ~1,100 for a 405B model) scan alike
-whether their directories and storages are read record by record or in bulk (`format/zipdir.py`), and the
-demo writes such a model (`--layers`)."""
+whether their directories and storages are read record by record, in bulk (`format/zipdir.py`), or taken
+from an earlier rank's archive they repeat (`format/rankrepeat.py`), and the demo writes such a model
+(`--layers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from inspector.demo.spec import DemoSpec, architecture
 from inspector.demo.writer import write_demo
-from inspector.format import replay, zipdir
+from inspector.format import rankrepeat, replay, zipdir
 from inspector.scan.scanner import scan
 
 
@@ -27,10 +28,12 @@ def test_a_deep_stage3_checkpoint_scans_alike_in_bulk(tmp_path: Path, monkeypatc
     real = zipdir.read
     monkeypatch.setattr(zipdir, "read", lambda *a: seen.append(real(*a)) or seen[-1])
 
-    def scanned(bulk: bool) -> tuple[object, ...]:
+    def scanned(bulk: bool, repeats: bool = False) -> tuple[object, ...]:
         monkeypatch.setattr(zipdir, "BULK_RECORDS", 256 if bulk else 1 << 30)
         monkeypatch.setattr(zipdir, "AFTER", 0)
+        monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 8 if repeats else 0)  # 0: nothing is learnt
         replay._TEMPLATES.clear()
+        rankrepeat._LAYOUTS.clear()
         c = scan(str(root))
         return c.tensors, c.findings, c.files, c.stage, c.world_size
 
@@ -39,4 +42,9 @@ def test_a_deep_stage3_checkpoint_scans_alike_in_bulk(tmp_path: Path, monkeypatc
     bulk = scanned(True)
     assert len(seen) >= 4 and all(s is not None for s in seen)  # every model file's directory in bulk
     assert bulk == loop
+    taken: list[object] = []
+    adopt = rankrepeat.adopt
+    monkeypatch.setattr(rankrepeat, "adopt", lambda *a: taken.append(adopt(*a)) or taken[-1])
+    assert scanned(True, repeats=True) == loop
+    assert any(taken), "later ranks' archives must have been taken as repeats"
     assert len(loop[0]) > 360 and not [f for f in loop[1] if f.severity.name == "ERROR"]

@@ -19,7 +19,7 @@ from inspector.convert.kinds.universal.plan import plan_universal
 from inspector.convert.options import ConvertOptions
 from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
-from inspector.format import replay, torchzip
+from inspector.format import rankrepeat, replay, torchzip
 from inspector.scan.model import Checkpoint, Kind
 from inspector.scan.scanner import scan
 from inspector.scan.slices import RankSlices
@@ -33,8 +33,10 @@ MANY = DemoSpec(stage=3, world_size=24, dtype="bf16", params=40_000)
 @pytest.fixture(autouse=True)
 def _fresh_templates() -> Iterator[None]:
     replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
     yield
     replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
 
 
 def records(ckpt: Checkpoint) -> tuple[Any, ...]:
@@ -53,7 +55,9 @@ def test_rebuilt_trees_give_the_checkpoint_unpickling_every_file_gives(
     root = demo(MANY)
     fast = scan(str(root))
     assert len(replay._TEMPLATES) >= 2, "the rank files' pickles must have been rebuilt, not unpickled"
+    assert rankrepeat._LAYOUTS, "later ranks' archives must have been taken as repeats"
     replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
     monkeypatch.setattr(torchzip, "learn", lambda *a: None)  # no template: every file unpickled
     slow = scan(str(root))
     assert not replay._TEMPLATES
@@ -72,6 +76,7 @@ def test_a_universal_checkpoint_is_the_one_every_file_unpickled_gives(
     for name in ("rebuilt", "unpickled"):
         if name == "unpickled":
             replay._TEMPLATES.clear()
+            rankrepeat._LAYOUTS.clear()
             monkeypatch.setattr(torchzip, "learn", lambda *a: None)
         plan = plan_universal(scan(str(root)), str(tmp_path / name))
         write_universal(plan)

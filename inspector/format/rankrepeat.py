@@ -1,0 +1,234 @@
+"""A rank file that repeats an earlier rank's archive but for its name: its directory not parsed again.
+
+The ranks of a save write the same archive under their own names: `torch.save` puts every member under the
+file's stem (`zero_pp_rank_7_mp_rank_00_model_states/data/12`), and a stage-3 model-states file holds the
+same placeholders, buffers and pickle on every rank. On the real DeepSpeed saves committed as fixtures, the
+model-states files of ranks 1.. are byte-identical once that prefix is taken out; a frozen parameter's
+fragment (its bytes, its CRC-32) or an optimizer partition is what differs. Yet each was read as if new:
+at 1,273 records (a 405B model's ~1,140) a file's directory cost 0.95 ms and its storages' checks 0.85 ms.
+
+What the zip reader decides about an archive's directory (the entries, where each must end, the prefix) is
+a function of the directory's bytes with each name's prefix taken out, provided that prefix is one folder
+(it ends with its only "/", as `_find_prefix` requires), and of the file's length; a storage's verdict and
+where its bytes start are a function of its local header's signature and lengths and of the directory's
+answer. So an archive whose directory and end records equal a learnt one's, but for the prefix at each name
+and the CRC-32 fields of records that hold bytes (which no check reads: only `data.pkl` and `byteorder`
+are read whole, and they hold the same bytes on every rank or the match fails), is given that archive's
+entries and bounds, under the learnt names (the prefix is internal: every lookup is `prefix + name`), with
+its own CRC-32s read from its own directory where a record is read whole. Its storages, asked by the same
+replayed pickle, get the learnt verdicts where their local headers (the span from the first to the last,
+the records' bytes between them masked) equal the learnt ones but for the prefix. Anything else (another
+length, another layout, damage anywhere compared) is read in full and refused there in its own words.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from inspector.format.views import StorageRef
+
+_RECORD = 46  # a directory record's fixed part; its name follows
+_LENGTHS = struct.Struct("<28xHHH")  # a directory record's name, extra and comment lengths
+_LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
+_HEADER_ROOM = 4096  # bytes read past the last local header's fixed part for its name and extra
+_ZERO = b"\0\0\0\0"
+_MAX_LAYOUTS = 8  # a save's rank files come in a few shapes (rank digits, model or optimizer states)
+_MAX_SPAN = 1 << 20  # local headers compared at once, at most (1,273 placeholders: ~190 KiB)
+_MAX_MASKED = 64 << 10  # record bytes inside that span left out of the comparison, at most
+_MAX_KEPT = 4 << 20  # bytes of directories and spans kept in all layouts
+
+
+@dataclass(frozen=True, slots=True)
+class _Storages:
+    """The storages one replayed pickle asked of the learnt archive: its verdicts and what proved them."""
+
+    requests: Any  # the replay's request list and wanted keys (`replay.Template`): the same objects again
+    wanted: Any
+    made: tuple[tuple[str, str, int, int], ...]  # (key, dtype, data offset, bytes) of each StorageRef made
+    lo: int  # the local headers' span [lo, lo + len(span))
+    span: bytes  # the learnt span, records' bytes zeroed (`masked`), prefix as learnt
+    masked: tuple[tuple[int, int], ...]  # [start, end) in the span: a record's bytes and what follows it
+    headers: int  # local headers in the span: the prefix occurs once in each, nowhere else
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What an archive's directory said, and the bytes that said it."""
+
+    prefix: str
+    raw_prefix: bytes
+    entries: dict[str, Any]  # the learnt archive's, shared (never changed after it is read)
+    bounds: dict[str, int]
+    directory: bytes  # the learnt directory and end records, CRC-32 fields at `crcs` zeroed
+    crcs: tuple[int, ...]  # offsets in `directory` of the CRC-32 fields of records holding bytes
+    crc_of: dict[str, int]  # entry name -> offset of its CRC-32 field, for those records
+    storages: _Storages | None
+
+
+_LAYOUTS: dict[tuple[int, int, int, int], Layout] = {}
+_LOCK = threading.Lock()  # a bucket's rank files load on several threads: one changes the layouts at a time
+
+
+def known(key: tuple[int, int, int, int]) -> bool:
+    """Whether a layout was learnt for a directory found at `key` (file size, directory offset and size,
+    records): only then is the directory read with its end records, to be compared."""
+    return key in _LAYOUTS
+
+
+def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> Layout | None:
+    """The learnt layout `tail` (this archive's directory and end records, found at `key`: file size,
+    directory offset, directory size, records) repeats under another prefix, if one does; the caller then
+    takes its entries, bounds and prefix."""
+    lay = _LAYOUTS.get(key)
+    if lay is None or archive.base or len(tail) != len(lay.directory):
+        return None
+    n = len(lay.raw_prefix)
+    own = tail[_RECORD : _RECORD + n]
+    if not _one_folder(own, n) or tail.count(own) != key[3]:
+        return None
+    masked = bytearray(tail.replace(own, lay.raw_prefix)) if own != lay.raw_prefix else bytearray(tail)
+    for at in lay.crcs:
+        masked[at : at + 4] = _ZERO
+    return lay if masked == lay.directory else None
+
+
+def _one_folder(raw: bytes, n: int) -> bool:
+    """A prefix `_find_prefix` takes the same way as the learnt one: `n` bytes of UTF-8 ending with their
+    only "/"."""
+    if len(raw) != n or not raw.endswith(b"/") or raw.count(b"/") != 1:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def storages(archive: Any, lay: Layout, requests: Any, wanted: Any) -> dict[str, StorageRef] | None:
+    """The learnt storages' refs in `archive` (its own path), where the same replay asks for them and its
+    local headers are the learnt ones but for the prefix; None otherwise (the caller checks them)."""
+    st = lay.storages
+    if st is None or requests is not st.requests or wanted is not st.wanted:
+        return None
+    raw = bytearray(archive.pread(len(st.span), st.lo))
+    for a, b in st.masked:
+        raw[a:b] = bytes(b - a)
+    own = archive.own_prefix.encode("utf-8")
+    if raw.count(own) != st.headers:
+        return None
+    if (raw.replace(own, lay.raw_prefix) if own != lay.raw_prefix else raw) != st.span:
+        return None
+    path, base = archive.path, archive.base
+    return {k: StorageRef(path, k, dtype, base + off, need) for k, dtype, off, need in st.made}
+
+
+def learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef]) -> None:
+    """Keep the layout of `archive`, read in full and its storages checked by a replay (`requests`,
+    `wanted`: the replay's, `refs`: the StorageRefs made), where its directory is torch's plain one: the
+    last 22 bytes its end record, every name under one prefix folder that occurs nowhere else in it."""
+    end = archive.end_directory()
+    if end is None or archive.base or archive.own_prefix != archive.prefix:
+        return
+    count, cd_size, cd_off, _ = end
+    key = (archive.file_size, cd_off, cd_size, count)
+    if key in _LAYOUTS and not archive._relearn:  # learnt; or this one differed from it: the newer kept
+        return
+    raw_prefix = archive.prefix.encode("utf-8")
+    tail = archive.pread(archive.file_size - cd_off, cd_off)
+    if not _one_folder(raw_prefix, len(raw_prefix)) or tail.count(raw_prefix) != count:
+        return
+    crc_of = _crcs(tail, count, archive)
+    if crc_of is None:
+        return
+    directory = bytearray(tail)
+    for at in crc_of.values():
+        directory[at : at + 4] = _ZERO
+    lay = Layout(
+        archive.prefix,
+        raw_prefix,
+        archive.entries,
+        archive._bounds,
+        bytes(directory),
+        tuple(crc_of.values()),
+        crc_of,
+        _storages(archive, requests, wanted, refs, raw_prefix),
+    )
+    with _LOCK:
+        _LAYOUTS.pop(key, None)
+        while _LAYOUTS and (len(_LAYOUTS) >= _MAX_LAYOUTS or _kept() + _size(lay) > _MAX_KEPT):
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))  # the oldest forgotten first
+        if _size(lay) <= _MAX_KEPT and len(_LAYOUTS) < _MAX_LAYOUTS:
+            _LAYOUTS[key] = lay
+
+
+def _size(lay: Layout) -> int:
+    return len(lay.directory) + (len(lay.storages.span) if lay.storages else 0)
+
+
+def _kept() -> int:
+    return sum(map(_size, _LAYOUTS.values()))
+
+
+def _crcs(tail: bytes, count: int, archive: Any) -> dict[str, int] | None:
+    """Entry name -> offset in `tail` of its CRC-32 field, for each record holding bytes other than those
+    read whole (`data.pkl`, `byteorder`, whose CRC-32 must match); None where the records do not lead from
+    one to the next as the reader found them."""
+    out: dict[str, int] = {}
+    whole = {archive.prefix + "data.pkl", archive.prefix + "byteorder"}
+    p = 0
+    for _ in range(count):
+        if p + _RECORD > len(tail):
+            return None
+        nlen, xlen, clen = _LENGTHS.unpack_from(tail, p)
+        name = tail[p + _RECORD : p + _RECORD + nlen].decode("utf-8", "replace")
+        entry = archive.entries.get(name)
+        if entry is None:
+            return None
+        if entry.size and name not in whole:
+            out[name] = p + 16
+        p += _RECORD + nlen + xlen + clen
+    return out
+
+
+def _storages(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef], raw: bytes) -> _Storages | None:
+    """What proved the storages' verdicts: the span of their local headers (read at once), each record's
+    bytes in it masked up to the next member's header; None where that span or its masked bytes are too big
+    to compare, or the prefix occurs in it other than once a header."""
+    stem, entries = archive.prefix + "data/", archive.entries
+    try:
+        heads = [entries[stem + k].header_offset for k, _, _ in requests]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not heads:
+        return None
+    lo, last = min(heads), max(heads)
+    if last + 30 - lo > _MAX_SPAN:
+        return None
+    span = bytearray(archive.pread(min(archive.file_size, last + 30 + _HEADER_ROOM) - lo, lo))
+    hi = last + 30 + sum(_LOCAL_LENGTHS.unpack_from(span, last - lo + 26)) - lo  # the last header's end
+    if hi > len(span) or hi > _MAX_SPAN:
+        return None
+    del span[hi:]
+    masked: list[tuple[int, int]] = []
+    inside = 0
+    for name, e in entries.items():
+        at = e.header_offset - lo
+        if not 0 <= at < hi:
+            continue
+        inside += 1
+        if e.size and at + 30 <= hi:
+            a = at + 30 + sum(_LOCAL_LENGTHS.unpack_from(span, at + 26))
+            b = min(archive._bounds[name] - lo, hi)
+            if a < b:
+                masked.append((a, b))
+    if sum(b - a for a, b in masked) > _MAX_MASKED:
+        return None
+    for a, b in masked:
+        span[a:b] = bytes(b - a)
+    if span.count(raw) != inside:
+        return None
+    made = tuple((k, r.dtype, r.offset - archive.base, r.nbytes) for k, r in refs.items())
+    return _Storages(requests, wanted, made, lo, bytes(span), tuple(masked), inside)
