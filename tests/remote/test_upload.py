@@ -146,7 +146,8 @@ def test_a_universal_export_goes_up_in_the_writers_order_with_latest_last(
     demo: Any, tmp_path: Path, s3_client: Any, proxy: S3Proxy
 ) -> None:
     """Its files are written by several threads, and published strictly one after the other: the small
-    files, the tensor files in plan order, the model-states copies, then `latest_universal`."""
+    files, the model-states copies (first: one big file that must not run alone at the end), the tensor files
+    in plan order, then `latest_universal`."""
     from urllib.parse import unquote
 
     ckpt = scan(str(demo(SMALL)))
@@ -159,8 +160,8 @@ def test_a_universal_export_goes_up_in_the_writers_order_with_latest_last(
     want = [
         f"{folder}/zero/optimizer_state.pt",
         *(f"{folder}/zero/{name}/step.pt" for name, _ in plan.step_params),
-        *(f"{folder}/{f.rel}" for f in plan.files),
         *(f"{folder}/{name}" for _, name, _ in plan.copies),
+        *(f"{folder}/{f.rel}" for f in plan.files),
         "latest_universal",
     ]
     put = [unquote(p).removeprefix("/" + BUCKET + "/" + _prefix(url)) for p in _writes(seen)]
