@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 import threading
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from inspector.format.views import StorageRef
@@ -48,10 +49,10 @@ class _Storages:
     requests: Any  # the replay's request list and wanted keys (`replay.Template`): the same objects again
     wanted: Any
     made: tuple[tuple[str, str, int, int], ...]  # (key, dtype, data offset, bytes) of each StorageRef made
-    lo: int  # the local headers' span [lo, lo + len(span))
-    span: bytes  # the learnt span, records' bytes zeroed (`masked`), prefix as learnt
+    lo: int  # the local headers' span [lo, lo + size)
+    size: int
+    pieces: tuple[bytes, ...]  # the learnt span, records' bytes zeroed (`masked`), cut at each header's prefix
     masked: tuple[tuple[int, int], ...]  # [start, end) in the span: a record's bytes and what follows it
-    headers: int  # local headers in the span: the prefix occurs once in each, nowhere else
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +63,9 @@ class Layout:
     raw_prefix: bytes
     entries: dict[str, Any]  # the learnt archive's, shared (never changed after it is read)
     bounds: dict[str, int]
-    directory: bytes  # the learnt directory and end records, CRC-32 fields at `crcs` zeroed
-    crcs: tuple[int, ...]  # offsets in `directory` of the CRC-32 fields of records holding bytes
+    size: int  # bytes of the directory and end records
+    pieces: tuple[bytes, ...]  # them, CRC-32 fields at `crcs` zeroed, cut at each name's prefix
+    crcs: tuple[int, ...]  # offsets of the CRC-32 fields of records holding bytes
     crc_of: dict[str, int]  # entry name -> offset of its CRC-32 field, for those records
     storages: _Storages | None
 
@@ -83,16 +85,16 @@ def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> Layout |
     directory offset, directory size, records) repeats under another prefix, if one does; the caller then
     takes its entries, bounds and prefix."""
     lay = _LAYOUTS.get(key)
-    if lay is None or archive.base or len(tail) != len(lay.directory):
+    if lay is None or archive.base or len(tail) != lay.size:
         return None
-    n = len(lay.raw_prefix)
-    own = tail[_RECORD : _RECORD + n]
-    if not _one_folder(own, n) or tail.count(own) != key[3]:
+    own = tail[_RECORD : _RECORD + len(lay.raw_prefix)]
+    if not _one_folder(own, len(lay.raw_prefix)):
         return None
-    masked = bytearray(tail.replace(own, lay.raw_prefix)) if own != lay.raw_prefix else bytearray(tail)
+    masked = bytearray(tail)
     for at in lay.crcs:
         masked[at : at + 4] = _ZERO
-    return lay if masked == lay.directory else None
+    # the learnt bytes with this prefix at each name, exactly where the learnt one stood
+    return lay if masked == own.join(lay.pieces) else None
 
 
 def _one_folder(raw: bytes, n: int) -> bool:
@@ -113,13 +115,10 @@ def storages(archive: Any, lay: Layout, requests: Any, wanted: Any) -> dict[str,
     st = lay.storages
     if st is None or requests is not st.requests or wanted is not st.wanted:
         return None
-    raw = bytearray(archive.pread(len(st.span), st.lo))
+    raw = bytearray(archive.pread(st.size, st.lo))
     for a, b in st.masked:
         raw[a:b] = bytes(b - a)
-    own = archive.own_prefix.encode("utf-8")
-    if raw.count(own) != st.headers:
-        return None
-    if (raw.replace(own, lay.raw_prefix) if own != lay.raw_prefix else raw) != st.span:
+    if raw != archive.own_prefix.encode("utf-8").join(st.pieces):
         return None
     path, base = archive.path, archive.base
     return {k: StorageRef(path, k, dtype, base + off, need) for k, dtype, off, need in st.made}
@@ -128,7 +127,8 @@ def storages(archive: Any, lay: Layout, requests: Any, wanted: Any) -> dict[str,
 def learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef]) -> None:
     """Keep the layout of `archive`, read in full and its storages checked by a replay (`requests`,
     `wanted`: the replay's, `refs`: the StorageRefs made), where its directory is torch's plain one: the
-    last 22 bytes its end record, every name under one prefix folder that occurs nowhere else in it."""
+    last 22 bytes its end record, every name under one prefix folder. What a later file is compared with:
+    these bytes cut at each name's prefix, which its own prefix joins again (positions, never a search)."""
     end = archive.end_directory()
     if end is None or archive.base or archive.own_prefix != archive.prefix:
         return
@@ -138,11 +138,10 @@ def learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef])
         return
     raw_prefix = archive.prefix.encode("utf-8")
     tail = archive.pread(archive.file_size - cd_off, cd_off)
-    if not _one_folder(raw_prefix, len(raw_prefix)) or tail.count(raw_prefix) != count:
+    found = _records(tail, count, archive) if _one_folder(raw_prefix, len(raw_prefix)) else None
+    if found is None:
         return
-    crc_of = _crcs(tail, count, archive)
-    if crc_of is None:
-        return
+    crc_of, names = found
     directory = bytearray(tail)
     for at in crc_of.values():
         directory[at : at + 4] = _ZERO
@@ -151,7 +150,8 @@ def learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef])
         raw_prefix,
         archive.entries,
         archive._bounds,
-        bytes(directory),
+        len(tail),
+        _cut(bytes(directory), names, len(raw_prefix)),
         tuple(crc_of.values()),
         crc_of,
         _storages(archive, requests, wanted, refs, raw_prefix),
@@ -165,38 +165,47 @@ def learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef])
 
 
 def _size(lay: Layout) -> int:
-    return len(lay.directory) + (len(lay.storages.span) if lay.storages else 0)
+    return lay.size + (lay.storages.size if lay.storages else 0)
+
+
+def _cut(raw: bytes, at: list[int], n: int) -> tuple[bytes, ...]:
+    """`raw` without the `n` bytes at each offset of `at` (ascending): the pieces a prefix joins again."""
+    ends = [0, *(a + n for a in at)]
+    return tuple(raw[a:b] for a, b in zip(ends, [*at, len(raw)], strict=True))
 
 
 def _kept() -> int:
     return sum(map(_size, _LAYOUTS.values()))
 
 
-def _crcs(tail: bytes, count: int, archive: Any) -> dict[str, int] | None:
-    """Entry name -> offset in `tail` of its CRC-32 field, for each record holding bytes other than those
-    read whole (`data.pkl`, `byteorder`, whose CRC-32 must match); None where the records do not lead from
-    one to the next as the reader found them."""
-    out: dict[str, int] = {}
+def _records(tail: bytes, count: int, archive: Any) -> tuple[dict[str, int], list[int]] | None:
+    """(entry name -> offset in `tail` of its CRC-32 field, for each record holding bytes other than those
+    read whole: `data.pkl`, `byteorder`, whose CRC-32 must match; the offset of each name), each name under
+    the archive's prefix; None where the records do not lead from one to the next as the reader found them."""
+    crcs: dict[str, int] = {}
+    names: list[int] = []
     whole = {archive.prefix + "data.pkl", archive.prefix + "byteorder"}
+    raw_prefix = archive.prefix.encode("utf-8")
     p = 0
     for _ in range(count):
         if p + _RECORD > len(tail):
             return None
         nlen, xlen, clen = _LENGTHS.unpack_from(tail, p)
-        name = tail[p + _RECORD : p + _RECORD + nlen].decode("utf-8", "replace")
-        entry = archive.entries.get(name)
-        if entry is None:
+        raw = tail[p + _RECORD : p + _RECORD + nlen]
+        entry = archive.entries.get(raw.decode("utf-8", "replace"))
+        if entry is None or not raw.startswith(raw_prefix):
             return None
-        if entry.size and name not in whole:
-            out[name] = p + 16
+        if entry.size and entry.name not in whole:
+            crcs[entry.name] = p + 16
+        names.append(p + _RECORD)
         p += _RECORD + nlen + xlen + clen
-    return out
+    return crcs, names
 
 
 def _storages(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef], raw: bytes) -> _Storages | None:
     """What proved the storages' verdicts: the span of their local headers (read at once), each record's
-    bytes in it masked up to the next member's header; None where that span or its masked bytes are too big
-    to compare, or the prefix occurs in it other than once a header."""
+    bytes in it masked up to the next member's header, cut at each header's name; None where that span or
+    its masked bytes are too big to compare, or a header's name is not under the prefix."""
     stem, entries = archive.prefix + "data/", archive.entries
     try:
         heads = [entries[stem + k].header_offset for k, _, _ in requests]
@@ -213,22 +222,25 @@ def _storages(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageR
         return None
     del span[hi:]
     masked: list[tuple[int, int]] = []
-    inside = 0
+    names: list[int] = []  # where each local header's name starts: under the prefix, as in the directory
     for name, e in entries.items():
         at = e.header_offset - lo
         if not 0 <= at < hi:
             continue
-        inside += 1
-        if e.size and at + 30 <= hi:
+        if at + 30 + len(raw) > hi:
+            return None
+        names.append(at + 30)
+        if e.size:
             a = at + 30 + sum(_LOCAL_LENGTHS.unpack_from(span, at + 26))
             b = min(archive._bounds[name] - lo, hi)
             if a < b:
                 masked.append((a, b))
-    if sum(b - a for a, b in masked) > _MAX_MASKED:
+    names.sort()
+    if sum(b - a for a, b in masked) > _MAX_MASKED or any(b - a < len(raw) for a, b in pairwise(names)):
         return None
     for a, b in masked:
         span[a:b] = bytes(b - a)
-    if span.count(raw) != inside:
+    if any(span[a : a + len(raw)] != raw for a in names):
         return None
     made = tuple((k, r.dtype, r.offset - archive.base, r.nbytes) for k, r in refs.items())
-    return _Storages(requests, wanted, made, lo, bytes(span), tuple(masked), inside)
+    return _Storages(requests, wanted, made, lo, hi, _cut(bytes(span), names, len(raw)), tuple(masked))
