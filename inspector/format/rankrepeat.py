@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from inspector.errors import InspectorError
 from inspector.format.views import StorageRef
 
 _RECORD = 46  # a directory record's fixed part; its name follows
@@ -129,6 +130,13 @@ def learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef])
     `wanted`: the replay's, `refs`: the StorageRefs made), where its directory is torch's plain one: the
     last 22 bytes its end record, every name under one prefix folder. What a later file is compared with:
     these bytes cut at each name's prefix, which its own prefix joins again (positions, never a search)."""
+    try:
+        _learn(archive, requests, wanted, refs)
+    except InspectorError:  # the file changed under the read: nothing learnt, the archive stands as read
+        return
+
+
+def _learn(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef]) -> None:
     end = archive.end_directory()
     if end is None or archive.base or archive.own_prefix != archive.prefix:
         return
