@@ -31,8 +31,8 @@ from typing import Any
 
 from inspector.errors import InspectorError
 from inspector.format.views import StorageRef
+from inspector.format.zipdir import _RECORD  # a directory record's fixed part; its name follows
 
-_RECORD = 46  # a directory record's fixed part; its name follows
 _LENGTHS = struct.Struct("<28xHHH")  # a directory record's name, extra and comment lengths
 _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths, at its byte 26
 _HEADER_ROOM = 4096  # bytes read past the last local header's fixed part for its name and extra
@@ -81,10 +81,10 @@ def known(key: tuple[int, int, int, int]) -> bool:
     return key in _LAYOUTS
 
 
-def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> Layout | None:
-    """The learnt layout `tail` (this archive's directory and end records, found at `key`: file size,
-    directory offset, directory size, records) repeats under another prefix, if one does; the caller then
-    takes its entries, bounds and prefix."""
+def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> tuple[Layout, str] | None:
+    """(the learnt layout `tail` repeats, the prefix this archive's own names have), if one does: `tail` is
+    this archive's directory and end records, found at `key` (file size, directory offset, directory size,
+    records); the caller then takes the layout's entries, bounds and prefix."""
     lay = _LAYOUTS.get(key)
     if lay is None or archive.base or len(tail) != lay.size:
         return None
@@ -95,7 +95,7 @@ def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> Layout |
     for at in lay.crcs:
         masked[at : at + 4] = _ZERO
     # the learnt bytes with this prefix at each name, exactly where the learnt one stood
-    return lay if masked == own.join(lay.pieces) else None
+    return (lay, own.decode("utf-8")) if masked == own.join(lay.pieces) else None
 
 
 def _one_folder(raw: bytes, n: int) -> bool:

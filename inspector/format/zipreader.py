@@ -62,11 +62,11 @@ class TorchZip(EndRecords, Container):
         self._pages: list[tuple[int, bytes]] = []
         self._layout: Layout | None = None  # an earlier rank's archive this one repeats (`rankrepeat`), and
         self._own_tail, self._relearn = b"", False  # then its own directory and end records (its CRC-32s)
+        self.own_prefix = ""  # the prefix its own names have: another than `prefix` where it repeats one
         try:
             self.entries = self._read_directory()
-            lay = self._layout  # the prefix its own names have: another where it repeats another's archive
-            self.prefix = lay.prefix if lay else self._find_prefix()
-            self.own_prefix = self._own_tail[46 : 46 + len(lay.raw_prefix)].decode() if lay else self.prefix
+            self.prefix = self._layout.prefix if self._layout else self._find_prefix()
+            self.own_prefix = self.own_prefix or self.prefix
         except BaseException:
             self.handle.close()
             raise
@@ -126,8 +126,8 @@ class TorchZip(EndRecords, Container):
         key = (self.file_size, cd_off, cd_size, count)
         if self.base == 0 and rankrepeat.known(key):  # the directory with the end records after it, compared
             tail = self.pread(self.file_size - cd_off, cd_off)
-            lay = rankrepeat.adopt(self, tail, key)
-            if lay is not None:  # an earlier rank's archive under another prefix: its answer
+            if (found := rankrepeat.adopt(self, tail, key)) is not None:  # another rank's archive: its answer
+                lay, self.own_prefix = found
                 self._layout, self._own_tail, self._bounds = lay, tail, lay.bounds
                 return lay.entries
             self._relearn = True  # another archive of that shape: learnt from in its place, once read
