@@ -139,6 +139,19 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoCache:
     return DemoCache(tmp_path_factory)
 
 
+@pytest.fixture
+def fresh_format_caches() -> Iterator[None]:
+    """The pickle templates and rank-archive layouts a scan learns (`format/replay.py`, `format/rankrepeat.py`)
+    forgotten before and after a test that counts what they do or compares a scan with them and without."""
+    from inspector.format import rankrepeat, replay
+
+    replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
+    yield
+    replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_deepspeed_import() -> Iterator[None]:
     """The unit suite runs without deepspeed; importing it anywhere in-process is a bug."""

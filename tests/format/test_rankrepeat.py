@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import struct
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,7 @@ from inspector.scan.scanner import scan
 SPEC = DemoSpec(stage=3, world_size=16, dtype="bf16", params=60_000)  # 2-digit ranks from 10 on
 
 
-@pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
-    replay._TEMPLATES.clear()
-    rankrepeat._LAYOUTS.clear()
-    yield
-    replay._TEMPLATES.clear()
-    rankrepeat._LAYOUTS.clear()
+pytestmark = pytest.mark.usefixtures("fresh_format_caches")
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,7 @@ from tests.convert.test_convert_end_to_end import assert_matches_expected
 MANY = DemoSpec(stage=3, world_size=24, dtype="bf16", params=40_000)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_templates() -> Iterator[None]:
-    replay._TEMPLATES.clear()
-    rankrepeat._LAYOUTS.clear()
-    yield
-    replay._TEMPLATES.clear()
-    rankrepeat._LAYOUTS.clear()
+pytestmark = pytest.mark.usefixtures("fresh_format_caches")
 
 
 def records(ckpt: Checkpoint) -> tuple[Any, ...]:
