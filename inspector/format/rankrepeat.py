@@ -16,13 +16,16 @@ and the CRC-32 fields of records that hold bytes (which no check reads: only `da
 are read whole, and they hold the same bytes on every rank or the match fails), is given that archive's
 entries and bounds, under the learnt names (the prefix is internal: every lookup is `prefix + name`), with
 its own CRC-32s read from its own directory where a record is read whole. Its storages, asked by the same
-replayed pickle, get the learnt verdicts where their local headers (the span from the first to the last,
-the records' bytes between them masked) equal the learnt ones but for the prefix. Anything else (another
-length, another layout, damage anywhere compared) is read in full and refused there in its own words.
+replayed pickle, get the learnt verdicts where their local headers equal the learnt ones but for the prefix:
+headers that lie close together as one span (the records' bytes between them masked), each one far from
+the others (an optimizer file's partitions, megabytes apart) as a span of its own, one read each. Anything
+else (another length, another layout, damage anywhere compared) is read in full and refused there in its
+own words.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 import threading
 from dataclasses import dataclass
@@ -38,9 +41,30 @@ _LOCAL_LENGTHS = struct.Struct("<HH")  # a local header's name and extra lengths
 _HEADER_ROOM = 4096  # bytes read past the last local header's fixed part for its name and extra
 _ZERO = b"\0\0\0\0"
 _MAX_LAYOUTS = 8  # a save's rank files come in a few shapes (rank digits, model or optimizer states)
-_MAX_SPAN = 1 << 20  # local headers compared at once, at most (1,273 placeholders: ~190 KiB)
-_MAX_MASKED = 64 << 10  # record bytes inside that span left out of the comparison, at most
+_MAX_SPAN = 1 << 20  # bytes of local headers compared in all, at most (1,273 placeholders: ~190 KiB)
+_MAX_MASKED = 64 << 10  # record bytes inside the spans left out of the comparison, at most
+_JOIN = 4096  # a header this close after the last one's start joins its span (a read skipped; the
+# record bytes read past it, at most this, cost less than one)
+_MAX_SPANS = 64  # reads a repeat's storages take at most (an optimizer file has a few per group)
 _MAX_KEPT = 4 << 20  # bytes of directories and spans kept in all layouts
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """Local headers read at once, [lo, lo + size), as the learnt archive held them."""
+
+    lo: int
+    size: int
+    pieces: tuple[bytes, ...]  # the learnt bytes, records' bytes zeroed (`masked`), cut at each header's prefix
+    masked: tuple[tuple[int, int], ...]  # [start, end) in the span: a record's bytes and what follows it
+
+    def repeated(self, archive: Any, prefix: bytes) -> bool:
+        """Whether `archive` holds these headers here, under its own `prefix`."""
+        at, page = archive.page(self.lo, self.size)  # kept: the step counters and probe after it read there
+        raw = bytearray(page[self.lo - at : self.lo - at + self.size])
+        for a, b in self.masked:
+            raw[a:b] = bytes(b - a)
+        return raw == prefix.join(self.pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +74,11 @@ class _Storages:
     requests: Any  # the replay's request list and wanted keys (`replay.Template`): the same objects again
     wanted: Any
     made: tuple[tuple[str, str, int, int], ...]  # (key, dtype, data offset, bytes) of each StorageRef made
-    lo: int  # the local headers' span [lo, lo + size)
-    size: int
-    pieces: tuple[bytes, ...]  # the learnt span, records' bytes zeroed (`masked`), cut at each header's prefix
-    masked: tuple[tuple[int, int], ...]  # [start, end) in the span: a record's bytes and what follows it
+    spans: tuple[_Span, ...]  # every requested record's local header in one of them, in file order
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +141,8 @@ def storages(archive: Any, lay: Layout, requests: Any, wanted: Any) -> dict[str,
     st = lay.storages
     if st is None or requests is not st.requests or wanted is not st.wanted:
         return None
-    raw = bytearray(archive.pread(st.size, st.lo))
-    for a, b in st.masked:
-        raw[a:b] = bytes(b - a)
-    if raw != archive.own_prefix.encode("utf-8").join(st.pieces):
+    prefix = archive.own_prefix.encode("utf-8")
+    if not all(span.repeated(archive, prefix) for span in st.spans):
         return None
     path, base = archive.path, archive.base
     return {k: StorageRef(path, k, dtype, base + off, need) for k, dtype, off, need in st.made}
@@ -211,44 +234,69 @@ def _records(tail: bytes, count: int, archive: Any) -> tuple[dict[str, int], lis
 
 
 def _storages(archive: Any, requests: Any, wanted: Any, refs: dict[str, StorageRef], raw: bytes) -> _Storages | None:
-    """What proved the storages' verdicts: the span of their local headers (read at once), each record's
-    bytes in it masked up to the next member's header, cut at each header's name; None where that span or
-    its masked bytes are too big to compare, or a header's name is not under the prefix."""
+    """What proved the storages' verdicts: their local headers, those within _JOIN of each other read as one
+    span (each record's bytes in it masked up to the next member's header), cut at each header's name; None
+    where the spans, their reads or their masked bytes are too many to compare, or a header's name is not
+    under the prefix."""
     stem, entries = archive.prefix + "data/", archive.entries
     try:
-        heads = [entries[stem + k].header_offset for k, _, _ in requests]
+        heads = sorted({entries[stem + k].header_offset for k, _, _ in requests})
     except (KeyError, TypeError, ValueError):
         return None
-    if not heads:
+    groups: list[list[int]] = []
+    for h in heads:
+        if groups and h - groups[-1][-1] <= _JOIN:
+            groups[-1].append(h)
+        else:
+            groups.append([h])
+    if not groups or len(groups) > _MAX_SPANS:
         return None
-    lo, last = min(heads), max(heads)
-    if last + 30 - lo > _MAX_SPAN:
+    starts = sorted((e.header_offset, name) for name, e in entries.items())
+    spans: list[_Span] = []
+    budget = [_MAX_SPAN, _MAX_MASKED]  # bytes compared, record bytes masked: what is left of each
+    for g in groups:
+        span = _span(archive, g[0], g[-1], raw, starts, budget)
+        if span is None:
+            return None
+        spans.append(span)
+    made = tuple((k, r.dtype, r.offset - archive.base, r.nbytes) for k, r in refs.items())
+    return _Storages(requests, wanted, made, tuple(spans))
+
+
+def _span(
+    archive: Any, lo: int, last: int, raw: bytes, starts: list[tuple[int, str]], budget: list[int]
+) -> _Span | None:
+    """The span from the local header at `lo` to the end of the one at `last`, every member's header in it
+    under the prefix `raw` (`starts`: each member's header offset and name, ascending); None past `budget`
+    (bytes compared, bytes masked: spent here)."""
+    if last + 30 - lo > budget[0]:
         return None
     span = bytearray(archive.pread(min(archive.file_size, last + 30 + _HEADER_ROOM) - lo, lo))
+    if last - lo + 30 > len(span):
+        return None
     hi = last + 30 + sum(_LOCAL_LENGTHS.unpack_from(span, last - lo + 26)) - lo  # the last header's end
-    if hi > len(span) or hi > _MAX_SPAN:
+    if hi > len(span) or hi > budget[0]:
         return None
     del span[hi:]
     masked: list[tuple[int, int]] = []
     names: list[int] = []  # where each local header's name starts: under the prefix, as in the directory
-    for name, e in entries.items():
-        at = e.header_offset - lo
-        if not 0 <= at < hi:
-            continue
+    for start, name in starts[bisect.bisect_left(starts, (lo,)) : bisect.bisect_left(starts, (lo + hi,))]:
+        at = start - lo
         if at + 30 + len(raw) > hi:
             return None
         names.append(at + 30)
-        if e.size:
+        if archive.entries[name].size:
             a = at + 30 + sum(_LOCAL_LENGTHS.unpack_from(span, at + 26))
             b = min(archive._bounds[name] - lo, hi)
             if a < b:
                 masked.append((a, b))
-    names.sort()
-    if sum(b - a for a, b in masked) > _MAX_MASKED or any(b - a < len(raw) for a, b in pairwise(names)):
+    spent = sum(b - a for a, b in masked)
+    if spent > budget[1] or any(b - a < len(raw) for a, b in pairwise(names)):
         return None
+    budget[0] -= hi
+    budget[1] -= spent
     for a, b in masked:
         span[a:b] = bytes(b - a)
     if any(span[a : a + len(raw)] != raw for a in names):
         return None
-    made = tuple((k, r.dtype, r.offset - archive.base, r.nbytes) for k, r in refs.items())
-    return _Storages(requests, wanted, made, lo, hi, _cut(bytes(span), names, len(raw)), tuple(masked))
+    return _Span(lo, hi, _cut(bytes(span), names, len(raw)), tuple(masked))

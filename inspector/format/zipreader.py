@@ -78,11 +78,18 @@ class TorchZip(EndRecords, Container):
         records, directory, pickle, small records and the first bytes of its big ones do), else read from
         the file. A rank folder of thousands of files reads each in a handful of calls (from a bucket, as
         many requests)."""
-        found = self._kept(offset, n)
-        if found is not None:
-            at, buf = found
-            return buf[offset - at : offset - at + n]
+        if (found := self._kept(offset, n)) is not None:
+            return found[1][offset - found[0] : offset - found[0] + n]
         return super().pread(n, offset)
+
+    def page(self, at: int, n: int) -> tuple[int, bytes]:
+        """(offset, bytes) of a page holding the `n` bytes at `at`: one kept, else `n` and two header pages
+        read there (short at the file's end) and kept: the records' first bytes come with their headers."""
+        found = self._kept(at, n)
+        if found is None:
+            found = (at, self.handle.pread(max(0, min(2 * _HEADER_PAGE + n, self.file_size - at)), at))
+            self._keep(*found)
+        return found
 
     def _keep(self, at: int, page: bytes) -> None:
         """`page`, read at `at`, kept as the newest; the oldest forgotten past _PAGES_KEPT pages or
@@ -247,23 +254,15 @@ class TorchZip(EndRecords, Container):
 
     def _data_offset(self, name: str, whole: bool = False) -> int:
         """The entry's bytes' offset inside the archive (its window, for an embedded one), from its local
-        header's 30 fixed bytes. Headers are read a page at a time, with the first page of their record: a
-        rank file's small records (stage-3 placeholders, counters) sit side by side, so one read serves the
-        headers of many, and the few bytes the scan reads of a big record (a rank's first moment, for the
-        copied-rank check) come with its header. `whole`: the caller reads the entry next, so the page read
-        takes its bytes too (`pread` serves them)."""
+        header's 30 fixed bytes, read with the pages after it (`page`: one read serves the headers of a rank
+        file's small records side by side, and the copied-rank check's first bytes of a big one). `whole`:
+        the caller reads the entry next, so the page read takes its bytes too (`pread` serves them)."""
         off = self._data_offsets.get(name)
         if off is not None and not whole:
             return off
         e = self.entries[name]
         at = e.header_offset
-        found = self._kept(at, 30 + (e.size if whole else 0))
-        if found is not None:
-            page_at, page = found
-        else:
-            length = 2 * _HEADER_PAGE + (e.size if whole else 0)
-            page_at, page = at, self.handle.pread(max(0, min(length, self.file_size - at)), at)
-            self._keep(page_at, page)
+        page_at, page = self.page(at, 30 + (e.size if whole else 0))
         i = at - page_at
         if len(page) - i < 30:
             raise self.damaged(f"wanted 30 bytes at offset {at}")

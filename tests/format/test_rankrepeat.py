@@ -19,13 +19,15 @@ from inspector.format.torchzip import load
 from inspector.scan.scanner import scan
 
 SPEC = DemoSpec(stage=3, world_size=16, dtype="bf16", params=60_000)  # 2-digit ranks from 10 on
+# partitions of 400 KB: an optimizer file's records lie further apart than one span may mask
+FAR = DemoSpec(stage=3, world_size=8, dtype="bf16", params=800_000)
 
 
 pytestmark = pytest.mark.usefixtures("fresh_format_caches")
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    counts = {"adopted": 0, "storages": 0}
+    counts = {"adopted": 0, "storages": 0, "optimizer storages": 0}
     adopt, storages = rankrepeat.adopt, rankrepeat.storages
 
     def adopting(*a: Any) -> Any:
@@ -33,9 +35,10 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         counts["adopted"] += lay is not None
         return lay
 
-    def checking(*a: Any) -> Any:
-        refs = storages(*a)
+    def checking(archive: Any, *a: Any) -> Any:
+        refs = storages(archive, *a)
         counts["storages"] += refs is not None
+        counts["optimizer storages"] += refs is not None and "optim_states" in archive.path
         return refs
 
     monkeypatch.setattr(rankrepeat, "adopt", adopting)
@@ -76,6 +79,40 @@ def _directory_record(path: Path, suffix: str) -> int:
     raw = path.read_bytes()
     name = _member(path, suffix).filename.encode()
     return raw.rindex(b"PK\x01\x02", 0, raw.rindex(name)) if raw.count(name) > 1 else -1
+
+
+def test_an_optimizer_files_far_apart_headers_are_each_compared(
+    demo: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An optimizer file's partitions lie hundreds of KB apart: each local header is compared in a span of
+    its own, and the scan is the one that reads every file in full."""
+    root = demo(FAR)
+    counts = _counting(monkeypatch)
+    fast = scan(str(root))
+    assert counts["optimizer storages"] >= FAR.world_size // 2, counts
+    replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
+    monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)
+    assert fast == scan(str(root)) and not fast.errors
+
+
+def test_an_optimizer_files_far_header_damaged_is_refused_as_in_a_full_read(
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late rank's optimizer file whose last partition's local header (far from the others, a span of its
+    own) is damaged: the same refusal as when every file is read in full, in that file's own names."""
+    root = demo.copy(FAR, tmp_path / "ckpt")
+    path = _tag(root) / "bf16_zero_pp_rank_6_mp_rank_00_optim_states.pt"
+    with zipfile.ZipFile(path) as z:
+        last = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.header_offset)
+    _poke(path, last.header_offset + 26, struct.pack("<H", 0xF000))
+    found = [(f.code, f.file, f.message) for f in scan(str(root)).errors]
+    replay._TEMPLATES.clear()
+    rankrepeat._LAYOUTS.clear()
+    monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)
+    assert found == [(f.code, f.file, f.message) for f in scan(str(root)).errors]
+    assert [f for code, f, _ in found if code == "unreadable"] == [str(path)], found
+    assert not any(f"rank_{r}_mp" in m for r in range(6) for _, _, m in found), found
 
 
 @pytest.mark.parametrize(
