@@ -141,15 +141,18 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoCache:
 
 @pytest.fixture
 def fresh_format_caches() -> Iterator[None]:
-    """The pickle templates and rank-archive layouts a scan learns (`format/replay.py`, `format/rankrepeat.py`)
-    forgotten before and after a test that counts what they do or compares a scan with them and without."""
+    """The pickle templates, rank-archive layouts and records a scan learns (`format/replay.py`,
+    `format/rankrepeat.py`, `parse/reparse.py`) forgotten before and after a test that counts what they do or compares a scan with them and without."""
     from inspector.format import rankrepeat, replay
+    from inspector.parse import reparse
 
     replay._TEMPLATES.clear()
     rankrepeat._LAYOUTS.clear()
+    reparse.forget()
     yield
     replay._TEMPLATES.clear()
     rankrepeat._LAYOUTS.clear()
+    reparse.forget()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ gets no template and is unpickled every time.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,7 +59,9 @@ class Template:
         `skip`: top-level keys whose values the caller does not read (`_Program.lean`); every storage is
         still asked for and checked, only the objects nobody reads are not made."""
         program = self._program(skip)
-        return program.run(archive.storages_for(self.requests, program.keys), self.tree)
+        tree, made = program.run(archive.storages_for(self.requests, program.keys), self.tree)
+        _LAST.value = (tree, program, made)
+        return tree
 
     def asked(self, skip: frozenset[str] = frozenset()) -> tuple[list[tuple[str, str, int]], frozenset[str] | None]:
         """(requests, wanted keys) that `rebuild(archive, skip)` hands `storages_for`: the same objects
@@ -174,13 +177,16 @@ class _Program:
             self.tensors.append((at, s.key, obj.storage_offset, obj.shape, obj.stride, obj.dtype))
         return at
 
-    def run(self, refs: dict[str, StorageRef], tree: Any) -> Any:
-        """The tree with every tensor pointing at `refs` (the new archive's storages)."""
+    def run(self, refs: dict[str, StorageRef], tree: Any) -> tuple[Any, list[TensorRef]]:
+        """The tree with every tensor pointing at `refs` (the new archive's storages), and those tensors in
+        the program's order."""
         if not self.builds and not self.tensors:
-            return tree
+            return tree, []
         slots = self.base.copy()
+        made = []
         for at, key, offset, shape, stride, dtype in self.tensors:
-            slots[at] = TensorRef(refs[key], offset, shape, stride, dtype)
+            slots[at] = t = TensorRef(refs[key], offset, shape, stride, dtype)
+            made.append(t)
         for at, kind, keys, children, attrs in self.builds:
             values = [slots[i] for i in children]
             if kind is dict:
@@ -191,7 +197,18 @@ class _Program:
                 slots[at] = new
             else:
                 slots[at] = kind(values)  # list or tuple
-        return slots[self.root]
+        return slots[self.root], made
+
+
+_LAST = threading.local()  # each thread's last rebuilt tree: (tree, program, tensors made)
+
+
+def rebuilt(tree: Any) -> tuple[object, list[TensorRef]] | None:
+    """(the program that made it, its tensors in that program's order) where `tree` is the last tree this
+    thread rebuilt: two trees one program made differ only in those tensors (`parse/reparse.py` reads the
+    one it parsed first into the other's records)."""
+    last = getattr(_LAST, "value", None)
+    return (last[1], last[2]) if last is not None and last[0] is tree else None
 
 
 _TEMPLATES: dict[bytes, Template | None] = {}

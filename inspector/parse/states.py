@@ -16,6 +16,7 @@ from typing import Any
 
 from inspector.format.torchzip import TensorRef
 from inspector.parse.dsconfig import DsConfig
+from inspector.parse.reparse import parsed
 from inspector.parse.tree import Node, once
 
 MAX_WORLD = 1 << 24  # data-parallel ranks a record may claim; the files present bound it again, with a finding
@@ -78,7 +79,12 @@ class ModelStates:
     @classmethod
     def parse(cls, tree: Any, file: str, module: bool = True) -> ModelStates:
         """`module=False`: the module's names checked, its tensors not kept (another stage-3 rank's
-        placeholders, which nothing reads: rank 0's name the tensors)."""
+        placeholders, which nothing reads: rank 0's name the tensors). A tree rebuilt from a pickle parsed
+        before takes that record, in its own tensors and name (`reparse`)."""
+        return parsed(tree, file, ("model", module), lambda: cls._parse(tree, file, module))
+
+    @classmethod
+    def _parse(cls, tree: Any, file: str, module: bool) -> ModelStates:
         root = Node(tree, file)
         if not root.is_mapping() or not root.has("module"):
             raise root.fail("is not a DeepSpeed model-states file (no `module` key)")
@@ -163,6 +169,11 @@ class OptimStates:
 
     @classmethod
     def parse(cls, tree: Any, file: str, stage3: bool) -> OptimStates:
+        """A rank file's optimizer record; as `ModelStates.parse`, once per pickle (`reparse`)."""
+        return parsed(tree, file, ("optim", stage3), lambda: cls._parse(tree, file, stage3))
+
+    @classmethod
+    def _parse(cls, tree: Any, file: str, stage3: bool) -> OptimStates:
         root = Node(tree, file)
         if not root.is_mapping():
             raise root.fail("is not a DeepSpeed optimizer-states file")
