@@ -146,11 +146,11 @@ def fresh_format_caches() -> Iterator[None]:
     from inspector.format import rankrepeat, replay
     from inspector.parse import reparse
 
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     reparse.forget()
     yield
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     reparse.forget()
 

@@ -16,6 +16,7 @@ gets no template and is unpickled every time.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,9 +132,9 @@ class _Program:
 
     def lean(self, skip: frozenset[str]) -> _Program:
         """This program for a caller that does not read the values of the root's keys in `skip` (another
-        stage-3 rank's module placeholders): each such value that is a flat mapping of tensors is built as
-        its names mapped to None, and the tensors nothing else holds are not made. Anything else is built
-        whole."""
+        stage-3 rank's module placeholders): each such value that is a flat mapping of tensors is its names
+        mapped to None (one mapping, made here), and the tensors nothing else holds are not made. Anything
+        else is built whole."""
         build_of = {b[0]: b for b in self.builds}
         root, tensor_slots = build_of.get(self.root), {t[0] for t in self.tensors}
         if root is None or root[1] not in (dict, _OrderedDict):
@@ -146,12 +147,23 @@ class _Program:
         }
         if not flat:
             return self
+        base = self.base.copy()
+        for a in flat:  # made once, shared by every rebuild: nobody reads its values (or changes it)
+            _, kind, keys, _, attrs = build_of[a]
+            base[a] = new = kind(dict.fromkeys(keys))
+            if attrs:
+                vars(new).update(attrs)
+        builds = [b for b in self.builds if b[0] not in flat]
+        held = {c for b in builds for c in b[3]} | {self.root}
+        tensors = [t for t in self.tensors if t[0] in held]
+        # the slots still used, renumbered: a rebuild copies a base of those alone (1,284 slots a
+        # 126-layer model's placeholders were, for 4 used)
+        used = sorted(held | {b[0] for b in builds} | {t[0] for t in tensors})
+        at = {old: new for new, old in enumerate(used)}
         lean = object.__new__(_Program)
-        none = len(self.base)
-        lean.base, lean.root = [*self.base, None], self.root
-        lean.builds = [(a, k, ks, [none] * len(cs) if a in flat else cs, at) for a, k, ks, cs, at in self.builds]
-        held = {c for b in lean.builds for c in b[3]} | {self.root}
-        lean.tensors = [t for t in self.tensors if t[0] in held]
+        lean.base, lean.root = [base[i] for i in used], at[self.root]
+        lean.builds = [(at[a], k, ks, [at[c] for c in cs], attrs) for a, k, ks, cs, attrs in builds]
+        lean.tensors = [(at[t[0]], *t[1:]) for t in tensors]
         lean.keys = frozenset(t[1] for t in lean.tensors)
         return lean
 
@@ -212,22 +224,43 @@ def rebuilt(tree: Any) -> tuple[object, list[TensorRef]] | None:
 
 
 _TEMPLATES: dict[bytes, Template | None] = {}
+_BY_CRC: dict[tuple[int, int], bytes] = {}  # (length, CRC-32) -> the key above: found without hashing
+# a pickle's bytes again (a 126-layer model's 199 KB cost 120 us a file to hash, 15 to compare)
 _TEMPLATES_MAX = 8  # a save's rank files write a handful of distinct pickles (model, optimizer, rank 0's)
 _TEMPLATE_MAX_BYTES = 256 << 10  # a rank file's pickle is a few KiB; larger ones are unpickled every time
 _TEMPLATES_BYTES = 1 << 20  # the pickles kept in all: their trees stay alive for the process
 
 
-def template_for(data: bytes) -> Template | None:
-    """The template of these exact pickle bytes, if one was made."""
-    return _TEMPLATES.get(data) if len(data) <= _TEMPLATE_MAX_BYTES else None
+def seen(length: int, crc: int) -> bytes | None:
+    """The bytes of a pickle kept here with this length and CRC-32, if one is: bytes equal to them are
+    these bytes, which matched this CRC-32 before (`TorchZip.read_entry` then computes it no more)."""
+    return _BY_CRC.get((length, crc))
 
 
-def learn(data: bytes, tree: Any, archive: TorchZip) -> None:
+def template_for(data: bytes, crc: int | None = None) -> Template | None:
+    """The template of these exact pickle bytes (whose CRC-32 is `crc`), if one was made."""
+    if len(data) > _TEMPLATE_MAX_BYTES:
+        return None
+    key = _BY_CRC.get((len(data), zlib.crc32(data) if crc is None else crc))
+    return _TEMPLATES.get(key) if key is not None and key == data else None
+
+
+def learn(data: bytes, tree: Any, archive: TorchZip, crc: int | None = None) -> None:
     """Keep the template of `data` (seen at least twice: a pickle met once is not walked for nothing)."""
-    if len(data) > _TEMPLATE_MAX_BYTES or data in _TEMPLATES:
-        return
+    at = (len(data), zlib.crc32(data) if crc is None else crc)
+    if len(data) > _TEMPLATE_MAX_BYTES or _BY_CRC.get(at, b"") in _TEMPLATES:  # kept; or another pickle
+        return  # of that length and CRC-32: this one is unpickled every time
     while _TEMPLATES and (
         len(_TEMPLATES) >= _TEMPLATES_MAX or sum(map(len, _TEMPLATES)) + len(data) > _TEMPLATES_BYTES
     ):
-        _TEMPLATES.pop(next(iter(_TEMPLATES)), None)  # the oldest forgotten first
+        old = next(iter(_TEMPLATES))  # the oldest forgotten first
+        _TEMPLATES.pop(old, None)
+        _BY_CRC.pop((len(old), zlib.crc32(old)), None)
     _TEMPLATES[data] = Template.of(tree, archive)
+    _BY_CRC[at] = data
+
+
+def forget() -> None:
+    """Every template dropped (tests that compare a scan with them and without)."""
+    _TEMPLATES.clear()
+    _BY_CRC.clear()

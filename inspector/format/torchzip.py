@@ -33,7 +33,7 @@ from inspector.format.records import (
     _size,
     _Token,
 )
-from inspector.format.replay import learn, template_for
+from inspector.format.replay import learn, seen, template_for
 from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
 from inspector.format.zipreader import _HEADER_PAGE as HEAD_PAGE
 from inspector.format.zipreader import TorchZip
@@ -299,8 +299,10 @@ def _zip_tree(archive: TorchZip, skip: frozenset[str] = frozenset()) -> Any:
     """The zip form's object tree, through both guards; the same pickle bytes as a file read before (every
     rank of a save writes much the same pickle) passed them already, and from the third time on are not
     unpickled at all (`replay`: the first tree, its tensors pointed at this archive's records)."""
-    data = archive.read_entry(f"{archive.prefix}data.pkl")
-    template = template_for(data)
+    name = f"{archive.prefix}data.pkl"
+    data = archive.read_entry(name, seen)  # bytes a template keeps, under their CRC: not summed again
+    crc = archive.entries[name].crc
+    template = template_for(data, crc)
     if template is not None:  # these bytes were unpickled before: the tree rebuilt onto this archive
         tree = template.rebuild(archive, skip)
         if archive.repeats is None:  # read in full: the next rank's archive may repeat it (`rankrepeat`)
@@ -316,7 +318,7 @@ def _zip_tree(archive: TorchZip, skip: frozenset[str] = frozenset()) -> Any:
     if not known:
         remember(data)
     else:  # met a second time: the rank files of a save repeat it, so keep what rebuilds it
-        learn(data, tree, archive)
+        learn(data, tree, archive, crc)
     return tree
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from operator import itemgetter, methodcaller
 from typing import Any
 
@@ -75,9 +75,8 @@ class TorchZip(EndRecords, Container):
 
     def pread(self, n: int, offset: int) -> bytes:
         """`n` bytes at `offset`: from a page already read when they lie inside one (a rank file's end
-        records, directory, pickle, small records and the first bytes of its big ones do), else read from
-        the file. A rank folder of thousands of files reads each in a handful of calls (from a bucket, as
-        many requests)."""
+        records, directory, pickle, small records and its big ones' first bytes do), else from the file: a
+        rank file is read in a handful of calls (from a bucket, as many requests)."""
         if (found := self._kept(offset, n)) is not None:
             return found[1][offset - found[0] : offset - found[0] + n]
         return super().pread(n, offset)
@@ -288,14 +287,17 @@ class TorchZip(EndRecords, Container):
             return name
         return self.own_prefix + name[len(self.prefix) :]
 
-    def read_entry(self, name: str) -> bytes:
+    def read_entry(self, name: str, seen: Callable[[int, int], bytes | None] | None = None) -> bytes:
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
-        for another range (or damaged) are refused here, before anything parses them."""
+        for another range (or damaged) are refused here, before anything parses them. `seen(length, crc)`:
+        bytes that matched this CRC-32 before, if any (`replay.seen`): bytes equal to them match it too."""
         entry = self.entries[name]
         data = self.pread(entry.size, self._data_offset(name, whole=True))
         crc = entry.crc
         if self._layout is not None and (at := self._layout.crc_of.get(name)) is not None:
             crc = int.from_bytes(self._own_tail[at : at + 4], "little")  # this file's own, not the learnt one's
+        if seen is not None and (known := seen(len(data), crc)) is not None and known == data:
+            return data
         if zlib.crc32(data) != crc:
             raise CorruptFileError(
                 f"{self.shown}: member {shown(self.named(name))} does not match its CRC-32 in the zip directory.",
@@ -343,8 +345,7 @@ class TorchZip(EndRecords, Container):
         header lies in the page already read is checked here as `storage` checks it (it exists, its header is
         one, it ends inside the file and before the next member, it holds the bytes asked for); any other,
         and any refusal, goes through `storage` itself, so the words are the same (a big archive's many, as
-        `zipdir.storages` checks them, the same). `wanted`: the keys whose `StorageRef` the caller reads
-        (None: all); the others are checked all the same."""
+        `zipdir.storages` checks them). `wanted`: the keys whose `StorageRef` the caller reads (None: all)."""
         if self._layout is not None and (again := rankrepeat.storages(self, self._layout, requests, wanted)):
             self._storages.update(again)  # the same replay on an earlier rank's archive: its verdicts
             return again

@@ -12,7 +12,7 @@ from inspector.format import memoguard, replay
 @pytest.fixture
 def fresh_caches() -> Iterator[None]:
     """No pickle template or passed memo check carried in from another test (the caches are per process)."""
-    replay._TEMPLATES.clear()
+    replay.forget()
     memoguard._PASSED.clear()
     yield
-    replay._TEMPLATES.clear()
+    replay.forget()

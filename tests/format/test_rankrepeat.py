@@ -51,7 +51,7 @@ def test_a_save_scans_as_when_every_file_is_read_in_full(demo: Any, monkeypatch:
     counts = _counting(monkeypatch)
     fast = scan(str(root))
     assert counts["adopted"] >= SPEC.world_size and counts["storages"] >= SPEC.world_size // 2, counts
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)  # nothing learnt: every archive read in full
     full = scan(str(root))
@@ -90,7 +90,7 @@ def test_an_optimizer_files_far_apart_headers_are_each_compared(
     counts = _counting(monkeypatch)
     fast = scan(str(root))
     assert counts["optimizer storages"] >= FAR.world_size // 2, counts
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)
     assert fast == scan(str(root)) and not fast.errors
@@ -107,7 +107,7 @@ def test_an_optimizer_files_far_header_damaged_is_refused_as_in_a_full_read(
         last = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.header_offset)
     _poke(path, last.header_offset + 26, struct.pack("<H", 0xF000))
     found = [(f.code, f.file, f.message) for f in scan(str(root)).errors]
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)
     assert found == [(f.code, f.file, f.message) for f in scan(str(root)).errors]
@@ -139,7 +139,7 @@ def test_damage_where_a_check_reads_is_refused_as_in_a_full_read(
     else:  # a name no longer under the file's prefix
         _poke(path, cd + 46, b"X")
     found = [(f.code, f.file, f.message) for f in scan(str(root)).errors]
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)
     assert found == [(f.code, f.file, f.message) for f in scan(str(root)).errors]

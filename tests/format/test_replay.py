@@ -122,3 +122,43 @@ def test_the_templates_kept_are_bounded_in_count_and_bytes() -> None:
     replay.learn(b"x" * (replay._TEMPLATE_MAX_BYTES + 1), {}, NoStorages())  # type: ignore[arg-type]
     assert all(len(k) <= replay._TEMPLATE_MAX_BYTES for k in replay._TEMPLATES)
     assert replay.template_for(bytes([39]) * (200 << 10)) is not None
+
+
+def test_a_template_is_found_by_its_bytes_never_by_its_crc_alone() -> None:
+    """Templates are indexed by length and CRC-32 (no hash of the pickle's bytes a file), and taken only
+    where the bytes are equal: other bytes of that length and CRC-32 (a collision is easy to craft) get none,
+    and are not kept in place of the first."""
+
+    class NoStorages:
+        def storages(self) -> dict[str, Any]:
+            return {}
+
+    first, other = b"a" * 64, b"b" * 64
+    replay.learn(first, {"k": 1}, NoStorages(), crc=1234)  # type: ignore[arg-type]
+    assert replay.template_for(first, 1234) is not None
+    assert replay.template_for(other, 1234) is None
+    assert replay.template_for(first, 4321) is None
+    replay.learn(other, {"k": 2}, NoStorages(), crc=1234)  # type: ignore[arg-type]
+    assert replay.template_for(other, 1234) is None and replay.template_for(first, 1234) is not None
+    assert replay.seen(64, 1234) == first
+
+
+@pytest.mark.parametrize("damage", ["bytes", "crc"])
+def test_a_pickle_a_template_holds_is_still_checked_against_its_crc(tmp_path: Path, damage: str) -> None:
+    """A rank file whose pickle bytes equal a template's skips summing its CRC-32 only where its directory
+    gives the same CRC-32: a damaged pickle, or a CRC-32 field that no longer matches, is refused."""
+    paths = [rank_file(tmp_path, r) for r in range(4)]
+    for p in paths[:3]:
+        loaded(p)
+    with zipfile.ZipFile(paths[3]) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+    raw = bytearray(paths[3].read_bytes())
+    if damage == "bytes":
+        at = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+        raw[at + info.file_size // 2] ^= 0x01
+    else:
+        cd = raw.rindex(b"PK\x01\x02", 0, raw.rindex(info.filename.encode()))
+        raw[cd + 16] ^= 0x01
+    paths[3].write_bytes(bytes(raw))
+    with pytest.raises(CorruptFileError, match="CRC-32"):
+        loaded(paths[3])

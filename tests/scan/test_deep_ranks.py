@@ -32,7 +32,7 @@ def test_a_deep_stage3_checkpoint_scans_alike_in_bulk(tmp_path: Path, monkeypatc
         monkeypatch.setattr(zipdir, "BULK_RECORDS", 256 if bulk else 1 << 30)
         monkeypatch.setattr(zipdir, "AFTER", 0)
         monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 8 if repeats else 0)  # 0: nothing is learnt
-        replay._TEMPLATES.clear()
+        replay.forget()
         rankrepeat._LAYOUTS.clear()
         c = scan(str(root))
         return c.tensors, c.findings, c.files, c.stage, c.world_size

@@ -49,7 +49,7 @@ def test_rebuilt_trees_give_the_checkpoint_unpickling_every_file_gives(
     fast = scan(str(root))
     assert len(replay._TEMPLATES) >= 2, "the rank files' pickles must have been rebuilt, not unpickled"
     assert rankrepeat._LAYOUTS, "later ranks' archives must have been taken as repeats"
-    replay._TEMPLATES.clear()
+    replay.forget()
     rankrepeat._LAYOUTS.clear()
     monkeypatch.setattr(torchzip, "learn", lambda *a: None)  # no template: every file unpickled
     slow = scan(str(root))
@@ -68,7 +68,7 @@ def test_a_universal_checkpoint_is_the_one_every_file_unpickled_gives(
     outs = {}
     for name in ("rebuilt", "unpickled"):
         if name == "unpickled":
-            replay._TEMPLATES.clear()
+            replay.forget()
             rankrepeat._LAYOUTS.clear()
             monkeypatch.setattr(torchzip, "learn", lambda *a: None)
         plan = plan_universal(scan(str(root)), str(tmp_path / name))
