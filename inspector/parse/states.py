@@ -81,7 +81,7 @@ class ModelStates:
         """`module=False`: the module's names checked, its tensors not kept (another stage-3 rank's
         placeholders, which nothing reads: rank 0's name the tensors). A tree rebuilt from a pickle parsed
         before takes that record, in its own tensors and name (`reparse`)."""
-        return parsed(tree, file, ("model", module), lambda: cls._parse(tree, file, module))
+        return parsed(tree, file, (cls, module), lambda: cls._parse(tree, file, module))
 
     @classmethod
     def _parse(cls, tree: Any, file: str, module: bool) -> ModelStates:
@@ -170,7 +170,7 @@ class OptimStates:
     @classmethod
     def parse(cls, tree: Any, file: str, stage3: bool) -> OptimStates:
         """A rank file's optimizer record; as `ModelStates.parse`, once per pickle (`reparse`)."""
-        return parsed(tree, file, ("optim", stage3), lambda: cls._parse(tree, file, stage3))
+        return parsed(tree, file, (cls, stage3), lambda: cls._parse(tree, file, stage3))
 
     @classmethod
     def _parse(cls, tree: Any, file: str, stage3: bool) -> OptimStates:
