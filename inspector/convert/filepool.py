@@ -1,0 +1,232 @@
+"""The files a run reads, open and shared by its reader threads: at most a few hundred descriptors whatever
+the rank count (`open_cap`), each read holding its file's handle so no other thread closes it for room.
+
+Files are opened through the confined byte source (regular files inside the checkpoint's folder or bucket
+prefix only): locally O_RDONLY and read with `os.preadv`, remotely by ranged GETs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
+
+from inspector.errors import CorruptFileError
+from inspector.format.zstditem import ZstdItem, open_item, parse_item_path
+from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
+from inspector.system.residency import resident_fraction
+from inspector.text import shown
+
+if TYPE_CHECKING:
+    from inspector.remote.ranged import RangedHandle
+
+
+COLD_FILES = 4  # files whose residency says whether a run reads from the disk (those it reads most of)
+COLD_SAMPLES = 16  # `mincore` windows of each
+
+
+def open_cap() -> int:
+    """How many local files a pool keeps open at once: a quarter of the process's descriptor limit (the
+    output, sockets and other pools need the rest), whatever the rank count; a 4,096-rank ZeRO-3 save has
+    8,192 files and a common `ulimit -n` is 1,024."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 256
+    if soft == getattr(resource, "RLIM_INFINITY", -1) or soft <= 0:
+        return 4096
+    return max(16, soft // 4)
+
+
+class FilePool:
+    """Open handles shared by reader threads (positioned reads need no seek, so no locking per read).
+
+    Every file is opened through one of `sources` (the checkpoint's folder or bucket prefix, a base model's
+    folder): a path that leads out of them is refused, as scan refuses it. A local handle is a descriptor
+    read with `preadv`; a remote one fetches ranges, several in flight (`inspector.system.bytesource`).
+    At most `cap` local files stay open (`open_cap`): the least recently used one no read is using is closed
+    to make room, and opened again when it is needed again."""
+
+    def __init__(self, *sources: ByteSource, cap: int | None = None) -> None:
+        self._sources = sources
+        self._handles: dict[str, Handle] = {}
+        self._local: dict[str, None] = {}  # the local files among them, least recently used first
+        self._users: dict[str, int] = {}  # reads in flight per path: such a handle is never closed
+        self._pinned: set[str] = set()  # files under an open zstd item: its handle holds theirs
+        self._cap = cap if cap is not None else open_cap()
+        self._lock = threading.Lock()
+
+    @property
+    def remote(self) -> bool:
+        """Whether any source is on an object store (reads there are round trips worth overlapping)."""
+        return any_remote(self._sources)
+
+    def handle(self, path: str) -> Handle:
+        """The open handle of `path`. It stays open until the pool needs its room: use it at once, or hold
+        it with `using` while another thread may open files."""
+        with self._lock:
+            handle = self._handles.get(path)
+            if handle is not None:
+                if path in self._local:
+                    self._local[path] = self._local.pop(path)  # most recently used now
+                return handle
+        item = parse_item_path(path)  # a zstd DCP item: its decompressed bytes, over its file's handle
+        if item:
+            with self._lock:
+                self._pinned.add(item[0])
+        inner = self.handle(item[0]) if item else None
+        with self._lock:
+            handle = self._handles.get(path)
+            if handle is None:
+                # as scan opens it: a regular file or a clear refusal, never a hang on a FIFO that
+                # was swapped in after the scan
+                handle = open_item(path, self._sources, inner) if item else open_handle_in(path, self._sources)
+                self._handles[path] = handle
+                if handle.fileno() is not None and not item:
+                    self._local[path] = None
+                    self._make_room()
+        return handle
+
+    def _make_room(self) -> None:
+        """Close least recently used local files no read is using, down to the cap (under the lock)."""
+        over = len(self._local) - self._cap
+        for path in list(self._local) if over > 0 else ():
+            if over <= 0:
+                break
+            if self._users.get(path) or path in self._pinned:
+                continue  # a read is using it, or an open zstd item reads through it
+            del self._local[path]
+            self._handles.pop(path).close()
+            over -= 1
+
+    @contextlib.contextmanager
+    def using(self, path: str) -> Iterator[Handle]:
+        """The handle of `path`, kept open while the block runs (another thread may be opening files)."""
+        handle = self._hold(path)
+        try:
+            yield handle
+        finally:
+            self._release(path)
+
+    def _hold(self, path: str) -> Handle:
+        """`path`'s handle, counted in use (never closed for room) until `_release`: an open one under one
+        lock round trip, as every chunk's read asks (a generator context manager and a second lock per
+        read were 13 us of a health pass's ~240 a MiB chunk)."""
+        with self._lock:
+            self._users[path] = self._users.get(path, 0) + 1
+            handle = self._handles.get(path)
+            if handle is not None and path in self._local:
+                self._local[path] = self._local.pop(path)  # most recently used now
+        if handle is not None:
+            return handle
+        try:
+            return self.handle(path)
+        except BaseException:
+            self._release(path)
+            raise
+
+    def _release(self, path: str) -> None:
+        with self._lock:
+            left = self._users[path] - 1
+            if left:
+                self._users[path] = left
+            else:
+                del self._users[path]
+
+    def fd(self, path: str) -> int | None:
+        """The file's local descriptor (for kernel copies), or None when it is a remote object; valid until
+        the pool next opens a file: hold it with `using` where other threads read."""
+        return self.handle(path).fileno()
+
+    def read_into(self, path: str, offset: int, view: memoryview) -> None:
+        """Fill `view` from `path` at `offset`, or raise a clear error if the file is shorter."""
+        handle = self._hold(path)
+        try:
+            got = handle.read_into(offset, view)
+        finally:
+            self._release(path)
+        if got < len(view):
+            raise _short(path, offset + len(view))
+
+    def advise(self, path: str, offset: int, nbytes: int) -> None:
+        """Ask the kernel to start reading `nbytes` of `path` at `offset` into the page cache now
+        (`POSIX_FADV_WILLNEED`: the I/O is queued, nothing is copied to us, RSS does not grow), so that a
+        cold read later finds it there. Advice only: a remote object, a platform without it, or a refusal
+        changes nothing."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        with self.using(path) as handle:
+            fd = handle.fileno()
+            if fd is None:
+                return
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_WILLNEED)
+
+    def mostly_cold(self, by_file: Mapping[str, int]) -> bool:
+        """Whether most of the bytes a run reads (`by_file`: path -> bytes) are not in the page cache, judged on
+        the COLD_FILES files it reads most of (`mincore` over COLD_SAMPLES windows each: a millisecond or
+        two whatever the checkpoint). False from an object store, or where residency cannot be told: read
+        advice (`advise`) pays only for bytes the disk must still serve, and costs on cached ones."""
+        if self.remote:
+            return False
+        largest = sorted(by_file.items(), key=lambda kv: -kv[1])[:COLD_FILES]
+        cached = total = 0.0
+        for path, nbytes in largest:
+            with self.using(path) as handle:
+                fd = handle.fileno()
+                share = resident_fraction(fd, COLD_SAMPLES) if fd is not None else None
+            if share is None:
+                return False
+            cached += nbytes * share
+            total += nbytes
+        return bool(total) and cached / total < 0.5
+
+    def read_runs(self, runs: Sequence[tuple[str, int, memoryview]]) -> None:
+        """Fill every (path, offset, view): local runs one by one, runs on an object store together, several
+        requests in flight (a stage-3 chunk has a run in every rank's file)."""
+        remote: list[tuple[RangedHandle, int, memoryview]] = []
+        for path, offset, view in runs:
+            if len(runs) == 1 or path in self._local:  # one run, or an open local file: read it now
+                self.read_into(path, offset, view)
+                continue
+            handle = self.handle(path)  # a remote handle holds no descriptor and is never closed for room
+            if handle.fileno() is not None or isinstance(handle, ZstdItem):
+                self.read_into(path, offset, view)
+            elif offset + len(view) > handle.size:
+                raise _short(path, offset + len(view))
+            else:
+                remote.append((cast("RangedHandle", handle), offset, view))
+        if remote:
+            from inspector.remote.ranged import fetch_many
+
+            fetch_many(remote)
+
+    def close(self) -> None:
+        with self._lock:
+            for handle in self._handles.values():
+                handle.close()
+            self._handles.clear()
+            self._local.clear()
+            self._pinned.clear()
+
+    @property
+    def open_count(self) -> int:
+        """Handles open now (at most the cap, plus those reads are using)."""
+        return len(self._handles)
+
+    def __enter__(self) -> FilePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _short(path: str, end: int) -> CorruptFileError:
+    return CorruptFileError(
+        f"{shown(path)}: the file ends before byte {end}; it is truncated.",
+        hint="Copy the checkpoint again from its source.",
+    )
