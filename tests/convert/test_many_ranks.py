@@ -94,3 +94,47 @@ def test_the_pool_closes_the_least_recently_used_file_no_read_is_using(tmp_path:
 
 def test_the_cap_is_a_fraction_of_the_descriptor_limit(low_nofile: int) -> None:
     assert 16 <= open_cap() <= low_nofile // 4
+
+
+@pytest.mark.parametrize("runs", [8, 64])
+def test_a_batch_of_many_local_runs_is_read_by_one_thread_at_a_time(tmp_path: Path, runs: int) -> None:
+    """A stripe's batch (a run a rank) is read by one thread at a time: two threads' loops of tiny reads
+    handed the GIL back and forth at every read. A short batch is not held back."""
+    from inspector.convert import filepool
+
+    for i in range(runs):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 16)
+    active, most = [0], [0]
+    count = threading.Lock()
+    both = threading.Barrier(2)
+    real = FilePool.read_into
+
+    def reading(self: FilePool, path: str, offset: int, view: memoryview) -> None:
+        with count:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            if path.endswith("f0"):
+                if runs < filepool.MANY_RUNS:
+                    both.wait(timeout=2)  # both threads inside at once: nothing holds a short batch back
+                threading.Event().wait(0.05)  # long enough for the other thread to be inside too
+            real(self, path, offset, view)
+        finally:
+            with count:
+                active[0] -= 1
+
+    with FilePool(Source.at(str(tmp_path))) as pool, pytest.MonkeyPatch.context() as m:
+        m.setattr(FilePool, "read_into", reading)
+        bufs = [bytearray(8 * runs) for _ in range(2)]
+
+        def batch(buf: bytearray) -> None:
+            view = memoryview(buf)
+            pool.read_runs([(str(tmp_path / f"f{i}"), 4, view[8 * i : 8 * i + 8]) for i in range(runs)])
+
+        threads = [threading.Thread(target=batch, args=(b,)) for b in bufs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(bytes(b) == b"".join(bytes([i]) * 8 for i in range(runs)) for b in bufs)
+    assert most[0] == (1 if runs >= filepool.MANY_RUNS else 2), most
