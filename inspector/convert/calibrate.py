@@ -84,18 +84,21 @@ STARTUP_CPU = 0.30
 PY_REF = 1.7e7
 # per output file, beyond its bytes (created, its zip's records and pickle, renamed, a journal line): ~0.35
 # ms a file here quiet (a 300K-parameter ZeRO-3 demo's universal export, 67 files; the 126-layer 20M demo's,
-# 3,795 files: 2.40-2.48 s at 1 worker, 2.94-2.98 s at 2, 2026-12-04)
-FILE_COST = 6340.0
+# 3,795 files: 2.40-2.48 s at 1 worker, 2.94-2.98 s at 2, 2026-12-04); 6340 until the rank sweep of
+# 2026-12-05 04:45 put the reads that came with those files at their own cost (GATHERED_RANGE_COST): fitted
+# with it there, universal's 135 / 1,151 / 4,223 files at 8 / 1,024 / 4,096 ranks read +22 / -1 / -6 %
+FILE_COST = 10080.0
 # per read beyond its bytes (a pread, the Python around it, the plan's record of it): a stage-3 checkpoint
 # is read a parameter a rank, 21,280 reads at 1,024 ranks of the 20M demo, 70,215 at 4,096, 314 at 8;
 # ~12 us a read here since a read holds its file in one lock round trip (`FilePool._hold`; was 362, ~21 us:
 # refitted on the rank sweep of 2026-12-05 04:19, convert +21 / +20 % before, +3 / -2 % after)
 RANGE_COST = 234.0
 # reads gathered by `FilePool.read_runs` (health's chunks, universal's stripes of small stage-3 slices):
-# a chunk's or a stripe's ranges in one call, nothing written or recorded per read: ~7 us here (rank sweep
-# of 2026-12-05 04:19 UTC: 104,816 reads at 1,024 ranks, 374,291 at 4,096; health +50 / +38 % at the old
-# 210 (~12 us, before `FilePool._hold`), +15 / +1 % now; universal +18 / +8 % then, -3 / -14 % now)
-GATHERED_RANGE_COST = 137.0
+# a chunk's or a stripe's ranges in one call, nothing written or recorded per read: ~5 us here since a read
+# holds its file in one lock round trip (`FilePool._hold`) and a stripe's batch is read by one thread at a
+# time (`MANY_RUNS`). Rank sweep of 2026-12-05 04:45 UTC, 104,816 reads at 1,024 ranks, 374,291 at 4,096:
+# health +8 / -3 % (+50 / +38 % at the old 210, ~12 us), universal -1 / -6 % (with FILE_COST)
+GATHERED_RANGE_COST = 93.0
 # each health job beyond its bytes: its accumulator and chunks' Python, its row, its findings and its place
 # in the report (the 126-layer demo, 3,789 jobs of ~16 K elements: ~0.3 ms a job here)
 JOB_COST = 5070.0
