@@ -137,10 +137,14 @@ class UniversalJob(Job):
             ahead = READ_AHEAD if pool.mostly_cold(shared.reads()[0]) else 0
             shared.ahead = bool(ahead)
 
+            by_folder: dict[str, ByteSource] = {}  # a rank folder's source, resolved once, not once a copy
+
             def write(index: int, root: OutputRoot, rel: str, w: Writing) -> None:
                 if index < copies:  # the copies are streamed first (`__post_init__`), then the tensor files
                     src, _, _ = plan.copies[index]
-                    w.progress(root.copy_in(_source_of(plan, src), src, rel, fsync=w.fsync), "")
+                    folder = os.path.dirname(src)
+                    source = by_folder.get(folder) or by_folder.setdefault(folder, _source_of(plan, src))
+                    w.progress(root.copy_in(source, src, rel, fsync=w.fsync), "")
                     return
                 t = index - copies
                 write_tensor(pool, plan.files[t], root, rel, w, chunk, buffers, ahead, (shared, t))
