@@ -248,8 +248,9 @@ def template_for(data: bytes, crc: int | None = None) -> Template | None:
 def learn(data: bytes, tree: Any, archive: TorchZip, crc: int | None = None) -> None:
     """Keep the template of `data` (seen at least twice: a pickle met once is not walked for nothing)."""
     at = (len(data), zlib.crc32(data) if crc is None else crc)
-    if len(data) > _TEMPLATE_MAX_BYTES or _BY_CRC.get(at, b"") in _TEMPLATES:  # kept; or another pickle
-        return  # of that length and CRC-32: this one is unpickled every time
+    held = _BY_CRC.get(at)
+    if len(data) > _TEMPLATE_MAX_BYTES or (held is not None and held in _TEMPLATES):  # kept; or another
+        return  # pickle of that length and CRC-32 is: this one is unpickled every time
     while _TEMPLATES and (
         len(_TEMPLATES) >= _TEMPLATES_MAX or sum(map(len, _TEMPLATES)) + len(data) > _TEMPLATES_BYTES
     ):
