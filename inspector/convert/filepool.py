@@ -74,11 +74,9 @@ class FilePool:
         """The open handle of `path`. It stays open until the pool needs its room: use it at once, or hold
         it with `using` while another thread may open files."""
         with self._lock:
-            handle = self._handles.get(path)
-            if handle is not None:
-                if path in self._local:
-                    self._local[path] = self._local.pop(path)  # most recently used now
-                return handle
+            handle = self._open_now(path)
+        if handle is not None:
+            return handle
         item = parse_item_path(path)  # a zstd DCP item: its decompressed bytes, over its file's handle
         if item:
             with self._lock:
@@ -94,6 +92,13 @@ class FilePool:
                 if handle.fileno() is not None and not item:
                     self._local[path] = None
                     self._make_room()
+        return handle
+
+    def _open_now(self, path: str) -> Handle | None:
+        """`path`'s handle if it is open, made the most recently used (under the lock)."""
+        handle = self._handles.get(path)
+        if handle is not None and path in self._local:
+            self._local[path] = self._local.pop(path)
         return handle
 
     def _make_room(self) -> None:
@@ -123,9 +128,7 @@ class FilePool:
         read were 13 us of a health pass's ~240 a MiB chunk)."""
         with self._lock:
             self._users[path] = self._users.get(path, 0) + 1
-            handle = self._handles.get(path)
-            if handle is not None and path in self._local:
-                self._local[path] = self._local.pop(path)  # most recently used now
+            handle = self._open_now(path)
         if handle is not None:
             return handle
         try:
