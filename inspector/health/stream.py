@@ -236,9 +236,19 @@ class _Tally:
 
 
 def _reduce(job: Job, chunks: list[Array], s: Scratch, t: _Tally) -> None:
-    """Fold one chunk of each stream into the tally."""
+    """Fold one chunk of each stream into the tally: the master's last, as the module check may leave the
+    master's bytes spent (`rounds_to`)."""
     x = chunks[0]
     finite = t.acc.add(x, s.buf)
+    if job.against:
+        o = chunks[-1]
+        if job.source == "master":
+            for v in delta_sq(x, o, s):
+                t.delta_sq += v
+            t.then_bad += nonfinite(o)
+        else:  # a moment: only its size then (NaN there stays NaN)
+            for v in sum_sq(o, s):
+                t.then_sq += v
     if t.mod_acc is not None:
         copy = chunks[1]
         bf16 = finite and x.dtype == F32 and copy.dtype == BF16  # the common case
@@ -249,15 +259,6 @@ def _reduce(job: Job, chunks: list[Array], s: Scratch, t: _Tally) -> None:
         if not exact:  # (any other copy is left widened in s.buf.wide by its statistics)
             d, c = module_diff(x, copy, s, finite, inexact=bf16)
             t.diff, t.differing = max(t.diff, d), t.differing + c
-    if job.against:
-        o = chunks[-1]
-        if job.source == "master":
-            for v in delta_sq(x, o, s):
-                t.delta_sq += v
-            t.then_bad += nonfinite(o)
-        else:  # a moment: only its size then (NaN there stays NaN)
-            for v in sum_sq(o, s):
-                t.then_sq += v
 
 
 def _rows(job: Job, t: _Tally) -> list[Row]:

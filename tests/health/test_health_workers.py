@@ -162,7 +162,8 @@ def _tied(
     n: int, ties: np.ndarray[Any, Any], seed: int
 ) -> tuple[np.ndarray[Any, Any], Buffers, Callable[[np.ndarray[Any, Any]], bool]]:
     """A finite fp32 master of random bits whose low halves are ties (0x8000) at `ties`, the buffers, and the
-    check of a bf16 copy against it (the copy widened into the buffers first, as the pass does)."""
+    check of a bf16 copy against it (the copy widened into the buffers first, as the pass does; the check
+    is given a copy of the master, whose bytes it may spend)."""
     rng = np.random.default_rng(seed)
     bits = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
     bits[ties] = (bits[ties] & 0xFFFF0000) | 0x8000
@@ -172,7 +173,7 @@ def _tied(
 
     def check(module: np.ndarray[Any, Any]) -> bool:
         np.left_shift(module.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
-        return chunk_math.rounds_to(master, module, buf)
+        return chunk_math.rounds_to(master.copy(), module, buf)
 
     return master, buf, check
 
@@ -201,7 +202,32 @@ def test_the_bf16_copy_check_without_a_cast_agrees_with_the_cast() -> None:
     flipped[1] = 0.0  # -0.0 in the master
     for module, expect in [(good[:k], True), (flipped, False)]:
         np.left_shift(module.view(np.uint16), 16, out=buf.wide[:k].view(np.uint32), dtype=np.uint32)
-        assert chunk_math.rounds_to(head, module, buf) is expect
+        assert chunk_math.rounds_to(head.copy(), module, buf) is expect
+
+
+def test_the_copy_check_gives_the_master_back_where_the_copy_differs() -> None:
+    """The check takes its difference in place over the master's bits: where the copy is not the master
+    rounded, the master is given back bit for bit (the comparison that measures the difference reads it),
+    whatever the difference (a drifted value, a flipped sign at zero, a NaN in the copy, an Inf); where the
+    copy is exact, its bytes are spent."""
+    n = 4096 * 3 + 17
+    master, buf, _ = _tied(n, np.arange(0, n, 301), 3)
+    master[:2] = [0.0, -0.0]
+    good = master.astype(ml_dtypes.bfloat16)
+    for i, value in [(5, None), (0, -0.0), (n - 1, np.nan), (4096, np.inf)]:
+        bad = good.copy()
+        if value is None:
+            bad.view(np.uint16)[i] ^= 1
+        else:
+            bad[i] = value
+        np.left_shift(bad.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
+        spent = master.copy()
+        assert not chunk_math.rounds_to(spent, bad, buf), i
+        assert np.array_equal(spent.view(np.uint32), master.view(np.uint32)), i
+    np.left_shift(good.view(np.uint16), 16, out=buf.wide[:n].view(np.uint32), dtype=np.uint32)
+    spent = master.copy()
+    assert chunk_math.rounds_to(spent, good, buf)
+    assert not np.array_equal(spent.view(np.uint32), master.view(np.uint32))
 
 
 @pytest.mark.parametrize(
