@@ -173,8 +173,8 @@ def _within_ties(d: Array, module: Array) -> bool:
     rows, odd = d[:whole].reshape(-1, TIE_ROW), module.view(np.uint16)
     tops, bottoms = np.maximum.reduce(rows, axis=1), np.minimum.reduce(rows, axis=1)
     tail = d[whole:]
-    top = max(int(tops.max()) if whole else -(2**31), int(tail.max()) if whole < n else -(2**31))
-    bottom = min(int(bottoms.min()) if whole else 2**31, int(tail.min()) if whole < n else 2**31)
+    top = max(int(tops.max(initial=-(2**31))), int(tail.max(initial=-(2**31))))  # either may be empty
+    bottom = min(int(bottoms.min(initial=2**31 - 1)), int(tail.min(initial=2**31 - 1)))
     if top > 0x8000 or bottom < -0x8000:
         return False
     if top < 0x8000 and bottom > -0x8000:
