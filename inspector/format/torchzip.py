@@ -273,8 +273,10 @@ def load(
     handle = handle if handle is not None else open_handle_in(path, (source,) if source else ())
     try:
         # a small file is read whole at once (a stage-3 rank's model-states file, tens of KB: one read where
-        # its end records, directory, pickle and headers took six; from a bucket, one request)
-        size = handle.size if handle.size <= WHOLE_FILE else HEAD_PAGE
+        # its end records, directory, pickle and headers took six; from a bucket, one request), and so is
+        # one that repeats an earlier rank's archive read mostly through (`rankrepeat.whole`)
+        whole = handle.size <= WHOLE_FILE or rankrepeat.whole(handle.size)
+        size = handle.size if whole else HEAD_PAGE
         head = handle.pread(size, 0) if not embedded and handle.size > 0 else b""
         if head[:1] == b"\x80":
             legacy = LegacyTorchFile(path, handle)

@@ -21,6 +21,8 @@ from inspector.scan.scanner import scan
 SPEC = DemoSpec(stage=3, world_size=16, dtype="bf16", params=60_000)  # 2-digit ranks from 10 on
 # partitions of 400 KB: an optimizer file's records lie further apart than one span may mask
 FAR = DemoSpec(stage=3, world_size=8, dtype="bf16", params=800_000)
+# 40 layers: model-states files of ~400 records, past torchzip.WHOLE_FILE (`rankrepeat.whole` reads them whole)
+DEEP = DemoSpec(stage=3, world_size=16, dtype="bf16", params=800_000, layers=40)
 
 
 pytestmark = pytest.mark.usefixtures("fresh_format_caches")
@@ -119,12 +121,14 @@ def test_an_optimizer_files_far_header_damaged_is_refused_as_in_a_full_read(
     "damage",
     ["local header", "local lengths", "directory offset", "directory size", "directory name"],
 )
+@pytest.mark.parametrize("spec", [SPEC, DEEP], ids=["small", "read whole"])
 def test_damage_where_a_check_reads_is_refused_as_in_a_full_read(
-    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+    demo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str, spec: DemoSpec
 ) -> None:
     """A late rank's model-states file damaged in a byte some check reads: the same refusal, naming the
-    same file, as when every file is read in full; the message names that file's own record."""
-    root = demo.copy(SPEC, tmp_path / "ckpt")
+    same file, as when every file is read in full; the message names that file's own record. Also where
+    the file is read whole by its first read (`rankrepeat.whole`): what is checked is the same."""
+    root = demo.copy(spec, tmp_path / "ckpt")
     path = _tag(root) / "zero_pp_rank_13_mp_rank_00_model_states.pt"
     info = _member(path, "/data/3")
     cd = _directory_record(path, "/data/3")
@@ -146,6 +150,41 @@ def test_damage_where_a_check_reads_is_refused_as_in_a_full_read(
     unreadable = [m for code, f, m in found if code == "unreadable"]
     assert [f for code, f, _ in found if code == "unreadable"] == [str(path)], found
     assert not any(f"rank_{r}_mp" in unreadable[0] for r in range(13)), unreadable[0]  # its own names
+
+
+def test_a_file_mostly_read_by_a_repeat_is_read_whole_by_its_first_read(
+    demo: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage-3 model-states file past WHOLE_FILE that repeats a learnt one is mostly directory, pickle and
+    local headers: once a file of its size was learnt, the next is read in one call of its whole size (one
+    request from a bucket, where it took five), and the scan is the one that reads every file in full. An
+    optimizer file, mostly partitions no check reads, is still read a page first."""
+    from inspector.format import torchzip
+    from inspector.system.source import LocalHandle
+
+    root = demo(DEEP)
+    sizes = {p.name: p.stat().st_size for p in _tag(root).iterdir()}
+    assert min(s for n, s in sizes.items() if "states" in n) > torchzip.WHOLE_FILE
+    first: dict[str, tuple[int, int]] = {}
+    real = LocalHandle.pread
+
+    def reading(h: Any, n: int, off: int) -> bytes:
+        first.setdefault(Path(h.path).name, (n, off))
+        return real(h, n, off)
+
+    monkeypatch.setattr(LocalHandle, "pread", reading)
+    fast = scan(str(root))
+    whole = sorted(name for name, call in first.items() if call == (sizes.get(name), 0))
+    late = {f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (5, 6, 7, 8, 9, 13, 14, 15)}  # learnt by then
+    assert late <= set(whole), whole
+    assert not any("optim_states" in n for n in whole), whole
+    replay.forget()
+    rankrepeat._LAYOUTS.clear()
+    monkeypatch.setattr(rankrepeat, "_MAX_LAYOUTS", 0)
+    first.clear()
+    full = scan(str(root))
+    assert not any(call == (sizes.get(name), 0) for name, call in first.items() if "model_states" in name)
+    assert fast == full and not fast.errors
 
 
 def test_a_record_read_whole_is_checked_against_the_files_own_crc(demo: Any, tmp_path: Path) -> None:

@@ -338,7 +338,10 @@ class ZeroScanner:
             )
         steps = {r: m.global_steps for r, m in models.items() if m is not None}
         shapes = {r: m.param_shapes for r, m in models.items() if m is not None}  # typed: str names, int dims
-        if len(set(steps.values())) > 1 or len(set(shapes.values())) > 1:
+        # the ranks of a save share one param_shapes object (`Slim`): each distinct one hashed once, not a
+        # 1,270-name tuple hashed at every rank (22 ms at 1,024 ranks)
+        distinct = {id(s): s for s in shapes.values()}.values()
+        if len(set(steps.values())) > 1 or len(set(distinct)) > 1:
             first = min(steps)
             odd = [r for r in steps if (steps[r], shapes[r]) != (steps[first], shapes[first])]
             self.add(
