@@ -62,10 +62,13 @@ class _Span:
     def repeated(self, archive: Any, prefix: bytes) -> bool:
         """Whether `archive` holds these headers here, under its own `prefix`."""
         at, page = archive.page(self.lo, self.size)  # kept: the step counters and probe after it read there
-        raw = bytearray(memoryview(page)[self.lo - at : self.lo - at + self.size])  # one copy, not two
-        for a, b in self.masked:
-            raw[a:b] = bytes(b - a)
-        return raw == prefix.join(self.pieces)
+        held = memoryview(page)[self.lo - at : self.lo - at + self.size]
+        if len(held) != self.size:  # the file ends inside the span
+            return False
+        want = bytearray(prefix).join(self.pieces)
+        for a, b in self.masked:  # the records' own bytes, which no check reads, taken as they are
+            want[a:b] = held[a:b]
+        return want == held  # one buffer made, compared where it lies
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +130,12 @@ def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> tuple[La
     own = tail[_RECORD : _RECORD + len(lay.raw_prefix)]
     if not _one_folder(own, len(lay.raw_prefix)):
         return None
-    masked = bytearray(tail)
+    # the learnt bytes with this prefix at each name, exactly where the learnt one stood, and this file's own
+    # CRC-32s of records holding bytes (no check reads them: a record read whole checks its own)
+    want = bytearray(own).join(lay.pieces)
     for at in lay.crcs:
-        masked[at : at + 4] = _ZERO
-    # the learnt bytes with this prefix at each name, exactly where the learnt one stood
-    return (lay, own.decode("utf-8")) if masked == own.join(lay.pieces) else None
+        want[at : at + 4] = tail[at : at + 4]
+    return (lay, own.decode("utf-8")) if want == tail else None
 
 
 def _one_folder(raw: bytes, n: int) -> bool:
