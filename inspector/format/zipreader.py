@@ -74,9 +74,8 @@ class TorchZip(EndRecords, Container):
         self._storages: dict[str, StorageRef] = {}
 
     def pread(self, n: int, offset: int) -> bytes:
-        """`n` bytes at `offset`: from a page already read when they lie inside one (a rank file's end
-        records, directory, pickle, small records and its big ones' first bytes do), else from the file: a
-        rank file is read in a handful of calls (from a bucket, as many requests)."""
+        """`n` bytes at `offset`: from a page already read when they lie inside one (a rank file's end records,
+        directory, pickle, small records, big ones' first bytes), else from the file: a handful of calls."""
         if (found := self._kept(offset, n)) is not None:
             return found[1][offset - found[0] : offset - found[0] + n]
         return super().pread(n, offset)
@@ -291,14 +290,14 @@ class TorchZip(EndRecords, Container):
         """A whole member, proven by its CRC-32 from the central directory: bytes a store or a disk returned
         for another range (or damaged) are refused here, before anything parses them. `seen(length, crc)`:
         bytes that matched this CRC-32 before, if any (`replay.seen`): bytes equal to them match it too."""
-        entry = self.entries[name]
-        data = self.pread(entry.size, self._data_offset(name, whole=True))
-        crc = entry.crc
+        entry, off = self.entries[name], self._data_offset(name, whole=True)
+        crc = entry.crc  # the learnt one's where this file repeats one; its own for a record holding bytes:
         if self._layout is not None and (at := self._layout.crc_of.get(name)) is not None:
-            crc = int.from_bytes(self._own_tail[at : at + 4], "little")  # this file's own, not the learnt one's
-        if seen is not None and (known := seen(len(data), crc)) is not None and known == data:
-            return data
-        if zlib.crc32(data) != crc:
+            crc = int.from_bytes(self._own_tail[at : at + 4], "little")
+        known = seen(entry.size, crc) if seen is not None else None
+        if known is not None and (page := self._kept(off, entry.size)) and page[1].startswith(known, off - page[0]):
+            return known  # the same bytes, compared where the page read holds them: no copy of a 200 KB pickle
+        if (data := self.pread(entry.size, off)) != known and zlib.crc32(data) != crc:
             raise CorruptFileError(
                 f"{self.shown}: member {shown(self.named(name))} does not match its CRC-32 in the zip directory.",
                 hint="The file is damaged, or the store returned other bytes than the range asked for; "
@@ -392,8 +391,7 @@ class TorchZip(EndRecords, Container):
         return dict(self._storages)
 
     def byteorder(self) -> str:
-        name = f"{self.prefix}byteorder"
-        if name not in self.entries:
+        if (name := f"{self.prefix}byteorder") not in self.entries:
             return "little"
         if self.entries[name].size > 16:
             raise self.damaged("the byteorder record is not a byte order")
