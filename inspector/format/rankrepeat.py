@@ -120,14 +120,14 @@ def whole(file_size: int) -> bool:
     return any(k[0] == file_size and 2 * lay.reads >= file_size for k, lay in list(_LAYOUTS.items()))
 
 
-def adopt(archive: Any, tail: bytes, key: tuple[int, int, int, int]) -> tuple[Layout, str] | None:
+def adopt(archive: Any, tail: memoryview, key: tuple[int, int, int, int]) -> tuple[Layout, str] | None:
     """(the learnt layout `tail` repeats, the prefix this archive's own names have), if one does: `tail` is
     this archive's directory and end records, found at `key` (file size, directory offset, directory size,
     records); the caller then takes the layout's entries, bounds and prefix."""
     lay = _LAYOUTS.get(key)
     if lay is None or archive.base or len(tail) != lay.size:
         return None
-    own = tail[_RECORD : _RECORD + len(lay.raw_prefix)]
+    own = bytes(tail[_RECORD : _RECORD + len(lay.raw_prefix)])
     if not _one_folder(own, len(lay.raw_prefix)):
         return None
     # the learnt bytes with this prefix at each name, exactly where the learnt one stood, and this file's own

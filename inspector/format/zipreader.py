@@ -61,7 +61,7 @@ class TorchZip(EndRecords, Container):
         self._tail: tuple[int, bytes] = (0, b"")
         self._pages: list[tuple[int, bytes]] = []
         self._layout: Layout | None = None  # an earlier rank's archive this one repeats (`rankrepeat`), and
-        self._own_tail, self._relearn = b"", False  # then its own directory and end records (its CRC-32s)
+        self._own_tail, self._relearn = memoryview(b""), False  # then its own directory, end records (CRC-32s)
         self.own_prefix = ""  # the prefix its own names have: another than `prefix` where it repeats one
         try:
             self.entries = self._read_directory()
@@ -130,13 +130,14 @@ class TorchZip(EndRecords, Container):
             raise self.damaged("the central directory's size and entry count disagree")
         key = (self.file_size, cd_off, cd_size, count)
         if self.base == 0 and rankrepeat.known(key):  # the directory with the end records after it, compared
-            tail = self.pread(self.file_size - cd_off, cd_off)
+            kept = self._kept(cd_off, n := self.file_size - cd_off)  # seen where a page holds it (not copied)
+            tail = memoryview(kept[1])[cd_off - kept[0] :][:n] if kept else memoryview(self.pread(n, cd_off))
             if (found := rankrepeat.adopt(self, tail, key)) is not None:  # another rank's archive: its answer
                 lay, self.own_prefix = found
                 self._layout, self._own_tail, self._bounds = lay, tail, lay.bounds
                 return lay.entries
             self._relearn = True  # another archive of that shape: learnt from in its place, once read
-            cd = tail[:cd_size]
+            cd = bytes(tail[:cd_size])
         else:
             cd = self.pread(cd_size, cd_off)
         return self._entries(cd, count, cd_off)
