@@ -119,7 +119,7 @@ def test_an_optimizer_files_far_header_damaged_is_refused_as_in_a_full_read(
 
 @pytest.mark.parametrize(
     "damage",
-    ["local header", "local lengths", "directory offset", "directory size", "directory name"],
+    ["local header", "local lengths", "directory offset", "directory size", "directory name", "pickle byte"],
 )
 @pytest.mark.parametrize("spec", [SPEC, DEEP], ids=["small", "read whole"])
 def test_damage_where_a_check_reads_is_refused_as_in_a_full_read(
@@ -140,6 +140,11 @@ def test_damage_where_a_check_reads_is_refused_as_in_a_full_read(
         _poke(path, cd + 42, struct.pack("<L", info.header_offset + 3))
     elif damage == "directory size":
         _poke(path, cd + 20, struct.pack("<LL", 1 << 20, 1 << 20))
+    elif damage == "pickle byte":  # the same length, its CRC-32 in the directory no longer its bytes'
+        pkl = _member(path, "data.pkl")
+        nlen, xlen = struct.unpack_from("<HH", path.read_bytes(), pkl.header_offset + 26)
+        at = pkl.header_offset + 30 + nlen + xlen + pkl.file_size // 2
+        _poke(path, at, bytes([path.read_bytes()[at] ^ 0x01]))
     else:  # a name no longer under the file's prefix
         _poke(path, cd + 46, b"X")
     found = [(f.code, f.file, f.message) for f in scan(str(root)).errors]

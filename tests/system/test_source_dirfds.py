@@ -198,3 +198,29 @@ def test_a_scans_file_sizes_and_times_come_from_the_open(monkeypatch: pytest.Mon
         st = os.stat(f.path)
         assert (f.size, f.mtime_ns) == (st.st_size, st.st_mtime_ns) and f.mtime_ns > 0, f.path
     assert asked == ["zero_pp_rank_0_mp_rank_00_model_states.pt"], asked
+
+
+def test_a_file_pool_keeps_its_folders_from_its_first_open_to_its_close(
+    tree: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's reads are one batch (`FilePool`): its files cost one `openat` each after the first walk, and
+    the folders close with the pool, the source holding none after it (an app's checkpoint is held long)."""
+    from inspector.convert.filepool import FilePool
+
+    src, root, _ = tree
+    before = _fds()
+    seen = _opens(monkeypatch)
+    with FilePool(src) as pool:
+        assert len(src._dirs) == 0  # nothing opened yet: nothing held
+        for r in range(4):
+            view = memoryview(bytearray(r + 1))
+            pool.read_into(str(root / "tag" / f"rank_{r}.pt"), 0, view)
+            assert bytes(view) == b"x" * (r + 1)
+        assert len(src._dirs) == 1
+    names = [name for name, _ in seen]
+    assert names.count(str(root)) == 1 and names.count("tag") == 1, names
+    assert len(seen) == 2 + 4
+    assert len(src._dirs) == 0 and _fds() == before
+    with FilePool(src) as pool:  # a second pool walks afresh: nothing was left open between them
+        pool.read_into(str(root / "tag" / "rank_0.pt"), 0, memoryview(bytearray(1)))
+    assert [name for name, _ in seen].count("tag") == 2 and len(src._dirs) == 0
