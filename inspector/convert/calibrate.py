@@ -91,8 +91,12 @@ FILE_COST = 10080.0
 # per read beyond its bytes (a pread, the Python around it, the plan's record of it): a stage-3 checkpoint
 # is read a parameter a rank, 21,280 reads at 1,024 ranks of the 20M demo, 70,215 at 4,096, 314 at 8;
 # ~12 us a read here since a read holds its file in one lock round trip (`FilePool._hold`; was 362, ~21 us:
-# refitted on the rank sweep of 2026-12-05 04:19, convert +21 / +20 % before, +3 / -2 % after)
-RANGE_COST = 234.0
+# refitted on the rank sweep of 2026-12-05 04:19, convert +21 / +20 % before, +3 / -2 % after); 234 until
+# the 126-layer demo's convert at 1,024 ranks (73 K reads of ~1 KB, stripes that fit the cache) read +38 %:
+# fitted on both rank sweeps of 2026-12-05 ~09:55 (~10 us), the 20M demo +13 / -9 / -13 % at 8 / 1,024 /
+# 4,096 ranks, the 126-layer one -6 / +18 % at 8 / 1,024 (the 20M demo's 5.7 MB stripes, past the 2 MiB
+# L2, cost ~10 us a read in-process against the 126-layer's ~6: a per-read constant splits the two)
+RANGE_COST = 168.0
 # reads gathered by `FilePool.read_runs` (health's chunks, universal's stripes of small stage-3 slices):
 # a chunk's or a stripe's ranges in one call, nothing written or recorded per read: ~5 us here since a read
 # holds its file in one lock round trip (`FilePool._hold`) and a stripe's batch is read by one thread at a
