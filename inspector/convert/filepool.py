@@ -55,7 +55,7 @@ class FilePool:
     At most `cap` local files stay open (`open_cap`): the least recently used one no read is using is closed
     to make room, and opened again when it is needed again. From its first open to `close`, a pool is a batch
     of reads (`Source.keeping`): its local folders' descriptors are kept, so a file costs one `openat`, not
-    a walk from the root (a convert at 1,024 ranks spent a tenth of its worker's time walking)."""
+    a walk from the root (7 % of a convert's worker samples at 1,024 ranks by py-spy; its CPU did not move)."""
 
     def __init__(self, *sources: ByteSource, cap: int | None = None) -> None:
         self._sources = sources
