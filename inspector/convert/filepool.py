@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 from inspector.errors import CorruptFileError
 from inspector.format.zstditem import ZstdItem, open_item, parse_item_path
 from inspector.system.bytesource import ByteSource, Handle, any_remote, open_handle_in
+from inspector.system.descriptors import descriptor_limit
 from inspector.system.residency import resident_fraction
 from inspector.text import shown
 
@@ -34,16 +35,10 @@ COLD_SAMPLES = 16  # `mincore` windows of each
 def open_cap() -> int:
     """How many local files a pool keeps open at once: a quarter of the process's descriptor limit (the
     output, sockets and other pools need the rest), whatever the rank count; a 4,096-rank ZeRO-3 save has
-    8,192 files and a common `ulimit -n` is 1,024."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):
-        return 256
-    if soft == getattr(resource, "RLIM_INFINITY", -1) or soft <= 0:
-        return 4096
-    return max(16, soft // 4)
+    8,192 files and a common soft `ulimit -n` is 1,024 (the command line raises it toward the hard limit
+    at start: `system/descriptors.py`)."""
+    soft = descriptor_limit()
+    return 256 if soft is None else max(16, soft // 4)
 
 
 class FilePool:
@@ -52,10 +47,11 @@ class FilePool:
     Every file is opened through one of `sources` (the checkpoint's folder or bucket prefix, a base model's
     folder): a path that leads out of them is refused, as scan refuses it. A local handle is a descriptor
     read with `preadv`; a remote one fetches ranges, several in flight (`inspector.system.bytesource`).
-    At most `cap` local files stay open (`open_cap`): the least recently used one no read is using is closed
-    to make room, and opened again when it is needed again. From its first open to `close`, a pool is a batch
-    of reads (`Source.keeping`): its local folders' descriptors are kept, so a file costs one `openat`, not
-    a walk from the root (7 % of a convert's worker samples at 1,024 ranks by py-spy; its CPU did not move)."""
+    At most `cap` local files stay open (`open_cap`): the most recently used one no read is using is closed
+    to make room (`_make_room` says why), and opened again when it is needed again. From its first open to
+    `close`, a pool is a batch of reads (`Source.keeping`): its local folders' descriptors are kept, so a
+    file costs one `openat`, not a walk from the root (7 % of a convert's worker samples at 1,024 ranks by
+    py-spy; its CPU did not move)."""
 
     def __init__(self, *sources: ByteSource, cap: int | None = None) -> None:
         self._sources = sources
@@ -96,7 +92,7 @@ class FilePool:
                 self._handles[path] = handle
                 if handle.fileno() is not None and not item:
                     self._local[path] = None
-                    self._make_room()
+                    self._make_room(path)
         return handle
 
     def _open_now(self, path: str) -> Handle | None:
@@ -106,17 +102,25 @@ class FilePool:
             self._local[path] = self._local.pop(path)
         return handle
 
-    def _make_room(self) -> None:
-        """Close least recently used local files no read is using, down to the cap (under the lock)."""
+    def _make_room(self, opened: str) -> None:
+        """Close local files no read is using, down to the cap (under the lock): the most recently used
+        first, never `opened` (the file that needs the room). A pool is over its cap only where a run reads
+        more files than it holds, and such a run reads them in sweeps (a stripe reads every rank's file):
+        closing the least recently used file closes each one just before the next sweep asks for it, every
+        open a miss; closing the most recent keeps the others open for the next sweep (cap - 1 hits)."""
         over = len(self._local) - self._cap
-        for path in list(self._local) if over > 0 else ():
-            if over <= 0:
+        if over <= 0:
+            return
+        closing: list[str] = []
+        for path in reversed(self._local):
+            if path == opened or self._users.get(path) or path in self._pinned:
+                continue  # the one opening, one a read is using, or one an open zstd item reads through
+            closing.append(path)
+            if len(closing) == over:
                 break
-            if self._users.get(path) or path in self._pinned:
-                continue  # a read is using it, or an open zstd item reads through it
+        for path in closing:
             del self._local[path]
             self._handles.pop(path).close()
-            over -= 1
 
     @contextlib.contextmanager
     def using(self, path: str) -> Iterator[Handle]:

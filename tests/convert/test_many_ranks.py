@@ -74,7 +74,7 @@ def test_a_4096_rank_save_scans_and_converts_bit_exact_within_1024_descriptors(
     assert open_descriptors() <= before + 1  # the pool closed what it opened
 
 
-def test_the_pool_closes_the_least_recently_used_file_no_read_is_using(tmp_path: Path) -> None:
+def test_the_pool_closes_a_file_no_read_is_using_to_stay_within_its_cap(tmp_path: Path) -> None:
     for i in range(12):
         (tmp_path / f"f{i}").write_bytes(bytes([i]) * 64)
     buf = bytearray(8)
@@ -85,11 +85,40 @@ def test_the_pool_closes_the_least_recently_used_file_no_read_is_using(tmp_path:
                 assert bytes(buf) == bytes([i]) * 8
                 assert pool.open_count <= 4 + 1  # the cap, and f0 while a read holds it
             assert held.read_into(0, memoryview(buf)) == 8 and bytes(buf) == b"\0" * 8  # still open
-        for i in (0, 11, 3):  # reopened on demand after being closed for room
+        for i in (0, 11, 3, 7):  # reopened on demand after being closed for room
             pool.read_into(str(tmp_path / f"f{i}"), 0, memoryview(buf))
             assert bytes(buf) == bytes([i]) * 8
         assert pool.open_count <= 4
     assert pool.open_count == 0
+
+
+@pytest.mark.parametrize("files", [4, 12, 40])
+def test_sweeps_over_more_files_than_the_cap_reopen_only_what_it_cannot_hold(
+    tmp_path: Path, files: int
+) -> None:
+    """A stripe reads every rank's file, stripe after stripe: past the first sweep, a pool of `cap` files
+    opens only the files beyond what it holds (closing the least recently used one would reopen them all)."""
+    from inspector.convert import filepool
+
+    cap, sweeps = 4, 5
+    for i in range(files):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 16)
+    opened: list[str] = []
+    real = filepool.open_handle_in
+
+    def counting(path: str, sources: object) -> object:
+        opened.append(path)
+        return real(path, sources)  # type: ignore[arg-type]
+
+    with FilePool(Source.at(str(tmp_path)), cap=cap) as pool, pytest.MonkeyPatch.context() as m:
+        m.setattr(filepool, "open_handle_in", counting)
+        for _ in range(sweeps):
+            bufs = [bytearray(4) for _ in range(files)]
+            pool.read_runs([(str(tmp_path / f"f{i}"), 2, memoryview(b)) for i, b in enumerate(bufs)])
+            assert [bytes(b) for b in bufs] == [bytes([i]) * 4 for i in range(files)]
+            assert pool.open_count <= cap
+    later = len(opened) - files  # the first sweep opens every file
+    assert later <= (sweeps - 1) * max(0, files - (cap - 1)), opened
 
 
 def test_the_cap_is_a_fraction_of_the_descriptor_limit(low_nofile: int) -> None:
