@@ -25,6 +25,7 @@ from inspector.cli.options import add_tp_split_option
 from inspector.cli.parser import Parser, add_command, fill_all
 from inspector.errors import EXIT_CANCELLED, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, InspectorError, StoreError
 from inspector.system.blas import one_blas_thread
+from inspector.system.descriptors import raise_descriptor_limit
 from inspector.system.malloc import cap_malloc_arenas
 from inspector.text import command_hint
 
@@ -278,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
         cap_malloc_arenas()  # before any thread: flat memory with many reader threads (system/malloc.py)
+    raise_descriptor_limit()  # pools hold every rank's file open where the hard limit allows (descriptors.py)
     one_blas_thread()  # before numpy loads: no BLAS pool spinning beside the workers (system/blas.py)
     parser = build_parser(lazy=True)
     from inspector.cli.completion import complete

@@ -214,9 +214,11 @@ def _run_part(spec: Order, part: tuple[int, int], sink: Any) -> PartResult:
     """One task: plan the same job, write part `part` into OUT, report bytes to the sink as they are written."""
     import ray
 
+    from inspector.system.descriptors import raise_descriptor_limit
     from inspector.system.malloc import cap_malloc_arenas
 
     cap_malloc_arenas()  # the worker's reader threads start below; Ray's own threads keep their arenas
+    raise_descriptor_limit()  # as the command line does: the task's pool holds every rank's file open
     start = time.monotonic()
     job = plan(spec, part)
     done = reused = 0
