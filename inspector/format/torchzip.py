@@ -34,7 +34,7 @@ from inspector.format.records import (
     _Token,
 )
 from inspector.format.replay import learn, seen, template_for
-from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem
+from inspector.format.views import StorageRef, TensorRef, dims, is_int, view_problem, with_attrs
 from inspector.format.zipreader import _HEADER_PAGE as HEAD_PAGE
 from inspector.format.zipreader import TorchZip
 from inspector.system.bytesource import ByteSource, Handle, open_handle_in
@@ -235,7 +235,7 @@ def _rebuild_from_type_v2(func: Callable[..., Any], new_type: Any, args: tuple[A
     # `func` came through find_class, so it is one of our stand-ins.
     obj = func(*args)
     if isinstance(obj, TensorRef) and isinstance(state, dict):
-        obj.attrs.update(state)
+        with_attrs(obj, state)
     return obj
 
 

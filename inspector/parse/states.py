@@ -58,7 +58,7 @@ def _tensor_map(node: Node, what: str) -> Mapping[str, TensorRef] | None:
     return _frozen({name: v.tensor() for name, v in node.entries(what)})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ModelStates:
     """`mp_rank_00_model_states.pt` (stage 0-2) or `zero_pp_rank_D_mp_rank_00_model_states.pt` (stage 3)."""
 
@@ -134,7 +134,7 @@ def _version(node: Node) -> str | None:
     return None if node.is_none() else node.name("DeepSpeed version")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupState:
     """One flat group's (stage 1/2) or sub-group's (stage 3) state on one rank."""
 
@@ -148,7 +148,7 @@ class GroupState:
     hyperparams: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OptimStates:
     """A `*_optim_states.pt` file: `DeepSpeedZeroOptimizer`, `BF16_Optimizer` or stage 3."""
 

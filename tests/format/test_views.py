@@ -26,7 +26,7 @@ from inspector.convert.plan import build_plan
 from inspector.demo.writer import DemoSpec
 from inspector.errors import EXIT_DAMAGED, CorruptFileError, InspectorError
 from inspector.format.torchzip import load_tree
-from inspector.format.views import StorageRef, TensorRef, view_problem
+from inspector.format.views import NO_ATTRS, StorageRef, TensorRef, view_problem, with_attrs
 from inspector.scan.scanner import scan
 from tests.convert.jobs import execute
 
@@ -208,3 +208,17 @@ def test_mutated_views_refuse_or_convert_exactly(
     if got is not None:
         assert truth is not None, "converted a view torch refuses"
         assert same_bits(got, truth)
+
+
+def test_tensors_without_attributes_share_one_read_only_mapping() -> None:
+    """Thousands of ranks' records hold ~8 tensors a file: one empty mapping for all, never a dict each; a
+    tensor subclass's state gets a mapping of its own, which its neighbours never see."""
+    s = StorageRef("f", "0", "float32", 0, 16)
+    plain, other = TensorRef(s, 0, (4,), (1,), "float32"), TensorRef(s, 0, (2,), (1,), "float32")
+    assert plain.attrs is other.attrs is NO_ATTRS and not plain.attrs
+    with pytest.raises(TypeError):
+        plain.attrs["x"] = 1  # type: ignore[index]
+    with_attrs(plain, {"ds_id": "0_1"})
+    with_attrs(plain, {"ds_shape": (4,)})
+    assert dict(plain.attrs) == {"ds_id": "0_1", "ds_shape": (4,)}
+    assert other.attrs is NO_ATTRS and not NO_ATTRS
