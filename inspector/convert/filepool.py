@@ -32,13 +32,15 @@ COLD_FILES = 4  # files whose residency says whether a run reads from the disk (
 COLD_SAMPLES = 16  # `mincore` windows of each
 
 
-def open_cap() -> int:
-    """How many local files a pool keeps open at once: a quarter of the process's descriptor limit (the
-    output, sockets and other pools need the rest), whatever the rank count; a 4,096-rank ZeRO-3 save has
-    8,192 files and a common soft `ulimit -n` is 1,024 (the command line raises it toward the hard limit
-    at start: `system/descriptors.py`)."""
+def open_cap(share: int = 2) -> int:
+    """How many local files a pool keeps open at once, whatever the rank count: by default half the
+    process's descriptor limit (the output files, sockets, kept folders and the scan need the rest; a run
+    reads through one pool at a time, the shards it writes side by side sharing theirs: `SharedPool`); a
+    pool open beside a run's (the app's one-tensor statistics beside its health pass) takes a smaller
+    `share`. A 4,096-rank ZeRO-3 save has 8,192 files and a common soft `ulimit -n` is 1,024 (the command
+    line raises it toward the hard limit at start: `system/descriptors.py`)."""
     soft = descriptor_limit()
-    return 256 if soft is None else max(16, soft // 4)
+    return 256 // share if soft is None else max(16, soft // share)
 
 
 class FilePool:
@@ -250,6 +252,35 @@ class FilePool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SharedPool:
+    """One `FilePool` for the shards of a plan written side by side: they read the same rank files, so one
+    set of descriptors serves them all and a process holds one big pool at a time (`open_cap`'s half). Made
+    by the first shard in flight, closed when the last one in flight ends."""
+
+    def __init__(self, *sources: ByteSource) -> None:
+        self._sources = sources
+        self._lock = threading.Lock()
+        self._pool: FilePool | None = None
+        self._users = 0
+
+    def enter(self) -> FilePool:
+        """The pool, for a shard starting; `leave` when it ends."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = FilePool(*self._sources)
+            self._users += 1
+            return self._pool
+
+    def leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            pool = self._pool if self._users == 0 else None
+            if pool is not None:
+                self._pool = None
+        if pool is not None:
+            pool.close()
 
 
 def _keeping(sources: Sequence[ByteSource]) -> contextlib.ExitStack:

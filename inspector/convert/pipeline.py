@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from inspector.convert.cast import cast_raw
+from inspector.convert.filepool import SharedPool
 from inspector.convert.plan import ConversionPlan, PlannedShard, PlannedTensor
 from inspector.convert.reader import FilePool, buffer, iter_chunks, read_segments_into
 from inspector.convert.stripes import Stripe, fill_gaps, gather, runs, stripe_reads
@@ -327,11 +328,13 @@ def shard_streamer(
     # no more threads than buffers: at most that many chunks are in flight, and each keeps a cast block
     threads = min(max(plan_threads(plan), plan.depth) if plan.remote else plan_threads(plan), depth)
 
+    files = SharedPool(*plan.sources)  # the rank files, opened once for the shards in flight
+
     def write(index: int, fd: int, cancel: threading.Event, fsync: bool) -> Iterator[tuple[int, str]]:
         with made:
             if not pools:
                 pools.append(make_pools(plan, depth, limit))
-        return write_shard(plan, index, fd, cancel, fsync, pools[0], threads, limit, math)
+        return write_shard(plan, index, fd, cancel, fsync, pools[0], threads, limit, math, files)
 
     return write
 
@@ -346,13 +349,16 @@ def write_shard(
     workers: int = 1,
     limit: int | None = None,
     math: ChunkMath | None = None,
+    files: SharedPool | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Fill one shard's open file: header, then every chunk read, cast and written by `workers` threads
-    (`shard_streamer` chooses them). Yields (bytes, tensor) about 10 times a second."""
+    (`shard_streamer` chooses them), its files read through `files` (the plan's shards' one pool; else a
+    pool of its own). Yields (bytes, tensor) about 10 times a second."""
     shard = plan.shards[index]
     limit = limit or plan.chunk_limit
     threads = max(1, workers)
-    io = _ShardIO(fd, cancel, pools, FilePool(*plan.sources), math=math)
+    shared = files if files is not None else SharedPool(*plan.sources)
+    io = _ShardIO(fd, cancel, pools, shared.enter(), math=math)
     ex = ThreadPoolExecutor(threads, thread_name_prefix="zi-convert")
     producer = threading.Thread(
         target=_produce, args=(io, plan, index, limit, ex), name="zi-chunks", daemon=True
@@ -382,4 +388,4 @@ def write_shard(
         if producer.is_alive():
             producer.join()
         ex.shutdown(wait=True)
-        io.files.close()
+        shared.leave()

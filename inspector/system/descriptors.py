@@ -16,9 +16,9 @@ try:  # pragma: no cover - resource is missing only on Windows
 except ImportError:  # pragma: no cover
     resource = None  # type: ignore[assignment]
 
-WANT = 1 << 17  # the soft limit the command line asks for, at most: pools of a quarter of it (32,768 files)
-# hold a 16,384-rank save's optimizer files open at once
-UNLIMITED = 1 << 14  # what a soft limit of RLIM_INFINITY counts as: pools of 4,096 files
+WANT = 1 << 17  # the soft limit the command line asks for, at most: a pool of half of it (65,536 files)
+# holds a 32,768-rank save's optimizer files open at once
+UNLIMITED = 1 << 13  # what a soft limit of RLIM_INFINITY counts as: pools of 4,096 files
 
 
 def descriptor_limit() -> int | None:

@@ -70,11 +70,11 @@ def test_raising_asks_for_at_most_what_it_wants_and_never_lowers() -> None:
     assert before == LOW and after == _expected(hard, 100)
 
 
-def test_the_pool_cap_is_a_quarter_of_the_limit_read_now() -> None:
+def test_the_pool_cap_is_half_the_limit_read_now_or_a_smaller_share() -> None:
     from inspector.convert.filepool import open_cap
     from inspector.system.descriptors import UNLIMITED, descriptor_limit
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     limit = descriptor_limit()
     assert limit == (UNLIMITED if soft == resource.RLIM_INFINITY else soft)
-    assert open_cap() == max(16, limit // 4)
+    assert open_cap() == max(16, limit // 2) and open_cap(4) == max(16, limit // 4)

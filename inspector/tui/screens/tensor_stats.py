@@ -52,13 +52,14 @@ def stream_stats(
     changed since the neighbouring tag (scanned with `tp_split`, as this one was); `cancel` stops it between
     chunks. Ends with a `done` update unless cancelled. `timed`: say how long the read took (not in a frozen
     app)."""
-    from inspector.convert.reader import (
-        FilePool,  # numpy's reader loads with the first statistics, not at launch
+    from inspector.convert.reader import (  # numpy's reader loads with the first statistics, not at launch
+        FilePool,
+        open_cap,
     )
     from inspector.health.tensor import difference, tensor_stats
 
-    try:
-        with FilePool(ckpt.source) as pool:
+    try:  # beside the Health tab's pass and its pool (half the descriptors): a quarter
+        with FilePool(ckpt.source, cap=open_cap(4)) as pool:
             for ev in tensor_stats(t.segments, pool, cancel):
                 if isinstance(ev, TensorStats):
                     post(StatsUpdate(t.name, result=stats_renderable(ev, timed)))
