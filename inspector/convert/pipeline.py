@@ -334,7 +334,7 @@ def shard_streamer(
         with made:
             if not pools:
                 pools.append(make_pools(plan, depth, limit))
-        return write_shard(plan, index, fd, cancel, fsync, pools[0], threads, limit, math, files)
+        return write_shard(plan, index, fd, cancel, fsync, pools[0], threads, limit, math, files=files)
 
     return write
 
@@ -349,16 +349,16 @@ def write_shard(
     workers: int = 1,
     limit: int | None = None,
     math: ChunkMath | None = None,
-    files: SharedPool | None = None,
+    *,
+    files: SharedPool,
 ) -> Iterator[tuple[int, str]]:
     """Fill one shard's open file: header, then every chunk read, cast and written by `workers` threads
-    (`shard_streamer` chooses them), its files read through `files` (the plan's shards' one pool; else a
-    pool of its own). Yields (bytes, tensor) about 10 times a second."""
+    (`shard_streamer` chooses them), its files read through `files` (the plan's shards' one pool). Yields
+    (bytes, tensor) about 10 times a second."""
     shard = plan.shards[index]
     limit = limit or plan.chunk_limit
     threads = max(1, workers)
-    shared = files if files is not None else SharedPool(*plan.sources)
-    io = _ShardIO(fd, cancel, pools, shared.enter(), math=math)
+    io = _ShardIO(fd, cancel, pools, files.enter(), math=math)
     ex = ThreadPoolExecutor(threads, thread_name_prefix="zi-convert")
     producer = threading.Thread(
         target=_produce, args=(io, plan, index, limit, ex), name="zi-chunks", daemon=True
@@ -388,4 +388,4 @@ def write_shard(
         if producer.is_alive():
             producer.join()
         ex.shutdown(wait=True)
-        shared.leave()
+        files.leave()
